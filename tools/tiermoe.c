@@ -1,0 +1,66 @@
+/* tiermoe: run Mixture-of-Experts models from GGUF across VRAM, RAM and SSD.
+ * This file only dispatches to the subcommands in tools/cmd_*.c. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct cli_command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} cli_command;
+
+static const cli_command commands[] = {
+    {"inspect", cmd_inspect, "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
+    {"mkmodel", cmd_mkmodel, "write a synthetic random-weight MoE model (qwen3moe)"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: tiermoe COMMAND [options]   (tiermoe COMMAND --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int cli_parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 0);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "tiermoe: %s: expected an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, s);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "tiermoe: %s: expected a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "tiermoe: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
