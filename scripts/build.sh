@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Configure and build one flavour: release (default, for running and benchmarks)
+# or asan (AddressSanitizer + UndefinedBehaviorSanitizer, for tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+flavour=${1:-release}
+case "$flavour" in
+    release) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
+    asan)    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTM_SANITIZE=ON) ;;
+    *) echo "usage: scripts/build.sh [release|asan]" >&2; exit 2 ;;
+esac
+py=()
+[ -x .venv/bin/python ] && py=(-DPython3_EXECUTABLE="$PWD/.venv/bin/python")
+cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" "${py[@]}" > "build-$flavour.log" 2>&1 \
+    || { cat "build-$flavour.log"; exit 1; }
+cmake --build "build/$flavour" -j "$(nproc)"

@@ -1,0 +1,487 @@
+/* Synthetic qwen3moe models: see synth.h for the weight scaling and the
+ * router-bias channel that gives expert popularity a chosen Zipf law. */
+#include "model/synth.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/timing.h"
+#include "cpu/cpu.h"
+#include "gguf/gguf.h"
+
+/* Scales that keep token identity in the residual stream (see synth.h). */
+#define SYNTH_EMBD_STD      1.0f  /* token embedding */
+#define SYNTH_BIAS_CHANNEL  0     /* embedding dimension that carries the router bias */
+#define SYNTH_BIAS_BETA     2.0f  /* its constant value in every token embedding */
+#define SYNTH_ROUTER_NOISE  1.0f  /* std of a router logit over random tokens */
+#define SYNTH_ATTN_OUT_STD  0.03f /* std of one layer's attention contribution per dimension */
+#define SYNTH_FFN_OUT_STD   0.05f /* std of one expert's output per dimension */
+#define SYNTH_SWIGLU_STD    0.6f  /* std of silu(g)*u for g, u ~ N(0, 1) (numerically ~0.59) */
+#define SYNTH_ZIPF_CAP      0.9   /* no expert is chosen by more than 90% of tokens */
+
+tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->rope_base = 1e6f;
+    cfg->rms_eps = 1e-6f;
+    cfg->seed = 42;
+    cfg->type_experts = TM_TYPE_Q4_K;
+    cfg->type_attn = TM_TYPE_Q8_0;
+    cfg->type_embd = TM_TYPE_Q4_K;
+    cfg->type_output = TM_TYPE_Q8_0;
+    if (!strcmp(preset, "tiny")) {
+        /* Smallest shape that still takes K-quants (rows of 256) and GQA. */
+        cfg->n_layer = 3, cfg->n_embd = 256, cfg->n_head = 4, cfg->n_head_kv = 2;
+        cfg->head_dim = 64, cfg->n_expert = 16, cfg->n_expert_used = 4, cfg->n_ff_exp = 256;
+        cfg->n_ff = 512, cfg->n_vocab = 1024, cfg->n_ctx = 4096;
+        cfg->name = "tiermoe tiny qwen3moe";
+        return TM_OK;
+    }
+    if (!strcmp(preset, "30b-a3b")) {
+        /* Qwen3-30B-A3B. */
+        cfg->n_layer = 48, cfg->n_embd = 2048, cfg->n_head = 32, cfg->n_head_kv = 4;
+        cfg->head_dim = 128, cfg->n_expert = 128, cfg->n_expert_used = 8, cfg->n_ff_exp = 768;
+        cfg->n_ff = 6144, cfg->n_vocab = 151936, cfg->n_ctx = 40960;
+        cfg->name = "tiermoe synthetic Qwen3-30B-A3B";
+        return TM_OK;
+    }
+    return tm_error_set(TM_ERR_ARG, "unknown preset '%s' (expected tiny or 30b-a3b)", preset);
+}
+
+static tm_status synth_check_rows(const char *what, tm_type type, uint32_t row_len) {
+    const tm_type_traits *tr = quant_type_traits((uint32_t)type);
+    if (!tr || !tr->quantize)
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: type %s cannot be generated", what,
+                            quant_type_name((uint32_t)type));
+    if (row_len % tr->block_size)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: rows of %u values do not fit type %s (block size %lld); choose "
+                            "dimensions that are multiples of %lld or another type",
+                            what, row_len, tr->name, (long long)tr->block_size,
+                            (long long)tr->block_size);
+    return TM_OK;
+}
+
+tm_status synth_config_validate(const tm_synth_config *c) {
+    struct {
+        const char *name;
+        uint32_t v, lo, hi;
+    } dims[] = {
+        {"n-layer", c->n_layer, 1, 1024},        {"n-embd", c->n_embd, 2, 65536},
+        {"n-head", c->n_head, 1, 1024},          {"n-head-kv", c->n_head_kv, 1, 1024},
+        {"head-dim", c->head_dim, 2, 1024},      {"n-expert", c->n_expert, 1, 1024},
+        {"n-expert-used", c->n_expert_used, 1, 1024}, {"n-ff-exp", c->n_ff_exp, 1, 1 << 20},
+        {"n-vocab", c->n_vocab, 1, 1 << 24},     {"n-ctx", c->n_ctx, 1, 1 << 24},
+    };
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        if (dims[i].v < dims[i].lo || dims[i].v > dims[i].hi)
+            return tm_error_set(TM_ERR_ARG, "--%s: %u is outside [%u, %u]", dims[i].name,
+                                dims[i].v, dims[i].lo, dims[i].hi);
+    if (c->n_head % c->n_head_kv)
+        return tm_error_set(TM_ERR_ARG, "--n-head %u is not a multiple of --n-head-kv %u",
+                            c->n_head, c->n_head_kv);
+    if (c->head_dim % 2)
+        return tm_error_set(TM_ERR_ARG, "--head-dim %u must be even (RoPE rotates pairs)",
+                            c->head_dim);
+    if (c->n_expert_used > c->n_expert)
+        return tm_error_set(TM_ERR_ARG, "--n-expert-used %u exceeds --n-expert %u",
+                            c->n_expert_used, c->n_expert);
+    if (!(c->skew >= 0 && c->skew <= 8))
+        return tm_error_set(TM_ERR_ARG, "--skew %g is outside [0, 8]", c->skew);
+    if (!(c->rope_base > 0) || !(c->rms_eps > 0))
+        return tm_error_set(TM_ERR_ARG, "rope base and rms epsilon must be positive");
+    tm_status st;
+    if ((st = synth_check_rows("token_embd", c->type_embd, c->n_embd)) ||
+        (st = synth_check_rows("output", c->type_output, c->n_embd)) ||
+        (st = synth_check_rows("attn_q/k/v", c->type_attn, c->n_embd)) ||
+        (st = synth_check_rows("attn_output", c->type_attn, c->n_head * c->head_dim)) ||
+        (st = synth_check_rows("ffn_gate/up_exps", c->type_experts, c->n_embd)) ||
+        (st = synth_check_rows("ffn_down_exps", c->type_experts, c->n_ff_exp)))
+        return st;
+    return TM_OK;
+}
+
+/* ---- router bias calibration ---- */
+
+void synth_zipf_targets(uint32_t n_expert, uint32_t k, double s, double *target) {
+    double sum = 0;
+    for (uint32_t r = 0; r < n_expert; r++) sum += target[r] = pow(r + 1.0, -s);
+    for (uint32_t r = 0; r < n_expert; r++) target[r] *= k / sum;
+    /* Water-filling: a frequency above the cap is clipped and the excess goes
+     * to the others in proportion, until none is above. */
+    for (int iter = 0; iter < 64; iter++) {
+        double excess = 0, free_mass = 0;
+        for (uint32_t r = 0; r < n_expert; r++) {
+            if (target[r] > SYNTH_ZIPF_CAP) excess += target[r] - SYNTH_ZIPF_CAP, target[r] = SYNTH_ZIPF_CAP;
+            else if (target[r] < SYNTH_ZIPF_CAP) free_mass += target[r];
+        }
+        if (excess <= 1e-12 || free_mass <= 0) break;
+        for (uint32_t r = 0; r < n_expert; r++)
+            if (target[r] < SYNTH_ZIPF_CAP) target[r] += excess * target[r] / free_mass;
+    }
+}
+
+/* Indices of the k largest of v[n] (k small). */
+static void synth_topk(const float *v, uint32_t n, uint32_t k, uint32_t *idx) {
+    float best[64];
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (m == k && v[i] <= best[k - 1]) continue;
+        uint32_t j = m < k ? m++ : k - 1;
+        while (j > 0 && best[j - 1] < v[i]) best[j] = best[j - 1], idx[j] = idx[j - 1], j--;
+        best[j] = v[i], idx[j] = i;
+    }
+}
+
+/* Biases by popularity rank so top-k of (bias + N(0, noise^2)) selects rank r
+ * with frequency target[r]. Fixed noise samples keep it deterministic. */
+static tm_status synth_calibrate_bias(uint32_t n_expert, uint32_t k, double s, uint64_t seed,
+                                      float *bias_by_rank) {
+    for (uint32_t e = 0; e < n_expert; e++) bias_by_rank[e] = 0;
+    if (s == 0) return TM_OK;
+    enum { M = 4096, ITERS = 120 };
+    double *target = malloc(n_expert * sizeof(double));
+    float *noise = malloc((size_t)M * n_expert * sizeof(float));
+    float *logit = malloc(n_expert * sizeof(float));
+    uint32_t *count = malloc(n_expert * sizeof(uint32_t));
+    if (!target || !noise || !logit || !count) {
+        free(target), free(noise), free(logit), free(count);
+        return tm_error_set(TM_ERR_NOMEM, "router calibration: out of memory");
+    }
+    synth_zipf_targets(n_expert, k, s, target);
+    tm_rng rng;
+    tm_rng_seed(&rng, seed ^ 0x5eed0b1a5ull);
+    for (size_t i = 0; i < (size_t)M * n_expert; i++) noise[i] = SYNTH_ROUTER_NOISE * tm_rng_normal(&rng);
+    uint32_t idx[64];
+    for (int it = 0; it < ITERS; it++) {
+        memset(count, 0, n_expert * sizeof(uint32_t));
+        for (int m = 0; m < M; m++) {
+            for (uint32_t e = 0; e < n_expert; e++) logit[e] = bias_by_rank[e] + noise[(size_t)m * n_expert + e];
+            synth_topk(logit, n_expert, k, idx);
+            for (uint32_t j = 0; j < k; j++) count[idx[j]]++;
+        }
+        for (uint32_t e = 0; e < n_expert; e++) {
+            double got = (count[e] + 0.5) / M;
+            bias_by_rank[e] += (float)(0.7 * log(target[e] / got));
+        }
+    }
+    /* Only differences matter to softmax and top-k: centre them. */
+    double mean = 0;
+    for (uint32_t e = 0; e < n_expert; e++) mean += bias_by_rank[e];
+    mean /= n_expert;
+    for (uint32_t e = 0; e < n_expert; e++) bias_by_rank[e] -= (float)mean;
+    free(target), free(noise), free(logit), free(count);
+    return TM_OK;
+}
+
+tm_status synth_router_biases(const tm_synth_config *c, float *bias) {
+    float *by_rank = malloc(c->n_expert * sizeof(float));
+    uint32_t *perm = malloc(c->n_expert * sizeof(uint32_t));
+    if (!by_rank || !perm) {
+        free(by_rank), free(perm);
+        return tm_error_set(TM_ERR_NOMEM, "router biases: out of memory");
+    }
+    tm_status st = synth_calibrate_bias(c->n_expert, c->n_expert_used, c->skew, c->seed, by_rank);
+    for (uint32_t l = 0; st == TM_OK && l < c->n_layer; l++) {
+        /* A different popularity ranking in every layer. */
+        tm_rng rng;
+        tm_rng_seed(&rng, c->seed * 0x9e3779b97f4a7c15ull + 1000003ull * (l + 1));
+        for (uint32_t e = 0; e < c->n_expert; e++) perm[e] = e;
+        for (uint32_t e = c->n_expert - 1; e > 0; e--) {
+            uint32_t j = (uint32_t)(tm_rng_u64(&rng) % (e + 1));
+            uint32_t t = perm[e];
+            perm[e] = perm[j], perm[j] = t;
+        }
+        for (uint32_t r = 0; r < c->n_expert; r++) bias[(size_t)l * c->n_expert + perm[r]] = by_rank[r];
+    }
+    free(by_rank), free(perm);
+    return st;
+}
+
+/* ---- tensors ---- */
+
+typedef enum synth_init { INIT_ONES, INIT_NORMAL, INIT_EMBD, INIT_ROUTER } synth_init;
+
+typedef struct synth_tensor {
+    char name[64];
+    tm_type type;
+    uint32_t n_dims;
+    int64_t ne[3];
+    synth_init init;
+    float std;
+    const float *bias; /* INIT_ROUTER: this layer's n_expert biases */
+} synth_tensor;
+
+static void synth_tensor_set(synth_tensor *t, const char *name, tm_type type, synth_init init,
+                             float std, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2) {
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->type = type, t->init = init, t->std = std, t->n_dims = n_dims, t->bias = NULL;
+    t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = ne2;
+}
+
+static int64_t synth_tensor_rows(const synth_tensor *t) { return t->ne[1] * t->ne[2]; }
+
+/* The tensor list llama.cpp's converter writes for qwen3moe, in its order. */
+static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias, synth_tensor *t) {
+    uint32_t n = 0;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
+    const float in_std = 1.0f / sqrtf((float)E);
+    synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E, c->n_vocab, 1);
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        char nm[64];
+#define SYNTH_T(suffix, ...)                                                                       \
+    (snprintf(nm, sizeof(nm), "blk.%u." suffix ".weight", l), synth_tensor_set(&t[n++], nm, __VA_ARGS__))
+        SYNTH_T("attn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("attn_q", c->type_attn, INIT_NORMAL, in_std, 2, E, Q, 1);
+        SYNTH_T("attn_k", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_v", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_output", c->type_attn, INIT_NORMAL, SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2, Q, E, 1);
+        SYNTH_T("attn_q_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
+        SYNTH_T("attn_k_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
+        SYNTH_T("ffn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("ffn_gate_inp", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E, c->n_expert, 1);
+        t[n - 1].bias = bias + (size_t)l * c->n_expert;
+        SYNTH_T("ffn_gate_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp, c->n_expert);
+        SYNTH_T("ffn_up_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp, c->n_expert);
+        SYNTH_T("ffn_down_exps", c->type_experts, INIT_NORMAL,
+                SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_STD * sqrtf((float)c->n_ff_exp)), 3, c->n_ff_exp, E,
+                c->n_expert);
+#undef SYNTH_T
+    }
+    synth_tensor_set(&t[n++], "output_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
+    synth_tensor_set(&t[n++], "output.weight", c->type_output, INIT_NORMAL, in_std, 2, E, c->n_vocab, 1);
+    return n;
+}
+
+uint64_t synth_config_tensor_bytes(const tm_synth_config *c) {
+    size_t n = 3 + 12 * (size_t)c->n_layer;
+    synth_tensor *t = malloc(n * sizeof(*t));
+    float *bias = calloc((size_t)c->n_layer * c->n_expert, sizeof(float));
+    uint64_t total = 0;
+    if (t && bias) {
+        uint32_t nt = synth_tensors_build(c, bias, t);
+        for (uint32_t i = 0; i < nt; i++)
+            total += quant_row_size(t[i].type, t[i].ne[0]) * (uint64_t)synth_tensor_rows(&t[i]);
+    }
+    free(t), free(bias);
+    return total;
+}
+
+/* ---- generation ---- */
+
+/* Approximately normal from one 64-bit draw: the sum of four 16-bit uniforms
+ * (Irwin-Hall), scaled to unit variance. Bounded at ±3.46 sigma, which random
+ * weights do not mind, and several times faster than Box-Muller. */
+static inline float synth_normal_fast(tm_rng *r) {
+    uint64_t u = tm_rng_u64(r);
+    float s = (float)(u & 0xffff) + (float)((u >> 16) & 0xffff) + (float)((u >> 32) & 0xffff) +
+              (float)(u >> 48);
+    return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+}
+
+static void synth_row_generate(const synth_tensor *t, uint64_t seed, uint32_t tensor_index,
+                               int64_t row, float *tmp) {
+    tm_rng rng;
+    uint64_t h = seed ^ ((uint64_t)tensor_index << 48);
+    tm_rng_seed(&rng, tm_splitmix64(&h) ^ (uint64_t)row * 0xd1b54a32d192ed03ull);
+    const int64_t n = t->ne[0];
+    switch (t->init) {
+    case INIT_ONES:
+        for (int64_t i = 0; i < n; i++) tmp[i] = 1.0f;
+        break;
+    case INIT_NORMAL:
+        for (int64_t i = 0; i < n; i++) tmp[i] = t->std * synth_normal_fast(&rng);
+        break;
+    case INIT_EMBD:
+        for (int64_t i = 0; i < n; i++) tmp[i] = t->std * synth_normal_fast(&rng);
+        tmp[SYNTH_BIAS_CHANNEL] = SYNTH_BIAS_BETA;
+        break;
+    case INIT_ROUTER:
+        for (int64_t i = 0; i < n; i++) tmp[i] = t->std * synth_normal_fast(&rng);
+        /* rmsnorm(x)[channel] ≈ beta (the embedding's rms is ≈ 1), so this adds bias[row]. */
+        tmp[SYNTH_BIAS_CHANNEL] = t->bias[row] / SYNTH_BIAS_BETA;
+        break;
+    }
+}
+
+typedef struct synth_slab_job {
+    const synth_tensor *t;
+    uint32_t tensor_index;
+    uint64_t seed;
+    int64_t row0;
+    size_t row_bytes;
+    uint8_t *out;
+    float **tmp; /* one row buffer per thread */
+} synth_slab_job;
+
+static void synth_slab_rows(void *ctx, int64_t begin, int64_t end, int ith) {
+    synth_slab_job *job = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        synth_row_generate(job->t, job->seed, job->tensor_index, job->row0 + r, job->tmp[ith]);
+        quant_row_quantize(job->t->type, job->tmp[ith], job->out + (size_t)r * job->row_bytes, job->t->ne[0]);
+    }
+}
+
+/* The writer thread drains one slab while the pool generates the next. */
+typedef struct synth_write_job {
+    tm_gguf_writer *w;
+    const void *data;
+    size_t size;
+    tm_status st;
+} synth_write_job;
+
+static void *synth_write_thread(void *arg) {
+    synth_write_job *j = arg;
+    j->st = gguf_writer_write_data(j->w, j->data, j->size);
+    return NULL;
+}
+
+static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *w) {
+    static const struct {
+        tm_type experts;
+        uint32_t ftype;
+    } ftypes[] = {
+        /* llama_ftype of the dominant (expert) type, as llama.cpp's quantizer labels the mix */
+        {TM_TYPE_F32, 0}, {TM_TYPE_F16, 1}, {TM_TYPE_Q4_0, 2}, {TM_TYPE_Q8_0, 7},
+        {TM_TYPE_Q4_K, 15}, {TM_TYPE_Q5_K, 17}, {TM_TYPE_Q6_K, 18}, {TM_TYPE_BF16, 32},
+        {TM_TYPE_MXFP4, 38},
+    };
+    uint32_t ftype = 0;
+    for (size_t i = 0; i < sizeof(ftypes) / sizeof(ftypes[0]); i++)
+        if (ftypes[i].experts == c->type_experts) ftype = ftypes[i].ftype;
+    tm_status st;
+#define SYNTH_KV(call)                                                                             \
+    if ((st = (call)) != TM_OK) return st
+    SYNTH_KV(gguf_writer_set_str(w, "general.architecture", "qwen3moe"));
+    SYNTH_KV(gguf_writer_set_str(w, "general.type", "model"));
+    SYNTH_KV(gguf_writer_set_str(w, "general.name", c->name ? c->name : "tiermoe synthetic"));
+    SYNTH_KV(gguf_writer_set_u32(w, "general.file_type", ftype));
+    SYNTH_KV(gguf_writer_set_u32(w, "general.quantization_version", 2));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.block_count", c->n_layer));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.context_length", c->n_ctx));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.embedding_length", c->n_embd));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.feed_forward_length", c->n_ff));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.head_count", c->n_head));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.head_count_kv", c->n_head_kv));
+    SYNTH_KV(gguf_writer_set_f32(w, "qwen3moe.rope.freq_base", c->rope_base));
+    SYNTH_KV(gguf_writer_set_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon", c->rms_eps));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.expert_used_count", c->n_expert_used));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.key_length", c->head_dim));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.value_length", c->head_dim));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.expert_count", c->n_expert));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", c->n_ff_exp));
+    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.vocab_size", c->n_vocab));
+    /* How the weights were made, so tests can check the routing law. */
+    SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));
+    SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.skew", (float)c->skew));
+    SYNTH_KV(gguf_writer_set_str(w, "tokenizer.ggml.model", "no_vocab"));
+#undef SYNTH_KV
+    return TM_OK;
+}
+
+typedef struct synth_progress {
+    uint64_t total, done, t0, last;
+    int enabled;
+} synth_progress;
+
+static void synth_progress_update(synth_progress *p, int final) {
+    uint64_t now = tm_time_ns();
+    if (!p->enabled || (!final && now - p->last < 500000000ull)) return;
+    p->last = now;
+    double s = (now - p->t0) * 1e-9, gib = p->done / 1073741824.0;
+    fprintf(stderr, "\rmkmodel: %.2f / %.2f GiB (%3.0f%%) %6.1f s %7.1f MB/s%s", gib,
+            p->total / 1073741824.0, 100.0 * p->done / (p->total ? p->total : 1), s,
+            s > 0 ? p->done / s / 1e6 : 0.0, final ? "\n" : "");
+    fflush(stderr);
+}
+
+tm_status synth_model_write(const tm_synth_config *c, const char *path) {
+    tm_status st = synth_config_validate(c);
+    if (st != TM_OK) return st;
+    const size_t max_tensors = 3 + 12 * (size_t)c->n_layer;
+    synth_tensor *t = malloc(max_tensors * sizeof(*t));
+    float *bias = malloc((size_t)c->n_layer * c->n_expert * sizeof(float));
+    tm_pool *pool = NULL;
+    tm_gguf_writer *w = NULL;
+    uint8_t *slab[2] = {NULL, NULL};
+    float **tmp = NULL;
+    int n_threads = c->n_threads > 0 ? c->n_threads : cpu_physical_cores();
+    if (!t || !bias) {
+        st = tm_error_set(TM_ERR_NOMEM, "mkmodel: out of memory");
+        goto done;
+    }
+    if ((st = synth_router_biases(c, bias)) != TM_OK) goto done;
+    uint32_t n = synth_tensors_build(c, bias, t);
+
+    if ((st = gguf_writer_init(&w, 3, TM_GGUF_DEFAULT_ALIGNMENT)) != TM_OK) goto done;
+    if ((st = synth_metadata_write(c, w)) != TM_OK) goto done;
+    synth_progress prog = {.t0 = tm_time_ns(), .enabled = c->progress};
+    size_t max_row_bytes = 0;
+    int64_t max_ne0 = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t index;
+        if ((st = gguf_writer_add_tensor(w, t[i].name, (uint32_t)t[i].type, t[i].n_dims, t[i].ne, &index)))
+            goto done;
+        size_t rb = quant_row_size(t[i].type, t[i].ne[0]);
+        prog.total += rb * (uint64_t)synth_tensor_rows(&t[i]);
+        if (rb > max_row_bytes) max_row_bytes = rb;
+        if (t[i].ne[0] > max_ne0) max_ne0 = t[i].ne[0];
+    }
+    if ((st = gguf_writer_begin(w, path)) != TM_OK) goto done;
+
+    /* Slabs of ~32 MiB, double-buffered: generate one while the other is written. */
+    const size_t slab_bytes = (size_t)32 << 20 > max_row_bytes ? (size_t)32 << 20 : max_row_bytes;
+    if ((st = cpu_pool_create(n_threads, &pool)) != TM_OK) goto done;
+    slab[0] = malloc(slab_bytes), slab[1] = malloc(slab_bytes);
+    tmp = calloc((size_t)n_threads, sizeof(float *));
+    for (int i = 0; tmp && i < n_threads; i++) tmp[i] = malloc((size_t)max_ne0 * sizeof(float));
+    if (!slab[0] || !slab[1] || !tmp || !tmp[n_threads - 1]) {
+        st = tm_error_set(TM_ERR_NOMEM, "mkmodel: out of memory for %zu-byte slabs", slab_bytes);
+        goto done;
+    }
+    synth_write_job wj = {.w = w, .st = TM_OK};
+    pthread_t writer;
+    int writing = 0, cur = 0;
+    for (uint32_t i = 0; i < n && st == TM_OK; i++) {
+        const size_t rb = quant_row_size(t[i].type, t[i].ne[0]);
+        const int64_t rows = synth_tensor_rows(&t[i]), per_slab = (int64_t)(slab_bytes / rb);
+        for (int64_t r0 = 0; r0 < rows && st == TM_OK; r0 += per_slab) {
+            int64_t nr = rows - r0 < per_slab ? rows - r0 : per_slab;
+            synth_slab_job job = {&t[i], i, c->seed, r0, rb, slab[cur], tmp};
+            cpu_pool_for(pool, nr, 16, synth_slab_rows, &job);
+            if (writing) {
+                pthread_join(writer, NULL);
+                writing = 0;
+                if ((st = wj.st) != TM_OK) break;
+            }
+            wj.data = slab[cur], wj.size = (size_t)nr * rb;
+            if (pthread_create(&writer, NULL, synth_write_thread, &wj)) {
+                st = tm_error_set(TM_ERR_IO, "mkmodel: cannot start the writer thread");
+                break;
+            }
+            writing = 1, cur ^= 1;
+            prog.done += (uint64_t)nr * rb;
+            synth_progress_update(&prog, 0);
+        }
+    }
+    if (writing) {
+        pthread_join(writer, NULL);
+        if (st == TM_OK) st = wj.st;
+    }
+    if (st == TM_OK) st = gguf_writer_finish(w);
+    synth_progress_update(&prog, 1);
+
+done:
+    if (tmp)
+        for (int i = 0; i < n_threads; i++) free(tmp[i]);
+    free(tmp), free(slab[0]), free(slab[1]);
+    if (pool) cpu_pool_free(pool);
+    if (w) gguf_writer_free(w);
+    free(t), free(bias);
+    return st;
+}

@@ -1,0 +1,143 @@
+/* tiermoe mkmodel: write a synthetic random-weight qwen3moe GGUF (src/model/synth.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/timing.h"
+#include "model/synth.h"
+#include "quant/quant.h"
+
+static void mkmodel_usage(FILE *out) {
+    fprintf(out,
+            "usage: tiermoe mkmodel [--preset tiny|30b-a3b] -o FILE.gguf [options]\n"
+            "  --preset NAME        tiny (default; tests) or 30b-a3b (Qwen3-30B-A3B shape)\n"
+            "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
+            "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
+            "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
+            "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
+            "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
+            "  --type-embd T        token_embd (default q4_K)\n"
+            "  --type-output T      output (default q8_0); norms and router are always f32\n"
+            "                       types: f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4\n"
+            "  --n-layer N --n-embd N --n-head N --n-head-kv N --head-dim N --n-expert N\n"
+            "  --n-expert-used N --n-ff-exp N --n-ff N --n-vocab N --n-ctx N\n"
+            "  --rope-base F --rms-eps F    override any dimension of the preset\n"
+            "  -t, --threads N      generation threads (default: physical cores)\n"
+            "  -q, --quiet          no progress\n");
+}
+
+int cmd_mkmodel(int argc, char **argv) {
+    tm_synth_config cfg;
+    const char *preset = "tiny", *out = NULL;
+    /* The preset comes first so that other flags override it, wherever they stand. */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
+    if (synth_config_preset(&cfg, preset) != TM_OK) {
+        fprintf(stderr, "tiermoe mkmodel: --preset: %s\n", tm_error_message());
+        return 2;
+    }
+    cfg.progress = 1;
+    struct {
+        const char *flag;
+        uint32_t *dst;
+    } dims[] = {
+        {"--n-layer", &cfg.n_layer},     {"--n-embd", &cfg.n_embd},
+        {"--n-head", &cfg.n_head},       {"--n-head-kv", &cfg.n_head_kv},
+        {"--head-dim", &cfg.head_dim},   {"--n-expert", &cfg.n_expert},
+        {"--n-expert-used", &cfg.n_expert_used}, {"--n-ff-exp", &cfg.n_ff_exp},
+        {"--n-ff", &cfg.n_ff},           {"--n-vocab", &cfg.n_vocab},
+        {"--n-ctx", &cfg.n_ctx},
+    };
+    struct {
+        const char *flag;
+        tm_type *dst;
+    } types[] = {
+        {"--type-experts", &cfg.type_experts}, {"--type-attn", &cfg.type_attn},
+        {"--type-embd", &cfg.type_embd},       {"--type-output", &cfg.type_output},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            mkmodel_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            cfg.progress = 0;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tiermoe mkmodel: %s needs a value (or is unknown)\n", a);
+            mkmodel_usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long long n;
+        double d;
+        int done = 0, rc = 0;
+        for (size_t k = 0; !done && k < sizeof(dims) / sizeof(dims[0]); k++)
+            if (!strcmp(a, dims[k].flag)) {
+                done = 1;
+                if (!(rc = cli_parse_i64(a, v, 1, 1 << 24, &n))) *dims[k].dst = (uint32_t)n;
+            }
+        for (size_t k = 0; !done && k < sizeof(types) / sizeof(types[0]); k++)
+            if (!strcmp(a, types[k].flag)) {
+                done = 1;
+                if (quant_type_from_name(v, types[k].dst) != TM_OK || !quant_type_is_compute(*types[k].dst)) {
+                    fprintf(stderr, "tiermoe mkmodel: %s: unsupported type '%s' (expected f32 f16 "
+                                    "bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4)\n", a, v);
+                    rc = 2;
+                }
+            }
+        if (done) {
+            if (rc) return rc;
+        } else if (!strcmp(a, "--preset")) {
+            /* handled above */
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            out = v;
+        } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
+            if (cli_parse_i64(a, v, 0, 0x7fffffffffffffffll, &n)) return 2;
+            cfg.seed = (uint64_t)n;
+        } else if (!strcmp(a, "--skew")) {
+            if (cli_parse_f64(a, v, 0, 8, &d)) return 2;
+            cfg.skew = d;
+        } else if (!strcmp(a, "--rope-base")) {
+            if (cli_parse_f64(a, v, 1e-3, 1e12, &d)) return 2;
+            cfg.rope_base = (float)d;
+        } else if (!strcmp(a, "--rms-eps")) {
+            if (cli_parse_f64(a, v, 1e-12, 1, &d)) return 2;
+            cfg.rms_eps = (float)d;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (cli_parse_i64(a, v, 1, 1024, &n)) return 2;
+            cfg.n_threads = (int)n;
+        } else {
+            fprintf(stderr, "tiermoe mkmodel: unknown flag '%s'\n", a);
+            mkmodel_usage(stderr);
+            return 2;
+        }
+    }
+    if (!out) {
+        fprintf(stderr, "tiermoe mkmodel: missing -o FILE.gguf\n");
+        mkmodel_usage(stderr);
+        return 2;
+    }
+    if (synth_config_validate(&cfg) != TM_OK) {
+        fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
+        return 2;
+    }
+    if (cfg.progress)
+        fprintf(stderr,
+                "mkmodel: qwen3moe %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "
+                "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s, skew %g, "
+                "seed %llu -> %s (%.2f GiB)\n",
+                cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_expert,
+                cfg.n_expert_used, cfg.n_ff_exp, cfg.n_vocab, quant_type_name(cfg.type_experts),
+                quant_type_name(cfg.type_attn), quant_type_name(cfg.type_embd),
+                quant_type_name(cfg.type_output), cfg.skew, (unsigned long long)cfg.seed, out,
+                synth_config_tensor_bytes(&cfg) / 1073741824.0);
+    if (synth_model_write(&cfg, out) != TM_OK) {
+        fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
+        return 1;
+    }
+    return 0;
+}
