@@ -1,0 +1,71 @@
+/* Internal to src/cpu: the kernel tables each ISA file fills, and helpers
+ * shared by the kernel files. Not for use outside src/cpu. */
+#ifndef TM_CPU_CPU_INTERNAL_H
+#define TM_CPU_CPU_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+
+/* y[t * ldy + r] = dot(W row r, xq row t) for r in [r0, r1), t in [0, n_tok). */
+typedef void (*cpu_gemm_fn)(int64_t k, const void *w, size_t w_row_bytes, int64_t r0, int64_t r1,
+                            const void *xq, size_t xq_row_bytes, int64_t n_tok, float *y,
+                            int64_t ldy);
+/* Quantize one row of k floats into the partner type of a weight type. */
+typedef void (*cpu_act_fn)(const float *x, void *xq, int64_t k);
+
+/* Kernel for wtype at one ISA level, or NULL where that file has none (the
+ * dispatcher then falls back to the next lower level). */
+cpu_gemm_fn cpu_gemm_ref_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_avx2_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype);
+/* Smallest n_tok for which the AMX kernel is worth its tile setup. */
+int64_t cpu_gemm_amx_min_tokens(void);
+
+/* Activation quantizers by partner type (TM_TYPE_Q8_K, TM_TYPE_Q8_0, TM_TYPE_F32). */
+cpu_act_fn cpu_act_get(tm_type act_type, tm_cpu_level level);
+void cpu_act_ref_q8_k(const float *x, void *xq, int64_t k);
+void cpu_act_ref_q8_0(const float *x, void *xq, int64_t k);
+
+/* Asks the kernel for AMX tile state (Linux arch_prctl); true when granted. */
+bool cpu_amx_request(void);
+
+/* ---- small helpers shared by the kernel files ---- */
+
+/* q4_K / q5_K: 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
+static inline void cpu_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* All 8 scales then all 8 mins of a q4_K/q5_K block as bytes (ggml's utmp trick). */
+static inline void cpu_k4_unpack_scales(const uint8_t *scales, uint8_t out[16]) {
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = uaux;
+    u[0] &= kmask1;
+    /* now bytes 0..7 are the scales, 8..15 the mins */
+    memcpy(out, u, 16);
+}
+
+/* mxfp4: e2m1 codes doubled, and the E8M0 exponent halved to match. */
+extern const int8_t cpu_mxfp4_values[16];
+static inline float cpu_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#endif
