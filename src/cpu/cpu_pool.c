@@ -1,12 +1,14 @@
 /* Thread pool: n-1 workers plus the calling thread (ith 0) run one job at a
  * time. Per-layer jobs last tens of microseconds, so waiting spins first
- * (TIERMOE_SPIN_US, default 200 us) and only then sleeps on a futex; wakers
+ * (TIERMOE_SPIN_US, default 200 us; yielding after the first few microseconds
+ * so oversubscribed cores still progress) and only then sleeps on a futex; wakers
  * make the syscall only when someone actually sleeps. A NULL pool runs jobs
  * on the calling thread. Jobs must not start pool jobs themselves. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -57,7 +59,10 @@ static unsigned pool_wait_change(tm_pool *p, atomic_uint *word, unsigned seen, a
         if ((i & 255) != 255) continue;
         uint64_t now = tm_time_ns();
         if (!t0) t0 = now;
-        if (now - t0 < p->spin_ns) continue;
+        if (now - t0 < p->spin_ns) {
+            if (i > 1024) sched_yield(); /* oversubscribed cores: let the runner run */
+            continue;
+        }
         atomic_fetch_add(sleepers, 1);
         if (atomic_load(word) == seen) futex_wait(word, seen);
         atomic_fetch_sub(sleepers, 1);
@@ -146,7 +151,10 @@ void cpu_pool_run(tm_pool *p, tm_pool_fn fn, void *ctx) {
         if ((i & 255) != 255) continue;
         uint64_t now = tm_time_ns();
         if (!t0) t0 = now;
-        if (now - t0 < p->spin_ns) continue;
+        if (now - t0 < p->spin_ns) {
+            if (i > 1024) sched_yield();
+            continue;
+        }
         atomic_store(&p->main_sleeping, 1);
         v = atomic_load(&p->remaining);
         if (v != 0) syscall(SYS_futex, (uint32_t *)&p->remaining, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);

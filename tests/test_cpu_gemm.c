@@ -1,0 +1,361 @@
+/* CPU products and activation quantizers at every kernel level this CPU has
+ * (levels it lacks are skipped and named in the output).
+ *
+ * Activations: every level must produce the same bytes as the scalar
+ * quantizer, and each value must be within the rounding bound of its scale:
+ *   q8_K: |x - d q| <= d (1/2 + 400u) + u |d q|
+ *   q8_0: the same with d = amax/127 before f16 rounding, plus 127 |d - f16(d)|
+ * (u = 2^-24; 400u covers x*id and id = 127/amax differing from 1/d).
+ *
+ * Products, per output, with M_i the magnitude of weight i's parts (for
+ * q4_K/q5_K |d sc q| + |dmin m|, from dequantizing copies with dmin or d
+ * zeroed; otherwise |w_i|) and S = sum_i M_i max(|x_i|, |xq_i|):
+ *  (a) level vs scalar reference, same quantized activations: the integer
+ *      block sums are exact, only float scaling and summation order differ,
+ *      each computation errs by at most (n + 24) u S with n = k/16 partial
+ *      sums (k for float weights), so |y - y_ref| <= 2 (n + 24) u S.
+ *  (b) level vs a double-precision dot of the dequantized weights with the
+ *      unquantized activations: add the activation error exactly,
+ *      |y - y_dbl| <= sum_i |w_i| |x_i - xq_i| + 2 (n + 24) u S
+ *      (the second term also covers the dequantizer's own float rounding). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "cpu/cpu.h"
+
+#define U_F32 (1.0 / 16777216.0)
+#define SENTINEL 12345.0f
+
+static tm_cpu_level level_list[4];
+static int n_levels;
+
+static void levels_init(void) {
+    if (n_levels) return;
+    for (int l = TM_CPU_SCALAR; l <= TM_CPU_AMX; l++) {
+        if (cpu_level_set((tm_cpu_level)l) == TM_OK) level_list[n_levels++] = (tm_cpu_level)l;
+        else printf("# skipping level %s: this CPU lacks it (has: %s)\n", cpu_level_name((tm_cpu_level)l),
+                    cpu_features_string());
+    }
+    cpu_level_set(TM_CPU_SCALAR);
+}
+
+/* ---- random inputs ---- */
+
+static void fill_bytes(tm_rng *r, void *p, size_t n) {
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)tm_rng_u64(r);
+}
+
+static tm_half rand_scale(tm_rng *r) { return quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f); }
+
+/* Random activations: normal, with a zero block and an outlier now and then. */
+static void make_x(tm_rng *r, float *x, int64_t k) {
+    for (int64_t i = 0; i < k; i++) x[i] = tm_rng_normal(r);
+    if (k >= 64 && tm_rng_f32(r) < 0.5f) memset(x + 32, 0, 32 * sizeof(float));
+    if (tm_rng_f32(r) < 0.5f) x[tm_rng_u64(r) % k] *= 50.f;
+}
+
+/* A weight matrix of `rows` rows: random bits (every code and scale pattern)
+ * with sane scales, or, when `from_floats`, the type's own quantizer applied to
+ * normal floats. */
+static void *make_w(tm_rng *r, tm_type t, int64_t rows, int64_t k, int from_floats) {
+    size_t rb = quant_row_size(t, k);
+    uint8_t *w = malloc(rb * (size_t)rows);
+    assert_non_null(w);
+    if (from_floats || t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16) {
+        float *f = malloc(sizeof(float) * (size_t)k);
+        for (int64_t row = 0; row < rows; row++) {
+            for (int64_t i = 0; i < k; i++) f[i] = tm_rng_normal(r) * 0.05f;
+            assert_int_equal(quant_row_quantize(t, f, w + rb * (size_t)row, k), TM_OK);
+        }
+        free(f);
+        return w;
+    }
+    fill_bytes(r, w, rb * (size_t)rows);
+    int64_t nb = (int64_t)(rb * (size_t)rows) / (int64_t)quant_type_traits(t)->type_size;
+    for (int64_t b = 0; b < nb; b++) {
+        switch (t) {
+        case TM_TYPE_Q4_K: ((tm_block_q4_k *)w)[b].d = rand_scale(r); ((tm_block_q4_k *)w)[b].dmin = rand_scale(r); break;
+        case TM_TYPE_Q5_K: ((tm_block_q5_k *)w)[b].d = rand_scale(r); ((tm_block_q5_k *)w)[b].dmin = rand_scale(r); break;
+        case TM_TYPE_Q6_K: ((tm_block_q6_k *)w)[b].d = rand_scale(r); break;
+        case TM_TYPE_Q8_0: ((tm_block_q8_0 *)w)[b].d = rand_scale(r); break;
+        case TM_TYPE_Q4_0: ((tm_block_q4_0 *)w)[b].d = rand_scale(r); break;
+        case TM_TYPE_MXFP4: ((tm_block_mxfp4 *)w)[b].e = (uint8_t)(118 + tm_rng_u64(r) % 10); break;
+        default: fail_msg("no random layout for %s", quant_type_name(t));
+        }
+    }
+    return w;
+}
+
+/* Magnitudes M_i of row `w` (see the top comment). */
+static void magnitudes(tm_type t, const void *w, int64_t k, float *m) {
+    size_t rb = quant_row_size(t, k);
+    assert_int_equal(quant_row_dequantize(t, w, m, k), TM_OK);
+    for (int64_t i = 0; i < k; i++) m[i] = fabsf(m[i]);
+    if (t != TM_TYPE_Q4_K && t != TM_TYPE_Q5_K) return;
+    uint8_t *c = malloc(rb);
+    float *part = malloc(sizeof(float) * (size_t)k);
+    size_t bs = quant_type_traits(t)->type_size;
+    for (int pass = 0; pass < 2; pass++) { /* pass 0: dmin = 0; pass 1: d = 0 */
+        memcpy(c, w, rb);
+        for (size_t b = 0; b < rb / bs; b++) memset(c + b * bs + (pass ? 0 : 2), 0, 2);
+        assert_int_equal(quant_row_dequantize(t, c, part, k), TM_OK);
+        for (int64_t i = 0; i < k; i++) m[i] = pass ? m[i] + fabsf(part[i]) : fabsf(part[i]);
+    }
+    free(c);
+    free(part);
+}
+
+/* ---- activations ---- */
+
+static void check_act(tm_type at, const float *x, const void *xq, int64_t k) {
+    float *deq = malloc(sizeof(float) * (size_t)k);
+    assert_int_equal(quant_row_dequantize(at, xq, deq, k), TM_OK);
+    int64_t bs = at == TM_TYPE_Q8_K ? 256 : 32;
+    for (int64_t b = 0; b < k / bs; b++) {
+        float amax = 0;
+        for (int64_t i = b * bs; i < (b + 1) * bs; i++) amax = fmaxf(amax, fabsf(x[i]));
+        double d = amax / 127.f, extra = 0;
+        if (at == TM_TYPE_Q8_0) {
+            extra = 127 * fabs(d - quant_f16_to_f32(((const tm_block_q8_0 *)xq)[b].d));
+        } else {
+            const tm_block_q8_k *y = xq;
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += y[b].qs[16 * j + i];
+                assert_int_equal(s, y[b].bsums[j]);
+            }
+        }
+        for (int64_t i = b * bs; i < (b + 1) * bs; i++) {
+            double lim = d * (0.5 + 400 * U_F32) + U_F32 * fabs(deq[i]) + extra;
+            if (fabs((double)x[i] - deq[i]) > lim)
+                fail_msg("%s act value %lld: x %g xq %g, bound %g", quant_type_name(at), (long long)i,
+                         x[i], deq[i], lim);
+        }
+    }
+    free(deq);
+}
+
+static void test_act(void **state) {
+    (void)state;
+    levels_init();
+    tm_rng r;
+    tm_rng_seed(&r, 7);
+    const tm_type wtypes[] = {TM_TYPE_Q4_K, TM_TYPE_Q8_0};
+    const int64_t ks[] = {256, 512, 2048, 2816};
+    for (size_t ti = 0; ti < 2; ti++) {
+        tm_type at = cpu_act_type(wtypes[ti]);
+        for (size_t ki = 0; ki < 4; ki++) {
+            int64_t k = ks[ki];
+            float *x = malloc(sizeof(float) * (size_t)k);
+            make_x(&r, x, k);
+            size_t n = cpu_act_row_size(wtypes[ti], k);
+            uint8_t *ref = malloc(n), *got = malloc(n);
+            cpu_level_set(TM_CPU_SCALAR);
+            cpu_act_quantize(wtypes[ti], x, ref, k);
+            check_act(at, x, ref, k);
+            for (int l = 1; l < n_levels; l++) {
+                cpu_level_set(level_list[l]);
+                memset(got, 0xAA, n);
+                cpu_act_quantize(wtypes[ti], x, got, k);
+                if (memcmp(ref, got, n))
+                    fail_msg("%s activations at level %s differ from scalar (k=%lld)", quant_type_name(at),
+                             cpu_level_name(level_list[l]), (long long)k);
+            }
+            free(x);
+            free(ref);
+            free(got);
+        }
+    }
+    cpu_level_set(TM_CPU_SCALAR);
+}
+
+/* ---- products ---- */
+
+typedef struct gemm_case {
+    int64_t k, rows, r0, r1, n_tok;
+    int from_floats;
+} gemm_case;
+
+static double worst_a, worst_b; /* largest error / bound seen, printed per type */
+
+static void run_case(tm_rng *r, tm_type t, const gemm_case *c) {
+    int64_t k = c->k, ldy = c->rows + 3;
+    size_t wrb = quant_row_size(t, k), xrb = cpu_act_row_size(t, k);
+    void *w = make_w(r, t, c->rows, k, c->from_floats);
+    float *x = malloc(sizeof(float) * (size_t)(k * c->n_tok));
+    uint8_t *xq = malloc(xrb * (size_t)c->n_tok);
+    float *xdq = malloc(sizeof(float) * (size_t)(k * c->n_tok));
+    float *wd = malloc(sizeof(float) * (size_t)k), *m = malloc(sizeof(float) * (size_t)k);
+    float *yref = malloc(sizeof(float) * (size_t)(ldy * c->n_tok));
+    float *y = malloc(sizeof(float) * (size_t)(ldy * c->n_tok));
+    double *bound_a = malloc(sizeof(double) * (size_t)(ldy * c->n_tok));
+    double *bound_b = malloc(sizeof(double) * (size_t)(ldy * c->n_tok));
+    double *ydbl = malloc(sizeof(double) * (size_t)(ldy * c->n_tok));
+
+    cpu_level_set(TM_CPU_SCALAR);
+    for (int64_t tk = 0; tk < c->n_tok; tk++) {
+        make_x(r, x + tk * k, k);
+        cpu_act_quantize(t, x + tk * k, xq + xrb * (size_t)tk, k);
+        assert_int_equal(quant_row_dequantize(cpu_act_type(t), xq + xrb * (size_t)tk, xdq + tk * k, k), TM_OK);
+    }
+    double n_terms = (t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16) ? (double)k : (double)k / 16;
+    for (int64_t row = c->r0; row < c->r1; row++) {
+        const void *wr = (const char *)w + wrb * (size_t)row;
+        assert_int_equal(quant_row_dequantize(t, wr, wd, k), TM_OK);
+        magnitudes(t, wr, k, m);
+        for (int64_t tk = 0; tk < c->n_tok; tk++) {
+            const float *xt = x + tk * k, *xqt = xdq + tk * k;
+            double dot = 0, s = 0, qerr = 0;
+            for (int64_t i = 0; i < k; i++) {
+                dot += (double)wd[i] * xt[i];
+                s += (double)m[i] * fmax(fabs(xt[i]), fabs(xqt[i]));
+                qerr += fabs((double)wd[i]) * fabs((double)xt[i] - xqt[i]);
+            }
+            int64_t o = tk * ldy + row;
+            ydbl[o] = dot;
+            bound_a[o] = 2 * (n_terms + 24) * U_F32 * s + 1e-30;
+            bound_b[o] = qerr + bound_a[o];
+        }
+    }
+    for (int64_t i = 0; i < ldy * c->n_tok; i++) yref[i] = SENTINEL;
+    cpu_gemm(t, k, w, wrb, c->r0, c->r1, xq, xrb, c->n_tok, yref, ldy);
+
+    for (int l = 0; l < n_levels; l++) {
+        cpu_level_set(level_list[l]);
+        for (int64_t i = 0; i < ldy * c->n_tok; i++) y[i] = SENTINEL;
+        cpu_gemm(t, k, w, wrb, c->r0, c->r1, xq, xrb, c->n_tok, y, ldy);
+        for (int64_t tk = 0; tk < c->n_tok; tk++) {
+            for (int64_t row = 0; row < ldy; row++) {
+                int64_t o = tk * ldy + row;
+                int inside = row >= c->r0 && row < c->r1;
+                if (!inside) {
+                    if (y[o] != SENTINEL)
+                        fail_msg("%s level %s wrote outside rows [%lld,%lld): row %lld tok %lld",
+                                 quant_type_name(t), cpu_level_name(level_list[l]), (long long)c->r0,
+                                 (long long)c->r1, (long long)row, (long long)tk);
+                    continue;
+                }
+                double ea = fabs((double)y[o] - yref[o]), eb = fabs((double)y[o] - ydbl[o]);
+                if (!(ea <= bound_a[o]) || !(eb <= bound_b[o]))
+                    fail_msg("%s level %s k=%lld rows=%lld [%lld,%lld) n_tok=%lld%s: row %lld tok %lld: "
+                             "y %.9g ref %.9g dbl %.9g; |y-ref| %.3g (bound %.3g), |y-dbl| %.3g (bound %.3g)",
+                             quant_type_name(t), cpu_level_name(level_list[l]), (long long)k,
+                             (long long)c->rows, (long long)c->r0, (long long)c->r1, (long long)c->n_tok,
+                             c->from_floats ? " (quantized floats)" : "", (long long)row, (long long)tk,
+                             y[o], yref[o], ydbl[o], ea, bound_a[o], eb, bound_b[o]);
+                worst_a = fmax(worst_a, ea / bound_a[o]);
+                worst_b = fmax(worst_b, eb / bound_b[o]);
+            }
+        }
+    }
+    cpu_level_set(TM_CPU_SCALAR);
+    free(w); free(x); free(xq); free(xdq); free(wd); free(m);
+    free(yref); free(y); free(bound_a); free(bound_b); free(ydbl);
+}
+
+static void run_type(tm_type t) {
+    levels_init();
+    tm_rng r;
+    tm_rng_seed(&r, 1000 + (uint64_t)t);
+    int64_t bs = quant_type_traits(t)->block_size;
+    static const int64_t ks_k[] = {256, 512, 768, 2048, 2816};
+    static const int64_t ks_32[] = {32, 96, 256, 512, 768, 2048, 2816};
+    static const int64_t ks_f[] = {1, 17, 96, 256, 768, 2816};
+    const int64_t *ks = bs == 256 ? ks_k : bs == 32 ? ks_32 : ks_f;
+    size_t nk = bs == 256 ? 5 : bs == 32 ? 7 : 6;
+    static const int64_t toks[] = {1, 3, 7, 16, 33};
+    worst_a = worst_b = 0;
+    int n_cases = 0;
+    for (size_t ki = 0; ki < nk; ki++) {
+        for (size_t ti = 0; ti < 5; ti++) {
+            int64_t k = ks[ki], nt = toks[ti];
+            /* keep the scalar double reference cheap: fewer rows for big shapes */
+            int64_t rows = k * nt > 20000 ? 21 : 37;
+            gemm_case c = {k, rows, (int64_t)(tm_rng_u64(&r) % 6), rows, nt, 0};
+            if (ti & 1) c.r1 = rows - (int64_t)(tm_rng_u64(&r) % 4);
+            run_case(&r, t, &c);
+            n_cases++;
+        }
+        gemm_case q = {ks[ki], 19, 2, 19, 5, 1}; /* realistic blocks from the quantizer */
+        run_case(&r, t, &q);
+        n_cases++;
+    }
+    printf("# %-5s %2d cases x %d levels: worst |y-ref|/bound %.3f, |y-dbl|/bound %.3f\n",
+           quant_type_name(t), n_cases, n_levels, worst_a, worst_b);
+}
+
+static void test_q4_k(void **s) { (void)s; run_type(TM_TYPE_Q4_K); }
+static void test_q5_k(void **s) { (void)s; run_type(TM_TYPE_Q5_K); }
+static void test_q6_k(void **s) { (void)s; run_type(TM_TYPE_Q6_K); }
+static void test_q8_0(void **s) { (void)s; run_type(TM_TYPE_Q8_0); }
+static void test_q4_0(void **s) { (void)s; run_type(TM_TYPE_Q4_0); }
+static void test_mxfp4(void **s) { (void)s; run_type(TM_TYPE_MXFP4); }
+static void test_f16(void **s) { (void)s; run_type(TM_TYPE_F16); }
+static void test_bf16(void **s) { (void)s; run_type(TM_TYPE_BF16); }
+static void test_f32(void **s) { (void)s; run_type(TM_TYPE_F32); }
+
+/* cpu_matmul over a pool equals the single-threaded product bit for bit
+ * (same kernel, rows split only), and quantizes x itself. */
+static void test_matmul_pool(void **s) {
+    (void)s;
+    levels_init();
+    cpu_level_set(level_list[n_levels - 1]);
+    tm_rng r;
+    tm_rng_seed(&r, 99);
+    const tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q8_0, TM_TYPE_F16};
+    tm_pool *pool;
+    assert_int_equal(cpu_pool_create(3, &pool), TM_OK);
+    for (size_t ti = 0; ti < 3; ti++) {
+        tm_type t = types[ti];
+        int64_t k = 512, rows = 203, nt = 5;
+        void *w = make_w(&r, t, rows, k, 0);
+        float *x = malloc(sizeof(float) * (size_t)(k * nt));
+        for (int64_t i = 0; i < k * nt; i++) x[i] = tm_rng_normal(&r);
+        size_t xrb = cpu_act_row_size(t, k);
+        void *scratch = malloc(xrb * (size_t)nt);
+        float *y = malloc(sizeof(float) * (size_t)(rows * nt)), *y1 = malloc(sizeof(float) * (size_t)(rows * nt));
+        cpu_matmul(pool, t, k, rows, w, quant_row_size(t, k), x, nt, y, scratch);
+        for (int64_t tk = 0; tk < nt; tk++) cpu_act_quantize(t, x + tk * k, (char *)scratch + xrb * (size_t)tk, k);
+        cpu_gemm(t, k, w, quant_row_size(t, k), 0, rows, scratch, xrb, nt, y1, rows);
+        assert_memory_equal(y, y1, sizeof(float) * (size_t)(rows * nt));
+        free(w); free(x); free(scratch); free(y); free(y1);
+    }
+    cpu_pool_free(pool);
+    cpu_level_set(TM_CPU_SCALAR);
+}
+
+static void test_levels(void **s) {
+    (void)s;
+    levels_init();
+    printf("# cpu: %s; physical cores %d; levels tested:", cpu_features_string(), cpu_physical_cores());
+    for (int l = 0; l < n_levels; l++) printf(" %s", cpu_level_name(level_list[l]));
+    printf("\n");
+    assert_int_equal(cpu_level_set((tm_cpu_level)7), TM_ERR_ARG);
+    const tm_type all[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
+                           TM_TYPE_MXFP4, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32};
+    for (size_t i = 0; i < 9; i++) assert_true(cpu_gemm_supports(all[i]));
+    assert_false(cpu_gemm_supports(TM_TYPE_Q2_K));
+    assert_true(cpu_physical_cores() >= 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_levels), cmocka_unit_test(test_act),
+        cmocka_unit_test(test_q4_k),   cmocka_unit_test(test_q5_k),
+        cmocka_unit_test(test_q6_k),   cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_q4_0),   cmocka_unit_test(test_mxfp4),
+        cmocka_unit_test(test_f16),    cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_f32),    cmocka_unit_test(test_matmul_pool),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
