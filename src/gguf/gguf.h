@@ -27,6 +27,9 @@ extern "C" {
 #define TM_GGUF_MAGIC             0x46554747u /* "GGUF" read as little-endian u32 */
 #define TM_GGUF_DEFAULT_ALIGNMENT 32
 #define TM_GGUF_MAX_DIMS          4
+/* Arrays may hold arrays; the reader and writer refuse nesting deeper than
+ * this (a key's array counts as level 1), so hostile files cannot recurse. */
+#define TM_GGUF_MAX_ARRAY_DEPTH   8
 
 typedef enum tm_gguf_value_type {
     TM_GGUF_TYPE_UINT8 = 0,
@@ -117,7 +120,10 @@ typedef struct tm_gguf_file {
 /* ---- reading ---- */
 
 /* Map and validate `path`. On failure returns a status, *out is NULL and the
- * error message names the file, byte offset, field and what was expected. */
+ * error message names the file, byte offset, field and what was expected.
+ * Status: TM_ERR_IO (cannot open/map), TM_ERR_UNSUPPORTED (GGUF version other
+ * than 2 or 3, big-endian file, unknown tensor type id), TM_ERR_FORMAT
+ * (anything malformed), TM_ERR_NOMEM. */
 tm_status gguf_file_open(const char *path, tm_gguf_file **out);
 
 /* Parse and validate an in-memory image (the fuzzer and tests use this; the
@@ -158,6 +164,10 @@ bool gguf_str_eq(tm_gguf_str s, const char *cstr);
 
 typedef struct tm_gguf_writer tm_gguf_writer;
 
+/* version: 2 or 3 (0 = 3). alignment: a power of two (0 = 32). A
+ * `general.alignment` key set on the writer (uint32 power of two) overrides
+ * it; when the alignment is not 32 and no such key was set, begin() adds it,
+ * so the file reads back with the alignment it was written with. */
 tm_status gguf_writer_init(tm_gguf_writer **out, uint32_t version, uint64_t alignment);
 void gguf_writer_free(tm_gguf_writer *w);
 
