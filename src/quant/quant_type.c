@@ -69,7 +69,7 @@ tm_status quant_type_from_name(const char *name, tm_type *out) {
 static tm_status quant_row_check(tm_type t, int64_t n, int want_quantize) {
     const tm_type_traits *tr = quant_type_traits((uint32_t)t);
     if (!tr) return tm_error_set(TM_ERR_UNSUPPORTED, "unknown tensor type id %u", (unsigned)t);
-    if (!(want_quantize ? tr->quantize : tr->dequantize))
+    if (want_quantize ? !tr->quantize : !tr->dequantize)
         return tm_error_set(TM_ERR_UNSUPPORTED, "tensor type %s is not supported for %s", tr->name,
                             want_quantize ? "quantization" : "dequantization");
     if (n < 0 || n % tr->block_size)
@@ -90,7 +90,12 @@ tm_status quant_row_quantize(tm_type t, const float *src, void *dst, int64_t n) 
     return st;
 }
 
-/* ---- scalar conversions ---- */
+/* ---- scalar conversions ----
+ * Exact IEEE conversions, round to nearest even, checked exhaustively by
+ * tests/test_quant.c and against numpy by the oracle test. NaNs: f16 -> f32
+ * keeps the payload bits as they are (as numpy does); f32 -> f16 and
+ * f32 -> bf16 return a quiet NaN with the payload's top bits (as x86's F16C
+ * conversion and ggml's bf16 conversion do; numpy keeps signalling NaNs). */
 
 float quant_f16_to_f32(tm_half h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
