@@ -15,6 +15,8 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command commands[] = {
+    {"run", cmd_run, "generate text or token ids from a prompt"},
+    {"bench", cmd_bench, "measure prompt and generation speed (llama-bench style)"},
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
     {"mkmodel", cmd_mkmodel, "write a synthetic random-weight MoE model (qwen3moe)"},
 };

@@ -23,7 +23,15 @@ tm_status tm_error_wrap(tm_status st, const char *fmt, ...) {
     vsnprintf(prefix, sizeof(prefix), fmt, ap);
     va_end(ap);
     memcpy(old, error_buf, sizeof(old));
-    snprintf(error_buf, sizeof(error_buf), "%s: %s", prefix, old);
+    /* Truncation is acceptable here: the message is for people. */
+    size_t n = strlen(prefix);
+    if (n > TM_ERROR_CAP - 3) n = TM_ERROR_CAP - 3;
+    memcpy(error_buf, prefix, n);
+    memcpy(error_buf + n, ": ", 2);
+    size_t rest = strlen(old);
+    if (rest > TM_ERROR_CAP - n - 3) rest = TM_ERROR_CAP - n - 3;
+    memcpy(error_buf + n + 2, old, rest);
+    error_buf[n + 2 + rest] = '\0';
     return st;
 }
 

@@ -85,6 +85,9 @@ bool cpu_gemm_supports(tm_type wtype);
 void cpu_matmul(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
                 size_t w_row_bytes, const float *x, int64_t n_tok, float *y, void *scratch);
 
+/* Best-of-5 read bandwidth in GB/s over a buffer of `bytes` with the pool's threads. */
+double cpu_read_bandwidth_gbs(tm_pool *pool, size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -127,7 +127,7 @@ TM_STATIC_ASSERT(sizeof(tm_block_mxfp4) == 17, "mxfp4 block size");
 
 /* Dequantize `n` values (a multiple of the block size) from `src` to `dst`. */
 typedef void (*tm_dequantize_fn)(const void *src, float *dst, int64_t n);
-/* Quantize `n` values (a multiple of the block size); reference, not fast. */
+/* Quantize `n` values (a multiple of the block size); one pass, fast enough for mkmodel. */
 typedef void (*tm_quantize_fn)(const float *src, void *dst, int64_t n);
 
 typedef struct tm_type_traits {

@@ -1,0 +1,325 @@
+/* CPU element-wise and attention ops (see cpu_ops.h). */
+#include "cpu/cpu_ops.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TM_X86 1
+#endif
+
+void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
+    /* Four partial sums: deterministic, and fast without -ffast-math. */
+    float s[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += x[i + j] * x[i + j];
+    for (; i < n; i++) s[0] += x[i] * x[i];
+    const float scale = 1.0f / sqrtf((s[0] + s[1] + s[2] + s[3]) / (float)n + eps);
+    if (w)
+        for (i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+    else
+        for (i = 0; i < n; i++) y[i] = x[i] * scale;
+}
+
+void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base) {
+    const int64_t half = head_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        /* Angles in double: at positions in the tens of thousands, float
+         * angles lose the low bits that the rotation depends on. */
+        double theta = (double)pos * pow((double)base, -2.0 * (double)i / (double)head_dim);
+        float c = (float)cos(theta), s = (float)sin(theta);
+        float a = x[i], b = x[i + half];
+        x[i] = a * c - b * s;
+        x[i + half] = a * s + b * c;
+    }
+}
+
+void cpu_softmax(float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += x[i] = expf(x[i] - m);
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void cpu_swiglu(float *h, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void cpu_axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void cpu_topk(const float *x, int64_t n, int64_t k, int32_t *idx) {
+    /* Insertion into a sorted list of k: k is small (<= 32) next to n. */
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (m == k && !(x[i] > x[idx[k - 1]])) continue;
+        int64_t j = m < k ? m++ : k - 1;
+        while (j > 0 && x[idx[j - 1]] < x[i]) idx[j] = idx[j - 1], j--;
+        idx[j] = (int32_t)i;
+    }
+}
+
+/* ---- KV rows ---- */
+
+#ifdef TM_X86
+__attribute__((target("avx2,fma,f16c"))) static float dot_f32_f16_avx2(const float *q,
+                                                                        const tm_half *k, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+        __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8)));
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), k0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), k1, acc1);
+    }
+    acc0 = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++) r += q[i] * quant_f16_to_f32(k[i]);
+    return r;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, float a,
+                                                                    const tm_half *v, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, x, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) y[i] += a * quant_f16_to_f32(v[i]);
+}
+
+__attribute__((target("avx2,f16c"))) static void store_f16_avx2(tm_half *dst, const float *src,
+                                                                 int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+}
+#endif
+
+static int use_f16c(void) {
+#ifdef TM_X86
+    const tm_cpu_features *f = cpu_features();
+    return f->avx2 && f->fma && f->f16c && cpu_level_get() >= TM_CPU_AVX2;
+#else
+    return 0;
+#endif
+}
+
+float cpu_dot_f32_kv(const float *q, const void *k, tm_type kv_type, int64_t n) {
+    if (kv_type == TM_TYPE_F32) {
+        const float *kf = k;
+        float s[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) s[j] += q[i + j] * kf[i + j];
+        for (; i < n; i++) s[0] += q[i] * kf[i];
+        return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+#ifdef TM_X86
+    if (use_f16c()) return dot_f32_f16_avx2(q, k, n);
+#endif
+    const tm_half *kh = k;
+    float r = 0;
+    for (int64_t i = 0; i < n; i++) r += q[i] * quant_f16_to_f32(kh[i]);
+    return r;
+}
+
+void cpu_axpy_kv(float *y, float a, const void *v, tm_type kv_type, int64_t n) {
+    if (kv_type == TM_TYPE_F32) {
+        cpu_axpy(y, a, v, n);
+        return;
+    }
+#ifdef TM_X86
+    if (use_f16c()) {
+        axpy_f16_avx2(y, a, v, n);
+        return;
+    }
+#endif
+    const tm_half *vh = v;
+    for (int64_t i = 0; i < n; i++) y[i] += a * quant_f16_to_f32(vh[i]);
+}
+
+void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n) {
+    if (kv_type == TM_TYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+#ifdef TM_X86
+    if (use_f16c()) {
+        store_f16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    tm_half *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = quant_f32_to_f16(src[i]);
+}
+
+/* ---- attention ---- */
+
+#define ATTN_KV_CHUNK 256 /* keys per task when one query is split over threads */
+
+typedef struct attn_job {
+    const tm_attention_shape *s;
+    const float *q;
+    const uint8_t *k, *v;
+    float *out;
+    float *scratch;
+    int64_t scratch_per_thread;
+    float *records; /* split decode: per (head, chunk) max, sum, acc[head_dim] */
+    size_t kv_row_bytes, kv_elem;
+    int64_t n_chunks; /* decode split: key chunks per head */
+} attn_job;
+
+int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
+    /* batch: one score row per thread; split: per (head, chunk) a max, a sum and an accumulator */
+    int64_t per_thread = n_ctx + s->head_dim;
+    int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
+    return per_thread * (n_threads > 0 ? n_threads : 1) + s->n_head * chunks * (s->head_dim + 2);
+}
+
+/* One query row of one head against keys [0, n_kv). */
+static void attn_row(const attn_job *j, int64_t h, int64_t i, float *scores) {
+    const tm_attention_shape *s = j->s;
+    const int64_t d = s->head_dim, g = h / (s->n_head / s->n_head_kv), n_kv = s->pos0 + i + 1;
+    const float *q = j->q + (i * s->n_head + h) * d;
+    float *o = j->out + (i * s->n_head + h) * d;
+    const size_t off = (size_t)g * d * j->kv_elem;
+    float m = -INFINITY;
+    for (int64_t t = 0; t < n_kv; t++) {
+        scores[t] = s->scale * cpu_dot_f32_kv(q, j->k + t * j->kv_row_bytes + off, s->kv_type, d);
+        m = scores[t] > m ? scores[t] : m;
+    }
+    double sum = 0;
+    for (int64_t t = 0; t < n_kv; t++) sum += scores[t] = expf(scores[t] - m);
+    const float inv = (float)(1.0 / sum);
+    memset(o, 0, (size_t)d * sizeof(float));
+    for (int64_t t = 0; t < n_kv; t++)
+        cpu_axpy_kv(o, scores[t] * inv, j->v + t * j->kv_row_bytes + off, s->kv_type, d);
+}
+
+static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const attn_job *j = ctx;
+    float *scores = j->scratch + ith * j->scratch_per_thread;
+    for (int64_t w = begin; w < end; w++) attn_row(j, w % j->s->n_head, w / j->s->n_head, scores);
+}
+
+/* Single query, one (head, key chunk): the chunk's max, sum of exponentials
+ * and exp-weighted value sum go to a record; attn_split_merge combines them. */
+static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const attn_job *j = ctx;
+    const tm_attention_shape *s = j->s;
+    const int64_t d = s->head_dim, n_kv = s->pos0 + 1;
+    float *scores = j->scratch + ith * j->scratch_per_thread;
+    for (int64_t w = begin; w < end; w++) {
+        const int64_t h = w / j->n_chunks, c = w % j->n_chunks;
+        const int64_t t0 = c * ATTN_KV_CHUNK;
+        const int64_t t1 = t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv;
+        const size_t off = (size_t)(h / (s->n_head / s->n_head_kv)) * d * j->kv_elem;
+        const float *q = j->q + h * d;
+        float *rec = j->records + w * (d + 2); /* max, sum, acc[d] */
+        float m = -INFINITY;
+        for (int64_t t = t0; t < t1; t++) {
+            float x = s->scale * cpu_dot_f32_kv(q, j->k + t * j->kv_row_bytes + off, s->kv_type, d);
+            scores[t - t0] = x;
+            m = x > m ? x : m;
+        }
+        float sum = 0;
+        memset(rec + 2, 0, (size_t)d * sizeof(float));
+        for (int64_t t = t0; t < t1; t++) {
+            float e = expf(scores[t - t0] - m);
+            sum += e;
+            cpu_axpy_kv(rec + 2, e, j->v + t * j->kv_row_bytes + off, s->kv_type, d);
+        }
+        rec[0] = m, rec[1] = sum;
+    }
+}
+
+static void attn_split_merge(const attn_job *j) {
+    const int64_t d = j->s->head_dim;
+    for (int64_t h = 0; h < j->s->n_head; h++) {
+        const float *recs = j->records + h * j->n_chunks * (d + 2);
+        float m = -INFINITY;
+        for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
+        float *o = j->out + h * d;
+        double sum = 0;
+        memset(o, 0, (size_t)d * sizeof(float));
+        for (int64_t c = 0; c < j->n_chunks; c++) {
+            const float *rec = recs + c * (d + 2);
+            float f = expf(rec[0] - m);
+            sum += (double)f * rec[1];
+            cpu_axpy(o, f, rec + 2, d);
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < d; i++) o[i] *= inv;
+    }
+}
+
+void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
+                   const void *v, float *out, float *scratch) {
+    attn_job j = {
+        .s = s, .q = q, .k = k, .v = v, .out = out, .scratch = scratch,
+        .kv_elem = s->kv_type == TM_TYPE_F16 ? 2 : 4,
+    };
+    const int nth = pool ? cpu_pool_size(pool) : 1;
+    const int64_t n_ctx_used = s->pos0 + s->n_tok;
+    j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
+    j.scratch_per_thread = n_ctx_used + s->head_dim;
+    j.records = scratch + j.scratch_per_thread * nth;
+    if (s->n_tok == 1 && s->pos0 + 1 > ATTN_KV_CHUNK) {
+        j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
+        cpu_pool_for(pool, s->n_head * j.n_chunks, 1, attn_split_task, &j);
+        attn_split_merge(&j);
+    } else {
+        cpu_pool_for(pool, s->n_head * s->n_tok, 1, attn_batch_task, &j);
+    }
+}
+
+/* ---- precise products ---- */
+
+typedef struct precise_job {
+    tm_type wtype;
+    int64_t k, rows, n_tok;
+    const uint8_t *w;
+    size_t w_row_bytes;
+    const float *x;
+    float *y;
+    float *rowbuf; /* one dequantized row per thread */
+} precise_job;
+
+static void precise_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const precise_job *j = ctx;
+    float *row = j->rowbuf + ith * j->k;
+    for (int64_t r = begin; r < end; r++) {
+        quant_row_dequantize(j->wtype, j->w + r * j->w_row_bytes, row, j->k);
+        for (int64_t t = 0; t < j->n_tok; t++) {
+            const float *x = j->x + t * j->k;
+            double acc = 0;
+            for (int64_t i = 0; i < j->k; i++) acc += (double)row[i] * x[i];
+            j->y[t * j->rows + r] = (float)acc;
+        }
+    }
+}
+
+tm_status cpu_matmul_precise(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
+                             size_t w_row_bytes, const float *x, int64_t n_tok, float *y) {
+    const int nth = pool ? cpu_pool_size(pool) : 1;
+    precise_job j = {wtype, k, rows, n_tok, w, w_row_bytes, x, y, malloc((size_t)(nth * k) * sizeof(float))};
+    if (!j.rowbuf) return tm_error_set(TM_ERR_NOMEM, "precise matmul: out of memory");
+    tm_status st = quant_row_dequantize(wtype, w, j.rowbuf, k); /* checks type and k once */
+    if (st == TM_OK) cpu_pool_for(pool, rows, 16, precise_task, &j);
+    free(j.rowbuf);
+    return st;
+}

@@ -1,0 +1,71 @@
+/* CPU element-wise and attention ops: RMSNorm, RoPE (NeoX), softmax, SwiGLU,
+ * top-k, and causal attention over a KV cache. Each has a plain C reference
+ * path (the TM_CPU_SCALAR level) and, where it pays, an AVX2/F16C one chosen
+ * at run time; results agree to float rounding. Shapes are given explicitly;
+ * nothing here knows a model. */
+#ifndef TM_CPU_CPU_OPS_H
+#define TM_CPU_CPU_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cpu/cpu.h"
+#include "quant/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y = x / sqrt(mean(x^2) + eps) * w   (w may be NULL: no gain). y may alias x. */
+void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps);
+
+/* Rotate one head in place with NeoX pairing (i, i + d/2):
+ * theta_i = pos * base^(-2i/d). */
+void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base);
+
+/* In-place softmax over n values; returns nothing, the sum is 1. */
+void cpu_softmax(float *x, int64_t n);
+
+/* h[i] = silu(g[i]) * u[i]. */
+void cpu_swiglu(float *h, const float *g, const float *u, int64_t n);
+
+/* y[i] += a * x[i]. */
+void cpu_axpy(float *y, float a, const float *x, int64_t n);
+
+/* Indices of the k largest values of x[n], largest first (ties: lower index first). */
+void cpu_topk(const float *x, int64_t n, int64_t k, int32_t *idx);
+
+/* f16/f32 rows of a KV cache. */
+float cpu_dot_f32_kv(const float *q, const void *k, tm_type kv_type, int64_t n);
+void cpu_axpy_kv(float *y, float a, const void *v, tm_type kv_type, int64_t n);
+void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n);
+
+/* Causal attention for a batch of query rows against a KV cache.
+ *   q:   [n_tok][n_head * head_dim]       query rows (RoPE applied)
+ *   k,v: [n_ctx][n_head_kv * head_dim]    cache rows of type kv_type, positions 0..pos0+n_tok-1 filled
+ *   out: [n_tok][n_head * head_dim]
+ * Query i sits at position pos0 + i and sees keys 0..pos0+i. Heads are
+ * grouped: head h reads kv head h / (n_head / n_head_kv). Work is spread over
+ * the pool by (head, query) for batches and by (head, key chunk) with an
+ * exact log-sum-exp merge for single tokens, so long contexts use every core. */
+typedef struct tm_attention_shape {
+    int64_t n_tok, pos0, n_head, n_head_kv, head_dim;
+    float scale;
+    tm_type kv_type; /* TM_TYPE_F16 or TM_TYPE_F32 */
+} tm_attention_shape;
+
+/* Scratch floats the attention needs for a pool of n_threads and a context of n_ctx. */
+int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads);
+
+void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
+                   const void *v, float *out, float *scratch);
+
+/* Double-precision product with dequantized weights: y[t][r] = Σ W[r][i] x[t][i].
+ * Slow; the exact reference that checks the quantized-activation paths. */
+tm_status cpu_matmul_precise(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
+                             size_t w_row_bytes, const float *x, int64_t n_tok, float *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

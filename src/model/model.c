@@ -1,0 +1,210 @@
+/* Model loading, contexts and the helpers architecture files share. */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "cpu/cpu_ops.h"
+
+extern const tm_arch tm_arch_qwen3moe;
+
+static const tm_arch *const archs[] = {&tm_arch_qwen3moe};
+
+const char *const tm_prof_part_names[TM_PROF_COUNT] = {
+    "embed", "norms+rope", "attn proj", "attention", "router", "experts", "output",
+};
+
+tm_status model_load(const char *path, tm_model **out) {
+    *out = NULL;
+    tm_gguf_file *f;
+    tm_status st = gguf_file_open(path, &f);
+    if (st != TM_OK) return st;
+    tm_gguf_str arch;
+    if (gguf_file_get_str(f, "general.architecture", &arch) != TM_OK) {
+        gguf_file_close(f);
+        return tm_error_set(TM_ERR_FORMAT, "%s: missing key general.architecture", path);
+    }
+    const tm_arch *a = NULL;
+    for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+        if (gguf_str_eq(arch, archs[i]->name)) a = archs[i];
+    if (!a) {
+        tm_error_set(TM_ERR_UNSUPPORTED, "%s: architecture '%.*s' is not supported (supported: qwen3moe)",
+                     path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+        gguf_file_close(f);
+        return TM_ERR_UNSUPPORTED;
+    }
+    tm_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        gguf_file_close(f);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    m->file = f, m->arch = a;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        m->n_params += (uint64_t)f->tensors[i].n_elements;
+        m->weight_bytes += f->tensors[i].n_bytes;
+    }
+    if ((st = a->load(m)) != TM_OK) {
+        model_free(m);
+        return st;
+    }
+    *out = m;
+    return TM_OK;
+}
+
+void model_free(tm_model *m) {
+    if (!m) return;
+    if (m->arch && m->weights) m->arch->unload(m);
+    gguf_file_close(m->file);
+    free(m);
+}
+
+tm_status model_key_u32(const tm_model *m, const char *arch_key, uint32_t *out) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", m->arch->name, arch_key);
+    tm_status st = gguf_file_get_u32(m->file, key, out);
+    if (st != TM_OK) return tm_error_wrap(st, "%s", m->file->path);
+    return TM_OK;
+}
+
+tm_status model_key_f32(const tm_model *m, const char *arch_key, float *out) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", m->arch->name, arch_key);
+    tm_status st = gguf_file_get_f32(m->file, key, out);
+    if (st != TM_OK) return tm_error_wrap(st, "%s", m->file->path);
+    return TM_OK;
+}
+
+static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dims, const int64_t *ne,
+                             tm_weight *w, bool optional) {
+    memset(w, 0, sizeof(*w));
+    const tm_gguf_tensor *t = gguf_file_find_tensor(m->file, name);
+    if (!t) {
+        if (optional) return TM_OK;
+        return tm_error_set(TM_ERR_FORMAT, "%s: missing tensor '%s'", m->file->path, name);
+    }
+    char want[96], got[96];
+    int nw = 0, ng = 0;
+    bool ok = t->n_dims <= 4;
+    for (uint32_t d = 0; d < 4; d++) {
+        int64_t e = d < n_dims ? ne[d] : 1, g = t->ne[d];
+        if (d < t->n_dims) ng += snprintf(got + ng, sizeof(got) - (size_t)ng, "%s%lld", d ? " x " : "", (long long)g);
+        if (d < n_dims) nw += snprintf(want + nw, sizeof(want) - (size_t)nw, "%s%lld", d ? " x " : "", (long long)e);
+        if (e != g) ok = false;
+    }
+    if (!ok)
+        return tm_error_set(TM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%s]", m->file->path,
+                            name, got, want);
+    if (!quant_type_is_compute(t->type) || !cpu_gemm_supports((tm_type)t->type))
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which tiermoe cannot compute yet",
+                            m->file->path, name, quant_type_name(t->type));
+    w->name = t->name.data, w->name_len = (uint32_t)t->name.len;
+    w->type = (tm_type)t->type, w->n_dims = t->n_dims;
+    for (int d = 0; d < 4; d++) w->ne[d] = t->ne[d];
+    w->row_bytes = quant_row_size(w->type, w->ne[0]);
+    w->data = t->data;
+    return TM_OK;
+}
+
+tm_status model_weight_bind(const tm_model *m, const char *name, uint32_t n_dims, const int64_t *ne,
+                            tm_weight *w) {
+    return weight_bind(m, name, n_dims, ne, w, false);
+}
+
+tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32_t n_dims,
+                                     const int64_t *ne, tm_weight *w) {
+    return weight_bind(m, name, n_dims, ne, w, true);
+}
+
+size_t model_matmul_scratch_bytes(const tm_weight *w, int64_t n_tok) {
+    return (size_t)n_tok * cpu_act_row_size(w->type, w->ne[0]);
+}
+
+void model_matmul(tm_context *c, const tm_weight *w, const float *x, int64_t n_tok, float *y, void *act) {
+    if (c->params.precise) {
+        tm_status st = cpu_matmul_precise(c->pool, w->type, w->ne[0], w->ne[1], w->data, w->row_bytes, x, n_tok, y);
+        TM_ASSERT(st == TM_OK); /* types were checked at bind time */
+        return;
+    }
+    cpu_matmul(c->pool, w->type, w->ne[0], w->ne[1], w->data, w->row_bytes, x, n_tok, y, act);
+}
+
+/* ---- contexts ---- */
+
+tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_context **out) {
+    *out = NULL;
+    tm_context *c = calloc(1, sizeof(*c));
+    if (!c) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    c->model = m;
+    c->params = *p;
+    const tm_model_config *cfg = &m->cfg;
+    if (c->params.n_ctx <= 0) c->params.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
+    if (c->params.n_batch <= 0) c->params.n_batch = 512;
+    if (c->params.n_batch > c->params.n_ctx) c->params.n_batch = c->params.n_ctx;
+    if (c->params.kv_type != TM_TYPE_F32) c->params.kv_type = TM_TYPE_F16;
+    c->n_ctx = c->params.n_ctx;
+    tm_status st = cpu_pool_create(p->n_threads > 0 ? p->n_threads : cpu_physical_cores(), &c->pool);
+    if (st != TM_OK) {
+        free(c);
+        return st;
+    }
+    const size_t row = (size_t)cfg->n_head_kv * cfg->head_dim * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
+    c->k_cache = calloc(cfg->n_layer, sizeof(void *));
+    c->v_cache = calloc(cfg->n_layer, sizeof(void *));
+    if (!c->k_cache || !c->v_cache) goto nomem;
+    for (uint32_t l = 0; l < cfg->n_layer; l++) {
+        c->k_cache[l] = malloc(row * (size_t)c->n_ctx);
+        c->v_cache[l] = malloc(row * (size_t)c->n_ctx);
+        if (!c->k_cache[l] || !c->v_cache[l]) goto nomem;
+    }
+    c->logits = malloc((size_t)c->params.n_batch * cfg->n_vocab * sizeof(float));
+    if (!c->logits) goto nomem;
+    if ((st = m->arch->state_create(c)) != TM_OK) {
+        model_context_free(c);
+        return st;
+    }
+    *out = c;
+    return TM_OK;
+nomem:
+    model_context_free(c);
+    return tm_error_set(TM_ERR_NOMEM, "out of memory for a context of %lld positions (KV cache %.1f MiB)",
+                        (long long)p->n_ctx, 2.0 * row * (double)c->n_ctx * cfg->n_layer / 1048576.0);
+}
+
+void model_context_free(tm_context *c) {
+    if (!c) return;
+    if (c->state) c->model->arch->state_free(c);
+    for (uint32_t l = 0; l < c->model->cfg.n_layer; l++) {
+        if (c->k_cache) free(c->k_cache[l]);
+        if (c->v_cache) free(c->v_cache[l]);
+    }
+    free(c->k_cache), free(c->v_cache), free(c->logits);
+    cpu_pool_free(c->pool);
+    free(c);
+}
+
+void model_context_reset(tm_context *c) { c->n_past = 0; }
+
+tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
+                       bool all_logits) {
+    if (n_tok <= 0) return tm_error_set(TM_ERR_ARG, "no tokens to evaluate");
+    if (c->n_past + n_tok > c->n_ctx)
+        return tm_error_set(TM_ERR_ARG, "context full: %lld positions used + %lld new tokens > context size %lld (-c)",
+                            (long long)c->n_past, (long long)n_tok, (long long)c->n_ctx);
+    if (all_logits && n_tok > c->params.n_batch)
+        return tm_error_set(TM_ERR_ARG, "all logits of %lld tokens asked, batch holds %lld",
+                            (long long)n_tok, (long long)c->params.n_batch);
+    for (int64_t i = 0; i < n_tok; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= c->model->cfg.n_vocab)
+            return tm_error_set(TM_ERR_ARG, "token id %d at position %lld is outside the vocabulary [0, %u)",
+                                tokens[i], (long long)i, c->model->cfg.n_vocab);
+    for (int64_t i = 0; i < n_tok; i += c->params.n_batch) {
+        int64_t n = n_tok - i < c->params.n_batch ? n_tok - i : c->params.n_batch;
+        tm_status st = c->model->arch->forward(c, tokens + i, n, phase, all_logits);
+        if (st != TM_OK) return st;
+        c->n_past += n;
+    }
+    c->n_logits_rows = all_logits ? n_tok : 1;
+    return TM_OK;
+}

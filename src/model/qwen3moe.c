@@ -1,0 +1,280 @@
+/* Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) as llama.cpp's converter stores it.
+ *
+ * x = token_embd[tok]
+ * for each layer:
+ *     h = rmsnorm(x) * attn_norm
+ *     q, k, v = Wq h, Wk h, Wv h                    per head: rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
+ *     q, k = rope_neox(q, pos), rope_neox(k, pos)    base = rope.freq_base
+ *     x += Wo · softmax(q kᵀ / sqrt(head_dim), causal) v     (grouped-query heads)
+ *     h = rmsnorm(x) * ffn_norm
+ *     p = softmax(W_router h); top-k experts; weights renormalised to sum 1
+ *     x += Σ_k w_k · down_k(silu(gate_k h) * up_k h)
+ * logits = W_out · (rmsnorm(x) * output_norm)     (W_out = token_embd when output is absent)
+ *
+ * Shapes (ne order, row length first): token_embd [n_embd, n_vocab];
+ * attn_q [n_embd, n_head*head_dim]; attn_k/v [n_embd, n_head_kv*head_dim];
+ * attn_output [n_head*head_dim, n_embd]; ffn_gate_inp [n_embd, n_expert];
+ * ffn_gate/up_exps [n_embd, n_ff_exp, n_expert]; ffn_down_exps [n_ff_exp, n_embd, n_expert]. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timing.h"
+#include "cpu/cpu_ops.h"
+#include "model/model.h"
+
+typedef struct qwen3moe_layer {
+    tm_weight attn_norm, wq, wk, wv, wo, q_norm, k_norm;
+    tm_weight ffn_norm, router, gate_exps, up_exps, down_exps;
+    tm_moe_experts experts;
+} qwen3moe_layer;
+
+typedef struct qwen3moe_weights {
+    tm_weight token_embd, output_norm, output;
+    qwen3moe_layer *layers;
+    tm_moe_router_params router;
+} qwen3moe_weights;
+
+/* Activations of one chunk of n_batch tokens, named as in the header comment. */
+typedef struct qwen3moe_state {
+    float *x, *h;         /* [n_batch][n_embd] residual stream, normed input */
+    float *q, *k, *v;     /* [n_batch][n_head*head_dim], [n_batch][n_head_kv*head_dim] */
+    float *att, *attn_out; /* [n_batch][n_head*head_dim], [n_batch][n_embd] */
+    float *router_logits; /* [n_batch][n_expert] */
+    int32_t *topk_ids;    /* [n_batch][k] */
+    float *topk_w;
+    float *moe_out;       /* [n_batch][n_embd] */
+    float *attn_scratch;
+    void *act;            /* quantized activations for model_matmul */
+    tm_moe_worklist wl;
+    tm_moe_cpu_lane *lane;
+} qwen3moe_state;
+
+static tm_status qwen3moe_load(tm_model *m) {
+    tm_model_config *c = &m->cfg;
+    tm_status st;
+    if ((st = model_key_u32(m, "block_count", &c->n_layer)) ||
+        (st = model_key_u32(m, "embedding_length", &c->n_embd)) ||
+        (st = model_key_u32(m, "attention.head_count", &c->n_head)) ||
+        (st = model_key_u32(m, "attention.head_count_kv", &c->n_head_kv)) ||
+        (st = model_key_u32(m, "context_length", &c->n_ctx_train)) ||
+        (st = model_key_u32(m, "expert_count", &c->n_expert)) ||
+        (st = model_key_u32(m, "expert_used_count", &c->n_expert_used)) ||
+        (st = model_key_u32(m, "expert_feed_forward_length", &c->n_ff_exp)) ||
+        (st = model_key_f32(m, "attention.layer_norm_rms_epsilon", &c->rms_eps)) ||
+        (st = model_key_f32(m, "rope.freq_base", &c->rope_base)))
+        return st;
+    c->head_dim = c->n_embd / (c->n_head ? c->n_head : 1);
+    model_key_u32(m, "attention.key_length", &c->head_dim); /* optional: Qwen3 sets it explicitly */
+    uint32_t v_len = c->head_dim;
+    model_key_u32(m, "attention.value_length", &v_len);
+    const char *path = m->file->path;
+    if (!c->n_layer || !c->n_embd || !c->n_head || !c->n_head_kv || c->n_head % c->n_head_kv ||
+        !c->head_dim || c->head_dim % 2 || v_len != c->head_dim)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: inconsistent attention shape (%u heads, %u kv heads, key length %u, value length %u)",
+                            path, c->n_head, c->n_head_kv, c->head_dim, v_len);
+    if (!c->n_expert || c->n_expert > 1024 || !c->n_expert_used || c->n_expert_used > c->n_expert ||
+        c->n_expert_used > 32 || !c->n_ff_exp)
+        return tm_error_set(TM_ERR_FORMAT, "%s: not a usable MoE shape (%u experts, %u used, ff %u)", path,
+                            c->n_expert, c->n_expert_used, c->n_ff_exp);
+
+    qwen3moe_weights *w = calloc(1, sizeof(*w));
+    if (!w || !(w->layers = calloc(c->n_layer, sizeof(qwen3moe_layer)))) {
+        free(w);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    m->weights = w;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
+    const tm_gguf_tensor *te = gguf_file_find_tensor(m->file, "token_embd.weight");
+    c->n_vocab = te && te->n_dims == 2 ? (uint32_t)te->ne[1] : 0;
+    if ((st = model_weight_bind(m, "token_embd.weight", 2, (int64_t[]){E, c->n_vocab}, &w->token_embd)) ||
+        (st = model_weight_bind(m, "output_norm.weight", 1, (int64_t[]){E}, &w->output_norm)) ||
+        (st = model_weight_bind_optional(m, "output.weight", 2, (int64_t[]){E, c->n_vocab}, &w->output)))
+        return st;
+    if (!w->output.data) w->output = w->token_embd; /* tied embeddings */
+    if (w->output_norm.type != TM_TYPE_F32)
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: output_norm must be f32", path);
+
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        qwen3moe_layer *L = &w->layers[l];
+        char name[96];
+#define BIND(field, suffix, nd, ...)                                                               \
+    (snprintf(name, sizeof(name), "blk.%u." suffix ".weight", l),                                  \
+     model_weight_bind(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
+        if ((st = BIND(attn_norm, "attn_norm", 1, E)) || (st = BIND(wq, "attn_q", 2, E, Q)) ||
+            (st = BIND(wk, "attn_k", 2, E, KV)) || (st = BIND(wv, "attn_v", 2, E, KV)) ||
+            (st = BIND(wo, "attn_output", 2, Q, E)) || (st = BIND(q_norm, "attn_q_norm", 1, c->head_dim)) ||
+            (st = BIND(k_norm, "attn_k_norm", 1, c->head_dim)) || (st = BIND(ffn_norm, "ffn_norm", 1, E)) ||
+            (st = BIND(router, "ffn_gate_inp", 2, E, c->n_expert)) ||
+            (st = BIND(gate_exps, "ffn_gate_exps", 3, E, c->n_ff_exp, c->n_expert)) ||
+            (st = BIND(up_exps, "ffn_up_exps", 3, E, c->n_ff_exp, c->n_expert)) ||
+            (st = BIND(down_exps, "ffn_down_exps", 3, c->n_ff_exp, E, c->n_expert)))
+            return st;
+#undef BIND
+        const tm_weight *norms[] = {&L->attn_norm, &L->q_norm, &L->k_norm, &L->ffn_norm};
+        for (size_t i = 0; i < 4; i++)
+            if (norms[i]->type != TM_TYPE_F32)
+                return tm_error_set(TM_ERR_UNSUPPORTED, "%s: norm tensor '%.*s' must be f32, is %s", path,
+                                    (int)norms[i]->name_len, norms[i]->name, quant_type_name(norms[i]->type));
+        L->experts = (tm_moe_experts){
+            .n_embd = E, .n_ff = c->n_ff_exp, .act = TM_MOE_ACT_SWIGLU,
+            .gate = {L->gate_exps.data, L->gate_exps.type, L->gate_exps.row_bytes * c->n_ff_exp, L->gate_exps.row_bytes},
+            .up = {L->up_exps.data, L->up_exps.type, L->up_exps.row_bytes * c->n_ff_exp, L->up_exps.row_bytes},
+            .down = {L->down_exps.data, L->down_exps.type, L->down_exps.row_bytes * (size_t)E, L->down_exps.row_bytes},
+        };
+    }
+    w->router = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, c->n_expert, c->n_expert_used, true, 1.0f};
+    return TM_OK;
+}
+
+static void qwen3moe_unload(tm_model *m) {
+    qwen3moe_weights *w = m->weights;
+    free(w->layers);
+    free(w);
+    m->weights = NULL;
+}
+
+static tm_status qwen3moe_state_create(tm_context *ctx) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const qwen3moe_weights *w = ctx->model->weights;
+    const int64_t B = ctx->params.n_batch, E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
+                  KV = (int64_t)c->n_head_kv * c->head_dim;
+    qwen3moe_state *s = calloc(1, sizeof(*s));
+    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    ctx->state = s;
+    /* activation scratch: the largest quantized input of any product */
+    size_t act = model_matmul_scratch_bytes(&w->output, B);
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const qwen3moe_layer *L = &w->layers[l];
+        const tm_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router};
+        for (size_t i = 0; i < 5; i++) {
+            size_t b = model_matmul_scratch_bytes(ws[i], B);
+            act = b > act ? b : act;
+        }
+    }
+    tm_attention_shape as = {B, 0, c->n_head, c->n_head_kv, c->head_dim, 0, ctx->params.kv_type};
+    const int nth = cpu_pool_size(ctx->pool);
+    if (!(s->x = malloc(B * E * sizeof(float))) || !(s->h = malloc(B * E * sizeof(float))) ||
+        !(s->q = malloc(B * Q * sizeof(float))) || !(s->k = malloc(B * KV * sizeof(float))) ||
+        !(s->v = malloc(B * KV * sizeof(float))) || !(s->att = malloc(B * Q * sizeof(float))) ||
+        !(s->attn_out = malloc(B * E * sizeof(float))) ||
+        !(s->router_logits = malloc(B * c->n_expert * sizeof(float))) ||
+        !(s->topk_ids = malloc(B * c->n_expert_used * sizeof(int32_t))) ||
+        !(s->topk_w = malloc(B * c->n_expert_used * sizeof(float))) ||
+        !(s->moe_out = malloc(B * E * sizeof(float))) || !(s->act = malloc(act)) ||
+        !(s->attn_scratch = malloc((size_t)cpu_attention_scratch_floats(&as, ctx->n_ctx, nth) * sizeof(float))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory for activations of a %lld-token batch", (long long)B);
+    return moe_cpu_lane_create(&s->lane);
+}
+
+static void qwen3moe_state_free(tm_context *ctx) {
+    qwen3moe_state *s = ctx->state;
+    free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->att), free(s->attn_out);
+    free(s->router_logits), free(s->topk_ids), free(s->topk_w), free(s->moe_out), free(s->act);
+    free(s->attn_scratch);
+    moe_worklist_free(&s->wl);
+    moe_cpu_lane_free(s->lane);
+    free(s);
+    ctx->state = NULL;
+}
+
+static void emit(tm_context *ctx, const char *name, int layer, const void *data, int64_t n_tok, int64_t n,
+                 bool is_int) {
+    if (ctx->params.cb) ctx->params.cb(ctx->params.cb_ud, name, layer, data, n_tok, n, is_int);
+}
+
+static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
+                                  bool all_logits) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const qwen3moe_weights *w = ctx->model->weights;
+    qwen3moe_state *s = ctx->state;
+    const int64_t E = c->n_embd, D = c->head_dim, H = c->n_head, HKV = c->n_head_kv;
+    const int64_t Q = H * D, KV = HKV * D, pos0 = ctx->n_past;
+    const tm_type kv_type = ctx->params.kv_type;
+    const size_t kv_row = (size_t)KV * (kv_type == TM_TYPE_F16 ? 2 : 4);
+    uint64_t t0 = tm_time_ns(), t1;
+    tm_status st;
+
+    for (int64_t t = 0; t < n_tok; t++) /* x = token_embd[tok] */
+        quant_row_dequantize(w->token_embd.type, w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
+                             s->x + t * E, E);
+    model_prof_add(ctx, TM_PROF_EMBED, t0, t1 = tm_time_ns());
+
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const qwen3moe_layer *L = &w->layers[l];
+
+        /* attention */
+        t0 = tm_time_ns();
+        for (int64_t t = 0; t < n_tok; t++)
+            cpu_rmsnorm(s->h + t * E, s->x + t * E, (const float *)L->attn_norm.data, E, c->rms_eps);
+        model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
+        model_matmul(ctx, &L->wq, s->h, n_tok, s->q, s->act);
+        model_matmul(ctx, &L->wk, s->h, n_tok, s->k, s->act);
+        model_matmul(ctx, &L->wv, s->h, n_tok, s->v, s->act);
+        model_prof_add(ctx, TM_PROF_ATTN_PROJ, t1, t0 = tm_time_ns());
+        for (int64_t t = 0; t < n_tok; t++) {
+            for (int64_t h = 0; h < H; h++) {
+                float *q = s->q + t * Q + h * D;
+                cpu_rmsnorm(q, q, (const float *)L->q_norm.data, D, c->rms_eps);
+                cpu_rope_neox(q, D, pos0 + t, c->rope_base);
+            }
+            for (int64_t h = 0; h < HKV; h++) {
+                float *k = s->k + t * KV + h * D;
+                cpu_rmsnorm(k, k, (const float *)L->k_norm.data, D, c->rms_eps);
+                cpu_rope_neox(k, D, pos0 + t, c->rope_base);
+            }
+            cpu_store_kv((uint8_t *)ctx->k_cache[l] + (size_t)(pos0 + t) * kv_row, s->k + t * KV, kv_type, KV);
+            cpu_store_kv((uint8_t *)ctx->v_cache[l] + (size_t)(pos0 + t) * kv_row, s->v + t * KV, kv_type, KV);
+        }
+        model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
+        tm_attention_shape as = {n_tok, pos0, H, HKV, D, 1.0f / sqrtf((float)D), kv_type};
+        cpu_attention(ctx->pool, &as, s->q, ctx->k_cache[l], ctx->v_cache[l], s->att, s->attn_scratch);
+        model_prof_add(ctx, TM_PROF_ATTENTION, t1, t0 = tm_time_ns());
+        model_matmul(ctx, &L->wo, s->att, n_tok, s->attn_out, s->act);
+        for (int64_t i = 0; i < n_tok * E; i++) s->x[i] += s->attn_out[i];
+        model_prof_add(ctx, TM_PROF_ATTN_PROJ, t0, t1 = tm_time_ns());
+        emit(ctx, "attn_out", (int)l, s->attn_out, n_tok, E, false);
+
+        /* mixture of experts */
+        for (int64_t t = 0; t < n_tok; t++)
+            cpu_rmsnorm(s->h + t * E, s->x + t * E, (const float *)L->ffn_norm.data, E, c->rms_eps);
+        model_prof_add(ctx, TM_PROF_NORM, t1, t0 = tm_time_ns());
+        model_matmul(ctx, &L->router, s->h, n_tok, s->router_logits, s->act);
+        moe_router_select(&w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
+        if ((st = moe_worklist_build(&s->wl, s->topk_ids, s->topk_w, n_tok, c->n_expert, c->n_expert_used, phase)))
+            return st;
+        model_prof_add(ctx, TM_PROF_ROUTER, t0, t1 = tm_time_ns());
+        emit(ctx, "router_logits", (int)l, s->router_logits, n_tok, c->n_expert, false);
+        emit(ctx, "topk_ids", (int)l, s->topk_ids, n_tok, c->n_expert_used, true);
+        emit(ctx, "topk_weights", (int)l, s->topk_w, n_tok, c->n_expert_used, false);
+        memset(s->moe_out, 0, (size_t)(n_tok * E) * sizeof(float));
+        if ((st = moe_cpu_lane_run(s->lane, ctx->pool, &L->experts, &s->wl, 0, s->wl.n_slots, s->h, s->moe_out,
+                                   ctx->params.precise)))
+            return st;
+        for (int64_t i = 0; i < n_tok * E; i++) s->x[i] += s->moe_out[i];
+        model_prof_add(ctx, TM_PROF_EXPERTS, t1, t0 = tm_time_ns());
+        emit(ctx, "ffn_out", (int)l, s->moe_out, n_tok, E, false);
+        emit(ctx, "x_out", (int)l, s->x, n_tok, E, false);
+    }
+
+    /* output: logits of the last token, or of all */
+    t0 = tm_time_ns();
+    const int64_t first = all_logits ? 0 : n_tok - 1, n_out = n_tok - first;
+    for (int64_t t = first; t < n_tok; t++)
+        cpu_rmsnorm(s->h + (t - first) * E, s->x + t * E, (const float *)w->output_norm.data, E, c->rms_eps);
+    model_matmul(ctx, &w->output, s->h, n_out, ctx->logits, s->act);
+    model_prof_add(ctx, TM_PROF_OUTPUT, t0, tm_time_ns());
+    emit(ctx, "logits", -1, ctx->logits, n_out, c->n_vocab, false);
+    return TM_OK;
+}
+
+const tm_arch tm_arch_qwen3moe = {
+    .name = "qwen3moe",
+    .load = qwen3moe_load,
+    .unload = qwen3moe_unload,
+    .state_create = qwen3moe_state_create,
+    .state_free = qwen3moe_state_free,
+    .forward = qwen3moe_forward,
+};

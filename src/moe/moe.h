@@ -1,0 +1,118 @@
+/* Mixture-of-Experts execution, independent of any architecture and tier.
+ *
+ * One MoE layer of a step:
+ *   router logits ─ moe_router_select ─ ids + weights [n_tok][k]
+ *   ─ moe_worklist_build ─ slots (token, expert, weight), token-major for
+ *     decode or expert-major for prompts (all tokens of an expert together,
+ *     so each expert's weights are read once per batch)
+ *   ─ lanes compute their share of the slots ─ y[t] += Σ weight · expert(x[t])
+ * Today there is the CPU lane; the GPU hot lane and the fetch lane take
+ * other slots of the same worklist, and the merge adds their outputs.
+ *
+ * Experts are addressed through tm_moe_experts: per projection a base
+ * pointer, the bytes from one expert to the next, and the bytes per row, so a
+ * tier can point an expert at a cache slot without the lane knowing. */
+#ifndef TM_MOE_MOE_H
+#define TM_MOE_MOE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "cpu/cpu.h"
+#include "quant/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- router ---- */
+
+typedef enum tm_moe_gating {
+    TM_MOE_GATING_SOFTMAX,      /* softmax over all experts, then top-k (Qwen3-MoE, Mixtral) */
+    TM_MOE_GATING_SIGMOID,      /* sigmoid per expert, then top-k (DeepSeek-V3, GLM-4.5) */
+    TM_MOE_GATING_SOFTMAX_TOPK, /* top-k of the logits, softmax over those k (gpt-oss) */
+} tm_moe_gating;
+
+typedef struct tm_moe_router_params {
+    tm_moe_gating gating;
+    uint32_t n_expert, n_used;
+    bool norm_topk; /* renormalise the k weights to sum 1 */
+    float scale;    /* multiply the final weights (1 for most models) */
+} tm_moe_router_params;
+
+/* logits [n_tok][n_expert] → ids [n_tok][k] (best first) and weights [n_tok][k].
+ * Ties go to the lower expert id. */
+void moe_router_select(const tm_moe_router_params *p, const float *logits, int64_t n_tok,
+                       int32_t *ids, float *weights);
+
+/* ---- worklist ---- */
+
+typedef enum tm_moe_phase {
+    TM_MOE_PHASE_WARMUP, /* first call after load: touches weights, times nothing */
+    TM_MOE_PHASE_PROMPT, /* prompt processing: expert-major */
+    TM_MOE_PHASE_DECODE, /* generation: token-major */
+} tm_moe_phase;
+
+typedef struct tm_moe_slot {
+    int32_t token;  /* row of x / y in this step */
+    int32_t expert;
+    float weight;
+} tm_moe_slot;
+
+typedef struct tm_moe_worklist {
+    int64_t n_tok;
+    uint32_t n_expert, k;
+    bool expert_major;
+    int64_t n_slots;       /* n_tok * k */
+    tm_moe_slot *slots;    /* expert-major: grouped by expert, tokens ascending */
+    int64_t *expert_begin; /* [n_expert + 1]: slots of expert e are [begin[e], begin[e+1]) (expert-major) */
+    int64_t cap_slots;     /* allocation sizes (reused across steps) */
+    uint32_t cap_experts;
+} tm_moe_worklist;
+
+/* Build the slots of one layer step. Prompt and warm-up phases are
+ * expert-major, decode is token-major (whatever the token count: the phase of
+ * the call decides, never the count alone). Reuses the list's memory. */
+tm_status moe_worklist_build(tm_moe_worklist *wl, const int32_t *ids, const float *weights,
+                             int64_t n_tok, uint32_t n_expert, uint32_t k, tm_moe_phase phase);
+void moe_worklist_free(tm_moe_worklist *wl);
+
+/* ---- experts ---- */
+
+typedef enum tm_moe_activation {
+    TM_MOE_ACT_SWIGLU, /* silu(gate) * up */
+} tm_moe_activation;
+
+typedef struct tm_moe_matrix {
+    const uint8_t *data; /* expert 0 */
+    tm_type type;
+    size_t expert_stride; /* bytes from one expert to the next */
+    size_t row_bytes;
+} tm_moe_matrix;
+
+typedef struct tm_moe_experts {
+    int64_t n_embd, n_ff;
+    tm_moe_matrix gate, up; /* n_ff rows of n_embd */
+    tm_moe_matrix down;     /* n_embd rows of n_ff */
+    tm_moe_activation act;
+} tm_moe_experts;
+
+/* ---- CPU lane ---- */
+
+typedef struct tm_moe_cpu_lane tm_moe_cpu_lane;
+
+tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out);
+void moe_cpu_lane_free(tm_moe_cpu_lane *lane);
+
+/* y[t] += Σ_{slots s of token t} s.weight · down(act(gate·x[t], up·x[t])) over
+ * the worklist's slots [s0, s1). x, y: [n_tok][n_embd]. When precise is set,
+ * products use dequantized weights in double (the test reference path). */
+tm_status moe_cpu_lane_run(tm_moe_cpu_lane *lane, tm_pool *pool, const tm_moe_experts *ex,
+                           const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
+                           float *y, bool precise);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

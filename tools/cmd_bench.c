@@ -1,0 +1,203 @@
+/* tiermoe bench: prompt processing (ppN) and generation (tgN) speed in a table
+ * shaped like llama-bench's, with the weight bytes streamed per second next to
+ * the machine's measured memory read bandwidth.
+ *
+ * Weight bytes per test: a generated token reads every non-expert tensor (one
+ * row of token_embd) and k experts per MoE layer; a prompt batch reads every
+ * tensor once (it touches nearly every expert). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/rng.h"
+#include "core/timing.h"
+#include "model/layout.h"
+#include "model/model.h"
+
+static void bench_usage(FILE *out) {
+    fprintf(out, "usage: tiermoe bench -m FILE [options]\n"
+                 "  -p N          prompt tokens of the pp test (default 512; 0 = skip)\n"
+                 "  -n N          generated tokens of the tg test (default 128; 0 = skip)\n"
+                 "  -r N          repetitions (default 3)\n"
+                 "  -t N[,N...]   thread counts (default: physical cores)\n"
+                 "  -b N          prompt batch size (default 512)\n"
+                 "  -o md|csv|json  output format (default md)\n"
+                 "  --no-membw    skip the memory bandwidth measurement\n");
+}
+
+typedef struct bench_result {
+    const char *test;
+    int n, threads;
+    double mean, sd, weight_gbs, mem_gbs;
+} bench_result;
+
+static void bench_stats(const double *ts, int r, double n, double *mean, double *sd) {
+    double s = 0, s2 = 0;
+    for (int i = 0; i < r; i++) s += n / ts[i];
+    *mean = s / r;
+    for (int i = 0; i < r; i++) s2 += (n / ts[i] - *mean) * (n / ts[i] - *mean);
+    *sd = r > 1 ? sqrt(s2 / (r - 1)) : 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *path = NULL, *fmt = "md";
+    long long n_pp = 512, n_tg = 128, reps = 3, batch = 512, v;
+    int threads[16], n_threads = 0, membw = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            bench_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--no-membw")) { membw = 0; continue; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tiermoe bench: %s needs a value (or is unknown)\n", a);
+            bench_usage(stderr);
+            return 2;
+        }
+        const char *val = argv[++i];
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = val;
+        else if (!strcmp(a, "-p")) { if (cli_parse_i64(a, val, 0, 1 << 16, &n_pp)) return 2; }
+        else if (!strcmp(a, "-n")) { if (cli_parse_i64(a, val, 0, 1 << 16, &n_tg)) return 2; }
+        else if (!strcmp(a, "-r")) { if (cli_parse_i64(a, val, 1, 1000, &reps)) return 2; }
+        else if (!strcmp(a, "-b")) { if (cli_parse_i64(a, val, 1, 1 << 16, &batch)) return 2; }
+        else if (!strcmp(a, "-o")) {
+            if (strcmp(val, "md") && strcmp(val, "csv") && strcmp(val, "json")) {
+                fprintf(stderr, "tiermoe bench: -o: expected md, csv or json, got '%s'\n", val);
+                return 2;
+            }
+            fmt = val;
+        } else if (!strcmp(a, "-t")) {
+            char *dup = strdup(val), *save = NULL;
+            for (char *tokn = strtok_r(dup, ",", &save); tokn; tokn = strtok_r(NULL, ",", &save)) {
+                if (n_threads == 16 || cli_parse_i64(a, tokn, 1, 1024, &v)) {
+                    free(dup);
+                    return 2;
+                }
+                threads[n_threads++] = (int)v;
+            }
+            free(dup);
+        } else {
+            fprintf(stderr, "tiermoe bench: unknown flag '%s'\n", a);
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "tiermoe bench: missing -m FILE\n");
+        return 2;
+    }
+    if (!n_threads) threads[n_threads++] = cpu_physical_cores();
+    tm_model *m;
+    if (model_load(path, &m) != TM_OK) {
+        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        return 1;
+    }
+    tm_model_layout lay;
+    if (model_layout_scan(m->file, &lay) != TM_OK) {
+        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        model_free(m);
+        return 1;
+    }
+    const tm_gguf_tensor *embd = gguf_file_find_tensor(m->file, "token_embd.weight");
+    const uint64_t embd_bytes = embd ? embd->n_bytes : 0;
+    const bool tied = !gguf_file_find_tensor(m->file, "output.weight");
+    const uint64_t dense = lay.other_bytes - (tied ? 0 : embd_bytes);
+    uint64_t tg_bytes = dense;
+    for (uint32_t l = 0; l < lay.n_layer; l++)
+        tg_bytes += lay.layer_expert_bytes[l] / (lay.n_expert ? lay.n_expert : 1) * m->cfg.n_expert_used;
+    const uint64_t pp_bytes = dense + lay.expert_bytes;
+
+    char model_name[96];
+    tm_gguf_str arch = {"?", 1};
+    gguf_file_get_str(m->file, "general.architecture", &arch);
+    const tm_gguf_tensor *gexp = gguf_file_find_tensor(m->file, "blk.0.ffn_gate_exps.weight");
+    snprintf(model_name, sizeof(model_name), "%.*s %.1fB %s", (int)arch.len, arch.data, m->n_params / 1e9,
+             gexp ? quant_type_name(gexp->type) : "");
+
+    bench_result res[64];
+    int n_res = 0, rc = 0;
+    tm_rng rng;
+    tm_rng_seed(&rng, 1234);
+    for (int ti = 0; ti < n_threads && !rc; ti++) {
+        tm_context_params cp = {.n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8, .n_batch = batch, .n_threads = threads[ti]};
+        tm_context *ctx;
+        if (model_context_create(m, &cp, &ctx) != TM_OK) {
+            fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+            rc = 1;
+            break;
+        }
+        double mem = membw ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+        int32_t *toks = malloc((size_t)(n_pp > 8 ? n_pp : 8) * sizeof(int32_t));
+        for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++) toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
+        /* warm-up: page in the weights, start the threads */
+        if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+        double ts[1000];
+        if (!rc && n_pp > 0) {
+            for (int r = 0; r < reps && !rc; r++) {
+                model_context_reset(ctx);
+                uint64_t t0 = tm_time_ns();
+                if (model_decode(ctx, toks, n_pp, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
+                ts[r] = (tm_time_ns() - t0) * 1e-9;
+            }
+            bench_result *b = &res[n_res++];
+            *b = (bench_result){"pp", (int)n_pp, threads[ti], 0, 0, 0, mem};
+            bench_stats(ts, (int)reps, (double)n_pp, &b->mean, &b->sd);
+            b->weight_gbs = pp_bytes * (b->mean / n_pp) / 1e9 * ((n_pp + batch - 1) / batch);
+        }
+        if (!rc && n_tg > 0) {
+            for (int r = 0; r < reps && !rc; r++) {
+                model_context_reset(ctx);
+                int32_t id = toks[0];
+                uint64_t t0 = tm_time_ns();
+                for (long long i = 0; i < n_tg && !rc; i++) {
+                    if (model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
+                    id = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
+                }
+                ts[r] = (tm_time_ns() - t0) * 1e-9;
+            }
+            bench_result *b = &res[n_res++];
+            *b = (bench_result){"tg", (int)n_tg, threads[ti], 0, 0, 0, mem};
+            bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
+            b->weight_gbs = tg_bytes * b->mean / 1e9;
+        }
+        if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        free(toks);
+        model_context_free(ctx);
+    }
+
+    const double size_gib = m->weight_bytes / 1073741824.0, params_b = m->n_params / 1e9;
+    if (!strcmp(fmt, "md")) {
+        printf("| model | size | params | backend | threads | test | t/s | weights GB/s | mem read GB/s | of mem |\n");
+        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    } else if (!strcmp(fmt, "csv")) {
+        printf("model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,weights_gbs,mem_gbs\n");
+    } else {
+        printf("[\n");
+    }
+    for (int i = 0; i < n_res; i++) {
+        const bench_result *b = &res[i];
+        char test[32];
+        snprintf(test, sizeof(test), "%s%d", b->test, b->n);
+        if (!strcmp(fmt, "md"))
+            printf("| %s | %.2f GiB | %.2f B | CPU %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% |\n", model_name,
+                   size_gib, params_b, cpu_level_name(cpu_level_get()), b->threads, test, b->mean, b->sd,
+                   b->weight_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->weight_gbs / b->mem_gbs : 0.0);
+        else if (!strcmp(fmt, "csv"))
+            printf("\"%s\",%.3f,%.3f,CPU,%d,%s,%.3f,%.3f,%.2f,%.2f\n", model_name, size_gib, params_b, b->threads,
+                   test, b->mean, b->sd, b->weight_gbs, b->mem_gbs);
+        else
+            printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": \"CPU\", "
+                   "\"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, "
+                   "\"weights_gbs\": %.2f, \"mem_gbs\": %.2f}%s\n",
+                   model_name, size_gib, params_b, b->threads, test, b->mean, b->sd, b->weight_gbs, b->mem_gbs,
+                   i + 1 < n_res ? "," : "");
+    }
+    if (!strcmp(fmt, "json")) printf("]\n");
+    fprintf(stderr, "cpu: %s\n", cpu_features_string());
+    model_layout_free(&lay);
+    model_free(m);
+    return rc;
+}
