@@ -1,7 +1,253 @@
-/* AVX-512 kernels: not written yet; the dispatcher falls back to AVX2. */
+/* AVX-512 kernels (F, BW, VL, DQ, VNNI), picked at run time.
+ *
+ * q4_K/q5_K: 64 nibbles per load; vpmaddubsw (u8 q x s8 x -> s16 pairs, no
+ *   saturation: 2*31*127 < 2^15) then vpdpwssd with the sub-block scale
+ *   accumulates s32. Weight vectors are regrouped with vshufi64x2 so that each
+ *   holds two consecutive sub-blocks and activations load as plain 64 bytes.
+ *   The mins term of a row is computed for all tokens of a tile at once.
+ * q8_0/q4_0/mxfp4: two blocks per vector; weights made unsigned by an offset
+ *   (q8_0/mxfp4: +128, q4_0: the nibble itself, offset 8), vpdpbusd starts
+ *   from -offset * sum(x) per token so the block sum comes out exact.
+ * Other types fall back to the AVX2 kernels. Decode (one token) prefetches the
+ * next row tile while computing the current one. */
 #include "cpu/cpu_internal.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "cpu/cpu_gemm_tile.h"
+
+#define TM_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define TM_AVX512_INLINE TM_AVX512 static inline __attribute__((always_inline))
+
+TM_AVX512_INLINE float h2f(tm_half h) { return _cvtsh_ss(h); }
+
+#define ROW(type, i, b) ((const type *)(a->w + (size_t)(r + (i)) * a->wrb) + (b))
+#define TOK(type, j, b) ((const type *)(a->x + (size_t)(t + (j)) * a->xrb) + (b))
+
+/* Prefetch the same block of the next tile's rows (decode walks rows in tiles). */
+TM_AVX512_INLINE void prefetch_next(const tm_tile_args *a, int64_t r, int nr, int i, size_t off, size_t bytes) {
+    const char *p = a->w + (size_t)(r + nr + i) * a->wrb + off;
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+/* ---- q4_K / q5_K ---- */
+
+TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int q5) {
+    __m512 acc[4][4], accm[4];
+    for (int i = 0; i < nr; i++) {
+        accm[i] = _mm512_setzero_ps();
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0xF), b16 = _mm512_set1_epi8(16);
+    /* pshufb controls: vector m holds sub-blocks 2m (low 256 bits) and 2m+1 (high);
+     * each 128-bit lane broadcasts one int16 scale */
+    __m512i ctrl[4];
+    for (int m = 0; m < 4; m++) {
+        char lo0 = (char)(4 * m), lo1 = (char)(4 * m + 1), hi0 = (char)(4 * m + 2), hi1 = (char)(4 * m + 3);
+        __m128i cl = _mm_setr_epi8(lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1);
+        __m128i ch = _mm_setr_epi8(hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1);
+        ctrl[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(cl, cl)), _mm256_set_m128i(ch, ch), 1);
+    }
+    const size_t bsize = q5 ? sizeof(tm_block_q5_k) : sizeof(tm_block_q4_k);
+    const int64_t nb = a->k / TM_QK_K;
+    for (int64_t b = 0; b < nb; b++) {
+        const tm_block_q8_k *x[4];
+        for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
+        /* tokens' bsums per 32 (8 int16 each) side by side, and their scales per lane group */
+        __m512i bsv = _mm512_setzero_si512();
+        float dxs[16];
+        for (int j = 0; j < 4; j++) {
+            float dx = j < nt ? x[j]->d : 0.f;
+            for (int l = 0; l < 4; l++) dxs[4 * j + l] = dx;
+        }
+        for (int j = 0; j < nt; j++) {
+            __m128i bj = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x[j]->bsums),
+                                        _mm_loadu_si128((const __m128i *)(x[j]->bsums + 8)));
+            switch (j) {
+            case 0: bsv = _mm512_inserti32x4(bsv, bj, 0); break;
+            case 1: bsv = _mm512_inserti32x4(bsv, bj, 1); break;
+            case 2: bsv = _mm512_inserti32x4(bsv, bj, 2); break;
+            default: bsv = _mm512_inserti32x4(bsv, bj, 3); break;
+            }
+        }
+        const __m512 dxv = _mm512_loadu_ps(dxs);
+        __m512 dx1[4];
+        for (int j = 0; j < nt; j++) dx1[j] = _mm512_set1_ps(x[j]->d);
+        for (int i = 0; i < nr; i++) {
+            const char *blk = a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
+            if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * bsize, bsize);
+            const tm_block_q4_k *w4 = (const tm_block_q4_k *)blk;
+            const tm_block_q5_k *w5 = (const tm_block_q5_k *)blk;
+            uint8_t sm[16];
+            cpu_k4_unpack_scales(q5 ? w5->scales : w4->scales, sm);
+            const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+            const uint8_t *qs = q5 ? w5->qs : w4->qs;
+            __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+            __m512i l0 = _mm512_and_si512(q0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+            __m512i l1 = _mm512_and_si512(q1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+            /* l0 = [s0 | s2], h0 = [s1 | s3]: regroup to [s0 | s1], [s2 | s3], ... */
+            __m512i v[4];
+            v[0] = _mm512_shuffle_i64x2(l0, h0, 0x44);
+            v[1] = _mm512_shuffle_i64x2(l0, h0, 0xEE);
+            v[2] = _mm512_shuffle_i64x2(l1, h1, 0x44);
+            v[3] = _mm512_shuffle_i64x2(l1, h1, 0xEE);
+            if (q5) { /* fifth bit: qh[l] bit s for value l of sub-block s */
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w5->qh));
+                for (int m = 0; m < 4; m++) {
+                    const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
+                                                            _mm256_set1_epi8((char)(2 << (2 * m))), 1);
+                    __mmask64 k = _mm512_test_epi8_mask(qh, bits);
+                    v[m] = _mm512_mask_add_epi8(v[m], k, v[m], b16);
+                }
+            }
+            __m512i s[4];
+            for (int m = 0; m < 4; m++) s[m] = _mm512_shuffle_epi8(sc, ctrl[m]);
+            const float d = h2f(q5 ? w5->d : w4->d), dmin = h2f(q5 ? w5->dmin : w4->dmin);
+            const __m512 dv = _mm512_set1_ps(d);
+            for (int j = 0; j < nt; j++) {
+                __m512i acci = _mm512_setzero_si512();
+                for (int m = 0; m < 4; m++) {
+                    __m512i xv = _mm512_loadu_si512(x[j]->qs + 64 * m);
+                    acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(v[m], xv), s[m]);
+                }
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_mul_ps(dv, dx1[j]), acc[i][j]);
+            }
+            /* mins for all tokens: lanes 4j..4j+3 hold token j's partial sums */
+            __m512i pm = _mm512_madd_epi16(_mm512_broadcast_i32x4(mins), bsv);
+            accm[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm), _mm512_mul_ps(_mm512_set1_ps(dmin), dxv), accm[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        float mt[16];
+        _mm512_storeu_ps(mt, accm[i]);
+        for (int j = 0; j < nt; j++)
+            a->y[(t + j) * a->ldy + r + i] =
+                _mm512_reduce_add_ps(acc[i][j]) - ((mt[4 * j] + mt[4 * j + 1]) + (mt[4 * j + 2] + mt[4 * j + 3]));
+    }
+}
+
+#define q4k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 0)
+#define q5k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 1)
+
+/* ---- blocks of 32 times q8_0, two blocks per vector ---- */
+
+enum { B32_Q8_0, B32_Q4_0, B32_MXFP4 };
+
+/* Unsigned weights of blocks b (low 256 bits) and b+1 (high; zero when !two),
+ * and their scales per 8 lanes. */
+TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int two, __m512 *scale) {
+    const char *blk1 = blk + bsize;
+    float s0, s1 = 0;
+    __m512i u;
+    if (kind == B32_Q8_0) {
+        const tm_block_q8_0 *q0 = (const tm_block_q8_0 *)blk, *q1 = (const tm_block_q8_0 *)blk1;
+        s0 = h2f(q0->d);
+        __m256i lo = _mm256_loadu_si256((const __m256i *)q0->qs);
+        __m256i hi = two ? _mm256_loadu_si256((const __m256i *)q1->qs) : _mm256_set1_epi8(-128);
+        if (two) s1 = h2f(q1->d);
+        u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
+    } else {
+        size_t qoff = kind == B32_Q4_0 ? offsetof(tm_block_q4_0, qs) : offsetof(tm_block_mxfp4, qs);
+        __m128i a0 = _mm_loadu_si128((const __m128i *)(blk + qoff));
+        __m128i a1 = two ? _mm_loadu_si128((const __m128i *)(blk1 + qoff)) : _mm_setzero_si128();
+        __m256i q = _mm256_set_m128i(a1, a0);
+        const __m256i m4 = _mm256_set1_epi8(0xF);
+        __m256i l = _mm256_and_si256(q, m4), h = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        /* [l0 l1 h0 h1] -> [l0 h0 l1 h1]: block b's values 0..15, 16..31, then block b+1's */
+        u = _mm512_shuffle_i64x2(_mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1),
+                                 _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1), _MM_SHUFFLE(3, 1, 2, 0));
+        if (kind == B32_Q4_0) {
+            s0 = h2f(((const tm_block_q4_0 *)blk)->d);
+            if (two) s1 = h2f(((const tm_block_q4_0 *)blk1)->d);
+        } else {
+            /* doubled e2m1 values + 128, so the q8_0 offset applies */
+            const __m512i lut = _mm512_broadcast_i32x4(_mm_xor_si128(
+                _mm_loadu_si128((const __m128i *)cpu_mxfp4_values), _mm_set1_epi8(-128)));
+            u = _mm512_shuffle_epi8(lut, u);
+            s0 = cpu_e8m0_half(((const tm_block_mxfp4 *)blk)->e);
+            if (two) s1 = cpu_e8m0_half(((const tm_block_mxfp4 *)blk1)->e);
+        }
+    }
+    *scale = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+    return u;
+}
+
+TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int kind,
+                                size_t bsize) {
+    __m512 acc[4][4];
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i off = _mm512_set1_epi8(kind == B32_Q4_0 ? 8 : -128); /* as u8: 8 or 128 */
+    const int64_t nb = a->k / 32;
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        __m512i xv[4], neg[4];
+        __m512 dx[4];
+        for (int j = 0; j < nt; j++) {
+            const tm_block_q8_0 *x0 = TOK(tm_block_q8_0, j, b), *x1 = x0 + 1;
+            __m256i lo = _mm256_loadu_si256((const __m256i *)x0->qs);
+            __m256i hi = two ? _mm256_loadu_si256((const __m256i *)x1->qs) : _mm256_setzero_si256();
+            xv[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            neg[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xv[j]));
+            dx[j] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(x0->d))),
+                                       _mm256_set1_ps(two ? h2f(x1->d) : 0.f), 1);
+        }
+        for (int i = 0; i < nr; i++) {
+            const char *blk = a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
+            if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * bsize, 2 * bsize);
+            __m512 ws;
+            __m512i u = b32_load2(kind, blk, bsize, two, &ws);
+            for (int j = 0; j < nt; j++) {
+                __m512i dp = _mm512_dpbusd_epi32(neg[j], u, xv[j]);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(ws, dx[j]), acc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < nt; j++)
+        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+#define q80_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_Q8_0, sizeof(tm_block_q8_0))
+#define q40_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_Q4_0, sizeof(tm_block_q4_0))
+#define mxfp4_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_MXFP4, sizeof(tm_block_mxfp4))
+
+TM_DEFINE_GEMM(TM_AVX512, q4k_gemv, q4k_micro, 4, 1, 64)
+TM_DEFINE_GEMM(TM_AVX512, q4k_gemm, q4k_micro, 3, 4, 48)
+TM_DEFINE_GEMM(TM_AVX512, q5k_gemv, q5k_micro, 4, 1, 64)
+TM_DEFINE_GEMM(TM_AVX512, q5k_gemm, q5k_micro, 3, 4, 48)
+TM_DEFINE_GEMM(TM_AVX512, q80_gemv, q80_micro, 4, 1, 64)
+TM_DEFINE_GEMM(TM_AVX512, q80_gemm, q80_micro, 4, 4, 64)
+TM_DEFINE_GEMM(TM_AVX512, q40_gemv, q40_micro, 4, 1, 64)
+TM_DEFINE_GEMM(TM_AVX512, q40_gemm, q40_micro, 4, 4, 64)
+TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemv, mxfp4_micro, 4, 1, 64)
+TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
+
+#define GEMV_OR_GEMM(name)                                                                          \
+    TM_AVX512 static void name##_auto(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1, \
+                                      const void *xq, size_t xrb, int64_t n, float *y, int64_t ldy) { \
+        (n == 1 ? name##_gemv : name##_gemm)(k, w, wrb, r0, r1, xq, xrb, n, y, ldy);               \
+    }
+GEMV_OR_GEMM(q4k)
+GEMV_OR_GEMM(q5k)
+GEMV_OR_GEMM(q80)
+GEMV_OR_GEMM(q40)
+GEMV_OR_GEMM(mxfp4)
+
+cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
+    switch (wtype) {
+    case TM_TYPE_Q4_K: return q4k_auto;
+    case TM_TYPE_Q5_K: return q5k_auto;
+    case TM_TYPE_Q8_0: return q80_auto;
+    case TM_TYPE_Q4_0: return q40_auto;
+    case TM_TYPE_MXFP4: return mxfp4_auto;
+    default: return NULL;
+    }
+}
+#else
 cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
     (void)wtype;
     return NULL;
 }
+#endif
