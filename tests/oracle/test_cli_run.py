@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""`tiermoe run` and `tiermoe bench` as a user drives them.
+
+- Greedy generation equals the argmax chain of the float64 reference's logits
+  (teacher-forced on our own output; a near tie within the quantized path's
+  error may flip, and then the rest is not compared).
+- Same seed, same tokens; another seed, other tokens (temperature 1).
+- Timings are printed in llama.cpp's format.
+- Bad input: a prompt longer than the context, -n <= 0, unknown flags, a
+  missing or unreadable file, a file that is not GGUF, a non-MoE or unknown
+  architecture, a token id outside the vocabulary: a clear message and a
+  non-zero exit, never a crash (the ASan build turns a crash into a failure).
+- bench prints a llama-bench-shaped table.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import gguf
+except ImportError:
+    print("numpy or gguf not installed: skipping")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+import qwen3moe_ref as ref  # noqa: E402
+
+BIN = os.environ.get("TM_BIN_DIR", "build")
+TMP = os.environ.get("TM_TEST_TMP") or tempfile.mkdtemp()
+os.makedirs(TMP, exist_ok=True)
+TIERMOE = os.path.join(BIN, "tiermoe")
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def tm(*args):
+    return subprocess.run([TIERMOE, *args], capture_output=True, text=True)
+
+
+def generated(stdout):
+    return [int(x) for x in stdout.split("|", 1)[1].split()]
+
+
+def main():
+    model = os.path.join(TMP, "run.gguf")
+    r = tm("mkmodel", "--preset", "tiny", "-q", "-o", model)
+    check(r.returncode == 0, f"mkmodel: {r.stderr}")
+    prompt = [5, 77, 301, 12, 900, 44]
+
+    # greedy vs the reference's argmax chain
+    r = tm("run", "-m", model, "--tokens", ",".join(map(str, prompt)), "-n", "12", "--temp", "0", "-t", "2")
+    check(r.returncode == 0, f"run greedy: {r.stderr}")
+    out = generated(r.stdout)
+    check(len(out) == 12, f"greedy run gave {len(out)} tokens, want 12")
+    seq = prompt + out
+    logits = ref.forward(model, seq[:-1])["logits"]
+    for i, tok in enumerate(out):
+        row = logits[len(prompt) - 1 + i]
+        best = int(np.argmax(row))
+        if tok != best:
+            gap = row[best] - row[tok]
+            check(gap < 0.05 * np.abs(row).max(), f"greedy token {i}: ours {tok}, reference argmax {best} (gap {gap:.3g})")
+            print(f"  near tie at step {i} (gap {gap:.2g}); stopping the comparison there")
+            break
+    else:
+        print(f"  greedy: 12 tokens equal the reference's argmax chain: {out}")
+    for line in ("load time", "prompt eval time", "eval time", "total time", "tokens per second"):
+        check(line in r.stderr, f"timings: '{line}' missing from\n{r.stderr}")
+
+    # sampling: seeds
+    def sample(seed):
+        r = tm("run", "-m", model, "--tokens", "1,2,3", "-n", "24", "--temp", "1", "--top-k", "0",
+               "--top-p", "1", "--min-p", "0", "-s", str(seed))
+        check(r.returncode == 0, f"run sampled: {r.stderr}")
+        return generated(r.stdout)
+    a, b, c = sample(7), sample(7), sample(8)
+    check(a == b, "same seed gave different tokens")
+    check(a != c, "different seeds gave the same 24 tokens")
+    print("  sampling: same seed same tokens, other seed other tokens")
+
+    # bad input
+    not_gguf = os.path.join(TMP, "not.gguf")
+    open(not_gguf, "wb").write(b"hello, this is not a model")
+    unreadable = os.path.join(TMP, "unreadable.gguf")
+    open(unreadable, "wb").write(open(model, "rb").read(4096))
+    dense = os.path.join(TMP, "dense.gguf")
+    w = gguf.GGUFWriter(dense, "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    noexp = os.path.join(TMP, "noexp.gguf")
+    w = gguf.GGUFWriter(noexp, "qwen3moe")
+    for k, v in [("block_count", 1), ("embedding_length", 32), ("attention.head_count", 2),
+                 ("attention.head_count_kv", 1), ("context_length", 64), ("expert_count", 0),
+                 ("expert_used_count", 0), ("expert_feed_forward_length", 0)]:
+        w.add_uint32(f"qwen3moe.{k}", v)
+    w.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32("qwen3moe.rope.freq_base", 1e4)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    long_prompt = ",".join(["1"] * 40)
+    cases = [
+        (["run", "-m", model, "--tokens", long_prompt, "-c", "32"], 2, "context"),
+        (["run", "-m", model, "--tokens", "1,2", "-n", "0"], 2, "-n"),
+        (["run", "-m", model, "--tokens", "1,2", "-n", "-5"], 2, "-n"),
+        (["run", "-m", model, "--tokens", "1,2", "--frobnicate", "3"], 2, "--frobnicate"),
+        (["run", "-m", model, "--tokens", "1,x"], 2, "--tokens"),
+        (["run", "-m", model, "--tokens", "1,99999"], 1, "99999"),
+        (["run", "-m", model, "-p", "hello"], 1, "vocabulary"),
+        (["run", "-m", os.path.join(TMP, "nope.gguf"), "--tokens", "1"], 1, "nope.gguf"),
+        (["run", "-m", not_gguf, "--tokens", "1"], 1, "not.gguf"),
+        (["run", "-m", unreadable, "--tokens", "1"], 1, "unreadable.gguf"),
+        (["run", "-m", dense, "--tokens", "1"], 1, "llama"),
+        (["run", "-m", noexp, "--tokens", "1"], 1, "MoE"),
+        (["run", "--tokens", "1"], 2, "-m"),
+        (["run", "-m", model, "--tokens", "1", "--temp", "abc"], 2, "--temp"),
+        (["bench", "-m", model, "-o", "xml"], 2, "-o"),
+        (["frob"], 2, "unknown command"),
+    ]
+    for args, code, word in cases:
+        r = tm(*args)
+        ok = check(r.returncode == code, f"{' '.join(args[:1] + args[3:])}: exit {r.returncode}, want {code}: {r.stderr.strip()}")
+        ok = ok and check(word in r.stderr, f"{' '.join(args[:1] + args[3:])}: message does not name {word!r}: {r.stderr.strip()}")
+        check("AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, f"{args}: sanitizer report")
+    print(f"  {len(cases)} bad inputs: clear messages, non-zero exits")
+
+    # bench table
+    r = tm("bench", "-m", model, "-p", "16", "-n", "4", "-r", "2", "-t", "1,2", "--no-membw")
+    check(r.returncode == 0, f"bench: {r.stderr}")
+    rows = [l for l in r.stdout.splitlines() if l.startswith("| qwen3moe")]
+    check(len(rows) == 4, f"bench: want 4 rows (pp16, tg4 at 1 and 2 threads), got\n{r.stdout}")
+    check(all("±" in l for l in rows), "bench rows lack mean ± stddev")
+    print(f"  bench: {len(rows)} rows")
+
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("run and bench behave")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
