@@ -1,9 +1,229 @@
-/* AMX kernels: not written yet; the dispatcher falls back to AVX-512. */
+/* AMX-INT8 kernels for q8_0 and q4_K weights with many tokens (n_tok >= 16).
+ *
+ * C (16 tokens x 16 weight rows, s32) = A (16 tokens x 32 s8 activations, read
+ * straight from the q8_0/q8_K rows with the row stride) . B (the same 32
+ * values of 16 weight rows, repacked to the VNNI layout B[k/4][row][4]) via
+ * TDPBSSD, one tile product per 32 values because every 32 values carry their
+ * own scales. Each C is then scaled in float and added to 16 zmm accumulators:
+ *   q8_0: acc += C * d_w[row] * d_x[tok]
+ *   q4_K: acc += C * (d sc_j)[row] * d_x[tok] - (dmin m_j)[row] * bsum_j[tok] * d_x[tok]
+ * Weights are unpacked and repacked once per 16-row tile and reused by every
+ * 16-token tile; tokens past the last full tile go to the AVX-512 kernel.
+ * Scratch lives in per-thread buffers that grow as needed. */
 #include "cpu/cpu_internal.h"
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#include <stdlib.h>
+
+#define TM_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+
+typedef struct amx_scratch {
+    size_t cap_w, cap_x;
+    uint8_t *tmp; /* 16 rows x k unpacked s8 weights */
+    uint8_t *b;   /* k/32 B tiles of 512 bytes */
+    float *sv, *mv; /* per sub-block, 16 rows: scale and min factors */
+    float *dxs, *bsdx; /* per token, per sub-block: d_x and bsum * d_x */
+} amx_scratch;
+
+static _Thread_local amx_scratch amx_tls;
+
+static void *amx_grow(void *p, size_t bytes) {
+    free(p);
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+static int amx_reserve(int64_t k, int64_t n16) {
+    amx_scratch *s = &amx_tls;
+    size_t ns = (size_t)(k / 32);
+    if ((size_t)k > s->cap_w) {
+        s->tmp = amx_grow(s->tmp, 16 * (size_t)k);
+        s->b = amx_grow(s->b, ns * 512);
+        s->sv = amx_grow(s->sv, ns * 16 * sizeof(float));
+        s->mv = amx_grow(s->mv, ns * 16 * sizeof(float));
+        if (!s->tmp || !s->b || !s->sv || !s->mv) {
+            s->cap_w = 0;
+            return -1;
+        }
+        s->cap_w = (size_t)k;
+    }
+    size_t nx = ns * (size_t)n16;
+    if (nx > s->cap_x) {
+        s->dxs = amx_grow(s->dxs, nx * sizeof(float));
+        s->bsdx = amx_grow(s->bsdx, nx * sizeof(float));
+        if (!s->dxs || !s->bsdx) {
+            s->cap_x = 0;
+            return -1;
+        }
+        s->cap_x = nx;
+    }
+    return 0;
+}
+
+typedef struct amx_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+
+/* Thread-local, not on the stack: ldtilecfg's asm names only 8 bytes of its
+ * operand, so the compiler could drop stores to a local it thinks unread. */
+static _Thread_local _Alignas(64) amx_tilecfg amx_cfg;
+
+TM_AMX static void amx_configure(void) {
+    amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    cfg.rows[0] = 16, cfg.colsb[0] = 64; /* C: 16 tokens x 16 rows of s32 */
+    cfg.rows[1] = 16, cfg.colsb[1] = 32; /* A: 16 tokens x 32 s8 */
+    cfg.rows[2] = 8, cfg.colsb[2] = 64;  /* B: 8 groups of 4 values x 16 rows */
+    amx_cfg = cfg;
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&amx_cfg);
+}
+
+enum { AMX_Q8_0, AMX_Q4_K };
+
+/* Unpack rows r..r+nr-1 into tmp (16 x k s8, natural order; missing rows zero),
+ * their per-sub-block factors into sv/mv, then transpose into B tiles. */
+TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t wrb, int64_t r, int nr) {
+    amx_scratch *s = &amx_tls;
+    const int64_t ns = k / 32;
+    memset(s->sv, 0, (size_t)ns * 16 * sizeof(float));
+    memset(s->mv, 0, (size_t)ns * 16 * sizeof(float));
+    for (int n = 0; n < 16; n++) {
+        uint8_t *dst = s->tmp + (size_t)n * (size_t)k;
+        if (n >= nr) {
+            memset(dst, 0, (size_t)k);
+            continue;
+        }
+        const char *row = w + (size_t)(r + n) * wrb;
+        if (kind == AMX_Q8_0) {
+            const tm_block_q8_0 *blk = (const tm_block_q8_0 *)row;
+            for (int64_t b = 0; b < ns; b++) {
+                _mm256_storeu_si256((__m256i *)(dst + 32 * b), _mm256_loadu_si256((const __m256i *)blk[b].qs));
+                s->sv[b * 16 + n] = _cvtsh_ss(blk[b].d);
+            }
+        } else {
+            const tm_block_q4_k *blk = (const tm_block_q4_k *)row;
+            const __m512i m4 = _mm512_set1_epi8(0xF);
+            for (int64_t b = 0; b < k / TM_QK_K; b++) {
+                __m512i q0 = _mm512_loadu_si512(blk[b].qs), q1 = _mm512_loadu_si512(blk[b].qs + 64);
+                __m512i l0 = _mm512_and_si512(q0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+                __m512i l1 = _mm512_and_si512(q1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+                uint8_t *o = dst + TM_QK_K * b;
+                _mm512_storeu_si512(o + 0, _mm512_shuffle_i64x2(l0, h0, 0x44));   /* sub-blocks 0, 1 */
+                _mm512_storeu_si512(o + 64, _mm512_shuffle_i64x2(l0, h0, 0xEE));  /* 2, 3 */
+                _mm512_storeu_si512(o + 128, _mm512_shuffle_i64x2(l1, h1, 0x44)); /* 4, 5 */
+                _mm512_storeu_si512(o + 192, _mm512_shuffle_i64x2(l1, h1, 0xEE)); /* 6, 7 */
+                uint8_t sm[16];
+                cpu_k4_unpack_scales(blk[b].scales, sm);
+                float d = _cvtsh_ss(blk[b].d), dmin = _cvtsh_ss(blk[b].dmin);
+                for (int j = 0; j < 8; j++) {
+                    s->sv[(8 * b + j) * 16 + n] = d * (float)sm[j];
+                    s->mv[(8 * b + j) * 16 + n] = dmin * (float)sm[8 + j];
+                }
+            }
+        }
+    }
+    /* B tile of sub-block q: dword (group g, row n) = tmp[n][32q + 4g .. +3] */
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)k));
+    for (int64_t q = 0; q < ns; q++)
+        for (int g = 0; g < 8; g++)
+            _mm512_store_si512(s->b + q * 512 + g * 64,
+                               _mm512_i32gather_epi32(idx, s->tmp + 32 * q + 4 * g, 1));
+}
+
+TM_AMX static void amx_gemm(int kind, int64_t k, const void *wv, size_t wrb, int64_t r0, int64_t r1,
+                            const void *xqv, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
+    const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32;
+    cpu_gemm_fn rest = cpu_gemm_avx512_get(kind == AMX_Q8_0 ? TM_TYPE_Q8_0 : TM_TYPE_Q4_K);
+    if (n16 == 0 || amx_reserve(k, n16)) {
+        rest(k, wv, wrb, r0, r1, xqv, xrb, n_tok, y, ldy);
+        return;
+    }
+    amx_scratch *s = &amx_tls;
+    const char *w = wv, *xq = xqv;
+    /* activation factors per token and sub-block */
+    for (int64_t t = 0; t < n16; t++) {
+        const char *xr = xq + (size_t)t * xrb;
+        for (int64_t q = 0; q < ns; q++) {
+            if (kind == AMX_Q8_0) {
+                s->dxs[t * ns + q] = _cvtsh_ss(((const tm_block_q8_0 *)xr)[q].d);
+            } else {
+                const tm_block_q8_k *xb = (const tm_block_q8_k *)xr + q / 8;
+                int j = (int)(q % 8);
+                s->dxs[t * ns + q] = xb->d;
+                s->bsdx[t * ns + q] = (float)(xb->bsums[2 * j] + xb->bsums[2 * j + 1]) * xb->d;
+            }
+        }
+    }
+    amx_configure();
+    _Alignas(64) int32_t cbuf[256];
+    for (int64_t r = r0; r < r1; r += 16) {
+        int nr = (int)(r1 - r < 16 ? r1 - r : 16);
+        amx_pack_weights(kind, k, w, wrb, r, nr);
+        __asm__ volatile("" ::: "memory"); /* tileloadd's asm does not say it reads memory */
+        const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+        for (int64_t t = 0; t < n16; t += 16) {
+            __m512 acc[16];
+            for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+            const char *xa = xq + (size_t)t * xrb;
+            for (int64_t q = 0; q < ns; q++) {
+                const char *abase = kind == AMX_Q8_0
+                                        ? xa + q * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)
+                                        : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) + offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
+                _tile_zero(0);
+                _tile_loadd(1, abase, (long)xrb);
+                _tile_loadd(2, s->b + q * 512, 64);
+                _tile_dpbssd(0, 1, 2);
+                _tile_stored(0, cbuf, 64);
+                const __m512 sv = _mm512_load_ps(s->sv + q * 16);
+                const float *dx = s->dxs + t * ns + q;
+                if (kind == AMX_Q8_0) {
+                    for (int m = 0; m < 16; m++)
+                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                                 _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
+                } else {
+                    const __m512 mv = _mm512_load_ps(s->mv + q * 16);
+                    const float *bd = s->bsdx + t * ns + q;
+                    for (int m = 0; m < 16; m++) {
+                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                                 _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
+                        acc[m] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(bd[m * ns]), acc[m]);
+                    }
+                }
+            }
+            for (int m = 0; m < 16; m++) _mm512_mask_storeu_ps(y + (t + m) * ldy + r, mask, acc[m]);
+        }
+    }
+    _tile_release();
+    if (n16 < n_tok) rest(k, wv, wrb, r0, r1, xq + (size_t)n16 * xrb, xrb, n_tok - n16, y + n16 * ldy, ldy);
+}
+
+TM_AMX static void amx_gemm_q8_0(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1, const void *xq,
+                                 size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
+    amx_gemm(AMX_Q8_0, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
+}
+
+TM_AMX static void amx_gemm_q4_k(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1, const void *xq,
+                                 size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
+    amx_gemm(AMX_Q4_K, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
+}
+
+cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
+    switch (wtype) {
+    case TM_TYPE_Q8_0: return amx_gemm_q8_0;
+    case TM_TYPE_Q4_K: return amx_gemm_q4_k;
+    default: return NULL;
+    }
+}
+#else
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
     (void)wtype;
     return NULL;
 }
+#endif
 
 int64_t cpu_gemm_amx_min_tokens(void) { return 16; }
