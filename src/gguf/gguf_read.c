@@ -528,7 +528,7 @@ tm_status gguf_file_open_buffer(const void *buf, size_t size, const char *name, 
     *out = NULL;
     if (!name) name = "<buffer>";
     if (!buf && size) return tm_error_set(TM_ERR_ARG, "%s: buffer is NULL", name);
-    tm_gguf_file *f;
+    tm_gguf_file *f = NULL;
     tm_status st = file_new(name, &f);
     if (st) return st;
     f->map = buf;
@@ -544,7 +544,7 @@ tm_status gguf_file_open_buffer(const void *buf, size_t size, const char *name, 
 tm_status gguf_file_open(const char *path, tm_gguf_file **out) {
     if (!out || !path) return tm_error_set(TM_ERR_ARG, "gguf_file_open: path or out is NULL");
     *out = NULL;
-    tm_gguf_file *f;
+    tm_gguf_file *f = NULL;
     tm_status st = file_new(path, &f);
     if (st) return st;
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -656,7 +656,7 @@ static tm_status get_uint(const tm_gguf_file *f, const char *key, uint64_t max, 
 }
 
 tm_status gguf_file_get_u32(const tm_gguf_file *f, const char *key, uint32_t *out) {
-    uint64_t v;
+    uint64_t v = 0;
     tm_status st = get_uint(f, key, UINT32_MAX, &v);
     if (!st) *out = (uint32_t)v;
     return st;
