@@ -438,7 +438,7 @@ static void check_tensor_file(const char *path, uint64_t alignment) {
     const char *copy = tmp_path("copy.gguf");
     assert_int_equal(gguf_file_copy(f, copy), TM_OK);
     gguf_file_close(f);
-    size_t n1, n2;
+    size_t n1 = 0, n2 = 0;
     uint8_t *a = read_all(path, &n1), *b = read_all(copy, &n2);
     assert_non_null(a);
     assert_non_null(b);
@@ -906,7 +906,7 @@ static void test_bad_tensors(void **state) {
 /* Every proper prefix of a valid file that cuts into needed bytes fails cleanly. */
 static void test_truncation_anywhere(void **state) {
     (void)state;
-    size_t n;
+    size_t n = 0;
     uint8_t *p = read_all(tmp_path("t32.gguf"), &n);
     if (!p) { /* the tensor round trip test writes it; make it here when run alone */
         write_tensor_file(tmp_path("t32.gguf"), 32, 7);
@@ -960,7 +960,7 @@ static int feed_dir(const char *dir, int must_fail) {
         if (e->d_name[0] == '.') continue;
         char path[1024];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        size_t n;
+        size_t n = 0;
         uint8_t *p = read_all(path, &n);
         if (!p) continue;
         tm_gguf_file *f = NULL;
