@@ -44,17 +44,34 @@ static tm_status jerr(const import_state *s, const char *what) {
     return tm_error_set(TM_ERR_FORMAT, "%s: %s", s->path, what);
 }
 
-static json_t *load_json_beside(const char *path, const char *name) {
+/* Parse the file `name` in the directory of `path`. Absent: *out = NULL and OK;
+ * present but unreadable: a clear error. Integers are read as reals so that
+ * huge values (model_max_length = 1e30) do not fail the parse. */
+static tm_status load_json_beside(const char *path, const char *name, json_t **out) {
+    *out = NULL;
     const char *slash = strrchr(path, '/');
     size_t dir = slash ? (size_t)(slash - path + 1) : 0;
-    size_t n = dir + strlen(name) + 1;
-    char *p = malloc(n);
-    if (!p) return NULL;
+    char *p = malloc(dir + strlen(name) + 1);
+    if (!p) return tm_error_set(TM_ERR_NOMEM, "tokenizer import: out of memory");
     memcpy(p, path, dir);
     strcpy(p + dir, name);
-    json_t *j = json_load_file(p, 0, NULL);
+    FILE *f = fopen(p, "rb");
+    if (!f) {
+        free(p);
+        return TM_OK;
+    }
+    fclose(f);
+    json_error_t e;
+    json_t *j = json_load_file(p, JSON_DECODE_INT_AS_REAL, &e);
+    tm_status st = TM_OK;
+    if (!j || !json_is_object(j)) {
+        st = tm_error_set(TM_ERR_FORMAT, "%s:%d:%d: %s", p, e.line, e.column, j ? "expected a JSON object" : e.text);
+        json_decref(j);
+        j = NULL;
+    }
     free(p);
-    return j;
+    *out = j;
+    return st;
 }
 
 static char *read_file_beside(const char *path, const char *name) {
@@ -385,7 +402,9 @@ static tm_status write_keys(import_state *s, tm_gguf_writer *w, const tm_tokeniz
             char key[32];
             snprintf(key, sizeof(key), "%s_token_id", special_names[k]);
             const json_t *v = json_object_get(s->model_cfg, key);
-            if (sp.id[k] < 0 && json_is_integer(v)) sp.id[k] = (int32_t)json_integer_value(v);
+            double d = json_number_value(v);
+            if (sp.id[k] < 0 && json_is_number(v) && d >= 0 && d < MAX_IMPORT_TOKENS && d == (int32_t)d)
+                sp.id[k] = (int32_t)d;
         }
     }
     for (int k = 0; k < 6; k++) {
@@ -454,10 +473,9 @@ tm_status tokenizer_import_hf_ex(const char *path, tm_gguf_writer *w, const tm_t
         goto done;
     }
     s.spm = json_is_true(json_object_get(model, "byte_fallback"));
-    s.cfg = load_json_beside(path, "tokenizer_config.json");
-    s.model_cfg = load_json_beside(path, "config.json");
-    if (s.cfg && !json_is_object(s.cfg)) json_decref(s.cfg), s.cfg = NULL;
-    if (s.model_cfg && !json_is_object(s.model_cfg)) json_decref(s.model_cfg), s.model_cfg = NULL;
+    if ((st = load_json_beside(path, "tokenizer_config.json", &s.cfg)) ||
+        (st = load_json_beside(path, "config.json", &s.model_cfg)))
+        goto done;
 
     if (s.spm) {
         s.pre = "default";

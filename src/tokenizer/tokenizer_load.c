@@ -430,6 +430,8 @@ static tm_status load_specials_and_flags(tm_tokenizer *t, const tm_gguf_file *f)
         (st = get_flag(f, KEY("add_eos_token"), &t->add_eos)) ||
         (st = get_flag(f, KEY("add_space_prefix"), &t->add_space_prefix)))
         return st;
+    /* a family default without a bos token to add is no request */
+    if (t->add_bos && sp->bos < 0 && !gguf_file_find_kv(f, KEY("add_bos_token"))) t->add_bos = false;
     if (t->add_bos && sp->bos < 0)
         return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", f->path);
     if (t->add_eos && sp->eos < 0)

@@ -59,7 +59,7 @@ static const pretok_family families[] = {
     {"qwen2", {RE_QWEN2}, true, false},
     {"stablelm2", {RE_QWEN2}, false, false},
     {"gpt-4o|o200k", {RE_O200K}, false, false},
-    {"tekken", {RE_TEKKEN}, false, false},
+    {"tekken", {RE_TEKKEN}, false, true},
 };
 
 static bool name_in_list(const char *name, const char *list) {
