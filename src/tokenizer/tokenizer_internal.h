@@ -72,6 +72,9 @@ struct tm_tokenizer {
     bool add_bos, add_eos;
     tm_tokenizer_specials sp;
     int32_t spm_space;       /* SPM: id of U+2581 alone, or -1 */
+    bool spm_word_split;     /* SPM: no token has U+2581 after another character, so
+                                merging word by word (cut before each U+2581 that
+                                follows a non-U+2581) gives the same result, faster */
 
     tm_pretok pretok;
 

@@ -498,6 +498,17 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
             t->byte_token[b] = tok_vocab_find(t, name, 6);
         }
         t->spm_space = tok_vocab_find(t, "\xe2\x96\x81", 3);
+        t->spm_word_split = t->spm_space >= 0;
+        for (uint32_t id = 0; id < t->n_tokens && t->spm_word_split; id++) {
+            const char *tx = t->text_blob + t->text_off[id];
+            uint32_t n = t->text_len[id], i = 0;
+            while (i + 3 <= n && !memcmp(tx + i, "\xe2\x96\x81", 3)) i += 3; /* leading run of U+2581 */
+            for (; i + 3 <= n; i++)
+                if (!memcmp(tx + i, "\xe2\x96\x81", 3)) {
+                    t->spm_word_split = false;
+                    break;
+                }
+        }
     }
 
     if ((st = build_token_bytes(t)) || (st = build_specials(t)) || (st = load_specials_and_flags(t, f))) return st;

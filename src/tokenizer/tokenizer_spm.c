@@ -7,7 +7,8 @@
  * symbol; a character that is not, and every invalid byte, becomes its <0xXX>
  * byte tokens (or <unk> when the vocabulary has no byte tokens), which never
  * merge. Then the shared merge loop runs with the pair ranks the loader built
- * (from tokenizer.ggml.merges, or from scores: higher score first). */
+ * (from tokenizer.ggml.merges, or from scores: higher score first), word by
+ * word when the vocabulary allows it (see spm_word_split). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,7 +58,22 @@ tm_status spm_encode_text(const tm_tokenizer *t, const char *text, size_t len, b
             push_fallback(t, s + i, cl, sym, &m);
         i += cl;
     }
-    tm_status st = tok_merge(t, sym, &m);
+    tm_status st = TM_OK;
+    if (t->spm_word_split) {
+        /* merge word by word: a word starts at a U+2581 that follows another symbol */
+        size_t w = 0, start = 0;
+        for (size_t k = 1; k <= m && st == TM_OK; k++) {
+            if (k < m && !(sym[k] == t->spm_space && sym[k - 1] != t->spm_space)) continue;
+            size_t len_w = k - start;
+            st = tok_merge(t, sym + start, &len_w);
+            memmove(sym + w, sym + start, len_w * sizeof(*sym));
+            w += len_w;
+            start = k;
+        }
+        m = w;
+    } else {
+        st = tok_merge(t, sym, &m);
+    }
     for (size_t k = 0; st == TM_OK && k < m; k++) st = tokenizer_tokens_push(out, sym[k]);
     free(sym);
     return st;
