@@ -208,7 +208,14 @@ class Qwen3MoeFile:
 
 
 def dequantize(data, qtype):
-    """gguf-package dequantization (exact f32 values), widened to float64."""
+    """gguf-package dequantization (exact f32 values), widened to float64.
+
+    F32 and F16 are widened straight to float64: that is what gguf.quants.dequantize
+    does for them (a view, then an exact astype) without the float32 copy between."""
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return np.asarray(data, dtype=np.float32).astype(np.float64)
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return np.asarray(data).view(np.float16).astype(np.float64)
     return np.asarray(gguf.quants.dequantize(np.ascontiguousarray(data), qtype), dtype=np.float64)
 
 
@@ -280,11 +287,15 @@ def route(logits, k):
     return ids.astype(np.int32), w
 
 
+def router(m, il, h):
+    """Router logits [n_tok, n_expert] of layer il."""
+    wr = m.weight(f"blk.{il}.ffn_gate_inp.weight", [m.n_embd, m.n_expert])
+    return h @ wr.T
+
+
 def moe(m, il, h):
     """Router + SwiGLU experts of layer il; experts dequantized one at a time."""
-    p = f"blk.{il}."
-    wr = m.weight(p + "ffn_gate_inp.weight", [m.n_embd, m.n_expert])
-    router_logits = h @ wr.T                                  # [n_tok, n_expert]
+    router_logits = router(m, il, h)
     ids, w = route(router_logits, m.n_expert_used)
     out = np.zeros_like(h)
     for e in np.unique(ids):
@@ -309,13 +320,16 @@ def output_logits(m, x, chunk_rows=8192):
 
 # ---------------------------------------------------------------- forward
 
-def forward(gguf_path, tokens, n_layers=None, want_logits=None, model=None, collect=True):
+def forward(gguf_path, tokens, n_layers=None, want_logits=None, model=None, collect=True,
+            route_only_last=False):
     """Reference forward over `tokens` at positions 0..n_tok-1 (causal, one batch).
 
     gguf_path: path of a qwen3moe GGUF (or pass an open Qwen3MoeFile as model).
     n_layers: run only the first n_layers blocks (for routing studies on big shapes).
     want_logits: default True when all layers run, False otherwise.
     collect: keep the per-layer arrays (False keeps only routing and logits).
+    route_only_last: stop the last layer run after its router (routing studies:
+        its experts cannot change any routing decision, so they are skipped).
     Returns a dict name -> numpy array, names as in docs/golden-format.md.
     """
     m = model if model is not None else Qwen3MoeFile(gguf_path)
@@ -338,6 +352,11 @@ def forward(gguf_path, tokens, n_layers=None, want_logits=None, model=None, coll
         a = attention(m, il, h, pos)
         x = x + a
         h = rmsnorm(x, m.weight(p + "ffn_norm.weight", [m.n_embd]), m.eps)
+        if route_only_last and il == L - 1:
+            out[p + "router_logits"] = router(m, il, h)
+            out[p + "topk_ids"], out[p + "topk_weights"] = route(out[p + "router_logits"], m.n_expert_used)
+            want_logits = False
+            break
         router_logits, ids, w, f = moe(m, il, h)
         x = x + f
         out[p + "router_logits"] = router_logits
