@@ -28,7 +28,9 @@ TM_AVX2_INLINE float h2f(tm_half h) { return _cvtsh_ss(h); }
 
 TM_AVX2_INLINE void store_tile(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
                                __m256 acc[4][4]) {
+    #pragma GCC unroll 4
     for (int j = 0; j < nt; j++)
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = hsum8(acc[i][j]);
 }
 
@@ -39,7 +41,9 @@ TM_AVX2_INLINE void store_tile(int nr, int nt, const tm_tile_args *a, int64_t r,
 
 TM_AVX2_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int q5) {
     __m256 acc[4][4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(16);
     const int64_t nb = a->k / TM_QK_K;
@@ -50,18 +54,24 @@ TM_AVX2_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
         const tm_block_q8_k *x[4];
         uint8_t sm[4][16];
         __m256i qh[4];
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             w4[i] = ROW(tm_block_q4_k, i, b);
             w5[i] = ROW(tm_block_q5_k, i, b);
             cpu_k4_unpack_scales(q5 ? w5[i]->scales : w4[i]->scales, sm[i]);
             if (q5) qh[i] = _mm256_loadu_si256((const __m256i *)w5[i]->qh);
         }
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
         __m256i acci[4][4];
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++)
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) acci[i][j] = _mm256_setzero_si256();
+        #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             __m256i lo[4], hi[4], slo[4], shi[4];
+            #pragma GCC unroll 4
             for (int i = 0; i < nr; i++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)((q5 ? w5[i]->qs : w4[i]->qs) + 32 * c));
                 lo[i] = _mm256_and_si256(q, m4);
@@ -75,9 +85,11 @@ TM_AVX2_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
                 slo[i] = _mm256_set1_epi16(sm[i][2 * c]);
                 shi[i] = _mm256_set1_epi16(sm[i][2 * c + 1]);
             }
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
                 __m256i x0 = _mm256_loadu_si256((const __m256i *)(x[j]->qs + 64 * c));
                 __m256i x1 = _mm256_loadu_si256((const __m256i *)(x[j]->qs + 64 * c + 32));
+                #pragma GCC unroll 4
                 for (int i = 0; i < nr; i++) {
                     __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[i], x0), slo[i]);
                     __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[i], x1), shi[i]);
@@ -86,13 +98,17 @@ TM_AVX2_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
             }
         }
         __m128i bs[4], mins[4];
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) /* bsums per 32 = pairs of the per-16 sums */
             bs[j] = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x[j]->bsums),
                                    _mm_loadu_si128((const __m128i *)(x[j]->bsums + 8)));
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) mins[i] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm[i] + 8)));
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             float d = h2f(w4[i]->d), dmin = h2f(w4[i]->dmin);
             if (q5) d = h2f(w5[i]->d), dmin = h2f(w5[i]->dmin);
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
                 __m256 pm = _mm256_cvtepi32_ps(_mm256_zextsi128_si256(_mm_madd_epi16(mins[i], bs[j])));
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[j]->d), _mm256_cvtepi32_ps(acci[i][j]), acc[i][j]);
@@ -110,11 +126,14 @@ TM_AVX2_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
 
 TM_AVX2_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t) {
     __m256 acc[4][4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     /* pshufb controls: low 128 bits take int16 lane 2p, high bits lane 2p+1 */
     __m256i ctrl[4];
+    #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
         char c0 = (char)(4 * p), c1 = (char)(4 * p + 1), c2 = (char)(4 * p + 2), c3 = (char)(4 * p + 3);
         ctrl[p] = _mm256_setr_epi8(c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1,
@@ -125,20 +144,26 @@ TM_AVX2_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
         const tm_block_q6_k *w[4];
         const tm_block_q8_k *x[4];
         __m256i sc16[4];
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             w[i] = ROW(tm_block_q6_k, i, b);
             sc16[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i]->scales));
         }
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
         __m256i acci[4][4];
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++)
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) /* start from -32 * sum sc*bsum */
                 acci[i][j] = _mm256_slli_epi32(
                     _mm256_sub_epi32(_mm256_setzero_si256(),
                                      _mm256_madd_epi16(sc16[i], _mm256_loadu_si256((const __m256i *)x[j]->bsums))),
                     5);
+        #pragma GCC unroll 4
         for (int h = 0; h < 2; h++) {
             __m256i q[4][4], s[4][4];
+            #pragma GCC unroll 4
             for (int i = 0; i < nr; i++) {
                 __m256i qa = _mm256_loadu_si256((const __m256i *)(w[i]->ql + 64 * h));
                 __m256i qb = _mm256_loadu_si256((const __m256i *)(w[i]->ql + 64 * h + 32));
@@ -150,18 +175,24 @@ TM_AVX2_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
                                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
                 __m256i half = h ? _mm256_permute2x128_si256(sc16[i], sc16[i], 0x11)
                                  : _mm256_permute2x128_si256(sc16[i], sc16[i], 0x00);
+                #pragma GCC unroll 4
                 for (int p = 0; p < 4; p++) s[i][p] = _mm256_shuffle_epi8(half, ctrl[p]);
             }
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
+                #pragma GCC unroll 4
                 for (int p = 0; p < 4; p++) {
                     __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j]->qs + 128 * h + 32 * p));
+                    #pragma GCC unroll 4
                     for (int i = 0; i < nr; i++)
                         acci[i][j] = _mm256_add_epi32(acci[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(q[i][p], xv), s[i][p]));
                 }
             }
         }
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             float d = h2f(w[i]->d);
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++)
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[j]->d), _mm256_cvtepi32_ps(acci[i][j]), acc[i][j]);
         }
@@ -196,21 +227,26 @@ TM_AVX2_INLINE __m256i b32_load(int kind, const char *blk, float *scale) {
 TM_AVX2_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int kind,
                               size_t bsize) {
     __m256 acc[4][4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = a->k / 32;
     for (int64_t b = 0; b < nb; b++) {
         __m256i wv[4], aw[4];
         float ws[4];
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             wv[i] = b32_load(kind, a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize, &ws[i]);
             aw[i] = _mm256_sign_epi8(wv[i], wv[i]);
         }
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) {
             const tm_block_q8_0 *x = TOK(tm_block_q8_0, j, b);
             __m256i xv = _mm256_loadu_si256((const __m256i *)x->qs);
             float dx = h2f(x->d);
+            #pragma GCC unroll 4
             for (int i = 0; i < nr; i++) {
                 __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(xv, wv[i])), ones);
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(ws[i] * dx), _mm256_cvtepi32_ps(s), acc[i][j]);
@@ -243,22 +279,31 @@ TM_AVX2_INLINE float fw_load1(int kind, const char *row, int64_t i) {
 
 TM_AVX2_INLINE void fw_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int kind) {
     __m256 acc[4][4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     const char *row[4];
     const float *x[4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) row[i] = a->w + (size_t)(r + i) * a->wrb;
+    #pragma GCC unroll 4
     for (int j = 0; j < nt; j++) x[j] = (const float *)(a->x + (size_t)(t + j) * a->xrb);
     int64_t k8 = a->k & ~(int64_t)7;
     for (int64_t e = 0; e < k8; e += 8) {
         __m256 wv[4];
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) wv[i] = fw_load8(kind, row[i], e);
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) {
             __m256 xv = _mm256_loadu_ps(x[j] + e);
+            #pragma GCC unroll 4
             for (int i = 0; i < nr; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nt; j++)
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             float s = hsum8(acc[i][j]);
             for (int64_t e = k8; e < a->k; e++) s += fw_load1(kind, row[i], e) * x[j][e];

@@ -35,14 +35,17 @@ TM_AVX512_INLINE void prefetch_next(const tm_tile_args *a, int64_t r, int nr, in
 
 TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int q5) {
     __m512 acc[4][4], accm[4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) {
         accm[i] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0xF), b16 = _mm512_set1_epi8(16);
     /* pshufb controls: vector m holds sub-blocks 2m (low 256 bits) and 2m+1 (high);
      * each 128-bit lane broadcasts one int16 scale */
     __m512i ctrl[4];
+    #pragma GCC unroll 4
     for (int m = 0; m < 4; m++) {
         char lo0 = (char)(4 * m), lo1 = (char)(4 * m + 1), hi0 = (char)(4 * m + 2), hi1 = (char)(4 * m + 3);
         __m128i cl = _mm_setr_epi8(lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1);
@@ -53,14 +56,18 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
     const int64_t nb = a->k / TM_QK_K;
     for (int64_t b = 0; b < nb; b++) {
         const tm_block_q8_k *x[4];
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
         /* tokens' bsums per 32 (8 int16 each) side by side, and their scales per lane group */
         __m512i bsv = _mm512_setzero_si512();
         float dxs[16];
+        #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             float dx = j < nt ? x[j]->d : 0.f;
+            #pragma GCC unroll 4
             for (int l = 0; l < 4; l++) dxs[4 * j + l] = dx;
         }
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) {
             __m128i bj = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x[j]->bsums),
                                         _mm_loadu_si128((const __m128i *)(x[j]->bsums + 8)));
@@ -73,7 +80,9 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
         }
         const __m512 dxv = _mm512_loadu_ps(dxs);
         __m512 dx1[4];
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) dx1[j] = _mm512_set1_ps(x[j]->d);
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const char *blk = a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
             if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * bsize, bsize);
@@ -95,6 +104,7 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             v[3] = _mm512_shuffle_i64x2(l1, h1, 0xEE);
             if (q5) { /* fifth bit: qh[l] bit s for value l of sub-block s */
                 const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w5->qh));
+                #pragma GCC unroll 4
                 for (int m = 0; m < 4; m++) {
                     const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
                                                             _mm256_set1_epi8((char)(2 << (2 * m))), 1);
@@ -103,11 +113,14 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
                 }
             }
             __m512i s[4];
+            #pragma GCC unroll 4
             for (int m = 0; m < 4; m++) s[m] = _mm512_shuffle_epi8(sc, ctrl[m]);
             const float d = h2f(q5 ? w5->d : w4->d), dmin = h2f(q5 ? w5->dmin : w4->dmin);
             const __m512 dv = _mm512_set1_ps(d);
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
                 __m512i acci = _mm512_setzero_si512();
+                #pragma GCC unroll 4
                 for (int m = 0; m < 4; m++) {
                     __m512i xv = _mm512_loadu_si512(x[j]->qs + 64 * m);
                     acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(v[m], xv), s[m]);
@@ -119,9 +132,11 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             accm[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm), _mm512_mul_ps(_mm512_set1_ps(dmin), dxv), accm[i]);
         }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) {
         float mt[16];
         _mm512_storeu_ps(mt, accm[i]);
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
             a->y[(t + j) * a->ldy + r + i] =
                 _mm512_reduce_add_ps(acc[i][j]) - ((mt[4 * j] + mt[4 * j + 1]) + (mt[4 * j + 2] + mt[4 * j + 3]));
@@ -177,7 +192,9 @@ TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int 
 TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int kind,
                                 size_t bsize) {
     __m512 acc[4][4];
+    #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
     const __m512i off = _mm512_set1_epi8(kind == B32_Q4_0 ? 8 : -128); /* as u8: 8 or 128 */
     const int64_t nb = a->k / 32;
@@ -185,6 +202,7 @@ TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r
         const int two = b + 1 < nb;
         __m512i xv[4], neg[4];
         __m512 dx[4];
+        #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) {
             const tm_block_q8_0 *x0 = TOK(tm_block_q8_0, j, b), *x1 = x0 + 1;
             __m256i lo = _mm256_loadu_si256((const __m256i *)x0->qs);
@@ -194,18 +212,22 @@ TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             dx[j] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(x0->d))),
                                        _mm256_set1_ps(two ? h2f(x1->d) : 0.f), 1);
         }
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const char *blk = a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
             if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * bsize, 2 * bsize);
             __m512 ws;
             __m512i u = b32_load2(kind, blk, bsize, two, &ws);
+            #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
                 __m512i dp = _mm512_dpbusd_epi32(neg[j], u, xv[j]);
                 acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(ws, dx[j]), acc[i][j]);
             }
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nt; j++)
+        #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
