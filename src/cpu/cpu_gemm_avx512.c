@@ -8,7 +8,9 @@
  * q8_0/q4_0/mxfp4: two blocks per vector; weights made unsigned by an offset
  *   (q8_0/mxfp4: +128, q4_0: the nibble itself, offset 8), vpdpbusd starts
  *   from -offset * sum(x) per token so the block sum comes out exact.
- * Other types fall back to the AVX2 kernels. Decode (one token) prefetches the
+ * q6_K: like q4_K with 16 sub-blocks of 16 (vpermw spreads the scales) and the
+ *   -32 offset taken out through the activations' bsums.
+ * Float types fall back to the AVX2 kernels. Decode (one token) prefetches the
  * next row tile while computing the current one. */
 #include "cpu/cpu_internal.h"
 
@@ -146,6 +148,69 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
 #define q4k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 0)
 #define q5k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 1)
 
+/* ---- q6_K: 6-bit q in 0..63 times x, minus 32 * sum_j sc_j bsum_j ----
+ * Per half of 128 values, one 64-byte ql load gives values 0..63 (low nibbles,
+ * high bits from qh bits 0-1 / 2-3) and 64..127 (high nibbles, qh bits 4-5 /
+ * 6-7); each 128-bit lane of those vectors is one sub-block of 16. */
+
+TM_AVX512_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    /* word shifts: low 256 bits move qh bits 0-1 (4-5) to 4-5, high bits 2-3 (6-7) */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    /* vpermw indices: 128-bit lane L of vector v (0..3) takes scale word 4v + L */
+    __m512i sidx[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++)
+        sidx[v] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * v + 1)), _mm_set1_epi16((short)(4 * v)))),
+            _mm256_set_m128i(_mm_set1_epi16((short)(4 * v + 3)), _mm_set1_epi16((short)(4 * v + 2))), 1);
+    const int64_t nb = a->k / TM_QK_K;
+    for (int64_t b = 0; b < nb; b++) {
+        const tm_block_q8_k *x[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const tm_block_q6_k *w = ROW(tm_block_q6_k, i, b);
+            if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * sizeof(tm_block_q6_k), sizeof(tm_block_q6_k));
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
+            const __m512i scz = _mm512_castsi256_si512(sc16);
+            __m512i q[4], s[4];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i ql = _mm512_loadu_si512(w->ql + 64 * h);
+                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w->qh + 32 * h)));
+                q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+                q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                               _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            }
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) s[v] = _mm512_permutexvar_epi16(sidx[v], scz);
+            const float d = h2f(w->d);
+#pragma GCC unroll 4
+            for (int j = 0; j < nt; j++) {
+                __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[j]->bsums));
+                __m512i acci = _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5)));
+                acci = _mm512_inserti64x4(acci, _mm256_setzero_si256(), 1);
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++)
+                    acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(q[v], _mm512_loadu_si512(x[j]->qs + 64 * v)), s[v]);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(d * x[j]->d), acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
 /* ---- blocks of 32 times q8_0, two blocks per vector ---- */
 
 enum { B32_Q8_0, B32_Q4_0, B32_MXFP4 };
@@ -239,6 +304,8 @@ TM_DEFINE_GEMM(TM_AVX512, q4k_gemv, q4k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q4k_gemm, q4k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q5k_gemv, q5k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q5k_gemm, q5k_micro, 3, 4, 48)
+TM_DEFINE_GEMM(TM_AVX512, q6k_gemv, q6k_micro, 4, 1, 64)
+TM_DEFINE_GEMM(TM_AVX512, q6k_gemm, q6k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q80_gemv, q80_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q80_gemm, q80_micro, 4, 4, 64)
 TM_DEFINE_GEMM(TM_AVX512, q40_gemv, q40_micro, 4, 1, 64)
@@ -253,6 +320,7 @@ TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
     }
 GEMV_OR_GEMM(q4k)
 GEMV_OR_GEMM(q5k)
+GEMV_OR_GEMM(q6k)
 GEMV_OR_GEMM(q80)
 GEMV_OR_GEMM(q40)
 GEMV_OR_GEMM(mxfp4)
@@ -261,6 +329,7 @@ cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
     switch (wtype) {
     case TM_TYPE_Q4_K: return q4k_auto;
     case TM_TYPE_Q5_K: return q5k_auto;
+    case TM_TYPE_Q6_K: return q6k_auto;
     case TM_TYPE_Q8_0: return q80_auto;
     case TM_TYPE_Q4_0: return q40_auto;
     case TM_TYPE_MXFP4: return mxfp4_auto;

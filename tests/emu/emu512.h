@@ -84,6 +84,16 @@ EI E512 e_sub32(E512 a, E512 b) { for (int i = 0; i < 16; i++) a.d[i] -= b.d[i];
 #define _mm512_sub_epi32 e_sub32
 EI uint64_t e_test8(E512 a, E512 b) { uint64_t k = 0; for (int i = 0; i < 64; i++) if (a.b[i] & b.b[i]) k |= 1ull << i; return k; }
 #define _mm512_test_epi8_mask e_test8
+EI E512 e_or(E512 a, E512 b) { for (int i = 0; i < 8; i++) a.q[i] |= b.q[i]; return a; }
+#define _mm512_or_si512 e_or
+EI E512 e_s1w(short v) { E512 r; for (int i = 0; i < 32; i++) r.w[i] = v; return r; }
+#define _mm512_set1_epi16 e_s1w
+EI E512 e_sllvw(E512 a, E512 c) { for (int i = 0; i < 32; i++) a.w[i] = (int16_t)((uint16_t)c.w[i] > 15 ? 0 : (uint16_t)((uint16_t)a.w[i] << c.w[i])); return a; }
+#define _mm512_sllv_epi16 e_sllvw
+EI E512 e_srlvw(E512 a, E512 c) { for (int i = 0; i < 32; i++) a.w[i] = (int16_t)((uint16_t)c.w[i] > 15 ? 0 : (uint16_t)a.w[i] >> c.w[i]); return a; }
+#define _mm512_srlv_epi16 e_srlvw
+EI E512 e_permw(E512 idx, E512 a) { E512 r; for (int i = 0; i < 32; i++) r.w[i] = a.w[idx.w[i] & 31]; return r; }
+#define _mm512_permutexvar_epi16 e_permw
 #define __mmask64 uint64_t
 #define __mmask16 uint16_t
 /* AMX: tiles as arrays, config from the 64-byte block */

@@ -17,16 +17,17 @@ static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
         uint8_t *p = w + b * bs;
         if (t == TM_TYPE_Q4_K || t == TM_TYPE_Q5_K) { memcpy(p, &d, 2); memcpy(p + 2, &d2, 2); }
         else if (t == TM_TYPE_Q8_0 || t == TM_TYPE_Q4_0) memcpy(p, &d, 2);
+        else if (t == TM_TYPE_Q6_K) memcpy(p + bs - 2, &d, 2);
         else if (t == TM_TYPE_MXFP4) p[0] = (uint8_t)(118 + tm_rng_u64(r) % 10);
     }
 }
 int main(void) {
     tm_rng r; tm_rng_seed(&r, 3);
-    tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4};
+    tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4};
     int64_t ks[] = {32, 96, 256, 768, 2816};
     int64_t toks[] = {1, 3, 7, 16, 33, 50};
     int bad = 0;
-    for (int ti = 0; ti < 5; ti++) for (int ki = 0; ki < 5; ki++) for (int nti = 0; nti < 6; nti++) {
+    for (int ti = 0; ti < 6; ti++) for (int ki = 0; ki < 5; ki++) for (int nti = 0; nti < 6; nti++) {
         tm_type t = types[ti]; int64_t k = ks[ki], nt = toks[nti];
         if (quant_type_traits(t)->block_size == 256 && k % 256) continue;
         int64_t rows = 37, r0 = 3, r1 = 35, ldy = rows + 2;
