@@ -64,7 +64,7 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
         __m512i bsv = _mm512_setzero_si512();
         float dxs[16];
         #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < (nt == 1 ? 0 : 4); j++) {
             float dx = j < nt ? x[j]->d : 0.f;
             #pragma GCC unroll 4
             for (int l = 0; l < 4; l++) dxs[4 * j + l] = dx;
@@ -80,7 +80,7 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             default: bsv = _mm512_inserti32x4(bsv, bj, 3); break;
             }
         }
-        const __m512 dxv = _mm512_loadu_ps(dxs);
+        const __m512 dxv = nt == 1 ? _mm512_set1_ps(x[0]->d) : _mm512_loadu_ps(dxs); /* lanes past nt meet zero bsums */
         __m512 dx1[4];
         #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) dx1[j] = _mm512_set1_ps(x[j]->d);
