@@ -5,6 +5,8 @@
 
 int cmd_inspect(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 

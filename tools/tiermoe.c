@@ -19,6 +19,8 @@ static const cli_command commands[] = {
     {"bench", cmd_bench, "measure prompt and generation speed (llama-bench style)"},
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
     {"mkmodel", cmd_mkmodel, "write a synthetic random-weight MoE model (qwen3moe)"},
+    {"tokenize", cmd_tokenize, "show the token ids of a text with a GGUF file's tokenizer"},
+    {"detokenize", cmd_detokenize, "show the text of token ids with a GGUF file's tokenizer"},
 };
 
 static void usage(FILE *out) {
