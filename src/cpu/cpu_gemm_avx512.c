@@ -63,7 +63,6 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
         /* tokens' bsums per 32 (8 int16 each) side by side, and their scales per lane group */
         __m512i bsv = _mm512_setzero_si512();
         float dxs[16];
-        #pragma GCC unroll 4
         for (int j = 0; j < (nt == 1 ? 0 : 4); j++) {
             float dx = j < nt ? x[j]->d : 0.f;
             #pragma GCC unroll 4
