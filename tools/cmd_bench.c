@@ -24,7 +24,8 @@ static void bench_usage(FILE *out) {
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
                  "  -b N          prompt batch size (default 512)\n"
                  "  -o md|csv|json  output format (default md)\n"
-                 "  --no-membw    skip the memory bandwidth measurement\n");
+                 "  --no-membw    skip the memory bandwidth measurement\n"
+                 "  --profile     print where each test's time went\n");
 }
 
 typedef struct bench_result {
@@ -41,10 +42,21 @@ static void bench_stats(const double *ts, int r, double n, double *mean, double 
     *sd = r > 1 ? sqrt(s2 / (r - 1)) : 0;
 }
 
+/* Time per part since `prof0` (per test run), then reset the mark. */
+static void bench_profile(tm_context *ctx, uint64_t *prof0, const char *test, int n, int reps) {
+    uint64_t total = 0;
+    for (int i = 0; i < TM_PROF_COUNT; i++) total += ctx->prof_ns[i] - prof0[i];
+    fprintf(stderr, "%s%d, %d threads, per run (%.1f ms):", test, n, cpu_pool_size(ctx->pool), total * 1e-6 / reps);
+    for (int i = 0; i < TM_PROF_COUNT; i++)
+        fprintf(stderr, " %s %.1f ms (%.0f%%)%s", tm_prof_part_names[i], (ctx->prof_ns[i] - prof0[i]) * 1e-6 / reps,
+                100.0 * (ctx->prof_ns[i] - prof0[i]) / (total ? total : 1), i + 1 < TM_PROF_COUNT ? "," : "\n");
+    memcpy(prof0, ctx->prof_ns, sizeof(ctx->prof_ns));
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *fmt = "md";
     long long n_pp = 512, n_tg = 128, reps = 3, batch = 512, v;
-    int threads[16], n_threads = 0, membw = 1;
+    int threads[16], n_threads = 0, membw = 1, profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -52,6 +64,7 @@ int cmd_bench(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--no-membw")) { membw = 0; continue; }
+        if (!strcmp(a, "--profile")) { profile = 1; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "tiermoe bench: %s needs a value (or is unknown)\n", a);
             bench_usage(stderr);
@@ -135,6 +148,8 @@ int cmd_bench(int argc, char **argv) {
         /* warm-up: page in the weights, start the threads */
         if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
         double ts[1000];
+        uint64_t prof0[TM_PROF_COUNT];
+        memcpy(prof0, ctx->prof_ns, sizeof(prof0));
         if (!rc && n_pp > 0) {
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
@@ -146,6 +161,7 @@ int cmd_bench(int argc, char **argv) {
             *b = (bench_result){"pp", (int)n_pp, threads[ti], 0, 0, 0, mem};
             bench_stats(ts, (int)reps, (double)n_pp, &b->mean, &b->sd);
             b->weight_gbs = pp_bytes * (b->mean / n_pp) / 1e9 * ((n_pp + batch - 1) / batch);
+            if (profile) bench_profile(ctx, prof0, "pp", (int)n_pp, (int)reps);
         }
         if (!rc && n_tg > 0) {
             for (int r = 0; r < reps && !rc; r++) {
@@ -162,6 +178,7 @@ int cmd_bench(int argc, char **argv) {
             *b = (bench_result){"tg", (int)n_tg, threads[ti], 0, 0, 0, mem};
             bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
             b->weight_gbs = tg_bytes * b->mean / 1e9;
+            if (profile) bench_profile(ctx, prof0, "tg", (int)n_tg, (int)reps);
         }
         if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         free(toks);
