@@ -14,7 +14,7 @@ for f in cpu_gemm_avx512 cpu_gemm_amx; do
     sed -e 's/#include <immintrin.h>/#include <math.h>\n#include "emu512.h"/' \
         -e 's/__attribute__((target("avx2,fma,f16c,avx512f[^"]*")))/__attribute__((target("avx2,fma,f16c")))/' \
         -e 's/^cpu_gemm_fn cpu_gemm_\(avx512\|amx\)_get/cpu_gemm_fn emu_\1_get/' \
-        -e 's/cpu_gemm_avx512_get(kind/emu_avx512_get(kind/' \
+        -e 's/cpu_gemm_avx512_get(/emu_avx512_get(/g' \
         -e 's/^int64_t cpu_gemm_amx_min_tokens/int64_t emu_amx_min_tokens/' src/cpu/$f.c > "$T/emu_$f.c"
 done
 CF="-O1 -std=c11 -D_GNU_SOURCE -Isrc -Itests/emu -mavx2 -mfma -mf16c -w"

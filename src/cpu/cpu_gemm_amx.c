@@ -1,12 +1,14 @@
-/* AMX-INT8 kernels for q8_0 and q4_K weights with many tokens (n_tok >= 16).
+/* AMX-INT8 kernels for q8_0, q4_0, mxfp4, q4_K and q5_K weights with many
+ * tokens (n_tok >= 16); q6_K (sub-blocks of 16) stays on AVX-512.
  *
  * C (16 tokens x 16 weight rows, s32) = A (16 tokens x 32 s8 activations, read
  * straight from the q8_0/q8_K rows with the row stride) . B (the same 32
  * values of 16 weight rows, repacked to the VNNI layout B[k/4][row][4]) via
  * TDPBSSD, one tile product per 32 values because every 32 values carry their
  * own scales. Each C is then scaled in float and added to 16 zmm accumulators:
- *   q8_0: acc += C * d_w[row] * d_x[tok]
- *   q4_K: acc += C * (d sc_j)[row] * d_x[tok] - (dmin m_j)[row] * bsum_j[tok] * d_x[tok]
+ *   q8_0/q4_0/mxfp4: acc += C * d_w[row] * d_x[tok]  (q4_0 as q-8, mxfp4 as
+ *                    its doubled e2m1 values, scale e8m0/2)
+ *   q4_K/q5_K: acc += C * (d sc_j)[row] * d_x[tok] - (dmin m_j)[row] * bsum_j[tok] * d_x[tok]
  * Weights are unpacked and repacked once per 16-row tile and reused by every
  * 16-token tile; tokens past the last full tile go to the AVX-512 kernel.
  * Scratch lives in per-thread buffers that grow as needed. */
@@ -82,7 +84,9 @@ TM_AMX static void amx_configure(void) {
     _tile_loadconfig(&amx_cfg);
 }
 
-enum { AMX_Q8_0, AMX_Q4_K };
+/* Blocks of 32 with one scale and q8_0 activations, then K-quants with q8_K. */
+enum { AMX_Q8_0, AMX_Q4_0, AMX_MXFP4, AMX_Q4_K, AMX_Q5_K };
+#define AMX_IS_K(kind) ((kind) >= AMX_Q4_K)
 
 /* Unpack rows r..r+nr-1 into tmp (16 x k s8, natural order; missing rows zero),
  * their per-sub-block factors into sv/mv, then transpose into B tiles. */
@@ -104,21 +108,54 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
                 _mm256_storeu_si256((__m256i *)(dst + 32 * b), _mm256_loadu_si256((const __m256i *)blk[b].qs));
                 s->sv[b * 16 + n] = _cvtsh_ss(blk[b].d);
             }
+        } else if (kind == AMX_Q4_0 || kind == AMX_MXFP4) {
+            const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+            const __m128i lut = _mm_loadu_si128((const __m128i *)cpu_mxfp4_values);
+            const size_t bsize = kind == AMX_Q4_0 ? sizeof(tm_block_q4_0) : sizeof(tm_block_mxfp4);
+            const size_t qoff = kind == AMX_Q4_0 ? offsetof(tm_block_q4_0, qs) : offsetof(tm_block_mxfp4, qs);
+            for (int64_t b = 0; b < ns; b++) {
+                const char *blk = row + (size_t)b * bsize;
+                __m128i q = _mm_loadu_si128((const __m128i *)(blk + qoff));
+                __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+                if (kind == AMX_Q4_0) {
+                    lo = _mm_sub_epi8(lo, eight);
+                    hi = _mm_sub_epi8(hi, eight);
+                    s->sv[b * 16 + n] = _cvtsh_ss(((const tm_block_q4_0 *)blk)->d);
+                } else {
+                    lo = _mm_shuffle_epi8(lut, lo);
+                    hi = _mm_shuffle_epi8(lut, hi);
+                    s->sv[b * 16 + n] = cpu_e8m0_half(((const tm_block_mxfp4 *)blk)->e);
+                }
+                _mm_storeu_si128((__m128i *)(dst + 32 * b), lo);
+                _mm_storeu_si128((__m128i *)(dst + 32 * b + 16), hi);
+            }
         } else {
-            const tm_block_q4_k *blk = (const tm_block_q4_k *)row;
-            const __m512i m4 = _mm512_set1_epi8(0xF);
+            const int q5 = kind == AMX_Q5_K;
+            const size_t bsize = q5 ? sizeof(tm_block_q5_k) : sizeof(tm_block_q4_k);
+            const __m512i m4 = _mm512_set1_epi8(0xF), b16 = _mm512_set1_epi8(16);
             for (int64_t b = 0; b < k / TM_QK_K; b++) {
-                __m512i q0 = _mm512_loadu_si512(blk[b].qs), q1 = _mm512_loadu_si512(blk[b].qs + 64);
+                const char *blkp = row + (size_t)b * bsize;
+                const tm_block_q4_k *b4 = (const tm_block_q4_k *)blkp;
+                const tm_block_q5_k *b5 = (const tm_block_q5_k *)blkp;
+                const uint8_t *qs = q5 ? b5->qs : b4->qs;
+                __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
                 __m512i l0 = _mm512_and_si512(q0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
                 __m512i l1 = _mm512_and_si512(q1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+                __m512i v[4] = {_mm512_shuffle_i64x2(l0, h0, 0x44), _mm512_shuffle_i64x2(l0, h0, 0xEE),
+                                _mm512_shuffle_i64x2(l1, h1, 0x44), _mm512_shuffle_i64x2(l1, h1, 0xEE)};
+                if (q5) { /* fifth bit: qh[l] bit j for value l of sub-block j */
+                    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b5->qh));
+                    for (int m = 0; m < 4; m++) {
+                        const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
+                                                                _mm256_set1_epi8((char)(2 << (2 * m))), 1);
+                        v[m] = _mm512_mask_add_epi8(v[m], _mm512_test_epi8_mask(qh, bits), v[m], b16);
+                    }
+                }
                 uint8_t *o = dst + TM_QK_K * b;
-                _mm512_storeu_si512(o + 0, _mm512_shuffle_i64x2(l0, h0, 0x44));   /* sub-blocks 0, 1 */
-                _mm512_storeu_si512(o + 64, _mm512_shuffle_i64x2(l0, h0, 0xEE));  /* 2, 3 */
-                _mm512_storeu_si512(o + 128, _mm512_shuffle_i64x2(l1, h1, 0x44)); /* 4, 5 */
-                _mm512_storeu_si512(o + 192, _mm512_shuffle_i64x2(l1, h1, 0xEE)); /* 6, 7 */
+                for (int m = 0; m < 4; m++) _mm512_storeu_si512(o + 64 * m, v[m]); /* sub-blocks 2m, 2m+1 */
                 uint8_t sm[16];
-                cpu_k4_unpack_scales(blk[b].scales, sm);
-                float d = _cvtsh_ss(blk[b].d), dmin = _cvtsh_ss(blk[b].dmin);
+                cpu_k4_unpack_scales(q5 ? b5->scales : b4->scales, sm);
+                float d = _cvtsh_ss(q5 ? b5->d : b4->d), dmin = _cvtsh_ss(q5 ? b5->dmin : b4->dmin);
                 for (int j = 0; j < 8; j++) {
                     s->sv[(8 * b + j) * 16 + n] = d * (float)sm[j];
                     s->mv[(8 * b + j) * 16 + n] = dmin * (float)sm[8 + j];
@@ -135,10 +172,10 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
                                _mm512_i32gather_epi32(idx, s->tmp + 32 * q + 4 * g, 1));
 }
 
-TM_AMX static void amx_gemm(int kind, int64_t k, const void *wv, size_t wrb, int64_t r0, int64_t r1,
+TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb, int64_t r0, int64_t r1,
                             const void *xqv, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32;
-    cpu_gemm_fn rest = cpu_gemm_avx512_get(kind == AMX_Q8_0 ? TM_TYPE_Q8_0 : TM_TYPE_Q4_K);
+    cpu_gemm_fn rest = cpu_gemm_avx512_get(type);
     if (n16 == 0 || amx_reserve(k, n16)) {
         rest(k, wv, wrb, r0, r1, xqv, xrb, n_tok, y, ldy);
         return;
@@ -149,7 +186,7 @@ TM_AMX static void amx_gemm(int kind, int64_t k, const void *wv, size_t wrb, int
     for (int64_t t = 0; t < n16; t++) {
         const char *xr = xq + (size_t)t * xrb;
         for (int64_t q = 0; q < ns; q++) {
-            if (kind == AMX_Q8_0) {
+            if (!AMX_IS_K(kind)) {
                 s->dxs[t * ns + q] = _cvtsh_ss(((const tm_block_q8_0 *)xr)[q].d);
             } else {
                 const tm_block_q8_k *xb = (const tm_block_q8_k *)xr + q / 8;
@@ -171,7 +208,7 @@ TM_AMX static void amx_gemm(int kind, int64_t k, const void *wv, size_t wrb, int
             for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
             const char *xa = xq + (size_t)t * xrb;
             for (int64_t q = 0; q < ns; q++) {
-                const char *abase = kind == AMX_Q8_0
+                const char *abase = !AMX_IS_K(kind)
                                         ? xa + q * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)
                                         : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) + offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
                 _tile_zero(0);
@@ -181,7 +218,7 @@ TM_AMX static void amx_gemm(int kind, int64_t k, const void *wv, size_t wrb, int
                 _tile_stored(0, cbuf, 64);
                 const __m512 sv = _mm512_load_ps(s->sv + q * 16);
                 const float *dx = s->dxs + t * ns + q;
-                if (kind == AMX_Q8_0) {
+                if (!AMX_IS_K(kind)) {
                     for (int m = 0; m < 16; m++)
                         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
                                                  _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
@@ -202,20 +239,24 @@ TM_AMX static void amx_gemm(int kind, int64_t k, const void *wv, size_t wrb, int
     if (n16 < n_tok) rest(k, wv, wrb, r0, r1, xq + (size_t)n16 * xrb, xrb, n_tok - n16, y + n16 * ldy, ldy);
 }
 
-TM_AMX static void amx_gemm_q8_0(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1, const void *xq,
-                                 size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
-    amx_gemm(AMX_Q8_0, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
-}
-
-TM_AMX static void amx_gemm_q4_k(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1, const void *xq,
-                                 size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
-    amx_gemm(AMX_Q4_K, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
-}
+#define AMX_ENTRY(name, kind, type)                                                                  \
+    TM_AMX static void amx_gemm_##name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,  \
+                                       const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) { \
+        amx_gemm(kind, type, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                             \
+    }
+AMX_ENTRY(q8_0, AMX_Q8_0, TM_TYPE_Q8_0)
+AMX_ENTRY(q4_0, AMX_Q4_0, TM_TYPE_Q4_0)
+AMX_ENTRY(mxfp4, AMX_MXFP4, TM_TYPE_MXFP4)
+AMX_ENTRY(q4_k, AMX_Q4_K, TM_TYPE_Q4_K)
+AMX_ENTRY(q5_k, AMX_Q5_K, TM_TYPE_Q5_K)
 
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
     switch (wtype) {
     case TM_TYPE_Q8_0: return amx_gemm_q8_0;
+    case TM_TYPE_Q4_0: return amx_gemm_q4_0;
+    case TM_TYPE_MXFP4: return amx_gemm_mxfp4;
     case TM_TYPE_Q4_K: return amx_gemm_q4_k;
+    case TM_TYPE_Q5_K: return amx_gemm_q5_k;
     default: return NULL;
     }
 }
