@@ -163,13 +163,32 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
             }
         }
     }
-    /* B tile of sub-block q: dword (group g, row n) = tmp[n][32q + 4g .. +3] */
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)k));
-    for (int64_t q = 0; q < ns; q++)
-        for (int g = 0; g < 8; g++)
-            _mm512_store_si512(s->b + q * 512 + g * 64,
-                               _mm512_i32gather_epi32(idx, s->tmp + 32 * q + 4 * g, 1));
+    /* B tile of sub-block q: dword (group g, row n) = tmp[n][32q + 4g .. +3], an
+     * 8 x 8 dword transpose done in both 256-bit halves at once (rows n and n+8) */
+    const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int64_t q = 0; q < ns; q++) {
+        __m512i z[8], t[8], u[8];
+        for (int i = 0; i < 8; i++)
+            z[i] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(s->tmp + (size_t)i * (size_t)k + 32 * q))),
+                _mm256_loadu_si256((const __m256i *)(s->tmp + (size_t)(i + 8) * (size_t)k + 32 * q)), 1);
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+        }
+        for (int h = 0; h < 8; h += 4) { /* rows h..h+3 */
+            u[h + 0] = _mm512_unpacklo_epi64(t[h], t[h + 2]);     /* dwords 0, 4 */
+            u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);     /* 1, 5 */
+            u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2, 6 */
+            u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3, 7 */
+        }
+        uint8_t *bt = s->b + q * 512;
+        for (int g = 0; g < 4; g++) {
+            _mm512_store_si512(bt + 64 * g, _mm512_permutex2var_epi64(u[g], lo_idx, u[g + 4]));
+            _mm512_store_si512(bt + 64 * (g + 4), _mm512_permutex2var_epi64(u[g], hi_idx, u[g + 4]));
+        }
+    }
 }
 
 TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb, int64_t r0, int64_t r1,

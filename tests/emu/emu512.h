@@ -94,6 +94,18 @@ EI E512 e_srlvw(E512 a, E512 c) { for (int i = 0; i < 32; i++) a.w[i] = (int16_t
 #define _mm512_srlv_epi16 e_srlvw
 EI E512 e_permw(E512 idx, E512 a) { E512 r; for (int i = 0; i < 32; i++) r.w[i] = a.w[idx.w[i] & 31]; return r; }
 #define _mm512_permutexvar_epi16 e_permw
+EI E512 e_unlo32(E512 a, E512 b) { E512 r; for (int l = 0; l < 4; l++) { r.d[4*l] = a.d[4*l]; r.d[4*l+1] = b.d[4*l]; r.d[4*l+2] = a.d[4*l+1]; r.d[4*l+3] = b.d[4*l+1]; } return r; }
+#define _mm512_unpacklo_epi32 e_unlo32
+EI E512 e_unhi32(E512 a, E512 b) { E512 r; for (int l = 0; l < 4; l++) { r.d[4*l] = a.d[4*l+2]; r.d[4*l+1] = b.d[4*l+2]; r.d[4*l+2] = a.d[4*l+3]; r.d[4*l+3] = b.d[4*l+3]; } return r; }
+#define _mm512_unpackhi_epi32 e_unhi32
+EI E512 e_unlo64(E512 a, E512 b) { E512 r; for (int l = 0; l < 4; l++) { r.q[2*l] = a.q[2*l]; r.q[2*l+1] = b.q[2*l]; } return r; }
+#define _mm512_unpacklo_epi64 e_unlo64
+EI E512 e_unhi64(E512 a, E512 b) { E512 r; for (int l = 0; l < 4; l++) { r.q[2*l] = a.q[2*l+1]; r.q[2*l+1] = b.q[2*l+1]; } return r; }
+#define _mm512_unpackhi_epi64 e_unhi64
+EI E512 e_p2v64(E512 a, E512 idx, E512 b) { E512 r; for (int i = 0; i < 8; i++) { int j = (int)(idx.q[i] & 15); r.q[i] = j < 8 ? a.q[j] : b.q[j - 8]; } return r; }
+#define _mm512_permutex2var_epi64 e_p2v64
+EI E512 e_setrq(long long a0, long long a1, long long a2, long long a3, long long a4, long long a5, long long a6, long long a7) { E512 r; long long v[8] = {a0,a1,a2,a3,a4,a5,a6,a7}; memcpy(r.q, v, 64); return r; }
+#define _mm512_setr_epi64 e_setrq
 #define __mmask64 uint64_t
 #define __mmask16 uint16_t
 /* AMX: tiles as arrays, config from the 64-byte block */
