@@ -30,6 +30,10 @@ typedef struct amx_scratch {
 
 static _Thread_local amx_scratch amx_tls;
 
+/* Row tiles packed per pass: each 16-token tile of activations is then read
+ * from memory once per 64 weight rows and reused from L1/L2 for the rest. */
+enum { AMX_SLOTS = 4 };
+
 static void *amx_grow(void *p, size_t bytes) {
     free(p);
     return aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -40,9 +44,9 @@ static int amx_reserve(int64_t k, int64_t n16) {
     size_t ns = (size_t)(k / 32);
     if ((size_t)k > s->cap_w) {
         s->tmp = amx_grow(s->tmp, 16 * (size_t)k);
-        s->b = amx_grow(s->b, ns * 512);
-        s->sv = amx_grow(s->sv, ns * 16 * sizeof(float));
-        s->mv = amx_grow(s->mv, ns * 16 * sizeof(float));
+        s->b = amx_grow(s->b, AMX_SLOTS * ns * 512);
+        s->sv = amx_grow(s->sv, AMX_SLOTS * ns * 16 * sizeof(float));
+        s->mv = amx_grow(s->mv, AMX_SLOTS * ns * 16 * sizeof(float));
         if (!s->tmp || !s->b || !s->sv || !s->mv) {
             s->cap_w = 0;
             return -1;
@@ -90,11 +94,13 @@ enum { AMX_Q8_0, AMX_Q4_0, AMX_MXFP4, AMX_Q4_K, AMX_Q5_K };
 
 /* Unpack rows r..r+nr-1 into tmp (16 x k s8, natural order; missing rows zero),
  * their per-sub-block factors into sv/mv, then transpose into B tiles. */
-TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t wrb, int64_t r, int nr) {
+TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t wrb, int64_t r, int nr,
+                                    int slot) {
     amx_scratch *s = &amx_tls;
     const int64_t ns = k / 32;
-    memset(s->sv, 0, (size_t)ns * 16 * sizeof(float));
-    memset(s->mv, 0, (size_t)ns * 16 * sizeof(float));
+    float *sv = s->sv + (size_t)slot * (size_t)ns * 16, *mv = s->mv + (size_t)slot * (size_t)ns * 16;
+    memset(sv, 0, (size_t)ns * 16 * sizeof(float));
+    memset(mv, 0, (size_t)ns * 16 * sizeof(float));
     for (int n = 0; n < 16; n++) {
         uint8_t *dst = s->tmp + (size_t)n * (size_t)k;
         if (n >= nr) {
@@ -106,7 +112,7 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
             const tm_block_q8_0 *blk = (const tm_block_q8_0 *)row;
             for (int64_t b = 0; b < ns; b++) {
                 _mm256_storeu_si256((__m256i *)(dst + 32 * b), _mm256_loadu_si256((const __m256i *)blk[b].qs));
-                s->sv[b * 16 + n] = _cvtsh_ss(blk[b].d);
+                sv[b * 16 + n] = _cvtsh_ss(blk[b].d);
             }
         } else if (kind == AMX_Q4_0 || kind == AMX_MXFP4) {
             const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
@@ -120,11 +126,11 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
                 if (kind == AMX_Q4_0) {
                     lo = _mm_sub_epi8(lo, eight);
                     hi = _mm_sub_epi8(hi, eight);
-                    s->sv[b * 16 + n] = _cvtsh_ss(((const tm_block_q4_0 *)blk)->d);
+                    sv[b * 16 + n] = _cvtsh_ss(((const tm_block_q4_0 *)blk)->d);
                 } else {
                     lo = _mm_shuffle_epi8(lut, lo);
                     hi = _mm_shuffle_epi8(lut, hi);
-                    s->sv[b * 16 + n] = cpu_e8m0_half(((const tm_block_mxfp4 *)blk)->e);
+                    sv[b * 16 + n] = cpu_e8m0_half(((const tm_block_mxfp4 *)blk)->e);
                 }
                 _mm_storeu_si128((__m128i *)(dst + 32 * b), lo);
                 _mm_storeu_si128((__m128i *)(dst + 32 * b + 16), hi);
@@ -157,8 +163,8 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
                 cpu_k4_unpack_scales(q5 ? b5->scales : b4->scales, sm);
                 float d = _cvtsh_ss(q5 ? b5->d : b4->d), dmin = _cvtsh_ss(q5 ? b5->dmin : b4->dmin);
                 for (int j = 0; j < 8; j++) {
-                    s->sv[(8 * b + j) * 16 + n] = d * (float)sm[j];
-                    s->mv[(8 * b + j) * 16 + n] = dmin * (float)sm[8 + j];
+                    sv[(8 * b + j) * 16 + n] = d * (float)sm[j];
+                    mv[(8 * b + j) * 16 + n] = dmin * (float)sm[8 + j];
                 }
             }
         }
@@ -183,7 +189,7 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
             u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2, 6 */
             u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3, 7 */
         }
-        uint8_t *bt = s->b + q * 512;
+        uint8_t *bt = s->b + ((size_t)slot * (size_t)ns + (size_t)q) * 512;
         for (int g = 0; g < 4; g++) {
             _mm512_store_si512(bt + 64 * g, _mm512_permutex2var_epi64(u[g], lo_idx, u[g + 4]));
             _mm512_store_si512(bt + 64 * (g + 4), _mm512_permutex2var_epi64(u[g], hi_idx, u[g + 4]));
@@ -217,12 +223,19 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
     }
     amx_configure();
     _Alignas(64) int32_t cbuf[256];
-    for (int64_t r = r0; r < r1; r += 16) {
-        int nr = (int)(r1 - r < 16 ? r1 - r : 16);
-        amx_pack_weights(kind, k, w, wrb, r, nr);
+    for (int64_t rg = r0; rg < r1; rg += 16 * AMX_SLOTS) {
+        int n_slots = 0;
+        for (int64_t r = rg; r < r1 && n_slots < AMX_SLOTS; r += 16, n_slots++)
+            amx_pack_weights(kind, k, w, wrb, r, (int)(r1 - r < 16 ? r1 - r : 16), n_slots);
         __asm__ volatile("" ::: "memory"); /* tileloadd's asm does not say it reads memory */
-        const __mmask16 mask = (__mmask16)((1u << nr) - 1);
-        for (int64_t t = 0; t < n16; t += 16) {
+        for (int64_t ts = 0; ts < n16 * n_slots; ts += 16) { /* token tiles outer, row tiles inner */
+            const int64_t t = ts / n_slots / 16 * 16;
+            const int slot = (int)(ts / 16 % n_slots);
+            const int64_t r = rg + 16 * slot;
+            const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
+            const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+            const uint8_t *bs = s->b + (size_t)slot * (size_t)ns * 512;
+            const float *svs = s->sv + (size_t)slot * (size_t)ns * 16, *mvs = s->mv + (size_t)slot * (size_t)ns * 16;
             __m512 acc[16];
             for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
             const char *xa = xq + (size_t)t * xrb;
@@ -232,17 +245,17 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
                                         : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) + offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
                 _tile_zero(0);
                 _tile_loadd(1, abase, (long)xrb);
-                _tile_loadd(2, s->b + q * 512, 64);
+                _tile_loadd(2, bs + q * 512, 64);
                 _tile_dpbssd(0, 1, 2);
                 _tile_stored(0, cbuf, 64);
-                const __m512 sv = _mm512_load_ps(s->sv + q * 16);
+                const __m512 sv = _mm512_load_ps(svs + q * 16);
                 const float *dx = s->dxs + t * ns + q;
                 if (!AMX_IS_K(kind)) {
                     for (int m = 0; m < 16; m++)
                         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
                                                  _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
                 } else {
-                    const __m512 mv = _mm512_load_ps(s->mv + q * 16);
+                    const __m512 mv = _mm512_load_ps(mvs + q * 16);
                     const float *bd = s->bsdx + t * ns + q;
                     for (int m = 0; m < 16; m++) {
                         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),

@@ -30,7 +30,7 @@ int main(void) {
     for (int ti = 0; ti < 6; ti++) for (int ki = 0; ki < 5; ki++) for (int nti = 0; nti < 6; nti++) {
         tm_type t = types[ti]; int64_t k = ks[ki], nt = toks[nti];
         if (quant_type_traits(t)->block_size == 256 && k % 256) continue;
-        int64_t rows = 37, r0 = 3, r1 = 35, ldy = rows + 2;
+        int64_t rows = 37 + 64 * (nti % 2), r0 = 3, r1 = rows - 2, ldy = rows + 2;
         size_t wrb = quant_row_size(t, k), xrb = cpu_act_row_size(t, k);
         uint8_t *w = malloc(wrb * rows); for (size_t i = 0; i < wrb * rows; i++) w[i] = (uint8_t)tm_rng_u64(&r);
         fixscales(t, w, wrb * rows, &r);
