@@ -290,6 +290,10 @@ static void run_type(tm_type t) {
         run_case(&r, t, &q);
         n_cases++;
     }
+    /* many rows: several row chunks and AMX passes of 64 rows, a partial last one */
+    gemm_case big = {bs == 1 ? 96 : 512, 150, 5, 147, 33, 0};
+    run_case(&r, t, &big);
+    n_cases++;
     printf("# %-5s %2d cases x %d levels: worst |y-ref|/bound %.3f, |y-dbl|/bound %.3f\n",
            quant_type_name(t), n_cases, n_levels, worst_a, worst_b);
 }
