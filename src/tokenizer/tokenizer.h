@@ -23,7 +23,8 @@
  * boundary (no pre-token or merge crosses it); SPM treats it like a character
  * missing from the vocabulary (byte fallback). Decoding gives the bytes back, so
  * tokenizer_decode(tokenizer_encode(s)) == s for any byte string (after NFC, for
- * vocabularies whose normalizer is NFC: Qwen2/3).
+ * vocabularies whose normalizer is NFC: Qwen2/3; for SPM, a U+2581 in the text
+ * comes back as a space, and a U+2581 follows every special token).
  *
  * A loaded tm_tokenizer is immutable: encode/decode may run from many threads. */
 #ifndef TM_TOKENIZER_TOKENIZER_H
