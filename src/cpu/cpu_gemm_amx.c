@@ -16,6 +16,7 @@
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #define TM_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
@@ -34,6 +35,25 @@ static _Thread_local amx_scratch amx_tls;
  * from memory once per 64 weight rows and reused from L1/L2 for the rest. */
 enum { AMX_SLOTS = 4 };
 
+/* Frees a pool thread's scratch when the thread ends (the key's value is only
+ * a non-NULL marker; the buffers live in the thread-local struct). */
+static pthread_key_t amx_key;
+static pthread_once_t amx_key_once = PTHREAD_ONCE_INIT;
+
+static void amx_scratch_free(void *unused) {
+    (void)unused;
+    amx_scratch *s = &amx_tls;
+    free(s->tmp);
+    free(s->b);
+    free(s->sv);
+    free(s->mv);
+    free(s->dxs);
+    free(s->bsdx);
+    memset(s, 0, sizeof *s);
+}
+
+static void amx_key_create(void) { pthread_key_create(&amx_key, amx_scratch_free); }
+
 static void *amx_grow(void *p, size_t bytes) {
     free(p);
     return aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -42,6 +62,10 @@ static void *amx_grow(void *p, size_t bytes) {
 static int amx_reserve(int64_t k, int64_t n16) {
     amx_scratch *s = &amx_tls;
     size_t ns = (size_t)(k / 32);
+    if (!s->cap_w && !s->cap_x) {
+        pthread_once(&amx_key_once, amx_key_create);
+        pthread_setspecific(amx_key, s);
+    }
     if ((size_t)k > s->cap_w) {
         s->tmp = amx_grow(s->tmp, 16 * (size_t)k);
         s->b = amx_grow(s->b, AMX_SLOTS * ns * 512);
