@@ -66,10 +66,11 @@ void cpu_matmul(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const voi
     int nth = cpu_pool_size(pool);
     if (n_tok >= 4 * nth) cpu_pool_for(pool, n_tok, (n_tok + nth - 1) / nth, matmul_quantize, &j);
     else matmul_quantize(&j, 0, n_tok, 0);
-    /* Chunks of 16 rows (whole tiles for every kernel), about 4 per thread so
-     * uneven threads even out, never tiny: each chunk rereads the activations. */
+    /* Whole 16-row tiles, about 4 chunks per thread so uneven threads even out;
+     * with many tokens at least 32 rows, since each chunk rereads the activations. */
     int64_t chunk = (rows + 4 * nth - 1) / (4 * nth);
-    if (chunk < 32) chunk = 32;
+    int64_t min_chunk = n_tok >= 16 ? 32 : 16;
+    if (chunk < min_chunk) chunk = min_chunk;
     chunk = (chunk + 15) / 16 * 16;
     cpu_pool_for(pool, rows, chunk, matmul_rows, &j);
 }
