@@ -1,6 +1,8 @@
 /* CPU element-wise and attention ops (see cpu_ops.h). */
 #include "cpu/cpu_ops.h"
 
+#include "core/log.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -25,17 +27,30 @@ void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
         for (i = 0; i < n; i++) y[i] = x[i] * scale;
 }
 
-void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base) {
-    const int64_t half = head_dim / 2;
-    for (int64_t i = 0; i < half; i++) {
+void cpu_rope_table(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos, float base) {
+    for (int64_t i = 0; i < head_dim / 2; i++) {
         /* Angles in double: at positions in the tens of thousands, float
          * angles lose the low bits that the rotation depends on. */
         double theta = (double)pos * pow((double)base, -2.0 * (double)i / (double)head_dim);
-        float c = (float)cos(theta), s = (float)sin(theta);
-        float a = x[i], b = x[i + half];
-        x[i] = a * c - b * s;
-        x[i + half] = a * s + b * c;
+        cos_out[i] = (float)cos(theta);
+        sin_out[i] = (float)sin(theta);
     }
+}
+
+void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t) {
+    const int64_t half = head_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos_t[i] - b * sin_t[i];
+        x[i + half] = a * sin_t[i] + b * cos_t[i];
+    }
+}
+
+void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base) {
+    float c[512], s[512];
+    TM_ASSERT(head_dim <= 1024);
+    cpu_rope_table(c, s, head_dim, pos, base);
+    cpu_rope_neox_table(x, head_dim, c, s);
 }
 
 void cpu_softmax(float *x, int64_t n) {

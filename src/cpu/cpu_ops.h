@@ -23,6 +23,12 @@ void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
  * theta_i = pos * base^(-2i/d). */
 void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base);
 
+/* The same rotation from a table: cos/sin[i] = cos/sin(theta_i) for one
+ * position, filled by cpu_rope_table (once per position, shared by every
+ * head and layer). */
+void cpu_rope_table(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos, float base);
+void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t);
+
 /* In-place softmax over n values; returns nothing, the sum is 1. */
 void cpu_softmax(float *x, int64_t n);
 

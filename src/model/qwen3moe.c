@@ -46,6 +46,7 @@ typedef struct qwen3moe_state {
     float *topk_w;
     float *moe_out;       /* [n_batch][n_embd] */
     float *attn_scratch;
+    float *rope_cos, *rope_sin; /* [n_batch][head_dim/2] for this chunk's positions */
     void *act;            /* quantized activations for model_matmul */
     tm_moe_worklist wl;
     tm_moe_cpu_lane *lane;
@@ -164,6 +165,8 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
         !(s->topk_ids = malloc(B * c->n_expert_used * sizeof(int32_t))) ||
         !(s->topk_w = malloc(B * c->n_expert_used * sizeof(float))) ||
         !(s->moe_out = malloc(B * E * sizeof(float))) || !(s->act = malloc(act)) ||
+        !(s->rope_cos = malloc(B * c->head_dim / 2 * sizeof(float))) ||
+        !(s->rope_sin = malloc(B * c->head_dim / 2 * sizeof(float))) ||
         !(s->attn_scratch = malloc((size_t)cpu_attention_scratch_floats(&as, ctx->n_ctx, nth) * sizeof(float))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory for activations of a %lld-token batch", (long long)B);
     return moe_cpu_lane_create(&s->lane);
@@ -173,7 +176,7 @@ static void qwen3moe_state_free(tm_context *ctx) {
     qwen3moe_state *s = ctx->state;
     free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->att), free(s->attn_out);
     free(s->router_logits), free(s->topk_ids), free(s->topk_w), free(s->moe_out), free(s->act);
-    free(s->attn_scratch);
+    free(s->attn_scratch), free(s->rope_cos), free(s->rope_sin);
     moe_worklist_free(&s->wl);
     moe_cpu_lane_free(s->lane);
     free(s);
@@ -185,17 +188,63 @@ static void emit(tm_context *ctx, const char *name, int layer, const void *data,
     if (ctx->params.cb) ctx->params.cb(ctx->params.cb_ud, name, layer, data, n_tok, n, is_int);
 }
 
+/* Per-token work of a layer, spread over the pool for prompt batches:
+ * rmsnorm of the residual stream, or q/k head norms + RoPE + KV store. */
+typedef struct qwen3moe_token_job {
+    tm_context *ctx;
+    const qwen3moe_layer *L;
+    uint32_t layer;
+    const float *norm_w; /* rmsnorm job: the gain; NULL: the q/k job */
+} qwen3moe_token_job;
+
+static void qwen3moe_token_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const qwen3moe_token_job *j = ud;
+    tm_context *ctx = j->ctx;
+    const tm_model_config *c = &ctx->model->cfg;
+    qwen3moe_state *s = ctx->state;
+    const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D, KV = (int64_t)c->n_head_kv * D;
+    const size_t kv_row = (size_t)KV * (ctx->params.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (int64_t t = begin; t < end; t++) {
+        if (j->norm_w) {
+            cpu_rmsnorm(s->h + t * E, s->x + t * E, j->norm_w, E, c->rms_eps);
+            continue;
+        }
+        const float *cs = s->rope_cos + t * (D / 2), *sn = s->rope_sin + t * (D / 2);
+        for (int64_t h = 0; h < c->n_head; h++) {
+            float *q = s->q + t * Q + h * D;
+            cpu_rmsnorm(q, q, (const float *)j->L->q_norm.data, D, c->rms_eps);
+            cpu_rope_neox_table(q, D, cs, sn);
+        }
+        for (int64_t h = 0; h < c->n_head_kv; h++) {
+            float *k = s->k + t * KV + h * D;
+            cpu_rmsnorm(k, k, (const float *)j->L->k_norm.data, D, c->rms_eps);
+            cpu_rope_neox_table(k, D, cs, sn);
+        }
+        const int64_t pos = ctx->n_past + t;
+        cpu_store_kv((uint8_t *)ctx->k_cache[j->layer] + (size_t)pos * kv_row, s->k + t * KV, ctx->params.kv_type, KV);
+        cpu_store_kv((uint8_t *)ctx->v_cache[j->layer] + (size_t)pos * kv_row, s->v + t * KV, ctx->params.kv_type, KV);
+    }
+    (void)ith;
+}
+
+static void qwen3moe_tokens_run(tm_context *ctx, qwen3moe_token_job *j, int64_t n_tok) {
+    if (n_tok == 1) qwen3moe_token_task(j, 0, 1, 0); /* not worth waking the pool */
+    else cpu_pool_for(ctx->pool, n_tok, 1, qwen3moe_token_task, j);
+}
+
 static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
                                   bool all_logits) {
     const tm_model_config *c = &ctx->model->cfg;
     const qwen3moe_weights *w = ctx->model->weights;
     qwen3moe_state *s = ctx->state;
     const int64_t E = c->n_embd, D = c->head_dim, H = c->n_head, HKV = c->n_head_kv;
-    const int64_t Q = H * D, KV = HKV * D, pos0 = ctx->n_past;
+    const int64_t pos0 = ctx->n_past;
     const tm_type kv_type = ctx->params.kv_type;
-    const size_t kv_row = (size_t)KV * (kv_type == TM_TYPE_F16 ? 2 : 4);
     uint64_t t0 = tm_time_ns(), t1;
     tm_status st;
+
+    for (int64_t t = 0; t < n_tok; t++) /* RoPE angles of this chunk, shared by every layer and head */
+        cpu_rope_table(s->rope_cos + t * (D / 2), s->rope_sin + t * (D / 2), D, pos0 + t, c->rope_base);
 
     for (int64_t t = 0; t < n_tok; t++) /* x = token_embd[tok] */
         quant_row_dequantize(w->token_embd.type, w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
@@ -207,27 +256,15 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
 
         /* attention */
         t0 = tm_time_ns();
-        for (int64_t t = 0; t < n_tok; t++)
-            cpu_rmsnorm(s->h + t * E, s->x + t * E, (const float *)L->attn_norm.data, E, c->rms_eps);
+        qwen3moe_token_job norm_job = {ctx, L, l, (const float *)L->attn_norm.data};
+        qwen3moe_tokens_run(ctx, &norm_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
         model_matmul(ctx, &L->wq, s->h, n_tok, s->q, s->act);
         model_matmul(ctx, &L->wk, s->h, n_tok, s->k, s->act);
         model_matmul(ctx, &L->wv, s->h, n_tok, s->v, s->act);
         model_prof_add(ctx, TM_PROF_ATTN_PROJ, t1, t0 = tm_time_ns());
-        for (int64_t t = 0; t < n_tok; t++) {
-            for (int64_t h = 0; h < H; h++) {
-                float *q = s->q + t * Q + h * D;
-                cpu_rmsnorm(q, q, (const float *)L->q_norm.data, D, c->rms_eps);
-                cpu_rope_neox(q, D, pos0 + t, c->rope_base);
-            }
-            for (int64_t h = 0; h < HKV; h++) {
-                float *k = s->k + t * KV + h * D;
-                cpu_rmsnorm(k, k, (const float *)L->k_norm.data, D, c->rms_eps);
-                cpu_rope_neox(k, D, pos0 + t, c->rope_base);
-            }
-            cpu_store_kv((uint8_t *)ctx->k_cache[l] + (size_t)(pos0 + t) * kv_row, s->k + t * KV, kv_type, KV);
-            cpu_store_kv((uint8_t *)ctx->v_cache[l] + (size_t)(pos0 + t) * kv_row, s->v + t * KV, kv_type, KV);
-        }
+        qwen3moe_token_job qk_job = {ctx, L, l, NULL};
+        qwen3moe_tokens_run(ctx, &qk_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
         tm_attention_shape as = {n_tok, pos0, H, HKV, D, 1.0f / sqrtf((float)D), kv_type};
         cpu_attention(ctx->pool, &as, s->q, ctx->k_cache[l], ctx->v_cache[l], s->att, s->attn_scratch);
@@ -238,8 +275,8 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
         emit(ctx, "attn_out", (int)l, s->attn_out, n_tok, E, false);
 
         /* mixture of experts */
-        for (int64_t t = 0; t < n_tok; t++)
-            cpu_rmsnorm(s->h + t * E, s->x + t * E, (const float *)L->ffn_norm.data, E, c->rms_eps);
+        norm_job.norm_w = (const float *)L->ffn_norm.data;
+        qwen3moe_tokens_run(ctx, &norm_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t1, t0 = tm_time_ns());
         model_matmul(ctx, &L->router, s->h, n_tok, s->router_logits, s->act);
         moe_router_select(&w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
