@@ -103,6 +103,22 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_f32_f16_avx2(const flo
     return r;
 }
 
+__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *q, const float *k, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), acc1);
+    }
+    acc0 = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++) r += q[i] * k[i];
+    return r;
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, float a,
                                                                     const tm_half *v, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
@@ -134,6 +150,9 @@ static int use_f16c(void) {
 }
 
 float cpu_dot_f32_kv(const float *q, const void *k, tm_type kv_type, int64_t n) {
+#ifdef TM_X86
+    if (kv_type == TM_TYPE_F32 && use_f16c()) return dot_f32_avx2(q, k, n);
+#endif
     if (kv_type == TM_TYPE_F32) {
         const float *kf = k;
         float s[8] = {0};
@@ -199,36 +218,62 @@ typedef struct attn_job {
 } attn_job;
 
 int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
-    /* batch: one score row per thread; split: per (head, chunk) a max, a sum and an accumulator */
-    int64_t per_thread = n_ctx + s->head_dim;
+    /* batch: a row and one score row per head of a group per thread; split: per (head,
+     * chunk) a max, a sum and an accumulator */
+    int64_t per_thread = (s->n_head / s->n_head_kv) * n_ctx + s->head_dim;
     int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
     return per_thread * (n_threads > 0 ? n_threads : 1) + s->n_head * chunks * (s->head_dim + 2);
 }
 
-/* One query row of one head against keys [0, n_kv). */
-static void attn_row(const attn_job *j, int64_t h, int64_t i, float *scores) {
+/* One query position against keys [0, n_kv) for all heads of one kv group:
+ * each cache row is converted to f32 once and used by every head of the
+ * group (8 for Qwen3-30B-A3B), which is what makes prompt attention cheap. */
+static void attn_group_row(const attn_job *j, int64_t g, int64_t i, float *scratch) {
     const tm_attention_shape *s = j->s;
-    const int64_t d = s->head_dim, g = h / (s->n_head / s->n_head_kv), n_kv = s->pos0 + i + 1;
-    const float *q = j->q + (i * s->n_head + h) * d;
-    float *o = j->out + (i * s->n_head + h) * d;
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + i + 1;
+    float *row = scratch, *scores = scratch + d; /* scores: [G][n_kv] */
     const size_t off = (size_t)g * d * j->kv_elem;
-    float m = -INFINITY;
+    float m[64];
+    for (int64_t h = 0; h < G; h++) m[h] = -INFINITY;
     for (int64_t t = 0; t < n_kv; t++) {
-        scores[t] = s->scale * cpu_dot_f32_kv(q, j->k + t * j->kv_row_bytes + off, s->kv_type, d);
-        m = scores[t] > m ? scores[t] : m;
+        const void *k = j->k + t * j->kv_row_bytes + off;
+        const float *kf = k;
+        if (s->kv_type != TM_TYPE_F32) {
+            memset(row, 0, (size_t)d * sizeof(float));
+            cpu_axpy_kv(row, 1.0f, k, s->kv_type, d);
+            kf = row;
+        }
+        for (int64_t h = 0; h < G; h++) {
+            const float *q = j->q + (i * s->n_head + g * G + h) * d;
+            float x = s->scale * cpu_dot_f32_kv(q, kf, TM_TYPE_F32, d);
+            scores[h * n_kv + t] = x;
+            m[h] = x > m[h] ? x : m[h];
+        }
     }
-    double sum = 0;
-    for (int64_t t = 0; t < n_kv; t++) sum += scores[t] = expf(scores[t] - m);
-    const float inv = (float)(1.0 / sum);
-    memset(o, 0, (size_t)d * sizeof(float));
-    for (int64_t t = 0; t < n_kv; t++)
-        cpu_axpy_kv(o, scores[t] * inv, j->v + t * j->kv_row_bytes + off, s->kv_type, d);
+    float inv[64];
+    for (int64_t h = 0; h < G; h++) {
+        double sum = 0;
+        for (int64_t t = 0; t < n_kv; t++) sum += scores[h * n_kv + t] = expf(scores[h * n_kv + t] - m[h]);
+        inv[h] = (float)(1.0 / sum);
+        memset(j->out + (i * s->n_head + g * G + h) * d, 0, (size_t)d * sizeof(float));
+    }
+    for (int64_t t = 0; t < n_kv; t++) {
+        const void *v = j->v + t * j->kv_row_bytes + off;
+        const float *vf = v;
+        if (s->kv_type != TM_TYPE_F32) {
+            memset(row, 0, (size_t)d * sizeof(float));
+            cpu_axpy_kv(row, 1.0f, v, s->kv_type, d);
+            vf = row;
+        }
+        for (int64_t h = 0; h < G; h++)
+            cpu_axpy(j->out + (i * s->n_head + g * G + h) * d, scores[h * n_kv + t] * inv[h], vf, d);
+    }
 }
 
 static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
-    float *scores = j->scratch + ith * j->scratch_per_thread;
-    for (int64_t w = begin; w < end; w++) attn_row(j, w % j->s->n_head, w / j->s->n_head, scores);
+    float *scratch = j->scratch + ith * j->scratch_per_thread;
+    for (int64_t w = begin; w < end; w++) attn_group_row(j, w % j->s->n_head_kv, w / j->s->n_head_kv, scratch);
 }
 
 /* Single query, one (head, key chunk): the chunk's max, sum of exponentials
@@ -291,14 +336,15 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
     const int nth = pool ? cpu_pool_size(pool) : 1;
     const int64_t n_ctx_used = s->pos0 + s->n_tok;
     j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
-    j.scratch_per_thread = n_ctx_used + s->head_dim;
+    j.scratch_per_thread = (s->n_head / s->n_head_kv) * n_ctx_used + s->head_dim;
     j.records = scratch + j.scratch_per_thread * nth;
     if (s->n_tok == 1 && s->pos0 + 1 > ATTN_KV_CHUNK) {
         j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
         cpu_pool_for(pool, s->n_head * j.n_chunks, 1, attn_split_task, &j);
         attn_split_merge(&j);
     } else {
-        cpu_pool_for(pool, s->n_head * s->n_tok, 1, attn_batch_task, &j);
+        TM_ASSERT(s->n_head / s->n_head_kv <= 64);
+        cpu_pool_for(pool, s->n_head_kv * s->n_tok, 1, attn_batch_task, &j);
     }
 }
 

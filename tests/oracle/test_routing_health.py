@@ -16,7 +16,8 @@ routing; the full 48-layer model is checked the same way by
 - skew s > 0: the measured expert popularity follows the requested Zipf law:
   the least-squares slope of log(count) against log(rank), over the ranks whose
   target frequency is below the cap, is within 0.15 of -s, and the measured
-  frequencies match synth_zipf_targets within sampling noise.
+  frequencies match synth_zipf_targets within sampling noise plus the spread that
+  random router row norms give each expert (see skew()).
 
 Routing comes from the C engine's own forward pass (tests/tools/forward_dump:
 prompt batch for the 64 tokens, then decode steps), so this also exercises it
@@ -116,10 +117,15 @@ def skew(s):
         held_out = np.bincount(a[half:].ravel(), minlength=E)[order] / (n_tok - half)
         fit = (target < 0.9) & (held_out > 0)
         slope = np.polyfit(np.log(ranks[fit]), np.log(held_out[fit]), 1)[0]
-        # sampling noise of a frequency f over n tokens: sqrt(f (1 - f) / n); allow 4 sigma plus
-        # 10% of the target for the calibration's own error and the residual stream's drift
-        sigma = np.sqrt(target * (1 - target) / n_tok)
-        worst = np.max(np.abs(freq - target) / (4 * sigma + 0.1 * target))
+        # held-out frequencies against the targets (sorting the measured counts themselves would
+        # push the top above and the tail below any target). Sampling noise of a frequency f over
+        # n tokens is sqrt(f (1 - f) / n): 4 sigma. On top, each expert has a popularity of its own
+        # that the calibration (which assumes i.i.d. Gaussian logits) does not see: random router
+        # rows differ in norm by +-sqrt(2/n_embd) = 9% at n_embd 256, which moves a top-8-of-128
+        # selection frequency by about 1.5x that in relative terms (~13% std; the skew-0 fit shows
+        # it as an exponent of ~0.13). Allow 25% of the target (about 2 std of that) for it.
+        sigma = np.sqrt(target * (1 - target) / (n_tok - half))
+        worst = np.max(np.abs(held_out - target) / (4 * sigma + 0.25 * target))
         print(f"    skew {s}: layer {l}: fitted exponent {-slope:.3f}, top-1 share {freq[0]:.2f} "
               f"(target {target[0]:.2f}), worst deviation {worst:.2f} of the allowance")
         if abs(-slope - s) > 0.15:
