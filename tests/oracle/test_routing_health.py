@@ -6,8 +6,7 @@ every token to the same few experts, and then every cache looks good. mkmodel
 scales its weights so that cannot happen; this test checks it on the real
 Qwen3-30B-A3B width (n_embd 2048, 128 experts, top-8, expert FFN 768, 32 heads
 of 128, 4 KV heads) with fewer layers and a smaller vocabulary (neither changes
-routing; the full 48-layer model is checked the same way by
-`bench/routing_health.sh` and reported in docs/mkmodel.md):
+routing; docs/mkmodel.md has the measurements):
 
 - skew 0: 64 random tokens reach >= 115 of 128 experts in every layer (uniform
   routing would reach 128 (1 - (1 - 8/128)^64) = 126 on average), and
