@@ -11,7 +11,9 @@
  *   byte-level vocabulary. Checked (abort() otherwise): decode(encode(x)) == x
  *   (for NFC vocabularies: encoding is idempotent on its own output), every id is
  *   in range, and the streaming decoder prints exactly decode().
- * Build and run: see fuzz/README.md (scripts/fuzz_tokenizer.sh). */
+ * Build: CC=clang cmake -S . -B build-fuzz -G Ninja -DTM_FUZZ=ON && cmake --build build-fuzz --target tokenizer_fuzz
+ * Run:   TM_FUZZ_VOCAB=qwen3.gguf:mistral.gguf build-fuzz/fuzz/tokenizer_fuzz -max_len=8192 WORKDIR fuzz/corpus/tokenizer
+ *        (GGUFs e.g. from tok_vocab_gguf; without TM_FUZZ_VOCAB a built-in vocabulary is used) */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +116,8 @@ static void roundtrip(const tm_tokenizer *t, const uint8_t *text, size_t len, in
     bool special = false;
     for (size_t i = 0; i < ids.n; i++) {
         tm_token_type ty = tokenizer_token_type(t, ids.ids[i]);
-        special |= ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED || ty == TM_TOKEN_TYPE_UNKNOWN;
+        special |= ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED || ty == TM_TOKEN_TYPE_UNKNOWN ||
+                   ids.ids[i] == tokenizer_specials(t).unk; /* SPM without byte tokens: <unk> loses the text */
     }
     if (t->normalize_nfc) {
         /* NFC changes the text: what must hold is that the decoded text encodes to itself */

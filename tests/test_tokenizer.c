@@ -379,7 +379,7 @@ static void test_load_errors(void **state) {
 
 /* ---- SentencePiece ---- */
 
-static tm_tokenizer *load_spm(bool with_merges, const char *name) {
+static tm_status write_spm(bool with_merges, bool drop_byte, const char *name) {
     /* 0 <unk> 1 <s> 2 </s> 3..258 <0xXX> 259 ▁ 260 a 261 b 262 ▁a 263 ab 264 ▁ab 265 c */
     const char *tok[266];
     char bytes[256][8];
@@ -389,7 +389,7 @@ static tm_tokenizer *load_spm(bool with_merges, const char *name) {
     tok[1] = "<s>", type[1] = TM_TOKEN_TYPE_CONTROL;
     tok[2] = "</s>", type[2] = TM_TOKEN_TYPE_CONTROL;
     for (int b = 0; b < 256; b++) {
-        snprintf(bytes[b], sizeof(bytes[b]), "<0x%02X>", b);
+        snprintf(bytes[b], sizeof(bytes[b]), drop_byte && b == 0x41 ? "<0x41!" : "<0x%02X>", b);
         tok[3 + b] = bytes[b];
         type[3 + b] = TM_TOKEN_TYPE_BYTE;
     }
@@ -414,8 +414,16 @@ static tm_tokenizer *load_spm(bool with_merges, const char *name) {
     assert_int_equal(gguf_writer_begin(w, p), TM_OK);
     assert_int_equal(gguf_writer_finish(w), TM_OK);
     gguf_writer_free(w);
+    tm_tokenizer *t = NULL;
+    tm_status st = tokenizer_load_file(p, &t);
+    tokenizer_free(t);
+    return st;
+}
+
+static tm_tokenizer *load_spm(bool with_merges, const char *name) {
+    assert_int_equal(write_spm(with_merges, false, name), TM_OK);
     tm_tokenizer *t;
-    assert_int_equal(tokenizer_load_file(p, &t), TM_OK);
+    assert_int_equal(tokenizer_load_file(tmp_path(name), &t), TM_OK);
     return t;
 }
 
@@ -443,6 +451,12 @@ static void test_spm(void **state) {
         tokenizer_tokens_free(&ids);
         tokenizer_free(t);
     }
+}
+
+static void test_spm_partial_bytes(void **state) {
+    (void)state;
+    assert_int_equal(write_spm(true, true, "spm_bad_bytes.gguf"), TM_ERR_FORMAT);
+    assert_non_null(strstr(tm_error_message(), "255 of the 256 byte tokens"));
 }
 
 static void test_chat_reply_content(void **state) {
@@ -476,6 +490,7 @@ int main(void) {
         cmocka_unit_test(test_nfc_for_qwen2),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_spm),
+        cmocka_unit_test(test_spm_partial_bytes),
         cmocka_unit_test(test_chat_reply_content),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -492,11 +492,17 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
         }
     } else {
         if ((st = merges ? load_merges(t, f, merges) : merges_from_scores(t, f))) return st;
+        unsigned n_bytes = 0;
         for (unsigned b = 0; b < 256; b++) {
             char name[8];
             snprintf(name, sizeof(name), "<0x%02X>", b);
             t->byte_token[b] = tok_vocab_find(t, name, 6);
+            n_bytes += t->byte_token[b] >= 0;
         }
+        /* byte fallback needs every byte, or none (then <unk> stands in) */
+        if (n_bytes != 0 && n_bytes != 256)
+            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: %u of the 256 byte tokens <0x00>..<0xFF>; "
+                                "byte fallback needs all of them", f->path, n_bytes);
         t->spm_space = tok_vocab_find(t, "\xe2\x96\x81", 3);
         t->spm_word_split = t->spm_space >= 0;
         for (uint32_t id = 0; id < t->n_tokens && t->spm_word_split; id++) {
