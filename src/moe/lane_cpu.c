@@ -4,7 +4,8 @@
  * in expert-major lists, a single slot in token-major ones). Three steps, the
  * first two spread over the pool as (run, projection, row chunk) items so
  * eight experts of one decode token keep every core busy:
- *   1. G = gate·x, U = up·x     for each run's tokens (activations quantized once per token)
+ *   1. G = gate·x, U = up·x     for each run's tokens (activations quantized once per
+ *      token, then copied next to the other tokens of each run)
  *   2. H = act(G, U) quantized; O = down·H
  *   3. y[token] += weight · O[slot]
  * Weights are read once per run: once per batch for prompts. */
@@ -27,14 +28,17 @@ typedef struct lane_item {
     int64_t r0, r1;
 } lane_item;
 
+enum { LANE_GATE, LANE_UP, LANE_DOWN, LANE_PROJ };
+
 struct tm_moe_cpu_lane {
     /* scratch, grown on demand and kept between steps */
     lane_run *runs;
     lane_item *items;
-    uint8_t *xq_gate, *xq_up; /* gathered activation rows per slot */
-    uint8_t *hq;              /* quantized H rows per slot */
-    float *g, *u, *o, *xf;    /* G, U [slots][n_ff]; O [slots][n_embd]; gathered f32 x (precise) */
-    size_t cap_runs, cap_items, cap_xq_gate, cap_xq_up, cap_hq, cap_g, cap_u, cap_o, cap_xf;
+    uint8_t *xq_tok[2]; /* activation rows per token, for gate and up (up unused when they share a type) */
+    uint8_t *xq[LANE_PROJ]; /* product inputs per slot: gathered x rows (gate, up), quantized H (down) */
+    float *out[LANE_PROJ];  /* G, U [slots][n_ff]; O [slots][n_embd] */
+    float *xf;              /* gathered f32 x (precise path) */
+    size_t cap_runs, cap_items, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
 };
 
 tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
@@ -44,8 +48,8 @@ tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
 
 void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
-    free(l->runs), free(l->items), free(l->xq_gate), free(l->xq_up), free(l->hq);
-    free(l->g), free(l->u), free(l->o), free(l->xf);
+    free(l->runs), free(l->items), free(l->xq_tok[0]), free(l->xq_tok[1]), free(l->xf);
+    for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
 }
 
@@ -57,80 +61,75 @@ static int lane_grow(void **p, size_t *cap, size_t need) {
     return 1;
 }
 
-typedef struct lane_job {
+/* What every task of one lane step needs. */
+typedef struct lane_step {
     const tm_moe_experts *ex;
     tm_moe_cpu_lane *l;
-    const uint8_t *xq_up; /* the gate's rows when both projections share an activation type */
-    size_t xq_gate_bytes, xq_up_bytes, hq_bytes; /* bytes per quantized row */
-} lane_job;
+    const tm_moe_slot *slots;
+    const float *x;
+    const tm_moe_matrix *m[LANE_PROJ];
+    int64_t k[LANE_PROJ];       /* row length of each projection */
+    int64_t rows[LANE_PROJ];    /* output rows of each projection */
+    size_t xq_bytes[LANE_PROJ]; /* bytes of one quantized input row of each projection */
+    int shared_act;             /* gate and up read the same activation rows */
+} lane_step;
 
 static void lane_item_task(void *ctx, int64_t begin, int64_t end, int ith) {
-    const lane_job *j = ctx;
-    const tm_moe_experts *ex = j->ex;
-    tm_moe_cpu_lane *l = j->l;
+    const lane_step *st = ctx;
+    const tm_moe_cpu_lane *l = st->l;
     for (int64_t i = begin; i < end; i++) {
         const lane_item *it = &l->items[i];
         const lane_run *run = &l->runs[it->run];
-        const int64_t n = run->s1 - run->s0;
-        const tm_moe_matrix *m = it->proj == 0 ? &ex->gate : it->proj == 1 ? &ex->up : &ex->down;
-        const uint8_t *w = m->data + (size_t)run->expert * m->expert_stride;
-        if (it->proj == 0)
-            cpu_gemm(m->type, ex->n_embd, w, m->row_bytes, it->r0, it->r1,
-                     l->xq_gate + run->s0 * j->xq_gate_bytes, j->xq_gate_bytes, n,
-                     l->g + run->s0 * ex->n_ff, ex->n_ff);
-        else if (it->proj == 1)
-            cpu_gemm(m->type, ex->n_embd, w, m->row_bytes, it->r0, it->r1,
-                     j->xq_up + run->s0 * j->xq_up_bytes, j->xq_up_bytes, n,
-                     l->u + run->s0 * ex->n_ff, ex->n_ff);
-        else
-            cpu_gemm(m->type, ex->n_ff, w, m->row_bytes, it->r0, it->r1,
-                     l->hq + run->s0 * j->hq_bytes, j->hq_bytes, n, l->o + run->s0 * ex->n_embd,
-                     ex->n_embd);
+        const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
+        const tm_moe_matrix *m = st->m[p];
+        cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes, it->r0,
+                 it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in], run->s1 - run->s0,
+                 l->out[p] + run->s0 * st->rows[p], st->rows[p]);
     }
     (void)ith;
 }
 
 /* Items for projections [p0, p1] of every run. */
-static int64_t lane_items_build(tm_moe_cpu_lane *l, int64_t n_runs, int p0, int p1, int64_t rows_gu,
-                                int64_t rows_down) {
+static int64_t lane_items_build(const lane_step *st, int64_t n_runs, int p0, int p1) {
     int64_t n = 0;
     for (int64_t r = 0; r < n_runs; r++)
-        for (int p = p0; p <= p1; p++) {
-            const int64_t rows = p == 2 ? rows_down : rows_gu;
-            for (int64_t r0 = 0; r0 < rows; r0 += LANE_ROW_CHUNK)
-                l->items[n++] = (lane_item){(int32_t)r, p, r0, r0 + LANE_ROW_CHUNK < rows ? r0 + LANE_ROW_CHUNK : rows};
-        }
+        for (int p = p0; p <= p1; p++)
+            for (int64_t r0 = 0; r0 < st->rows[p]; r0 += LANE_ROW_CHUNK)
+                st->l->items[n++] = (lane_item){(int32_t)r, p, r0,
+                                                r0 + LANE_ROW_CHUNK < st->rows[p] ? r0 + LANE_ROW_CHUNK : st->rows[p]};
     return n;
 }
 
-typedef struct lane_act_job {
-    const tm_moe_experts *ex;
-    tm_moe_cpu_lane *l;
-    const tm_moe_slot *slots;
-    const float *x;
-    size_t xq_gate_bytes, xq_up_bytes, hq_bytes;
-    int same_act; /* gate and up share activation rows */
-} lane_act_job;
-
-static void lane_gather_task(void *ctx, int64_t begin, int64_t end, int ith) {
-    const lane_act_job *j = ctx;
-    const int64_t E = j->ex->n_embd;
-    for (int64_t s = begin; s < end; s++) {
-        const float *x = j->x + (int64_t)j->slots[s].token * E;
-        cpu_act_quantize(j->ex->gate.type, x, j->l->xq_gate + s * j->xq_gate_bytes, E);
-        if (!j->same_act) cpu_act_quantize(j->ex->up.type, x, j->l->xq_up + s * j->xq_up_bytes, E);
+/* Quantize each token's row once for gate (and up, when its type differs). */
+static void lane_quantize_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const lane_step *st = ctx;
+    const int64_t E = st->ex->n_embd;
+    for (int64_t t = begin; t < end; t++) {
+        cpu_act_quantize(st->m[LANE_GATE]->type, st->x + t * E, st->l->xq_tok[0] + t * st->xq_bytes[LANE_GATE], E);
+        if (!st->shared_act)
+            cpu_act_quantize(st->m[LANE_UP]->type, st->x + t * E, st->l->xq_tok[1] + t * st->xq_bytes[LANE_UP], E);
     }
     (void)ith;
 }
 
+/* Copy each slot's token row next to the other rows of its run. */
+static void lane_gather_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const lane_step *st = ctx;
+    for (int64_t s = begin; s < end; s++)
+        for (int p = LANE_GATE; p <= (st->shared_act ? LANE_GATE : LANE_UP); p++)
+            memcpy(st->l->xq[p] + s * st->xq_bytes[p],
+                   st->l->xq_tok[p] + (int64_t)st->slots[s].token * st->xq_bytes[p], st->xq_bytes[p]);
+    (void)ith;
+}
+
 static void lane_swiglu_task(void *ctx, int64_t begin, int64_t end, int ith) {
-    const lane_act_job *j = ctx;
-    const int64_t F = j->ex->n_ff;
-    tm_moe_cpu_lane *l = j->l;
+    const lane_step *st = ctx;
+    const int64_t F = st->ex->n_ff;
+    tm_moe_cpu_lane *l = st->l;
     for (int64_t s = begin; s < end; s++) {
-        float *g = l->g + s * F;
-        cpu_swiglu(g, g, l->u + s * F, F);
-        cpu_act_quantize(j->ex->down.type, g, l->hq + s * j->hq_bytes, F);
+        float *g = l->out[LANE_GATE] + s * F;
+        cpu_swiglu(g, g, l->out[LANE_UP] + s * F, F);
+        cpu_act_quantize(st->m[LANE_DOWN]->type, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN], F);
     }
     (void)ith;
 }
@@ -146,14 +145,15 @@ static tm_status lane_run_precise(tm_moe_cpu_lane *l, tm_pool *pool, const tm_mo
             memcpy(l->xf + (s - run->s0) * E, x + (int64_t)slots[s].token * E, (size_t)E * sizeof(float));
         tm_status st;
         const size_t e = (size_t)run->expert;
+        float *g = l->out[LANE_GATE], *u = l->out[LANE_UP];
         if ((st = cpu_matmul_precise(pool, ex->gate.type, E, F, ex->gate.data + e * ex->gate.expert_stride,
-                                     ex->gate.row_bytes, l->xf, n, l->g + run->s0 * F)) ||
+                                     ex->gate.row_bytes, l->xf, n, g + run->s0 * F)) ||
             (st = cpu_matmul_precise(pool, ex->up.type, E, F, ex->up.data + e * ex->up.expert_stride,
-                                     ex->up.row_bytes, l->xf, n, l->u + run->s0 * F)))
+                                     ex->up.row_bytes, l->xf, n, u + run->s0 * F)))
             return st;
-        for (int64_t s = run->s0; s < run->s1; s++) cpu_swiglu(l->g + s * F, l->g + s * F, l->u + s * F, F);
+        for (int64_t s = run->s0; s < run->s1; s++) cpu_swiglu(g + s * F, g + s * F, u + s * F, F);
         if ((st = cpu_matmul_precise(pool, ex->down.type, F, E, ex->down.data + e * ex->down.expert_stride,
-                                     ex->down.row_bytes, l->g + run->s0 * F, n, l->o + run->s0 * E)))
+                                     ex->down.row_bytes, g + run->s0 * F, n, l->out[LANE_DOWN] + run->s0 * E)))
             return st;
     }
     return TM_OK;
@@ -162,7 +162,7 @@ static tm_status lane_run_precise(tm_moe_cpu_lane *l, tm_pool *pool, const tm_mo
 tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_experts *ex,
                            const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
                            float *y, bool precise) {
-    const int64_t n = s1 - s0, E = ex->n_embd, F = ex->n_ff;
+    const int64_t n = s1 - s0, E = ex->n_embd, F = ex->n_ff, n_tok = wl->n_tok;
     if (n <= 0) return TM_OK;
     const tm_moe_slot *slots = wl->slots + s0;
 
@@ -178,40 +178,42 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         l->runs[n_runs++] = (lane_run){s, s + 1, slots[s].expert};
     }
 
-    lane_act_job aj = {
+    lane_step st = {
         .ex = ex, .l = l, .slots = slots, .x = x,
-        .xq_gate_bytes = cpu_act_row_size(ex->gate.type, E),
-        .xq_up_bytes = cpu_act_row_size(ex->up.type, E),
-        .hq_bytes = cpu_act_row_size(ex->down.type, F),
-        .same_act = cpu_act_type(ex->gate.type) == cpu_act_type(ex->up.type),
+        .m = {&ex->gate, &ex->up, &ex->down},
+        .k = {E, E, F},
+        .rows = {F, F, E},
+        .xq_bytes = {cpu_act_row_size(ex->gate.type, E), cpu_act_row_size(ex->up.type, E),
+                     cpu_act_row_size(ex->down.type, F)},
+        .shared_act = cpu_act_type(ex->gate.type) == cpu_act_type(ex->up.type),
     };
-    const int64_t items_max = n_runs * (2 * ((F + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK) +
-                                        (E + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK);
-    if (!lane_grow((void **)&l->g, &l->cap_g, (size_t)(n * F) * sizeof(float)) ||
-        !lane_grow((void **)&l->u, &l->cap_u, (size_t)(n * F) * sizeof(float)) ||
-        !lane_grow((void **)&l->o, &l->cap_o, (size_t)(n * E) * sizeof(float)) ||
-        !lane_grow((void **)&l->items, &l->cap_items, (size_t)items_max * sizeof(lane_item)) ||
-        !lane_grow((void **)&l->xq_gate, &l->cap_xq_gate, (size_t)n * aj.xq_gate_bytes) ||
-        !lane_grow((void **)&l->xq_up, &l->cap_xq_up, (size_t)n * aj.xq_up_bytes) ||
-        !lane_grow((void **)&l->hq, &l->cap_hq, (size_t)n * aj.hq_bytes) ||
-        (precise && !lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float))))
-        return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
+    int64_t items_max = 0;
+    for (int p = 0; p < LANE_PROJ; p++) items_max += n_runs * ((st.rows[p] + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK);
+    int ok = lane_grow((void **)&l->items, &l->cap_items, (size_t)items_max * sizeof(lane_item));
+    for (int p = 0; ok && p < LANE_PROJ; p++)
+        ok = lane_grow((void **)&l->out[p], &l->cap_out[p], (size_t)(n * st.rows[p]) * sizeof(float)) &&
+             (p == LANE_UP && st.shared_act ? 1 : lane_grow((void **)&l->xq[p], &l->cap_xq[p], (size_t)n * st.xq_bytes[p]));
+    for (int p = 0; ok && p < (st.shared_act ? 1 : 2); p++)
+        ok = lane_grow((void **)&l->xq_tok[p], &l->cap_xq_tok[p], (size_t)n_tok * st.xq_bytes[p]);
+    if (ok && precise) ok = lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float));
+    if (!ok) return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
+
     if (precise) {
-        tm_status st = lane_run_precise(l, pool, ex, slots, n_runs, x);
-        if (st != TM_OK) return st;
+        tm_status rc = lane_run_precise(l, pool, ex, slots, n_runs, x);
+        if (rc != TM_OK) return rc;
     } else {
-        lane_job j = {ex, l, aj.same_act ? l->xq_gate : l->xq_up,
-                      aj.xq_gate_bytes, aj.same_act ? aj.xq_gate_bytes : aj.xq_up_bytes, aj.hq_bytes};
-        cpu_pool_for(pool, n, 8, lane_gather_task, &aj);
-        int64_t ni = lane_items_build(l, n_runs, 0, 1, F, E);
-        cpu_pool_for(pool, ni, 1, lane_item_task, &j);
-        cpu_pool_for(pool, n, 8, lane_swiglu_task, &aj);
-        ni = lane_items_build(l, n_runs, 2, 2, F, E);
-        cpu_pool_for(pool, ni, 1, lane_item_task, &j);
+        /* a decode step has one token and k copies: cheaper here than waking the pool */
+        if (n_tok == 1) lane_quantize_task(&st, 0, 1, 0);
+        else cpu_pool_for(pool, n_tok, 4, lane_quantize_task, &st);
+        if (n <= 16) lane_gather_task(&st, 0, n, 0);
+        else cpu_pool_for(pool, n, 16, lane_gather_task, &st);
+        cpu_pool_for(pool, lane_items_build(&st, n_runs, LANE_GATE, LANE_UP), 1, lane_item_task, &st);
+        cpu_pool_for(pool, n, 8, lane_swiglu_task, &st);
+        cpu_pool_for(pool, lane_items_build(&st, n_runs, LANE_DOWN, LANE_DOWN), 1, lane_item_task, &st);
     }
 
     /* merge into y; slots of one token may sit anywhere, so this stays serial per slot */
     for (int64_t s = 0; s < n; s++)
-        cpu_axpy(y + (int64_t)slots[s].token * E, slots[s].weight, l->o + s * E, E);
+        cpu_axpy(y + (int64_t)slots[s].token * E, slots[s].weight, l->out[LANE_DOWN] + s * E, E);
     return TM_OK;
 }
