@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "core/timing.h"
 #include "cpu/cpu.h"
+#include "cpu/cpu_ops.h"
 #include "gguf/gguf.h"
 
 /* Scales that keep token identity in the residual stream (see synth.h). */
@@ -75,7 +76,7 @@ tm_status synth_config_validate(const tm_synth_config *c) {
         {"n-layer", c->n_layer, 1, 1024},        {"n-embd", c->n_embd, 2, 65536},
         {"n-head", c->n_head, 1, 1024},          {"n-head-kv", c->n_head_kv, 1, 1024},
         {"head-dim", c->head_dim, 2, 1024},      {"n-expert", c->n_expert, 1, 1024},
-        {"n-expert-used", c->n_expert_used, 1, 1024}, {"n-ff-exp", c->n_ff_exp, 1, 1 << 20},
+        {"n-expert-used", c->n_expert_used, 1, 32}, {"n-ff-exp", c->n_ff_exp, 1, 1 << 20},
         {"n-vocab", c->n_vocab, 1, 1 << 24},     {"n-ctx", c->n_ctx, 1, 1 << 24},
     };
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
@@ -126,18 +127,6 @@ void synth_zipf_targets(uint32_t n_expert, uint32_t k, double s, double *target)
     }
 }
 
-/* Indices of the k largest of v[n] (k small). */
-static void synth_topk(const float *v, uint32_t n, uint32_t k, uint32_t *idx) {
-    float best[64];
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (m == k && v[i] <= best[k - 1]) continue;
-        uint32_t j = m < k ? m++ : k - 1;
-        while (j > 0 && best[j - 1] < v[i]) best[j] = best[j - 1], idx[j] = idx[j - 1], j--;
-        best[j] = v[i], idx[j] = i;
-    }
-}
-
 /* Biases by popularity rank so top-k of (bias + N(0, noise^2)) selects rank r
  * with frequency target[r]. Fixed noise samples keep it deterministic. */
 static tm_status synth_calibrate_bias(uint32_t n_expert, uint32_t k, double s, uint64_t seed,
@@ -157,12 +146,12 @@ static tm_status synth_calibrate_bias(uint32_t n_expert, uint32_t k, double s, u
     tm_rng rng;
     tm_rng_seed(&rng, seed ^ 0x5eed0b1a5ull);
     for (size_t i = 0; i < (size_t)M * n_expert; i++) noise[i] = SYNTH_ROUTER_NOISE * tm_rng_normal(&rng);
-    uint32_t idx[64];
+    int32_t idx[64];
     for (int it = 0; it < ITERS; it++) {
         memset(count, 0, n_expert * sizeof(uint32_t));
         for (int m = 0; m < M; m++) {
             for (uint32_t e = 0; e < n_expert; e++) logit[e] = bias_by_rank[e] + noise[(size_t)m * n_expert + e];
-            synth_topk(logit, n_expert, k, idx);
+            cpu_topk(logit, n_expert, k, idx);
             for (uint32_t j = 0; j < k; j++) count[idx[j]]++;
         }
         for (uint32_t e = 0; e < n_expert; e++) {
