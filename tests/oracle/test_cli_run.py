@@ -15,7 +15,6 @@
 import os
 import subprocess
 import sys
-import tempfile
 
 try:
     import numpy as np
@@ -24,21 +23,8 @@ except ImportError:
     print("numpy or gguf not installed: skipping")
     sys.exit(77)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+from oracle_common import TIERMOE, TMP, check, finish  # noqa: E402
 import qwen3moe_ref as ref  # noqa: E402
-
-BIN = os.environ.get("TM_BIN_DIR", "build")
-TMP = os.environ.get("TM_TEST_TMP") or tempfile.mkdtemp()
-os.makedirs(TMP, exist_ok=True)
-TIERMOE = os.path.join(BIN, "tiermoe")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
 
 
 def tm(*args):
@@ -139,11 +125,7 @@ def main():
     check(all("±" in l for l in rows), "bench rows lack mean ± stddev")
     print(f"  bench: {len(rows)} rows")
 
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("run and bench behave")
-    return 0
+    return finish("run and bench behave")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,7 @@ Tolerances (relative L2 error of a tensor, ||ours - ref|| / ||ref||):
   later-layer values are not compared.
 """
 import os
-import subprocess
 import sys
-import tempfile
 
 try:
     import numpy as np
@@ -43,32 +41,16 @@ except ImportError:
     print("numpy or gguf not installed: skipping")
     sys.exit(77)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+from oracle_common import DATA, TIERMOE, TMP, TOOLS, failures, finish, run  # noqa: E402
 import qwen3moe_ref as ref  # noqa: E402
 
-BIN = os.environ.get("TM_BIN_DIR", "build")
-TOOLS = os.environ.get("TM_TOOLS_DIR", os.path.join(BIN, "tests"))
-DATA = os.environ.get("TM_TEST_DATA", os.path.join(HERE, "..", "data"))
-TMP = os.environ.get("TM_TEST_TMP") or tempfile.mkdtemp()
-os.makedirs(TMP, exist_ok=True)
 
 TOL_PRECISE = 1e-5
 TOL_QUANT = 0.04
 
-failures = []
-
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
-    return r.stdout
-
-
 def mkmodel(name, *flags):
     path = os.path.join(TMP, name + ".gguf")
-    run([os.path.join(BIN, "tiermoe"), "mkmodel", "--preset", "tiny", "-q", "-o", path, *flags])
+    run([TIERMOE, "mkmodel", "--preset", "tiny", "-q", "-o", path, *flags])
     return path
 
 
@@ -190,11 +172,7 @@ def main():
         failures.append(f"prompt batch 5 vs 12: {last} rel err {err:.3e} > 1e-6")
     print(f"  thread count and batch size invariance checked (batch 5 vs 12 rel err {err:.1e})")
 
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("forward pass matches the references")
-    return 0
+    return finish("forward pass matches the references")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 
 try:
     import numpy as np
@@ -27,17 +26,7 @@ except ImportError:
     print("numpy or gguf not installed: skipping")
     sys.exit(77)
 
-BIN = os.environ.get("TM_BIN_DIR", "build")
-TMP = os.environ.get("TM_TEST_TMP") or tempfile.mkdtemp()
-os.makedirs(TMP, exist_ok=True)
-TIERMOE = os.path.join(BIN, "tiermoe")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
+from oracle_common import TIERMOE, TMP, check, finish  # noqa: E402
 
 
 def mk(name, *flags, expect=0):
@@ -143,11 +132,7 @@ def main():
     check(res.returncode == 1 and "missing.gguf" in res.stderr, f"inspect of a missing file: {res.stderr}")
     check(not os.path.exists(os.path.join(TMP, "bad.gguf")), "a failed mkmodel left a file behind")
 
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("mkmodel and inspect agree with the gguf package")
-    return 0
+    return finish("mkmodel and inspect agree with the gguf package")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ prompt batch for the 64 tokens, then decode steps), so this also exercises it
 at full width.
 """
 import os
-import subprocess
 import sys
-import tempfile
 
 try:
     import numpy as np
@@ -34,22 +32,9 @@ except ImportError:
     print("numpy or gguf not installed: skipping")
     sys.exit(77)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+from oracle_common import TIERMOE, TMP, TOOLS, failures, finish, run  # noqa: E402
 import qwen3moe_ref as ref  # noqa: E402
-
-BIN = os.environ.get("TM_BIN_DIR", "build")
-TOOLS = os.environ.get("TM_TOOLS_DIR", os.path.join(BIN, "tests"))
-TMP = os.environ.get("TM_TEST_TMP") or tempfile.mkdtemp()
-os.makedirs(TMP, exist_ok=True)
-failures = []
-
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
-    return r.stdout
+from routing_health import zipf_targets  # noqa: E402
 
 
 def routing(model, tokens, n_prompt):
@@ -61,29 +46,14 @@ def routing(model, tokens, n_prompt):
     return [np.asarray(d[f"blk.{l}.topk_ids"], dtype=np.int64) for l in layers]
 
 
-def zipf_targets(n_expert, k, s, cap=0.9):
-    """The selection frequencies mkmodel aims for (synth_zipf_targets in src/model/synth.c)."""
-    t = np.arange(1, n_expert + 1, dtype=np.float64) ** -s
-    t *= k / t.sum()
-    for _ in range(64):
-        over = t > cap
-        excess = (t[over] - cap).sum()
-        if excess <= 1e-12:
-            break
-        t[over] = cap
-        free = t < cap
-        t[free] += excess * t[free] / t[free].sum()
-    return t
-
-
 def health():
     path = os.path.join(TMP, "health.gguf")
-    run([os.path.join(BIN, "tiermoe"), "mkmodel", "--preset", "30b-a3b", "--n-layer", "4", "--n-vocab", "4096",
+    run([TIERMOE, "mkmodel", "--preset", "30b-a3b", "--n-layer", "4", "--n-vocab", "4096",
          "--type-embd", "q8_0", "-q", "-o", path])
     rng = np.random.default_rng(11)
     tokens = rng.integers(0, 4096, 96).tolist()
     ids = routing(path, tokens, 64)  # 64 prompt tokens, then 32 decode steps
-    k, E = ids[0].shape[1], 128
+    k = ids[0].shape[1]
     print(f"  width 2048, 128 experts top-{k}, {len(ids)} layers, 64 prompt tokens + 32 decode steps")
     for l, a in enumerate(ids):
         reached = len(np.unique(a[:64]))
@@ -100,12 +70,12 @@ def health():
 def skew(s):
     path = os.path.join(TMP, f"skew{s}.gguf")
     E, k = 128, 8
-    run([os.path.join(BIN, "tiermoe"), "mkmodel", "--preset", "tiny", "--n-expert", str(E), "--n-expert-used",
+    run([TIERMOE, "mkmodel", "--preset", "tiny", "--n-expert", str(E), "--n-expert-used",
          str(k), "--n-layer", "2", "--skew", str(s), "-q", "-o", path])
     rng = np.random.default_rng(int(s * 100) + 3)
     n_tok = 2048
     tokens = rng.integers(0, 1024, n_tok).tolist()
-    target = zipf_targets(E, k, s)
+    target = zipf_targets(E, k, s, cap=0.9)  # mkmodel caps a frequency at 0.9 (synth.c)
     half = n_tok // 2
     for l, a in enumerate(routing(path, tokens, n_tok)):
         freq = np.sort(np.bincount(a.ravel(), minlength=E))[::-1] / n_tok
@@ -138,11 +108,7 @@ def main():
     health()
     for s in (0.0, 0.6, 1.2):
         skew(s)
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("routing is healthy and follows the requested skew")
-    return 0
+    return finish("routing is healthy and follows the requested skew")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""What the oracle tests share: where CTest puts the binaries and data, a
+temporary folder, running a tool, and collecting failures so a test reports
+all of them and exits non-zero (CTest's convention: 0 pass, 77 skipped)."""
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ.get("TM_BIN_DIR", "build")
+TOOLS = os.environ.get("TM_TOOLS_DIR", os.path.join(BIN, "tests"))
+DATA = os.environ.get("TM_TEST_DATA", os.path.join(HERE, "..", "data"))
+TMP = os.environ.get("TM_TEST_TMP") or tempfile.mkdtemp()
+os.makedirs(TMP, exist_ok=True)
+TIERMOE = os.path.join(BIN, "tiermoe")
+sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+
+failures = []
+
+
+def check(cond, msg):
+    """Record msg as a failure unless cond holds; returns cond."""
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def run(cmd):
+    """Run a command that must succeed; its stdout."""
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def finish(ok_msg):
+    """Print the failures or ok_msg; the process exit code."""
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print(ok_msg)
+    return 0
