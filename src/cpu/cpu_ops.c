@@ -46,12 +46,6 @@ void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const f
     }
 }
 
-void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base) {
-    float c[512], s[512];
-    TM_ASSERT(head_dim <= 1024);
-    cpu_rope_table(c, s, head_dim, pos, base);
-    cpu_rope_neox_table(x, head_dim, c, s);
-}
 
 void cpu_softmax(float *x, int64_t n) {
     float m = -INFINITY;
@@ -130,6 +124,12 @@ __attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, flo
     for (; i < n; i++) y[i] += a * quant_f16_to_f32(v[i]);
 }
 
+__attribute__((target("avx2,f16c"))) static void load_f16_avx2(float *dst, const tm_half *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = quant_f16_to_f32(src[i]);
+}
+
 __attribute__((target("avx2,f16c"))) static void store_f16_avx2(tm_half *dst, const float *src,
                                                                  int64_t n) {
     int64_t i = 0;
@@ -186,6 +186,21 @@ void cpu_axpy_kv(float *y, float a, const void *v, tm_type kv_type, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * quant_f16_to_f32(vh[i]);
 }
 
+void cpu_load_kv(float *dst, const void *src, tm_type kv_type, int64_t n) {
+    if (kv_type == TM_TYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+#ifdef TM_X86
+    if (use_f16c()) {
+        load_f16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    const tm_half *h = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(h[i]);
+}
+
 void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n) {
     if (kv_type == TM_TYPE_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -238,11 +253,7 @@ static void attn_group_row(const attn_job *j, int64_t g, int64_t i, float *scrat
     for (int64_t t = 0; t < n_kv; t++) {
         const void *k = j->k + t * j->kv_row_bytes + off;
         const float *kf = k;
-        if (s->kv_type != TM_TYPE_F32) {
-            memset(row, 0, (size_t)d * sizeof(float));
-            cpu_axpy_kv(row, 1.0f, k, s->kv_type, d);
-            kf = row;
-        }
+        if (s->kv_type != TM_TYPE_F32) cpu_load_kv(row, k, s->kv_type, d), kf = row;
         for (int64_t h = 0; h < G; h++) {
             const float *q = j->q + (i * s->n_head + g * G + h) * d;
             float x = s->scale * cpu_dot_f32_kv(q, kf, TM_TYPE_F32, d);
@@ -260,11 +271,7 @@ static void attn_group_row(const attn_job *j, int64_t g, int64_t i, float *scrat
     for (int64_t t = 0; t < n_kv; t++) {
         const void *v = j->v + t * j->kv_row_bytes + off;
         const float *vf = v;
-        if (s->kv_type != TM_TYPE_F32) {
-            memset(row, 0, (size_t)d * sizeof(float));
-            cpu_axpy_kv(row, 1.0f, v, s->kv_type, d);
-            vf = row;
-        }
+        if (s->kv_type != TM_TYPE_F32) cpu_load_kv(row, v, s->kv_type, d), vf = row;
         for (int64_t h = 0; h < G; h++)
             cpu_axpy(j->out + (i * s->n_head + g * G + h) * d, scores[h * n_kv + t] * inv[h], vf, d);
     }

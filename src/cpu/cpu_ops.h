@@ -19,13 +19,10 @@ extern "C" {
 /* y = x / sqrt(mean(x^2) + eps) * w   (w may be NULL: no gain). y may alias x. */
 void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps);
 
-/* Rotate one head in place with NeoX pairing (i, i + d/2):
- * theta_i = pos * base^(-2i/d). */
-void cpu_rope_neox(float *x, int64_t head_dim, int64_t pos, float base);
-
-/* The same rotation from a table: cos/sin[i] = cos/sin(theta_i) for one
- * position, filled by cpu_rope_table (once per position, shared by every
- * head and layer). */
+/* RoPE with NeoX pairing (i, i + d/2), theta_i = pos * base^(-2i/d), from a
+ * table: cpu_rope_table fills cos/sin(theta_i) for one position (once per
+ * position, shared by every head and layer); cpu_rope_neox_table rotates one
+ * head in place. */
 void cpu_rope_table(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos, float base);
 void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t);
 
@@ -45,6 +42,7 @@ void cpu_topk(const float *x, int64_t n, int64_t k, int32_t *idx);
 float cpu_dot_f32_kv(const float *q, const void *k, tm_type kv_type, int64_t n);
 void cpu_axpy_kv(float *y, float a, const void *v, tm_type kv_type, int64_t n);
 void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n);
+void cpu_load_kv(float *dst, const void *src, tm_type kv_type, int64_t n);
 
 /* Causal attention for a batch of query rows against a KV cache.
  *   q:   [n_tok][n_head * head_dim]       query rows (RoPE applied)
