@@ -215,26 +215,21 @@ int cmd_run(int argc, char **argv) {
     const double prompt_ms = (tm_time_ns() - t0) * 1e-6;
 
     /* generation */
-    int64_t n_hist = n_prompt, n_gen = 0;
+    int64_t n_hist = n_prompt, n_gen = 0, n_eval = 0;
     t0 = tm_time_ns();
-    for (; n_gen < n_predict; n_gen++) {
+    while (n_gen < n_predict) {
         int32_t id = sampler_sample(&sampler, ctx->logits, hist, n_hist);
         hist[n_hist++] = id;
+        n_gen++;
         if (tok) run_print_token(&detok, id);
         else printf(" %d", id);
         fflush(stdout);
-        if (tok && !ignore_eos && tokenizer_is_end_of_generation(tok, id)) {
-            n_gen++;
-            break;
-        }
-        if (n_gen + 1 == n_predict) {
-            n_gen++;
-            break;
-        }
+        if (n_gen == n_predict || (tok && !ignore_eos && tokenizer_is_end_of_generation(tok, id))) break;
         if (model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) {
             fprintf(stderr, "\ntiermoe run: %s\n", tm_error_message());
             goto out;
         }
+        n_eval++;
     }
     if (have_detok) {
         const char *text;
@@ -243,7 +238,6 @@ int cmd_run(int argc, char **argv) {
     }
     printf("\n");
     const double eval_ms = (tm_time_ns() - t0) * 1e-6;
-    const int64_t n_eval = n_gen > 1 ? n_gen - 1 : 0; /* the last sampled token is not evaluated */
     fprintf(stderr, "\nload time        = %10.2f ms\n", load_ms);
     fprintf(stderr, "prompt eval time = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second)\n",
             prompt_ms, (long long)n_prompt, prompt_ms / n_prompt, 1e3 * n_prompt / prompt_ms);
