@@ -88,7 +88,11 @@ int main(int argc, char **argv) {
     }
     int32_t tokens[4096];
     int64_t n_tok = 0;
-    for (char *s = (char *)tok_arg; *s && n_tok < 4096;) {
+    for (char *s = (char *)tok_arg; *s;) {
+        if (n_tok == 4096) {
+            fprintf(stderr, "forward_dump: more than 4096 tokens\n");
+            return 2;
+        }
         tokens[n_tok++] = (int32_t)strtol(s, &s, 10);
         if (*s == ',') s++;
     }
