@@ -85,6 +85,25 @@ bool cpu_gemm_supports(tm_type wtype);
 void cpu_matmul(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
                 size_t w_row_bytes, const float *x, int64_t n_tok, float *y, void *scratch);
 
+/* Several products of one input, as one pool job: y_i = W_i·x for each
+ * matrix (e.g. attention q, k and v). x is quantized once per distinct
+ * activation type and the row chunks of all matrices are split over the pool
+ * together, so small matrices do not each pay a wake-up. Results equal
+ * cpu_matmul per matrix bit for bit. At most CPU_MATMUL_MAX matrices. */
+#define CPU_MATMUL_MAX 8
+typedef struct tm_matmul_desc {
+    tm_type wtype;
+    int64_t rows;
+    const void *w;
+    size_t w_row_bytes;
+    float *y; /* [n_tok][rows] */
+} tm_matmul_desc;
+
+/* Scratch bytes cpu_matmul_multi needs for these matrices, rows of k, n_tok tokens. */
+size_t cpu_matmul_multi_scratch_bytes(int n_mats, const tm_matmul_desc *mats, int64_t k, int64_t n_tok);
+void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int64_t k, const float *x,
+                      int64_t n_tok, void *scratch);
+
 /* Best-of-5 read bandwidth in GB/s over a buffer of `bytes` with the pool's threads. */
 double cpu_read_bandwidth_gbs(tm_pool *pool, size_t bytes);
 

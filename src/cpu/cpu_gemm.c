@@ -1,7 +1,7 @@
 /* Product dispatch: picks the kernel for a weight type at the current level
  * (AMX only when there are enough tokens to fill its tiles), falling back to
- * lower levels where a file has no kernel for the type; and cpu_matmul, the
- * whole-matrix convenience over the thread pool. */
+ * lower levels where a file has no kernel for the type; and cpu_matmul /
+ * cpu_matmul_multi, whole-matrix products over the thread pool. */
 #include "core/log.h"
 #include "cpu/cpu_internal.h"
 
@@ -30,47 +30,102 @@ void cpu_gemm(tm_type wtype, int64_t k, const void *w, size_t w_row_bytes, int64
     fn(k, w, w_row_bytes, r0, r1, xq, xq_row_bytes, n_tok, y, ldy);
 }
 
+/* Several matrices over one input: x quantized once per distinct activation
+ * type, then the row chunks of every matrix numbered one after another. */
 typedef struct matmul_job {
-    tm_type wtype;
-    int64_t k, rows, n_tok;
-    const void *w;
-    size_t w_row_bytes, xq_row_bytes;
+    const tm_matmul_desc *mats;
+    int n_mats, n_acts;
+    int64_t k, n_tok, chunk;
     const float *x;
-    void *xq;
-    float *y;
-    cpu_gemm_fn fn;
-    cpu_act_fn act;
+    cpu_gemm_fn fn[CPU_MATMUL_MAX];
+    int act_of[CPU_MATMUL_MAX];         /* the quantized copy of x that matrix i reads */
+    cpu_act_fn act[CPU_MATMUL_MAX];     /* per copy */
+    uint8_t *xq[CPU_MATMUL_MAX];        /* per copy: n_tok rows */
+    size_t xq_row_bytes[CPU_MATMUL_MAX];
+    int64_t first_chunk[CPU_MATMUL_MAX + 1]; /* chunks of matrix i: [first_chunk[i], first_chunk[i + 1]) */
 } matmul_job;
+
+/* Distinct activation types of the matrices: act_of[i] names matrix i's, and
+ * the return value is how many there are; sizes[a] is one row of type a. */
+static int matmul_acts(int n_mats, const tm_matmul_desc *mats, int64_t k, int act_of[], size_t sizes[]) {
+    tm_type types[CPU_MATMUL_MAX];
+    int n = 0;
+    for (int i = 0; i < n_mats; i++) {
+        tm_type t = cpu_act_type(mats[i].wtype);
+        int a = 0;
+        while (a < n && types[a] != t) a++;
+        if (a == n) types[n] = t, sizes[n++] = cpu_act_row_size(mats[i].wtype, k);
+        act_of[i] = a;
+    }
+    return n;
+}
+
+size_t cpu_matmul_multi_scratch_bytes(int n_mats, const tm_matmul_desc *mats, int64_t k, int64_t n_tok) {
+    TM_ASSERT(n_mats >= 1 && n_mats <= CPU_MATMUL_MAX);
+    int act_of[CPU_MATMUL_MAX];
+    size_t sizes[CPU_MATMUL_MAX], total = 0;
+    int n_acts = matmul_acts(n_mats, mats, k, act_of, sizes);
+    for (int a = 0; a < n_acts; a++) total += (size_t)n_tok * sizes[a];
+    return total;
+}
 
 static void matmul_quantize(void *ctx, int64_t b, int64_t e, int ith) {
     (void)ith;
     matmul_job *j = ctx;
-    for (int64_t t = b; t < e; t++) j->act(j->x + t * j->k, (char *)j->xq + (size_t)t * j->xq_row_bytes, j->k);
+    for (int64_t i = b; i < e; i++) {
+        const int64_t a = i / j->n_tok, t = i % j->n_tok;
+        j->act[a](j->x + t * j->k, j->xq[a] + (size_t)t * j->xq_row_bytes[a], j->k);
+    }
 }
 
 static void matmul_rows(void *ctx, int64_t b, int64_t e, int ith) {
     (void)ith;
     matmul_job *j = ctx;
-    j->fn(j->k, j->w, j->w_row_bytes, b, e, j->xq, j->xq_row_bytes, j->n_tok, j->y, j->rows);
+    for (int64_t c = b; c < e; c++) {
+        int i = 0;
+        while (c >= j->first_chunk[i + 1]) i++;
+        const tm_matmul_desc *m = &j->mats[i];
+        const int64_t r0 = (c - j->first_chunk[i]) * j->chunk;
+        const int64_t r1 = r0 + j->chunk < m->rows ? r0 + j->chunk : m->rows;
+        const int a = j->act_of[i];
+        j->fn[i](j->k, m->w, m->w_row_bytes, r0, r1, j->xq[a], j->xq_row_bytes[a], j->n_tok, m->y, m->rows);
+    }
+}
+
+void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int64_t k, const float *x,
+                      int64_t n_tok, void *scratch) {
+    TM_ASSERT(n_mats >= 1 && n_mats <= CPU_MATMUL_MAX);
+    if (n_tok <= 0) return;
+    matmul_job j = {.mats = mats, .n_mats = n_mats, .k = k, .n_tok = n_tok, .x = x};
+    j.n_acts = matmul_acts(n_mats, mats, k, j.act_of, j.xq_row_bytes);
+    uint8_t *xq = scratch;
+    for (int a = 0; a < j.n_acts; a++) j.xq[a] = xq, xq += (size_t)n_tok * j.xq_row_bytes[a];
+    int64_t rows = 0;
+    for (int i = 0; i < n_mats; i++) {
+        j.fn[i] = cpu_gemm_pick(mats[i].wtype, n_tok);
+        j.act[j.act_of[i]] = cpu_act_get(cpu_act_type(mats[i].wtype), cpu_level_get());
+        TM_ASSERT(j.fn[i] && j.act[j.act_of[i]]);
+        rows += mats[i].rows;
+    }
+    if (rows <= 0) return;
+    const int nth = cpu_pool_size(pool);
+    const int64_t n_quant = j.n_acts * n_tok;
+    if (n_tok >= 4 * nth) cpu_pool_for(pool, n_quant, (n_quant + nth - 1) / nth, matmul_quantize, &j);
+    else matmul_quantize(&j, 0, n_quant, 0);
+    /* Whole 16-row tiles, about 4 chunks per thread over all matrices so uneven
+     * threads even out; with many tokens at least 32 rows, since each chunk
+     * rereads the activations. */
+    int64_t chunk = (rows + 4 * nth - 1) / (4 * nth);
+    int64_t min_chunk = n_tok >= 16 ? 32 : 16;
+    if (chunk < min_chunk) chunk = min_chunk;
+    j.chunk = (chunk + 15) / 16 * 16;
+    for (int i = 0; i < n_mats; i++) j.first_chunk[i + 1] = j.first_chunk[i] + (mats[i].rows + j.chunk - 1) / j.chunk;
+    cpu_pool_for(pool, j.first_chunk[n_mats], 1, matmul_rows, &j);
 }
 
 void cpu_matmul(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
                 size_t w_row_bytes, const float *x, int64_t n_tok, float *y, void *scratch) {
-    if (rows <= 0 || n_tok <= 0) return;
-    matmul_job j = {
-        .wtype = wtype, .k = k, .rows = rows, .n_tok = n_tok, .w = w, .w_row_bytes = w_row_bytes,
-        .xq_row_bytes = cpu_act_row_size(wtype, k), .x = x, .xq = scratch, .y = y,
-        .fn = cpu_gemm_pick(wtype, n_tok), .act = cpu_act_get(cpu_act_type(wtype), cpu_level_get()),
-    };
-    TM_ASSERT(j.fn && j.act);
-    int nth = cpu_pool_size(pool);
-    if (n_tok >= 4 * nth) cpu_pool_for(pool, n_tok, (n_tok + nth - 1) / nth, matmul_quantize, &j);
-    else matmul_quantize(&j, 0, n_tok, 0);
-    /* Whole 16-row tiles, about 4 chunks per thread so uneven threads even out;
-     * with many tokens at least 32 rows, since each chunk rereads the activations. */
-    int64_t chunk = (rows + 4 * nth - 1) / (4 * nth);
-    int64_t min_chunk = n_tok >= 16 ? 32 : 16;
-    if (chunk < min_chunk) chunk = min_chunk;
-    chunk = (chunk + 15) / 16 * 16;
-    cpu_pool_for(pool, rows, chunk, matmul_rows, &j);
+    if (rows <= 0) return;
+    const tm_matmul_desc m = {wtype, rows, w, w_row_bytes, y};
+    cpu_matmul_multi(pool, 1, &m, k, x, n_tok, scratch);
 }

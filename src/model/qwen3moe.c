@@ -137,6 +137,27 @@ static void qwen3moe_unload(tm_model *m) {
     m->weights = NULL;
 }
 
+/* The q, k and v products of one layer (outputs in s; s NULL: sizes only). */
+static void qwen3moe_qkv_descs(const qwen3moe_layer *L, const qwen3moe_state *s, tm_matmul_desc out[3]) {
+    const tm_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
+    float *ys[3] = {s ? s->q : NULL, s ? s->k : NULL, s ? s->v : NULL};
+    for (int i = 0; i < 3; i++) out[i] = (tm_matmul_desc){ws[i]->type, ws[i]->ne[1], ws[i]->data, ws[i]->row_bytes, ys[i]};
+}
+
+/* q, k, v = Wq h, Wk h, Wv h: they share h, so one pool job covers all three. */
+static void qwen3moe_qkv(tm_context *ctx, const qwen3moe_layer *L, int64_t n_tok) {
+    qwen3moe_state *s = ctx->state;
+    if (ctx->params.precise) {
+        model_matmul(ctx, &L->wq, s->h, n_tok, s->q, s->act);
+        model_matmul(ctx, &L->wk, s->h, n_tok, s->k, s->act);
+        model_matmul(ctx, &L->wv, s->h, n_tok, s->v, s->act);
+        return;
+    }
+    tm_matmul_desc qkv[3];
+    qwen3moe_qkv_descs(L, s, qkv);
+    cpu_matmul_multi(ctx->pool, 3, qkv, ctx->model->cfg.n_embd, s->h, n_tok, s->act);
+}
+
 static tm_status qwen3moe_state_create(tm_context *ctx) {
     const tm_model_config *c = &ctx->model->cfg;
     const qwen3moe_weights *w = ctx->model->weights;
@@ -149,11 +170,15 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
     size_t act = model_matmul_scratch_bytes(&w->output, B);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const qwen3moe_layer *L = &w->layers[l];
-        const tm_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router};
-        for (size_t i = 0; i < 5; i++) {
+        const tm_weight *ws[] = {&L->wo, &L->router};
+        for (size_t i = 0; i < 2; i++) {
             size_t b = model_matmul_scratch_bytes(ws[i], B);
             act = b > act ? b : act;
         }
+        tm_matmul_desc qkv[3];
+        qwen3moe_qkv_descs(L, NULL, qkv);
+        size_t b = cpu_matmul_multi_scratch_bytes(3, qkv, E, B);
+        act = b > act ? b : act;
     }
     tm_attention_shape as = {B, 0, c->n_head, c->n_head_kv, c->head_dim, 0, ctx->params.kv_type};
     const int nth = cpu_pool_size(ctx->pool);
@@ -259,9 +284,7 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
         qwen3moe_token_job norm_job = {ctx, L, l, (const float *)L->attn_norm.data};
         qwen3moe_tokens_run(ctx, &norm_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
-        model_matmul(ctx, &L->wq, s->h, n_tok, s->q, s->act);
-        model_matmul(ctx, &L->wk, s->h, n_tok, s->k, s->act);
-        model_matmul(ctx, &L->wv, s->h, n_tok, s->v, s->act);
+        qwen3moe_qkv(ctx, L, n_tok);
         model_prof_add(ctx, TM_PROF_ATTN_PROJ, t1, t0 = tm_time_ns());
         qwen3moe_token_job qk_job = {ctx, L, l, NULL};
         qwen3moe_tokens_run(ctx, &qk_job, n_tok);
