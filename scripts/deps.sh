@@ -29,3 +29,6 @@ fi
 if ! .venv/bin/python scripts/check_requirements.py requirements-test.txt; then
     .venv/bin/pip install -q --disable-pip-version-check -r requirements-test.txt
 fi
+if ! .venv/bin/python scripts/check_requirements.py requirements-test-data.txt; then
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps -r requirements-test-data.txt
+fi

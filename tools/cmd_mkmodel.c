@@ -23,6 +23,8 @@ static void mkmodel_usage(FILE *out) {
             "  --n-layer N --n-embd N --n-head N --n-head-kv N --head-dim N --n-expert N\n"
             "  --n-expert-used N --n-ff-exp N --n-ff N --n-vocab N --n-ctx N\n"
             "  --rope-base F --rms-eps F    override any dimension of the preset\n"
+            "  --vocab FILE         embed a HuggingFace tokenizer.json (and the tokenizer_config.json\n"
+            "                       beside it); n_vocab grows to the vocabulary's size\n"
             "  -t, --threads N      generation threads (default: physical cores)\n"
             "  -q, --quiet          no progress\n");
 }
@@ -95,6 +97,8 @@ int cmd_mkmodel(int argc, char **argv) {
             /* handled above */
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = v;
+        } else if (!strcmp(a, "--vocab")) {
+            cfg.vocab_json = v;
         } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
             if (cli_parse_i64(a, v, 0, 0x7fffffffffffffffll, &n)) return 2;
             cfg.seed = (uint64_t)n;
@@ -119,6 +123,10 @@ int cmd_mkmodel(int argc, char **argv) {
     if (!out) {
         fprintf(stderr, "tiermoe mkmodel: missing -o FILE.gguf\n");
         mkmodel_usage(stderr);
+        return 2;
+    }
+    if (synth_config_apply_vocab(&cfg) != TM_OK) {
+        fprintf(stderr, "tiermoe mkmodel: --vocab: %s\n", tm_error_message());
         return 2;
     }
     if (synth_config_validate(&cfg) != TM_OK) {

@@ -186,6 +186,11 @@ void model_context_free(tm_context *c) {
 
 void model_context_reset(tm_context *c) { c->n_past = 0; }
 
+void model_context_rewind(tm_context *c, int64_t n_keep) {
+    TM_ASSERT(n_keep >= 0);
+    if (n_keep < c->n_past) c->n_past = n_keep;
+}
+
 tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
                        bool all_logits) {
     if (n_tok <= 0) return tm_error_set(TM_ERR_ARG, "no tokens to evaluate");

@@ -116,6 +116,9 @@ tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_m
 
 /* Forget the cache (a new conversation). */
 void model_context_reset(tm_context *c);
+/* Keep only the first n_keep positions of the cache (n_keep <= n_past): a
+ * conversation that shares a prefix with what was evaluated reuses it. */
+void model_context_rewind(tm_context *c, int64_t n_keep);
 
 /* ---- helpers for architecture files ---- */
 

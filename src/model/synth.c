@@ -15,6 +15,7 @@
 #include "cpu/cpu.h"
 #include "cpu/cpu_ops.h"
 #include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 /* Scales that keep token identity in the residual stream (see synth.h). */
 #define SYNTH_EMBD_STD      1.0f  /* token embedding */
@@ -368,7 +369,13 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
     /* How the weights were made, so tests can check the routing law. */
     SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));
     SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.skew", (float)c->skew));
-    SYNTH_KV(gguf_writer_set_str(w, "tokenizer.ggml.model", "no_vocab"));
+    if (c->vocab_json) {
+        /* pad to n_vocab as llama.cpp's converter pads to config.json's vocab_size */
+        tm_tokenizer_import_opts o = {.pad_to_n_vocab = c->n_vocab};
+        SYNTH_KV(tokenizer_import_hf_ex(c->vocab_json, w, &o, NULL));
+    } else {
+        SYNTH_KV(gguf_writer_set_str(w, "tokenizer.ggml.model", "no_vocab"));
+    }
 #undef SYNTH_KV
     return TM_OK;
 }
@@ -387,6 +394,19 @@ static void synth_progress_update(synth_progress *p, int final) {
             p->total / 1073741824.0, 100.0 * p->done / (p->total ? p->total : 1), s,
             s > 0 ? p->done / s / 1e6 : 0.0, final ? "\n" : "");
     fflush(stderr);
+}
+
+tm_status synth_config_apply_vocab(tm_synth_config *c) {
+    if (!c->vocab_json) return TM_OK;
+    /* count the vocabulary by importing it into a writer that is never written */
+    tm_gguf_writer *scratch;
+    uint32_t n_tokens = 0;
+    tm_status st = gguf_writer_init(&scratch, 3, TM_GGUF_DEFAULT_ALIGNMENT);
+    if (st != TM_OK) return st;
+    st = tokenizer_import_hf_ex(c->vocab_json, scratch, NULL, &n_tokens);
+    gguf_writer_free(scratch);
+    if (st == TM_OK && n_tokens > c->n_vocab) c->n_vocab = n_tokens;
+    return st;
 }
 
 tm_status synth_model_write(const tm_synth_config *c, const char *path) {

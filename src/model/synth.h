@@ -42,6 +42,11 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 /* Check dimensions against each other and the quant types' block sizes. */
 tm_status synth_config_validate(const tm_synth_config *cfg);
 
+/* With vocab_json set: grow n_vocab to the vocabulary's size (a larger n_vocab
+ * is kept: the token list is padded to it, as llama.cpp does up to
+ * config.json's vocab_size). Fails naming the file when it cannot be imported. */
+tm_status synth_config_apply_vocab(tm_synth_config *c);
+
 /* Total bytes the file will have (approximately: metadata not counted). */
 uint64_t synth_config_tensor_bytes(const tm_synth_config *cfg);
 

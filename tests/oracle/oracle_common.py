@@ -40,3 +40,21 @@ def finish(ok_msg):
         return 1
     print(ok_msg)
     return 0
+
+
+def jinja_chat_render(template, msgs, add_gen, extra=None):
+    """Render a model's chat template the way HF's apply_chat_template does
+    (msgs: (role, content) pairs). Needs jinja2."""
+    import datetime
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(m):
+        raise jinja2.exceptions.TemplateError(m)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(template).render(messages=[{"role": r, "content": c} for r, c in msgs],
+                                            add_generation_prompt=add_gen, **(extra or {}))

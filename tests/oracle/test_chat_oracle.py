@@ -10,7 +10,6 @@ prompt). gpt-oss harmony is checked against the published format written out
 by hand (its template is large and not shipped in a package). Also checked:
 template recognition, the clear error for an unknown template, and the reply
 content kept for the history."""
-import datetime
 import json
 import lzma
 import os
@@ -18,8 +17,7 @@ import subprocess
 import sys
 
 try:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2  # noqa: F401  (the oracle; rendered through oracle_common)
 except ImportError:
     print("skipped: jinja2 not installed")
     sys.exit(77)
@@ -30,6 +28,8 @@ TMP = os.environ.get("TM_TEST_TMP", "/tmp/tm_chat_oracle")
 REPO = os.path.abspath(os.path.join(DATA, "..", ".."))
 SHARED_VOCAB = os.environ.get("TM_SHARED_VOCAB", os.path.join(REPO, "..", "shared", "vocab"))
 os.makedirs(TMP, exist_ok=True)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_common import jinja_chat_render  # noqa: E402
 
 LLAMA3_INSTRUCT = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
                    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
@@ -75,17 +75,6 @@ def check(ok, msg, detail=""):
     failed += not ok
 
 
-def jinja_render(template, msgs, add_gen, extra):
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-    def raise_exception(m):
-        raise jinja2.exceptions.TemplateError(m)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env.from_string(template).render(messages=[{"role": r, "content": c} for r, c in msgs],
-                                            add_generation_prompt=add_gen, **extra)
-
-
 def ours(cases):
     path = os.path.join(TMP, "cases.json")
     with open(path, "w", encoding="utf-8") as f:
@@ -104,7 +93,7 @@ def compare_family(name, template, want_format, conv_names, gens=(True, False), 
             if skip(cn, gen):
                 continue
             msgs = CONVS[cn]
-            expect.append(jinja_render(template, msgs, gen, extra))
+            expect.append(jinja_chat_render(template, msgs, gen, extra))
             cases.append({"template": template, "messages": [{"role": r, "content": c} for r, c in msgs],
                           "add_generation_prompt": gen, **ours_extra})
             labels.append(f"{cn}, add_generation_prompt={gen}")
