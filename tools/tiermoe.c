@@ -17,6 +17,8 @@ typedef struct cli_command {
 static const cli_command commands[] = {
     {"run", cmd_run, "generate text or token ids from a prompt"},
     {"bench", cmd_bench, "measure prompt and generation speed (llama-bench style)"},
+    {"trace", cmd_trace, "learn pass: trace expert usage over prompts into a learn file (or merge them)"},
+    {"report", cmd_report, "show a learn file: top experts, skew, working set; SVG heatmap, CSV"},
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
     {"mkmodel", cmd_mkmodel, "write a synthetic random-weight MoE model (qwen3moe)"},
     {"tokenize", cmd_tokenize, "show the token ids of a text with a GGUF file's tokenizer"},

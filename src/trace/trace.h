@@ -1,0 +1,153 @@
+/* Expert usage tracer, perf counters and learn/perf files.
+ *
+ * What it records, per layer (tm_trace_layer): forward calls, tokens, routed
+ * slots (expert_hits_total = tokens * n_expert_used), per-expert selection
+ * counts, hot/cold served counts (0 until the GPU lanes exist: today every
+ * slot runs on the CPU lane and no hot/cold split is made), timings, the
+ * working set (distinct experts over a sliding window of the last W tokens;
+ * sampled once per token once W tokens of a sequence were seen) and
+ * token-to-token reuse (experts of token t also used by token t-1).
+ *
+ * How it is fed: trace_attach() installs trace_tensor_cb as the context's
+ * named-intermediate callback (chaining any callback already set). Per layer
+ * the forward emits, in this order, "attn_out", "router_logits", "topk_ids",
+ * "topk_weights", "ffn_out"; the tracer counts "topk_ids" (int32 [n_tok][k])
+ * and takes timestamps at attn_out / topk_ids / ffn_out:
+ *   routing_time_ns  attn_out -> topk_ids  (ffn norm, router product, top-k, worklist)
+ *   experts_time_ns  topk_ids -> ffn_out   (expert lane and the residual add)
+ *   merge_time_ns, wait_time_ns            0 until hot/cold lanes run in parallel
+ * With tracing off the context's callback stays NULL: the engine's cost is the
+ * NULL check it already makes. One tracer serves one thread at a time.
+ *
+ * Files: tm_trace_stats is what a learn/perf JSON file holds
+ * (docs/trace-format.md); trace_stats_from_json is the one parser for learn
+ * files, GET /moe-layer-perf payloads, the planner and the updater. */
+#ifndef TM_TRACE_TRACE_H
+#define TM_TRACE_TRACE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "core/status.h"
+#include "model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TM_TRACE_FORMAT "tiermoe-moe-layer-perf"
+#define TM_TRACE_VERSION 1
+#define TM_TRACE_WINDOW_DEFAULT 32
+#define TM_TRACE_MAX_EXPERT 4096
+#define TM_TRACE_MAX_LAYER 4096
+#define TM_TRACE_MAX_USED 64
+
+typedef struct tm_trace_shape {
+    char arch[32];
+    uint32_t n_layer, n_expert, n_expert_used;
+} tm_trace_shape;
+
+typedef struct tm_trace_layer {
+    uint64_t calls, tokens;
+    uint64_t expert_hits_total, hot_slots_total, cold_slots_total;
+    uint64_t routing_ns, experts_ns, merge_ns, wait_ns;
+    uint64_t ws_sum, ws_samples, ws_max; /* working set: sum/count of samples, largest */
+    uint64_t reuse_shared, reuse_pairs;  /* experts shared with the previous token; token pairs */
+    uint64_t *experts, *hot_experts, *cold_experts; /* [n_expert] each */
+} tm_trace_layer;
+
+typedef struct tm_trace_stats {
+    tm_trace_shape shape;
+    uint32_t window; /* W of the working set */
+    uint64_t tokens; /* tokens through the model (layer 0's tokens) */
+    tm_trace_layer *layers; /* [n_layer] */
+} tm_trace_stats;
+
+/* Zeroed counters for a shape; window 0 means TM_TRACE_WINDOW_DEFAULT. */
+tm_status trace_stats_init(tm_trace_stats *s, const tm_trace_shape *shape, uint32_t window);
+void trace_stats_free(tm_trace_stats *s);
+/* The shape of a loaded model. */
+void trace_shape_of_model(const tm_model *m, tm_trace_shape *shape);
+/* true when every field and count is equal. */
+bool trace_stats_equal(const tm_trace_stats *a, const tm_trace_stats *b);
+
+/* ---- files (trace_file.c) ---- */
+
+/* The JSON object of docs/trace-format.md (new reference), or NULL out of memory. */
+json_t *trace_stats_to_json(const tm_trace_stats *s);
+/* Parse and validate a JSON object; `origin` (a file name or "request body")
+ * is named in errors with the offending field ("layers[3].experts[7]").
+ * expect (may be NULL) is the loaded model's shape: a different layer,
+ * expert or expert-used count is an error. */
+tm_status trace_stats_from_json(const json_t *root, const char *origin, const tm_trace_shape *expect,
+                                tm_trace_stats *out);
+/* Write JSON atomically (path.tmp, then rename). */
+tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path);
+tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect, tm_trace_stats *out);
+/* CSV: header "layer,expert,hits,hot,cold,share", one row per layer and expert. */
+tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path);
+/* dst += src (counts and timings summed, working-set max the larger); the
+ * shapes and windows must match. src_name is named in errors. */
+tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, const char *src_name);
+
+/* ---- skew numbers for reports (trace_file.c) ---- */
+typedef struct tm_trace_skew {
+    double entropy;   /* -sum p log p / log n_expert, p = share of the layer's hits; 1 = uniform */
+    double top[3];    /* share of hits covered by the top 10%, 25%, 50% of experts */
+    uint32_t n_top[3]; /* how many experts that is: ceil(frac * n_expert) */
+    uint32_t n_used;  /* experts with at least one hit */
+} tm_trace_skew;
+void trace_layer_skew(const tm_trace_stats *s, uint32_t layer, tm_trace_skew *out);
+
+/* ---- switches (trace_config.c) ---- */
+typedef struct tm_trace_config {
+    bool stats;         /* count (--expert-trace-stats) */
+    bool names;         /* a log line per routed slot naming the expert's tensors */
+    bool per_layer;     /* print the per-layer table at the end (not only the summary) */
+    const char *output; /* write the learn/perf JSON here at the end (".csv": CSV) */
+    uint32_t window;    /* working-set window (0: default) */
+    FILE *log;          /* where names and summaries go (NULL: stderr) */
+} tm_trace_config;
+
+/* Read TIERMOE_EXPERT_TRACE_STATS / _NAMES / _PER_LAYER (0/1/true/false/on/off)
+ * and _OUTPUT (a path). Fails naming the variable on another value. */
+tm_status trace_config_from_env(tm_trace_config *c);
+/* argv[i] is looked at: --expert-trace-stats, --expert-trace-names,
+ * --expert-trace-per-layer, --expert-trace-output FILE. Returns the number of
+ * arguments consumed (0: not a trace switch), or -1 (a message printed to
+ * stderr) when FILE is missing. */
+int trace_config_parse_arg(tm_trace_config *c, int argc, char **argv, int i);
+/* Whether any switch asks for the tracer (an output file implies stats). */
+bool trace_config_enabled(const tm_trace_config *c);
+/* Lines for a --help text. */
+extern const char trace_config_help[];
+
+/* ---- the live tracer (trace.c) ---- */
+typedef struct tm_trace tm_trace;
+
+tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace **out);
+void trace_free(tm_trace *t);
+/* Make the tracer see the context's intermediates; call before
+ * model_context_create. Any callback already in p is still called. */
+void trace_attach(tm_trace *t, tm_context_params *p);
+/* The callback trace_attach installs (ud = the tracer). */
+void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok, int64_t n,
+                     bool is_int);
+/* A new sequence starts (context reset): working set and reuse forget the past. */
+void trace_sequence_begin(tm_trace *t);
+/* Count one forward call of `layer` routing n_tok tokens to ids [n_tok][n_expert_used]. */
+void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok);
+const tm_trace_stats *trace_get_stats(const tm_trace *t);
+/* Print the summary (and per-layer table when asked) to the log and write
+ * the output file when one was given. */
+tm_status trace_finish(tm_trace *t);
+/* The summary / per-layer table of any stats. */
+void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
