@@ -61,6 +61,16 @@ typedef void (*tm_pool_range_fn)(void *ctx, int64_t begin, int64_t end, int ith)
 /* Run fn over [0, n) in chunks of `chunk` items taken dynamically. */
 void cpu_pool_for(tm_pool *pool, int64_t n, int64_t chunk, tm_pool_range_fn fn, void *ctx);
 
+/* Steps that depend on each other as one pool job: every thread takes chunks
+ * of step i (like cpu_pool_for) until none are left, then waits at a barrier
+ * for all threads before step i + 1. One wake-up instead of one per step.
+ * At most 8 steps. */
+typedef struct tm_pool_step {
+    tm_pool_range_fn fn;
+    int64_t n, chunk; /* items [0, n) in chunks of `chunk`; n = 0 skips the step */
+} tm_pool_step;
+void cpu_pool_for_steps(tm_pool *pool, int n_steps, const tm_pool_step *steps, void *ctx);
+
 /* ---- activations ---- */
 
 tm_type cpu_act_type(tm_type wtype);               /* partner type of a weight type */

@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/log.h"
 #include "core/timing.h"
 #include "cpu/cpu.h"
 
@@ -35,6 +36,9 @@ struct tm_pool {
     atomic_bool stop;
     _Alignas(64) atomic_int remaining; /* workers still running the current job */
     atomic_int main_sleeping;
+    _Alignas(64) atomic_int bar_arrived; /* threads at the barrier inside a job */
+    _Alignas(64) atomic_uint bar_gen;    /* bumped when the last one arrives */
+    atomic_int bar_sleepers;
 };
 
 typedef struct pool_worker_arg {
@@ -190,4 +194,53 @@ void cpu_pool_for(tm_pool *p, int64_t n, int64_t chunk, tm_pool_range_fn fn, voi
     pool_for_job job = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk};
     atomic_init(&job.next, 0);
     cpu_pool_run(p, pool_for_worker, &job);
+}
+
+/* All n_threads threads of the running job meet here; the last to arrive
+ * releases the others (spin, then sleep, as for jobs). */
+static void pool_barrier(tm_pool *p) {
+    unsigned gen = atomic_load_explicit(&p->bar_gen, memory_order_acquire);
+    if (atomic_fetch_add(&p->bar_arrived, 1) == p->n_threads - 1) {
+        atomic_store(&p->bar_arrived, 0);
+        atomic_fetch_add(&p->bar_gen, 1); /* seq_cst: pairs with the sleepers check */
+        if (atomic_load(&p->bar_sleepers) > 0) futex_wake_all(&p->bar_gen);
+        return;
+    }
+    pool_wait_change(p, &p->bar_gen, gen, &p->bar_sleepers);
+}
+
+#define POOL_MAX_STEPS 8
+
+typedef struct pool_steps_job {
+    tm_pool *pool;
+    const tm_pool_step *steps;
+    int n_steps;
+    void *ctx;
+    struct {
+        _Alignas(64) atomic_llong next; /* next unclaimed item of step i, one cache line each */
+    } counter[POOL_MAX_STEPS];
+} pool_steps_job;
+
+static void pool_steps_worker(void *ctx, int ith, int nth) {
+    pool_steps_job *job = ctx;
+    bool first = true;
+    for (int i = 0; i < job->n_steps; i++) {
+        const tm_pool_step *st = &job->steps[i];
+        if (st->n <= 0) continue;
+        if (!first && nth > 1) pool_barrier(job->pool);
+        first = false;
+        const int64_t chunk = st->chunk < 1 ? 1 : st->chunk;
+        for (;;) {
+            int64_t b = atomic_fetch_add_explicit(&job->counter[i].next, chunk, memory_order_relaxed);
+            if (b >= st->n) break;
+            st->fn(job->ctx, b, b + chunk < st->n ? b + chunk : st->n, ith);
+        }
+    }
+}
+
+void cpu_pool_for_steps(tm_pool *p, int n_steps, const tm_pool_step *steps, void *ctx) {
+    TM_ASSERT(n_steps >= 0 && n_steps <= POOL_MAX_STEPS);
+    pool_steps_job job = {.pool = p, .steps = steps, .n_steps = n_steps, .ctx = ctx};
+    for (int i = 0; i < n_steps; i++) atomic_init(&job.counter[i].next, 0);
+    cpu_pool_run(p, pool_steps_worker, &job);
 }

@@ -2,13 +2,15 @@
  *
  * Slots are taken in runs of one expert (a run is every token of that expert
  * in expert-major lists, a single slot in token-major ones). Three steps, the
- * first two spread over the pool as (run, projection, row chunk) items so
+ * products spread over the pool as (run, projection, row chunk) items so
  * eight experts of one decode token keep every core busy:
  *   1. G = gate·x, U = up·x     for each run's tokens (activations quantized once per
  *      token, then copied next to the other tokens of each run)
  *   2. H = act(G, U) quantized; O = down·H
- *   3. y[token] += weight · O[slot]
- * Weights are read once per run: once per batch for prompts. */
+ *   3. y[token] += Σ weight · O[slot]   over the token's slots in worklist order
+ * All of it is one pool job (cpu_pool_for_steps) with barriers between the
+ * parts, so a decode layer wakes the pool once. Weights are read once per
+ * run: once per batch for prompts. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,11 +36,13 @@ struct tm_moe_cpu_lane {
     /* scratch, grown on demand and kept between steps */
     lane_run *runs;
     lane_item *items;
+    int64_t *tok_first; /* [n_tok + 1]: the slots of token t are tok_slots[tok_first[t] .. tok_first[t + 1]) */
+    int64_t *tok_slots;
     uint8_t *xq_tok[2]; /* activation rows per token, for gate and up (up unused when they share a type) */
     uint8_t *xq[LANE_PROJ]; /* product inputs per slot: gathered x rows (gate, up), quantized H (down) */
     float *out[LANE_PROJ];  /* G, U [slots][n_ff]; O [slots][n_embd] */
     float *xf;              /* gathered f32 x (precise path) */
-    size_t cap_runs, cap_items, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
+    size_t cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
 };
 
 tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
@@ -48,7 +52,7 @@ tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
 
 void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
-    free(l->runs), free(l->items), free(l->xq_tok[0]), free(l->xq_tok[1]), free(l->xf);
+    free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]), free(l->xq_tok[1]), free(l->xf);
     for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
 }
@@ -67,6 +71,8 @@ typedef struct lane_step {
     tm_moe_cpu_lane *l;
     const tm_moe_slot *slots;
     const float *x;
+    float *y;
+    const lane_item *items[2]; /* gate/up items, down items */
     const tm_moe_matrix *m[LANE_PROJ];
     int64_t k[LANE_PROJ];       /* row length of each projection */
     int64_t rows[LANE_PROJ];    /* output rows of each projection */
@@ -74,11 +80,10 @@ typedef struct lane_step {
     int shared_act;             /* gate and up read the same activation rows */
 } lane_step;
 
-static void lane_item_task(void *ctx, int64_t begin, int64_t end, int ith) {
-    const lane_step *st = ctx;
+static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin, int64_t end) {
     const tm_moe_cpu_lane *l = st->l;
     for (int64_t i = begin; i < end; i++) {
-        const lane_item *it = &l->items[i];
+        const lane_item *it = &items[i];
         const lane_run *run = &l->runs[it->run];
         const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
         const tm_moe_matrix *m = st->m[p];
@@ -86,16 +91,27 @@ static void lane_item_task(void *ctx, int64_t begin, int64_t end, int ith) {
                  it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in], run->s1 - run->s0,
                  l->out[p] + run->s0 * st->rows[p], st->rows[p]);
     }
+}
+
+static void lane_gate_up_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const lane_step *st = ctx;
+    lane_items_run(st, st->items[0], begin, end);
     (void)ith;
 }
 
-/* Items for projections [p0, p1] of every run. */
-static int64_t lane_items_build(const lane_step *st, int64_t n_runs, int p0, int p1) {
+static void lane_down_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const lane_step *st = ctx;
+    lane_items_run(st, st->items[1], begin, end);
+    (void)ith;
+}
+
+/* Items for projections [p0, p1] of every run, written at items. */
+static int64_t lane_items_build(const lane_step *st, lane_item *items, int64_t n_runs, int p0, int p1) {
     int64_t n = 0;
     for (int64_t r = 0; r < n_runs; r++)
         for (int p = p0; p <= p1; p++)
             for (int64_t r0 = 0; r0 < st->rows[p]; r0 += LANE_ROW_CHUNK)
-                st->l->items[n++] = (lane_item){(int32_t)r, p, r0,
+                items[n++] = (lane_item){(int32_t)r, p, r0,
                                                 r0 + LANE_ROW_CHUNK < st->rows[p] ? r0 + LANE_ROW_CHUNK : st->rows[p]};
     return n;
 }
@@ -131,6 +147,19 @@ static void lane_swiglu_task(void *ctx, int64_t begin, int64_t end, int ith) {
         cpu_swiglu(g, g, l->out[LANE_UP] + s * F, F);
         cpu_act_quantize(st->m[LANE_DOWN]->type, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN], F);
     }
+    (void)ith;
+}
+
+/* y[t] += Σ weight · O[slot] over token t's slots, in slot order. */
+static void lane_combine_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const lane_step *st = ctx;
+    const tm_moe_cpu_lane *l = st->l;
+    const int64_t E = st->ex->n_embd;
+    for (int64_t t = begin; t < end; t++)
+        for (int64_t i = l->tok_first[t]; i < l->tok_first[t + 1]; i++) {
+            const int64_t s = l->tok_slots[i];
+            cpu_axpy(st->y + t * E, st->slots[s].weight, l->out[LANE_DOWN] + s * E, E);
+        }
     (void)ith;
 }
 
@@ -179,7 +208,7 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     }
 
     lane_step st = {
-        .ex = ex, .l = l, .slots = slots, .x = x,
+        .ex = ex, .l = l, .slots = slots, .x = x, .y = y,
         .m = {&ex->gate, &ex->up, &ex->down},
         .k = {E, E, F},
         .rows = {F, F, E},
@@ -195,25 +224,37 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
              (p == LANE_UP && st.shared_act ? 1 : lane_grow((void **)&l->xq[p], &l->cap_xq[p], (size_t)n * st.xq_bytes[p]));
     for (int p = 0; ok && p < (st.shared_act ? 1 : 2); p++)
         ok = lane_grow((void **)&l->xq_tok[p], &l->cap_xq_tok[p], (size_t)n_tok * st.xq_bytes[p]);
+    ok = ok && lane_grow((void **)&l->tok_first, &l->cap_tok_first, (size_t)(n_tok + 1) * sizeof(int64_t)) &&
+         lane_grow((void **)&l->tok_slots, &l->cap_tok_slots, (size_t)n * sizeof(int64_t));
     if (ok && precise) ok = lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float));
     if (!ok) return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
+
+    /* each token's slots in slot order (a counting sort), for the merge into y */
+    memset(l->tok_first, 0, (size_t)(n_tok + 1) * sizeof(int64_t));
+    for (int64_t s = 0; s < n; s++) l->tok_first[slots[s].token + 1]++;
+    for (int64_t t = 0; t < n_tok; t++) l->tok_first[t + 1] += l->tok_first[t];
+    for (int64_t s = 0; s < n; s++) l->tok_slots[l->tok_first[slots[s].token]++] = s;
+    for (int64_t t = n_tok; t > 0; t--) l->tok_first[t] = l->tok_first[t - 1]; /* the fill moved each start to the next */
+    l->tok_first[0] = 0;
 
     if (precise) {
         tm_status rc = lane_run_precise(l, pool, ex, slots, n_runs, x);
         if (rc != TM_OK) return rc;
-    } else {
-        /* a decode step has one token and k copies: cheaper here than waking the pool */
-        if (n_tok == 1) lane_quantize_task(&st, 0, 1, 0);
-        else cpu_pool_for(pool, n_tok, 4, lane_quantize_task, &st);
-        if (n <= 16) lane_gather_task(&st, 0, n, 0);
-        else cpu_pool_for(pool, n, 16, lane_gather_task, &st);
-        cpu_pool_for(pool, lane_items_build(&st, n_runs, LANE_GATE, LANE_UP), 1, lane_item_task, &st);
-        cpu_pool_for(pool, n, 8, lane_swiglu_task, &st);
-        cpu_pool_for(pool, lane_items_build(&st, n_runs, LANE_DOWN, LANE_DOWN), 1, lane_item_task, &st);
+        cpu_pool_for(pool, n_tok, 1, lane_combine_task, &st);
+        return TM_OK;
     }
-
-    /* merge into y; slots of one token may sit anywhere, so this stays serial per slot */
-    for (int64_t s = 0; s < n; s++)
-        cpu_axpy(y + (int64_t)slots[s].token * E, slots[s].weight, l->out[LANE_DOWN] + s * E, E);
+    lane_item *items = l->items;
+    const int64_t n_gate_up = lane_items_build(&st, items, n_runs, LANE_GATE, LANE_UP);
+    const int64_t n_down = lane_items_build(&st, items + n_gate_up, n_runs, LANE_DOWN, LANE_DOWN);
+    st.items[0] = items, st.items[1] = items + n_gate_up;
+    const tm_pool_step steps[] = {
+        {lane_quantize_task, n_tok, 4},  /* x rows quantized once per token */
+        {lane_gather_task, n, 16},       /* ... and copied to their runs */
+        {lane_gate_up_task, n_gate_up, 1},
+        {lane_swiglu_task, n, 1},
+        {lane_down_task, n_down, 1},
+        {lane_combine_task, n_tok, 1},
+    };
+    cpu_pool_for_steps(pool, (int)(sizeof(steps) / sizeof(steps[0])), steps, &st);
     return TM_OK;
 }
