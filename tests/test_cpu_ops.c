@@ -1,0 +1,164 @@
+/* CPU ops against naive double-precision references on random shapes:
+ * RMSNorm, RoPE (table form vs the angle formula), softmax, SwiGLU, top-k,
+ * and causal attention over f32 and f16 KV caches, for prompt batches and for
+ * single tokens whose keys are split into chunks (more than 256 positions),
+ * with 1 and 3 threads.
+ *
+ * Tolerances: float32 arithmetic on the values involved. RMSNorm, RoPE,
+ * SwiGLU and softmax are a few float operations per element: 1e-5 relative.
+ * Attention sums n_kv products of head_dim terms in float32 (error ~ sqrt(n)
+ * u per sum) and, with an f16 cache, reads keys and values rounded to 11
+ * significant bits: the reference sees the same rounded cache, so only float32
+ * accumulation is left: |err| <= 1e-4 relative to the largest output. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "cpu/cpu_ops.h"
+
+static tm_rng rng;
+
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * tm_rng_normal(&rng);
+}
+
+static void test_rmsnorm_rope_softmax_swiglu(void **state) {
+    (void)state;
+    float x[333], w[333], y[333];
+    fill(x, 333, 2), fill(w, 333, 1);
+    cpu_rmsnorm(y, x, w, 333, 1e-6f);
+    double ss = 0;
+    for (int i = 0; i < 333; i++) ss += (double)x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / 333 + 1e-6);
+    for (int i = 0; i < 333; i++) assert_true(fabs(y[i] - x[i] * r * w[i]) <= 1e-5 * fabs(x[i] * r * w[i]) + 1e-6);
+
+    for (int64_t d = 2; d <= 256; d *= 2) {
+        float c[128], s[128], h[256], h0[256];
+        const int64_t pos = 40000 + d; /* large positions: angles need double precision */
+        fill(h0, d, 1);
+        memcpy(h, h0, sizeof(float) * (size_t)d);
+        cpu_rope_table(c, s, d, pos, 1e6f);
+        cpu_rope_neox_table(h, d, c, s);
+        for (int64_t i = 0; i < d / 2; i++) {
+            double th = (double)pos * pow(1e6, -2.0 * (double)i / (double)d);
+            double a = h0[i], b = h0[i + d / 2];
+            assert_true(fabs(h[i] - (a * cos(th) - b * sin(th))) < 1e-5);
+            assert_true(fabs(h[i + d / 2] - (a * sin(th) + b * cos(th))) < 1e-5);
+        }
+    }
+
+    float z[77], p[77];
+    fill(z, 77, 5);
+    memcpy(p, z, sizeof(p));
+    cpu_softmax(p, 77);
+    double m = -1e30, sum = 0;
+    for (int i = 0; i < 77; i++) m = z[i] > m ? z[i] : m;
+    for (int i = 0; i < 77; i++) sum += exp(z[i] - m);
+    for (int i = 0; i < 77; i++) assert_true(fabs(p[i] - exp(z[i] - m) / sum) <= 1e-5 * exp(z[i] - m) / sum + 1e-9);
+
+    float g[100], u[100], o[100];
+    fill(g, 100, 3), fill(u, 100, 1);
+    cpu_swiglu(o, g, u, 100);
+    for (int i = 0; i < 100; i++) {
+        double want = g[i] / (1 + exp(-(double)g[i])) * u[i];
+        assert_true(fabs(o[i] - want) <= 1e-5 * fabs(want) + 1e-7);
+    }
+
+    int32_t idx[9];
+    cpu_topk(z, 77, 9, idx);
+    for (int j = 0; j < 9; j++) {
+        int above = 0;
+        for (int i = 0; i < 77; i++) above += z[i] > z[idx[j]];
+        assert_int_equal(above, j);
+    }
+}
+
+/* Naive attention in double over the cache as stored (f16 rows read back exactly). */
+static void attention_ref(const tm_attention_shape *s, const float *q, const float *kf, const float *vf, double *out) {
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, kvd = s->n_head_kv * d;
+    for (int64_t i = 0; i < s->n_tok; i++)
+        for (int64_t h = 0; h < s->n_head; h++) {
+            const int64_t n_kv = s->pos0 + i + 1, g = h / G;
+            double *sc = malloc(sizeof(double) * (size_t)n_kv), m = -1e300, z = 0;
+            for (int64_t t = 0; t < n_kv; t++) {
+                double acc = 0;
+                for (int64_t e = 0; e < d; e++) acc += (double)q[(i * s->n_head + h) * d + e] * kf[t * kvd + g * d + e];
+                sc[t] = acc * s->scale;
+                m = sc[t] > m ? sc[t] : m;
+            }
+            for (int64_t t = 0; t < n_kv; t++) z += sc[t] = exp(sc[t] - m);
+            for (int64_t e = 0; e < d; e++) {
+                double acc = 0;
+                for (int64_t t = 0; t < n_kv; t++) acc += sc[t] * vf[t * kvd + g * d + e];
+                out[(i * s->n_head + h) * d + e] = acc / z;
+            }
+            free(sc);
+        }
+}
+
+static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0, int64_t n_head, int64_t n_head_kv,
+                            int64_t d, tm_type kv_type) {
+    const int64_t n_ctx = pos0 + n_tok, kvd = n_head_kv * d, esz = kv_type == TM_TYPE_F16 ? 2 : 4;
+    tm_attention_shape s = {n_tok, pos0, n_head, n_head_kv, d, 1.0f / sqrtf((float)d), kv_type};
+    float *q = malloc(sizeof(float) * (size_t)(n_tok * n_head * d));
+    float *kf = malloc(sizeof(float) * (size_t)(n_ctx * kvd)), *vf = malloc(sizeof(float) * (size_t)(n_ctx * kvd));
+    uint8_t *k = malloc((size_t)(n_ctx * kvd * esz)), *v = malloc((size_t)(n_ctx * kvd * esz));
+    float *out = malloc(sizeof(float) * (size_t)(n_tok * n_head * d));
+    double *ref = malloc(sizeof(double) * (size_t)(n_tok * n_head * d));
+    float *scratch = malloc(sizeof(float) * (size_t)cpu_attention_scratch_floats(&s, n_ctx, n_threads));
+    fill(q, n_tok * n_head * d, 1), fill(kf, n_ctx * kvd, 1), fill(vf, n_ctx * kvd, 1);
+    for (int64_t t = 0; t < n_ctx; t++) { /* store, then read back what the cache holds */
+        cpu_store_kv(k + t * kvd * esz, kf + t * kvd, kv_type, kvd);
+        cpu_store_kv(v + t * kvd * esz, vf + t * kvd, kv_type, kvd);
+        cpu_load_kv(kf + t * kvd, k + t * kvd * esz, kv_type, kvd);
+        cpu_load_kv(vf + t * kvd, v + t * kvd * esz, kv_type, kvd);
+    }
+    for (int64_t i = 0; i < n_tok * n_head * d; i++) out[i] = NAN; /* every output must be written */
+    cpu_attention(pool, &s, q, k, v, out, scratch);
+    attention_ref(&s, q, kf, vf, ref);
+    double big = 0, worst = 0;
+    for (int64_t i = 0; i < n_tok * n_head * d; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+    for (int64_t i = 0; i < n_tok * n_head * d; i++) {
+        assert_false(isnan(out[i]));
+        worst = fabs(out[i] - ref[i]) > worst ? fabs(out[i] - ref[i]) : worst;
+    }
+    if (!(worst <= 1e-4 * big))
+        fail_msg("attention n_tok %lld pos0 %lld heads %lld/%lld d %lld %s threads %d: max err %.3g of %.3g",
+                 (long long)n_tok, (long long)pos0, (long long)n_head, (long long)n_head_kv, (long long)d,
+                 kv_type == TM_TYPE_F16 ? "f16" : "f32", n_threads, worst, big);
+    free(q), free(kf), free(vf), free(k), free(v), free(out), free(ref), free(scratch);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    for (int nt = 1; nt <= 3; nt += 2) {
+        tm_pool *pool;
+        assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
+        for (int kv = 0; kv < 2; kv++) {
+            tm_type t = kv ? TM_TYPE_F16 : TM_TYPE_F32;
+            check_attention(pool, nt, 7, 0, 4, 2, 64, t);     /* prompt from the start */
+            check_attention(pool, nt, 5, 11, 8, 1, 32, t);    /* prompt after a cached prefix, MQA */
+            check_attention(pool, nt, 1, 0, 4, 4, 128, t);    /* first decode token */
+            check_attention(pool, nt, 1, 300, 8, 2, 64, t);   /* decode split over key chunks */
+            check_attention(pool, nt, 1, 700, 4, 2, 16, t);   /* uneven last chunk */
+            check_attention(pool, nt, 33, 260, 6, 3, 8, t);   /* prompt past a chunk's worth */
+        }
+        cpu_pool_free(pool);
+    }
+}
+
+int main(void) {
+    tm_rng_seed(&rng, 2024);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm_rope_softmax_swiglu),
+        cmocka_unit_test(test_attention),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
