@@ -1,0 +1,170 @@
+/* The CUDA backend's C API: device, memory pool, staging/upload, and the op
+ * launchers (one op per src/cuda/<op>.cu/.cuh pair; kernels know nothing of
+ * models).
+ *
+ * Compiled only when nvcc is found (TM_HAVE_CUDA=1 for the C library). This
+ * header includes no CUDA header so plain C files (tests, the model) can use
+ * it: tm_cuda_stream is the same type as cudaStream_t (struct CUstream_st *).
+ *
+ * Conventions for every launcher:
+ *   - pointers are device pointers unless the name says host;
+ *   - work is queued on the given stream, nothing synchronises;
+ *   - the launch is checked (cudaGetLastError), a failure returns
+ *     TM_ERR_DEVICE with the op, the shape and CUDA's message;
+ *   - shapes are checked before launching (TM_ERR_ARG), so a kernel never
+ *     reads past what the caller described.
+ * Layouts are row-major: x [n_tok][k], y [n_tok][rows], as in the CPU ops. */
+#ifndef TM_CUDA_CUDA_H
+#define TM_CUDA_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "quant/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *tm_cuda_stream;
+
+/* ---- device (cuda_device.cu) ---- */
+
+typedef struct tm_cuda_device tm_cuda_device;
+
+typedef struct tm_cuda_device_info {
+    char name[256];
+    int index, cc_major, cc_minor, sm_count;
+    int driver_version, runtime_version; /* 13000 = 13.0 */
+    size_t l2_bytes, total_bytes;
+} tm_cuda_device_info;
+
+/* Open GPU `index`: checks a driver is present and new enough for this
+ * runtime, a device exists, and its compute capability is >= 8.0; creates the
+ * compute stream and the upload stream. No GPU / no driver / old driver give
+ * TM_ERR_DEVICE with a message saying which. */
+tm_status cuda_device_open(int index, tm_cuda_device **out);
+void cuda_device_close(tm_cuda_device *dev);
+/* Number of usable devices; 0 (and TM_OK) when there is no driver or no GPU,
+ * so callers can choose a CPU fallback without treating it as an error. */
+tm_status cuda_device_count(int *out);
+const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev);
+tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes);
+tm_cuda_stream cuda_device_stream(const tm_cuda_device *dev);
+tm_status cuda_device_sync(tm_cuda_device *dev);
+
+/* ---- device memory pool: one cudaMalloc, a bump allocator ---- */
+
+typedef struct tm_cuda_pool tm_cuda_pool;
+
+/* Fails with TM_ERR_DEVICE naming the bytes needed and free. */
+tm_status cuda_pool_create(tm_cuda_device *dev, size_t bytes, tm_cuda_pool **out);
+/* align: a power of two (0 means 256). Fails with TM_ERR_DEVICE when the pool is full. */
+tm_status cuda_pool_alloc(tm_cuda_pool *pool, size_t bytes, size_t align, void **out);
+void cuda_pool_reset(tm_cuda_pool *pool); /* every allocation is gone */
+size_t cuda_pool_used(const tm_cuda_pool *pool);
+size_t cuda_pool_size(const tm_cuda_pool *pool);
+void cuda_pool_free(tm_cuda_pool *pool);
+
+/* ---- host memory and copies ---- */
+
+tm_status cuda_host_alloc(size_t bytes, void **out); /* pinned (page-locked) */
+void cuda_host_free(void *p);
+/* Synchronous copies and fill on the compute stream (tests, small setup). */
+tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes);
+tm_status cuda_copy_to_host(tm_cuda_device *dev, void *host_dst, const void *src, size_t bytes);
+tm_status cuda_fill_bytes(tm_cuda_device *dev, void *dst, int byte, size_t bytes);
+
+/* Copy `bytes` of host memory (e.g. the mmap'd model file: pageable) to
+ * device memory through the device's two pinned staging buffers: the CPU
+ * fills one while the DMA engine drains the other. Returns when the copy is
+ * complete; *bytes_per_s (may be NULL) gets the achieved rate. */
+tm_status cuda_upload(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes,
+                      double *bytes_per_s);
+
+/* ---- timing (CUDA events on the compute stream) ---- */
+
+typedef struct tm_cuda_timer tm_cuda_timer;
+tm_status cuda_timer_create(tm_cuda_device *dev, tm_cuda_timer **out);
+tm_status cuda_timer_start(tm_cuda_timer *t);
+tm_status cuda_timer_stop(tm_cuda_timer *t, float *ms); /* waits for the stop event */
+void cuda_timer_free(tm_cuda_timer *t);
+
+/* ---- ops ---- */
+
+/* mmvq.cu: y[t][r] = Σ_i W[r][i] · x[t][i] for decode batches.
+ * W: rows of `type` (q4_K q5_K q6_K q8_0 q4_0 mxfp4 f16 bf16 f32), row r at
+ * w + r*row_bytes; k a multiple of the type's block size; 1 <= n_tok <= 8.
+ * x must be 16-byte aligned. Activations stay f32 (no requantisation), so
+ * the result is the float32 dot of the exactly dequantized weights. */
+#define TM_CUDA_MMVQ_MAX_TOK 8
+tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
+                    const float *x, int64_t n_tok, float *y, tm_cuda_stream stream);
+
+/* moe_grouped.cu: y[tok] += weight · down_e(silu(gate_e · x[tok]) ⊙ up_e · x[tok])
+ * for each work item (expert slot e, token, weight). Expert e of a matrix is
+ * at data + e*expert_stride, its rows row_bytes apart (as tm_moe_matrix).
+ * Several items may target one token: y is updated with atomicAdd, so the
+ * summation order (and the last bits) may vary between runs.
+ * h_scratch: device floats, at least cuda_moe_scratch_floats(). */
+typedef struct tm_cuda_moe_matrix {
+    const void *data;
+    tm_type type;
+    size_t expert_stride, row_bytes;
+} tm_cuda_moe_matrix;
+
+typedef struct tm_cuda_moe_item {
+    int32_t slot;  /* expert index into the matrices */
+    int32_t token; /* row of x and y */
+    float weight;
+} tm_cuda_moe_item;
+
+typedef struct tm_cuda_moe_params {
+    int64_t n_embd, n_ff;
+    tm_cuda_moe_matrix gate, up; /* n_ff rows of n_embd */
+    tm_cuda_moe_matrix down;     /* n_embd rows of n_ff */
+} tm_cuda_moe_params;
+
+int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items);
+tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
+                           int64_t n_items, const float *x, float *y, float *h_scratch,
+                           tm_cuda_stream stream);
+
+/* router.cu: logits [n_tok][n_expert] → ids/weights [n_tok][n_used], as
+ * moe_router_select (src/moe/router.c): same gating modes, ties to the lower
+ * id, renormalise, scale. n_expert <= 512, n_used <= 32. */
+typedef enum tm_cuda_gating {
+    TM_CUDA_GATING_SOFTMAX = 0,      /* = TM_MOE_GATING_SOFTMAX */
+    TM_CUDA_GATING_SIGMOID = 1,      /* = TM_MOE_GATING_SIGMOID */
+    TM_CUDA_GATING_SOFTMAX_TOPK = 2, /* = TM_MOE_GATING_SOFTMAX_TOPK */
+} tm_cuda_gating;
+
+typedef struct tm_cuda_router_params {
+    tm_cuda_gating gating;
+    int32_t n_expert, n_used;
+    int32_t norm_topk; /* 0/1 */
+    float scale;
+} tm_cuda_router_params;
+
+#define TM_CUDA_ROUTER_MAX_EXPERT 512
+#define TM_CUDA_ROUTER_MAX_USED 32
+tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
+                             int32_t *ids, float *weights, tm_cuda_stream stream);
+
+/* norm_rope.cu */
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (w may be NULL); y may alias x. */
+tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
+                       float eps, tm_cuda_stream stream);
+/* NeoX RoPE in place on x [n_tok][n_head][head_dim] (row stride
+ * n_head*head_dim), token t at position pos[t]; angles as cpu_rope_table
+ * (theta_i = pos * base^(-2i/d), in double). head_dim even. */
+tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
+                         int64_t head_dim, float base, tm_cuda_stream stream);
+/* y[i] = a[i] + b[i]; y may alias a or b. */
+tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

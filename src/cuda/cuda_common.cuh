@@ -1,0 +1,45 @@
+/* Helpers shared by the .cu files of the CUDA backend (never by C files):
+ * turning CUDA errors into tm_status, and the launch check every launcher
+ * ends with. */
+#ifndef TM_CUDA_CUDA_COMMON_CUH
+#define TM_CUDA_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "cuda/cuda.h"
+
+/* Return TM_ERR_DEVICE naming the call and CUDA's message when `call` fails. */
+#define TM_CUDA_TRY(call)                                                                          \
+    do {                                                                                           \
+        cudaError_t tm_e_ = (call);                                                                \
+        if (tm_e_ != cudaSuccess)                                                                  \
+            return tm_error_set(TM_ERR_DEVICE, "%s:%d: %s failed: %s (error %d)", __FILE__,        \
+                                __LINE__, #call, cudaGetErrorString(tm_e_), (int)tm_e_);           \
+    } while (0)
+
+/* After a launch: a bad configuration shows up here, not at the next sync. */
+static inline tm_status tm_cuda_launch_check(const char *op, int64_t a, int64_t b, int64_t c) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return tm_error_set(TM_ERR_DEVICE, "%s launch (shape %lld x %lld x %lld) failed: %s", op,
+                            (long long)a, (long long)b, (long long)c, cudaGetErrorString(e));
+    return TM_OK;
+}
+
+#define TM_CUDA_WARP 32
+
+static __device__ __forceinline__ float tm_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float tm_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif
