@@ -218,7 +218,9 @@ void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n) {
 
 /* ---- attention ---- */
 
-#define ATTN_KV_CHUNK 256 /* keys per task when one query is split over threads */
+#define ATTN_KV_CHUNK 256  /* keys per task when one query is split over threads */
+#define ATTN_KEY_BLOCK 64  /* keys per block of the blocked attention */
+#define ATTN_TASK_ROWS 128 /* (query, head) rows per blocked task, at least one query's heads */
 
 typedef struct attn_job {
     const tm_attention_shape *s;
@@ -229,58 +231,180 @@ typedef struct attn_job {
     int64_t scratch_per_thread;
     float *records; /* split decode: per (head, chunk) max, sum, acc[head_dim] */
     size_t kv_row_bytes, kv_elem;
-    int64_t n_chunks; /* decode split: key chunks per head */
+    int64_t n_chunks;          /* decode split: key chunks per head */
+    int64_t q_block, n_blocks; /* blocked: queries per task, query blocks */
+    bool simd;
 } attn_job;
 
-int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
-    /* batch: a row and one score row per head of a group per thread; split: per (head,
-     * chunk) a max, a sum and an accumulator */
-    int64_t per_thread = (s->n_head / s->n_head_kv) * n_ctx + s->head_dim;
-    int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
-    return per_thread * (n_threads > 0 ? n_threads : 1) + s->n_head * chunks * (s->head_dim + 2);
+/* Per-thread scratch: the blocked tasks' K block (transposed), V block, score
+ * row and per-row max and sum; or a split task's scores. */
+static int64_t attn_scratch_per_thread(const tm_attention_shape *s) {
+    const int64_t G = s->n_head / s->n_head_kv, rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
+    const int64_t blocked = 2 * s->head_dim * ATTN_KEY_BLOCK + ATTN_KEY_BLOCK + 2 * rows;
+    return blocked > ATTN_KV_CHUNK ? blocked : ATTN_KV_CHUNK;
 }
 
-/* One query position against keys [0, n_kv) for all heads of one kv group:
- * each cache row is converted to f32 once and used by every head of the
- * group (8 for Qwen3-30B-A3B), which is what makes prompt attention cheap. */
-static void attn_group_row(const attn_job *j, int64_t g, int64_t i, float *scratch) {
+int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
+    /* per thread, plus for the split: per (head, chunk) a max, a sum and an accumulator */
+    int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
+    return attn_scratch_per_thread(s) * (n_threads > 0 ? n_threads : 1) + s->n_head * chunks * (s->head_dim + 2);
+}
+
+/* Blocked attention kernels, for one (query, head) row against one key block:
+ *   scores:  s[j] = scale · q · k_j            for j < ATTN_KEY_BLOCK (kT is [d][ATTN_KEY_BLOCK])
+ *   update:  online softmax over the first n keys (s[j] -inf beyond them):
+ *            m' = max(m, max s), o = o·exp(m - m') + Σ exp(s_j - m') v_j, l likewise */
+static void attn_scores_ref(const float *q, const float *kT, int64_t d, float scale, float *s) {
+    for (int j = 0; j < ATTN_KEY_BLOCK; j++) s[j] = 0;
+    for (int64_t i = 0; i < d; i++)
+        for (int j = 0; j < ATTN_KEY_BLOCK; j++) s[j] += q[i] * kT[i * ATTN_KEY_BLOCK + j];
+    for (int j = 0; j < ATTN_KEY_BLOCK; j++) s[j] *= scale;
+}
+
+static void attn_update_ref(float *o, float *m, float *l, float *s, int64_t n, const float *v, int64_t d) {
+    float mb = *m;
+    for (int64_t j = 0; j < n; j++) mb = s[j] > mb ? s[j] : mb;
+    const float alpha = expf(*m - mb); /* 0 on the first block: m = -inf */
+    float sum = 0;
+    for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] - mb);
+    *m = mb, *l = *l * alpha + sum;
+    for (int64_t i = 0; i < d; i++) o[i] *= alpha;
+    for (int64_t j = 0; j < n; j++) cpu_axpy(o, s[j], v + j * d, d);
+}
+
+#ifdef TM_X86
+/* exp for x <= 0 (Cephes' polynomial, about 1 ulp); 0 below -87. */
+__attribute__((target("avx2,fma"))) static inline __m256 exp_neg_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* also clears -inf and NaN */
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), zero_mask);
+}
+
+__attribute__((target("avx2,fma"))) static void attn_scores_avx2(const float *q, const float *kT, int64_t d,
+                                                                 float scale, float *s) {
+    __m256 acc[ATTN_KEY_BLOCK / 8];
+    for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++) acc[v] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i++) {
+        const __m256 b = _mm256_broadcast_ss(q + i);
+        for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++)
+            acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(kT + i * ATTN_KEY_BLOCK + 8 * v), acc[v]);
+    }
+    for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++) _mm256_storeu_ps(s + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(scale)));
+}
+
+/* o[0, 8 nv) = o · alpha + Σ_j p_j v_j[0, 8 nv); nv is a constant after inlining. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void attn_pv_avx2(float *o, float alpha, const float *p,
+                                                                                 int64_t n, const float *v, int64_t d,
+                                                                                 int nv) {
+    __m256 acc[8];
+    const __m256 a = _mm256_set1_ps(alpha);
+    for (int u = 0; u < nv; u++) acc[u] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * u), a);
+    for (int64_t j = 0; j < n; j++) {
+        const __m256 b = _mm256_broadcast_ss(p + j);
+        for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * d + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < nv; u++) _mm256_storeu_ps(o + 8 * u, acc[u]);
+}
+
+/* head_dim a multiple of 8 */
+__attribute__((target("avx2,fma"))) static void attn_update_avx2(float *o, float *m, float *l, float *s, int64_t n,
+                                                                 const float *v, int64_t d) {
+    for (int64_t j = n; j < ATTN_KEY_BLOCK; j++) s[j] = -INFINITY;
+    __m256 mx = _mm256_set1_ps(*m);
+    for (int u = 0; u < ATTN_KEY_BLOCK / 8; u++) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + 8 * u));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float mb = _mm_cvtss_f32(m4);
+    const float alpha = expf(*m - mb); /* 0 on the first block: m = -inf */
+    __m256 sum = _mm256_setzero_ps();
+    const __m256 vmb = _mm256_set1_ps(mb);
+    for (int u = 0; u < ATTN_KEY_BLOCK / 8; u++) {
+        __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * u), vmb));
+        _mm256_storeu_ps(s + 8 * u, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_hadd_ps(s4, s4);
+    s4 = _mm_hadd_ps(s4, s4);
+    *m = mb, *l = *l * alpha + _mm_cvtss_f32(s4);
+    int64_t i = 0;
+    for (; i + 64 <= d; i += 64) attn_pv_avx2(o + i, alpha, s, n, v + i, d, 8);
+    for (; i < d; i += 8) attn_pv_avx2(o + i, alpha, s, n, v + i, d, 1);
+}
+#endif
+
+/* One blocked task: queries [i0, i1) for the G heads of kv group g, row
+ * r = (i - i0) G + h, against keys in blocks of ATTN_KEY_BLOCK: each K/V block
+ * is converted to f32 once and used by every row (flash-attention style, with
+ * an online softmax). A row's result depends only on its query position, not
+ * on how queries were grouped into tasks or batches. */
+static void attn_block_task(const attn_job *j, int64_t g, int64_t i0, int64_t i1, float *scratch) {
     const tm_attention_shape *s = j->s;
-    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + i + 1;
-    float *row = scratch, *scores = scratch + d; /* scores: [G][n_kv] */
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_rows = (i1 - i0) * G;
+    const int64_t n_kv = s->pos0 + i1; /* keys any row of the task sees */
+    float *kT = scratch, *vf = kT + d * ATTN_KEY_BLOCK, *sc = vf + d * ATTN_KEY_BLOCK;
+    float *m = sc + ATTN_KEY_BLOCK, *l = m + n_rows;
     const size_t off = (size_t)g * d * j->kv_elem;
-    float m[64];
-    for (int64_t h = 0; h < G; h++) m[h] = -INFINITY;
-    for (int64_t t = 0; t < n_kv; t++) {
-        const void *k = j->k + t * j->kv_row_bytes + off;
-        const float *kf = k;
-        if (s->kv_type != TM_TYPE_F32) cpu_load_kv(row, k, s->kv_type, d), kf = row;
-        for (int64_t h = 0; h < G; h++) {
-            const float *q = j->q + (i * s->n_head + g * G + h) * d;
-            float x = s->scale * cpu_dot_f32_kv(q, kf, TM_TYPE_F32, d);
-            scores[h * n_kv + t] = x;
-            m[h] = x > m[h] ? x : m[h];
+#ifdef TM_X86
+    void (*scores)(const float *, const float *, int64_t, float, float *) = j->simd ? attn_scores_avx2 : attn_scores_ref;
+    void (*update)(float *, float *, float *, float *, int64_t, const float *, int64_t) =
+        j->simd ? attn_update_avx2 : attn_update_ref;
+#else
+    void (*scores)(const float *, const float *, int64_t, float, float *) = attn_scores_ref;
+    void (*update)(float *, float *, float *, float *, int64_t, const float *, int64_t) = attn_update_ref;
+#endif
+    for (int64_t r = 0; r < n_rows; r++) {
+        m[r] = -INFINITY, l[r] = 0;
+        memset(j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d, 0, (size_t)d * sizeof(float));
+    }
+    for (int64_t t0 = 0; t0 < n_kv; t0 += ATTN_KEY_BLOCK) {
+        const int64_t nk = n_kv - t0 < ATTN_KEY_BLOCK ? n_kv - t0 : ATTN_KEY_BLOCK;
+        for (int64_t t = 0; t < nk; t++) {
+            float *row = vf + t * d; /* K row through the V buffer, then transposed */
+            cpu_load_kv(row, j->k + (t0 + t) * j->kv_row_bytes + off, s->kv_type, d);
+            for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = row[i];
+        }
+        for (int64_t t = nk; t < ATTN_KEY_BLOCK; t++)
+            for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = 0;
+        for (int64_t t = 0; t < nk; t++) cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, s->kv_type, d);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const int64_t i = i0 + r / G, n = s->pos0 + i + 1 - t0; /* causal: keys up to pos0 + i */
+            if (n <= 0) continue;
+            const int64_t row = (i * s->n_head + g * G + r % G) * d;
+            scores(j->q + row, kT, d, s->scale, sc);
+            update(j->out + row, &m[r], &l[r], sc, n < nk ? n : nk, vf, d);
         }
     }
-    float inv[64];
-    for (int64_t h = 0; h < G; h++) {
-        double sum = 0;
-        for (int64_t t = 0; t < n_kv; t++) sum += scores[h * n_kv + t] = expf(scores[h * n_kv + t] - m[h]);
-        inv[h] = (float)(1.0 / sum);
-        memset(j->out + (i * s->n_head + g * G + h) * d, 0, (size_t)d * sizeof(float));
-    }
-    for (int64_t t = 0; t < n_kv; t++) {
-        const void *v = j->v + t * j->kv_row_bytes + off;
-        const float *vf = v;
-        if (s->kv_type != TM_TYPE_F32) cpu_load_kv(row, v, s->kv_type, d), vf = row;
-        for (int64_t h = 0; h < G; h++)
-            cpu_axpy(j->out + (i * s->n_head + g * G + h) * d, scores[h * n_kv + t] * inv[h], vf, d);
+    for (int64_t r = 0; r < n_rows; r++) {
+        float *o = j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d;
+        const float inv = 1.0f / l[r];
+        for (int64_t i = 0; i < d; i++) o[i] *= inv;
     }
 }
 
 static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
     float *scratch = j->scratch + ith * j->scratch_per_thread;
-    for (int64_t w = begin; w < end; w++) attn_group_row(j, w % j->s->n_head_kv, w / j->s->n_head_kv, scratch);
+    for (int64_t w = begin; w < end; w++) {
+        /* the last query blocks see the most keys: hand them out first */
+        const int64_t b = j->n_blocks - 1 - w / j->s->n_head_kv, i0 = b * j->q_block;
+        const int64_t i1 = i0 + j->q_block < j->s->n_tok ? i0 + j->q_block : j->s->n_tok;
+        attn_block_task(j, w % j->s->n_head_kv, i0, i1, scratch);
+    }
 }
 
 /* Single query, one (head, key chunk): the chunk's max, sum of exponentials
@@ -339,19 +463,21 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
     attn_job j = {
         .s = s, .q = q, .k = k, .v = v, .out = out, .scratch = scratch,
         .kv_elem = s->kv_type == TM_TYPE_F16 ? 2 : 4,
+        .simd = use_f16c() && s->head_dim % 8 == 0,
     };
     const int nth = pool ? cpu_pool_size(pool) : 1;
-    const int64_t n_ctx_used = s->pos0 + s->n_tok;
+    const int64_t G = s->n_head / s->n_head_kv;
     j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
-    j.scratch_per_thread = (s->n_head / s->n_head_kv) * n_ctx_used + s->head_dim;
+    j.scratch_per_thread = attn_scratch_per_thread(s);
     j.records = scratch + j.scratch_per_thread * nth;
     if (s->n_tok == 1 && s->pos0 + 1 > ATTN_KV_CHUNK) {
         j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
         cpu_pool_for(pool, s->n_head * j.n_chunks, 1, attn_split_task, &j);
         attn_split_merge(&j);
     } else {
-        TM_ASSERT(s->n_head / s->n_head_kv <= 64);
-        cpu_pool_for(pool, s->n_head_kv * s->n_tok, 1, attn_batch_task, &j);
+        j.q_block = G < ATTN_TASK_ROWS ? ATTN_TASK_ROWS / G : 1;
+        j.n_blocks = (s->n_tok + j.q_block - 1) / j.q_block;
+        cpu_pool_for(pool, s->n_head_kv * j.n_blocks, 1, attn_batch_task, &j);
     }
 }
 
