@@ -1,8 +1,6 @@
 /* CPU element-wise and attention ops (see cpu_ops.h). */
 #include "cpu/cpu_ops.h"
 
-#include "core/log.h"
-
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
