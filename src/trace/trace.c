@@ -203,7 +203,8 @@ void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, in
             uint64_t now = tm_time_ns();
             if (t->t_attn_layer == layer) t->stats.layers[layer].routing_ns += now - t->t_attn;
             trace_record(t, (uint32_t)layer, data, n_tok);
-            t->t_topk = tm_time_ns(), t->t_topk_layer = layer; /* counting is not expert time */
+            /* counting (tens of ns) lands in expert time; name logging would not be small */
+            t->t_topk = t->cfg.names ? tm_time_ns() : now, t->t_topk_layer = layer;
         } else if (name[0] == 'f' && !strcmp(name, "ffn_out")) {
             if (t->t_topk_layer == layer) t->stats.layers[layer].experts_ns += tm_time_ns() - t->t_topk;
             t->t_topk_layer = -1;
