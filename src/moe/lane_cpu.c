@@ -247,14 +247,19 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     const int64_t n_gate_up = lane_items_build(&st, items, n_runs, LANE_GATE, LANE_UP);
     const int64_t n_down = lane_items_build(&st, items + n_gate_up, n_runs, LANE_DOWN, LANE_DOWN);
     st.items[0] = items, st.items[1] = items + n_gate_up;
+    /* a decode step (one token, k slots) quantizes, gathers and merges on this
+     * thread: cheaper than a barrier */
+    const bool decode = n_tok == 1 && n <= 16;
+    if (decode) lane_quantize_task(&st, 0, 1, 0), lane_gather_task(&st, 0, n, 0);
     const tm_pool_step steps[] = {
-        {lane_quantize_task, n_tok, 4},  /* x rows quantized once per token */
-        {lane_gather_task, n, 16},       /* ... and copied to their runs */
+        {lane_quantize_task, decode ? 0 : n_tok, 4}, /* x rows quantized once per token */
+        {lane_gather_task, decode ? 0 : n, 16},      /* ... and copied to their runs */
         {lane_gate_up_task, n_gate_up, 1},
         {lane_swiglu_task, n, 1},
         {lane_down_task, n_down, 1},
-        {lane_combine_task, n_tok, 1},
+        {lane_combine_task, decode ? 0 : n_tok, 1},
     };
     cpu_pool_for_steps(pool, (int)(sizeof(steps) / sizeof(steps[0])), steps, &st);
+    if (decode) lane_combine_task(&st, 0, 1, 0);
     return TM_OK;
 }
