@@ -7,10 +7,13 @@
  *   1. G = gate·x, U = up·x     for each run's tokens (activations quantized once per
  *      token, then copied next to the other tokens of each run)
  *   2. H = act(G, U) quantized; O = down·H
+ *      (H is made in pieces of 256 values by whichever thread finishes the
+ *      last gate/up item of a piece, so no barrier waits between G, U and H)
  *   3. y[token] += Σ weight · O[slot]   over the token's slots in worklist order
  * All of it is one pool job (cpu_pool_for_steps) with barriers between the
  * parts, so a decode layer wakes the pool once. Weights are read once per
  * run: once per batch for prompts. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +21,7 @@
 #include "moe/moe.h"
 
 #define LANE_ROW_CHUNK 32 /* rows per work item */
+#define LANE_H_PIECE 256  /* H values activated and quantized together: whole q8_K/q8_0 blocks */
 
 typedef struct lane_run {
     int64_t s0, s1; /* slots [s0, s1) of one expert, relative to the lane's first slot */
@@ -42,7 +46,8 @@ struct tm_moe_cpu_lane {
     uint8_t *xq[LANE_PROJ]; /* product inputs per slot: gathered x rows (gate, up), quantized H (down) */
     float *out[LANE_PROJ];  /* G, U [slots][n_ff]; O [slots][n_embd] */
     float *xf;              /* gathered f32 x (precise path) */
-    size_t cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
+    atomic_int *pending;    /* per (run, H piece): gate/up items not yet done */
+    size_t cap_pending, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
 };
 
 tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
@@ -53,6 +58,7 @@ tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
 void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
     free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]), free(l->xq_tok[1]), free(l->xf);
+    free(l->pending);
     for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
 }
@@ -78,7 +84,18 @@ typedef struct lane_step {
     int64_t rows[LANE_PROJ];    /* output rows of each projection */
     size_t xq_bytes[LANE_PROJ]; /* bytes of one quantized input row of each projection */
     int shared_act;             /* gate and up read the same activation rows */
+    int64_t n_pieces;           /* H pieces per slot when gate/up items make H; 0: a step of its own */
 } lane_step;
+
+/* H = act(G, U) for values [c0, c1) of slot s, quantized for the down product. */
+static void lane_swiglu_piece(const lane_step *st, int64_t s, int64_t c0, int64_t c1) {
+    const int64_t F = st->ex->n_ff;
+    const tm_moe_cpu_lane *l = st->l;
+    const tm_type t = st->m[LANE_DOWN]->type;
+    float *g = l->out[LANE_GATE] + s * F + c0;
+    cpu_swiglu(g, g, l->out[LANE_UP] + s * F + c0, c1 - c0);
+    cpu_act_quantize(t, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN] + cpu_act_row_size(t, c0), c1 - c0);
+}
 
 static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin, int64_t end) {
     const tm_moe_cpu_lane *l = st->l;
@@ -90,6 +107,12 @@ static void lane_items_run(const lane_step *st, const lane_item *items, int64_t 
         cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes, it->r0,
                  it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in], run->s1 - run->s0,
                  l->out[p] + run->s0 * st->rows[p], st->rows[p]);
+        if (!st->n_pieces || p == LANE_DOWN) continue;
+        /* the last gate/up item of an H piece makes that piece for the run's slots */
+        const int64_t c = it->r0 / LANE_H_PIECE;
+        if (atomic_fetch_sub_explicit(&l->pending[it->run * st->n_pieces + c], 1, memory_order_acq_rel) == 1)
+            for (int64_t s = run->s0; s < run->s1; s++)
+                lane_swiglu_piece(st, s, c * LANE_H_PIECE, (c + 1) * LANE_H_PIECE);
     }
 }
 
@@ -140,13 +163,7 @@ static void lane_gather_task(void *ctx, int64_t begin, int64_t end, int ith) {
 
 static void lane_swiglu_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
-    const int64_t F = st->ex->n_ff;
-    tm_moe_cpu_lane *l = st->l;
-    for (int64_t s = begin; s < end; s++) {
-        float *g = l->out[LANE_GATE] + s * F;
-        cpu_swiglu(g, g, l->out[LANE_UP] + s * F, F);
-        cpu_act_quantize(st->m[LANE_DOWN]->type, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN], F);
-    }
+    for (int64_t s = begin; s < end; s++) lane_swiglu_piece(st, s, 0, st->ex->n_ff);
     (void)ith;
 }
 
@@ -226,6 +243,11 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         ok = lane_grow((void **)&l->xq_tok[p], &l->cap_xq_tok[p], (size_t)n_tok * st.xq_bytes[p]);
     ok = ok && lane_grow((void **)&l->tok_first, &l->cap_tok_first, (size_t)(n_tok + 1) * sizeof(int64_t)) &&
          lane_grow((void **)&l->tok_slots, &l->cap_tok_slots, (size_t)n * sizeof(int64_t));
+    /* H in pieces when the pieces split the quantized row and the items the pieces */
+    if (F % LANE_H_PIECE == 0 && LANE_H_PIECE % LANE_ROW_CHUNK == 0 &&
+        cpu_act_row_size(ex->down.type, F) == (size_t)(F / LANE_H_PIECE) * cpu_act_row_size(ex->down.type, LANE_H_PIECE))
+        st.n_pieces = F / LANE_H_PIECE;
+    ok = ok && lane_grow((void **)&l->pending, &l->cap_pending, (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int));
     if (ok && precise) ok = lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float));
     if (!ok) return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
 
@@ -247,6 +269,8 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     const int64_t n_gate_up = lane_items_build(&st, items, n_runs, LANE_GATE, LANE_UP);
     const int64_t n_down = lane_items_build(&st, items + n_gate_up, n_runs, LANE_DOWN, LANE_DOWN);
     st.items[0] = items, st.items[1] = items + n_gate_up;
+    for (int64_t i = 0; i < n_runs * st.n_pieces; i++)
+        atomic_init(&l->pending[i], 2 * LANE_H_PIECE / LANE_ROW_CHUNK); /* gate and up items of a piece */
     /* a decode step (one token, k slots) quantizes, gathers and merges on this
      * thread: cheaper than a barrier */
     const bool decode = n_tok == 1 && n <= 16;
@@ -255,7 +279,7 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         {lane_quantize_task, decode ? 0 : n_tok, 4}, /* x rows quantized once per token */
         {lane_gather_task, decode ? 0 : n, 16},      /* ... and copied to their runs */
         {lane_gate_up_task, n_gate_up, 1},
-        {lane_swiglu_task, n, 1},
+        {lane_swiglu_task, st.n_pieces ? 0 : n, 1},
         {lane_down_task, n_down, 1},
         {lane_combine_task, decode ? 0 : n_tok, 1},
     };
