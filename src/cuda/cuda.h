@@ -103,7 +103,9 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
                     const float *x, int64_t n_tok, float *y, tm_cuda_stream stream);
 
 /* moe_grouped.cu: y[tok] += weight · down_e(silu(gate_e · x[tok]) ⊙ up_e · x[tok])
- * for each work item (expert slot e, token, weight). Expert e of a matrix is
+ * for each work item (expert slot e, token, weight); items is a device array,
+ * x and y are [n_tok][n_embd] (items with a token outside [0, n_tok) or a slot
+ * outside [0, n_slots) are skipped, never read past). Expert e of a matrix is
  * at data + e*expert_stride, its rows row_bytes apart (as tm_moe_matrix).
  * Several items may target one token: y is updated with atomicAdd, so the
  * summation order (and the last bits) may vary between runs.
@@ -122,14 +124,15 @@ typedef struct tm_cuda_moe_item {
 
 typedef struct tm_cuda_moe_params {
     int64_t n_embd, n_ff;
+    int32_t n_slots; /* expert slots addressable in the matrices; items outside are skipped */
     tm_cuda_moe_matrix gate, up; /* n_ff rows of n_embd */
     tm_cuda_moe_matrix down;     /* n_embd rows of n_ff */
 } tm_cuda_moe_params;
 
 int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items);
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
-                           int64_t n_items, const float *x, float *y, float *h_scratch,
-                           tm_cuda_stream stream);
+                           int64_t n_items, const float *x, int64_t n_tok, float *y,
+                           float *h_scratch, tm_cuda_stream stream);
 
 /* router.cu: logits [n_tok][n_expert] → ids/weights [n_tok][n_used], as
  * moe_router_select (src/moe/router.c): same gating modes, ties to the lower

@@ -1,0 +1,84 @@
+/* Element-wise ops of the layer around the products: RMSNorm over rows,
+ * NeoX RoPE from a position list, residual add. Same math as cpu_rmsnorm,
+ * cpu_rope_table + cpu_rope_neox_table and a plain add (src/cpu/cpu_ops.c).
+ * These are a few hundred KiB per layer and step; they are written to be
+ * simple and bounded, not tuned. */
+#include <math.h>
+
+#include "cuda/cuda_common.cuh"
+
+#define TM_NORM_THREADS 256
+
+/* One block per row: a block-wide sum of squares, then scale (and gain). */
+__global__ void __launch_bounds__(TM_NORM_THREADS)
+    tm_rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, int64_t n, float eps) {
+    __shared__ float part[TM_NORM_THREADS / TM_CUDA_WARP];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += TM_NORM_THREADS) s += xr[i] * xr[i];
+    s = tm_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TM_NORM_THREADS / TM_CUDA_WARP; i++) tot += part[i];
+    const float scale = 1.0f / sqrtf(tot / (float)n + eps);
+    /* y may alias x: each element is read then written by the same thread, after
+     * the barrier that ended every read of the sum */
+    for (int64_t i = threadIdx.x; i < n; i += TM_NORM_THREADS)
+        yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+}
+
+extern "C" tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
+                                  float eps, tm_cuda_stream stream) {
+    if (n_rows <= 0 || n <= 0 || n_rows > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "cuda_rmsnorm: %lld rows of %lld", (long long)n_rows, (long long)n);
+    tm_rmsnorm_kernel<<<(unsigned)n_rows, TM_NORM_THREADS, 0, stream>>>(y, x, w, n, eps);
+    return tm_cuda_launch_check("cuda_rmsnorm", n_rows, n, 1);
+}
+
+/* One thread per rotated pair (token, head, i < d/2). Angles in double like
+ * cpu_rope_table: at positions in the tens of thousands, float angles lose
+ * the low bits the rotation depends on. */
+__global__ void tm_rope_neox_kernel(float *x, const int32_t *__restrict__ pos, int64_t n_tok,
+                                    int64_t n_head, int64_t head_dim, float base) {
+    const int64_t half = head_dim / 2;
+    const int64_t total = n_tok * n_head * half;
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+         g += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = g % half, th = g / half; /* th = token * n_head + head */
+        const int64_t t = th / n_head;
+        const double theta = (double)pos[t] * pow((double)base, -2.0 * (double)i / (double)head_dim);
+        const float c = (float)cos(theta), s = (float)sin(theta);
+        float *xh = x + th * head_dim;
+        const float a = xh[i], b = xh[i + half];
+        xh[i] = a * c - b * s;
+        xh[i + half] = a * s + b * c;
+    }
+}
+
+extern "C" tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
+                                    int64_t head_dim, float base, tm_cuda_stream stream) {
+    if (n_tok <= 0 || n_head <= 0 || head_dim <= 0 || (head_dim & 1))
+        return tm_error_set(TM_ERR_ARG, "cuda_rope_neox: %lld tokens, %lld heads of %lld (head_dim must be even)",
+                            (long long)n_tok, (long long)n_head, (long long)head_dim);
+    const int64_t total = n_tok * n_head * (head_dim / 2);
+    int64_t blocks = (total + 255) / 256;
+    if (blocks > 65536) blocks = 65536; /* grid-stride loop covers the rest */
+    tm_rope_neox_kernel<<<(unsigned)blocks, 256, 0, stream>>>(x, pos, n_tok, n_head, head_dim, base);
+    return tm_cuda_launch_check("cuda_rope_neox", n_tok, n_head, head_dim);
+}
+
+__global__ void tm_add_kernel(float *y, const float *a, const float *b, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = a[i] + b[i];
+}
+
+extern "C" tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream) {
+    if (n <= 0) return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 65536) blocks = 65536;
+    tm_add_kernel<<<(unsigned)blocks, 256, 0, stream>>>(y, a, b, n);
+    return tm_cuda_launch_check("cuda_add", n, 1, 1);
+}

@@ -1,0 +1,118 @@
+/* Fused expert routing, one warp per token: router logits → gate scores
+ * (softmax over all experts, sigmoid, or the raw logits for softmax-over-top-k)
+ * → top-k (ties to the lower expert id) → weights (softmax over the k for
+ * SOFTMAX_TOPK) → renormalise → scale. The same function as
+ * moe_router_select in src/moe/router.c, in one launch.
+ *
+ * Each lane holds experts lane, lane+32, ... (16 registers for 512 experts);
+ * top-k is k rounds of a warp arg-max with a per-lane "taken" bit mask, and
+ * lane j keeps the j-th winner, so the k results never touch memory until
+ * they are written. Sums are float (the CPU's softmax sums in double): the
+ * weights agree to float rounding, ids agree except where two scores are
+ * within that rounding of each other. */
+#include <math.h>
+
+#include "cuda/cuda_common.cuh"
+
+#define TM_ROUTER_WARPS 4
+#define TM_ROUTER_PER_LANE (TM_CUDA_ROUTER_MAX_EXPERT / TM_CUDA_WARP)
+
+/* (a_val, a_idx) better than (b_val, b_idx): larger value, then lower id. */
+static __device__ __forceinline__ bool tm_better(float av, int ai, float bv, int bi) {
+    return av > bv || (av == bv && ai < bi);
+}
+
+__global__ void __launch_bounds__(TM_ROUTER_WARPS * TM_CUDA_WARP)
+    tm_router_kernel(tm_cuda_router_params p, const float *__restrict__ logits, int64_t n_tok,
+                     int32_t *__restrict__ ids, float *__restrict__ weights) {
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
+    const int64_t t = (int64_t)blockIdx.x * TM_ROUTER_WARPS + (threadIdx.x >> 5);
+    if (t >= n_tok) return; /* whole warp */
+    const int E = p.n_expert, K = p.n_used;
+    const float *l = logits + t * E;
+
+    float s[TM_ROUTER_PER_LANE];
+    uint32_t taken = 0; /* bit j: expert lane+32j is chosen or does not exist */
+#pragma unroll
+    for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
+        const int e = lane + TM_CUDA_WARP * j;
+        s[j] = e < E ? l[e] : -INFINITY;
+        if (e >= E) taken |= 1u << j;
+    }
+    if (p.gating == TM_CUDA_GATING_SOFTMAX) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++) m = fmaxf(m, s[j]);
+        m = tm_warp_max(m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
+            s[j] = (taken >> j) & 1 ? 0.0f : expf(s[j] - m);
+            sum += s[j];
+        }
+        const float inv = 1.0f / tm_warp_sum(sum);
+#pragma unroll
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++) s[j] = (taken >> j) & 1 ? -INFINITY : s[j] * inv;
+    } else if (p.gating == TM_CUDA_GATING_SIGMOID) {
+#pragma unroll
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++)
+            if (!((taken >> j) & 1)) s[j] = 1.0f / (1.0f + expf(-s[j]));
+    }
+
+    /* A NaN score would never win a comparison and leave no valid id: rank it lowest. */
+#pragma unroll
+    for (int j = 0; j < TM_ROUTER_PER_LANE; j++)
+        if (isnan(s[j])) s[j] = -INFINITY;
+
+    /* k rounds of arg-max; lane i keeps round i's winner */
+    float my_score = 0.0f;
+    int my_id = 0;
+    for (int r = 0; r < K; r++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
+            const int e = lane + TM_CUDA_WARP * j;
+            if (!((taken >> j) & 1) && tm_better(s[j], e, bv, bi)) bv = s[j], bi = e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (tm_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        /* every lane now holds the same winner; its owner marks it taken */
+        if (bi != 0x7fffffff && (bi & (TM_CUDA_WARP - 1)) == lane) taken |= 1u << (bi >> 5);
+        if (lane == r) my_score = bv, my_id = bi;
+    }
+
+    const bool mine = lane < K;
+    float w = my_score;
+    if (p.gating == TM_CUDA_GATING_SOFTMAX_TOPK) {
+        const float m = tm_warp_max(mine ? w : -INFINITY);
+        const float e = mine ? expf(w - m) : 0.0f;
+        w = e / tm_warp_sum(e);
+    }
+    if (p.norm_topk) w = w / tm_warp_sum(mine ? w : 0.0f);
+    if (p.scale != 1.0f) w *= p.scale;
+    if (mine) {
+        ids[t * K + lane] = my_id;
+        weights[t * K + lane] = w;
+    }
+}
+
+extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
+                                        int32_t *ids, float *weights, tm_cuda_stream stream) {
+    if (p->n_expert < 1 || p->n_expert > TM_CUDA_ROUTER_MAX_EXPERT || p->n_used < 1 ||
+        p->n_used > TM_CUDA_ROUTER_MAX_USED || p->n_used > p->n_expert)
+        return tm_error_set(TM_ERR_ARG, "cuda_router_select: %d experts, %d used (want 1..%d experts, 1..%d used)",
+                            p->n_expert, p->n_used, TM_CUDA_ROUTER_MAX_EXPERT, TM_CUDA_ROUTER_MAX_USED);
+    if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
+        p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
+        return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
+    if (n_tok <= 0) return n_tok == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
+    const int64_t blocks = (n_tok + TM_ROUTER_WARPS - 1) / TM_ROUTER_WARPS;
+    if (blocks > 0x7fffffffLL) return tm_error_set(TM_ERR_ARG, "cuda_router_select: too many tokens");
+    tm_router_kernel<<<(unsigned)blocks, TM_ROUTER_WARPS * TM_CUDA_WARP, 0, stream>>>(*p, logits, n_tok, ids, weights);
+    return tm_cuda_launch_check("cuda_router_select", n_tok, p->n_expert, p->n_used);
+}
