@@ -216,8 +216,8 @@ void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n) {
 
 /* ---- attention ---- */
 
-#define ATTN_KV_CHUNK 256  /* keys per task when one query is split over threads */
 #define ATTN_KEY_BLOCK 64  /* keys per block of the blocked attention */
+#define ATTN_KV_CHUNK ATTN_KEY_BLOCK /* keys per task when one query is split over threads */
 #define ATTN_TASK_ROWS 128 /* (query, head) rows per blocked task, at least one query's heads */
 
 typedef struct attn_job {
@@ -234,12 +234,11 @@ typedef struct attn_job {
     bool simd;
 } attn_job;
 
-/* Per-thread scratch: the blocked tasks' K block (transposed), V block, score
- * row and per-row max and sum; or a split task's scores. */
+/* Per-thread scratch: a K block (transposed), a V block, a score row, and
+ * per task row an accumulator, a max and a sum. */
 static int64_t attn_scratch_per_thread(const tm_attention_shape *s) {
     const int64_t G = s->n_head / s->n_head_kv, rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
-    const int64_t blocked = 2 * s->head_dim * ATTN_KEY_BLOCK + ATTN_KEY_BLOCK + 2 * rows;
-    return blocked > ATTN_KV_CHUNK ? blocked : ATTN_KV_CHUNK;
+    return 2 * s->head_dim * ATTN_KEY_BLOCK + ATTN_KEY_BLOCK + rows * (s->head_dim + 2);
 }
 
 int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
@@ -345,17 +344,18 @@ __attribute__((target("avx2,fma"))) static void attn_update_avx2(float *o, float
 }
 #endif
 
-/* One blocked task: queries [i0, i1) for the G heads of kv group g, row
- * r = (i - i0) G + h, against keys in blocks of ATTN_KEY_BLOCK: each K/V block
- * is converted to f32 once and used by every row (flash-attention style, with
- * an online softmax). A row's result depends only on its query position, not
- * on how queries were grouped into tasks or batches. */
-static void attn_block_task(const attn_job *j, int64_t g, int64_t i0, int64_t i1, float *scratch) {
+/* Queries [i0, i1) for the G heads of kv group g, row r = (i - i0) G + h,
+ * against keys [t_begin, t_end) (each row only up to its own position), in
+ * blocks of ATTN_KEY_BLOCK: each K/V block is converted to f32 once and used
+ * by every row (flash-attention style). Row r's accumulator o[r][head_dim],
+ * running max m[r] and sum l[r] are updated by an online softmax. A row's
+ * result depends only on its query position and the key range, not on the
+ * other rows of the task. */
+static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int64_t t_begin, int64_t t_end,
+                      float *o, float *m, float *l, float *scratch) {
     const tm_attention_shape *s = j->s;
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_rows = (i1 - i0) * G;
-    const int64_t n_kv = s->pos0 + i1; /* keys any row of the task sees */
     float *kT = scratch, *vf = kT + d * ATTN_KEY_BLOCK, *sc = vf + d * ATTN_KEY_BLOCK;
-    float *m = sc + ATTN_KEY_BLOCK, *l = m + n_rows;
     const size_t off = (size_t)g * d * j->kv_elem;
 #ifdef TM_X86
     void (*scores)(const float *, const float *, int64_t, float, float *) = j->simd ? attn_scores_avx2 : attn_scores_ref;
@@ -365,12 +365,8 @@ static void attn_block_task(const attn_job *j, int64_t g, int64_t i0, int64_t i1
     void (*scores)(const float *, const float *, int64_t, float, float *) = attn_scores_ref;
     void (*update)(float *, float *, float *, float *, int64_t, const float *, int64_t) = attn_update_ref;
 #endif
-    for (int64_t r = 0; r < n_rows; r++) {
-        m[r] = -INFINITY, l[r] = 0;
-        memset(j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d, 0, (size_t)d * sizeof(float));
-    }
-    for (int64_t t0 = 0; t0 < n_kv; t0 += ATTN_KEY_BLOCK) {
-        const int64_t nk = n_kv - t0 < ATTN_KEY_BLOCK ? n_kv - t0 : ATTN_KEY_BLOCK;
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += ATTN_KEY_BLOCK) {
+        const int64_t nk = t_end - t0 < ATTN_KEY_BLOCK ? t_end - t0 : ATTN_KEY_BLOCK;
         for (int64_t t = 0; t < nk; t++) {
             float *row = vf + t * d; /* K row through the V buffer, then transposed */
             cpu_load_kv(row, j->k + (t0 + t) * j->kv_row_bytes + off, s->kv_type, d);
@@ -382,63 +378,67 @@ static void attn_block_task(const attn_job *j, int64_t g, int64_t i0, int64_t i1
         for (int64_t r = 0; r < n_rows; r++) {
             const int64_t i = i0 + r / G, n = s->pos0 + i + 1 - t0; /* causal: keys up to pos0 + i */
             if (n <= 0) continue;
-            const int64_t row = (i * s->n_head + g * G + r % G) * d;
-            scores(j->q + row, kT, d, s->scale, sc);
-            update(j->out + row, &m[r], &l[r], sc, n < nk ? n : nk, vf, d);
+            scores(j->q + (i * s->n_head + g * G + r % G) * d, kT, d, s->scale, sc);
+            update(o + r * d, &m[r], &l[r], sc, n < nk ? n : nk, vf, d);
         }
     }
-    for (int64_t r = 0; r < n_rows; r++) {
-        float *o = j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d;
-        const float inv = 1.0f / l[r];
-        for (int64_t i = 0; i < d; i++) o[i] *= inv;
-    }
 }
 
+/* Scratch of thread ith: the rows' accumulators, maxima and sums, then attn_rows' buffers. */
+static float *attn_task_scratch(const attn_job *j, int ith, int64_t n_rows, float **o, float **m, float **l) {
+    float *base = j->scratch + ith * j->scratch_per_thread;
+    const int64_t d = j->s->head_dim, G = j->s->n_head / j->s->n_head_kv;
+    const int64_t rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
+    *o = base, *m = base + rows * d, *l = *m + rows;
+    for (int64_t r = 0; r < n_rows; r++) (*m)[r] = -INFINITY, (*l)[r] = 0;
+    memset(*o, 0, (size_t)(n_rows * d) * sizeof(float));
+    return *l + rows;
+}
+
+/* Prompt batches: (kv group, query block) tasks over every key they see. */
 static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
-    float *scratch = j->scratch + ith * j->scratch_per_thread;
+    const tm_attention_shape *s = j->s;
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv;
     for (int64_t w = begin; w < end; w++) {
         /* the last query blocks see the most keys: hand them out first */
-        const int64_t b = j->n_blocks - 1 - w / j->s->n_head_kv, i0 = b * j->q_block;
-        const int64_t i1 = i0 + j->q_block < j->s->n_tok ? i0 + j->q_block : j->s->n_tok;
-        attn_block_task(j, w % j->s->n_head_kv, i0, i1, scratch);
+        const int64_t g = w % s->n_head_kv, b = j->n_blocks - 1 - w / s->n_head_kv, i0 = b * j->q_block;
+        const int64_t i1 = i0 + j->q_block < s->n_tok ? i0 + j->q_block : s->n_tok;
+        float *o, *m, *l;
+        float *scratch = attn_task_scratch(j, ith, (i1 - i0) * G, &o, &m, &l);
+        attn_rows(j, g, i0, i1, 0, s->pos0 + i1, o, m, l, scratch);
+        for (int64_t r = 0; r < (i1 - i0) * G; r++) {
+            float *y = j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d;
+            const float inv = 1.0f / l[r];
+            for (int64_t i = 0; i < d; i++) y[i] = o[r * d + i] * inv;
+        }
     }
 }
 
-/* Single query, one (head, key chunk): the chunk's max, sum of exponentials
- * and exp-weighted value sum go to a record; attn_split_merge combines them. */
+/* Single query, (kv group, key chunk) tasks: each head's max, sum of
+ * exponentials and exp-weighted value sum over the chunk go to a record;
+ * attn_merge_task combines a head's records. */
 static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
     const tm_attention_shape *s = j->s;
-    const int64_t d = s->head_dim, n_kv = s->pos0 + 1;
-    float *scores = j->scratch + ith * j->scratch_per_thread;
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + 1;
     for (int64_t w = begin; w < end; w++) {
-        const int64_t h = w / j->n_chunks, c = w % j->n_chunks;
-        const int64_t t0 = c * ATTN_KV_CHUNK;
-        const int64_t t1 = t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv;
-        const size_t off = (size_t)(h / (s->n_head / s->n_head_kv)) * d * j->kv_elem;
-        const float *q = j->q + h * d;
-        float *rec = j->records + w * (d + 2); /* max, sum, acc[d] */
-        float m = -INFINITY;
-        for (int64_t t = t0; t < t1; t++) {
-            float x = s->scale * cpu_dot_f32_kv(q, j->k + t * j->kv_row_bytes + off, s->kv_type, d);
-            scores[t - t0] = x;
-            m = x > m ? x : m;
+        const int64_t g = w / j->n_chunks, c = w % j->n_chunks, t0 = c * ATTN_KV_CHUNK;
+        float *o, *m, *l;
+        float *scratch = attn_task_scratch(j, ith, G, &o, &m, &l);
+        attn_rows(j, g, 0, 1, t0, t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv, o, m, l, scratch);
+        for (int64_t h = 0; h < G; h++) {
+            float *rec = j->records + ((g * G + h) * j->n_chunks + c) * (d + 2); /* max, sum, acc[d] */
+            rec[0] = m[h], rec[1] = l[h];
+            memcpy(rec + 2, o + h * d, (size_t)d * sizeof(float));
         }
-        float sum = 0;
-        memset(rec + 2, 0, (size_t)d * sizeof(float));
-        for (int64_t t = t0; t < t1; t++) {
-            float e = expf(scores[t - t0] - m);
-            sum += e;
-            cpu_axpy_kv(rec + 2, e, j->v + t * j->kv_row_bytes + off, s->kv_type, d);
-        }
-        rec[0] = m, rec[1] = sum;
     }
 }
 
-static void attn_split_merge(const attn_job *j) {
+static void attn_merge_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const attn_job *j = ctx;
     const int64_t d = j->s->head_dim;
-    for (int64_t h = 0; h < j->s->n_head; h++) {
+    for (int64_t h = begin; h < end; h++) {
         const float *recs = j->records + h * j->n_chunks * (d + 2);
         float m = -INFINITY;
         for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
@@ -454,6 +454,7 @@ static void attn_split_merge(const attn_job *j) {
         const float inv = (float)(1.0 / sum);
         for (int64_t i = 0; i < d; i++) o[i] *= inv;
     }
+    (void)ith;
 }
 
 void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
@@ -468,10 +469,13 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
     j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
     j.scratch_per_thread = attn_scratch_per_thread(s);
     j.records = scratch + j.scratch_per_thread * nth;
-    if (s->n_tok == 1 && s->pos0 + 1 > ATTN_KV_CHUNK) {
+    if (s->n_tok == 1) {
         j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
-        cpu_pool_for(pool, s->n_head * j.n_chunks, 1, attn_split_task, &j);
-        attn_split_merge(&j);
+        const tm_pool_step steps[] = {
+            {attn_split_task, s->n_head_kv * j.n_chunks, 1},
+            {attn_merge_task, s->n_head, 1},
+        };
+        cpu_pool_for_steps(pool, 2, steps, &j);
     } else {
         j.q_block = G < ATTN_TASK_ROWS ? ATTN_TASK_ROWS / G : 1;
         j.n_blocks = (s->n_tok + j.q_block - 1) / j.q_block;
