@@ -260,13 +260,16 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
         fprintf(out, "\n");
     }
     const double nl = sh->n_layer;
+    char wss[96];
+    if (s->layers[0].ws_samples)
+        snprintf(wss, sizeof(wss), "%.1f of %u (max %llu, W %u)", ws / nl, sh->n_expert, (unsigned long long)ws_max,
+                 s->window);
+    else snprintf(wss, sizeof(wss), "n/a (no sequence reached W = %u tokens)", s->window);
     fprintf(out,
             "expert trace: %s, %u layers x %u experts (top-%u), %llu tokens | mean over layers: entropy %.4f, "
-            "top 10%% of experts %.1f%% of hits, working set %.1f of %u (max %llu, W %u), reuse %.1f%% | routing "
-            "%.2f ms, experts %.2f ms\n",
+            "top 10%% of experts %.1f%% of hits, working set %s, reuse %.1f%% | routing %.2f ms, experts %.2f ms\n",
             sh->arch, sh->n_layer, sh->n_expert, sh->n_expert_used, (unsigned long long)s->tokens, ent / nl,
-            100 * top10 / nl, ws / nl, sh->n_expert, (unsigned long long)ws_max, s->window, 100 * reuse / nl, routing,
-            experts);
+            100 * top10 / nl, wss, 100 * reuse / nl, routing, experts);
 }
 
 tm_status trace_finish(tm_trace *t) {
