@@ -35,7 +35,7 @@ void cpu_gemm(tm_type wtype, int64_t k, const void *w, size_t w_row_bytes, int64
 typedef struct matmul_job {
     const tm_matmul_desc *mats;
     int n_mats, n_acts;
-    int64_t k, n_tok, chunk;
+    int64_t k, n_tok, chunk, tok_chunk, n_tok_chunks;
     const float *x;
     cpu_gemm_fn fn[CPU_MATMUL_MAX];
     int act_of[CPU_MATMUL_MAX];         /* the quantized copy of x that matrix i reads */
@@ -81,14 +81,17 @@ static void matmul_quantize(void *ctx, int64_t b, int64_t e, int ith) {
 static void matmul_rows(void *ctx, int64_t b, int64_t e, int ith) {
     (void)ith;
     matmul_job *j = ctx;
-    for (int64_t c = b; c < e; c++) {
+    for (int64_t item = b; item < e; item++) {
+        const int64_t c = item / j->n_tok_chunks, t0 = item % j->n_tok_chunks * j->tok_chunk;
+        const int64_t nt = t0 + j->tok_chunk < j->n_tok ? j->tok_chunk : j->n_tok - t0;
         int i = 0;
         while (c >= j->first_chunk[i + 1]) i++;
         const tm_matmul_desc *m = &j->mats[i];
         const int64_t r0 = (c - j->first_chunk[i]) * j->chunk;
         const int64_t r1 = r0 + j->chunk < m->rows ? r0 + j->chunk : m->rows;
         const int a = j->act_of[i];
-        j->fn[i](j->k, m->w, m->w_row_bytes, r0, r1, j->xq[a], j->xq_row_bytes[a], j->n_tok, m->y, m->rows);
+        j->fn[i](j->k, m->w, m->w_row_bytes, r0, r1, j->xq[a] + (size_t)t0 * j->xq_row_bytes[a], j->xq_row_bytes[a], nt,
+                 m->y + t0 * m->rows, m->rows);
     }
 }
 
@@ -120,7 +123,12 @@ void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int
     if (chunk < min_chunk) chunk = min_chunk;
     j.chunk = (chunk + 15) / 16 * 16;
     for (int i = 0; i < n_mats; i++) j.first_chunk[i + 1] = j.first_chunk[i] + (mats[i].rows + j.chunk - 1) / j.chunk;
-    cpu_pool_for(pool, j.first_chunk[n_mats], 1, matmul_rows, &j);
+    /* Few rows (the router) give few chunks: split long batches by tokens too, in
+     * whole 16-token tiles. Decided by the shape alone, so a token's kernel never
+     * depends on the thread count. */
+    j.tok_chunk = rows < 1024 && n_tok > 64 ? 64 : n_tok;
+    j.n_tok_chunks = (n_tok + j.tok_chunk - 1) / j.tok_chunk;
+    cpu_pool_for(pool, j.first_chunk[n_mats] * j.n_tok_chunks, 1, matmul_rows, &j);
 }
 
 void cpu_matmul(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
