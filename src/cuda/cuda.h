@@ -75,6 +75,8 @@ void cuda_host_free(void *p);
 tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes);
 tm_status cuda_copy_to_host(tm_cuda_device *dev, void *host_dst, const void *src, size_t bytes);
 tm_status cuda_fill_bytes(tm_cuda_device *dev, void *dst, int byte, size_t bytes);
+/* Device-to-device copy queued on the compute stream (no sync): the bandwidth ceiling probe. */
+tm_status cuda_copy_device(tm_cuda_device *dev, void *dst, const void *src, size_t bytes);
 
 /* Copy `bytes` of host memory (e.g. the mmap'd model file: pageable) to
  * device memory through the device's two pinned staging buffers: the CPU

@@ -238,6 +238,11 @@ tm_status cuda_fill_bytes(tm_cuda_device *dev, void *dst, int byte, size_t bytes
     return TM_OK;
 }
 
+tm_status cuda_copy_device(tm_cuda_device *dev, void *dst, const void *src, size_t bytes) {
+    TM_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dev->stream));
+    return TM_OK;
+}
+
 /* ---- upload ---- */
 
 static double now_s(void) {

@@ -1,0 +1,534 @@
+/* CUDA op harness: every kernel of src/cuda against an independent CPU
+ * reference on random shapes (odd sizes included), plus a perf mode.
+ *
+ *   mmvq     vs a double-precision dot of quant_row_dequantize'd rows
+ *   moe      vs a double-precision loop over the same items (dequantized
+ *            experts, SwiGLU, weighted scatter-add)
+ *   router   vs moe_router_select (src/moe/router.c)
+ *   norm     vs cpu_rmsnorm, RoPE vs cpu_rope_table + cpu_rope_neox_table,
+ *            add vs the exact float sum
+ *
+ * Tolerances come from float32 accumulation (u = 2^-24; activations are not
+ * requantised by the kernels): a dot of n products summed in any order is
+ * within (n + 2) u Σ|w_i x_i| of the exact value (Higham's γ_n, with 2 u more
+ * for the weight itself, whose d*q - m may be fused into an FMA on the GPU).
+ * Each output is poisoned with NaN bytes before the launch, so an unwritten
+ * element fails (NaN never passes a `<=` test).
+ *
+ * Without TM_HAVE_CUDA or without a usable GPU every test prints
+ * "skipped: no CUDA device" and calls skip(). TM_CUDA_BENCH=1 adds the timing
+ * of the Qwen3-30B-A3B decode shapes (median of CUDA-event timings, weights
+ * rotating through more memory than the L2 holds). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "cpu/cpu_ops.h"
+#include "moe/moe.h"
+#include "quant/quant.h"
+
+#ifdef TM_HAVE_CUDA
+#include "cuda/cuda.h"
+
+#define U32 (1.0 / 16777216.0) /* float32 unit roundoff */
+
+static tm_cuda_device *g_dev;
+static tm_cuda_pool *g_pool;
+static char g_why[512] = "built without CUDA";
+
+static int group_setup(void **state) {
+    (void)state;
+    if (cuda_device_open(0, &g_dev) != TM_OK) {
+        snprintf(g_why, sizeof(g_why), "%s", tm_error_message());
+        g_dev = NULL;
+        return 0;
+    }
+    const tm_cuda_device_info *in = cuda_device_info(g_dev);
+    printf("device: %s, cc %d.%d, %d SMs, L2 %.0f MiB, driver %d, runtime %d\n", in->name, in->cc_major,
+           in->cc_minor, in->sm_count, in->l2_bytes / 1048576.0, in->driver_version, in->runtime_version);
+    /* 1.5 GiB: the bench's rotating weight sets (~0.9 GiB) plus the checks */
+    if (cuda_pool_create(g_dev, (size_t)1536 << 20, &g_pool) != TM_OK) {
+        snprintf(g_why, sizeof(g_why), "%s", tm_error_message());
+        cuda_device_close(g_dev);
+        g_dev = NULL;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    cuda_pool_free(g_pool);
+    cuda_device_close(g_dev);
+    return 0;
+}
+
+#define NEED_DEVICE()                                                                              \
+    do {                                                                                           \
+        if (!g_dev) {                                                                              \
+            printf("skipped: no CUDA device (%s)\n", g_why);                                       \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        tm_status st_ = (call);                                                                    \
+        if (st_ != TM_OK) fail_msg("%s: %s", #call, tm_error_message());                          \
+    } while (0)
+
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    CHECK(cuda_pool_alloc(g_pool, bytes, 256, &p));
+    return p;
+}
+
+static void *dev_upload(const void *host, size_t bytes) {
+    void *p = dev_alloc(bytes);
+    CHECK(cuda_copy_to_device(g_dev, p, host, bytes));
+    return p;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void fill_normal(tm_rng *r, float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * tm_rng_normal(r);
+}
+
+/* `rows` random rows of `type` and k values, row_bytes apart (>= the row size:
+ * padding exercises the unaligned-load paths); *deq gets the dequantized rows. */
+static uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
+                              float **deq) {
+    uint8_t *w = xmalloc((size_t)rows * row_bytes);
+    memset(w, 0x5a, (size_t)rows * row_bytes);
+    float *src = xmalloc((size_t)k * sizeof(float));
+    float *d = xmalloc((size_t)rows * k * sizeof(float));
+    for (int64_t i = 0; i < rows; i++) {
+        fill_normal(r, src, k, 0.5f);
+        CHECK(quant_row_quantize(type, src, w + i * row_bytes, k));
+        CHECK(quant_row_dequantize(type, w + i * row_bytes, d + i * k, k));
+    }
+    free(src);
+    *deq = d;
+    return w;
+}
+
+/* ---- mmvq ---- */
+
+typedef struct mmvq_case {
+    int64_t rows, k, n_tok;
+    size_t pad; /* extra bytes per row */
+} mmvq_case;
+
+static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
+                                  TM_TYPE_MXFP4, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32};
+
+/* Runs one case; returns the worst |err| / tol seen (must be <= 1). */
+static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c) {
+    const int64_t rows = c->rows, k = c->k, nt = c->n_tok;
+    const size_t row_bytes = quant_row_size(type, k) + c->pad;
+    float *wd;
+    uint8_t *w = random_matrix(r, type, rows, k, row_bytes, &wd);
+    float *x = xmalloc((size_t)nt * k * sizeof(float));
+    fill_normal(r, x, nt * k, 1.0f);
+    float *y = xmalloc((size_t)nt * rows * sizeof(float));
+
+    cuda_pool_reset(g_pool);
+    const void *w_d = dev_upload(w, (size_t)rows * row_bytes);
+    const float *x_d = dev_upload(x, (size_t)nt * k * sizeof(float));
+    float *y_d = dev_alloc((size_t)nt * rows * sizeof(float));
+    CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)nt * rows * sizeof(float))); /* NaN poison */
+    CHECK(cuda_mmvq(type, w_d, row_bytes, rows, k, x_d, nt, y_d, cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)nt * rows * sizeof(float)));
+
+    double worst = 0, e2 = 0, r2 = 0;
+    for (int64_t t = 0; t < nt; t++) {
+        for (int64_t i = 0; i < rows; i++) {
+            double ref = 0, mag = 0;
+            for (int64_t j = 0; j < k; j++) {
+                const double p = (double)wd[i * k + j] * x[t * k + j];
+                ref += p;
+                mag += fabs(p);
+            }
+            const double tol = (double)(k + 2) * U32 * mag + 1e-30;
+            const double err = fabs((double)y[t * rows + i] - ref);
+            if (!(err <= tol))
+                fail_msg("mmvq %s rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, ref %.9g, tol %.3g",
+                         quant_type_name(type), (long long)rows, (long long)k, (long long)nt, c->pad,
+                         (long long)t, (long long)i, y[t * rows + i], ref, tol);
+            worst = fmax(worst, err / tol);
+            e2 += err * err;
+            r2 += ref * ref;
+        }
+    }
+    /* a random-error bound far under the worst case: catches systematic drift */
+    assert_true(sqrt(e2 / (r2 + 1e-300)) < 1e-5);
+    free(w), free(wd), free(x), free(y);
+    return worst;
+}
+
+static void test_mmvq(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0xc0da);
+    /* every rows in {1, 7, 33, 4096}, k in {256, 768, 2048, 2816}, n_tok in {1, 3, 8} appears */
+    static const mmvq_case cases[] = {
+        {1, 256, 1, 0},     {7, 768, 3, 0},    {33, 2048, 8, 0},  {4096, 2816, 1, 0},
+        {4096, 2048, 8, 0}, {33, 2816, 3, 0},  {7, 256, 8, 0},    {1, 2816, 8, 0},
+        {4096, 768, 3, 0},  {33, 768, 1, 4},   {7, 2048, 3, 12},  {33, 256, 8, 2},
+    };
+    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
+        const tm_type type = k_types[ti];
+        double worst = 0;
+        for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+            mmvq_case c = cases[ci];
+            if (type == TM_TYPE_F32 && c.pad % 4) c.pad = 4; /* f32 rows stay 4-byte aligned */
+            if ((type == TM_TYPE_F16 || type == TM_TYPE_BF16) && c.pad % 2) c.pad = 2;
+            worst = fmax(worst, mmvq_run_case(&r, type, &c));
+        }
+        if (type == TM_TYPE_F32 || type == TM_TYPE_F16 || type == TM_TYPE_BF16) {
+            /* k not a multiple of 8: the one-value-per-lane path */
+            static const mmvq_case odd[] = {{5, 100, 3, 0}, {3, 36, 8, 0}, {33, 1, 1, 0}};
+            for (size_t ci = 0; ci < sizeof(odd) / sizeof(odd[0]); ci++)
+                worst = fmax(worst, mmvq_run_case(&r, type, &odd[ci]));
+        }
+        printf("mmvq %-5s: %zu cases ok, worst |err|/tol %.3g\n", quant_type_name(type),
+               sizeof(cases) / sizeof(cases[0]), worst);
+    }
+    /* the launcher refuses what it cannot do, with a message */
+    assert_int_equal(cuda_mmvq(TM_TYPE_Q4_K, NULL, 144, 1, 200, NULL, 1, NULL, cuda_device_stream(g_dev)),
+                     TM_ERR_ARG);
+    assert_int_equal(cuda_mmvq(TM_TYPE_Q2_K, NULL, 84, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
+                     TM_ERR_UNSUPPORTED);
+}
+
+/* ---- grouped experts ---- */
+
+typedef struct moe_case {
+    int64_t n_embd, n_ff, n_tok;
+    int32_t n_slots, k;
+    tm_type tg, tu, td;
+} moe_case;
+
+/* Double-precision reference for one matrix row · vector, and Σ|products|. */
+static double dot_d(const float *w, const double *x, int64_t n, double *mag) {
+    double s = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += w[i] * x[i];
+        m += fabs(w[i] * x[i]);
+    }
+    *mag = m;
+    return s;
+}
+
+static void moe_run_case(tm_rng *r, const moe_case *c) {
+    const int64_t E = c->n_embd, F = c->n_ff, NT = c->n_tok, S = c->n_slots;
+    float *gd, *ud, *dd;
+    const size_t gb = quant_row_size(c->tg, E), ub = quant_row_size(c->tu, E), db = quant_row_size(c->td, F);
+    uint8_t *g = random_matrix(r, c->tg, S * F, E, gb, &gd);
+    uint8_t *u = random_matrix(r, c->tu, S * F, E, ub, &ud);
+    uint8_t *d = random_matrix(r, c->td, S * E, F, db, &dd);
+    float *x = xmalloc((size_t)NT * E * sizeof(float)), *y0 = xmalloc((size_t)NT * E * sizeof(float));
+    float *y = xmalloc((size_t)NT * E * sizeof(float));
+    fill_normal(r, x, NT * E, 1.0f);
+    fill_normal(r, y0, NT * E, 1.0f); /* y is accumulated into, not overwritten */
+
+    /* items: k distinct experts per token, expert-major like a prompt worklist
+     * when n_tok > 1, plus one item with an out-of-range slot that must be skipped */
+    const int64_t n_items = NT * c->k + 1;
+    tm_cuda_moe_item *items = xmalloc((size_t)n_items * sizeof(*items));
+    int64_t n = 0;
+    for (int64_t t = 0; t < NT; t++) {
+        int32_t chosen[64];
+        for (int32_t j = 0; j < c->k; j++) {
+            int32_t e, dup;
+            do {
+                e = (int32_t)(tm_rng_u64(r) % (uint64_t)S);
+                dup = 0;
+                for (int32_t q = 0; q < j; q++) dup |= chosen[q] == e;
+            } while (dup);
+            chosen[j] = e;
+            items[n].slot = e, items[n].token = (int32_t)t, items[n].weight = tm_rng_f32(r);
+            n++;
+        }
+    }
+    items[n].slot = (int32_t)S, items[n].token = 0, items[n].weight = 1.0f;
+    n++;
+
+    cuda_pool_reset(g_pool);
+    tm_cuda_moe_params p;
+    memset(&p, 0, sizeof(p));
+    p.n_embd = E, p.n_ff = F, p.n_slots = (int32_t)S;
+    p.gate.data = dev_upload(g, (size_t)S * F * gb), p.gate.type = c->tg, p.gate.row_bytes = gb;
+    p.gate.expert_stride = F * gb;
+    p.up.data = dev_upload(u, (size_t)S * F * ub), p.up.type = c->tu, p.up.row_bytes = ub;
+    p.up.expert_stride = F * ub;
+    p.down.data = dev_upload(d, (size_t)S * E * db), p.down.type = c->td, p.down.row_bytes = db;
+    p.down.expert_stride = E * db;
+    const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n_items * sizeof(*items));
+    const float *x_d = dev_upload(x, (size_t)NT * E * sizeof(float));
+    float *y_d = dev_upload(y0, (size_t)NT * E * sizeof(float));
+    float *h_d = dev_alloc((size_t)cuda_moe_scratch_floats(&p, n_items) * sizeof(float));
+    CHECK(cuda_fill_bytes(g_dev, h_d, 0xff, (size_t)cuda_moe_scratch_floats(&p, n_items) * sizeof(float)));
+    CHECK(cuda_moe_grouped(&p, items_d, n_items, x_d, NT, y_d, h_d, cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)NT * E * sizeof(float)));
+
+    /* reference with a first-order error bound per output (see the top comment):
+     * gate/up dots within γ_E Σ|.|, h's error carried through down, down's own
+     * γ_F, and one rounding per atomic add into y. */
+    double *ref = xmalloc((size_t)NT * E * sizeof(double)), *tol = xmalloc((size_t)NT * E * sizeof(double));
+    double *xd = xmalloc((size_t)E * sizeof(double)), *h = xmalloc((size_t)F * sizeof(double));
+    double *dh = xmalloc((size_t)F * sizeof(double));
+    for (int64_t i = 0; i < NT * E; i++) ref[i] = y0[i], tol[i] = U32 * fabs(y0[i]);
+    const double gE = (double)(E + 2) * U32, gF = (double)(F + 2) * U32;
+    for (int64_t it = 0; it < n_items - 1; it++) {
+        const int64_t e = items[it].slot, t = items[it].token;
+        const double wt = items[it].weight;
+        for (int64_t j = 0; j < E; j++) xd[j] = x[t * E + j];
+        for (int64_t f = 0; f < F; f++) {
+            double mg, mu;
+            const double gv = dot_d(gd + (e * F + f) * E, xd, E, &mg);
+            const double uv = dot_d(ud + (e * F + f) * E, xd, E, &mu);
+            const double sg = gv / (1.0 + exp(-gv));
+            h[f] = sg * uv;
+            /* |d silu/dg| <= 1.1, |silu(g)| <= |g| */
+            dh[f] = gE * (1.1 * mg * fabs(uv) + fabs(gv) * mu) + 4 * U32 * fabs(h[f]);
+        }
+        for (int64_t o = 0; o < E; o++) {
+            double mag, carried = 0;
+            const float *dr = dd + (e * E + o) * F;
+            const double out = dot_d(dr, h, F, &mag);
+            for (int64_t f = 0; f < F; f++) carried += fabs(dr[f]) * dh[f];
+            ref[t * E + o] += wt * out;
+            tol[t * E + o] += fabs(wt) * (gF * mag + carried) + U32 * (fabs(ref[t * E + o]) + fabs(wt * out));
+        }
+    }
+    for (int64_t i = 0; i < NT * E; i++) {
+        const double err = fabs((double)y[i] - ref[i]), lim = 2 * tol[i] + 1e-30; /* 2x: first-order bound */
+        if (!(err <= lim))
+            fail_msg("moe %s/%s/%s embd %lld ff %lld tok %lld: y[%lld] = %.9g, ref %.9g, tol %.3g",
+                     quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
+                     (long long)F, (long long)NT, (long long)i, y[i], ref[i], lim);
+    }
+    printf("moe %s/%s/%s n_embd %lld n_ff %lld: %lld tokens x %d experts ok\n", quant_type_name(c->tg),
+           quant_type_name(c->tu), quant_type_name(c->td), (long long)E, (long long)F, (long long)NT, c->k);
+    free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y), free(items);
+    free(ref), free(tol), free(xd), free(h), free(dh);
+}
+
+static void test_moe_grouped(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0xe4e4);
+    static const moe_case cases[] = {
+        /* the decode shape of Qwen3-30B-A3B: 1 token x 8 experts, 2048 x 768 */
+        {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K},
+        /* a small prompt, expert-major items, mixed types */
+        {512, 96, 5, 12, 4, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_Q8_0},
+        {256, 64, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_F16},
+        {256, 256, 2, 4, 4, TM_TYPE_Q5_K, TM_TYPE_BF16, TM_TYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
+}
+
+/* ---- router ---- */
+
+static double router_score(tm_moe_gating g, const float *l, int64_t E, int32_t e) {
+    if (g == TM_MOE_GATING_SIGMOID) return 1.0 / (1.0 + exp(-(double)l[e]));
+    if (g == TM_MOE_GATING_SOFTMAX_TOPK) return l[e];
+    double m = -INFINITY, s = 0;
+    for (int64_t i = 0; i < E; i++) m = fmax(m, l[i]);
+    for (int64_t i = 0; i < E; i++) s += exp((double)l[i] - m);
+    return exp((double)l[e] - m) / s;
+}
+
+static void test_router(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0x7007);
+    static const int32_t E_list[] = {8, 60, 128, 257, 512};
+    static const int32_t K_list[] = {1, 2, 8, 32};
+    static const int64_t T_list[] = {1, 7, 33};
+    int n_cases = 0, n_near_ties = 0;
+    for (size_t ei = 0; ei < 5; ei++)
+        for (size_t ki = 0; ki < 4; ki++)
+            for (int gating = 0; gating < 3; gating++) {
+                const int32_t E = E_list[ei], K = K_list[ki];
+                const int64_t T = T_list[(ei + ki + (size_t)gating) % 3];
+                if (K > E) continue;
+                tm_moe_router_params cp = {(tm_moe_gating)gating, (uint32_t)E, (uint32_t)K,
+                                           (gating + (int)ki) % 2 == 0, ki == 3 ? 2.5f : 1.0f};
+                tm_cuda_router_params gp = {(tm_cuda_gating)gating, E, K, cp.norm_topk, cp.scale};
+                float *l = xmalloc((size_t)T * E * sizeof(float));
+                fill_normal(&r, l, T * E, 2.0f);
+                /* exact ties: both sides must prefer the lower id */
+                for (int64_t t = 0; t < T; t++) l[t * E + E - 1] = l[t * E + E / 2] = l[t * E] = 4.0f;
+                int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t)), *gids = xmalloc((size_t)T * K * sizeof(int32_t));
+                float *w = xmalloc((size_t)T * K * sizeof(float)), *gw = xmalloc((size_t)T * K * sizeof(float));
+                moe_router_select(&cp, l, T, ids, w);
+
+                cuda_pool_reset(g_pool);
+                const float *l_d = dev_upload(l, (size_t)T * E * sizeof(float));
+                int32_t *ids_d = dev_alloc((size_t)T * K * sizeof(int32_t));
+                float *w_d = dev_alloc((size_t)T * K * sizeof(float));
+                CHECK(cuda_fill_bytes(g_dev, ids_d, 0xff, (size_t)T * K * sizeof(int32_t)));
+                CHECK(cuda_fill_bytes(g_dev, w_d, 0xff, (size_t)T * K * sizeof(float)));
+                CHECK(cuda_router_select(&gp, l_d, T, ids_d, w_d, cuda_device_stream(g_dev)));
+                CHECK(cuda_device_sync(g_dev));
+                CHECK(cuda_copy_to_host(g_dev, gids, ids_d, (size_t)T * K * sizeof(int32_t)));
+                CHECK(cuda_copy_to_host(g_dev, gw, w_d, (size_t)T * K * sizeof(float)));
+                for (int64_t t = 0; t < T; t++) {
+                    int tie = 0;
+                    for (int32_t j = 0; j < K && !tie; j++) {
+                        const int32_t a = ids[t * K + j], b = gids[t * K + j];
+                        assert_true(b >= 0 && b < E);
+                        if (a != b) {
+                            /* a near tie may swap; the order after it is then not comparable */
+                            const double sa = router_score(cp.gating, l + t * E, E, a);
+                            const double sb = router_score(cp.gating, l + t * E, E, b);
+                            if (!(fabs(sa - sb) <= 1e-5 * fabs(sa) + 1e-12))
+                                fail_msg("router E %d k %d gating %d token %lld pos %d: cpu id %d (%.9g), gpu id %d (%.9g)",
+                                         E, K, gating, (long long)t, j, a, sa, b, sb);
+                            tie = 1, n_near_ties++;
+                            break;
+                        }
+                        /* expf on the GPU is within 2 ulp; sums in float: 1e-5 relative */
+                        const double wa = w[t * K + j], wb = gw[t * K + j];
+                        if (!(fabs(wa - wb) <= 1e-5 * fabs(wa) + 1e-7))
+                            fail_msg("router E %d k %d gating %d token %lld pos %d: cpu w %.9g gpu w %.9g", E,
+                                     K, gating, (long long)t, j, wa, wb);
+                    }
+                }
+                n_cases++;
+                free(l), free(ids), free(gids), free(w), free(gw);
+            }
+    printf("router: %d cases ok (%d near ties)\n", n_cases, n_near_ties);
+}
+
+/* ---- RMSNorm, RoPE, add ---- */
+
+static void test_norm_rope_add(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0x2020);
+    const tm_cuda_stream s = cuda_device_stream(g_dev);
+    static const int64_t rows_l[] = {1, 3, 17}, n_l[] = {7, 128, 2048, 4097};
+    for (int ri = 0; ri < 3; ri++)
+        for (int ni = 0; ni < 4; ni++)
+            for (int variant = 0; variant < 2; variant++) { /* 0: gain, out of place; 1: no gain, in place */
+                const int64_t R = rows_l[ri], N = n_l[ni];
+                float *x = xmalloc((size_t)R * N * 4), *wt = xmalloc((size_t)N * 4), *y = xmalloc((size_t)R * N * 4);
+                float *ref = xmalloc((size_t)R * N * 4);
+                fill_normal(&r, x, R * N, 3.0f);
+                fill_normal(&r, wt, N, 1.0f);
+                for (int64_t i = 0; i < R; i++) cpu_rmsnorm(ref + i * N, x + i * N, variant ? NULL : wt, N, 1e-6f);
+                cuda_pool_reset(g_pool);
+                float *x_d = dev_upload(x, (size_t)R * N * 4), *w_d = dev_upload(wt, (size_t)N * 4);
+                float *y_d = variant ? x_d : dev_alloc((size_t)R * N * 4);
+                if (!variant) CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)R * N * 4));
+                CHECK(cuda_rmsnorm(y_d, x_d, variant ? NULL : w_d, R, N, 1e-6f, s));
+                CHECK(cuda_device_sync(g_dev));
+                CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)R * N * 4));
+                /* both sides sum N squares in float: the scale is within (N + 8) u */
+                for (int64_t i = 0; i < R * N; i++)
+                    if (!(fabs(y[i] - ref[i]) <= (double)(N + 8) * U32 * fabs(ref[i]) + 1e-30))
+                        fail_msg("rmsnorm %lld x %lld: y[%lld] = %.9g, cpu %.9g", (long long)R, (long long)N,
+                                 (long long)i, y[i], ref[i]);
+                free(x), free(wt), free(y), free(ref);
+            }
+    static const int64_t heads_l[] = {1, 4, 32}, hd_l[] = {2, 64, 128};
+    for (int hi = 0; hi < 3; hi++)
+        for (int di = 0; di < 3; di++) {
+            const int64_t T = 1 + (hi + di) % 5, H = heads_l[hi], D = hd_l[di];
+            int32_t *pos = xmalloc((size_t)T * 4);
+            for (int64_t t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int32_t)(tm_rng_u64(&r) % 40000);
+            float *x = xmalloc((size_t)T * H * D * 4), *y = xmalloc((size_t)T * H * D * 4);
+            float *ref = xmalloc((size_t)T * H * D * 4), *ct = xmalloc((size_t)D * 2), *st = xmalloc((size_t)D * 2);
+            fill_normal(&r, x, T * H * D, 1.0f);
+            memcpy(ref, x, (size_t)T * H * D * 4);
+            for (int64_t t = 0; t < T; t++) {
+                cpu_rope_table(ct, st, D, pos[t], 1000000.0f);
+                for (int64_t h = 0; h < H; h++) cpu_rope_neox_table(ref + (t * H + h) * D, D, ct, st);
+            }
+            cuda_pool_reset(g_pool);
+            float *x_d = dev_upload(x, (size_t)T * H * D * 4);
+            const int32_t *pos_d = dev_upload(pos, (size_t)T * 4);
+            CHECK(cuda_rope_neox(x_d, pos_d, T, H, D, 1000000.0f, s));
+            CHECK(cuda_device_sync(g_dev));
+            CHECK(cuda_copy_to_host(g_dev, y, x_d, (size_t)T * H * D * 4));
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t i = 0; i < D; i++) {
+                        const int64_t b = (t * H + h) * D, j = i < D / 2 ? i + D / 2 : i - D / 2;
+                        /* cos/sin to float agree within 1 ulp, plus an FMA in the rotation */
+                        const double lim = 6 * U32 * (fabs(x[b + i]) + fabs(x[b + j])) + 1e-30;
+                        if (!(fabs(y[b + i] - ref[b + i]) <= lim))
+                            fail_msg("rope T %lld H %lld D %lld pos %d: x[%lld] = %.9g, cpu %.9g", (long long)T,
+                                     (long long)H, (long long)D, pos[t], (long long)(b + i), y[b + i], ref[b + i]);
+                    }
+            free(pos), free(x), free(y), free(ref), free(ct), free(st);
+        }
+    {
+        const int64_t N = 100003; /* odd, several grid-stride rounds' worth */
+        float *a = xmalloc(N * 4), *b = xmalloc(N * 4), *y = xmalloc(N * 4);
+        fill_normal(&r, a, N, 1.0f);
+        fill_normal(&r, b, N, 1.0f);
+        cuda_pool_reset(g_pool);
+        float *a_d = dev_upload(a, N * 4), *b_d = dev_upload(b, N * 4);
+        CHECK(cuda_add(a_d, a_d, b_d, N, s)); /* in place: the residual */
+        CHECK(cuda_device_sync(g_dev));
+        CHECK(cuda_copy_to_host(g_dev, y, a_d, N * 4));
+        for (int64_t i = 0; i < N; i++) assert_true(y[i] == a[i] + b[i]);
+        free(a), free(b), free(y);
+    }
+    printf("rmsnorm, rope, add ok\n");
+}
+
+#include "test_cuda_bench.h"
+
+#else /* no CUDA in this build */
+
+static void skip_all(void **state) {
+    (void)state;
+    printf("skipped: no CUDA device (built without CUDA)\n");
+    skip();
+}
+
+#endif
+
+int main(void) {
+#ifdef TM_HAVE_CUDA
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mmvq),
+        cmocka_unit_test(test_moe_grouped),
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(test_bench),
+    };
+    /* the perf mode is a fifth test, registered only when asked for */
+    const char *bench = getenv("TM_CUDA_BENCH");
+    const size_t n = bench && strcmp(bench, "0") != 0 ? 5 : 4;
+    return _cmocka_run_group_tests("test_cuda_ops", tests, n, group_setup, group_teardown);
+#else
+    const struct CMUnitTest tests[] = {cmocka_unit_test(skip_all)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+#endif
+}
