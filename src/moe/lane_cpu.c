@@ -20,8 +20,12 @@
 #include "cpu/cpu_ops.h"
 #include "moe/moe.h"
 
-#define LANE_ROW_CHUNK 32 /* rows per work item */
-#define LANE_ROW_CHUNK_MANY 64 /* ... for runs of 16 tokens or more: longer weight tiles per activation pass */
+/* Rows per work item: 32, doubled up to 256 while an item reads under 32 KB of
+ * weights (short down rows), and at least 64 for runs of 16 tokens or more (the
+ * AMX kernel packs 4 row tiles per activation pass). */
+#define LANE_ROW_CHUNK 32
+#define LANE_ROW_CHUNK_MAX 256
+#define LANE_ITEM_BYTES (32 << 10)
 #define LANE_H_PIECE 256  /* H values activated and quantized together: whole q8_K/q8_0 blocks */
 
 typedef struct lane_run {
@@ -129,8 +133,10 @@ static void lane_down_task(void *ctx, int64_t begin, int64_t end, int ith) {
     (void)ith;
 }
 
-static int64_t lane_row_chunk(const lane_run *run) {
-    return run->s1 - run->s0 >= 16 ? LANE_ROW_CHUNK_MANY : LANE_ROW_CHUNK;
+static int64_t lane_row_chunk(const lane_step *st, int p, const lane_run *run) {
+    int64_t c = run->s1 - run->s0 >= 16 ? 2 * LANE_ROW_CHUNK : LANE_ROW_CHUNK;
+    while (c < LANE_ROW_CHUNK_MAX && (size_t)c * st->m[p]->row_bytes < LANE_ITEM_BYTES) c *= 2;
+    return c;
 }
 
 /* Items for projections [p0, p1] of every run, written at items. */
@@ -138,7 +144,7 @@ static int64_t lane_items_build(const lane_step *st, lane_item *items, int64_t n
     int64_t n = 0;
     for (int64_t r = 0; r < n_runs; r++)
         for (int p = p0; p <= p1; p++)
-            for (int64_t r0 = 0, c = lane_row_chunk(&st->l->runs[r]); r0 < st->rows[p]; r0 += c)
+            for (int64_t r0 = 0, c = lane_row_chunk(st, p, &st->l->runs[r]); r0 < st->rows[p]; r0 += c)
                 items[n++] = (lane_item){(int32_t)r, p, r0, r0 + c < st->rows[p] ? r0 + c : st->rows[p]};
     return n;
 }
@@ -248,7 +254,7 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     ok = ok && lane_grow((void **)&l->tok_first, &l->cap_tok_first, (size_t)(n_tok + 1) * sizeof(int64_t)) &&
          lane_grow((void **)&l->tok_slots, &l->cap_tok_slots, (size_t)n * sizeof(int64_t));
     /* H in pieces when the pieces split the quantized row and the items the pieces */
-    if (F % LANE_H_PIECE == 0 && LANE_H_PIECE % LANE_ROW_CHUNK_MANY == 0 &&
+    if (F % LANE_H_PIECE == 0 && LANE_H_PIECE % LANE_ROW_CHUNK_MAX == 0 &&
         cpu_act_row_size(ex->down.type, F) == (size_t)(F / LANE_H_PIECE) * cpu_act_row_size(ex->down.type, LANE_H_PIECE))
         st.n_pieces = F / LANE_H_PIECE;
     ok = ok && lane_grow((void **)&l->pending, &l->cap_pending, (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int));
@@ -273,8 +279,11 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     const int64_t n_gate_up = lane_items_build(&st, items, n_runs, LANE_GATE, LANE_UP);
     const int64_t n_down = lane_items_build(&st, items + n_gate_up, n_runs, LANE_DOWN, LANE_DOWN);
     st.items[0] = items, st.items[1] = items + n_gate_up;
-    for (int64_t i = 0; i < n_runs * st.n_pieces; i++) /* gate and up items of a piece */
-        atomic_init(&l->pending[i], (int)(2 * LANE_H_PIECE / lane_row_chunk(&l->runs[i / st.n_pieces])));
+    for (int64_t i = 0; i < n_runs * st.n_pieces; i++) { /* gate and up items of a piece */
+        const lane_run *run = &l->runs[i / st.n_pieces];
+        atomic_init(&l->pending[i], (int)(LANE_H_PIECE / lane_row_chunk(&st, LANE_GATE, run) +
+                                          LANE_H_PIECE / lane_row_chunk(&st, LANE_UP, run)));
+    }
     /* a decode step (one token, k slots) quantizes, gathers and merges on this
      * thread: cheaper than a barrier */
     const bool decode = n_tok == 1 && n <= 16;
