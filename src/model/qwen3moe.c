@@ -213,13 +213,16 @@ static void emit(tm_context *ctx, const char *name, int layer, const void *data,
     if (ctx->params.cb) ctx->params.cb(ctx->params.cb_ud, name, layer, data, n_tok, n, is_int);
 }
 
-/* Per-token work of a layer, spread over the pool for prompt batches:
- * rmsnorm of the residual stream, or q/k head norms + RoPE + KV store. */
+/* Per-token work of a layer, spread over the pool for prompt batches: the
+ * residual add and rmsnorm of the residual stream, or q/k head norms + RoPE +
+ * KV store. */
 typedef struct qwen3moe_token_job {
     tm_context *ctx;
     const qwen3moe_layer *L;
     uint32_t layer;
-    const float *norm_w; /* rmsnorm job: the gain; NULL: the q/k job */
+    const float *norm_w;   /* residual job: h = rmsnorm(x) * norm_w after the add (NULL: no norm) */
+    const float *residual; /* residual job: x += residual first (NULL: none) */
+    bool qk;               /* the q/k job instead */
 } qwen3moe_token_job;
 
 static void qwen3moe_token_task(void *ud, int64_t begin, int64_t end, int ith) {
@@ -230,8 +233,9 @@ static void qwen3moe_token_task(void *ud, int64_t begin, int64_t end, int ith) {
     const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D, KV = (int64_t)c->n_head_kv * D;
     const size_t kv_row = (size_t)KV * (ctx->params.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t = begin; t < end; t++) {
-        if (j->norm_w) {
-            cpu_rmsnorm(s->h + t * E, s->x + t * E, j->norm_w, E, c->rms_eps);
+        if (!j->qk) {
+            if (j->residual) cpu_axpy(s->x + t * E, 1.0f, j->residual + t * E, E);
+            if (j->norm_w) cpu_rmsnorm(s->h + t * E, s->x + t * E, j->norm_w, E, c->rms_eps);
             continue;
         }
         const float *cs = s->rope_cos + t * (D / 2), *sn = s->rope_sin + t * (D / 2);
@@ -281,25 +285,24 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
 
         /* attention */
         t0 = tm_time_ns();
-        qwen3moe_token_job norm_job = {ctx, L, l, (const float *)L->attn_norm.data};
+        qwen3moe_token_job norm_job = {ctx, L, l, (const float *)L->attn_norm.data, NULL, false};
         qwen3moe_tokens_run(ctx, &norm_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
         qwen3moe_qkv(ctx, L, n_tok);
         model_prof_add(ctx, TM_PROF_ATTN_PROJ, t1, t0 = tm_time_ns());
-        qwen3moe_token_job qk_job = {ctx, L, l, NULL};
+        qwen3moe_token_job qk_job = {ctx, L, l, NULL, NULL, true};
         qwen3moe_tokens_run(ctx, &qk_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
         tm_attention_shape as = {n_tok, pos0, H, HKV, D, 1.0f / sqrtf((float)D), kv_type};
         cpu_attention(ctx->pool, &as, s->q, ctx->k_cache[l], ctx->v_cache[l], s->att, s->attn_scratch);
         model_prof_add(ctx, TM_PROF_ATTENTION, t1, t0 = tm_time_ns());
         model_matmul(ctx, &L->wo, s->att, n_tok, s->attn_out, s->act);
-        for (int64_t i = 0; i < n_tok * E; i++) s->x[i] += s->attn_out[i];
         model_prof_add(ctx, TM_PROF_ATTN_PROJ, t0, t1 = tm_time_ns());
         emit(ctx, "attn_out", (int)l, s->attn_out, n_tok, E, false);
 
         /* mixture of experts */
-        norm_job.norm_w = (const float *)L->ffn_norm.data;
-        qwen3moe_tokens_run(ctx, &norm_job, n_tok);
+        qwen3moe_token_job ffn_norm_job = {ctx, L, l, (const float *)L->ffn_norm.data, s->attn_out, false};
+        qwen3moe_tokens_run(ctx, &ffn_norm_job, n_tok); /* x += attn_out; h = rmsnorm(x) * ffn_norm */
         model_prof_add(ctx, TM_PROF_NORM, t1, t0 = tm_time_ns());
         model_matmul(ctx, &L->router, s->h, n_tok, s->router_logits, s->act);
         moe_router_select(&w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
@@ -313,7 +316,8 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
         if ((st = moe_cpu_lane_run(s->lane, ctx->pool, &L->experts, &s->wl, 0, s->wl.n_slots, s->h, s->moe_out,
                                    ctx->params.precise)))
             return st;
-        for (int64_t i = 0; i < n_tok * E; i++) s->x[i] += s->moe_out[i];
+        qwen3moe_token_job residual_job = {ctx, L, l, NULL, s->moe_out, false};
+        qwen3moe_tokens_run(ctx, &residual_job, n_tok); /* x += moe_out */
         model_prof_add(ctx, TM_PROF_EXPERTS, t1, t0 = tm_time_ns());
         emit(ctx, "ffn_out", (int)l, s->moe_out, n_tok, E, false);
         emit(ctx, "x_out", (int)l, s->x, n_tok, E, false);
