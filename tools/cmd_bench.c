@@ -15,6 +15,7 @@
 #include "core/timing.h"
 #include "model/layout.h"
 #include "model/model.h"
+#include "trace/trace.h"
 
 static void bench_usage(FILE *out) {
     fprintf(out, "usage: tiermoe bench -m FILE [options]\n"
@@ -26,6 +27,7 @@ static void bench_usage(FILE *out) {
                  "  -o md|csv|json  output format (default md)\n"
                  "  --no-membw    skip the memory bandwidth measurement\n"
                  "  --profile     print where each test's time went\n");
+    fputs(trace_config_help, out);
 }
 
 typedef struct bench_result {
@@ -57,6 +59,12 @@ int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *fmt = "md";
     long long n_pp = 512, n_tg = 128, reps = 3, batch = 512, v;
     int threads[16], n_threads = 0, membw = 1, profile = 0;
+    tm_trace_config tc = {0};
+    tm_trace *tr = NULL;
+    if (trace_config_from_env(&tc) != TM_OK) {
+        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        return 2;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -65,6 +73,9 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-membw")) { membw = 0; continue; }
         if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        const int nt = trace_config_parse_arg(&tc, argc, argv, i);
+        if (nt < 0) return 2;
+        if (nt > 0) { i += nt - 1; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "tiermoe bench: %s needs a value (or is unknown)\n", a);
             bench_usage(stderr);
@@ -114,6 +125,12 @@ int cmd_bench(int argc, char **argv) {
         model_free(m);
         return 1;
     }
+    if (trace_config_enabled(&tc) && trace_create(&tc, m, &tr) != TM_OK) {
+        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        model_layout_free(&lay);
+        model_free(m);
+        return 1;
+    }
     const tm_gguf_tensor *embd = gguf_file_find_tensor(m->file, "token_embd.weight");
     const uint64_t embd_bytes = embd ? embd->n_bytes : 0;
     const bool tied = !gguf_file_find_tensor(m->file, "output.weight");
@@ -136,6 +153,7 @@ int cmd_bench(int argc, char **argv) {
     tm_rng_seed(&rng, 1234);
     for (int ti = 0; ti < n_threads && !rc; ti++) {
         tm_context_params cp = {.n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8, .n_batch = batch, .n_threads = threads[ti]};
+        if (tr) trace_attach(tr, &cp);
         tm_context *ctx;
         if (model_context_create(m, &cp, &ctx) != TM_OK) {
             fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
@@ -153,6 +171,7 @@ int cmd_bench(int argc, char **argv) {
         if (!rc && n_pp > 0) {
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
+                if (tr) trace_sequence_begin(tr);
                 uint64_t t0 = tm_time_ns();
                 if (model_decode(ctx, toks, n_pp, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
                 ts[r] = (tm_time_ns() - t0) * 1e-9;
@@ -166,6 +185,7 @@ int cmd_bench(int argc, char **argv) {
         if (!rc && n_tg > 0) {
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
+                if (tr) trace_sequence_begin(tr);
                 int32_t id = toks[0];
                 uint64_t t0 = tm_time_ns();
                 for (long long i = 0; i < n_tg && !rc; i++) {
@@ -214,6 +234,11 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(fmt, "json")) printf("]\n");
     fprintf(stderr, "cpu: %s\n", cpu_features_string());
+    if (tr && trace_finish(tr) != TM_OK) {
+        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        rc = 1;
+    }
+    trace_free(tr);
     model_layout_free(&lay);
     model_free(m);
     return rc;

@@ -11,6 +11,7 @@
 #include "sample/sample.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
+#include "trace/trace.h"
 
 static void run_usage(FILE *out) {
     fprintf(out,
@@ -32,6 +33,7 @@ static void run_usage(FILE *out) {
             "  --kv-type f16|f32      KV cache type (default f16)\n"
             "  --ignore-eos           keep generating past end-of-generation tokens\n"
             "  --profile              print where the time went\n");
+    fputs(trace_config_help, out);
 }
 
 /* Parse "1,2,3" into ids; returns 0 or 2 (usage error). */
@@ -237,6 +239,12 @@ int cmd_run(int argc, char **argv) {
     sample_params_default(&sp);
     int profile = 0, chat = 0;
     run_session s = {0};
+    tm_trace_config tc = {0};
+    tm_trace *tr = NULL;
+    if (trace_config_from_env(&tc) != TM_OK) {
+        fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
+        return 2;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -244,6 +252,9 @@ int cmd_run(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        const int nt = trace_config_parse_arg(&tc, argc, argv, i);
+        if (nt < 0) return 2;
+        if (nt > 0) { i += nt - 1; continue; }
         if (!strcmp(a, "--ignore-eos")) { s.ignore_eos = true; continue; }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
         if (!strcmp(a, "--verbose-prompt")) { s.verbose_prompt = true; continue; }
@@ -336,6 +347,13 @@ int cmd_run(int argc, char **argv) {
             goto out;
         }
     }
+    if (trace_config_enabled(&tc)) {
+        if (trace_create(&tc, s.m, &tr) != TM_OK) {
+            fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
+            goto out;
+        }
+        trace_attach(tr, &cp);
+    }
     if (model_context_create(s.m, &cp, &s.ctx) != TM_OK) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
         goto out;
@@ -395,7 +413,12 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_prof_part_names[i], s.ctx->prof_ns[i] * 1e-6,
                     100.0 * s.ctx->prof_ns[i] / (total ? total : 1));
     }
+    if (tr && trace_finish(tr) != TM_OK) {
+        fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
+        rc = 1;
+    }
 out:
+    trace_free(tr);
     free(s.hist);
     sampler_free(&s.sampler);
     model_context_free(s.ctx);

@@ -61,6 +61,19 @@ def main():
     for line in ("load time", "prompt eval time", "eval time", "total time", "tokens per second"):
         check(line in r.stderr, f"timings: '{line}' missing from\n{r.stderr}")
 
+    # the expert tracer's switches: every evaluated token's k routing decisions, per layer
+    trace_json = os.path.join(TMP, "trace.json")
+    r = tm("run", "-m", model, "--tokens", "1,2,3,4", "-n", "6", "--temp", "0", "--expert-trace-stats",
+           "--expert-trace-output", trace_json)
+    check(r.returncode == 0 and os.path.exists(trace_json), f"run --expert-trace-stats: {r.stderr}")
+    if os.path.exists(trace_json):
+        import json
+        layers = json.load(open(trace_json))["layers"]
+        k = gguf.GGUFReader(model).fields["qwen3moe.expert_used_count"].contents()
+        hits = {l["expert_hits_total"] for l in layers}
+        check(hits == {(4 + 5) * k}, f"trace: hits per layer {hits}, want {(4 + 5) * k} (4 prompt + 5 decoded tokens)")
+        print(f"  run --expert-trace-stats: {len(layers)} layers of {(4 + 5) * k} hits each")
+
     # sampling: seeds
     def sample(seed):
         r = tm("run", "-m", model, "--tokens", "1,2,3", "-n", "24", "--temp", "1", "--top-k", "0",
