@@ -249,7 +249,7 @@ int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx,
 
 /* Blocked attention kernels, for one (query, head) row against one key block:
  *   scores:  s[j] = scale · q · k_j            for j < ATTN_KEY_BLOCK (kT is [d][ATTN_KEY_BLOCK])
- *   update:  online softmax over the first n keys (s[j] -inf beyond them):
+ *   update:  online softmax over the first n keys (the rest of s is ignored):
  *            m' = max(m, max s), o = o·exp(m - m') + Σ exp(s_j - m') v_j, l likewise */
 static void attn_scores_ref(const float *q, const float *kT, int64_t d, float scale, float *s) {
     for (int j = 0; j < ATTN_KEY_BLOCK; j++) s[j] = 0;
