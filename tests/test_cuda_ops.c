@@ -174,8 +174,11 @@ static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c) {
             r2 += ref * ref;
         }
     }
-    /* a random-error bound far under the worst case: catches systematic drift */
-    assert_true(sqrt(e2 / (r2 + 1e-300)) < 1e-5);
+    /* a random-error bound far under the worst case: catches systematic drift.
+     * Only over 64+ outputs: one output can be near zero by chance. */
+    if (rows * nt >= 64 && !(sqrt(e2 / r2) < 1e-5))
+        fail_msg("mmvq %s rows %lld k %lld n_tok %lld: |err|/|ref| = %.3g over all outputs", quant_type_name(type),
+                 (long long)rows, (long long)k, (long long)nt, sqrt(e2 / r2));
     free(w), free(wd), free(x), free(y);
     return worst;
 }
