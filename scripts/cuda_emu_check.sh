@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Check the CUDA kernels' index math and the op harness on a machine without
+# a GPU: builds tests/test_cuda_ops.c against a host mock of src/cuda/cuda.h
+# (tests/emu/cuda_mock.cpp) whose mmvq / grouped-expert / router code is the
+# kernels' own device code run on the CPU, then runs the checks and the
+# bench's code paths. Needs nvcc's headers (/usr/local/cuda/include) and a
+# configured build dir (default build). Dev check only: the GPU run is
+# scripts/device_cuda_check.sh.
+#   scripts/cuda_emu_check.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
+cmake --build "$BUILD" --target tiermoe_lib > /dev/null
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+awk '/^extern "C"/ {exit} {print}' src/cuda/router.cu \
+    | sed -e 's/__global__ void __launch_bounds__([^)]*)/static void/' -e 's/^__global__ void/static void/' \
+    > "$T/router_kernel.cpp"
+g++ -std=c++20 -O2 -w -Isrc -Itests/emu -I"$T" -I"$CUDA_INC" -c tests/emu/cuda_mock.cpp -o "$T/mock.o"
+gcc -std=c11 -O1 -D_GNU_SOURCE -DTM_HAVE_CUDA=1 -Isrc -Iinclude -Wall -Wextra -Werror -Wshadow \
+    -Wstrict-prototypes -Wmissing-prototypes -Wvla -Wno-unused-parameter -c tests/test_cuda_ops.c -o "$T/test.o"
+g++ "$T/test.o" "$T/mock.o" "$BUILD/libtiermoe_lib.a" $(pkg-config --libs cmocka jansson libpcre2-8 libutf8proc) \
+    -lm -lpthread -o "$T/test_cuda_ops_mock"
+echo "== checks on the mock"
+"$T/test_cuda_ops_mock"
+echo "== bench code paths on the mock (no arithmetic; the checks fail by design there, only test_bench counts)"
+MOCK_FAST=1 TM_CUDA_BENCH=1 "$T/test_cuda_ops_mock" 2>&1 | grep -E "test_bench" || true
