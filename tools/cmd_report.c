@@ -23,15 +23,15 @@ static void report_usage(FILE *out) {
 /* White (0) through orange to dark red (1). */
 static void heat_colour(double x, char *out, size_t n) {
     x = x < 0 ? 0 : x > 1 ? 1 : x;
-    int r, g, b;
+    unsigned r, g, b; /* each 0..255: the colour is exactly 7 characters */
     if (x < 0.5) {
         const double u = x / 0.5;
-        r = 255, g = (int)(255 - u * (255 - 140)), b = (int)(255 - u * 255);
+        r = 255, g = (unsigned)(255 - u * (255 - 140)), b = (unsigned)(255 - u * 255);
     } else {
         const double u = (x - 0.5) / 0.5;
-        r = (int)(255 - u * (255 - 120)), g = (int)(140 - u * 140), b = 0;
+        r = (unsigned)(255 - u * (255 - 120)), g = (unsigned)(140 - u * 140), b = 0;
     }
-    snprintf(out, n, "#%02x%02x%02x", r, g, b);
+    snprintf(out, n, "#%02x%02x%02x", r & 0xffu, g & 0xffu, b & 0xffu);
 }
 
 static int write_svg(const tm_trace_stats *s, const char *path) {
