@@ -13,7 +13,7 @@ if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka 2>/dev/null; then
     export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig
     export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
-cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA=OFF > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build/device -j"$(nproc)" --target tiermoe > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 [ -f /tmp/m30.gguf ] || build/device/tiermoe mkmodel --preset 30b-a3b -q -o /tmp/m30.gguf
 build/device/tiermoe bench -m /tmp/m30.gguf -p 512 -n 128 -r 3 -t "$THREADS" --profile 2>&1 | tee "$OUT/bench.md"
