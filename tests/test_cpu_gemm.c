@@ -338,6 +338,70 @@ static void test_matmul_pool(void **s) {
     cpu_level_set(TM_CPU_SCALAR);
 }
 
+/* cpu_matmul_multi equals separate cpu_matmul calls bit for bit: mixed
+ * weight types (three activation types: q8_K, q8_0, f32, two matrices sharing
+ * one), odd row counts whose sum crosses the 1024 rows where the router's
+ * token split stops, 1, 3 and 70 tokens, at every level and 1 or 3 threads.
+ * Also against cpu_gemm on one thread, so a matrix's chunking never shows. */
+static void test_matmul_multi(void **s) {
+    (void)s;
+    levels_init();
+    tm_rng r;
+    tm_rng_seed(&r, 123);
+    const tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q8_0, TM_TYPE_F16, TM_TYPE_Q6_K, TM_TYPE_Q4_0};
+    const int64_t rows[] = {203, 517, 33, 301, 17};
+    const int n_mats = 5;
+    const int64_t k = 512, max_tok = 70;
+    void *w[5];
+    float *y[5], *y1[5];
+    tm_matmul_desc mats[5];
+    for (int i = 0; i < n_mats; i++) {
+        w[i] = make_w(&r, types[i], rows[i], k, 0);
+        y[i] = malloc(sizeof(float) * (size_t)(rows[i] * max_tok));
+        y1[i] = malloc(sizeof(float) * (size_t)(rows[i] * max_tok));
+        mats[i] = (tm_matmul_desc){types[i], rows[i], w[i], quant_row_size(types[i], k), y[i]};
+    }
+    float *x = malloc(sizeof(float) * (size_t)(k * max_tok));
+    for (int64_t i = 0; i < k * max_tok; i++) x[i] = tm_rng_normal(&r);
+    /* q8_K (q4_K, q6_K), q8_0 (q8_0, q4_0) and f32 (f16) copies of x */
+    size_t want = (size_t)max_tok * (cpu_act_row_size(TM_TYPE_Q4_K, k) + cpu_act_row_size(TM_TYPE_Q8_0, k) +
+                                     cpu_act_row_size(TM_TYPE_F16, k));
+    assert_int_equal(cpu_matmul_multi_scratch_bytes(n_mats, mats, k, max_tok), want);
+    void *scratch = malloc(want);
+    const int64_t toks[] = {1, 3, 70};
+    for (int l = 0; l < n_levels; l++) {
+        cpu_level_set(level_list[l]);
+        for (int nth = 1; nth <= 3; nth += 2) {
+            tm_pool *pool;
+            assert_int_equal(cpu_pool_create(nth, &pool), TM_OK);
+            for (int ti = 0; ti < 3; ti++) {
+                const int64_t nt = toks[ti];
+                for (int i = 0; i < n_mats; i++)
+                    for (int64_t j = 0; j < rows[i] * nt; j++) y[i][j] = SENTINEL;
+                cpu_matmul_multi(pool, n_mats, mats, k, x, nt, scratch);
+                for (int i = 0; i < n_mats; i++) {
+                    cpu_matmul(pool, types[i], k, rows[i], w[i], mats[i].w_row_bytes, x, nt, y1[i], scratch);
+                    if (memcmp(y[i], y1[i], sizeof(float) * (size_t)(rows[i] * nt)))
+                        fail_msg("level %s, %d threads, %lld tokens: matrix %d (%s) differs from cpu_matmul",
+                                 cpu_level_name(level_list[l]), nth, (long long)nt, i, quant_type_name(types[i]));
+                    size_t xrb = cpu_act_row_size(types[i], k);
+                    for (int64_t t = 0; t < nt; t++)
+                        cpu_act_quantize(types[i], x + t * k, (char *)scratch + xrb * (size_t)t, k);
+                    cpu_gemm(types[i], k, w[i], mats[i].w_row_bytes, 0, rows[i], scratch, xrb, nt, y1[i], rows[i]);
+                    if (memcmp(y[i], y1[i], sizeof(float) * (size_t)(rows[i] * nt)))
+                        fail_msg("level %s, %d threads, %lld tokens: matrix %d (%s) differs from one cpu_gemm",
+                                 cpu_level_name(level_list[l]), nth, (long long)nt, i, quant_type_name(types[i]));
+                }
+            }
+            cpu_pool_free(pool);
+        }
+    }
+    for (int i = 0; i < n_mats; i++) free(w[i]), free(y[i]), free(y1[i]);
+    free(x);
+    free(scratch);
+    cpu_level_set(TM_CPU_SCALAR);
+}
+
 static void test_levels(void **s) {
     (void)s;
     levels_init();
@@ -360,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_q4_0),   cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_f16),    cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_f32),    cmocka_unit_test(test_matmul_pool),
+        cmocka_unit_test(test_matmul_multi),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,9 @@
  * (n, chunk, threads) combinations; cpu_pool_run gives each thread its own
  * ith with the right nth; thousands of tiny back-to-back jobs (the per-layer
  * pattern) neither deadlock nor lose a job, with spinning and with the
- * futex sleep path forced (TIERMOE_SPIN_US=0). */
+ * futex sleep path forced (TIERMOE_SPIN_US=0); cpu_pool_for_steps runs
+ * every item of every step once, and no item of a step starts before every
+ * item of the previous non-empty step has finished. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -11,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "core/rng.h"
 #include "core/timing.h"
 #include "cpu/cpu.h"
 
@@ -111,6 +115,119 @@ static void test_many_tiny_jobs(void **s) {
     unsetenv("TIERMOE_SPIN_US");
 }
 
+/* ---- cpu_pool_for_steps ---- */
+
+#define STEPS_MAX 8
+
+typedef struct steps_ctx {
+    atomic_int *hits[STEPS_MAX]; /* per step, per item: times run */
+    atomic_llong done[STEPS_MAX]; /* per step: items finished */
+    int64_t n[STEPS_MAX];
+    int prev[STEPS_MAX]; /* previous non-empty step, -1 for none */
+    atomic_int early;    /* items that started before the previous step was done */
+    atomic_int bad;
+    int nth;
+} steps_ctx;
+
+static void steps_item(steps_ctx *c, int step, int64_t b, int64_t e, int ith) {
+    if (b < 0 || e > c->n[step] || b >= e || ith < 0 || ith >= c->nth) atomic_fetch_add(&c->bad, 1);
+    const int pv = c->prev[step];
+    if (pv >= 0 && atomic_load(&c->done[pv]) != c->n[pv]) atomic_fetch_add(&c->early, 1);
+    for (int64_t i = b; i < e && i < c->n[step] && i >= 0; i++) {
+        if ((i & 7) == 0) sched_yield(); /* let the others run ahead if they could */
+        atomic_fetch_add(&c->hits[step][i], 1);
+    }
+    atomic_fetch_add(&c->done[step], e - b);
+}
+
+/* The step index is not an argument of the range function: one per step. */
+#define STEP_FN(i) \
+    static void step_fn##i(void *ctx, int64_t b, int64_t e, int ith) { steps_item(ctx, i, b, e, ith); }
+STEP_FN(0)
+STEP_FN(1)
+STEP_FN(2)
+STEP_FN(3)
+STEP_FN(4)
+STEP_FN(5)
+STEP_FN(6)
+STEP_FN(7)
+static const tm_pool_range_fn step_fns[STEPS_MAX] = {step_fn0, step_fn1, step_fn2, step_fn3,
+                                                     step_fn4, step_fn5, step_fn6, step_fn7};
+
+/* One cpu_pool_for_steps call with these step sizes and chunks, checked. */
+static void steps_check(tm_pool *pool, int n_steps, const int64_t *ns, const int64_t *chunks) {
+    steps_ctx c;
+    memset(&c, 0, sizeof c);
+    c.nth = cpu_pool_size(pool);
+    tm_pool_step steps[STEPS_MAX];
+    int last = -1;
+    for (int i = 0; i < n_steps; i++) {
+        c.n[i] = ns[i];
+        c.hits[i] = calloc((size_t)ns[i] + 1, sizeof(atomic_int));
+        atomic_init(&c.done[i], 0);
+        c.prev[i] = last;
+        if (ns[i] > 0) last = i;
+        steps[i] = (tm_pool_step){.fn = step_fns[i], .n = ns[i], .chunk = chunks[i]};
+    }
+    cpu_pool_for_steps(pool, n_steps, steps, &c);
+    assert_int_equal(atomic_load(&c.bad), 0);
+    if (atomic_load(&c.early))
+        fail_msg("%d threads, %d steps: %d chunks started before the previous step finished", c.nth, n_steps,
+                 atomic_load(&c.early));
+    for (int i = 0; i < n_steps; i++) {
+        for (int64_t it = 0; it < ns[i]; it++)
+            if (atomic_load(&c.hits[i][it]) != 1)
+                fail_msg("%d threads, step %d of %d (n %lld chunk %lld): item %lld run %d times", c.nth, i, n_steps,
+                         (long long)ns[i], (long long)chunks[i], (long long)it, atomic_load(&c.hits[i][it]));
+        free(c.hits[i]);
+    }
+}
+
+static void test_for_steps(void **s) {
+    (void)s;
+    const int threads[] = {1, 2, 3, 4, 7};
+    const int64_t ns[] = {0, 1, 2, 5, 16, 33, 257};
+    const int64_t chunks[] = {0, 1, 3, 16, 1000};
+    tm_rng r;
+    tm_rng_seed(&r, 7);
+    for (size_t ti = 0; ti < 5; ti++) {
+        tm_pool *pool;
+        assert_int_equal(cpu_pool_create(threads[ti], &pool), TM_OK);
+        for (int round = 0; round < 60; round++) {
+            int n_steps = (int)(tm_rng_u64(&r) % (STEPS_MAX + 1));
+            int64_t n[STEPS_MAX], ch[STEPS_MAX];
+            for (int i = 0; i < n_steps; i++) {
+                n[i] = ns[tm_rng_u64(&r) % 7];
+                ch[i] = chunks[tm_rng_u64(&r) % 5];
+            }
+            steps_check(pool, n_steps, n, ch);
+        }
+        /* every step empty but the last, and the other way round */
+        const int64_t n1[] = {0, 0, 0, 9}, n2[] = {9, 0, 0, 0}, c1[] = {1, 1, 1, 1};
+        steps_check(pool, 4, n1, c1);
+        steps_check(pool, 4, n2, c1);
+        cpu_pool_free(pool);
+    }
+    const int64_t n3[] = {4, 5, 6}, c3[] = {1, 2, 100};
+    steps_check(NULL, 3, n3, c3); /* a NULL pool runs the steps on the caller, in order */
+}
+
+/* Per-layer pattern: 10,000 back-to-back step jobs, spinning and with the
+ * futex sleep path forced; a lost wake-up would hang here. */
+static void test_for_steps_many(void **s) {
+    (void)s;
+    const int64_t n[] = {16, 3, 40, 1}, ch[] = {1, 1, 4, 1};
+    tm_pool *pool;
+    assert_int_equal(cpu_pool_create(4, &pool), TM_OK);
+    for (int j = 0; j < 10000; j++) steps_check(pool, 4, n, ch);
+    cpu_pool_free(pool);
+    setenv("TIERMOE_SPIN_US", "0", 1);
+    assert_int_equal(cpu_pool_create(3, &pool), TM_OK);
+    for (int j = 0; j < 2000; j++) steps_check(pool, 4, n, ch);
+    cpu_pool_free(pool);
+    unsetenv("TIERMOE_SPIN_US");
+}
+
 static void test_bad_size(void **s) {
     (void)s;
     tm_pool *pool = (tm_pool *)1;
@@ -123,6 +240,8 @@ int main(void) {
         cmocka_unit_test(test_for_coverage),
         cmocka_unit_test(test_run_ith),
         cmocka_unit_test(test_many_tiny_jobs),
+        cmocka_unit_test(test_for_steps),
+        cmocka_unit_test(test_for_steps_many),
         cmocka_unit_test(test_bad_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
