@@ -107,6 +107,9 @@ int main(int argc, char **argv) {
         {"expert gate+up x16", TM_TYPE_Q4_K, 768, 2048, 16, 32},
         {"expert down x8", TM_TYPE_Q4_K, 2048, 768, 8, 32},
         {"expert gate+up x16", TM_TYPE_Q4_K, 768, 2048, 16, 512},
+        /* runs that are not whole 16-token tiles (AMX pads the leftover tokens) */
+        {"expert gate+up x16", TM_TYPE_Q4_K, 768, 2048, 16, 21},
+        {"expert down x8", TM_TYPE_Q4_K, 2048, 768, 8, 40},
         {"attn q", TM_TYPE_Q8_0, 4096, 2048, 1, 32},
         {"attn q", TM_TYPE_Q8_0, 4096, 2048, 1, 512},
         {"attn o", TM_TYPE_Q8_0, 2048, 4096, 1, 512},
@@ -126,7 +129,7 @@ int main(int argc, char **argv) {
         {"square", TM_TYPE_BF16, 4096, 4096, 1, 32},
         {"square", TM_TYPE_F32, 4096, 4096, 1, 32},
     };
-    size_t n_cases = quick ? 12 : sizeof cases / sizeof cases[0];
+    size_t n_cases = quick ? 14 : sizeof cases / sizeof cases[0];
     tm_pool *pool;
     if (cpu_pool_create(threads, &pool) != TM_OK) {
         fprintf(stderr, "cpu_gemm_bench: %s\n", tm_error_message());
@@ -144,7 +147,9 @@ int main(int argc, char **argv) {
         j.mat_bytes = j.wrb * (size_t)c->rows;
         j.n_total = (int64_t)(mib * 1048576.0 / (double)j.mat_bytes);
         if (j.n_total < c->n_mat) j.n_total = c->n_mat;
-        j.chunk = c->n_tok == 1 ? 32 : 64;
+        /* as the cpu lane: 32 rows (64 from 16 tokens), doubled up to 256 while under 32 KB */
+        j.chunk = c->n_tok >= 16 ? 64 : 32;
+        while (j.chunk < 256 && (size_t)j.chunk * j.wrb < (32 << 10)) j.chunk *= 2;
         j.chunks_per_mat = (c->rows + j.chunk - 1) / j.chunk;
         uint8_t *w = malloc(j.mat_bytes * (size_t)j.n_total);
         float *x = malloc(sizeof(float) * (size_t)(c->k * c->n_tok));
