@@ -133,11 +133,9 @@ TM_AMX static void amx_configure(void) {
     amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int set = 0; set < 6; set += 3) { /* two sets, for two sub-blocks in flight */
-        cfg.rows[set + 0] = 16, cfg.colsb[set + 0] = 64; /* C: 16 tokens x 16 rows of s32 */
-        cfg.rows[set + 1] = 16, cfg.colsb[set + 1] = 32; /* A: 16 tokens x 32 s8 */
-        cfg.rows[set + 2] = 8, cfg.colsb[set + 2] = 64;  /* B: 8 groups of 4 values x 16 rows */
-    }
+    cfg.rows[0] = 16, cfg.colsb[0] = 64; /* C: 16 tokens x 16 rows of s32 */
+    cfg.rows[1] = 16, cfg.colsb[1] = 32; /* A: 16 tokens x 32 s8 */
+    cfg.rows[2] = 8, cfg.colsb[2] = 64;  /* B: 8 groups of 4 values x 16 rows */
     amx_cfg = cfg;
     __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&amx_cfg);
@@ -252,40 +250,6 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
     }
 }
 
-/* C tile = A (16 tokens' values of sub-block q) . B (16 rows' values), stored
- * to buf (tile numbers must be literals). */
-#define AMX_PRODUCT(C, A, B, q, buf)                                                                    \
-    do {                                                                                                \
-        const char *abase_ = !AMX_IS_K(kind) ? xa + (q) * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs) \
-                                             : xa + ((q) / 8) * (int64_t)sizeof(tm_block_q8_k) +        \
-                                                   offsetof(tm_block_q8_k, qs) + 32 * ((q) % 8);         \
-        _tile_zero(C);                                                                                  \
-        _tile_loadd(A, abase_, xstride);                                                                \
-        _tile_loadd(B, bs + (q) * 512, 64);                                                             \
-        _tile_dpbssd(C, A, B);                                                                          \
-        _tile_stored(C, buf, 64);                                                                       \
-    } while (0)
-
-/* acc[token] += C[token] scaled, for sub-block q (C in buf). */
-#define AMX_SCALE(q, buf)                                                                               \
-    do {                                                                                                \
-        const __m512 sv_ = _mm512_load_ps(svs + (q) * 16);                                              \
-        const float *dx_ = s->dxs + t * ns + (q);                                                       \
-        if (!AMX_IS_K(kind)) {                                                                          \
-            for (int m = 0; m < 16; m++)                                                                \
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((buf) + 16 * m)),         \
-                                         _mm512_mul_ps(sv_, _mm512_set1_ps(dx_[m * ns])), acc[m]);      \
-        } else {                                                                                        \
-            const __m512 mv_ = _mm512_load_ps(mvs + (q) * 16);                                          \
-            const float *bd_ = s->bsdx + t * ns + (q);                                                  \
-            for (int m = 0; m < 16; m++) {                                                              \
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((buf) + 16 * m)),         \
-                                         _mm512_mul_ps(sv_, _mm512_set1_ps(dx_[m * ns])), acc[m]);      \
-                acc[m] = _mm512_fnmadd_ps(mv_, _mm512_set1_ps(bd_[m * ns]), acc[m]);                    \
-            }                                                                                           \
-        }                                                                                               \
-    } while (0)
-
 TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb, int64_t r0, int64_t r1,
                             const void *xqv, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32, tail = n_tok - n16;
@@ -318,7 +282,7 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
         }
     }
     amx_configure();
-    _Alignas(64) int32_t cbuf[512];
+    _Alignas(64) int32_t cbuf[256];
     for (int64_t rg = r0; rg < r1; rg += 16 * AMX_SLOTS) {
         int n_slots = 0;
         for (int64_t r = rg; r < r1 && n_slots < AMX_SLOTS; r += 16, n_slots++)
@@ -337,15 +301,30 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
             const char *xa = t < n16 ? xq + (size_t)t * xrb : (const char *)s->xpad;
             const long xstride = t < n16 ? (long)xrb : (long)act_bytes;
             const int n_store = t < n16 ? 16 : (int)tail;
-            /* Sub-blocks in pairs on two tile sets: the second product runs
-             * while the first one's result is scaled (one set alone waits for
-             * each product, its store and the reload in turn). */
-            for (int64_t q = 0; q < ns; q += 2) {
-                const int two = q + 1 < ns;
-                AMX_PRODUCT(0, 1, 2, q, cbuf);
-                if (two) AMX_PRODUCT(3, 4, 5, q + 1, cbuf + 256);
-                AMX_SCALE(q, cbuf);
-                if (two) AMX_SCALE(q + 1, cbuf + 256);
+            for (int64_t q = 0; q < ns; q++) {
+                const char *abase = !AMX_IS_K(kind)
+                                        ? xa + q * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)
+                                        : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) + offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
+                _tile_zero(0);
+                _tile_loadd(1, abase, xstride);
+                _tile_loadd(2, bs + q * 512, 64);
+                _tile_dpbssd(0, 1, 2);
+                _tile_stored(0, cbuf, 64);
+                const __m512 sv = _mm512_load_ps(svs + q * 16);
+                const float *dx = s->dxs + t * ns + q;
+                if (!AMX_IS_K(kind)) {
+                    for (int m = 0; m < 16; m++)
+                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                                 _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
+                } else {
+                    const __m512 mv = _mm512_load_ps(mvs + q * 16);
+                    const float *bd = s->bsdx + t * ns + q;
+                    for (int m = 0; m < 16; m++) {
+                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                                 _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
+                        acc[m] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(bd[m * ns]), acc[m]);
+                    }
+                }
             }
             for (int m = 0; m < 16; m++) /* a constant count keeps acc in registers */
                 if (m < n_store) _mm512_mask_storeu_ps(y + (t + m) * ldy + r, mask, acc[m]);
