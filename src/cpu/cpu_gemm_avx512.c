@@ -10,8 +10,8 @@
  *   from -offset * sum(x) per token so the block sum comes out exact.
  * q6_K: like q4_K with 16 sub-blocks of 16 (vpermw spreads the scales) and the
  *   -32 offset taken out through the activations' bsums.
- * Float types fall back to the AVX2 kernels. Decode (one token) prefetches
- * rows about 4 KB ahead while computing the current tile. */
+ * Float types fall back to the AVX2 kernels. Decode (one token) prefetches the
+ * next row tile while computing the current one. */
 #include "cpu/cpu_internal.h"
 
 #if defined(__x86_64__)
@@ -27,16 +27,10 @@ TM_AVX512_INLINE float h2f(tm_half h) { return _cvtsh_ss(h); }
 #define ROW(type, i, b) ((const type *)(a->w + (size_t)(r + (i)) * a->wrb) + (b))
 #define TOK(type, j, b) ((const type *)(a->x + (size_t)(t + (j)) * a->xrb) + (b))
 
-/* Prefetch the same block of row r + i + pf_ahead (at least one row tile and
- * about TM_PREFETCH_BYTES ahead; decode walks rows in order, so each row is
- * prefetched once), not past the call's rows: those belong to another item. */
+/* Prefetch the same block of the next tile's rows (decode walks rows in tiles). */
 TM_AVX512_INLINE void prefetch_next(const tm_tile_args *a, int64_t r, int nr, int i, size_t off, size_t bytes) {
-    (void)nr;
-    const int64_t row = r + i + a->pf_ahead;
-    if (row >= a->r_end) return;
-    const char *p = a->w + (size_t)row * a->wrb + off;
-    /* every line the block touches (blocks of 144 or 34 bytes straddle lines) */
-    for (uintptr_t l = (uintptr_t)p & ~(uintptr_t)63; l < (uintptr_t)p + bytes; l += 64) _mm_prefetch((const char *)l, _MM_HINT_T0);
+    const char *p = a->w + (size_t)(r + nr + i) * a->wrb + off;
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 }
 
 /* ---- q4_K / q5_K ---- */

@@ -18,16 +18,7 @@ typedef struct tm_tile_args {
     size_t xrb;
     float *y;
     int64_t ldy;
-    int64_t r_end;    /* end of the call's rows: prefetches stop there */
-    int64_t pf_ahead; /* rows between a row and the one a decode kernel prefetches */
 } tm_tile_args;
-
-/* Decode kernels prefetch about this far ahead: a row tile of short rows (the
- * 768-value down projections, 432 bytes in q4_K) is too little to cover the
- * memory latency of a fully loaded machine. */
-#define TM_PREFETCH_BYTES 4096
-#define TM_PREFETCH_ROWS(NR, wrb) \
-    ((int64_t)(NR) * (wrb) >= TM_PREFETCH_BYTES ? (int64_t)(NR) : (int64_t)((TM_PREFETCH_BYTES + (wrb) - 1) / (wrb)))
 
 #define TM_TILE_CASE(micro, R, T) \
     case (R) * 16 + (T): micro(R, T, a, r, t); break;
@@ -51,8 +42,7 @@ typedef struct tm_tile_args {
     }                                                                                              \
     attr static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,           \
                           const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {     \
-        tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, xrb, y, ldy, r1,          \
-                             TM_PREFETCH_ROWS(NR, wrb)};                                           \
+        tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, xrb, y, ldy};              \
         for (int64_t rb = r0; rb < r1; rb += (RCHUNK)) {                                           \
             int64_t re = rb + (RCHUNK) < r1 ? rb + (RCHUNK) : r1;                                  \
             for (int64_t t = 0; t < n_tok; t += (NT)) {                                            \
