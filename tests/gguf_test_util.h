@@ -70,9 +70,15 @@ TM_TEST_HELPER void bb_raw(bb *b, const void *d, size_t n) {
     memcpy(b->p + b->n, d, n);
     b->n += n;
 }
-TM_TEST_HELPER void bb_u8(bb *b, uint8_t v) { bb_raw(b, &v, 1); }
-TM_TEST_HELPER void bb_u32(bb *b, uint32_t v) { bb_raw(b, &v, 4); }
-TM_TEST_HELPER void bb_u64(bb *b, uint64_t v) { bb_raw(b, &v, 8); }
+TM_TEST_HELPER void bb_u8(bb *b, uint8_t v) {
+    bb_raw(b, &v, 1);
+}
+TM_TEST_HELPER void bb_u32(bb *b, uint32_t v) {
+    bb_raw(b, &v, 4);
+}
+TM_TEST_HELPER void bb_u64(bb *b, uint64_t v) {
+    bb_raw(b, &v, 8);
+}
 TM_TEST_HELPER void bb_str(bb *b, const char *s) {
     bb_u64(b, strlen(s));
     bb_raw(b, s, strlen(s));
@@ -88,8 +94,8 @@ TM_TEST_HELPER void bb_kv_u32(bb *b, const char *key, uint32_t v) {
     bb_u32(b, TM_GGUF_TYPE_UINT32);
     bb_u32(b, v);
 }
-TM_TEST_HELPER void bb_tensor(bb *b, const char *name, uint32_t n_dims, const int64_t *ne, uint32_t type,
-                      uint64_t offset) {
+TM_TEST_HELPER void bb_tensor(bb *b, const char *name, uint32_t n_dims, const int64_t *ne,
+                              uint32_t type, uint64_t offset) {
     bb_str(b, name);
     bb_u32(b, n_dims);
     for (uint32_t d = 0; d < n_dims; d++) bb_u64(b, (uint64_t)ne[d]);
@@ -104,7 +110,8 @@ TM_TEST_HELPER void bb_zeros(bb *b, size_t n) {
 }
 
 /* Open a copy of exactly the buffer's size (so ASan sees any over-read). */
-TM_TEST_HELPER tm_status open_exact(const uint8_t *p, size_t n, const char *name, tm_gguf_file **f) {
+TM_TEST_HELPER tm_status open_exact(const uint8_t *p, size_t n, const char *name,
+                                    tm_gguf_file **f) {
     uint8_t *copy = malloc(n ? n : 1);
     if (n) memcpy(copy, p, n);
     tm_status st = gguf_file_open_buffer(copy, n, name, f);
@@ -120,7 +127,7 @@ TM_TEST_HELPER tm_status open_exact(const uint8_t *p, size_t n, const char *name
 /* The bad buffer must fail with `want`; the message must name the case (the
  * file name), "byte offset", and contain each of the needles. */
 TM_TEST_HELPER void expect_bad_at(bb *b, const char *name, tm_status want, const char *needle1,
-                          const char *needle2) {
+                                  const char *needle2) {
     const char *dir = getenv("TM_GGUF_EXPORT_BAD");
     if (dir && dir[0]) {
         char path[1024];
@@ -164,7 +171,9 @@ static const tensor_spec tspecs[] = {
 };
 #define N_TSPECS (sizeof(tspecs) / sizeof(tspecs[0]))
 
-TM_TEST_HELPER uint8_t pattern_byte(size_t t, uint64_t i) { return (uint8_t)(i * 31u + t * 17u + (i >> 8)); }
+TM_TEST_HELPER uint8_t pattern_byte(size_t t, uint64_t i) {
+    return (uint8_t)(i * 31u + t * 17u + (i >> 8));
+}
 
 TM_TEST_HELPER void write_tensor_file(const char *path, uint64_t alignment, size_t chunk) {
     tm_gguf_writer *w;
@@ -198,7 +207,6 @@ TM_TEST_HELPER void write_tensor_file(const char *path, uint64_t alignment, size
     assert_int_equal(gguf_writer_finish(w), TM_OK);
     gguf_writer_free(w);
 }
-
 
 /* The tests' temporary folder under $TM_TEST_TMP. */
 TM_TEST_HELPER void gguf_test_tmp_init(void) {

@@ -32,7 +32,7 @@
 #include "core/rng.h"
 #include "cpu/cpu.h"
 
-#define U_F32 (1.0 / 16777216.0)
+#define U_F32    (1.0 / 16777216.0)
 #define SENTINEL 12345.0f
 
 static tm_cpu_level level_list[4];
@@ -41,9 +41,11 @@ static int n_levels;
 static void levels_init(void) {
     if (n_levels) return;
     for (int l = TM_CPU_SCALAR; l <= TM_CPU_AMX; l++) {
-        if (cpu_level_set((tm_cpu_level)l) == TM_OK) level_list[n_levels++] = (tm_cpu_level)l;
-        else printf("# skipping level %s: this CPU lacks it (has: %s)\n", cpu_level_name((tm_cpu_level)l),
-                    cpu_features_string());
+        if (cpu_level_set((tm_cpu_level)l) == TM_OK)
+            level_list[n_levels++] = (tm_cpu_level)l;
+        else
+            printf("# skipping level %s: this CPU lacks it (has: %s)\n",
+                   cpu_level_name((tm_cpu_level)l), cpu_features_string());
     }
     cpu_level_set(TM_CPU_SCALAR);
 }
@@ -55,7 +57,9 @@ static void fill_bytes(tm_rng *r, void *p, size_t n) {
     for (size_t i = 0; i < n; i++) b[i] = (uint8_t)tm_rng_u64(r);
 }
 
-static tm_half rand_scale(tm_rng *r) { return quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f); }
+static tm_half rand_scale(tm_rng *r) {
+    return quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f);
+}
 
 /* Random activations: normal, with a zero block and an outlier now and then. */
 static void make_x(tm_rng *r, float *x, int64_t k) {
@@ -84,13 +88,28 @@ static void *make_w(tm_rng *r, tm_type t, int64_t rows, int64_t k, int from_floa
     int64_t nb = (int64_t)(rb * (size_t)rows) / (int64_t)quant_type_traits(t)->type_size;
     for (int64_t b = 0; b < nb; b++) {
         switch (t) {
-        case TM_TYPE_Q4_K: ((tm_block_q4_k *)w)[b].d = rand_scale(r); ((tm_block_q4_k *)w)[b].dmin = rand_scale(r); break;
-        case TM_TYPE_Q5_K: ((tm_block_q5_k *)w)[b].d = rand_scale(r); ((tm_block_q5_k *)w)[b].dmin = rand_scale(r); break;
-        case TM_TYPE_Q6_K: ((tm_block_q6_k *)w)[b].d = rand_scale(r); break;
-        case TM_TYPE_Q8_0: ((tm_block_q8_0 *)w)[b].d = rand_scale(r); break;
-        case TM_TYPE_Q4_0: ((tm_block_q4_0 *)w)[b].d = rand_scale(r); break;
-        case TM_TYPE_MXFP4: ((tm_block_mxfp4 *)w)[b].e = (uint8_t)(118 + tm_rng_u64(r) % 10); break;
-        default: fail_msg("no random layout for %s", quant_type_name(t));
+        case TM_TYPE_Q4_K:
+            ((tm_block_q4_k *)w)[b].d = rand_scale(r);
+            ((tm_block_q4_k *)w)[b].dmin = rand_scale(r);
+            break;
+        case TM_TYPE_Q5_K:
+            ((tm_block_q5_k *)w)[b].d = rand_scale(r);
+            ((tm_block_q5_k *)w)[b].dmin = rand_scale(r);
+            break;
+        case TM_TYPE_Q6_K:
+            ((tm_block_q6_k *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_Q8_0:
+            ((tm_block_q8_0 *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_Q4_0:
+            ((tm_block_q4_0 *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_MXFP4:
+            ((tm_block_mxfp4 *)w)[b].e = (uint8_t)(118 + tm_rng_u64(r) % 10);
+            break;
+        default:
+            fail_msg("no random layout for %s", quant_type_name(t));
         }
     }
     return w;
@@ -138,8 +157,8 @@ static void check_act(tm_type at, const float *x, const void *xq, int64_t k) {
         for (int64_t i = b * bs; i < (b + 1) * bs; i++) {
             double lim = d * (0.5 + 400 * U_F32) + U_F32 * fabs(deq[i]) + extra;
             if (fabs((double)x[i] - deq[i]) > lim)
-                fail_msg("%s act value %lld: x %g xq %g, bound %g", quant_type_name(at), (long long)i,
-                         x[i], deq[i], lim);
+                fail_msg("%s act value %lld: x %g xq %g, bound %g", quant_type_name(at),
+                         (long long)i, x[i], deq[i], lim);
         }
     }
     free(deq);
@@ -168,8 +187,8 @@ static void test_act(void **state) {
                 memset(got, 0xAA, n);
                 cpu_act_quantize(wtypes[ti], x, got, k);
                 if (memcmp(ref, got, n))
-                    fail_msg("%s activations at level %s differ from scalar (k=%lld)", quant_type_name(at),
-                             cpu_level_name(level_list[l]), (long long)k);
+                    fail_msg("%s activations at level %s differ from scalar (k=%lld)",
+                             quant_type_name(at), cpu_level_name(level_list[l]), (long long)k);
             }
             free(x);
             free(ref);
@@ -206,9 +225,11 @@ static void run_case(tm_rng *r, tm_type t, const gemm_case *c) {
     for (int64_t tk = 0; tk < c->n_tok; tk++) {
         make_x(r, x + tk * k, k);
         cpu_act_quantize(t, x + tk * k, xq + xrb * (size_t)tk, k);
-        assert_int_equal(quant_row_dequantize(cpu_act_type(t), xq + xrb * (size_t)tk, xdq + tk * k, k), TM_OK);
+        assert_int_equal(
+            quant_row_dequantize(cpu_act_type(t), xq + xrb * (size_t)tk, xdq + tk * k, k), TM_OK);
     }
-    double n_terms = (t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16) ? (double)k : (double)k / 16;
+    double n_terms =
+        (t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16) ? (double)k : (double)k / 16;
     for (int64_t row = c->r0; row < c->r1; row++) {
         const void *wr = (const char *)w + wrb * (size_t)row;
         assert_int_equal(quant_row_dequantize(t, wr, wd, k), TM_OK);
@@ -241,26 +262,37 @@ static void run_case(tm_rng *r, tm_type t, const gemm_case *c) {
                 if (!inside) {
                     if (y[o] != SENTINEL)
                         fail_msg("%s level %s wrote outside rows [%lld,%lld): row %lld tok %lld",
-                                 quant_type_name(t), cpu_level_name(level_list[l]), (long long)c->r0,
-                                 (long long)c->r1, (long long)row, (long long)tk);
+                                 quant_type_name(t), cpu_level_name(level_list[l]),
+                                 (long long)c->r0, (long long)c->r1, (long long)row, (long long)tk);
                     continue;
                 }
                 double ea = fabs((double)y[o] - yref[o]), eb = fabs((double)y[o] - ydbl[o]);
                 if (!(ea <= bound_a[o]) || !(eb <= bound_b[o]))
-                    fail_msg("%s level %s k=%lld rows=%lld [%lld,%lld) n_tok=%lld%s: row %lld tok %lld: "
-                             "y %.9g ref %.9g dbl %.9g; |y-ref| %.3g (bound %.3g), |y-dbl| %.3g (bound %.3g)",
-                             quant_type_name(t), cpu_level_name(level_list[l]), (long long)k,
-                             (long long)c->rows, (long long)c->r0, (long long)c->r1, (long long)c->n_tok,
-                             c->from_floats ? " (quantized floats)" : "", (long long)row, (long long)tk,
-                             y[o], yref[o], ydbl[o], ea, bound_a[o], eb, bound_b[o]);
+                    fail_msg(
+                        "%s level %s k=%lld rows=%lld [%lld,%lld) n_tok=%lld%s: row %lld tok %lld: "
+                        "y %.9g ref %.9g dbl %.9g; |y-ref| %.3g (bound %.3g), |y-dbl| %.3g (bound "
+                        "%.3g)",
+                        quant_type_name(t), cpu_level_name(level_list[l]), (long long)k,
+                        (long long)c->rows, (long long)c->r0, (long long)c->r1, (long long)c->n_tok,
+                        c->from_floats ? " (quantized floats)" : "", (long long)row, (long long)tk,
+                        y[o], yref[o], ydbl[o], ea, bound_a[o], eb, bound_b[o]);
                 worst_a = fmax(worst_a, ea / bound_a[o]);
                 worst_b = fmax(worst_b, eb / bound_b[o]);
             }
         }
     }
     cpu_level_set(TM_CPU_SCALAR);
-    free(w); free(x); free(xq); free(xdq); free(wd); free(m);
-    free(yref); free(y); free(bound_a); free(bound_b); free(ydbl);
+    free(w);
+    free(x);
+    free(xq);
+    free(xdq);
+    free(wd);
+    free(m);
+    free(yref);
+    free(y);
+    free(bound_a);
+    free(bound_b);
+    free(ydbl);
 }
 
 static void run_type(tm_type t) {
@@ -298,15 +330,42 @@ static void run_type(tm_type t) {
            quant_type_name(t), n_cases, n_levels, worst_a, worst_b);
 }
 
-static void test_q4_k(void **s) { (void)s; run_type(TM_TYPE_Q4_K); }
-static void test_q5_k(void **s) { (void)s; run_type(TM_TYPE_Q5_K); }
-static void test_q6_k(void **s) { (void)s; run_type(TM_TYPE_Q6_K); }
-static void test_q8_0(void **s) { (void)s; run_type(TM_TYPE_Q8_0); }
-static void test_q4_0(void **s) { (void)s; run_type(TM_TYPE_Q4_0); }
-static void test_mxfp4(void **s) { (void)s; run_type(TM_TYPE_MXFP4); }
-static void test_f16(void **s) { (void)s; run_type(TM_TYPE_F16); }
-static void test_bf16(void **s) { (void)s; run_type(TM_TYPE_BF16); }
-static void test_f32(void **s) { (void)s; run_type(TM_TYPE_F32); }
+static void test_q4_k(void **s) {
+    (void)s;
+    run_type(TM_TYPE_Q4_K);
+}
+static void test_q5_k(void **s) {
+    (void)s;
+    run_type(TM_TYPE_Q5_K);
+}
+static void test_q6_k(void **s) {
+    (void)s;
+    run_type(TM_TYPE_Q6_K);
+}
+static void test_q8_0(void **s) {
+    (void)s;
+    run_type(TM_TYPE_Q8_0);
+}
+static void test_q4_0(void **s) {
+    (void)s;
+    run_type(TM_TYPE_Q4_0);
+}
+static void test_mxfp4(void **s) {
+    (void)s;
+    run_type(TM_TYPE_MXFP4);
+}
+static void test_f16(void **s) {
+    (void)s;
+    run_type(TM_TYPE_F16);
+}
+static void test_bf16(void **s) {
+    (void)s;
+    run_type(TM_TYPE_BF16);
+}
+static void test_f32(void **s) {
+    (void)s;
+    run_type(TM_TYPE_F32);
+}
 
 /* cpu_matmul over a pool equals the single-threaded product bit for bit
  * (same kernel, rows split only), and quantizes x itself. */
@@ -327,12 +386,18 @@ static void test_matmul_pool(void **s) {
         for (int64_t i = 0; i < k * nt; i++) x[i] = tm_rng_normal(&r);
         size_t xrb = cpu_act_row_size(t, k);
         void *scratch = malloc(xrb * (size_t)nt);
-        float *y = malloc(sizeof(float) * (size_t)(rows * nt)), *y1 = malloc(sizeof(float) * (size_t)(rows * nt));
+        float *y = malloc(sizeof(float) * (size_t)(rows * nt)),
+              *y1 = malloc(sizeof(float) * (size_t)(rows * nt));
         cpu_matmul(pool, t, k, rows, w, quant_row_size(t, k), x, nt, y, scratch);
-        for (int64_t tk = 0; tk < nt; tk++) cpu_act_quantize(t, x + tk * k, (char *)scratch + xrb * (size_t)tk, k);
+        for (int64_t tk = 0; tk < nt; tk++)
+            cpu_act_quantize(t, x + tk * k, (char *)scratch + xrb * (size_t)tk, k);
         cpu_gemm(t, k, w, quant_row_size(t, k), 0, rows, scratch, xrb, nt, y1, rows);
         assert_memory_equal(y, y1, sizeof(float) * (size_t)(rows * nt));
-        free(w); free(x); free(scratch); free(y); free(y1);
+        free(w);
+        free(x);
+        free(scratch);
+        free(y);
+        free(y1);
     }
     cpu_pool_free(pool);
     cpu_level_set(TM_CPU_SCALAR);
@@ -364,8 +429,9 @@ static void test_matmul_multi(void **s) {
     float *x = malloc(sizeof(float) * (size_t)(k * max_tok));
     for (int64_t i = 0; i < k * max_tok; i++) x[i] = tm_rng_normal(&r);
     /* q8_K (q4_K, q6_K), q8_0 (q8_0, q4_0) and f32 (f16) copies of x */
-    size_t want = (size_t)max_tok * (cpu_act_row_size(TM_TYPE_Q4_K, k) + cpu_act_row_size(TM_TYPE_Q8_0, k) +
-                                     cpu_act_row_size(TM_TYPE_F16, k));
+    size_t want =
+        (size_t)max_tok * (cpu_act_row_size(TM_TYPE_Q4_K, k) + cpu_act_row_size(TM_TYPE_Q8_0, k) +
+                           cpu_act_row_size(TM_TYPE_F16, k));
     assert_int_equal(cpu_matmul_multi_scratch_bytes(n_mats, mats, k, max_tok), want);
     void *scratch = malloc(want);
     const int64_t toks[] = {1, 3, 70};
@@ -380,17 +446,23 @@ static void test_matmul_multi(void **s) {
                     for (int64_t j = 0; j < rows[i] * nt; j++) y[i][j] = SENTINEL;
                 cpu_matmul_multi(pool, n_mats, mats, k, x, nt, scratch);
                 for (int i = 0; i < n_mats; i++) {
-                    cpu_matmul(pool, types[i], k, rows[i], w[i], mats[i].w_row_bytes, x, nt, y1[i], scratch);
+                    cpu_matmul(pool, types[i], k, rows[i], w[i], mats[i].w_row_bytes, x, nt, y1[i],
+                               scratch);
                     if (memcmp(y[i], y1[i], sizeof(float) * (size_t)(rows[i] * nt)))
-                        fail_msg("level %s, %d threads, %lld tokens: matrix %d (%s) differs from cpu_matmul",
-                                 cpu_level_name(level_list[l]), nth, (long long)nt, i, quant_type_name(types[i]));
+                        fail_msg("level %s, %d threads, %lld tokens: matrix %d (%s) differs from "
+                                 "cpu_matmul",
+                                 cpu_level_name(level_list[l]), nth, (long long)nt, i,
+                                 quant_type_name(types[i]));
                     size_t xrb = cpu_act_row_size(types[i], k);
                     for (int64_t t = 0; t < nt; t++)
                         cpu_act_quantize(types[i], x + t * k, (char *)scratch + xrb * (size_t)t, k);
-                    cpu_gemm(types[i], k, w[i], mats[i].w_row_bytes, 0, rows[i], scratch, xrb, nt, y1[i], rows[i]);
+                    cpu_gemm(types[i], k, w[i], mats[i].w_row_bytes, 0, rows[i], scratch, xrb, nt,
+                             y1[i], rows[i]);
                     if (memcmp(y[i], y1[i], sizeof(float) * (size_t)(rows[i] * nt)))
-                        fail_msg("level %s, %d threads, %lld tokens: matrix %d (%s) differs from one cpu_gemm",
-                                 cpu_level_name(level_list[l]), nth, (long long)nt, i, quant_type_name(types[i]));
+                        fail_msg("level %s, %d threads, %lld tokens: matrix %d (%s) differs from "
+                                 "one cpu_gemm",
+                                 cpu_level_name(level_list[l]), nth, (long long)nt, i,
+                                 quant_type_name(types[i]));
                 }
             }
             cpu_pool_free(pool);
@@ -405,12 +477,13 @@ static void test_matmul_multi(void **s) {
 static void test_levels(void **s) {
     (void)s;
     levels_init();
-    printf("# cpu: %s; physical cores %d; levels tested:", cpu_features_string(), cpu_physical_cores());
+    printf("# cpu: %s; physical cores %d; levels tested:", cpu_features_string(),
+           cpu_physical_cores());
     for (int l = 0; l < n_levels; l++) printf(" %s", cpu_level_name(level_list[l]));
     printf("\n");
     assert_int_equal(cpu_level_set((tm_cpu_level)7), TM_ERR_ARG);
-    const tm_type all[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
-                           TM_TYPE_MXFP4, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32};
+    const tm_type all[] = {TM_TYPE_Q4_K,  TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
+                           TM_TYPE_MXFP4, TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
     for (size_t i = 0; i < 9; i++) assert_true(cpu_gemm_supports(all[i]));
     assert_false(cpu_gemm_supports(TM_TYPE_Q2_K));
     assert_true(cpu_physical_cores() >= 1);
@@ -418,12 +491,12 @@ static void test_levels(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_levels), cmocka_unit_test(test_act),
-        cmocka_unit_test(test_q4_k),   cmocka_unit_test(test_q5_k),
-        cmocka_unit_test(test_q6_k),   cmocka_unit_test(test_q8_0),
-        cmocka_unit_test(test_q4_0),   cmocka_unit_test(test_mxfp4),
-        cmocka_unit_test(test_f16),    cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_f32),    cmocka_unit_test(test_matmul_pool),
+        cmocka_unit_test(test_levels),       cmocka_unit_test(test_act),
+        cmocka_unit_test(test_q4_k),         cmocka_unit_test(test_q5_k),
+        cmocka_unit_test(test_q6_k),         cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_q4_0),         cmocka_unit_test(test_mxfp4),
+        cmocka_unit_test(test_f16),          cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_f32),          cmocka_unit_test(test_matmul_pool),
         cmocka_unit_test(test_matmul_multi),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -37,7 +37,8 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
     double ss = 0;
     for (int i = 0; i < 333; i++) ss += (double)x[i] * x[i];
     const double r = 1.0 / sqrt(ss / 333 + 1e-6);
-    for (int i = 0; i < 333; i++) assert_true(fabs(y[i] - x[i] * r * w[i]) <= 1e-5 * fabs(x[i] * r * w[i]) + 1e-6);
+    for (int i = 0; i < 333; i++)
+        assert_true(fabs(y[i] - x[i] * r * w[i]) <= 1e-5 * fabs(x[i] * r * w[i]) + 1e-6);
 
     for (int64_t d = 2; d <= 256; d *= 2) {
         float c[128], s[128], h[256], h0[256];
@@ -61,7 +62,8 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
     double m = -1e30, sum = 0;
     for (int i = 0; i < 77; i++) m = z[i] > m ? z[i] : m;
     for (int i = 0; i < 77; i++) sum += exp(z[i] - m);
-    for (int i = 0; i < 77; i++) assert_true(fabs(p[i] - exp(z[i] - m) / sum) <= 1e-5 * exp(z[i] - m) / sum + 1e-9);
+    for (int i = 0; i < 77; i++)
+        assert_true(fabs(p[i] - exp(z[i] - m) / sum) <= 1e-5 * exp(z[i] - m) / sum + 1e-9);
 
     float g[100], u[100], o[100];
     fill(g, 100, 3), fill(u, 100, 1);
@@ -81,7 +83,8 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
 }
 
 /* Naive attention in double over the cache as stored (f16 rows read back exactly). */
-static void attention_ref(const tm_attention_shape *s, const float *q, const float *kf, const float *vf, double *out) {
+static void attention_ref(const tm_attention_shape *s, const float *q, const float *kf,
+                          const float *vf, double *out) {
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, kvd = s->n_head_kv * d;
     for (int64_t i = 0; i < s->n_tok; i++)
         for (int64_t h = 0; h < s->n_head; h++) {
@@ -89,7 +92,8 @@ static void attention_ref(const tm_attention_shape *s, const float *q, const flo
             double *sc = malloc(sizeof(double) * (size_t)n_kv), m = -1e300, z = 0;
             for (int64_t t = 0; t < n_kv; t++) {
                 double acc = 0;
-                for (int64_t e = 0; e < d; e++) acc += (double)q[(i * s->n_head + h) * d + e] * kf[t * kvd + g * d + e];
+                for (int64_t e = 0; e < d; e++)
+                    acc += (double)q[(i * s->n_head + h) * d + e] * kf[t * kvd + g * d + e];
                 sc[t] = acc * s->scale;
                 m = sc[t] > m ? sc[t] : m;
             }
@@ -103,16 +107,18 @@ static void attention_ref(const tm_attention_shape *s, const float *q, const flo
         }
 }
 
-static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0, int64_t n_head, int64_t n_head_kv,
-                            int64_t d, tm_type kv_type) {
+static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
+                            int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type) {
     const int64_t n_ctx = pos0 + n_tok, kvd = n_head_kv * d, esz = kv_type == TM_TYPE_F16 ? 2 : 4;
     tm_attention_shape s = {n_tok, pos0, n_head, n_head_kv, d, 1.0f / sqrtf((float)d), kv_type};
     float *q = malloc(sizeof(float) * (size_t)(n_tok * n_head * d));
-    float *kf = malloc(sizeof(float) * (size_t)(n_ctx * kvd)), *vf = malloc(sizeof(float) * (size_t)(n_ctx * kvd));
+    float *kf = malloc(sizeof(float) * (size_t)(n_ctx * kvd)),
+          *vf = malloc(sizeof(float) * (size_t)(n_ctx * kvd));
     uint8_t *k = malloc((size_t)(n_ctx * kvd * esz)), *v = malloc((size_t)(n_ctx * kvd * esz));
     float *out = malloc(sizeof(float) * (size_t)(n_tok * n_head * d));
     double *ref = malloc(sizeof(double) * (size_t)(n_tok * n_head * d));
-    float *scratch = malloc(sizeof(float) * (size_t)cpu_attention_scratch_floats(&s, n_ctx, n_threads));
+    float *scratch =
+        malloc(sizeof(float) * (size_t)cpu_attention_scratch_floats(&s, n_ctx, n_threads));
     fill(q, n_tok * n_head * d, 1), fill(kf, n_ctx * kvd, 1), fill(vf, n_ctx * kvd, 1);
     for (int64_t t = 0; t < n_ctx; t++) { /* store, then read back what the cache holds */
         cpu_store_kv(k + t * kvd * esz, kf + t * kvd, kv_type, kvd);
@@ -120,7 +126,8 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
         cpu_load_kv(kf + t * kvd, k + t * kvd * esz, kv_type, kvd);
         cpu_load_kv(vf + t * kvd, v + t * kvd * esz, kv_type, kvd);
     }
-    for (int64_t i = 0; i < n_tok * n_head * d; i++) out[i] = NAN; /* every output must be written */
+    for (int64_t i = 0; i < n_tok * n_head * d; i++)
+        out[i] = NAN; /* every output must be written */
     cpu_attention(pool, &s, q, k, v, out, scratch);
     attention_ref(&s, q, kf, vf, ref);
     double big = 0, worst = 0;
@@ -130,9 +137,10 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
         worst = fabs(out[i] - ref[i]) > worst ? fabs(out[i] - ref[i]) : worst;
     }
     if (!(worst <= 1e-4 * big))
-        fail_msg("attention n_tok %lld pos0 %lld heads %lld/%lld d %lld %s threads %d: max err %.3g of %.3g",
-                 (long long)n_tok, (long long)pos0, (long long)n_head, (long long)n_head_kv, (long long)d,
-                 kv_type == TM_TYPE_F16 ? "f16" : "f32", n_threads, worst, big);
+        fail_msg("attention n_tok %lld pos0 %lld heads %lld/%lld d %lld %s threads %d: max err "
+                 "%.3g of %.3g",
+                 (long long)n_tok, (long long)pos0, (long long)n_head, (long long)n_head_kv,
+                 (long long)d, kv_type == TM_TYPE_F16 ? "f16" : "f32", n_threads, worst, big);
     free(q), free(kf), free(vf), free(k), free(v), free(out), free(ref), free(scratch);
 }
 
@@ -143,12 +151,12 @@ static void test_attention(void **state) {
         assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
         for (int kv = 0; kv < 2; kv++) {
             tm_type t = kv ? TM_TYPE_F16 : TM_TYPE_F32;
-            check_attention(pool, nt, 7, 0, 4, 2, 64, t);     /* prompt from the start */
-            check_attention(pool, nt, 5, 11, 8, 1, 32, t);    /* prompt after a cached prefix, MQA */
-            check_attention(pool, nt, 1, 0, 4, 4, 128, t);    /* first decode token */
-            check_attention(pool, nt, 1, 300, 8, 2, 64, t);   /* decode split over key chunks */
-            check_attention(pool, nt, 1, 700, 4, 2, 16, t);   /* uneven last chunk */
-            check_attention(pool, nt, 33, 260, 6, 3, 8, t);   /* prompt past a chunk's worth */
+            check_attention(pool, nt, 7, 0, 4, 2, 64, t);   /* prompt from the start */
+            check_attention(pool, nt, 5, 11, 8, 1, 32, t);  /* prompt after a cached prefix, MQA */
+            check_attention(pool, nt, 1, 0, 4, 4, 128, t);  /* first decode token */
+            check_attention(pool, nt, 1, 300, 8, 2, 64, t); /* decode split over key chunks */
+            check_attention(pool, nt, 1, 700, 4, 2, 16, t); /* uneven last chunk */
+            check_attention(pool, nt, 33, 260, 6, 3, 8, t); /* prompt past a chunk's worth */
         }
         cpu_pool_free(pool);
     }

@@ -54,8 +54,9 @@ static void test_for_coverage(void **s) {
                 assert_int_equal(atomic_load(&c.bad), 0);
                 for (int64_t i = 0; i < n; i++)
                     if (atomic_load(&hits[i]) != 1)
-                        fail_msg("threads %d n %lld chunk %lld: item %lld run %d times", threads[ti],
-                                 (long long)n, (long long)chunks[ci], (long long)i, atomic_load(&hits[i]));
+                        fail_msg("threads %d n %lld chunk %lld: item %lld run %d times",
+                                 threads[ti], (long long)n, (long long)chunks[ci], (long long)i,
+                                 atomic_load(&hits[i]));
                 free(hits);
             }
         }
@@ -120,7 +121,7 @@ static void test_many_tiny_jobs(void **s) {
 #define STEPS_MAX 8
 
 typedef struct steps_ctx {
-    atomic_int *hits[STEPS_MAX]; /* per step, per item: times run */
+    atomic_int *hits[STEPS_MAX];  /* per step, per item: times run */
     atomic_llong done[STEPS_MAX]; /* per step: items finished */
     int64_t n[STEPS_MAX];
     int prev[STEPS_MAX]; /* previous non-empty step, -1 for none */
@@ -141,8 +142,10 @@ static void steps_item(steps_ctx *c, int step, int64_t b, int64_t e, int ith) {
 }
 
 /* The step index is not an argument of the range function: one per step. */
-#define STEP_FN(i) \
-    static void step_fn##i(void *ctx, int64_t b, int64_t e, int ith) { steps_item(ctx, i, b, e, ith); }
+#define STEP_FN(i)                                                                                 \
+    static void step_fn##i(void *ctx, int64_t b, int64_t e, int ith) {                             \
+        steps_item(ctx, i, b, e, ith);                                                             \
+    }
 STEP_FN(0)
 STEP_FN(1)
 STEP_FN(2)
@@ -172,13 +175,14 @@ static void steps_check(tm_pool *pool, int n_steps, const int64_t *ns, const int
     cpu_pool_for_steps(pool, n_steps, steps, &c);
     assert_int_equal(atomic_load(&c.bad), 0);
     if (atomic_load(&c.early))
-        fail_msg("%d threads, %d steps: %d chunks started before the previous step finished", c.nth, n_steps,
-                 atomic_load(&c.early));
+        fail_msg("%d threads, %d steps: %d chunks started before the previous step finished", c.nth,
+                 n_steps, atomic_load(&c.early));
     for (int i = 0; i < n_steps; i++) {
         for (int64_t it = 0; it < ns[i]; it++)
             if (atomic_load(&c.hits[i][it]) != 1)
-                fail_msg("%d threads, step %d of %d (n %lld chunk %lld): item %lld run %d times", c.nth, i, n_steps,
-                         (long long)ns[i], (long long)chunks[i], (long long)it, atomic_load(&c.hits[i][it]));
+                fail_msg("%d threads, step %d of %d (n %lld chunk %lld): item %lld run %d times",
+                         c.nth, i, n_steps, (long long)ns[i], (long long)chunks[i], (long long)it,
+                         atomic_load(&c.hits[i][it]));
         free(c.hits[i]);
     }
 }
@@ -237,12 +241,9 @@ static void test_bad_size(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_for_coverage),
-        cmocka_unit_test(test_run_ith),
-        cmocka_unit_test(test_many_tiny_jobs),
-        cmocka_unit_test(test_for_steps),
-        cmocka_unit_test(test_for_steps_many),
-        cmocka_unit_test(test_bad_size),
+        cmocka_unit_test(test_for_coverage),   cmocka_unit_test(test_run_ith),
+        cmocka_unit_test(test_many_tiny_jobs), cmocka_unit_test(test_for_steps),
+        cmocka_unit_test(test_for_steps_many), cmocka_unit_test(test_bad_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,7 @@
  * bytes each launch must read (weights + activations) and write; the
  * ceiling row is a device-to-device copy (read + write bytes). */
 
-#define BENCH_WARMUP 10
+#define BENCH_WARMUP   10
 #define BENCH_ROWS_MAX 16
 
 typedef struct bench_row {
@@ -29,7 +29,8 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void bench_add(const char *op, const char *shape, int n_tok, float *ms, int reps, double bytes) {
+static void bench_add(const char *op, const char *shape, int n_tok, float *ms, int reps,
+                      double bytes) {
     qsort(ms, (size_t)reps, sizeof(float), cmp_float);
     const double med = ms[reps / 2];
     if (g_n_rows == BENCH_ROWS_MAX) return;
@@ -40,14 +41,17 @@ static void bench_add(const char *op, const char *shape, int n_tok, float *ms, i
     r->us = med * 1e3;
     r->gbs = bytes / (med * 1e-3) / 1e9;
     r->bytes = bytes;
-    printf("bench %-22s %-18s n_tok %d: median %.2f us, %.0f GB/s (min %.2f us, max %.2f us, %d reps)\n", op,
-           shape, n_tok, med * 1e3, r->gbs, ms[0] * 1e3, ms[reps - 1] * 1e3, reps);
+    printf("bench %-22s %-18s n_tok %d: median %.2f us, %.0f GB/s (min %.2f us, max %.2f us, %d "
+           "reps)\n",
+           op, shape, n_tok, med * 1e3, r->gbs, ms[0] * 1e3, ms[reps - 1] * 1e3, reps);
 }
 
 /* Fill n_copies matrices of rows x k of `type` on the device, all from one
  * random host matrix (copies are distinct memory; values repeat, never zero). */
-static uint8_t *bench_weights(tm_rng *r, tm_type type, int64_t rows, int64_t k, int n_copies, double *up_gbs) {
-    const size_t rb = quant_row_size(type, k), one = (size_t)rows * rb, all = one * (size_t)n_copies;
+static uint8_t *bench_weights(tm_rng *r, tm_type type, int64_t rows, int64_t k, int n_copies,
+                              double *up_gbs) {
+    const size_t rb = quant_row_size(type, k), one = (size_t)rows * rb,
+                 all = one * (size_t)n_copies;
     const int64_t tile_rows = rows < 512 ? rows : 512;
     uint8_t *tile = xmalloc((size_t)tile_rows * rb), *host = xmalloc(all);
     float *src = xmalloc((size_t)k * sizeof(float));
@@ -113,7 +117,8 @@ static void test_bench(void **state) {
         const size_t rb = quant_row_size(type, k), mat = (size_t)rows * rb;
         const int copies = shapes[si].copies, per = shapes[si].per_step;
         const uint8_t *w = bench_weights(&r, type, rows, k, copies, &up_gbs);
-        printf("bench upload %.1f MiB of %s: %.1f GB/s\n", mat * copies / 1048576.0, quant_type_name(type), up_gbs);
+        printf("bench upload %.1f MiB of %s: %.1f GB/s\n", mat * copies / 1048576.0,
+               quant_type_name(type), up_gbs);
         float *xh = xmalloc((size_t)8 * k * sizeof(float));
         fill_normal(&r, xh, 8 * k, 1.0f);
         const float *x = dev_upload(xh, (size_t)8 * k * sizeof(float));
@@ -127,7 +132,8 @@ static void test_bench(void **state) {
             for (int i = -BENCH_WARMUP; i < n; i++) {
                 CHECK(cuda_timer_start(tm));
                 for (int m = 0; m < per; m++, rot = (rot + 1) % copies)
-                    CHECK(cuda_mmvq(type, w + (size_t)rot * mat, rb, rows, k, x, nt, y + (size_t)m * 8 * rows, s));
+                    CHECK(cuda_mmvq(type, w + (size_t)rot * mat, rb, rows, k, x, nt,
+                                    y + (size_t)m * 8 * rows, s));
                 CHECK(cuda_timer_stop(tm, i >= 0 ? &ms[i] : &one));
             }
             char shape[40];
@@ -164,7 +170,8 @@ static void test_bench(void **state) {
         float *xh = xmalloc((size_t)E * sizeof(float));
         fill_normal(&r, xh, E, 1.0f);
         const float *x = dev_upload(xh, (size_t)E * sizeof(float));
-        float *y = dev_alloc((size_t)E * sizeof(float)), *h = dev_alloc((size_t)8 * F * sizeof(float));
+        float *y = dev_alloc((size_t)E * sizeof(float)),
+              *h = dev_alloc((size_t)8 * F * sizeof(float));
         CHECK(cuda_fill_bytes(g_dev, y, 0, (size_t)E * sizeof(float)));
         for (int i = 0; i < n; i++) {
             CHECK(cuda_timer_start(tm));
@@ -199,13 +206,16 @@ static void test_bench(void **state) {
     }
 
     /* floor: the bytes at 3 TB/s; launches of a few us each set another floor for small ones */
-    printf("\n| op | shape | n_tok | MB moved | floor us @3TB/s | median us | GB/s | %% of d2d ceiling | %% of 3000 GB/s |\n");
+    printf("\n| op | shape | n_tok | MB moved | floor us @3TB/s | median us | GB/s | %% of d2d "
+           "ceiling | %% of 3000 GB/s |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < g_n_rows; i++)
-        printf("| %s | %s | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.0f%% |\n", g_rows[i].op, g_rows[i].shape,
-               g_rows[i].n_tok, g_rows[i].bytes / 1e6, g_rows[i].bytes / 3e12 * 1e6, g_rows[i].us, g_rows[i].gbs,
+        printf("| %s | %s | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.0f%% |\n", g_rows[i].op,
+               g_rows[i].shape, g_rows[i].n_tok, g_rows[i].bytes / 1e6,
+               g_rows[i].bytes / 3e12 * 1e6, g_rows[i].us, g_rows[i].gbs,
                100.0 * g_rows[i].gbs / g_ceiling_gbs, 100.0 * g_rows[i].gbs / 3000.0);
-    printf("(H100 HBM3: ~3.35 TB/s peak, ~3 TB/s reachable; the router row is latency-bound, its GB/s is "
+    printf("(H100 HBM3: ~3.35 TB/s peak, ~3 TB/s reachable; the router row is latency-bound, its "
+           "GB/s is "
            "only for scale)\n");
     cuda_timer_free(tm);
     free(ms);

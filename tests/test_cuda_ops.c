@@ -54,8 +54,9 @@ static int group_setup(void **state) {
         return 0;
     }
     const tm_cuda_device_info *in = cuda_device_info(g_dev);
-    printf("device: %s, cc %d.%d, %d SMs, L2 %.0f MiB, driver %d, runtime %d\n", in->name, in->cc_major,
-           in->cc_minor, in->sm_count, in->l2_bytes / 1048576.0, in->driver_version, in->runtime_version);
+    printf("device: %s, cc %d.%d, %d SMs, L2 %.0f MiB, driver %d, runtime %d\n", in->name,
+           in->cc_major, in->cc_minor, in->sm_count, in->l2_bytes / 1048576.0, in->driver_version,
+           in->runtime_version);
     /* 1.5 GiB: the bench's rotating weight sets (~0.9 GiB) plus the checks */
     if (cuda_pool_create(g_dev, (size_t)1536 << 20, &g_pool) != TM_OK) {
         snprintf(g_why, sizeof(g_why), "%s", tm_error_message());
@@ -83,7 +84,7 @@ static int group_teardown(void **state) {
 #define CHECK(call)                                                                                \
     do {                                                                                           \
         tm_status st_ = (call);                                                                    \
-        if (st_ != TM_OK) fail_msg("%s: %s", #call, tm_error_message());                          \
+        if (st_ != TM_OK) fail_msg("%s: %s", #call, tm_error_message());                           \
     } while (0)
 
 static void *dev_alloc(size_t bytes) {
@@ -133,8 +134,9 @@ typedef struct mmvq_case {
     size_t pad; /* extra bytes per row */
 } mmvq_case;
 
-static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
-                                  TM_TYPE_MXFP4, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32};
+static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
+                                  TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4,
+                                  TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
 
 /* Runs one case; returns the worst |err| / tol seen (must be <= 1). */
 static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c) {
@@ -167,9 +169,10 @@ static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c) {
             const double tol = (double)(k + 2) * U32 * mag + 1e-30;
             const double err = fabs((double)y[t * rows + i] - ref);
             if (!(err <= tol))
-                fail_msg("mmvq %s rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, ref %.9g, tol %.3g",
-                         quant_type_name(type), (long long)rows, (long long)k, (long long)nt, c->pad,
-                         (long long)t, (long long)i, y[t * rows + i], ref, tol);
+                fail_msg("mmvq %s rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, ref "
+                         "%.9g, tol %.3g",
+                         quant_type_name(type), (long long)rows, (long long)k, (long long)nt,
+                         c->pad, (long long)t, (long long)i, y[t * rows + i], ref, tol);
             worst = fmax(worst, err / tol);
             e2 += err * err;
             r2 += ref * ref;
@@ -178,8 +181,9 @@ static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c) {
     /* a random-error bound far under the worst case: catches systematic drift.
      * Only over 64+ outputs: one output can be near zero by chance. */
     if (rows * nt >= 64 && !(sqrt(e2 / r2) < 1e-5))
-        fail_msg("mmvq %s rows %lld k %lld n_tok %lld: |err|/|ref| = %.3g over all outputs", quant_type_name(type),
-                 (long long)rows, (long long)k, (long long)nt, sqrt(e2 / r2));
+        fail_msg("mmvq %s rows %lld k %lld n_tok %lld: |err|/|ref| = %.3g over all outputs",
+                 quant_type_name(type), (long long)rows, (long long)k, (long long)nt,
+                 sqrt(e2 / r2));
     free(w), free(wd), free(x), free(y);
     return worst;
 }
@@ -191,9 +195,9 @@ static void test_mmvq(void **state) {
     tm_rng_seed(&r, 0xc0da);
     /* every rows in {1, 7, 33, 4096}, k in {256, 768, 2048, 2816}, n_tok in {1, 3, 8} appears */
     static const mmvq_case cases[] = {
-        {1, 256, 1, 0},     {7, 768, 3, 0},    {33, 2048, 8, 0},  {4096, 2816, 1, 0},
-        {4096, 2048, 8, 0}, {33, 2816, 3, 0},  {7, 256, 8, 0},    {1, 2816, 8, 0},
-        {4096, 768, 3, 0},  {33, 768, 1, 4},   {7, 2048, 3, 12},  {33, 256, 8, 2},
+        {1, 256, 1, 0},     {7, 768, 3, 0},   {33, 2048, 8, 0}, {4096, 2816, 1, 0},
+        {4096, 2048, 8, 0}, {33, 2816, 3, 0}, {7, 256, 8, 0},   {1, 2816, 8, 0},
+        {4096, 768, 3, 0},  {33, 768, 1, 4},  {7, 2048, 3, 12}, {33, 256, 8, 2},
     };
     for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
         const tm_type type = k_types[ti];
@@ -214,10 +218,12 @@ static void test_mmvq(void **state) {
                sizeof(cases) / sizeof(cases[0]), worst);
     }
     /* the launcher refuses what it cannot do, with a message */
-    assert_int_equal(cuda_mmvq(TM_TYPE_Q4_K, NULL, 144, 1, 200, NULL, 1, NULL, cuda_device_stream(g_dev)),
-                     TM_ERR_ARG);
-    assert_int_equal(cuda_mmvq(TM_TYPE_Q2_K, NULL, 84, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
-                     TM_ERR_UNSUPPORTED);
+    assert_int_equal(
+        cuda_mmvq(TM_TYPE_Q4_K, NULL, 144, 1, 200, NULL, 1, NULL, cuda_device_stream(g_dev)),
+        TM_ERR_ARG);
+    assert_int_equal(
+        cuda_mmvq(TM_TYPE_Q2_K, NULL, 84, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
+        TM_ERR_UNSUPPORTED);
 }
 
 /* ---- grouped experts ---- */
@@ -242,11 +248,13 @@ static double dot_d(const float *w, const double *x, int64_t n, double *mag) {
 static void moe_run_case(tm_rng *r, const moe_case *c) {
     const int64_t E = c->n_embd, F = c->n_ff, NT = c->n_tok, S = c->n_slots;
     float *gd, *ud, *dd;
-    const size_t gb = quant_row_size(c->tg, E), ub = quant_row_size(c->tu, E), db = quant_row_size(c->td, F);
+    const size_t gb = quant_row_size(c->tg, E), ub = quant_row_size(c->tu, E),
+                 db = quant_row_size(c->td, F);
     uint8_t *g = random_matrix(r, c->tg, S * F, E, gb, &gd);
     uint8_t *u = random_matrix(r, c->tu, S * F, E, ub, &ud);
     uint8_t *d = random_matrix(r, c->td, S * E, F, db, &dd);
-    float *x = xmalloc((size_t)NT * E * sizeof(float)), *y0 = xmalloc((size_t)NT * E * sizeof(float));
+    float *x = xmalloc((size_t)NT * E * sizeof(float)),
+          *y0 = xmalloc((size_t)NT * E * sizeof(float));
     float *y = xmalloc((size_t)NT * E * sizeof(float));
     fill_normal(r, x, NT * E, 1.0f);
     fill_normal(r, y0, NT * E, 1.0f); /* y is accumulated into, not overwritten */
@@ -287,7 +295,8 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     const float *x_d = dev_upload(x, (size_t)NT * E * sizeof(float));
     float *y_d = dev_upload(y0, (size_t)NT * E * sizeof(float));
     float *h_d = dev_alloc((size_t)cuda_moe_scratch_floats(&p, n_items) * sizeof(float));
-    CHECK(cuda_fill_bytes(g_dev, h_d, 0xff, (size_t)cuda_moe_scratch_floats(&p, n_items) * sizeof(float)));
+    CHECK(cuda_fill_bytes(g_dev, h_d, 0xff,
+                          (size_t)cuda_moe_scratch_floats(&p, n_items) * sizeof(float)));
     CHECK(cuda_moe_grouped(&p, items_d, n_items, x_d, NT, y_d, h_d, cuda_device_stream(g_dev)));
     CHECK(cuda_device_sync(g_dev));
     CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)NT * E * sizeof(float)));
@@ -295,7 +304,8 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     /* reference with a first-order error bound per output (see the top comment):
      * gate/up dots within γ_E Σ|.|, h's error carried through down, down's own
      * γ_F, and one rounding per atomic add into y. */
-    double *ref = xmalloc((size_t)NT * E * sizeof(double)), *tol = xmalloc((size_t)NT * E * sizeof(double));
+    double *ref = xmalloc((size_t)NT * E * sizeof(double)),
+           *tol = xmalloc((size_t)NT * E * sizeof(double));
     double *xd = xmalloc((size_t)E * sizeof(double)), *h = xmalloc((size_t)F * sizeof(double));
     double *dh = xmalloc((size_t)F * sizeof(double));
     for (int64_t i = 0; i < NT * E; i++) ref[i] = y0[i], tol[i] = U32 * fabs(y0[i]);
@@ -319,19 +329,23 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
             const double out = dot_d(dr, h, F, &mag);
             for (int64_t f = 0; f < F; f++) carried += fabs(dr[f]) * dh[f];
             ref[t * E + o] += wt * out;
-            tol[t * E + o] += fabs(wt) * (gF * mag + carried) + U32 * (fabs(ref[t * E + o]) + fabs(wt * out));
+            tol[t * E + o] +=
+                fabs(wt) * (gF * mag + carried) + U32 * (fabs(ref[t * E + o]) + fabs(wt * out));
         }
     }
     for (int64_t i = 0; i < NT * E; i++) {
-        const double err = fabs((double)y[i] - ref[i]), lim = 2 * tol[i] + 1e-30; /* 2x: first-order bound */
+        const double err = fabs((double)y[i] - ref[i]),
+                     lim = 2 * tol[i] + 1e-30; /* 2x: first-order bound */
         if (!(err <= lim))
             fail_msg("moe %s/%s/%s embd %lld ff %lld tok %lld: y[%lld] = %.9g, ref %.9g, tol %.3g",
-                     quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
-                     (long long)F, (long long)NT, (long long)i, y[i], ref[i], lim);
+                     quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
+                     (long long)E, (long long)F, (long long)NT, (long long)i, y[i], ref[i], lim);
     }
-    printf("moe %s/%s/%s n_embd %lld n_ff %lld: %lld tokens x %d experts ok\n", quant_type_name(c->tg),
-           quant_type_name(c->tu), quant_type_name(c->td), (long long)E, (long long)F, (long long)NT, c->k);
-    free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y), free(items);
+    printf("moe %s/%s/%s n_embd %lld n_ff %lld: %lld tokens x %d experts ok\n",
+           quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
+           (long long)F, (long long)NT, c->k);
+    free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y),
+        free(items);
     free(ref), free(tol), free(xd), free(h), free(dh);
 }
 
@@ -383,9 +397,12 @@ static void test_router(void **state) {
                 float *l = xmalloc((size_t)T * E * sizeof(float));
                 fill_normal(&r, l, T * E, 2.0f);
                 /* exact ties: both sides must prefer the lower id */
-                for (int64_t t = 0; t < T; t++) l[t * E + E - 1] = l[t * E + E / 2] = l[t * E] = 4.0f;
-                int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t)), *gids = xmalloc((size_t)T * K * sizeof(int32_t));
-                float *w = xmalloc((size_t)T * K * sizeof(float)), *gw = xmalloc((size_t)T * K * sizeof(float));
+                for (int64_t t = 0; t < T; t++)
+                    l[t * E + E - 1] = l[t * E + E / 2] = l[t * E] = 4.0f;
+                int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t)),
+                        *gids = xmalloc((size_t)T * K * sizeof(int32_t));
+                float *w = xmalloc((size_t)T * K * sizeof(float)),
+                      *gw = xmalloc((size_t)T * K * sizeof(float));
                 moe_router_select(&cp, l, T, ids, w);
 
                 cuda_pool_reset(g_pool);
@@ -408,7 +425,8 @@ static void test_router(void **state) {
                             const double sa = router_score(cp.gating, l + t * E, E, a);
                             const double sb = router_score(cp.gating, l + t * E, E, b);
                             if (!(fabs(sa - sb) <= 1e-5 * fabs(sa) + 1e-12))
-                                fail_msg("router E %d k %d gating %d token %lld pos %d: cpu id %d (%.9g), gpu id %d (%.9g)",
+                                fail_msg("router E %d k %d gating %d token %lld pos %d: cpu id %d "
+                                         "(%.9g), gpu id %d (%.9g)",
                                          E, K, gating, (long long)t, j, a, sa, b, sb);
                             tie = 1, n_near_ties++;
                             break;
@@ -416,8 +434,9 @@ static void test_router(void **state) {
                         /* expf on the GPU is within 2 ulp; sums in float: 1e-5 relative */
                         const double wa = w[t * K + j], wb = gw[t * K + j];
                         if (!(fabs(wa - wb) <= 1e-5 * fabs(wa) + 1e-7))
-                            fail_msg("router E %d k %d gating %d token %lld pos %d: cpu w %.9g gpu w %.9g", E,
-                                     K, gating, (long long)t, j, wa, wb);
+                            fail_msg("router E %d k %d gating %d token %lld pos %d: cpu w %.9g gpu "
+                                     "w %.9g",
+                                     E, K, gating, (long long)t, j, wa, wb);
                     }
                 }
                 n_cases++;
@@ -437,13 +456,16 @@ static void test_norm_rope_add(void **state) {
     static const int64_t rows_l[] = {1, 3, 17}, n_l[] = {7, 128, 2048, 4097};
     for (int ri = 0; ri < 3; ri++)
         for (int ni = 0; ni < 4; ni++)
-            for (int variant = 0; variant < 2; variant++) { /* 0: gain, out of place; 1: no gain, in place */
+            for (int variant = 0; variant < 2;
+                 variant++) { /* 0: gain, out of place; 1: no gain, in place */
                 const int64_t R = rows_l[ri], N = n_l[ni];
-                float *x = xmalloc((size_t)R * N * 4), *wt = xmalloc((size_t)N * 4), *y = xmalloc((size_t)R * N * 4);
+                float *x = xmalloc((size_t)R * N * 4), *wt = xmalloc((size_t)N * 4),
+                      *y = xmalloc((size_t)R * N * 4);
                 float *ref = xmalloc((size_t)R * N * 4);
                 fill_normal(&r, x, R * N, 3.0f);
                 fill_normal(&r, wt, N, 1.0f);
-                for (int64_t i = 0; i < R; i++) cpu_rmsnorm(ref + i * N, x + i * N, variant ? NULL : wt, N, 1e-6f);
+                for (int64_t i = 0; i < R; i++)
+                    cpu_rmsnorm(ref + i * N, x + i * N, variant ? NULL : wt, N, 1e-6f);
                 cuda_pool_reset(g_pool);
                 float *x_d = dev_upload(x, (size_t)R * N * 4), *w_d = dev_upload(wt, (size_t)N * 4);
                 float *y_d = variant ? x_d : dev_alloc((size_t)R * N * 4);
@@ -454,8 +476,8 @@ static void test_norm_rope_add(void **state) {
                 /* both sides sum N squares in float: the scale is within (N + 8) u */
                 for (int64_t i = 0; i < R * N; i++)
                     if (!(fabs(y[i] - ref[i]) <= (double)(N + 8) * U32 * fabs(ref[i]) + 1e-30))
-                        fail_msg("rmsnorm %lld x %lld: y[%lld] = %.9g, cpu %.9g", (long long)R, (long long)N,
-                                 (long long)i, y[i], ref[i]);
+                        fail_msg("rmsnorm %lld x %lld: y[%lld] = %.9g, cpu %.9g", (long long)R,
+                                 (long long)N, (long long)i, y[i], ref[i]);
                 free(x), free(wt), free(y), free(ref);
             }
     static const int64_t heads_l[] = {1, 4, 32}, hd_l[] = {2, 64, 128};
@@ -465,12 +487,14 @@ static void test_norm_rope_add(void **state) {
             int32_t *pos = xmalloc((size_t)T * 4);
             for (int64_t t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int32_t)(tm_rng_u64(&r) % 40000);
             float *x = xmalloc((size_t)T * H * D * 4), *y = xmalloc((size_t)T * H * D * 4);
-            float *ref = xmalloc((size_t)T * H * D * 4), *ct = xmalloc((size_t)D * 2), *st = xmalloc((size_t)D * 2);
+            float *ref = xmalloc((size_t)T * H * D * 4), *ct = xmalloc((size_t)D * 2),
+                  *st = xmalloc((size_t)D * 2);
             fill_normal(&r, x, T * H * D, 1.0f);
             memcpy(ref, x, (size_t)T * H * D * 4);
             for (int64_t t = 0; t < T; t++) {
                 cpu_rope_table(ct, st, D, pos[t], 1000000.0f);
-                for (int64_t h = 0; h < H; h++) cpu_rope_neox_table(ref + (t * H + h) * D, D, ct, st);
+                for (int64_t h = 0; h < H; h++)
+                    cpu_rope_neox_table(ref + (t * H + h) * D, D, ct, st);
             }
             cuda_pool_reset(g_pool);
             float *x_d = dev_upload(x, (size_t)T * H * D * 4);
@@ -485,8 +509,9 @@ static void test_norm_rope_add(void **state) {
                         /* cos/sin to float agree within 1 ulp, plus an FMA in the rotation */
                         const double lim = 6 * U32 * (fabs(x[b + i]) + fabs(x[b + j])) + 1e-30;
                         if (!(fabs(y[b + i] - ref[b + i]) <= lim))
-                            fail_msg("rope T %lld H %lld D %lld pos %d: x[%lld] = %.9g, cpu %.9g", (long long)T,
-                                     (long long)H, (long long)D, pos[t], (long long)(b + i), y[b + i], ref[b + i]);
+                            fail_msg("rope T %lld H %lld D %lld pos %d: x[%lld] = %.9g, cpu %.9g",
+                                     (long long)T, (long long)H, (long long)D, pos[t],
+                                     (long long)(b + i), y[b + i], ref[b + i]);
                     }
             free(pos), free(x), free(y), free(ref), free(ct), free(st);
         }
@@ -523,10 +548,8 @@ int main(void) {
     }
     cuda_device_close(probe);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),
-        cmocka_unit_test(test_moe_grouped),
-        cmocka_unit_test(test_router),
-        cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(test_mmvq),   cmocka_unit_test(test_moe_grouped),
+        cmocka_unit_test(test_router), cmocka_unit_test(test_norm_rope_add),
         cmocka_unit_test(test_bench),
     };
     /* the perf mode is a fifth test, registered only when asked for */

@@ -19,7 +19,8 @@ static int value_equal(const tm_gguf_value *a, const tm_gguf_value *b) {
     case TM_GGUF_TYPE_STRING:
         return a->v.str.len == b->v.str.len &&
                (a->v.str.len == 0 || !memcmp(a->v.str.data, b->v.str.data, a->v.str.len));
-    case TM_GGUF_TYPE_BOOL: return a->v.b == b->v.b;
+    case TM_GGUF_TYPE_BOOL:
+        return a->v.b == b->v.b;
     case TM_GGUF_TYPE_ARRAY: {
         const tm_gguf_array *x = &a->v.arr, *y = &b->v.arr;
         if (x->elem_type != y->elem_type || x->n != y->n) return 0;
@@ -39,7 +40,8 @@ static int value_equal(const tm_gguf_value *a, const tm_gguf_value *b) {
         }
         return 1;
     }
-    default: return !memcmp(&a->v, &b->v, gguf_value_type_size(a->type));
+    default:
+        return !memcmp(&a->v, &b->v, gguf_value_type_size(a->type));
     }
 }
 
@@ -76,9 +78,9 @@ static void test_roundtrip_values(void **state) {
     int64_t i64 = INT64_MIN;
     double f64 = 1.0 / 3.0;
     const void *scalars[] = {&u8, &i8, &u16, &i16, &u64, &i64, &f64};
-    const tm_gguf_value_type stypes[] = {TM_GGUF_TYPE_UINT8,  TM_GGUF_TYPE_INT8,  TM_GGUF_TYPE_UINT16,
-                                         TM_GGUF_TYPE_INT16,  TM_GGUF_TYPE_UINT64, TM_GGUF_TYPE_INT64,
-                                         TM_GGUF_TYPE_FLOAT64};
+    const tm_gguf_value_type stypes[] = {
+        TM_GGUF_TYPE_UINT8,  TM_GGUF_TYPE_INT8,  TM_GGUF_TYPE_UINT16, TM_GGUF_TYPE_INT16,
+        TM_GGUF_TYPE_UINT64, TM_GGUF_TYPE_INT64, TM_GGUF_TYPE_FLOAT64};
     for (int i = 0; i < 7; i++) {
         snprintf(keys[nv], sizeof(keys[nv]), "scalar.%s", gguf_value_type_name(stypes[i]));
         vals[nv++] = scalar(stypes[i], scalars[i]);
@@ -95,16 +97,18 @@ static void test_roundtrip_values(void **state) {
     static const uint64_t a_u64[] = {UINT64_MAX, 0};
     static const int64_t a_i64[] = {INT64_MIN, INT64_MAX};
     static const double a_f64[] = {1e-300, -2.5};
-    const void *adata[] = {a_u8, a_i8, a_u16, a_i16, a_u32, a_i32, a_f32, a_bool, NULL, NULL,
-                           a_u64, a_i64, a_f64};
+    const void *adata[] = {a_u8,   a_i8, a_u16, a_i16, a_u32, a_i32, a_f32,
+                           a_bool, NULL, NULL,  a_u64, a_i64, a_f64};
     const uint64_t an[] = {3, 3, 2, 2, 3, 3, 3, 3, 0, 0, 2, 2, 2};
     for (int t = 0; t < TM_GGUF_TYPE_COUNT; t++) {
         if (!adata[t]) continue;
-        snprintf(keys[nv], sizeof(keys[nv]), "array.%s", gguf_value_type_name((tm_gguf_value_type)t));
+        snprintf(keys[nv], sizeof(keys[nv]), "array.%s",
+                 gguf_value_type_name((tm_gguf_value_type)t));
         vals[nv++] = array_of((tm_gguf_value_type)t, adata[t], an[t]);
     }
     for (int t = 0; t < TM_GGUF_TYPE_COUNT; t++) {
-        snprintf(keys[nv], sizeof(keys[nv]), "empty.%s", gguf_value_type_name((tm_gguf_value_type)t));
+        snprintf(keys[nv], sizeof(keys[nv]), "empty.%s",
+                 gguf_value_type_name((tm_gguf_value_type)t));
         vals[nv++] = array_of((tm_gguf_value_type)t, NULL, 0);
     }
     /* strings: empty, non-ASCII, embedded NUL; a string array; nested arrays */
@@ -129,7 +133,8 @@ static void test_roundtrip_values(void **state) {
 
     tm_gguf_writer *w;
     assert_int_equal(gguf_writer_init(&w, 3, 0), TM_OK);
-    for (int i = 0; i < nv; i++) assert_int_equal(gguf_writer_set_value(w, keys[i], &vals[i]), TM_OK);
+    for (int i = 0; i < nv; i++)
+        assert_int_equal(gguf_writer_set_value(w, keys[i], &vals[i]), TM_OK);
     assert_int_equal(gguf_writer_set_u32(w, "typed.u32", 123456789u), TM_OK);
     assert_int_equal(gguf_writer_set_i32(w, "typed.i32", -5), TM_OK);
     assert_int_equal(gguf_writer_set_u64(w, "typed.u64", 1ull << 40), TM_OK);
@@ -155,7 +160,8 @@ static void test_roundtrip_values(void **state) {
         const tm_gguf_kv *kv = gguf_file_find_kv(f, keys[i]);
         assert_non_null(kv);
         assert_ptr_equal(kv, &f->kv[i]); /* order kept */
-        if (!value_equal(&kv->value, &vals[i])) fail_msg("value of '%s' differs after round trip", keys[i]);
+        if (!value_equal(&kv->value, &vals[i]))
+            fail_msg("value of '%s' differs after round trip", keys[i]);
     }
     uint32_t u32v;
     uint64_t u64v;
@@ -167,7 +173,8 @@ static void test_roundtrip_values(void **state) {
     assert_int_equal(u32v, 123456789u);
     assert_int_equal(gguf_file_get_u64(f, "typed.u64", &u64v), TM_OK);
     assert_int_equal(u64v, 1ull << 40);
-    assert_int_equal(gguf_file_get_u64(f, "scalar.uint8", &u64v), TM_OK); /* any integer that fits */
+    assert_int_equal(gguf_file_get_u64(f, "scalar.uint8", &u64v),
+                     TM_OK); /* any integer that fits */
     assert_int_equal(u64v, 250);
     assert_int_equal(gguf_file_get_u32(f, "typed.i32", &u32v), TM_ERR_FORMAT); /* negative */
     assert_non_null(strstr(tm_error_message(), "typed.i32"));
@@ -432,7 +439,6 @@ static void test_writer_short_write(void **state) {
     assert_false(file_exists(path));
     assert_false(file_exists(tmp_path("full.gguf.tmp")));
 }
-
 
 int main(void) {
     gguf_test_tmp_init();

@@ -230,7 +230,8 @@ static void test_bad_tensors(void **state) {
     bb_tensor(&b, "t", 2, ne, TM_TYPE_F32, 16);
     bb_pad(&b, 32);
     bb_zeros(&b, 512);
-    expect_bad_at(&b, "tensor_offset_misaligned", TM_ERR_FORMAT, "offset", "multiple of the alignment 32");
+    expect_bad_at(&b, "tensor_offset_misaligned", TM_ERR_FORMAT, "offset",
+                  "multiple of the alignment 32");
 
     bb_start_tensors(&b, 1);
     bb_tensor(&b, "t", 2, ne, TM_TYPE_F32, 0);
@@ -304,9 +305,11 @@ static void test_truncation_anywhere(void **state) {
         tm_status st = open_exact(p, len, "prefix", &f);
         if (len < needed) {
             if (st != TM_ERR_FORMAT || f)
-                fail_msg("prefix of %zu bytes: status %s (%s)", len, tm_status_name(st), tm_error_message());
+                fail_msg("prefix of %zu bytes: status %s (%s)", len, tm_status_name(st),
+                         tm_error_message());
             if (!strstr(tm_error_message(), "prefix: byte offset"))
-                fail_msg("prefix of %zu bytes: message lacks file and offset: %s", len, tm_error_message());
+                fail_msg("prefix of %zu bytes: message lacks file and offset: %s", len,
+                         tm_error_message());
         } else { /* only the last tensor's trailing padding is missing */
             assert_int_equal(st, TM_OK);
             gguf_file_close(f);
@@ -354,7 +357,9 @@ static int feed_dir(const char *dir, int must_fail) {
             if (!strstr(tm_error_message(), e->d_name))
                 fail_msg("%s: message does not name the file: %s", path, tm_error_message());
             tm_status st2 = gguf_file_open(path, &f); /* the mmap path agrees */
-            if (st2 != st) fail_msg("%s: open gives %s, open_buffer %s", path, tm_status_name(st2), tm_status_name(st));
+            if (st2 != st)
+                fail_msg("%s: open gives %s, open_buffer %s", path, tm_status_name(st2),
+                         tm_status_name(st));
         }
         free(p);
         count++;
@@ -376,16 +381,12 @@ static void test_regression_inputs(void **state) {
     assert_true(bad > 0 && corpus > 0);
 }
 
-
 int main(void) {
     gguf_test_tmp_init();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_header),
-        cmocka_unit_test(test_bad_kv),
-        cmocka_unit_test(test_bad_tensors),
-        cmocka_unit_test(test_truncation_anywhere),
-        cmocka_unit_test(test_open_errors),
-        cmocka_unit_test(test_regression_inputs),
+        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_kv),
+        cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncation_anywhere),
+        cmocka_unit_test(test_open_errors), cmocka_unit_test(test_regression_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,7 +68,9 @@ static double ref_round_bf16(double x) {
     return fabs(r) >= ldexp(1.0, 128) ? copysign(INFINITY, x) : r;
 }
 
-static double ceil_h_bound(double v) { return v * (1 + ldexp(1, -10)) + ldexp(1, -24); }
+static double ceil_h_bound(double v) {
+    return v * (1 + ldexp(1, -10)) + ldexp(1, -24);
+}
 
 static float bits_f32(uint32_t u) {
     float f;
@@ -170,7 +172,8 @@ static void test_f16_exhaustive(void **state) {
             uint32_t u;
             memcpy(&u, &f, 4);
             assert_true(isnan(f));
-            assert_int_equal(u, ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
+            assert_int_equal(u,
+                             ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
             assert_int_equal(back, h | 0x200);
         } else {
             assert_true((double)f == want);
@@ -217,7 +220,7 @@ static void test_f16_rounding(void **state) {
     assert_int_equal(quant_f32_to_f16(ldexpf(1, -25)), 0x0000);
     assert_int_equal(quant_f32_to_f16(nextafterf(ldexpf(1, -25), 1)), 0x0001);
     assert_int_equal(quant_f32_to_f16(-ldexpf(1, -26)), 0x8000);
-    assert_int_equal(quant_f32_to_f16(bits_f32(1)), 0x0000);  /* float subnormals */
+    assert_int_equal(quant_f32_to_f16(bits_f32(1)), 0x0000); /* float subnormals */
     assert_int_equal(quant_f32_to_f16(-0.0f), 0x8000);
     assert_int_equal(quant_f32_to_f16(ldexpf(1, -14)), 0x0400); /* smallest normal */
     assert_int_equal(quant_f32_to_f16(ldexpf(1023, -24) + ldexpf(1, -25)), 0x0400); /* carries up */
@@ -280,13 +283,20 @@ static void error_bounds(tm_type t, const float *x, int64_t n, double *bound) {
             }
         const double slack = ldexp(A, -18);
         switch (t) {
-        case TM_TYPE_F32: eb[0] = 0; break;
-        case TM_TYPE_F16: eb[0] = A < 65520 ? A * ldexp(1, -11) + ldexp(1, -25) : -1; break;
-        case TM_TYPE_BF16: eb[0] = A * ldexp(1, -8) + ldexp(1, -134); break;
+        case TM_TYPE_F32:
+            eb[0] = 0;
+            break;
+        case TM_TYPE_F16:
+            eb[0] = A < 65520 ? A * ldexp(1, -11) + ldexp(1, -25) : -1;
+            break;
+        case TM_TYPE_BF16:
+            eb[0] = A * ldexp(1, -8) + ldexp(1, -134);
+            break;
         case TM_TYPE_Q8_0:
             for (int j = 0; j < 32; j++)
-                eb[j] = A / 127 > F16_MAX ? -1
-                                          : A / 254 + A * ldexp(1, -11) + 127 * ldexp(1, -25) + slack;
+                eb[j] = A / 127 > F16_MAX
+                            ? -1
+                            : A / 254 + A * ldexp(1, -11) + 127 * ldexp(1, -25) + slack;
             break;
         case TM_TYPE_Q4_0:
             for (int j = 0; j < 32; j++) {
@@ -338,7 +348,8 @@ static void error_bounds(tm_type t, const float *x, int64_t n, double *bound) {
                 eb[j] = fmax(fmax(fabs(xb[j]) / 4, A / 16 * (1 + ldexp(1, -20))), ldexp(1, -129)) +
                         slack;
             break;
-        default: fail_msg("no bound for type %d", t);
+        default:
+            fail_msg("no bound for type %d", t);
         }
     }
 }
@@ -351,7 +362,9 @@ static void check_blocks_finite(tm_type t, const void *q, int64_t nb) {
         tm_half h[2];
         int nh = 0;
         switch (t) {
-        case TM_TYPE_F16: memcpy(h, p, 2), nh = 1; break;
+        case TM_TYPE_F16:
+            memcpy(h, p, 2), nh = 1;
+            break;
         case TM_TYPE_BF16: {
             tm_bf16 b;
             memcpy(&b, p, 2);
@@ -359,29 +372,52 @@ static void check_blocks_finite(tm_type t, const void *q, int64_t nb) {
             break;
         }
         case TM_TYPE_Q8_0:
-        case TM_TYPE_Q4_0: memcpy(h, p, 2), nh = 1; break;
+        case TM_TYPE_Q4_0:
+            memcpy(h, p, 2), nh = 1;
+            break;
         case TM_TYPE_Q4_K:
-        case TM_TYPE_Q5_K: memcpy(h, p, 4), nh = 2; break;
-        case TM_TYPE_Q6_K: memcpy(h, p + offsetof(tm_block_q6_k, d), 2), nh = 1; break;
+        case TM_TYPE_Q5_K:
+            memcpy(h, p, 4), nh = 2;
+            break;
+        case TM_TYPE_Q6_K:
+            memcpy(h, p + offsetof(tm_block_q6_k, d), 2), nh = 1;
+            break;
         case TM_TYPE_Q8_K: {
             float d;
             memcpy(&d, p, 4);
             assert_true(isfinite(d));
             break;
         }
-        default: break;
+        default:
+            break;
         }
         for (int k = 0; k < nh; k++) assert_true(isfinite(quant_f16_to_f32(h[k])));
     }
 }
 
-enum { DIST_NORMAL, DIST_UNIFORM, DIST_POSITIVE, DIST_NEGATIVE, DIST_HEAVY, DIST_OUTLIERS,
-       DIST_ZEROS, DIST_CONST, DIST_NEG_CONST, DIST_TINY, DIST_SUBHALF, DIST_MIXED, DIST_INTEGERS,
-       DIST_HUGE, DIST_SPARSE, DIST_DENORMAL, DIST_COUNT };
+enum {
+    DIST_NORMAL,
+    DIST_UNIFORM,
+    DIST_POSITIVE,
+    DIST_NEGATIVE,
+    DIST_HEAVY,
+    DIST_OUTLIERS,
+    DIST_ZEROS,
+    DIST_CONST,
+    DIST_NEG_CONST,
+    DIST_TINY,
+    DIST_SUBHALF,
+    DIST_MIXED,
+    DIST_INTEGERS,
+    DIST_HUGE,
+    DIST_SPARSE,
+    DIST_DENORMAL,
+    DIST_COUNT
+};
 static const char *dist_names[DIST_COUNT] = {
-    "normal",  "uniform", "positive",       "negative", "heavy-tailed", "outliers",
-    "zeros",   "const",   "negative const", "tiny",     "half-subnormal", "mixed scales",
-    "integers", "huge",   "sparse",   "float-subnormal"};
+    "normal",   "uniform", "positive",       "negative",       "heavy-tailed",   "outliers",
+    "zeros",    "const",   "negative const", "tiny",           "half-subnormal", "mixed scales",
+    "integers", "huge",    "sparse",         "float-subnormal"};
 
 static void fill(int dist, float *x, int64_t n, tm_rng *r) {
     float block_scale = 1;
@@ -389,22 +425,54 @@ static void fill(int dist, float *x, int64_t n, tm_rng *r) {
         if (i % 256 == 0) block_scale = powf(10.0f, tm_rng_f32(r) * 7 - 4);
         float g = tm_rng_normal(r), u = tm_rng_f32(r);
         switch (dist) {
-        case DIST_NORMAL: x[i] = g * 0.02f; break;
-        case DIST_UNIFORM: x[i] = u * 2 - 1; break;
-        case DIST_POSITIVE: x[i] = u * 3 + 0.5f; break;
-        case DIST_NEGATIVE: x[i] = -u * 0.1f - 2.0f; break;
-        case DIST_HEAVY: x[i] = g * 0.01f / sqrtf(tm_rng_f32(r) + 1e-6f); break;
-        case DIST_OUTLIERS: x[i] = g * (u < 0.01f ? 100.0f : 0.05f); break;
-        case DIST_ZEROS: x[i] = (i & 1) ? -0.0f : 0.0f; break;
-        case DIST_CONST: x[i] = 0.7f; break;
-        case DIST_NEG_CONST: x[i] = -3.25f; break;
-        case DIST_TINY: x[i] = g * 1e-30f; break;
-        case DIST_SUBHALF: x[i] = g * 1e-6f; break;
-        case DIST_MIXED: x[i] = g * block_scale; break;
-        case DIST_INTEGERS: x[i] = (float)((int)(u * 255) - 127) / (i % 3 ? 1.0f : 2.0f); break;
-        case DIST_HUGE: x[i] = g * 1e30f; break;
-        case DIST_SPARSE: x[i] = u < 0.05f ? g : 0.0f; break;
-        case DIST_DENORMAL: x[i] = g * 1e-38f; break; /* scales underflow; q8_K's -127/max overflows */
+        case DIST_NORMAL:
+            x[i] = g * 0.02f;
+            break;
+        case DIST_UNIFORM:
+            x[i] = u * 2 - 1;
+            break;
+        case DIST_POSITIVE:
+            x[i] = u * 3 + 0.5f;
+            break;
+        case DIST_NEGATIVE:
+            x[i] = -u * 0.1f - 2.0f;
+            break;
+        case DIST_HEAVY:
+            x[i] = g * 0.01f / sqrtf(tm_rng_f32(r) + 1e-6f);
+            break;
+        case DIST_OUTLIERS:
+            x[i] = g * (u < 0.01f ? 100.0f : 0.05f);
+            break;
+        case DIST_ZEROS:
+            x[i] = (i & 1) ? -0.0f : 0.0f;
+            break;
+        case DIST_CONST:
+            x[i] = 0.7f;
+            break;
+        case DIST_NEG_CONST:
+            x[i] = -3.25f;
+            break;
+        case DIST_TINY:
+            x[i] = g * 1e-30f;
+            break;
+        case DIST_SUBHALF:
+            x[i] = g * 1e-6f;
+            break;
+        case DIST_MIXED:
+            x[i] = g * block_scale;
+            break;
+        case DIST_INTEGERS:
+            x[i] = (float)((int)(u * 255) - 127) / (i % 3 ? 1.0f : 2.0f);
+            break;
+        case DIST_HUGE:
+            x[i] = g * 1e30f;
+            break;
+        case DIST_SPARSE:
+            x[i] = u < 0.05f ? g : 0.0f;
+            break;
+        case DIST_DENORMAL:
+            x[i] = g * 1e-38f;
+            break; /* scales underflow; q8_K's -127/max overflows */
         }
     }
 }
@@ -437,9 +505,10 @@ static void test_roundtrip_bounds(void **state) {
                 if (dist == DIST_ZEROS) assert_true(y[i] == 0);
                 if (bound[i] < 0) continue; /* saturated: finiteness only */
                 if (err > bound[i])
-                    fail_msg("%s %s: value %lld = %.9g dequantizes to %.9g, error %.3g > bound %.3g",
-                             quant_type_name(t), dist_names[dist], (long long)i, (double)x[i],
-                             (double)y[i], err, bound[i]);
+                    fail_msg(
+                        "%s %s: value %lld = %.9g dequantizes to %.9g, error %.3g > bound %.3g",
+                        quant_type_name(t), dist_names[dist], (long long)i, (double)x[i],
+                        (double)y[i], err, bound[i]);
                 worst = fmax(worst, bound[i] > 0 ? err / bound[i] : 0);
                 se += err * err;
                 sx += (double)x[i] * x[i];
@@ -515,10 +584,10 @@ static void test_nonfinite_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_type_table),    cmocka_unit_test(test_row_errors),
+        cmocka_unit_test(test_type_table),     cmocka_unit_test(test_row_errors),
         cmocka_unit_test(test_f16_exhaustive), cmocka_unit_test(test_f16_rounding),
-        cmocka_unit_test(test_bf16),          cmocka_unit_test(test_roundtrip_bounds),
-        cmocka_unit_test(test_q8_k_bsums),    cmocka_unit_test(test_nonfinite_input),
+        cmocka_unit_test(test_bf16),           cmocka_unit_test(test_roundtrip_bounds),
+        cmocka_unit_test(test_q8_k_bsums),     cmocka_unit_test(test_nonfinite_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

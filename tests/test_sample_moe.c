@@ -54,7 +54,8 @@ static void test_distribution(void **state) {
     random_logits(l, NV, 2);
     for (int i = 0; i < NV; i++) l[i] *= 0.4f; /* flatter: every token gets draws */
     tm_sampler s;
-    tm_sampler_params p = {.temp = 1, .top_k = 0, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .seed = 3};
+    tm_sampler_params p = {
+        .temp = 1, .top_k = 0, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .seed = 3};
     assert_int_equal(sampler_init(&s, &p, NV), TM_OK);
     enum { N = 200000 };
     static int count[NV];
@@ -87,7 +88,8 @@ static void test_filters(void **state) {
     }
     tm_sampler s;
     /* top-k 5 */
-    tm_sampler_params p = {.temp = 2, .top_k = 5, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .seed = 5};
+    tm_sampler_params p = {
+        .temp = 2, .top_k = 5, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .seed = 5};
     assert_int_equal(sampler_init(&s, &p, NV), TM_OK);
     for (int i = 0; i < 2000; i++) assert_true(rank[sampler_sample(&s, l, NULL, 0)] < 5);
     sampler_free(&s);

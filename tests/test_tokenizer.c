@@ -30,15 +30,15 @@ static const char *tmp_path(const char *name) {
 
 typedef struct vocab_spec {
     const char *model, *pre;
-    const char **extra;      /* texts appended after the byte tokens (byte-level alphabet) */
+    const char **extra; /* texts appended after the byte tokens (byte-level alphabet) */
     const int32_t *extra_type;
     size_t n_extra;
-    const char **merges;     /* "a b" */
+    const char **merges; /* "a b" */
     size_t n_merges;
     bool merges_as_pairs;
     bool no_merges;
-    int32_t bos, eos;        /* -1: key absent */
-    int add_bos, add_eos;    /* -1: key absent */
+    int32_t bos, eos;     /* -1: key absent */
+    int add_bos, add_eos; /* -1: key absent */
     bool bad_token_type_len;
     bool drop_byte_token;
 } vocab_spec;
@@ -69,9 +69,12 @@ static tm_status write_bpe_vocab(const vocab_spec *v, const char *path) {
     st = gguf_writer_set_str(w, "tokenizer.ggml.model", v->model ? v->model : "gpt2");
     if (!st && v->pre) st = gguf_writer_set_str(w, "tokenizer.ggml.pre", v->pre);
     if (!st) st = gguf_writer_set_array(w, "tokenizer.ggml.tokens", TM_GGUF_TYPE_STRING, tok, n);
-    if (!st) st = gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, type, v->bad_token_type_len ? n - 1 : n);
+    if (!st)
+        st = gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, type,
+                                   v->bad_token_type_len ? n - 1 : n);
     if (!st && !v->no_merges && !v->merges_as_pairs)
-        st = gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, v->merges, v->n_merges);
+        st = gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, v->merges,
+                                   v->n_merges);
     if (!st && !v->no_merges && v->merges_as_pairs) {
         tm_gguf_value *pairs = calloc(v->n_merges, sizeof(*pairs));
         tm_gguf_str *strs = calloc(2 * v->n_merges, sizeof(*strs));
@@ -88,10 +91,14 @@ static tm_status write_bpe_vocab(const vocab_spec *v, const char *path) {
         free(pairs);
         free(strs);
     }
-    if (!st && v->bos >= 0) st = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
-    if (!st && v->eos >= 0) st = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
-    if (!st && v->add_bos >= 0) st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos);
-    if (!st && v->add_eos >= 0) st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", v->add_eos);
+    if (!st && v->bos >= 0)
+        st = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+    if (!st && v->eos >= 0)
+        st = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
+    if (!st && v->add_bos >= 0)
+        st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos);
+    if (!st && v->add_eos >= 0)
+        st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", v->add_eos);
     if (!st) st = gguf_writer_begin(w, path);
     if (!st) st = gguf_writer_finish(w);
     gguf_writer_free(w);
@@ -102,17 +109,25 @@ static tm_status write_bpe_vocab(const vocab_spec *v, const char *path) {
 }
 
 /* ids 256.. : "he", "ll", "hell", "o", ... */
-static const char *k_extra[] = {"he", "ll", "hel", "hell", "hello", "aa", "<|im_start|>", "<|im_end|>", "<think>", "Ġw", "Ġwo"};
-static const int32_t k_types[] = {1, 1, 1, 1, 1, 1, TM_TOKEN_TYPE_CONTROL, TM_TOKEN_TYPE_CONTROL,
-                                  TM_TOKEN_TYPE_USER_DEFINED, 1, 1};
+static const char *k_extra[] = {"he",           "ll",         "hel",     "hell", "hello", "aa",
+                                "<|im_start|>", "<|im_end|>", "<think>", "Ġw",   "Ġwo"};
+static const int32_t k_types[] = {
+    1, 1, 1, 1, 1, 1, TM_TOKEN_TYPE_CONTROL, TM_TOKEN_TYPE_CONTROL, TM_TOKEN_TYPE_USER_DEFINED,
+    1, 1};
 enum { T_HE = 256, T_LL, T_HEL, T_HELL, T_HELLO, T_AA, T_IM_START, T_IM_END, T_THINK, T_GW, T_GWO };
 /* "he l" has a better rank than "h el" would; "hel l" makes "hell"; "ll" exists but ranks after */
 static const char *k_merges[] = {"h e", "a a", "he l", "hel l", "l l", "hell o", "Ġ w", "Ġw o"};
 
 static vocab_spec base_spec(void) {
-    return (vocab_spec){.pre = "gpt2", .extra = k_extra, .extra_type = k_types,
-                        .n_extra = sizeof(k_extra) / sizeof(k_extra[0]), .merges = k_merges,
-                        .n_merges = sizeof(k_merges) / sizeof(k_merges[0]), .bos = -1, .eos = -1, .add_bos = -1,
+    return (vocab_spec){.pre = "gpt2",
+                        .extra = k_extra,
+                        .extra_type = k_types,
+                        .n_extra = sizeof(k_extra) / sizeof(k_extra[0]),
+                        .merges = k_merges,
+                        .n_merges = sizeof(k_merges) / sizeof(k_merges[0]),
+                        .bos = -1,
+                        .eos = -1,
+                        .add_bos = -1,
                         .add_eos = -1};
 }
 
@@ -126,8 +141,8 @@ static tm_tokenizer *load_spec(const vocab_spec *v, const char *name) {
     return t;
 }
 
-static void expect_ids(const tm_tokenizer *t, const char *text, size_t len, tm_tokenize_opts o, const int32_t *want,
-                       size_t n_want) {
+static void expect_ids(const tm_tokenizer *t, const char *text, size_t len, tm_tokenize_opts o,
+                       const int32_t *want, size_t n_want) {
     tm_tokens ids = {0};
     assert_int_equal(tokenizer_encode(t, text, len, &o, &ids), TM_OK);
     if (ids.n != n_want || memcmp(ids.ids, want, n_want * sizeof(int32_t))) {
@@ -140,10 +155,10 @@ static void expect_ids(const tm_tokenizer *t, const char *text, size_t len, tm_t
     tokenizer_tokens_free(&ids);
 }
 
-#define EXPECT(t, s, o, ...)                                                                    \
-    do {                                                                                        \
-        const int32_t w_[] = {__VA_ARGS__};                                                     \
-        expect_ids(t, s, strlen(s), o, w_, sizeof(w_) / sizeof(w_[0]));                          \
+#define EXPECT(t, s, o, ...)                                                                       \
+    do {                                                                                           \
+        const int32_t w_[] = {__VA_ARGS__};                                                        \
+        expect_ids(t, s, strlen(s), o, w_, sizeof(w_) / sizeof(w_[0]));                            \
     } while (0)
 
 static void test_byte_alphabet(void **state) {
@@ -166,10 +181,11 @@ static void test_utf8_valid_len(void **state) {
     assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xc3\xa9", 2), 2);
     assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xe6\x97\xa5", 3), 3);
     assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xf0\x9f\x98\x80", 4), 4);
-    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xc0\xaf", 2), 0);         /* overlong */
-    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xed\xa0\x80", 3), 0);     /* surrogate */
-    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xf4\x90\x80\x80", 4), 0); /* > U+10FFFF */
-    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xe6\x97", 2), 0);         /* truncated */
+    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xc0\xaf", 2), 0);     /* overlong */
+    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xed\xa0\x80", 3), 0); /* surrogate */
+    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xf4\x90\x80\x80", 4),
+                     0);                                                     /* > U+10FFFF */
+    assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\xe6\x97", 2), 0); /* truncated */
     assert_int_equal(tok_utf8_valid_len((const uint8_t *)"\x80", 1), 0);
 }
 
@@ -181,10 +197,10 @@ static void test_bpe_merge_order(void **state) {
     EXPECT(t, "hello", o, T_HELLO);
     EXPECT(t, "hell", o, T_HELL);
     EXPECT(t, "ll", o, T_LL);
-    EXPECT(t, "aaa", o, T_AA, 'a');     /* equal ranks: leftmost first */
+    EXPECT(t, "aaa", o, T_AA, 'a'); /* equal ranks: leftmost first */
     EXPECT(t, "aaaa", o, T_AA, T_AA);
     EXPECT(t, "hello wo", o, T_HELLO, T_GWO);
-    EXPECT(t, "lhe", o, 'l', T_HE);     /* gpt2 regex keeps "lhe" one piece */
+    EXPECT(t, "lhe", o, 'l', T_HE); /* gpt2 regex keeps "lhe" one piece */
     /* the pre-tokenizer splits: a merge never crosses a piece boundary */
     EXPECT(t, "he'll", o, T_HE, '\'', T_LL); /* pieces "he" "'ll": no "hell" */
     tokenizer_free(t);
@@ -229,7 +245,8 @@ static void test_bos_eos(void **state) {
     v.add_bos = 1;
     v.add_eos = 1;
     tm_tokenizer *t = load_spec(&v, "tok_bos.gguf");
-    tm_tokenize_opts with = {.add_special = true, .parse_special = true}, without = {.parse_special = true};
+    tm_tokenize_opts with = {.add_special = true, .parse_special = true},
+                     without = {.parse_special = true};
     EXPECT(t, "hello", with, T_IM_START, T_HELLO, T_IM_END);
     EXPECT(t, "hello", without, T_HELLO);
     assert_int_equal(tokenizer_specials(t).bos, T_IM_START);
@@ -280,7 +297,8 @@ static void test_stream_split_characters(void **state) {
     assert_int_equal(tokenizer_stream_flush(&s, &p, &n), TM_OK);
     memcpy(acc + m, p, n);
     m += n;
-    /* "h" "日" then "\xe6\x97" released raw when 'x' proves it invalid, "x", and a held "\xf0\x9f" at the end */
+    /* "h" "日" then "\xe6\x97" released raw when 'x' proves it invalid, "x", and a held "\xf0\x9f"
+     * at the end */
     assert_int_equal(m, 1 + 3 + 2 + 1 + 2);
     assert_memory_equal(acc, "h\xe6\x97\xa5\xe6\x97x\xf0\x9f", m);
     tokenizer_stream_free(&s);
@@ -328,7 +346,8 @@ static void test_nfc_for_qwen2(void **state) {
     tokenizer_free(t);
 }
 
-static void expect_load_error(const vocab_spec *v, const char *name, tm_status want, const char *needle) {
+static void expect_load_error(const vocab_spec *v, const char *name, tm_status want,
+                              const char *needle) {
     const char *p = tmp_path(name);
     assert_int_equal(write_bpe_vocab(v, p), TM_OK);
     tm_tokenizer *t = NULL;
@@ -347,7 +366,8 @@ static void test_load_errors(void **state) {
     expect_load_error(&v, "bad_nomerges.gguf", TM_ERR_FORMAT, "tokenizer.ggml.merges: missing");
     v = base_spec();
     v.pre = "no-such-pre";
-    expect_load_error(&v, "bad_pre.gguf", TM_ERR_UNSUPPORTED, "unknown pre-tokenizer 'no-such-pre'");
+    expect_load_error(&v, "bad_pre.gguf", TM_ERR_UNSUPPORTED,
+                      "unknown pre-tokenizer 'no-such-pre'");
     v = base_spec();
     v.model = "wordpiece";
     expect_load_error(&v, "bad_model.gguf", TM_ERR_UNSUPPORTED, "tokenizer.ggml.model 'wordpiece'");
@@ -355,11 +375,13 @@ static void test_load_errors(void **state) {
     const char *bad_merges[] = {"h e", "x zz"};
     v.merges = bad_merges;
     v.n_merges = 2;
-    expect_load_error(&v, "bad_merge.gguf", TM_ERR_FORMAT, "tokenizer.ggml.merges[1] 'x' 'zz': right part is not a token");
+    expect_load_error(&v, "bad_merge.gguf", TM_ERR_FORMAT,
+                      "tokenizer.ggml.merges[1] 'x' 'zz': right part is not a token");
     const char *nospace[] = {"he"};
     v.merges = nospace;
     v.n_merges = 1;
-    expect_load_error(&v, "bad_merge2.gguf", TM_ERR_FORMAT, "tokenizer.ggml.merges[0] 'he': expected \"left right\"");
+    expect_load_error(&v, "bad_merge2.gguf", TM_ERR_FORMAT,
+                      "tokenizer.ggml.merges[0] 'he': expected \"left right\"");
     const char *nocat[] = {"o h"};
     v.merges = nocat;
     expect_load_error(&v, "bad_merge3.gguf", TM_ERR_FORMAT, "their concatenation is not a token");
@@ -374,7 +396,8 @@ static void test_load_errors(void **state) {
     expect_load_error(&v, "bad_byte.gguf", TM_ERR_FORMAT, "no token for byte 0x41");
     v = base_spec();
     v.add_eos = 1;
-    expect_load_error(&v, "bad_addeos.gguf", TM_ERR_FORMAT, "add_eos_token is set but there is no eos_token_id");
+    expect_load_error(&v, "bad_addeos.gguf", TM_ERR_FORMAT,
+                      "add_eos_token is set but there is no eos_token_id");
 }
 
 /* ---- SentencePiece ---- */
@@ -393,7 +416,15 @@ static tm_status write_spm(bool with_merges, bool drop_byte, const char *name) {
         tok[3 + b] = bytes[b];
         type[3 + b] = TM_TOKEN_TYPE_BYTE;
     }
-    const char *rest[] = {"\xe2\x96\x81", "a", "b", "\xe2\x96\x81" "a", "ab", "\xe2\x96\x81" "ab", "c"};
+    const char *rest[] = {"\xe2\x96\x81",
+                          "a",
+                          "b",
+                          "\xe2\x96\x81"
+                          "a",
+                          "ab",
+                          "\xe2\x96\x81"
+                          "ab",
+                          "c"};
     const float rest_score[] = {-1, -2, -3, -10, -20, -30, -4};
     for (int i = 0; i < 7; i++) {
         tok[259 + i] = rest[i];
@@ -401,15 +432,24 @@ static tm_status write_spm(bool with_merges, bool drop_byte, const char *name) {
     }
     for (int i = 0; i < 266; i++) score[i] = i >= 259 ? rest_score[i - 259] : 0.0f;
     /* merges in score order of the merged piece: ▁a (-10), ab (-20), ▁ab (-30) */
-    const char *merges[] = {"\xe2\x96\x81 a", "a b", "\xe2\x96\x81" "a b", "\xe2\x96\x81 ab"};
+    const char *merges[] = {"\xe2\x96\x81 a", "a b",
+                            "\xe2\x96\x81"
+                            "a b",
+                            "\xe2\x96\x81 ab"};
     tm_gguf_writer *w;
     assert_int_equal(gguf_writer_init(&w, 3, 32), TM_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"), TM_OK);
-    assert_int_equal(gguf_writer_set_array(w, "tokenizer.ggml.tokens", TM_GGUF_TYPE_STRING, tok, 266), TM_OK);
-    assert_int_equal(gguf_writer_set_array(w, "tokenizer.ggml.scores", TM_GGUF_TYPE_FLOAT32, score, 266), TM_OK);
-    assert_int_equal(gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, type, 266), TM_OK);
+    assert_int_equal(
+        gguf_writer_set_array(w, "tokenizer.ggml.tokens", TM_GGUF_TYPE_STRING, tok, 266), TM_OK);
+    assert_int_equal(
+        gguf_writer_set_array(w, "tokenizer.ggml.scores", TM_GGUF_TYPE_FLOAT32, score, 266), TM_OK);
+    assert_int_equal(
+        gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, type, 266),
+        TM_OK);
     if (with_merges)
-        assert_int_equal(gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, merges, 4), TM_OK);
+        assert_int_equal(
+            gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, merges, 4),
+            TM_OK);
     const char *p = tmp_path(name);
     assert_int_equal(gguf_writer_begin(w, p), TM_OK);
     assert_int_equal(gguf_writer_finish(w), TM_OK);
@@ -430,7 +470,8 @@ static tm_tokenizer *load_spm(bool with_merges, const char *name) {
 static void test_spm(void **state) {
     (void)state;
     for (int with_merges = 0; with_merges < 2; with_merges++) {
-        tm_tokenizer *t = load_spm(with_merges, with_merges ? "spm_merges.gguf" : "spm_scores.gguf");
+        tm_tokenizer *t =
+            load_spm(with_merges, with_merges ? "spm_merges.gguf" : "spm_scores.gguf");
         assert_int_equal(tokenizer_kind(t), TM_TOKENIZER_SPM);
         tm_tokenize_opts o = {.add_special = true, .parse_special = true};
         /* BOS by default; "▁" prepended; "▁a"+"b" -> "▁ab" */
@@ -440,7 +481,10 @@ static void test_spm(void **state) {
         /* after a special token the next run gets its ▁ again */
         EXPECT(t, "a</s>b", o, 1, 262, 2, 259, 261);
         /* an invalid byte is byte fallback inside the word */
-        EXPECT(t, "a\xff" "c", o, 1, 262, 3 + 0xFF, 265);
+        EXPECT(t,
+               "a\xff"
+               "c",
+               o, 1, 262, 3 + 0xFF, 265);
         tm_tokens ids = {0};
         assert_int_equal(tokenizer_encode(t, " ab c", 5, &o, &ids), TM_OK);
         char *dec;
@@ -461,7 +505,8 @@ static void test_spm_partial_bytes(void **state) {
 
 static void test_chat_reply_content(void **state) {
     (void)state;
-    const char r[] = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>";
+    const char r[] = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<"
+                     "|message|>Hi!<|return|>";
     size_t a, n;
     chat_reply_content(TM_CHAT_HARMONY, r, sizeof(r) - 1, &a, &n);
     assert_int_equal(n, 3);

@@ -34,7 +34,9 @@ static const char *tmp_dir(void) {
     return t && *t ? t : "/tmp";
 }
 
-static void tmp_path(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/trace_%s", tmp_dir(), name); }
+static void tmp_path(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/trace_%s", tmp_dir(), name);
+}
 
 /* A model struct with only what the tracer reads. */
 static tm_model fake_model(uint32_t L, uint32_t E, uint32_t k) {
@@ -64,7 +66,8 @@ typedef struct inner_log {
     int calls, topk_calls;
 } inner_log;
 
-static void inner_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok, int64_t n, bool is_int) {
+static void inner_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                     int64_t n, bool is_int) {
     inner_log *l = ud;
     l->calls++;
     l->topk_calls += !strcmp(name, "topk_ids");
@@ -72,7 +75,8 @@ static void inner_cb(void *ud, const char *name, int layer, const void *data, in
 }
 
 /* Emit one layer the way the forward does. */
-static void emit_layer(tm_context_params *p, int layer, const int32_t *ids, int64_t n_tok, int64_t k) {
+static void emit_layer(tm_context_params *p, int layer, const int32_t *ids, int64_t n_tok,
+                       int64_t k) {
     float dummy[1] = {0};
     p->cb(p->cb_ud, "attn_out", layer, dummy, n_tok, 1, false);
     p->cb(p->cb_ud, "router_logits", layer, dummy, n_tok, 1, false);
@@ -106,9 +110,11 @@ static void test_counts_known_ids(void **state) {
     trace_attach(tr, &p); /* twice is once */
     tm_rng r;
     tm_rng_seed(&r, 7);
-    /* two sequences: a prompt batch of 13 then 9 single decode steps; then a prompt of 4 and 3 steps */
+    /* two sequences: a prompt batch of 13 then 9 single decode steps; then a prompt of 4 and 3
+     * steps */
     const int64_t seq_prompt[2] = {13, 4}, seq_dec[2] = {9, 3};
-    uint64_t hist[3][40] = {{0}}, ws_sum[3] = {0}, ws_n[3] = {0}, ws_max[3] = {0}, shared[3] = {0}, pairs[3] = {0};
+    uint64_t hist[3][40] = {{0}}, ws_sum[3] = {0}, ws_n[3] = {0}, ws_max[3] = {0}, shared[3] = {0},
+             pairs[3] = {0};
     int emitted = 0;
     for (int s = 0; s < 2; s++) {
         trace_sequence_begin(tr);
@@ -118,9 +124,11 @@ static void test_counts_known_ids(void **state) {
             ids[l] = malloc((size_t)n * k * sizeof(int32_t));
             random_ids(&r, ids[l], n, E, k);
         }
-        for (uint32_t l = 0; l < L; l++) emit_layer(&p, (int)l, ids[l], seq_prompt[s], k), emitted++;
+        for (uint32_t l = 0; l < L; l++)
+            emit_layer(&p, (int)l, ids[l], seq_prompt[s], k), emitted++;
         for (int64_t t = seq_prompt[s]; t < n; t++)
-            for (uint32_t l = 0; l < L; l++) emit_layer(&p, (int)l, ids[l] + t * k, 1, k), emitted++;
+            for (uint32_t l = 0; l < L; l++)
+                emit_layer(&p, (int)l, ids[l] + t * k, 1, k), emitted++;
         for (uint32_t l = 0; l < L; l++) {
             for (int64_t t = 0; t < n; t++) {
                 for (uint32_t j = 0; j < k; j++) hist[l][ids[l][t * k + j]]++;
@@ -131,7 +139,8 @@ static void test_counts_known_ids(void **state) {
                 }
                 if (t > 0) {
                     for (uint32_t j = 0; j < k; j++)
-                        for (uint32_t q = 0; q < k; q++) shared[l] += ids[l][t * k + j] == ids[l][(t - 1) * k + q];
+                        for (uint32_t q = 0; q < k; q++)
+                            shared[l] += ids[l][t * k + j] == ids[l][(t - 1) * k + q];
                     pairs[l]++;
                 }
             }
@@ -148,7 +157,8 @@ static void test_counts_known_ids(void **state) {
         assert_int_equal(ly->tokens, 29);
         assert_int_equal(ly->expert_hits_total, 29 * k);
         for (uint32_t e = 0; e < E; e++) assert_int_equal(ly->experts[e], hist[l][e]);
-        for (uint32_t e = 0; e < E; e++) assert_int_equal(ly->hot_experts[e] + ly->cold_experts[e], 0);
+        for (uint32_t e = 0; e < E; e++)
+            assert_int_equal(ly->hot_experts[e] + ly->cold_experts[e], 0);
         assert_int_equal(ly->ws_sum, ws_sum[l]);
         assert_int_equal(ly->ws_samples, ws_n[l]);
         assert_int_equal(ly->ws_max, ws_max[l]);
@@ -166,7 +176,8 @@ typedef struct route_check {
     uint64_t tokens0; /* tokens seen at layer 0 */
 } route_check;
 
-static void route_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok, int64_t n, bool is_int) {
+static void route_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                     int64_t n, bool is_int) {
     route_check *rc = ud;
     if (strcmp(name, "router_logits") || layer < 0) return;
     assert_false(is_int);
@@ -175,7 +186,8 @@ static void route_cb(void *ud, const char *name, int layer, const void *data, in
     if (layer == 0) rc->tokens0 += (uint64_t)n_tok;
     for (int64_t t = 0; t < n_tok; t++) {
         bool taken[256] = {0};
-        for (uint32_t j = 0; j < rc->k; j++) { /* softmax is monotonic: the top-k probabilities are the top-k logits */
+        for (uint32_t j = 0; j < rc->k;
+             j++) { /* softmax is monotonic: the top-k probabilities are the top-k logits */
             int best = -1;
             for (uint32_t e = 0; e < rc->E; e++)
                 if (!taken[e] && (best < 0 || lg[t * n + e] > lg[t * n + best])) best = (int)e;
@@ -191,7 +203,8 @@ static void test_counts_real_model(void **state) {
     tmp_path(path, sizeof(path), "tiny.gguf");
     tm_synth_config sc;
     assert_int_equal(synth_config_preset(&sc, "tiny"), TM_OK);
-    sc.n_layer = 2, sc.n_expert = 128, sc.n_expert_used = 8, sc.skew = 1.0, sc.n_threads = 1, sc.seed = 5;
+    sc.n_layer = 2, sc.n_expert = 128, sc.n_expert_used = 8, sc.skew = 1.0, sc.n_threads = 1,
+    sc.seed = 5;
     assert_int_equal(synth_model_write(&sc, path), TM_OK);
     tm_model *m;
     assert_int_equal(model_load(path, &m), TM_OK);
@@ -200,7 +213,8 @@ static void test_counts_real_model(void **state) {
     tm_trace_config cfg = {.stats = true};
     tm_trace *tr;
     assert_int_equal(trace_create(&cfg, m, &tr), TM_OK);
-    tm_context_params cp = {.n_ctx = 128, .n_batch = 16, .n_threads = 2, .cb = route_cb, .cb_ud = &rc};
+    tm_context_params cp = {
+        .n_ctx = 128, .n_batch = 16, .n_threads = 2, .cb = route_cb, .cb_ud = &rc};
     trace_attach(tr, &cp);
     tm_context *ctx;
     assert_int_equal(model_context_create(m, &cp, &ctx), TM_OK);
@@ -210,7 +224,8 @@ static void test_counts_real_model(void **state) {
     for (int i = 0; i < 40; i++) toks[i] = (int32_t)(tm_rng_u64(&r) % m->cfg.n_vocab);
     /* 30 prompt tokens in batches of 16 (2 calls), then 10 decode steps */
     assert_int_equal(model_decode(ctx, toks, 30, TM_MOE_PHASE_PROMPT, false), TM_OK);
-    for (int i = 30; i < 40; i++) assert_int_equal(model_decode(ctx, toks + i, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
+    for (int i = 30; i < 40; i++)
+        assert_int_equal(model_decode(ctx, toks + i, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
     const tm_trace_stats *st = trace_get_stats(tr);
     assert_int_equal(rc.tokens0, 40);
     assert_int_equal(st->tokens, 40);
@@ -292,7 +307,8 @@ static void test_json_round_trip(void **state) {
         unsigned l, e;
         unsigned long long hits, hot, cold;
         double share;
-        assert_int_equal(sscanf(line, "%u,%u,%llu,%llu,%llu,%lf", &l, &e, &hits, &hot, &cold, &share), 6);
+        assert_int_equal(
+            sscanf(line, "%u,%u,%llu,%llu,%llu,%lf", &l, &e, &hits, &hot, &cold, &share), 6);
         assert_int_equal(l, rows / 24);
         assert_int_equal(e, rows % 24);
         assert_int_equal(hits, a.layers[l].experts[e]);
@@ -337,14 +353,15 @@ static char *replace(const char *text, const char *from, const char *to) {
     return out;
 }
 
-static void expect_reject(const char *path, const char *text, size_t n, const tm_trace_shape *expect,
-                          const char *field) {
+static void expect_reject(const char *path, const char *text, size_t n,
+                          const tm_trace_shape *expect, const char *field) {
     write_text(path, text, n);
     tm_trace_stats s;
     tm_status st = trace_stats_read_json(path, expect, &s);
     if (st == TM_OK) fail_msg("accepted a bad file (want an error naming '%s')", field);
     const char *msg = tm_error_message();
-    if (!strstr(msg, path) || !strstr(msg, field)) fail_msg("message '%s' does not name the file and '%s'", msg, field);
+    if (!strstr(msg, path) || !strstr(msg, field))
+        fail_msg("message '%s' does not name the file and '%s'", msg, field);
     assert_null(s.layers);
 }
 
@@ -358,7 +375,9 @@ static void test_bad_files(void **state) {
     assert_int_equal(trace_stats_write_json(&a, good), TM_OK);
     char *text = read_text(good);
     const size_t n = strlen(text);
-    struct { const char *from, *to, *field; } cases[] = {
+    struct {
+        const char *from, *to, *field;
+    } cases[] = {
         {"\"format\":\"tiermoe-moe-layer-perf\"", "\"format\":\"other\"", "format"},
         {"\"version\":1", "\"version\":2", "version"},
         {"\"n_expert\":16", "\"n_expert\":\"16\"", "model.n_expert"},
@@ -379,9 +398,11 @@ static void test_bad_files(void **state) {
     /* counts that do not add up */
     {
         char key[64];
-        snprintf(key, sizeof(key), "\"expert_hits_total\":%llu", (unsigned long long)a.layers[0].expert_hits_total);
+        snprintf(key, sizeof(key), "\"expert_hits_total\":%llu",
+                 (unsigned long long)a.layers[0].expert_hits_total);
         char val[64];
-        snprintf(val, sizeof(val), "\"expert_hits_total\":%llu", (unsigned long long)a.layers[0].expert_hits_total + 1);
+        snprintf(val, sizeof(val), "\"expert_hits_total\":%llu",
+                 (unsigned long long)a.layers[0].expert_hits_total + 1);
         char *t = replace(text, key, val);
         expect_reject(bad, t, strlen(t), NULL, "layers[0].expert_hits_total");
         free(t);
@@ -389,7 +410,8 @@ static void test_bad_files(void **state) {
     /* one count negative or not a number, the length kept */
     {
         char key[64];
-        snprintf(key, sizeof(key), "\"experts\":[%llu,", (unsigned long long)a.layers[0].experts[0]);
+        snprintf(key, sizeof(key), "\"experts\":[%llu,",
+                 (unsigned long long)a.layers[0].experts[0]);
         char *t = replace(text, key, "\"experts\":[-1,");
         expect_reject(bad, t, strlen(t), NULL, "layers[0].experts[0]");
         free(t);
@@ -483,8 +505,10 @@ static void test_skew(void **state) {
     tm_trace_skew k;
     trace_layer_skew(&s, 0, &k);
     assert_true(fabs(k.entropy - 1) < 1e-12);
-    assert_int_equal(k.n_top[0], 13), assert_int_equal(k.n_top[1], 32), assert_int_equal(k.n_top[2], 64);
-    assert_true(fabs(k.top[0] - 13.0 / 128) < 1e-12 && fabs(k.top[1] - 0.25) < 1e-12 && fabs(k.top[2] - 0.5) < 1e-12);
+    assert_int_equal(k.n_top[0], 13), assert_int_equal(k.n_top[1], 32),
+        assert_int_equal(k.n_top[2], 64);
+    assert_true(fabs(k.top[0] - 13.0 / 128) < 1e-12 && fabs(k.top[1] - 0.25) < 1e-12 &&
+                fabs(k.top[2] - 0.5) < 1e-12);
     assert_int_equal(k.n_used, 128);
     trace_layer_skew(&s, 1, &k);
     assert_true(fabs(k.entropy) < 1e-12 && k.top[0] == 1 && k.n_used == 1);
@@ -518,7 +542,8 @@ static void test_config(void **state) {
 
     tm_trace_config d = {0};
     assert_false(trace_config_enabled(&d));
-    char *argv[] = {"run", "--expert-trace-names", "-n", "--expert-trace-output", "o.json", "--expert-trace-output"};
+    char *argv[] = {"run",    "--expert-trace-names", "-n", "--expert-trace-output",
+                    "o.json", "--expert-trace-output"};
     assert_int_equal(trace_config_parse_arg(&d, 6, argv, 1), 1);
     assert_int_equal(trace_config_parse_arg(&d, 6, argv, 2), 0);
     assert_int_equal(trace_config_parse_arg(&d, 6, argv, 3), 2);
@@ -530,9 +555,12 @@ static void test_config(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_counts_known_ids), cmocka_unit_test(test_counts_real_model),
-        cmocka_unit_test(test_json_round_trip),  cmocka_unit_test(test_bad_files),
-        cmocka_unit_test(test_merge),            cmocka_unit_test(test_skew),
+        cmocka_unit_test(test_counts_known_ids),
+        cmocka_unit_test(test_counts_real_model),
+        cmocka_unit_test(test_json_round_trip),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_skew),
         cmocka_unit_test(test_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -48,10 +48,13 @@ static void bench_stats(const double *ts, int r, double n, double *mean, double 
 static void bench_profile(tm_context *ctx, uint64_t *prof0, const char *test, int n, int reps) {
     uint64_t total = 0;
     for (int i = 0; i < TM_PROF_COUNT; i++) total += ctx->prof_ns[i] - prof0[i];
-    fprintf(stderr, "%s%d, %d threads, per run (%.1f ms):", test, n, cpu_pool_size(ctx->pool), total * 1e-6 / reps);
+    fprintf(stderr, "%s%d, %d threads, per run (%.1f ms):", test, n, cpu_pool_size(ctx->pool),
+            total * 1e-6 / reps);
     for (int i = 0; i < TM_PROF_COUNT; i++)
-        fprintf(stderr, " %s %.1f ms (%.0f%%)%s", tm_prof_part_names[i], (ctx->prof_ns[i] - prof0[i]) * 1e-6 / reps,
-                100.0 * (ctx->prof_ns[i] - prof0[i]) / (total ? total : 1), i + 1 < TM_PROF_COUNT ? "," : "\n");
+        fprintf(stderr, " %s %.1f ms (%.0f%%)%s", tm_prof_part_names[i],
+                (ctx->prof_ns[i] - prof0[i]) * 1e-6 / reps,
+                100.0 * (ctx->prof_ns[i] - prof0[i]) / (total ? total : 1),
+                i + 1 < TM_PROF_COUNT ? "," : "\n");
     memcpy(prof0, ctx->prof_ns, sizeof(ctx->prof_ns));
 }
 
@@ -71,23 +74,37 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--no-membw")) { membw = 0; continue; }
-        if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        if (!strcmp(a, "--no-membw")) {
+            membw = 0;
+            continue;
+        }
+        if (!strcmp(a, "--profile")) {
+            profile = 1;
+            continue;
+        }
         const int nt = trace_config_parse_arg(&tc, argc, argv, i);
         if (nt < 0) return 2;
-        if (nt > 0) { i += nt - 1; continue; }
+        if (nt > 0) {
+            i += nt - 1;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "tiermoe bench: %s needs a value (or is unknown)\n", a);
             bench_usage(stderr);
             return 2;
         }
         const char *val = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = val;
-        else if (!strcmp(a, "-p")) { if (cli_parse_i64(a, val, 0, 1 << 16, &n_pp)) return 2; }
-        else if (!strcmp(a, "-n")) { if (cli_parse_i64(a, val, 0, 1 << 16, &n_tg)) return 2; }
-        else if (!strcmp(a, "-r")) { if (cli_parse_i64(a, val, 1, 1000, &reps)) return 2; }
-        else if (!strcmp(a, "-b")) { if (cli_parse_i64(a, val, 1, 1 << 16, &batch)) return 2; }
-        else if (!strcmp(a, "-o")) {
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            path = val;
+        else if (!strcmp(a, "-p")) {
+            if (cli_parse_i64(a, val, 0, 1 << 16, &n_pp)) return 2;
+        } else if (!strcmp(a, "-n")) {
+            if (cli_parse_i64(a, val, 0, 1 << 16, &n_tg)) return 2;
+        } else if (!strcmp(a, "-r")) {
+            if (cli_parse_i64(a, val, 1, 1000, &reps)) return 2;
+        } else if (!strcmp(a, "-b")) {
+            if (cli_parse_i64(a, val, 1, 1 << 16, &batch)) return 2;
+        } else if (!strcmp(a, "-o")) {
             if (strcmp(val, "md") && strcmp(val, "csv") && strcmp(val, "json")) {
                 fprintf(stderr, "tiermoe bench: -o: expected md, csv or json, got '%s'\n", val);
                 return 2;
@@ -137,22 +154,24 @@ int cmd_bench(int argc, char **argv) {
     const uint64_t dense = lay.other_bytes - (tied ? 0 : embd_bytes);
     uint64_t tg_bytes = dense;
     for (uint32_t l = 0; l < lay.n_layer; l++)
-        tg_bytes += lay.layer_expert_bytes[l] / (lay.n_expert ? lay.n_expert : 1) * m->cfg.n_expert_used;
+        tg_bytes +=
+            lay.layer_expert_bytes[l] / (lay.n_expert ? lay.n_expert : 1) * m->cfg.n_expert_used;
     const uint64_t pp_bytes = dense + lay.expert_bytes;
 
     char model_name[96];
     tm_gguf_str arch = {"?", 1};
     gguf_file_get_str(m->file, "general.architecture", &arch);
     const tm_gguf_tensor *gexp = gguf_file_find_tensor(m->file, "blk.0.ffn_gate_exps.weight");
-    snprintf(model_name, sizeof(model_name), "%.*s %.1fB %s", (int)arch.len, arch.data, m->n_params / 1e9,
-             gexp ? quant_type_name(gexp->type) : "");
+    snprintf(model_name, sizeof(model_name), "%.*s %.1fB %s", (int)arch.len, arch.data,
+             m->n_params / 1e9, gexp ? quant_type_name(gexp->type) : "");
 
     bench_result res[64];
     int n_res = 0, rc = 0;
     tm_rng rng;
     tm_rng_seed(&rng, 1234);
     for (int ti = 0; ti < n_threads && !rc; ti++) {
-        tm_context_params cp = {.n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8, .n_batch = batch, .n_threads = threads[ti]};
+        tm_context_params cp = {
+            .n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8, .n_batch = batch, .n_threads = threads[ti]};
         if (tr) trace_attach(tr, &cp);
         tm_context *ctx;
         if (model_context_create(m, &cp, &ctx) != TM_OK) {
@@ -162,7 +181,8 @@ int cmd_bench(int argc, char **argv) {
         }
         double mem = membw ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
         int32_t *toks = malloc((size_t)(n_pp > 8 ? n_pp : 8) * sizeof(int32_t));
-        for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++) toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
+        for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++)
+            toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
         /* warm-up: page in the weights, start the threads */
         if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
         double ts[1000];
@@ -207,10 +227,12 @@ int cmd_bench(int argc, char **argv) {
 
     const double size_gib = m->weight_bytes / 1073741824.0, params_b = m->n_params / 1e9;
     if (!strcmp(fmt, "md")) {
-        printf("| model | size | params | backend | threads | test | t/s | weights GB/s | mem read GB/s | of mem |\n");
+        printf("| model | size | params | backend | threads | test | t/s | weights GB/s | mem read "
+               "GB/s | of mem |\n");
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     } else if (!strcmp(fmt, "csv")) {
-        printf("model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,weights_gbs,mem_gbs\n");
+        printf(
+            "model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,weights_gbs,mem_gbs\n");
     } else {
         printf("[\n");
     }
@@ -219,18 +241,21 @@ int cmd_bench(int argc, char **argv) {
         char test[32];
         snprintf(test, sizeof(test), "%s%d", b->test, b->n);
         if (!strcmp(fmt, "md"))
-            printf("| %s | %.2f GiB | %.2f B | CPU %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% |\n", model_name,
-                   size_gib, params_b, cpu_level_name(cpu_level_get()), b->threads, test, b->mean, b->sd,
-                   b->weight_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->weight_gbs / b->mem_gbs : 0.0);
+            printf("| %s | %.2f GiB | %.2f B | CPU %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | "
+                   "%.0f%% |\n",
+                   model_name, size_gib, params_b, cpu_level_name(cpu_level_get()), b->threads,
+                   test, b->mean, b->sd, b->weight_gbs, b->mem_gbs,
+                   b->mem_gbs > 0 ? 100 * b->weight_gbs / b->mem_gbs : 0.0);
         else if (!strcmp(fmt, "csv"))
-            printf("\"%s\",%.3f,%.3f,CPU,%d,%s,%.3f,%.3f,%.2f,%.2f\n", model_name, size_gib, params_b, b->threads,
-                   test, b->mean, b->sd, b->weight_gbs, b->mem_gbs);
+            printf("\"%s\",%.3f,%.3f,CPU,%d,%s,%.3f,%.3f,%.2f,%.2f\n", model_name, size_gib,
+                   params_b, b->threads, test, b->mean, b->sd, b->weight_gbs, b->mem_gbs);
         else
-            printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": \"CPU\", "
+            printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
+                   "\"CPU\", "
                    "\"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, "
                    "\"weights_gbs\": %.2f, \"mem_gbs\": %.2f}%s\n",
-                   model_name, size_gib, params_b, b->threads, test, b->mean, b->sd, b->weight_gbs, b->mem_gbs,
-                   i + 1 < n_res ? "," : "");
+                   model_name, size_gib, params_b, b->threads, test, b->mean, b->sd, b->weight_gbs,
+                   b->mem_gbs, i + 1 < n_res ? "," : "");
     }
     if (!strcmp(fmt, "json")) printf("]\n");
     fprintf(stderr, "cpu: %s\n", cpu_features_string());

@@ -19,10 +19,14 @@ static void inspect_usage(FILE *out) {
 }
 
 static void print_bytes(uint64_t b) {
-    if (b >= (1ull << 30)) printf("%.2f GiB", b / 1073741824.0);
-    else if (b >= (1ull << 20)) printf("%.2f MiB", b / 1048576.0);
-    else if (b >= 1024) printf("%.2f KiB", b / 1024.0);
-    else printf("%" PRIu64 " B", b);
+    if (b >= (1ull << 30))
+        printf("%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20))
+        printf("%.2f MiB", b / 1048576.0);
+    else if (b >= 1024)
+        printf("%.2f KiB", b / 1024.0);
+    else
+        printf("%" PRIu64 " B", b);
 }
 
 /* One scalar of an array, printed. */
@@ -34,8 +38,12 @@ static void print_array_item(const tm_gguf_array *a, uint64_t i) {
         printf("\"%.*s\"", (int)(s.len > 40 ? 40 : s.len), s.data);
         break;
     }
-    case TM_GGUF_TYPE_ARRAY: printf("[…]"); break;
-    case TM_GGUF_TYPE_FLOAT32: printf("%g", gguf_array_get_f32(a, i)); break;
+    case TM_GGUF_TYPE_ARRAY:
+        printf("[…]");
+        break;
+    case TM_GGUF_TYPE_FLOAT32:
+        printf("%g", gguf_array_get_f32(a, i));
+        break;
     case TM_GGUF_TYPE_FLOAT64: {
         double d;
         memcpy(&d, p + 8 * i, 8);
@@ -54,27 +62,55 @@ static void print_array_item(const tm_gguf_array *a, uint64_t i) {
         printf("%" PRId64, v);
         break;
     }
-    case TM_GGUF_TYPE_BOOL: printf("%s", p[i] ? "true" : "false"); break;
-    case TM_GGUF_TYPE_INT8: case TM_GGUF_TYPE_INT16: case TM_GGUF_TYPE_INT32:
+    case TM_GGUF_TYPE_BOOL:
+        printf("%s", p[i] ? "true" : "false");
+        break;
+    case TM_GGUF_TYPE_INT8:
+    case TM_GGUF_TYPE_INT16:
+    case TM_GGUF_TYPE_INT32:
         printf("%" PRId32, gguf_array_get_i32(a, i));
         break;
-    default: printf("%" PRIu32, gguf_array_get_u32(a, i)); break;
+    default:
+        printf("%" PRIu32, gguf_array_get_u32(a, i));
+        break;
     }
 }
 
 static void print_value(const tm_gguf_value *v, int full) {
     switch (v->type) {
-    case TM_GGUF_TYPE_UINT8: printf("%u", v->v.u8); break;
-    case TM_GGUF_TYPE_INT8: printf("%d", v->v.i8); break;
-    case TM_GGUF_TYPE_UINT16: printf("%u", v->v.u16); break;
-    case TM_GGUF_TYPE_INT16: printf("%d", v->v.i16); break;
-    case TM_GGUF_TYPE_UINT32: printf("%" PRIu32, v->v.u32); break;
-    case TM_GGUF_TYPE_INT32: printf("%" PRId32, v->v.i32); break;
-    case TM_GGUF_TYPE_UINT64: printf("%" PRIu64, v->v.u64); break;
-    case TM_GGUF_TYPE_INT64: printf("%" PRId64, v->v.i64); break;
-    case TM_GGUF_TYPE_FLOAT32: printf("%g", v->v.f32); break;
-    case TM_GGUF_TYPE_FLOAT64: printf("%g", v->v.f64); break;
-    case TM_GGUF_TYPE_BOOL: printf("%s", v->v.b ? "true" : "false"); break;
+    case TM_GGUF_TYPE_UINT8:
+        printf("%u", v->v.u8);
+        break;
+    case TM_GGUF_TYPE_INT8:
+        printf("%d", v->v.i8);
+        break;
+    case TM_GGUF_TYPE_UINT16:
+        printf("%u", v->v.u16);
+        break;
+    case TM_GGUF_TYPE_INT16:
+        printf("%d", v->v.i16);
+        break;
+    case TM_GGUF_TYPE_UINT32:
+        printf("%" PRIu32, v->v.u32);
+        break;
+    case TM_GGUF_TYPE_INT32:
+        printf("%" PRId32, v->v.i32);
+        break;
+    case TM_GGUF_TYPE_UINT64:
+        printf("%" PRIu64, v->v.u64);
+        break;
+    case TM_GGUF_TYPE_INT64:
+        printf("%" PRId64, v->v.i64);
+        break;
+    case TM_GGUF_TYPE_FLOAT32:
+        printf("%g", v->v.f32);
+        break;
+    case TM_GGUF_TYPE_FLOAT64:
+        printf("%g", v->v.f64);
+        break;
+    case TM_GGUF_TYPE_BOOL:
+        printf("%s", v->v.b ? "true" : "false");
+        break;
     case TM_GGUF_TYPE_STRING: {
         uint64_t n = v->v.str.len;
         const char *nl = memchr(v->v.str.data, '\n', n);
@@ -98,7 +134,9 @@ static void print_value(const tm_gguf_value *v, int full) {
         printf("%s]", shown < a->n ? ", …" : "");
         break;
     }
-    default: printf("?"); break;
+    default:
+        printf("?");
+        break;
     }
 }
 
@@ -114,10 +152,13 @@ static void inspect_tokenizer(const tm_gguf_file *f) {
         return;
     }
     printf("tokenizer:    %.*s", (int)model.len, model.data);
-    if (gguf_file_get_str(f, "tokenizer.ggml.pre", &pre) == TM_OK) printf(", pre %.*s", (int)pre.len, pre.data);
+    if (gguf_file_get_str(f, "tokenizer.ggml.pre", &pre) == TM_OK)
+        printf(", pre %.*s", (int)pre.len, pre.data);
     const tm_gguf_array *a;
-    if (gguf_file_get_array(f, "tokenizer.ggml.tokens", &a) == TM_OK) printf(", %" PRIu64 " tokens", a->n);
-    if (gguf_file_get_array(f, "tokenizer.ggml.merges", &a) == TM_OK) printf(", %" PRIu64 " merges", a->n);
+    if (gguf_file_get_array(f, "tokenizer.ggml.tokens", &a) == TM_OK)
+        printf(", %" PRIu64 " tokens", a->n);
+    if (gguf_file_get_array(f, "tokenizer.ggml.merges", &a) == TM_OK)
+        printf(", %" PRIu64 " merges", a->n);
     static const char *ids[] = {"bos", "eos", "eot", "unknown", "padding"};
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
         char key[64];
@@ -139,7 +180,8 @@ static void inspect_tensors(const tm_gguf_file *f) {
         char shape[64];
         int n = 0;
         for (uint32_t d = 0; d < t->n_dims; d++)
-            n += snprintf(shape + n, sizeof(shape) - (size_t)n, "%s%" PRId64, d ? " x " : "", t->ne[d]);
+            n += snprintf(shape + n, sizeof(shape) - (size_t)n, "%s%" PRId64, d ? " x " : "",
+                          t->ne[d]);
         printf("  %-34.*s %-7s %-22s %12" PRIu64 " %14" PRIu64 "\n", (int)t->name.len, t->name.data,
                quant_type_name(t->type), shape, t->n_bytes, t->file_offset);
     }
@@ -160,8 +202,8 @@ static int inspect_experts(const tm_gguf_file *f) {
         model_layout_free(&lay);
         return 0;
     }
-    printf("experts:      %u per layer in %u of %u layers, one expert (gate+up+down) ", lay.n_expert,
-           lay.n_moe_layers, lay.n_layer);
+    printf("experts:      %u per layer in %u of %u layers, one expert (gate+up+down) ",
+           lay.n_expert, lay.n_moe_layers, lay.n_layer);
     print_bytes(lay.max_expert_slice);
     printf("\n  expert bytes     ");
     print_bytes(lay.expert_bytes);
@@ -183,8 +225,10 @@ int cmd_inspect(int argc, char **argv) {
     int tensors = 1, all_kv = 0;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-tensors")) tensors = 0;
-        else if (!strcmp(argv[i], "--all-kv")) all_kv = 1;
+        if (!strcmp(argv[i], "--no-tensors"))
+            tensors = 0;
+        else if (!strcmp(argv[i], "--all-kv"))
+            all_kv = 1;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             inspect_usage(stdout);
             return 0;
@@ -212,7 +256,8 @@ int cmd_inspect(int argc, char **argv) {
     gguf_file_get_str(f, "general.architecture", &arch);
     printf("file:         %s (", path);
     print_bytes(f->file_size);
-    printf(", GGUF v%u, alignment %" PRIu64 ", %" PRIu64 " keys)\n", f->version, f->alignment, f->n_kv);
+    printf(", GGUF v%u, alignment %" PRIu64 ", %" PRIu64 " keys)\n", f->version, f->alignment,
+           f->n_kv);
     printf("architecture: %.*s\n", (int)arch.len, arch.data);
 
     char prefix[80];
@@ -220,7 +265,8 @@ int cmd_inspect(int argc, char **argv) {
     printf("hyper-parameters:\n");
     for (uint64_t i = 0; i < f->n_kv; i++) {
         if (!has_prefix(f->kv[i].key, prefix)) continue;
-        printf("  %-44.*s ", (int)(f->kv[i].key.len - strlen(prefix)), f->kv[i].key.data + strlen(prefix));
+        printf("  %-44.*s ", (int)(f->kv[i].key.len - strlen(prefix)),
+               f->kv[i].key.data + strlen(prefix));
         print_value(&f->kv[i].value, all_kv);
         printf("\n");
     }

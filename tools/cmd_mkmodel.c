@@ -9,24 +9,25 @@
 #include "quant/quant.h"
 
 static void mkmodel_usage(FILE *out) {
-    fprintf(out,
-            "usage: tiermoe mkmodel [--preset tiny|30b-a3b] -o FILE.gguf [options]\n"
-            "  --preset NAME        tiny (default; tests) or 30b-a3b (Qwen3-30B-A3B shape)\n"
-            "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
-            "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
-            "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
-            "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
-            "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
-            "  --type-embd T        token_embd (default q4_K)\n"
-            "  --type-output T      output (default q8_0); norms and router are always f32\n"
-            "                       types: f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4\n"
-            "  --n-layer N --n-embd N --n-head N --n-head-kv N --head-dim N --n-expert N\n"
-            "  --n-expert-used N --n-ff-exp N --n-ff N --n-vocab N --n-ctx N\n"
-            "  --rope-base F --rms-eps F    override any dimension of the preset\n"
-            "  --vocab FILE         embed a HuggingFace tokenizer.json (and the tokenizer_config.json\n"
-            "                       beside it); n_vocab grows to the vocabulary's size\n"
-            "  -t, --threads N      generation threads (default: physical cores)\n"
-            "  -q, --quiet          no progress\n");
+    fprintf(
+        out,
+        "usage: tiermoe mkmodel [--preset tiny|30b-a3b] -o FILE.gguf [options]\n"
+        "  --preset NAME        tiny (default; tests) or 30b-a3b (Qwen3-30B-A3B shape)\n"
+        "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
+        "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
+        "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
+        "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
+        "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
+        "  --type-embd T        token_embd (default q4_K)\n"
+        "  --type-output T      output (default q8_0); norms and router are always f32\n"
+        "                       types: f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4\n"
+        "  --n-layer N --n-embd N --n-head N --n-head-kv N --head-dim N --n-expert N\n"
+        "  --n-expert-used N --n-ff-exp N --n-ff N --n-vocab N --n-ctx N\n"
+        "  --rope-base F --rms-eps F    override any dimension of the preset\n"
+        "  --vocab FILE         embed a HuggingFace tokenizer.json (and the tokenizer_config.json\n"
+        "                       beside it); n_vocab grows to the vocabulary's size\n"
+        "  -t, --threads N      generation threads (default: physical cores)\n"
+        "  -q, --quiet          no progress\n");
 }
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -44,19 +45,26 @@ int cmd_mkmodel(int argc, char **argv) {
         const char *flag;
         uint32_t *dst;
     } dims[] = {
-        {"--n-layer", &cfg.n_layer},     {"--n-embd", &cfg.n_embd},
-        {"--n-head", &cfg.n_head},       {"--n-head-kv", &cfg.n_head_kv},
-        {"--head-dim", &cfg.head_dim},   {"--n-expert", &cfg.n_expert},
-        {"--n-expert-used", &cfg.n_expert_used}, {"--n-ff-exp", &cfg.n_ff_exp},
-        {"--n-ff", &cfg.n_ff},           {"--n-vocab", &cfg.n_vocab},
+        {"--n-layer", &cfg.n_layer},
+        {"--n-embd", &cfg.n_embd},
+        {"--n-head", &cfg.n_head},
+        {"--n-head-kv", &cfg.n_head_kv},
+        {"--head-dim", &cfg.head_dim},
+        {"--n-expert", &cfg.n_expert},
+        {"--n-expert-used", &cfg.n_expert_used},
+        {"--n-ff-exp", &cfg.n_ff_exp},
+        {"--n-ff", &cfg.n_ff},
+        {"--n-vocab", &cfg.n_vocab},
         {"--n-ctx", &cfg.n_ctx},
     };
     struct {
         const char *flag;
         tm_type *dst;
     } types[] = {
-        {"--type-experts", &cfg.type_experts}, {"--type-attn", &cfg.type_attn},
-        {"--type-embd", &cfg.type_embd},       {"--type-output", &cfg.type_output},
+        {"--type-experts", &cfg.type_experts},
+        {"--type-attn", &cfg.type_attn},
+        {"--type-embd", &cfg.type_embd},
+        {"--type-output", &cfg.type_output},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -85,9 +93,12 @@ int cmd_mkmodel(int argc, char **argv) {
         for (size_t k = 0; !done && k < sizeof(types) / sizeof(types[0]); k++)
             if (!strcmp(a, types[k].flag)) {
                 done = 1;
-                if (quant_type_from_name(v, types[k].dst) != TM_OK || !quant_type_is_compute(*types[k].dst)) {
-                    fprintf(stderr, "tiermoe mkmodel: %s: unsupported type '%s' (expected f32 f16 "
-                                    "bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4)\n", a, v);
+                if (quant_type_from_name(v, types[k].dst) != TM_OK ||
+                    !quant_type_is_compute(*types[k].dst)) {
+                    fprintf(stderr,
+                            "tiermoe mkmodel: %s: unsupported type '%s' (expected f32 f16 "
+                            "bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4)\n",
+                            a, v);
                     rc = 2;
                 }
             }

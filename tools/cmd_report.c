@@ -43,50 +43,62 @@ static int write_svg(const tm_trace_stats *s, const char *path) {
     for (uint32_t l = 0; l < L; l++)
         for (uint32_t e = 0; e < E; e++) {
             const tm_trace_layer *ly = &s->layers[l];
-            const double sh = ly->expert_hits_total ? (double)ly->experts[e] / ly->expert_hits_total : 0;
+            const double sh =
+                ly->expert_hits_total ? (double)ly->experts[e] / ly->expert_hits_total : 0;
             if (sh > max_share) max_share = sh;
         }
     char tmp[4096];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp)) return 2;
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp))
+        return 2;
     FILE *f = fopen(tmp, "w");
     if (!f) {
         fprintf(stderr, "tiermoe report: %s: cannot create: %s\n", tmp, strerror(errno));
         return 1;
     }
     fprintf(f,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "font-family=\"sans-serif\" "
             "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             x0 + w + 120, y0 + h + 50);
     fprintf(f,
-            "<text x=\"%.0f\" y=\"20\">%s: share of each layer's %u-of-%u routed slots, %llu tokens (darkest = "
+            "<text x=\"%.0f\" y=\"20\">%s: share of each layer's %u-of-%u routed slots, %llu "
+            "tokens (darkest = "
             "%.2f%%)</text>\n",
-            x0, s->shape.arch, s->shape.n_expert_used, E, (unsigned long long)s->tokens, 100 * max_share);
+            x0, s->shape.arch, s->shape.n_expert_used, E, (unsigned long long)s->tokens,
+            100 * max_share);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">expert 0..%u</text>\n", x0, y0 + h + 20, E - 1);
-    fprintf(f, "<text x=\"10\" y=\"%.0f\" transform=\"rotate(-90 10 %.0f)\">layer</text>\n", y0 + h / 2, y0 + h / 2);
+    fprintf(f, "<text x=\"10\" y=\"%.0f\" transform=\"rotate(-90 10 %.0f)\">layer</text>\n",
+            y0 + h / 2, y0 + h / 2);
     for (uint32_t l = 0; l < L; l++) {
         const tm_trace_layer *ly = &s->layers[l];
         if (l % (L > 24 ? 8 : 1) == 0)
-            fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"10\">%u</text>\n", x0 - 4,
-                    y0 + (l + 0.8) * ch, l);
+            fprintf(f,
+                    "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"10\">%u</text>\n",
+                    x0 - 4, y0 + (l + 0.8) * ch, l);
         for (uint32_t e = 0; e < E; e++) {
-            const double sh = ly->expert_hits_total ? (double)ly->experts[e] / ly->expert_hits_total : 0;
+            const double sh =
+                ly->expert_hits_total ? (double)ly->experts[e] / ly->expert_hits_total : 0;
             char col[8];
             heat_colour(max_share > 0 ? sh / max_share : 0, col, sizeof(col));
             fprintf(f,
-                    "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>layer %u expert "
+                    "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" "
+                    "fill=\"%s\"><title>layer %u expert "
                     "%u: %llu hits, %.3f%%</title></rect>\n",
-                    x0 + e * cw, y0 + l * ch, cw, ch, col, l, e, (unsigned long long)ly->experts[e], 100 * sh);
+                    x0 + e * cw, y0 + l * ch, cw, ch, col, l, e, (unsigned long long)ly->experts[e],
+                    100 * sh);
         }
     }
     /* legend */
     for (int i = 0; i < 10; i++) {
         char col[8];
         heat_colour(i / 9.0, col, sizeof(col));
-        fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"16\" height=\"%.1f\" fill=\"%s\"/>\n", x0 + w + 20,
-                y0 + (9 - i) * h / 10, h / 10, col);
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"16\" height=\"%.1f\" fill=\"%s\"/>\n",
+                x0 + w + 20, y0 + (9 - i) * h / 10, h / 10, col);
     }
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"10\">%.2f%%</text>\n", x0 + w + 40, y0 + 10, 100 * max_share);
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"10\">0%%</text>\n</svg>\n", x0 + w + 40, y0 + h);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"10\">%.2f%%</text>\n", x0 + w + 40, y0 + 10,
+            100 * max_share);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"10\">0%%</text>\n</svg>\n", x0 + w + 40,
+            y0 + h);
     const bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
         fprintf(stderr, "tiermoe report: %s: write failed: %s\n", path, strerror(errno));
@@ -105,7 +117,8 @@ int cmd_report(int argc, char **argv) {
             report_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--summary")) summary = true;
+        if (!strcmp(a, "--summary"))
+            summary = true;
         else if (!strcmp(a, "--svg") || !strcmp(a, "--csv")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "tiermoe report: %s needs a FILE\n", a);
@@ -117,9 +130,11 @@ int cmd_report(int argc, char **argv) {
             report_usage(stderr);
             return 2;
         } else if (in) {
-            fprintf(stderr, "tiermoe report: one learn file at a time (merge them with tiermoe trace --merge)\n");
+            fprintf(stderr, "tiermoe report: one learn file at a time (merge them with tiermoe "
+                            "trace --merge)\n");
             return 2;
-        } else in = a;
+        } else
+            in = a;
     }
     if (!in) {
         report_usage(stderr);

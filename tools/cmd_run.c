@@ -14,25 +14,26 @@
 #include "trace/trace.h"
 
 static void run_usage(FILE *out) {
-    fprintf(out,
-            "usage: tiermoe run -m FILE (-p TEXT | --tokens 1,2,3 | --chat) [options]\n"
-            "  -m, --model FILE       GGUF model\n"
-            "  -p, --prompt TEXT      prompt text (needs a model with a vocabulary)\n"
-            "  --tokens IDS           prompt as comma-separated token ids\n"
-            "  --chat                 interactive chat with history, one user turn per line of stdin\n"
-            "  -sys, --system-prompt TEXT   system message for --chat\n"
-            "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony (default: from the model)\n"
-            "  --verbose-prompt       print the prompt's token ids to stderr\n"
-            "  -n, --n-predict N      tokens to generate (per turn with --chat; default 64)\n"
-            "  -c, --ctx-size N       context size (default: min(4096, trained))\n"
-            "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
-            "  -t, --threads N        CPU threads (default: physical cores)\n"
-            "  -s, --seed N           sampling seed (default 0)\n"
-            "  --temp F               temperature, 0 = greedy (default 0.8)\n"
-            "  --top-k N --top-p F --min-p F --repeat-penalty F --repeat-last-n N\n"
-            "  --kv-type f16|f32      KV cache type (default f16)\n"
-            "  --ignore-eos           keep generating past end-of-generation tokens\n"
-            "  --profile              print where the time went\n");
+    fprintf(
+        out,
+        "usage: tiermoe run -m FILE (-p TEXT | --tokens 1,2,3 | --chat) [options]\n"
+        "  -m, --model FILE       GGUF model\n"
+        "  -p, --prompt TEXT      prompt text (needs a model with a vocabulary)\n"
+        "  --tokens IDS           prompt as comma-separated token ids\n"
+        "  --chat                 interactive chat with history, one user turn per line of stdin\n"
+        "  -sys, --system-prompt TEXT   system message for --chat\n"
+        "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony (default: from the model)\n"
+        "  --verbose-prompt       print the prompt's token ids to stderr\n"
+        "  -n, --n-predict N      tokens to generate (per turn with --chat; default 64)\n"
+        "  -c, --ctx-size N       context size (default: min(4096, trained))\n"
+        "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
+        "  -t, --threads N        CPU threads (default: physical cores)\n"
+        "  -s, --seed N           sampling seed (default 0)\n"
+        "  --temp F               temperature, 0 = greedy (default 0.8)\n"
+        "  --top-k N --top-p F --min-p F --repeat-penalty F --repeat-last-n N\n"
+        "  --kv-type f16|f32      KV cache type (default f16)\n"
+        "  --ignore-eos           keep generating past end-of-generation tokens\n"
+        "  --profile              print where the time went\n");
     fputs(trace_config_help, out);
 }
 
@@ -45,7 +46,9 @@ static int parse_token_list(const char *s, int32_t **out, int64_t *n_out) {
         char *end;
         long long v = strtoll(p, &end, 10);
         if (end == p || v < 0 || v > 0x7fffffff || (*end && *end != ',')) {
-            fprintf(stderr, "tiermoe run: --tokens: expected comma-separated non-negative ids, got '%s'\n", s);
+            fprintf(stderr,
+                    "tiermoe run: --tokens: expected comma-separated non-negative ids, got '%s'\n",
+                    s);
             free(ids);
             return 2;
         }
@@ -106,8 +109,8 @@ static tm_status session_eval(run_session *s, const int32_t *ids, int64_t n) {
     int64_t keep = 0;
     while (keep < s->n_hist && keep < n - 1 && s->hist[keep] == ids[keep]) keep++;
     if (n > s->ctx->n_ctx)
-        return tm_error_set(TM_ERR_ARG, "%lld tokens do not fit the context of %lld positions (-c)", (long long)n,
-                            (long long)s->ctx->n_ctx);
+        return tm_error_set(TM_ERR_ARG, "%lld tokens do not fit the context of %lld positions (-c)",
+                            (long long)n, (long long)s->ctx->n_ctx);
     model_context_rewind(s->ctx, keep);
     memcpy(s->hist + keep, ids + keep, (size_t)(n - keep) * sizeof(int32_t));
     s->n_hist = n;
@@ -120,7 +123,8 @@ static tm_status session_eval(run_session *s, const int32_t *ids, int64_t n) {
 
 /* Sample up to n_predict tokens (fewer when the context fills or an end-of-generation
  * token comes), streaming them; the reply's text goes to *reply when reply is not NULL. */
-static tm_status session_generate(run_session *s, int64_t n_predict, char **reply, size_t *reply_len) {
+static tm_status session_generate(run_session *s, int64_t n_predict, char **reply,
+                                  size_t *reply_len) {
     if (s->tok) tokenizer_stream_init(&s->detok, s->tok, false, false);
     uint64_t t0 = tm_time_ns();
     tm_status st = TM_OK;
@@ -129,9 +133,12 @@ static tm_status session_generate(run_session *s, int64_t n_predict, char **repl
         s->n_gen++;
         session_print(s, id, reply, reply_len);
         fflush(stdout);
-        if (n + 1 == n_predict || (s->tok && !s->ignore_eos && tokenizer_is_end_of_generation(s->tok, id))) break;
+        if (n + 1 == n_predict ||
+            (s->tok && !s->ignore_eos && tokenizer_is_end_of_generation(s->tok, id)))
+            break;
         if (s->n_hist == s->ctx->n_ctx) {
-            fprintf(stderr, "\ntiermoe run: the context of %lld positions is full (-c)\n", (long long)s->ctx->n_ctx);
+            fprintf(stderr, "\ntiermoe run: the context of %lld positions is full (-c)\n",
+                    (long long)s->ctx->n_ctx);
             break;
         }
         s->hist[s->n_hist++] = id;
@@ -149,7 +156,8 @@ static tm_status session_generate(run_session *s, int64_t n_predict, char **repl
     return st;
 }
 
-static void session_print_ids(const run_session *s, const char *what, const int32_t *ids, int64_t n) {
+static void session_print_ids(const run_session *s, const char *what, const int32_t *ids,
+                              int64_t n) {
     if (!s->verbose_prompt) return;
     fprintf(stderr, "%s:", what);
     for (int64_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
@@ -158,7 +166,8 @@ static void session_print_ids(const run_session *s, const char *what, const int3
 
 /* --chat: read user turns from stdin, render the whole conversation with the model's
  * template each turn, and reuse the cached prefix. */
-static int run_chat(run_session *s, const char *system, const char *template_name, int64_t n_predict) {
+static int run_chat(run_session *s, const char *system, const char *template_name,
+                    int64_t n_predict) {
     if (!s->tok) {
         fprintf(stderr, "tiermoe run: --chat needs a model with a vocabulary\n");
         return 1;
@@ -170,11 +179,14 @@ static int run_chat(run_session *s, const char *system, const char *template_nam
         return 2;
     }
     if (f == TM_CHAT_UNKNOWN) {
-        fprintf(stderr, "tiermoe run: this model's chat template is not one tiermoe knows; choose one with "
-                        "--chat-template chatml|qwen3|llama3|mistral|harmony, or use -p for raw completion\n");
+        fprintf(
+            stderr,
+            "tiermoe run: this model's chat template is not one tiermoe knows; choose one with "
+            "--chat-template chatml|qwen3|llama3|mistral|harmony, or use -p for raw completion\n");
         return 2;
     }
-    fprintf(stderr, "chat (%s template): type a message and press Enter; end with Ctrl-D\n", chat_format_name(f));
+    fprintf(stderr, "chat (%s template): type a message and press Enter; end with Ctrl-D\n",
+            chat_format_name(f));
     tm_chat_message *msgs = NULL;
     size_t n_msgs = 0, cap = 0;
     char *line = NULL;
@@ -193,7 +205,10 @@ static int run_chat(run_session *s, const char *system, const char *template_nam
         if (!got) continue;
         if (n_msgs + 2 > cap) {
             tm_chat_message *t = realloc(msgs, sizeof(*msgs) * (cap = cap ? 2 * cap : 8));
-            if (!t) { rc = 1; break; }
+            if (!t) {
+                rc = 1;
+                break;
+            }
             msgs = t;
         }
         msgs[n_msgs++] = (tm_chat_message){"user", strdup(line)};
@@ -203,7 +218,8 @@ static int run_chat(run_session *s, const char *system, const char *template_nam
         tm_chat_opts o = {.add_generation_prompt = true, .default_system = def_sys};
         tm_tokenize_opts to = {.add_special = true, .parse_special = true};
         if (chat_render(f, msgs, n_msgs, &o, &text, &text_len) != TM_OK ||
-            tokenizer_encode(s->tok, text, text_len, &to, &ids) != TM_OK || session_eval(s, ids.ids, (int64_t)ids.n) != TM_OK) {
+            tokenizer_encode(s->tok, text, text_len, &to, &ids) != TM_OK ||
+            session_eval(s, ids.ids, (int64_t)ids.n) != TM_OK) {
             fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
             free(text), tokenizer_tokens_free(&ids);
             rc = 1;
@@ -231,7 +247,8 @@ static int run_chat(run_session *s, const char *system, const char *template_nam
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *system = NULL, *template_name = NULL;
+    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *system = NULL,
+               *template_name = NULL;
     long long n_predict = 64, v;
     double d;
     tm_context_params cp = {0};
@@ -251,40 +268,86 @@ int cmd_run(int argc, char **argv) {
             run_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        if (!strcmp(a, "--profile")) {
+            profile = 1;
+            continue;
+        }
         const int nt = trace_config_parse_arg(&tc, argc, argv, i);
         if (nt < 0) return 2;
-        if (nt > 0) { i += nt - 1; continue; }
-        if (!strcmp(a, "--ignore-eos")) { s.ignore_eos = true; continue; }
-        if (!strcmp(a, "--chat")) { chat = 1; continue; }
-        if (!strcmp(a, "--verbose-prompt")) { s.verbose_prompt = true; continue; }
+        if (nt > 0) {
+            i += nt - 1;
+            continue;
+        }
+        if (!strcmp(a, "--ignore-eos")) {
+            s.ignore_eos = true;
+            continue;
+        }
+        if (!strcmp(a, "--chat")) {
+            chat = 1;
+            continue;
+        }
+        if (!strcmp(a, "--verbose-prompt")) {
+            s.verbose_prompt = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "tiermoe run: %s needs a value (or is unknown)\n", a);
             run_usage(stderr);
             return 2;
         }
         const char *val = argv[++i];
-#define I64(lo, hi) if (cli_parse_i64(a, val, lo, hi, &v)) return 2
-#define F64(lo, hi) if (cli_parse_f64(a, val, lo, hi, &d)) return 2
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = val;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = val;
-        else if (!strcmp(a, "--tokens")) tokens_arg = val;
-        else if (!strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) system = val;
-        else if (!strcmp(a, "--chat-template")) template_name = val;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { I64(-0x7fffffffll, 0x7fffffff); n_predict = v; }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { I64(1, 1 << 24); cp.n_ctx = v; }
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { I64(1, 1 << 16); cp.n_batch = v; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { I64(1, 1024); cp.n_threads = (int)v; }
-        else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { I64(0, 0x7fffffffffffffffll); sp.seed = (uint64_t)v; }
-        else if (!strcmp(a, "--temp")) { F64(0, 100); sp.temp = (float)d; }
-        else if (!strcmp(a, "--top-k")) { I64(0, 1 << 24); sp.top_k = (int32_t)v; }
-        else if (!strcmp(a, "--top-p")) { F64(1e-9, 1); sp.top_p = (float)d; }
-        else if (!strcmp(a, "--min-p")) { F64(0, 1); sp.min_p = (float)d; }
-        else if (!strcmp(a, "--repeat-penalty")) { F64(1e-3, 100); sp.repeat_penalty = (float)d; }
-        else if (!strcmp(a, "--repeat-last-n")) { I64(0, 1 << 24); sp.repeat_last_n = (int32_t)v; }
-        else if (!strcmp(a, "--kv-type")) {
-            if (!strcmp(val, "f16")) cp.kv_type = TM_TYPE_F16;
-            else if (!strcmp(val, "f32")) cp.kv_type = TM_TYPE_F32;
+#define I64(lo, hi)                                                                                \
+    if (cli_parse_i64(a, val, lo, hi, &v)) return 2
+#define F64(lo, hi)                                                                                \
+    if (cli_parse_f64(a, val, lo, hi, &d)) return 2
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            model_path = val;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt"))
+            prompt = val;
+        else if (!strcmp(a, "--tokens"))
+            tokens_arg = val;
+        else if (!strcmp(a, "-sys") || !strcmp(a, "--system-prompt"))
+            system = val;
+        else if (!strcmp(a, "--chat-template"))
+            template_name = val;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            I64(-0x7fffffffll, 0x7fffffff);
+            n_predict = v;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            I64(1, 1 << 24);
+            cp.n_ctx = v;
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            I64(1, 1 << 16);
+            cp.n_batch = v;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            I64(1, 1024);
+            cp.n_threads = (int)v;
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            I64(0, 0x7fffffffffffffffll);
+            sp.seed = (uint64_t)v;
+        } else if (!strcmp(a, "--temp")) {
+            F64(0, 100);
+            sp.temp = (float)d;
+        } else if (!strcmp(a, "--top-k")) {
+            I64(0, 1 << 24);
+            sp.top_k = (int32_t)v;
+        } else if (!strcmp(a, "--top-p")) {
+            F64(1e-9, 1);
+            sp.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            F64(0, 1);
+            sp.min_p = (float)d;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            F64(1e-3, 100);
+            sp.repeat_penalty = (float)d;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            I64(0, 1 << 24);
+            sp.repeat_last_n = (int32_t)v;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!strcmp(val, "f16"))
+                cp.kv_type = TM_TYPE_F16;
+            else if (!strcmp(val, "f32"))
+                cp.kv_type = TM_TYPE_F32;
             else {
                 fprintf(stderr, "tiermoe run: --kv-type: expected f16 or f32, got '%s'\n", val);
                 return 2;
@@ -311,7 +374,8 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (n_predict <= 0) {
-        fprintf(stderr, "tiermoe run: -n %lld: the number of tokens to generate must be positive\n", n_predict);
+        fprintf(stderr, "tiermoe run: -n %lld: the number of tokens to generate must be positive\n",
+                n_predict);
         return 2;
     }
 
@@ -359,7 +423,8 @@ int cmd_run(int argc, char **argv) {
         goto out;
     }
     if (n_prompt >= s.ctx->n_ctx) {
-        fprintf(stderr, "tiermoe run: the prompt has %lld tokens, the context only %lld positions (-c)\n",
+        fprintf(stderr,
+                "tiermoe run: the prompt has %lld tokens, the context only %lld positions (-c)\n",
                 (long long)n_prompt, (long long)s.ctx->n_ctx);
         rc = 2;
         goto out;
@@ -377,8 +442,9 @@ int cmd_run(int argc, char **argv) {
     } else {
         if (n_prompt + n_predict > s.ctx->n_ctx) {
             n_predict = s.ctx->n_ctx - n_prompt;
-            fprintf(stderr, "tiermoe run: generating %lld tokens, what fits the context of %lld (-c)\n", n_predict,
-                    (long long)s.ctx->n_ctx);
+            fprintf(stderr,
+                    "tiermoe run: generating %lld tokens, what fits the context of %lld (-c)\n",
+                    n_predict, (long long)s.ctx->n_ctx);
         }
         session_print_ids(&s, "prompt ids", prompt_ids, n_prompt);
         if (s.tok) { /* echo the prompt as llama.cpp does */
@@ -390,28 +456,33 @@ int cmd_run(int argc, char **argv) {
             printf(" |");
         }
         fflush(stdout);
-        if (session_eval(&s, prompt_ids, n_prompt) != TM_OK || session_generate(&s, n_predict, NULL, NULL) != TM_OK) {
+        if (session_eval(&s, prompt_ids, n_prompt) != TM_OK ||
+            session_generate(&s, n_predict, NULL, NULL) != TM_OK) {
             fprintf(stderr, "\ntiermoe run: %s\n", tm_error_message());
             goto out;
         }
         rc = 0;
     }
     fprintf(stderr, "\nload time        = %10.2f ms\n", load_ms);
-    fprintf(stderr, "prompt eval time = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+    fprintf(stderr,
+            "prompt eval time = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per "
+            "second)\n",
             s.prompt_ms, (long long)s.n_prompt, s.n_prompt ? s.prompt_ms / s.n_prompt : 0.0,
             s.prompt_ms > 0 ? 1e3 * s.n_prompt / s.prompt_ms : 0.0);
-    fprintf(stderr, "eval time        = %10.2f ms / %5lld runs   (%8.2f ms per token, %8.2f tokens per second)\n",
+    fprintf(stderr,
+            "eval time        = %10.2f ms / %5lld runs   (%8.2f ms per token, %8.2f tokens per "
+            "second)\n",
             s.eval_ms, (long long)s.n_eval, s.n_eval ? s.eval_ms / s.n_eval : 0.0,
             s.n_eval ? 1e3 * s.n_eval / s.eval_ms : 0.0);
-    fprintf(stderr, "total time       = %10.2f ms / %5lld tokens\n", load_ms + s.prompt_ms + s.eval_ms,
-            (long long)(s.n_prompt + s.n_gen));
+    fprintf(stderr, "total time       = %10.2f ms / %5lld tokens\n",
+            load_ms + s.prompt_ms + s.eval_ms, (long long)(s.n_prompt + s.n_gen));
     if (profile) {
         uint64_t total = 0;
         for (int i = 0; i < TM_PROF_COUNT; i++) total += s.ctx->prof_ns[i];
         fprintf(stderr, "time by part (prompt and eval):\n");
         for (int i = 0; i < TM_PROF_COUNT; i++)
-            fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_prof_part_names[i], s.ctx->prof_ns[i] * 1e-6,
-                    100.0 * s.ctx->prof_ns[i] / (total ? total : 1));
+            fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_prof_part_names[i],
+                    s.ctx->prof_ns[i] * 1e-6, 100.0 * s.ctx->prof_ns[i] / (total ? total : 1));
     }
     if (tr && trace_finish(tr) != TM_OK) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());

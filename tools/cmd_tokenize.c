@@ -14,13 +14,21 @@
 static void put_escaped(FILE *out, const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
-        if (c == '\n') fputs("\\n", out);
-        else if (c == '\t') fputs("\\t", out);
-        else if (c == '\r') fputs("\\r", out);
-        else if (c == '\\') fputs("\\\\", out);
-        else if (c == '\'') fputs("\\'", out);
-        else if (c < 0x20 || c == 0x7F) fprintf(out, "\\x%02x", c);
-        else fputc(c, out); /* UTF-8 bytes as they are (a split character shows as the terminal shows it) */
+        if (c == '\n')
+            fputs("\\n", out);
+        else if (c == '\t')
+            fputs("\\t", out);
+        else if (c == '\r')
+            fputs("\\r", out);
+        else if (c == '\\')
+            fputs("\\\\", out);
+        else if (c == '\'')
+            fputs("\\'", out);
+        else if (c < 0x20 || c == 0x7F)
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out); /* UTF-8 bytes as they are (a split character shows as the terminal shows
+                              it) */
     }
 }
 
@@ -65,13 +73,19 @@ int cmd_tokenize(int argc, char **argv) {
     bool ids_only = false;
     tm_tokenize_opts o = {.add_special = true, .parse_special = true};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "-f") && i + 1 < argc) file = argv[++i];
-        else if (!strcmp(argv[i], "--ids")) ids_only = true;
-        else if (!strcmp(argv[i], "--no-bos")) o.add_special = false;
-        else if (!strcmp(argv[i], "--no-parse-special")) o.parse_special = false;
+        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "-f") && i + 1 < argc)
+            file = argv[++i];
+        else if (!strcmp(argv[i], "--ids"))
+            ids_only = true;
+        else if (!strcmp(argv[i], "--no-bos"))
+            o.add_special = false;
+        else if (!strcmp(argv[i], "--no-parse-special"))
+            o.parse_special = false;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: tiermoe tokenize -m FILE [--ids] [--no-bos] [--no-parse-special] TEXT | -f TEXTFILE\n"
+            printf("usage: tiermoe tokenize -m FILE [--ids] [--no-bos] [--no-parse-special] TEXT | "
+                   "-f TEXTFILE\n"
                    "  --ids               print only the ids, on one line\n"
                    "  --no-bos            do not add BOS/EOS even if the vocabulary asks for them\n"
                    "  --no-parse-special  treat <|im_start|> etc. in TEXT as plain text\n");
@@ -79,9 +93,12 @@ int cmd_tokenize(int argc, char **argv) {
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "tiermoe tokenize: unknown option '%s' (see --help)\n", argv[i]);
             return 2;
-        } else if (!text) text = argv[i];
+        } else if (!text)
+            text = argv[i];
         else {
-            fprintf(stderr, "tiermoe tokenize: one TEXT argument expected (quote it), got also '%s'\n", argv[i]);
+            fprintf(stderr,
+                    "tiermoe tokenize: one TEXT argument expected (quote it), got also '%s'\n",
+                    argv[i]);
             return 2;
         }
     }
@@ -115,10 +132,13 @@ int cmd_tokenize(int argc, char **argv) {
             printf("%8d  '", ids.ids[i]);
             put_escaped(stdout, p, n);
             tm_token_type ty = tokenizer_token_type(t, ids.ids[i]);
-            printf("'%s\n", ty == TM_TOKEN_TYPE_CONTROL ? "  (control)" : ty == TM_TOKEN_TYPE_BYTE ? "  (byte)"
-                            : ty == TM_TOKEN_TYPE_USER_DEFINED ? "  (user-defined)" : "");
+            printf("'%s\n", ty == TM_TOKEN_TYPE_CONTROL        ? "  (control)"
+                            : ty == TM_TOKEN_TYPE_BYTE         ? "  (byte)"
+                            : ty == TM_TOKEN_TYPE_USER_DEFINED ? "  (user-defined)"
+                                                               : "");
         }
-        printf("%zu tokens, %zu bytes, tokenizer %s/%s\n", ids.n, len, tokenizer_model_name(t), tokenizer_pre_name(t));
+        printf("%zu tokens, %zu bytes, tokenizer %s/%s\n", ids.n, len, tokenizer_model_name(t),
+               tokenizer_pre_name(t));
     }
     tokenizer_tokens_free(&ids);
     tokenizer_free(t);
@@ -132,11 +152,14 @@ int cmd_detokenize(int argc, char **argv) {
     tm_tokens ids = {0};
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--no-special")) render_special = false;
+        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--no-special"))
+            render_special = false;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: tiermoe detokenize -m FILE [--no-special] IDS...\n"
-                   "  IDS          token ids, separated by spaces or commas (\"[1, 2, 3]\" works too)\n"
+                   "  IDS          token ids, separated by spaces or commas (\"[1, 2, 3]\" works "
+                   "too)\n"
                    "  --no-special leave control tokens (<|im_end|> ...) out of the text\n");
             tokenizer_tokens_free(&ids);
             return 0;
@@ -147,14 +170,18 @@ int cmd_detokenize(int argc, char **argv) {
             /* split on spaces, commas and brackets */
             char *s = argv[i];
             while (*s && !rc) {
-                while (*s == ' ' || *s == ',' || *s == '[' || *s == ']' || *s == '\t' || *s == '\n') s++;
+                while (*s == ' ' || *s == ',' || *s == '[' || *s == ']' || *s == '\t' || *s == '\n')
+                    s++;
                 if (!*s) break;
                 char *end;
                 errno = 0;
                 long v = strtol(s, &end, 10);
                 if (end == s || errno || v < 0 || v > INT32_MAX ||
-                    (*end && *end != ' ' && *end != ',' && *end != ']' && *end != '\t' && *end != '\n')) {
-                    fprintf(stderr, "tiermoe detokenize: '%s' is not a token id (expected integers >= 0)\n", s);
+                    (*end && *end != ' ' && *end != ',' && *end != ']' && *end != '\t' &&
+                     *end != '\n')) {
+                    fprintf(stderr,
+                            "tiermoe detokenize: '%s' is not a token id (expected integers >= 0)\n",
+                            s);
                     rc = 2;
                     break;
                 }
@@ -171,8 +198,9 @@ int cmd_detokenize(int argc, char **argv) {
     if (!rc) rc = load(model, &t);
     for (size_t i = 0; !rc && i < ids.n; i++)
         if ((uint32_t)ids.ids[i] >= tokenizer_n_tokens(t)) {
-            fprintf(stderr, "tiermoe detokenize: id %d is out of range (the vocabulary has %u tokens)\n", ids.ids[i],
-                    tokenizer_n_tokens(t));
+            fprintf(stderr,
+                    "tiermoe detokenize: id %d is out of range (the vocabulary has %u tokens)\n",
+                    ids.ids[i], tokenizer_n_tokens(t));
             rc = 1;
         }
     if (!rc) {

@@ -21,7 +21,8 @@ static void trace_usage(FILE *out) {
             "  --prompts FILE         one prompt a line: text, or token ids \"1,2,3\" for a model\n"
             "                         without a vocabulary; empty lines are skipped\n"
             "  -o, --output FILE      learn file to write (JSON; FILE.csv: CSV)\n"
-            "  -n, --n-predict N      greedy tokens generated (and traced) after each prompt (default 16)\n"
+            "  -n, --n-predict N      greedy tokens generated (and traced) after each prompt "
+            "(default 16)\n"
             "  -c, --ctx-size N       context size (default: longest prompt + N)\n"
             "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
             "  -t, --threads N        CPU threads (default: physical cores)\n"
@@ -53,8 +54,10 @@ static tm_status parse_ids(const char *path, int line, const char *s, trace_prom
         long long x = strtoll(p, &end, 10);
         if (end == p || x < 0 || x > 0x7fffffff) {
             tokenizer_tokens_free(&v);
-            return tm_error_set(TM_ERR_ARG, "%s:%d: expected comma-separated token ids (the model has no vocabulary)",
-                                path, line);
+            return tm_error_set(
+                TM_ERR_ARG,
+                "%s:%d: expected comma-separated token ids (the model has no vocabulary)", path,
+                line);
         }
         if (tokenizer_tokens_push(&v, (int32_t)x) != TM_OK) {
             tokenizer_tokens_free(&v);
@@ -62,17 +65,20 @@ static tm_status parse_ids(const char *path, int line, const char *s, trace_prom
         }
         p = end;
         while (*p == ' ' || *p == '\t') p++;
-        if (*p == ',') p++;
+        if (*p == ',')
+            p++;
         else if (*p) {
             tokenizer_tokens_free(&v);
-            return tm_error_set(TM_ERR_ARG, "%s:%d: unexpected '%c' in a token-id list", path, line, *p);
+            return tm_error_set(TM_ERR_ARG, "%s:%d: unexpected '%c' in a token-id list", path, line,
+                                *p);
         }
     }
     out->ids = v.ids, out->n = (int64_t)v.n;
     return TM_OK;
 }
 
-static tm_status prompts_read(const char *path, const tm_tokenizer *tok, trace_prompt **out, int *n_out) {
+static tm_status prompts_read(const char *path, const tm_tokenizer *tok, trace_prompt **out,
+                              int *n_out) {
     FILE *f = fopen(path, "rb");
     if (!f) return tm_error_set(TM_ERR_IO, "%s: cannot open the prompts file", path);
     trace_prompt *ps = NULL;
@@ -141,7 +147,8 @@ static int trace_merge(char **files, int n_files, const char *out) {
         return 1;
     }
     for (int i = 1; i < n_files; i++) {
-        if (trace_stats_read_json(files[i], NULL, &s) != TM_OK || trace_stats_merge(&acc, &s, files[i]) != TM_OK) {
+        if (trace_stats_read_json(files[i], NULL, &s) != TM_OK ||
+            trace_stats_merge(&acc, &s, files[i]) != TM_OK) {
             fprintf(stderr, "tiermoe trace: --merge: %s\n", tm_error_message());
             trace_stats_free(&s);
             trace_stats_free(&acc);
@@ -155,7 +162,8 @@ static int trace_merge(char **files, int n_files, const char *out) {
     if (st == TM_OK)
         fprintf(stderr, "tiermoe trace: merged %d files (%llu tokens) into %s\n", n_files,
                 (unsigned long long)acc.tokens, out);
-    else fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
+    else
+        fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
     trace_stats_free(&acc);
     return st == TM_OK ? 0 : 1;
 }
@@ -173,8 +181,14 @@ int cmd_trace(int argc, char **argv) {
             trace_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--per-layer")) { tc.per_layer = true; continue; }
-        if (!strcmp(a, "--expert-trace-names")) { tc.names = true; continue; }
+        if (!strcmp(a, "--per-layer")) {
+            tc.per_layer = true;
+            continue;
+        }
+        if (!strcmp(a, "--expert-trace-names")) {
+            tc.names = true;
+            continue;
+        }
         if (!strcmp(a, "--merge")) {
             merge = argv + i + 1;
             while (i + 1 < argc && argv[i + 1][0] != '-') i++, n_merge++;
@@ -190,9 +204,12 @@ int cmd_trace(int argc, char **argv) {
             return 2;
         }
         const char *val = argv[++i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = val;
-        else if (!strcmp(a, "--prompts")) prompts_path = val;
-        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out_path = val;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            model_path = val;
+        else if (!strcmp(a, "--prompts"))
+            prompts_path = val;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output"))
+            out_path = val;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (cli_parse_i64(a, val, 0, 1 << 24, &n_predict)) return 2;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
@@ -241,7 +258,8 @@ int cmd_trace(int argc, char **argv) {
     trace_prompt *ps = NULL;
     tm_context *ctx = NULL;
     tm_trace *tr = NULL;
-    if (tokenizer_load_gguf(m->file, &tok) != TM_OK) tok = NULL; /* no vocabulary: prompts are ids */
+    if (tokenizer_load_gguf(m->file, &tok) != TM_OK)
+        tok = NULL; /* no vocabulary: prompts are ids */
     if (prompts_read(prompts_path, tok, &ps, &n_prompts) != TM_OK) {
         fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
         rc = 2;
@@ -252,7 +270,9 @@ int cmd_trace(int argc, char **argv) {
     if (!cp.n_ctx) cp.n_ctx = longest + n_predict;
     for (int i = 0; i < n_prompts; i++)
         if (ps[i].n + n_predict > cp.n_ctx) {
-            fprintf(stderr, "tiermoe trace: %s:%d: %lld prompt tokens + -n %lld exceed the context of %lld (-c)\n",
+            fprintf(stderr,
+                    "tiermoe trace: %s:%d: %lld prompt tokens + -n %lld exceed the context of %lld "
+                    "(-c)\n",
                     prompts_path, ps[i].line, (long long)ps[i].n, n_predict, (long long)cp.n_ctx);
             rc = 2;
             goto out;
@@ -274,7 +294,8 @@ int cmd_trace(int argc, char **argv) {
         model_context_reset(ctx);
         trace_sequence_begin(tr);
         if (model_decode(ctx, ps[i].ids, ps[i].n, TM_MOE_PHASE_PROMPT, false) != TM_OK) {
-            fprintf(stderr, "\ntiermoe trace: %s:%d: %s\n", prompts_path, ps[i].line, tm_error_message());
+            fprintf(stderr, "\ntiermoe trace: %s:%d: %s\n", prompts_path, ps[i].line,
+                    tm_error_message());
             goto out;
         }
         for (long long g = 0; g < n_predict; g++) {
@@ -282,7 +303,8 @@ int cmd_trace(int argc, char **argv) {
             for (int64_t j = 1; j < n_vocab; j++)
                 if (ctx->logits[j] > ctx->logits[id]) id = (int32_t)j;
             if (model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) {
-                fprintf(stderr, "\ntiermoe trace: %s:%d: %s\n", prompts_path, ps[i].line, tm_error_message());
+                fprintf(stderr, "\ntiermoe trace: %s:%d: %s\n", prompts_path, ps[i].line,
+                        tm_error_message());
                 goto out;
             }
         }

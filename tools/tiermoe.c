@@ -17,9 +17,11 @@ typedef struct cli_command {
 static const cli_command commands[] = {
     {"run", cmd_run, "generate text or token ids from a prompt"},
     {"bench", cmd_bench, "measure prompt and generation speed (llama-bench style)"},
-    {"trace", cmd_trace, "learn pass: trace expert usage over prompts into a learn file (or merge them)"},
+    {"trace", cmd_trace,
+     "learn pass: trace expert usage over prompts into a learn file (or merge them)"},
     {"report", cmd_report, "show a learn file: top experts, skew, working set; SVG heatmap, CSV"},
-    {"inspect", cmd_inspect, "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
+    {"inspect", cmd_inspect,
+     "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
     {"mkmodel", cmd_mkmodel, "write a synthetic random-weight MoE model (qwen3moe)"},
     {"tokenize", cmd_tokenize, "show the token ids of a text with a GGUF file's tokenizer"},
     {"detokenize", cmd_detokenize, "show the text of token ids with a GGUF file's tokenizer"},
@@ -36,7 +38,8 @@ int cli_parse_i64(const char *flag, const char *s, long long lo, long long hi, l
     errno = 0;
     long long v = strtoll(s, &end, 0);
     if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "tiermoe: %s: expected an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, s);
+        fprintf(stderr, "tiermoe: %s: expected an integer in [%lld, %lld], got '%s'\n", flag, lo,
+                hi, s);
         return 2;
     }
     *out = v;

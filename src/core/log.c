@@ -12,10 +12,14 @@ static void log_level_from_env(void) {
     const char *s = getenv("TIERMOE_LOG");
     log_level_from_env_done = 1;
     if (!s) return;
-    if (!strcmp(s, "error")) log_level = TM_LOG_ERROR;
-    else if (!strcmp(s, "warn")) log_level = TM_LOG_WARN;
-    else if (!strcmp(s, "info")) log_level = TM_LOG_INFO;
-    else if (!strcmp(s, "debug")) log_level = TM_LOG_DEBUG;
+    if (!strcmp(s, "error"))
+        log_level = TM_LOG_ERROR;
+    else if (!strcmp(s, "warn"))
+        log_level = TM_LOG_WARN;
+    else if (!strcmp(s, "info"))
+        log_level = TM_LOG_INFO;
+    else if (!strcmp(s, "debug"))
+        log_level = TM_LOG_DEBUG;
 }
 
 void tm_log_set_level(tm_log_level level) {

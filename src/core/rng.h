@@ -22,7 +22,9 @@ static inline void tm_rng_seed(tm_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) r->s[i] = tm_splitmix64(&seed);
 }
 
-static inline uint64_t tm_rng_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t tm_rng_rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static inline uint64_t tm_rng_u64(tm_rng *r) {
     uint64_t *s = r->s;
@@ -38,10 +40,14 @@ static inline uint64_t tm_rng_u64(tm_rng *r) {
 }
 
 /* Uniform in [0, 1) with 24 bits of precision. */
-static inline float tm_rng_f32(tm_rng *r) { return (float)(tm_rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+static inline float tm_rng_f32(tm_rng *r) {
+    return (float)(tm_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
+}
 
 /* Uniform in [0, 1) with 53 bits of precision. */
-static inline double tm_rng_f64(tm_rng *r) { return (double)(tm_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+static inline double tm_rng_f64(tm_rng *r) {
+    return (double)(tm_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+}
 
 /* Standard normal (Box-Muller; one value per call keeps the stream simple). */
 static inline float tm_rng_normal(tm_rng *r) {

@@ -35,19 +35,30 @@ tm_status tm_error_wrap(tm_status st, const char *fmt, ...) {
     return st;
 }
 
-const char *tm_error_message(void) { return error_buf[0] ? error_buf : "no error message"; }
+const char *tm_error_message(void) {
+    return error_buf[0] ? error_buf : "no error message";
+}
 
-void tm_error_clear(void) { error_buf[0] = '\0'; }
+void tm_error_clear(void) {
+    error_buf[0] = '\0';
+}
 
 const char *tm_status_name(tm_status st) {
     switch (st) {
-    case TM_OK: return "ok";
-    case TM_ERR_ARG: return "bad argument";
-    case TM_ERR_IO: return "I/O error";
-    case TM_ERR_FORMAT: return "format error";
-    case TM_ERR_UNSUPPORTED: return "unsupported";
-    case TM_ERR_NOMEM: return "out of memory";
-    case TM_ERR_DEVICE: return "device error";
+    case TM_OK:
+        return "ok";
+    case TM_ERR_ARG:
+        return "bad argument";
+    case TM_ERR_IO:
+        return "I/O error";
+    case TM_ERR_FORMAT:
+        return "format error";
+    case TM_ERR_UNSUPPORTED:
+        return "unsupported";
+    case TM_ERR_NOMEM:
+        return "out of memory";
+    case TM_ERR_DEVICE:
+        return "device error";
     }
     return "unknown status";
 }

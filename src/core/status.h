@@ -23,8 +23,7 @@ typedef enum tm_status {
 
 /* Record the message for the current thread's last error; returns `st` so a
  * caller can write `return tm_error_set(TM_ERR_IO, "...")`. */
-tm_status tm_error_set(tm_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+tm_status tm_error_set(tm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prepend context ("while loading x: ") to the current message. */
 tm_status tm_error_wrap(tm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -11,6 +11,8 @@ static inline uint64_t tm_time_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static inline double tm_time_s(void) { return (double)tm_time_ns() * 1e-9; }
+static inline double tm_time_s(void) {
+    return (double)tm_time_ns() * 1e-9;
+}
 
 #endif

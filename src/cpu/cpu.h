@@ -110,9 +110,10 @@ typedef struct tm_matmul_desc {
 } tm_matmul_desc;
 
 /* Scratch bytes cpu_matmul_multi needs for these matrices, rows of k, n_tok tokens. */
-size_t cpu_matmul_multi_scratch_bytes(int n_mats, const tm_matmul_desc *mats, int64_t k, int64_t n_tok);
-void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int64_t k, const float *x,
-                      int64_t n_tok, void *scratch);
+size_t cpu_matmul_multi_scratch_bytes(int n_mats, const tm_matmul_desc *mats, int64_t k,
+                                      int64_t n_tok);
+void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int64_t k,
+                      const float *x, int64_t n_tok, void *scratch);
 
 /* Best-of-5 read bandwidth in GB/s over a buffer of `bytes` with the pool's threads. */
 double cpu_read_bandwidth_gbs(tm_pool *pool, size_t bytes);

@@ -16,7 +16,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define TM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TM_AVX2   __attribute__((target("avx2,fma,f16c")))
 #define TM_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #endif
 
@@ -54,7 +54,9 @@ void cpu_act_ref_q8_0(const float *x, void *xq, int64_t k) {
     }
 }
 
-static void act_f32(const float *x, void *xq, int64_t k) { memcpy(xq, x, (size_t)k * sizeof(float)); }
+static void act_f32(const float *x, void *xq, int64_t k) {
+    memcpy(xq, x, (size_t)k * sizeof(float));
+}
 
 #if defined(__x86_64__)
 /* 32 floats times id, rounded, to 32 int8 (the q8_0 block, or 1/8 of q8_K). */
@@ -75,7 +77,8 @@ TM_AVX2 static inline void act_avx2_q32(const float *x, __m256 id, int8_t *out) 
 TM_AVX2 static inline float act_avx2_amax(const float *x, int n) {
     const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), mask));
+    for (int i = 0; i < n; i += 8)
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), mask));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
@@ -160,7 +163,8 @@ TM_AVX512 static void act_avx512_q8_0(const float *x, void *xq, int64_t k) {
 
 cpu_act_fn cpu_act_get(tm_type act_type, tm_cpu_level level) {
     switch (act_type) {
-    case TM_TYPE_F32: return act_f32;
+    case TM_TYPE_F32:
+        return act_f32;
     case TM_TYPE_Q8_K:
 #if defined(__x86_64__)
         if (level >= TM_CPU_AVX512) return act_avx512_q8_k;
@@ -173,7 +177,8 @@ cpu_act_fn cpu_act_get(tm_type act_type, tm_cpu_level level) {
         if (level >= TM_CPU_AVX2) return act_avx2_q8_0;
 #endif
         return cpu_act_ref_q8_0;
-    default: return NULL;
+    default:
+        return NULL;
     }
 }
 
@@ -181,14 +186,18 @@ tm_type cpu_act_type(tm_type wtype) {
     switch (wtype) {
     case TM_TYPE_Q4_K:
     case TM_TYPE_Q5_K:
-    case TM_TYPE_Q6_K: return TM_TYPE_Q8_K;
+    case TM_TYPE_Q6_K:
+        return TM_TYPE_Q8_K;
     case TM_TYPE_Q8_0:
     case TM_TYPE_Q4_0:
-    case TM_TYPE_MXFP4: return TM_TYPE_Q8_0;
+    case TM_TYPE_MXFP4:
+        return TM_TYPE_Q8_0;
     case TM_TYPE_F32:
     case TM_TYPE_F16:
-    case TM_TYPE_BF16: return TM_TYPE_F32;
-    default: return TM_TYPE_COUNT;
+    case TM_TYPE_BF16:
+        return TM_TYPE_F32;
+    default:
+        return TM_TYPE_COUNT;
     }
 }
 

@@ -86,7 +86,7 @@ static void cpu_features_detect(void) {
     char *s = g_features_string;
     size_t n = sizeof g_features_string;
     s[0] = 0;
-#define ADD(flag, name) \
+#define ADD(flag, name)                                                                            \
     if (flag) strncat(s, s[0] ? " " name : name, n - strlen(s) - 1)
     ADD(f->avx2, "AVX2");
     ADD(f->fma, "FMA");
@@ -116,8 +116,8 @@ const char *cpu_features_string(void) {
 
 static tm_cpu_level cpu_level_best(void) {
     const tm_cpu_features *f = cpu_features();
-    bool avx512 = f->avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq &&
-                  f->avx512vnni;
+    bool avx512 =
+        f->avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vnni;
     if (avx512 && f->amx_int8) return TM_CPU_AMX;
     if (avx512) return TM_CPU_AVX512;
     if (f->avx2) return TM_CPU_AVX2;
@@ -158,18 +158,24 @@ tm_status cpu_level_set(tm_cpu_level level) {
     if ((int)level < TM_CPU_SCALAR || level > TM_CPU_AMX)
         return tm_error_set(TM_ERR_ARG, "cpu level %d is not a level (0..3)", (int)level);
     if (level > best)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "cpu level %s needs CPU features this machine lacks (best: %s; has: %s)",
-                            cpu_level_name(level), cpu_level_name(best), cpu_features_string());
+        return tm_error_set(
+            TM_ERR_UNSUPPORTED,
+            "cpu level %s needs CPU features this machine lacks (best: %s; has: %s)",
+            cpu_level_name(level), cpu_level_name(best), cpu_features_string());
     atomic_store(&g_level, (int)level);
     return TM_OK;
 }
 
 const char *cpu_level_name(tm_cpu_level level) {
     switch (level) {
-    case TM_CPU_SCALAR: return "scalar";
-    case TM_CPU_AVX2: return "avx2";
-    case TM_CPU_AVX512: return "avx512";
-    case TM_CPU_AMX: return "amx";
+    case TM_CPU_SCALAR:
+        return "scalar";
+    case TM_CPU_AVX2:
+        return "avx2";
+    case TM_CPU_AVX512:
+        return "avx512";
+    case TM_CPU_AMX:
+        return "amx";
     }
     return "?";
 }
@@ -207,7 +213,8 @@ int cpu_physical_cores(void) {
         int core = -1, pkg = -1;
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
         if (cpu_read_int(path, &core)) topo_ok = false;
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id",
+                 cpu);
         if (cpu_read_int(path, &pkg)) topo_ok = false;
         if (!topo_ok) break;
         bool seen = false;

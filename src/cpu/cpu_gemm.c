@@ -20,7 +20,9 @@ static cpu_gemm_fn cpu_gemm_pick(tm_type wtype, int64_t n_tok) {
     return fn;
 }
 
-bool cpu_gemm_supports(tm_type wtype) { return cpu_gemm_ref_get(wtype) != NULL; }
+bool cpu_gemm_supports(tm_type wtype) {
+    return cpu_gemm_ref_get(wtype) != NULL;
+}
 
 void cpu_gemm(tm_type wtype, int64_t k, const void *w, size_t w_row_bytes, int64_t r0, int64_t r1,
               const void *xq, size_t xq_row_bytes, int64_t n_tok, float *y, int64_t ldy) {
@@ -38,16 +40,18 @@ typedef struct matmul_job {
     int64_t k, n_tok, chunk, tok_chunk, n_tok_chunks;
     const float *x;
     cpu_gemm_fn fn[CPU_MATMUL_MAX];
-    int act_of[CPU_MATMUL_MAX];         /* the quantized copy of x that matrix i reads */
-    cpu_act_fn act[CPU_MATMUL_MAX];     /* per copy */
-    uint8_t *xq[CPU_MATMUL_MAX];        /* per copy: n_tok rows */
+    int act_of[CPU_MATMUL_MAX];     /* the quantized copy of x that matrix i reads */
+    cpu_act_fn act[CPU_MATMUL_MAX]; /* per copy */
+    uint8_t *xq[CPU_MATMUL_MAX];    /* per copy: n_tok rows */
     size_t xq_row_bytes[CPU_MATMUL_MAX];
-    int64_t first_chunk[CPU_MATMUL_MAX + 1]; /* chunks of matrix i: [first_chunk[i], first_chunk[i + 1]) */
+    int64_t first_chunk[CPU_MATMUL_MAX +
+                        1]; /* chunks of matrix i: [first_chunk[i], first_chunk[i + 1]) */
 } matmul_job;
 
 /* Distinct activation types of the matrices: act_of[i] names matrix i's, and
  * the return value is how many there are; sizes[a] is one row of type a. */
-static int matmul_acts(int n_mats, const tm_matmul_desc *mats, int64_t k, int act_of[], size_t sizes[]) {
+static int matmul_acts(int n_mats, const tm_matmul_desc *mats, int64_t k, int act_of[],
+                       size_t sizes[]) {
     tm_type types[CPU_MATMUL_MAX];
     int n = 0;
     for (int i = 0; i < n_mats; i++) {
@@ -60,7 +64,8 @@ static int matmul_acts(int n_mats, const tm_matmul_desc *mats, int64_t k, int ac
     return n;
 }
 
-size_t cpu_matmul_multi_scratch_bytes(int n_mats, const tm_matmul_desc *mats, int64_t k, int64_t n_tok) {
+size_t cpu_matmul_multi_scratch_bytes(int n_mats, const tm_matmul_desc *mats, int64_t k,
+                                      int64_t n_tok) {
     TM_ASSERT(n_mats >= 1 && n_mats <= CPU_MATMUL_MAX);
     int act_of[CPU_MATMUL_MAX];
     size_t sizes[CPU_MATMUL_MAX], total = 0;
@@ -90,13 +95,13 @@ static void matmul_rows(void *ctx, int64_t b, int64_t e, int ith) {
         const int64_t r0 = (c - j->first_chunk[i]) * j->chunk;
         const int64_t r1 = r0 + j->chunk < m->rows ? r0 + j->chunk : m->rows;
         const int a = j->act_of[i];
-        j->fn[i](j->k, m->w, m->w_row_bytes, r0, r1, j->xq[a] + (size_t)t0 * j->xq_row_bytes[a], j->xq_row_bytes[a], nt,
-                 m->y + t0 * m->rows, m->rows);
+        j->fn[i](j->k, m->w, m->w_row_bytes, r0, r1, j->xq[a] + (size_t)t0 * j->xq_row_bytes[a],
+                 j->xq_row_bytes[a], nt, m->y + t0 * m->rows, m->rows);
     }
 }
 
-void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int64_t k, const float *x,
-                      int64_t n_tok, void *scratch) {
+void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int64_t k,
+                      const float *x, int64_t n_tok, void *scratch) {
     TM_ASSERT(n_mats >= 1 && n_mats <= CPU_MATMUL_MAX);
     if (n_tok <= 0) return;
     matmul_job j = {.mats = mats, .n_mats = n_mats, .k = k, .n_tok = n_tok, .x = x};
@@ -113,8 +118,10 @@ void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int
     if (rows <= 0) return;
     const int nth = cpu_pool_size(pool);
     const int64_t n_quant = j.n_acts * n_tok;
-    if (n_tok >= 4 * nth) cpu_pool_for(pool, n_quant, (n_quant + nth - 1) / nth, matmul_quantize, &j);
-    else matmul_quantize(&j, 0, n_quant, 0);
+    if (n_tok >= 4 * nth)
+        cpu_pool_for(pool, n_quant, (n_quant + nth - 1) / nth, matmul_quantize, &j);
+    else
+        matmul_quantize(&j, 0, n_quant, 0);
     /* Whole 16-row tiles, about 4 chunks per thread over all matrices so uneven
      * threads even out; with many tokens at least 32 rows, since each chunk
      * rereads the activations. */
@@ -122,7 +129,8 @@ void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int
     int64_t min_chunk = n_tok >= 16 ? 32 : 16;
     if (chunk < min_chunk) chunk = min_chunk;
     j.chunk = (chunk + 15) / 16 * 16;
-    for (int i = 0; i < n_mats; i++) j.first_chunk[i + 1] = j.first_chunk[i] + (mats[i].rows + j.chunk - 1) / j.chunk;
+    for (int i = 0; i < n_mats; i++)
+        j.first_chunk[i + 1] = j.first_chunk[i] + (mats[i].rows + j.chunk - 1) / j.chunk;
     /* Few rows (the router) give few chunks: split long batches by tokens too, in
      * whole 16-token tiles. Decided by the shape alone, so a token's kernel never
      * depends on the thread count. */

@@ -19,13 +19,15 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#define TM_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+#define TM_AMX                                                                                     \
+    __attribute__((                                                                                \
+        target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
 
 typedef struct amx_scratch {
     size_t cap_w, cap_x;
-    uint8_t *tmp; /* 16 rows x k unpacked s8 weights */
-    uint8_t *b;   /* k/32 B tiles of 512 bytes */
-    float *sv, *mv; /* per sub-block, 16 rows: scale and min factors */
+    uint8_t *tmp;      /* 16 rows x k unpacked s8 weights */
+    uint8_t *b;        /* k/32 B tiles of 512 bytes */
+    float *sv, *mv;    /* per sub-block, 16 rows: scale and min factors */
     float *dxs, *bsdx; /* per token, per sub-block: d_x and bsum * d_x */
 } amx_scratch;
 
@@ -52,7 +54,9 @@ static void amx_scratch_free(void *unused) {
     memset(s, 0, sizeof *s);
 }
 
-static void amx_key_create(void) { pthread_key_create(&amx_key, amx_scratch_free); }
+static void amx_key_create(void) {
+    pthread_key_create(&amx_key, amx_scratch_free);
+}
 
 static void *amx_grow(void *p, size_t bytes) {
     free(p);
@@ -118,11 +122,12 @@ enum { AMX_Q8_0, AMX_Q4_0, AMX_MXFP4, AMX_Q4_K, AMX_Q5_K };
 
 /* Unpack rows r..r+nr-1 into tmp (16 x k s8, natural order; missing rows zero),
  * their per-sub-block factors into sv/mv, then transpose into B tiles. */
-TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t wrb, int64_t r, int nr,
-                                    int slot) {
+TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t wrb, int64_t r,
+                                    int nr, int slot) {
     amx_scratch *s = &amx_tls;
     const int64_t ns = k / 32;
-    float *sv = s->sv + (size_t)slot * (size_t)ns * 16, *mv = s->mv + (size_t)slot * (size_t)ns * 16;
+    float *sv = s->sv + (size_t)slot * (size_t)ns * 16,
+          *mv = s->mv + (size_t)slot * (size_t)ns * 16;
     memset(sv, 0, (size_t)ns * 16 * sizeof(float));
     memset(mv, 0, (size_t)ns * 16 * sizeof(float));
     for (int n = 0; n < 16; n++) {
@@ -135,14 +140,16 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
         if (kind == AMX_Q8_0) {
             const tm_block_q8_0 *blk = (const tm_block_q8_0 *)row;
             for (int64_t b = 0; b < ns; b++) {
-                _mm256_storeu_si256((__m256i *)(dst + 32 * b), _mm256_loadu_si256((const __m256i *)blk[b].qs));
+                _mm256_storeu_si256((__m256i *)(dst + 32 * b),
+                                    _mm256_loadu_si256((const __m256i *)blk[b].qs));
                 sv[b * 16 + n] = _cvtsh_ss(blk[b].d);
             }
         } else if (kind == AMX_Q4_0 || kind == AMX_MXFP4) {
             const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
             const __m128i lut = _mm_loadu_si128((const __m128i *)cpu_mxfp4_values);
             const size_t bsize = kind == AMX_Q4_0 ? sizeof(tm_block_q4_0) : sizeof(tm_block_mxfp4);
-            const size_t qoff = kind == AMX_Q4_0 ? offsetof(tm_block_q4_0, qs) : offsetof(tm_block_mxfp4, qs);
+            const size_t qoff =
+                kind == AMX_Q4_0 ? offsetof(tm_block_q4_0, qs) : offsetof(tm_block_mxfp4, qs);
             for (int64_t b = 0; b < ns; b++) {
                 const char *blk = row + (size_t)b * bsize;
                 __m128i q = _mm_loadu_si128((const __m128i *)(blk + qoff));
@@ -169,20 +176,27 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
                 const tm_block_q5_k *b5 = (const tm_block_q5_k *)blkp;
                 const uint8_t *qs = q5 ? b5->qs : b4->qs;
                 __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-                __m512i l0 = _mm512_and_si512(q0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
-                __m512i l1 = _mm512_and_si512(q1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
-                __m512i v[4] = {_mm512_shuffle_i64x2(l0, h0, 0x44), _mm512_shuffle_i64x2(l0, h0, 0xEE),
-                                _mm512_shuffle_i64x2(l1, h1, 0x44), _mm512_shuffle_i64x2(l1, h1, 0xEE)};
+                __m512i l0 = _mm512_and_si512(q0, m4),
+                        h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+                __m512i l1 = _mm512_and_si512(q1, m4),
+                        h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+                __m512i v[4] = {
+                    _mm512_shuffle_i64x2(l0, h0, 0x44), _mm512_shuffle_i64x2(l0, h0, 0xEE),
+                    _mm512_shuffle_i64x2(l1, h1, 0x44), _mm512_shuffle_i64x2(l1, h1, 0xEE)};
                 if (q5) { /* fifth bit: qh[l] bit j for value l of sub-block j */
-                    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b5->qh));
+                    const __m512i qh =
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b5->qh));
                     for (int m = 0; m < 4; m++) {
-                        const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
-                                                                _mm256_set1_epi8((char)(2 << (2 * m))), 1);
-                        v[m] = _mm512_mask_add_epi8(v[m], _mm512_test_epi8_mask(qh, bits), v[m], b16);
+                        const __m512i bits =
+                            _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
+                                               _mm256_set1_epi8((char)(2 << (2 * m))), 1);
+                        v[m] =
+                            _mm512_mask_add_epi8(v[m], _mm512_test_epi8_mask(qh, bits), v[m], b16);
                     }
                 }
                 uint8_t *o = dst + TM_QK_K * b;
-                for (int m = 0; m < 4; m++) _mm512_storeu_si512(o + 64 * m, v[m]); /* sub-blocks 2m, 2m+1 */
+                for (int m = 0; m < 4; m++)
+                    _mm512_storeu_si512(o + 64 * m, v[m]); /* sub-blocks 2m, 2m+1 */
                 uint8_t sm[16];
                 cpu_k4_unpack_scales(q5 ? b5->scales : b4->scales, sm);
                 float d = _cvtsh_ss(q5 ? b5->d : b4->d), dmin = _cvtsh_ss(q5 ? b5->dmin : b4->dmin);
@@ -201,13 +215,16 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
         __m512i z[8], t[8], u[8];
         for (int i = 0; i < 8; i++)
             z[i] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(s->tmp + (size_t)i * (size_t)k + 32 * q))),
-                _mm256_loadu_si256((const __m256i *)(s->tmp + (size_t)(i + 8) * (size_t)k + 32 * q)), 1);
+                _mm512_castsi256_si512(
+                    _mm256_loadu_si256((const __m256i *)(s->tmp + (size_t)i * (size_t)k + 32 * q))),
+                _mm256_loadu_si256(
+                    (const __m256i *)(s->tmp + (size_t)(i + 8) * (size_t)k + 32 * q)),
+                1);
         for (int i = 0; i < 8; i += 2) {
             t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
             t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
         }
-        for (int h = 0; h < 8; h += 4) { /* rows h..h+3 */
+        for (int h = 0; h < 8; h += 4) {                          /* rows h..h+3 */
             u[h + 0] = _mm512_unpacklo_epi64(t[h], t[h + 2]);     /* dwords 0, 4 */
             u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);     /* 1, 5 */
             u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2, 6 */
@@ -216,13 +233,15 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
         uint8_t *bt = s->b + ((size_t)slot * (size_t)ns + (size_t)q) * 512;
         for (int g = 0; g < 4; g++) {
             _mm512_store_si512(bt + 64 * g, _mm512_permutex2var_epi64(u[g], lo_idx, u[g + 4]));
-            _mm512_store_si512(bt + 64 * (g + 4), _mm512_permutex2var_epi64(u[g], hi_idx, u[g + 4]));
+            _mm512_store_si512(bt + 64 * (g + 4),
+                               _mm512_permutex2var_epi64(u[g], hi_idx, u[g + 4]));
         }
     }
 }
 
-TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb, int64_t r0, int64_t r1,
-                            const void *xqv, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
+TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb,
+                            int64_t r0, int64_t r1, const void *xqv, size_t xrb, int64_t n_tok,
+                            float *y, int64_t ldy) {
     const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32;
     cpu_gemm_fn rest = cpu_gemm_avx512_get(type);
     if (n16 == 0 || amx_reserve(k, n16)) {
@@ -252,21 +271,25 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
         for (int64_t r = rg; r < r1 && n_slots < AMX_SLOTS; r += 16, n_slots++)
             amx_pack_weights(kind, k, w, wrb, r, (int)(r1 - r < 16 ? r1 - r : 16), n_slots);
         __asm__ volatile("" ::: "memory"); /* tileloadd's asm does not say it reads memory */
-        for (int64_t ts = 0; ts < n16 * n_slots; ts += 16) { /* token tiles outer, row tiles inner */
+        for (int64_t ts = 0; ts < n16 * n_slots;
+             ts += 16) { /* token tiles outer, row tiles inner */
             const int64_t t = ts / n_slots / 16 * 16;
             const int slot = (int)(ts / 16 % n_slots);
             const int64_t r = rg + 16 * slot;
             const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
             const __mmask16 mask = (__mmask16)((1u << nr) - 1);
             const uint8_t *bs = s->b + (size_t)slot * (size_t)ns * 512;
-            const float *svs = s->sv + (size_t)slot * (size_t)ns * 16, *mvs = s->mv + (size_t)slot * (size_t)ns * 16;
+            const float *svs = s->sv + (size_t)slot * (size_t)ns * 16,
+                        *mvs = s->mv + (size_t)slot * (size_t)ns * 16;
             __m512 acc[16];
             for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
             const char *xa = xq + (size_t)t * xrb;
             for (int64_t q = 0; q < ns; q++) {
-                const char *abase = !AMX_IS_K(kind)
-                                        ? xa + q * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)
-                                        : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) + offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
+                const char *abase =
+                    !AMX_IS_K(kind)
+                        ? xa + q * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)
+                        : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) +
+                              offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
                 _tile_zero(0);
                 _tile_loadd(1, abase, (long)xrb);
                 _tile_loadd(2, bs + q * 512, 64);
@@ -276,14 +299,16 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
                 const float *dx = s->dxs + t * ns + q;
                 if (!AMX_IS_K(kind)) {
                     for (int m = 0; m < 16; m++)
-                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
-                                                 _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
+                        acc[m] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                            _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
                 } else {
                     const __m512 mv = _mm512_load_ps(mvs + q * 16);
                     const float *bd = s->bsdx + t * ns + q;
                     for (int m = 0; m < 16; m++) {
-                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
-                                                 _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
+                        acc[m] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                            _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
                         acc[m] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(bd[m * ns]), acc[m]);
                     }
                 }
@@ -292,13 +317,15 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
         }
     }
     _tile_release();
-    if (n16 < n_tok) rest(k, wv, wrb, r0, r1, xq + (size_t)n16 * xrb, xrb, n_tok - n16, y + n16 * ldy, ldy);
+    if (n16 < n_tok)
+        rest(k, wv, wrb, r0, r1, xq + (size_t)n16 * xrb, xrb, n_tok - n16, y + n16 * ldy, ldy);
 }
 
-#define AMX_ENTRY(name, kind, type)                                                                  \
-    TM_AMX static void amx_gemm_##name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,  \
-                                       const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) { \
-        amx_gemm(kind, type, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                             \
+#define AMX_ENTRY(name, kind, type)                                                                \
+    TM_AMX static void amx_gemm_##name(int64_t k, const void *w, size_t wrb, int64_t r0,           \
+                                       int64_t r1, const void *xq, size_t xrb, int64_t n_tok,      \
+                                       float *y, int64_t ldy) {                                    \
+        amx_gemm(kind, type, k, w, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                           \
     }
 AMX_ENTRY(q8_0, AMX_Q8_0, TM_TYPE_Q8_0)
 AMX_ENTRY(q4_0, AMX_Q4_0, TM_TYPE_Q4_0)
@@ -308,12 +335,18 @@ AMX_ENTRY(q5_k, AMX_Q5_K, TM_TYPE_Q5_K)
 
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
     switch (wtype) {
-    case TM_TYPE_Q8_0: return amx_gemm_q8_0;
-    case TM_TYPE_Q4_0: return amx_gemm_q4_0;
-    case TM_TYPE_MXFP4: return amx_gemm_mxfp4;
-    case TM_TYPE_Q4_K: return amx_gemm_q4_k;
-    case TM_TYPE_Q5_K: return amx_gemm_q5_k;
-    default: return NULL;
+    case TM_TYPE_Q8_0:
+        return amx_gemm_q8_0;
+    case TM_TYPE_Q4_0:
+        return amx_gemm_q4_0;
+    case TM_TYPE_MXFP4:
+        return amx_gemm_mxfp4;
+    case TM_TYPE_Q4_K:
+        return amx_gemm_q4_k;
+    case TM_TYPE_Q5_K:
+        return amx_gemm_q5_k;
+    default:
+        return NULL;
     }
 }
 #else
@@ -323,4 +356,6 @@ cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
 }
 #endif
 
-int64_t cpu_gemm_amx_min_tokens(void) { return 16; }
+int64_t cpu_gemm_amx_min_tokens(void) {
+    return 16;
+}

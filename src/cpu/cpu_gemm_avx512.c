@@ -19,71 +19,89 @@
 
 #include "cpu/cpu_gemm_tile.h"
 
-#define TM_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define TM_AVX512                                                                                  \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define TM_AVX512_INLINE TM_AVX512 static inline __attribute__((always_inline))
 
-TM_AVX512_INLINE float h2f(tm_half h) { return _cvtsh_ss(h); }
+TM_AVX512_INLINE float h2f(tm_half h) {
+    return _cvtsh_ss(h);
+}
 
 #define ROW(type, i, b) ((const type *)(a->w + (size_t)(r + (i)) * a->wrb) + (b))
 #define TOK(type, j, b) ((const type *)(a->x + (size_t)(t + (j)) * a->xrb) + (b))
 
 /* Prefetch the same block of the next tile's rows (decode walks rows in tiles). */
-TM_AVX512_INLINE void prefetch_next(const tm_tile_args *a, int64_t r, int nr, int i, size_t off, size_t bytes) {
+TM_AVX512_INLINE void prefetch_next(const tm_tile_args *a, int64_t r, int nr, int i, size_t off,
+                                    size_t bytes) {
     const char *p = a->w + (size_t)(r + nr + i) * a->wrb + off;
     for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 }
 
 /* ---- q4_K / q5_K ---- */
 
-TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int q5) {
+TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
+                                int q5) {
     __m512 acc[4][4], accm[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int i = 0; i < nr; i++) {
         accm[i] = _mm512_setzero_ps();
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0xF), b16 = _mm512_set1_epi8(16);
     /* pshufb controls: vector m holds sub-blocks 2m (low 256 bits) and 2m+1 (high);
      * each 128-bit lane broadcasts one int16 scale */
     __m512i ctrl[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int m = 0; m < 4; m++) {
-        char lo0 = (char)(4 * m), lo1 = (char)(4 * m + 1), hi0 = (char)(4 * m + 2), hi1 = (char)(4 * m + 3);
-        __m128i cl = _mm_setr_epi8(lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1);
-        __m128i ch = _mm_setr_epi8(hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1);
-        ctrl[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(cl, cl)), _mm256_set_m128i(ch, ch), 1);
+        char lo0 = (char)(4 * m), lo1 = (char)(4 * m + 1), hi0 = (char)(4 * m + 2),
+             hi1 = (char)(4 * m + 3);
+        __m128i cl = _mm_setr_epi8(lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0,
+                                   lo1, lo0, lo1);
+        __m128i ch = _mm_setr_epi8(hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0,
+                                   hi1, hi0, hi1);
+        ctrl[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(cl, cl)),
+                                     _mm256_set_m128i(ch, ch), 1);
     }
     const size_t bsize = q5 ? sizeof(tm_block_q5_k) : sizeof(tm_block_q4_k);
     const int64_t nb = a->k / TM_QK_K;
     for (int64_t b = 0; b < nb; b++) {
         const tm_block_q8_k *x[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
         /* tokens' bsums per 32 (8 int16 each) side by side, and their scales per lane group */
         __m512i bsv = _mm512_setzero_si512();
         float dxs[16];
         for (int j = 0; j < (nt == 1 ? 0 : 4); j++) {
             float dx = j < nt ? x[j]->d : 0.f;
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int l = 0; l < 4; l++) dxs[4 * j + l] = dx;
         }
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++) {
             __m128i bj = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x[j]->bsums),
                                         _mm_loadu_si128((const __m128i *)(x[j]->bsums + 8)));
             switch (j) {
-            case 0: bsv = _mm512_inserti32x4(bsv, bj, 0); break;
-            case 1: bsv = _mm512_inserti32x4(bsv, bj, 1); break;
-            case 2: bsv = _mm512_inserti32x4(bsv, bj, 2); break;
-            default: bsv = _mm512_inserti32x4(bsv, bj, 3); break;
+            case 0:
+                bsv = _mm512_inserti32x4(bsv, bj, 0);
+                break;
+            case 1:
+                bsv = _mm512_inserti32x4(bsv, bj, 1);
+                break;
+            case 2:
+                bsv = _mm512_inserti32x4(bsv, bj, 2);
+                break;
+            default:
+                bsv = _mm512_inserti32x4(bsv, bj, 3);
+                break;
             }
         }
-        const __m512 dxv = nt == 1 ? _mm512_set1_ps(x[0]->d) : _mm512_loadu_ps(dxs); /* lanes past nt meet zero bsums */
+        const __m512 dxv = nt == 1 ? _mm512_set1_ps(x[0]->d)
+                                   : _mm512_loadu_ps(dxs); /* lanes past nt meet zero bsums */
         __m512 dx1[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++) dx1[j] = _mm512_set1_ps(x[j]->d);
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const char *blk = a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
             if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * bsize, bsize);
@@ -91,12 +109,15 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             const tm_block_q5_k *w5 = (const tm_block_q5_k *)blk;
             uint8_t sm[16];
             cpu_k4_unpack_scales(q5 ? w5->scales : w4->scales, sm);
-            const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+            const __m512i sc =
+                _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
             const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
             const uint8_t *qs = q5 ? w5->qs : w4->qs;
             __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-            __m512i l0 = _mm512_and_si512(q0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
-            __m512i l1 = _mm512_and_si512(q1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+            __m512i l0 = _mm512_and_si512(q0, m4),
+                    h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+            __m512i l1 = _mm512_and_si512(q1, m4),
+                    h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
             /* l0 = [s0 | s2], h0 = [s1 | s3]: regroup to [s0 | s1], [s2 | s3], ... */
             __m512i v[4];
             v[0] = _mm512_shuffle_i64x2(l0, h0, 0x44);
@@ -104,43 +125,48 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             v[2] = _mm512_shuffle_i64x2(l1, h1, 0x44);
             v[3] = _mm512_shuffle_i64x2(l1, h1, 0xEE);
             if (q5) { /* fifth bit: qh[l] bit s for value l of sub-block s */
-                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w5->qh));
-                #pragma GCC unroll 4
+                const __m512i qh =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w5->qh));
+#pragma GCC unroll 4
                 for (int m = 0; m < 4; m++) {
-                    const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
-                                                            _mm256_set1_epi8((char)(2 << (2 * m))), 1);
+                    const __m512i bits =
+                        _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * m))),
+                                           _mm256_set1_epi8((char)(2 << (2 * m))), 1);
                     __mmask64 k = _mm512_test_epi8_mask(qh, bits);
                     v[m] = _mm512_mask_add_epi8(v[m], k, v[m], b16);
                 }
             }
             __m512i s[4];
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int m = 0; m < 4; m++) s[m] = _mm512_shuffle_epi8(sc, ctrl[m]);
             const float d = h2f(q5 ? w5->d : w4->d), dmin = h2f(q5 ? w5->dmin : w4->dmin);
             const __m512 dv = _mm512_set1_ps(d);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
                 __m512i acci = _mm512_setzero_si512();
-                #pragma GCC unroll 4
+#pragma GCC unroll 4
                 for (int m = 0; m < 4; m++) {
                     __m512i xv = _mm512_loadu_si512(x[j]->qs + 64 * m);
                     acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(v[m], xv), s[m]);
                 }
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_mul_ps(dv, dx1[j]), acc[i][j]);
+                acc[i][j] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_mul_ps(dv, dx1[j]), acc[i][j]);
             }
             /* mins for all tokens: lanes 4j..4j+3 hold token j's partial sums */
             __m512i pm = _mm512_madd_epi16(_mm512_broadcast_i32x4(mins), bsv);
-            accm[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm), _mm512_mul_ps(_mm512_set1_ps(dmin), dxv), accm[i]);
+            accm[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm),
+                                      _mm512_mul_ps(_mm512_set1_ps(dmin), dxv), accm[i]);
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int i = 0; i < nr; i++) {
         float mt[16];
         _mm512_storeu_ps(mt, accm[i]);
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
             a->y[(t + j) * a->ldy + r + i] =
-                _mm512_reduce_add_ps(acc[i][j]) - ((mt[4 * j] + mt[4 * j + 1]) + (mt[4 * j + 2] + mt[4 * j + 3]));
+                _mm512_reduce_add_ps(acc[i][j]) -
+                ((mt[4 * j] + mt[4 * j + 1]) + (mt[4 * j + 2] + mt[4 * j + 3]));
     }
 }
 
@@ -167,8 +193,11 @@ TM_AVX512_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r
 #pragma GCC unroll 4
     for (int v = 0; v < 4; v++)
         sidx[v] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * v + 1)), _mm_set1_epi16((short)(4 * v)))),
-            _mm256_set_m128i(_mm_set1_epi16((short)(4 * v + 3)), _mm_set1_epi16((short)(4 * v + 2))), 1);
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * v + 1)),
+                                                    _mm_set1_epi16((short)(4 * v)))),
+            _mm256_set_m128i(_mm_set1_epi16((short)(4 * v + 3)),
+                             _mm_set1_epi16((short)(4 * v + 2))),
+            1);
     const int64_t nb = a->k / TM_QK_K;
     for (int64_t b = 0; b < nb; b++) {
         const tm_block_q8_k *x[4];
@@ -177,15 +206,19 @@ TM_AVX512_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const tm_block_q6_k *w = ROW(tm_block_q6_k, i, b);
-            if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * sizeof(tm_block_q6_k), sizeof(tm_block_q6_k));
+            if (nt == 1)
+                prefetch_next(a, r, nr, i, (size_t)b * sizeof(tm_block_q6_k),
+                              sizeof(tm_block_q6_k));
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
             const __m512i scz = _mm512_castsi256_si512(sc16);
             __m512i q[4], s[4];
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 __m512i ql = _mm512_loadu_si512(w->ql + 64 * h);
-                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w->qh + 32 * h)));
-                q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+                __m512i qh =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w->qh + 32 * h)));
+                q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                           _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
                 q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
                                                _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
             }
@@ -194,20 +227,26 @@ TM_AVX512_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             const float d = h2f(w->d);
 #pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
-                __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[j]->bsums));
-                __m512i acci = _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5)));
+                __m256i corr =
+                    _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[j]->bsums));
+                __m512i acci = _mm512_castsi256_si512(
+                    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5)));
                 acci = _mm512_inserti64x4(acci, _mm256_setzero_si256(), 1);
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++)
-                    acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(q[v], _mm512_loadu_si512(x[j]->qs + 64 * v)), s[v]);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(d * x[j]->d), acc[i][j]);
+                    acci = _mm512_dpwssd_epi32(
+                        acci, _mm512_maddubs_epi16(q[v], _mm512_loadu_si512(x[j]->qs + 64 * v)),
+                        s[v]);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(d * x[j]->d),
+                                            acc[i][j]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int j = 0; j < nt; j++)
 #pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int i = 0; i < nr; i++)
+            a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
 /* ---- blocks of 32 times q8_0, two blocks per vector ---- */
@@ -216,7 +255,8 @@ enum { B32_Q8_0, B32_Q4_0, B32_MXFP4 };
 
 /* Unsigned weights of blocks b (low 256 bits) and b+1 (high; zero when !two),
  * and their scales per 8 lanes. */
-TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int two, __m512 *scale) {
+TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int two,
+                                   __m512 *scale) {
     const char *blk1 = blk + bsize;
     float s0, s1 = 0;
     __m512i u;
@@ -226,7 +266,8 @@ TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int 
         __m256i lo = _mm256_loadu_si256((const __m256i *)q0->qs);
         __m256i hi = two ? _mm256_loadu_si256((const __m256i *)q1->qs) : _mm256_set1_epi8(-128);
         if (two) s1 = h2f(q1->d);
-        u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
+        u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                             _mm512_set1_epi8(-128));
     } else {
         size_t qoff = kind == B32_Q4_0 ? offsetof(tm_block_q4_0, qs) : offsetof(tm_block_mxfp4, qs);
         __m128i a0 = _mm_loadu_si128((const __m128i *)(blk + qoff));
@@ -236,7 +277,8 @@ TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int 
         __m256i l = _mm256_and_si256(q, m4), h = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         /* [l0 l1 h0 h1] -> [l0 h0 l1 h1]: block b's values 0..15, 16..31, then block b+1's */
         u = _mm512_shuffle_i64x2(_mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1),
-                                 _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1), _MM_SHUFFLE(3, 1, 2, 0));
+                                 _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1),
+                                 _MM_SHUFFLE(3, 1, 2, 0));
         if (kind == B32_Q4_0) {
             s0 = h2f(((const tm_block_q4_0 *)blk)->d);
             if (two) s1 = h2f(((const tm_block_q4_0 *)blk1)->d);
@@ -253,12 +295,12 @@ TM_AVX512_INLINE __m512i b32_load2(int kind, const char *blk, size_t bsize, int 
     return u;
 }
 
-TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, int kind,
-                                size_t bsize) {
+TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
+                                int kind, size_t bsize) {
     __m512 acc[4][4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
     const __m512i off = _mm512_set1_epi8(kind == B32_Q4_0 ? 8 : -128); /* as u8: 8 or 128 */
     const int64_t nb = a->k / 32;
@@ -266,37 +308,40 @@ TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r
         const int two = b + 1 < nb;
         __m512i xv[4], neg[4];
         __m512 dx[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < nt; j++) {
             const tm_block_q8_0 *x0 = TOK(tm_block_q8_0, j, b), *x1 = x0 + 1;
             __m256i lo = _mm256_loadu_si256((const __m256i *)x0->qs);
             __m256i hi = two ? _mm256_loadu_si256((const __m256i *)x1->qs) : _mm256_setzero_si256();
             xv[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            neg[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xv[j]));
+            neg[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xv[j]));
             dx[j] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(x0->d))),
                                        _mm256_set1_ps(two ? h2f(x1->d) : 0.f), 1);
         }
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const char *blk = a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
             if (nt == 1) prefetch_next(a, r, nr, i, (size_t)b * bsize, 2 * bsize);
             __m512 ws;
             __m512i u = b32_load2(kind, blk, bsize, two, &ws);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int j = 0; j < nt; j++) {
                 __m512i dp = _mm512_dpbusd_epi32(neg[j], u, xv[j]);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(ws, dx[j]), acc[i][j]);
+                acc[i][j] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(ws, dx[j]), acc[i][j]);
             }
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int j = 0; j < nt; j++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++)
+            a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-#define q80_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_Q8_0, sizeof(tm_block_q8_0))
-#define q40_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_Q4_0, sizeof(tm_block_q4_0))
+#define q80_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q8_0, sizeof(tm_block_q8_0))
+#define q40_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q4_0, sizeof(tm_block_q4_0))
 #define mxfp4_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_MXFP4, sizeof(tm_block_mxfp4))
 
 TM_DEFINE_GEMM(TM_AVX512, q4k_gemv, q4k_micro, 4, 1, 64)
@@ -312,9 +357,10 @@ TM_DEFINE_GEMM(TM_AVX512, q40_gemm, q40_micro, 4, 4, 64)
 TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemv, mxfp4_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
 
-#define GEMV_OR_GEMM(name)                                                                          \
-    TM_AVX512 static void name##_auto(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1, \
-                                      const void *xq, size_t xrb, int64_t n, float *y, int64_t ldy) { \
+#define GEMV_OR_GEMM(name)                                                                         \
+    TM_AVX512 static void name##_auto(int64_t k, const void *w, size_t wrb, int64_t r0,            \
+                                      int64_t r1, const void *xq, size_t xrb, int64_t n, float *y, \
+                                      int64_t ldy) {                                               \
         (n == 1 ? name##_gemv : name##_gemm)(k, w, wrb, r0, r1, xq, xrb, n, y, ldy);               \
     }
 GEMV_OR_GEMM(q4k)
@@ -326,13 +372,20 @@ GEMV_OR_GEMM(mxfp4)
 
 cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
     switch (wtype) {
-    case TM_TYPE_Q4_K: return q4k_auto;
-    case TM_TYPE_Q5_K: return q5k_auto;
-    case TM_TYPE_Q6_K: return q6k_auto;
-    case TM_TYPE_Q8_0: return q80_auto;
-    case TM_TYPE_Q4_0: return q40_auto;
-    case TM_TYPE_MXFP4: return mxfp4_auto;
-    default: return NULL;
+    case TM_TYPE_Q4_K:
+        return q4k_auto;
+    case TM_TYPE_Q5_K:
+        return q5k_auto;
+    case TM_TYPE_Q6_K:
+        return q6k_auto;
+    case TM_TYPE_Q8_0:
+        return q80_auto;
+    case TM_TYPE_Q4_0:
+        return q40_auto;
+    case TM_TYPE_MXFP4:
+        return mxfp4_auto;
+    default:
+        return NULL;
     }
 }
 #else

@@ -153,13 +153,15 @@ static inline void gemm_ref(ref_dot_fn dot, int64_t nb, const void *w, size_t wr
                             int64_t ldy) {
     for (int64_t t = 0; t < n_tok; t++) {
         const void *x = (const char *)xq + (size_t)t * xqrb;
-        for (int64_t r = r0; r < r1; r++) y[t * ldy + r] = dot((const char *)w + (size_t)r * wrb, x, nb);
+        for (int64_t r = r0; r < r1; r++)
+            y[t * ldy + r] = dot((const char *)w + (size_t)r * wrb, x, nb);
     }
 }
 
 #define REF_GEMM(name, block)                                                                      \
     static void gemm_ref_##name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,      \
-                                const void *xq, size_t xqrb, int64_t n_tok, float *y, int64_t ldy) { \
+                                const void *xq, size_t xqrb, int64_t n_tok, float *y,              \
+                                int64_t ldy) {                                                     \
         gemm_ref(dot_##name, k / (block), w, wrb, r0, r1, xq, xqrb, n_tok, y, ldy);                \
     }
 REF_GEMM(q4_k, TM_QK_K)
@@ -175,15 +177,25 @@ REF_GEMM(bf16, 1)
 
 cpu_gemm_fn cpu_gemm_ref_get(tm_type wtype) {
     switch (wtype) {
-    case TM_TYPE_Q4_K: return gemm_ref_q4_k;
-    case TM_TYPE_Q5_K: return gemm_ref_q5_k;
-    case TM_TYPE_Q6_K: return gemm_ref_q6_k;
-    case TM_TYPE_Q8_0: return gemm_ref_q8_0;
-    case TM_TYPE_Q4_0: return gemm_ref_q4_0;
-    case TM_TYPE_MXFP4: return gemm_ref_mxfp4;
-    case TM_TYPE_F32: return gemm_ref_f32;
-    case TM_TYPE_F16: return gemm_ref_f16;
-    case TM_TYPE_BF16: return gemm_ref_bf16;
-    default: return NULL;
+    case TM_TYPE_Q4_K:
+        return gemm_ref_q4_k;
+    case TM_TYPE_Q5_K:
+        return gemm_ref_q5_k;
+    case TM_TYPE_Q6_K:
+        return gemm_ref_q6_k;
+    case TM_TYPE_Q8_0:
+        return gemm_ref_q8_0;
+    case TM_TYPE_Q4_0:
+        return gemm_ref_q4_0;
+    case TM_TYPE_MXFP4:
+        return gemm_ref_mxfp4;
+    case TM_TYPE_F32:
+        return gemm_ref_f32;
+    case TM_TYPE_F16:
+        return gemm_ref_f16;
+    case TM_TYPE_BF16:
+        return gemm_ref_bf16;
+    default:
+        return NULL;
     }
 }

@@ -20,12 +20,14 @@ typedef struct tm_tile_args {
     int64_t ldy;
 } tm_tile_args;
 
-#define TM_TILE_CASE(micro, R, T) \
-    case (R) * 16 + (T): micro(R, T, a, r, t); break;
-#define TM_TILE_T1(m, R) TM_TILE_CASE(m, R, 1)
-#define TM_TILE_T2(m, R) TM_TILE_T1(m, R) TM_TILE_CASE(m, R, 2)
-#define TM_TILE_T3(m, R) TM_TILE_T2(m, R) TM_TILE_CASE(m, R, 3)
-#define TM_TILE_T4(m, R) TM_TILE_T3(m, R) TM_TILE_CASE(m, R, 4)
+#define TM_TILE_CASE(micro, R, T)                                                                  \
+    case (R)*16 + (T):                                                                             \
+        micro(R, T, a, r, t);                                                                      \
+        break;
+#define TM_TILE_T1(m, R)  TM_TILE_CASE(m, R, 1)
+#define TM_TILE_T2(m, R)  TM_TILE_T1(m, R) TM_TILE_CASE(m, R, 2)
+#define TM_TILE_T3(m, R)  TM_TILE_T2(m, R) TM_TILE_CASE(m, R, 3)
+#define TM_TILE_T4(m, R)  TM_TILE_T3(m, R) TM_TILE_CASE(m, R, 4)
 #define TM_TILE_R1(m, NT) TM_TILE_T##NT(m, 1)
 #define TM_TILE_R2(m, NT) TM_TILE_R1(m, NT) TM_TILE_T##NT(m, 2)
 #define TM_TILE_R3(m, NT) TM_TILE_R2(m, NT) TM_TILE_T##NT(m, 3)
@@ -33,15 +35,12 @@ typedef struct tm_tile_args {
 
 /* Defines `static void name(...)` (a cpu_gemm_fn) with tiles of NR x NT
  * (literal numbers 1..4) from microkernel `micro`, and rows chunked by RCHUNK. */
-#define TM_DEFINE_GEMM(attr, name, micro, NR, NT, RCHUNK)                                           \
+#define TM_DEFINE_GEMM(attr, name, micro, NR, NT, RCHUNK)                                          \
     attr static void name##_tile(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t) {    \
-        switch (nr * 16 + nt) {                                                                    \
-            TM_TILE_R##NR(micro, NT)                                                               \
-        default: break;                                                                            \
-        }                                                                                          \
+        switch (nr * 16 + nt) { TM_TILE_R##NR(micro, NT) default : break; }                        \
     }                                                                                              \
-    attr static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,           \
-                          const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {     \
+    attr static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,            \
+                          const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {      \
         tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, xrb, y, ldy};              \
         for (int64_t rb = r0; rb < r1; rb += (RCHUNK)) {                                           \
             int64_t re = rb + (RCHUNK) < r1 ? rb + (RCHUNK) : r1;                                  \

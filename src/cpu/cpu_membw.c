@@ -53,7 +53,8 @@ static void membw_task(void *ctx, int ith, int nth) {
 static void membw_touch(void *ctx, int ith, int nth) {
     membw_job *j = ctx;
     size_t per = (j->bytes / (size_t)nth) & ~(size_t)4095;
-    memset((uint8_t *)j->buf + (size_t)ith * per, ith + 1, per); /* first touch by the reader thread */
+    memset((uint8_t *)j->buf + (size_t)ith * per, ith + 1,
+           per); /* first touch by the reader thread */
 }
 
 double cpu_read_bandwidth_gbs(tm_pool *pool, size_t bytes) {

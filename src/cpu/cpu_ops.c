@@ -44,7 +44,6 @@ void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const f
     }
 }
 
-
 void cpu_softmax(float *x, int64_t n) {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
@@ -76,8 +75,8 @@ void cpu_topk(const float *x, int64_t n, int64_t k, int32_t *idx) {
 /* ---- KV rows ---- */
 
 #ifdef TM_X86
-__attribute__((target("avx2,fma,f16c"))) static float dot_f32_f16_avx2(const float *q,
-                                                                        const tm_half *k, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) static float
+dot_f32_f16_avx2(const float *q, const tm_half *k, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -95,7 +94,8 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_f32_f16_avx2(const flo
     return r;
 }
 
-__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *q, const float *k, int64_t n) {
+__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *q, const float *k,
+                                                              int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -112,7 +112,7 @@ __attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *q, co
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, float a,
-                                                                    const tm_half *v, int64_t n) {
+                                                                   const tm_half *v, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -122,14 +122,16 @@ __attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, flo
     for (; i < n; i++) y[i] += a * quant_f16_to_f32(v[i]);
 }
 
-__attribute__((target("avx2,f16c"))) static void load_f16_avx2(float *dst, const tm_half *src, int64_t n) {
+__attribute__((target("avx2,f16c"))) static void load_f16_avx2(float *dst, const tm_half *src,
+                                                               int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++) dst[i] = quant_f16_to_f32(src[i]);
 }
 
 __attribute__((target("avx2,f16c"))) static void store_f16_avx2(tm_half *dst, const float *src,
-                                                                 int64_t n) {
+                                                                int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
@@ -216,8 +218,8 @@ void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n) {
 
 /* ---- attention ---- */
 
-#define ATTN_KEY_BLOCK 64  /* keys per block of the blocked attention */
-#define ATTN_KV_CHUNK ATTN_KEY_BLOCK /* keys per task when one query is split over threads */
+#define ATTN_KEY_BLOCK 64             /* keys per block of the blocked attention */
+#define ATTN_KV_CHUNK  ATTN_KEY_BLOCK /* keys per task when one query is split over threads */
 #define ATTN_TASK_ROWS 128 /* (query, head) rows per blocked task, at least one query's heads */
 
 typedef struct attn_job {
@@ -244,7 +246,8 @@ static int64_t attn_scratch_per_thread(const tm_attention_shape *s) {
 int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
     /* per thread, plus for the split: per (head, chunk) a max, a sum and an accumulator */
     int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
-    return attn_scratch_per_thread(s) * (n_threads > 0 ? n_threads : 1) + s->n_head * chunks * (s->head_dim + 2);
+    return attn_scratch_per_thread(s) * (n_threads > 0 ? n_threads : 1) +
+           s->n_head * chunks * (s->head_dim + 2);
 }
 
 /* Blocked attention kernels, for one (query, head) row against one key block:
@@ -258,7 +261,8 @@ static void attn_scores_ref(const float *q, const float *kT, int64_t d, float sc
     for (int j = 0; j < ATTN_KEY_BLOCK; j++) s[j] *= scale;
 }
 
-static void attn_update_ref(float *o, float *m, float *l, float *s, int64_t n, const float *v, int64_t d) {
+static void attn_update_ref(float *o, float *m, float *l, float *s, int64_t n, const float *v,
+                            int64_t d) {
     float mb = *m;
     for (int64_t j = 0; j < n; j++) mb = s[j] > mb ? s[j] : mb;
     const float alpha = expf(*m - mb); /* 0 on the first block: m = -inf */
@@ -286,12 +290,13 @@ __attribute__((target("avx2,fma"))) static inline __m256 exp_neg_avx2(__m256 x) 
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), zero_mask);
 }
 
-__attribute__((target("avx2,fma"))) static void attn_scores_avx2(const float *q, const float *kT, int64_t d,
-                                                                 float scale, float *s) {
+__attribute__((target("avx2,fma"))) static void attn_scores_avx2(const float *q, const float *kT,
+                                                                 int64_t d, float scale, float *s) {
     __m256 acc[ATTN_KEY_BLOCK / 8];
     for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++) acc[v] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i++) {
@@ -299,26 +304,27 @@ __attribute__((target("avx2,fma"))) static void attn_scores_avx2(const float *q,
         for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++)
             acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(kT + i * ATTN_KEY_BLOCK + 8 * v), acc[v]);
     }
-    for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++) _mm256_storeu_ps(s + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(scale)));
+    for (int v = 0; v < ATTN_KEY_BLOCK / 8; v++)
+        _mm256_storeu_ps(s + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(scale)));
 }
 
 /* o[0, 8 nv) = o · alpha + Σ_j p_j v_j[0, 8 nv); nv is a constant after inlining. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void attn_pv_avx2(float *o, float alpha, const float *p,
-                                                                                 int64_t n, const float *v, int64_t d,
-                                                                                 int nv) {
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+attn_pv_avx2(float *o, float alpha, const float *p, int64_t n, const float *v, int64_t d, int nv) {
     __m256 acc[8];
     const __m256 a = _mm256_set1_ps(alpha);
     for (int u = 0; u < nv; u++) acc[u] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * u), a);
     for (int64_t j = 0; j < n; j++) {
         const __m256 b = _mm256_broadcast_ss(p + j);
-        for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * d + 8 * u), acc[u]);
+        for (int u = 0; u < nv; u++)
+            acc[u] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * d + 8 * u), acc[u]);
     }
     for (int u = 0; u < nv; u++) _mm256_storeu_ps(o + 8 * u, acc[u]);
 }
 
 /* head_dim a multiple of 8 */
-__attribute__((target("avx2,fma"))) static void attn_update_avx2(float *o, float *m, float *l, float *s, int64_t n,
-                                                                 const float *v, int64_t d) {
+__attribute__((target("avx2,fma"))) static void
+attn_update_avx2(float *o, float *m, float *l, float *s, int64_t n, const float *v, int64_t d) {
     for (int64_t j = n; j < ATTN_KEY_BLOCK; j++) s[j] = -INFINITY;
     __m256 mx = _mm256_set1_ps(*m);
     for (int u = 0; u < ATTN_KEY_BLOCK / 8; u++) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + 8 * u));
@@ -351,19 +357,21 @@ __attribute__((target("avx2,fma"))) static void attn_update_avx2(float *o, float
  * running max m[r] and sum l[r] are updated by an online softmax. A row's
  * result depends only on its query position and the key range, not on the
  * other rows of the task. */
-static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int64_t t_begin, int64_t t_end,
-                      float *o, float *m, float *l, float *scratch) {
+static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int64_t t_begin,
+                      int64_t t_end, float *o, float *m, float *l, float *scratch) {
     const tm_attention_shape *s = j->s;
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_rows = (i1 - i0) * G;
     float *kT = scratch, *vf = kT + d * ATTN_KEY_BLOCK, *sc = vf + d * ATTN_KEY_BLOCK;
     const size_t off = (size_t)g * d * j->kv_elem;
 #ifdef TM_X86
-    void (*scores)(const float *, const float *, int64_t, float, float *) = j->simd ? attn_scores_avx2 : attn_scores_ref;
+    void (*scores)(const float *, const float *, int64_t, float, float *) =
+        j->simd ? attn_scores_avx2 : attn_scores_ref;
     void (*update)(float *, float *, float *, float *, int64_t, const float *, int64_t) =
         j->simd ? attn_update_avx2 : attn_update_ref;
 #else
     void (*scores)(const float *, const float *, int64_t, float, float *) = attn_scores_ref;
-    void (*update)(float *, float *, float *, float *, int64_t, const float *, int64_t) = attn_update_ref;
+    void (*update)(float *, float *, float *, float *, int64_t, const float *, int64_t) =
+        attn_update_ref;
 #endif
     for (int64_t t0 = t_begin; t0 < t_end; t0 += ATTN_KEY_BLOCK) {
         const int64_t nk = t_end - t0 < ATTN_KEY_BLOCK ? t_end - t0 : ATTN_KEY_BLOCK;
@@ -374,9 +382,11 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
         }
         for (int64_t t = nk; t < ATTN_KEY_BLOCK; t++)
             for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = 0;
-        for (int64_t t = 0; t < nk; t++) cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, s->kv_type, d);
+        for (int64_t t = 0; t < nk; t++)
+            cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, s->kv_type, d);
         for (int64_t r = 0; r < n_rows; r++) {
-            const int64_t i = i0 + r / G, n = s->pos0 + i + 1 - t0; /* causal: keys up to pos0 + i */
+            const int64_t i = i0 + r / G,
+                          n = s->pos0 + i + 1 - t0; /* causal: keys up to pos0 + i */
             if (n <= 0) continue;
             scores(j->q + (i * s->n_head + g * G + r % G) * d, kT, d, s->scale, sc);
             update(o + r * d, &m[r], &l[r], sc, n < nk ? n : nk, vf, d);
@@ -385,7 +395,8 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
 }
 
 /* Scratch of thread ith: the rows' accumulators, maxima and sums, then attn_rows' buffers. */
-static float *attn_task_scratch(const attn_job *j, int ith, int64_t n_rows, float **o, float **m, float **l) {
+static float *attn_task_scratch(const attn_job *j, int ith, int64_t n_rows, float **o, float **m,
+                                float **l) {
     float *base = j->scratch + ith * j->scratch_per_thread;
     const int64_t d = j->s->head_dim, G = j->s->n_head / j->s->n_head_kv;
     const int64_t rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
@@ -402,7 +413,8 @@ static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv;
     for (int64_t w = begin; w < end; w++) {
         /* the last query blocks see the most keys: hand them out first */
-        const int64_t g = w % s->n_head_kv, b = j->n_blocks - 1 - w / s->n_head_kv, i0 = b * j->q_block;
+        const int64_t g = w % s->n_head_kv, b = j->n_blocks - 1 - w / s->n_head_kv,
+                      i0 = b * j->q_block;
         const int64_t i1 = i0 + j->q_block < s->n_tok ? i0 + j->q_block : s->n_tok;
         float *o, *m, *l;
         float *scratch = attn_task_scratch(j, ith, (i1 - i0) * G, &o, &m, &l);
@@ -426,9 +438,11 @@ static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
         const int64_t g = w / j->n_chunks, c = w % j->n_chunks, t0 = c * ATTN_KV_CHUNK;
         float *o, *m, *l;
         float *scratch = attn_task_scratch(j, ith, G, &o, &m, &l);
-        attn_rows(j, g, 0, 1, t0, t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv, o, m, l, scratch);
+        attn_rows(j, g, 0, 1, t0, t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv, o, m, l,
+                  scratch);
         for (int64_t h = 0; h < G; h++) {
-            float *rec = j->records + ((g * G + h) * j->n_chunks + c) * (d + 2); /* max, sum, acc[d] */
+            float *rec =
+                j->records + ((g * G + h) * j->n_chunks + c) * (d + 2); /* max, sum, acc[d] */
             rec[0] = m[h], rec[1] = l[h];
             memcpy(rec + 2, o + h * d, (size_t)d * sizeof(float));
         }
@@ -460,7 +474,12 @@ static void attn_merge_task(void *ctx, int64_t begin, int64_t end, int ith) {
 void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
                    const void *v, float *out, float *scratch) {
     attn_job j = {
-        .s = s, .q = q, .k = k, .v = v, .out = out, .scratch = scratch,
+        .s = s,
+        .q = q,
+        .k = k,
+        .v = v,
+        .out = out,
+        .scratch = scratch,
         .kv_elem = s->kv_type == TM_TYPE_F16 ? 2 : 4,
         .simd = use_f16c() && s->head_dim % 8 == 0,
     };
@@ -512,7 +531,8 @@ static void precise_task(void *ctx, int64_t begin, int64_t end, int ith) {
 tm_status cpu_matmul_precise(tm_pool *pool, tm_type wtype, int64_t k, int64_t rows, const void *w,
                              size_t w_row_bytes, const float *x, int64_t n_tok, float *y) {
     const int nth = pool ? cpu_pool_size(pool) : 1;
-    precise_job j = {wtype, k, rows, n_tok, w, w_row_bytes, x, y, malloc((size_t)(nth * k) * sizeof(float))};
+    precise_job j = {
+        wtype, k, rows, n_tok, w, w_row_bytes, x, y, malloc((size_t)(nth * k) * sizeof(float))};
     if (!j.rowbuf) return tm_error_set(TM_ERR_NOMEM, "precise matmul: out of memory");
     tm_status st = quant_row_dequantize(wtype, w, j.rowbuf, k); /* checks type and k once */
     if (st == TM_OK) cpu_pool_for(pool, rows, 16, precise_task, &j);

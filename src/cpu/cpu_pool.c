@@ -54,7 +54,8 @@ static void futex_wake_all(void *addr) {
 }
 
 /* Spin, then sleep, until *word != seen; returns the new value. */
-static unsigned pool_wait_change(tm_pool *p, atomic_uint *word, unsigned seen, atomic_int *sleepers) {
+static unsigned pool_wait_change(tm_pool *p, atomic_uint *word, unsigned seen,
+                                 atomic_int *sleepers) {
     uint64_t t0 = 0;
     for (unsigned i = 0;; i++) {
         unsigned v = atomic_load_explicit(word, memory_order_acquire);
@@ -116,8 +117,9 @@ tm_status cpu_pool_create(int n_threads, tm_pool **out) {
         if (rc) {
             p->n_threads = i; /* free() joins the ones that started */
             cpu_pool_free(p);
-            return tm_error_set(TM_ERR_NOMEM, "thread pool: cannot start thread %d of %d (error %d)",
-                                i, n_threads, rc);
+            return tm_error_set(TM_ERR_NOMEM,
+                                "thread pool: cannot start thread %d of %d (error %d)", i,
+                                n_threads, rc);
         }
     }
     *out = p;
@@ -134,7 +136,9 @@ void cpu_pool_free(tm_pool *p) {
     free(p);
 }
 
-int cpu_pool_size(const tm_pool *p) { return p ? p->n_threads : 1; }
+int cpu_pool_size(const tm_pool *p) {
+    return p ? p->n_threads : 1;
+}
 
 void cpu_pool_run(tm_pool *p, tm_pool_fn fn, void *ctx) {
     if (!p || p->n_threads == 1) {
@@ -161,7 +165,8 @@ void cpu_pool_run(tm_pool *p, tm_pool_fn fn, void *ctx) {
         }
         atomic_store(&p->main_sleeping, 1);
         v = atomic_load(&p->remaining);
-        if (v != 0) syscall(SYS_futex, (uint32_t *)&p->remaining, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
+        if (v != 0)
+            syscall(SYS_futex, (uint32_t *)&p->remaining, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
         atomic_store(&p->main_sleeping, 0);
     }
 }
@@ -231,7 +236,8 @@ static void pool_steps_worker(void *ctx, int ith, int nth) {
         first = false;
         const int64_t chunk = st->chunk < 1 ? 1 : st->chunk;
         for (;;) {
-            int64_t b = atomic_fetch_add_explicit(&job->counter[i].next, chunk, memory_order_relaxed);
+            int64_t b =
+                atomic_fetch_add_explicit(&job->counter[i].next, chunk, memory_order_relaxed);
             if (b >= st->n) break;
             st->fn(job->ctx, b, b + chunk < st->n ? b + chunk : st->n, ith);
         }

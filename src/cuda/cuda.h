@@ -153,7 +153,7 @@ typedef struct tm_cuda_router_params {
 } tm_cuda_router_params;
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
-#define TM_CUDA_ROUTER_MAX_USED 32
+#define TM_CUDA_ROUTER_MAX_USED   32
 tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
                              int32_t *ids, float *weights, tm_cuda_stream stream);
 

@@ -38,10 +38,11 @@ struct tm_cuda_timer {
 static tm_status count_error(cudaError_t e) {
     switch (e) {
     case cudaErrorInsufficientDriver:
-        return tm_error_set(TM_ERR_DEVICE,
-                            "CUDA: no NVIDIA driver, or one older than this build's CUDA runtime %d.%d "
-                            "(cudaGetDeviceCount: %s)",
-                            CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10, cudaGetErrorString(e));
+        return tm_error_set(
+            TM_ERR_DEVICE,
+            "CUDA: no NVIDIA driver, or one older than this build's CUDA runtime %d.%d "
+            "(cudaGetDeviceCount: %s)",
+            CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10, cudaGetErrorString(e));
     case cudaErrorNoDevice:
         return tm_error_set(TM_ERR_DEVICE, "CUDA: no GPU found (cudaGetDeviceCount: %s)",
                             cudaGetErrorString(e));
@@ -70,16 +71,17 @@ tm_status cuda_device_open(int index, tm_cuda_device **out) {
     /* cudaDriverGetVersion works without a driver (returns 0), so it is asked first. */
     if (cudaDriverGetVersion(&drv) != cudaSuccess || drv == 0) {
         (void)cudaGetLastError();
-        return tm_error_set(TM_ERR_DEVICE, "CUDA: no NVIDIA driver installed (this build needs one "
-                                           "supporting CUDA %d.%d or newer)",
+        return tm_error_set(TM_ERR_DEVICE,
+                            "CUDA: no NVIDIA driver installed (this build needs one "
+                            "supporting CUDA %d.%d or newer)",
                             CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
     }
     if (drv < CUDART_VERSION)
-        return tm_error_set(TM_ERR_DEVICE,
-                            "CUDA: the driver supports CUDA %d.%d, this build's runtime needs %d.%d: "
-                            "update the NVIDIA driver",
-                            drv / 1000, (drv % 1000) / 10, CUDART_VERSION / 1000,
-                            (CUDART_VERSION % 1000) / 10);
+        return tm_error_set(
+            TM_ERR_DEVICE,
+            "CUDA: the driver supports CUDA %d.%d, this build's runtime needs %d.%d: "
+            "update the NVIDIA driver",
+            drv / 1000, (drv % 1000) / 10, CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -90,9 +92,10 @@ tm_status cuda_device_open(int index, tm_cuda_device **out) {
     cudaDeviceProp prop;
     TM_CUDA_TRY(cudaGetDeviceProperties(&prop, index));
     if (prop.major < 8)
-        return tm_error_set(TM_ERR_DEVICE,
-                            "CUDA: GPU %d (%s) has compute capability %d.%d, tiermoe needs 8.0 or newer",
-                            index, prop.name, prop.major, prop.minor);
+        return tm_error_set(
+            TM_ERR_DEVICE,
+            "CUDA: GPU %d (%s) has compute capability %d.%d, tiermoe needs 8.0 or newer", index,
+            prop.name, prop.major, prop.minor);
     TM_CUDA_TRY(cudaSetDevice(index));
 
     tm_cuda_device *dev = (tm_cuda_device *)calloc(1, sizeof(*dev));
@@ -109,8 +112,8 @@ tm_status cuda_device_open(int index, tm_cuda_device **out) {
     cudaError_t e1 = cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking);
     cudaError_t e2 = cudaStreamCreateWithFlags(&dev->upload, cudaStreamNonBlocking);
     if (e1 != cudaSuccess || e2 != cudaSuccess) {
-        tm_status st = tm_error_set(TM_ERR_DEVICE, "CUDA: cannot create streams on GPU %d: %s", index,
-                                    cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+        tm_status st = tm_error_set(TM_ERR_DEVICE, "CUDA: cannot create streams on GPU %d: %s",
+                                    index, cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
         cuda_device_close(dev);
         return st;
     }
@@ -131,7 +134,9 @@ void cuda_device_close(tm_cuda_device *dev) {
     free(dev);
 }
 
-const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev) { return &dev->info; }
+const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev) {
+    return &dev->info;
+}
 
 tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes) {
     (void)dev;
@@ -142,7 +147,9 @@ tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *to
     return TM_OK;
 }
 
-tm_cuda_stream cuda_device_stream(const tm_cuda_device *dev) { return dev->stream; }
+tm_cuda_stream cuda_device_stream(const tm_cuda_device *dev) {
+    return dev->stream;
+}
 
 tm_status cuda_device_sync(tm_cuda_device *dev) {
     TM_CUDA_TRY(cudaStreamSynchronize(dev->stream));
@@ -161,11 +168,11 @@ tm_status cuda_pool_create(tm_cuda_device *dev, size_t bytes, tm_cuda_pool **out
         size_t f = 0, t = 0;
         cudaMemGetInfo(&f, &t);
         free(p);
-        return tm_error_set(TM_ERR_DEVICE,
-                            "CUDA: cannot allocate the %.1f MiB device pool on %s: %.1f MiB free of "
-                            "%.1f MiB (%s)",
-                            bytes / 1048576.0, dev->info.name, f / 1048576.0, t / 1048576.0,
-                            cudaGetErrorString(e));
+        return tm_error_set(
+            TM_ERR_DEVICE,
+            "CUDA: cannot allocate the %.1f MiB device pool on %s: %.1f MiB free of "
+            "%.1f MiB (%s)",
+            bytes / 1048576.0, dev->info.name, f / 1048576.0, t / 1048576.0, cudaGetErrorString(e));
     }
     p->dev = dev;
     p->size = bytes;
@@ -177,7 +184,8 @@ tm_status cuda_pool_alloc(tm_cuda_pool *pool, size_t bytes, size_t align, void *
     *out = NULL;
     if (align == 0) align = 256;
     if (align & (align - 1))
-        return tm_error_set(TM_ERR_ARG, "cuda_pool_alloc: alignment %zu is not a power of two", align);
+        return tm_error_set(TM_ERR_ARG, "cuda_pool_alloc: alignment %zu is not a power of two",
+                            align);
     /* cudaMalloc's base is 256-byte aligned, so aligning the offset aligns the address
      * for every align <= 256; larger ones are aligned on the address itself. */
     uintptr_t base = (uintptr_t)pool->base;
@@ -192,9 +200,15 @@ tm_status cuda_pool_alloc(tm_cuda_pool *pool, size_t bytes, size_t align, void *
     return TM_OK;
 }
 
-void cuda_pool_reset(tm_cuda_pool *pool) { pool->used = 0; }
-size_t cuda_pool_used(const tm_cuda_pool *pool) { return pool->used; }
-size_t cuda_pool_size(const tm_cuda_pool *pool) { return pool->size; }
+void cuda_pool_reset(tm_cuda_pool *pool) {
+    pool->used = 0;
+}
+size_t cuda_pool_used(const tm_cuda_pool *pool) {
+    return pool->used;
+}
+size_t cuda_pool_size(const tm_cuda_pool *pool) {
+    return pool->size;
+}
 
 void cuda_pool_free(tm_cuda_pool *pool) {
     if (!pool) return;
@@ -259,7 +273,8 @@ tm_status cuda_upload(tm_cuda_device *dev, void *dst, const void *host_src, size
             tm_status st = cuda_host_alloc(TM_CUDA_STAGING_BYTES, &dev->staging[i]);
             if (st != TM_OK) return tm_error_wrap(st, "upload staging buffer: ");
         }
-        if (!dev->staged[i]) TM_CUDA_TRY(cudaEventCreateWithFlags(&dev->staged[i], cudaEventDisableTiming));
+        if (!dev->staged[i])
+            TM_CUDA_TRY(cudaEventCreateWithFlags(&dev->staged[i], cudaEventDisableTiming));
     }
     const double t0 = now_s();
     const char *src = (const char *)host_src;
@@ -272,7 +287,8 @@ tm_status cuda_upload(tm_cuda_device *dev, void *dst, const void *host_src, size
          * meanwhile the other buffer's DMA runs, which is the overlap. */
         if (used[b]) TM_CUDA_TRY(cudaEventSynchronize(dev->staged[b]));
         memcpy(dev->staging[b], src + off, n);
-        TM_CUDA_TRY(cudaMemcpyAsync(d + off, dev->staging[b], n, cudaMemcpyHostToDevice, dev->upload));
+        TM_CUDA_TRY(
+            cudaMemcpyAsync(d + off, dev->staging[b], n, cudaMemcpyHostToDevice, dev->upload));
         TM_CUDA_TRY(cudaEventRecord(dev->staged[b], dev->upload));
         used[b] = 1;
     }

@@ -14,9 +14,9 @@
  * their branches fold away: at NT = 1 the kernel needs far fewer registers
  * (more warps per SM, more loads in flight) than the 8-token case. */
 template <int NT>
-__global__ void __launch_bounds__(TM_MMVQ_WARPS * TM_CUDA_WARP)
-    tm_mmvq_kernel(int type, const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, int64_t k,
-                   bool vec16, const float *__restrict__ x, float *__restrict__ y) {
+__global__ void __launch_bounds__(TM_MMVQ_WARPS *TM_CUDA_WARP)
+    tm_mmvq_kernel(int type, const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows,
+                   int64_t k, bool vec16, const float *__restrict__ x, float *__restrict__ y) {
     const int n_tok = NT;
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
     const int64_t r = (int64_t)blockIdx.x * TM_MMVQ_WARPS + (threadIdx.x >> 5);
@@ -34,27 +34,54 @@ __global__ void __launch_bounds__(TM_MMVQ_WARPS * TM_CUDA_WARP)
     }
 }
 
-extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
-                               const float *x, int64_t n_tok, float *y, tm_cuda_stream stream) {
+extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                               int64_t k, const float *x, int64_t n_tok, float *y,
+                               tm_cuda_stream stream) {
     if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK)
-        return tm_error_set(TM_ERR_ARG, "cuda_mmvq: rows %lld, n_tok %lld (want rows >= 1, 1..%d tokens)",
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_mmvq: rows %lld, n_tok %lld (want rows >= 1, 1..%d tokens)",
                             (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
     bool vec16 = false;
     tm_status st = tm_mmvq_check("cuda_mmvq", type, w, row_bytes, k, x, &vec16);
     if (st != TM_OK) return st;
     const int64_t blocks = (rows + TM_MMVQ_WARPS - 1) / TM_MMVQ_WARPS;
-    if (blocks > 0x7fffffffLL) return tm_error_set(TM_ERR_ARG, "cuda_mmvq: %lld rows is too many", (long long)rows);
+    if (blocks > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "cuda_mmvq: %lld rows is too many", (long long)rows);
     const dim3 grid((unsigned)blocks), block(TM_MMVQ_WARPS * TM_CUDA_WARP);
     const uint8_t *wb = (const uint8_t *)w;
     switch (n_tok) {
-    case 1: tm_mmvq_kernel<1><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    case 2: tm_mmvq_kernel<2><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    case 3: tm_mmvq_kernel<3><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    case 4: tm_mmvq_kernel<4><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    case 5: tm_mmvq_kernel<5><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    case 6: tm_mmvq_kernel<6><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    case 7: tm_mmvq_kernel<7><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
-    default: tm_mmvq_kernel<8><<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y); break;
+    case 1:
+        tm_mmvq_kernel<1>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    case 2:
+        tm_mmvq_kernel<2>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    case 3:
+        tm_mmvq_kernel<3>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    case 4:
+        tm_mmvq_kernel<4>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    case 5:
+        tm_mmvq_kernel<5>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    case 6:
+        tm_mmvq_kernel<6>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    case 7:
+        tm_mmvq_kernel<7>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
+    default:
+        tm_mmvq_kernel<8>
+            <<<grid, block, 0, stream>>>((int)type, wb, row_bytes, rows, k, vec16, x, y);
+        break;
     }
     return tm_cuda_launch_check("cuda_mmvq", rows, k, n_tok);
 }

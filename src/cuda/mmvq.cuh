@@ -51,8 +51,8 @@ static __device__ __forceinline__ void tm_ld16(uint32_t *w, const uint8_t *p, bo
     } else {
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            w[i] = (uint32_t)p[4 * i] | ((uint32_t)p[4 * i + 1] << 8) | ((uint32_t)p[4 * i + 2] << 16) |
-                   ((uint32_t)p[4 * i + 3] << 24);
+            w[i] = (uint32_t)p[4 * i] | ((uint32_t)p[4 * i + 1] << 8) |
+                   ((uint32_t)p[4 * i + 2] << 16) | ((uint32_t)p[4 * i + 3] << 24);
     }
 }
 
@@ -80,7 +80,8 @@ static __device__ __forceinline__ void tm_dot_run(float *acc, const float *v, in
 
 /* ---- K-quant scales (get_scale_min_k4 of quant_ref_k.c) ---- */
 
-static __device__ __forceinline__ void tm_scale_min_k4(int j, const uint8_t *q, float *sc, float *m) {
+static __device__ __forceinline__ void tm_scale_min_k4(int j, const uint8_t *q, float *sc,
+                                                       float *m) {
     if (j < 4) {
         *sc = (float)(q[j] & 63);
         *m = (float)(q[j + 4] & 63);
@@ -94,8 +95,9 @@ static __device__ __forceinline__ void tm_scale_min_k4(int j, const uint8_t *q, 
 
 /* q4_K part p = (group g = p/2, half h = p%2): qs[32g+16h .. +16); low nibbles
  * are values 64g+16h+i of sub-block 2g, high nibbles 64g+32+16h+i of 2g+1. */
-static __device__ __forceinline__ void tm_part_q4_k(float *acc, const uint8_t *bp, int p, bool vec16,
-                                                    const float *xb, int64_t xs, int n_tok) {
+static __device__ __forceinline__ void tm_part_q4_k(float *acc, const uint8_t *bp, int p,
+                                                    bool vec16, const float *xb, int64_t xs,
+                                                    int n_tok) {
     const int g = p >> 1, h = p & 1;
     uint32_t q[4];
     tm_ld16(q, bp + 16 + 32 * g + 16 * h, vec16);
@@ -116,8 +118,9 @@ static __device__ __forceinline__ void tm_part_q4_k(float *acc, const uint8_t *b
 }
 
 /* q5_K: as q4_K, plus the fifth bit: bit 2g (low) / 2g+1 (high) of qh[16h+i]. */
-static __device__ __forceinline__ void tm_part_q5_k(float *acc, const uint8_t *bp, int p, bool vec16,
-                                                    const float *xb, int64_t xs, int n_tok) {
+static __device__ __forceinline__ void tm_part_q5_k(float *acc, const uint8_t *bp, int p,
+                                                    bool vec16, const float *xb, int64_t xs,
+                                                    int n_tok) {
     const int g = p >> 1, h = p & 1;
     uint32_t q[4], qh[4];
     tm_ld16(q, bp + 48 + 32 * g + 16 * h, vec16);
@@ -223,8 +226,8 @@ static __device__ __forceinline__ void tm_part_mxfp4(float *acc, const uint8_t *
  * aligned, else one value per lane step (still coalesced). ---- */
 
 static __device__ __forceinline__ void tm_float_row(float *acc, int type, const uint8_t *row,
-                                                    int64_t k, bool vec16, const float *x, int64_t xs,
-                                                    int n_tok, int lane) {
+                                                    int64_t k, bool vec16, const float *x,
+                                                    int64_t xs, int n_tok, int lane) {
     if (vec16 && (k & 7) == 0) {
         for (int64_t p = lane; p < k / 8; p += TM_CUDA_WARP) {
             float v[8];
@@ -250,9 +253,12 @@ static __device__ __forceinline__ void tm_float_row(float *acc, int type, const 
     /* Scalar path: the launcher checked the row is aligned to the element size. */
     for (int64_t i = lane; i < k; i += TM_CUDA_WARP) {
         float v;
-        if (type == TM_TYPE_F32) v = ((const float *)row)[i];
-        else if (type == TM_TYPE_F16) v = __half2float(((const __half *)row)[i]);
-        else v = tm_bf16_to_f32(((const unsigned short *)row)[i]);
+        if (type == TM_TYPE_F32)
+            v = ((const float *)row)[i];
+        else if (type == TM_TYPE_F16)
+            v = __half2float(((const __half *)row)[i]);
+        else
+            v = tm_bf16_to_f32(((const unsigned short *)row)[i]);
 #pragma unroll
         for (int t = 0; t < TM_CUDA_MMVQ_MAX_TOK; t++)
             if (t < n_tok) acc[t] += v * x[t * xs + i];
@@ -264,10 +270,17 @@ static __device__ __forceinline__ void tm_float_row(float *acc, int type, const 
 /* Parts per block and values per block for the quantized types; 0 if not one. */
 static __host__ __device__ __forceinline__ int tm_mmvq_parts(int type) {
     switch (type) {
-    case TM_TYPE_Q4_K: case TM_TYPE_Q5_K: case TM_TYPE_Q6_K: return 8;
-    case TM_TYPE_Q8_0: return 2;
-    case TM_TYPE_Q4_0: case TM_TYPE_MXFP4: return 1;
-    default: return 0;
+    case TM_TYPE_Q4_K:
+    case TM_TYPE_Q5_K:
+    case TM_TYPE_Q6_K:
+        return 8;
+    case TM_TYPE_Q8_0:
+        return 2;
+    case TM_TYPE_Q4_0:
+    case TM_TYPE_MXFP4:
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -282,7 +295,8 @@ static __device__ __forceinline__ void tm_mmvq_row_partial(int type, const uint8
         return;
     }
     const int P = tm_mmvq_parts(type);
-    const int64_t bs = (type == TM_TYPE_Q4_K || type == TM_TYPE_Q5_K || type == TM_TYPE_Q6_K) ? 256 : 32;
+    const int64_t bs =
+        (type == TM_TYPE_Q4_K || type == TM_TYPE_Q5_K || type == TM_TYPE_Q6_K) ? 256 : 32;
     const int64_t tsz = type == TM_TYPE_Q4_K   ? 144
                         : type == TM_TYPE_Q5_K ? 176
                         : type == TM_TYPE_Q6_K ? 210
@@ -295,12 +309,14 @@ static __device__ __forceinline__ void tm_mmvq_row_partial(int type, const uint8
     case TM_TYPE_Q4_K:
 #pragma unroll 2
         for (int64_t i = lane; i < nparts; i += TM_CUDA_WARP)
-            tm_part_q4_k(acc, row + (i >> 3) * tsz, (int)(i & 7), vec16, x + (i >> 3) * bs, xs, n_tok);
+            tm_part_q4_k(acc, row + (i >> 3) * tsz, (int)(i & 7), vec16, x + (i >> 3) * bs, xs,
+                         n_tok);
         break;
     case TM_TYPE_Q5_K:
 #pragma unroll 2
         for (int64_t i = lane; i < nparts; i += TM_CUDA_WARP)
-            tm_part_q5_k(acc, row + (i >> 3) * tsz, (int)(i & 7), vec16, x + (i >> 3) * bs, xs, n_tok);
+            tm_part_q5_k(acc, row + (i >> 3) * tsz, (int)(i & 7), vec16, x + (i >> 3) * bs, xs,
+                         n_tok);
         break;
     case TM_TYPE_Q6_K:
 #pragma unroll 2
@@ -322,7 +338,8 @@ static __device__ __forceinline__ void tm_mmvq_row_partial(int type, const uint8
         for (int64_t i = lane; i < nparts; i += TM_CUDA_WARP)
             tm_part_mxfp4(acc, row + i * tsz, x + i * bs, xs, n_tok);
         break;
-    default: break; /* launchers reject other types */
+    default:
+        break; /* launchers reject other types */
     }
 }
 
@@ -332,12 +349,17 @@ static __device__ __forceinline__ void tm_mmvq_row_partial(int type, const uint8
 static inline tm_status tm_mmvq_check(const char *op, tm_type type, const void *w, size_t row_bytes,
                                       int64_t k, const float *x, bool *vec16) {
     const int64_t bs = (type == TM_TYPE_Q4_K || type == TM_TYPE_Q5_K || type == TM_TYPE_Q6_K) ? 256
-                       : tm_mmvq_parts(type)                                              ? 32
-                                                                                          : 1;
+                       : tm_mmvq_parts(type)                                                  ? 32
+                                                                                              : 1;
     size_t esz = 0;
     switch (type) {
-    case TM_TYPE_F32: esz = 4; break;
-    case TM_TYPE_F16: case TM_TYPE_BF16: esz = 2; break;
+    case TM_TYPE_F32:
+        esz = 4;
+        break;
+    case TM_TYPE_F16:
+    case TM_TYPE_BF16:
+        esz = 2;
+        break;
     default:
         if (!tm_mmvq_parts(type))
             return tm_error_set(TM_ERR_UNSUPPORTED, "%s: weight type %s has no CUDA kernel", op,
@@ -345,11 +367,13 @@ static inline tm_status tm_mmvq_check(const char *op, tm_type type, const void *
         esz = 1;
     }
     if (k <= 0 || k % bs)
-        return tm_error_set(TM_ERR_ARG, "%s: k = %lld is not a positive multiple of %s's block of %lld",
-                            op, (long long)k, quant_type_name(type), (long long)bs);
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: k = %lld is not a positive multiple of %s's block of %lld", op,
+                            (long long)k, quant_type_name(type), (long long)bs);
     if (row_bytes < quant_row_size(type, k))
-        return tm_error_set(TM_ERR_ARG, "%s: row stride %zu bytes < %zu bytes of a %s row of %lld", op,
-                            row_bytes, quant_row_size(type, k), quant_type_name(type), (long long)k);
+        return tm_error_set(TM_ERR_ARG, "%s: row stride %zu bytes < %zu bytes of a %s row of %lld",
+                            op, row_bytes, quant_row_size(type, k), quant_type_name(type),
+                            (long long)k);
     if (((uintptr_t)w | row_bytes) % esz)
         return tm_error_set(TM_ERR_ARG, "%s: %s rows must be %zu-byte aligned", op,
                             quant_type_name(type), esz);

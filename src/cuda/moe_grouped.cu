@@ -23,7 +23,7 @@ static __device__ __forceinline__ bool tm_moe_item_ok(const tm_cuda_moe_item &it
     return it.slot >= 0 && it.slot < n_slots && it.token >= 0 && it.token < n_tok;
 }
 
-__global__ void __launch_bounds__(TM_MOE_WARPS * TM_CUDA_WARP)
+__global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
     tm_moe_gate_up_kernel(tm_cuda_moe_params p, bool gate_vec16, bool up_vec16,
                           const tm_cuda_moe_item *__restrict__ items, const float *__restrict__ x,
                           int64_t n_tok, float *__restrict__ h) {
@@ -38,8 +38,10 @@ __global__ void __launch_bounds__(TM_MOE_WARPS * TM_CUDA_WARP)
         return;
     }
     const float *xt = x + (int64_t)it.token * p.n_embd;
-    const uint8_t *g = (const uint8_t *)p.gate.data + (size_t)it.slot * p.gate.expert_stride + r * p.gate.row_bytes;
-    const uint8_t *u = (const uint8_t *)p.up.data + (size_t)it.slot * p.up.expert_stride + r * p.up.row_bytes;
+    const uint8_t *g = (const uint8_t *)p.gate.data + (size_t)it.slot * p.gate.expert_stride +
+                       r * p.gate.row_bytes;
+    const uint8_t *u =
+        (const uint8_t *)p.up.data + (size_t)it.slot * p.up.expert_stride + r * p.up.row_bytes;
     float ag[TM_CUDA_MMVQ_MAX_TOK], au[TM_CUDA_MMVQ_MAX_TOK];
 #pragma unroll
     for (int t = 0; t < TM_CUDA_MMVQ_MAX_TOK; t++) ag[t] = au[t] = 0.0f;
@@ -49,20 +51,23 @@ __global__ void __launch_bounds__(TM_MOE_WARPS * TM_CUDA_WARP)
     if (lane == 0) *hr = gs / (1.0f + expf(-gs)) * us; /* silu(g) * u as cpu_swiglu */
 }
 
-__global__ void __launch_bounds__(TM_MOE_WARPS * TM_CUDA_WARP)
-    tm_moe_down_kernel(tm_cuda_moe_params p, bool down_vec16, const tm_cuda_moe_item *__restrict__ items,
-                       const float *__restrict__ h, int64_t n_tok, float *__restrict__ y) {
+__global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
+    tm_moe_down_kernel(tm_cuda_moe_params p, bool down_vec16,
+                       const tm_cuda_moe_item *__restrict__ items, const float *__restrict__ h,
+                       int64_t n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
     const int64_t item = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * TM_MOE_WARPS + (threadIdx.x >> 5);
     if (r >= p.n_embd) return;
     const tm_cuda_moe_item it = items[item];
     if (!tm_moe_item_ok(it, p.n_slots, n_tok)) return;
-    const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride + r * p.down.row_bytes;
+    const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride +
+                       r * p.down.row_bytes;
     float acc[TM_CUDA_MMVQ_MAX_TOK];
 #pragma unroll
     for (int t = 0; t < TM_CUDA_MMVQ_MAX_TOK; t++) acc[t] = 0.0f;
-    tm_mmvq_row_partial(p.down.type, d, p.n_ff, down_vec16, h + item * p.n_ff, p.n_ff, 1, lane, acc);
+    tm_mmvq_row_partial(p.down.type, d, p.n_ff, down_vec16, h + item * p.n_ff, p.n_ff, 1, lane,
+                        acc);
     const float s = tm_warp_sum(acc[0]);
     if (lane == 0) atomicAdd(y + (int64_t)it.token * p.n_embd + r, it.weight * s);
 }
@@ -71,8 +76,8 @@ extern "C" int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t 
     return n_items * p->n_ff;
 }
 
-static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows, int64_t k,
-                              const float *xalign, bool *vec16) {
+static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
+                              int64_t k, const float *xalign, bool *vec16) {
     tm_status st = tm_mmvq_check(name, m->type, m->data, m->row_bytes, k, xalign, vec16);
     if (st != TM_OK) return st;
     if (m->expert_stride < (size_t)rows * m->row_bytes)
@@ -89,26 +94,36 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
     if (n_items == 0) return TM_OK;
     if (n_items < 0 || n_items > 0x7fffffffLL || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
         p->n_slots <= 0)
-        return tm_error_set(TM_ERR_ARG, "cuda_moe_grouped: %lld items, n_embd %lld, n_ff %lld, n_tok %lld, %d slots",
-                            (long long)n_items, (long long)p->n_embd, (long long)p->n_ff,
-                            (long long)n_tok, p->n_slots);
-    if ((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS > 65535 || (p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS > 65535)
-        return tm_error_set(TM_ERR_ARG, "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
+        return tm_error_set(
+            TM_ERR_ARG,
+            "cuda_moe_grouped: %lld items, n_embd %lld, n_ff %lld, n_tok %lld, %d slots",
+            (long long)n_items, (long long)p->n_embd, (long long)p->n_ff, (long long)n_tok,
+            p->n_slots);
+    if ((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS > 65535 ||
+        (p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS > 65535)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
                             (long long)p->n_embd, (long long)p->n_ff);
     bool gv = false, uv = false, dv = false;
     tm_status st;
-    if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x, &gv)) != TM_OK) return st;
-    if ((st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x, &uv)) != TM_OK) return st;
-    if ((st = check_matrix("cuda_moe_grouped down", &p->down, p->n_embd, p->n_ff, h_scratch, &dv)) != TM_OK)
+    if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x, &gv)) != TM_OK)
+        return st;
+    if ((st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x, &uv)) != TM_OK)
+        return st;
+    if ((st = check_matrix("cuda_moe_grouped down", &p->down, p->n_embd, p->n_ff, h_scratch,
+                           &dv)) != TM_OK)
         return st;
     /* tm_dot_run reads activations as float4: rows of x and h must stay aligned */
     if ((p->n_embd & 3) || (p->n_ff & 3))
-        return tm_error_set(TM_ERR_ARG, "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
                             (long long)p->n_embd, (long long)p->n_ff);
     const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP);
     const dim3 g1((unsigned)n_items, (unsigned)((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
     tm_moe_gate_up_kernel<<<g1, block, 0, stream>>>(*p, gv, uv, items, x, n_tok, h_scratch);
-    if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up", n_items, p->n_ff, p->n_embd)) != TM_OK) return st;
+    if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up", n_items, p->n_ff, p->n_embd)) !=
+        TM_OK)
+        return st;
     const dim3 g2((unsigned)n_items, (unsigned)((p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
     tm_moe_down_kernel<<<g2, block, 0, stream>>>(*p, dv, items, h_scratch, n_tok, y);
     return tm_cuda_launch_check("cuda_moe_grouped down", n_items, p->n_embd, p->n_ff);

@@ -30,10 +30,11 @@ __global__ void __launch_bounds__(TM_NORM_THREADS)
         yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
 }
 
-extern "C" tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
-                                  float eps, tm_cuda_stream stream) {
+extern "C" tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows,
+                                  int64_t n, float eps, tm_cuda_stream stream) {
     if (n_rows <= 0 || n <= 0 || n_rows > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "cuda_rmsnorm: %lld rows of %lld", (long long)n_rows, (long long)n);
+        return tm_error_set(TM_ERR_ARG, "cuda_rmsnorm: %lld rows of %lld", (long long)n_rows,
+                            (long long)n);
     tm_rmsnorm_kernel<<<(unsigned)n_rows, TM_NORM_THREADS, 0, stream>>>(y, x, w, n, eps);
     return tm_cuda_launch_check("cuda_rmsnorm", n_rows, n, 1);
 }
@@ -49,7 +50,8 @@ __global__ void tm_rope_neox_kernel(float *x, const int32_t *__restrict__ pos, i
          g += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i = g % half, th = g / half; /* th = token * n_head + head */
         const int64_t t = th / n_head;
-        const double theta = (double)pos[t] * pow((double)base, -2.0 * (double)i / (double)head_dim);
+        const double theta =
+            (double)pos[t] * pow((double)base, -2.0 * (double)i / (double)head_dim);
         const float c = (float)cos(theta), s = (float)sin(theta);
         float *xh = x + th * head_dim;
         const float a = xh[i], b = xh[i + half];
@@ -61,22 +63,27 @@ __global__ void tm_rope_neox_kernel(float *x, const int32_t *__restrict__ pos, i
 extern "C" tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
                                     int64_t head_dim, float base, tm_cuda_stream stream) {
     if (n_tok <= 0 || n_head <= 0 || head_dim <= 0 || (head_dim & 1))
-        return tm_error_set(TM_ERR_ARG, "cuda_rope_neox: %lld tokens, %lld heads of %lld (head_dim must be even)",
-                            (long long)n_tok, (long long)n_head, (long long)head_dim);
+        return tm_error_set(
+            TM_ERR_ARG, "cuda_rope_neox: %lld tokens, %lld heads of %lld (head_dim must be even)",
+            (long long)n_tok, (long long)n_head, (long long)head_dim);
     const int64_t total = n_tok * n_head * (head_dim / 2);
     int64_t blocks = (total + 255) / 256;
     if (blocks > 65536) blocks = 65536; /* grid-stride loop covers the rest */
-    tm_rope_neox_kernel<<<(unsigned)blocks, 256, 0, stream>>>(x, pos, n_tok, n_head, head_dim, base);
+    tm_rope_neox_kernel<<<(unsigned)blocks, 256, 0, stream>>>(x, pos, n_tok, n_head, head_dim,
+                                                              base);
     return tm_cuda_launch_check("cuda_rope_neox", n_tok, n_head, head_dim);
 }
 
 __global__ void tm_add_kernel(float *y, const float *a, const float *b, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
         y[i] = a[i] + b[i];
 }
 
-extern "C" tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream) {
-    if (n <= 0) return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
+extern "C" tm_status cuda_add(float *y, const float *a, const float *b, int64_t n,
+                              tm_cuda_stream stream) {
+    if (n <= 0)
+        return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
     int64_t blocks = (n + 255) / 256;
     if (blocks > 65536) blocks = 65536;
     tm_add_kernel<<<(unsigned)blocks, 256, 0, stream>>>(y, a, b, n);

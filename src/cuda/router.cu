@@ -14,7 +14,7 @@
 
 #include "cuda/cuda_common.cuh"
 
-#define TM_ROUTER_WARPS 4
+#define TM_ROUTER_WARPS    4
 #define TM_ROUTER_PER_LANE (TM_CUDA_ROUTER_MAX_EXPERT / TM_CUDA_WARP)
 
 /* (a_val, a_idx) better than (b_val, b_idx): larger value, then lower id. */
@@ -22,7 +22,7 @@ static __device__ __forceinline__ bool tm_better(float av, int ai, float bv, int
     return av > bv || (av == bv && ai < bi);
 }
 
-__global__ void __launch_bounds__(TM_ROUTER_WARPS * TM_CUDA_WARP)
+__global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     tm_router_kernel(tm_cuda_router_params p, const float *__restrict__ logits, int64_t n_tok,
                      int32_t *__restrict__ ids, float *__restrict__ weights) {
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS * TM_CUDA_WARP)
         }
         const float inv = 1.0f / tm_warp_sum(sum);
 #pragma unroll
-        for (int j = 0; j < TM_ROUTER_PER_LANE; j++) s[j] = (taken >> j) & 1 ? -INFINITY : s[j] * inv;
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++)
+            s[j] = (taken >> j) & 1 ? -INFINITY : s[j] * inv;
     } else if (p.gating == TM_CUDA_GATING_SIGMOID) {
 #pragma unroll
         for (int j = 0; j < TM_ROUTER_PER_LANE; j++)
@@ -101,18 +102,25 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS * TM_CUDA_WARP)
     }
 }
 
-extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
-                                        int32_t *ids, float *weights, tm_cuda_stream stream) {
+extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits,
+                                        int64_t n_tok, int32_t *ids, float *weights,
+                                        tm_cuda_stream stream) {
     if (p->n_expert < 1 || p->n_expert > TM_CUDA_ROUTER_MAX_EXPERT || p->n_used < 1 ||
         p->n_used > TM_CUDA_ROUTER_MAX_USED || p->n_used > p->n_expert)
-        return tm_error_set(TM_ERR_ARG, "cuda_router_select: %d experts, %d used (want 1..%d experts, 1..%d used)",
-                            p->n_expert, p->n_used, TM_CUDA_ROUTER_MAX_EXPERT, TM_CUDA_ROUTER_MAX_USED);
+        return tm_error_set(
+            TM_ERR_ARG, "cuda_router_select: %d experts, %d used (want 1..%d experts, 1..%d used)",
+            p->n_expert, p->n_used, TM_CUDA_ROUTER_MAX_EXPERT, TM_CUDA_ROUTER_MAX_USED);
     if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
         p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
         return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
-    if (n_tok <= 0) return n_tok == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
+    if (n_tok <= 0)
+        return n_tok == 0
+                   ? TM_OK
+                   : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
     const int64_t blocks = (n_tok + TM_ROUTER_WARPS - 1) / TM_ROUTER_WARPS;
-    if (blocks > 0x7fffffffLL) return tm_error_set(TM_ERR_ARG, "cuda_router_select: too many tokens");
-    tm_router_kernel<<<(unsigned)blocks, TM_ROUTER_WARPS * TM_CUDA_WARP, 0, stream>>>(*p, logits, n_tok, ids, weights);
+    if (blocks > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "cuda_router_select: too many tokens");
+    tm_router_kernel<<<(unsigned)blocks, TM_ROUTER_WARPS * TM_CUDA_WARP, 0, stream>>>(
+        *p, logits, n_tok, ids, weights);
     return tm_cuda_launch_check("cuda_router_select", n_tok, p->n_expert, p->n_used);
 }

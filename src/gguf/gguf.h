@@ -29,7 +29,7 @@ extern "C" {
 #define TM_GGUF_MAX_DIMS          4
 /* Arrays may hold arrays; the reader and writer refuse nesting deeper than
  * this (a key's array counts as level 1), so hostile files cannot recurse. */
-#define TM_GGUF_MAX_ARRAY_DEPTH   8
+#define TM_GGUF_MAX_ARRAY_DEPTH 8
 
 typedef enum tm_gguf_value_type {
     TM_GGUF_TYPE_UINT8 = 0,
@@ -92,21 +92,21 @@ typedef struct tm_gguf_kv {
 
 typedef struct tm_gguf_tensor {
     tm_gguf_str name;
-    uint32_t type;        /* tm_type id */
+    uint32_t type; /* tm_type id */
     uint32_t n_dims;
     int64_t ne[TM_GGUF_MAX_DIMS]; /* ne[0] is the row length (fastest dim); unused dims are 1 */
     int64_t n_elements;
     uint64_t offset;      /* relative to the data section, as stored */
     uint64_t file_offset; /* absolute byte offset in the file (for O_DIRECT reads) */
     uint64_t n_bytes;
-    const void *data;     /* in the map, or NULL when the file was opened without mapping */
+    const void *data; /* in the map, or NULL when the file was opened without mapping */
 } tm_gguf_tensor;
 
 typedef struct tm_gguf_file {
     char *path;
     int fd;
     uint64_t file_size;
-    const uint8_t *map;   /* the whole file, read-only */
+    const uint8_t *map; /* the whole file, read-only */
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset; /* absolute offset of the data section */
@@ -114,7 +114,7 @@ typedef struct tm_gguf_file {
     tm_gguf_kv *kv;
     uint64_t n_tensors;
     tm_gguf_tensor *tensors;
-    void *priv;           /* reader-owned allocations and lookup tables */
+    void *priv; /* reader-owned allocations and lookup tables */
 } tm_gguf_file;
 
 /* ---- reading ---- */
@@ -147,7 +147,8 @@ tm_status gguf_file_get_str(const tm_gguf_file *f, const char *key, tm_gguf_str 
 tm_status gguf_file_get_array(const tm_gguf_file *f, const char *key, const tm_gguf_array **out);
 
 /* Array element access (index must be < n; elem_type must match). */
-uint32_t gguf_array_get_u32(const tm_gguf_array *a, uint64_t i); /* any integer elem type ≤ 32 bits */
+uint32_t gguf_array_get_u32(const tm_gguf_array *a,
+                            uint64_t i); /* any integer elem type ≤ 32 bits */
 int32_t gguf_array_get_i32(const tm_gguf_array *a, uint64_t i);
 float gguf_array_get_f32(const tm_gguf_array *a, uint64_t i);
 tm_gguf_str gguf_array_get_str(const tm_gguf_array *a, uint64_t i);
@@ -181,7 +182,8 @@ tm_status gguf_writer_set_str(tm_gguf_writer *w, const char *key, const char *v)
 /* Any value, including arrays of strings and nested arrays (deep-copied). */
 tm_status gguf_writer_set_value(tm_gguf_writer *w, const char *key, const tm_gguf_value *v);
 tm_status gguf_writer_set_array(tm_gguf_writer *w, const char *key, tm_gguf_value_type elem_type,
-                                const void *data, uint64_t n); /* scalars: native array; strings: const char *[n] */
+                                const void *data,
+                                uint64_t n); /* scalars: native array; strings: const char *[n] */
 
 /* Declare a tensor; returns its index. ne[0] is the row length. */
 tm_status gguf_writer_add_tensor(tm_gguf_writer *w, const char *name, uint32_t type,

@@ -25,7 +25,9 @@ static inline uint64_t gguf_hash_bytes(const void *p, size_t n) {
     return h;
 }
 
-static inline int gguf_is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+static inline int gguf_is_pow2(uint64_t x) {
+    return x != 0 && (x & (x - 1)) == 0;
+}
 
 /* Round `x` up to a multiple of `align` (a power of two); 0 on overflow. */
 static inline int gguf_align_up(uint64_t x, uint64_t align, uint64_t *out) {

@@ -133,7 +133,9 @@ static uint64_t table_slot(const name_table *t, const char *s, uint64_t len,
     }
 }
 
-static const tm_gguf_str *kv_name(const tm_gguf_file *f, uint64_t i) { return &f->kv[i].key; }
+static const tm_gguf_str *kv_name(const tm_gguf_file *f, uint64_t i) {
+    return &f->kv[i].key;
+}
 static const tm_gguf_str *tensor_name(const tm_gguf_file *f, uint64_t i) {
     return &f->tensors[i].name;
 }
@@ -143,8 +145,8 @@ static const tm_gguf_str *tensor_name(const tm_gguf_file *f, uint64_t i) {
 static tm_status need(parser *ps, uint64_t n, const char *field) {
     if (n > ps->size - ps->pos)
         return perr(ps, TM_ERR_FORMAT, ps->pos,
-                    "%s: expected %" PRIu64 " bytes, only %" PRIu64 " left (file truncated?)", field,
-                    n, ps->size - ps->pos);
+                    "%s: expected %" PRIu64 " bytes, only %" PRIu64 " left (file truncated?)",
+                    field, n, ps->size - ps->pos);
     return TM_OK;
 }
 
@@ -229,20 +231,24 @@ static tm_status parse_array(parser *ps, int depth, tm_gguf_array *arr) {
                     n, gguf_value_type_name(arr->elem_type), min_size, left);
     if (esize) { /* scalars stay in the image */
         arr->data = ps->p + ps->pos;
-        if (et == TM_GGUF_TYPE_BOOL && (st = check_bools(ps, ps->p + ps->pos, n, ps->pos))) return st;
+        if (et == TM_GGUF_TYPE_BOOL && (st = check_bools(ps, ps->p + ps->pos, n, ps->pos)))
+            return st;
         ps->pos += n * esize;
         return TM_OK;
     }
     if (et == TM_GGUF_TYPE_STRING) {
         tm_gguf_str *s = priv_alloc(ps, (size_t)n, sizeof(*s));
-        if (!s) return tm_error_set(TM_ERR_NOMEM, "%s: out of memory for %" PRIu64 " strings", ps->name, n);
+        if (!s)
+            return tm_error_set(TM_ERR_NOMEM, "%s: out of memory for %" PRIu64 " strings", ps->name,
+                                n);
         for (uint64_t i = 0; i < n; i++)
             if ((st = read_str(ps, "array string", &s[i]))) return st;
         arr->data = s;
         return TM_OK;
     }
     tm_gguf_value *v = priv_alloc(ps, (size_t)n, sizeof(*v));
-    if (!v) return tm_error_set(TM_ERR_NOMEM, "%s: out of memory for %" PRIu64 " arrays", ps->name, n);
+    if (!v)
+        return tm_error_set(TM_ERR_NOMEM, "%s: out of memory for %" PRIu64 " arrays", ps->name, n);
     for (uint64_t i = 0; i < n; i++)
         if ((st = parse_value(ps, TM_GGUF_TYPE_ARRAY, depth + 1, &v[i]))) return st;
     arr->data = v;
@@ -274,9 +280,10 @@ static tm_status parse_header(parser *ps) {
     tm_status st = read_u32(ps, "magic", &magic);
     if (st) return st;
     if (magic != TM_GGUF_MAGIC)
-        return perr(ps, TM_ERR_FORMAT, 0,
-                    "magic: expected \"GGUF\" (47 47 55 46), got %02x %02x %02x %02x: not a GGUF file",
-                    ps->p[0], ps->p[1], ps->p[2], ps->p[3]);
+        return perr(
+            ps, TM_ERR_FORMAT, 0,
+            "magic: expected \"GGUF\" (47 47 55 46), got %02x %02x %02x %02x: not a GGUF file",
+            ps->p[0], ps->p[1], ps->p[2], ps->p[3]);
     if ((st = read_u32(ps, "version", &version))) return st;
     if (version == 1)
         return perr(ps, TM_ERR_UNSUPPORTED, 4,
@@ -294,8 +301,8 @@ static tm_status parse_header(parser *ps) {
     uint64_t left = ps->size - ps->pos;
     if (f->n_kv > left / KV_MIN_BYTES)
         return perr(ps, TM_ERR_FORMAT, 16,
-                    "kv count: %" PRIu64 " key/value pairs need at least %d bytes each, only %" PRIu64
-                    " bytes left",
+                    "kv count: %" PRIu64
+                    " key/value pairs need at least %d bytes each, only %" PRIu64 " bytes left",
                     f->n_kv, KV_MIN_BYTES, left);
     left -= f->n_kv * KV_MIN_BYTES;
     if (f->n_tensors > left / TENSOR_MIN_BYTES)
@@ -322,7 +329,8 @@ static tm_status parse_kvs(parser *ps) {
         quote_name(q, sizeof(q), kv->key.data, kv->key.len);
         snprintf(ps->what, sizeof(ps->what), "kv %" PRIu64 " '%s'", i, q);
         int found;
-        uint64_t slot = table_slot(&ps->priv->kv_index, kv->key.data, kv->key.len, kv_name, f, &found);
+        uint64_t slot =
+            table_slot(&ps->priv->kv_index, kv->key.data, kv->key.len, kv_name, f, &found);
         if (found)
             return perr(ps, TM_ERR_FORMAT, kv->file_offset,
                         "key: duplicate key name (first at byte offset %" PRIu64 ")",
@@ -371,7 +379,8 @@ static tm_status parse_tensor_info(parser *ps, uint64_t i, uint64_t *record_at) 
     uint64_t slot =
         table_slot(&ps->priv->tensor_index, t->name.data, t->name.len, tensor_name, f, &found);
     if (found)
-        return perr(ps, TM_ERR_FORMAT, *record_at, "name: duplicate tensor name (first is tensor %" PRIu64 ")",
+        return perr(ps, TM_ERR_FORMAT, *record_at,
+                    "name: duplicate tensor name (first is tensor %" PRIu64 ")",
                     ps->priv->tensor_index.slots[slot] - 1);
     ps->priv->tensor_index.slots[slot] = i + 1;
 
@@ -457,7 +466,8 @@ static tm_status parse_tensors(parser *ps) {
     qsort(spans, (size_t)f->n_tensors, sizeof(span), span_cmp);
     for (uint64_t i = 1; i < f->n_tensors; i++) {
         if (spans[i].begin < spans[i - 1].end) {
-            const tm_gguf_tensor *a = &f->tensors[spans[i - 1].index], *b = &f->tensors[spans[i].index];
+            const tm_gguf_tensor *a = &f->tensors[spans[i - 1].index],
+                                 *b = &f->tensors[spans[i].index];
             char qa[96], qb[96];
             quote_name(qa, sizeof(qa), a->name.data, a->name.len);
             quote_name(qb, sizeof(qb), b->name.data, b->name.len);
@@ -523,7 +533,8 @@ static tm_status file_new(const char *name, tm_gguf_file **out) {
     return TM_OK;
 }
 
-tm_status gguf_file_open_buffer(const void *buf, size_t size, const char *name, tm_gguf_file **out) {
+tm_status gguf_file_open_buffer(const void *buf, size_t size, const char *name,
+                                tm_gguf_file **out) {
     if (!out) return tm_error_set(TM_ERR_ARG, "gguf_file_open_buffer: out is NULL");
     *out = NULL;
     if (!name) name = "<buffer>";
@@ -562,7 +573,9 @@ tm_status gguf_file_open(const char *path, tm_gguf_file **out) {
         goto fail;
     }
     if (sb.st_size <= 0) {
-        st = tm_error_set(TM_ERR_FORMAT, "%s: byte offset 0: header: magic: the file is empty, expected a GGUF header", path);
+        st = tm_error_set(
+            TM_ERR_FORMAT,
+            "%s: byte offset 0: header: magic: the file is empty, expected a GGUF header", path);
         goto fail;
     }
     f->file_size = (uint64_t)sb.st_size;
@@ -624,15 +637,32 @@ static int value_as_int(const tm_gguf_value *v, int *neg, uint64_t *mag) {
     int64_t s;
     *neg = 0;
     switch (v->type) {
-    case TM_GGUF_TYPE_UINT8: *mag = v->v.u8; return 1;
-    case TM_GGUF_TYPE_UINT16: *mag = v->v.u16; return 1;
-    case TM_GGUF_TYPE_UINT32: *mag = v->v.u32; return 1;
-    case TM_GGUF_TYPE_UINT64: *mag = v->v.u64; return 1;
-    case TM_GGUF_TYPE_INT8: s = v->v.i8; break;
-    case TM_GGUF_TYPE_INT16: s = v->v.i16; break;
-    case TM_GGUF_TYPE_INT32: s = v->v.i32; break;
-    case TM_GGUF_TYPE_INT64: s = v->v.i64; break;
-    default: return 0;
+    case TM_GGUF_TYPE_UINT8:
+        *mag = v->v.u8;
+        return 1;
+    case TM_GGUF_TYPE_UINT16:
+        *mag = v->v.u16;
+        return 1;
+    case TM_GGUF_TYPE_UINT32:
+        *mag = v->v.u32;
+        return 1;
+    case TM_GGUF_TYPE_UINT64:
+        *mag = v->v.u64;
+        return 1;
+    case TM_GGUF_TYPE_INT8:
+        s = v->v.i8;
+        break;
+    case TM_GGUF_TYPE_INT16:
+        s = v->v.i16;
+        break;
+    case TM_GGUF_TYPE_INT32:
+        s = v->v.i32;
+        break;
+    case TM_GGUF_TYPE_INT64:
+        s = v->v.i64;
+        break;
+    default:
+        return 0;
     }
     *neg = s < 0;
     *mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
@@ -648,8 +678,8 @@ static tm_status get_uint(const tm_gguf_file *f, const char *key, uint64_t max, 
     if (!value_as_int(&kv->value, &neg, &mag)) return wrong_type(f, kv, key, "an integer");
     if (neg || mag > max)
         return tm_error_set(TM_ERR_FORMAT,
-                            "%s: byte offset %" PRIu64 ": key '%s': expected a value in [0, %" PRIu64
-                            "], got %s%" PRIu64,
+                            "%s: byte offset %" PRIu64
+                            ": key '%s': expected a value in [0, %" PRIu64 "], got %s%" PRIu64,
                             f->path, kv->file_offset, key, max, neg ? "-" : "", mag);
     *out = mag;
     return TM_OK;

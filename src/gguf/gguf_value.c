@@ -13,20 +13,34 @@
 
 const char *gguf_value_type_name(tm_gguf_value_type t) {
     switch (t) {
-    case TM_GGUF_TYPE_UINT8: return "uint8";
-    case TM_GGUF_TYPE_INT8: return "int8";
-    case TM_GGUF_TYPE_UINT16: return "uint16";
-    case TM_GGUF_TYPE_INT16: return "int16";
-    case TM_GGUF_TYPE_UINT32: return "uint32";
-    case TM_GGUF_TYPE_INT32: return "int32";
-    case TM_GGUF_TYPE_FLOAT32: return "float32";
-    case TM_GGUF_TYPE_BOOL: return "bool";
-    case TM_GGUF_TYPE_STRING: return "string";
-    case TM_GGUF_TYPE_ARRAY: return "array";
-    case TM_GGUF_TYPE_UINT64: return "uint64";
-    case TM_GGUF_TYPE_INT64: return "int64";
-    case TM_GGUF_TYPE_FLOAT64: return "float64";
-    case TM_GGUF_TYPE_COUNT: break;
+    case TM_GGUF_TYPE_UINT8:
+        return "uint8";
+    case TM_GGUF_TYPE_INT8:
+        return "int8";
+    case TM_GGUF_TYPE_UINT16:
+        return "uint16";
+    case TM_GGUF_TYPE_INT16:
+        return "int16";
+    case TM_GGUF_TYPE_UINT32:
+        return "uint32";
+    case TM_GGUF_TYPE_INT32:
+        return "int32";
+    case TM_GGUF_TYPE_FLOAT32:
+        return "float32";
+    case TM_GGUF_TYPE_BOOL:
+        return "bool";
+    case TM_GGUF_TYPE_STRING:
+        return "string";
+    case TM_GGUF_TYPE_ARRAY:
+        return "array";
+    case TM_GGUF_TYPE_UINT64:
+        return "uint64";
+    case TM_GGUF_TYPE_INT64:
+        return "int64";
+    case TM_GGUF_TYPE_FLOAT64:
+        return "float64";
+    case TM_GGUF_TYPE_COUNT:
+        break;
     }
     return "?";
 }
@@ -35,18 +49,23 @@ size_t gguf_value_type_size(tm_gguf_value_type t) {
     switch (t) {
     case TM_GGUF_TYPE_UINT8:
     case TM_GGUF_TYPE_INT8:
-    case TM_GGUF_TYPE_BOOL: return 1;
+    case TM_GGUF_TYPE_BOOL:
+        return 1;
     case TM_GGUF_TYPE_UINT16:
-    case TM_GGUF_TYPE_INT16: return 2;
+    case TM_GGUF_TYPE_INT16:
+        return 2;
     case TM_GGUF_TYPE_UINT32:
     case TM_GGUF_TYPE_INT32:
-    case TM_GGUF_TYPE_FLOAT32: return 4;
+    case TM_GGUF_TYPE_FLOAT32:
+        return 4;
     case TM_GGUF_TYPE_UINT64:
     case TM_GGUF_TYPE_INT64:
-    case TM_GGUF_TYPE_FLOAT64: return 8;
+    case TM_GGUF_TYPE_FLOAT64:
+        return 8;
     case TM_GGUF_TYPE_STRING:
     case TM_GGUF_TYPE_ARRAY:
-    case TM_GGUF_TYPE_COUNT: break;
+    case TM_GGUF_TYPE_COUNT:
+        break;
     }
     return 0;
 }
@@ -61,8 +80,10 @@ static int64_t array_small_int(const tm_gguf_array *a, uint64_t i) {
     TM_ASSERT(i < a->n);
     const uint8_t *p = (const uint8_t *)a->data;
     switch (a->elem_type) {
-    case TM_GGUF_TYPE_UINT8: return p[i];
-    case TM_GGUF_TYPE_INT8: return (int8_t)p[i];
+    case TM_GGUF_TYPE_UINT8:
+        return p[i];
+    case TM_GGUF_TYPE_INT8:
+        return (int8_t)p[i];
     case TM_GGUF_TYPE_UINT16: {
         uint16_t v;
         memcpy(&v, p + 2 * i, 2);
@@ -83,7 +104,8 @@ static int64_t array_small_int(const tm_gguf_array *a, uint64_t i) {
         memcpy(&v, p + 4 * i, 4);
         return v;
     }
-    default: break;
+    default:
+        break;
     }
     TM_ASSERT(!"gguf array element is not an integer of 32 bits or less");
     return 0;
@@ -127,7 +149,8 @@ tm_status gguf_tensor_shape_check(uint32_t type, uint32_t n_dims, const int64_t 
     }
     if (n_dims < 1 || n_dims > TM_GGUF_MAX_DIMS) {
         snprintf(field, field_cap, "n_dims");
-        snprintf(why, why_cap, "expected 1 to %d dimensions, got %" PRIu32, TM_GGUF_MAX_DIMS, n_dims);
+        snprintf(why, why_cap, "expected 1 to %d dimensions, got %" PRIu32, TM_GGUF_MAX_DIMS,
+                 n_dims);
         return TM_ERR_FORMAT;
     }
     int64_t n = 1;
@@ -139,8 +162,8 @@ tm_status gguf_tensor_shape_check(uint32_t type, uint32_t n_dims, const int64_t 
         }
         if (__builtin_mul_overflow(n, ne[d], &n)) {
             snprintf(field, field_cap, "ne[%" PRIu32 "]", d);
-            snprintf(why, why_cap, "element count overflows 64 bits at this dimension (%" PRId64 ")",
-                     ne[d]);
+            snprintf(why, why_cap,
+                     "element count overflows 64 bits at this dimension (%" PRId64 ")", ne[d]);
             return TM_ERR_FORMAT;
         }
     }

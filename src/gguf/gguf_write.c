@@ -45,9 +45,9 @@ struct tm_gguf_writer {
     uint32_t version;
     uint64_t alignment;
     int alignment_key_set;
-    byte_buf kv;       /* serialized kv records */
+    byte_buf kv; /* serialized kv records */
     uint64_t n_kv;
-    char **keys;       /* for duplicate checks */
+    char **keys; /* for duplicate checks */
     size_t cap_keys;
     writer_tensor *tensors;
     uint64_t n_tensors, cap_tensors;
@@ -55,7 +55,7 @@ struct tm_gguf_writer {
     writer_state state;
     int fd;
     char *path, *tmp_path;
-    uint8_t *out;      /* output buffer */
+    uint8_t *out; /* output buffer */
     size_t out_len;
     uint64_t file_pos; /* bytes handed to write() so far */
     uint64_t cur_tensor, cur_written;
@@ -84,8 +84,12 @@ static int buf_put(byte_buf *b, const void *p, size_t n) {
     return 1;
 }
 
-static int buf_u32(byte_buf *b, uint32_t v) { return buf_put(b, &v, 4); }
-static int buf_u64(byte_buf *b, uint64_t v) { return buf_put(b, &v, 8); }
+static int buf_u32(byte_buf *b, uint32_t v) {
+    return buf_put(b, &v, 4);
+}
+static int buf_u64(byte_buf *b, uint64_t v) {
+    return buf_put(b, &v, 8);
+}
 static int buf_str(byte_buf *b, const char *s, uint64_t n) {
     if (n > SIZE_MAX) return 0;
     return buf_u64(b, n) && buf_put(b, s, (size_t)n);
@@ -98,7 +102,8 @@ tm_status gguf_writer_init(tm_gguf_writer **out, uint32_t version, uint64_t alig
     *out = NULL;
     if (version == 0) version = 3;
     if (version != 2 && version != 3)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: version: expected 2 or 3, got %" PRIu32, version);
+        return tm_error_set(TM_ERR_ARG, "gguf writer: version: expected 2 or 3, got %" PRIu32,
+                            version);
     if (alignment == 0) alignment = TM_GGUF_DEFAULT_ALIGNMENT;
     if (!gguf_is_pow2(alignment) || alignment > UINT32_MAX)
         return tm_error_set(TM_ERR_ARG,
@@ -141,7 +146,8 @@ void gguf_writer_free(tm_gguf_writer *w) {
 static tm_status writer_check_building(tm_gguf_writer *w, const char *what) {
     if (!w) return tm_error_set(TM_ERR_ARG, "gguf writer: %s: writer is NULL", what);
     if (w->state != WS_BUILD)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: %s: expected before gguf_writer_begin()", what);
+        return tm_error_set(TM_ERR_ARG, "gguf writer: %s: expected before gguf_writer_begin()",
+                            what);
     return TM_OK;
 }
 
@@ -151,14 +157,16 @@ static tm_status ser_value(tm_gguf_writer *w, const char *key, const tm_gguf_val
 static tm_status ser_array(tm_gguf_writer *w, const char *key, const tm_gguf_array *a, int depth) {
     byte_buf *b = &w->kv;
     if (depth > TM_GGUF_MAX_ARRAY_DEPTH)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': arrays nested deeper than %d levels",
-                            key, TM_GGUF_MAX_ARRAY_DEPTH);
+        return tm_error_set(TM_ERR_ARG,
+                            "gguf writer: key '%s': arrays nested deeper than %d levels", key,
+                            TM_GGUF_MAX_ARRAY_DEPTH);
     if ((unsigned)a->elem_type >= TM_GGUF_TYPE_COUNT)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': array element type %d is not a GGUF type",
-                            key, (int)a->elem_type);
+        return tm_error_set(TM_ERR_ARG,
+                            "gguf writer: key '%s': array element type %d is not a GGUF type", key,
+                            (int)a->elem_type);
     if (a->n && !a->data)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': array of %" PRIu64 " has no data", key,
-                            a->n);
+        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': array of %" PRIu64 " has no data",
+                            key, a->n);
     if (!buf_u32(b, (uint32_t)a->elem_type) || !buf_u64(b, a->n)) goto nomem;
     size_t esize = gguf_value_type_size(a->elem_type);
     if (esize) {
@@ -166,8 +174,9 @@ static tm_status ser_array(tm_gguf_writer *w, const char *key, const tm_gguf_arr
         if (a->elem_type == TM_GGUF_TYPE_BOOL)
             for (uint64_t i = 0; i < a->n; i++)
                 if (((const uint8_t *)a->data)[i] > 1)
-                    return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': bool element %" PRIu64
-                                                    " is not 0 or 1", key, i);
+                    return tm_error_set(
+                        TM_ERR_ARG, "gguf writer: key '%s': bool element %" PRIu64 " is not 0 or 1",
+                        key, i);
         if (!buf_put(b, a->data, (size_t)(a->n * esize))) goto nomem;
         return TM_OK;
     }
@@ -180,8 +189,9 @@ static tm_status ser_array(tm_gguf_writer *w, const char *key, const tm_gguf_arr
         } else {
             const tm_gguf_value *ev = &((const tm_gguf_value *)a->data)[i];
             if (ev->type != TM_GGUF_TYPE_ARRAY)
-                return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': element %" PRIu64
-                                                " of an array of arrays has type %s",
+                return tm_error_set(TM_ERR_ARG,
+                                    "gguf writer: key '%s': element %" PRIu64
+                                    " of an array of arrays has type %s",
                                     key, i, gguf_value_type_name(ev->type));
             st = ser_value(w, key, ev, depth + 1, 0);
         }
@@ -198,8 +208,8 @@ static tm_status ser_value(tm_gguf_writer *w, const char *key, const tm_gguf_val
                            int with_type) {
     byte_buf *b = &w->kv;
     if ((unsigned)v->type >= TM_GGUF_TYPE_COUNT)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': value type %d is not a GGUF type", key,
-                            (int)v->type);
+        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': value type %d is not a GGUF type",
+                            key, (int)v->type);
     if (with_type && !buf_u32(b, (uint32_t)v->type)) goto nomem;
     if (v->type == TM_GGUF_TYPE_ARRAY) return ser_array(w, key, &v->v.arr, depth);
     if (v->type == TM_GGUF_TYPE_STRING) {
@@ -221,7 +231,8 @@ nomem:
 tm_status gguf_writer_set_value(tm_gguf_writer *w, const char *key, const tm_gguf_value *v) {
     tm_status st = writer_check_building(w, "set metadata");
     if (st) return st;
-    if (!key || !key[0]) return tm_error_set(TM_ERR_ARG, "gguf writer: key: expected a non-empty key");
+    if (!key || !key[0])
+        return tm_error_set(TM_ERR_ARG, "gguf writer: key: expected a non-empty key");
     if (!v) return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': value is NULL", key);
     for (uint64_t i = 0; i < w->n_kv; i++)
         if (!strcmp(w->keys[i], key))
@@ -257,7 +268,7 @@ tm_status gguf_writer_set_value(tm_gguf_writer *w, const char *key, const tm_ggu
     return TM_OK;
 }
 
-#define WRITER_SETTER(fn, ctype, TYPE, member)                                                    \
+#define WRITER_SETTER(fn, ctype, TYPE, member)                                                     \
     tm_status fn(tm_gguf_writer *w, const char *key, ctype x) {                                    \
         tm_gguf_value v = {.type = TYPE};                                                          \
         v.v.member = x;                                                                            \
@@ -271,7 +282,8 @@ WRITER_SETTER(gguf_writer_set_f32, float, TM_GGUF_TYPE_FLOAT32, f32)
 WRITER_SETTER(gguf_writer_set_bool, bool, TM_GGUF_TYPE_BOOL, b)
 
 tm_status gguf_writer_set_str(tm_gguf_writer *w, const char *key, const char *s) {
-    if (!s) return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': string is NULL", key ? key : "?");
+    if (!s)
+        return tm_error_set(TM_ERR_ARG, "gguf writer: key '%s': string is NULL", key ? key : "?");
     tm_gguf_value v = {.type = TM_GGUF_TYPE_STRING};
     v.v.str = (tm_gguf_str){s, strlen(s)};
     return gguf_writer_set_value(w, key, &v);
@@ -330,7 +342,8 @@ tm_status gguf_writer_add_tensor(tm_gguf_writer *w, const char *name, uint32_t t
     if (st) return tm_error_set(TM_ERR_ARG, "gguf writer: tensor '%s': %s: %s", name, field, why);
     for (uint64_t i = 0; i < w->n_tensors; i++)
         if (!strcmp(w->tensors[i].name, name))
-            return tm_error_set(TM_ERR_ARG, "gguf writer: tensor '%s': duplicate tensor name", name);
+            return tm_error_set(TM_ERR_ARG, "gguf writer: tensor '%s': duplicate tensor name",
+                                name);
     if (w->n_tensors == w->cap_tensors) {
         uint64_t cap = w->cap_tensors ? w->cap_tensors * 2 : 64;
         writer_tensor *nt = realloc(w->tensors, (size_t)cap * sizeof(*nt));
@@ -360,10 +373,11 @@ static tm_status out_raw(tm_gguf_writer *w, const uint8_t *p, size_t n) {
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             int e = r < 0 ? errno : ENOSPC; /* write() returning 0 means no room */
-            return writer_fail(w, tm_error_set(TM_ERR_IO,
-                                               "%s: write failed at byte offset %" PRIu64
-                                               " (%zu of %zu bytes written): %s",
-                                               w->tmp_path, w->file_pos + done, done, n, strerror(e)));
+            return writer_fail(w,
+                               tm_error_set(TM_ERR_IO,
+                                            "%s: write failed at byte offset %" PRIu64
+                                            " (%zu of %zu bytes written): %s",
+                                            w->tmp_path, w->file_pos + done, done, n, strerror(e)));
         }
         done += (size_t)r;
     }
@@ -424,7 +438,8 @@ tm_status gguf_writer_begin(tm_gguf_writer *w, const char *path) {
         w->tensors[i].offset = off;
         if (__builtin_add_overflow(off, w->tensors[i].n_bytes, &off) ||
             !gguf_align_up(off, w->alignment, &off))
-            return tm_error_set(TM_ERR_ARG, "gguf writer: tensor '%s': data offsets overflow 64 bits",
+            return tm_error_set(TM_ERR_ARG,
+                                "gguf writer: tensor '%s': data offsets overflow 64 bits",
                                 w->tensors[i].name);
     }
     size_t plen = strlen(path);
@@ -433,7 +448,8 @@ tm_status gguf_writer_begin(tm_gguf_writer *w, const char *path) {
     w->path = strdup(path);
     w->tmp_path = malloc(plen + 5);
     w->out = malloc(OUT_BUF_BYTES);
-    if (!w->path || !w->tmp_path || !w->out) return tm_error_set(TM_ERR_NOMEM, "gguf writer: out of memory");
+    if (!w->path || !w->tmp_path || !w->out)
+        return tm_error_set(TM_ERR_NOMEM, "gguf writer: out of memory");
     memcpy(w->tmp_path, path, plen);
     memcpy(w->tmp_path + plen, ".tmp", 5);
     w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -466,7 +482,8 @@ tm_status gguf_writer_begin(tm_gguf_writer *w, const char *path) {
 
 tm_status gguf_writer_write_data(tm_gguf_writer *w, const void *data, size_t size) {
     if (!w || w->state != WS_DATA)
-        return tm_error_set(TM_ERR_ARG, "gguf writer: write data: expected after a successful begin()");
+        return tm_error_set(TM_ERR_ARG,
+                            "gguf writer: write data: expected after a successful begin()");
     if (size && !data) return tm_error_set(TM_ERR_ARG, "gguf writer: write data: data is NULL");
     const uint8_t *p = data;
     while (size) {
@@ -497,11 +514,12 @@ tm_status gguf_writer_finish(tm_gguf_writer *w) {
         return tm_error_set(TM_ERR_ARG, "gguf writer: finish: expected after a successful begin()");
     if (w->cur_tensor < w->n_tensors) {
         const writer_tensor *t = &w->tensors[w->cur_tensor];
-        return writer_fail(w, tm_error_set(TM_ERR_ARG,
-                                           "%s: tensor %" PRIu64 " '%s': only %" PRIu64 " of %" PRIu64
-                                           " bytes were written (%" PRIu64 " tensors declared)",
-                                           w->tmp_path, w->cur_tensor, t->name, w->cur_written,
-                                           t->n_bytes, w->n_tensors));
+        return writer_fail(w,
+                           tm_error_set(TM_ERR_ARG,
+                                        "%s: tensor %" PRIu64 " '%s': only %" PRIu64 " of %" PRIu64
+                                        " bytes were written (%" PRIu64 " tensors declared)",
+                                        w->tmp_path, w->cur_tensor, t->name, w->cur_written,
+                                        t->n_bytes, w->n_tensors));
     }
     tm_status st = out_flush(w);
     if (st) return st;
@@ -550,8 +568,9 @@ tm_status gguf_file_copy(const tm_gguf_file *f, const char *path) {
     for (uint64_t i = 0; i < f->n_tensors && !st; i++) {
         const tm_gguf_tensor *t = &f->tensors[i];
         if (!t->data) {
-            st = tm_error_set(TM_ERR_ARG, "gguf_file_copy: %s: tensor %" PRIu64 " has no data mapped",
-                              f->path, i);
+            st = tm_error_set(TM_ERR_ARG,
+                              "gguf_file_copy: %s: tensor %" PRIu64 " has no data mapped", f->path,
+                              i);
             break;
         }
         if (t->n_bytes > SIZE_MAX) {

@@ -13,12 +13,12 @@
 #include "gguf/gguf.h"
 
 typedef struct tm_model_layout {
-    uint32_t n_layer;          /* 1 + the largest N of a "blk.N." tensor (0 if none) */
-    uint32_t n_expert;         /* experts per MoE layer (0: not a MoE model) */
-    uint32_t n_moe_layers;     /* layers that have expert tensors */
+    uint32_t n_layer;             /* 1 + the largest N of a "blk.N." tensor (0 if none) */
+    uint32_t n_expert;            /* experts per MoE layer (0: not a MoE model) */
+    uint32_t n_moe_layers;        /* layers that have expert tensors */
     uint64_t *layer_expert_bytes; /* [n_layer] bytes of all expert tensors of the layer */
-    uint64_t expert_bytes;     /* all expert tensors */
-    uint64_t other_bytes;      /* all other tensors */
+    uint64_t expert_bytes;        /* all expert tensors */
+    uint64_t other_bytes;         /* all other tensors */
     uint64_t max_expert_slice; /* bytes of one expert of one layer (gate+up+down), largest layer */
 } tm_model_layout;
 

@@ -30,8 +30,9 @@ tm_status model_load(const char *path, tm_model **out) {
     for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
         if (gguf_str_eq(arch, archs[i]->name)) a = archs[i];
     if (!a) {
-        tm_error_set(TM_ERR_UNSUPPORTED, "%s: architecture '%.*s' is not supported (supported: qwen3moe)",
-                     path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+        tm_error_set(TM_ERR_UNSUPPORTED,
+                     "%s: architecture '%.*s' is not supported (supported: qwen3moe)", path,
+                     (int)(arch.len > 64 ? 64 : arch.len), arch.data);
         gguf_file_close(f);
         return TM_ERR_UNSUPPORTED;
     }
@@ -76,8 +77,8 @@ tm_status model_key_f32(const tm_model *m, const char *arch_key, float *out) {
     return TM_OK;
 }
 
-static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dims, const int64_t *ne,
-                             tm_weight *w, bool optional) {
+static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dims,
+                             const int64_t *ne, tm_weight *w, bool optional) {
     memset(w, 0, sizeof(*w));
     const tm_gguf_tensor *t = gguf_file_find_tensor(m->file, name);
     if (!t) {
@@ -89,15 +90,20 @@ static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dim
     bool ok = t->n_dims <= 4;
     for (uint32_t d = 0; d < 4; d++) {
         int64_t e = d < n_dims ? ne[d] : 1, g = t->ne[d];
-        if (d < t->n_dims) ng += snprintf(got + ng, sizeof(got) - (size_t)ng, "%s%lld", d ? " x " : "", (long long)g);
-        if (d < n_dims) nw += snprintf(want + nw, sizeof(want) - (size_t)nw, "%s%lld", d ? " x " : "", (long long)e);
+        if (d < t->n_dims)
+            ng += snprintf(got + ng, sizeof(got) - (size_t)ng, "%s%lld", d ? " x " : "",
+                           (long long)g);
+        if (d < n_dims)
+            nw += snprintf(want + nw, sizeof(want) - (size_t)nw, "%s%lld", d ? " x " : "",
+                           (long long)e);
         if (e != g) ok = false;
     }
     if (!ok)
-        return tm_error_set(TM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%s]", m->file->path,
-                            name, got, want);
+        return tm_error_set(TM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%s]",
+                            m->file->path, name, got, want);
     if (!quant_type_is_compute(t->type) || !cpu_gemm_supports((tm_type)t->type))
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which tiermoe cannot compute yet",
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "%s: tensor '%s' has type %s, which tiermoe cannot compute yet",
                             m->file->path, name, quant_type_name(t->type));
     w->name = t->name.data, w->name_len = (uint32_t)t->name.len;
     w->type = (tm_type)t->type, w->n_dims = t->n_dims;
@@ -121,9 +127,11 @@ size_t model_matmul_scratch_bytes(const tm_weight *w, int64_t n_tok) {
     return (size_t)n_tok * cpu_act_row_size(w->type, w->ne[0]);
 }
 
-void model_matmul(tm_context *c, const tm_weight *w, const float *x, int64_t n_tok, float *y, void *act) {
+void model_matmul(tm_context *c, const tm_weight *w, const float *x, int64_t n_tok, float *y,
+                  void *act) {
     if (c->params.precise) {
-        tm_status st = cpu_matmul_precise(c->pool, w->type, w->ne[0], w->ne[1], w->data, w->row_bytes, x, n_tok, y);
+        tm_status st = cpu_matmul_precise(c->pool, w->type, w->ne[0], w->ne[1], w->data,
+                                          w->row_bytes, x, n_tok, y);
         TM_ASSERT(st == TM_OK); /* types were checked at bind time */
         return;
     }
@@ -144,12 +152,14 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     if (c->params.n_batch > c->params.n_ctx) c->params.n_batch = c->params.n_ctx;
     if (c->params.kv_type != TM_TYPE_F32) c->params.kv_type = TM_TYPE_F16;
     c->n_ctx = c->params.n_ctx;
-    tm_status st = cpu_pool_create(p->n_threads > 0 ? p->n_threads : cpu_physical_cores(), &c->pool);
+    tm_status st =
+        cpu_pool_create(p->n_threads > 0 ? p->n_threads : cpu_physical_cores(), &c->pool);
     if (st != TM_OK) {
         free(c);
         return st;
     }
-    const size_t row = (size_t)cfg->n_head_kv * cfg->head_dim * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
+    const size_t row =
+        (size_t)cfg->n_head_kv * cfg->head_dim * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
     c->k_cache = calloc(cfg->n_layer, sizeof(void *));
     c->v_cache = calloc(cfg->n_layer, sizeof(void *));
     if (!c->k_cache || !c->v_cache) goto nomem;
@@ -168,8 +178,9 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     return TM_OK;
 nomem:
     model_context_free(c);
-    return tm_error_set(TM_ERR_NOMEM, "out of memory for a context of %lld positions (KV cache %.1f MiB)",
-                        (long long)p->n_ctx, 2.0 * row * (double)c->n_ctx * cfg->n_layer / 1048576.0);
+    return tm_error_set(
+        TM_ERR_NOMEM, "out of memory for a context of %lld positions (KV cache %.1f MiB)",
+        (long long)p->n_ctx, 2.0 * row * (double)c->n_ctx * cfg->n_layer / 1048576.0);
 }
 
 void model_context_free(tm_context *c) {
@@ -184,7 +195,9 @@ void model_context_free(tm_context *c) {
     free(c);
 }
 
-void model_context_reset(tm_context *c) { c->n_past = 0; }
+void model_context_reset(tm_context *c) {
+    c->n_past = 0;
+}
 
 void model_context_rewind(tm_context *c, int64_t n_keep) {
     TM_ASSERT(n_keep >= 0);
@@ -195,14 +208,17 @@ tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_m
                        bool all_logits) {
     if (n_tok <= 0) return tm_error_set(TM_ERR_ARG, "no tokens to evaluate");
     if (c->n_past + n_tok > c->n_ctx)
-        return tm_error_set(TM_ERR_ARG, "context full: %lld positions used + %lld new tokens > context size %lld (-c)",
-                            (long long)c->n_past, (long long)n_tok, (long long)c->n_ctx);
+        return tm_error_set(
+            TM_ERR_ARG,
+            "context full: %lld positions used + %lld new tokens > context size %lld (-c)",
+            (long long)c->n_past, (long long)n_tok, (long long)c->n_ctx);
     if (all_logits && n_tok > c->params.n_batch)
         return tm_error_set(TM_ERR_ARG, "all logits of %lld tokens asked, batch holds %lld",
                             (long long)n_tok, (long long)c->params.n_batch);
     for (int64_t i = 0; i < n_tok; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= c->model->cfg.n_vocab)
-            return tm_error_set(TM_ERR_ARG, "token id %d at position %lld is outside the vocabulary [0, %u)",
+            return tm_error_set(TM_ERR_ARG,
+                                "token id %d at position %lld is outside the vocabulary [0, %u)",
                                 tokens[i], (long long)i, c->model->cfg.n_vocab);
     for (int64_t i = 0; i < n_tok; i += c->params.n_batch) {
         int64_t n = n_tok - i < c->params.n_batch ? n_tok - i : c->params.n_batch;

@@ -66,8 +66,8 @@ struct tm_model {
 /* Called with every named intermediate of a forward pass (tests compare them
  * with a reference layer by layer). data is [n_tok][n] floats, or int32 ids
  * when is_int. layer is -1 for tensors outside the layers. */
-typedef void (*tm_tensor_cb)(void *ud, const char *name, int layer, const void *data,
-                             int64_t n_tok, int64_t n, bool is_int);
+typedef void (*tm_tensor_cb)(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                             int64_t n, bool is_int);
 
 typedef struct tm_context_params {
     int64_t n_ctx;   /* KV cache positions (0: min(4096, trained context)) */
@@ -81,8 +81,14 @@ typedef struct tm_context_params {
 
 /* Where a context's time went, accumulated over its forward calls. */
 typedef enum tm_prof_part {
-    TM_PROF_EMBED, TM_PROF_NORM, TM_PROF_ATTN_PROJ, TM_PROF_ATTENTION, TM_PROF_ROUTER,
-    TM_PROF_EXPERTS, TM_PROF_OUTPUT, TM_PROF_COUNT
+    TM_PROF_EMBED,
+    TM_PROF_NORM,
+    TM_PROF_ATTN_PROJ,
+    TM_PROF_ATTENTION,
+    TM_PROF_ROUTER,
+    TM_PROF_EXPERTS,
+    TM_PROF_OUTPUT,
+    TM_PROF_COUNT
 } tm_prof_part;
 extern const char *const tm_prof_part_names[TM_PROF_COUNT];
 
@@ -95,7 +101,7 @@ struct tm_context {
     void **k_cache, **v_cache;
     float *logits; /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
     int64_t n_logits_rows;
-    void *state;   /* the architecture's scratch */
+    void *state; /* the architecture's scratch */
     uint64_t prof_ns[TM_PROF_COUNT];
 };
 
@@ -133,7 +139,8 @@ tm_status model_key_f32(const tm_model *m, const char *arch_key, float *out);
 
 /* y[t][r] = W·x[t] for n_tok rows of x (W: ne[1] rows of ne[0]); act: scratch
  * for quantized activations, at least model_matmul_scratch_bytes. */
-void model_matmul(tm_context *c, const tm_weight *w, const float *x, int64_t n_tok, float *y, void *act);
+void model_matmul(tm_context *c, const tm_weight *w, const float *x, int64_t n_tok, float *y,
+                  void *act);
 size_t model_matmul_scratch_bytes(const tm_weight *w, int64_t n_tok);
 
 static inline void model_prof_add(tm_context *c, tm_prof_part part, uint64_t t0, uint64_t t1) {

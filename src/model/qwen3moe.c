@@ -3,13 +3,12 @@
  * x = token_embd[tok]
  * for each layer:
  *     h = rmsnorm(x) * attn_norm
- *     q, k, v = Wq h, Wk h, Wv h                    per head: rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
- *     q, k = rope_neox(q, pos), rope_neox(k, pos)    base = rope.freq_base
- *     x += Wo · softmax(q kᵀ / sqrt(head_dim), causal) v     (grouped-query heads)
- *     h = rmsnorm(x) * ffn_norm
- *     p = softmax(W_router h); top-k experts; weights renormalised to sum 1
- *     x += Σ_k w_k · down_k(silu(gate_k h) * up_k h)
- * logits = W_out · (rmsnorm(x) * output_norm)     (W_out = token_embd when output is absent)
+ *     q, k, v = Wq h, Wk h, Wv h                    per head: rmsnorm(q) * q_norm, rmsnorm(k) *
+ * k_norm q, k = rope_neox(q, pos), rope_neox(k, pos)    base = rope.freq_base x += Wo · softmax(q
+ * kᵀ / sqrt(head_dim), causal) v     (grouped-query heads) h = rmsnorm(x) * ffn_norm p =
+ * softmax(W_router h); top-k experts; weights renormalised to sum 1 x += Σ_k w_k ·
+ * down_k(silu(gate_k h) * up_k h) logits = W_out · (rmsnorm(x) * output_norm)     (W_out =
+ * token_embd when output is absent)
  *
  * Shapes (ne order, row length first): token_embd [n_embd, n_vocab];
  * attn_q [n_embd, n_head*head_dim]; attn_k/v [n_embd, n_head_kv*head_dim];
@@ -38,16 +37,16 @@ typedef struct qwen3moe_weights {
 
 /* Activations of one chunk of n_batch tokens, named as in the header comment. */
 typedef struct qwen3moe_state {
-    float *x, *h;         /* [n_batch][n_embd] residual stream, normed input */
-    float *q, *k, *v;     /* [n_batch][n_head*head_dim], [n_batch][n_head_kv*head_dim] */
+    float *x, *h;          /* [n_batch][n_embd] residual stream, normed input */
+    float *q, *k, *v;      /* [n_batch][n_head*head_dim], [n_batch][n_head_kv*head_dim] */
     float *att, *attn_out; /* [n_batch][n_head*head_dim], [n_batch][n_embd] */
-    float *router_logits; /* [n_batch][n_expert] */
-    int32_t *topk_ids;    /* [n_batch][k] */
+    float *router_logits;  /* [n_batch][n_expert] */
+    int32_t *topk_ids;     /* [n_batch][k] */
     float *topk_w;
-    float *moe_out;       /* [n_batch][n_embd] */
+    float *moe_out; /* [n_batch][n_embd] */
     float *attn_scratch;
     float *rope_cos, *rope_sin; /* [n_batch][head_dim/2] for this chunk's positions */
-    void *act;            /* quantized activations for model_matmul */
+    void *act;                  /* quantized activations for model_matmul */
     tm_moe_worklist wl;
     tm_moe_cpu_lane *lane;
 } qwen3moe_state;
@@ -74,11 +73,13 @@ static tm_status qwen3moe_load(tm_model *m) {
     if (!c->n_layer || !c->n_embd || !c->n_head || !c->n_head_kv || c->n_head % c->n_head_kv ||
         !c->head_dim || c->head_dim % 2 || v_len != c->head_dim)
         return tm_error_set(TM_ERR_FORMAT,
-                            "%s: inconsistent attention shape (%u heads, %u kv heads, key length %u, value length %u)",
+                            "%s: inconsistent attention shape (%u heads, %u kv heads, key length "
+                            "%u, value length %u)",
                             path, c->n_head, c->n_head_kv, c->head_dim, v_len);
     if (!c->n_expert || c->n_expert > 1024 || !c->n_expert_used || c->n_expert_used > c->n_expert ||
         c->n_expert_used > 32 || !c->n_ff_exp)
-        return tm_error_set(TM_ERR_FORMAT, "%s: not a usable MoE shape (%u experts, %u used, ff %u)", path,
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: not a usable MoE shape (%u experts, %u used, ff %u)", path,
                             c->n_expert, c->n_expert_used, c->n_ff_exp);
 
     qwen3moe_weights *w = calloc(1, sizeof(*w));
@@ -87,12 +88,15 @@ static tm_status qwen3moe_load(tm_model *m) {
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     m->weights = w;
-    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
+                  KV = (int64_t)c->n_head_kv * c->head_dim;
     const tm_gguf_tensor *te = gguf_file_find_tensor(m->file, "token_embd.weight");
     c->n_vocab = te && te->n_dims == 2 ? (uint32_t)te->ne[1] : 0;
-    if ((st = model_weight_bind(m, "token_embd.weight", 2, (int64_t[]){E, c->n_vocab}, &w->token_embd)) ||
+    if ((st = model_weight_bind(m, "token_embd.weight", 2, (int64_t[]){E, c->n_vocab},
+                                &w->token_embd)) ||
         (st = model_weight_bind(m, "output_norm.weight", 1, (int64_t[]){E}, &w->output_norm)) ||
-        (st = model_weight_bind_optional(m, "output.weight", 2, (int64_t[]){E, c->n_vocab}, &w->output)))
+        (st = model_weight_bind_optional(m, "output.weight", 2, (int64_t[]){E, c->n_vocab},
+                                         &w->output)))
         return st;
     if (!w->output.data) w->output = w->token_embd; /* tied embeddings */
     if (w->output_norm.type != TM_TYPE_F32)
@@ -106,8 +110,10 @@ static tm_status qwen3moe_load(tm_model *m) {
      model_weight_bind(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
         if ((st = BIND(attn_norm, "attn_norm", 1, E)) || (st = BIND(wq, "attn_q", 2, E, Q)) ||
             (st = BIND(wk, "attn_k", 2, E, KV)) || (st = BIND(wv, "attn_v", 2, E, KV)) ||
-            (st = BIND(wo, "attn_output", 2, Q, E)) || (st = BIND(q_norm, "attn_q_norm", 1, c->head_dim)) ||
-            (st = BIND(k_norm, "attn_k_norm", 1, c->head_dim)) || (st = BIND(ffn_norm, "ffn_norm", 1, E)) ||
+            (st = BIND(wo, "attn_output", 2, Q, E)) ||
+            (st = BIND(q_norm, "attn_q_norm", 1, c->head_dim)) ||
+            (st = BIND(k_norm, "attn_k_norm", 1, c->head_dim)) ||
+            (st = BIND(ffn_norm, "ffn_norm", 1, E)) ||
             (st = BIND(router, "ffn_gate_inp", 2, E, c->n_expert)) ||
             (st = BIND(gate_exps, "ffn_gate_exps", 3, E, c->n_ff_exp, c->n_expert)) ||
             (st = BIND(up_exps, "ffn_up_exps", 3, E, c->n_ff_exp, c->n_expert)) ||
@@ -117,16 +123,23 @@ static tm_status qwen3moe_load(tm_model *m) {
         const tm_weight *norms[] = {&L->attn_norm, &L->q_norm, &L->k_norm, &L->ffn_norm};
         for (size_t i = 0; i < 4; i++)
             if (norms[i]->type != TM_TYPE_F32)
-                return tm_error_set(TM_ERR_UNSUPPORTED, "%s: norm tensor '%.*s' must be f32, is %s", path,
-                                    (int)norms[i]->name_len, norms[i]->name, quant_type_name(norms[i]->type));
+                return tm_error_set(TM_ERR_UNSUPPORTED, "%s: norm tensor '%.*s' must be f32, is %s",
+                                    path, (int)norms[i]->name_len, norms[i]->name,
+                                    quant_type_name(norms[i]->type));
         L->experts = (tm_moe_experts){
-            .n_embd = E, .n_ff = c->n_ff_exp, .act = TM_MOE_ACT_SWIGLU,
-            .gate = {L->gate_exps.data, L->gate_exps.type, L->gate_exps.row_bytes * c->n_ff_exp, L->gate_exps.row_bytes},
-            .up = {L->up_exps.data, L->up_exps.type, L->up_exps.row_bytes * c->n_ff_exp, L->up_exps.row_bytes},
-            .down = {L->down_exps.data, L->down_exps.type, L->down_exps.row_bytes * (size_t)E, L->down_exps.row_bytes},
+            .n_embd = E,
+            .n_ff = c->n_ff_exp,
+            .act = TM_MOE_ACT_SWIGLU,
+            .gate = {L->gate_exps.data, L->gate_exps.type, L->gate_exps.row_bytes * c->n_ff_exp,
+                     L->gate_exps.row_bytes},
+            .up = {L->up_exps.data, L->up_exps.type, L->up_exps.row_bytes * c->n_ff_exp,
+                   L->up_exps.row_bytes},
+            .down = {L->down_exps.data, L->down_exps.type, L->down_exps.row_bytes * (size_t)E,
+                     L->down_exps.row_bytes},
         };
     }
-    w->router = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, c->n_expert, c->n_expert_used, true, 1.0f};
+    w->router =
+        (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, c->n_expert, c->n_expert_used, true, 1.0f};
     return TM_OK;
 }
 
@@ -138,10 +151,12 @@ static void qwen3moe_unload(tm_model *m) {
 }
 
 /* The q, k and v products of one layer (outputs in s; s NULL: sizes only). */
-static void qwen3moe_qkv_descs(const qwen3moe_layer *L, const qwen3moe_state *s, tm_matmul_desc out[3]) {
+static void qwen3moe_qkv_descs(const qwen3moe_layer *L, const qwen3moe_state *s,
+                               tm_matmul_desc out[3]) {
     const tm_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
     float *ys[3] = {s ? s->q : NULL, s ? s->k : NULL, s ? s->v : NULL};
-    for (int i = 0; i < 3; i++) out[i] = (tm_matmul_desc){ws[i]->type, ws[i]->ne[1], ws[i]->data, ws[i]->row_bytes, ys[i]};
+    for (int i = 0; i < 3; i++)
+        out[i] = (tm_matmul_desc){ws[i]->type, ws[i]->ne[1], ws[i]->data, ws[i]->row_bytes, ys[i]};
 }
 
 /* q, k, v = Wq h, Wk h, Wv h: they share h, so one pool job covers all three. */
@@ -192,8 +207,10 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
         !(s->moe_out = malloc(B * E * sizeof(float))) || !(s->act = malloc(act)) ||
         !(s->rope_cos = malloc(B * c->head_dim / 2 * sizeof(float))) ||
         !(s->rope_sin = malloc(B * c->head_dim / 2 * sizeof(float))) ||
-        !(s->attn_scratch = malloc((size_t)cpu_attention_scratch_floats(&as, ctx->n_ctx, nth) * sizeof(float))))
-        return tm_error_set(TM_ERR_NOMEM, "out of memory for activations of a %lld-token batch", (long long)B);
+        !(s->attn_scratch =
+              malloc((size_t)cpu_attention_scratch_floats(&as, ctx->n_ctx, nth) * sizeof(float))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory for activations of a %lld-token batch",
+                            (long long)B);
     return moe_cpu_lane_create(&s->lane);
 }
 
@@ -208,8 +225,8 @@ static void qwen3moe_state_free(tm_context *ctx) {
     ctx->state = NULL;
 }
 
-static void emit(tm_context *ctx, const char *name, int layer, const void *data, int64_t n_tok, int64_t n,
-                 bool is_int) {
+static void emit(tm_context *ctx, const char *name, int layer, const void *data, int64_t n_tok,
+                 int64_t n, bool is_int) {
     if (ctx->params.cb) ctx->params.cb(ctx->params.cb_ud, name, layer, data, n_tok, n, is_int);
 }
 
@@ -230,7 +247,8 @@ static void qwen3moe_token_task(void *ud, int64_t begin, int64_t end, int ith) {
     tm_context *ctx = j->ctx;
     const tm_model_config *c = &ctx->model->cfg;
     qwen3moe_state *s = ctx->state;
-    const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D, KV = (int64_t)c->n_head_kv * D;
+    const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D,
+                  KV = (int64_t)c->n_head_kv * D;
     const size_t kv_row = (size_t)KV * (ctx->params.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t = begin; t < end; t++) {
         if (!j->qk) {
@@ -250,19 +268,23 @@ static void qwen3moe_token_task(void *ud, int64_t begin, int64_t end, int ith) {
             cpu_rope_neox_table(k, D, cs, sn);
         }
         const int64_t pos = ctx->n_past + t;
-        cpu_store_kv((uint8_t *)ctx->k_cache[j->layer] + (size_t)pos * kv_row, s->k + t * KV, ctx->params.kv_type, KV);
-        cpu_store_kv((uint8_t *)ctx->v_cache[j->layer] + (size_t)pos * kv_row, s->v + t * KV, ctx->params.kv_type, KV);
+        cpu_store_kv((uint8_t *)ctx->k_cache[j->layer] + (size_t)pos * kv_row, s->k + t * KV,
+                     ctx->params.kv_type, KV);
+        cpu_store_kv((uint8_t *)ctx->v_cache[j->layer] + (size_t)pos * kv_row, s->v + t * KV,
+                     ctx->params.kv_type, KV);
     }
     (void)ith;
 }
 
 static void qwen3moe_tokens_run(tm_context *ctx, qwen3moe_token_job *j, int64_t n_tok) {
-    if (n_tok == 1) qwen3moe_token_task(j, 0, 1, 0); /* not worth waking the pool */
-    else cpu_pool_for(ctx->pool, n_tok, 1, qwen3moe_token_task, j);
+    if (n_tok == 1)
+        qwen3moe_token_task(j, 0, 1, 0); /* not worth waking the pool */
+    else
+        cpu_pool_for(ctx->pool, n_tok, 1, qwen3moe_token_task, j);
 }
 
-static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
-                                  bool all_logits) {
+static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_t n_tok,
+                                  tm_moe_phase phase, bool all_logits) {
     const tm_model_config *c = &ctx->model->cfg;
     const qwen3moe_weights *w = ctx->model->weights;
     qwen3moe_state *s = ctx->state;
@@ -272,11 +294,14 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
     uint64_t t0 = tm_time_ns(), t1;
     tm_status st;
 
-    for (int64_t t = 0; t < n_tok; t++) /* RoPE angles of this chunk, shared by every layer and head */
-        cpu_rope_table(s->rope_cos + t * (D / 2), s->rope_sin + t * (D / 2), D, pos0 + t, c->rope_base);
+    for (int64_t t = 0; t < n_tok;
+         t++) /* RoPE angles of this chunk, shared by every layer and head */
+        cpu_rope_table(s->rope_cos + t * (D / 2), s->rope_sin + t * (D / 2), D, pos0 + t,
+                       c->rope_base);
 
     for (int64_t t = 0; t < n_tok; t++) /* x = token_embd[tok] */
-        quant_row_dequantize(w->token_embd.type, w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
+        quant_row_dequantize(w->token_embd.type,
+                             w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
                              s->x + t * E, E);
     model_prof_add(ctx, TM_PROF_EMBED, t0, t1 = tm_time_ns());
 
@@ -294,27 +319,31 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
         qwen3moe_tokens_run(ctx, &qk_job, n_tok);
         model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
         tm_attention_shape as = {n_tok, pos0, H, HKV, D, 1.0f / sqrtf((float)D), kv_type};
-        cpu_attention(ctx->pool, &as, s->q, ctx->k_cache[l], ctx->v_cache[l], s->att, s->attn_scratch);
+        cpu_attention(ctx->pool, &as, s->q, ctx->k_cache[l], ctx->v_cache[l], s->att,
+                      s->attn_scratch);
         model_prof_add(ctx, TM_PROF_ATTENTION, t1, t0 = tm_time_ns());
         model_matmul(ctx, &L->wo, s->att, n_tok, s->attn_out, s->act);
         model_prof_add(ctx, TM_PROF_ATTN_PROJ, t0, t1 = tm_time_ns());
         emit(ctx, "attn_out", (int)l, s->attn_out, n_tok, E, false);
 
         /* mixture of experts */
-        qwen3moe_token_job ffn_norm_job = {ctx, L, l, (const float *)L->ffn_norm.data, s->attn_out, false};
-        qwen3moe_tokens_run(ctx, &ffn_norm_job, n_tok); /* x += attn_out; h = rmsnorm(x) * ffn_norm */
+        qwen3moe_token_job ffn_norm_job = {ctx,         L,    l, (const float *)L->ffn_norm.data,
+                                           s->attn_out, false};
+        qwen3moe_tokens_run(ctx, &ffn_norm_job,
+                            n_tok); /* x += attn_out; h = rmsnorm(x) * ffn_norm */
         model_prof_add(ctx, TM_PROF_NORM, t1, t0 = tm_time_ns());
         model_matmul(ctx, &L->router, s->h, n_tok, s->router_logits, s->act);
         moe_router_select(&w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
-        if ((st = moe_worklist_build(&s->wl, s->topk_ids, s->topk_w, n_tok, c->n_expert, c->n_expert_used, phase)))
+        if ((st = moe_worklist_build(&s->wl, s->topk_ids, s->topk_w, n_tok, c->n_expert,
+                                     c->n_expert_used, phase)))
             return st;
         model_prof_add(ctx, TM_PROF_ROUTER, t0, t1 = tm_time_ns());
         emit(ctx, "router_logits", (int)l, s->router_logits, n_tok, c->n_expert, false);
         emit(ctx, "topk_ids", (int)l, s->topk_ids, n_tok, c->n_expert_used, true);
         emit(ctx, "topk_weights", (int)l, s->topk_w, n_tok, c->n_expert_used, false);
         memset(s->moe_out, 0, (size_t)(n_tok * E) * sizeof(float));
-        if ((st = moe_cpu_lane_run(s->lane, ctx->pool, &L->experts, &s->wl, 0, s->wl.n_slots, s->h, s->moe_out,
-                                   ctx->params.precise)))
+        if ((st = moe_cpu_lane_run(s->lane, ctx->pool, &L->experts, &s->wl, 0, s->wl.n_slots, s->h,
+                                   s->moe_out, ctx->params.precise)))
             return st;
         qwen3moe_token_job residual_job = {ctx, L, l, NULL, s->moe_out, false};
         qwen3moe_tokens_run(ctx, &residual_job, n_tok); /* x += moe_out */
@@ -327,7 +356,8 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
     t0 = tm_time_ns();
     const int64_t first = all_logits ? 0 : n_tok - 1, n_out = n_tok - first;
     for (int64_t t = first; t < n_tok; t++)
-        cpu_rmsnorm(s->h + (t - first) * E, s->x + t * E, (const float *)w->output_norm.data, E, c->rms_eps);
+        cpu_rmsnorm(s->h + (t - first) * E, s->x + t * E, (const float *)w->output_norm.data, E,
+                    c->rms_eps);
     model_matmul(ctx, &w->output, s->h, n_out, ctx->logits, s->act);
     model_prof_add(ctx, TM_PROF_OUTPUT, t0, tm_time_ns());
     emit(ctx, "logits", -1, ctx->logits, n_out, c->n_vocab, false);

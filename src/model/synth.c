@@ -18,14 +18,14 @@
 #include "tokenizer/tokenizer.h"
 
 /* Scales that keep token identity in the residual stream (see synth.h). */
-#define SYNTH_EMBD_STD      1.0f  /* token embedding */
-#define SYNTH_BIAS_CHANNEL  0     /* embedding dimension that carries the router bias */
-#define SYNTH_BIAS_BETA     2.0f  /* its constant value in every token embedding */
-#define SYNTH_ROUTER_NOISE  1.0f  /* std of a router logit over random tokens */
-#define SYNTH_ATTN_OUT_STD  0.03f /* std of one layer's attention contribution per dimension */
-#define SYNTH_FFN_OUT_STD   0.05f /* std of one expert's output per dimension */
-#define SYNTH_SWIGLU_STD    0.6f  /* std of silu(g)*u for g, u ~ N(0, 1) (numerically ~0.59) */
-#define SYNTH_ZIPF_CAP      0.9   /* no expert is chosen by more than 90% of tokens */
+#define SYNTH_EMBD_STD     1.0f  /* token embedding */
+#define SYNTH_BIAS_CHANNEL 0     /* embedding dimension that carries the router bias */
+#define SYNTH_BIAS_BETA    2.0f  /* its constant value in every token embedding */
+#define SYNTH_ROUTER_NOISE 1.0f  /* std of a router logit over random tokens */
+#define SYNTH_ATTN_OUT_STD 0.03f /* std of one layer's attention contribution per dimension */
+#define SYNTH_FFN_OUT_STD  0.05f /* std of one expert's output per dimension */
+#define SYNTH_SWIGLU_STD   0.6f  /* std of silu(g)*u for g, u ~ N(0, 1) (numerically ~0.59) */
+#define SYNTH_ZIPF_CAP     0.9   /* no expert is chosen by more than 90% of tokens */
 
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     memset(cfg, 0, sizeof(*cfg));
@@ -74,16 +74,21 @@ tm_status synth_config_validate(const tm_synth_config *c) {
         const char *name;
         uint32_t v, lo, hi;
     } dims[] = {
-        {"n-layer", c->n_layer, 1, 1024},        {"n-embd", c->n_embd, 2, 65536},
-        {"n-head", c->n_head, 1, 1024},          {"n-head-kv", c->n_head_kv, 1, 1024},
-        {"head-dim", c->head_dim, 2, 1024},      {"n-expert", c->n_expert, 1, 1024},
-        {"n-expert-used", c->n_expert_used, 1, 32}, {"n-ff-exp", c->n_ff_exp, 1, 1 << 20},
-        {"n-vocab", c->n_vocab, 1, 1 << 24},     {"n-ctx", c->n_ctx, 1, 1 << 24},
+        {"n-layer", c->n_layer, 1, 1024},
+        {"n-embd", c->n_embd, 2, 65536},
+        {"n-head", c->n_head, 1, 1024},
+        {"n-head-kv", c->n_head_kv, 1, 1024},
+        {"head-dim", c->head_dim, 2, 1024},
+        {"n-expert", c->n_expert, 1, 1024},
+        {"n-expert-used", c->n_expert_used, 1, 32},
+        {"n-ff-exp", c->n_ff_exp, 1, 1 << 20},
+        {"n-vocab", c->n_vocab, 1, 1 << 24},
+        {"n-ctx", c->n_ctx, 1, 1 << 24},
     };
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
         if (dims[i].v < dims[i].lo || dims[i].v > dims[i].hi)
-            return tm_error_set(TM_ERR_ARG, "--%s: %u is outside [%u, %u]", dims[i].name,
-                                dims[i].v, dims[i].lo, dims[i].hi);
+            return tm_error_set(TM_ERR_ARG, "--%s: %u is outside [%u, %u]", dims[i].name, dims[i].v,
+                                dims[i].lo, dims[i].hi);
     if (c->n_head % c->n_head_kv)
         return tm_error_set(TM_ERR_ARG, "--n-head %u is not a multiple of --n-head-kv %u",
                             c->n_head, c->n_head_kv);
@@ -119,8 +124,10 @@ void synth_zipf_targets(uint32_t n_expert, uint32_t k, double s, double *target)
     for (int iter = 0; iter < 64; iter++) {
         double excess = 0, free_mass = 0;
         for (uint32_t r = 0; r < n_expert; r++) {
-            if (target[r] > SYNTH_ZIPF_CAP) excess += target[r] - SYNTH_ZIPF_CAP, target[r] = SYNTH_ZIPF_CAP;
-            else if (target[r] < SYNTH_ZIPF_CAP) free_mass += target[r];
+            if (target[r] > SYNTH_ZIPF_CAP)
+                excess += target[r] - SYNTH_ZIPF_CAP, target[r] = SYNTH_ZIPF_CAP;
+            else if (target[r] < SYNTH_ZIPF_CAP)
+                free_mass += target[r];
         }
         if (excess <= 1e-12 || free_mass <= 0) break;
         for (uint32_t r = 0; r < n_expert; r++)
@@ -146,12 +153,14 @@ static tm_status synth_calibrate_bias(uint32_t n_expert, uint32_t k, double s, u
     synth_zipf_targets(n_expert, k, s, target);
     tm_rng rng;
     tm_rng_seed(&rng, seed ^ 0x5eed0b1a5ull);
-    for (size_t i = 0; i < (size_t)M * n_expert; i++) noise[i] = SYNTH_ROUTER_NOISE * tm_rng_normal(&rng);
+    for (size_t i = 0; i < (size_t)M * n_expert; i++)
+        noise[i] = SYNTH_ROUTER_NOISE * tm_rng_normal(&rng);
     int32_t idx[64];
     for (int it = 0; it < ITERS; it++) {
         memset(count, 0, n_expert * sizeof(uint32_t));
         for (int m = 0; m < M; m++) {
-            for (uint32_t e = 0; e < n_expert; e++) logit[e] = bias_by_rank[e] + noise[(size_t)m * n_expert + e];
+            for (uint32_t e = 0; e < n_expert; e++)
+                logit[e] = bias_by_rank[e] + noise[(size_t)m * n_expert + e];
             cpu_topk(logit, n_expert, k, idx);
             for (uint32_t j = 0; j < k; j++) count[idx[j]]++;
         }
@@ -187,7 +196,8 @@ tm_status synth_router_biases(const tm_synth_config *c, float *bias) {
             uint32_t t = perm[e];
             perm[e] = perm[j], perm[j] = t;
         }
-        for (uint32_t r = 0; r < c->n_expert; r++) bias[(size_t)l * c->n_expert + perm[r]] = by_rank[r];
+        for (uint32_t r = 0; r < c->n_expert; r++)
+            bias[(size_t)l * c->n_expert + perm[r]] = by_rank[r];
     }
     free(by_rank), free(perm);
     return st;
@@ -214,37 +224,47 @@ static void synth_tensor_set(synth_tensor *t, const char *name, tm_type type, sy
     t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = ne2;
 }
 
-static int64_t synth_tensor_rows(const synth_tensor *t) { return t->ne[1] * t->ne[2]; }
+static int64_t synth_tensor_rows(const synth_tensor *t) {
+    return t->ne[1] * t->ne[2];
+}
 
 /* The tensor list llama.cpp's converter writes for qwen3moe, in its order. */
 static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias, synth_tensor *t) {
     uint32_t n = 0;
-    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
+                  KV = (int64_t)c->n_head_kv * c->head_dim;
     const float in_std = 1.0f / sqrtf((float)E);
-    synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E, c->n_vocab, 1);
+    synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
+                     c->n_vocab, 1);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         char nm[64];
 #define SYNTH_T(suffix, ...)                                                                       \
-    (snprintf(nm, sizeof(nm), "blk.%u." suffix ".weight", l), synth_tensor_set(&t[n++], nm, __VA_ARGS__))
+    (snprintf(nm, sizeof(nm), "blk.%u." suffix ".weight", l),                                      \
+     synth_tensor_set(&t[n++], nm, __VA_ARGS__))
         SYNTH_T("attn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
         SYNTH_T("attn_q", c->type_attn, INIT_NORMAL, in_std, 2, E, Q, 1);
         SYNTH_T("attn_k", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
         SYNTH_T("attn_v", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
-        SYNTH_T("attn_output", c->type_attn, INIT_NORMAL, SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2, Q, E, 1);
+        SYNTH_T("attn_output", c->type_attn, INIT_NORMAL, SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2,
+                Q, E, 1);
         SYNTH_T("attn_q_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
         SYNTH_T("attn_k_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
         SYNTH_T("ffn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-        SYNTH_T("ffn_gate_inp", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E, c->n_expert, 1);
+        SYNTH_T("ffn_gate_inp", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
+                c->n_expert, 1);
         t[n - 1].bias = bias + (size_t)l * c->n_expert;
-        SYNTH_T("ffn_gate_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp, c->n_expert);
-        SYNTH_T("ffn_up_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp, c->n_expert);
-        SYNTH_T("ffn_down_exps", c->type_experts, INIT_NORMAL,
-                SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_STD * sqrtf((float)c->n_ff_exp)), 3, c->n_ff_exp, E,
+        SYNTH_T("ffn_gate_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
                 c->n_expert);
+        SYNTH_T("ffn_up_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
+                c->n_expert);
+        SYNTH_T("ffn_down_exps", c->type_experts, INIT_NORMAL,
+                SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_STD * sqrtf((float)c->n_ff_exp)), 3, c->n_ff_exp,
+                E, c->n_expert);
 #undef SYNTH_T
     }
     synth_tensor_set(&t[n++], "output_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-    synth_tensor_set(&t[n++], "output.weight", c->type_output, INIT_NORMAL, in_std, 2, E, c->n_vocab, 1);
+    synth_tensor_set(&t[n++], "output.weight", c->type_output, INIT_NORMAL, in_std, 2, E,
+                     c->n_vocab, 1);
     return n;
 }
 
@@ -313,7 +333,8 @@ static void synth_slab_rows(void *ctx, int64_t begin, int64_t end, int ith) {
     synth_slab_job *job = ctx;
     for (int64_t r = begin; r < end; r++) {
         synth_row_generate(job->t, job->seed, job->tensor_index, job->row0 + r, job->tmp[ith]);
-        quant_row_quantize(job->t->type, job->tmp[ith], job->out + (size_t)r * job->row_bytes, job->t->ne[0]);
+        quant_row_quantize(job->t->type, job->tmp[ith], job->out + (size_t)r * job->row_bytes,
+                           job->t->ne[0]);
     }
 }
 
@@ -337,9 +358,9 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
         uint32_t ftype;
     } ftypes[] = {
         /* llama_ftype of the dominant (expert) type, as llama.cpp's quantizer labels the mix */
-        {TM_TYPE_F32, 0}, {TM_TYPE_F16, 1}, {TM_TYPE_Q4_0, 2}, {TM_TYPE_Q8_0, 7},
-        {TM_TYPE_Q4_K, 15}, {TM_TYPE_Q5_K, 17}, {TM_TYPE_Q6_K, 18}, {TM_TYPE_BF16, 32},
-        {TM_TYPE_MXFP4, 38},
+        {TM_TYPE_F32, 0},   {TM_TYPE_F16, 1},   {TM_TYPE_Q4_0, 2},
+        {TM_TYPE_Q8_0, 7},  {TM_TYPE_Q4_K, 15}, {TM_TYPE_Q5_K, 17},
+        {TM_TYPE_Q6_K, 18}, {TM_TYPE_BF16, 32}, {TM_TYPE_MXFP4, 38},
     };
     uint32_t ftype = 0;
     for (size_t i = 0; i < sizeof(ftypes) / sizeof(ftypes[0]); i++)
@@ -434,7 +455,8 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
     int64_t max_ne0 = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t index;
-        if ((st = gguf_writer_add_tensor(w, t[i].name, (uint32_t)t[i].type, t[i].n_dims, t[i].ne, &index)))
+        if ((st = gguf_writer_add_tensor(w, t[i].name, (uint32_t)t[i].type, t[i].n_dims, t[i].ne,
+                                         &index)))
             goto done;
         size_t rb = quant_row_size(t[i].type, t[i].ne[0]);
         prog.total += rb * (uint64_t)synth_tensor_rows(&t[i]);

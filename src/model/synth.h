@@ -29,11 +29,11 @@ typedef struct tm_synth_config {
     float rope_base, rms_eps;
     tm_type type_experts, type_attn, type_embd, type_output; /* norms and router are f32 */
     uint64_t seed;
-    double skew;      /* Zipf exponent of expert popularity; 0 = uniform */
-    int n_threads;    /* generation threads (0 = all cores) */
-    const char *name; /* general.name */
+    double skew;            /* Zipf exponent of expert popularity; 0 = uniform */
+    int n_threads;          /* generation threads (0 = all cores) */
+    const char *name;       /* general.name */
     const char *vocab_json; /* HF tokenizer.json to embed, or NULL for no vocabulary */
-    int progress;     /* print progress and rate to stderr */
+    int progress;           /* print progress and rate to stderr */
 } tm_synth_config;
 
 /* Fill `cfg` from a preset: "tiny" or "30b-a3b". */

@@ -23,10 +23,10 @@
 /* Rows per work item: 32, doubled up to 256 while an item reads under 32 KB of
  * weights (short down rows), and at least 64 for runs of 16 tokens or more (the
  * AMX kernel packs 4 row tiles per activation pass). */
-#define LANE_ROW_CHUNK 32
+#define LANE_ROW_CHUNK     32
 #define LANE_ROW_CHUNK_MAX 256
-#define LANE_ITEM_BYTES (32 << 10)
-#define LANE_H_PIECE 256  /* H values activated and quantized together: whole q8_K/q8_0 blocks */
+#define LANE_ITEM_BYTES    (32 << 10)
+#define LANE_H_PIECE       256 /* H values activated and quantized together: whole q8_K/q8_0 blocks */
 
 typedef struct lane_run {
     int64_t s0, s1; /* slots [s0, s1) of one expert, relative to the lane's first slot */
@@ -45,14 +45,18 @@ struct tm_moe_cpu_lane {
     /* scratch, grown on demand and kept between steps */
     lane_run *runs;
     lane_item *items;
-    int64_t *tok_first; /* [n_tok + 1]: the slots of token t are tok_slots[tok_first[t] .. tok_first[t + 1]) */
+    int64_t *tok_first; /* [n_tok + 1]: the slots of token t are tok_slots[tok_first[t] ..
+                           tok_first[t + 1]) */
     int64_t *tok_slots;
-    uint8_t *xq_tok[2]; /* activation rows per token, for gate and up (up unused when they share a type) */
-    uint8_t *xq[LANE_PROJ]; /* product inputs per slot: gathered x rows (gate, up), quantized H (down) */
-    float *out[LANE_PROJ];  /* G, U [slots][n_ff]; O [slots][n_embd] */
-    float *xf;              /* gathered f32 x (precise path) */
-    atomic_int *pending;    /* per (run, H piece): gate/up items not yet done */
-    size_t cap_pending, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
+    uint8_t *xq_tok[2]; /* activation rows per token, for gate and up (up unused when they share a
+                           type) */
+    uint8_t *
+        xq[LANE_PROJ]; /* product inputs per slot: gathered x rows (gate, up), quantized H (down) */
+    float *out[LANE_PROJ]; /* G, U [slots][n_ff]; O [slots][n_embd] */
+    float *xf;             /* gathered f32 x (precise path) */
+    atomic_int *pending;   /* per (run, H piece): gate/up items not yet done */
+    size_t cap_pending, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2],
+        cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
 };
 
 tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
@@ -62,7 +66,8 @@ tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
 
 void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
-    free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]), free(l->xq_tok[1]), free(l->xf);
+    free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]),
+        free(l->xq_tok[1]), free(l->xf);
     free(l->pending);
     for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
@@ -89,7 +94,7 @@ typedef struct lane_step {
     int64_t rows[LANE_PROJ];    /* output rows of each projection */
     size_t xq_bytes[LANE_PROJ]; /* bytes of one quantized input row of each projection */
     int shared_act;             /* gate and up read the same activation rows */
-    int64_t n_pieces;           /* H pieces per slot when gate/up items make H; 0: a step of its own */
+    int64_t n_pieces; /* H pieces per slot when gate/up items make H; 0: a step of its own */
 } lane_step;
 
 /* H = act(G, U) for values [c0, c1) of slot s, quantized for the down product. */
@@ -99,23 +104,26 @@ static void lane_swiglu_piece(const lane_step *st, int64_t s, int64_t c0, int64_
     const tm_type t = st->m[LANE_DOWN]->type;
     float *g = l->out[LANE_GATE] + s * F + c0;
     cpu_swiglu(g, g, l->out[LANE_UP] + s * F + c0, c1 - c0);
-    cpu_act_quantize(t, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN] + cpu_act_row_size(t, c0), c1 - c0);
+    cpu_act_quantize(t, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN] + cpu_act_row_size(t, c0),
+                     c1 - c0);
 }
 
-static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin, int64_t end) {
+static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin,
+                           int64_t end) {
     const tm_moe_cpu_lane *l = st->l;
     for (int64_t i = begin; i < end; i++) {
         const lane_item *it = &items[i];
         const lane_run *run = &l->runs[it->run];
         const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
         const tm_moe_matrix *m = st->m[p];
-        cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes, it->r0,
-                 it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in], run->s1 - run->s0,
-                 l->out[p] + run->s0 * st->rows[p], st->rows[p]);
+        cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes,
+                 it->r0, it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in],
+                 run->s1 - run->s0, l->out[p] + run->s0 * st->rows[p], st->rows[p]);
         if (!st->n_pieces || p == LANE_DOWN) continue;
         /* the last gate/up item of an H piece makes that piece for the run's slots */
         const int64_t c = it->r0 / LANE_H_PIECE;
-        if (atomic_fetch_sub_explicit(&l->pending[it->run * st->n_pieces + c], 1, memory_order_acq_rel) == 1)
+        if (atomic_fetch_sub_explicit(&l->pending[it->run * st->n_pieces + c], 1,
+                                      memory_order_acq_rel) == 1)
             for (int64_t s = run->s0; s < run->s1; s++)
                 lane_swiglu_piece(st, s, c * LANE_H_PIECE, (c + 1) * LANE_H_PIECE);
     }
@@ -140,12 +148,15 @@ static int64_t lane_row_chunk(const lane_step *st, int p, const lane_run *run) {
 }
 
 /* Items for projections [p0, p1] of every run, written at items. */
-static int64_t lane_items_build(const lane_step *st, lane_item *items, int64_t n_runs, int p0, int p1) {
+static int64_t lane_items_build(const lane_step *st, lane_item *items, int64_t n_runs, int p0,
+                                int p1) {
     int64_t n = 0;
     for (int64_t r = 0; r < n_runs; r++)
         for (int p = p0; p <= p1; p++)
-            for (int64_t r0 = 0, c = lane_row_chunk(st, p, &st->l->runs[r]); r0 < st->rows[p]; r0 += c)
-                items[n++] = (lane_item){(int32_t)r, p, r0, r0 + c < st->rows[p] ? r0 + c : st->rows[p]};
+            for (int64_t r0 = 0, c = lane_row_chunk(st, p, &st->l->runs[r]); r0 < st->rows[p];
+                 r0 += c)
+                items[n++] =
+                    (lane_item){(int32_t)r, p, r0, r0 + c < st->rows[p] ? r0 + c : st->rows[p]};
     return n;
 }
 
@@ -154,9 +165,11 @@ static void lane_quantize_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
     const int64_t E = st->ex->n_embd;
     for (int64_t t = begin; t < end; t++) {
-        cpu_act_quantize(st->m[LANE_GATE]->type, st->x + t * E, st->l->xq_tok[0] + t * st->xq_bytes[LANE_GATE], E);
+        cpu_act_quantize(st->m[LANE_GATE]->type, st->x + t * E,
+                         st->l->xq_tok[0] + t * st->xq_bytes[LANE_GATE], E);
         if (!st->shared_act)
-            cpu_act_quantize(st->m[LANE_UP]->type, st->x + t * E, st->l->xq_tok[1] + t * st->xq_bytes[LANE_UP], E);
+            cpu_act_quantize(st->m[LANE_UP]->type, st->x + t * E,
+                             st->l->xq_tok[1] + t * st->xq_bytes[LANE_UP], E);
     }
     (void)ith;
 }
@@ -167,7 +180,8 @@ static void lane_gather_task(void *ctx, int64_t begin, int64_t end, int ith) {
     for (int64_t s = begin; s < end; s++)
         for (int p = LANE_GATE; p <= (st->shared_act ? LANE_GATE : LANE_UP); p++)
             memcpy(st->l->xq[p] + s * st->xq_bytes[p],
-                   st->l->xq_tok[p] + (int64_t)st->slots[s].token * st->xq_bytes[p], st->xq_bytes[p]);
+                   st->l->xq_tok[p] + (int64_t)st->slots[s].token * st->xq_bytes[p],
+                   st->xq_bytes[p]);
     (void)ith;
 }
 
@@ -198,18 +212,22 @@ static tm_status lane_run_precise(tm_moe_cpu_lane *l, tm_pool *pool, const tm_mo
         const lane_run *run = &l->runs[r];
         const int64_t n = run->s1 - run->s0;
         for (int64_t s = run->s0; s < run->s1; s++)
-            memcpy(l->xf + (s - run->s0) * E, x + (int64_t)slots[s].token * E, (size_t)E * sizeof(float));
+            memcpy(l->xf + (s - run->s0) * E, x + (int64_t)slots[s].token * E,
+                   (size_t)E * sizeof(float));
         tm_status st;
         const size_t e = (size_t)run->expert;
         float *g = l->out[LANE_GATE], *u = l->out[LANE_UP];
-        if ((st = cpu_matmul_precise(pool, ex->gate.type, E, F, ex->gate.data + e * ex->gate.expert_stride,
-                                     ex->gate.row_bytes, l->xf, n, g + run->s0 * F)) ||
-            (st = cpu_matmul_precise(pool, ex->up.type, E, F, ex->up.data + e * ex->up.expert_stride,
-                                     ex->up.row_bytes, l->xf, n, u + run->s0 * F)))
+        if ((st = cpu_matmul_precise(pool, ex->gate.type, E, F,
+                                     ex->gate.data + e * ex->gate.expert_stride, ex->gate.row_bytes,
+                                     l->xf, n, g + run->s0 * F)) ||
+            (st =
+                 cpu_matmul_precise(pool, ex->up.type, E, F, ex->up.data + e * ex->up.expert_stride,
+                                    ex->up.row_bytes, l->xf, n, u + run->s0 * F)))
             return st;
         for (int64_t s = run->s0; s < run->s1; s++) cpu_swiglu(g + s * F, g + s * F, u + s * F, F);
-        if ((st = cpu_matmul_precise(pool, ex->down.type, F, E, ex->down.data + e * ex->down.expert_stride,
-                                     ex->down.row_bytes, g + run->s0 * F, n, l->out[LANE_DOWN] + run->s0 * E)))
+        if ((st = cpu_matmul_precise(pool, ex->down.type, F, E,
+                                     ex->down.data + e * ex->down.expert_stride, ex->down.row_bytes,
+                                     g + run->s0 * F, n, l->out[LANE_DOWN] + run->s0 * E)))
             return st;
     }
     return TM_OK;
@@ -235,7 +253,11 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     }
 
     lane_step st = {
-        .ex = ex, .l = l, .slots = slots, .x = x, .y = y,
+        .ex = ex,
+        .l = l,
+        .slots = slots,
+        .x = x,
+        .y = y,
         .m = {&ex->gate, &ex->up, &ex->down},
         .k = {E, E, F},
         .rows = {F, F, E},
@@ -244,29 +266,39 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         .shared_act = cpu_act_type(ex->gate.type) == cpu_act_type(ex->up.type),
     };
     int64_t items_max = 0;
-    for (int p = 0; p < LANE_PROJ; p++) items_max += n_runs * ((st.rows[p] + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK);
+    for (int p = 0; p < LANE_PROJ; p++)
+        items_max += n_runs * ((st.rows[p] + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK);
     int ok = lane_grow((void **)&l->items, &l->cap_items, (size_t)items_max * sizeof(lane_item));
     for (int p = 0; ok && p < LANE_PROJ; p++)
-        ok = lane_grow((void **)&l->out[p], &l->cap_out[p], (size_t)(n * st.rows[p]) * sizeof(float)) &&
-             (p == LANE_UP && st.shared_act ? 1 : lane_grow((void **)&l->xq[p], &l->cap_xq[p], (size_t)n * st.xq_bytes[p]));
+        ok = lane_grow((void **)&l->out[p], &l->cap_out[p],
+                       (size_t)(n * st.rows[p]) * sizeof(float)) &&
+             (p == LANE_UP && st.shared_act
+                  ? 1
+                  : lane_grow((void **)&l->xq[p], &l->cap_xq[p], (size_t)n * st.xq_bytes[p]));
     for (int p = 0; ok && p < (st.shared_act ? 1 : 2); p++)
         ok = lane_grow((void **)&l->xq_tok[p], &l->cap_xq_tok[p], (size_t)n_tok * st.xq_bytes[p]);
-    ok = ok && lane_grow((void **)&l->tok_first, &l->cap_tok_first, (size_t)(n_tok + 1) * sizeof(int64_t)) &&
+    ok = ok &&
+         lane_grow((void **)&l->tok_first, &l->cap_tok_first,
+                   (size_t)(n_tok + 1) * sizeof(int64_t)) &&
          lane_grow((void **)&l->tok_slots, &l->cap_tok_slots, (size_t)n * sizeof(int64_t));
     /* H in pieces when the pieces split the quantized row and the items the pieces */
     if (F % LANE_H_PIECE == 0 && LANE_H_PIECE % LANE_ROW_CHUNK_MAX == 0 &&
-        cpu_act_row_size(ex->down.type, F) == (size_t)(F / LANE_H_PIECE) * cpu_act_row_size(ex->down.type, LANE_H_PIECE))
+        cpu_act_row_size(ex->down.type, F) ==
+            (size_t)(F / LANE_H_PIECE) * cpu_act_row_size(ex->down.type, LANE_H_PIECE))
         st.n_pieces = F / LANE_H_PIECE;
-    ok = ok && lane_grow((void **)&l->pending, &l->cap_pending, (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int));
+    ok = ok && lane_grow((void **)&l->pending, &l->cap_pending,
+                         (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int));
     if (ok && precise) ok = lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float));
-    if (!ok) return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
+    if (!ok)
+        return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
 
     /* each token's slots in slot order (a counting sort), for the merge into y */
     memset(l->tok_first, 0, (size_t)(n_tok + 1) * sizeof(int64_t));
     for (int64_t s = 0; s < n; s++) l->tok_first[slots[s].token + 1]++;
     for (int64_t t = 0; t < n_tok; t++) l->tok_first[t + 1] += l->tok_first[t];
     for (int64_t s = 0; s < n; s++) l->tok_slots[l->tok_first[slots[s].token]++] = s;
-    for (int64_t t = n_tok; t > 0; t--) l->tok_first[t] = l->tok_first[t - 1]; /* the fill moved each start to the next */
+    for (int64_t t = n_tok; t > 0; t--)
+        l->tok_first[t] = l->tok_first[t - 1]; /* the fill moved each start to the next */
     l->tok_first[0] = 0;
 
     if (precise) {

@@ -55,7 +55,7 @@ typedef enum tm_moe_phase {
 } tm_moe_phase;
 
 typedef struct tm_moe_slot {
-    int32_t token;  /* row of x / y in this step */
+    int32_t token; /* row of x / y in this step */
     int32_t expert;
     float weight;
 } tm_moe_slot;
@@ -66,7 +66,8 @@ typedef struct tm_moe_worklist {
     bool expert_major;
     int64_t n_slots;       /* n_tok * k */
     tm_moe_slot *slots;    /* expert-major: grouped by expert, tokens ascending */
-    int64_t *expert_begin; /* [n_expert + 1]: slots of expert e are [begin[e], begin[e+1]) (expert-major) */
+    int64_t *expert_begin; /* [n_expert + 1]: slots of expert e are [begin[e], begin[e+1])
+                              (expert-major) */
     int64_t cap_slots;     /* allocation sizes (reused across steps) */
     uint32_t cap_experts;
 } tm_moe_worklist;

@@ -9,12 +9,15 @@ tm_status moe_worklist_build(tm_moe_worklist *wl, const int32_t *ids, const floa
     const int64_t n = n_tok * k;
     if (n > wl->cap_slots) {
         tm_moe_slot *s = realloc(wl->slots, (size_t)n * sizeof(*s));
-        if (!s) return tm_error_set(TM_ERR_NOMEM, "worklist: out of memory for %lld slots", (long long)n);
+        if (!s)
+            return tm_error_set(TM_ERR_NOMEM, "worklist: out of memory for %lld slots",
+                                (long long)n);
         wl->slots = s, wl->cap_slots = n;
     }
     if (n_expert > wl->cap_experts) {
         int64_t *b = realloc(wl->expert_begin, (n_expert + 1) * sizeof(*b));
-        if (!b) return tm_error_set(TM_ERR_NOMEM, "worklist: out of memory for %u experts", n_expert);
+        if (!b)
+            return tm_error_set(TM_ERR_NOMEM, "worklist: out of memory for %u experts", n_expert);
         wl->expert_begin = b, wl->cap_experts = n_expert;
     }
     wl->n_tok = n_tok, wl->n_expert = n_expert, wl->k = k, wl->n_slots = n;

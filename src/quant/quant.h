@@ -24,8 +24,8 @@ extern "C" {
 #endif
 
 typedef enum tm_type {
-    TM_TYPE_F32 = 0, /* compute */
-    TM_TYPE_F16 = 1, /* compute */
+    TM_TYPE_F32 = 0,  /* compute */
+    TM_TYPE_F16 = 1,  /* compute */
     TM_TYPE_Q4_0 = 2, /* compute */
     TM_TYPE_Q4_1 = 3,
     TM_TYPE_Q5_0 = 6,
@@ -61,10 +61,10 @@ typedef enum tm_type {
     TM_TYPE_COUNT = 42,
 } tm_type;
 
-#define TM_QK4_0  32
-#define TM_QK8_0  32
-#define TM_QK_K   256
-#define TM_QK_MXFP4 32
+#define TM_QK4_0        32
+#define TM_QK8_0        32
+#define TM_QK_K         256
+#define TM_QK_MXFP4     32
 #define TM_K_SCALE_SIZE 12
 
 typedef uint16_t tm_half; /* IEEE binary16 bits */
@@ -131,9 +131,9 @@ typedef void (*tm_dequantize_fn)(const void *src, float *dst, int64_t n);
 typedef void (*tm_quantize_fn)(const float *src, void *dst, int64_t n);
 
 typedef struct tm_type_traits {
-    const char *name;      /* "q4_K" etc., as ggml prints it; NULL for unused ids */
-    int64_t block_size;    /* values per block */
-    size_t type_size;      /* bytes per block */
+    const char *name;            /* "q4_K" etc., as ggml prints it; NULL for unused ids */
+    int64_t block_size;          /* values per block */
+    size_t type_size;            /* bytes per block */
     tm_dequantize_fn dequantize; /* NULL where not supported */
     tm_quantize_fn quantize;     /* NULL where not supported */
 } tm_type_traits;
@@ -141,13 +141,15 @@ typedef struct tm_type_traits {
 /* Traits for id `t`, or NULL when t is not a known ggml type id. */
 const tm_type_traits *quant_type_traits(uint32_t t);
 
-static inline int quant_type_is_known(uint32_t t) { return quant_type_traits(t) != NULL; }
+static inline int quant_type_is_known(uint32_t t) {
+    return quant_type_traits(t) != NULL;
+}
 static inline int quant_type_is_compute(uint32_t t) {
     const tm_type_traits *tr = quant_type_traits(t);
     return tr && tr->dequantize && tr->quantize;
 }
 
-const char *quant_type_name(uint32_t t);       /* "q4_K", or "?" when unknown */
+const char *quant_type_name(uint32_t t);                        /* "q4_K", or "?" when unknown */
 tm_status quant_type_from_name(const char *name, tm_type *out); /* case-insensitive */
 
 /* Bytes of a row of n values; n must be a multiple of the block size. */

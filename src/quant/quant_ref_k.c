@@ -263,7 +263,8 @@ void quant_ref_quantize_q6_k(const float *src, void *dst, int64_t n) {
             const float is = scale != 0.0f ? 1.0f / scale : 0.0f;
             for (int l = 0; l < 16; l++)
                 q[16 * s + l] =
-                    (uint8_t)(quant_nearest_int(quant_clampf(x[16 * s + l] * is, -32.0f, 31.0f)) + 32);
+                    (uint8_t)(quant_nearest_int(quant_clampf(x[16 * s + l] * is, -32.0f, 31.0f)) +
+                              32);
         }
         for (int h = 0; h < 2; h++) {
             const uint8_t *qq = q + 128 * h;
@@ -271,8 +272,8 @@ void quant_ref_quantize_q6_k(const float *src, void *dst, int64_t n) {
             for (int l = 0; l < 32; l++) {
                 ql[l] = (uint8_t)((qq[l] & 0x0f) | ((qq[l + 64] & 0x0f) << 4));
                 ql[l + 32] = (uint8_t)((qq[l + 32] & 0x0f) | ((qq[l + 96] & 0x0f) << 4));
-                qh[l] = (uint8_t)((qq[l] >> 4) | ((qq[l + 32] >> 4) << 2) | ((qq[l + 64] >> 4) << 4) |
-                                  ((qq[l + 96] >> 4) << 6));
+                qh[l] = (uint8_t)((qq[l] >> 4) | ((qq[l + 32] >> 4) << 2) |
+                                  ((qq[l + 64] >> 4) << 4) | ((qq[l + 96] >> 4) << 6));
             }
         }
     }

@@ -73,7 +73,8 @@ static tm_status quant_row_check(tm_type t, int64_t n, int want_quantize) {
         return tm_error_set(TM_ERR_UNSUPPORTED, "tensor type %s is not supported for %s", tr->name,
                             want_quantize ? "quantization" : "dequantization");
     if (n < 0 || n % tr->block_size)
-        return tm_error_set(TM_ERR_ARG, "row of %lld values is not a multiple of %s's block size %lld",
+        return tm_error_set(TM_ERR_ARG,
+                            "row of %lld values is not a multiple of %s's block size %lld",
                             (long long)n, tr->name, (long long)tr->block_size);
     return TM_OK;
 }
@@ -131,8 +132,8 @@ tm_half quant_f32_to_f16(float f) {
     if (absx >= 0x7f800000u) /* inf or nan (keep nan quiet) */
         return (tm_half)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 | ((absx >> 13) & 0x3ff) : 0));
     if (absx >= 0x477ff000u) return (tm_half)(sign | 0x7c00); /* rounds to >= 65520: inf */
-    if (absx < 0x38800000u) {                                    /* below the smallest normal */
-        if (absx < 0x33000000u) return (tm_half)sign;            /* rounds to zero */
+    if (absx < 0x38800000u) {                                 /* below the smallest normal */
+        if (absx < 0x33000000u) return (tm_half)sign;         /* rounds to zero */
         uint32_t e = absx >> 23;
         uint32_t m = (absx & 0x7fffff) | 0x800000;
         uint32_t shift = 126 - e; /* 14..24 */
@@ -158,6 +159,6 @@ tm_bf16 quant_f32_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (tm_bf16)((x >> 16) | 0x40); /* quiet nan */
-    x += 0x7fff + ((x >> 16) & 1);                                              /* nearest even */
+    x += 0x7fff + ((x >> 16) & 1);                                           /* nearest even */
     return (tm_bf16)(x >> 16);
 }

@@ -4,16 +4,26 @@
 #include <stdlib.h>
 
 void sample_params_default(tm_sampler_params *p) {
-    *p = (tm_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
-                             .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0};
+    *p = (tm_sampler_params){.temp = 0.8f,
+                             .top_k = 40,
+                             .top_p = 0.95f,
+                             .min_p = 0.05f,
+                             .repeat_penalty = 1.0f,
+                             .repeat_last_n = 64,
+                             .seed = 0};
 }
 
 tm_status sampler_init(tm_sampler *s, const tm_sampler_params *p, int32_t n_vocab) {
-    if (!(p->temp >= 0) || !(p->temp < 100)) return tm_error_set(TM_ERR_ARG, "--temp %g: expected 0..100", p->temp);
-    if (!(p->top_p > 0) || p->top_p > 1) return tm_error_set(TM_ERR_ARG, "--top-p %g: expected (0, 1]", p->top_p);
-    if (!(p->min_p >= 0) || p->min_p > 1) return tm_error_set(TM_ERR_ARG, "--min-p %g: expected [0, 1]", p->min_p);
-    if (!(p->repeat_penalty > 0)) return tm_error_set(TM_ERR_ARG, "--repeat-penalty %g: expected > 0", p->repeat_penalty);
-    if (p->repeat_last_n < 0) return tm_error_set(TM_ERR_ARG, "--repeat-last-n %d: expected >= 0", p->repeat_last_n);
+    if (!(p->temp >= 0) || !(p->temp < 100))
+        return tm_error_set(TM_ERR_ARG, "--temp %g: expected 0..100", p->temp);
+    if (!(p->top_p > 0) || p->top_p > 1)
+        return tm_error_set(TM_ERR_ARG, "--top-p %g: expected (0, 1]", p->top_p);
+    if (!(p->min_p >= 0) || p->min_p > 1)
+        return tm_error_set(TM_ERR_ARG, "--min-p %g: expected [0, 1]", p->min_p);
+    if (!(p->repeat_penalty > 0))
+        return tm_error_set(TM_ERR_ARG, "--repeat-penalty %g: expected > 0", p->repeat_penalty);
+    if (p->repeat_last_n < 0)
+        return tm_error_set(TM_ERR_ARG, "--repeat-last-n %d: expected >= 0", p->repeat_last_n);
     s->p = *p;
     s->n_vocab = n_vocab;
     tm_rng_seed(&s->rng, p->seed);
@@ -33,10 +43,12 @@ static int cand_desc(const void *a, const void *b) {
     return (i > j) - (i < j); /* lower id first: stable across qsort implementations */
 }
 
-int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *history, int64_t n_history) {
+int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *history,
+                       int64_t n_history) {
     const int32_t n = s->n_vocab;
     for (int32_t i = 0; i < n; i++) s->cand[i].logit = logits[i], s->cand[i].id = i;
-    /* repetition penalty on the recent history (llama.cpp's rule: divide positive, multiply negative) */
+    /* repetition penalty on the recent history (llama.cpp's rule: divide positive, multiply
+     * negative) */
     if (s->p.repeat_penalty != 1.0f) {
         int64_t from = n_history - s->p.repeat_last_n > 0 ? n_history - s->p.repeat_last_n : 0;
         for (int64_t i = from; i < n_history; i++) {
@@ -83,7 +95,8 @@ int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *histor
         m = keep;
     }
     sum = 0;
-    for (int32_t i = 0; i < m; i++) sum += prob[i] = exp(((double)s->cand[i].logit - top) / s->p.temp);
+    for (int32_t i = 0; i < m; i++)
+        sum += prob[i] = exp(((double)s->cand[i].logit - top) / s->p.temp);
     double r = tm_rng_f64(&s->rng) * sum;
     int32_t pick = m - 1;
     for (int32_t i = 0; i < m; i++) {

@@ -11,12 +11,12 @@
 #include "core/status.h"
 
 typedef struct tm_sampler_params {
-    float temp;           /* <= 0: greedy */
-    int32_t top_k;        /* <= 0: off */
-    float top_p;          /* >= 1: off */
-    float min_p;          /* <= 0: off */
-    float repeat_penalty; /* 1: off */
-    int32_t repeat_last_n;/* tokens of history the penalty looks at */
+    float temp;            /* <= 0: greedy */
+    int32_t top_k;         /* <= 0: off */
+    float top_p;           /* >= 1: off */
+    float min_p;           /* <= 0: off */
+    float repeat_penalty;  /* 1: off */
+    int32_t repeat_last_n; /* tokens of history the penalty looks at */
     uint64_t seed;
 } tm_sampler_params;
 
@@ -24,7 +24,10 @@ typedef struct tm_sampler {
     tm_sampler_params p;
     tm_rng rng;
     int32_t n_vocab;
-    struct { float logit; int32_t id; } *cand; /* [n_vocab] */
+    struct {
+        float logit;
+        int32_t id;
+    } * cand; /* [n_vocab] */
 } tm_sampler;
 
 void sample_params_default(tm_sampler_params *p);
@@ -33,6 +36,7 @@ tm_status sampler_init(tm_sampler *s, const tm_sampler_params *p, int32_t n_voca
 void sampler_free(tm_sampler *s);
 
 /* Pick the next token. history: the tokens so far (prompt and output). */
-int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *history, int64_t n_history);
+int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *history,
+                       int64_t n_history);
 
 #endif

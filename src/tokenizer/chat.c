@@ -35,7 +35,9 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
     b->p[b->n] = 0;
 }
 
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+static void sb_str(sbuf *b, const char *s) {
+    sb_add(b, s, strlen(s));
+}
 
 /* ---- string slices (Python's str methods the templates use) ---- */
 
@@ -44,7 +46,9 @@ typedef struct slice {
     size_t n;
 } slice;
 
-static slice sl(const char *s) { return (slice){s ? s : "", s ? strlen(s) : 0}; }
+static slice sl(const char *s) {
+    return (slice){s ? s : "", s ? strlen(s) : 0};
+}
 
 static const char *sl_find(slice s, const char *needle) { /* first occurrence or NULL */
     size_t k = strlen(needle);
@@ -71,7 +75,9 @@ static slice sl_rstrip_nl(slice s) {
     return s;
 }
 
-static bool sl_starts(slice s, const char *pre) { return s.n >= strlen(pre) && !memcmp(s.p, pre, strlen(pre)); }
+static bool sl_starts(slice s, const char *pre) {
+    return s.n >= strlen(pre) && !memcmp(s.p, pre, strlen(pre));
+}
 static bool sl_ends(slice s, const char *suf) {
     size_t k = strlen(suf);
     return s.n >= k && !memcmp(s.p + s.n - k, suf, k);
@@ -81,13 +87,15 @@ static bool sl_ends(slice s, const char *suf) {
 static bool cp_is_space(utf8proc_int32_t c) {
     if ((c >= 9 && c <= 13) || (c >= 0x1C && c <= 0x1F) || c == 0x85) return true;
     utf8proc_category_t cat = utf8proc_category(c);
-    return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL || cat == UTF8PROC_CATEGORY_ZP;
+    return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL ||
+           cat == UTF8PROC_CATEGORY_ZP;
 }
 
 static slice sl_trim(slice s) { /* Jinja's |trim = Python's str.strip() */
     for (;;) {
         utf8proc_int32_t c;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s.p, (utf8proc_ssize_t)s.n, &c);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s.p, (utf8proc_ssize_t)s.n, &c);
         if (k <= 0 || !cp_is_space(c)) break;
         s.p += k;
         s.n -= (size_t)k;
@@ -96,18 +104,22 @@ static slice sl_trim(slice s) { /* Jinja's |trim = Python's str.strip() */
         size_t i = s.n - 1; /* start of the last character */
         while (i > 0 && ((uint8_t)s.p[i] & 0xC0) == 0x80) i--;
         utf8proc_int32_t c;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s.p + i, (utf8proc_ssize_t)(s.n - i), &c);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s.p + i, (utf8proc_ssize_t)(s.n - i), &c);
         if (k <= 0 || (size_t)k != s.n - i || !cp_is_space(c)) break;
         s.n = i;
     }
     return s;
 }
 
-static bool role_is(const tm_chat_message *m, const char *r) { return m->role && !strcmp(m->role, r); }
+static bool role_is(const tm_chat_message *m, const char *r) {
+    return m->role && !strcmp(m->role, r);
+}
 
 /* ---- detection ---- */
 
-static const char QWEN25_SYSTEM[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+static const char QWEN25_SYSTEM[] =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 static const char QWEN2_SYSTEM[] = "You are a helpful assistant.";
 
 tm_chat_format chat_format_detect(const char *t, const char **default_system) {
@@ -118,9 +130,12 @@ tm_chat_format chat_format_detect(const char *t, const char **default_system) {
     if (strstr(t, "<|im_start|>")) {
         if (strstr(t, "<think>") || strstr(t, "enable_thinking")) return TM_CHAT_QWEN3;
         if (default_system) {
-            if (strstr(t, QWEN25_SYSTEM)) *default_system = QWEN25_SYSTEM;
-            else if (strstr(t, "<|im_start|>system\\n" "You are a helpful assistant.") ||
-                     strstr(t, "<|im_start|>system\n" "You are a helpful assistant."))
+            if (strstr(t, QWEN25_SYSTEM))
+                *default_system = QWEN25_SYSTEM;
+            else if (strstr(t, "<|im_start|>system\\n"
+                               "You are a helpful assistant.") ||
+                     strstr(t, "<|im_start|>system\n"
+                               "You are a helpful assistant."))
                 *default_system = QWEN2_SYSTEM;
         }
         return TM_CHAT_CHATML;
@@ -129,10 +144,12 @@ tm_chat_format chat_format_detect(const char *t, const char **default_system) {
     return TM_CHAT_UNKNOWN;
 }
 
-static const char *const format_names[] = {"unknown", "chatml", "qwen3", "llama3", "mistral", "harmony"};
+static const char *const format_names[] = {"unknown", "chatml",  "qwen3",
+                                           "llama3",  "mistral", "harmony"};
 
 const char *chat_format_name(tm_chat_format f) {
-    return (unsigned)f < sizeof(format_names) / sizeof(format_names[0]) ? format_names[f] : "unknown";
+    return (unsigned)f < sizeof(format_names) / sizeof(format_names[0]) ? format_names[f]
+                                                                        : "unknown";
 }
 
 tm_status chat_format_from_name(const char *name, tm_chat_format *out) {
@@ -141,7 +158,9 @@ tm_status chat_format_from_name(const char *name, tm_chat_format *out) {
             *out = (tm_chat_format)f;
             return TM_OK;
         }
-    return tm_error_set(TM_ERR_ARG, "unknown chat template '%s' (known: chatml, qwen3, llama3, mistral, harmony)", name);
+    return tm_error_set(
+        TM_ERR_ARG, "unknown chat template '%s' (known: chatml, qwen3, llama3, mistral, harmony)",
+        name);
 }
 
 /* ---- renderers ---- */
@@ -172,7 +191,8 @@ static void render_qwen3(sbuf *b, const tm_chat_message *m, size_t n, const tm_c
     size_t last_query = n ? n - 1 : 0;
     for (size_t i = n; i-- > 0;) {
         slice c = sl(m[i].content);
-        if (role_is(&m[i], "user") && !(sl_starts(c, "<tool_response>") && sl_ends(c, "</tool_response>"))) {
+        if (role_is(&m[i], "user") &&
+            !(sl_starts(c, "<tool_response>") && sl_ends(c, "</tool_response>"))) {
             last_query = i;
             break;
         }
@@ -266,12 +286,14 @@ static void render_harmony(sbuf *b, const tm_chat_message *m, size_t n, const tm
         strftime(today, sizeof(today), "%Y-%m-%d", &tmv);
         date = today;
     }
-    sb_str(b, "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
-              "Knowledge cutoff: 2024-06\nCurrent date: ");
+    sb_str(b,
+           "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+           "Knowledge cutoff: 2024-06\nCurrent date: ");
     sb_str(b, date);
     sb_str(b, "\n\nReasoning: ");
     sb_str(b, o->reasoning_effort ? o->reasoning_effort : "medium");
-    sb_str(b, "\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>");
+    sb_str(b, "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+              "every message.<|end|>");
     size_t first = 0;
     if (n > 0 && (role_is(&m[0], "system") || role_is(&m[0], "developer"))) {
         first = 1;
@@ -296,23 +318,35 @@ static void render_harmony(sbuf *b, const tm_chat_message *m, size_t n, const tm
     if (o->add_generation_prompt) sb_str(b, "<|start|>assistant");
 }
 
-tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n, const tm_chat_opts *opts, char **out,
-                      size_t *out_len) {
+tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n,
+                      const tm_chat_opts *opts, char **out, size_t *out_len) {
     *out = NULL;
     if (out_len) *out_len = 0;
     tm_chat_opts o = opts ? *opts : (tm_chat_opts){.add_generation_prompt = true};
     sbuf b = {0};
     switch (f) {
-    case TM_CHAT_CHATML: render_chatml(&b, msgs, n, &o); break;
-    case TM_CHAT_QWEN3: render_qwen3(&b, msgs, n, &o); break;
-    case TM_CHAT_LLAMA3: render_llama3(&b, msgs, n, &o); break;
-    case TM_CHAT_MISTRAL: render_mistral(&b, msgs, n, &o); break;
-    case TM_CHAT_HARMONY: render_harmony(&b, msgs, n, &o); break;
+    case TM_CHAT_CHATML:
+        render_chatml(&b, msgs, n, &o);
+        break;
+    case TM_CHAT_QWEN3:
+        render_qwen3(&b, msgs, n, &o);
+        break;
+    case TM_CHAT_LLAMA3:
+        render_llama3(&b, msgs, n, &o);
+        break;
+    case TM_CHAT_MISTRAL:
+        render_mistral(&b, msgs, n, &o);
+        break;
+    case TM_CHAT_HARMONY:
+        render_harmony(&b, msgs, n, &o);
+        break;
     case TM_CHAT_UNKNOWN:
     default:
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "the model's chat template is not one we recognise (built in: chatml, qwen3, llama3, "
-                            "mistral, harmony); choose one with --chat-template NAME, or use raw completion with -p");
+        return tm_error_set(
+            TM_ERR_UNSUPPORTED,
+            "the model's chat template is not one we recognise (built in: chatml, qwen3, llama3, "
+            "mistral, harmony); choose one with --chat-template NAME, or use raw completion with "
+            "-p");
     }
     sb_add(&b, "", 0);
     if (!b.p && !b.oom) b.p = calloc(1, 1), b.oom = b.p == NULL;
@@ -330,10 +364,13 @@ void chat_reply_content(tm_chat_format f, const char *reply, size_t len, size_t 
     size_t a = 0, e = len;
     if (f == TM_CHAT_HARMONY) {
         const char *fin = sl_rfind(s, "<|channel|>final<|message|>");
-        if (fin) a = (size_t)(fin - reply) + strlen("<|channel|>final<|message|>");
-        else if (sl_find(s, "<|channel|>")) a = len; /* only analysis: no answer to keep */
+        if (fin)
+            a = (size_t)(fin - reply) + strlen("<|channel|>final<|message|>");
+        else if (sl_find(s, "<|channel|>"))
+            a = len; /* only analysis: no answer to keep */
     }
-    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "</s>", "<|end|>", "<|return|>", "<|call|>"};
+    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "</s>",
+                                       "<|end|>",    "<|return|>", "<|call|>"};
     slice rest = {reply + a, len - a};
     for (size_t k = 0; k < sizeof(ends) / sizeof(ends[0]); k++) {
         const char *p = sl_find(rest, ends[k]);

@@ -41,15 +41,16 @@ typedef enum tm_chat_format {
 } tm_chat_format;
 
 typedef struct tm_chat_message {
-    const char *role;    /* "system", "user", "assistant" (others: skipped, except "developer" = system for harmony) */
+    const char *role; /* "system", "user", "assistant" (others: skipped, except "developer" = system
+                         for harmony) */
     const char *content; /* UTF-8, NUL-terminated */
 } tm_chat_message;
 
 typedef struct tm_chat_opts {
-    bool add_generation_prompt; /* end with the opening of the assistant's turn */
-    bool disable_thinking;      /* qwen3: enable_thinking = false */
-    const char *bos_text;       /* written where the template writes bos_token; NULL = nothing */
-    const char *date;           /* harmony "Current date:" (YYYY-MM-DD); NULL = today */
+    bool add_generation_prompt;   /* end with the opening of the assistant's turn */
+    bool disable_thinking;        /* qwen3: enable_thinking = false */
+    const char *bos_text;         /* written where the template writes bos_token; NULL = nothing */
+    const char *date;             /* harmony "Current date:" (YYYY-MM-DD); NULL = today */
     const char *reasoning_effort; /* harmony: "low" | "medium" | "high"; NULL = "medium" */
     const char *default_system;   /* chatml: system prompt used when none is given; set by
                                      chat_format_detect from the template (may be NULL) */
@@ -67,8 +68,8 @@ tm_status chat_format_from_name(const char *name, tm_chat_format *out);
 /* Render messages into a malloc'd NUL-terminated string (*out, *out_len).
  * TM_ERR_UNSUPPORTED for TM_CHAT_UNKNOWN, with a message telling the user to
  * pick a format with --chat-template or use raw completion (-p). */
-tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n, const tm_chat_opts *opts, char **out,
-                      size_t *out_len);
+tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n,
+                      const tm_chat_opts *opts, char **out, size_t *out_len);
 
 /* What of a generated reply goes back into the history as the assistant's
  * content: harmony keeps only the final channel's text (the analysis channel is

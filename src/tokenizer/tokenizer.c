@@ -8,14 +8,30 @@
 
 /* ---- queries ---- */
 
-tm_tokenizer_kind tokenizer_kind(const tm_tokenizer *t) { return t->kind; }
-uint32_t tokenizer_n_tokens(const tm_tokenizer *t) { return t->n_tokens; }
-const char *tokenizer_model_name(const tm_tokenizer *t) { return t->model_name; }
-const char *tokenizer_pre_name(const tm_tokenizer *t) { return t->pre_name; }
-tm_tokenizer_specials tokenizer_specials(const tm_tokenizer *t) { return t->sp; }
-bool tokenizer_add_bos(const tm_tokenizer *t) { return t->add_bos; }
-bool tokenizer_add_eos(const tm_tokenizer *t) { return t->add_eos; }
-const char *tokenizer_chat_template(const tm_tokenizer *t) { return t->chat_template; }
+tm_tokenizer_kind tokenizer_kind(const tm_tokenizer *t) {
+    return t->kind;
+}
+uint32_t tokenizer_n_tokens(const tm_tokenizer *t) {
+    return t->n_tokens;
+}
+const char *tokenizer_model_name(const tm_tokenizer *t) {
+    return t->model_name;
+}
+const char *tokenizer_pre_name(const tm_tokenizer *t) {
+    return t->pre_name;
+}
+tm_tokenizer_specials tokenizer_specials(const tm_tokenizer *t) {
+    return t->sp;
+}
+bool tokenizer_add_bos(const tm_tokenizer *t) {
+    return t->add_bos;
+}
+bool tokenizer_add_eos(const tm_tokenizer *t) {
+    return t->add_eos;
+}
+const char *tokenizer_chat_template(const tm_tokenizer *t) {
+    return t->chat_template;
+}
 
 tm_token_type tokenizer_token_type(const tm_tokenizer *t, int32_t id) {
     if (id < 0 || (uint32_t)id >= t->n_tokens) return TM_TOKEN_TYPE_UNDEFINED;
@@ -35,8 +51,9 @@ bool tokenizer_is_end_of_generation(const tm_tokenizer *t, int32_t id) {
     if (id < 0 || (uint32_t)id >= t->n_tokens) return false;
     if (id == t->sp.eos || id == t->sp.eot || id == t->sp.eom) return true;
     if (t->type[id] != TM_TOKEN_TYPE_CONTROL) return false;
-    static const char *const names[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
-                                        "<|return|>", "<|call|>",      "</s>",       "<|end_of_text|>"};
+    static const char *const names[] = {"<|im_end|>", "<|endoftext|>",  "<|eot_id|>",
+                                        "<|eom_id|>", "<|return|>",     "<|call|>",
+                                        "</s>",       "<|end_of_text|>"};
     const char *s = t->text_blob + t->text_off[id];
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strcmp(s, names[i])) return true;
@@ -65,7 +82,8 @@ void tokenizer_tokens_free(tm_tokens *v) {
 /* ---- encoding ---- */
 
 /* The special token that starts at s[0..n), longest first, or NULL. */
-static const tm_special_entry *special_at(const tm_tokenizer *t, const uint8_t *s, size_t n, bool parse_special) {
+static const tm_special_entry *special_at(const tm_tokenizer *t, const uint8_t *s, size_t n,
+                                          bool parse_special) {
     uint32_t b = s[0];
     for (uint32_t k = t->special_first[b]; k < t->special_first[b + 1]; k++) {
         const tm_special_entry *e = &t->specials[k];
@@ -74,15 +92,15 @@ static const tm_special_entry *special_at(const tm_tokenizer *t, const uint8_t *
     return NULL;
 }
 
-static tm_status encode_run(const tm_tokenizer *t, tm_pretok_scratch *sc, const char *text, size_t len,
-                            tm_tokens *out) {
+static tm_status encode_run(const tm_tokenizer *t, tm_pretok_scratch *sc, const char *text,
+                            size_t len, tm_tokens *out) {
     if (len == 0) return TM_OK;
     if (t->kind == TM_TOKENIZER_SPM) return spm_encode_text(t, text, len, t->add_space_prefix, out);
     return bpe_encode_text(t, sc, text, len, out);
 }
 
-tm_status tokenizer_encode(const tm_tokenizer *t, const char *text, size_t len, const tm_tokenize_opts *opts,
-                           tm_tokens *out) {
+tm_status tokenizer_encode(const tm_tokenizer *t, const char *text, size_t len,
+                           const tm_tokenize_opts *opts, tm_tokens *out) {
     tm_tokenize_opts o = opts ? *opts : (tm_tokenize_opts){0};
     tm_status st = TM_OK;
     tm_pretok_scratch *sc = NULL;
@@ -103,7 +121,8 @@ tm_status tokenizer_encode(const tm_tokenizer *t, const char *text, size_t len, 
             i++;
             continue;
         }
-        const tm_special_entry *e = t->n_specials ? special_at(t, s + i, len - i, o.parse_special) : NULL;
+        const tm_special_entry *e =
+            t->n_specials ? special_at(t, s + i, len - i, o.parse_special) : NULL;
         if (e) {
             st = encode_run(t, sc, text + run, i - run, out);
             if (st == TM_OK) st = tokenizer_tokens_push(out, e->id);
@@ -121,7 +140,8 @@ tm_status tokenizer_encode(const tm_tokenizer *t, const char *text, size_t len, 
 
 /* ---- decoding ---- */
 
-const char *tokenizer_token_bytes(const tm_tokenizer *t, int32_t id, bool render_special, size_t *len) {
+const char *tokenizer_token_bytes(const tm_tokenizer *t, int32_t id, bool render_special,
+                                  size_t *len) {
     if (id < 0 || (uint32_t)id >= t->n_tokens) {
         *len = 0;
         return "";
@@ -135,8 +155,8 @@ const char *tokenizer_token_bytes(const tm_tokenizer *t, int32_t id, bool render
     return t->bytes_blob + t->bytes_off[id];
 }
 
-tm_status tokenizer_decode(const tm_tokenizer *t, const int32_t *ids, size_t n, bool render_special, char **out,
-                           size_t *out_len) {
+tm_status tokenizer_decode(const tm_tokenizer *t, const int32_t *ids, size_t n, bool render_special,
+                           char **out, size_t *out_len) {
     *out = NULL;
     *out_len = 0;
     size_t total = 0, len;
@@ -165,7 +185,8 @@ tm_status tokenizer_decode(const tm_tokenizer *t, const int32_t *ids, size_t n, 
 
 /* ---- streaming ---- */
 
-void tokenizer_stream_init(tm_detok_stream *s, const tm_tokenizer *t, bool render_special, bool replace_invalid) {
+void tokenizer_stream_init(tm_detok_stream *s, const tm_tokenizer *t, bool render_special,
+                           bool replace_invalid) {
     memset(s, 0, sizeof(*s));
     s->tok = t;
     s->render_special = render_special;
@@ -185,10 +206,14 @@ static bool utf8_incomplete_prefix(const uint8_t *s, size_t n) {
     if (need <= 1 || (size_t)need <= n) return false;
     if (n >= 2) {
         uint8_t lo = 0x80, hi = 0xBF;
-        if (s[0] == 0xE0) lo = 0xA0;
-        else if (s[0] == 0xED) hi = 0x9F;
-        else if (s[0] == 0xF0) lo = 0x90;
-        else if (s[0] == 0xF4) hi = 0x8F;
+        if (s[0] == 0xE0)
+            lo = 0xA0;
+        else if (s[0] == 0xED)
+            hi = 0x9F;
+        else if (s[0] == 0xF0)
+            lo = 0x90;
+        else if (s[0] == 0xF4)
+            hi = 0x8F;
         if (s[1] < lo || s[1] > hi) return false;
     }
     for (size_t i = 2; i < n; i++)
@@ -208,7 +233,8 @@ static tm_status stream_reserve(tm_detok_stream *s, size_t need) {
 }
 
 /* Move complete characters of in[0..n) to the output, keep an incomplete tail. */
-static tm_status stream_emit(tm_detok_stream *s, const uint8_t *in, size_t n, bool final, size_t *m) {
+static tm_status stream_emit(tm_detok_stream *s, const uint8_t *in, size_t n, bool final,
+                             size_t *m) {
     /* worst case every byte becomes U+FFFD (3 bytes) */
     tm_status st = stream_reserve(s, 3 * n + 1);
     if (st) return st;
@@ -251,7 +277,8 @@ tm_status tokenizer_stream_push(tm_detok_stream *s, int32_t id, const char **tex
     size_t total = s->n_pending + n;
     uint8_t small[64];
     uint8_t *joined = total <= sizeof(small) ? small : malloc(total);
-    if (!joined) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory in the stream decoder");
+    if (!joined)
+        return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory in the stream decoder");
     memcpy(joined, s->pending, s->n_pending);
     if (n) memcpy(joined + s->n_pending, p, n);
     s->n_pending = 0;

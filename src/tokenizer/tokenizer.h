@@ -124,7 +124,8 @@ void tokenizer_tokens_free(tm_tokens *v);
  * tokens into their byte). CONTROL tokens give their text when render_special is
  * set and nothing otherwise. Returns a pointer into the tokenizer and its length
  * in *len (not NUL-terminated; may be zero). Ids out of range give length 0. */
-const char *tokenizer_token_bytes(const tm_tokenizer *t, int32_t id, bool render_special, size_t *len);
+const char *tokenizer_token_bytes(const tm_tokenizer *t, int32_t id, bool render_special,
+                                  size_t *len);
 
 /* Whole-sequence decode into a malloc'd NUL-terminated string (*out, *out_len;
  * the text may contain NULs or invalid UTF-8 if the ids spell them). For SPM the
@@ -146,11 +147,12 @@ typedef struct tm_detok_stream {
     bool at_start;      /* SPM: strip the prepended space of the first piece */
     uint8_t pending[4]; /* start of an incomplete UTF-8 character */
     size_t n_pending;
-    char *buf;          /* output of the last call, owned by the stream */
+    char *buf; /* output of the last call, owned by the stream */
     size_t buf_cap;
 } tm_detok_stream;
 
-void tokenizer_stream_init(tm_detok_stream *s, const tm_tokenizer *t, bool render_special, bool replace_invalid);
+void tokenizer_stream_init(tm_detok_stream *s, const tm_tokenizer *t, bool render_special,
+                           bool replace_invalid);
 /* Returns the text that can be printed now (*text points into the stream,
  * valid until the next call; *len may be 0). */
 tm_status tokenizer_stream_push(tm_detok_stream *s, int32_t id, const char **text, size_t *len);

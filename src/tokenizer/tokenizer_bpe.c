@@ -74,10 +74,14 @@ size_t tok_utf8_valid_len(const uint8_t *s, size_t n) {
     if (len == 1) return 1;
     /* second byte ranges per RFC 3629 (no overlongs, surrogates or > U+10FFFF) */
     uint8_t lo = 0x80, hi = 0xBF;
-    if (c == 0xE0) lo = 0xA0;
-    else if (c == 0xED) hi = 0x9F;
-    else if (c == 0xF0) lo = 0x90;
-    else if (c == 0xF4) hi = 0x8F;
+    if (c == 0xE0)
+        lo = 0xA0;
+    else if (c == 0xED)
+        hi = 0x9F;
+    else if (c == 0xF0)
+        lo = 0x90;
+    else if (c == 0xF4)
+        hi = 0x8F;
     if (s[1] < lo || s[1] > hi) return 0;
     for (int i = 2; i < len; i++)
         if ((s[i] & 0xC0) != 0x80) return 0;
@@ -166,7 +170,7 @@ static void merge_scan(const tm_tokenizer *t, int32_t *ids, size_t *np) {
 
 typedef struct merge_cand {
     uint32_t rank;
-    uint32_t pos;  /* left symbol's original index */
+    uint32_t pos; /* left symbol's original index */
     int32_t left, right;
 } merge_cand;
 
@@ -192,8 +196,13 @@ static merge_cand heap_pop(merge_cand *h, size_t *n) {
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, m = i;
         const merge_cand *best = &last;
-        if (l < *n && cand_less(&h[l], best)) { m = l; best = &h[l]; }
-        if (r < *n && cand_less(&h[r], best)) { m = r; }
+        if (l < *n && cand_less(&h[l], best)) {
+            m = l;
+            best = &h[l];
+        }
+        if (r < *n && cand_less(&h[r], best)) {
+            m = r;
+        }
         if (m == i) break;
         h[i] = h[m];
         i = m;
@@ -291,9 +300,11 @@ static tm_status bpe_piece(void *vctx, const char *piece, size_t n) {
         /* Llama 3: a piece that is itself a token is taken whole, not merged */
         if ((st = grow((void **)&c->mapped, &c->mapped_cap, 2 * n, 1))) return st;
         size_t m = 0;
-        for (size_t i = 0; i < n; i++) m += tok_utf8_put(tok_byte_to_cp((uint8_t)piece[i]), c->mapped + m);
+        for (size_t i = 0; i < n; i++)
+            m += tok_utf8_put(tok_byte_to_cp((uint8_t)piece[i]), c->mapped + m);
         int32_t id = tok_vocab_find(t, c->mapped, m);
-        if (id >= 0 && t->type[id] == TM_TOKEN_TYPE_NORMAL) return tokenizer_tokens_push(c->out, id);
+        if (id >= 0 && t->type[id] == TM_TOKEN_TYPE_NORMAL)
+            return tokenizer_tokens_push(c->out, id);
     }
     if ((st = grow((void **)&c->sym, &c->sym_cap, n, sizeof(int32_t)))) return st;
     for (size_t i = 0; i < n; i++) c->sym[i] = t->byte_token[(uint8_t)piece[i]];
@@ -305,17 +316,18 @@ static tm_status bpe_piece(void *vctx, const char *piece, size_t n) {
     return TM_OK;
 }
 
-tm_status bpe_encode_text(const tm_tokenizer *t, tm_pretok_scratch *sc, const char *text, size_t len,
-                          tm_tokens *out) {
+tm_status bpe_encode_text(const tm_tokenizer *t, tm_pretok_scratch *sc, const char *text,
+                          size_t len, tm_tokens *out) {
     uint8_t *norm = NULL;
     if (t->normalize_nfc) {
         bool ascii = true;
         for (size_t i = 0; i < len && ascii; i++) ascii = (uint8_t)text[i] < 0x80;
         if (!ascii) {
-            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &norm,
-                                              UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len,
+                                              &norm, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
             /* the text was checked to be valid UTF-8, so only memory can fail here */
-            if (r < 0) return tm_error_set(TM_ERR_NOMEM, "tokenizer: NFC failed: %s", utf8proc_errmsg(r));
+            if (r < 0)
+                return tm_error_set(TM_ERR_NOMEM, "tokenizer: NFC failed: %s", utf8proc_errmsg(r));
             text = (const char *)norm;
             len = (size_t)r;
         }

@@ -30,7 +30,7 @@ typedef struct import_state {
     uint32_t n;
     const char **text; /* borrowed from the JSON, or owned pad names */
     char **owned;
-    uint8_t *added;    /* 0 = base vocab, 1 = added special, 2 = added non-special */
+    uint8_t *added; /* 0 = base vocab, 1 = added special, 2 = added non-special */
     int32_t *type;
     float *score;
     bool spm;
@@ -65,7 +65,8 @@ static tm_status load_json_beside(const char *path, const char *name, json_t **o
     json_t *j = json_load_file(p, JSON_DECODE_INT_AS_REAL, &e);
     tm_status st = TM_OK;
     if (!j || !json_is_object(j)) {
-        st = tm_error_set(TM_ERR_FORMAT, "%s:%d:%d: %s", p, e.line, e.column, j ? "expected a JSON object" : e.text);
+        st = tm_error_set(TM_ERR_FORMAT, "%s:%d:%d: %s", p, e.line, e.column,
+                          j ? "expected a JSON object" : e.text);
         json_decref(j);
         j = NULL;
     }
@@ -121,9 +122,12 @@ static void state_free(import_state *s) {
 
 static bool looks_special(const char *t) {
     size_t n = strlen(t);
-    if (!strcmp(t, "<pad>") || !strcmp(t, "<mask>") || !strcmp(t, "<2mass>") || !strcmp(t, "[@BOS@]")) return true;
+    if (!strcmp(t, "<pad>") || !strcmp(t, "<mask>") || !strcmp(t, "<2mass>") ||
+        !strcmp(t, "[@BOS@]"))
+        return true;
     if (n >= 4 && !strncmp(t, "<|", 2) && !strcmp(t + n - 2, "|>")) return true;
-    if (n >= 8 && !strncmp(t, "<\xef\xbd\x9c", 4) && !strcmp(t + n - 4, "\xef\xbd\x9c>")) return true; /* <｜ ｜> */
+    if (n >= 8 && !strncmp(t, "<\xef\xbd\x9c", 4) && !strcmp(t + n - 4, "\xef\xbd\x9c>"))
+        return true; /* <｜ ｜> */
     if (!strncmp(t, "<unused", 7) && n > 7 && t[n - 1] == '>') return true;
     return false;
 }
@@ -133,16 +137,20 @@ static tm_status find_pre(import_state *s, const json_t *pt) {
     const char *split_re = NULL;
     bool bytelevel_regex = false, split_other = false;
     const char *pt_type = json_string_value(json_object_get(pt, "type"));
-    const json_t *list = pt_type && !strcmp(pt_type, "Sequence") ? json_object_get(pt, "pretokenizers") : NULL;
+    const json_t *list =
+        pt_type && !strcmp(pt_type, "Sequence") ? json_object_get(pt, "pretokenizers") : NULL;
     size_t n = list ? json_array_size(list) : (pt && json_is_object(pt) ? 1 : 0);
     for (size_t i = 0; i < n; i++) {
         const json_t *p = list ? json_array_get(list, i) : pt;
         const char *type = json_string_value(json_object_get(p, "type"));
         if (!type) continue;
         if (!strcmp(type, "Split")) {
-            const char *re = json_string_value(json_object_get(json_object_get(p, "pattern"), "Regex"));
-            if (re && !split_re) split_re = re;
-            else split_other = true;
+            const char *re =
+                json_string_value(json_object_get(json_object_get(p, "pattern"), "Regex"));
+            if (re && !split_re)
+                split_re = re;
+            else
+                split_other = true;
         } else if (!strcmp(type, "ByteLevel")) {
             const json_t *ur = json_object_get(p, "use_regex");
             if (!ur || json_is_true(ur)) bytelevel_regex = true;
@@ -152,7 +160,8 @@ static tm_status find_pre(import_state *s, const json_t *pt) {
         s->pre = pretok_name_for_regex(split_re);
         if (!s->pre)
             return tm_error_set(TM_ERR_UNSUPPORTED,
-                                "%s: pre_tokenizer: regex not recognised ('%.200s'); supported: the regexes of qwen2, "
+                                "%s: pre_tokenizer: regex not recognised ('%.200s'); supported: "
+                                "the regexes of qwen2, "
                                 "llama-bpe (Llama 3), gpt-4o (o200k), tekken, gpt2",
                                 s->path, split_re);
         return TM_OK;
@@ -161,8 +170,11 @@ static tm_status find_pre(import_state *s, const json_t *pt) {
         s->pre = "gpt2";
         return TM_OK;
     }
-    return tm_error_set(TM_ERR_UNSUPPORTED, "%s: pre_tokenizer: no regex found (a byte-level BPE tokenizer.json needs a Split "
-                        "regex or a ByteLevel with use_regex)", s->path);
+    return tm_error_set(
+        TM_ERR_UNSUPPORTED,
+        "%s: pre_tokenizer: no regex found (a byte-level BPE tokenizer.json needs a Split "
+        "regex or a ByteLevel with use_regex)",
+        s->path);
 }
 
 static const char *token_content(const json_t *v) {
@@ -181,13 +193,15 @@ static int32_t added_id_by_content(const import_state *s, const char *content) {
     return -1;
 }
 
-static tm_status collect_tokens(import_state *s, const json_t *vocab, const json_t *added, uint32_t pad_to) {
+static tm_status collect_tokens(import_state *s, const json_t *vocab, const json_t *added,
+                                uint32_t pad_to) {
     uint64_t n = 0;
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)vocab, key, val) {
         json_int_t id = json_integer_value(val);
-        if (!json_is_integer(val) || id < 0 || id >= MAX_IMPORT_TOKENS) return jerr(s, "model.vocab: ids must be integers in [0, 2^24)");
+        if (!json_is_integer(val) || id < 0 || id >= MAX_IMPORT_TOKENS)
+            return jerr(s, "model.vocab: ids must be integers in [0, 2^24)");
         if ((uint64_t)id + 1 > n) n = (uint64_t)id + 1;
     }
     for (size_t i = 0; i < json_array_size(added); i++) {
@@ -195,12 +209,16 @@ static tm_status collect_tokens(import_state *s, const json_t *vocab, const json
         json_int_t id = json_integer_value(json_object_get(a, "id"));
         if (!json_is_integer(json_object_get(a, "id")) || id < 0 || id >= MAX_IMPORT_TOKENS ||
             !json_is_string(json_object_get(a, "content")))
-            return jerr(s, "added_tokens: each entry needs an integer id in [0, 2^24) and a string content");
+            return jerr(
+                s,
+                "added_tokens: each entry needs an integer id in [0, 2^24) and a string content");
         if ((uint64_t)id + 1 > n) n = (uint64_t)id + 1;
     }
     if (n == 0) return jerr(s, "model.vocab: empty");
     if (pad_to && pad_to < n)
-        return tm_error_set(TM_ERR_ARG, "%s: the tokenizer has %" PRIu64 " tokens, more than the requested vocabulary size %u",
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: the tokenizer has %" PRIu64
+                            " tokens, more than the requested vocabulary size %u",
                             s->path, n, pad_to);
     if (pad_to) n = pad_to;
     s->n = (uint32_t)n;
@@ -210,12 +228,14 @@ static tm_status collect_tokens(import_state *s, const json_t *vocab, const json
     s->type = calloc(n, sizeof(*s->type));
     s->score = calloc(n, sizeof(*s->score));
     if (!s->text || !s->owned || !s->added || !s->type || !s->score)
-        return tm_error_set(TM_ERR_NOMEM, "tokenizer import: out of memory for %" PRIu64 " tokens", n);
+        return tm_error_set(TM_ERR_NOMEM, "tokenizer import: out of memory for %" PRIu64 " tokens",
+                            n);
     json_object_foreach((json_t *)vocab, key, val) {
         json_int_t id = json_integer_value(val);
         if (s->text[id])
-            return tm_error_set(TM_ERR_FORMAT, "%s: model.vocab: id %" PRId64 " is used by '%.64s' and '%.64s'", s->path,
-                                (int64_t)id, s->text[id], key);
+            return tm_error_set(TM_ERR_FORMAT,
+                                "%s: model.vocab: id %" PRId64 " is used by '%.64s' and '%.64s'",
+                                s->path, (int64_t)id, s->text[id], key);
         s->text[id] = key;
     }
     for (size_t i = 0; i < json_array_size(added); i++) {
@@ -231,17 +251,21 @@ static tm_status collect_merges(import_state *s, const json_t *merges) {
     s->n_merges = json_array_size(merges);
     s->merges = calloc(s->n_merges ? s->n_merges : 1, sizeof(*s->merges));
     s->merge_owned = calloc(s->n_merges ? s->n_merges : 1, sizeof(*s->merge_owned));
-    if (!s->merges || !s->merge_owned) return tm_error_set(TM_ERR_NOMEM, "tokenizer import: out of memory for merges");
+    if (!s->merges || !s->merge_owned)
+        return tm_error_set(TM_ERR_NOMEM, "tokenizer import: out of memory for merges");
     for (size_t i = 0; i < s->n_merges; i++) {
         const json_t *m = json_array_get(merges, i);
         if (json_is_string(m)) {
             s->merges[i] = json_string_value(m);
             continue;
         }
-        const char *l = json_string_value(json_array_get(m, 0)), *r = json_string_value(json_array_get(m, 1));
+        const char *l = json_string_value(json_array_get(m, 0)),
+                   *r = json_string_value(json_array_get(m, 1));
         if (!json_is_array(m) || json_array_size(m) != 2 || !l || !r)
-            return tm_error_set(TM_ERR_FORMAT, "%s: model.merges[%zu]: expected \"left right\" or [\"left\", \"right\"]",
-                                s->path, i);
+            return tm_error_set(
+                TM_ERR_FORMAT,
+                "%s: model.merges[%zu]: expected \"left right\" or [\"left\", \"right\"]", s->path,
+                i);
         /* SpecialVocab's conversion: a space inside a part is written as U+0120 */
         size_t nl = strlen(l), nr = strlen(r);
         char *o = malloc(2 * (nl + nr) + 2);
@@ -276,11 +300,16 @@ static void assign_types(import_state *s, const char *unk) {
             s->type[i] = TM_TOKEN_TYPE_UNUSED;
             continue;
         }
-        if (s->spm && unk && !strcmp(t, unk)) s->type[i] = TM_TOKEN_TYPE_UNKNOWN;
-        else if (s->added[i] == 1 || (s->added[i] == 2 && looks_special(t))) s->type[i] = TM_TOKEN_TYPE_CONTROL;
-        else if (s->added[i] == 2) s->type[i] = TM_TOKEN_TYPE_USER_DEFINED;
-        else if (s->spm && strlen(t) == 6 && !strncmp(t, "<0x", 3) && t[5] == '>') s->type[i] = TM_TOKEN_TYPE_BYTE;
-        else s->type[i] = TM_TOKEN_TYPE_NORMAL;
+        if (s->spm && unk && !strcmp(t, unk))
+            s->type[i] = TM_TOKEN_TYPE_UNKNOWN;
+        else if (s->added[i] == 1 || (s->added[i] == 2 && looks_special(t)))
+            s->type[i] = TM_TOKEN_TYPE_CONTROL;
+        else if (s->added[i] == 2)
+            s->type[i] = TM_TOKEN_TYPE_USER_DEFINED;
+        else if (s->spm && strlen(t) == 6 && !strncmp(t, "<0x", 3) && t[5] == '>')
+            s->type[i] = TM_TOKEN_TYPE_BYTE;
+        else
+            s->type[i] = TM_TOKEN_TYPE_NORMAL;
     }
 }
 
@@ -312,8 +341,10 @@ static void assign_scores(import_state *s, const json_t *vocab) {
 }
 
 static bool spm_adds_prefix(const json_t *tj) {
-    /* legacy: normalizer Sequence[Prepend("▁"), Replace(" ", "▁")]; newer: Metaspace pre-tokenizer */
-    const json_t *objs[2] = {json_object_get(tj, "normalizer"), json_object_get(tj, "pre_tokenizer")};
+    /* legacy: normalizer Sequence[Prepend("▁"), Replace(" ", "▁")]; newer: Metaspace pre-tokenizer
+     */
+    const json_t *objs[2] = {json_object_get(tj, "normalizer"),
+                             json_object_get(tj, "pre_tokenizer")};
     for (int k = 0; k < 2; k++) {
         const json_t *o = objs[k];
         if (!json_is_object(o)) continue;
@@ -337,14 +368,15 @@ static bool spm_adds_prefix(const json_t *tj) {
 }
 
 typedef struct special_ids {
-    int32_t id[6]; /* bos eos unk sep pad mask */
+    int32_t id[6];        /* bos eos unk sep pad mask */
     int add_bos, add_eos; /* -1 unset */
 } special_ids;
 
 static const char *const special_names[6] = {"bos", "eos", "unk", "sep", "pad", "mask"};
-static const char *const special_keys[6] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                                            "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.seperator_token_id",
-                                            "tokenizer.ggml.padding_token_id", "tokenizer.ggml.mask_token_id"};
+static const char *const special_keys[6] = {
+    "tokenizer.ggml.bos_token_id",     "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.seperator_token_id",
+    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.mask_token_id"};
 
 static void read_post_processor(const import_state *s, special_ids *sp) {
     const json_t *pp = json_object_get(s->tj, "post_processor");
@@ -363,8 +395,10 @@ static void read_post_processor(const import_state *s, special_ids *sp) {
             const json_t *single = json_object_get(p, "single");
             size_t k = json_array_size(single);
             if (k < 2) continue;
-            const char *first = json_string_value(json_object_get(json_object_get(json_array_get(single, 0), "SpecialToken"), "id"));
-            const char *last = json_string_value(json_object_get(json_object_get(json_array_get(single, k - 1), "SpecialToken"), "id"));
+            const char *first = json_string_value(
+                json_object_get(json_object_get(json_array_get(single, 0), "SpecialToken"), "id"));
+            const char *last = json_string_value(json_object_get(
+                json_object_get(json_array_get(single, k - 1), "SpecialToken"), "id"));
             if (first) sp->add_bos = bos ? !strcmp(first, bos) : 1;
             if (last) sp->add_eos = eos ? !strcmp(last, eos) : 1;
         }
@@ -375,13 +409,17 @@ static tm_status write_keys(import_state *s, tm_gguf_writer *w, const tm_tokeniz
     tm_status st;
     if ((st = gguf_writer_set_str(w, "tokenizer.ggml.model", s->spm ? "llama" : "gpt2")) ||
         (st = gguf_writer_set_str(w, "tokenizer.ggml.pre", s->pre)) ||
-        (st = gguf_writer_set_array(w, "tokenizer.ggml.tokens", TM_GGUF_TYPE_STRING, s->text, s->n)) ||
-        (st = gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, s->type, s->n)))
+        (st = gguf_writer_set_array(w, "tokenizer.ggml.tokens", TM_GGUF_TYPE_STRING, s->text,
+                                    s->n)) ||
+        (st = gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, s->type,
+                                    s->n)))
         return st;
-    if (s->spm && (st = gguf_writer_set_array(w, "tokenizer.ggml.scores", TM_GGUF_TYPE_FLOAT32, s->score, s->n)))
+    if (s->spm && (st = gguf_writer_set_array(w, "tokenizer.ggml.scores", TM_GGUF_TYPE_FLOAT32,
+                                              s->score, s->n)))
         return st;
     if ((!s->spm || !o->spm_skip_merges) &&
-        (st = gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, s->merges, s->n_merges)))
+        (st = gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, s->merges,
+                                    s->n_merges)))
         return st;
 
     special_ids sp = {{-1, -1, -1, -1, -1, -1}, -1, -1};
@@ -393,7 +431,8 @@ static tm_status write_keys(import_state *s, tm_gguf_writer *w, const tm_tokeniz
             const char *c = token_content(json_object_get(s->cfg, key));
             if (c) sp.id[k] = added_id_by_content(s, c);
         }
-        const json_t *ab = json_object_get(s->cfg, "add_bos_token"), *ae = json_object_get(s->cfg, "add_eos_token");
+        const json_t *ab = json_object_get(s->cfg, "add_bos_token"),
+                     *ae = json_object_get(s->cfg, "add_eos_token");
         if (json_is_boolean(ab)) sp.add_bos = json_is_true(ab);
         if (json_is_boolean(ae)) sp.add_eos = json_is_true(ae);
     }
@@ -403,28 +442,38 @@ static tm_status write_keys(import_state *s, tm_gguf_writer *w, const tm_tokeniz
             snprintf(key, sizeof(key), "%s_token_id", special_names[k]);
             const json_t *v = json_object_get(s->model_cfg, key);
             double d = json_number_value(v);
-            if (sp.id[k] < 0 && json_is_number(v) && d >= 0 && d < MAX_IMPORT_TOKENS && d == (int32_t)d)
+            if (sp.id[k] < 0 && json_is_number(v) && d >= 0 && d < MAX_IMPORT_TOKENS &&
+                d == (int32_t)d)
                 sp.id[k] = (int32_t)d;
         }
     }
     for (int k = 0; k < 6; k++) {
         if (sp.id[k] < 0) continue;
         if ((uint32_t)sp.id[k] >= s->n)
-            return tm_error_set(TM_ERR_FORMAT, "%s: %s token id %d is outside the vocabulary (%u tokens)", s->path,
+            return tm_error_set(TM_ERR_FORMAT,
+                                "%s: %s token id %d is outside the vocabulary (%u tokens)", s->path,
                                 special_names[k], sp.id[k], s->n);
         if ((st = gguf_writer_set_u32(w, special_keys[k], (uint32_t)sp.id[k]))) return st;
     }
-    if (sp.add_bos >= 0 && (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", sp.add_bos))) return st;
-    if (sp.add_eos >= 0 && (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", sp.add_eos))) return st;
-    if (s->spm && (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", spm_adds_prefix(s->tj)))) return st;
+    if (sp.add_bos >= 0 &&
+        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", sp.add_bos)))
+        return st;
+    if (sp.add_eos >= 0 &&
+        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", sp.add_eos)))
+        return st;
+    if (s->spm &&
+        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", spm_adds_prefix(s->tj))))
+        return st;
 
     if (s->cfg) {
         const json_t *ct = json_object_get(s->cfg, "chat_template");
         const char *tmpl = json_string_value(ct);
-        for (size_t i = 0; !tmpl && i < json_array_size(ct); i++) { /* [{name, template}]: the default one */
+        for (size_t i = 0; !tmpl && i < json_array_size(ct);
+             i++) { /* [{name, template}]: the default one */
             const json_t *e = json_array_get(ct, i);
             const char *name = json_string_value(json_object_get(e, "name"));
-            if (name && !strcmp(name, "default")) tmpl = json_string_value(json_object_get(e, "template"));
+            if (name && !strcmp(name, "default"))
+                tmpl = json_string_value(json_object_get(e, "template"));
         }
         char *jinja = NULL;
         if (!tmpl && !ct) tmpl = jinja = read_file_beside(s->path, "chat_template.jinja");
@@ -435,16 +484,16 @@ static tm_status write_keys(import_state *s, tm_gguf_writer *w, const tm_tokeniz
     return TM_OK;
 }
 
-tm_status tokenizer_import_hf_ex(const char *path, tm_gguf_writer *w, const tm_tokenizer_import_opts *opts,
-                                 uint32_t *n_tokens_out) {
+tm_status tokenizer_import_hf_ex(const char *path, tm_gguf_writer *w,
+                                 const tm_tokenizer_import_opts *opts, uint32_t *n_tokens_out) {
     tm_tokenizer_import_opts o = opts ? *opts : (tm_tokenizer_import_opts){0};
     import_state s = {.path = path};
     json_error_t jerror;
     tm_status st = TM_OK;
     s.tj = json_load_file(path, 0, &jerror);
     if (!s.tj) {
-        st = tm_error_set(jerror.line < 0 ? TM_ERR_IO : TM_ERR_FORMAT, "%s:%d:%d: %s", path, jerror.line,
-                          jerror.column, jerror.text);
+        st = tm_error_set(jerror.line < 0 ? TM_ERR_IO : TM_ERR_FORMAT, "%s:%d:%d: %s", path,
+                          jerror.line, jerror.column, jerror.text);
         goto done;
     }
     const json_t *model = json_object_get(s.tj, "model");
@@ -454,11 +503,13 @@ tm_status tokenizer_import_hf_ex(const char *path, tm_gguf_writer *w, const tm_t
         goto done;
     }
     if (!mtype || strcmp(mtype, "BPE")) {
-        st = tm_error_set(TM_ERR_UNSUPPORTED, "%s: model.type '%s': only BPE tokenizers are supported", path,
+        st = tm_error_set(TM_ERR_UNSUPPORTED,
+                          "%s: model.type '%s': only BPE tokenizers are supported", path,
                           mtype ? mtype : "(missing)");
         goto done;
     }
-    const json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    const json_t *vocab = json_object_get(model, "vocab"),
+                 *merges = json_object_get(model, "merges");
     const json_t *added = json_object_get(s.tj, "added_tokens");
     if (!json_is_object(vocab)) {
         st = jerr(&s, "model.vocab: missing or not an object");
@@ -480,15 +531,21 @@ tm_status tokenizer_import_hf_ex(const char *path, tm_gguf_writer *w, const tm_t
     if (s.spm) {
         s.pre = "default";
     } else {
-        const char *dec = json_string_value(json_object_get(json_object_get(s.tj, "decoder"), "type"));
+        const char *dec =
+            json_string_value(json_object_get(json_object_get(s.tj, "decoder"), "type"));
         if (!dec || strcmp(dec, "ByteLevel")) {
-            st = tm_error_set(TM_ERR_UNSUPPORTED, "%s: decoder '%s': expected ByteLevel (byte-level BPE) or a model with "
-                              "byte_fallback (SentencePiece style)", path, dec ? dec : "(missing)");
+            st = tm_error_set(
+                TM_ERR_UNSUPPORTED,
+                "%s: decoder '%s': expected ByteLevel (byte-level BPE) or a model with "
+                "byte_fallback (SentencePiece style)",
+                path, dec ? dec : "(missing)");
             goto done;
         }
         if ((st = find_pre(&s, json_object_get(s.tj, "pre_tokenizer")))) goto done;
     }
-    if ((st = collect_tokens(&s, vocab, added, o.pad_to_n_vocab)) || (st = collect_merges(&s, merges))) goto done;
+    if ((st = collect_tokens(&s, vocab, added, o.pad_to_n_vocab)) ||
+        (st = collect_merges(&s, merges)))
+        goto done;
     const char *unk = json_string_value(json_object_get(model, "unk_token"));
     assign_types(&s, unk);
     if (s.spm) assign_scores(&s, vocab);

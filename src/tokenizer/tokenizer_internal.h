@@ -11,13 +11,13 @@
 
 /* Open-addressing hash from byte strings (in a blob) to token ids. */
 typedef struct tm_str_map {
-    uint32_t mask;   /* capacity - 1 (power of two) */
-    int32_t *slots;  /* token id, or -1 for empty */
+    uint32_t mask;  /* capacity - 1 (power of two) */
+    int32_t *slots; /* token id, or -1 for empty */
 } tm_str_map;
 
 /* Open-addressing hash from a pair of ids to (rank, merged id). */
 typedef struct tm_pair_entry {
-    uint64_t key;    /* (uint64_t)left << 32 | right; UINT64_MAX = empty */
+    uint64_t key; /* (uint64_t)left << 32 | right; UINT64_MAX = empty */
     uint32_t rank;
     int32_t merged;
 } tm_pair_entry;
@@ -59,11 +59,11 @@ struct tm_tokenizer {
     uint32_t *bytes_off;
     uint32_t *bytes_len;
 
-    uint8_t *type;   /* tm_token_type */
-    float *score;    /* may be NULL */
+    uint8_t *type; /* tm_token_type */
+    float *score;  /* may be NULL */
 
-    tm_str_map vocab;   /* text -> id */
-    tm_pair_map pairs;  /* (left, right) -> rank, merged */
+    tm_str_map vocab;  /* text -> id */
+    tm_pair_map pairs; /* (left, right) -> rank, merged */
 
     int32_t byte_token[256]; /* BPE: token of each byte's alphabet char; SPM: <0xXX> or -1 */
     bool ignore_merges;      /* llama3: a piece that is a whole token is not merged */
@@ -71,10 +71,10 @@ struct tm_tokenizer {
     bool add_space_prefix;   /* SPM */
     bool add_bos, add_eos;
     tm_tokenizer_specials sp;
-    int32_t spm_space;       /* SPM: id of U+2581 alone, or -1 */
-    bool spm_word_split;     /* SPM: no token has U+2581 after another character, so
-                                merging word by word (cut before each U+2581 that
-                                follows a non-U+2581) gives the same result, faster */
+    int32_t spm_space;   /* SPM: id of U+2581 alone, or -1 */
+    bool spm_word_split; /* SPM: no token has U+2581 after another character, so
+                            merging word by word (cut before each U+2581 that
+                            follows a non-U+2581) gives the same result, faster */
 
     tm_pretok pretok;
 
@@ -87,7 +87,9 @@ struct tm_tokenizer {
 /* ---- hashing ---- */
 uint64_t tok_hash_bytes(const void *p, size_t n);
 int32_t tok_vocab_find(const tm_tokenizer *t, const char *s, size_t n);
-static inline uint64_t tok_pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
+static inline uint64_t tok_pair_key(int32_t a, int32_t b) {
+    return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+}
 const tm_pair_entry *tok_pair_find(const tm_pair_map *m, int32_t a, int32_t b);
 
 /* ---- pre-tokenizer (tokenizer_pretok.c) ---- */
@@ -118,9 +120,11 @@ tm_status tok_merge(const tm_tokenizer *t, int32_t *ids, size_t *n);
 
 /* ---- per-family encoders ---- */
 /* Byte-level BPE of one run of valid UTF-8 with no special tokens in it. */
-tm_status bpe_encode_text(const tm_tokenizer *t, tm_pretok_scratch *sc, const char *text, size_t len, tm_tokens *out);
+tm_status bpe_encode_text(const tm_tokenizer *t, tm_pretok_scratch *sc, const char *text,
+                          size_t len, tm_tokens *out);
 /* SPM of one run of raw text (may contain invalid UTF-8); prefix: prepend U+2581. */
-tm_status spm_encode_text(const tm_tokenizer *t, const char *text, size_t len, bool prefix, tm_tokens *out);
+tm_status spm_encode_text(const tm_tokenizer *t, const char *text, size_t len, bool prefix,
+                          tm_tokens *out);
 
 /* ---- UTF-8 ---- */
 /* Length of the valid UTF-8 character at s[0..n), or 0 if the bytes there are
@@ -133,7 +137,7 @@ int tok_utf8_lead_len(uint8_t c);
 /* GPT-2's byte alphabet: byte b <-> a code point (printable bytes map to
  * themselves, the others to U+0100 + k). */
 uint32_t tok_byte_to_cp(uint8_t b);
-int tok_cp_to_byte(uint32_t cp); /* -1 if cp is not in the alphabet */
+int tok_cp_to_byte(uint32_t cp);             /* -1 if cp is not in the alphabet */
 size_t tok_utf8_put(uint32_t cp, char *out); /* returns 1..4 */
 
 #endif

@@ -60,15 +60,20 @@ void tokenizer_free(tm_tokenizer *t) {
 static tm_status load_tokens(tm_tokenizer *t, const tm_gguf_file *f) {
     const tm_gguf_array *a;
     if (gguf_file_get_array(f, KEY("tokens"), &a))
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: missing or not an array", f->path);
+        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: missing or not an array",
+                            f->path);
     if (a->elem_type != TM_GGUF_TYPE_STRING || a->n == 0 || a->n > INT32_MAX)
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: expected a non-empty array of strings, got %" PRIu64 " %s",
-                            f->path, a->n, gguf_value_type_name(a->elem_type));
+        return tm_error_set(
+            TM_ERR_FORMAT,
+            "%s: tokenizer.ggml.tokens: expected a non-empty array of strings, got %" PRIu64 " %s",
+            f->path, a->n, gguf_value_type_name(a->elem_type));
     t->n_tokens = (uint32_t)a->n;
     uint64_t total = 0;
     for (uint64_t i = 0; i < a->n; i++) total += gguf_array_get_str(a, i).len + 1;
     if (total > UINT32_MAX)
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: %" PRIu64 " bytes of token text is too much", f->path, total);
+        return tm_error_set(
+            TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: %" PRIu64 " bytes of token text is too much",
+            f->path, total);
     t->text_blob = malloc(total);
     t->text_off = malloc(a->n * sizeof(uint32_t));
     t->text_len = malloc(a->n * sizeof(uint32_t));
@@ -89,15 +94,19 @@ static tm_status load_tokens(tm_tokenizer *t, const tm_gguf_file *f) {
     const tm_gguf_kv *kv = gguf_file_find_kv(f, KEY("token_type"));
     if (kv) {
         const tm_gguf_array *ty = &kv->value.v.arr;
-        if (kv->value.type != TM_GGUF_TYPE_ARRAY || ty->n != a->n || gguf_value_type_size(ty->elem_type) == 0 ||
-            ty->elem_type == TM_GGUF_TYPE_FLOAT32 || gguf_value_type_size(ty->elem_type) > 4)
-            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.token_type: expected %" PRIu64 " integers (one per token)",
+        if (kv->value.type != TM_GGUF_TYPE_ARRAY || ty->n != a->n ||
+            gguf_value_type_size(ty->elem_type) == 0 || ty->elem_type == TM_GGUF_TYPE_FLOAT32 ||
+            gguf_value_type_size(ty->elem_type) > 4)
+            return tm_error_set(TM_ERR_FORMAT,
+                                "%s: tokenizer.ggml.token_type: expected %" PRIu64
+                                " integers (one per token)",
                                 f->path, a->n);
         for (uint64_t i = 0; i < a->n; i++) {
             int32_t v = gguf_array_get_i32(ty, i);
             if (v < TM_TOKEN_TYPE_UNDEFINED || v > TM_TOKEN_TYPE_BYTE)
-                return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.token_type[%" PRIu64 "] = %d: expected 0..6",
-                                    f->path, i, v);
+                return tm_error_set(
+                    TM_ERR_FORMAT, "%s: tokenizer.ggml.token_type[%" PRIu64 "] = %d: expected 0..6",
+                    f->path, i, v);
             t->type[i] = (uint8_t)(v == TM_TOKEN_TYPE_UNDEFINED ? TM_TOKEN_TYPE_NORMAL : v);
         }
     }
@@ -105,8 +114,11 @@ static tm_status load_tokens(tm_tokenizer *t, const tm_gguf_file *f) {
     kv = gguf_file_find_kv(f, KEY("scores"));
     if (kv) {
         const tm_gguf_array *sc = &kv->value.v.arr;
-        if (kv->value.type != TM_GGUF_TYPE_ARRAY || sc->n != a->n || sc->elem_type != TM_GGUF_TYPE_FLOAT32)
-            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.scores: expected %" PRIu64 " float32 (one per token)",
+        if (kv->value.type != TM_GGUF_TYPE_ARRAY || sc->n != a->n ||
+            sc->elem_type != TM_GGUF_TYPE_FLOAT32)
+            return tm_error_set(TM_ERR_FORMAT,
+                                "%s: tokenizer.ggml.scores: expected %" PRIu64
+                                " float32 (one per token)",
                                 f->path, a->n);
         t->score = malloc(a->n * sizeof(float));
         if (!t->score) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory for scores");
@@ -119,7 +131,8 @@ static tm_status build_vocab_map(tm_tokenizer *t) {
     uint32_t cap = pow2_at_least(2 * (uint64_t)t->n_tokens);
     t->vocab.mask = cap - 1;
     t->vocab.slots = malloc(cap * sizeof(int32_t));
-    if (!t->vocab.slots) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory for the vocabulary map");
+    if (!t->vocab.slots)
+        return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory for the vocabulary map");
     memset(t->vocab.slots, 0xff, cap * sizeof(int32_t));
     for (uint32_t id = 0; id < t->n_tokens; id++) {
         const char *s = t->text_blob + t->text_off[id];
@@ -127,7 +140,8 @@ static tm_status build_vocab_map(tm_tokenizer *t) {
         bool dup = false;
         while (t->vocab.slots[i] >= 0) {
             int32_t o = t->vocab.slots[i];
-            if (t->text_len[o] == t->text_len[id] && !memcmp(t->text_blob + t->text_off[o], s, t->text_len[id])) {
+            if (t->text_len[o] == t->text_len[id] &&
+                !memcmp(t->text_blob + t->text_off[o], s, t->text_len[id])) {
                 dup = true; /* the first of duplicate texts wins */
                 break;
             }
@@ -145,7 +159,8 @@ static tm_status pairs_alloc(tm_tokenizer *t, uint64_t n) {
     while (cap < 2 * n) cap *= 2;
     t->pairs.mask = cap - 1;
     t->pairs.slots = malloc(cap * sizeof(tm_pair_entry));
-    if (!t->pairs.slots) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory for %" PRIu64 " merges", n);
+    if (!t->pairs.slots)
+        return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory for %" PRIu64 " merges", n);
     for (uint64_t i = 0; i < cap; i++) t->pairs.slots[i] = (tm_pair_entry){UINT64_MAX, 0, -1};
     return TM_OK;
 }
@@ -172,17 +187,20 @@ static void pairs_insert(tm_tokenizer *t, int32_t a, int32_t b, uint32_t rank, i
     }
 }
 
-static tm_status merge_error(const tm_gguf_file *f, uint64_t i, const char *what, const char *l, size_t ll,
-                             const char *r, size_t rl) {
-    return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.merges[%" PRIu64 "] '%.*s' '%.*s': %s", f->path, i,
-                        (int)(ll > 64 ? 64 : ll), l, (int)(rl > 64 ? 64 : rl), r, what);
+static tm_status merge_error(const tm_gguf_file *f, uint64_t i, const char *what, const char *l,
+                             size_t ll, const char *r, size_t rl) {
+    return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.merges[%" PRIu64 "] '%.*s' '%.*s': %s",
+                        f->path, i, (int)(ll > 64 ? 64 : ll), l, (int)(rl > 64 ? 64 : rl), r, what);
 }
 
 static tm_status load_merges(tm_tokenizer *t, const tm_gguf_file *f, const tm_gguf_kv *kv) {
     const tm_gguf_array *a = &kv->value.v.arr;
     bool strings = a->elem_type == TM_GGUF_TYPE_STRING;
-    if (kv->value.type != TM_GGUF_TYPE_ARRAY || (!strings && a->elem_type != TM_GGUF_TYPE_ARRAY) || a->n > UINT32_MAX)
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.merges: expected an array of \"left right\" strings or of [left, right] pairs",
+    if (kv->value.type != TM_GGUF_TYPE_ARRAY || (!strings && a->elem_type != TM_GGUF_TYPE_ARRAY) ||
+        a->n > UINT32_MAX)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: tokenizer.ggml.merges: expected an array of \"left right\" "
+                            "strings or of [left, right] pairs",
                             f->path);
     tm_status st = pairs_alloc(t, a->n);
     if (st) return st;
@@ -197,7 +215,9 @@ static tm_status load_merges(tm_tokenizer *t, const tm_gguf_file *f, const tm_gg
             const char *sp = s.len > 1 ? memchr(s.data + 1, ' ', s.len - 1) : NULL;
             if (!sp) {
                 free(buf);
-                return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.merges[%" PRIu64 "] '%.*s': expected \"left right\"",
+                return tm_error_set(TM_ERR_FORMAT,
+                                    "%s: tokenizer.ggml.merges[%" PRIu64
+                                    "] '%.*s': expected \"left right\"",
                                     f->path, i, (int)(s.len > 64 ? 64 : s.len), s.data);
             }
             l = s.data;
@@ -206,12 +226,16 @@ static tm_status load_merges(tm_tokenizer *t, const tm_gguf_file *f, const tm_gg
             rl = s.len - ll - 1;
         } else {
             const tm_gguf_value *v = &((const tm_gguf_value *)a->data)[i];
-            if (v->type != TM_GGUF_TYPE_ARRAY || v->v.arr.elem_type != TM_GGUF_TYPE_STRING || v->v.arr.n != 2) {
+            if (v->type != TM_GGUF_TYPE_ARRAY || v->v.arr.elem_type != TM_GGUF_TYPE_STRING ||
+                v->v.arr.n != 2) {
                 free(buf);
-                return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.merges[%" PRIu64 "]: expected a pair of strings",
+                return tm_error_set(TM_ERR_FORMAT,
+                                    "%s: tokenizer.ggml.merges[%" PRIu64
+                                    "]: expected a pair of strings",
                                     f->path, i);
             }
-            tm_gguf_str ls = gguf_array_get_str(&v->v.arr, 0), rs = gguf_array_get_str(&v->v.arr, 1);
+            tm_gguf_str ls = gguf_array_get_str(&v->v.arr, 0),
+                        rs = gguf_array_get_str(&v->v.arr, 1);
             l = ls.data;
             ll = ls.len;
             r = rs.data;
@@ -220,7 +244,9 @@ static tm_status load_merges(tm_tokenizer *t, const tm_gguf_file *f, const tm_gg
         int32_t li = tok_vocab_find(t, l, ll), ri = tok_vocab_find(t, r, rl);
         if (li < 0 || ri < 0) {
             free(buf);
-            return merge_error(f, i, li < 0 ? "left part is not a token" : "right part is not a token", l, ll, r, rl);
+            return merge_error(f, i,
+                               li < 0 ? "left part is not a token" : "right part is not a token", l,
+                               ll, r, rl);
         }
         if (ll + rl > buf_cap) {
             buf_cap = 2 * (ll + rl) + 64;
@@ -260,7 +286,9 @@ static int cmp_score(const void *pa, const void *pb) {
 
 static tm_status merges_from_scores(tm_tokenizer *t, const tm_gguf_file *f) {
     if (!t->score)
-        return tm_error_set(TM_ERR_FORMAT, "%s: SentencePiece vocabulary has neither tokenizer.ggml.merges nor tokenizer.ggml.scores",
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: SentencePiece vocabulary has neither tokenizer.ggml.merges nor "
+                            "tokenizer.ggml.scores",
                             f->path);
     score_rank *sr = malloc(t->n_tokens * sizeof(*sr));
     if (!sr) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory");
@@ -279,8 +307,10 @@ static tm_status merges_from_scores(tm_tokenizer *t, const tm_gguf_file *f) {
         uint32_t len = t->text_len[id];
         for (uint32_t k = 1; k < len; k++) {
             if ((s[k] & 0xC0) == 0x80) continue; /* split only between characters */
-            int32_t a = tok_vocab_find(t, (const char *)s, k), b = tok_vocab_find(t, (const char *)s + k, len - k);
-            if (a >= 0 && b >= 0 && t->type[a] == TM_TOKEN_TYPE_NORMAL && t->type[b] == TM_TOKEN_TYPE_NORMAL)
+            int32_t a = tok_vocab_find(t, (const char *)s, k),
+                    b = tok_vocab_find(t, (const char *)s + k, len - k);
+            if (a >= 0 && b >= 0 && t->type[a] == TM_TOKEN_TYPE_NORMAL &&
+                t->type[b] == TM_TOKEN_TYPE_NORMAL)
                 pairs_insert(t, a, b, r, id);
         }
     }
@@ -305,11 +335,12 @@ static tm_status build_token_bytes(tm_tokenizer *t) {
         uint8_t *o = (uint8_t *)t->bytes_blob + off;
         uint32_t m = 0;
         uint8_t ty = t->type[id];
-        if (ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED || ty == TM_TOKEN_TYPE_UNKNOWN) {
+        if (ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED ||
+            ty == TM_TOKEN_TYPE_UNKNOWN) {
             memcpy(o, s, n); /* added tokens decode to their text */
             m = n;
-        } else if (t->kind == TM_TOKENIZER_SPM && ty == TM_TOKEN_TYPE_BYTE && n == 6 && !memcmp(s, "<0x", 3) &&
-                   s[5] == '>') {
+        } else if (t->kind == TM_TOKENIZER_SPM && ty == TM_TOKEN_TYPE_BYTE && n == 6 &&
+                   !memcmp(s, "<0x", 3) && s[5] == '>') {
             o[0] = (uint8_t)strtoul((const char *)s + 3, NULL, 16);
             m = 1;
         } else if (t->kind == TM_TOKENIZER_SPM) {
@@ -325,8 +356,10 @@ static tm_status build_token_bytes(tm_tokenizer *t) {
             for (uint32_t i = 0; i < n;) {
                 size_t cl = tok_utf8_valid_len(s + i, n - i);
                 int b = -1;
-                if (cl == 2) b = tok_cp_to_byte(((uint32_t)(s[i] & 0x1F) << 6) | (s[i + 1] & 0x3F));
-                else if (cl == 1) b = tok_cp_to_byte(s[i]);
+                if (cl == 2)
+                    b = tok_cp_to_byte(((uint32_t)(s[i] & 0x1F) << 6) | (s[i + 1] & 0x3F));
+                else if (cl == 1)
+                    b = tok_cp_to_byte(s[i]);
                 if (b >= 0) {
                     o[m++] = (uint8_t)b;
                     i += (uint32_t)cl;
@@ -359,7 +392,8 @@ static tm_status build_specials(tm_tokenizer *t) {
     uint32_t n = 0;
     for (uint32_t id = 0; id < t->n_tokens; id++) {
         uint8_t ty = t->type[id];
-        if ((ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED || ty == TM_TOKEN_TYPE_UNKNOWN) &&
+        if ((ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED ||
+             ty == TM_TOKEN_TYPE_UNKNOWN) &&
             t->text_len[id] > 0)
             n++;
     }
@@ -368,10 +402,12 @@ static tm_status build_specials(tm_tokenizer *t) {
     n = 0;
     for (uint32_t id = 0; id < t->n_tokens; id++) {
         uint8_t ty = t->type[id];
-        if ((ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED || ty == TM_TOKEN_TYPE_UNKNOWN) &&
+        if ((ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED ||
+             ty == TM_TOKEN_TYPE_UNKNOWN) &&
             t->text_len[id] > 0)
-            t->specials[n++] = (tm_special_entry){(int32_t)id, t->text_len[id], t->text_blob + t->text_off[id],
-                                                  ty != TM_TOKEN_TYPE_USER_DEFINED};
+            t->specials[n++] =
+                (tm_special_entry){(int32_t)id, t->text_len[id], t->text_blob + t->text_off[id],
+                                   ty != TM_TOKEN_TYPE_USER_DEFINED};
     }
     qsort(t->specials, n, sizeof(*t->specials), cmp_special);
     t->n_specials = n;
@@ -390,17 +426,20 @@ static tm_status get_id(const tm_gguf_file *f, const char *key, uint32_t n_token
     if (!kv) return TM_OK;
     uint32_t v;
     if (gguf_file_get_u32(f, key, &v))
-        return tm_error_set(TM_ERR_FORMAT, "%s: %s: expected an unsigned integer token id", f->path, key);
+        return tm_error_set(TM_ERR_FORMAT, "%s: %s: expected an unsigned integer token id", f->path,
+                            key);
     if (v >= n_tokens)
-        return tm_error_set(TM_ERR_FORMAT, "%s: %s = %u: not a token id (the vocabulary has %u tokens)", f->path, key,
-                            v, n_tokens);
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: %s = %u: not a token id (the vocabulary has %u tokens)", f->path,
+                            key, v, n_tokens);
     *out = (int32_t)v;
     return TM_OK;
 }
 
 static tm_status get_flag(const tm_gguf_file *f, const char *key, bool *out) {
     if (!gguf_file_find_kv(f, key)) return TM_OK;
-    if (gguf_file_get_bool(f, key, out)) return tm_error_set(TM_ERR_FORMAT, "%s: %s: expected a bool", f->path, key);
+    if (gguf_file_get_bool(f, key, out))
+        return tm_error_set(TM_ERR_FORMAT, "%s: %s: expected a bool", f->path, key);
     return TM_OK;
 }
 
@@ -431,11 +470,16 @@ static tm_status load_specials_and_flags(tm_tokenizer *t, const tm_gguf_file *f)
         (st = get_flag(f, KEY("add_space_prefix"), &t->add_space_prefix)))
         return st;
     /* a family default without a bos token to add is no request */
-    if (t->add_bos && sp->bos < 0 && !gguf_file_find_kv(f, KEY("add_bos_token"))) t->add_bos = false;
+    if (t->add_bos && sp->bos < 0 && !gguf_file_find_kv(f, KEY("add_bos_token")))
+        t->add_bos = false;
     if (t->add_bos && sp->bos < 0)
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", f->path);
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: tokenizer.ggml.add_bos_token is set but there is no bos_token_id",
+                            f->path);
     if (t->add_eos && sp->eos < 0)
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.add_eos_token is set but there is no eos_token_id", f->path);
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: tokenizer.ggml.add_eos_token is set but there is no eos_token_id",
+                            f->path);
     if (t->kind == TM_TOKENIZER_SPM) {
         sp->nl = tok_vocab_find(t, "<0x0A>", 6);
     } else {
@@ -451,15 +495,19 @@ static tm_status load_specials_and_flags(tm_tokenizer *t, const tm_gguf_file *f)
 static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
     tm_gguf_str s;
     if (gguf_file_get_str(f, KEY("model"), &s))
-        return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.model: missing (the file has no tokenizer)", f->path);
-    if (!(t->model_name = dup_str(s))) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory");
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: tokenizer.ggml.model: missing (the file has no tokenizer)",
+                            f->path);
+    if (!(t->model_name = dup_str(s)))
+        return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory");
     if (!strcmp(t->model_name, "gpt2"))
         t->kind = TM_TOKENIZER_BPE;
     else if (!strcmp(t->model_name, "llama"))
         t->kind = TM_TOKENIZER_SPM;
     else
         return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "%s: tokenizer.ggml.model '%.64s': unsupported (known: gpt2 = byte-level BPE, llama = SentencePiece)",
+                            "%s: tokenizer.ggml.model '%.64s': unsupported (known: gpt2 = "
+                            "byte-level BPE, llama = SentencePiece)",
                             f->path, t->model_name);
 
     const tm_gguf_kv *pre = gguf_file_find_kv(f, KEY("pre"));
@@ -468,7 +516,9 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
     t->pre_name = pre ? dup_str(pre->value.v.str) : strdup("default");
     if (!t->pre_name) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory");
     if (t->kind == TM_TOKENIZER_BPE) {
-        if (!pre) tm_log_warn("%s: tokenizer.ggml.pre missing; using llama.cpp's 'default' pre-tokenizer", f->path);
+        if (!pre)
+            tm_log_warn("%s: tokenizer.ggml.pre missing; using llama.cpp's 'default' pre-tokenizer",
+                        f->path);
         tm_status st = pretok_init(&t->pretok, t->pre_name, &t->normalize_nfc, &t->ignore_merges);
         if (st) return tm_error_wrap(st, "%s: ", f->path);
     }
@@ -479,15 +529,19 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
     const tm_gguf_kv *merges = gguf_file_find_kv(f, KEY("merges"));
     if (t->kind == TM_TOKENIZER_BPE) {
         if (!merges)
-            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.merges: missing; a byte-level BPE vocabulary needs its merges",
-                                f->path);
+            return tm_error_set(
+                TM_ERR_FORMAT,
+                "%s: tokenizer.ggml.merges: missing; a byte-level BPE vocabulary needs its merges",
+                f->path);
         if ((st = load_merges(t, f, merges))) return st;
         for (unsigned b = 0; b < 256; b++) {
             char c[4];
             size_t n = tok_utf8_put(tok_byte_to_cp((uint8_t)b), c);
             t->byte_token[b] = tok_vocab_find(t, c, n);
             if (t->byte_token[b] < 0)
-                return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: no token for byte 0x%02X ('%.*s'); not a byte-level vocabulary",
+                return tm_error_set(TM_ERR_FORMAT,
+                                    "%s: tokenizer.ggml.tokens: no token for byte 0x%02X ('%.*s'); "
+                                    "not a byte-level vocabulary",
                                     f->path, b, (int)n, c);
         }
     } else {
@@ -501,14 +555,18 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
         }
         /* byte fallback needs every byte, or none (then <unk> stands in) */
         if (n_bytes != 0 && n_bytes != 256)
-            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.ggml.tokens: %u of the 256 byte tokens <0x00>..<0xFF>; "
-                                "byte fallback needs all of them", f->path, n_bytes);
+            return tm_error_set(
+                TM_ERR_FORMAT,
+                "%s: tokenizer.ggml.tokens: %u of the 256 byte tokens <0x00>..<0xFF>; "
+                "byte fallback needs all of them",
+                f->path, n_bytes);
         t->spm_space = tok_vocab_find(t, "\xe2\x96\x81", 3);
         t->spm_word_split = t->spm_space >= 0;
         for (uint32_t id = 0; id < t->n_tokens && t->spm_word_split; id++) {
             const char *tx = t->text_blob + t->text_off[id];
             uint32_t n = t->text_len[id], i = 0;
-            while (i + 3 <= n && !memcmp(tx + i, "\xe2\x96\x81", 3)) i += 3; /* leading run of U+2581 */
+            while (i + 3 <= n && !memcmp(tx + i, "\xe2\x96\x81", 3))
+                i += 3; /* leading run of U+2581 */
             for (; i + 3 <= n; i++)
                 if (!memcmp(tx + i, "\xe2\x96\x81", 3)) {
                     t->spm_word_split = false;
@@ -517,16 +575,22 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
         }
     }
 
-    if ((st = build_token_bytes(t)) || (st = build_specials(t)) || (st = load_specials_and_flags(t, f))) return st;
+    if ((st = build_token_bytes(t)) || (st = build_specials(t)) ||
+        (st = load_specials_and_flags(t, f)))
+        return st;
     if (t->kind == TM_TOKENIZER_SPM && t->byte_token[0x41] < 0 && t->sp.unk < 0)
-        return tm_error_set(TM_ERR_FORMAT, "%s: SentencePiece vocabulary has neither <0xXX> byte tokens nor an unknown token",
-                            f->path);
+        return tm_error_set(
+            TM_ERR_FORMAT,
+            "%s: SentencePiece vocabulary has neither <0xXX> byte tokens nor an unknown token",
+            f->path);
 
     const tm_gguf_kv *tmpl = gguf_file_find_kv(f, "tokenizer.chat_template");
     if (tmpl) {
         if (tmpl->value.type != TM_GGUF_TYPE_STRING)
-            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.chat_template: expected a string", f->path);
-        if (!(t->chat_template = dup_str(tmpl->value.v.str))) return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory");
+            return tm_error_set(TM_ERR_FORMAT, "%s: tokenizer.chat_template: expected a string",
+                                f->path);
+        if (!(t->chat_template = dup_str(tmpl->value.v.str)))
+            return tm_error_set(TM_ERR_NOMEM, "tokenizer: out of memory");
     }
     return TM_OK;
 }

@@ -19,24 +19,26 @@
 /* GPT-2 (HF ByteLevel use_regex). */
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 /* Llama 3 (= cl100k_base in HF form): numbers in groups of up to 3. */
-#define RE_LLAMA3                                                                                   \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+#define RE_LLAMA3                                                                                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                               \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* Qwen2 / Qwen3: single digits. */
-#define RE_QWEN2                                                                                 \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+#define RE_QWEN2                                                                                   \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                               \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* o200k_base (gpt-4o, gpt-oss): case-aware words, contractions attached. */
 #define RE_O200K                                                                                   \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"          \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"    \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"                                                               \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"          \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"    \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"                                                               \
     "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* Tekken (Mistral Nemo and later): o200k's word rule without contractions, single digits. */
 #define RE_TEKKEN                                                                                  \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"         \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"         \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"   \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"   \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* llama.cpp's "default" for BPE vocabularies without a known pre-tokenizer. */
 #define RE_DEFAULT_0 "[\\p{P}\\$\\+<=>\\^~\\|]+"
@@ -75,7 +77,8 @@ static bool name_in_list(const char *name, const char *list) {
 }
 
 const char *pretok_known_names(void) {
-    return "default, gpt2, gpt-2, mpt, olmo, jais, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, qwen2, "
+    return "default, gpt2, gpt-2, mpt, olmo, jais, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, "
+           "qwen2, "
            "stablelm2, gpt-4o, o200k, tekken";
 }
 
@@ -91,13 +94,14 @@ tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignor
     for (int k = 0; k < TM_PRETOK_MAX_REGEX && fam->regex[k]; k++) {
         int err;
         PCRE2_SIZE off;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)fam->regex[k], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                                       &err, &off, NULL);
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)fam->regex[k], PCRE2_ZERO_TERMINATED,
+                                       PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
         if (!re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof(msg));
             pretok_free(p);
-            return tm_error_set(TM_ERR_UNSUPPORTED, "pre-tokenizer '%s': PCRE2 cannot compile regex %d at %zu: %s",
+            return tm_error_set(TM_ERR_UNSUPPORTED,
+                                "pre-tokenizer '%s': PCRE2 cannot compile regex %d at %zu: %s",
                                 pre_name, k, (size_t)off, (const char *)msg);
         }
         /* JIT is an optimisation: without it (no JIT on this CPU) matching still works. */
@@ -159,14 +163,17 @@ void pretok_scratch_free(tm_pretok_scratch *sc) {
 /* Match regex k at or after `start`. Returns 1 with [*ms, *me) on a match, 0 on
  * none. The JIT stack can run out on huge inputs; the interpreter then retries,
  * and if even that gives up the rest of the text stays one piece. */
-static int match_at(split_state *s, int k, const char *text, size_t len, size_t start, size_t *ms, size_t *me) {
+static int match_at(split_state *s, int k, const char *text, size_t len, size_t start, size_t *ms,
+                    size_t *me) {
     pcre2_code *re = (pcre2_code *)s->p->code[k];
     int rc = pcre2_match(re, (PCRE2_SPTR)text, len, start, PCRE2_NO_UTF_CHECK, s->md[k], s->mctx);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-        rc = pcre2_match(re, (PCRE2_SPTR)text, len, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, s->md[k], s->mctx);
+        rc = pcre2_match(re, (PCRE2_SPTR)text, len, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                         s->md[k], s->mctx);
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     if (rc < 0) {
-        tm_log_warn("pre-tokenizer: PCRE2 error %d on a %zu-byte piece; keeping it whole", rc, len - start);
+        tm_log_warn("pre-tokenizer: PCRE2 error %d on a %zu-byte piece; keeping it whole", rc,
+                    len - start);
         return 0;
     }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md[k]);
@@ -209,7 +216,8 @@ const char *pretok_name_for_regex(const char *re) {
     static const struct {
         const char *re, *name;
     } known[] = {
-        {RE_QWEN2, "qwen2"}, {RE_LLAMA3, "llama-bpe"}, {RE_O200K, "gpt-4o"}, {RE_TEKKEN, "tekken"}, {RE_GPT2, "gpt2"},
+        {RE_QWEN2, "qwen2"},   {RE_LLAMA3, "llama-bpe"}, {RE_O200K, "gpt-4o"},
+        {RE_TEKKEN, "tekken"}, {RE_GPT2, "gpt2"},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (!strcmp(re, known[i].re)) return known[i].name;

@@ -16,7 +16,8 @@
 
 #define SPM_SPACE "\xe2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK */
 
-static tm_status push_fallback(const tm_tokenizer *t, const uint8_t *b, size_t n, int32_t *sym, size_t *m) {
+static tm_status push_fallback(const tm_tokenizer *t, const uint8_t *b, size_t n, int32_t *sym,
+                               size_t *m) {
     for (size_t k = 0; k < n; k++) {
         int32_t id = t->byte_token[b[k]];
         if (id < 0) {
@@ -29,7 +30,8 @@ static tm_status push_fallback(const tm_tokenizer *t, const uint8_t *b, size_t n
     return TM_OK;
 }
 
-tm_status spm_encode_text(const tm_tokenizer *t, const char *text, size_t len, bool prefix, tm_tokens *out) {
+tm_status spm_encode_text(const tm_tokenizer *t, const char *text, size_t len, bool prefix,
+                          tm_tokens *out) {
     /* at most one symbol per input byte, plus the prefix; a space may become 3 byte tokens */
     size_t cap = 3 * len + 3;
     int32_t *sym = malloc(cap * sizeof(*sym));
@@ -50,7 +52,8 @@ tm_status spm_encode_text(const tm_tokenizer *t, const char *text, size_t len, b
             continue;
         }
         int32_t id = s[i] == ' ' ? t->spm_space : tok_vocab_find(t, (const char *)s + i, cl);
-        if (id >= 0 && (t->type[id] == TM_TOKEN_TYPE_NORMAL || t->type[id] == TM_TOKEN_TYPE_USER_DEFINED))
+        if (id >= 0 &&
+            (t->type[id] == TM_TOKEN_TYPE_NORMAL || t->type[id] == TM_TOKEN_TYPE_USER_DEFINED))
             sym[m++] = id;
         else if (s[i] == ' ') /* a vocabulary without U+2581: its bytes */
             push_fallback(t, (const uint8_t *)SPM_SPACE, 3, sym, &m);

@@ -18,10 +18,11 @@ tm_status trace_stats_init(tm_trace_stats *s, const tm_trace_shape *shape, uint3
         shape->n_expert > TM_TRACE_MAX_EXPERT || !shape->n_expert_used ||
         shape->n_expert_used > shape->n_expert || shape->n_expert_used > TM_TRACE_MAX_USED)
         return tm_error_set(TM_ERR_ARG,
-                            "trace: unsupported shape %u layers, %u experts, %u used (at most %d layers, %d experts, "
+                            "trace: unsupported shape %u layers, %u experts, %u used (at most %d "
+                            "layers, %d experts, "
                             "%d used)",
-                            shape->n_layer, shape->n_expert, shape->n_expert_used, TM_TRACE_MAX_LAYER,
-                            TM_TRACE_MAX_EXPERT, TM_TRACE_MAX_USED);
+                            shape->n_layer, shape->n_expert, shape->n_expert_used,
+                            TM_TRACE_MAX_LAYER, TM_TRACE_MAX_EXPERT, TM_TRACE_MAX_USED);
     s->shape = *shape;
     s->window = window ? window : TM_TRACE_WINDOW_DEFAULT;
     s->layers = calloc(shape->n_layer, sizeof(*s->layers));
@@ -57,16 +58,20 @@ void trace_shape_of_model(const tm_model *m, tm_trace_shape *shape) {
 
 bool trace_stats_equal(const tm_trace_stats *a, const tm_trace_stats *b) {
     if (strcmp(a->shape.arch, b->shape.arch) || a->shape.n_layer != b->shape.n_layer ||
-        a->shape.n_expert != b->shape.n_expert || a->shape.n_expert_used != b->shape.n_expert_used ||
-        a->window != b->window || a->tokens != b->tokens)
+        a->shape.n_expert != b->shape.n_expert ||
+        a->shape.n_expert_used != b->shape.n_expert_used || a->window != b->window ||
+        a->tokens != b->tokens)
         return false;
     for (uint32_t l = 0; l < a->shape.n_layer; l++) {
         const tm_trace_layer *x = &a->layers[l], *y = &b->layers[l];
-        if (x->calls != y->calls || x->tokens != y->tokens || x->expert_hits_total != y->expert_hits_total ||
-            x->hot_slots_total != y->hot_slots_total || x->cold_slots_total != y->cold_slots_total ||
-            x->routing_ns != y->routing_ns || x->experts_ns != y->experts_ns || x->merge_ns != y->merge_ns ||
+        if (x->calls != y->calls || x->tokens != y->tokens ||
+            x->expert_hits_total != y->expert_hits_total ||
+            x->hot_slots_total != y->hot_slots_total ||
+            x->cold_slots_total != y->cold_slots_total || x->routing_ns != y->routing_ns ||
+            x->experts_ns != y->experts_ns || x->merge_ns != y->merge_ns ||
             x->wait_ns != y->wait_ns || x->ws_sum != y->ws_sum || x->ws_samples != y->ws_samples ||
-            x->ws_max != y->ws_max || x->reuse_shared != y->reuse_shared || x->reuse_pairs != y->reuse_pairs ||
+            x->ws_max != y->ws_max || x->reuse_shared != y->reuse_shared ||
+            x->reuse_pairs != y->reuse_pairs ||
             memcmp(x->experts, y->experts, 3 * (size_t)a->shape.n_expert * sizeof(uint64_t)))
             return false;
     }
@@ -118,13 +123,15 @@ tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace *
     return TM_OK;
 nomem:
     trace_free(t);
-    return tm_error_set(TM_ERR_NOMEM, "trace: out of memory for a working-set window of %u tokens", W);
+    return tm_error_set(TM_ERR_NOMEM, "trace: out of memory for a working-set window of %u tokens",
+                        W);
 }
 
 void trace_free(tm_trace *t) {
     if (!t) return;
     if (t->win)
-        for (uint32_t l = 0; l < t->stats.shape.n_layer; l++) free(t->win[l].ring), free(t->win[l].count);
+        for (uint32_t l = 0; l < t->stats.shape.n_layer; l++)
+            free(t->win[l].ring), free(t->win[l].count);
     free(t->win);
     trace_stats_free(&t->stats);
     free(t);
@@ -160,9 +167,11 @@ void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok
             L->experts[row[j]]++;
             if (t->cfg.names)
                 fprintf(t->cfg.log,
-                        "[expert-trace] token %llu layer %u slot %u: expert %d: blk.%u.ffn_gate_exps / ffn_up_exps / "
+                        "[expert-trace] token %llu layer %u slot %u: expert %d: "
+                        "blk.%u.ffn_gate_exps / ffn_up_exps / "
                         "ffn_down_exps slice %d\n",
-                        (unsigned long long)(L->tokens + (uint64_t)i), layer, j, row[j], layer, row[j]);
+                        (unsigned long long)(L->tokens + (uint64_t)i), layer, j, row[j], layer,
+                        row[j]);
         }
         /* reuse against the previous token of this sequence (before it can leave a window of 1) */
         if (w->n_seen > 0) {
@@ -193,27 +202,31 @@ void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok
      * cold either (hot_slots_total / cold_slots_total describe the split). */
 }
 
-void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok, int64_t n,
-                     bool is_int) {
+void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                     int64_t n, bool is_int) {
     tm_trace *t = ud;
     if (layer >= 0 && (uint32_t)layer < t->stats.shape.n_layer) {
         if (name[0] == 'a' && !strcmp(name, "attn_out")) {
             t->t_attn = tm_time_ns(), t->t_attn_layer = layer;
-        } else if (name[0] == 't' && is_int && n == t->stats.shape.n_expert_used && !strcmp(name, "topk_ids")) {
+        } else if (name[0] == 't' && is_int && n == t->stats.shape.n_expert_used &&
+                   !strcmp(name, "topk_ids")) {
             uint64_t now = tm_time_ns();
             if (t->t_attn_layer == layer) t->stats.layers[layer].routing_ns += now - t->t_attn;
             trace_record(t, (uint32_t)layer, data, n_tok);
             /* counting (tens of ns) lands in expert time; name logging would not be small */
             t->t_topk = t->cfg.names ? tm_time_ns() : now, t->t_topk_layer = layer;
         } else if (name[0] == 'f' && !strcmp(name, "ffn_out")) {
-            if (t->t_topk_layer == layer) t->stats.layers[layer].experts_ns += tm_time_ns() - t->t_topk;
+            if (t->t_topk_layer == layer)
+                t->stats.layers[layer].experts_ns += tm_time_ns() - t->t_topk;
             t->t_topk_layer = -1;
         }
     }
     if (t->next_cb) t->next_cb(t->next_ud, name, layer, data, n_tok, n, is_int);
 }
 
-const tm_trace_stats *trace_get_stats(const tm_trace *t) { return &t->stats; }
+const tm_trace_stats *trace_get_stats(const tm_trace *t) {
+    return &t->stats;
+}
 
 /* ---- summaries ---- */
 
@@ -234,24 +247,31 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
     double ent = 0, top10 = 0, ws = 0, reuse = 0, routing = 0, experts = 0;
     uint64_t ws_max = 0;
     if (per_layer)
-        fprintf(out, "expert trace per layer (shares of the layer's routed slots; working set over %u tokens):\n",
+        fprintf(out,
+                "expert trace per layer (shares of the layer's routed slots; working set over %u "
+                "tokens):\n",
                 s->window);
     for (uint32_t l = 0; l < sh->n_layer; l++) {
         const tm_trace_layer *L = &s->layers[l];
         tm_trace_skew sk;
         trace_layer_skew(s, l, &sk);
         const double lws = L->ws_samples ? (double)L->ws_sum / L->ws_samples : 0;
-        const double lre = L->reuse_pairs ? (double)L->reuse_shared / ((double)L->reuse_pairs * sh->n_expert_used) : 0;
+        const double lre =
+            L->reuse_pairs ? (double)L->reuse_shared / ((double)L->reuse_pairs * sh->n_expert_used)
+                           : 0;
         ent += sk.entropy, top10 += sk.top[0], ws += lws, reuse += lre;
         routing += L->routing_ns * 1e-6, experts += L->experts_ns * 1e-6;
         if (L->ws_max > ws_max) ws_max = L->ws_max;
         if (!per_layer) continue;
-        fprintf(out,
-                "layer %3u: calls %llu tokens %llu hits %llu used %u | entropy %.4f top10%% %.4f top25%% %.4f "
-                "top50%% %.4f | ws %.2f max %llu | reuse %.4f | routing %.3f ms experts %.3f ms | top",
-                l, (unsigned long long)L->calls, (unsigned long long)L->tokens,
-                (unsigned long long)L->expert_hits_total, sk.n_used, sk.entropy, sk.top[0], sk.top[1], sk.top[2], lws,
-                (unsigned long long)L->ws_max, lre, L->routing_ns * 1e-6, L->experts_ns * 1e-6);
+        fprintf(
+            out,
+            "layer %3u: calls %llu tokens %llu hits %llu used %u | entropy %.4f top10%% %.4f "
+            "top25%% %.4f "
+            "top50%% %.4f | ws %.2f max %llu | reuse %.4f | routing %.3f ms experts %.3f ms | top",
+            l, (unsigned long long)L->calls, (unsigned long long)L->tokens,
+            (unsigned long long)L->expert_hits_total, sk.n_used, sk.entropy, sk.top[0], sk.top[1],
+            sk.top[2], lws, (unsigned long long)L->ws_max, lre, L->routing_ns * 1e-6,
+            L->experts_ns * 1e-6);
         uint32_t top[5], nt = sh->n_expert < 5 ? sh->n_expert : 5;
         trace_layer_top(L, sh->n_expert, nt, top);
         for (uint32_t i = 0; i < nt; i++)
@@ -262,18 +282,22 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
     const double nl = sh->n_layer;
     char wss[96];
     if (s->layers[0].ws_samples)
-        snprintf(wss, sizeof(wss), "%.1f of %u (max %llu, W %u)", ws / nl, sh->n_expert, (unsigned long long)ws_max,
-                 s->window);
-    else snprintf(wss, sizeof(wss), "n/a (no sequence reached W = %u tokens)", s->window);
+        snprintf(wss, sizeof(wss), "%.1f of %u (max %llu, W %u)", ws / nl, sh->n_expert,
+                 (unsigned long long)ws_max, s->window);
+    else
+        snprintf(wss, sizeof(wss), "n/a (no sequence reached W = %u tokens)", s->window);
     fprintf(out,
-            "expert trace: %s, %u layers x %u experts (top-%u), %llu tokens | mean over layers: entropy %.4f, "
-            "top 10%% of experts %.1f%% of hits, working set %s, reuse %.1f%% | routing %.2f ms, experts %.2f ms\n",
-            sh->arch, sh->n_layer, sh->n_expert, sh->n_expert_used, (unsigned long long)s->tokens, ent / nl,
-            100 * top10 / nl, wss, 100 * reuse / nl, routing, experts);
+            "expert trace: %s, %u layers x %u experts (top-%u), %llu tokens | mean over layers: "
+            "entropy %.4f, "
+            "top 10%% of experts %.1f%% of hits, working set %s, reuse %.1f%% | routing %.2f ms, "
+            "experts %.2f ms\n",
+            sh->arch, sh->n_layer, sh->n_expert, sh->n_expert_used, (unsigned long long)s->tokens,
+            ent / nl, 100 * top10 / nl, wss, 100 * reuse / nl, routing, experts);
 }
 
 tm_status trace_finish(tm_trace *t) {
-    if (t->cfg.stats || t->cfg.per_layer || t->cfg.output) trace_stats_print(&t->stats, t->cfg.per_layer, t->cfg.log);
+    if (t->cfg.stats || t->cfg.per_layer || t->cfg.output)
+        trace_stats_print(&t->stats, t->cfg.per_layer, t->cfg.log);
     if (!t->cfg.output) return TM_OK;
     const char *o = t->cfg.output;
     const size_t n = strlen(o);

@@ -38,12 +38,12 @@
 extern "C" {
 #endif
 
-#define TM_TRACE_FORMAT "tiermoe-moe-layer-perf"
-#define TM_TRACE_VERSION 1
+#define TM_TRACE_FORMAT         "tiermoe-moe-layer-perf"
+#define TM_TRACE_VERSION        1
 #define TM_TRACE_WINDOW_DEFAULT 32
-#define TM_TRACE_MAX_EXPERT 4096
-#define TM_TRACE_MAX_LAYER 4096
-#define TM_TRACE_MAX_USED 64
+#define TM_TRACE_MAX_EXPERT     4096
+#define TM_TRACE_MAX_LAYER      4096
+#define TM_TRACE_MAX_USED       64
 
 typedef struct tm_trace_shape {
     char arch[32];
@@ -61,8 +61,8 @@ typedef struct tm_trace_layer {
 
 typedef struct tm_trace_stats {
     tm_trace_shape shape;
-    uint32_t window; /* W of the working set */
-    uint64_t tokens; /* tokens through the model (layer 0's tokens) */
+    uint32_t window;        /* W of the working set */
+    uint64_t tokens;        /* tokens through the model (layer 0's tokens) */
     tm_trace_layer *layers; /* [n_layer] */
 } tm_trace_stats;
 
@@ -82,11 +82,12 @@ json_t *trace_stats_to_json(const tm_trace_stats *s);
  * is named in errors with the offending field ("layers[3].experts[7]").
  * expect (may be NULL) is the loaded model's shape: a different layer,
  * expert or expert-used count is an error. */
-tm_status trace_stats_from_json(const json_t *root, const char *origin, const tm_trace_shape *expect,
-                                tm_trace_stats *out);
+tm_status trace_stats_from_json(const json_t *root, const char *origin,
+                                const tm_trace_shape *expect, tm_trace_stats *out);
 /* Write JSON atomically (path.tmp, then rename). */
 tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path);
-tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect, tm_trace_stats *out);
+tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect,
+                                tm_trace_stats *out);
 /* CSV: header "layer,expert,hits,hot,cold,share", one row per layer and expert. */
 tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path);
 /* dst += src (counts and timings summed, working-set max the larger); the
@@ -95,10 +96,10 @@ tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, cons
 
 /* ---- skew numbers for reports (trace_file.c) ---- */
 typedef struct tm_trace_skew {
-    double entropy;   /* -sum p log p / log n_expert, p = share of the layer's hits; 1 = uniform */
-    double top[3];    /* share of hits covered by the top 10%, 25%, 50% of experts */
+    double entropy;    /* -sum p log p / log n_expert, p = share of the layer's hits; 1 = uniform */
+    double top[3];     /* share of hits covered by the top 10%, 25%, 50% of experts */
     uint32_t n_top[3]; /* how many experts that is: ceil(frac * n_expert) */
-    uint32_t n_used;  /* experts with at least one hit */
+    uint32_t n_used;   /* experts with at least one hit */
 } tm_trace_skew;
 void trace_layer_skew(const tm_trace_stats *s, uint32_t layer, tm_trace_skew *out);
 
@@ -134,8 +135,8 @@ void trace_free(tm_trace *t);
  * model_context_create. Any callback already in p is still called. */
 void trace_attach(tm_trace *t, tm_context_params *p);
 /* The callback trace_attach installs (ud = the tracer). */
-void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok, int64_t n,
-                     bool is_int);
+void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                     int64_t n, bool is_int);
 /* A new sequence starts (context reset): working set and reuse forget the past. */
 void trace_sequence_begin(tm_trace *t);
 /* Count one forward call of `layer` routing n_tok tokens to ids [n_tok][n_expert_used]. */

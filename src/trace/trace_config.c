@@ -12,14 +12,19 @@ const char trace_config_help[] =
     "  --expert-trace-names        log every routed slot with its expert's tensors\n"
     "  --expert-trace-per-layer    print the per-layer table at the end\n"
     "  --expert-trace-output FILE  write the learn/perf JSON (FILE.csv: CSV) at the end\n"
-    "  (or TIERMOE_EXPERT_TRACE_STATS / _NAMES / _PER_LAYER =1, TIERMOE_EXPERT_TRACE_OUTPUT=FILE)\n";
+    "  (or TIERMOE_EXPERT_TRACE_STATS / _NAMES / _PER_LAYER =1, "
+    "TIERMOE_EXPERT_TRACE_OUTPUT=FILE)\n";
 
 static tm_status env_bool(const char *name, bool *out) {
     const char *v = getenv(name);
     if (!v || !*v) return TM_OK;
-    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "on") || !strcasecmp(v, "yes")) *out = true;
-    else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off") || !strcasecmp(v, "no")) *out = false;
-    else return tm_error_set(TM_ERR_ARG, "%s=%s: expected 1 or 0 (true/false, on/off)", name, v);
+    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "on") || !strcasecmp(v, "yes"))
+        *out = true;
+    else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off") ||
+             !strcasecmp(v, "no"))
+        *out = false;
+    else
+        return tm_error_set(TM_ERR_ARG, "%s=%s: expected 1 or 0 (true/false, on/off)", name, v);
     return TM_OK;
 }
 

@@ -24,8 +24,9 @@ static json_t *u64_array(const uint64_t *v, uint32_t n) {
 json_t *trace_stats_to_json(const tm_trace_stats *s) {
     const tm_trace_shape *sh = &s->shape;
     json_t *root = json_object(), *layers = json_array();
-    json_t *model = json_pack("{s:s, s:I, s:I, s:I}", "arch", sh->arch, "n_layer", (json_int_t)sh->n_layer,
-                              "n_expert", (json_int_t)sh->n_expert, "n_expert_used", (json_int_t)sh->n_expert_used);
+    json_t *model = json_pack("{s:s, s:I, s:I, s:I}", "arch", sh->arch, "n_layer",
+                              (json_int_t)sh->n_layer, "n_expert", (json_int_t)sh->n_expert,
+                              "n_expert_used", (json_int_t)sh->n_expert_used);
     if (!root || !layers || !model) goto fail;
     json_object_set_new(root, "format", json_string(TM_TRACE_FORMAT));
     json_object_set_new(root, "version", json_integer(TM_TRACE_VERSION));
@@ -35,23 +36,27 @@ json_t *trace_stats_to_json(const tm_trace_stats *s) {
     json_object_set_new(root, "window", json_integer(s->window));
     for (uint32_t l = 0; l < sh->n_layer; l++) {
         const tm_trace_layer *L = &s->layers[l];
-        json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "layer",
-                              (json_int_t)l, "calls", (json_int_t)L->calls, "tokens", (json_int_t)L->tokens,
-                              "expert_hits_total", (json_int_t)L->expert_hits_total, "hot_slots_total",
-                              (json_int_t)L->hot_slots_total, "cold_slots_total", (json_int_t)L->cold_slots_total,
-                              "routing_time_ns", (json_int_t)L->routing_ns, "experts_time_ns",
-                              (json_int_t)L->experts_ns, "merge_time_ns", (json_int_t)L->merge_ns, "wait_time_ns",
-                              (json_int_t)L->wait_ns, "working_set_sum", (json_int_t)L->ws_sum,
-                              "working_set_samples", (json_int_t)L->ws_samples, "working_set_max",
-                              (json_int_t)L->ws_max, "reuse_shared", (json_int_t)L->reuse_shared, "reuse_pairs",
-                              (json_int_t)L->reuse_pairs);
+        json_t *o = json_pack(
+            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "layer",
+            (json_int_t)l, "calls", (json_int_t)L->calls, "tokens", (json_int_t)L->tokens,
+            "expert_hits_total", (json_int_t)L->expert_hits_total, "hot_slots_total",
+            (json_int_t)L->hot_slots_total, "cold_slots_total", (json_int_t)L->cold_slots_total,
+            "routing_time_ns", (json_int_t)L->routing_ns, "experts_time_ns",
+            (json_int_t)L->experts_ns, "merge_time_ns", (json_int_t)L->merge_ns, "wait_time_ns",
+            (json_int_t)L->wait_ns, "working_set_sum", (json_int_t)L->ws_sum, "working_set_samples",
+            (json_int_t)L->ws_samples, "working_set_max", (json_int_t)L->ws_max, "reuse_shared",
+            (json_int_t)L->reuse_shared, "reuse_pairs", (json_int_t)L->reuse_pairs);
         if (!o) goto fail;
         /* derived, for readers; the parser ignores them */
-        json_object_set_new(o, "working_set_mean", json_real(L->ws_samples ? (double)L->ws_sum / L->ws_samples : 0));
-        json_object_set_new(o, "reuse", json_real(L->reuse_pairs ? (double)L->reuse_shared /
-                                                                       ((double)L->reuse_pairs * sh->n_expert_used)
-                                                                 : 0));
-        json_t *e = u64_array(L->experts, sh->n_expert), *h = u64_array(L->hot_experts, sh->n_expert),
+        json_object_set_new(o, "working_set_mean",
+                            json_real(L->ws_samples ? (double)L->ws_sum / L->ws_samples : 0));
+        json_object_set_new(
+            o, "reuse",
+            json_real(L->reuse_pairs
+                          ? (double)L->reuse_shared / ((double)L->reuse_pairs * sh->n_expert_used)
+                          : 0));
+        json_t *e = u64_array(L->experts, sh->n_expert),
+               *h = u64_array(L->hot_experts, sh->n_expert),
                *c = u64_array(L->cold_experts, sh->n_expert);
         if (!e || !h || !c || json_array_append_new(layers, o)) {
             json_decref(e), json_decref(h), json_decref(c), json_decref(o);
@@ -68,7 +73,8 @@ fail:
     return NULL;
 }
 
-/* path.tmp, fsync-free write, then rename: readers see the old or the new file, never half of one. */
+/* path.tmp, fsync-free write, then rename: readers see the old or the new file, never half of one.
+ */
 static tm_status write_atomic(const char *path, const char *data, size_t len) {
     char tmp[4096];
     if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp))
@@ -114,10 +120,11 @@ tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path) {
     for (uint32_t l = 0; l < s->shape.n_layer; l++) {
         const tm_trace_layer *L = &s->layers[l];
         for (uint32_t e = 0; e < s->shape.n_expert; e++)
-            n += (size_t)snprintf(buf + n, cap - n, "%u,%u,%llu,%llu,%llu,%.6g\n", l, e,
-                                  (unsigned long long)L->experts[e], (unsigned long long)L->hot_experts[e],
-                                  (unsigned long long)L->cold_experts[e],
-                                  L->expert_hits_total ? (double)L->experts[e] / L->expert_hits_total : 0.0);
+            n += (size_t)snprintf(
+                buf + n, cap - n, "%u,%u,%llu,%llu,%llu,%.6g\n", l, e,
+                (unsigned long long)L->experts[e], (unsigned long long)L->hot_experts[e],
+                (unsigned long long)L->cold_experts[e],
+                L->expert_hits_total ? (double)L->experts[e] / L->expert_hits_total : 0.0);
     }
     tm_status st = write_atomic(path, buf, n);
     free(buf);
@@ -126,27 +133,31 @@ tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path) {
 
 /* ---- reading ---- */
 
-static tm_status get_u64(const json_t *o, const char *key, const char *origin, const char *where, uint64_t *out) {
+static tm_status get_u64(const json_t *o, const char *key, const char *origin, const char *where,
+                         uint64_t *out) {
     const json_t *v = json_object_get(o, key);
     if (!v) return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: missing", origin, where, key);
     if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: expected a non-negative integer", origin, where, key);
+        return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: expected a non-negative integer", origin,
+                            where, key);
     *out = (uint64_t)json_integer_value(v);
     return TM_OK;
 }
 
-static tm_status get_u64_array(const json_t *o, const char *key, const char *origin, const char *where, uint32_t n,
-                               uint64_t *out) {
+static tm_status get_u64_array(const json_t *o, const char *key, const char *origin,
+                               const char *where, uint32_t n, uint64_t *out) {
     const json_t *a = json_object_get(o, key);
     if (!a) return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: missing", origin, where, key);
-    if (!json_is_array(a)) return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: expected an array", origin, where, key);
+    if (!json_is_array(a))
+        return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: expected an array", origin, where, key);
     if (json_array_size(a) != n)
-        return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: %zu entries, the model has %u experts", origin, where, key,
-                            json_array_size(a), n);
+        return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: %zu entries, the model has %u experts",
+                            origin, where, key, json_array_size(a), n);
     for (uint32_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(a, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0)
-            return tm_error_set(TM_ERR_FORMAT, "%s: %s%s[%u]: expected a non-negative integer", origin, where, key, i);
+            return tm_error_set(TM_ERR_FORMAT, "%s: %s%s[%u]: expected a non-negative integer",
+                                origin, where, key, i);
         out[i] = (uint64_t)json_integer_value(v);
     }
     return TM_OK;
@@ -159,45 +170,53 @@ static tm_status shape_check(const char *origin, const char *field, uint64_t hav
     return TM_OK;
 }
 
-tm_status trace_stats_from_json(const json_t *root, const char *origin, const tm_trace_shape *expect,
-                                tm_trace_stats *out) {
+tm_status trace_stats_from_json(const json_t *root, const char *origin,
+                                const tm_trace_shape *expect, tm_trace_stats *out) {
     memset(out, 0, sizeof(*out));
     tm_status st;
-    if (!json_is_object(root)) return tm_error_set(TM_ERR_FORMAT, "%s: expected a JSON object at the top", origin);
+    if (!json_is_object(root))
+        return tm_error_set(TM_ERR_FORMAT, "%s: expected a JSON object at the top", origin);
     const json_t *fmt = json_object_get(root, "format");
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), TM_TRACE_FORMAT))
         return tm_error_set(TM_ERR_FORMAT, "%s: format: expected \"%s\"", origin, TM_TRACE_FORMAT);
     uint64_t version = 0, n_layer = 0, n_expert = 0, n_used = 0, tokens = 0, window = 0;
     if ((st = get_u64(root, "version", origin, "", &version))) return st;
     if (version != TM_TRACE_VERSION)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: version: %llu, this build reads version %d", origin,
-                            (unsigned long long)version, TM_TRACE_VERSION);
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: version: %llu, this build reads version %d",
+                            origin, (unsigned long long)version, TM_TRACE_VERSION);
     const json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model)) return tm_error_set(TM_ERR_FORMAT, "%s: model: missing or not an object", origin);
+    if (!json_is_object(model))
+        return tm_error_set(TM_ERR_FORMAT, "%s: model: missing or not an object", origin);
     const json_t *arch = json_object_get(model, "arch");
-    if (!json_is_string(arch)) return tm_error_set(TM_ERR_FORMAT, "%s: model.arch: expected a string", origin);
+    if (!json_is_string(arch))
+        return tm_error_set(TM_ERR_FORMAT, "%s: model.arch: expected a string", origin);
     if ((st = get_u64(model, "n_layer", origin, "model.", &n_layer)) ||
         (st = get_u64(model, "n_expert", origin, "model.", &n_expert)) ||
         (st = get_u64(model, "n_expert_used", origin, "model.", &n_used)) ||
-        (st = get_u64(root, "tokens", origin, "", &tokens)) || (st = get_u64(root, "window", origin, "", &window)))
+        (st = get_u64(root, "tokens", origin, "", &tokens)) ||
+        (st = get_u64(root, "window", origin, "", &window)))
         return st;
     if (expect) {
         if (strcmp(json_string_value(arch), expect->arch))
-            return tm_error_set(TM_ERR_FORMAT, "%s: model.arch is \"%s\", the model is \"%s\"", origin,
-                                json_string_value(arch), expect->arch);
+            return tm_error_set(TM_ERR_FORMAT, "%s: model.arch is \"%s\", the model is \"%s\"",
+                                origin, json_string_value(arch), expect->arch);
         if ((st = shape_check(origin, "n_layer", n_layer, expect->n_layer)) ||
             (st = shape_check(origin, "n_expert", n_expert, expect->n_expert)) ||
             (st = shape_check(origin, "n_expert_used", n_used, expect->n_expert_used)))
             return st;
     }
-    if (!window || window > 1u << 20) return tm_error_set(TM_ERR_FORMAT, "%s: window: expected 1..2^20", origin);
-    tm_trace_shape sh = {.n_layer = (uint32_t)n_layer, .n_expert = (uint32_t)n_expert,
+    if (!window || window > 1u << 20)
+        return tm_error_set(TM_ERR_FORMAT, "%s: window: expected 1..2^20", origin);
+    tm_trace_shape sh = {.n_layer = (uint32_t)n_layer,
+                         .n_expert = (uint32_t)n_expert,
                          .n_expert_used = (uint32_t)n_used};
     snprintf(sh.arch, sizeof(sh.arch), "%s", json_string_value(arch));
-    if (n_layer > TM_TRACE_MAX_LAYER || n_expert > TM_TRACE_MAX_EXPERT || n_used > TM_TRACE_MAX_USED ||
-        trace_stats_init(out, &sh, (uint32_t)window) != TM_OK)
-        return tm_error_set(TM_ERR_FORMAT, "%s: model: unsupported shape %llu layers, %llu experts, %llu used", origin,
-                            (unsigned long long)n_layer, (unsigned long long)n_expert, (unsigned long long)n_used);
+    if (n_layer > TM_TRACE_MAX_LAYER || n_expert > TM_TRACE_MAX_EXPERT ||
+        n_used > TM_TRACE_MAX_USED || trace_stats_init(out, &sh, (uint32_t)window) != TM_OK)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: model: unsupported shape %llu layers, %llu experts, %llu used",
+                            origin, (unsigned long long)n_layer, (unsigned long long)n_expert,
+                            (unsigned long long)n_used);
     out->tokens = tokens;
     const json_t *layers = json_object_get(root, "layers");
     if (!json_is_array(layers)) {
@@ -221,17 +240,28 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin, const tm
         }
         if ((st = get_u64(o, "layer", origin, where, &idx))) goto fail;
         if (idx != l) {
-            st = tm_error_set(TM_ERR_FORMAT, "%s: layers[%u].layer: is %llu, expected %u (layers in order)", origin, l,
-                              (unsigned long long)idx, l);
+            st = tm_error_set(TM_ERR_FORMAT,
+                              "%s: layers[%u].layer: is %llu, expected %u (layers in order)",
+                              origin, l, (unsigned long long)idx, l);
             goto fail;
         }
-        struct { const char *key; uint64_t *v; } f[] = {
-            {"calls", &L->calls}, {"tokens", &L->tokens}, {"expert_hits_total", &L->expert_hits_total},
-            {"hot_slots_total", &L->hot_slots_total}, {"cold_slots_total", &L->cold_slots_total},
-            {"routing_time_ns", &L->routing_ns}, {"experts_time_ns", &L->experts_ns},
-            {"merge_time_ns", &L->merge_ns}, {"wait_time_ns", &L->wait_ns}, {"working_set_sum", &L->ws_sum},
-            {"working_set_samples", &L->ws_samples}, {"working_set_max", &L->ws_max},
-            {"reuse_shared", &L->reuse_shared}, {"reuse_pairs", &L->reuse_pairs}};
+        struct {
+            const char *key;
+            uint64_t *v;
+        } f[] = {{"calls", &L->calls},
+                 {"tokens", &L->tokens},
+                 {"expert_hits_total", &L->expert_hits_total},
+                 {"hot_slots_total", &L->hot_slots_total},
+                 {"cold_slots_total", &L->cold_slots_total},
+                 {"routing_time_ns", &L->routing_ns},
+                 {"experts_time_ns", &L->experts_ns},
+                 {"merge_time_ns", &L->merge_ns},
+                 {"wait_time_ns", &L->wait_ns},
+                 {"working_set_sum", &L->ws_sum},
+                 {"working_set_samples", &L->ws_samples},
+                 {"working_set_max", &L->ws_max},
+                 {"reuse_shared", &L->reuse_shared},
+                 {"reuse_pairs", &L->reuse_pairs}};
         for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
             if ((st = get_u64(o, f[i].key, origin, where, f[i].v))) goto fail;
         if ((st = get_u64_array(o, "experts", origin, where, sh.n_expert, L->experts)) ||
@@ -242,20 +272,25 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin, const tm
         uint64_t sum = 0;
         for (uint32_t e = 0; e < sh.n_expert; e++) sum += L->experts[e];
         if (sum != L->expert_hits_total) {
-            st = tm_error_set(TM_ERR_FORMAT, "%s: layers[%u].expert_hits_total: is %llu, the experts[] sum to %llu",
-                              origin, l, (unsigned long long)L->expert_hits_total, (unsigned long long)sum);
+            st = tm_error_set(
+                TM_ERR_FORMAT,
+                "%s: layers[%u].expert_hits_total: is %llu, the experts[] sum to %llu", origin, l,
+                (unsigned long long)L->expert_hits_total, (unsigned long long)sum);
             goto fail;
         }
         if (L->expert_hits_total != L->tokens * sh.n_expert_used) {
-            st = tm_error_set(TM_ERR_FORMAT,
-                              "%s: layers[%u].expert_hits_total: is %llu, tokens * n_expert_used is %llu", origin, l,
-                              (unsigned long long)L->expert_hits_total,
-                              (unsigned long long)(L->tokens * sh.n_expert_used));
+            st = tm_error_set(
+                TM_ERR_FORMAT,
+                "%s: layers[%u].expert_hits_total: is %llu, tokens * n_expert_used is %llu", origin,
+                l, (unsigned long long)L->expert_hits_total,
+                (unsigned long long)(L->tokens * sh.n_expert_used));
             goto fail;
         }
         if (L->ws_max > sh.n_expert || L->ws_sum > L->ws_samples * sh.n_expert) {
-            st = tm_error_set(TM_ERR_FORMAT, "%s: layers[%u].working_set_*: more distinct experts than the model has",
-                              origin, l);
+            st = tm_error_set(
+                TM_ERR_FORMAT,
+                "%s: layers[%u].working_set_*: more distinct experts than the model has", origin,
+                l);
             goto fail;
         }
     }
@@ -265,15 +300,17 @@ fail:
     return st;
 }
 
-tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect, tm_trace_stats *out) {
+tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect,
+                                tm_trace_stats *out) {
     memset(out, 0, sizeof(*out));
     json_error_t err;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root) {
-        if (err.line < 0 || (err.position == 0 && err.line <= 1 && strstr(err.text, "unable to open")))
+        if (err.line < 0 ||
+            (err.position == 0 && err.line <= 1 && strstr(err.text, "unable to open")))
             return tm_error_set(TM_ERR_IO, "%s: %s", path, err.text);
-        return tm_error_set(TM_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", path, err.line, err.column,
-                            err.text);
+        return tm_error_set(TM_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", path,
+                            err.line, err.column, err.text);
     }
     tm_status st = trace_stats_from_json(root, path, expect, out);
     json_decref(root);
@@ -285,15 +322,19 @@ tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect, 
 tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, const char *src_name) {
     const tm_trace_shape *a = &dst->shape, *b = &src->shape;
     if (strcmp(a->arch, b->arch))
-        return tm_error_set(TM_ERR_ARG, "%s: model.arch is \"%s\", the others' \"%s\"", src_name, b->arch, a->arch);
-    if (a->n_layer != b->n_layer || a->n_expert != b->n_expert || a->n_expert_used != b->n_expert_used)
+        return tm_error_set(TM_ERR_ARG, "%s: model.arch is \"%s\", the others' \"%s\"", src_name,
+                            b->arch, a->arch);
+    if (a->n_layer != b->n_layer || a->n_expert != b->n_expert ||
+        a->n_expert_used != b->n_expert_used)
         return tm_error_set(TM_ERR_ARG,
-                            "%s: model shape %u layers x %u experts (top-%u) differs from the others' %u x %u (top-%u)",
-                            src_name, b->n_layer, b->n_expert, b->n_expert_used, a->n_layer, a->n_expert,
-                            a->n_expert_used);
+                            "%s: model shape %u layers x %u experts (top-%u) differs from the "
+                            "others' %u x %u (top-%u)",
+                            src_name, b->n_layer, b->n_expert, b->n_expert_used, a->n_layer,
+                            a->n_expert, a->n_expert_used);
     if (dst->window != src->window)
-        return tm_error_set(TM_ERR_ARG, "%s: window is %u, the others' %u (working sets would not be comparable)",
-                            src_name, src->window, dst->window);
+        return tm_error_set(
+            TM_ERR_ARG, "%s: window is %u, the others' %u (working sets would not be comparable)",
+            src_name, src->window, dst->window);
     dst->tokens += src->tokens;
     for (uint32_t l = 0; l < a->n_layer; l++) {
         tm_trace_layer *x = &dst->layers[l];

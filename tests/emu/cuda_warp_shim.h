@@ -11,23 +11,61 @@
 #include <functional>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
-struct emu_idx { unsigned x, y, z; };
+struct emu_idx {
+    unsigned x, y, z;
+};
 thread_local emu_idx tl_tid, tl_bid;
 #define threadIdx tl_tid
-#define blockIdx tl_bid
+#define blockIdx  tl_bid
 static std::barrier<> *g_bar;
-static float g_xf[32]; static int g_xi[32];
-static int lane_now() { return (int)(tl_tid.x & 31); }
-static inline float __shfl_xor_sync(unsigned, float v, int o) { int l = lane_now(); g_bar->arrive_and_wait(); g_xf[l] = v; g_bar->arrive_and_wait(); float r = g_xf[l ^ o]; g_bar->arrive_and_wait(); return r; }
-static inline int __shfl_xor_sync(unsigned, int v, int o) { int l = lane_now(); g_bar->arrive_and_wait(); g_xi[l] = v; g_bar->arrive_and_wait(); int r = g_xi[l ^ o]; g_bar->arrive_and_wait(); return r; }
-template <class T> static inline T __ldg(const T *p) { return *p; }
-static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static float g_xf[32];
+static int g_xi[32];
+static int lane_now() {
+    return (int)(tl_tid.x & 31);
+}
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+    int l = lane_now();
+    g_bar->arrive_and_wait();
+    g_xf[l] = v;
+    g_bar->arrive_and_wait();
+    float r = g_xf[l ^ o];
+    g_bar->arrive_and_wait();
+    return r;
+}
+static inline int __shfl_xor_sync(unsigned, int v, int o) {
+    int l = lane_now();
+    g_bar->arrive_and_wait();
+    g_xi[l] = v;
+    g_bar->arrive_and_wait();
+    int r = g_xi[l ^ o];
+    g_bar->arrive_and_wait();
+    return r;
+}
+template <class T> static inline T __ldg(const T *p) {
+    return *p;
+}
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static std::mutex g_atomic;
-static inline float atomicAdd(float *p, float v) { std::lock_guard<std::mutex> g(g_atomic); float o = *p; *p += v; return o; }
+static inline float atomicAdd(float *p, float v) {
+    std::lock_guard<std::mutex> g(g_atomic);
+    float o = *p;
+    *p += v;
+    return o;
+}
 /* run fn as warp `warp` of block (bx, by) */
 static void emu_warp(unsigned bx, unsigned by, int warp, const std::function<void()> &fn) {
-    std::barrier<> bar(32); g_bar = &bar;
+    std::barrier<> bar(32);
+    g_bar = &bar;
     std::thread th[32];
-    for (int l = 0; l < 32; l++) th[l] = std::thread([&, l] { tl_tid = {(unsigned)(32 * warp + l), 0, 0}; tl_bid = {bx, by, 0}; fn(); });
+    for (int l = 0; l < 32; l++)
+        th[l] = std::thread([&, l] {
+            tl_tid = {(unsigned)(32 * warp + l), 0, 0};
+            tl_bid = {bx, by, 0};
+            fn();
+        });
     for (auto &t : th) t.join();
 }

@@ -13,41 +13,71 @@ cpu_gemm_fn emu_amx_get(tm_type wtype);
 static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
     size_t bs = quant_type_traits(t)->type_size;
     for (size_t b = 0; b < bytes / bs; b++) {
-        tm_half d = quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f), d2 = quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f);
+        tm_half d = quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f),
+                d2 = quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f);
         uint8_t *p = w + b * bs;
-        if (t == TM_TYPE_Q4_K || t == TM_TYPE_Q5_K) { memcpy(p, &d, 2); memcpy(p + 2, &d2, 2); }
-        else if (t == TM_TYPE_Q8_0 || t == TM_TYPE_Q4_0) memcpy(p, &d, 2);
-        else if (t == TM_TYPE_Q6_K) memcpy(p + bs - 2, &d, 2);
-        else if (t == TM_TYPE_MXFP4) p[0] = (uint8_t)(118 + tm_rng_u64(r) % 10);
+        if (t == TM_TYPE_Q4_K || t == TM_TYPE_Q5_K) {
+            memcpy(p, &d, 2);
+            memcpy(p + 2, &d2, 2);
+        } else if (t == TM_TYPE_Q8_0 || t == TM_TYPE_Q4_0)
+            memcpy(p, &d, 2);
+        else if (t == TM_TYPE_Q6_K)
+            memcpy(p + bs - 2, &d, 2);
+        else if (t == TM_TYPE_MXFP4)
+            p[0] = (uint8_t)(118 + tm_rng_u64(r) % 10);
     }
 }
 int main(void) {
-    tm_rng r; tm_rng_seed(&r, 3);
-    tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4};
+    tm_rng r;
+    tm_rng_seed(&r, 3);
+    tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
+                       TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4};
     int64_t ks[] = {32, 96, 256, 768, 2816};
     int64_t toks[] = {1, 3, 7, 16, 33, 50};
     int bad = 0;
-    for (int ti = 0; ti < 6; ti++) for (int ki = 0; ki < 5; ki++) for (int nti = 0; nti < 6; nti++) {
-        tm_type t = types[ti]; int64_t k = ks[ki], nt = toks[nti];
-        if (quant_type_traits(t)->block_size == 256 && k % 256) continue;
-        int64_t rows = 37 + 64 * (nti % 2), r0 = 3, r1 = rows - 2, ldy = rows + 2;
-        size_t wrb = quant_row_size(t, k), xrb = cpu_act_row_size(t, k);
-        uint8_t *w = malloc(wrb * rows); for (size_t i = 0; i < wrb * rows; i++) w[i] = (uint8_t)tm_rng_u64(&r);
-        fixscales(t, w, wrb * rows, &r);
-        float *x = malloc(sizeof(float) * k * nt); for (int64_t i = 0; i < k * nt; i++) x[i] = tm_rng_normal(&r);
-        uint8_t *xq = malloc(xrb * nt);
-        for (int64_t j = 0; j < nt; j++) (cpu_act_type(t) == TM_TYPE_Q8_K ? cpu_act_ref_q8_k : cpu_act_ref_q8_0)(x + j * k, xq + j * xrb, k);
-        float *y0 = calloc(ldy * nt, 4), *y1 = calloc(ldy * nt, 4), *y2 = calloc(ldy * nt, 4);
-        cpu_gemm_ref_get(t)(k, w, wrb, r0, r1, xq, xrb, nt, y0, ldy);
-        cpu_gemm_fn f = emu_avx512_get(t); f(k, w, wrb, r0, r1, xq, xrb, nt, y1, ldy);
-        cpu_gemm_fn g = emu_amx_get(t); if (g) g(k, w, wrb, r0, r1, xq, xrb, nt, y2, ldy);
-        double m1 = 0, m2 = 0, ymax = 0;
-        for (int64_t i = 0; i < ldy * nt; i++) { ymax = fmax(ymax, fabs(y0[i])); m1 = fmax(m1, fabs(y1[i] - y0[i])); if (g) m2 = fmax(m2, fabs(y2[i] - y0[i])); }
-        int fail = m1 > 1e-4 * ymax || m2 > 1e-4 * ymax;
-        if (fail || (ki == 4 && nti == 5)) printf("%s %-5s k=%lld nt=%lld: ymax %.4g avx512 err %.3g amx err %.3g\n", fail ? "FAIL" : "ok  ", quant_type_name(t), (long long)k, (long long)nt, ymax, m1, g ? m2 : -1.0);
-        bad += fail;
-        free(w); free(x); free(xq); free(y0); free(y1); free(y2);
-    }
+    for (int ti = 0; ti < 6; ti++)
+        for (int ki = 0; ki < 5; ki++)
+            for (int nti = 0; nti < 6; nti++) {
+                tm_type t = types[ti];
+                int64_t k = ks[ki], nt = toks[nti];
+                if (quant_type_traits(t)->block_size == 256 && k % 256) continue;
+                int64_t rows = 37 + 64 * (nti % 2), r0 = 3, r1 = rows - 2, ldy = rows + 2;
+                size_t wrb = quant_row_size(t, k), xrb = cpu_act_row_size(t, k);
+                uint8_t *w = malloc(wrb * rows);
+                for (size_t i = 0; i < wrb * rows; i++) w[i] = (uint8_t)tm_rng_u64(&r);
+                fixscales(t, w, wrb * rows, &r);
+                float *x = malloc(sizeof(float) * k * nt);
+                for (int64_t i = 0; i < k * nt; i++) x[i] = tm_rng_normal(&r);
+                uint8_t *xq = malloc(xrb * nt);
+                for (int64_t j = 0; j < nt; j++)
+                    (cpu_act_type(t) == TM_TYPE_Q8_K ? cpu_act_ref_q8_k : cpu_act_ref_q8_0)(
+                        x + j * k, xq + j * xrb, k);
+                float *y0 = calloc(ldy * nt, 4), *y1 = calloc(ldy * nt, 4),
+                      *y2 = calloc(ldy * nt, 4);
+                cpu_gemm_ref_get(t)(k, w, wrb, r0, r1, xq, xrb, nt, y0, ldy);
+                cpu_gemm_fn f = emu_avx512_get(t);
+                f(k, w, wrb, r0, r1, xq, xrb, nt, y1, ldy);
+                cpu_gemm_fn g = emu_amx_get(t);
+                if (g) g(k, w, wrb, r0, r1, xq, xrb, nt, y2, ldy);
+                double m1 = 0, m2 = 0, ymax = 0;
+                for (int64_t i = 0; i < ldy * nt; i++) {
+                    ymax = fmax(ymax, fabs(y0[i]));
+                    m1 = fmax(m1, fabs(y1[i] - y0[i]));
+                    if (g) m2 = fmax(m2, fabs(y2[i] - y0[i]));
+                }
+                int fail = m1 > 1e-4 * ymax || m2 > 1e-4 * ymax;
+                if (fail || (ki == 4 && nti == 5))
+                    printf("%s %-5s k=%lld nt=%lld: ymax %.4g avx512 err %.3g amx err %.3g\n",
+                           fail ? "FAIL" : "ok  ", quant_type_name(t), (long long)k, (long long)nt,
+                           ymax, m1, g ? m2 : -1.0);
+                bad += fail;
+                free(w);
+                free(x);
+                free(xq);
+                free(y0);
+                free(y1);
+                free(y2);
+            }
     printf("%d failures\n", bad);
     return bad != 0;
 }

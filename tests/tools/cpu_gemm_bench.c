@@ -27,7 +27,7 @@ typedef struct bench_job {
     tm_type type;
     int64_t rows, k, n_tok, chunks_per_mat, chunk;
     size_t wrb, xrb, mat_bytes;
-    const uint8_t *w;   /* n_total matrices */
+    const uint8_t *w; /* n_total matrices */
     int64_t n_total, base;
     const void *xq;
     float *y; /* n_mat * n_tok * rows */
@@ -40,8 +40,8 @@ static void bench_item(void *ctx, int64_t b, int64_t e, int ith) {
         int64_t m = it / j->chunks_per_mat, c = it % j->chunks_per_mat;
         int64_t r0 = c * j->chunk, r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
         const uint8_t *w = j->w + (size_t)((j->base + m) % j->n_total) * j->mat_bytes;
-        cpu_gemm(j->type, j->k, w, j->wrb, r0, r1, j->xq, j->xrb, j->n_tok, j->y + m * j->n_tok * j->rows,
-                 j->rows);
+        cpu_gemm(j->type, j->k, w, j->wrb, r0, r1, j->xq, j->xrb, j->n_tok,
+                 j->y + m * j->n_tok * j->rows, j->rows);
     }
 }
 
@@ -59,15 +59,35 @@ static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
         uint8_t *p = w + b * bs;
         switch (t) {
         case TM_TYPE_Q4_K:
-        case TM_TYPE_Q5_K: memcpy(p, &d, 2); memcpy(p + 2, &d, 2); break;
-        case TM_TYPE_Q6_K: memcpy(p + bs - 2, &d, 2); break;
+        case TM_TYPE_Q5_K:
+            memcpy(p, &d, 2);
+            memcpy(p + 2, &d, 2);
+            break;
+        case TM_TYPE_Q6_K:
+            memcpy(p + bs - 2, &d, 2);
+            break;
         case TM_TYPE_Q8_0:
-        case TM_TYPE_Q4_0: memcpy(p, &d, 2); break;
-        case TM_TYPE_MXFP4: p[0] = 120; break;
-        case TM_TYPE_F16: { tm_half h = quant_f32_to_f16(((float)(p[0] & 0x7f) - 64) / 64); memcpy(p, &h, 2); break; }
-        case TM_TYPE_BF16: p[1] &= 0x3f; break; /* |exponent| small, finite */
-        case TM_TYPE_F32: { float f = ((float)(p[0]) - 128) / 128; memcpy(p, &f, 4); break; }
-        default: break;
+        case TM_TYPE_Q4_0:
+            memcpy(p, &d, 2);
+            break;
+        case TM_TYPE_MXFP4:
+            p[0] = 120;
+            break;
+        case TM_TYPE_F16: {
+            tm_half h = quant_f32_to_f16(((float)(p[0] & 0x7f) - 64) / 64);
+            memcpy(p, &h, 2);
+            break;
+        }
+        case TM_TYPE_BF16:
+            p[1] &= 0x3f;
+            break; /* |exponent| small, finite */
+        case TM_TYPE_F32: {
+            float f = ((float)(p[0]) - 128) / 128;
+            memcpy(p, &f, 4);
+            break;
+        }
+        default:
+            break;
         }
     }
 }
@@ -76,22 +96,28 @@ int main(int argc, char **argv) {
     int threads = cpu_physical_cores(), quick = 0;
     double seconds = 0.5, mib = 2048;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-m") && i + 1 < argc) mib = atof(argv[++i]);
-        else if (!strcmp(argv[i], "-s") && i + 1 < argc) seconds = atof(argv[++i]);
-        else if (!strcmp(argv[i], "-q")) quick = 1;
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            mib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "-s") && i + 1 < argc)
+            seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "-q"))
+            quick = 1;
         else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
             int ok = 0;
             for (int v = TM_CPU_SCALAR; v <= TM_CPU_AMX; v++)
-                if (!strcmp(l, cpu_level_name((tm_cpu_level)v))) ok = cpu_level_set((tm_cpu_level)v) == TM_OK;
+                if (!strcmp(l, cpu_level_name((tm_cpu_level)v)))
+                    ok = cpu_level_set((tm_cpu_level)v) == TM_OK;
             if (!ok) {
                 fprintf(stderr, "cpu_gemm_bench: level '%s' is unknown or not available (%s)\n", l,
                         tm_error_message());
                 return 1;
             }
         } else {
-            fprintf(stderr, "usage: cpu_gemm_bench [-t THREADS] [-l LEVEL] [-m MIB] [-s SECONDS] [-q]\n");
+            fprintf(stderr,
+                    "usage: cpu_gemm_bench [-t THREADS] [-l LEVEL] [-m MIB] [-s SECONDS] [-q]\n");
             return 2;
         }
     }
@@ -135,8 +161,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cpu_gemm_bench: %s\n", tm_error_message());
         return 1;
     }
-    printf("cpu: %s | level %s | %d threads | weights rotate through %.0f MiB\n\n", cpu_features_string(),
-           cpu_level_name(cpu_level_get()), threads, mib);
+    printf("cpu: %s | level %s | %d threads | weights rotate through %.0f MiB\n\n",
+           cpu_features_string(), cpu_level_name(cpu_level_get()), threads, mib);
     printf("| case | type | rows x k | mats | n_tok | us/job | GB/s | GOP/s |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t ci = 0; ci < n_cases; ci++) {
@@ -163,7 +189,8 @@ int main(int argc, char **argv) {
         tm_rng r;
         tm_rng_seed(&r, 5);
         for (int64_t i = 0; i < c->k * c->n_tok; i++) x[i] = tm_rng_normal(&r);
-        for (int64_t t = 0; t < c->n_tok; t++) cpu_act_quantize(c->type, x + t * c->k, (char *)xq + j.xrb * (size_t)t, c->k);
+        for (int64_t t = 0; t < c->n_tok; t++)
+            cpu_act_quantize(c->type, x + t * c->k, (char *)xq + j.xrb * (size_t)t, c->k);
         j.w = w;
         j.xq = xq;
         int64_t items = c->n_mat * j.chunks_per_mat;
@@ -181,9 +208,9 @@ int main(int argc, char **argv) {
         double s = (double)(t1 - t0) * 1e-9 / (double)jobs;
         double bytes = (double)j.mat_bytes * (double)c->n_mat;
         double ops = 2.0 * (double)c->rows * (double)c->k * (double)c->n_tok * (double)c->n_mat;
-        printf("| %s | %s | %lld x %lld | %lld | %lld | %.1f | %.1f | %.0f |\n", c->name, quant_type_name(c->type),
-               (long long)c->rows, (long long)c->k, (long long)c->n_mat, (long long)c->n_tok, s * 1e6,
-               bytes / s * 1e-9, ops / s * 1e-9);
+        printf("| %s | %s | %lld x %lld | %lld | %lld | %.1f | %.1f | %.0f |\n", c->name,
+               quant_type_name(c->type), (long long)c->rows, (long long)c->k, (long long)c->n_mat,
+               (long long)c->n_tok, s * 1e6, bytes / s * 1e-9, ops / s * 1e-9);
         fflush(stdout);
         free(w);
         free(x);

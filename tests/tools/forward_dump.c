@@ -28,12 +28,14 @@ typedef struct dump {
     int failed;
 } dump;
 
-static void dump_cb(void *ud, const char *stage, int layer, const void *data, int64_t n_tok, int64_t n,
-                    bool is_int) {
+static void dump_cb(void *ud, const char *stage, int layer, const void *data, int64_t n_tok,
+                    int64_t n, bool is_int) {
     dump *d = ud;
     char name[64];
-    if (layer >= 0) snprintf(name, sizeof(name), "blk.%d.%s", layer, stage);
-    else snprintf(name, sizeof(name), "%s", stage);
+    if (layer >= 0)
+        snprintf(name, sizeof(name), "blk.%d.%s", layer, stage);
+    else
+        snprintf(name, sizeof(name), "%s", stage);
     dump_array *a = NULL;
     for (int i = 0; i < d->count; i++)
         if (!strcmp(d->a[i].name, name)) a = &d->a[i];
@@ -69,21 +71,30 @@ int main(int argc, char **argv) {
     long n_prompt = -1;
     tm_context_params cp = {.kv_type = TM_TYPE_F16};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--precise")) cp.precise = true;
-        else if (i + 1 < argc && !strcmp(argv[i], "--tokens")) tok_arg = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--prompt")) n_prompt = atol(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--threads")) cp.n_threads = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--batch")) cp.n_batch = atol(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--kv")) cp.kv_type = !strcmp(argv[++i], "f32") ? TM_TYPE_F32 : TM_TYPE_F16;
-        else if (i + 1 < argc && !strcmp(argv[i], "-o")) out = argv[++i];
-        else if (!model_path && argv[i][0] != '-') model_path = argv[i];
+        if (!strcmp(argv[i], "--precise"))
+            cp.precise = true;
+        else if (i + 1 < argc && !strcmp(argv[i], "--tokens"))
+            tok_arg = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--prompt"))
+            n_prompt = atol(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
+            cp.n_threads = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--batch"))
+            cp.n_batch = atol(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--kv"))
+            cp.kv_type = !strcmp(argv[++i], "f32") ? TM_TYPE_F32 : TM_TYPE_F16;
+        else if (i + 1 < argc && !strcmp(argv[i], "-o"))
+            out = argv[++i];
+        else if (!model_path && argv[i][0] != '-')
+            model_path = argv[i];
         else {
             fprintf(stderr, "forward_dump: bad argument '%s'\n", argv[i]);
             return 2;
         }
     }
     if (!model_path || !out || !tok_arg) {
-        fprintf(stderr, "usage: forward_dump MODEL --tokens 1,2,3 [--prompt N] [--precise] [--kv f16|f32] -o DUMP\n");
+        fprintf(stderr, "usage: forward_dump MODEL --tokens 1,2,3 [--prompt N] [--precise] [--kv "
+                        "f16|f32] -o DUMP\n");
         return 2;
     }
     int32_t tokens[4096];
@@ -106,10 +117,12 @@ int main(int argc, char **argv) {
     if (cp.n_batch <= 0) cp.n_batch = n_prompt > 0 ? n_prompt : 1;
     tm_context *ctx;
     if (model_context_create(m, &cp, &ctx) != TM_OK) return die("context");
-    if (n_prompt > 0 && model_decode(ctx, tokens, n_prompt, TM_MOE_PHASE_PROMPT, n_prompt <= cp.n_batch) != TM_OK)
+    if (n_prompt > 0 &&
+        model_decode(ctx, tokens, n_prompt, TM_MOE_PHASE_PROMPT, n_prompt <= cp.n_batch) != TM_OK)
         return die("prompt");
     for (int64_t i = n_prompt; i < n_tok; i++)
-        if (model_decode(ctx, &tokens[i], 1, TM_MOE_PHASE_DECODE, false) != TM_OK) return die("decode");
+        if (model_decode(ctx, &tokens[i], 1, TM_MOE_PHASE_DECODE, false) != TM_OK)
+            return die("decode");
     if (d->failed) {
         fprintf(stderr, "forward_dump: out of memory collecting intermediates\n");
         return 1;
@@ -120,8 +133,10 @@ int main(int argc, char **argv) {
     if (st == TM_OK) st = gguf_writer_set_str(w, "general.architecture", "tiermoe.dump");
     if (st == TM_OK) st = gguf_writer_set_u32(w, "dump.version", 1);
     if (st == TM_OK) st = gguf_writer_set_str(w, "dump.model", model_path);
-    if (st == TM_OK) st = gguf_writer_set_str(w, "dump.source", cp.precise ? "tiermoe precise" : "tiermoe");
-    if (st == TM_OK) st = gguf_writer_set_array(w, "dump.tokens", TM_GGUF_TYPE_INT32, tokens, (uint64_t)n_tok);
+    if (st == TM_OK)
+        st = gguf_writer_set_str(w, "dump.source", cp.precise ? "tiermoe precise" : "tiermoe");
+    if (st == TM_OK)
+        st = gguf_writer_set_array(w, "dump.tokens", TM_GGUF_TYPE_INT32, tokens, (uint64_t)n_tok);
     for (int i = 0; st == TM_OK && i < d->count; i++) {
         uint64_t idx;
         st = gguf_writer_add_tensor(w, d->a[i].name, d->a[i].is_int ? TM_TYPE_I32 : TM_TYPE_F32, 2,

@@ -59,18 +59,42 @@ static void put_scalar(tm_gguf_value_type t, const void *p) {
     } v;
     memcpy(&v, p, gguf_value_type_size(t));
     switch (t) {
-    case TM_GGUF_TYPE_UINT8: printf("%u", v.u8); break;
-    case TM_GGUF_TYPE_INT8: printf("%d", v.i8); break;
-    case TM_GGUF_TYPE_UINT16: printf("%u", v.u16); break;
-    case TM_GGUF_TYPE_INT16: printf("%d", v.i16); break;
-    case TM_GGUF_TYPE_UINT32: printf("%" PRIu32, v.u32); break;
-    case TM_GGUF_TYPE_INT32: printf("%" PRId32, v.i32); break;
-    case TM_GGUF_TYPE_FLOAT32: put_double((double)v.f32); break;
-    case TM_GGUF_TYPE_BOOL: fputs(v.u8 ? "true" : "false", stdout); break;
-    case TM_GGUF_TYPE_UINT64: printf("%" PRIu64, v.u64); break;
-    case TM_GGUF_TYPE_INT64: printf("%" PRId64, v.i64); break;
-    case TM_GGUF_TYPE_FLOAT64: put_double(v.f64); break;
-    default: fputs("null", stdout); break;
+    case TM_GGUF_TYPE_UINT8:
+        printf("%u", v.u8);
+        break;
+    case TM_GGUF_TYPE_INT8:
+        printf("%d", v.i8);
+        break;
+    case TM_GGUF_TYPE_UINT16:
+        printf("%u", v.u16);
+        break;
+    case TM_GGUF_TYPE_INT16:
+        printf("%d", v.i16);
+        break;
+    case TM_GGUF_TYPE_UINT32:
+        printf("%" PRIu32, v.u32);
+        break;
+    case TM_GGUF_TYPE_INT32:
+        printf("%" PRId32, v.i32);
+        break;
+    case TM_GGUF_TYPE_FLOAT32:
+        put_double((double)v.f32);
+        break;
+    case TM_GGUF_TYPE_BOOL:
+        fputs(v.u8 ? "true" : "false", stdout);
+        break;
+    case TM_GGUF_TYPE_UINT64:
+        printf("%" PRIu64, v.u64);
+        break;
+    case TM_GGUF_TYPE_INT64:
+        printf("%" PRId64, v.i64);
+        break;
+    case TM_GGUF_TYPE_FLOAT64:
+        put_double(v.f64);
+        break;
+    default:
+        fputs("null", stdout);
+        break;
     }
 }
 

@@ -81,7 +81,7 @@ static int convert(int quantize, const char *type_name, const char *in, const ch
     int64_t n = (int64_t)(size / unit) * tr->block_size;
     size_t out_size = quantize ? quant_row_size(t, n) : (size_t)n * sizeof(float);
     void *buf = malloc(out_size ? out_size : 1);
-    tm_status st = !buf ? TM_ERR_NOMEM
+    tm_status st = !buf       ? TM_ERR_NOMEM
                    : quantize ? quant_row_quantize(t, (const float *)data, buf, n)
                               : quant_row_dequantize(t, data, buf, n);
     int rc = 0;
@@ -104,7 +104,8 @@ static int bench(int argc, char **argv) {
         first = 1;
     }
     n -= n % 256;
-    static const char *defaults[] = {"q4_K", "q5_K", "q6_K", "q8_0", "q4_0", "mxfp4", "q8_K", "f16", "bf16"};
+    static const char *defaults[] = {"q4_K",  "q5_K", "q6_K", "q8_0", "q4_0",
+                                     "mxfp4", "q8_K", "f16",  "bf16"};
     const char **names = argc > first ? (const char **)argv + first : defaults;
     int count = argc > first ? argc - first : (int)(sizeof(defaults) / sizeof(defaults[0]));
     float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));

@@ -12,9 +12,11 @@
 #include "tokenizer/tokenizer.h"
 
 static const char *const samples[] = {
-    "The quick brown fox jumps over the lazy dog. It's 12:45 and they've already left; we'll follow. ",
+    "The quick brown fox jumps over the lazy dog. It's 12:45 and they've already left; we'll "
+    "follow. ",
     "In 2023, revenue grew 17.5% to $4,321,000 while costs fell by 3.2 percent year over year.\n",
-    "def tokenize(text):\n    for piece in pattern.findall(text):\n        yield bpe(piece)  # merge by rank\n\n",
+    "def tokenize(text):\n    for piece in pattern.findall(text):\n        yield bpe(piece)  # "
+    "merge by rank\n\n",
     "for (int i = 0; i < n; i++) {\n\tsum += a[i] * b[i];\n}\n",
     "机器学习是人工智能的一个分支，它使计算机能够从数据中学习。",
     "東京は日本の首都であり、世界有数の大都市です。カタカナも使います。",
@@ -39,8 +41,10 @@ int main(int argc, char **argv) {
     }
     double mb = 1.0, min_mbps = 0.0;
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--mb")) mb = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--min-mbps")) min_mbps = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--mb"))
+            mb = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--min-mbps"))
+            min_mbps = atof(argv[i + 1]);
     }
     tm_tokenizer *t;
     if (tokenizer_load_file(argv[1], &t)) {

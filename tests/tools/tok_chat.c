@@ -26,7 +26,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < json_array_size(cases); i++) {
         json_t *c = json_array_get(cases, i);
         const char *def_sys = NULL;
-        tm_chat_format f = chat_format_detect(json_string_value(json_object_get(c, "template")), &def_sys);
+        tm_chat_format f =
+            chat_format_detect(json_string_value(json_object_get(c, "template")), &def_sys);
         const char *name = json_string_value(json_object_get(c, "format"));
         if (name && chat_format_from_name(name, &f)) {
             fprintf(stderr, "tok_chat: %s\n", tm_error_message());
@@ -62,8 +63,10 @@ int main(int argc, char **argv) {
         free(m);
     }
     char *dump = json_dumps(results, JSON_INDENT(1));
-    if (dump) puts(dump);
-    else rc = 1;
+    if (dump)
+        puts(dump);
+    else
+        rc = 1;
     free(dump);
     json_decref(results);
     json_decref(cases);

@@ -24,21 +24,32 @@ static long incomplete_tail(const char *p, size_t n) {
     if (i == 0) return -1;
     const uint8_t *s = (const uint8_t *)p + i - 1;
     size_t have = n - i + 1;
-    int need = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 1;
+    int need = s[0] >= 0xC2 && s[0] <= 0xDF   ? 2
+               : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+               : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4
+                                              : 1;
     if (need == 1 || (size_t)need <= have) return -1;
     return (long)(i - 1);
 }
 
 /* a valid UTF-8 character starts at s[0..n) */
 static int valid_char_at(const uint8_t *s, size_t n) {
-    int need = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    int need = s[0] < 0x80                    ? 1
+               : s[0] >= 0xC2 && s[0] <= 0xDF ? 2
+               : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+               : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4
+                                              : 0;
     if (need == 0 || (size_t)need > n) return 0;
     if (need == 1) return 1;
     uint8_t lo = 0x80, hi = 0xBF;
-    if (s[0] == 0xE0) lo = 0xA0;
-    else if (s[0] == 0xED) hi = 0x9F;
-    else if (s[0] == 0xF0) lo = 0x90;
-    else if (s[0] == 0xF4) hi = 0x8F;
+    if (s[0] == 0xE0)
+        lo = 0xA0;
+    else if (s[0] == 0xED)
+        hi = 0x9F;
+    else if (s[0] == 0xF0)
+        lo = 0x90;
+    else if (s[0] == 0xF4)
+        hi = 0x8F;
     if (s[1] < lo || s[1] > hi) return 0;
     for (int k = 2; k < need; k++)
         if ((s[k] & 0xC0) != 0x80) return 0;
@@ -47,13 +58,16 @@ static int valid_char_at(const uint8_t *s, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: tok_corpus MODEL.gguf CORPUS.bin OUT.txt [--add-special] [--no-parse-special]\n");
+        fprintf(stderr, "usage: tok_corpus MODEL.gguf CORPUS.bin OUT.txt [--add-special] "
+                        "[--no-parse-special]\n");
         return 2;
     }
     tm_tokenize_opts o = {.add_special = false, .parse_special = true};
     for (int i = 4; i < argc; i++) {
-        if (!strcmp(argv[i], "--add-special")) o.add_special = true;
-        else if (!strcmp(argv[i], "--no-parse-special")) o.parse_special = false;
+        if (!strcmp(argv[i], "--add-special"))
+            o.add_special = true;
+        else if (!strcmp(argv[i], "--no-parse-special"))
+            o.parse_special = false;
     }
     tm_tokenizer *t;
     if (tokenizer_load_file(argv[1], &t)) {
@@ -99,8 +113,10 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i <= ids.n; i++) {
             const char *p;
             size_t n;
-            if (i < ids.n) tokenizer_stream_push(&s, ids.ids[i], &p, &n);
-            else tokenizer_stream_flush(&s, &p, &n);
+            if (i < ids.n)
+                tokenizer_stream_push(&s, ids.ids[i], &p, &n);
+            else
+                tokenizer_stream_flush(&s, &p, &n);
             if (acc_n + n > dec_len) {
                 fprintf(stderr, "tok_corpus: record %zu: stream longer than decode\n", rec);
                 rc = 1;
@@ -109,8 +125,12 @@ int main(int argc, char **argv) {
             memcpy(acc + acc_n, p, n);
             long tail = i < ids.n ? incomplete_tail(p, n) : -1;
             acc_n += n;
-            if (tail >= 0 && valid_char_at((const uint8_t *)dec + (acc_n - n + (size_t)tail), dec_len - (acc_n - n + (size_t)tail))) {
-                fprintf(stderr, "tok_corpus: record %zu: stream output after token %zu ends inside a character\n", rec, i);
+            if (tail >= 0 && valid_char_at((const uint8_t *)dec + (acc_n - n + (size_t)tail),
+                                           dec_len - (acc_n - n + (size_t)tail))) {
+                fprintf(stderr,
+                        "tok_corpus: record %zu: stream output after token %zu ends inside a "
+                        "character\n",
+                        rec, i);
                 rc = 1;
             }
         }

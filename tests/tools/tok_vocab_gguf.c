@@ -16,8 +16,10 @@ int main(int argc, char **argv) {
     }
     tm_tokenizer_import_opts o = {0};
     for (int i = 3; i < argc; i++) {
-        if (!strcmp(argv[i], "--pad") && i + 1 < argc) o.pad_to_n_vocab = (uint32_t)strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--no-merges")) o.spm_skip_merges = true;
+        if (!strcmp(argv[i], "--pad") && i + 1 < argc)
+            o.pad_to_n_vocab = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--no-merges"))
+            o.spm_skip_merges = true;
         else {
             fprintf(stderr, "tok_vocab_gguf: unknown option '%s'\n", argv[i]);
             return 2;
