@@ -56,8 +56,7 @@ static int value_same(const tm_gguf_value *a, const tm_gguf_value *b) {
     if (a->type != b->type) return 0;
     if (a->type == TM_GGUF_TYPE_STRING) return str_same(a->v.str, b->v.str);
     if (a->type == TM_GGUF_TYPE_BOOL) return a->v.b == b->v.b;
-    if (a->type != TM_GGUF_TYPE_ARRAY)
-        return !memcmp(&a->v, &b->v, gguf_value_type_size(a->type));
+    if (a->type != TM_GGUF_TYPE_ARRAY) return !memcmp(&a->v, &b->v, gguf_value_type_size(a->type));
     const tm_gguf_array *x = &a->v.arr, *y = &b->v.arr;
     if (x->elem_type != y->elem_type || x->n != y->n) return 0;
     size_t es = gguf_value_type_size(x->elem_type);

@@ -11,9 +11,10 @@
  *   byte-level vocabulary. Checked (abort() otherwise): decode(encode(x)) == x
  *   (for NFC vocabularies: encoding is idempotent on its own output), every id is
  *   in range, and the streaming decoder prints exactly decode().
- * Build: CC=clang cmake -S . -B build-fuzz -G Ninja -DTM_FUZZ=ON && cmake --build build-fuzz --target tokenizer_fuzz
- * Run:   TM_FUZZ_VOCAB=qwen3.gguf:mistral.gguf build-fuzz/fuzz/tokenizer_fuzz -max_len=8192 WORKDIR fuzz/corpus/tokenizer
- *        (GGUFs e.g. from tok_vocab_gguf; without TM_FUZZ_VOCAB a built-in vocabulary is used) */
+ * Build: CC=clang cmake -S . -B build-fuzz -G Ninja -DTM_FUZZ=ON && cmake --build build-fuzz
+ * --target tokenizer_fuzz Run:   TM_FUZZ_VOCAB=qwen3.gguf:mistral.gguf
+ * build-fuzz/fuzz/tokenizer_fuzz -max_len=8192 WORKDIR fuzz/corpus/tokenizer (GGUFs e.g. from
+ * tok_vocab_gguf; without TM_FUZZ_VOCAB a built-in vocabulary is used) */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,8 @@ static void check(int ok, const char *what) {
 
 /* The built-in vocabulary: 256 byte tokens, a few merges and special tokens. */
 static tm_tokenizer *builtin_vocab(void) {
-    const char *extra[] = {"he", "ll", "hel", "hell", "hello", "aa", "<|im_start|>", "<|im_end|>", "<think>"};
+    const char *extra[] = {"he", "ll",           "hel",        "hell",   "hello",
+                           "aa", "<|im_start|>", "<|im_end|>", "<think>"};
     const int32_t extra_type[] = {1, 1, 1, 1, 1, 1, 3, 3, 4};
     const char *merges[] = {"h e", "a a", "he l", "hel l", "l l", "hell o"};
     const char *tok[256 + 9];
@@ -57,11 +59,13 @@ static tm_tokenizer *builtin_vocab(void) {
     tm_gguf_writer *w;
     tm_tokenizer *t = NULL;
     if (gguf_writer_init(&w, 3, 32)) abort();
-    if (gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") || gguf_writer_set_str(w, "tokenizer.ggml.pre", "llama-bpe") ||
+    if (gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") ||
+        gguf_writer_set_str(w, "tokenizer.ggml.pre", "llama-bpe") ||
         gguf_writer_set_array(w, "tokenizer.ggml.tokens", TM_GGUF_TYPE_STRING, tok, 265) ||
         gguf_writer_set_array(w, "tokenizer.ggml.token_type", TM_GGUF_TYPE_INT32, type, 265) ||
         gguf_writer_set_array(w, "tokenizer.ggml.merges", TM_GGUF_TYPE_STRING, merges, 6) ||
-        gguf_writer_begin(w, g_gguf_path) || gguf_writer_finish(w) || tokenizer_load_file(g_gguf_path, &t)) {
+        gguf_writer_begin(w, g_gguf_path) || gguf_writer_finish(w) ||
+        tokenizer_load_file(g_gguf_path, &t)) {
         fprintf(stderr, "tokenizer_fuzz: built-in vocabulary: %s\n", tm_error_message());
         abort();
     }
@@ -93,7 +97,8 @@ static void roundtrip(const tm_tokenizer *t, const uint8_t *text, size_t len, in
     tm_tokenize_opts o = {.add_special = false, .parse_special = true};
     tm_tokens ids = {0};
     check(tokenizer_encode(t, (const char *)text, len, &o, &ids) == TM_OK, "encode succeeds");
-    for (size_t i = 0; i < ids.n; i++) check(ids.ids[i] >= 0 && (uint32_t)ids.ids[i] < tokenizer_n_tokens(t), "id in range");
+    for (size_t i = 0; i < ids.n; i++)
+        check(ids.ids[i] >= 0 && (uint32_t)ids.ids[i] < tokenizer_n_tokens(t), "id in range");
     char *dec;
     size_t dn;
     check(tokenizer_decode(t, ids.ids, ids.n, true, &dec, &dn) == TM_OK, "decode succeeds");
@@ -104,8 +109,10 @@ static void roundtrip(const tm_tokenizer *t, const uint8_t *text, size_t len, in
     for (size_t i = 0; i <= ids.n; i++) {
         const char *p;
         size_t n;
-        if (i < ids.n) check(tokenizer_stream_push(&s, ids.ids[i], &p, &n) == TM_OK, "stream push");
-        else check(tokenizer_stream_flush(&s, &p, &n) == TM_OK, "stream flush");
+        if (i < ids.n)
+            check(tokenizer_stream_push(&s, ids.ids[i], &p, &n) == TM_OK, "stream push");
+        else
+            check(tokenizer_stream_flush(&s, &p, &n) == TM_OK, "stream flush");
         check(an + n <= dn, "stream no longer than decode");
         memcpy(acc + an, p, n);
         an += n;
@@ -116,13 +123,18 @@ static void roundtrip(const tm_tokenizer *t, const uint8_t *text, size_t len, in
     bool special = false;
     for (size_t i = 0; i < ids.n; i++) {
         tm_token_type ty = tokenizer_token_type(t, ids.ids[i]);
-        special |= ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED || ty == TM_TOKEN_TYPE_UNKNOWN ||
-                   ids.ids[i] == tokenizer_specials(t).unk; /* SPM without byte tokens: <unk> loses the text */
+        special |=
+            ty == TM_TOKEN_TYPE_CONTROL || ty == TM_TOKEN_TYPE_USER_DEFINED ||
+            ty == TM_TOKEN_TYPE_UNKNOWN ||
+            ids.ids[i] ==
+                tokenizer_specials(t).unk; /* SPM without byte tokens: <unk> loses the text */
     }
     if (t->normalize_nfc) {
         /* NFC changes the text: what must hold is that the decoded text encodes to itself */
-        if (depth == 0) roundtrip(t, (const uint8_t *)dec, dn, 1);
-        else check(dn == len && !memcmp(dec, text, len), "NFC text: decode(encode(y)) == y");
+        if (depth == 0)
+            roundtrip(t, (const uint8_t *)dec, dn, 1);
+        else
+            check(dn == len && !memcmp(dec, text, len), "NFC text: decode(encode(y)) == y");
     } else if (t->kind == TM_TOKENIZER_BPE) {
         check(dn == len && !memcmp(dec, text, len), "decode(encode(x)) == x");
     } else if (!special) {
@@ -138,7 +150,8 @@ static void roundtrip(const tm_tokenizer *t, const uint8_t *text, size_t len, in
                 want[wn++] = text[i++];
             }
         }
-        check(dn == wn && !memcmp(dec, want, wn), "SPM: decode(encode(x)) == x with U+2581 as space");
+        check(dn == wn && !memcmp(dec, want, wn),
+              "SPM: decode(encode(x)) == x with U+2581 as space");
         free(want);
     }
     free(dec);
@@ -155,12 +168,13 @@ static void fuzz_import(const uint8_t *data, size_t size) {
     tm_gguf_writer *w;
     if (gguf_writer_init(&w, 3, 32)) abort();
     uint32_t n = 0;
-    if (tokenizer_import_hf_ex(json_path, w, NULL, &n) == TM_OK && gguf_writer_begin(w, g_gguf_path) == TM_OK &&
-        gguf_writer_finish(w) == TM_OK) {
+    if (tokenizer_import_hf_ex(json_path, w, NULL, &n) == TM_OK &&
+        gguf_writer_begin(w, g_gguf_path) == TM_OK && gguf_writer_finish(w) == TM_OK) {
         tm_tokenizer *t = NULL;
         if (tokenizer_load_file(g_gguf_path, &t) == TM_OK) {
             check(tokenizer_n_tokens(t) == n, "loaded token count == imported");
-            static const char text[] = "Hello world's caf\xc3\xa9 12345 \xe6\x97\xa5\n\n<|im_start|>user \xff";
+            static const char text[] =
+                "Hello world's caf\xc3\xa9 12345 \xe6\x97\xa5\n\n<|im_start|>user \xff";
             roundtrip(t, (const uint8_t *)text, sizeof(text) - 1, 0);
             tokenizer_free(t);
         }
