@@ -433,8 +433,8 @@ static tm_status write_spm(bool with_merges, bool drop_byte, const char *name) {
     for (int i = 0; i < 266; i++) score[i] = i >= 259 ? rest_score[i - 259] : 0.0f;
     /* merges in score order of the merged piece: ▁a (-10), ab (-20), ▁ab (-30) */
     const char *merges[] = {"\xe2\x96\x81 a", "a b",
-                            "\xe2\x96\x81"
-                            "a b",
+                            ("\xe2\x96\x81"
+                             "a b"), /* one string: the split stops \x81 from eating the 'a' */
                             "\xe2\x96\x81 ab"};
     tm_gguf_writer *w;
     assert_int_equal(gguf_writer_init(&w, 3, 32), TM_OK);
