@@ -20,7 +20,8 @@ awk '/^extern "C"/ {exit} {print}' src/cuda/router.cu \
 g++ -std=c++20 -O2 -w -Isrc -Itests/emu -I"$T" -I"$CUDA_INC" -c tests/emu/cuda_mock.cpp -o "$T/mock.o"
 gcc -std=c11 -O1 -D_GNU_SOURCE -DTM_HAVE_CUDA=1 -Isrc -Iinclude -Wall -Wextra -Werror -Wshadow \
     -Wstrict-prototypes -Wmissing-prototypes -Wvla -Wno-unused-parameter -c tests/test_cuda_ops.c -o "$T/test.o"
-g++ "$T/test.o" "$T/mock.o" "$BUILD/libtiermoe_lib.a" $(pkg-config --libs cmocka jansson libpcre2-8 libutf8proc) \
+gcc -std=c11 -O1 -D_GNU_SOURCE -DTM_HAVE_CUDA=1 -Isrc -Itests -Wall -Wextra -Werror -Wno-unused-parameter -c tests/cuda/cuda_check.c -o "$T/check.o"
+g++ "$T/test.o" "$T/check.o" "$T/mock.o" "$BUILD/libtiermoe_lib.a" $(pkg-config --libs cmocka jansson libpcre2-8 libutf8proc) \
     -lm -lpthread -o "$T/test_cuda_ops_mock"
 echo "== checks on the mock"
 "$T/test_cuda_ops_mock"

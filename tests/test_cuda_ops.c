@@ -40,92 +40,7 @@
 #ifdef TM_HAVE_CUDA
 #include "cuda/cuda.h"
 
-#define U32 (1.0 / 16777216.0) /* float32 unit roundoff */
-
-static tm_cuda_device *g_dev;
-static tm_cuda_pool *g_pool;
-static char g_why[512] = "built without CUDA";
-
-static int group_setup(void **state) {
-    (void)state;
-    if (cuda_device_open(0, &g_dev) != TM_OK) {
-        snprintf(g_why, sizeof(g_why), "%s", tm_error_message());
-        g_dev = NULL;
-        return 0;
-    }
-    const tm_cuda_device_info *in = cuda_device_info(g_dev);
-    printf("device: %s, cc %d.%d, %d SMs, L2 %.0f MiB, driver %d, runtime %d\n", in->name,
-           in->cc_major, in->cc_minor, in->sm_count, in->l2_bytes / 1048576.0, in->driver_version,
-           in->runtime_version);
-    /* 1.5 GiB: the bench's rotating weight sets (~0.9 GiB) plus the checks */
-    if (cuda_pool_create(g_dev, (size_t)1536 << 20, &g_pool) != TM_OK) {
-        snprintf(g_why, sizeof(g_why), "%s", tm_error_message());
-        cuda_device_close(g_dev);
-        g_dev = NULL;
-    }
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    cuda_pool_free(g_pool);
-    cuda_device_close(g_dev);
-    return 0;
-}
-
-#define NEED_DEVICE()                                                                              \
-    do {                                                                                           \
-        if (!g_dev) {                                                                              \
-            printf("skipped: no CUDA device (%s)\n", g_why);                                       \
-            skip();                                                                                \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        tm_status st_ = (call);                                                                    \
-        if (st_ != TM_OK) fail_msg("%s: %s", #call, tm_error_message());                           \
-    } while (0)
-
-static void *dev_alloc(size_t bytes) {
-    void *p = NULL;
-    CHECK(cuda_pool_alloc(g_pool, bytes, 256, &p));
-    return p;
-}
-
-static void *dev_upload(const void *host, size_t bytes) {
-    void *p = dev_alloc(bytes);
-    CHECK(cuda_copy_to_device(g_dev, p, host, bytes));
-    return p;
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void fill_normal(tm_rng *r, float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = scale * tm_rng_normal(r);
-}
-
-/* `rows` random rows of `type` and k values, row_bytes apart (>= the row size:
- * padding exercises the unaligned-load paths); *deq gets the dequantized rows. */
-static uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
-                              float **deq) {
-    uint8_t *w = xmalloc((size_t)rows * row_bytes);
-    memset(w, 0x5a, (size_t)rows * row_bytes);
-    float *src = xmalloc((size_t)k * sizeof(float));
-    float *d = xmalloc((size_t)rows * k * sizeof(float));
-    for (int64_t i = 0; i < rows; i++) {
-        fill_normal(r, src, k, 0.5f);
-        CHECK(quant_row_quantize(type, src, w + i * row_bytes, k));
-        CHECK(quant_row_dequantize(type, w + i * row_bytes, d + i * k, k));
-    }
-    free(src);
-    *deq = d;
-    return w;
-}
+#include "cuda/cuda_check.h"
 
 /* ---- mmvq ---- */
 
@@ -547,15 +462,23 @@ int main(void) {
         return TEST_SKIPPED;
     }
     cuda_device_close(probe);
+    /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),   cmocka_unit_test(test_moe_grouped),
-        cmocka_unit_test(test_router), cmocka_unit_test(test_norm_rope_add),
-        cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_mmvq),
+        cmocka_unit_test(test_moe_grouped),
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(test_norm_rope_add),
     };
-    /* the perf mode is a fifth test, registered only when asked for */
+    int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
+                                         cuda_check_setup, cuda_check_teardown);
+    /* the perf mode runs only when asked for */
     const char *bench = getenv("TM_CUDA_BENCH");
-    const size_t n = bench && strcmp(bench, "0") != 0 ? 5 : 4;
-    return _cmocka_run_group_tests("test_cuda_ops", tests, n, group_setup, group_teardown);
+    if (bench && strcmp(bench, "0") != 0) {
+        const struct CMUnitTest perf[] = {cmocka_unit_test(test_bench)};
+        failed |= _cmocka_run_group_tests("test_cuda_bench", perf, 1, cuda_check_setup,
+                                          cuda_check_teardown);
+    }
+    return failed;
 #else
     printf("skipped: no CUDA device (built without CUDA)\n");
     return TEST_SKIPPED;

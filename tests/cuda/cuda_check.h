@@ -1,0 +1,57 @@
+/* Shared pieces of the CUDA op harness (tests/test_cuda_ops.c and the
+ * per-op check files tests/cuda/check_*.c linked into the same program):
+ * the device and pool opened once per run, upload helpers, random inputs,
+ * and the cmocka guards. Test code only. */
+#ifndef TM_TESTS_CUDA_CHECK_H
+#define TM_TESTS_CUDA_CHECK_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "cuda/cuda.h"
+#include "quant/quant.h"
+
+#define U32 (1.0 / 16777216.0) /* float32 unit roundoff */
+
+extern tm_cuda_device *g_dev; /* NULL when no usable device: tests skip */
+extern tm_cuda_pool *g_pool;  /* 1.5 GiB; each test may cuda_pool_reset it */
+extern char g_why[512];       /* why g_dev is NULL */
+
+int cuda_check_setup(void **state);
+int cuda_check_teardown(void **state);
+
+#define NEED_DEVICE()                                                                              \
+    do {                                                                                           \
+        if (!g_dev) {                                                                              \
+            printf("skipped: no CUDA device (%s)\n", g_why);                                       \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        tm_status st_ = (call);                                                                    \
+        if (st_ != TM_OK) fail_msg("%s: %s", #call, tm_error_message());                           \
+    } while (0)
+
+void *dev_alloc(size_t bytes);                    /* from g_pool, 256-aligned */
+void *dev_upload(const void *host, size_t bytes); /* dev_alloc + copy */
+void *xmalloc(size_t n);                          /* malloc that fails the test */
+void fill_normal(tm_rng *r, float *x, int64_t n, float scale);
+/* `rows` random rows of `type` and k values, row_bytes apart (>= the row size:
+ * padding exercises the unaligned-load paths); *deq gets the dequantized rows. */
+uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
+                       float **deq);
+
+/* The per-op checks of tests/cuda/check_*.c (cmocka tests). */
+void check_attention(void **state);
+void check_gemm(void **state);
+void check_model(void **state);
+
+#endif
