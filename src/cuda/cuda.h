@@ -169,6 +169,83 @@ tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream);
 
+/* router.cu: items[t*n_used + j] = {ids[t][j], t, weights[t][j]}: the
+ * router's top-k as a work list for cuda_moe_grouped (decode, no host trip). */
+tm_status cuda_router_items(const int32_t *ids, const float *weights, int64_t n_tok, int32_t n_used,
+                            tm_cuda_moe_item *items, tm_cuda_stream stream);
+
+/* ---- attention.cu ----
+ * Positions come from device memory (*pos0: the position of the batch's first
+ * token; token t is at *pos0 + t) so a captured decode graph replays at the
+ * next position without being rebuilt. KV cache: per layer [n_ctx][n_head_kv *
+ * head_dim] of kv_type (row-major, as the CPU cache). */
+typedef struct tm_cuda_attn_params {
+    int32_t n_head, n_head_kv, head_dim; /* n_head % n_head_kv == 0; head_dim even, <= 256 */
+    int64_t n_ctx;                       /* rows of each KV cache */
+    tm_type kv_type;                     /* TM_TYPE_F16 or TM_TYPE_F32 */
+    float scale;                         /* softmax scale, 1/sqrt(head_dim) for Qwen3 */
+    float rms_eps, rope_base;
+} tm_cuda_attn_params;
+
+/* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)
+ * in place (q: [n_tok][n_head*head_dim]); k row likewise with k_norm, then
+ * stored at k_cache row pos (converted to kv_type); v [n_tok][n_head_kv*head_dim]
+ * stored at v_cache row pos. q_norm / k_norm: head_dim f32 (NULL: no norm).
+ * RoPE angles as cpu_rope_table (theta_i = pos * base^(-2i/d) in double). */
+tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k, const float *v,
+                            const float *q_norm, const float *k_norm, const int32_t *pos0,
+                            int64_t n_tok, void *k_cache, void *v_cache, tm_cuda_stream stream);
+
+/* Causal grouped-query attention: out[t][h] = Σ_{j <= pos(t)} softmax_j(scale ·
+ * q[t][h]·K[j][g]) V[j][g], g = h / (n_head / n_head_kv); out [n_tok][n_head*head_dim].
+ * n_kv_max: an upper bound on *pos0 + n_tok known when launching (it sizes the
+ * grid: a decode graph passes n_ctx; blocks past the real length do nothing).
+ * Decode (n_tok small) splits the KV length over blocks and combines; prompts
+ * run flash-attention style (online softmax over KV tiles).
+ * scratch: device floats, at least cuda_attention_scratch_floats(). */
+int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
+                                      int64_t n_kv_max);
+tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
+                         const void *v_cache, const int32_t *pos0, int64_t n_tok, int64_t n_kv_max,
+                         float *out, float *scratch, tm_cuda_stream stream);
+
+/* ---- gemm.cu: prompt-size products on tensor cores ----
+ * Weights of any type are dequantized to f16 (in row chunks) and activations
+ * rounded to f16; cuBLAS multiplies with f32 accumulation and f32 output. */
+typedef struct tm_cuda_blas tm_cuda_blas; /* a cuBLAS handle bound to one stream */
+tm_status cuda_blas_create(tm_cuda_device *dev, tm_cuda_blas **out);
+void cuda_blas_free(tm_cuda_blas *b);
+
+/* Dequantize `rows` rows (row_bytes apart, k values each) to f16, row-major
+ * [rows][k]; bit-exact with quant_row_dequantize rounded to f16. */
+tm_status cuda_dequantize_f16(tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                              int64_t k, void *out_f16, tm_cuda_stream stream);
+
+/* y[t][r] = Σ_i W[r][i] x[t][i], any n_tok >= 1 (W, x as cuda_mmvq). */
+size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok);
+tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                    int64_t k, const float *x, int64_t n_tok, float *y, void *scratch,
+                    tm_cuda_stream stream);
+
+/* Grouped experts for prompt batches: the same math as cuda_moe_grouped
+ * (y[tok] += weight · down_e(silu(gate_e x) ⊙ up_e x)), with the work list
+ * expert-major and its groups known on the host: group i has expert slot
+ * slots[i] and the items items[starts[i] .. starts[i+1]) (items: device array;
+ * slots, starts: host arrays). Each group's tokens are gathered, multiplied
+ * on tensor cores, and scattered back with their weights. */
+typedef struct tm_cuda_moe_groups {
+    int32_t n_groups;
+    const int32_t *slots;          /* host, [n_groups] */
+    const int64_t *starts;         /* host, [n_groups + 1] */
+    const tm_cuda_moe_item *items; /* device, [starts[n_groups]] */
+} tm_cuda_moe_groups;
+
+size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
+                                           int32_t n_groups);
+tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
+                                const tm_cuda_moe_groups *g, const float *x, int64_t n_tok,
+                                float *y, void *scratch, tm_cuda_stream stream);
+
 #ifdef __cplusplus
 }
 #endif
