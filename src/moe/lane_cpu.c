@@ -8,11 +8,16 @@
  *      token, then copied next to the other tokens of each run)
  *   2. H = act(G, U) quantized; O = down·H
  *      (H is made in pieces of 256 values by whichever thread finishes the
- *      last gate/up item of a piece, so no barrier waits between G, U and H)
+ *      last gate/up item of a piece, so no barrier waits between G, U and H;
+ *      then the down items follow the gate/up items in the same pool step and
+ *      each waits only for its own run's H: items are claimed in order, so
+ *      every gate/up item was claimed, by a thread that never waits, before
+ *      any down item, and the wait is almost always already over)
  *   3. y[token] += Σ weight · O[slot]   over the token's slots in worklist order
  * All of it is one pool job (cpu_pool_for_steps) with barriers between the
  * parts, so a decode layer wakes the pool once. Weights are read once per
  * run: once per batch for prompts. */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +60,8 @@ struct tm_moe_cpu_lane {
     float *out[LANE_PROJ]; /* G, U [slots][n_ff]; O [slots][n_embd] */
     float *xf;             /* gathered f32 x (precise path) */
     atomic_int *pending;   /* per (run, H piece): gate/up items not yet done */
-    size_t cap_pending, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2],
+    atomic_int *ready;     /* per run: H pieces made */
+    size_t cap_pending, cap_ready, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2],
         cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
 };
 
@@ -68,7 +74,7 @@ void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
     free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]),
         free(l->xq_tok[1]), free(l->xf);
-    free(l->pending);
+    free(l->pending), free(l->ready);
     for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
 }
@@ -88,7 +94,7 @@ typedef struct lane_step {
     const tm_moe_slot *slots;
     const float *x;
     float *y;
-    const lane_item *items[2]; /* gate/up items, down items */
+    const lane_item *items[2]; /* gate/up items, down items (right after them) */
     const tm_moe_matrix *m[LANE_PROJ];
     int64_t k[LANE_PROJ];       /* row length of each projection */
     int64_t rows[LANE_PROJ];    /* output rows of each projection */
@@ -108,6 +114,13 @@ static void lane_swiglu_piece(const lane_step *st, int64_t s, int64_t c0, int64_
                      c1 - c0);
 }
 
+/* Wait until every H piece of run r is made (down items in the gate/up step). */
+static void lane_wait_ready(const lane_step *st, int32_t r) {
+    for (unsigned i = 0;
+         atomic_load_explicit(&st->l->ready[r], memory_order_acquire) != st->n_pieces; i++)
+        if (i > 64) sched_yield(); /* the maker may share this core */
+}
+
 static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin,
                            int64_t end) {
     const tm_moe_cpu_lane *l = st->l;
@@ -115,6 +128,7 @@ static void lane_items_run(const lane_step *st, const lane_item *items, int64_t 
         const lane_item *it = &items[i];
         const lane_run *run = &l->runs[it->run];
         const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
+        if (p == LANE_DOWN && st->n_pieces) lane_wait_ready(st, it->run);
         const tm_moe_matrix *m = st->m[p];
         cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes,
                  it->r0, it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in],
@@ -123,9 +137,11 @@ static void lane_items_run(const lane_step *st, const lane_item *items, int64_t 
         /* the last gate/up item of an H piece makes that piece for the run's slots */
         const int64_t c = it->r0 / LANE_H_PIECE;
         if (atomic_fetch_sub_explicit(&l->pending[it->run * st->n_pieces + c], 1,
-                                      memory_order_acq_rel) == 1)
+                                      memory_order_acq_rel) == 1) {
             for (int64_t s = run->s0; s < run->s1; s++)
                 lane_swiglu_piece(st, s, c * LANE_H_PIECE, (c + 1) * LANE_H_PIECE);
+            atomic_fetch_add_explicit(&l->ready[it->run], 1, memory_order_release);
+        }
     }
 }
 
@@ -286,8 +302,10 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         cpu_act_row_size(ex->down.type, F) ==
             (size_t)(F / LANE_H_PIECE) * cpu_act_row_size(ex->down.type, LANE_H_PIECE))
         st.n_pieces = F / LANE_H_PIECE;
-    ok = ok && lane_grow((void **)&l->pending, &l->cap_pending,
-                         (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int));
+    ok = ok &&
+         lane_grow((void **)&l->pending, &l->cap_pending,
+                   (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int)) &&
+         lane_grow((void **)&l->ready, &l->cap_ready, (size_t)n_runs * sizeof(atomic_int));
     if (ok && precise) ok = lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float));
     if (!ok)
         return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
@@ -311,6 +329,7 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     const int64_t n_gate_up = lane_items_build(&st, items, n_runs, LANE_GATE, LANE_UP);
     const int64_t n_down = lane_items_build(&st, items + n_gate_up, n_runs, LANE_DOWN, LANE_DOWN);
     st.items[0] = items, st.items[1] = items + n_gate_up;
+    for (int64_t r = 0; r < n_runs; r++) atomic_init(&l->ready[r], 0);
     for (int64_t i = 0; i < n_runs * st.n_pieces; i++) { /* gate and up items of a piece */
         const lane_run *run = &l->runs[i / st.n_pieces];
         atomic_init(&l->pending[i], (int)(LANE_H_PIECE / lane_row_chunk(&st, LANE_GATE, run) +
@@ -323,9 +342,10 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     const tm_pool_step steps[] = {
         {lane_quantize_task, decode ? 0 : n_tok, 4}, /* x rows quantized once per token */
         {lane_gather_task, decode ? 0 : n, 16},      /* ... and copied to their runs */
-        {lane_gate_up_task, n_gate_up, 1},
+        {lane_gate_up_task, n_gate_up + (st.n_pieces ? n_down : 0),
+         1}, /* down too when H comes in pieces */
         {lane_swiglu_task, st.n_pieces ? 0 : n, 1},
-        {lane_down_task, n_down, 1},
+        {lane_down_task, st.n_pieces ? 0 : n_down, 1},
         {lane_combine_task, decode ? 0 : n_tok, 1},
     };
     cpu_pool_for_steps(pool, (int)(sizeof(steps) / sizeof(steps[0])), steps, &st);
