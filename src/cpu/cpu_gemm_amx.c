@@ -10,13 +10,17 @@
  *                    its doubled e2m1 values, scale e8m0/2)
  *   q4_K/q5_K: acc += C * (d sc_j)[row] * d_x[tok] - (dmin m_j)[row] * bsum_j[tok] * d_x[tok]
  * Weights are unpacked and repacked once per 16-row tile and reused by every
- * 16-token tile; tokens past the last full tile go to the AVX-512 kernel.
+ * 16-token tile. Tokens past the last full tile (expert runs of a prompt are
+ * ~32 tokens, so this is a large share) are copied into one zero-padded tile
+ * when there are at least 2 of them: a padded tile costs about what
+ * one more token costs the AVX-512 kernel, which gets a single leftover token.
  * Scratch lives in per-thread buffers that grow as needed. */
 #include "cpu/cpu_internal.h"
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define TM_AMX                                                                                     \
@@ -29,6 +33,8 @@ typedef struct amx_scratch {
     uint8_t *b;        /* k/32 B tiles of 512 bytes */
     float *sv, *mv;    /* per sub-block, 16 rows: scale and min factors */
     float *dxs, *bsdx; /* per token, per sub-block: d_x and bsum * d_x */
+    uint8_t *xpad;     /* the last, partial token tile: 16 activation rows, zeros past the tokens */
+    size_t cap_pad;
 } amx_scratch;
 
 static _Thread_local amx_scratch amx_tls;
@@ -36,6 +42,20 @@ static _Thread_local amx_scratch amx_tls;
 /* Row tiles packed per pass: each 16-token tile of activations is then read
  * from memory once per 64 weight rows and reused from L1/L2 for the rest. */
 enum { AMX_SLOTS = 4 };
+
+/* Leftover tokens (past the last full 16-token tile) from which they go
+ * through a zero-padded AMX tile instead of the AVX-512 kernel; 2 unless
+ * TIERMOE_AMX_PAD_MIN says otherwise (17 turns padding off), for tuning. */
+static int amx_pad_min(void) {
+    static atomic_int cached; /* 0: not read yet */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v) return v;
+    const char *env = getenv("TIERMOE_AMX_PAD_MIN");
+    v = env && *env ? atoi(env) : 2;
+    v = v < 1 ? 1 : v > 17 ? 17 : v;
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+}
 
 /* Frees a pool thread's scratch when the thread ends (the key's value is only
  * a non-NULL marker; the buffers live in the thread-local struct). */
@@ -51,6 +71,7 @@ static void amx_scratch_free(void *unused) {
     free(s->mv);
     free(s->dxs);
     free(s->bsdx);
+    free(s->xpad);
     memset(s, 0, sizeof *s);
 }
 
@@ -63,7 +84,7 @@ static void *amx_grow(void *p, size_t bytes) {
     return aligned_alloc(64, (bytes + 63) / 64 * 64);
 }
 
-static int amx_reserve(int64_t k, int64_t n16) {
+static int amx_reserve(int64_t k, int64_t n16, size_t pad_bytes) {
     amx_scratch *s = &amx_tls;
     size_t ns = (size_t)(k / 32);
     if (!s->cap_w && !s->cap_x) {
@@ -91,6 +112,14 @@ static int amx_reserve(int64_t k, int64_t n16) {
         }
         s->cap_x = nx;
     }
+    if (pad_bytes > s->cap_pad) {
+        s->xpad = amx_grow(s->xpad, pad_bytes);
+        if (!s->xpad) {
+            s->cap_pad = 0;
+            return -1;
+        }
+        s->cap_pad = pad_bytes;
+    }
     return 0;
 }
 
@@ -108,9 +137,11 @@ TM_AMX static void amx_configure(void) {
     amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    cfg.rows[0] = 16, cfg.colsb[0] = 64; /* C: 16 tokens x 16 rows of s32 */
-    cfg.rows[1] = 16, cfg.colsb[1] = 32; /* A: 16 tokens x 32 s8 */
-    cfg.rows[2] = 8, cfg.colsb[2] = 64;  /* B: 8 groups of 4 values x 16 rows */
+    for (int set = 0; set < 6; set += 3) { /* two sets, for two sub-blocks in flight */
+        cfg.rows[set + 0] = 16, cfg.colsb[set + 0] = 64; /* C: 16 tokens x 16 rows of s32 */
+        cfg.rows[set + 1] = 16, cfg.colsb[set + 1] = 32; /* A: 16 tokens x 32 s8 */
+        cfg.rows[set + 2] = 8, cfg.colsb[set + 2] = 64;  /* B: 8 groups of 4 values x 16 rows */
+    }
     amx_cfg = cfg;
     __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&amx_cfg);
@@ -239,20 +270,64 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
     }
 }
 
+/* C tile = A (16 tokens' values of sub-block q) . B (16 rows' values), stored
+ * to buf (tile numbers must be literals). */
+#define AMX_PRODUCT(C, A, B, q, buf)                                                               \
+    do {                                                                                           \
+        const char *abase_ = !AMX_IS_K(kind) ? xa + (q) * (int64_t)sizeof(tm_block_q8_0) +         \
+                                                   offsetof(tm_block_q8_0, qs)                     \
+                                             : xa + ((q) / 8) * (int64_t)sizeof(tm_block_q8_k) +   \
+                                                   offsetof(tm_block_q8_k, qs) + 32 * ((q) % 8);   \
+        _tile_zero(C);                                                                             \
+        _tile_loadd(A, abase_, xstride);                                                           \
+        _tile_loadd(B, bs + (q)*512, 64);                                                          \
+        _tile_dpbssd(C, A, B);                                                                     \
+        _tile_stored(C, buf, 64);                                                                  \
+    } while (0)
+
+/* acc[token] += C[token] scaled, for sub-block q (C in buf). */
+#define AMX_SCALE(q, buf)                                                                          \
+    do {                                                                                           \
+        const __m512 sv_ = _mm512_load_ps(svs + (q)*16);                                           \
+        const float *dx_ = s->dxs + t * ns + (q);                                                  \
+        if (!AMX_IS_K(kind)) {                                                                     \
+            for (int m = 0; m < 16; m++)                                                           \
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((buf) + 16 * m)),    \
+                                         _mm512_mul_ps(sv_, _mm512_set1_ps(dx_[m * ns])), acc[m]); \
+        } else {                                                                                   \
+            const __m512 mv_ = _mm512_load_ps(mvs + (q)*16);                                       \
+            const float *bd_ = s->bsdx + t * ns + (q);                                             \
+            for (int m = 0; m < 16; m++) {                                                         \
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((buf) + 16 * m)),    \
+                                         _mm512_mul_ps(sv_, _mm512_set1_ps(dx_[m * ns])), acc[m]); \
+                acc[m] = _mm512_fnmadd_ps(mv_, _mm512_set1_ps(bd_[m * ns]), acc[m]);               \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
 TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb,
                             int64_t r0, int64_t r1, const void *xqv, size_t xrb, int64_t n_tok,
                             float *y, int64_t ldy) {
-    const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32;
+    const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32, tail = n_tok - n16;
+    /* tokens through AMX: the full tiles, and the leftover ones padded to a tile */
+    const int64_t n_amx = tail >= amx_pad_min() ? n16 + 16 : n16;
+    const size_t act_bytes = cpu_act_row_size(type, k);
     cpu_gemm_fn rest = cpu_gemm_avx512_get(type);
-    if (n16 == 0 || amx_reserve(k, n16)) {
+    if (n_amx == 0 || amx_reserve(k, n_amx, n_amx > n16 ? 16 * act_bytes : 0)) {
         rest(k, wv, wrb, r0, r1, xqv, xrb, n_tok, y, ldy);
         return;
     }
     amx_scratch *s = &amx_tls;
     const char *w = wv, *xq = xqv;
+    if (n_amx > n16) { /* zero rows give C = 0 and zero factors; they are never stored */
+        for (int64_t t = 0; t < tail; t++)
+            memcpy(s->xpad + (size_t)t * act_bytes, xq + (size_t)(n16 + t) * xrb, act_bytes);
+        memset(s->xpad + (size_t)tail * act_bytes, 0, (size_t)(16 - tail) * act_bytes);
+    }
     /* activation factors per token and sub-block */
-    for (int64_t t = 0; t < n16; t++) {
-        const char *xr = xq + (size_t)t * xrb;
+    for (int64_t t = 0; t < n_amx; t++) {
+        const char *xr =
+            t < n16 ? xq + (size_t)t * xrb : (const char *)s->xpad + (size_t)(t - n16) * act_bytes;
         for (int64_t q = 0; q < ns; q++) {
             if (!AMX_IS_K(kind)) {
                 s->dxs[t * ns + q] = _cvtsh_ss(((const tm_block_q8_0 *)xr)[q].d);
@@ -265,13 +340,13 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
         }
     }
     amx_configure();
-    _Alignas(64) int32_t cbuf[256];
+    _Alignas(64) int32_t cbuf[512];
     for (int64_t rg = r0; rg < r1; rg += 16 * AMX_SLOTS) {
         int n_slots = 0;
         for (int64_t r = rg; r < r1 && n_slots < AMX_SLOTS; r += 16, n_slots++)
             amx_pack_weights(kind, k, w, wrb, r, (int)(r1 - r < 16 ? r1 - r : 16), n_slots);
         __asm__ volatile("" ::: "memory"); /* tileloadd's asm does not say it reads memory */
-        for (int64_t ts = 0; ts < n16 * n_slots;
+        for (int64_t ts = 0; ts < n_amx * n_slots;
              ts += 16) { /* token tiles outer, row tiles inner */
             const int64_t t = ts / n_slots / 16 * 16;
             const int slot = (int)(ts / 16 % n_slots);
@@ -283,41 +358,25 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
                         *mvs = s->mv + (size_t)slot * (size_t)ns * 16;
             __m512 acc[16];
             for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
-            const char *xa = xq + (size_t)t * xrb;
-            for (int64_t q = 0; q < ns; q++) {
-                const char *abase =
-                    !AMX_IS_K(kind)
-                        ? xa + q * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)
-                        : xa + (q / 8) * (int64_t)sizeof(tm_block_q8_k) +
-                              offsetof(tm_block_q8_k, qs) + 32 * (q % 8);
-                _tile_zero(0);
-                _tile_loadd(1, abase, (long)xrb);
-                _tile_loadd(2, bs + q * 512, 64);
-                _tile_dpbssd(0, 1, 2);
-                _tile_stored(0, cbuf, 64);
-                const __m512 sv = _mm512_load_ps(svs + q * 16);
-                const float *dx = s->dxs + t * ns + q;
-                if (!AMX_IS_K(kind)) {
-                    for (int m = 0; m < 16; m++)
-                        acc[m] =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
-                                            _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
-                } else {
-                    const __m512 mv = _mm512_load_ps(mvs + q * 16);
-                    const float *bd = s->bsdx + t * ns + q;
-                    for (int m = 0; m < 16; m++) {
-                        acc[m] =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
-                                            _mm512_mul_ps(sv, _mm512_set1_ps(dx[m * ns])), acc[m]);
-                        acc[m] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(bd[m * ns]), acc[m]);
-                    }
-                }
+            const char *xa = t < n16 ? xq + (size_t)t * xrb : (const char *)s->xpad;
+            const long xstride = t < n16 ? (long)xrb : (long)act_bytes;
+            const int n_store = t < n16 ? 16 : (int)tail;
+            /* Sub-blocks in pairs on two tile sets: the second product runs
+             * while the first one's result is scaled (one set alone waits for
+             * each product, its store and the reload in turn). */
+            for (int64_t q = 0; q < ns; q += 2) {
+                const int two = q + 1 < ns;
+                AMX_PRODUCT(0, 1, 2, q, cbuf);
+                if (two) AMX_PRODUCT(3, 4, 5, q + 1, cbuf + 256);
+                AMX_SCALE(q, cbuf);
+                if (two) AMX_SCALE(q + 1, cbuf + 256);
             }
-            for (int m = 0; m < 16; m++) _mm512_mask_storeu_ps(y + (t + m) * ldy + r, mask, acc[m]);
+            for (int m = 0; m < 16; m++) /* a constant count keeps acc in registers */
+                if (m < n_store) _mm512_mask_storeu_ps(y + (t + m) * ldy + r, mask, acc[m]);
         }
     }
     _tile_release();
-    if (n16 < n_tok)
+    if (n_amx < n_tok)
         rest(k, wv, wrb, r0, r1, xq + (size_t)n16 * xrb, xrb, n_tok - n16, y + n16 * ldy, ldy);
 }
 
