@@ -1,18 +1,23 @@
-/* Quantized matrix × vector for decode batches (1..8 tokens): one warp per
- * output row, TM_MMVQ_WARPS rows per block. The per-type dequantize-and-dot
- * code is in mmvq.cuh (shared with the grouped expert kernel).
+/* Quantized matrix × vector for decode batches (1..8 tokens).
+ *
+ * Fast path (mmvq_fast.cuh: q4_K, q8_0, f32, f16, bf16 with aligned rows):
+ * the type and the token count are template parameters chosen once per
+ * launch; a warp computes R rows (4 for 1-2 tokens, else 2) so each
+ * activation load serves R rows; the TM_FAST_WARPS warps of a block split
+ * either rows (large matrices) or the k steps of one row group (small ones,
+ * e.g. the 512-row k/v projections), summed through shared memory.
+ *
+ * Generic path (the other types, unaligned rows): one warp per output row,
+ * TM_MMVQ_WARPS rows per block, the per-type code of mmvq.cuh.
  *
  * Bandwidth: every weight byte is read once per launch, whatever n_tok; the
- * activations (n_tok * k floats, a few KiB) stay in L1/L2. A warp's lanes read
- * consecutive 16-byte pieces of the row, and the unrolled part loop keeps two
- * of them in flight per lane. */
-#include "cuda/mmvq.cuh"
+ * activations (n_tok * k floats, a few KiB) stay in L1/L2. */
+#include "cuda/mmvq_fast.cuh"
 
-#define TM_MMVQ_WARPS 4
+#define TM_MMVQ_WARPS 4 /* generic path: warps (rows) per block */
 
-/* NT (the token count) is a template constant so the unused accumulators and
- * their branches fold away: at NT = 1 the kernel needs far fewer registers
- * (more warps per SM, more loads in flight) than the 8-token case. */
+/* Generic path. NT (the token count) is a template constant so the unused
+ * accumulators and their branches fold away. */
 template <int NT>
 __global__ void __launch_bounds__(TM_MMVQ_WARPS *TM_CUDA_WARP)
     tm_mmvq_kernel(int type, const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows,
@@ -34,6 +39,63 @@ __global__ void __launch_bounds__(TM_MMVQ_WARPS *TM_CUDA_WARP)
     }
 }
 
+/* Fast path: R rows per warp, TM_FAST_WARPS / ksplit row groups per block. */
+template <int TYPE, int NT>
+__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
+    tm_mmvq_fast_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, int64_t k,
+                        const float *__restrict__ x, int n_tok, int ksplit, float *__restrict__ y) {
+    constexpr int R = NT <= 2 ? 4 : 2;
+    __shared__ float part[TM_FAST_WARPS][R][NT];
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1), warp = threadIdx.x >> 5;
+    const int64_t r0 = ((int64_t)blockIdx.x * (TM_FAST_WARPS / ksplit) + warp / ksplit) * R;
+    const uint8_t *rp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) /* rows past the end read the last row; never written */
+        rp[r] = w + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    tm_fast_rows<TYPE, NT, R>(acc, rp, k, x, k, n_tok, lane, warp % ksplit, ksplit);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = tm_warp_sum(acc[r][t]);
+            if (lane == 0) part[warp][r][t] = v;
+        }
+    __syncthreads();
+    if (warp % ksplit == 0 && lane < R * NT) {
+        const int r = lane / NT, t = lane % NT;
+        float v = 0.0f;
+        for (int j = 0; j < ksplit; j++) v += part[warp + j][r][t];
+        if (r0 + r < rows && t < n_tok) y[t * rows + r0 + r] = v;
+    }
+}
+
+template <int TYPE>
+static void tm_mmvq_fast_launch(const uint8_t *w, size_t row_bytes, int64_t rows, int64_t k,
+                                const float *x, int n_tok, float *y, cudaStream_t stream) {
+    const int R = n_tok <= 2 ? 4 : 2;
+    const int64_t groups = tm_cdiv(rows, R);
+    const int ks = tm_fast_ksplit(groups, tm_fast_steps((tm_type)TYPE, k));
+    const dim3 grid((unsigned)tm_cdiv(groups, TM_FAST_WARPS / ks)),
+        block(TM_FAST_WARPS * TM_CUDA_WARP);
+    if (n_tok == 1)
+        tm_mmvq_fast_kernel<TYPE, 1>
+            <<<grid, block, 0, stream>>>(w, row_bytes, rows, k, x, n_tok, ks, y);
+    else if (n_tok == 2)
+        tm_mmvq_fast_kernel<TYPE, 2>
+            <<<grid, block, 0, stream>>>(w, row_bytes, rows, k, x, n_tok, ks, y);
+    else if (n_tok <= 4)
+        tm_mmvq_fast_kernel<TYPE, 4>
+            <<<grid, block, 0, stream>>>(w, row_bytes, rows, k, x, n_tok, ks, y);
+    else
+        tm_mmvq_fast_kernel<TYPE, 8>
+            <<<grid, block, 0, stream>>>(w, row_bytes, rows, k, x, n_tok, ks, y);
+}
+
 extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
                                int64_t k, const float *x, int64_t n_tok, float *y,
                                tm_cuda_stream stream) {
@@ -44,11 +106,34 @@ extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, in
     bool vec16 = false;
     tm_status st = tm_mmvq_check("cuda_mmvq", type, w, row_bytes, k, x, &vec16);
     if (st != TM_OK) return st;
+    const uint8_t *wb = (const uint8_t *)w;
+    if (tm_fast_ok(type, (uintptr_t)w | row_bytes, k)) {
+        if (rows > 0x7fffffffLL)
+            return tm_error_set(TM_ERR_ARG, "cuda_mmvq: %lld rows is too many", (long long)rows);
+        const int nt = (int)n_tok;
+        switch (type) {
+        case TM_TYPE_Q4_K:
+            tm_mmvq_fast_launch<TM_TYPE_Q4_K>(wb, row_bytes, rows, k, x, nt, y, stream);
+            break;
+        case TM_TYPE_Q8_0:
+            tm_mmvq_fast_launch<TM_TYPE_Q8_0>(wb, row_bytes, rows, k, x, nt, y, stream);
+            break;
+        case TM_TYPE_F32:
+            tm_mmvq_fast_launch<TM_TYPE_F32>(wb, row_bytes, rows, k, x, nt, y, stream);
+            break;
+        case TM_TYPE_F16:
+            tm_mmvq_fast_launch<TM_TYPE_F16>(wb, row_bytes, rows, k, x, nt, y, stream);
+            break;
+        default:
+            tm_mmvq_fast_launch<TM_TYPE_BF16>(wb, row_bytes, rows, k, x, nt, y, stream);
+            break;
+        }
+        return tm_cuda_launch_check("cuda_mmvq", rows, k, n_tok);
+    }
     const int64_t blocks = (rows + TM_MMVQ_WARPS - 1) / TM_MMVQ_WARPS;
     if (blocks > 0x7fffffffLL)
         return tm_error_set(TM_ERR_ARG, "cuda_mmvq: %lld rows is too many", (long long)rows);
     const dim3 grid((unsigned)blocks), block(TM_MMVQ_WARPS * TM_CUDA_WARP);
-    const uint8_t *wb = (const uint8_t *)w;
     switch (n_tok) {
     case 1:
         tm_mmvq_kernel<1>

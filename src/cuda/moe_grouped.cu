@@ -9,12 +9,19 @@
  * Kernel 2 gives one warp an (item, n_embd row) pair and scatter-adds with
  * atomicAdd, since several items (the k experts of a token) hit one row of y.
  *
+ * Fast path (mmvq_fast.cuh), taken per kernel when the matrices' type has
+ * one and their rows and expert starts are aligned (gate and up also of one
+ * type): a gate/up warp computes gate rows r, r+1 and up rows r, r+1 against
+ * one load of x (R = 4 rows), a down warp 4 consecutive rows against h; the
+ * type is a template parameter chosen once per launch. The generic kernels
+ * (one warp per row, per-type code of mmvq.cuh) take the rest.
+ *
  * Shapes: this first version is written for decode (1 token x 8 experts: 8
  * items). Prompts use the same kernels: each item re-reads its expert's rows
  * (from L2 when the tokens of an expert are adjacent in the list), which is
  * correct but not the fast prompt path (that is a tiled/tensor-core kernel
  * over expert-major groups, to come). */
-#include "cuda/mmvq.cuh"
+#include "cuda/mmvq_fast.cuh"
 
 #define TM_MOE_WARPS 4
 
@@ -72,6 +79,90 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
     if (lane == 0) atomicAdd(y + (int64_t)it.token * p.n_embd + r, it.weight * s);
 }
 
+/* ---- fast path ---- */
+
+template <int TYPE>
+__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
+    tm_moe_gate_up_fast_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
+                               const float *__restrict__ x, int64_t n_tok, float *__restrict__ h) {
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
+    const int64_t item = blockIdx.x;
+    const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_FF;
+    if (r0 >= p.n_ff) return; /* whole warp: no block-wide barrier below */
+    const tm_cuda_moe_item it = items[item];
+    float *hr = h + item * p.n_ff;
+    if (!tm_moe_item_ok(it, p.n_slots, n_tok)) {
+        if (lane < TM_MOE_FAST_FF && r0 + lane < p.n_ff) hr[r0 + lane] = 0.0f;
+        return;
+    }
+    const uint8_t *g = (const uint8_t *)p.gate.data + (size_t)it.slot * p.gate.expert_stride;
+    const uint8_t *u = (const uint8_t *)p.up.data + (size_t)it.slot * p.up.expert_stride;
+    const uint8_t *rp[2 * TM_MOE_FAST_FF];
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_FF; i++) { /* rows past n_ff read the last row, unused */
+        const int64_t r = r0 + i < p.n_ff ? r0 + i : p.n_ff - 1;
+        rp[i] = g + r * p.gate.row_bytes;
+        rp[TM_MOE_FAST_FF + i] = u + r * p.up.row_bytes;
+    }
+    float acc[2 * TM_MOE_FAST_FF][1];
+#pragma unroll
+    for (int i = 0; i < 2 * TM_MOE_FAST_FF; i++) acc[i][0] = 0.0f;
+    tm_fast_rows<TYPE, 1, 2 * TM_MOE_FAST_FF>(acc, rp, p.n_embd, x + (int64_t)it.token * p.n_embd,
+                                              p.n_embd, 1, lane, 0, 1);
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_FF; i++) {
+        const float gs = tm_warp_sum(acc[i][0]), us = tm_warp_sum(acc[TM_MOE_FAST_FF + i][0]);
+        if (lane == 0 && r0 + i < p.n_ff) hr[r0 + i] = gs / (1.0f + expf(-gs)) * us;
+    }
+}
+
+template <int TYPE>
+__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
+    tm_moe_down_fast_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
+                            const float *__restrict__ h, int64_t n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
+    const int64_t item = blockIdx.x;
+    const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_E;
+    if (r0 >= p.n_embd) return;
+    const tm_cuda_moe_item it = items[item];
+    if (!tm_moe_item_ok(it, p.n_slots, n_tok)) return;
+    const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride;
+    const uint8_t *rp[TM_MOE_FAST_E];
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_E; i++)
+        rp[i] = d + (r0 + i < p.n_embd ? r0 + i : p.n_embd - 1) * p.down.row_bytes;
+    float acc[TM_MOE_FAST_E][1];
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_E; i++) acc[i][0] = 0.0f;
+    tm_fast_rows<TYPE, 1, TM_MOE_FAST_E>(acc, rp, p.n_ff, h + item * p.n_ff, p.n_ff, 1, lane, 0, 1);
+    float *yt = y + (int64_t)it.token * p.n_embd;
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_E; i++) {
+        const float s = tm_warp_sum(acc[i][0]);
+        if (lane == 0 && r0 + i < p.n_embd) atomicAdd(yt + r0 + i, it.weight * s);
+    }
+}
+
+/* Launch kernel K<type> for a fast-path type (the caller checked tm_fast_ok). */
+#define TM_MOE_FAST_SWITCH(type, K, grid, block, stream, ...)                                      \
+    switch (type) {                                                                                \
+    case TM_TYPE_Q4_K:                                                                             \
+        K<TM_TYPE_Q4_K><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
+        break;                                                                                     \
+    case TM_TYPE_Q8_0:                                                                             \
+        K<TM_TYPE_Q8_0><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
+        break;                                                                                     \
+    case TM_TYPE_F32:                                                                              \
+        K<TM_TYPE_F32><<<grid, block, 0, stream>>>(__VA_ARGS__);                                   \
+        break;                                                                                     \
+    case TM_TYPE_F16:                                                                              \
+        K<TM_TYPE_F16><<<grid, block, 0, stream>>>(__VA_ARGS__);                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        K<TM_TYPE_BF16><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
+        break;                                                                                     \
+    }
+
 extern "C" int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
     return n_items * p->n_ff;
 }
@@ -118,13 +209,27 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
         return tm_error_set(TM_ERR_ARG,
                             "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
                             (long long)p->n_embd, (long long)p->n_ff);
-    const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP);
-    const dim3 g1((unsigned)n_items, (unsigned)((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
-    tm_moe_gate_up_kernel<<<g1, block, 0, stream>>>(*p, gv, uv, items, x, n_tok, h_scratch);
+    const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP), fblock(TM_FAST_WARPS * TM_CUDA_WARP);
+    if (tm_moe_fast_gate_up(p)) {
+        const dim3 g1((unsigned)n_items,
+                      (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF));
+        TM_MOE_FAST_SWITCH(p->gate.type, tm_moe_gate_up_fast_kernel, g1, fblock, stream, *p, items,
+                           x, n_tok, h_scratch);
+    } else {
+        const dim3 g1((unsigned)n_items, (unsigned)((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
+        tm_moe_gate_up_kernel<<<g1, block, 0, stream>>>(*p, gv, uv, items, x, n_tok, h_scratch);
+    }
     if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up", n_items, p->n_ff, p->n_embd)) !=
         TM_OK)
         return st;
-    const dim3 g2((unsigned)n_items, (unsigned)((p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
-    tm_moe_down_kernel<<<g2, block, 0, stream>>>(*p, dv, items, h_scratch, n_tok, y);
+    if (tm_moe_fast_matrix(&p->down, p->n_ff)) {
+        const dim3 g2((unsigned)n_items,
+                      (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
+        TM_MOE_FAST_SWITCH(p->down.type, tm_moe_down_fast_kernel, g2, fblock, stream, *p, items,
+                           h_scratch, n_tok, y);
+    } else {
+        const dim3 g2((unsigned)n_items, (unsigned)((p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
+        tm_moe_down_kernel<<<g2, block, 0, stream>>>(*p, dv, items, h_scratch, n_tok, y);
+    }
     return tm_cuda_launch_check("cuda_moe_grouped down", n_items, p->n_embd, p->n_ff);
 }

@@ -2,13 +2,14 @@
  * scripts/cuda_emu_check.sh: tests/test_cuda_ops.c links against it instead
  * of the real backend, so the harness's plumbing, references and tolerances
  * run on a machine without a GPU. mmvq and the grouped experts call the real
- * device functions of src/cuda/mmvq.cuh lane by lane (the kernels' loops are
- * mirrored here); the router runs the real kernel on an emulated warp;
+ * device functions of src/cuda/mmvq.cuh and mmvq_fast.cuh lane by lane, with
+ * the launchers' path choice, rows per warp and k split (the kernels' loops
+ * and warp/block sums are mirrored here); the router runs the real kernel on an emulated warp;
  * RMSNorm/RoPE mirror their kernels. MOCK_FAST=1 skips the arithmetic (for
  * the bench's code paths), MOCK_NODEV=1 makes the device open fail. */
 #include "cuda_warp_shim.h"
 #include "router_kernel.cpp" /* extracted by the script: the kernel without its launcher */
-#include "cuda/mmvq.cuh"
+#include "cuda/mmvq_fast.cuh"
 #include <chrono>
 #include <stdlib.h>
 #include <stdio.h>
@@ -48,10 +49,69 @@ static float row_dot(int type, const uint8_t *row, int64_t k, bool v16, const fl
     for (int t = 0; t < nt; t++) out[t] = tot[t];
     return tot[0];
 }
+} /* extern "C": the fast path's helpers are templates */
+/* Fast path: the kernels' row groups, k split and lanes, summed as the kernel does. */
+template <int TYPE, int NT, int R>
+static void fast_rows(const uint8_t *const *rp, int64_t k, const float *x, int64_t xs, int nt, int ks, float (&out)[R][NT]) {
+    for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) out[r][t] = 0;
+    for (int kp = 0; kp < ks; kp++) {
+        float part[R][NT] = {};
+        for (int lane = 0; lane < 32; lane++) { float acc[R][NT] = {}; tm_fast_rows<TYPE, NT, R>(acc, rp, k, x, xs, nt, lane, kp, ks); for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) part[r][t] += acc[r][t]; }
+        for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) out[r][t] += part[r][t];
+    }
+}
+template <int TYPE, int NT>
+static void fast_mmvq(const uint8_t *w, size_t rb, int64_t rows, int64_t k, const float *x, int nt, float *y) {
+    constexpr int R = NT <= 2 ? 4 : 2;
+    const int64_t groups = tm_cdiv(rows, R);
+    const int ks = tm_fast_ksplit(groups, tm_fast_steps((tm_type)TYPE, k));
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *rp[R];
+        for (int r = 0; r < R; r++) rp[r] = w + (g * R + r < rows ? g * R + r : rows - 1) * rb;
+        float o[R][NT];
+        fast_rows<TYPE, NT, R>(rp, k, x, k, nt, ks, o);
+        for (int r = 0; r < R; r++) for (int t = 0; t < nt; t++) if (g * R + r < rows) y[t * rows + g * R + r] = o[r][t];
+    }
+}
+template <int TYPE>
+static void fast_mmvq_nt(const uint8_t *w, size_t rb, int64_t rows, int64_t k, const float *x, int nt, float *y) {
+    if (nt == 1) fast_mmvq<TYPE, 1>(w, rb, rows, k, x, nt, y);
+    else if (nt == 2) fast_mmvq<TYPE, 2>(w, rb, rows, k, x, nt, y);
+    else if (nt <= 4) fast_mmvq<TYPE, 4>(w, rb, rows, k, x, nt, y);
+    else fast_mmvq<TYPE, 8>(w, rb, rows, k, x, nt, y);
+}
+/* fast gate/up for one item: h[r] over all n_ff rows, 2 rows of each per warp */
+template <int TYPE>
+static void fast_gate_up(const tm_cuda_moe_params *p, const uint8_t *g, const uint8_t *u, const float *xt, float *h) {
+    constexpr int F = TM_MOE_FAST_FF;
+    for (int64_t r0 = 0; r0 < p->n_ff; r0 += F) {
+        const uint8_t *rp[2 * F];
+        for (int i = 0; i < F; i++) { int64_t r = r0 + i < p->n_ff ? r0 + i : p->n_ff - 1; rp[i] = g + r * p->gate.row_bytes; rp[F + i] = u + r * p->up.row_bytes; }
+        float o[2 * F][1];
+        fast_rows<TYPE, 1, 2 * F>(rp, p->n_embd, xt, p->n_embd, 1, 1, o);
+        for (int i = 0; i < F; i++) if (r0 + i < p->n_ff) h[r0 + i] = o[i][0] / (1.0f + expf(-o[i][0])) * o[F + i][0];
+    }
+}
+template <int TYPE>
+static void fast_down(const tm_cuda_moe_params *p, const uint8_t *d, const float *h, float wt, float *yt) {
+    constexpr int E = TM_MOE_FAST_E;
+    for (int64_t r0 = 0; r0 < p->n_embd; r0 += E) {
+        const uint8_t *rp[E];
+        for (int i = 0; i < E; i++) rp[i] = d + (r0 + i < p->n_embd ? r0 + i : p->n_embd - 1) * p->down.row_bytes;
+        float o[E][1];
+        fast_rows<TYPE, 1, E>(rp, p->n_ff, h, p->n_ff, 1, 1, o);
+        for (int i = 0; i < E; i++) if (r0 + i < p->n_embd) yt[r0 + i] += wt * o[i][0];
+    }
+}
+#define MOCK_FAST_SWITCH(type, F, ...) \
+    switch (type) { case TM_TYPE_Q4_K: F<TM_TYPE_Q4_K>(__VA_ARGS__); break; case TM_TYPE_Q8_0: F<TM_TYPE_Q8_0>(__VA_ARGS__); break; \
+    case TM_TYPE_F32: F<TM_TYPE_F32>(__VA_ARGS__); break; case TM_TYPE_F16: F<TM_TYPE_F16>(__VA_ARGS__); break; default: F<TM_TYPE_BF16>(__VA_ARGS__); break; }
+extern "C" {
 tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const float *x, int64_t n_tok, float *y, tm_cuda_stream) {
     if (rows <= 0 || n_tok < 1 || n_tok > 8) return tm_error_set(TM_ERR_ARG, "mock mmvq args");
     bool v16; tm_status st = tm_mmvq_check("cuda_mmvq", type, w, row_bytes, k, x, &v16); if (st) return st;
     if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
+    if (tm_fast_ok(type, (uintptr_t)w | row_bytes, k)) { MOCK_FAST_SWITCH(type, fast_mmvq_nt, (const uint8_t *)w, row_bytes, rows, k, x, (int)n_tok, y); return TM_OK; }
     for (int64_t r = 0; r < rows; r++) { float o[8]; row_dot(type, (const uint8_t *)w + r * row_bytes, k, v16, x, k, (int)n_tok, o); for (int t = 0; t < n_tok; t++) y[t * rows + r] = o[t]; }
     return TM_OK;
 }
@@ -63,10 +123,12 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     if ((st = tm_mmvq_check("u", p->up.type, p->up.data, p->up.row_bytes, p->n_embd, x, &b))) return st;
     if ((st = tm_mmvq_check("d", p->down.type, p->down.data, p->down.row_bytes, p->n_ff, h, &c))) return st;
     if (fast()) return TM_OK;
+    const bool fgu = tm_moe_fast_gate_up(p), fd = tm_moe_fast_matrix(&p->down, p->n_ff);
     for (int64_t i = 0; i < n; i++) {
         tm_cuda_moe_item it = items[i];
         bool ok = it.slot >= 0 && it.slot < p->n_slots && it.token >= 0 && it.token < n_tok;
-        for (int64_t r = 0; r < p->n_ff; r++) {
+        if (ok && fgu) MOCK_FAST_SWITCH(p->gate.type, fast_gate_up, p, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride, (const uint8_t *)p->up.data + it.slot * p->up.expert_stride, x + it.token * p->n_embd, h + i * p->n_ff)
+        for (int64_t r = 0; r < p->n_ff && !(ok && fgu); r++) {
             if (!ok) { h[i * p->n_ff + r] = 0; continue; }
             float g, u;
             row_dot(p->gate.type, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride + r * p->gate.row_bytes, p->n_embd, a, x + it.token * p->n_embd, p->n_embd, 1, &g);
@@ -74,6 +136,7 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
             h[i * p->n_ff + r] = g / (1.0f + expf(-g)) * u;
         }
         if (!ok) continue;
+        if (fd) { MOCK_FAST_SWITCH(p->down.type, fast_down, p, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride, h + i * p->n_ff, it.weight, y + it.token * p->n_embd); continue; }
         for (int64_t r = 0; r < p->n_embd; r++) {
             float o;
             row_dot(p->down.type, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride + r * p->down.row_bytes, p->n_ff, c, h + i * p->n_ff, p->n_ff, 1, &o);

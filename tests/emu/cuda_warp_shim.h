@@ -49,6 +49,14 @@ static inline float __uint_as_float(unsigned u) {
     memcpy(&f, &u, 4);
     return f;
 }
+/* PRMT: byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {y:x} */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
 static std::mutex g_atomic;
 static inline float atomicAdd(float *p, float v) {
     std::lock_guard<std::mutex> g(g_atomic);
