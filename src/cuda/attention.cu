@@ -1,0 +1,453 @@
+/* Attention of one layer on the GPU: the Q/K preparation (QK-norm, NeoX RoPE,
+ * KV-cache store) and causal grouped-query attention, both reading the batch
+ * position from device memory (*pos0) so a captured decode graph replays at
+ * the next position. Same math as the CPU path (src/cpu/cpu_ops.c:
+ * cpu_rmsnorm, cpu_rope_table + cpu_rope_neox_table, cpu_store_kv,
+ * cpu_attention), in float32 with float accumulation.
+ *
+ * cuda_attn_prepare: one block of 128 threads per (token, head slot); slots
+ * are the n_head query heads, then the n_head_kv key heads, then the
+ * n_head_kv value heads. Thread i < head_dim/2 owns the RoPE pair (i, i + d/2).
+ *
+ * cuda_attention: one kernel for prompts and decode. A block (4 warps) owns
+ * one KV head g, a block of query rows of that group (row r = t*G + hh is
+ * token t, head g*G + hh; each warp owns RW consecutive rows) and a key range.
+ * It walks the range in tiles of 32 keys, staged in shared memory as float
+ * (K, V [32][ds], Q [4*RW][ds], ds = padded head_dim so the per-lane float4
+ * reads of K rows hit distinct banks): lane j scores key j for the warp's
+ * rows, the warp updates its rows' online softmax (max, sum, accumulator;
+ * lane owns dims lane + 32c), then accumulates P·V with p broadcast by
+ * shuffle. Keys past a row's causal limit score -inf.
+ *   prompt (n_tok > 8): one key range per block (all keys), out written.
+ *   decode (n_tok <= 8): the keys are split over n_split blocks (fixed at
+ *     launch from n_kv_max, so enough blocks fill the GPU); the split length
+ *     is computed on the device from the real KV length (a multiple of 32),
+ *     splits past it exit at once. Each block writes per row a record
+ *     (max, sum, acc[head_dim]) to scratch
+ *     [n_split][n_tok * n_head][head_dim + 2]; a combine kernel (one warp per
+ *     row) merges the used records with an exact log-sum-exp rescale. */
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda/cuda_common.cuh"
+
+#define TM_ATTN_WARPS        4
+#define TM_ATTN_THREADS      (TM_ATTN_WARPS * TM_CUDA_WARP)
+#define TM_ATTN_TK           32  /* keys per tile: one per lane */
+#define TM_ATTN_MAX_DIM      256 /* head_dim limit: 8 dims per lane */
+#define TM_ATTN_NC           (TM_ATTN_MAX_DIM / TM_CUDA_WARP)
+#define TM_ATTN_SPLIT_TOK    8 /* n_tok up to this: split the keys (decode) */
+#define TM_ATTN_MAX_SPLITS   256
+#define TM_ATTN_TARGET_BLKS  264 /* about 2 blocks per SM of an H100 (132 SMs) */
+#define TM_ATTN_SMEM_DEFAULT (48 * 1024)
+
+/* Everything a launch fixes; passed by value (frozen in a captured graph). */
+typedef struct tm_attn_args {
+    const float *q;
+    const void *k, *v;
+    const int32_t *pos0;
+    float *out, *rec;
+    int32_t n_head, n_head_kv, group, d, dp, ds;
+    int64_t n_tok, n_kv_max, n_ctx;
+    int32_t n_split, f16, vec;
+    float scale;
+} tm_attn_args;
+
+/* Keys the batch sees: *pos0 + n_tok, kept within what the launch was sized for. */
+static __device__ __forceinline__ int64_t tm_attn_n_kv(const tm_attn_args &a) {
+    int64_t n = (int64_t)*a.pos0 + a.n_tok;
+    const int64_t cap = a.n_kv_max < a.n_ctx ? a.n_kv_max : a.n_ctx;
+    return n < 0 ? 0 : n > cap ? cap : n;
+}
+
+/* Keys per split: the real length over n_split, rounded up to whole tiles. */
+static __device__ __forceinline__ int64_t tm_attn_chunk(int64_t n_kv, int32_t n_split) {
+    int64_t c = (n_kv + n_split - 1) / n_split;
+    c = (c + TM_ATTN_TK - 1) / TM_ATTN_TK * TM_ATTN_TK;
+    return c > 0 ? c : TM_ATTN_TK;
+}
+
+/* Stage keys [base, base + 32) of head g into a [32][ds] float tile; rows at
+ * or past k_hi are zero (never read from the cache). Dims >= d are untouched. */
+static __device__ __forceinline__ void tm_attn_load_tile(const tm_attn_args &a, const void *src,
+                                                         float *tile, int g, int64_t base,
+                                                         int64_t k_hi) {
+    const int d = a.d;
+    const int64_t row_elems = (int64_t)a.n_head_kv * d;
+    if (a.vec && a.f16) { /* 16-byte loads of 8 halves */
+        const int per_row = d / 8;
+        for (int idx = threadIdx.x; idx < TM_ATTN_TK * per_row; idx += TM_ATTN_THREADS) {
+            const int j = idx / per_row, c = idx % per_row;
+            const int64_t kp = base + j;
+            float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+            if (kp < k_hi) {
+                const uint4 raw =
+                    *((const uint4 *)((const __half *)src + kp * row_elems + (int64_t)g * d) + c);
+                const __half2 *h2 = (const __half2 *)&raw;
+                const float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]);
+                const float2 f2 = __half22float2(h2[2]), f3 = __half22float2(h2[3]);
+                lo = make_float4(f0.x, f0.y, f1.x, f1.y);
+                hi = make_float4(f2.x, f2.y, f3.x, f3.y);
+            }
+            float4 *dst = (float4 *)(tile + j * a.ds + c * 8);
+            dst[0] = lo;
+            dst[1] = hi;
+        }
+    } else if (a.vec) { /* 16-byte loads of 4 floats */
+        const int per_row = d / 4;
+        for (int idx = threadIdx.x; idx < TM_ATTN_TK * per_row; idx += TM_ATTN_THREADS) {
+            const int j = idx / per_row, c = idx % per_row;
+            const int64_t kp = base + j;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (kp < k_hi)
+                x = *((const float4 *)((const float *)src + kp * row_elems + (int64_t)g * d) + c);
+            *(float4 *)(tile + j * a.ds + c * 4) = x;
+        }
+    } else { /* any even head_dim or unaligned cache: one value per thread */
+        for (int idx = threadIdx.x; idx < TM_ATTN_TK * d; idx += TM_ATTN_THREADS) {
+            const int j = idx / d, i = idx % d;
+            const int64_t kp = base + j, off = kp * row_elems + (int64_t)g * d + i;
+            float x = 0.f;
+            if (kp < k_hi)
+                x = a.f16 ? __half2float(((const __half *)src)[off]) : ((const float *)src)[off];
+            tile[j * a.ds + i] = x;
+        }
+    }
+}
+
+template <int RW>
+__global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a) {
+    extern __shared__ float4 tm_attn_smem4[];
+    float *sK = (float *)tm_attn_smem4, *sV = sK + TM_ATTN_TK * a.ds,
+          *sQ = sV + TM_ATTN_TK * a.ds; /* sQ: [TM_ATTN_WARPS * RW][ds] */
+    const int split = blockIdx.x, g = blockIdx.y;
+    const int warp = threadIdx.x / TM_CUDA_WARP, lane = threadIdx.x % TM_CUDA_WARP;
+    const int d = a.d, G = a.group;
+    const int64_t pos0 = *a.pos0, n_kv = tm_attn_n_kv(a);
+
+    int64_t k_lo = 0, k_hi = n_kv;
+    if (a.n_split > 1) {
+        const int64_t chunk = tm_attn_chunk(n_kv, a.n_split);
+        k_lo = split * chunk;
+        if (k_lo >= n_kv) return; /* the whole block: past the real length */
+        k_hi = k_lo + chunk < n_kv ? k_lo + chunk : n_kv;
+    }
+    const int64_t rows = (int64_t)G * a.n_tok, r0 = (int64_t)blockIdx.z * TM_ATTN_WARPS * RW;
+    const int64_t r_end = r0 + TM_ATTN_WARPS * RW < rows ? r0 + TM_ATTN_WARPS * RW : rows;
+    /* no row of this block sees past its last token's position */
+    const int64_t causal_hi = pos0 + (r_end - 1) / G + 1;
+    if (causal_hi < k_hi) k_hi = causal_hi;
+
+    /* Q rows (zero past the real rows and in the pad dims) and the K pad dims */
+    for (int idx = threadIdx.x; idx < TM_ATTN_WARPS * RW * a.dp; idx += TM_ATTN_THREADS) {
+        const int rr = idx / a.dp, i = idx % a.dp;
+        const int64_t r = r0 + rr;
+        float x = 0.f;
+        if (r < rows && i < d) x = a.q[((r / G) * a.n_head + (int64_t)g * G + r % G) * d + i];
+        sQ[rr * a.ds + i] = x;
+    }
+    for (int idx = threadIdx.x; idx < TM_ATTN_TK * (a.dp - d); idx += TM_ATTN_THREADS)
+        sK[(idx / (a.dp - d)) * a.ds + d + idx % (a.dp - d)] = 0.f;
+
+    int64_t lim[RW]; /* last key each of the warp's rows sees; -1 for no row */
+    float m[RW], lsum[RW], acc[RW][TM_ATTN_NC];
+#pragma unroll
+    for (int rr = 0; rr < RW; rr++) {
+        const int64_t r = r0 + warp * RW + rr;
+        lim[rr] = r < rows ? pos0 + r / G : -1;
+        m[rr] = -INFINITY;
+        lsum[rr] = 0.f;
+#pragma unroll
+        for (int c = 0; c < TM_ATTN_NC; c++) acc[rr][c] = 0.f;
+    }
+
+    /* block-uniform trip count: every thread reaches every barrier */
+    for (int64_t base = k_lo; base < k_hi; base += TM_ATTN_TK) {
+        __syncthreads(); /* the previous tile is consumed; Q and pads are stored */
+        tm_attn_load_tile(a, a.k, sK, g, base, k_hi);
+        tm_attn_load_tile(a, a.v, sV, g, base, k_hi);
+        __syncthreads();
+
+        /* scores: lane = key */
+        float s[RW];
+#pragma unroll
+        for (int rr = 0; rr < RW; rr++) s[rr] = 0.f;
+        const float *kr = sK + lane * a.ds;
+        for (int i = 0; i < a.dp; i += 4) {
+            const float4 k4 = *(const float4 *)(kr + i);
+#pragma unroll
+            for (int rr = 0; rr < RW; rr++) {
+                const float4 q4 = *(const float4 *)(sQ + (warp * RW + rr) * a.ds + i);
+                s[rr] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+            }
+        }
+        const int64_t kp = base + lane;
+        const int nv = k_hi - base < TM_ATTN_TK ? (int)(k_hi - base) : TM_ATTN_TK;
+#pragma unroll
+        for (int rr = 0; rr < RW; rr++) {
+            const float sc = kp < k_hi && kp <= lim[rr] ? s[rr] * a.scale : -INFINITY;
+            const float m_new = fmaxf(m[rr], tm_warp_max(sc)); /* warp-uniform */
+            /* -inf - -inf would be NaN: a row with no key yet has nothing to rescale */
+            const float alpha = m[rr] == -INFINITY ? 0.f : expf(m[rr] - m_new);
+            s[rr] = sc == -INFINITY ? 0.f : expf(sc - m_new); /* now p */
+            lsum[rr] = lsum[rr] * alpha + s[rr];
+            m[rr] = m_new;
+#pragma unroll
+            for (int c = 0; c < TM_ATTN_NC; c++) acc[rr][c] *= alpha;
+        }
+        /* P·V: key j's weight from lane j; lane owns dims lane + 32c */
+        for (int j = 0; j < nv; j++) {
+            const float *vr = sV + j * a.ds;
+#pragma unroll
+            for (int rr = 0; rr < RW; rr++) {
+                const float p = __shfl_sync(0xffffffffu, s[rr], j);
+#pragma unroll
+                for (int c = 0; c < TM_ATTN_NC; c++)
+                    if (c * TM_CUDA_WARP + lane < d) acc[rr][c] += p * vr[c * TM_CUDA_WARP + lane];
+            }
+        }
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < RW; rr++) {
+        const int64_t r = r0 + warp * RW + rr;
+        if (r >= rows) break; /* warp-uniform */
+        const float l = tm_warp_sum(lsum[rr]);
+        const int64_t orow = (r / G) * a.n_head + (int64_t)g * G + r % G; /* t * n_head + h */
+        if (a.n_split == 1) {
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            float *o = a.out + orow * d;
+#pragma unroll
+            for (int c = 0; c < TM_ATTN_NC; c++)
+                if (c * TM_CUDA_WARP + lane < d) o[c * TM_CUDA_WARP + lane] = acc[rr][c] * inv;
+        } else {
+            float *rec = a.rec + ((int64_t)split * a.n_tok * a.n_head + orow) * (d + 2);
+            if (lane == 0) rec[0] = m[rr], rec[1] = l;
+#pragma unroll
+            for (int c = 0; c < TM_ATTN_NC; c++)
+                if (c * TM_CUDA_WARP + lane < d) rec[2 + c * TM_CUDA_WARP + lane] = acc[rr][c];
+        }
+    }
+}
+
+/* One warp per output row (t * n_head + h): merge the splits' records. */
+__global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_attn_args a) {
+    const int lane = threadIdx.x % TM_CUDA_WARP, d = a.d;
+    const int64_t row = (int64_t)blockIdx.x * TM_ATTN_WARPS + threadIdx.x / TM_CUDA_WARP;
+    if (row >= a.n_tok * a.n_head) return; /* whole warp */
+    const int64_t n_kv = tm_attn_n_kv(a), chunk = tm_attn_chunk(n_kv, a.n_split);
+    int64_t n_used = (n_kv + chunk - 1) / chunk;
+    if (n_used > a.n_split) n_used = a.n_split;
+    const int64_t stride = a.n_tok * a.n_head * (d + 2);
+    const float *rec = a.rec + row * (d + 2);
+    float mx = -INFINITY;
+    for (int64_t sp = lane; sp < n_used; sp += TM_CUDA_WARP) mx = fmaxf(mx, rec[sp * stride]);
+    mx = tm_warp_max(mx);
+    float l = 0.f, acc[TM_ATTN_NC];
+#pragma unroll
+    for (int c = 0; c < TM_ATTN_NC; c++) acc[c] = 0.f;
+    for (int64_t sp = 0; sp < n_used; sp++) {
+        const float *r = rec + sp * stride;
+        const float ms = r[0];
+        const float w = ms == -INFINITY ? 0.f : expf(ms - mx); /* a split no row key reached */
+        l += w * r[1];
+#pragma unroll
+        for (int c = 0; c < TM_ATTN_NC; c++)
+            if (c * TM_CUDA_WARP + lane < d) acc[c] += w * r[2 + c * TM_CUDA_WARP + lane];
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float *o = a.out + row * d;
+#pragma unroll
+    for (int c = 0; c < TM_ATTN_NC; c++)
+        if (c * TM_CUDA_WARP + lane < d) o[c * TM_CUDA_WARP + lane] = acc[c] * inv;
+}
+
+/* Thread i < d/2 owns the pair (i, i + d/2) of one head of one token. */
+__global__ void __launch_bounds__(TM_ATTN_THREADS)
+    tm_attn_prepare_kernel(tm_cuda_attn_params p, float *q, const float *k, const float *v,
+                           const float *q_norm, const float *k_norm, const int32_t *pos0,
+                           void *k_cache, void *v_cache) {
+    __shared__ float part[TM_ATTN_WARPS];
+    const int64_t t = blockIdx.x;
+    const int slot = blockIdx.y, d = p.head_dim, half = d / 2, i = threadIdx.x;
+    const int64_t pos = (int64_t)*pos0 + t, kvw = (int64_t)p.n_head_kv * d;
+    const bool store = pos >= 0 && pos < p.n_ctx; /* never write outside the cache */
+    const bool f16 = p.kv_type == TM_TYPE_F16;
+
+    if (slot >= p.n_head + p.n_head_kv) { /* a value head: convert and store */
+        if (!store) return;               /* the whole block */
+        const int64_t hv = slot - p.n_head - p.n_head_kv;
+        const float *src = v + t * kvw + hv * d;
+        const int64_t off = pos * kvw + hv * d;
+        for (int j = i; j < d; j += TM_ATTN_THREADS) {
+            if (f16)
+                ((__half *)v_cache)[off + j] = __float2half_rn(src[j]);
+            else
+                ((float *)v_cache)[off + j] = src[j];
+        }
+        return;
+    }
+    const bool is_q = slot < p.n_head;
+    const int64_t hk = slot - p.n_head;
+    const float *src = is_q ? q + (t * p.n_head + slot) * d : k + t * kvw + hk * d;
+    const float *w = is_q ? q_norm : k_norm;
+    float x0 = 0.f, x1 = 0.f;
+    if (i < half) x0 = src[i], x1 = src[i + half];
+    if (w) { /* block-uniform: every thread reaches the barrier */
+        const float ss = tm_warp_sum(x0 * x0 + x1 * x1);
+        if (i % TM_CUDA_WARP == 0) part[i / TM_CUDA_WARP] = ss;
+        __syncthreads();
+        float tot = 0.f;
+#pragma unroll
+        for (int j = 0; j < TM_ATTN_WARPS; j++) tot += part[j];
+        const float scale = 1.0f / sqrtf(tot / (float)d + p.rms_eps);
+        if (i < half) x0 = x0 * scale * w[i], x1 = x1 * scale * w[i + half];
+    }
+    if (i >= half) return;
+    /* angles in double, as cpu_rope_table */
+    const double theta = (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)d);
+    const float c = (float)cos(theta), s = (float)sin(theta);
+    const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+    if (is_q) { /* in place: this thread read exactly these two values */
+        q[(t * p.n_head + slot) * d + i] = y0;
+        q[(t * p.n_head + slot) * d + i + half] = y1;
+    } else if (store) {
+        const int64_t off = pos * kvw + hk * d + i;
+        if (f16) {
+            ((__half *)k_cache)[off] = __float2half_rn(y0);
+            ((__half *)k_cache)[off + half] = __float2half_rn(y1);
+        } else {
+            ((float *)k_cache)[off] = y0;
+            ((float *)k_cache)[off + half] = y1;
+        }
+    }
+}
+
+/* ---- launchers ---- */
+
+/* The shape contract shared by both ops. */
+static tm_status tm_attn_check(const char *op, const tm_cuda_attn_params *p, int64_t n_tok) {
+    if (!p) return tm_error_set(TM_ERR_ARG, "%s: no params", op);
+    if (p->n_head < 1 || p->n_head_kv < 1 || p->n_head % p->n_head_kv ||
+        p->n_head + 2 * (int64_t)p->n_head_kv > 65535 || p->head_dim < 2 ||
+        p->head_dim > TM_ATTN_MAX_DIM || (p->head_dim & 1) || p->n_ctx < 1 ||
+        p->n_ctx > 0x7fffffffLL || (p->kv_type != TM_TYPE_F16 && p->kv_type != TM_TYPE_F32) ||
+        n_tok < 0 || n_tok > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: %d heads / %d kv heads of %d, n_ctx %lld, kv type %d, n_tok %lld "
+                            "(want n_head %% n_head_kv == 0, head_dim even <= %d, kv f16 or f32)",
+                            op, p->n_head, p->n_head_kv, p->head_dim, (long long)p->n_ctx,
+                            (int)p->kv_type, (long long)n_tok, TM_ATTN_MAX_DIM);
+    return TM_OK;
+}
+
+extern "C" tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k,
+                                       const float *v, const float *q_norm, const float *k_norm,
+                                       const int32_t *pos0, int64_t n_tok, void *k_cache,
+                                       void *v_cache, tm_cuda_stream stream) {
+    tm_status st = tm_attn_check("cuda_attn_prepare", p, n_tok);
+    if (st) return st;
+    if (n_tok == 0) return TM_OK;
+    if (!q || !k || !v || !pos0 || !k_cache || !v_cache)
+        return tm_error_set(TM_ERR_ARG, "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer");
+    const dim3 grid((unsigned)n_tok, (unsigned)(p->n_head + 2 * p->n_head_kv));
+    tm_attn_prepare_kernel<<<grid, TM_ATTN_THREADS, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0,
+                                                                 k_cache, v_cache);
+    return tm_cuda_launch_check("cuda_attn_prepare", n_tok, p->n_head, p->head_dim);
+}
+
+typedef struct tm_attn_plan {
+    int rw;                  /* query rows per warp: 1, 2 or 4 */
+    int64_t row_blocks;      /* blocks of TM_ATTN_WARPS * rw rows per KV head */
+    int32_t n_split, dp, ds; /* key splits; head_dim padded to 4; smem row stride */
+    size_t smem;             /* dynamic shared memory bytes */
+} tm_attn_plan;
+
+/* Launch shape from host-known sizes only (the same for a graph's every replay). */
+static tm_attn_plan tm_attn_plan_make(const tm_cuda_attn_params *p, int64_t n_tok,
+                                      int64_t n_kv_max) {
+    tm_attn_plan pl;
+    const int64_t rows = (int64_t)(p->n_head / p->n_head_kv) * n_tok;
+    pl.rw = rows <= TM_ATTN_WARPS ? 1 : rows <= 2 * TM_ATTN_WARPS ? 2 : 4;
+    pl.row_blocks = (rows + TM_ATTN_WARPS * pl.rw - 1) / (TM_ATTN_WARPS * pl.rw);
+    pl.n_split = 1;
+    if (n_tok <= TM_ATTN_SPLIT_TOK) {
+        const int64_t blocks = p->n_head_kv * pl.row_blocks;
+        int64_t want = (TM_ATTN_TARGET_BLKS + blocks - 1) / blocks;
+        const int64_t tiles = (n_kv_max + TM_ATTN_TK - 1) / TM_ATTN_TK;
+        if (want > tiles) want = tiles;
+        if (want > TM_ATTN_MAX_SPLITS) want = TM_ATTN_MAX_SPLITS;
+        pl.n_split = want > 1 ? (int32_t)want : 1;
+    }
+    pl.dp = (p->head_dim + 3) & ~3;
+    pl.ds = 4 * ((pl.dp / 4) | 1); /* an odd number of float4s: conflict-free row reads */
+    pl.smem = (size_t)(2 * TM_ATTN_TK + TM_ATTN_WARPS * pl.rw) * pl.ds * sizeof(float);
+    return pl;
+}
+
+extern "C" int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
+                                                 int64_t n_kv_max) {
+    if (tm_attn_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 || n_kv_max < 1)
+        return 0;
+    const tm_attn_plan pl = tm_attn_plan_make(p, n_tok, n_kv_max);
+    return pl.n_split > 1 ? (int64_t)pl.n_split * n_tok * p->n_head * (p->head_dim + 2) : 0;
+}
+
+template <int RW>
+static tm_status tm_attn_launch(const tm_attn_plan &pl, const tm_attn_args &a,
+                                tm_cuda_stream stream) {
+    if (pl.smem > TM_ATTN_SMEM_DEFAULT) /* head_dim > ~180: opt in to the larger carve-out */
+        TM_CUDA_TRY(cudaFuncSetAttribute(
+            tm_attn_kernel<RW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+    const dim3 grid((unsigned)pl.n_split, (unsigned)a.n_head_kv, (unsigned)pl.row_blocks);
+    tm_attn_kernel<RW><<<grid, TM_ATTN_THREADS, pl.smem, stream>>>(a);
+    return TM_OK;
+}
+
+extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q,
+                                    const void *k_cache, const void *v_cache, const int32_t *pos0,
+                                    int64_t n_tok, int64_t n_kv_max, float *out, float *scratch,
+                                    tm_cuda_stream stream) {
+    tm_status st = tm_attn_check("cuda_attention", p, n_tok);
+    if (st) return st;
+    if (n_tok == 0) return TM_OK;
+    if (n_kv_max < n_tok || n_kv_max > p->n_ctx)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_attention: n_kv_max %lld (want n_tok %lld <= n_kv_max <= n_ctx "
+                            "%lld)",
+                            (long long)n_kv_max, (long long)n_tok, (long long)p->n_ctx);
+    if (!q || !k_cache || !v_cache || !pos0 || !out)
+        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer");
+    const tm_attn_plan pl = tm_attn_plan_make(p, n_tok, n_kv_max);
+    if (pl.row_blocks > 65535)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_attention: %lld tokens x %d heads per group: too many",
+                            (long long)n_tok, p->n_head / p->n_head_kv);
+    if (pl.n_split > 1 && !scratch)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_attention: n_tok %lld, n_kv_max %lld need %lld "
+                            "scratch floats, got NULL",
+                            (long long)n_tok, (long long)n_kv_max,
+                            (long long)cuda_attention_scratch_floats(p, n_tok, n_kv_max));
+    tm_attn_args a;
+    a.q = q, a.k = k_cache, a.v = v_cache, a.pos0 = pos0, a.out = out, a.rec = scratch;
+    a.n_head = p->n_head, a.n_head_kv = p->n_head_kv, a.group = p->n_head / p->n_head_kv;
+    a.d = p->head_dim, a.dp = pl.dp, a.ds = pl.ds;
+    a.n_tok = n_tok, a.n_kv_max = n_kv_max, a.n_ctx = p->n_ctx;
+    a.n_split = pl.n_split, a.f16 = p->kv_type == TM_TYPE_F16, a.scale = p->scale;
+    /* 16-byte loads need whole vectors per head row and aligned cache bases */
+    a.vec = p->head_dim % (a.f16 ? 8 : 4) == 0 && ((uintptr_t)k_cache % 16) == 0 &&
+            ((uintptr_t)v_cache % 16) == 0;
+    st = pl.rw == 1   ? tm_attn_launch<1>(pl, a, stream)
+         : pl.rw == 2 ? tm_attn_launch<2>(pl, a, stream)
+                      : tm_attn_launch<4>(pl, a, stream);
+    if (st) return st;
+    if ((st = tm_cuda_launch_check("cuda_attention", n_tok, p->n_head, n_kv_max))) return st;
+    if (pl.n_split > 1) {
+        const int64_t rows = n_tok * p->n_head;
+        tm_attn_combine_kernel<<<(unsigned)((rows + TM_ATTN_WARPS - 1) / TM_ATTN_WARPS),
+                                 TM_ATTN_THREADS, 0, stream>>>(a);
+        return tm_cuda_launch_check("cuda_attention combine", n_tok, p->n_head, pl.n_split);
+    }
+    return TM_OK;
+}
