@@ -1,0 +1,109 @@
+/* Dense prompt-size products on tensor cores, and the cuBLAS handle.
+ *
+ * cuda_gemm: y [n_tok][rows] = W [rows][k] . x [n_tok][k]^T, any n_tok >= 1.
+ *   1. x -> f16 into scratch (round to nearest even);
+ *   2. for each chunk of at most TM_GEMM_CHUNK_BYTES of f16 weights
+ *      (chunk_rows rows, a multiple of 64 unless the matrix is smaller):
+ *      dequantize rows r0 .. r0+rc to f16 into scratch (dequant.cu), then one
+ *      cublasGemmEx writes y[.][r0 .. r0+rc):
+ *        C = y + r0 (column-major rc x n_tok, ldc = rows: column t is y[t])
+ *        A = W chunk (column-major k x rc, lda = k), op T
+ *        B = x f16   (column-major k x n_tok, ldb = k), op N
+ *      f16 inputs, CUBLAS_COMPUTE_32F, f32 output.
+ * The chunks share one weight buffer: stream order serialises each chunk's
+ * dequantization after the previous chunk's product.
+ *
+ * Scratch (cuda_gemm_scratch_bytes): [x f16: n_tok*k][pad to 256][W f16:
+ * chunk_rows*k]. The output head of Qwen3 (151936 x 2048) takes 10 chunks of
+ * 16384 rows, 64 MiB of weights each. */
+#include "cuda/dequant.cuh"
+#include "cuda/gemm.cuh"
+
+#include <stdlib.h>
+
+#define TM_GEMM_CHUNK_BYTES ((size_t)64 << 20)
+
+static size_t tm_align256(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+/* Rows per chunk: as many as fit TM_GEMM_CHUNK_BYTES of f16, a multiple of 64
+ * (keeps y + r0 and the tiles aligned), at least 1, at most rows. */
+static int64_t tm_gemm_chunk_rows(int64_t rows, int64_t k) {
+    int64_t c = (int64_t)(TM_GEMM_CHUNK_BYTES / ((size_t)k * 2));
+    if (c >= 64) c &= ~(int64_t)63;
+    if (c < 1) c = 1;
+    return c < rows ? c : rows;
+}
+
+extern "C" tm_status cuda_blas_create(tm_cuda_device *dev, tm_cuda_blas **out) {
+    *out = NULL;
+    TM_CUDA_TRY(cudaSetDevice(cuda_device_info(dev)->index));
+    tm_cuda_blas *b = (tm_cuda_blas *)calloc(1, sizeof(*b));
+    if (!b) return tm_error_set(TM_ERR_NOMEM, "cuda_blas_create: out of host memory");
+    cublasStatus_t s = cublasCreate(&b->handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        free(b);
+        return tm_error_set(TM_ERR_DEVICE, "cuda_blas_create: cublasCreate failed: %s (%d)",
+                            cublasGetStatusString(s), (int)s);
+    }
+    cudaError_t e = cudaMalloc(&b->workspace, TM_BLAS_WORKSPACE_BYTES);
+    if (e != cudaSuccess) {
+        cublasDestroy(b->handle);
+        free(b);
+        return tm_error_set(TM_ERR_DEVICE,
+                            "cuda_blas_create: cannot allocate the %zu MiB cuBLAS workspace: %s",
+                            TM_BLAS_WORKSPACE_BYTES >> 20, cudaGetErrorString(e));
+    }
+    tm_status st = tm_blas_bind("cuda_blas_create", b, cuda_device_stream(dev));
+    if (st != TM_OK) {
+        cuda_blas_free(b);
+        return st;
+    }
+    *out = b;
+    return TM_OK;
+}
+
+extern "C" void cuda_blas_free(tm_cuda_blas *b) {
+    if (!b) return;
+    if (b->handle) cublasDestroy(b->handle);
+    if (b->workspace) cudaFree(b->workspace);
+    free(b);
+}
+
+extern "C" size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok) {
+    if (rows <= 0 || k <= 0 || n_tok <= 0) return 0;
+    return tm_align256((size_t)n_tok * k * 2) + (size_t)tm_gemm_chunk_rows(rows, k) * k * 2;
+}
+
+extern "C" tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes,
+                               int64_t rows, int64_t k, const float *x, int64_t n_tok, float *y,
+                               void *scratch, tm_cuda_stream stream) {
+    static const char op[] = "cuda_gemm";
+    if (!b || rows <= 0 || n_tok <= 0 || rows > 0x7fffffffLL || n_tok > 0x7fffffffLL ||
+        k > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: rows %lld, k %lld, n_tok %lld (want 1..2^31-1 each and a handle)",
+                            op, (long long)rows, (long long)k, (long long)n_tok);
+    tm_status st = tm_dequant_check(op, type, w, row_bytes, k);
+    if (st != TM_OK) return st;
+    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 15))
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: x and y must be float-aligned, scratch 16-byte aligned", op);
+    __half *xh = (__half *)scratch;
+    __half *wh = (__half *)((char *)scratch + tm_align256((size_t)n_tok * k * 2));
+    const int64_t chunk = tm_gemm_chunk_rows(rows, k);
+    if ((st = tm_blas_bind(op, b, stream)) != TM_OK) return st;
+    if ((st = tm_f32_to_f16_run(op, x, n_tok * k, xh, stream)) != TM_OK) return st;
+    const uint8_t *wb = (const uint8_t *)w;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t rc = rows - r0 < chunk ? rows - r0 : chunk;
+        st = tm_dequant_f16_run(op, type, wb + (size_t)r0 * row_bytes, row_bytes, rc, k, 0, NULL, 1,
+                                wh, 0, stream);
+        if (st != TM_OK) return st;
+        /* y^T[r0..r0+rc) = (W chunk)^T-as-stored . x^T: see gemm.cuh */
+        st = tm_blas_gemm_tn(op, b, rc, n_tok, k, wh, k, 0, xh, k, 0, y + r0, rows, 0, 1);
+        if (st != TM_OK) return st;
+    }
+    return TM_OK;
+}

@@ -1,0 +1,297 @@
+/* Grouped experts for prompt batches on tensor cores (cuda_moe_grouped_gemm):
+ * the work list is expert-major and its groups are known on the host.
+ *
+ * Host: valid groups (slot in range, at least one item) are sorted by their
+ * padded size P = round_up(items, TM_MOE_GEMM_PAD) and laid out one after the
+ * other in "rows" (row0 = prefix sum of P). One upload carries the sorted
+ * slots and the row map (row -> item index, -1 for padding rows).
+ *
+ * Device, for all groups (launch counts per layer in brackets):
+ *   gather   [1]  xg[row] = f16(x[item.token]); padding/skipped items: zeros
+ *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
+ *   (Qwen3-30B-A3B: 9 MiB an expert, 71 per chunk):
+ *     dequant  [3]  gate and up into wgu[g] = [gate rows; up rows] (2 n_ff x
+ *                   n_embd), down into wd[g] (n_embd x n_ff), one launch per
+ *                   matrix over all groups of the chunk
+ *     gate/up  [1 per distinct P]  cublasGemmStridedBatchedEx over the groups
+ *                   of equal P (consecutive after the sort):
+ *                   C = gu + row0*2n_ff  (2n_ff x P, ldc 2n_ff: gu row-major [row][2n_ff])
+ *                   A = wgu[g]           (n_embd x 2n_ff, lda n_embd), op T
+ *                   B = xg + row0*n_embd (n_embd x P, ldb n_embd), op N
+ *                   strides: A 2 n_ff n_embd, B P n_embd, C P 2n_ff
+ *     swiglu   [1]  h[row][f] = f16(silu(g) * u), g = gu[row][f], u = gu[row][n_ff+f]
+ *     down     [1 per distinct P]  C = dd + row0*n_embd (n_embd x P, ldc n_embd),
+ *                   A = wd[g] (n_ff x n_embd, lda n_ff) op T, B = h + row0*n_ff
+ *                   (n_ff x P, ldb n_ff) op N; strides n_embd n_ff, P n_ff, P n_embd
+ *   scatter  [1]  y[token] += weight * dd[row] (atomicAdd: a token has k items)
+ * f16 inputs, f32 accumulation and outputs (CUBLAS_COMPUTE_32F).
+ *
+ * Scratch (cuda_moe_grouped_gemm_scratch_bytes), each part 256-aligned, with
+ * R = n_items + (TM_MOE_GEMM_PAD - 1) n_groups rows at most and G groups per
+ * chunk: map int32 [n_groups + R] | xg f16 [R][n_embd] | gu f32 [R][2 n_ff] |
+ * h f16 [R][n_ff] | dd f32 [R][n_embd] | wgu f16 [G][2 n_ff][n_embd] |
+ * wd f16 [G][n_embd][n_ff].
+ *
+ * Cost: the f16 weights of every used expert are written and read once
+ * (3 x 2 x n_ff x n_embd bytes each, 1.2 GB a layer for 128 Qwen3 experts):
+ * this is the simple path; a kernel dequantizing tiles in shared memory would
+ * not write them at all. The upload is a pageable host copy, so this op
+ * cannot be captured in a CUDA graph (prompts are not). */
+#include "cuda/dequant.cuh"
+#include "cuda/gemm.cuh"
+
+#include <stdlib.h>
+
+#define TM_MOE_GEMM_PAD          16 /* group rows padded to the tensor-core tile */
+#define TM_MOE_GEMM_WEIGHT_BYTES ((size_t)640 << 20)
+
+typedef struct tm_moe_gemm_layout {
+    size_t map, xg, gu, h, dd, wgu, wd, total;
+    int64_t rows, chunk_groups;
+} tm_moe_gemm_layout;
+
+static size_t tm_moe_align(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+/* Monotonic in n_items and n_groups, so a scratch sized for larger counts
+ * holds the layout of smaller ones. */
+static tm_moe_gemm_layout tm_moe_gemm_layout_of(const tm_cuda_moe_params *p, int64_t n_items,
+                                                int64_t n_groups) {
+    tm_moe_gemm_layout l;
+    const int64_t R = n_items + (TM_MOE_GEMM_PAD - 1) * n_groups;
+    const size_t per_expert = (size_t)3 * p->n_ff * p->n_embd * 2;
+    int64_t G = (int64_t)(TM_MOE_GEMM_WEIGHT_BYTES / per_expert);
+    if (G < 1) G = 1;
+    if (G > 65535) G = 65535; /* grid.y of the dequantize launch */
+    if (G > n_groups) G = n_groups;
+    size_t o = 0;
+    l.map = o, o += tm_moe_align((size_t)(n_groups + R) * 4);
+    l.xg = o, o += tm_moe_align((size_t)R * p->n_embd * 2);
+    l.gu = o, o += tm_moe_align((size_t)R * 2 * p->n_ff * 4);
+    l.h = o, o += tm_moe_align((size_t)R * p->n_ff * 2);
+    l.dd = o, o += tm_moe_align((size_t)R * p->n_embd * 4);
+    l.wgu = o, o += tm_moe_align((size_t)G * 2 * p->n_ff * p->n_embd * 2);
+    l.wd = o, o += tm_moe_align((size_t)G * p->n_embd * p->n_ff * 2);
+    l.total = o, l.rows = R, l.chunk_groups = G;
+    return l;
+}
+
+static __device__ __forceinline__ bool tm_moe_gemm_item_ok(const tm_cuda_moe_item &it,
+                                                           int32_t n_slots, int64_t n_tok) {
+    return it.slot >= 0 && it.slot < n_slots && it.token >= 0 && it.token < n_tok;
+}
+
+/* One block per row: the item's token row of x as f16, or zeros. */
+__global__ void __launch_bounds__(256)
+    tm_moe_gather_kernel(const int32_t *__restrict__ rowmap,
+                         const tm_cuda_moe_item *__restrict__ items, int32_t n_slots,
+                         const float *__restrict__ x, int64_t n_tok, int64_t n_embd,
+                         __half *__restrict__ xg) {
+    const int64_t row = blockIdx.x;
+    const int32_t i = rowmap[row];
+    __half *o = xg + row * n_embd;
+    const tm_cuda_moe_item it = i >= 0 ? items[i] : tm_cuda_moe_item{-1, -1, 0.0f};
+    if (!tm_moe_gemm_item_ok(it, n_slots, n_tok)) {
+        for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x) o[c] = __float2half_rn(0.0f);
+        return;
+    }
+    const float *xr = x + (int64_t)it.token * n_embd;
+    for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x) o[c] = __float2half_rn(xr[c]);
+}
+
+/* h[row][f] = f16(silu(g) * u) for rows [0, n_rows) of the pointers given. */
+__global__ void __launch_bounds__(256)
+    tm_moe_swiglu_kernel(const float *__restrict__ gu, int64_t n_rows, int64_t n_ff,
+                         __half *__restrict__ h) {
+    const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (i >= n_rows * n_ff) return;
+    const int64_t row = i / n_ff, f = i - row * n_ff;
+    const float g = gu[row * 2 * n_ff + f], u = gu[row * 2 * n_ff + n_ff + f];
+    h[i] = __float2half_rn(g / (1.0f + expf(-g)) * u); /* as cpu_swiglu */
+}
+
+/* One block per row: y[token] += weight * dd[row] for valid items. */
+__global__ void __launch_bounds__(256)
+    tm_moe_scatter_kernel(const int32_t *__restrict__ rowmap,
+                          const tm_cuda_moe_item *__restrict__ items, int32_t n_slots,
+                          const float *__restrict__ dd, int64_t n_tok, int64_t n_embd,
+                          float *__restrict__ y) {
+    const int64_t row = blockIdx.x;
+    const int32_t i = rowmap[row];
+    if (i < 0) return;
+    const tm_cuda_moe_item it = items[i];
+    if (!tm_moe_gemm_item_ok(it, n_slots, n_tok)) return;
+    const float *dr = dd + row * n_embd;
+    float *yr = y + (int64_t)it.token * n_embd;
+    for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x) atomicAdd(yr + c, it.weight * dr[c]);
+}
+
+extern "C" size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
+                                                      int32_t n_groups) {
+    if (!p || p->n_embd <= 0 || p->n_ff <= 0 || n_items < 0 || n_groups <= 0) return 0;
+    return tm_moe_gemm_layout_of(p, n_items, n_groups).total;
+}
+
+static tm_status tm_moe_gemm_check_matrix(const char *name, const tm_cuda_moe_matrix *m,
+                                          int64_t rows, int64_t k) {
+    tm_status st = tm_dequant_check(name, m->type, m->data, m->row_bytes, k);
+    if (st != TM_OK) return st;
+    if (m->expert_stride < (size_t)rows * m->row_bytes)
+        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
+                            m->expert_stride, (long long)rows, m->row_bytes);
+    /* every expert's start aligned like the first */
+    return tm_dequant_check(name, m->type, (const char *)m->data + m->expert_stride, m->row_bytes,
+                            k);
+}
+
+typedef struct tm_moe_sorted {
+    int32_t padded, group;
+} tm_moe_sorted;
+
+static int tm_moe_sorted_cmp(const void *a, const void *b) {
+    const tm_moe_sorted *x = (const tm_moe_sorted *)a, *y = (const tm_moe_sorted *)b;
+    if (x->padded != y->padded) return x->padded < y->padded ? -1 : 1;
+    return x->group < y->group ? -1 : x->group > y->group;
+}
+
+/* The groups' products, one chunk of sorted groups [s0, s1) at a time. */
+static tm_status tm_moe_gemm_chunks(tm_cuda_blas *b, const tm_cuda_moe_params *p,
+                                    const tm_moe_sorted *srt, const int64_t *row0, int32_t n_srt,
+                                    const int32_t *slots_d, const tm_moe_gemm_layout *l, char *base,
+                                    cudaStream_t stream) {
+    static const char op[] = "cuda_moe_grouped_gemm";
+    const int64_t E = p->n_embd, F = p->n_ff;
+    __half *xg = (__half *)(base + l->xg), *h = (__half *)(base + l->h);
+    __half *wgu = (__half *)(base + l->wgu), *wd = (__half *)(base + l->wd);
+    float *gu = (float *)(base + l->gu), *dd = (float *)(base + l->dd);
+    tm_status st;
+    for (int32_t s0 = 0; s0 < n_srt; s0 += (int32_t)l->chunk_groups) {
+        const int32_t s1 = n_srt - s0 < l->chunk_groups ? n_srt : s0 + (int32_t)l->chunk_groups;
+        const int32_t cnt = s1 - s0;
+        const tm_cuda_moe_matrix *G = &p->gate, *U = &p->up, *D = &p->down;
+        if ((st = tm_dequant_f16_run(op, G->type, G->data, G->row_bytes, F, E, G->expert_stride,
+                                     slots_d + s0, cnt, wgu, 2 * F * E, stream)) != TM_OK ||
+            (st = tm_dequant_f16_run(op, U->type, U->data, U->row_bytes, F, E, U->expert_stride,
+                                     slots_d + s0, cnt, wgu + F * E, 2 * F * E, stream)) != TM_OK ||
+            (st = tm_dequant_f16_run(op, D->type, D->data, D->row_bytes, E, F, D->expert_stride,
+                                     slots_d + s0, cnt, wd, E * F, stream)) != TM_OK)
+            return st;
+        /* gate and up of equal-P runs: gu rows [row0, row0 + batch*P) */
+        for (int32_t i = s0, j; i < s1; i = j) {
+            const int64_t P = srt[i].padded;
+            for (j = i; j < s1 && srt[j].padded == P; j++) {
+            }
+            st = tm_blas_gemm_tn(op, b, 2 * F, P, E, wgu + (int64_t)(i - s0) * 2 * F * E, E,
+                                 2 * F * E, xg + row0[i] * E, E, P * E, gu + row0[i] * 2 * F, 2 * F,
+                                 P * 2 * F, j - i);
+            if (st != TM_OK) return st;
+        }
+        const int64_t r_begin = row0[s0], r_end = row0[s1 - 1] + srt[s1 - 1].padded;
+        const int64_t n_el = (r_end - r_begin) * F;
+        tm_moe_swiglu_kernel<<<(unsigned)((n_el + 255) / 256), 256, 0, stream>>>(
+            gu + r_begin * 2 * F, r_end - r_begin, F, h + r_begin * F);
+        if ((st = tm_cuda_launch_check("cuda_moe_grouped_gemm swiglu", r_end - r_begin, F, 1)) !=
+            TM_OK)
+            return st;
+        for (int32_t i = s0, j; i < s1; i = j) {
+            const int64_t P = srt[i].padded;
+            for (j = i; j < s1 && srt[j].padded == P; j++) {
+            }
+            st = tm_blas_gemm_tn(op, b, E, P, F, wd + (int64_t)(i - s0) * E * F, F, E * F,
+                                 h + row0[i] * F, F, P * F, dd + row0[i] * E, E, P * E, j - i);
+            if (st != TM_OK) return st;
+        }
+    }
+    return TM_OK;
+}
+
+extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
+                                           const tm_cuda_moe_groups *g, const float *x,
+                                           int64_t n_tok, float *y, void *scratch,
+                                           tm_cuda_stream stream) {
+    static const char op[] = "cuda_moe_grouped_gemm";
+    if (!b || !p || !g || g->n_groups < 0 || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
+        n_tok > 0x7fffffffLL || p->n_slots <= 0 || p->n_embd > 0x7fffffffLL ||
+        p->n_ff > 0x3fffffffLL)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: %d groups, n_embd %lld, n_ff %lld, n_tok %lld, %d slots", op,
+                            g ? g->n_groups : -1, p ? (long long)p->n_embd : -1LL,
+                            p ? (long long)p->n_ff : -1LL, (long long)n_tok, p ? p->n_slots : -1);
+    const int32_t n = g->n_groups;
+    if (n == 0) return TM_OK;
+    tm_status st;
+    if ((st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm gate", &p->gate, p->n_ff,
+                                       p->n_embd)) != TM_OK ||
+        (st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm up", &p->up, p->n_ff, p->n_embd)) !=
+            TM_OK ||
+        (st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm down", &p->down, p->n_embd,
+                                       p->n_ff)) != TM_OK)
+        return st;
+    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 255))
+        return tm_error_set(TM_ERR_ARG, "%s: x, y must be float-aligned, scratch 256-aligned", op);
+    if (g->starts[0] < 0 || g->starts[n] > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "%s: item range [%lld, %lld) outside [0, 2^31)", op,
+                            (long long)g->starts[0], (long long)g->starts[n]);
+    for (int32_t i = 0; i < n; i++)
+        if (g->starts[i + 1] < g->starts[i])
+            return tm_error_set(TM_ERR_ARG, "%s: group %d: starts %lld > next start %lld", op, i,
+                                (long long)g->starts[i], (long long)g->starts[i + 1]);
+
+    /* sort the groups that have work by padded size; give each its rows */
+    const int64_t n_items = g->starts[n] - g->starts[0];
+    const tm_moe_gemm_layout l = tm_moe_gemm_layout_of(p, n_items, n);
+    tm_moe_sorted *srt = (tm_moe_sorted *)malloc((size_t)n * sizeof(*srt));
+    int64_t *row0 = (int64_t *)malloc((size_t)n * sizeof(*row0));
+    int32_t *hb = (int32_t *)malloc((size_t)(n + l.rows) * sizeof(*hb));
+    if (!srt || !row0 || !hb) {
+        free(srt), free(row0), free(hb);
+        return tm_error_set(TM_ERR_NOMEM, "%s: out of host memory for %d groups", op, n);
+    }
+    int32_t n_srt = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t cnt = g->starts[i + 1] - g->starts[i];
+        if (cnt == 0 || g->slots[i] < 0 || g->slots[i] >= p->n_slots) continue; /* skipped */
+        srt[n_srt].padded =
+            (int32_t)((cnt + TM_MOE_GEMM_PAD - 1) / TM_MOE_GEMM_PAD * TM_MOE_GEMM_PAD);
+        srt[n_srt++].group = i;
+    }
+    qsort(srt, (size_t)n_srt, sizeof(*srt), tm_moe_sorted_cmp);
+    int64_t R = 0;
+    int32_t *rowmap = hb + n_srt;
+    for (int32_t s = 0; s < n_srt; s++) {
+        const int32_t gi = srt[s].group;
+        const int64_t first = g->starts[gi], cnt = g->starts[gi + 1] - first;
+        hb[s] = g->slots[gi];
+        row0[s] = R;
+        for (int64_t j = 0; j < srt[s].padded; j++)
+            rowmap[R + j] = j < cnt ? (int32_t)(first + j) : -1;
+        R += srt[s].padded;
+    }
+    char *base = (char *)scratch;
+    int32_t *map_d = (int32_t *)(base + l.map);
+    st = TM_OK;
+    if (n_srt > 0) {
+        /* pageable source: staged before the call returns, so hb may be freed */
+        cudaError_t e = cudaMemcpyAsync(map_d, hb, (size_t)(n_srt + R) * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, stream);
+        if (e != cudaSuccess)
+            st = tm_error_set(TM_ERR_DEVICE, "%s: uploading the row map (%lld rows) failed: %s", op,
+                              (long long)R, cudaGetErrorString(e));
+    }
+    if (st == TM_OK && n_srt > 0) st = tm_blas_bind(op, b, stream);
+    if (st == TM_OK && n_srt > 0) {
+        tm_moe_gather_kernel<<<(unsigned)R, 256, 0, stream>>>(
+            map_d + n_srt, g->items, p->n_slots, x, n_tok, p->n_embd, (__half *)(base + l.xg));
+        st = tm_cuda_launch_check("cuda_moe_grouped_gemm gather", R, p->n_embd, n_srt);
+    }
+    if (st == TM_OK && n_srt > 0)
+        st = tm_moe_gemm_chunks(b, p, srt, row0, n_srt, map_d, &l, base, stream);
+    if (st == TM_OK && n_srt > 0) {
+        tm_moe_scatter_kernel<<<(unsigned)R, 256, 0, stream>>>(
+            map_d + n_srt, g->items, p->n_slots, (const float *)(base + l.dd), n_tok, p->n_embd, y);
+        st = tm_cuda_launch_check("cuda_moe_grouped_gemm scatter", R, p->n_embd, n_srt);
+    }
+    free(srt), free(row0), free(hb);
+    return st;
+}
