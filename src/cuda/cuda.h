@@ -17,6 +17,7 @@
 #ifndef TM_CUDA_CUDA_H
 #define TM_CUDA_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -92,6 +93,31 @@ tm_status cuda_timer_create(tm_cuda_device *dev, tm_cuda_timer **out);
 tm_status cuda_timer_start(tm_cuda_timer *t);
 tm_status cuda_timer_stop(tm_cuda_timer *t, float *ms); /* waits for the stop event */
 void cuda_timer_free(tm_cuda_timer *t);
+
+/* ---- asynchronous copies, graphs and events (per-token use) ---- */
+
+/* Queued on `stream`: any direction (pinned host memory for real overlap). */
+tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream);
+tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream);
+tm_status cuda_stream_sync(tm_cuda_stream stream);
+
+/* A captured sequence of launches on one stream, replayed with one call (the
+ * decode step: hundreds of small kernels cost one launch). Arguments are
+ * frozen at capture: anything that changes per token must be read from
+ * device memory by the kernels. */
+typedef struct tm_cuda_graph tm_cuda_graph;
+tm_status cuda_graph_begin(tm_cuda_stream stream);
+/* keep false: end a capture abandoned after an error (*out stays NULL). */
+tm_status cuda_graph_end(tm_cuda_stream stream, bool keep, tm_cuda_graph **out);
+tm_status cuda_graph_launch(tm_cuda_graph *g, tm_cuda_stream stream);
+void cuda_graph_free(tm_cuda_graph *g);
+
+typedef struct CUevent_st *tm_cuda_event; /* = cudaEvent_t */
+tm_status cuda_event_create(tm_cuda_event *out);
+void cuda_event_free(tm_cuda_event e);
+tm_status cuda_event_record(tm_cuda_event e, tm_cuda_stream stream);
+/* Waits for b, then the milliseconds between a and b. */
+tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms);
 
 /* ---- ops ---- */
 

@@ -333,3 +333,92 @@ void cuda_timer_free(tm_cuda_timer *t) {
     if (t->stop) cudaEventDestroy(t->stop);
     free(t);
 }
+
+/* ---- asynchronous copies, graphs (used per token by the model) ---- */
+
+tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream) {
+    TM_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    return TM_OK;
+}
+
+tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream) {
+    TM_CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, stream));
+    return TM_OK;
+}
+
+tm_status cuda_stream_sync(tm_cuda_stream stream) {
+    TM_CUDA_TRY(cudaStreamSynchronize(stream));
+    return TM_OK;
+}
+
+struct tm_cuda_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+tm_status cuda_graph_begin(tm_cuda_stream stream) {
+    /* relaxed: other threads may use CUDA (e.g. allocate) while we capture */
+    TM_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    return TM_OK;
+}
+
+tm_status cuda_graph_end(tm_cuda_stream stream, bool keep, tm_cuda_graph **out) {
+    *out = NULL;
+    cudaGraph_t g = NULL;
+    TM_CUDA_TRY(cudaStreamEndCapture(stream, &g));
+    if (!keep) { /* capture was only to leave the stream usable after a failed step */
+        cudaGraphDestroy(g);
+        return TM_OK;
+    }
+    tm_cuda_graph *r = (tm_cuda_graph *)calloc(1, sizeof(*r));
+    if (!r) {
+        cudaGraphDestroy(g);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    r->graph = g;
+    cudaError_t e = cudaGraphInstantiate(&r->exec, g, 0);
+    if (e != cudaSuccess) {
+        cudaGraphDestroy(g);
+        free(r);
+        return tm_error_set(TM_ERR_DEVICE, "cudaGraphInstantiate failed: %s",
+                            cudaGetErrorString(e));
+    }
+    *out = r;
+    return TM_OK;
+}
+
+tm_status cuda_graph_launch(tm_cuda_graph *g, tm_cuda_stream stream) {
+    TM_CUDA_TRY(cudaGraphLaunch(g->exec, stream));
+    return TM_OK;
+}
+
+void cuda_graph_free(tm_cuda_graph *g) {
+    if (!g) return;
+    cudaGraphExecDestroy(g->exec);
+    cudaGraphDestroy(g->graph);
+    free(g);
+}
+
+/* ---- events for per-part timing ---- */
+
+tm_status cuda_event_create(tm_cuda_event *out) {
+    cudaEvent_t e;
+    TM_CUDA_TRY(cudaEventCreate(&e));
+    *out = (tm_cuda_event)e;
+    return TM_OK;
+}
+
+void cuda_event_free(tm_cuda_event e) {
+    if (e) cudaEventDestroy((cudaEvent_t)e);
+}
+
+tm_status cuda_event_record(tm_cuda_event e, tm_cuda_stream stream) {
+    TM_CUDA_TRY(cudaEventRecord((cudaEvent_t)e, stream));
+    return TM_OK;
+}
+
+tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms) {
+    TM_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)b));
+    TM_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return TM_OK;
+}

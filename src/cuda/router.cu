@@ -124,3 +124,29 @@ extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const fl
         *p, logits, n_tok, ids, weights);
     return tm_cuda_launch_check("cuda_router_select", n_tok, p->n_expert, p->n_used);
 }
+
+/* One thread per (token, slot): the top-k as grouped-expert work items. */
+__global__ void tm_router_items_kernel(const int32_t *__restrict__ ids,
+                                       const float *__restrict__ weights, int64_t n, int32_t k,
+                                       tm_cuda_moe_item *__restrict__ items) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    tm_cuda_moe_item it;
+    it.slot = ids[i];
+    it.token = (int32_t)(i / k);
+    it.weight = weights[i];
+    items[i] = it;
+}
+
+extern "C" tm_status cuda_router_items(const int32_t *ids, const float *weights, int64_t n_tok,
+                                       int32_t n_used, tm_cuda_moe_item *items,
+                                       tm_cuda_stream stream) {
+    if (n_tok < 0 || n_used < 1 || n_tok * n_used > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "cuda_router_items: %lld tokens x %d used",
+                            (long long)n_tok, n_used);
+    const int64_t n = n_tok * n_used;
+    if (n == 0) return TM_OK;
+    tm_router_items_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(ids, weights, n, n_used,
+                                                                            items);
+    return tm_cuda_launch_check("cuda_router_items", n_tok, n_used, 1);
+}
