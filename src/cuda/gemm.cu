@@ -10,6 +10,9 @@
  *        A = W chunk (column-major k x rc, lda = k), op T
  *        B = x f16   (column-major k x n_tok, ldb = k), op N
  *      f16 inputs, CUBLAS_COMPUTE_32F, f32 output.
+ * f32 weights skip the f16 rounding: one cublasSgemm (full f32; TF32 stays
+ * off, cuBLAS's default math), so the router's logits, and the experts it
+ * picks, match the CPU's.
  * The chunks share one weight buffer: stream order serialises each chunk's
  * dequantization after the previous chunk's product.
  *
@@ -90,10 +93,18 @@ extern "C" tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, siz
     if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 15))
         return tm_error_set(TM_ERR_ARG,
                             "%s: x and y must be float-aligned, scratch 16-byte aligned", op);
+    if ((st = tm_blas_bind(op, b, stream)) != TM_OK) return st;
+    if (type == TM_TYPE_F32) { /* f32 weights stay f32 (the router: top-k must match the CPU) */
+        const float one = 1.0f, zero = 0.0f;
+        TM_CUBLAS_TRY(op, rows, n_tok, k,
+                      cublasSgemm(b->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n_tok,
+                                  (int)k, &one, (const float *)w, (int)(row_bytes / 4), x, (int)k,
+                                  &zero, y, (int)rows));
+        return TM_OK;
+    }
     __half *xh = (__half *)scratch;
     __half *wh = (__half *)((char *)scratch + tm_align256((size_t)n_tok * k * 2));
     const int64_t chunk = tm_gemm_chunk_rows(rows, k);
-    if ((st = tm_blas_bind(op, b, stream)) != TM_OK) return st;
     if ((st = tm_f32_to_f16_run(op, x, n_tok * k, xh, stream)) != TM_OK) return st;
     const uint8_t *wb = (const uint8_t *)w;
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
