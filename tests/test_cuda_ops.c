@@ -464,10 +464,10 @@ int main(void) {
     cuda_device_close(probe);
     /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),
-        cmocka_unit_test(test_moe_grouped),
-        cmocka_unit_test(test_router),
-        cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(test_mmvq),   cmocka_unit_test(test_moe_grouped),
+        cmocka_unit_test(test_router), cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(check_model),
+        cmocka_unit_test(check_attention),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);

@@ -15,5 +15,7 @@ int cmd_report(int argc, char **argv);
 /* Shared flag parsing: strict numbers with a clear message naming the flag. */
 int cli_parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out);
 int cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out);
+/* -ngl: a layer count, "all", or "auto" (TM_NGL_AUTO). */
+int cli_parse_ngl(const char *flag, const char *s, int *out);
 
 #endif

@@ -24,6 +24,7 @@ static void bench_usage(FILE *out) {
                  "  -r N          repetitions (default 3)\n"
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
                  "  -b N          prompt batch size (default 512)\n"
+                 "  -ngl N|all|auto  layers on the GPU, from the first (default 0)\n"
                  "  -o md|csv|json  output format (default md)\n"
                  "  --no-membw    skip the memory bandwidth measurement\n"
                  "  --profile     print where each test's time went\n");
@@ -61,7 +62,7 @@ static void bench_profile(tm_context *ctx, uint64_t *prof0, const char *test, in
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *fmt = "md";
     long long n_pp = 512, n_tg = 128, reps = 3, batch = 512, v;
-    int threads[16], n_threads = 0, membw = 1, profile = 0;
+    int threads[16], n_threads = 0, membw = 1, profile = 0, ngl = 0;
     tm_trace_config tc = {0};
     tm_trace *tr = NULL;
     if (trace_config_from_env(&tc) != TM_OK) {
@@ -104,6 +105,8 @@ int cmd_bench(int argc, char **argv) {
             if (cli_parse_i64(a, val, 1, 1000, &reps)) return 2;
         } else if (!strcmp(a, "-b")) {
             if (cli_parse_i64(a, val, 1, 1 << 16, &batch)) return 2;
+        } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
+            if (cli_parse_ngl(a, val, &ngl)) return 2;
         } else if (!strcmp(a, "-o")) {
             if (strcmp(val, "md") && strcmp(val, "csv") && strcmp(val, "json")) {
                 fprintf(stderr, "tiermoe bench: -o: expected md, csv or json, got '%s'\n", val);
@@ -166,12 +169,18 @@ int cmd_bench(int argc, char **argv) {
              m->n_params / 1e9, gexp ? quant_type_name(gexp->type) : "");
 
     bench_result res[64];
+    char backend[48] = "CPU";
     int n_res = 0, rc = 0;
     tm_rng rng;
     tm_rng_seed(&rng, 1234);
     for (int ti = 0; ti < n_threads && !rc; ti++) {
         tm_context_params cp = {
-            .n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8, .n_batch = batch, .n_threads = threads[ti]};
+            .n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8,
+            .n_batch = batch,
+            .n_threads = threads[ti],
+            .n_gpu_layers = ngl,
+            .profile = profile != 0,
+        };
         if (tr) trace_attach(tr, &cp);
         tm_context *ctx;
         if (model_context_create(m, &cp, &ctx) != TM_OK) {
@@ -179,7 +188,14 @@ int cmd_bench(int argc, char **argv) {
             rc = 1;
             break;
         }
-        double mem = membw ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+        /* the host's read bandwidth bounds the CPU layers; on the GPU alone it means nothing */
+        double mem =
+            membw && !ctx->gpu_output ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+        if (ctx->n_gpu_layers)
+            snprintf(backend, sizeof(backend), ctx->gpu_output ? "CUDA" : "CUDA %d + CPU %s",
+                     ctx->n_gpu_layers, cpu_level_name(cpu_level_get()));
+        else
+            snprintf(backend, sizeof(backend), "CPU %s", cpu_level_name(cpu_level_get()));
         int32_t *toks = malloc((size_t)(n_pp > 8 ? n_pp : 8) * sizeof(int32_t));
         for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++)
             toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
@@ -241,21 +257,21 @@ int cmd_bench(int argc, char **argv) {
         char test[32];
         snprintf(test, sizeof(test), "%s%d", b->test, b->n);
         if (!strcmp(fmt, "md"))
-            printf("| %s | %.2f GiB | %.2f B | CPU %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | "
+            printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | "
                    "%.0f%% |\n",
-                   model_name, size_gib, params_b, cpu_level_name(cpu_level_get()), b->threads,
-                   test, b->mean, b->sd, b->weight_gbs, b->mem_gbs,
+                   model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
+                   b->weight_gbs, b->mem_gbs,
                    b->mem_gbs > 0 ? 100 * b->weight_gbs / b->mem_gbs : 0.0);
         else if (!strcmp(fmt, "csv"))
-            printf("\"%s\",%.3f,%.3f,CPU,%d,%s,%.3f,%.3f,%.2f,%.2f\n", model_name, size_gib,
-                   params_b, b->threads, test, b->mean, b->sd, b->weight_gbs, b->mem_gbs);
+            printf("\"%s\",%.3f,%.3f,%s,%d,%s,%.3f,%.3f,%.2f,%.2f\n", model_name, size_gib,
+                   params_b, backend, b->threads, test, b->mean, b->sd, b->weight_gbs, b->mem_gbs);
         else
             printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
-                   "\"CPU\", "
+                   "\"%s\", "
                    "\"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, "
                    "\"weights_gbs\": %.2f, \"mem_gbs\": %.2f}%s\n",
-                   model_name, size_gib, params_b, b->threads, test, b->mean, b->sd, b->weight_gbs,
-                   b->mem_gbs, i + 1 < n_res ? "," : "");
+                   model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
+                   b->weight_gbs, b->mem_gbs, i + 1 < n_res ? "," : "");
     }
     if (!strcmp(fmt, "json")) printf("]\n");
     fprintf(stderr, "cpu: %s\n", cpu_features_string());

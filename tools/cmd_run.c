@@ -28,6 +28,8 @@ static void run_usage(FILE *out) {
         "  -c, --ctx-size N       context size (default: min(4096, trained))\n"
         "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
         "  -t, --threads N        CPU threads (default: physical cores)\n"
+        "  -ngl, --n-gpu-layers N the first N layers on the GPU; all (or N >= layers) puts\n"
+        "                         the output head there too; auto: as many as fit (default 0)\n"
         "  -s, --seed N           sampling seed (default 0)\n"
         "  --temp F               temperature, 0 = greedy (default 0.8)\n"
         "  --top-k N --top-p F --min-p F --repeat-penalty F --repeat-last-n N\n"
@@ -322,6 +324,8 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             I64(1, 1024);
             cp.n_threads = (int)v;
+        } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
+            if (cli_parse_ngl(a, val, &cp.n_gpu_layers)) return 2;
         } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
             I64(0, 0x7fffffffffffffffll);
             sp.seed = (uint64_t)v;

@@ -58,6 +58,24 @@ int cli_parse_f64(const char *flag, const char *s, double lo, double hi, double 
     return 0;
 }
 
+int cli_parse_ngl(const char *flag, const char *s, int *out) {
+    if (!strcmp(s, "auto")) {
+        *out = -1; /* TM_NGL_AUTO */
+        return 0;
+    }
+    if (!strcmp(s, "all")) {
+        *out = 1 << 20;
+        return 0;
+    }
+    long long v;
+    if (cli_parse_i64(flag, s, 0, 1 << 20, &v)) {
+        fprintf(stderr, "tiermoe: %s: or 'auto' (as many layers as fit) or 'all'\n", flag);
+        return 2;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);

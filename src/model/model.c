@@ -162,17 +162,18 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         (size_t)cfg->n_head_kv * cfg->head_dim * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
     c->k_cache = calloc(cfg->n_layer, sizeof(void *));
     c->v_cache = calloc(cfg->n_layer, sizeof(void *));
-    if (!c->k_cache || !c->v_cache) goto nomem;
-    for (uint32_t l = 0; l < cfg->n_layer; l++) {
-        c->k_cache[l] = malloc(row * (size_t)c->n_ctx);
-        c->v_cache[l] = malloc(row * (size_t)c->n_ctx);
-        if (!c->k_cache[l] || !c->v_cache[l]) goto nomem;
-    }
     c->logits = malloc((size_t)c->params.n_batch * cfg->n_vocab * sizeof(float));
-    if (!c->logits) goto nomem;
+    if (!c->k_cache || !c->v_cache || !c->logits) goto nomem;
+    /* the architecture's state first: it decides which layers go to the GPU */
     if ((st = m->arch->state_create(c)) != TM_OK) {
         model_context_free(c);
         return st;
+    }
+    /* the CPU layers' cache (the GPU's layers keep theirs in VRAM) */
+    for (uint32_t l = (uint32_t)c->n_gpu_layers; l < cfg->n_layer; l++) {
+        c->k_cache[l] = malloc(row * (size_t)c->n_ctx);
+        c->v_cache[l] = malloc(row * (size_t)c->n_ctx);
+        if (!c->k_cache[l] || !c->v_cache[l]) goto nomem;
     }
     *out = c;
     return TM_OK;

@@ -69,12 +69,17 @@ struct tm_model {
 typedef void (*tm_tensor_cb)(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
                              int64_t n, bool is_int);
 
+#define TM_NGL_AUTO (-1)
+
 typedef struct tm_context_params {
-    int64_t n_ctx;   /* KV cache positions (0: min(4096, trained context)) */
-    int64_t n_batch; /* tokens per forward chunk of a prompt (0: 512) */
-    int n_threads;   /* 0: physical cores */
-    tm_type kv_type; /* TM_TYPE_F16 (default) or TM_TYPE_F32 */
-    bool precise;    /* double products from dequantized weights (test reference) */
+    int64_t n_ctx;    /* KV cache positions (0: min(4096, trained context)) */
+    int64_t n_batch;  /* tokens per forward chunk of a prompt (0: 512) */
+    int n_threads;    /* 0: physical cores */
+    tm_type kv_type;  /* TM_TYPE_F16 (default) or TM_TYPE_F32 */
+    bool precise;     /* double products from dequantized weights (test reference) */
+    int n_gpu_layers; /* -ngl: the first n layers on the GPU (>= n_layer: all of them and the
+                         output head); TM_NGL_AUTO: as many as fit, 0 without a GPU */
+    bool profile;     /* time every part (GPU: events and a sync per part, no graph) */
     tm_tensor_cb cb;
     void *cb_ud;
 } tm_context_params;
@@ -101,7 +106,9 @@ struct tm_context {
     void **k_cache, **v_cache;
     float *logits; /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
     int64_t n_logits_rows;
-    void *state; /* the architecture's scratch */
+    void *state;      /* the architecture's scratch */
+    int n_gpu_layers; /* layers on the GPU (resolved from params.n_gpu_layers) */
+    bool gpu_output;  /* the output head runs on the GPU */
     uint64_t prof_ns[TM_PROF_COUNT];
 };
 

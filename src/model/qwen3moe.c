@@ -22,34 +22,7 @@
 #include "core/timing.h"
 #include "cpu/cpu_ops.h"
 #include "model/model.h"
-
-typedef struct qwen3moe_layer {
-    tm_weight attn_norm, wq, wk, wv, wo, q_norm, k_norm;
-    tm_weight ffn_norm, router, gate_exps, up_exps, down_exps;
-    tm_moe_experts experts;
-} qwen3moe_layer;
-
-typedef struct qwen3moe_weights {
-    tm_weight token_embd, output_norm, output;
-    qwen3moe_layer *layers;
-    tm_moe_router_params router;
-} qwen3moe_weights;
-
-/* Activations of one chunk of n_batch tokens, named as in the header comment. */
-typedef struct qwen3moe_state {
-    float *x, *h;          /* [n_batch][n_embd] residual stream, normed input */
-    float *q, *k, *v;      /* [n_batch][n_head*head_dim], [n_batch][n_head_kv*head_dim] */
-    float *att, *attn_out; /* [n_batch][n_head*head_dim], [n_batch][n_embd] */
-    float *router_logits;  /* [n_batch][n_expert] */
-    int32_t *topk_ids;     /* [n_batch][k] */
-    float *topk_w;
-    float *moe_out; /* [n_batch][n_embd] */
-    float *attn_scratch;
-    float *rope_cos, *rope_sin; /* [n_batch][head_dim/2] for this chunk's positions */
-    void *act;                  /* quantized activations for model_matmul */
-    tm_moe_worklist wl;
-    tm_moe_cpu_lane *lane;
-} qwen3moe_state;
+#include "model/qwen3moe.h"
 
 static tm_status qwen3moe_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
@@ -211,11 +184,14 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
               malloc((size_t)cpu_attention_scratch_floats(&as, ctx->n_ctx, nth) * sizeof(float))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory for activations of a %lld-token batch",
                             (long long)B);
-    return moe_cpu_lane_create(&s->lane);
+    tm_status st = moe_cpu_lane_create(&s->lane);
+    if (st != TM_OK) return st;
+    return ctx->params.n_gpu_layers ? qwen3moe_gpu_create(ctx) : TM_OK;
 }
 
 static void qwen3moe_state_free(tm_context *ctx) {
     qwen3moe_state *s = ctx->state;
+    qwen3moe_gpu_free(ctx);
     free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->att), free(s->attn_out);
     free(s->router_logits), free(s->topk_ids), free(s->topk_w), free(s->moe_out), free(s->act);
     free(s->attn_scratch), free(s->rope_cos), free(s->rope_sin);
@@ -291,7 +267,7 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
     const int64_t E = c->n_embd, D = c->head_dim, H = c->n_head, HKV = c->n_head_kv;
     const int64_t pos0 = ctx->n_past;
     const tm_type kv_type = ctx->params.kv_type;
-    uint64_t t0 = tm_time_ns(), t1;
+    uint64_t t0 = tm_time_ns(), t1 = t0;
     tm_status st;
 
     for (int64_t t = 0; t < n_tok;
@@ -299,13 +275,18 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
         cpu_rope_table(s->rope_cos + t * (D / 2), s->rope_sin + t * (D / 2), D, pos0 + t,
                        c->rope_base);
 
-    for (int64_t t = 0; t < n_tok; t++) /* x = token_embd[tok] */
-        quant_row_dequantize(w->token_embd.type,
-                             w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
-                             s->x + t * E, E);
-    model_prof_add(ctx, TM_PROF_EMBED, t0, t1 = tm_time_ns());
+    if (ctx->n_gpu_layers) { /* the first layers (and maybe the output) on the GPU */
+        if ((st = qwen3moe_gpu_forward(ctx, tokens, n_tok, all_logits, s->x))) return st;
+        if (ctx->gpu_output) return TM_OK;
+    } else {
+        for (int64_t t = 0; t < n_tok; t++) /* x = token_embd[tok] */
+            quant_row_dequantize(w->token_embd.type,
+                                 w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
+                                 s->x + t * E, E);
+        model_prof_add(ctx, TM_PROF_EMBED, t0, t1 = tm_time_ns());
+    }
 
-    for (uint32_t l = 0; l < c->n_layer; l++) {
+    for (uint32_t l = (uint32_t)ctx->n_gpu_layers; l < c->n_layer; l++) {
         const qwen3moe_layer *L = &w->layers[l];
 
         /* attention */
