@@ -199,8 +199,15 @@ int cmd_bench(int argc, char **argv) {
         int32_t *toks = malloc((size_t)(n_pp > 8 ? n_pp : 8) * sizeof(int32_t));
         for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++)
             toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
-        /* warm-up: page in the weights, start the threads */
+        /* warm-up: page in the weights, start the threads; on a GPU also load the
+         * prompt path's kernels and capture the decode graph (first uses are slow) */
         if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+        if (!rc && ctx->n_gpu_layers) {
+            const long long n = n_pp < batch ? n_pp : batch;
+            model_context_reset(ctx);
+            if (n > 8 && model_decode(ctx, toks, n, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+            if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+        }
         double ts[1000];
         uint64_t prof0[TM_PROF_COUNT];
         memcpy(prof0, ctx->prof_ns, sizeof(prof0));

@@ -15,8 +15,11 @@
  *     cores: 2 x 2^-11 relative per product input pair, about 1e-3 per stage;
  *     four stages a layer (q/k/v, attention with f16 K/V, output, experts) over
  *     3 layers, added along the residual stream: TOL_PROMPT = 1.5e-2.
+ * With -ngl 2 of 3 the last layer runs on the CPU in its normal mode (8-bit
+ * activations), so that case takes TOL_QUANT below.
  * Routing must match exactly (top-k ids from the tensor callback) except at a
- * near tie: CPU k-th and (k+1)-th router logits closer than TIE. A step with
+ * near tie: CPU k-th and (k+1)-th router logits closer than TIE (TIE_QUANT
+ * where either side runs the CPU's 8-bit activations). A step with
  * such a tie is reported and its logits are not compared.
  * Greedy generation of 64 tokens from the GPU (decode graph) equals the CPU's.
  * TM_CUDA_MODEL=path adds the same comparison on that model (the 30b-a3b
@@ -38,6 +41,7 @@
 #define TOL_PROMPT 1.5e-2
 #define TOL_QUANT  4e-2
 #define TIE        1e-3
+#define TIE_QUANT  2e-2 /* 8-bit activations move router logits by up to ~1e-2 */
 
 /* What the tensor callback keeps of one forward call: the top-k ids and the
  * router logits of every layer (the last call only). */
@@ -66,7 +70,7 @@ static void route_log_init(route_log *r, const tm_model *m, int64_t n_tok) {
 }
 
 /* Number of (layer, token) routings that differ; fails on one that is not a near tie. */
-static int route_compare(const route_log *cpu, const route_log *gpu, int64_t n_tok,
+static int route_compare(const route_log *cpu, const route_log *gpu, int64_t n_tok, double tie,
                          const char *what) {
     int ties = 0;
     float *sorted = xmalloc((size_t)cpu->n_expert * 4);
@@ -90,7 +94,7 @@ static int route_compare(const route_log *cpu, const route_log *gpu, int64_t n_t
                         sorted[i] = sorted[j], sorted[j] = x;
                     }
             const double gap = sorted[cpu->k - 1] - sorted[cpu->k];
-            if (!(gap < TIE))
+            if (!(gap < tie))
                 fail_msg("%s: layer %d token %lld routed differently on the GPU, CPU margin %.3g",
                          what, l, (long long)t, gap);
             printf("  %s: near tie at layer %d token %lld (margin %.2g): routing differs\n", what,
@@ -138,7 +142,7 @@ static void model_run_close(model_run *r) {
  * compared after each call. */
 static void compare_runs(tm_model *m, const int32_t *toks, int64_t n_prompt, int64_t n_decode,
                          model_run *cpu, model_run *gpu, double tol_prompt, double tol_decode,
-                         const char *what) {
+                         double tie, const char *what) {
     const int64_t V = m->cfg.n_vocab, B = cpu->ctx->params.n_batch;
     double worst_p = 0, worst_d = 0;
     int ties = 0;
@@ -147,7 +151,7 @@ static void compare_runs(tm_model *m, const int32_t *toks, int64_t n_prompt, int
         const tm_moe_phase ph = i < n_prompt ? TM_MOE_PHASE_PROMPT : TM_MOE_PHASE_DECODE;
         CHECK(model_decode(cpu->ctx, toks + i, n, ph, false));
         CHECK(model_decode(gpu->ctx, toks + i, n, ph, false));
-        const int t = route_compare(&cpu->route, &gpu->route, n, what);
+        const int t = route_compare(&cpu->route, &gpu->route, n, tie, what);
         ties += t;
         const double err = rel_l2(gpu->ctx->logits, cpu->ctx->logits, V);
         const double tol = n > TM_CUDA_MMVQ_MAX_TOK ? tol_prompt : tol_decode;
@@ -208,7 +212,10 @@ void check_model(void **state) {
         model_run_open(&gpu, m, cases[c].ngl, false, cases[c].kv, 24, 2);
         assert_int_equal(gpu.ctx->n_gpu_layers, cases[c].ngl > 3 ? 3 : cases[c].ngl);
         /* 40 prompt tokens: batches of 24 (tensor cores) and 16, then 16 decode steps */
-        compare_runs(m, toks, 40, 16, &cpu, &gpu, TOL_PROMPT, TOL_DECODE, cases[c].what);
+        /* a split run's CPU layers use the normal mode (8-bit activations) */
+        const bool split = cases[c].ngl < 3;
+        compare_runs(m, toks, 40, 16, &cpu, &gpu, split ? TOL_QUANT : TOL_PROMPT,
+                     split ? TOL_QUANT : TOL_DECODE, split ? TIE_QUANT : TIE, cases[c].what);
         model_run_close(&cpu), model_run_close(&gpu);
     }
 
@@ -237,7 +244,7 @@ void check_model(void **state) {
     model_run_open(&c1, m, 0, false, TM_TYPE_F16, 16, 0);
     model_run_open(&g1, m, 1 << 20, false, TM_TYPE_F16, 16, 0);
     /* 12 prompt tokens (one tensor-core batch), then 4 decode steps */
-    compare_runs(m, toks, 12, 4, &c1, &g1, TOL_QUANT, TOL_QUANT, big);
+    compare_runs(m, toks, 12, 4, &c1, &g1, TOL_QUANT, TOL_QUANT, TIE_QUANT, big);
     model_run_close(&c1), model_run_close(&g1);
     model_free(m);
 }
