@@ -196,7 +196,7 @@ static void test_bench(void **state) {
         for (int ti = 0; ti < 2; ti++) {
             for (int i = -BENCH_WARMUP; i < reps; i++) {
                 CHECK(cuda_timer_start(tm));
-                CHECK(cuda_router_select(&rp, l, toks[ti], ids, w, s));
+                CHECK(cuda_router_select(&rp, l, toks[ti], ids, w, NULL, s));
                 CHECK(cuda_timer_stop(tm, i >= 0 ? &ms[i] : &one));
             }
             bench_add("router softmax top-8", "128 experts", toks[ti], ms, reps,

@@ -180,8 +180,11 @@ typedef struct tm_cuda_router_params {
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
 #define TM_CUDA_ROUTER_MAX_USED   32
+/* items (may be NULL): also items[t*n_used + j] = {ids[t][j], t, weights[t][j]},
+ * the top-k as a work list for cuda_moe_grouped (decode, no host trip). */
 tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
-                             int32_t *ids, float *weights, tm_cuda_stream stream);
+                             int32_t *ids, float *weights, tm_cuda_moe_item *items,
+                             tm_cuda_stream stream);
 
 /* norm_rope.cu */
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (w may be NULL); y may alias x. */
@@ -194,11 +197,10 @@ tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_
                          int64_t head_dim, float base, tm_cuda_stream stream);
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream);
-
-/* router.cu: items[t*n_used + j] = {ids[t][j], t, weights[t][j]}: the
- * router's top-k as a work list for cuda_moe_grouped (decode, no host trip). */
-tm_status cuda_router_items(const int32_t *ids, const float *weights, int64_t n_tok, int32_t n_used,
-                            tm_cuda_moe_item *items, tm_cuda_stream stream);
+/* The residual add and the next norm in one launch: x[r] += a[r], then
+ * h[r] = rmsnorm(x[r]) * w, for n_rows rows of n. */
+tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t n_rows,
+                           int64_t n, float eps, tm_cuda_stream stream);
 
 /* ---- attention.cu ----
  * Positions come from device memory (*pos0: the position of the batch's first

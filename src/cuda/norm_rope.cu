@@ -7,36 +7,108 @@
 
 #include "cuda/cuda_common.cuh"
 
-#define TM_NORM_THREADS 256
+#define TM_NORM_THREADS     256
+#define TM_NORM_VEC_THREADS 512 /* vector path: one float4 a thread at n = 2048 */
+#define TM_NORM_VEC_MAX     4   /* float4s a thread keeps in registers: n <= 8192 */
 
-/* One block per row: a block-wide sum of squares, then scale (and gain). */
-__global__ void __launch_bounds__(TM_NORM_THREADS)
-    tm_rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, int64_t n, float eps) {
-    __shared__ float part[TM_NORM_THREADS / TM_CUDA_WARP];
-    const float *xr = x + (int64_t)blockIdx.x * n;
-    float *yr = y + (int64_t)blockIdx.x * n;
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += TM_NORM_THREADS) s += xr[i] * xr[i];
+/* Block-wide sum for the norm kernels (every thread gets the total). */
+template <int THREADS> static __device__ __forceinline__ float tm_block_sum(float s) {
+    __shared__ float part[THREADS / TM_CUDA_WARP];
     s = tm_warp_sum(s);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
     __syncthreads();
     float tot = 0.0f;
 #pragma unroll
-    for (int i = 0; i < TM_NORM_THREADS / TM_CUDA_WARP; i++) tot += part[i];
-    const float scale = 1.0f / sqrtf(tot / (float)n + eps);
-    /* y may alias x: each element is read then written by the same thread, after
-     * the barrier that ended every read of the sum */
+    for (int i = 0; i < THREADS / TM_CUDA_WARP; i++) tot += part[i];
+    return tot;
+}
+
+/* One block per row, any n: a block-wide sum of squares, then scale (and
+ * gain). ADD: x[r] += a[r] first (each thread adds, then reads back, only its
+ * own elements). y may alias x: each element is read then written by the same
+ * thread, after the barrier that ended every read of the sum. */
+template <bool ADD>
+__global__ void __launch_bounds__(TM_NORM_THREADS)
+    tm_rmsnorm_kernel(float *y, float *x, const float *a, const float *__restrict__ w, int64_t n,
+                      float eps) {
+    float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += TM_NORM_THREADS) {
+        float v = xr[i];
+        if (ADD) xr[i] = v = v + a[(int64_t)blockIdx.x * n + i];
+        s += v * v;
+    }
+    const float scale = 1.0f / sqrtf(tm_block_sum<TM_NORM_THREADS>(s) / (float)n + eps);
     for (int64_t i = threadIdx.x; i < n; i += TM_NORM_THREADS)
         yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
 }
 
+/* n % 4 == 0 and n <= 4 * TM_NORM_VEC_THREADS * TM_NORM_VEC_MAX: the row is
+ * read once, in float4s kept in registers (a decode step's norm is a few KiB:
+ * its time is the latency of its loads, so there is one round of them). */
+template <bool ADD>
+__global__ void __launch_bounds__(TM_NORM_VEC_THREADS)
+    tm_rmsnorm_vec_kernel(float *y, float *x, const float *a, const float *__restrict__ w,
+                          int64_t n, float eps) {
+    const int64_t n4 = n / 4, row = (int64_t)blockIdx.x * n4;
+    float4 *x4 = (float4 *)x + row, *y4 = (float4 *)y + row;
+    float4 v[TM_NORM_VEC_MAX];
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < TM_NORM_VEC_MAX; j++) {
+        const int64_t i = threadIdx.x + (int64_t)j * TM_NORM_VEC_THREADS;
+        if (i >= n4) break;
+        v[j] = x4[i];
+        if (ADD) {
+            const float4 b = ((const float4 *)a)[row + i];
+            v[j].x += b.x, v[j].y += b.y, v[j].z += b.z, v[j].w += b.w;
+            x4[i] = v[j];
+        }
+        s += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    const float scale = 1.0f / sqrtf(tm_block_sum<TM_NORM_VEC_THREADS>(s) / (float)n + eps);
+#pragma unroll
+    for (int j = 0; j < TM_NORM_VEC_MAX; j++) {
+        const int64_t i = threadIdx.x + (int64_t)j * TM_NORM_VEC_THREADS;
+        if (i >= n4) break;
+        float4 o = v[j];
+        o.x *= scale, o.y *= scale, o.z *= scale, o.w *= scale;
+        if (w) {
+            const float4 g = ((const float4 *)w)[i];
+            o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
+        }
+        y4[i] = o;
+    }
+}
+
+template <bool ADD>
+static tm_status tm_rmsnorm_launch(const char *op, float *y, float *x, const float *a,
+                                   const float *w, int64_t n_rows, int64_t n, float eps,
+                                   cudaStream_t stream) {
+    if (n_rows <= 0 || n <= 0 || n_rows > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "%s: %lld rows of %lld", op, (long long)n_rows,
+                            (long long)n);
+    const bool vec = n % 4 == 0 && n <= 4LL * TM_NORM_VEC_THREADS * TM_NORM_VEC_MAX &&
+                     (((uintptr_t)y | (uintptr_t)x | (uintptr_t)a | (uintptr_t)w) & 15) == 0;
+    if (vec)
+        tm_rmsnorm_vec_kernel<ADD>
+            <<<(unsigned)n_rows, TM_NORM_VEC_THREADS, 0, stream>>>(y, x, a, w, n, eps);
+    else
+        tm_rmsnorm_kernel<ADD>
+            <<<(unsigned)n_rows, TM_NORM_THREADS, 0, stream>>>(y, x, a, w, n, eps);
+    return tm_cuda_launch_check(op, n_rows, n, 1);
+}
+
 extern "C" tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows,
                                   int64_t n, float eps, tm_cuda_stream stream) {
-    if (n_rows <= 0 || n <= 0 || n_rows > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "cuda_rmsnorm: %lld rows of %lld", (long long)n_rows,
-                            (long long)n);
-    tm_rmsnorm_kernel<<<(unsigned)n_rows, TM_NORM_THREADS, 0, stream>>>(y, x, w, n, eps);
-    return tm_cuda_launch_check("cuda_rmsnorm", n_rows, n, 1);
+    /* x is only read without ADD */
+    return tm_rmsnorm_launch<false>("cuda_rmsnorm", y, (float *)x, NULL, w, n_rows, n, eps, stream);
+}
+
+extern "C" tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w,
+                                      int64_t n_rows, int64_t n, float eps, tm_cuda_stream stream) {
+    return tm_rmsnorm_launch<true>("cuda_add_rmsnorm", h, x, a, w, n_rows, n, eps, stream);
 }
 
 /* One thread per rotated pair (token, head, i < d/2). Angles in double like

@@ -7,7 +7,8 @@
  * Each lane holds experts lane, lane+32, ... (16 registers for 512 experts);
  * top-k is k rounds of a warp arg-max with a per-lane "taken" bit mask, and
  * lane j keeps the j-th winner, so the k results never touch memory until
- * they are written. Sums are float (the CPU's softmax sums in double): the
+ * they are written (with, when asked, the decode work items {id, t, weight}
+ * for cuda_moe_grouped). Sums are float (the CPU's softmax sums in double): the
  * weights agree to float rounding, ids agree except where two scores are
  * within that rounding of each other. */
 #include <math.h>
@@ -24,7 +25,8 @@ static __device__ __forceinline__ bool tm_better(float av, int ai, float bv, int
 
 __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     tm_router_kernel(tm_cuda_router_params p, const float *__restrict__ logits, int64_t n_tok,
-                     int32_t *__restrict__ ids, float *__restrict__ weights) {
+                     int32_t *__restrict__ ids, float *__restrict__ weights,
+                     tm_cuda_moe_item *__restrict__ items) {
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
     const int64_t t = (int64_t)blockIdx.x * TM_ROUTER_WARPS + (threadIdx.x >> 5);
     if (t >= n_tok) return; /* whole warp */
@@ -99,12 +101,17 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     if (mine) {
         ids[t * K + lane] = my_id;
         weights[t * K + lane] = w;
+        if (items) { /* the decode work list, without a launch of its own */
+            tm_cuda_moe_item it;
+            it.slot = my_id, it.token = (int32_t)t, it.weight = w;
+            items[t * K + lane] = it;
+        }
     }
 }
 
 extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits,
                                         int64_t n_tok, int32_t *ids, float *weights,
-                                        tm_cuda_stream stream) {
+                                        tm_cuda_moe_item *items, tm_cuda_stream stream) {
     if (p->n_expert < 1 || p->n_expert > TM_CUDA_ROUTER_MAX_EXPERT || p->n_used < 1 ||
         p->n_used > TM_CUDA_ROUTER_MAX_USED || p->n_used > p->n_expert)
         return tm_error_set(
@@ -121,32 +128,6 @@ extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const fl
     if (blocks > 0x7fffffffLL)
         return tm_error_set(TM_ERR_ARG, "cuda_router_select: too many tokens");
     tm_router_kernel<<<(unsigned)blocks, TM_ROUTER_WARPS * TM_CUDA_WARP, 0, stream>>>(
-        *p, logits, n_tok, ids, weights);
+        *p, logits, n_tok, ids, weights, items);
     return tm_cuda_launch_check("cuda_router_select", n_tok, p->n_expert, p->n_used);
-}
-
-/* One thread per (token, slot): the top-k as grouped-expert work items. */
-__global__ void tm_router_items_kernel(const int32_t *__restrict__ ids,
-                                       const float *__restrict__ weights, int64_t n, int32_t k,
-                                       tm_cuda_moe_item *__restrict__ items) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    tm_cuda_moe_item it;
-    it.slot = ids[i];
-    it.token = (int32_t)(i / k);
-    it.weight = weights[i];
-    items[i] = it;
-}
-
-extern "C" tm_status cuda_router_items(const int32_t *ids, const float *weights, int64_t n_tok,
-                                       int32_t n_used, tm_cuda_moe_item *items,
-                                       tm_cuda_stream stream) {
-    if (n_tok < 0 || n_used < 1 || n_tok * n_used > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "cuda_router_items: %lld tokens x %d used",
-                            (long long)n_tok, n_used);
-    const int64_t n = n_tok * n_used;
-    if (n == 0) return TM_OK;
-    tm_router_items_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(ids, weights, n, n_used,
-                                                                            items);
-    return tm_cuda_launch_check("cuda_router_items", n_tok, n_used, 1);
 }

@@ -464,15 +464,14 @@ static tm_status gpu_layer_run(tm_context *ctx, qwen3moe_gpu *g, int l, int64_t 
         (st = gpu_prof(ctx, g, TM_PROF_ATTENTION, &t)) ||
         (st = gpu_matmul(g, &G->wo, g->att, n_tok, g->attn_out)) ||
         (st = gpu_prof(ctx, g, TM_PROF_ATTN_PROJ, &t)) ||
-        (st = cuda_add(g->x, g->x, g->attn_out, n_tok * E, g->s)) ||
-        (st = cuda_rmsnorm(g->h, g->x, G->ffn_norm, n_tok, E, c->rms_eps, g->s)) ||
+        (st = cuda_add_rmsnorm(g->x, g->attn_out, g->h, G->ffn_norm, n_tok, E, c->rms_eps, g->s)) ||
         (st = gpu_prof(ctx, g, TM_PROF_NORM, &t)))
         return st;
 
     /* mixture of experts: the residual stream takes the weighted expert sum directly */
     if ((st = gpu_matmul(g, &G->router, g->h, n_tok, g->router_logits)) ||
         (st = cuda_router_select(&g->router, g->router_logits, n_tok, g->topk_ids, g->topk_w,
-                                 g->s)) ||
+                                 decode ? g->items : NULL, g->s)) ||
         (st = gpu_prof(ctx, g, TM_PROF_ROUTER, &t)))
         return st;
     if (ctx->params.cb) { /* the tracer and the tests see the routing as on the CPU */
@@ -488,8 +487,8 @@ static tm_status gpu_layer_run(tm_context *ctx, qwen3moe_gpu *g, int l, int64_t 
         emit(ctx, "topk_weights", l, s->topk_w, n_tok, K, false);
     }
     if (decode) {
-        if ((st = cuda_router_items(g->topk_ids, g->topk_w, n_tok, (int32_t)K, g->items, g->s)) ||
-            (st =
+        /* the router wrote the work items */
+        if ((st =
                  cuda_moe_grouped(&G->moe, g->items, n_tok * K, g->h, n_tok, g->x, g->moe_h, g->s)))
             return st;
     } else if ((st = gpu_moe_prompt(ctx, g, G, n_tok)))

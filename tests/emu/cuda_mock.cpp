@@ -145,9 +145,9 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     }
     return TM_OK;
 }
-tm_status cuda_router_select(const tm_cuda_router_params *p, const float *l, int64_t T, int32_t *ids, float *w, tm_cuda_stream) {
+tm_status cuda_router_select(const tm_cuda_router_params *p, const float *l, int64_t T, int32_t *ids, float *w, tm_cuda_moe_item *items, tm_cuda_stream) {
     if (fast()) return TM_OK;
-    for (int64_t t = 0; t < T; t++) emu_warp((unsigned)(t / 4), 0, (int)(t % 4), [&] { tm_router_kernel(*p, l, T, ids, w); });
+    for (int64_t t = 0; t < T; t++) emu_warp((unsigned)(t / 4), 0, (int)(t % 4), [&] { tm_router_kernel(*p, l, T, ids, w, items); });
     return TM_OK;
 }
 tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t R, int64_t n, float eps, tm_cuda_stream) {
@@ -169,6 +169,10 @@ tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t T, int64_t H, int
         xh[i] = fmaf(a, c, -b * s); xh[i + half] = fmaf(a, s, b * c);
     }
     return TM_OK;
+}
+tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t R, int64_t n, float eps, tm_cuda_stream s) {
+    for (int64_t i = 0; i < R * n; i++) x[i] += a[i];
+    return cuda_rmsnorm(h, x, w, R, n, eps, s);
 }
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream) { for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; return TM_OK; }
 }
