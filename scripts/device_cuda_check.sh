@@ -52,7 +52,7 @@ if [ "${NO_MEMCHECK:-0}" = 1 ]; then
     echo "== memcheck skipped (NO_MEMCHECK=1)"
 elif command -v compute-sanitizer > /dev/null; then
     echo "== compute-sanitizer memcheck (out-of-bounds and misaligned device accesses)"
-    timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    timeout ${MEMCHECK_TIMEOUT:-400} compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
         "$BUILD/tests/test_cuda_ops" > "$OUT/memcheck.log" 2>&1
     rc=$?
     grep -E "ERROR SUMMARY|Invalid|out of bounds|misaligned|PASSED|FAILED" "$OUT/memcheck.log" | head -20

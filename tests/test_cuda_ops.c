@@ -326,10 +326,19 @@ static void test_router(void **state) {
                 float *w_d = dev_alloc((size_t)T * K * sizeof(float));
                 CHECK(cuda_fill_bytes(g_dev, ids_d, 0xff, (size_t)T * K * sizeof(int32_t)));
                 CHECK(cuda_fill_bytes(g_dev, w_d, 0xff, (size_t)T * K * sizeof(float)));
-                CHECK(cuda_router_select(&gp, l_d, T, ids_d, w_d, cuda_device_stream(g_dev)));
+                tm_cuda_moe_item *it_d = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                tm_cuda_moe_item *its = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                CHECK(cuda_router_select(&gp, l_d, T, ids_d, w_d, it_d, cuda_device_stream(g_dev)));
                 CHECK(cuda_device_sync(g_dev));
                 CHECK(cuda_copy_to_host(g_dev, gids, ids_d, (size_t)T * K * sizeof(int32_t)));
                 CHECK(cuda_copy_to_host(g_dev, gw, w_d, (size_t)T * K * sizeof(float)));
+                CHECK(cuda_copy_to_host(g_dev, its, it_d, (size_t)T * K * sizeof(*its)));
+                for (int64_t i = 0; i < T * K; i++) /* the work items restate the top-k */
+                    if (its[i].slot != gids[i] || its[i].token != i / K || its[i].weight != gw[i])
+                        fail_msg("router item %lld: {%d, %d, %g}, want {%d, %lld, %g}",
+                                 (long long)i, its[i].slot, its[i].token, its[i].weight, gids[i],
+                                 (long long)(i / K), gw[i]);
+                free(its);
                 for (int64_t t = 0; t < T; t++) {
                     int tie = 0;
                     for (int32_t j = 0; j < K && !tie; j++) {
@@ -368,32 +377,48 @@ static void test_norm_rope_add(void **state) {
     tm_rng r;
     tm_rng_seed(&r, 0x2020);
     const tm_cuda_stream s = cuda_device_stream(g_dev);
-    static const int64_t rows_l[] = {1, 3, 17}, n_l[] = {7, 128, 2048, 4097};
+    /* n: odd (scalar path), float4 rows kept in registers (128, 2048, 8192), a
+     * multiple of 4 too long for registers (12288) */
+    static const int64_t rows_l[] = {1, 3, 17}, n_l[] = {7, 128, 2048, 4097, 8192, 12288};
     for (int ri = 0; ri < 3; ri++)
-        for (int ni = 0; ni < 4; ni++)
-            for (int variant = 0; variant < 2;
-                 variant++) { /* 0: gain, out of place; 1: no gain, in place */
+        for (int ni = 0; ni < 6; ni++)
+            /* 0: gain, out of place; 1: no gain, in place; 2: x += a, then the norm */
+            for (int variant = 0; variant < 3; variant++) {
                 const int64_t R = rows_l[ri], N = n_l[ni];
                 float *x = xmalloc((size_t)R * N * 4), *wt = xmalloc((size_t)N * 4),
-                      *y = xmalloc((size_t)R * N * 4);
+                      *y = xmalloc((size_t)R * N * 4), *a = xmalloc((size_t)R * N * 4);
                 float *ref = xmalloc((size_t)R * N * 4);
                 fill_normal(&r, x, R * N, 3.0f);
+                fill_normal(&r, a, R * N, 3.0f);
                 fill_normal(&r, wt, N, 1.0f);
-                for (int64_t i = 0; i < R; i++)
-                    cpu_rmsnorm(ref + i * N, x + i * N, variant ? NULL : wt, N, 1e-6f);
                 cuda_pool_reset(g_pool);
                 float *x_d = dev_upload(x, (size_t)R * N * 4), *w_d = dev_upload(wt, (size_t)N * 4);
-                float *y_d = variant ? x_d : dev_alloc((size_t)R * N * 4);
-                if (!variant) CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)R * N * 4));
-                CHECK(cuda_rmsnorm(y_d, x_d, variant ? NULL : w_d, R, N, 1e-6f, s));
+                float *a_d = dev_upload(a, (size_t)R * N * 4);
+                if (variant == 2)
+                    for (int64_t i = 0; i < R * N; i++) x[i] += a[i];
+                for (int64_t i = 0; i < R; i++)
+                    cpu_rmsnorm(ref + i * N, x + i * N, variant == 1 ? NULL : wt, N, 1e-6f);
+                float *y_d = variant == 1 ? x_d : dev_alloc((size_t)R * N * 4);
+                if (variant != 1) CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)R * N * 4));
+                if (variant == 2)
+                    CHECK(cuda_add_rmsnorm(x_d, a_d, y_d, w_d, R, N, 1e-6f, s));
+                else
+                    CHECK(cuda_rmsnorm(y_d, x_d, variant ? NULL : w_d, R, N, 1e-6f, s));
                 CHECK(cuda_device_sync(g_dev));
                 CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)R * N * 4));
                 /* both sides sum N squares in float: the scale is within (N + 8) u */
                 for (int64_t i = 0; i < R * N; i++)
                     if (!(fabs(y[i] - ref[i]) <= (double)(N + 8) * U32 * fabs(ref[i]) + 1e-30))
-                        fail_msg("rmsnorm %lld x %lld: y[%lld] = %.9g, cpu %.9g", (long long)R,
-                                 (long long)N, (long long)i, y[i], ref[i]);
-                free(x), free(wt), free(y), free(ref);
+                        fail_msg("rmsnorm %lld x %lld variant %d: y[%lld] = %.9g, cpu %.9g",
+                                 (long long)R, (long long)N, variant, (long long)i, y[i], ref[i]);
+                if (variant == 2) { /* the residual itself: one float add, exact match */
+                    CHECK(cuda_copy_to_host(g_dev, y, x_d, (size_t)R * N * 4));
+                    for (int64_t i = 0; i < R * N; i++)
+                        if (y[i] != x[i])
+                            fail_msg("add_rmsnorm %lld x %lld: x[%lld] = %.9g, want %.9g",
+                                     (long long)R, (long long)N, (long long)i, y[i], x[i]);
+                }
+                free(x), free(wt), free(y), free(a), free(ref);
             }
     static const int64_t heads_l[] = {1, 4, 32}, hd_l[] = {2, 64, 128};
     for (int hi = 0; hi < 3; hi++)
@@ -464,9 +489,9 @@ int main(void) {
     cuda_device_close(probe);
     /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),   cmocka_unit_test(test_moe_grouped),
-        cmocka_unit_test(test_router), cmocka_unit_test(test_norm_rope_add),
-        cmocka_unit_test(check_model),
+        cmocka_unit_test(test_mmvq),       cmocka_unit_test(test_moe_grouped),
+        cmocka_unit_test(test_router),     cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(check_model),     cmocka_unit_test(check_gemm),
         cmocka_unit_test(check_attention),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),

@@ -1,0 +1,386 @@
+/* cuda_attn_prepare and cuda_attention (src/cuda/attention.cu) against a
+ * double-precision reference written here from the contract in cuda.h (not
+ * from the CPU engine): RMSNorm per head with its weight, NeoX RoPE with
+ * theta_i = pos * base^(-2i/d), the K/V store, and causal softmax attention
+ * over grouped-query heads (head h reads KV head h / (n_head / n_head_kv)).
+ *
+ * A case fills both caches (plus a guard row past n_ctx) with NaN bytes,
+ * writes the history rows 0 .. pos0-1 with one prepare and the batch rows
+ * pos0 .. pos0+n_tok-1 with another; after each, q and the written rows are
+ * compared and every other byte of the caches must be unchanged. Attention
+ * then runs on the device's q and caches; the reference reads the same values
+ * back (K/V as stored: f16-rounded when the cache is f16), so its tolerance
+ * covers only the kernel's float32 arithmetic. Rows past the batch stay NaN:
+ * a kernel that reads one, even with weight 0, fails.
+ *
+ * Tolerances, first-order worst-case bounds with u = 2^-24:
+ *   prepare: the float sum of d squares is within d u relative, so the RMS
+ *     scale is within (d/2 + 3) u; times x and w, then the rotation with
+ *     float cos/sin (1 u each) and a possible FMA:
+ *       |err| <= ((norm ? d : 0) + 8) u (|a| + |b|)
+ *     for the pair (a, b) after the norm. f16 K rows add the half rounding,
+ *     2^-11 |y| (2^-25 in the subnormal range). V rows must be exact: the
+ *     float itself, or its round-to-nearest-even half, bit for bit.
+ *   attention, per output o_i = Σ_j P_j v_ji (P: softmax of s_j over the
+ *     row's n keys): a score is a float dot of d products and one scaling,
+ *     |δs_j| <= (d + 3) u scale Σ_i |q_i k_ji|; each weight is further off by
+ *     rounding s_j - m (u |s_j - m|, m the running max), expf (4 u) and every
+ *     online or combine rescale it goes through (<= n/32 + 2 of them, 6 u
+ *     each, plus u times the max's total rise, <= 3 u (s_max - s_min) with
+ *     the rounding of s_j - m). Relative weight errors ε_j move o_i by
+ *     Σ_j P_j ε_j |v_ji - o_i| (a common factor cancels). The float sums of
+ *     p v and of p over n keys (per lane, warp, splits) add
+ *     (n + 40) u (Σ_j P_j |v_ji| + |o_i|), the final scaling 4 u |o_i|.
+ * The bounds are worst cases (errors grow like sqrt(n) in practice), yet a
+ * wrong scale, one key past the causal limit, a wrong KV head or rope angle
+ * moves outputs by about 1/n or more: hundreds of times these bounds. */
+#ifdef TM_HAVE_CUDA
+#include "cuda_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct head_cfg {
+    int32_t n_head, n_head_kv, d;
+    float base, scale; /* scale 0: 1/sqrt(d) */
+} head_cfg;
+
+static const head_cfg k_heads[] = {
+    {32, 4, 128, 1e6f, 0},   /* Qwen3-30B-A3B */
+    {6, 3, 64, 1e4f, 0},     /* odd head count */
+    {4, 4, 80, 1e4f, 0.25f}, /* no grouping, another scale */
+    {2, 1, 6, 1e4f, 0},      /* head_dim % 4 != 0: the scalar tile loads */
+    {8, 2, 256, 1e6f, 0},    /* the largest head: over 48 KiB of shared memory */
+};
+
+enum {
+    A_CTX = 1,  /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
+    A_NORM = 2, /* q_norm / k_norm given, else NULL */
+    A_MIS = 4,  /* cache bases 4 bytes off 16-byte alignment: no vector loads */
+};
+
+typedef struct attn_case {
+    int hc; /* k_heads index */
+    tm_type kv;
+    int32_t pos0;
+    int64_t n_tok, n_ctx;
+    int flags;
+} attn_case;
+
+#define F16 TM_TYPE_F16
+#define F32 TM_TYPE_F32
+/* n_tok > 8 takes the prompt path, 1..8 the split decode path (every count
+ * appears); pos0 = 700 crosses 22 tiles of 32 keys. */
+static const attn_case k_cases[] = {
+    {0, F16, 0, 9, 1024, A_NORM},
+    {0, F16, 0, 200, 1024, A_NORM},
+    {0, F32, 700, 40, 1024, A_NORM},
+    {0, F16, 0, 1, 4096, A_CTX | A_NORM},
+    {0, F16, 700, 1, 1024, A_NORM},
+    {0, F16, 700, 1, 4096, A_CTX | A_NORM},
+    {0, F32, 5, 1, 4096, A_CTX | A_NORM}, /* all but one split exit */
+    {0, F16, 33, 8, 1024, A_CTX | A_NORM},
+    {0, F32, 100, 3, 1024, 0},
+    {1, F32, 0, 3, 256, A_NORM},
+    {1, F16, 0, 40, 256, 0},
+    {1, F16, 300, 5, 1024, A_CTX | A_NORM},
+    {1, F32, 64, 9, 256, A_NORM},
+    {1, F16, 61, 5, 64, A_NORM}, /* runs past n_ctx: prepare stores 3 rows, no attention */
+    {2, F16, 0, 1, 64, A_NORM},
+    {2, F32, 31, 2, 1024, A_CTX},
+    {2, F16, 700, 200, 1024, A_NORM},
+    {2, F16, 50, 7, 1024, A_CTX | A_MIS},
+    {3, F32, 0, 9, 64, A_NORM},
+    {3, F16, 40, 4, 1024, A_CTX},
+    {3, F32, 700, 1, 1024, A_CTX | A_NORM},
+    {3, F16, 0, 200, 256, A_NORM},
+    {4, F16, 0, 40, 256, A_NORM},
+    {4, F32, 200, 6, 1024, A_CTX | A_NORM},
+    {4, F16, 0, 3, 64, 0},
+    {4, F32, 10, 9, 64, A_MIS},
+};
+
+typedef struct attn_state {
+    const attn_case *c;
+    tm_cuda_attn_params p;
+    int64_t kvw;                  /* values per cache row: n_head_kv * head_dim */
+    size_t esz, bytes;            /* cache element size; bytes with the guard row */
+    uint8_t *kc_d, *vc_d;         /* device caches */
+    uint8_t *kc, *vc, *kc2, *vc2; /* host: what the caches must hold; read back */
+    float *qw, *kw, *qw_d, *kw_d; /* norm weights (NULL without A_NORM) */
+    int32_t *pos_d;
+    double worst_prep;
+} attn_state;
+
+static double cache_at(const attn_state *s, const uint8_t *cache, int64_t i) {
+    if (s->p.kv_type == TM_TYPE_F32) {
+        float f;
+        memcpy(&f, cache + i * 4, 4);
+        return f;
+    }
+    tm_half h;
+    memcpy(&h, cache + i * 2, 2);
+    return quant_f16_to_f32(h);
+}
+
+/* One head row x at position pos: RMSNorm with w (none when NULL), then NeoX
+ * RoPE; tol[i] is the prepare bound of the top comment. */
+static void ref_head(const attn_state *s, const float *x, const float *w, int64_t pos, double *y,
+                     double *tol) {
+    const int32_t d = s->p.head_dim, half = d / 2;
+    double sc = 1;
+    if (w) {
+        double ss = 0;
+        for (int32_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
+        sc = 1 / sqrt(ss / d + (double)s->p.rms_eps);
+    }
+    for (int32_t i = 0; i < half; i++) {
+        const double a = x[i] * sc * (w ? w[i] : 1), b = x[i + half] * sc * (w ? w[i + half] : 1);
+        const double th = (double)pos * pow((double)s->p.rope_base, -2.0 * i / d);
+        y[i] = a * cos(th) - b * sin(th);
+        y[i + half] = a * sin(th) + b * cos(th);
+        tol[i] = tol[i + half] = ((w ? d : 0) + 8) * U32 * (fabs(a) + fabs(b)) + 1e-30;
+    }
+}
+
+/* cuda_attn_prepare on n fresh random tokens at position pos; checks q, the
+ * rows written and that nothing else changed. *q_d / *q: the rotated q on the
+ * device and read back. */
+static void prep_check(attn_state *s, tm_rng *r, int32_t pos, int64_t n, float **q_d, float **q) {
+    const int64_t H = s->p.n_head, d = s->p.head_dim, kvw = s->kvw, nq = n * H * d, nk = n * kvw;
+    const bool f16 = s->p.kv_type == TM_TYPE_F16;
+    float *qi = xmalloc((size_t)nq * 4), *k = xmalloc((size_t)nk * 4), *v = xmalloc((size_t)nk * 4);
+    float *qo = xmalloc((size_t)nq * 4);
+    fill_normal(r, qi, nq, 1.5f);
+    fill_normal(r, k, nk, 1.5f);
+    fill_normal(r, v, nk, 1.0f);
+    float *qd = dev_upload(qi, (size_t)nq * 4);
+    const float *kd = dev_upload(k, (size_t)nk * 4), *vd = dev_upload(v, (size_t)nk * 4);
+    CHECK(cuda_copy_to_device(g_dev, s->pos_d, &pos, 4));
+    CHECK(cuda_attn_prepare(&s->p, qd, kd, vd, s->qw_d, s->kw_d, s->pos_d, n, s->kc_d, s->vc_d,
+                            cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, qo, qd, (size_t)nq * 4));
+    CHECK(cuda_copy_to_host(g_dev, s->kc2, s->kc_d, s->bytes));
+    CHECK(cuda_copy_to_host(g_dev, s->vc2, s->vc_d, s->bytes));
+
+    double *y = xmalloc((size_t)d * 8), *tol = xmalloc((size_t)d * 8);
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            ref_head(s, qi + (t * H + h) * d, s->qw, pos + t, y, tol);
+            for (int64_t i = 0; i < d; i++) {
+                const double err = fabs(qo[(t * H + h) * d + i] - y[i]);
+                if (!(err <= tol[i]))
+                    fail_msg("attn_prepare d %lld pos %lld: q[%lld][%lld][%lld] = %.9g, ref %.9g, "
+                             "tol %.3g",
+                             (long long)d, (long long)(pos + t), (long long)t, (long long)h,
+                             (long long)i, qo[(t * H + h) * d + i], y[i], tol[i]);
+                s->worst_prep = fmax(s->worst_prep, err / tol[i]);
+            }
+        }
+        const int64_t row = pos + t;
+        if (row >= s->p.n_ctx) continue; /* not stored: the guard row stays NaN */
+        for (int64_t g = 0; g < s->p.n_head_kv; g++) {
+            ref_head(s, k + t * kvw + g * d, s->kw, row, y, tol);
+            for (int64_t i = 0; i < d; i++) {
+                const double got = cache_at(s, s->kc2, row * kvw + g * d + i);
+                const double lim = tol[i] + (f16 ? 0x1p-11 * (fabs(y[i]) + tol[i]) + 0x1p-25 : 0);
+                const double err = fabs(got - y[i]);
+                if (!(err <= lim))
+                    fail_msg("attn_prepare %s d %lld: k cache row %lld head %lld [%lld] = %.9g, "
+                             "ref %.9g, tol %.3g",
+                             f16 ? "f16" : "f32", (long long)d, (long long)row, (long long)g,
+                             (long long)i, got, y[i], lim);
+                s->worst_prep = fmax(s->worst_prep, err / lim);
+            }
+        }
+        for (int64_t i = 0; i < kvw; i++) {
+            const float x = v[t * kvw + i];
+            tm_half h;
+            memcpy(&h, s->vc2 + (row * kvw + i) * 2, 2);
+            const bool same =
+                f16 ? h == quant_f32_to_f16(x) : cache_at(s, s->vc2, row * kvw + i) == x;
+            if (!same)
+                fail_msg("attn_prepare %s: v cache row %lld [%lld] = %.9g, want %.9g",
+                         f16 ? "f16" : "f32", (long long)row, (long long)i,
+                         cache_at(s, s->vc2, row * kvw + i), x);
+        }
+        const size_t rb = (size_t)kvw * s->esz;
+        memcpy(s->kc + row * rb, s->kc2 + row * rb, rb);
+        memcpy(s->vc + row * rb, s->vc2 + row * rb, rb);
+    }
+    for (size_t i = 0; i < s->bytes; i++)
+        if (s->kc[i] != s->kc2[i] || s->vc[i] != s->vc2[i])
+            fail_msg("attn_prepare at %d, %lld tokens, n_ctx %lld: %s cache row %lld changed", pos,
+                     (long long)n, (long long)s->p.n_ctx, s->kc[i] != s->kc2[i] ? "k" : "v",
+                     (long long)(i / ((size_t)kvw * s->esz)));
+    free(qi), free(k), free(v), free(y), free(tol);
+    *q_d = qd, *q = qo;
+}
+
+/* cuda_attention for the batch at pos0 (q rotated on the device, q its copy);
+ * returns the worst |err| / tol. */
+static double attn_check(const attn_state *s, const float *q_d, const float *q, int32_t pos0,
+                         int64_t n_tok) {
+    const int64_t H = s->p.n_head, G = H / s->p.n_head_kv, d = s->p.head_dim, kvw = s->kvw;
+    const int64_t n_kv = pos0 + n_tok, n_kv_max = s->c->flags & A_CTX ? s->p.n_ctx : n_kv;
+    const int64_t n_out = n_tok * H * d,
+                  n_scr = cuda_attention_scratch_floats(&s->p, n_tok, n_kv_max);
+    float *scr = NULL;
+    if (n_scr > 0) {
+        scr = dev_alloc((size_t)n_scr * 4);
+        CHECK(cuda_fill_bytes(g_dev, scr, 0xff, (size_t)n_scr * 4));
+    }
+    float *out_d = dev_alloc((size_t)n_out * 4), *out = xmalloc((size_t)n_out * 4);
+    CHECK(cuda_fill_bytes(g_dev, out_d, 0xff, (size_t)n_out * 4)); /* NaN: unwritten fails */
+    CHECK(cuda_attention(&s->p, q_d, s->kc_d, s->vc_d, s->pos_d, n_tok, n_kv_max, out_d, scr,
+                         cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, out, out_d, (size_t)n_out * 4));
+
+    double *K = xmalloc((size_t)(n_kv * kvw) * 8), *V = xmalloc((size_t)(n_kv * kvw) * 8);
+    for (int64_t i = 0; i < n_kv * kvw; i++)
+        K[i] = cache_at(s, s->kc, i), V[i] = cache_at(s, s->vc, i);
+    double *sc = xmalloc((size_t)n_kv * 8), *E = xmalloc((size_t)n_kv * 8),
+           *P = xmalloc((size_t)n_kv * 8);
+    const double scale = s->p.scale;
+    double worst = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t nk = pos0 + t + 1, g = h / G;
+            const float *qr = q + (t * H + h) * d;
+            double smax = -INFINITY, smin = INFINITY, sum = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                const double *kr = K + j * kvw + g * d;
+                double dot = 0, mag = 0;
+                for (int64_t i = 0; i < d; i++) dot += qr[i] * kr[i], mag += fabs(qr[i] * kr[i]);
+                sc[j] = scale * dot;
+                E[j] = (double)(d + 3) * U32 * scale * mag;
+                smax = fmax(smax, sc[j]), smin = fmin(smin, sc[j]);
+            }
+            for (int64_t j = 0; j < nk; j++) sum += P[j] = exp(sc[j] - smax);
+            const double resc = (double)(10 + 6 * (nk / 32 + 2)) * U32 + 3 * U32 * (smax - smin);
+            for (int64_t j = 0; j < nk; j++) P[j] /= sum, E[j] += U32 * (smax - sc[j]) + resc;
+            for (int64_t i = 0; i < d; i++) {
+                const double *vc = V + g * d + i;
+                double o = 0, a = 0, b = 0;
+                for (int64_t j = 0; j < nk; j++) o += P[j] * vc[j * kvw];
+                for (int64_t j = 0; j < nk; j++)
+                    a += P[j] * E[j] * fabs(vc[j * kvw] - o), b += P[j] * fabs(vc[j * kvw]);
+                const double tol =
+                    a + (double)(nk + 40) * U32 * (b + fabs(o)) + 4 * U32 * fabs(o) + 1e-30;
+                const float got = out[(t * H + h) * d + i];
+                const double err = fabs(got - o);
+                if (!(err <= tol))
+                    fail_msg("attention %d/%d/%lld %s pos0 %d n_tok %lld n_kv_max %lld: out[%lld]"
+                             "[%lld][%lld] = %.9g, ref %.9g, tol %.3g",
+                             s->p.n_head, s->p.n_head_kv, (long long)d,
+                             s->p.kv_type == TM_TYPE_F16 ? "f16" : "f32", pos0, (long long)n_tok,
+                             (long long)n_kv_max, (long long)t, (long long)h, (long long)i, got, o,
+                             tol);
+                worst = fmax(worst, err / tol);
+            }
+        }
+    free(out), free(K), free(V), free(sc), free(E), free(P);
+    return worst;
+}
+
+static void attn_run_case(tm_rng *r, const attn_case *c, double *w_prep, double *w_attn) {
+    const head_cfg *hc = &k_heads[c->hc];
+    attn_state s;
+    memset(&s, 0, sizeof(s));
+    s.c = c;
+    s.p.n_head = hc->n_head, s.p.n_head_kv = hc->n_head_kv, s.p.head_dim = hc->d;
+    s.p.n_ctx = c->n_ctx, s.p.kv_type = c->kv, s.p.rms_eps = 1e-6f, s.p.rope_base = hc->base;
+    s.p.scale = hc->scale > 0 ? hc->scale : 1.0f / sqrtf((float)hc->d);
+    s.kvw = (int64_t)hc->n_head_kv * hc->d, s.esz = c->kv == TM_TYPE_F16 ? 2 : 4;
+    s.bytes = (size_t)((c->n_ctx + 1) * s.kvw) * s.esz;
+
+    cuda_pool_reset(g_pool);
+    const size_t off = c->flags & A_MIS ? 4 : 0;
+    s.kc_d = (uint8_t *)dev_alloc(s.bytes + off) + off;
+    s.vc_d = (uint8_t *)dev_alloc(s.bytes + off) + off;
+    CHECK(cuda_fill_bytes(g_dev, s.kc_d, 0xff, s.bytes));
+    CHECK(cuda_fill_bytes(g_dev, s.vc_d, 0xff, s.bytes));
+    s.kc = xmalloc(s.bytes), s.vc = xmalloc(s.bytes), s.kc2 = xmalloc(s.bytes);
+    s.vc2 = xmalloc(s.bytes);
+    memset(s.kc, 0xff, s.bytes), memset(s.vc, 0xff, s.bytes);
+    if (c->flags & A_NORM) {
+        s.qw = xmalloc((size_t)hc->d * 4), s.kw = xmalloc((size_t)hc->d * 4);
+        fill_normal(r, s.qw, hc->d, 0.5f);
+        fill_normal(r, s.kw, hc->d, 0.5f);
+        for (int32_t i = 0; i < hc->d; i++) s.qw[i] += 1.0f, s.kw[i] += 1.5f;
+        s.qw_d = dev_upload(s.qw, (size_t)hc->d * 4), s.kw_d = dev_upload(s.kw, (size_t)hc->d * 4);
+    }
+    s.pos_d = dev_alloc(4);
+
+    float *q_d, *q;
+    if (c->pos0 > 0) { /* the history, written as one earlier batch */
+        prep_check(&s, r, 0, c->pos0, &q_d, &q);
+        free(q);
+    }
+    prep_check(&s, r, c->pos0, c->n_tok, &q_d, &q);
+    if (c->pos0 + c->n_tok <= c->n_ctx)
+        *w_attn = fmax(*w_attn, attn_check(&s, q_d, q, c->pos0, c->n_tok));
+    *w_prep = fmax(*w_prep, s.worst_prep);
+    free(q), free(s.kc), free(s.vc), free(s.kc2), free(s.vc2), free(s.qw), free(s.kw);
+}
+
+static void expect_arg(tm_status st, const char *what) {
+    if (st != TM_ERR_ARG)
+        fail_msg("attention with %s: got %s, want TM_ERR_ARG", what, tm_status_name(st));
+    if (!strstr(tm_error_message(), "cuda_att"))
+        fail_msg("attention with %s: message '%s' names no op", what, tm_error_message());
+}
+
+/* What the launchers must refuse (before launching anything). */
+static void attn_bad_args(void) {
+    const tm_cuda_stream st = cuda_device_stream(g_dev);
+    cuda_pool_reset(g_pool);
+    float *b = dev_alloc((size_t)4 << 20); /* room for every buffer below, were it used */
+    CHECK(cuda_fill_bytes(g_dev, b, 0, (size_t)4 << 20));
+    const int32_t *pos = (const int32_t *)b; /* *pos0 = 0 */
+    const tm_cuda_attn_params ok = {32, 4, 128, 1024, F16, 0.088f, 1e-6f, 1e6f};
+    static const struct {
+        int32_t n_head_kv, d;
+        tm_type kv;
+        const char *what;
+    } bad[] = {
+        {5, 128, F16, "n_head % n_head_kv != 0"}, {4, 63, F16, "an odd head_dim"},
+        {4, 258, F16, "head_dim > 256"},          {4, 0, F16, "head_dim 0"},
+        {4, 128, TM_TYPE_BF16, "a bf16 cache"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        tm_cuda_attn_params p = ok;
+        p.n_head_kv = bad[i].n_head_kv, p.head_dim = bad[i].d, p.kv_type = bad[i].kv;
+        expect_arg(cuda_attn_prepare(&p, b, b, b, NULL, NULL, pos, 2, b, b, st), bad[i].what);
+        expect_arg(cuda_attention(&p, b, b, b, pos, 2, 2, b, b, st), bad[i].what);
+        assert_int_equal(cuda_attention_scratch_floats(&p, 1, 1024), 0);
+    }
+    expect_arg(cuda_attention(&ok, b, b, b, pos, 4, 3, b, b, st), "n_kv_max < n_tok");
+    expect_arg(cuda_attention(&ok, b, b, b, pos, 1, 1025, b, b, st), "n_kv_max > n_ctx");
+    assert_true(cuda_attention_scratch_floats(&ok, 1, 1024) > 0); /* decode splits the keys */
+    expect_arg(cuda_attention(&ok, b, b, b, pos, 1, 1024, b, NULL, st), "no scratch for splits");
+    CHECK(cuda_device_sync(g_dev)); /* nothing was launched that failed */
+}
+
+void check_attention(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0xa77e);
+    for (int hc = 0; hc < (int)(sizeof(k_heads) / sizeof(k_heads[0])); hc++) {
+        int n = 0;
+        double wp = 0, wa = 0;
+        for (size_t i = 0; i < sizeof(k_cases) / sizeof(k_cases[0]); i++)
+            if (k_cases[i].hc == hc) attn_run_case(&r, &k_cases[i], &wp, &wa), n++;
+        printf("attention %d/%d/%d: %d cases ok, worst |err|/tol %.3g (prepare %.3g)\n",
+               k_heads[hc].n_head, k_heads[hc].n_head_kv, k_heads[hc].d, n, wa, wp);
+    }
+    attn_bad_args();
+    printf("attention: bad arguments refused\n");
+}
+
+#endif /* TM_HAVE_CUDA */

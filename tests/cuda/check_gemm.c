@@ -1,0 +1,471 @@
+/* The prompt-path kernels (src/cuda/dequant.cu, gemm.cu, moe_gemm.cu)
+ * against double-precision CPU references.
+ *
+ *   dequant   cuda_dequantize_f16 equals quant_row_dequantize rounded to f16
+ *             (round to nearest even, written here) bit for bit: every type it
+ *             decodes, odd row counts, padded rows, an unaligned output, and
+ *             nothing written past the end.
+ *   gemm      cuda_gemm vs a double dot over the f16-rounded weights and x
+ *             (f32 weights: over the exact weights and x, as cuda_gemm keeps
+ *             them f32 for the router).
+ *   moe_gemm  cuda_moe_grouped_gemm vs a double loop over an expert-major work
+ *             list (f16 weights and x, h rounded to f16 as the kernel does),
+ *             and vs cuda_moe_grouped (decode kernels: f32 x, exact weights)
+ *             within the f16 rounding bound: two independent GPU paths.
+ *   args      unsupported types, k off the block, a NULL handle, bad lists.
+ *
+ * Tolerance of a tensor-core dot of n products (f16 x f16 is exact in f32):
+ *   |err| <= γT(n) Σ|w x|,  γT(n) = 4 (n + 2) u,  u = 2^-24.
+ * (n + 2) u bounds f32 summation in any order (Higham's γ_n, with room for
+ * the output conversion), so cuBLAS's split-K and reduction trees are
+ * covered; the tensor cores' block FMAs align and truncate (round toward
+ * zero: Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021),
+ * which doubles u; the last 2x is margin (f32 weights: an FMA per product,
+ * the same bound). Over all outputs of a gemm case the relative RMS error
+ * must also stay under 2 (k + 2) u: a systematic error (bf16 instead of f16
+ * inputs, or TF32 for f32 weights: 2^-9, 2^-11 per product) fails it, while
+ * truncation bias (about k u / 12 relative) stays far under it. */
+#ifdef TM_HAVE_CUDA
+#include "cuda_check.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define UH (1.0 / 2048.0) /* f16 unit roundoff */
+
+static double gamma_tc(int64_t n) {
+    return 4.0 * (double)(n + 2) * U32;
+}
+
+/* f32 -> f16 bits, round to nearest even, past 65504 to inf (as __float2half_rn). */
+static uint16_t half_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: inf */
+    if (ax < 0x38800000u) /* below 2^-14: steps of 2^-24; the scaling is exact */
+        return (uint16_t)(sign | (uint32_t)nearbyintf(fabsf(f) * 16777216.0f));
+    uint32_t h = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ffu);
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
+static float half_round(float f) {
+    return quant_f16_to_f32(half_bits(f));
+}
+
+static void round_f16(float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) v[i] = half_round(v[i]);
+}
+
+static void half_selftest(void) {
+    static const struct {
+        float f;
+        uint16_t h;
+    } t[] = {
+        {1.0f, 0x3c00},       {-2.0f, 0xc000},       {0x1.002p0f, 0x3c00}, /* tie: to even */
+        {0x1.006p0f, 0x3c02}, {0x1.0021p0f, 0x3c01}, {65519.0f, 0x7bff},
+        {65520.0f, 0x7c00},   {0x1p-24f, 0x0001},    {0x1p-25f, 0x0000},     /* tie: to even */
+        {0x1.8p-24f, 0x0002}, {0x1p-14f, 0x0400},    {0x1.ffcp-15f, 0x0400}, /* tie up to normal */
+        {-0.0f, 0x8000},
+    };
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (half_bits(t[i].f) != t[i].h)
+            fail_msg("half_bits(%a) = 0x%04x, want 0x%04x", (double)t[i].f, half_bits(t[i].f),
+                     t[i].h);
+}
+
+typedef struct shape {
+    int64_t rows, k, n_tok; /* dequant: n_tok 1 puts the output 2 bytes off alignment */
+    size_t pad;             /* extra bytes per weight row */
+} shape;
+
+static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
+                                  TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4,
+                                  TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
+
+static bool is_float(tm_type t) {
+    return t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16;
+}
+
+/* Row stride with at least `pad` extra bytes, a multiple of a float type's element. */
+static size_t row_stride(tm_type t, int64_t k, size_t pad) {
+    const size_t e = t == TM_TYPE_F32 ? 4 : is_float(t) ? 2 : 1;
+    return quant_row_size(t, k) + (pad + e - 1) / e * e;
+}
+
+/* ---- dequantize to f16 ---- */
+
+static int64_t dequant_case(tm_rng *r, tm_type type, const shape *c) {
+    const int64_t rows = c->rows, k = c->k, n = rows * k;
+    const size_t rb = row_stride(type, k, c->pad);
+    float *deq;
+    uint8_t *w = random_matrix(r, type, rows, k, rb, &deq);
+    uint16_t *got = xmalloc((size_t)(n + 8) * 2);
+    cuda_pool_reset(g_pool);
+    const void *w_d = dev_upload(w, (size_t)rows * rb);
+    uint16_t *o_d = (uint16_t *)dev_alloc((size_t)(n + 9) * 2) + c->n_tok;
+    /* NaN poison (0xffff), with 8 guard values past the end */
+    CHECK(cuda_fill_bytes(g_dev, o_d, 0xff, (size_t)(n + 8) * 2));
+    CHECK(cuda_dequantize_f16(type, w_d, rb, rows, k, o_d, cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, got, o_d, (size_t)(n + 8) * 2));
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n + 8; i++)
+        if (got[i] != (i < n ? half_bits(deq[i]) : 0xffff)) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    if (bad)
+        fail_msg("dequant %s rows %lld k %lld pad %zu out+%lld: %lld of %lld values differ; "
+                 "first %lld (row %lld col %lld): gpu 0x%04x, want 0x%04x (cpu %.9g)%s",
+                 quant_type_name(type), (long long)rows, (long long)k, c->pad, (long long)c->n_tok,
+                 (long long)bad, (long long)n, (long long)first, (long long)(first / k),
+                 (long long)(first % k), got[first], first < n ? half_bits(deq[first]) : 0xffff,
+                 first < n ? deq[first] : 0.0, first < n ? "" : " (past the end)");
+    free(w), free(deq), free(got);
+    return n;
+}
+
+static void check_dequant(tm_rng *r) {
+    half_selftest();
+    static const shape cases[] = {
+        {1, 256, 0, 0}, {7, 512, 0, 3}, {33, 2048, 1, 0}, {1001, 768, 0, 5}, {3, 256, 1, 1},
+    };
+    static const shape odd[] = {{5, 6, 0, 0}, {9, 100, 1, 2}, {1, 1, 0, 0}}; /* k % 8 != 0 */
+    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
+        const tm_type type = k_types[ti];
+        int64_t values = 0;
+        int n = 0;
+        for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++, n++)
+            values += dequant_case(r, type, &cases[ci]);
+        for (size_t ci = 0; is_float(type) && ci < sizeof(odd) / sizeof(odd[0]); ci++, n++)
+            values += dequant_case(r, type, &odd[ci]);
+        printf("dequant %-5s: %d cases ok, %lld values bit-exact\n", quant_type_name(type), n,
+               (long long)values);
+    }
+}
+
+/* ---- dense products ---- */
+
+/* Runs one case; returns the worst |err| / tol (<= 1). */
+static double gemm_case(tm_rng *r, tm_cuda_blas *b, tm_type type, const shape *c) {
+    const int64_t rows = c->rows, k = c->k, nt = c->n_tok;
+    const size_t rb = row_stride(type, k, c->pad);
+    float *wd;
+    uint8_t *w = random_matrix(r, type, rows, k, rb, &wd);
+    float *x = xmalloc((size_t)nt * k * 4), *xh = xmalloc((size_t)nt * k * 4);
+    float *y = xmalloc((size_t)nt * rows * 4);
+    fill_normal(r, x, nt * k, 1.0f);
+    memcpy(xh, x, (size_t)nt * k * 4);
+    if (type != TM_TYPE_F32) round_f16(wd, rows * k), round_f16(xh, nt * k);
+
+    cuda_pool_reset(g_pool);
+    const void *w_d = dev_upload(w, (size_t)rows * rb);
+    const float *x_d = dev_upload(x, (size_t)nt * k * 4);
+    float *y_d = dev_alloc((size_t)nt * rows * 4);
+    const size_t sb = cuda_gemm_scratch_bytes(rows, k, nt);
+    assert_true(sb > 0);
+    void *scratch = dev_alloc(sb);
+    CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)nt * rows * 4)); /* NaN poison */
+    CHECK(cuda_fill_bytes(g_dev, scratch, 0xff, sb));
+    CHECK(cuda_gemm(b, type, w_d, rb, rows, k, x_d, nt, y_d, scratch, cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)nt * rows * 4));
+
+    double worst = 0, e2 = 0, r2 = 0;
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t i = 0; i < rows; i++) {
+            const float *wr = wd + i * k, *xr = xh + t * k;
+            double ref = 0, mag = 0;
+            for (int64_t j = 0; j < k; j++) {
+                const double p = (double)wr[j] * xr[j];
+                ref += p;
+                mag += fabs(p);
+            }
+            const double tol = gamma_tc(k) * mag + 1e-30;
+            const double err = fabs((double)y[t * rows + i] - ref);
+            if (!(err <= tol))
+                fail_msg("gemm %s rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, ref "
+                         "%.9g, tol %.3g",
+                         quant_type_name(type), (long long)rows, (long long)k, (long long)nt,
+                         c->pad, (long long)t, (long long)i, y[t * rows + i], ref, tol);
+            worst = fmax(worst, err / tol);
+            e2 += err * err;
+            r2 += ref * ref;
+        }
+    /* systematic drift (see the top comment); over 64+ outputs, as one can be near 0 */
+    if (rows * nt >= 64 && !(sqrt(e2 / r2) <= 2.0 * (double)(k + 2) * U32))
+        fail_msg("gemm %s rows %lld k %lld n_tok %lld: RMS |err|/|ref| = %.3g > %.3g",
+                 quant_type_name(type), (long long)rows, (long long)k, (long long)nt, sqrt(e2 / r2),
+                 2.0 * (double)(k + 2) * U32);
+    free(w), free(wd), free(x), free(xh), free(y);
+    return worst;
+}
+
+static void check_gemm_types(tm_rng *r, tm_cuda_blas *b) {
+    /* every rows in {1, 7, 96, 1000}, k in {256, 2048}, n_tok in {1, 9, 64, 300} appears */
+    static const shape cases[] = {
+        {1, 256, 1, 0},      {7, 2048, 9, 3},    {96, 256, 64, 0}, {1000, 2048, 9, 0},
+        {1000, 256, 300, 5}, {96, 2048, 300, 0}, {7, 256, 300, 0}, {1, 2048, 9, 1},
+        {1000, 256, 1, 0},   {7, 2048, 64, 2},
+    };
+    /* float rows with k % 8 != 0: the one-value dequantize path (f16, bf16) */
+    static const shape odd[] = {{7, 6, 9, 0}, {96, 12, 300, 2}, {1000, 6, 64, 0}, {1, 12, 1, 0}};
+    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
+        const tm_type type = k_types[ti];
+        double worst = 0;
+        int n = 0;
+        for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++, n++)
+            worst = fmax(worst, gemm_case(r, b, type, &cases[ci]));
+        for (size_t ci = 0; is_float(type) && ci < sizeof(odd) / sizeof(odd[0]); ci++, n++)
+            worst = fmax(worst, gemm_case(r, b, type, &odd[ci]));
+        printf("gemm %-5s: %d cases ok, worst |err|/tol %.3g\n", quant_type_name(type), n, worst);
+    }
+    /* 64 MiB of f16 weights is 32768 rows of 1024: three chunks, the last 4465 rows */
+    static const shape big = {70001, 1024, 9, 0};
+    printf("gemm q4_K %lld x %lld (3 weight chunks): ok, |err|/tol %.3g\n", (long long)big.rows,
+           (long long)big.k, gemm_case(r, b, TM_TYPE_Q4_K, &big));
+}
+
+/* ---- grouped experts ---- */
+
+typedef struct moe_case {
+    int64_t E, F, n_tok; /* n_embd, n_ff */
+    int32_t n_slots;
+    tm_type tg, tu, td;
+    bool many; /* 75 generated groups: more f16 weights than one chunk holds */
+} moe_case;
+
+/* Double dot of a float row with a float vector, and Σ|products|. */
+static double dot_f(const float *a, const float *b, int64_t n, double *mag) {
+    double s = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double p = (double)a[i] * b[i];
+        s += p;
+        m += fabs(p);
+    }
+    *mag = m;
+    return s;
+}
+
+static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
+    const int64_t E = c->E, F = c->F, NT = c->n_tok;
+    const int32_t S = c->n_slots;
+    /* groups: sizes 0, 1, 15, 16, 17, 100; slot S and -1 are skipped; slot 5 twice */
+    int32_t slots[80];
+    int64_t starts[81], n_groups = 9;
+    {
+        const int32_t sl[9] = {3, 5, 0, S - 1, 7, S, 9, 5, -1};
+        const int64_t sz[9] = {0, 1, 15, 16, 17, 5, 100, 17, 2};
+        if (c->many) n_groups = 75;
+        starts[0] = 0;
+        for (int64_t g = 0; g < n_groups; g++) {
+            slots[g] = c->many ? (int32_t)(g % S) : sl[g];
+            /* sorted by padded size: 70 groups of P = 16, then 5 of P = 32 */
+            const int64_t size = c->many ? (g % 15 == 0 ? 17 + g / 15 : 1 + g % 3) : sz[g];
+            starts[g + 1] = starts[g] + size;
+        }
+    }
+    const int64_t n_items = starts[n_groups];
+    tm_cuda_moe_item *items = xmalloc((size_t)n_items * sizeof(*items));
+    int32_t *perm = xmalloc((size_t)NT * 4);
+    for (int64_t t = 0; t < NT; t++) perm[t] = (int32_t)t;
+    for (int64_t g = 0; g < n_groups; g++) /* distinct tokens in a group, as routing gives */
+        for (int64_t i = starts[g]; i < starts[g + 1]; i++) {
+            const int64_t j = i - starts[g], q = j + (int64_t)(tm_rng_u64(r) % (uint64_t)(NT - j));
+            const int32_t tmp = perm[j];
+            perm[j] = perm[q], perm[q] = tmp;
+            items[i] = (tm_cuda_moe_item){slots[g], perm[j], tm_rng_f32(r)};
+        }
+    if (!c->many) items[starts[5] - 1].token = (int32_t)NT; /* out of range in group 4: skipped */
+
+    float *gd, *ud, *dd;
+    const size_t gb = quant_row_size(c->tg, E), ub = quant_row_size(c->tu, E),
+                 db = quant_row_size(c->td, F);
+    uint8_t *gw = random_matrix(r, c->tg, S * F, E, gb, &gd);
+    uint8_t *uw = random_matrix(r, c->tu, S * F, E, ub, &ud);
+    uint8_t *dw = random_matrix(r, c->td, S * E, F, db, &dd);
+    float *x = xmalloc((size_t)NT * E * 4), *y0 = xmalloc((size_t)NT * E * 4);
+    float *y = xmalloc((size_t)NT * E * 4), *y2 = xmalloc((size_t)NT * E * 4);
+    fill_normal(r, x, NT * E, 1.0f);
+    fill_normal(r, y0, NT * E, 1.0f); /* the ops add to y */
+
+    cuda_pool_reset(g_pool);
+    tm_cuda_moe_params p = {E, F, S, {0}, {0}, {0}};
+    p.gate = (tm_cuda_moe_matrix){dev_upload(gw, (size_t)S * F * gb), c->tg, F * gb, gb};
+    p.up = (tm_cuda_moe_matrix){dev_upload(uw, (size_t)S * F * ub), c->tu, F * ub, ub};
+    p.down = (tm_cuda_moe_matrix){dev_upload(dw, (size_t)S * E * db), c->td, E * db, db};
+    const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n_items * sizeof(*items));
+    const float *x_d = dev_upload(x, (size_t)NT * E * 4);
+    float *y_d = dev_upload(y0, (size_t)NT * E * 4), *y2_d = dev_upload(y0, (size_t)NT * E * 4);
+    const size_t sb = cuda_moe_grouped_gemm_scratch_bytes(&p, n_items, (int32_t)n_groups);
+    const size_t hb = (size_t)cuda_moe_scratch_floats(&p, n_items) * 4;
+    assert_true(sb > 0);
+    void *scratch = dev_alloc(sb);
+    float *h_d = dev_alloc(hb);
+    CHECK(cuda_fill_bytes(g_dev, scratch, 0xff, sb)); /* NaN poison */
+    const tm_cuda_moe_groups grp = {(int32_t)n_groups, slots, starts, items_d};
+    const tm_cuda_stream s = cuda_device_stream(g_dev);
+    CHECK(cuda_moe_grouped_gemm(b, &p, &grp, x_d, NT, y_d, scratch, s));
+    CHECK(cuda_moe_grouped(&p, items_d, n_items, x_d, NT, y2_d, h_d, s));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)NT * E * 4));
+    CHECK(cuda_copy_to_host(g_dev, y2, y2_d, (size_t)NT * E * 4));
+
+    /* Reference on the f16 inputs, first-order error bounds per output:
+     *  tol  (grouped gemm vs ref): gate/up within γT(E) Σ|.|; the GPU's f32 h
+     *       within δ = 2 (1.1 |u| Δg + |silu g| Δu) + 8 u |h| of h (|silu'| <=
+     *       1.1; expf, 1 + e, /, * in f32), so its f16 rounding differs from
+     *       ours only when [h - δ, h + δ] straddles a rounding boundary, and
+     *       then by at most eh = f16(h + δ) - f16(h - δ); down within γT(F)
+     *       Σ|.| plus Σ|d| eh; one f32 rounding per product and atomic add.
+     *  tolx (decode path vs ref): its f32 dots and exact weights and x differ
+     *       from ours by the f16 roundings, 2.1 uh Σ|w x| for gate/up and
+     *       1.1 uh Σ|d h| for down (uh = 2^-11), plus its f32 accumulation
+     *       and our h rounding |f16(h) - h|. */
+    double *ref = xmalloc((size_t)NT * E * 8), *tol = xmalloc((size_t)NT * E * 8);
+    double *tolx = xmalloc((size_t)NT * E * 8), *absy = xmalloc((size_t)NT * E * 8);
+    float *xh = xmalloc((size_t)NT * E * 4), *h16 = xmalloc((size_t)F * 4);
+    double *eh = xmalloc((size_t)F * 8), *ehx = xmalloc((size_t)F * 8);
+    int64_t *cnt = xmalloc((size_t)NT * 8);
+    round_f16(gd, S * F * E), round_f16(ud, S * F * E), round_f16(dd, S * E * F);
+    memcpy(xh, x, (size_t)NT * E * 4);
+    round_f16(xh, NT * E);
+    for (int64_t i = 0; i < NT * E; i++)
+        ref[i] = y0[i], tol[i] = tolx[i] = 0, absy[i] = fabs(y0[i]);
+    memset(cnt, 0, (size_t)NT * 8);
+    int64_t n_valid = 0;
+    for (int64_t it = 0; it < n_items; it++) {
+        const int64_t e = items[it].slot, t = items[it].token;
+        const double wt = items[it].weight;
+        if (e < 0 || e >= S || t < 0 || t >= NT) continue;
+        n_valid++, cnt[t]++;
+        for (int64_t f = 0; f < F; f++) {
+            double mg, mu;
+            const double g = dot_f(gd + (e * F + f) * E, xh + t * E, E, &mg);
+            const double u = dot_f(ud + (e * F + f) * E, xh + t * E, E, &mu);
+            const double sg = g / (1.0 + exp(-g)), hd = sg * u;
+            const double dl = 2 * (1.1 * fabs(u) * gamma_tc(E) * mg + fabs(sg) * gamma_tc(E) * mu) +
+                              8 * U32 * fabs(hd);
+            h16[f] = half_round((float)hd);
+            eh[f] = half_round((float)(hd + dl)) - half_round((float)(hd - dl));
+            const double cx = 2.1 * UH + (double)(E + 2) * U32;
+            ehx[f] = 1.1 * fabs(u) * cx * mg + fabs(sg) * cx * mu + 8 * U32 * fabs(hd) +
+                     fabs(h16[f] - hd);
+        }
+        for (int64_t o = 0; o < E; o++) {
+            const float *dr = dd + (e * E + o) * F;
+            double mo, car = 0, carx = 0;
+            const double out = dot_f(dr, h16, F, &mo);
+            for (int64_t f = 0; f < F; f++)
+                car += fabs(dr[f]) * eh[f], carx += fabs(dr[f]) * ehx[f];
+            const int64_t i = t * E + o;
+            ref[i] += wt * out;
+            absy[i] += fabs(wt * out);
+            tol[i] += fabs(wt) * (gamma_tc(F) * mo + car);
+            tolx[i] += fabs(wt) * (carx + (1.1 * UH + (double)(F + 2) * U32) * mo);
+        }
+    }
+    double worst = 0, worstx = 0;
+    for (int64_t i = 0; i < NT * E; i++) {
+        const double adds = (double)(cnt[i / E] + 1) * U32 * absy[i];
+        const double lim = 2 * (tol[i] + adds) + 1e-30; /* 2x: first-order bounds */
+        const double limx = 2 * (tol[i] + tolx[i] + 2 * adds) + 1e-30;
+        const double err = fabs((double)y[i] - ref[i]), errx = fabs((double)y[i] - y2[i]);
+        if (!(err <= lim) || !(errx <= limx))
+            fail_msg("moe_gemm %s/%s/%s embd %lld ff %lld: y[%lld][%lld] = %.9g, ref %.9g (tol "
+                     "%.3g), cuda_moe_grouped %.9g (tol %.3g)",
+                     quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
+                     (long long)E, (long long)F, (long long)(i / E), (long long)(i % E), y[i],
+                     ref[i], lim, y2[i], limx);
+        worst = fmax(worst, err / lim), worstx = fmax(worstx, errx / limx);
+    }
+    printf("moe_gemm %s/%s/%s n_embd %lld n_ff %lld: %lld groups, %lld items (%lld skipped) ok, "
+           "worst |err|/tol %.3g, vs cuda_moe_grouped %.3g\n",
+           quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
+           (long long)F, (long long)n_groups, (long long)n_items, (long long)(n_items - n_valid),
+           worst, worstx);
+    free(items), free(perm), free(gw), free(uw), free(dw), free(gd), free(ud), free(dd);
+    free(x), free(y0), free(y), free(y2), free(ref), free(tol), free(tolx), free(absy);
+    free(xh), free(h16), free(eh), free(ehx), free(cnt);
+}
+
+static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
+    static const moe_case cases[] = {
+        {512, 256, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false},
+        /* float rows; down's k = 36 takes the one-value dequantize path */
+        {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false},
+        /* Qwen3-30B-A3B experts: 9 MiB of f16 each, 71 a chunk, 75 groups */
+        {2048, 768, 64, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_case_run(r, b, &cases[i]);
+}
+
+/* ---- bad arguments: refused before any launch ---- */
+
+static void check_args(tm_cuda_blas *b) {
+    const tm_cuda_stream s = cuda_device_stream(g_dev);
+    cuda_pool_reset(g_pool);
+    char *buf = dev_alloc(1 << 20);
+    float *fb = (float *)buf;
+    assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q2_K, buf, 84, 1, 256, buf, s),
+                     TM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(tm_error_message(), "q2_K"));
+    assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q4_K, buf, 144, 1, 200, buf, s), TM_ERR_ARG);
+    assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q8_0, buf, 34, 0, 32, buf, s), TM_ERR_ARG);
+    assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q8_0, buf, 33, 1, 32, buf, s), TM_ERR_ARG);
+    assert_int_equal(cuda_dequantize_f16(TM_TYPE_F32, buf + 2, 16, 1, 4, buf, s), TM_ERR_ARG);
+    assert_int_equal(cuda_gemm(NULL, TM_TYPE_Q8_0, buf, 34, 1, 32, fb, 1, fb, buf, s), TM_ERR_ARG);
+    assert_int_equal(cuda_gemm(b, TM_TYPE_Q2_K, buf, 84, 1, 256, fb, 1, fb, buf, s),
+                     TM_ERR_UNSUPPORTED);
+    assert_int_equal(cuda_gemm(b, TM_TYPE_Q6_K, buf, 210, 1, 100, fb, 1, fb, buf, s), TM_ERR_ARG);
+    assert_int_equal(cuda_gemm(b, TM_TYPE_Q8_0, buf, 34, 1, 32, (float *)(buf + 2), 1, fb, buf, s),
+                     TM_ERR_ARG);
+    const tm_cuda_moe_matrix q8 = {buf, TM_TYPE_Q8_0, 32 * 68, 68};
+    tm_cuda_moe_params p = {64, 32, 2, q8, q8, {buf, TM_TYPE_Q8_0, 64 * 34, 34}};
+    const int32_t slots[2] = {0, 1};
+    int64_t starts[3] = {0, 1, 2};
+    const tm_cuda_moe_groups g = {2, slots, starts, (const tm_cuda_moe_item *)buf};
+    assert_int_equal(cuda_moe_grouped_gemm(NULL, &p, &g, fb, 1, fb, buf, s), TM_ERR_ARG);
+    p.gate.type = TM_TYPE_Q2_K;
+    assert_int_equal(cuda_moe_grouped_gemm(b, &p, &g, fb, 1, fb, buf, s), TM_ERR_UNSUPPORTED);
+    p.gate.type = TM_TYPE_Q8_0, p.down.type = TM_TYPE_Q4_K; /* down's k = n_ff = 32 */
+    assert_int_equal(cuda_moe_grouped_gemm(b, &p, &g, fb, 1, fb, buf, s), TM_ERR_ARG);
+    p.down.type = TM_TYPE_Q8_0, p.up.expert_stride = 68; /* < 32 rows */
+    assert_int_equal(cuda_moe_grouped_gemm(b, &p, &g, fb, 1, fb, buf, s), TM_ERR_ARG);
+    p.up.expert_stride = 32 * 68, starts[1] = 3; /* starts decrease */
+    assert_int_equal(cuda_moe_grouped_gemm(b, &p, &g, fb, 1, fb, buf, s), TM_ERR_ARG);
+    /* nothing to do (an empty group and a skipped slot): y untouched */
+    const int32_t none[2] = {1, 2};
+    starts[1] = 0, starts[2] = 1;
+    const tm_cuda_moe_groups g0 = {2, none, starts, (const tm_cuda_moe_item *)buf};
+    const float y0[4] = {1, 2, 3, 4};
+    float y[4], *y_d = dev_upload(y0, sizeof(y0));
+    CHECK(cuda_moe_grouped_gemm(b, &p, &g0, fb, 1, y_d, buf, s));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, y, y_d, sizeof(y)));
+    assert_memory_equal(y, y0, sizeof(y));
+    printf("gemm args: refused as expected\n");
+}
+
+void check_gemm(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0x6e33);
+    tm_cuda_blas *b = NULL;
+    CHECK(cuda_blas_create(g_dev, &b));
+    check_dequant(&r);
+    check_gemm_types(&r, b);
+    check_moe_gemm(&r, b);
+    check_args(b);
+    cuda_blas_free(b);
+}
+
+#endif /* TM_HAVE_CUDA */
