@@ -111,7 +111,7 @@ typedef struct attn_state {
     uint8_t *kc, *vc, *kc2, *vc2; /* host: what the caches must hold; read back */
     float *qw, *kw, *qw_d, *kw_d; /* norm weights (NULL without A_NORM) */
     int32_t *pos_d;
-    double worst_prep;
+    double worst_prep, worst_k16; /* q and f32 rows; f16 K rows (with their rounding) */
 } attn_state;
 
 static double cache_at(const attn_state *s, const uint8_t *cache, int64_t i) {
@@ -193,7 +193,10 @@ static void prep_check(attn_state *s, tm_rng *r, int32_t pos, int64_t n, float *
                              "ref %.9g, tol %.3g",
                              f16 ? "f16" : "f32", (long long)d, (long long)row, (long long)g,
                              (long long)i, got, y[i], lim);
-                s->worst_prep = fmax(s->worst_prep, err / lim);
+                if (f16)
+                    s->worst_k16 = fmax(s->worst_k16, err / lim);
+                else
+                    s->worst_prep = fmax(s->worst_prep, err / lim);
             }
         }
         for (int64_t i = 0; i < kvw; i++) {
@@ -287,7 +290,7 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
     return worst;
 }
 
-static void attn_run_case(tm_rng *r, const attn_case *c, double *w_prep, double *w_attn) {
+static void attn_run_case(tm_rng *r, const attn_case *c, double w[3]) {
     const head_cfg *hc = &k_heads[c->hc];
     attn_state s;
     memset(&s, 0, sizeof(s));
@@ -323,8 +326,8 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double *w_prep, double 
     }
     prep_check(&s, r, c->pos0, c->n_tok, &q_d, &q);
     if (c->pos0 + c->n_tok <= c->n_ctx)
-        *w_attn = fmax(*w_attn, attn_check(&s, q_d, q, c->pos0, c->n_tok));
-    *w_prep = fmax(*w_prep, s.worst_prep);
+        w[0] = fmax(w[0], attn_check(&s, q_d, q, c->pos0, c->n_tok));
+    w[1] = fmax(w[1], s.worst_prep), w[2] = fmax(w[2], s.worst_k16);
     free(q), free(s.kc), free(s.vc), free(s.kc2), free(s.vc2), free(s.qw), free(s.kw);
 }
 
@@ -373,11 +376,12 @@ void check_attention(void **state) {
     tm_rng_seed(&r, 0xa77e);
     for (int hc = 0; hc < (int)(sizeof(k_heads) / sizeof(k_heads[0])); hc++) {
         int n = 0;
-        double wp = 0, wa = 0;
+        double w[3] = {0, 0, 0};
         for (size_t i = 0; i < sizeof(k_cases) / sizeof(k_cases[0]); i++)
-            if (k_cases[i].hc == hc) attn_run_case(&r, &k_cases[i], &wp, &wa), n++;
-        printf("attention %d/%d/%d: %d cases ok, worst |err|/tol %.3g (prepare %.3g)\n",
-               k_heads[hc].n_head, k_heads[hc].n_head_kv, k_heads[hc].d, n, wa, wp);
+            if (k_cases[i].hc == hc) attn_run_case(&r, &k_cases[i], w), n++;
+        printf("attention %d/%d/%d: %d cases ok, worst |err|/tol %.3g (prepare: q and f32 rows "
+               "%.3g, f16 k rows %.3g)\n",
+               k_heads[hc].n_head, k_heads[hc].n_head_kv, k_heads[hc].d, n, w[0], w[1], w[2]);
     }
     attn_bad_args();
     printf("attention: bad arguments refused\n");
