@@ -238,8 +238,9 @@ tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const voi
                          float *out, float *scratch, tm_cuda_stream stream);
 
 /* ---- gemm.cu: prompt-size products on tensor cores ----
- * Weights of any type are dequantized to f16 (in row chunks) and activations
- * rounded to f16; cuBLAS multiplies with f32 accumulation and f32 output. */
+ * Quantized and 16-bit weights are dequantized to f16 (in row chunks) and
+ * activations rounded to f16 (so |x| above 65504 overflows); cuBLAS multiplies
+ * with f32 accumulation and f32 output. f32 weights stay f32 (cublasSgemm). */
 typedef struct tm_cuda_blas tm_cuda_blas; /* a cuBLAS handle bound to one stream */
 tm_status cuda_blas_create(tm_cuda_device *dev, tm_cuda_blas **out);
 void cuda_blas_free(tm_cuda_blas *b);
@@ -259,8 +260,9 @@ tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_byt
  * (y[tok] += weight · down_e(silu(gate_e x) ⊙ up_e x)), with the work list
  * expert-major and its groups known on the host: group i has expert slot
  * slots[i] and the items items[starts[i] .. starts[i+1]) (items: device array;
- * slots, starts: host arrays). Each group's tokens are gathered, multiplied
- * on tensor cores, and scattered back with their weights. */
+ * slots, starts: host arrays; every item of group i has .slot == slots[i]:
+ * the weights come from slots[i]). Each group's tokens are gathered,
+ * multiplied on tensor cores, and scattered back with their weights. */
 typedef struct tm_cuda_moe_groups {
     int32_t n_groups;
     const int32_t *slots;          /* host, [n_groups] */

@@ -95,6 +95,9 @@ extern "C" tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, siz
                             "%s: x and y must be float-aligned, scratch 16-byte aligned", op);
     if ((st = tm_blas_bind(op, b, stream)) != TM_OK) return st;
     if (type == TM_TYPE_F32) { /* f32 weights stay f32 (the router: top-k must match the CPU) */
+        if (row_bytes / 4 > 0x7fffffffULL)
+            return tm_error_set(TM_ERR_ARG, "%s: f32 row stride %zu bytes exceeds cuBLAS's int", op,
+                                row_bytes);
         const float one = 1.0f, zero = 0.0f;
         TM_CUBLAS_TRY(op, rows, n_tok, k,
                       cublasSgemm(b->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n_tok,
