@@ -3,11 +3,21 @@
  *
  * Host: valid groups (slot in range, at least one item) are sorted by their
  * padded size P = round_up(items, TM_MOE_GEMM_PAD) and laid out one after the
- * other in "rows" (row0 = prefix sum of P). One upload carries the sorted
- * slots and the row map (row -> item index, -1 for padding rows).
+ * other in "rows" (row0 = prefix sum of P), and cut into tiles of at most
+ * TM_MOE_MMA_TILE_ROWS rows. One upload carries the sorted slots, the row map
+ * (row -> item index, -1 for padding rows) and the tiles {group, row, rows}.
  *
  * Device, for all groups (launch counts per layer in brackets):
  *   gather   [1]  xg[row] = f16(x[item.token]); padding/skipped items: zeros
+ * then one of two paths:
+ *
+ * Fused (default; moe_mma.cu, when tm_moe_mma_supported: block-quantized
+ * gate, up and down with k a multiple of their chunking): [2] launches,
+ * weights dequantized tile by tile in shared memory only:
+ *   gate/up  h[row][f] = f16(silu(gate_e xg[row]) * up_e xg[row])
+ *   down     y[token] += weight * down_e h[row] (atomicAdd)
+ *
+ * Dequantize (fallback, or env TIERMOE_MOE_GEMM=dequant for comparison):
  *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
  *   (Qwen3-30B-A3B: 9 MiB an expert, 71 per chunk):
  *     dequant  [3]  gate and up into wgu[g] = [gate rows; up rows] (2 n_ff x
@@ -24,30 +34,39 @@
  *                   A = wd[g] (n_ff x n_embd, lda n_ff) op T, B = h + row0*n_ff
  *                   (n_ff x P, ldb n_ff) op N; strides n_embd n_ff, P n_ff, P n_embd
  *   scatter  [1]  y[token] += weight * dd[row] (atomicAdd: a token has k items)
- * f16 inputs, f32 accumulation and outputs (CUBLAS_COMPUTE_32F).
+ *   Its cost: the f16 weights of every used expert are written and read once
+ *   (3 x 2 x n_ff x n_embd bytes each, 1.2 GB a layer for 128 Qwen3 experts).
+ * Both: f16 inputs, f32 accumulation and outputs.
  *
  * Scratch (cuda_moe_grouped_gemm_scratch_bytes), each part 256-aligned, with
- * R = n_items + (TM_MOE_GEMM_PAD - 1) n_groups rows at most and G groups per
- * chunk: map int32 [n_groups + R] | xg f16 [R][n_embd] | gu f32 [R][2 n_ff] |
+ * R = n_items + (TM_MOE_GEMM_PAD - 1) n_groups rows at most, T = n_groups +
+ * ceil(R / TM_MOE_MMA_TILE_ROWS) tiles at most and G groups per chunk:
+ * map int32 [n_groups + R + 3 T] | xg f16 [R][n_embd] | gu f32 [R][2 n_ff] |
  * h f16 [R][n_ff] | dd f32 [R][n_embd] | wgu f16 [G][2 n_ff][n_embd] |
- * wd f16 [G][n_embd][n_ff].
+ * wd f16 [G][n_embd][n_ff]. The fused path uses map, xg and h only; the size
+ * stays that of the dequantize path, which any layer may take (the model
+ * sizes the scratch once, from one layer's parameters).
  *
- * Cost: the f16 weights of every used expert are written and read once
- * (3 x 2 x n_ff x n_embd bytes each, 1.2 GB a layer for 128 Qwen3 experts):
- * this is the simple path; a kernel dequantizing tiles in shared memory would
- * not write them at all. The upload is a pageable host copy, so this op
- * cannot be captured in a CUDA graph (prompts are not). */
+ * The upload is a pageable host copy, so this op cannot be captured in a CUDA
+ * graph (prompts are not). */
+#include "core/log.h"
 #include "cuda/dequant.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/moe_mma.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define TM_MOE_GEMM_PAD          16 /* group rows padded to the tensor-core tile */
 #define TM_MOE_GEMM_WEIGHT_BYTES ((size_t)640 << 20)
 
+/* the fused kernels' MMAs and tiles take whole 16-row blocks of a group */
+static_assert(TM_MOE_GEMM_PAD == 16 && TM_MOE_MMA_TILE_ROWS % TM_MOE_GEMM_PAD == 0,
+              "group padding vs the fused tiles");
+
 typedef struct tm_moe_gemm_layout {
     size_t map, xg, gu, h, dd, wgu, wd, total;
-    int64_t rows, chunk_groups;
+    int64_t rows, tiles, chunk_groups;
 } tm_moe_gemm_layout;
 
 static size_t tm_moe_align(size_t n) {
@@ -60,26 +79,22 @@ static tm_moe_gemm_layout tm_moe_gemm_layout_of(const tm_cuda_moe_params *p, int
                                                 int64_t n_groups) {
     tm_moe_gemm_layout l;
     const int64_t R = n_items + (TM_MOE_GEMM_PAD - 1) * n_groups;
+    const int64_t T = n_groups + (R + TM_MOE_MMA_TILE_ROWS - 1) / TM_MOE_MMA_TILE_ROWS;
     const size_t per_expert = (size_t)3 * p->n_ff * p->n_embd * 2;
     int64_t G = (int64_t)(TM_MOE_GEMM_WEIGHT_BYTES / per_expert);
     if (G < 1) G = 1;
     if (G > 65535) G = 65535; /* grid.y of the dequantize launch */
     if (G > n_groups) G = n_groups;
     size_t o = 0;
-    l.map = o, o += tm_moe_align((size_t)(n_groups + R) * 4);
+    l.map = o, o += tm_moe_align((size_t)(n_groups + R + 3 * T) * 4);
     l.xg = o, o += tm_moe_align((size_t)R * p->n_embd * 2);
     l.gu = o, o += tm_moe_align((size_t)R * 2 * p->n_ff * 4);
     l.h = o, o += tm_moe_align((size_t)R * p->n_ff * 2);
     l.dd = o, o += tm_moe_align((size_t)R * p->n_embd * 4);
     l.wgu = o, o += tm_moe_align((size_t)G * 2 * p->n_ff * p->n_embd * 2);
     l.wd = o, o += tm_moe_align((size_t)G * p->n_embd * p->n_ff * 2);
-    l.total = o, l.rows = R, l.chunk_groups = G;
+    l.total = o, l.rows = R, l.tiles = T, l.chunk_groups = G;
     return l;
-}
-
-static __device__ __forceinline__ bool tm_moe_gemm_item_ok(const tm_cuda_moe_item &it,
-                                                           int32_t n_slots, int64_t n_tok) {
-    return it.slot >= 0 && it.slot < n_slots && it.token >= 0 && it.token < n_tok;
 }
 
 /* One block per row: the item's token row of x as f16, or zeros. */
@@ -241,9 +256,11 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
     /* sort the groups that have work by padded size; give each its rows */
     const int64_t n_items = g->starts[n] - g->starts[0];
     const tm_moe_gemm_layout l = tm_moe_gemm_layout_of(p, n_items, n);
+    const char *mode = getenv("TIERMOE_MOE_GEMM");
+    const bool fused = !(mode && strcmp(mode, "dequant") == 0) && tm_moe_mma_supported(p);
     tm_moe_sorted *srt = (tm_moe_sorted *)malloc((size_t)n * sizeof(*srt));
     int64_t *row0 = (int64_t *)malloc((size_t)n * sizeof(*row0));
-    int32_t *hb = (int32_t *)malloc((size_t)(n + l.rows) * sizeof(*hb));
+    int32_t *hb = (int32_t *)malloc((size_t)(n + l.rows + 3 * l.tiles) * sizeof(*hb));
     if (!srt || !row0 || !hb) {
         free(srt), free(row0), free(hb);
         return tm_error_set(TM_ERR_NOMEM, "%s: out of host memory for %d groups", op, n);
@@ -268,29 +285,50 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
             rowmap[R + j] = j < cnt ? (int32_t)(first + j) : -1;
         R += srt[s].padded;
     }
+    /* tiles of the fused path: {sorted group, first row, rows <= TILE_ROWS} */
+    int32_t *tiles = rowmap + R;
+    int64_t n_tiles = 0;
+    for (int32_t s = 0; fused && s < n_srt; s++)
+        for (int32_t j = 0; j < srt[s].padded; j += TM_MOE_MMA_TILE_ROWS, n_tiles++) {
+            tiles[3 * n_tiles] = s;
+            tiles[3 * n_tiles + 1] = (int32_t)(row0[s] + j);
+            tiles[3 * n_tiles + 2] =
+                srt[s].padded - j < TM_MOE_MMA_TILE_ROWS ? srt[s].padded - j : TM_MOE_MMA_TILE_ROWS;
+        }
+    TM_ASSERT(R <= l.rows && n_tiles <= l.tiles);
     char *base = (char *)scratch;
     int32_t *map_d = (int32_t *)(base + l.map);
+    __half *xg = (__half *)(base + l.xg);
     st = TM_OK;
     if (n_srt > 0) {
         /* pageable source: staged before the call returns, so hb may be freed */
-        cudaError_t e = cudaMemcpyAsync(map_d, hb, (size_t)(n_srt + R) * sizeof(int32_t),
-                                        cudaMemcpyHostToDevice, stream);
+        cudaError_t e =
+            cudaMemcpyAsync(map_d, hb, (size_t)(n_srt + R + 3 * n_tiles) * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, stream);
         if (e != cudaSuccess)
             st = tm_error_set(TM_ERR_DEVICE, "%s: uploading the row map (%lld rows) failed: %s", op,
                               (long long)R, cudaGetErrorString(e));
     }
-    if (st == TM_OK && n_srt > 0) st = tm_blas_bind(op, b, stream);
+    if (st == TM_OK && n_srt > 0 && !fused) st = tm_blas_bind(op, b, stream);
     if (st == TM_OK && n_srt > 0) {
-        tm_moe_gather_kernel<<<(unsigned)R, 256, 0, stream>>>(
-            map_d + n_srt, g->items, p->n_slots, x, n_tok, p->n_embd, (__half *)(base + l.xg));
+        tm_moe_gather_kernel<<<(unsigned)R, 256, 0, stream>>>(map_d + n_srt, g->items, p->n_slots,
+                                                              x, n_tok, p->n_embd, xg);
         st = tm_cuda_launch_check("cuda_moe_grouped_gemm gather", R, p->n_embd, n_srt);
     }
-    if (st == TM_OK && n_srt > 0)
+    if (st == TM_OK && n_srt > 0 && fused) {
+        tm_moe_mma_work w;
+        w.slots = map_d, w.tiles = map_d + n_srt + R, w.n_tiles = n_tiles;
+        w.rowmap = map_d + n_srt, w.items = g->items, w.n_tok = n_tok;
+        w.xg = xg, w.h = (__half *)(base + l.h), w.y = y;
+        st = tm_moe_mma_run(p, &w, stream);
+    } else if (st == TM_OK && n_srt > 0) {
         st = tm_moe_gemm_chunks(b, p, srt, row0, n_srt, map_d, &l, base, stream);
-    if (st == TM_OK && n_srt > 0) {
-        tm_moe_scatter_kernel<<<(unsigned)R, 256, 0, stream>>>(
-            map_d + n_srt, g->items, p->n_slots, (const float *)(base + l.dd), n_tok, p->n_embd, y);
-        st = tm_cuda_launch_check("cuda_moe_grouped_gemm scatter", R, p->n_embd, n_srt);
+        if (st == TM_OK) {
+            tm_moe_scatter_kernel<<<(unsigned)R, 256, 0, stream>>>(
+                map_d + n_srt, g->items, p->n_slots, (const float *)(base + l.dd), n_tok, p->n_embd,
+                y);
+            st = tm_cuda_launch_check("cuda_moe_grouped_gemm scatter", R, p->n_embd, n_srt);
+        }
     }
     free(srt), free(row0), free(hb);
     return st;
