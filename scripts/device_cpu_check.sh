@@ -5,7 +5,8 @@
 # other dependencies nor pkg-config; cmocka comes from the system or from the
 # .deb files in .devdeps/ (carry it), unpacked into a temporary root.
 # Then runs the CPU tests at every kernel level the CPU has and the product
-# bench with THREADS threads at each level (compact tables).
+# bench with THREADS threads at each level (compact tables). LEVELS picks
+# the levels benched; QUICK=1 skips the 8-thread and other-type tables.
 #   scripts/device_cpu_check.sh [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,19 +37,24 @@ done
 ar rcs "$OUTDIR/libcpu.a" "${objs[@]}"
 gcc $CF $CM_INC tests/test_cpu_gemm.c "$OUTDIR/libcpu.a" $CM_LIB -lcmocka -lm -lpthread -o "$OUTDIR/test_cpu_gemm"
 gcc $CF $CM_INC tests/test_cpu_pool.c "$OUTDIR/libcpu.a" $CM_LIB -lcmocka -lm -lpthread -o "$OUTDIR/test_cpu_pool"
+gcc $CF $CM_INC tests/test_cpu_ops.c "$OUTDIR/libcpu.a" $CM_LIB -lcmocka -lm -lpthread -o "$OUTDIR/test_cpu_ops"
 gcc $CF tests/tools/cpu_gemm_bench.c "$OUTDIR/libcpu.a" -lm -lpthread -o "$OUTDIR/cpu_gemm_bench"
 status=0
 echo "== test_cpu_gemm"
 "$OUTDIR/test_cpu_gemm" 2>&1 | grep -Ev "^\[ RUN|^\[       OK" || status=1
+echo "== test_cpu_ops"
+"$OUTDIR/test_cpu_ops" 2>&1 | grep -Ev "^\[ RUN|^\[       OK" || status=1
 echo "== test_cpu_pool"
 "$OUTDIR/test_cpu_pool" 2>&1 | grep -Ev "^\[ RUN|^\[       OK" || status=1
-for level in avx2 avx512 amx; do
+for level in ${LEVELS:-avx2 avx512 amx}; do
     echo "== bench, level $level, $THREADS threads (Qwen3-30B-A3B shapes)"
     "$OUTDIR/cpu_gemm_bench" -t "$THREADS" -l "$level" -q -s 0.3 -m 2048 || true
 done
-echo "== bench, best level, 8 threads"
-"$OUTDIR/cpu_gemm_bench" -t 8 -q -s 0.3 -m 2048 || true
-echo "== bench, best level, other types, $THREADS threads"
-"$OUTDIR/cpu_gemm_bench" -t "$THREADS" -s 0.2 -m 1024 | sed -n '1,4p;17,$p' || true
+if [ -z "${QUICK:-}" ]; then
+    echo "== bench, best level, 8 threads"
+    "$OUTDIR/cpu_gemm_bench" -t 8 -q -s 0.3 -m 2048 || true
+    echo "== bench, best level, other types, $THREADS threads"
+    "$OUTDIR/cpu_gemm_bench" -t "$THREADS" -s 0.2 -m 1024 | sed -n '1,4p;17,$p' || true
+fi
 echo "== status $status"
 exit $status

@@ -146,20 +146,32 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
 
 static void test_attention(void **state) {
     (void)state;
-    for (int nt = 1; nt <= 3; nt += 2) {
-        tm_pool *pool;
-        assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
-        for (int kv = 0; kv < 2; kv++) {
-            tm_type t = kv ? TM_TYPE_F16 : TM_TYPE_F32;
-            check_attention(pool, nt, 7, 0, 4, 2, 64, t);   /* prompt from the start */
-            check_attention(pool, nt, 5, 11, 8, 1, 32, t);  /* prompt after a cached prefix, MQA */
-            check_attention(pool, nt, 1, 0, 4, 4, 128, t);  /* first decode token */
-            check_attention(pool, nt, 1, 300, 8, 2, 64, t); /* decode split over key chunks */
-            check_attention(pool, nt, 1, 700, 4, 2, 16, t); /* uneven last chunk */
-            check_attention(pool, nt, 33, 260, 6, 3, 8, t); /* prompt past a chunk's worth */
+    const tm_cpu_level best = cpu_level_get();
+    for (int level = 0; level < 2; level++) { /* the plain C tiles, then the SIMD ones */
+        cpu_level_set(level ? best : TM_CPU_SCALAR);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            tm_pool *pool;
+            assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
+            for (int kv = 0; kv < 2; kv++) {
+                tm_type t = kv ? TM_TYPE_F16 : TM_TYPE_F32;
+                check_attention(pool, nt, 7, 0, 4, 2, 64, t); /* prompt from the start */
+                check_attention(pool, nt, 5, 11, 8, 1, 32,
+                                t); /* prompt after a cached prefix, MQA */
+                check_attention(pool, nt, 1, 0, 4, 4, 128, t);  /* first decode token */
+                check_attention(pool, nt, 1, 300, 8, 2, 64, t); /* decode split over key chunks */
+                check_attention(pool, nt, 1, 700, 4, 2, 16, t); /* uneven last chunk */
+                check_attention(pool, nt, 33, 260, 6, 3, 8, t); /* prompt past a chunk's worth */
+                /* Qwen3-30B-A3B's layout (G = 8, d = 128): 2 query blocks of 16, the
+                 * second seeing a partial key block */
+                check_attention(pool, nt, 29, 70, 16, 2, 128, t);
+                /* G = 3: row tiles of 4 span queries at different causal limits; d = 40
+                 * ends in half a 16-column step */
+                check_attention(pool, nt, 19, 50, 9, 3, 40, t);
+            }
+            cpu_pool_free(pool);
         }
-        cpu_pool_free(pool);
     }
+    cpu_level_set(best);
 }
 
 int main(void) {

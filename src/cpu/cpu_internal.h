@@ -21,6 +21,9 @@ cpu_gemm_fn cpu_gemm_ref_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_avx2_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype);
+/* The AMX-BF16 kernel for q4_K/q5_K (NULL for other types, without AMX-BF16
+ * and AVX512-BF16, or with TIERMOE_AMX_BF16=0); cpu_gemm_amx_get prefers it. */
+cpu_gemm_fn cpu_gemm_amx_bf16_get(tm_type wtype);
 /* Smallest n_tok for which the AMX kernel is worth its tile setup. */
 int64_t cpu_gemm_amx_min_tokens(void);
 
@@ -28,6 +31,18 @@ int64_t cpu_gemm_amx_min_tokens(void);
 cpu_act_fn cpu_act_get(tm_type act_type, tm_cpu_level level);
 void cpu_act_ref_q8_k(const float *x, void *xq, int64_t k);
 void cpu_act_ref_q8_0(const float *x, void *xq, int64_t k);
+
+/* The element-wise and attention ops may use AVX2, FMA and F16C (cpu_ops.c). */
+bool cpu_ops_simd(void);
+
+/* AMX palette 1: ldtilecfg's 64-byte block. cpu_amx_configure loads a
+ * configuration of tiles 0-7 (rows, bytes per row) on this thread. */
+typedef struct cpu_amx_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} cpu_amx_tilecfg;
+void cpu_amx_configure(const uint8_t rows[8], const uint16_t colsb[8]);
 
 /* Asks the kernel for AMX tile state (Linux arch_prctl); true when granted. */
 bool cpu_amx_request(void);

@@ -39,8 +39,6 @@ void cpu_axpy(float *y, float a, const float *x, int64_t n);
 void cpu_topk(const float *x, int64_t n, int64_t k, int32_t *idx);
 
 /* f16/f32 rows of a KV cache. */
-float cpu_dot_f32_kv(const float *q, const void *k, tm_type kv_type, int64_t n);
-void cpu_axpy_kv(float *y, float a, const void *v, tm_type kv_type, int64_t n);
 void cpu_store_kv(void *dst, const float *src, tm_type kv_type, int64_t n);
 void cpu_load_kv(float *dst, const void *src, tm_type kv_type, int64_t n);
 

@@ -1,0 +1,443 @@
+/* Causal attention over a KV cache (see cpu_ops.h).
+ *
+ * Flash-attention style: a task takes the query rows of one kv group (its G
+ * heads times a block of queries, or one decode query) and walks the keys in
+ * blocks of ATTN_KEY_BLOCK. Each block is converted to f32 once (K transposed
+ * to kT[d][key], V as rows) and used by every row; rows go through it in
+ * tiles of ATTN_ROW_TILE, so each K or V value loaded from cache serves four
+ * rows (one row at a time, the block streams from L2 once per row and the
+ * products wait on it). Per row an online softmax keeps a running max m, sum l
+ * and accumulator o:
+ *   s_j = scale · q · k_j,   m' = max(m, max s),   p_j = exp(s_j - m')
+ *   o = o · exp(m - m') + Σ p_j v_j,   l = l · exp(m - m') + Σ p_j
+ * A row's result depends only on its query position and the key range, never
+ * on the other rows of the tile or task. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_internal.h"
+#include "cpu/cpu_ops.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TM_X86 1
+#endif
+
+#define ATTN_KEY_BLOCK 64             /* keys per block */
+#define ATTN_KV_CHUNK  ATTN_KEY_BLOCK /* keys per task when one query is split over threads */
+#define ATTN_TASK_ROWS 128 /* (query, head) rows per prompt task, at least one query's heads */
+#define ATTN_ROW_TILE  4   /* rows that share each loaded K/V value */
+
+typedef struct attn_job {
+    const tm_attention_shape *s;
+    const float *q;
+    const uint8_t *k, *v;
+    float *out;
+    float *scratch;
+    int64_t scratch_per_thread;
+    float *records; /* split decode: per (head, chunk) max, sum, acc[head_dim] */
+    size_t kv_row_bytes, kv_elem;
+    int64_t n_chunks;          /* decode split: key chunks per head */
+    int64_t q_block, n_blocks; /* prompt: queries per task, query blocks */
+    bool simd;
+} attn_job;
+
+/* One tile of up to ATTN_ROW_TILE rows against the current key block. */
+typedef struct attn_tile {
+    int nr;
+    const float *q[ATTN_ROW_TILE];
+    int64_t n[ATTN_ROW_TILE]; /* keys of the block row i sees: 0 (none) .. nk */
+    int64_t n_max;            /* the most any row sees */
+    float *o[ATTN_ROW_TILE], *m[ATTN_ROW_TILE], *l[ATTN_ROW_TILE];
+} attn_tile;
+
+/* Per-thread scratch: kT and V of a block, scores of a tile, and per task row
+ * an accumulator, a max and a sum. */
+static int64_t attn_scratch_per_thread(const tm_attention_shape *s) {
+    const int64_t G = s->n_head / s->n_head_kv, rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
+    return 2 * s->head_dim * ATTN_KEY_BLOCK + ATTN_ROW_TILE * ATTN_KEY_BLOCK +
+           rows * (s->head_dim + 2);
+}
+
+int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
+    /* per thread, plus for the split: per (head, chunk) a max, a sum and an accumulator */
+    int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
+    return attn_scratch_per_thread(s) * (n_threads > 0 ? n_threads : 1) +
+           s->n_head * chunks * (s->head_dim + 2);
+}
+
+/* ---- plain C tile ---- */
+
+static void attn_tile_ref(const attn_tile *t, const float *kT, const float *vf, int64_t d,
+                          float scale, float *sc) {
+    for (int r = 0; r < t->nr; r++) {
+        const int64_t n = t->n[r];
+        if (n <= 0) continue;
+        float *s = sc + r * ATTN_KEY_BLOCK;
+        for (int64_t j = 0; j < n; j++) s[j] = 0;
+        for (int64_t i = 0; i < d; i++)
+            for (int64_t j = 0; j < n; j++) s[j] += t->q[r][i] * kT[i * ATTN_KEY_BLOCK + j];
+        float mb = *t->m[r];
+        for (int64_t j = 0; j < n; j++) mb = s[j] * scale > mb ? s[j] * scale : mb;
+        const float alpha = expf(*t->m[r] - mb); /* 0 on the first block: m = -inf */
+        float sum = 0;
+        for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] * scale - mb);
+        *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha + sum;
+        float *o = t->o[r];
+        for (int64_t i = 0; i < d; i++) o[i] *= alpha;
+        for (int64_t j = 0; j < n; j++) cpu_axpy(o, s[j], vf + j * d, d);
+    }
+}
+
+/* K rows [t0, t0 + nk) of kv group offset off, transposed into kT[d][ATTN_KEY_BLOCK]
+ * (keys past nk zero), and V rows into vf[nk][d]. */
+static void attn_block_load_ref(const attn_job *j, int64_t t0, int64_t nk, size_t off, float *kT,
+                                float *vf) {
+    const int64_t d = j->s->head_dim;
+    for (int64_t t = 0; t < nk; t++) {
+        float *row = vf + t * d; /* K row through the V buffer, then transposed */
+        cpu_load_kv(row, j->k + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
+        for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = row[i];
+    }
+    for (int64_t t = nk; t < ATTN_KEY_BLOCK; t++)
+        for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = 0;
+    for (int64_t t = 0; t < nk; t++)
+        cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
+}
+
+#ifdef TM_X86
+#define TM_ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* exp for x <= 0 (Cephes' polynomial, about 1 ulp); 0 below -87. */
+TM_ATTN_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* also clears -inf and NaN */
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), zero_mask);
+}
+
+TM_ATTN_AVX2 static inline float hmax8(__m256 v) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+}
+
+TM_ATTN_AVX2 static inline float hsum8(__m256 v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s4 = _mm_hadd_ps(s4, s4);
+    return _mm_cvtss_f32(_mm_hadd_ps(s4, s4));
+}
+
+/* 8 rows of 8 floats (r[i] = row i) transposed in place. */
+TM_ATTN_AVX2 static inline void transpose8_avx2(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+TM_ATTN_AVX2 static inline __m256 attn_load8(const uint8_t *p, int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))
+               : _mm256_loadu_ps((const float *)p);
+}
+
+/* attn_block_load_ref with 8 x 8 transposes (d a multiple of 8). */
+TM_ATTN_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int64_t nk, size_t off,
+                                              float *kT, float *vf) {
+    const int64_t d = j->s->head_dim;
+    const int f16 = j->s->kv_type == TM_TYPE_F16;
+    const size_t es = j->kv_elem;
+    const uint8_t *kb = j->k + t0 * j->kv_row_bytes + off;
+    int64_t t = 0;
+    for (; t + 8 <= nk; t += 8)
+        for (int64_t i = 0; i < d; i += 8) {
+            __m256 r[8];
+            for (int u = 0; u < 8; u++)
+                r[u] = attn_load8(kb + (t + u) * j->kv_row_bytes + i * es, f16);
+            transpose8_avx2(r);
+            for (int u = 0; u < 8; u++) _mm256_storeu_ps(kT + (i + u) * ATTN_KEY_BLOCK + t, r[u]);
+        }
+    for (; t < nk; t++)
+        for (int64_t i = 0; i < d; i += 8) {
+            _Alignas(32) float row[8];
+            _mm256_store_ps(row, attn_load8(kb + t * j->kv_row_bytes + i * es, f16));
+            for (int u = 0; u < 8; u++) kT[(i + u) * ATTN_KEY_BLOCK + t] = row[u];
+        }
+    for (int64_t i = 0; i < d && nk < ATTN_KEY_BLOCK; i++)
+        memset(kT + i * ATTN_KEY_BLOCK + nk, 0, (size_t)(ATTN_KEY_BLOCK - nk) * sizeof(float));
+    for (t = 0; t < nk; t++)
+        cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
+}
+
+/* Scores of NR rows for keys [0, n_max) (in steps of 16; rows past their n are
+ * masked later), then each row's online-softmax step: sc row r becomes p (0 past
+ * the row's keys) and alpha[r] the rescale of its accumulator; a row that sees
+ * no key of the block gets p = 0 and alpha = 1. */
+TM_ATTN_AVX2 __attribute__((always_inline)) static inline void
+attn_tile_softmax_avx2(const attn_tile *t, int NR, const float *kT, int64_t d, float scale,
+                       float *sc, float alpha[ATTN_ROW_TILE]) {
+    const int64_t n16 = (t->n_max + 15) & ~(int64_t)15;
+    for (int64_t kb = 0; kb < n16; kb += 16) {
+        __m256 acc[ATTN_ROW_TILE][2];
+        for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d; i++) {
+            const __m256 k0 = _mm256_loadu_ps(kT + i * ATTN_KEY_BLOCK + kb),
+                         k1 = _mm256_loadu_ps(kT + i * ATTN_KEY_BLOCK + kb + 8);
+            for (int r = 0; r < NR; r++) {
+                const __m256 b = _mm256_broadcast_ss(t->q[r] + i);
+                acc[r][0] = _mm256_fmadd_ps(b, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(b, k1, acc[r][1]);
+            }
+        }
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (int r = 0; r < NR; r++) {
+            _mm256_storeu_ps(sc + r * ATTN_KEY_BLOCK + kb, _mm256_mul_ps(acc[r][0], vs));
+            _mm256_storeu_ps(sc + r * ATTN_KEY_BLOCK + kb + 8, _mm256_mul_ps(acc[r][1], vs));
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        float *s = sc + r * ATTN_KEY_BLOCK;
+        const int64_t n = t->n[r] > 0 ? t->n[r] : 0;
+        for (int64_t j = n; j < n16; j++) s[j] = -INFINITY;
+        if (n == 0) {
+            memset(s, 0, (size_t)n16 * sizeof(float));
+            alpha[r] = 1;
+            continue;
+        }
+        __m256 mx = _mm256_set1_ps(*t->m[r]);
+        for (int64_t j = 0; j < n16; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+        const float mb = hmax8(mx);
+        alpha[r] = expf(*t->m[r] - mb); /* 0 on the first block: m = -inf */
+        __m256 sum = _mm256_setzero_ps();
+        const __m256 vmb = _mm256_set1_ps(mb);
+        for (int64_t j = 0; j < n16; j += 8) {
+            const __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmb));
+            _mm256_storeu_ps(s + j, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha[r] + hsum8(sum);
+    }
+}
+
+/* o[r][c, c + 8 NV) = o · alpha[r] + Σ_j p[r][j] v_j[c, c + 8 NV) for NR rows. */
+TM_ATTN_AVX2 __attribute__((always_inline)) static inline void
+attn_tile_pv_avx2(const attn_tile *t, int NR, int NV, int64_t c, const float *vf, int64_t d,
+                  const float *sc, const float alpha[ATTN_ROW_TILE]) {
+    __m256 acc[ATTN_ROW_TILE][2];
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < NV; u++)
+            acc[r][u] =
+                _mm256_mul_ps(_mm256_loadu_ps(t->o[r] + c + 8 * u), _mm256_set1_ps(alpha[r]));
+    for (int64_t j = 0; j < t->n_max; j++) {
+        __m256 v[2];
+        for (int u = 0; u < NV; u++) v[u] = _mm256_loadu_ps(vf + j * d + c + 8 * u);
+        for (int r = 0; r < NR; r++) {
+            const __m256 b = _mm256_broadcast_ss(sc + r * ATTN_KEY_BLOCK + j);
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm256_fmadd_ps(b, v[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < NV; u++) _mm256_storeu_ps(t->o[r] + c + 8 * u, acc[r][u]);
+}
+
+/* NR is a constant in each copy, so the row loops unroll and the
+ * accumulators stay in registers. */
+TM_ATTN_AVX2 __attribute__((always_inline)) static inline void
+attn_tile_avx2_n(const attn_tile *t, int NR, const float *kT, const float *vf, int64_t d,
+                 float scale, float *sc) {
+    float alpha[ATTN_ROW_TILE];
+    attn_tile_softmax_avx2(t, NR, kT, d, scale, sc, alpha);
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16) attn_tile_pv_avx2(t, NR, 2, c, vf, d, sc, alpha);
+    if (c < d) attn_tile_pv_avx2(t, NR, 1, c, vf, d, sc, alpha);
+}
+
+TM_ATTN_AVX2 static void attn_tile_avx2(const attn_tile *t, const float *kT, const float *vf,
+                                        int64_t d, float scale, float *sc) {
+    switch (t->nr) {
+    case 1:
+        attn_tile_avx2_n(t, 1, kT, vf, d, scale, sc);
+        break;
+    case 2:
+        attn_tile_avx2_n(t, 2, kT, vf, d, scale, sc);
+        break;
+    case 3:
+        attn_tile_avx2_n(t, 3, kT, vf, d, scale, sc);
+        break;
+    default:
+        attn_tile_avx2_n(t, 4, kT, vf, d, scale, sc);
+        break;
+    }
+}
+#endif
+
+/* Queries [i0, i1) for the G heads of kv group g, row r = (i - i0) G + h,
+ * against keys [t_begin, t_end) (each row only up to its own position). Row
+ * r's accumulator is o[r][head_dim], its running max m[r] and sum l[r]. */
+static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int64_t t_begin,
+                      int64_t t_end, float *o, float *m, float *l, float *scratch) {
+    const tm_attention_shape *s = j->s;
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_rows = (i1 - i0) * G;
+    float *kT = scratch, *vf = kT + d * ATTN_KEY_BLOCK, *sc = vf + d * ATTN_KEY_BLOCK;
+    const size_t off = (size_t)g * d * j->kv_elem;
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += ATTN_KEY_BLOCK) {
+        const int64_t nk = t_end - t0 < ATTN_KEY_BLOCK ? t_end - t0 : ATTN_KEY_BLOCK;
+#ifdef TM_X86
+        if (j->simd)
+            attn_block_load_avx2(j, t0, nk, off, kT, vf);
+        else
+#endif
+            attn_block_load_ref(j, t0, nk, off, kT, vf);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += ATTN_ROW_TILE) {
+            attn_tile t = {.nr = (int)(n_rows - r0 < ATTN_ROW_TILE ? n_rows - r0 : ATTN_ROW_TILE)};
+            for (int u = 0; u < t.nr; u++) {
+                const int64_t r = r0 + u, i = i0 + r / G;
+                const int64_t n = s->pos0 + i + 1 - t0; /* causal: keys up to pos0 + i */
+                t.q[u] = j->q + (i * s->n_head + g * G + r % G) * d;
+                t.n[u] = n < 0 ? 0 : n < nk ? n : nk;
+                t.n_max = t.n[u] > t.n_max ? t.n[u] : t.n_max;
+                t.o[u] = o + r * d, t.m[u] = &m[r], t.l[u] = &l[r];
+            }
+            if (t.n_max == 0) continue;
+#ifdef TM_X86
+            if (j->simd)
+                attn_tile_avx2(&t, kT, vf, d, s->scale, sc);
+            else
+#endif
+                attn_tile_ref(&t, kT, vf, d, s->scale, sc);
+        }
+    }
+}
+
+/* Scratch of thread ith: the rows' accumulators, maxima and sums, then attn_rows' buffers. */
+static float *attn_task_scratch(const attn_job *j, int ith, int64_t n_rows, float **o, float **m,
+                                float **l) {
+    float *base = j->scratch + ith * j->scratch_per_thread;
+    const int64_t d = j->s->head_dim, G = j->s->n_head / j->s->n_head_kv;
+    const int64_t rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
+    *o = base, *m = base + rows * d, *l = *m + rows;
+    for (int64_t r = 0; r < n_rows; r++) (*m)[r] = -INFINITY, (*l)[r] = 0;
+    memset(*o, 0, (size_t)(n_rows * d) * sizeof(float));
+    return *l + rows;
+}
+
+/* Prompt batches: (kv group, query block) tasks over every key they see. */
+static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const attn_job *j = ctx;
+    const tm_attention_shape *s = j->s;
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv;
+    for (int64_t w = begin; w < end; w++) {
+        /* the last query blocks see the most keys: hand them out first */
+        const int64_t g = w % s->n_head_kv, b = j->n_blocks - 1 - w / s->n_head_kv,
+                      i0 = b * j->q_block;
+        const int64_t i1 = i0 + j->q_block < s->n_tok ? i0 + j->q_block : s->n_tok;
+        float *o, *m, *l;
+        float *scratch = attn_task_scratch(j, ith, (i1 - i0) * G, &o, &m, &l);
+        attn_rows(j, g, i0, i1, 0, s->pos0 + i1, o, m, l, scratch);
+        for (int64_t r = 0; r < (i1 - i0) * G; r++) {
+            float *y = j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d;
+            const float inv = 1.0f / l[r];
+            for (int64_t i = 0; i < d; i++) y[i] = o[r * d + i] * inv;
+        }
+    }
+}
+
+/* Single query, (kv group, key chunk) tasks: each head's max, sum of
+ * exponentials and exp-weighted value sum over the chunk go to a record;
+ * attn_merge_task combines a head's records. */
+static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const attn_job *j = ctx;
+    const tm_attention_shape *s = j->s;
+    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + 1;
+    for (int64_t w = begin; w < end; w++) {
+        const int64_t g = w / j->n_chunks, c = w % j->n_chunks, t0 = c * ATTN_KV_CHUNK;
+        float *o, *m, *l;
+        float *scratch = attn_task_scratch(j, ith, G, &o, &m, &l);
+        attn_rows(j, g, 0, 1, t0, t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv, o, m, l,
+                  scratch);
+        for (int64_t h = 0; h < G; h++) {
+            float *rec =
+                j->records + ((g * G + h) * j->n_chunks + c) * (d + 2); /* max, sum, acc[d] */
+            rec[0] = m[h], rec[1] = l[h];
+            memcpy(rec + 2, o + h * d, (size_t)d * sizeof(float));
+        }
+    }
+}
+
+static void attn_merge_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const attn_job *j = ctx;
+    const int64_t d = j->s->head_dim;
+    for (int64_t h = begin; h < end; h++) {
+        const float *recs = j->records + h * j->n_chunks * (d + 2);
+        float m = -INFINITY;
+        for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
+        float *o = j->out + h * d;
+        double sum = 0;
+        memset(o, 0, (size_t)d * sizeof(float));
+        for (int64_t c = 0; c < j->n_chunks; c++) {
+            const float *rec = recs + c * (d + 2);
+            float f = expf(rec[0] - m);
+            sum += (double)f * rec[1];
+            cpu_axpy(o, f, rec + 2, d);
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < d; i++) o[i] *= inv;
+    }
+    (void)ith;
+}
+
+void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
+                   const void *v, float *out, float *scratch) {
+    attn_job j = {
+        .s = s,
+        .q = q,
+        .k = k,
+        .v = v,
+        .out = out,
+        .scratch = scratch,
+        .kv_elem = s->kv_type == TM_TYPE_F16 ? 2 : 4,
+        .simd = cpu_ops_simd() && s->head_dim % 8 == 0,
+    };
+    const int nth = pool ? cpu_pool_size(pool) : 1;
+    const int64_t G = s->n_head / s->n_head_kv;
+    j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
+    j.scratch_per_thread = attn_scratch_per_thread(s);
+    j.records = scratch + j.scratch_per_thread * nth;
+    if (s->n_tok == 1) {
+        j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
+        const tm_pool_step steps[] = {
+            {attn_split_task, s->n_head_kv * j.n_chunks, 1},
+            {attn_merge_task, s->n_head, 1},
+        };
+        cpu_pool_for_steps(pool, 2, steps, &j);
+    } else {
+        j.q_block = G < ATTN_TASK_ROWS ? ATTN_TASK_ROWS / G : 1;
+        j.n_blocks = (s->n_tok + j.q_block - 1) / j.q_block;
+        cpu_pool_for(pool, s->n_head_kv * j.n_blocks, 1, attn_batch_task, &j);
+    }
+}
