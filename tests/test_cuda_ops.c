@@ -318,7 +318,7 @@ static void test_router(void **state) {
                         *gids = xmalloc((size_t)T * K * sizeof(int32_t));
                 float *w = xmalloc((size_t)T * K * sizeof(float)),
                       *gw = xmalloc((size_t)T * K * sizeof(float));
-                moe_router_select(&cp, l, T, ids, w);
+                moe_router_select(NULL, &cp, l, T, ids, w);
 
                 cuda_pool_reset(g_pool);
                 const float *l_d = dev_upload(l, (size_t)T * E * sizeof(float));

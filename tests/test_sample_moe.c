@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "cpu/cpu.h"
 #include "moe/moe.h"
 #include "sample/sample.h"
 
@@ -145,7 +146,7 @@ static void test_router(void **state) {
     int32_t ids[T * K];
     float w[T * K];
     tm_moe_router_params p = {TM_MOE_GATING_SOFTMAX, E, K, true, 1.0f};
-    moe_router_select(&p, logits, T, ids, w);
+    moe_router_select(NULL, &p, logits, T, ids, w);
     for (int t = 0; t < T; t++) {
         const float *l = logits + t * E;
         double sum = 0, z = 0;
@@ -166,19 +167,36 @@ static void test_router(void **state) {
     float w2[T * K];
     int32_t ids2[T * K];
     p.gating = TM_MOE_GATING_SOFTMAX_TOPK, p.norm_topk = false;
-    moe_router_select(&p, logits, T, ids2, w2);
+    moe_router_select(NULL, &p, logits, T, ids2, w2);
     for (int i = 0; i < T * K; i++) {
         assert_int_equal(ids[i], ids2[i]);
         assert_true(fabs(w[i] - w2[i]) < 1e-6);
     }
     /* sigmoid with a scale, no renormalisation */
     p.gating = TM_MOE_GATING_SIGMOID, p.scale = 2.5f;
-    moe_router_select(&p, logits, T, ids2, w2);
+    moe_router_select(NULL, &p, logits, T, ids2, w2);
     for (int i = 0; i < T * K; i++) {
         assert_int_equal(ids[i], ids2[i]); /* sigmoid is monotonic: same ranking */
         double sg = 1 / (1 + exp(-logits[(i / K) * E + ids2[i]]));
         assert_true(fabs(w2[i] - 2.5 * sg) < 1e-5);
     }
+    /* a batch spread over a pool (chunks of tokens on 3 threads) gives each
+     * token what it gets alone */
+    enum { TB = 100 };
+    float *lb = malloc(sizeof(float) * TB * E), wb[TB * K], w1[K];
+    int32_t ib[TB * K], i1[K];
+    random_logits(lb, TB * E, 10);
+    tm_pool *pool;
+    assert_int_equal(cpu_pool_create(3, &pool), TM_OK);
+    p = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, E, K, true, 1.0f};
+    moe_router_select(pool, &p, lb, TB, ib, wb);
+    for (int t = 0; t < TB; t++) {
+        moe_router_select(NULL, &p, lb + t * E, 1, i1, w1);
+        assert_memory_equal(i1, ib + t * K, sizeof i1);
+        assert_memory_equal(w1, wb + t * K, sizeof w1);
+    }
+    cpu_pool_free(pool);
+    free(lb);
 }
 
 static void test_worklist(void **state) {

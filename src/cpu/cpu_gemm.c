@@ -20,6 +20,14 @@ static cpu_gemm_fn cpu_gemm_pick(tm_type wtype, int64_t n_tok) {
     return fn;
 }
 
+double cpu_gemm_error_rel(tm_type wtype, int64_t n_tok) {
+    cpu_gemm_fn fn = cpu_gemm_pick(wtype, n_tok);
+#if defined(__x86_64__)
+    if (fn && fn == cpu_gemm_amx_bf16_get(wtype)) return 0x1p-8 + 0x1p-18;
+#endif
+    return 0;
+}
+
 bool cpu_gemm_supports(tm_type wtype) {
     return cpu_gemm_ref_get(wtype) != NULL;
 }
@@ -122,13 +130,14 @@ void cpu_matmul_multi(tm_pool *pool, int n_mats, const tm_matmul_desc *mats, int
         cpu_pool_for(pool, n_quant, (n_quant + nth - 1) / nth, matmul_quantize, &j);
     else
         matmul_quantize(&j, 0, n_quant, 0);
-    /* Whole 16-row tiles, about 4 chunks per thread over all matrices so uneven
-     * threads even out; with many tokens at least 32 rows, since each chunk
-     * rereads the activations. */
+    /* About 4 chunks per thread over all matrices so uneven threads even out.
+     * With many tokens whole 16-row tiles (AMX) and at least 32 rows, since
+     * each chunk rereads the activations; with few, 8-row steps, so a small
+     * matrix (the router, 128 rows) still reaches 16 threads. */
     int64_t chunk = (rows + 4 * nth - 1) / (4 * nth);
-    int64_t min_chunk = n_tok >= 16 ? 32 : 16;
+    const int64_t min_chunk = n_tok >= 16 ? 32 : 8, step = n_tok >= 16 ? 16 : 8;
     if (chunk < min_chunk) chunk = min_chunk;
-    j.chunk = (chunk + 15) / 16 * 16;
+    j.chunk = (chunk + step - 1) / step * step;
     for (int i = 0; i < n_mats; i++)
         j.first_chunk[i + 1] = j.first_chunk[i] + (mats[i].rows + j.chunk - 1) / j.chunk;
     /* Few rows (the router) give few chunks: split long batches by tokens too, in

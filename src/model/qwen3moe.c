@@ -314,7 +314,7 @@ static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_
                             n_tok); /* x += attn_out; h = rmsnorm(x) * ffn_norm */
         model_prof_add(ctx, TM_PROF_NORM, t1, t0 = tm_time_ns());
         model_matmul(ctx, &L->router, s->h, n_tok, s->router_logits, s->act);
-        moe_router_select(&w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
+        moe_router_select(ctx->pool, &w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
         if ((st = moe_worklist_build(&s->wl, s->topk_ids, s->topk_w, n_tok, c->n_expert,
                                      c->n_expert_used, phase)))
             return st;

@@ -42,9 +42,10 @@ typedef struct tm_moe_router_params {
 } tm_moe_router_params;
 
 /* logits [n_tok][n_expert] → ids [n_tok][k] (best first) and weights [n_tok][k].
- * Ties go to the lower expert id. */
-void moe_router_select(const tm_moe_router_params *p, const float *logits, int64_t n_tok,
-                       int32_t *ids, float *weights);
+ * Ties go to the lower expert id. Tokens are spread over pool (NULL: this
+ * thread); a token's result does not depend on how. */
+void moe_router_select(tm_pool *pool, const tm_moe_router_params *p, const float *logits,
+                       int64_t n_tok, int32_t *ids, float *weights);
 
 /* ---- worklist ---- */
 

@@ -4,11 +4,23 @@
 #include "cpu/cpu_ops.h"
 #include "moe/moe.h"
 
-void moe_router_select(const tm_moe_router_params *p, const float *logits, int64_t n_tok,
-                       int32_t *ids, float *weights) {
+typedef struct router_job {
+    const tm_moe_router_params *p;
+    const float *logits;
+    int32_t *ids;
+    float *weights;
+} router_job;
+
+static void router_select_task(void *ctx, int64_t begin, int64_t end, int ith) {
+    const router_job *job = ctx;
+    const tm_moe_router_params *p = job->p;
     const uint32_t E = p->n_expert, k = p->n_used;
+    const float *logits = job->logits;
+    int32_t *ids = job->ids;
+    float *weights = job->weights;
     float prob[1024];
-    for (int64_t t = 0; t < n_tok; t++) {
+    (void)ith;
+    for (int64_t t = begin; t < end; t++) {
         const float *l = logits + t * E;
         int32_t *id = ids + t * k;
         float *w = weights + t * k;
@@ -38,4 +50,13 @@ void moe_router_select(const tm_moe_router_params *p, const float *logits, int64
         if (p->scale != 1.0f)
             for (uint32_t j = 0; j < k; j++) w[j] *= p->scale;
     }
+}
+
+void moe_router_select(tm_pool *pool, const tm_moe_router_params *p, const float *logits,
+                       int64_t n_tok, int32_t *ids, float *weights) {
+    router_job j = {p, logits, ids, weights};
+    if (n_tok <= 16) /* a decode step: not worth waking the pool */
+        router_select_task(&j, 0, n_tok, 0);
+    else
+        cpu_pool_for(pool, n_tok, 8, router_select_task, &j);
 }
