@@ -89,6 +89,12 @@ void cpu_gemm(tm_type wtype, int64_t k, const void *w, size_t w_row_bytes, int64
 /* Whether cpu_gemm supports this weight type on this machine. */
 bool cpu_gemm_supports(tm_type wtype);
 
+/* Rounding a kernel adds beyond the exact integer block sums of the quantized
+ * activations, per product, relative to |w x|: 0 for the integer kernels,
+ * 2^-8 + 2^-18 where the AMX-BF16 kernel takes wtype at this n_tok (it rounds
+ * weights and activations to bf16). For error bounds in tests. */
+double cpu_gemm_error_rel(tm_type wtype, int64_t n_tok);
+
 /* Convenience for whole matrices: quantizes x (n_tok rows of k floats) into
  * scratch, splits rows over the pool and writes y[n_tok][rows]. scratch must
  * hold n_tok * cpu_act_row_size(wtype, k) bytes. */

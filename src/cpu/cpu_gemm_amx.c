@@ -123,28 +123,26 @@ static int amx_reserve(int64_t k, int64_t n16, size_t pad_bytes) {
     return 0;
 }
 
-typedef struct amx_tilecfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_tilecfg;
-
 /* Thread-local, not on the stack: ldtilecfg's asm names only 8 bytes of its
  * operand, so the compiler could drop stores to a local it thinks unread. */
-static _Thread_local _Alignas(64) amx_tilecfg amx_cfg;
+static _Thread_local _Alignas(64) cpu_amx_tilecfg amx_cfg;
 
-TM_AMX static void amx_configure(void) {
-    amx_tilecfg cfg;
+TM_AMX void cpu_amx_configure(const uint8_t rows[8], const uint16_t colsb[8]) {
+    cpu_amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int set = 0; set < 6; set += 3) { /* two sets, for two sub-blocks in flight */
-        cfg.rows[set + 0] = 16, cfg.colsb[set + 0] = 64; /* C: 16 tokens x 16 rows of s32 */
-        cfg.rows[set + 1] = 16, cfg.colsb[set + 1] = 32; /* A: 16 tokens x 32 s8 */
-        cfg.rows[set + 2] = 8, cfg.colsb[set + 2] = 64;  /* B: 8 groups of 4 values x 16 rows */
-    }
+    for (int t = 0; t < 8; t++) cfg.rows[t] = rows[t], cfg.colsb[t] = colsb[t];
     amx_cfg = cfg;
     __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&amx_cfg);
+}
+
+/* Two sets of tiles, for two sub-blocks in flight: C (16 tokens x 16 rows of
+ * s32), A (16 tokens x 32 s8), B (8 groups of 4 values x 16 rows). */
+static void amx_configure(void) {
+    static const uint8_t rows[8] = {16, 16, 8, 16, 16, 8};
+    static const uint16_t colsb[8] = {64, 32, 64, 64, 32, 64};
+    cpu_amx_configure(rows, colsb);
 }
 
 /* Blocks of 32 with one scale and q8_0 activations, then K-quants with q8_K. */
@@ -393,6 +391,8 @@ AMX_ENTRY(q4_k, AMX_Q4_K, TM_TYPE_Q4_K)
 AMX_ENTRY(q5_k, AMX_Q5_K, TM_TYPE_Q5_K)
 
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
+    cpu_gemm_fn bf16 = cpu_gemm_amx_bf16_get(wtype);
+    if (bf16) return bf16;
     switch (wtype) {
     case TM_TYPE_Q8_0:
         return amx_gemm_q8_0;

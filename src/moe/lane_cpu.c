@@ -26,8 +26,9 @@
 #include "moe/moe.h"
 
 /* Rows per work item: 32, doubled up to 256 while an item reads under 32 KB of
- * weights (short down rows), and at least 64 for runs of 16 tokens or more (the
- * AMX kernel packs 4 row tiles per activation pass). */
+ * weights (short down rows); 256 for runs of 16 tokens or more, since a
+ * prompt-sized call prepares its run's activations once (the AMX kernels'
+ * tile layouts) and then sweeps its rows. */
 #define LANE_ROW_CHUNK     32
 #define LANE_ROW_CHUNK_MAX 256
 #define LANE_ITEM_BYTES    (32 << 10)
@@ -158,7 +159,8 @@ static void lane_down_task(void *ctx, int64_t begin, int64_t end, int ith) {
 }
 
 static int64_t lane_row_chunk(const lane_step *st, int p, const lane_run *run) {
-    int64_t c = run->s1 - run->s0 >= 16 ? 2 * LANE_ROW_CHUNK : LANE_ROW_CHUNK;
+    if (run->s1 - run->s0 >= 16) return LANE_ROW_CHUNK_MAX;
+    int64_t c = LANE_ROW_CHUNK;
     while (c < LANE_ROW_CHUNK_MAX && (size_t)c * st->m[p]->row_bytes < LANE_ITEM_BYTES) c *= 2;
     return c;
 }

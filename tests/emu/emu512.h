@@ -317,15 +317,62 @@ EI E512 e_setrq(long long a0, long long a1, long long a2, long long a3, long lon
 #define _mm512_setr_epi64 e_setrq
 #define __mmask64         uint64_t
 #define __mmask16         uint16_t
+/* bf16 (AMX-BF16 kernel) */
+#define __m512bh E512
+EI uint16_t e_bf16(float f) { /* round to nearest even; denormals to zero, as the hardware */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7F800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+EI float e_bf16f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+EI E512 e_cvtne2(E512 a, E512 b) {
+    E512 r;
+    for (int i = 0; i < 16; i++)
+        r.w[i] = (int16_t)e_bf16(b.f[i]), r.w[16 + i] = (int16_t)e_bf16(a.f[i]);
+    return r;
+}
+#define _mm512_cvtne2ps_pbh e_cvtne2
+EI E512 e_cvtu8_32(__m128i x) {
+    uint8_t b[16];
+    E512 r;
+    memcpy(b, &x, 16);
+    for (int i = 0; i < 16; i++) r.d[i] = b[i];
+    return r;
+}
+#define _mm512_cvtepu8_epi32 e_cvtu8_32
+EI E512 e_cvti8_32(__m128i x) {
+    int8_t b[16];
+    E512 r;
+    memcpy(b, &x, 16);
+    for (int i = 0; i < 16; i++) r.d[i] = b[i];
+    return r;
+}
+#define _mm512_cvtepi8_epi32 e_cvti8_32
+EI E512 e_shuf128(E512 a, E512 b, int imm) {
+    E512 r;
+    for (int l = 0; l < 4; l++)
+        memcpy(r.b + 16 * l, (l < 2 ? a.b : b.b) + 16 * ((imm >> (2 * l)) & 3), 16);
+    return r;
+}
+#define _mm512_shuffle_i32x4 e_shuf128
 /* AMX: tiles as arrays, config from the 64-byte block */
-static uint8_t e_tile[8][1024];
-static int e_rows[8], e_colsb[8];
+/* weak: one tile state shared by every emulated file (the kernels share cpu_amx_configure) */
+__attribute__((weak)) uint8_t e_tile[8][1024];
+__attribute__((weak)) int e_rows[8], e_colsb[8];
 #undef _tile_loadconfig
 #undef _tile_loadd
 #undef _tile_stored
 #undef _tile_zero
 #undef _tile_dpbssd
 #undef _tile_release
+#undef _tile_dpbf16ps
 EI void e_tcfg(const void *c) {
     const uint8_t *p = c;
     for (int t = 0; t < 8; t++) {
@@ -357,3 +404,14 @@ EI void e_tcfg(const void *c) {
                         C_[16 * m_ + n_] += A_[64 * m_ + 4 * k_ + e_] * B_[64 * k_ + 4 * n_ + e_]; \
     } while (0)
 cpu_gemm_fn emu_avx512_get(tm_type wtype);
+#define _tile_dpbf16ps(c, a, b)                                                                    \
+    do {                                                                                           \
+        float *C_ = (float *)e_tile[c];                                                            \
+        const uint16_t *A_ = (const uint16_t *)e_tile[a], *B_ = (const uint16_t *)e_tile[b];       \
+        for (int m_ = 0; m_ < e_rows[a]; m_++)                                                     \
+            for (int n_ = 0; n_ < e_colsb[c] / 4; n_++)                                            \
+                for (int k_ = 0; k_ < e_colsb[a] / 4; k_++)                                        \
+                    C_[16 * m_ + n_] +=                                                            \
+                        e_bf16f(A_[32 * m_ + 2 * k_]) * e_bf16f(B_[32 * k_ + 2 * n_]) +            \
+                        e_bf16f(A_[32 * m_ + 2 * k_ + 1]) * e_bf16f(B_[32 * k_ + 2 * n_ + 1]);     \
+    } while (0)

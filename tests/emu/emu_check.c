@@ -10,6 +10,21 @@
 #include "cpu/cpu_internal.h"
 cpu_gemm_fn emu_avx512_get(tm_type wtype);
 cpu_gemm_fn emu_amx_get(tm_type wtype);
+cpu_gemm_fn emu_amxbf_kernel(tm_type wtype);
+
+/* The bf16 kernel's bound: 2^-8 + 2^-18 of sum |w_i| |xq_i| (both rounded to
+ * bf16), plus f32 sums; w and xq dequantized here. */
+static double bf16_bound(tm_type t, const uint8_t *w, size_t wrb, const uint8_t *xq, size_t xrb,
+                         int64_t k, int64_t row, int64_t tok) {
+    float *wd = malloc(sizeof(float) * k), *xd = malloc(sizeof(float) * k);
+    quant_row_dequantize(t, w + wrb * row, wd, k);
+    quant_row_dequantize(TM_TYPE_Q8_K, xq + xrb * tok, xd, k);
+    double s = 0;
+    for (int64_t i = 0; i < k; i++) s += fabs((double)wd[i] * xd[i]);
+    free(wd);
+    free(xd);
+    return (0x1p-8 + 0x1p-18 + 2.0 * (k + 24) / 16777216.0) * s * 1.01 + 1e-30;
+}
 static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
     size_t bs = quant_type_traits(t)->type_size;
     for (size_t b = 0; b < bytes / bs; b++) {
@@ -33,11 +48,11 @@ int main(void) {
     tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
                        TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4};
     int64_t ks[] = {32, 96, 256, 768, 2816};
-    int64_t toks[] = {1, 3, 7, 16, 33, 50};
+    int64_t toks[] = {1, 3, 7, 16, 33, 50, 150}; /* 150: two token blocks of the bf16 kernel */
     int bad = 0;
     for (int ti = 0; ti < 6; ti++)
         for (int ki = 0; ki < 5; ki++)
-            for (int nti = 0; nti < 6; nti++) {
+            for (int nti = 0; nti < 7; nti++) {
                 tm_type t = types[ti];
                 int64_t k = ks[ki], nt = toks[nti];
                 if (quant_type_traits(t)->block_size == 256 && k % 256) continue;
@@ -65,11 +80,31 @@ int main(void) {
                     m1 = fmax(m1, fabs(y1[i] - y0[i]));
                     if (g) m2 = fmax(m2, fabs(y2[i] - y0[i]));
                 }
-                int fail = m1 > 1e-4 * ymax || m2 > 1e-4 * ymax;
-                if (fail || (ki == 4 && nti == 5))
-                    printf("%s %-5s k=%lld nt=%lld: ymax %.4g avx512 err %.3g amx err %.3g\n",
+                /* the bf16 kernel, every row of every token within its own bound */
+                cpu_gemm_fn hb = emu_amxbf_kernel(t);
+                double m3 = -1;
+                int fail3 = 0;
+                if (hb && nt >= 16) {
+                    float *y3 = calloc(ldy * nt, 4);
+                    hb(k, w, wrb, r0, r1, xq, xrb, nt, y3, ldy);
+                    m3 = 0;
+                    for (int64_t j = 0; j < nt; j++)
+                        for (int64_t row = 0; row < ldy; row++) {
+                            double e = fabs(y3[j * ldy + row] - y0[j * ldy + row]);
+                            double bnd = row >= r0 && row < r1
+                                             ? bf16_bound(t, w, wrb, xq, xrb, k, row, j)
+                                             : 0;
+                            m3 = fmax(m3, e / fmax(bnd, 1e-30));
+                            fail3 |= !(e <= bnd);
+                        }
+                    free(y3);
+                }
+                int fail = m1 > 1e-4 * ymax || m2 > 1e-4 * ymax || fail3;
+                if (fail || (ki == 4 && nti == 5) || m3 >= 0)
+                    printf("%s %-5s k=%lld nt=%lld: ymax %.4g avx512 err %.3g amx err %.3g"
+                           " amx-bf16 err/bound %.3g\n",
                            fail ? "FAIL" : "ok  ", quant_type_name(t), (long long)k, (long long)nt,
-                           ymax, m1, g ? m2 : -1.0);
+                           ymax, m1, g ? m2 : -1.0, m3);
                 bad += fail;
                 free(w);
                 free(x);
