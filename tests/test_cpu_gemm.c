@@ -206,7 +206,7 @@ typedef struct gemm_case {
 } gemm_case;
 
 static double worst_a, worst_b; /* largest error / bound seen, printed per type */
-static double worst_bf16;       /* ... of the bf16 kernel, |y-dbl| / (its own part of the bound) */
+static double worst_bf16;       /* ... of the bf16 kernel, |y-ref| / (its own part of the bound) */
 
 static void run_case(tm_rng *r, tm_type t, const gemm_case *c) {
     int64_t k = c->k, ldy = c->rows + 3;

@@ -22,10 +22,7 @@ static cpu_gemm_fn cpu_gemm_pick(tm_type wtype, int64_t n_tok) {
 
 double cpu_gemm_error_rel(tm_type wtype, int64_t n_tok) {
     cpu_gemm_fn fn = cpu_gemm_pick(wtype, n_tok);
-#if defined(__x86_64__)
-    if (fn && fn == cpu_gemm_amx_bf16_get(wtype)) return 0x1p-8 + 0x1p-18;
-#endif
-    return 0;
+    return fn && fn == cpu_gemm_amx_bf16_get(wtype) ? 0x1p-8 + 0x1p-18 : 0;
 }
 
 bool cpu_gemm_supports(tm_type wtype) {

@@ -33,9 +33,9 @@
 enum { AMXBF_TOK_TILES = 8 }; /* token tiles (of 16) per B block: 128 tokens, 512 KB at k 2048 */
 
 typedef struct amxbf_scratch {
-    size_t cap_a, cap_b;
-    uint16_t *a; /* 32 weight rows of k bf16, amxbf_lda(k) apart */
-    uint8_t *b;  /* AMXBF_TOK_TILES x k/32 B tiles of 1 KB */
+    size_t cap_a; /* k both buffers hold */
+    uint16_t *a;  /* 32 weight rows of k bf16, amxbf_lda(k) apart */
+    uint8_t *b;   /* AMXBF_TOK_TILES x k/32 B tiles of 1 KB */
 } amxbf_scratch;
 
 static _Thread_local amxbf_scratch amxbf_tls;
@@ -226,7 +226,7 @@ TM_AMXBF static void amxbf_gemm(int q5, int64_t k, const void *wv, size_t wrb, i
                 _tile_zero(1);
                 _tile_zero(2);
                 _tile_zero(3);
-                if (two_r && two_t) {
+                if (two_r && two_t) { /* the common case, without tests in the loop */
                     for (int64_t c = 0; c < nc; c++) {
                         _tile_loadd(4, a0 + 32 * c, astride);
                         _tile_loadd(6, b0 + 1024 * c, 64);
