@@ -65,13 +65,23 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
     for (int i = 0; i < 77; i++)
         assert_true(fabs(p[i] - exp(z[i] - m) / sum) <= 1e-5 * exp(z[i] - m) / sum + 1e-9);
 
-    float g[100], u[100], o[100];
-    fill(g, 100, 3), fill(u, 100, 1);
-    cpu_swiglu(o, g, u, 100);
-    for (int i = 0; i < 100; i++) {
-        double want = g[i] / (1 + exp(-(double)g[i])) * u[i];
-        assert_true(fabs(o[i] - want) <= 1e-5 * fabs(want) + 1e-7);
+    /* swiglu at the plain C and the SIMD level, with the exponential's edges */
+    float g[101], u[101], o[101];
+    fill(g, 101, 3), fill(u, 101, 1);
+    const float edge[] = {0.0f,   -0.0f,  1e-30f,  -1e-30f, 87.0f, -87.0f, 88.5f,
+                          -88.5f, 100.0f, -100.0f, -103.0f, 1e4f,  -1e4f};
+    memcpy(g + 40, edge, sizeof(edge));
+    const tm_cpu_level best = cpu_level_get();
+    for (int level = 0; level < 2; level++) {
+        cpu_level_set(level ? best : TM_CPU_SCALAR);
+        cpu_swiglu(o, g, u, 101);
+        for (int i = 0; i < 101; i++) {
+            double want = g[i] / (1 + exp(-(double)g[i])) * u[i];
+            if (fabs(o[i] - want) > 1e-5 * fabs(want) + 1e-30)
+                fail_msg("swiglu level %d: g %g u %g: %g, want %g", level, g[i], u[i], o[i], want);
+        }
     }
+    cpu_level_set(best);
 
     int32_t idx[9];
     cpu_topk(z, 77, 9, idx);

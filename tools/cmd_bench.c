@@ -45,8 +45,9 @@ static void bench_stats(const double *ts, int r, double n, double *mean, double 
     *sd = r > 1 ? sqrt(s2 / (r - 1)) : 0;
 }
 
-/* Time per part since `prof0` (per test run), then reset the mark. */
-static void bench_profile(tm_context *ctx, uint64_t *prof0, const char *test, int n, int reps) {
+/* Time per part since `prof0` / `lane0` (per test run), then reset the marks. */
+static void bench_profile(tm_context *ctx, uint64_t *prof0, tm_moe_lane_stats *lane0,
+                          const char *test, int n, int reps) {
     uint64_t total = 0;
     for (int i = 0; i < TM_PROF_COUNT; i++) total += ctx->prof_ns[i] - prof0[i];
     fprintf(stderr, "%s%d, %d threads, per run (%.1f ms):", test, n, cpu_pool_size(ctx->pool),
@@ -57,6 +58,21 @@ static void bench_profile(tm_context *ctx, uint64_t *prof0, const char *test, in
                 100.0 * (ctx->prof_ns[i] - prof0[i]) / (total ? total : 1),
                 i + 1 < TM_PROF_COUNT ? "," : "\n");
     memcpy(prof0, ctx->prof_ns, sizeof(ctx->prof_ns));
+    const tm_moe_lane_stats *ls = &ctx->lane_stats;
+    const uint64_t cap = ls->thread_ns - lane0->thread_ns;
+    if (cap) {
+        uint64_t busy = 0;
+        fprintf(stderr, "  CPU lane, thread time per run (%.1f thread-ms):", cap * 1e-6 / reps);
+        for (int i = 0; i < TM_LANE_PART_COUNT; i++) {
+            const uint64_t ns = ls->ns[i] - lane0->ns[i];
+            busy += ns;
+            fprintf(stderr, " %s %.1f ms (%.0f%%),", tm_moe_lane_part_names[i], ns * 1e-6 / reps,
+                    100.0 * ns / cap);
+        }
+        fprintf(stderr, " idle %.1f ms (%.0f%%)\n", (cap - busy) * 1e-6 / reps,
+                100.0 * (cap - busy) / cap);
+    }
+    *lane0 = *ls;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -211,6 +227,7 @@ int cmd_bench(int argc, char **argv) {
         double ts[1000];
         uint64_t prof0[TM_PROF_COUNT];
         memcpy(prof0, ctx->prof_ns, sizeof(prof0));
+        tm_moe_lane_stats lane0 = ctx->lane_stats;
         if (!rc && n_pp > 0) {
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
@@ -223,7 +240,7 @@ int cmd_bench(int argc, char **argv) {
             *b = (bench_result){"pp", (int)n_pp, threads[ti], 0, 0, 0, mem};
             bench_stats(ts, (int)reps, (double)n_pp, &b->mean, &b->sd);
             b->weight_gbs = pp_bytes * (b->mean / n_pp) / 1e9 * ((n_pp + batch - 1) / batch);
-            if (profile) bench_profile(ctx, prof0, "pp", (int)n_pp, (int)reps);
+            if (profile) bench_profile(ctx, prof0, &lane0, "pp", (int)n_pp, (int)reps);
         }
         if (!rc && n_tg > 0) {
             for (int r = 0; r < reps && !rc; r++) {
@@ -241,7 +258,7 @@ int cmd_bench(int argc, char **argv) {
             *b = (bench_result){"tg", (int)n_tg, threads[ti], 0, 0, 0, mem};
             bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
             b->weight_gbs = tg_bytes * b->mean / 1e9;
-            if (profile) bench_profile(ctx, prof0, "tg", (int)n_tg, (int)reps);
+            if (profile) bench_profile(ctx, prof0, &lane0, "tg", (int)n_tg, (int)reps);
         }
         if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         free(toks);

@@ -272,6 +272,7 @@ int cmd_run(int argc, char **argv) {
         }
         if (!strcmp(a, "--profile")) {
             profile = 1;
+            cp.profile = true;
             continue;
         }
         const int nt = trace_config_parse_arg(&tc, argc, argv, i);
@@ -487,6 +488,18 @@ int cmd_run(int argc, char **argv) {
         for (int i = 0; i < TM_PROF_COUNT; i++)
             fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_prof_part_names[i],
                     s.ctx->prof_ns[i] * 1e-6, 100.0 * s.ctx->prof_ns[i] / (total ? total : 1));
+        const tm_moe_lane_stats *ls = &s.ctx->lane_stats;
+        if (ls->thread_ns) {
+            uint64_t busy = 0;
+            fprintf(stderr, "CPU lane, thread time (%.2f thread-ms):\n", ls->thread_ns * 1e-6);
+            for (int i = 0; i < TM_LANE_PART_COUNT; i++) {
+                busy += ls->ns[i];
+                fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_moe_lane_part_names[i],
+                        ls->ns[i] * 1e-6, 100.0 * ls->ns[i] / ls->thread_ns);
+            }
+            fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", "idle", (ls->thread_ns - busy) * 1e-6,
+                    100.0 * (ls->thread_ns - busy) / ls->thread_ns);
+        }
     }
     if (tr && trace_finish(tr) != TM_OK) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());

@@ -109,27 +109,6 @@ static void attn_block_load_ref(const attn_job *j, int64_t t0, int64_t nk, size_
 #ifdef TM_X86
 #define TM_ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* exp for x <= 0 (Cephes' polynomial, about 1 ulp); 0 below -87. */
-TM_ATTN_AVX2 static inline __m256 exp_neg_avx2(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* also clears -inf and NaN */
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), zero_mask);
-}
-
 TM_ATTN_AVX2 static inline float hmax8(__m256 v) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
@@ -236,7 +215,7 @@ attn_tile_softmax_avx2(const attn_tile *t, int NR, const float *kT, int64_t d, f
         __m256 sum = _mm256_setzero_ps();
         const __m256 vmb = _mm256_set1_ps(mb);
         for (int64_t j = 0; j < n16; j += 8) {
-            const __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmb));
+            const __m256 e = cpu_exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmb));
             _mm256_storeu_ps(s + j, e);
             sum = _mm256_add_ps(sum, e);
         }

@@ -54,8 +54,30 @@ void cpu_softmax(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+#ifdef TM_X86
+/* silu(g) = g / (1 + e^-g), computed as g·(g < 0 ? e^g : 1) / (1 + e^-|g|) so
+ * the exponential never overflows. */
+CPU_AVX2_FMA static int64_t swiglu_avx2(float *h, const float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 t = cpu_exp_neg_avx2(_mm256_or_ps(x, neg)); /* e^-|x| */
+        const __m256 num = _mm256_blendv_ps(_mm256_mul_ps(x, t), x,
+                                            _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, t)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
 void cpu_swiglu(float *h, const float *g, const float *u, int64_t n) {
-    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    int64_t i = 0;
+#ifdef TM_X86
+    if (cpu_ops_simd()) i = swiglu_avx2(h, g, u, n);
+#endif
+    for (; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 void cpu_axpy(float *y, float a, const float *x, int64_t n) {

@@ -110,6 +110,7 @@ struct tm_context {
     int n_gpu_layers; /* layers on the GPU (resolved from params.n_gpu_layers) */
     bool gpu_output;  /* the output head runs on the GPU */
     uint64_t prof_ns[TM_PROF_COUNT];
+    tm_moe_lane_stats lane_stats; /* the CPU lane's thread time, when profiling */
 };
 
 /* Open, validate and bind a model. Fails with a message naming the file and

@@ -186,6 +186,7 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
                             (long long)B);
     tm_status st = moe_cpu_lane_create(&s->lane);
     if (st != TM_OK) return st;
+    if (ctx->params.profile) moe_cpu_lane_profile(s->lane, &ctx->lane_stats);
     return ctx->params.n_gpu_layers ? qwen3moe_gpu_create(ctx) : TM_OK;
 }
 

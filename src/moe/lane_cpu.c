@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/timing.h"
 #include "cpu/cpu_ops.h"
 #include "moe/moe.h"
 
@@ -47,6 +48,11 @@ typedef struct lane_item {
 
 enum { LANE_GATE, LANE_UP, LANE_DOWN, LANE_PROJ };
 
+/* One thread's part times, a cache line (or more) of its own. */
+typedef struct lane_clock {
+    _Alignas(64) uint64_t ns[TM_LANE_PART_COUNT];
+} lane_clock;
+
 struct tm_moe_cpu_lane {
     /* scratch, grown on demand and kept between steps */
     lane_run *runs;
@@ -64,6 +70,13 @@ struct tm_moe_cpu_lane {
     atomic_int *ready;     /* per run: H pieces made */
     size_t cap_pending, cap_ready, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2],
         cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
+    tm_moe_lane_stats *acc; /* profiling: where runs add their time */
+    lane_clock *clocks;     /* profiling: per pool thread */
+    int n_clocks;
+};
+
+const char *const tm_moe_lane_part_names[TM_LANE_PART_COUNT] = {
+    "prep", "gate+up", "act", "wait", "down", "combine",
 };
 
 tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out) {
@@ -75,9 +88,13 @@ void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
     free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]),
         free(l->xq_tok[1]), free(l->xf);
-    free(l->pending), free(l->ready);
+    free(l->pending), free(l->ready), free(l->clocks);
     for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
+}
+
+void moe_cpu_lane_profile(tm_moe_cpu_lane *l, tm_moe_lane_stats *acc) {
+    l->acc = acc;
 }
 
 static int lane_grow(void **p, size_t *cap, size_t need) {
@@ -101,8 +118,22 @@ typedef struct lane_step {
     int64_t rows[LANE_PROJ];    /* output rows of each projection */
     size_t xq_bytes[LANE_PROJ]; /* bytes of one quantized input row of each projection */
     int shared_act;             /* gate and up read the same activation rows */
-    int64_t n_pieces; /* H pieces per slot when gate/up items make H; 0: a step of its own */
+    int64_t n_pieces;   /* H pieces per slot when gate/up items make H; 0: a step of its own */
+    lane_clock *clocks; /* per thread when profiling, else NULL */
 } lane_step;
+
+/* Profiling: adds the time since *t to thread ith's part and moves *t to now. */
+static inline void lane_clock_add(const lane_step *st, int ith, tm_moe_lane_part part,
+                                  uint64_t *t) {
+    if (!st->clocks) return;
+    const uint64_t now = tm_time_ns();
+    st->clocks[ith].ns[part] += now - *t;
+    *t = now;
+}
+
+static inline uint64_t lane_clock_now(const lane_step *st) {
+    return st->clocks ? tm_time_ns() : 0;
+}
 
 /* H = act(G, U) for values [c0, c1) of slot s, quantized for the down product. */
 static void lane_swiglu_piece(const lane_step *st, int64_t s, int64_t c0, int64_t c1) {
@@ -122,18 +153,23 @@ static void lane_wait_ready(const lane_step *st, int32_t r) {
         if (i > 64) sched_yield(); /* the maker may share this core */
 }
 
-static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin,
-                           int64_t end) {
+static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin, int64_t end,
+                           int ith) {
     const tm_moe_cpu_lane *l = st->l;
+    uint64_t t = lane_clock_now(st);
     for (int64_t i = begin; i < end; i++) {
         const lane_item *it = &items[i];
         const lane_run *run = &l->runs[it->run];
         const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
-        if (p == LANE_DOWN && st->n_pieces) lane_wait_ready(st, it->run);
+        if (p == LANE_DOWN && st->n_pieces) {
+            lane_wait_ready(st, it->run);
+            lane_clock_add(st, ith, TM_LANE_WAIT, &t);
+        }
         const tm_moe_matrix *m = st->m[p];
         cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes,
                  it->r0, it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in],
                  run->s1 - run->s0, l->out[p] + run->s0 * st->rows[p], st->rows[p]);
+        lane_clock_add(st, ith, p == LANE_DOWN ? TM_LANE_DOWN : TM_LANE_GATE_UP, &t);
         if (!st->n_pieces || p == LANE_DOWN) continue;
         /* the last gate/up item of an H piece makes that piece for the run's slots */
         const int64_t c = it->r0 / LANE_H_PIECE;
@@ -142,20 +178,19 @@ static void lane_items_run(const lane_step *st, const lane_item *items, int64_t 
             for (int64_t s = run->s0; s < run->s1; s++)
                 lane_swiglu_piece(st, s, c * LANE_H_PIECE, (c + 1) * LANE_H_PIECE);
             atomic_fetch_add_explicit(&l->ready[it->run], 1, memory_order_release);
+            lane_clock_add(st, ith, TM_LANE_ACT, &t);
         }
     }
 }
 
 static void lane_gate_up_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
-    lane_items_run(st, st->items[0], begin, end);
-    (void)ith;
+    lane_items_run(st, st->items[0], begin, end, ith);
 }
 
 static void lane_down_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
-    lane_items_run(st, st->items[1], begin, end);
-    (void)ith;
+    lane_items_run(st, st->items[1], begin, end, ith);
 }
 
 static int64_t lane_row_chunk(const lane_step *st, int p, const lane_run *run) {
@@ -182,6 +217,7 @@ static int64_t lane_items_build(const lane_step *st, lane_item *items, int64_t n
 static void lane_quantize_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
     const int64_t E = st->ex->n_embd;
+    uint64_t t0 = lane_clock_now(st);
     for (int64_t t = begin; t < end; t++) {
         cpu_act_quantize(st->m[LANE_GATE]->type, st->x + t * E,
                          st->l->xq_tok[0] + t * st->xq_bytes[LANE_GATE], E);
@@ -189,24 +225,26 @@ static void lane_quantize_task(void *ctx, int64_t begin, int64_t end, int ith) {
             cpu_act_quantize(st->m[LANE_UP]->type, st->x + t * E,
                              st->l->xq_tok[1] + t * st->xq_bytes[LANE_UP], E);
     }
-    (void)ith;
+    lane_clock_add(st, ith, TM_LANE_PREP, &t0);
 }
 
 /* Copy each slot's token row next to the other rows of its run. */
 static void lane_gather_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
+    uint64_t t0 = lane_clock_now(st);
     for (int64_t s = begin; s < end; s++)
         for (int p = LANE_GATE; p <= (st->shared_act ? LANE_GATE : LANE_UP); p++)
             memcpy(st->l->xq[p] + s * st->xq_bytes[p],
                    st->l->xq_tok[p] + (int64_t)st->slots[s].token * st->xq_bytes[p],
                    st->xq_bytes[p]);
-    (void)ith;
+    lane_clock_add(st, ith, TM_LANE_PREP, &t0);
 }
 
 static void lane_swiglu_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
+    uint64_t t0 = lane_clock_now(st);
     for (int64_t s = begin; s < end; s++) lane_swiglu_piece(st, s, 0, st->ex->n_ff);
-    (void)ith;
+    lane_clock_add(st, ith, TM_LANE_ACT, &t0);
 }
 
 /* y[t] += Σ weight · O[slot] over token t's slots, in slot order. */
@@ -214,12 +252,13 @@ static void lane_combine_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const lane_step *st = ctx;
     const tm_moe_cpu_lane *l = st->l;
     const int64_t E = st->ex->n_embd;
+    uint64_t t0 = lane_clock_now(st);
     for (int64_t t = begin; t < end; t++)
         for (int64_t i = l->tok_first[t]; i < l->tok_first[t + 1]; i++) {
             const int64_t s = l->tok_slots[i];
             cpu_axpy(st->y + t * E, st->slots[s].weight, l->out[LANE_DOWN] + s * E, E);
         }
-    (void)ith;
+    lane_clock_add(st, ith, TM_LANE_COMBINE, &t0);
 }
 
 /* Precise reference path: each run's products in double from dequantized rows. */
@@ -256,7 +295,15 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
                            float *y, bool precise) {
     const int64_t n = s1 - s0, E = ex->n_embd, F = ex->n_ff, n_tok = wl->n_tok;
     if (n <= 0) return TM_OK;
+    const uint64_t t_start = l->acc ? tm_time_ns() : 0;
     const tm_moe_slot *slots = wl->slots + s0;
+    const int nth = cpu_pool_size(pool);
+    if (l->acc && l->n_clocks < nth) {
+        lane_clock *c = aligned_alloc(_Alignof(lane_clock), (size_t)nth * sizeof(lane_clock));
+        if (!c) return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %d clocks", nth);
+        free(l->clocks);
+        l->clocks = c, l->n_clocks = nth;
+    }
 
     /* runs of equal experts */
     if (!lane_grow((void **)&l->runs, &l->cap_runs, (size_t)n * sizeof(lane_run)))
@@ -282,7 +329,9 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         .xq_bytes = {cpu_act_row_size(ex->gate.type, E), cpu_act_row_size(ex->up.type, E),
                      cpu_act_row_size(ex->down.type, F)},
         .shared_act = cpu_act_type(ex->gate.type) == cpu_act_type(ex->up.type),
+        .clocks = l->acc && !precise ? l->clocks : NULL,
     };
+    if (st.clocks) memset(st.clocks, 0, (size_t)nth * sizeof(lane_clock));
     int64_t items_max = 0;
     for (int p = 0; p < LANE_PROJ; p++)
         items_max += n_runs * ((st.rows[p] + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK);
@@ -352,5 +401,10 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     };
     cpu_pool_for_steps(pool, (int)(sizeof(steps) / sizeof(steps[0])), steps, &st);
     if (decode) lane_combine_task(&st, 0, 1, 0);
+    if (st.clocks) {
+        for (int i = 0; i < nth; i++)
+            for (int p = 0; p < TM_LANE_PART_COUNT; p++) l->acc->ns[p] += st.clocks[i].ns[p];
+        l->acc->thread_ns += (tm_time_ns() - t_start) * (uint64_t)nth;
+    }
     return TM_OK;
 }

@@ -107,6 +107,27 @@ typedef struct tm_moe_cpu_lane tm_moe_cpu_lane;
 tm_status moe_cpu_lane_create(tm_moe_cpu_lane **out);
 void moe_cpu_lane_free(tm_moe_cpu_lane *lane);
 
+/* Where a CPU lane's thread time went, summed over its threads (ns). What no
+ * part claims of threads x wall (idle) is waiting: pool wake-up, barriers,
+ * uneven items, a descheduled thread. */
+typedef enum tm_moe_lane_part {
+    TM_LANE_PREP,    /* activations quantized and gathered to their runs */
+    TM_LANE_GATE_UP, /* gate and up products */
+    TM_LANE_ACT,     /* H = act(G, U), quantized */
+    TM_LANE_WAIT,    /* down items waiting for their run's H */
+    TM_LANE_DOWN,    /* down products */
+    TM_LANE_COMBINE, /* weighted sums into y */
+    TM_LANE_PART_COUNT
+} tm_moe_lane_part;
+extern const char *const tm_moe_lane_part_names[TM_LANE_PART_COUNT];
+typedef struct tm_moe_lane_stats {
+    uint64_t ns[TM_LANE_PART_COUNT];
+    uint64_t thread_ns; /* threads x wall time of the runs */
+} tm_moe_lane_stats;
+
+/* Each later run adds its time to *acc (NULL: no timing, the default). */
+void moe_cpu_lane_profile(tm_moe_cpu_lane *lane, tm_moe_lane_stats *acc);
+
 /* y[t] += Σ_{slots s of token t} s.weight · down(act(gate·x[t], up·x[t])) over
  * the worklist's slots [s0, s1). x, y: [n_tok][n_embd]. When precise is set,
  * products use dequantized weights in double (the test reference path). */

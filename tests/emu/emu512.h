@@ -347,6 +347,19 @@ EI E512 e_cvtu8_32(__m128i x) {
     return r;
 }
 #define _mm512_cvtepu8_epi32 e_cvtu8_32
+EI E512 e_cvtu8_16(__m256i x) {
+    uint8_t b[32];
+    E512 r;
+    memcpy(b, &x, 32);
+    for (int i = 0; i < 32; i++) r.w[i] = b[i];
+    return r;
+}
+#define _mm512_cvtepu8_epi16 e_cvtu8_16
+EI E512 e_addf(E512 a, E512 b) {
+    for (int i = 0; i < 16; i++) a.f[i] += b.f[i];
+    return a;
+}
+#define _mm512_add_ps e_addf
 EI E512 e_cvti8_32(__m128i x) {
     int8_t b[16];
     E512 r;

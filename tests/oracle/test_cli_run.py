@@ -12,6 +12,7 @@
   non-zero exit, never a crash (the ASan build turns a crash into a failure).
 - bench prints a llama-bench-shaped table.
 """
+import re
 import os
 import subprocess
 import sys
@@ -137,6 +138,22 @@ def main():
     check(len(rows) == 4, f"bench: want 4 rows (pp16, tg4 at 1 and 2 threads), got\n{r.stdout}")
     check(all("±" in l for l in rows), "bench rows lack mean ± stddev")
     print(f"  bench: {len(rows)} rows")
+
+    # --profile: per-part times, and the CPU lane's thread time whose parts and
+    # idle share add up to 100% of threads x wall
+    r = tm("bench", "-m", model, "-p", "32", "-n", "2", "-r", "1", "-t", "2", "--no-membw",
+           "--profile")
+    check(r.returncode == 0, f"bench --profile: {r.stderr}")
+    lanes = [l for l in r.stderr.splitlines() if "CPU lane, thread time" in l]
+    check(len(lanes) == 2, f"bench --profile: want a CPU lane line per test, got\n{r.stderr}")
+    for l in lanes:
+        shares = [int(x) for x in re.findall(r"\((\d+)%\)", l)]
+        ms = dict(re.findall(r"(gate\+up|down|idle) ([0-9.]+) ms", l))
+        check(len(shares) == 7 and abs(sum(shares) - 100) <= 4,
+              f"lane shares should sum to ~100%: {l}")
+        check(float(ms.get("gate+up", 0)) > 0 and float(ms.get("down", 0)) > 0,
+              f"lane line lacks product time: {l}")
+    print(f"  bench --profile: {len(lanes)} lane lines")
 
     return finish("run and bench behave")
 
