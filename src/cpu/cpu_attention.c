@@ -13,6 +13,7 @@
  * A row's result depends only on its query position and the key range, never
  * on the other rows of the tile or task. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +37,8 @@ typedef struct attn_job {
     float *out;
     float *scratch;
     int64_t scratch_per_thread;
-    float *records; /* split decode: per (head, chunk) max, sum, acc[head_dim] */
+    float *records;      /* split decode: per (head, chunk) max, sum, acc[head_dim] */
+    atomic_int *pending; /* split decode: per kv group, chunks not yet done */
     size_t kv_row_bytes, kv_elem;
     int64_t n_chunks;          /* decode split: key chunks per head */
     int64_t q_block, n_blocks; /* prompt: queries per task, query blocks */
@@ -61,10 +63,11 @@ static int64_t attn_scratch_per_thread(const tm_attention_shape *s) {
 }
 
 int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
-    /* per thread, plus for the split: per (head, chunk) a max, a sum and an accumulator */
+    /* per thread, plus for the split: per (head, chunk) a max, a sum and an
+     * accumulator, and per kv group a counter (a float's room each) */
     int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
     return attn_scratch_per_thread(s) * (n_threads > 0 ? n_threads : 1) +
-           s->n_head * chunks * (s->head_dim + 2);
+           s->n_head * chunks * (s->head_dim + 2) + s->n_head_kv;
 }
 
 /* ---- plain C tile ---- */
@@ -346,9 +349,29 @@ static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     }
 }
 
+/* A head's output from its chunks' records: rescale each to the common max. */
+static void attn_merge_head(const attn_job *j, int64_t h) {
+    const int64_t d = j->s->head_dim;
+    const float *recs = j->records + h * j->n_chunks * (d + 2);
+    float m = -INFINITY;
+    for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
+    float *o = j->out + h * d;
+    double sum = 0;
+    memset(o, 0, (size_t)d * sizeof(float));
+    for (int64_t c = 0; c < j->n_chunks; c++) {
+        const float *rec = recs + c * (d + 2);
+        float f = expf(rec[0] - m);
+        sum += (double)f * rec[1];
+        cpu_axpy(o, f, rec + 2, d);
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < d; i++) o[i] *= inv;
+}
+
 /* Single query, (kv group, key chunk) tasks: each head's max, sum of
- * exponentials and exp-weighted value sum over the chunk go to a record;
- * attn_merge_task combines a head's records. */
+ * exponentials and exp-weighted value sum over the chunk go to a record. The
+ * task that finishes a group's last chunk merges the group's heads, so a
+ * decode step's attention has no barrier inside (one pool step). */
 static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
     const tm_attention_shape *s = j->s;
@@ -365,29 +388,9 @@ static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
             rec[0] = m[h], rec[1] = l[h];
             memcpy(rec + 2, o + h * d, (size_t)d * sizeof(float));
         }
+        if (atomic_fetch_sub_explicit(&j->pending[g], 1, memory_order_acq_rel) == 1)
+            for (int64_t h = g * G; h < (g + 1) * G; h++) attn_merge_head(j, h);
     }
-}
-
-static void attn_merge_task(void *ctx, int64_t begin, int64_t end, int ith) {
-    const attn_job *j = ctx;
-    const int64_t d = j->s->head_dim;
-    for (int64_t h = begin; h < end; h++) {
-        const float *recs = j->records + h * j->n_chunks * (d + 2);
-        float m = -INFINITY;
-        for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
-        float *o = j->out + h * d;
-        double sum = 0;
-        memset(o, 0, (size_t)d * sizeof(float));
-        for (int64_t c = 0; c < j->n_chunks; c++) {
-            const float *rec = recs + c * (d + 2);
-            float f = expf(rec[0] - m);
-            sum += (double)f * rec[1];
-            cpu_axpy(o, f, rec + 2, d);
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t i = 0; i < d; i++) o[i] *= inv;
-    }
-    (void)ith;
 }
 
 void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
@@ -409,11 +412,9 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
     j.records = scratch + j.scratch_per_thread * nth;
     if (s->n_tok == 1) {
         j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
-        const tm_pool_step steps[] = {
-            {attn_split_task, s->n_head_kv * j.n_chunks, 1},
-            {attn_merge_task, s->n_head, 1},
-        };
-        cpu_pool_for_steps(pool, 2, steps, &j);
+        j.pending = (atomic_int *)(j.records + s->n_head * j.n_chunks * (s->head_dim + 2));
+        for (int64_t g = 0; g < s->n_head_kv; g++) atomic_init(&j.pending[g], (int)j.n_chunks);
+        cpu_pool_for(pool, s->n_head_kv * j.n_chunks, 1, attn_split_task, &j);
     } else {
         j.q_block = G < ATTN_TASK_ROWS ? ATTN_TASK_ROWS / G : 1;
         j.n_blocks = (s->n_tok + j.q_block - 1) / j.q_block;

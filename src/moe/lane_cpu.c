@@ -12,7 +12,9 @@
  *      then the down items follow the gate/up items in the same pool step and
  *      each waits only for its own run's H: items are claimed in order, so
  *      every gate/up item was claimed, by a thread that never waits, before
- *      any down item, and the wait is almost always already over)
+ *      any down item, and the wait is almost always already over; with few
+ *      runs, as in decode, a claimed down item is a ticket for any run whose
+ *      H is made, so a slow run holds up only its own down items)
  *   3. y[token] += Σ weight · O[slot]   over the token's slots in worklist order
  * All of it is one pool job (cpu_pool_for_steps) with barriers between the
  * parts, so a decode layer wakes the pool once. Weights are read once per
@@ -34,6 +36,7 @@
 #define LANE_ROW_CHUNK_MAX 256
 #define LANE_ITEM_BYTES    (32 << 10)
 #define LANE_H_PIECE       256 /* H values activated and quantized together: whole q8_K/q8_0 blocks */
+#define LANE_TICKET_RUNS   16 /* down items go by ticket up to this many runs (decode) */
 
 typedef struct lane_run {
     int64_t s0, s1; /* slots [s0, s1) of one expert, relative to the lane's first slot */
@@ -68,8 +71,10 @@ struct tm_moe_cpu_lane {
     float *xf;             /* gathered f32 x (precise path) */
     atomic_int *pending;   /* per (run, H piece): gate/up items not yet done */
     atomic_int *ready;     /* per run: H pieces made */
-    size_t cap_pending, cap_ready, cap_runs, cap_items, cap_tok_first, cap_tok_slots, cap_xq_tok[2],
-        cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
+    int64_t *down_first;   /* ticket mode, per run + 1: its first down item */
+    atomic_int *down_next; /* ticket mode, per run: down items taken */
+    size_t cap_pending, cap_ready, cap_down_first, cap_down_next, cap_runs, cap_items,
+        cap_tok_first, cap_tok_slots, cap_xq_tok[2], cap_xq[LANE_PROJ], cap_out[LANE_PROJ], cap_xf;
     tm_moe_lane_stats *acc; /* profiling: where runs add their time */
     lane_clock *clocks;     /* profiling: per pool thread */
     int n_clocks;
@@ -88,7 +93,7 @@ void moe_cpu_lane_free(tm_moe_cpu_lane *l) {
     if (!l) return;
     free(l->runs), free(l->items), free(l->tok_first), free(l->tok_slots), free(l->xq_tok[0]),
         free(l->xq_tok[1]), free(l->xf);
-    free(l->pending), free(l->ready), free(l->clocks);
+    free(l->pending), free(l->ready), free(l->down_first), free(l->down_next), free(l->clocks);
     for (int p = 0; p < LANE_PROJ; p++) free(l->xq[p]), free(l->out[p]);
     free(l);
 }
@@ -118,7 +123,9 @@ typedef struct lane_step {
     int64_t rows[LANE_PROJ];    /* output rows of each projection */
     size_t xq_bytes[LANE_PROJ]; /* bytes of one quantized input row of each projection */
     int shared_act;             /* gate and up read the same activation rows */
-    int64_t n_pieces;   /* H pieces per slot when gate/up items make H; 0: a step of its own */
+    int64_t n_pieces; /* H pieces per slot when gate/up items make H; 0: a step of its own */
+    int64_t n_runs;
+    bool tickets;       /* a claimed down item stands for any untaken one (lane_down_pick) */
     lane_clock *clocks; /* per thread when profiling, else NULL */
 } lane_step;
 
@@ -153,18 +160,41 @@ static void lane_wait_ready(const lane_step *st, int32_t r) {
         if (i > 64) sched_yield(); /* the maker may share this core */
 }
 
+/* Ticket mode (few runs: decode): take an untaken down item of a run whose H
+ * is made. A run whose gate/up items are still running (a slow or
+ * descheduled thread) then holds up only its own down items, never a thread
+ * that could work on another run's. There are as many tickets as down items,
+ * so a ticket always finds one. */
+static const lane_item *lane_down_pick(const lane_step *st) {
+    const tm_moe_cpu_lane *l = st->l;
+    for (unsigned spin = 0;; spin++) {
+        for (int64_t r = 0; r < st->n_runs; r++) {
+            const int64_t n = l->down_first[r + 1] - l->down_first[r];
+            if (atomic_load_explicit(&l->down_next[r], memory_order_relaxed) >= n ||
+                atomic_load_explicit(&l->ready[r], memory_order_acquire) != st->n_pieces)
+                continue;
+            const int64_t i = atomic_fetch_add_explicit(&l->down_next[r], 1, memory_order_relaxed);
+            if (i < n) return &st->items[1][l->down_first[r] + i];
+        }
+        if (spin > 64) sched_yield(); /* the makers may share this core */
+    }
+}
+
 static void lane_items_run(const lane_step *st, const lane_item *items, int64_t begin, int64_t end,
                            int ith) {
     const tm_moe_cpu_lane *l = st->l;
     uint64_t t = lane_clock_now(st);
     for (int64_t i = begin; i < end; i++) {
         const lane_item *it = &items[i];
-        const lane_run *run = &l->runs[it->run];
-        const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
-        if (p == LANE_DOWN && st->n_pieces) {
-            lane_wait_ready(st, it->run);
+        if (it->proj == LANE_DOWN && st->n_pieces) {
+            if (st->tickets)
+                it = lane_down_pick(st);
+            else
+                lane_wait_ready(st, it->run);
             lane_clock_add(st, ith, TM_LANE_WAIT, &t);
         }
+        const lane_run *run = &l->runs[it->run];
+        const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
         const tm_moe_matrix *m = st->m[p];
         cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes,
                  it->r0, it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in],
@@ -356,7 +386,10 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     ok = ok &&
          lane_grow((void **)&l->pending, &l->cap_pending,
                    (size_t)(n_runs * st.n_pieces) * sizeof(atomic_int)) &&
-         lane_grow((void **)&l->ready, &l->cap_ready, (size_t)n_runs * sizeof(atomic_int));
+         lane_grow((void **)&l->ready, &l->cap_ready, (size_t)n_runs * sizeof(atomic_int)) &&
+         lane_grow((void **)&l->down_first, &l->cap_down_first,
+                   (size_t)(n_runs + 1) * sizeof(int64_t)) &&
+         lane_grow((void **)&l->down_next, &l->cap_down_next, (size_t)n_runs * sizeof(atomic_int));
     if (ok && precise) ok = lane_grow((void **)&l->xf, &l->cap_xf, (size_t)(n * E) * sizeof(float));
     if (!ok)
         return tm_error_set(TM_ERR_NOMEM, "cpu lane: out of memory for %lld slots", (long long)n);
@@ -380,7 +413,15 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
     const int64_t n_gate_up = lane_items_build(&st, items, n_runs, LANE_GATE, LANE_UP);
     const int64_t n_down = lane_items_build(&st, items + n_gate_up, n_runs, LANE_DOWN, LANE_DOWN);
     st.items[0] = items, st.items[1] = items + n_gate_up;
-    for (int64_t r = 0; r < n_runs; r++) atomic_init(&l->ready[r], 0);
+    st.n_runs = n_runs;
+    st.tickets = st.n_pieces && n_runs <= LANE_TICKET_RUNS;
+    l->down_first[0] = 0;
+    for (int64_t r = 0; r < n_runs; r++) {
+        const int64_t c = lane_row_chunk(&st, LANE_DOWN, &l->runs[r]);
+        l->down_first[r + 1] = l->down_first[r] + (st.rows[LANE_DOWN] + c - 1) / c;
+        atomic_init(&l->ready[r], 0);
+        atomic_init(&l->down_next[r], 0);
+    }
     for (int64_t i = 0; i < n_runs * st.n_pieces; i++) { /* gate and up items of a piece */
         const lane_run *run = &l->runs[i / st.n_pieces];
         atomic_init(&l->pending[i], (int)(LANE_H_PIECE / lane_row_chunk(&st, LANE_GATE, run) +
