@@ -173,8 +173,8 @@ int main(int argc, char **argv) {
         j.mat_bytes = j.wrb * (size_t)c->rows;
         j.n_total = (int64_t)(mib * 1048576.0 / (double)j.mat_bytes);
         if (j.n_total < c->n_mat) j.n_total = c->n_mat;
-        /* as the cpu lane: 256 rows from 16 tokens, else 32 doubled up to 256 while under 32 KB */
-        j.chunk = c->n_tok >= 16 ? 256 : 32;
+        /* as the cpu lane: 256 rows from 16 tokens, else 64 doubled up to 256 while under 32 KB */
+        j.chunk = c->n_tok >= 16 ? 256 : 64;
         while (j.chunk < 256 && (size_t)j.chunk * j.wrb < (32 << 10)) j.chunk *= 2;
         j.chunks_per_mat = (c->rows + j.chunk - 1) / j.chunk;
         uint8_t *w = malloc(j.mat_bytes * (size_t)j.n_total);
