@@ -256,7 +256,7 @@ int cmd_run(int argc, char **argv) {
     tm_context_params cp = {0};
     tm_sampler_params sp;
     sample_params_default(&sp);
-    int profile = 0, chat = 0;
+    int chat = 0;
     run_session s = {0};
     tm_trace_config tc = {0};
     tm_trace *tr = NULL;
@@ -271,7 +271,6 @@ int cmd_run(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--profile")) {
-            profile = 1;
             cp.profile = true;
             continue;
         }
@@ -481,7 +480,7 @@ int cmd_run(int argc, char **argv) {
             s.n_eval ? 1e3 * s.n_eval / s.eval_ms : 0.0);
     fprintf(stderr, "total time       = %10.2f ms / %5lld tokens\n",
             load_ms + s.prompt_ms + s.eval_ms, (long long)(s.n_prompt + s.n_gen));
-    if (profile) {
+    if (cp.profile) {
         uint64_t total = 0;
         for (int i = 0; i < TM_PROF_COUNT; i++) total += s.ctx->prof_ns[i];
         fprintf(stderr, "time by part (prompt and eval):\n");

@@ -16,7 +16,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define TM_AVX2   __attribute__((target("avx2,fma,f16c")))
 #define TM_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #endif
 

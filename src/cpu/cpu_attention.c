@@ -110,22 +110,20 @@ static void attn_block_load_ref(const attn_job *j, int64_t t0, int64_t nk, size_
 }
 
 #ifdef TM_X86
-#define TM_ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-TM_ATTN_AVX2 static inline float hmax8(__m256 v) {
+TM_AVX2 static inline float hmax8(__m256 v) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     return _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
 }
 
-TM_ATTN_AVX2 static inline float hsum8(__m256 v) {
+TM_AVX2 static inline float hsum8(__m256 v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s4 = _mm_hadd_ps(s4, s4);
     return _mm_cvtss_f32(_mm_hadd_ps(s4, s4));
 }
 
 /* 8 rows of 8 floats (r[i] = row i) transposed in place. */
-TM_ATTN_AVX2 static inline void transpose8_avx2(__m256 r[8]) {
+TM_AVX2 static inline void transpose8_avx2(__m256 r[8]) {
     __m256 t[8], u[8];
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
@@ -143,14 +141,14 @@ TM_ATTN_AVX2 static inline void transpose8_avx2(__m256 r[8]) {
     }
 }
 
-TM_ATTN_AVX2 static inline __m256 attn_load8(const uint8_t *p, int f16) {
+TM_AVX2 static inline __m256 attn_load8(const uint8_t *p, int f16) {
     return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))
                : _mm256_loadu_ps((const float *)p);
 }
 
 /* attn_block_load_ref with 8 x 8 transposes (d a multiple of 8). */
-TM_ATTN_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int64_t nk, size_t off,
-                                              float *kT, float *vf) {
+TM_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int64_t nk, size_t off,
+                                         float *kT, float *vf) {
     const int64_t d = j->s->head_dim;
     const int f16 = j->s->kv_type == TM_TYPE_F16;
     const size_t es = j->kv_elem;
@@ -180,7 +178,7 @@ TM_ATTN_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int
  * masked later), then each row's online-softmax step: sc row r becomes p (0 past
  * the row's keys) and alpha[r] the rescale of its accumulator; a row that sees
  * no key of the block gets p = 0 and alpha = 1. */
-TM_ATTN_AVX2 __attribute__((always_inline)) static inline void
+TM_AVX2 __attribute__((always_inline)) static inline void
 attn_tile_softmax_avx2(const attn_tile *t, int NR, const float *kT, int64_t d, float scale,
                        float *sc, float alpha[ATTN_ROW_TILE]) {
     const int64_t n16 = (t->n_max + 15) & ~(int64_t)15;
@@ -227,7 +225,7 @@ attn_tile_softmax_avx2(const attn_tile *t, int NR, const float *kT, int64_t d, f
 }
 
 /* o[r][c, c + 8 NV) = o · alpha[r] + Σ_j p[r][j] v_j[c, c + 8 NV) for NR rows. */
-TM_ATTN_AVX2 __attribute__((always_inline)) static inline void
+TM_AVX2 __attribute__((always_inline)) static inline void
 attn_tile_pv_avx2(const attn_tile *t, int NR, int NV, int64_t c, const float *vf, int64_t d,
                   const float *sc, const float alpha[ATTN_ROW_TILE]) {
     __m256 acc[ATTN_ROW_TILE][2];
@@ -249,7 +247,7 @@ attn_tile_pv_avx2(const attn_tile *t, int NR, int NV, int64_t c, const float *vf
 
 /* NR is a constant in each copy, so the row loops unroll and the
  * accumulators stay in registers. */
-TM_ATTN_AVX2 __attribute__((always_inline)) static inline void
+TM_AVX2 __attribute__((always_inline)) static inline void
 attn_tile_avx2_n(const attn_tile *t, int NR, const float *kT, const float *vf, int64_t d,
                  float scale, float *sc) {
     float alpha[ATTN_ROW_TILE];
@@ -259,8 +257,8 @@ attn_tile_avx2_n(const attn_tile *t, int NR, const float *kT, const float *vf, i
     if (c < d) attn_tile_pv_avx2(t, NR, 1, c, vf, d, sc, alpha);
 }
 
-TM_ATTN_AVX2 static void attn_tile_avx2(const attn_tile *t, const float *kT, const float *vf,
-                                        int64_t d, float scale, float *sc) {
+TM_AVX2 static void attn_tile_avx2(const attn_tile *t, const float *kT, const float *vf, int64_t d,
+                                   float scale, float *sc) {
     switch (t->nr) {
     case 1:
         attn_tile_avx2_n(t, 1, kT, vf, d, scale, sc);

@@ -117,19 +117,18 @@ TM_AMXBF static inline void amxbf_dequant_block(int q5, const char *blkp, uint16
         const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
         __m256i v[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
         __m512i tab[2];
-        for (int h = 0; h < 2; h++) {
-            const int j = 2 * i + h;
-            const __m512 s = _mm512_set1_ps(sc[j]), m = _mm512_set1_ps(sc[8 + j]);
-            if (q5) { /* fifth bit: bit j of qh[l] for value l; a 32-entry table each */
+        if (q5) { /* fifth bit: bit j of qh[l] for value l; a 32-entry table per sub-block */
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h;
                 const __m256i bit = _mm256_set1_epi8((char)(1 << j));
                 const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
                 v[h] = _mm256_add_epi8(v[h], _mm256_and_si256(set, b16));
+                const __m512 s = _mm512_set1_ps(sc[j]), m = _mm512_set1_ps(sc[8 + j]);
                 const __m512bh t =
                     _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(q16, s, m), _mm512_fmadd_ps(q0, s, m));
                 memcpy(&tab[h], &t, 64);
             }
-        }
-        if (!q5) { /* one table for the pair: words 0-15 sub-block 2i, 16-31 sub-block 2i+1 */
+        } else { /* one table for the pair: words 0-15 sub-block 2i, 16-31 sub-block 2i+1 */
             const int j = 2 * i;
             const __m512bh t = _mm512_cvtne2ps_pbh(
                 _mm512_fmadd_ps(q0, _mm512_set1_ps(sc[j + 1]), _mm512_set1_ps(sc[9 + j])),

@@ -14,7 +14,6 @@
 
 #include "cpu/cpu_gemm_tile.h"
 
-#define TM_AVX2        __attribute__((target("avx2,fma,f16c")))
 #define TM_AVX2_INLINE TM_AVX2 static inline __attribute__((always_inline))
 
 TM_AVX2_INLINE float hsum8(__m256 v) {

@@ -76,10 +76,11 @@ static inline void cpu_k4_unpack_scales(const uint8_t *scales, uint8_t out[16]) 
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define CPU_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
+/* AVX2 with FMA and F16C: the level every AVX2 kernel and op of src/cpu targets. */
+#define TM_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* exp for x <= 0 (Cephes' polynomial, about 1 ulp); 0 below -87. */
-CPU_AVX2_FMA static inline __m256 cpu_exp_neg_avx2(__m256 x) {
+TM_AVX2 static inline __m256 cpu_exp_neg_avx2(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.0f);
     const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* also clears -inf and NaN */
     x = _mm256_max_ps(x, lo);

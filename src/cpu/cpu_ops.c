@@ -57,7 +57,7 @@ void cpu_softmax(float *x, int64_t n) {
 #ifdef TM_X86
 /* silu(g) = g / (1 + e^-g), computed as g·(g < 0 ? e^g : 1) / (1 + e^-|g|) so
  * the exponential never overflows. */
-CPU_AVX2_FMA static int64_t swiglu_avx2(float *h, const float *g, const float *u, int64_t n) {
+TM_AVX2 static int64_t swiglu_avx2(float *h, const float *g, const float *u, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
