@@ -35,7 +35,34 @@ typedef struct bench_result {
     const char *test;
     int n, threads;
     double mean, sd, weight_gbs, mem_gbs;
+    double steal; /* share of CPU time the host took (virtual machines); -1: unknown */
 } bench_result;
+
+/* CPU time counters of /proc/stat's first line: the host's "steal" (time a
+ * virtual machine's CPUs wanted to run but the host ran something else) and
+ * the total. False where there is no such file. */
+static bool bench_cpu_times(uint64_t *steal, uint64_t *total) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return false;
+    unsigned long long v[8] = {0};
+    const int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                         &v[3], &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n != 8) return false;
+    *steal = v[7], *total = 0;
+    for (int i = 0; i < 8; i++) *total += v[i];
+    return true;
+}
+
+/* Steal since the marks, as a share of all CPU time; then moves the marks. */
+static double bench_steal_since(uint64_t *steal0, uint64_t *total0, bool *ok) {
+    uint64_t steal, total;
+    if (!*ok || !(*ok = bench_cpu_times(&steal, &total))) return -1;
+    const double share =
+        total > *total0 ? (double)(steal - *steal0) / (double)(total - *total0) : 0;
+    *steal0 = steal, *total0 = total;
+    return share;
+}
 
 static void bench_stats(const double *ts, int r, double n, double *mean, double *sd) {
     double s = 0, s2 = 0;
@@ -228,6 +255,8 @@ int cmd_bench(int argc, char **argv) {
         uint64_t prof0[TM_PROF_COUNT];
         memcpy(prof0, ctx->prof_ns, sizeof(prof0));
         tm_moe_lane_stats lane0 = ctx->lane_stats;
+        uint64_t steal0 = 0, total0 = 0;
+        bool steal_ok = bench_cpu_times(&steal0, &total0);
         if (!rc && n_pp > 0) {
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
@@ -237,12 +266,17 @@ int cmd_bench(int argc, char **argv) {
                 ts[r] = (tm_time_ns() - t0) * 1e-9;
             }
             bench_result *b = &res[n_res++];
-            *b = (bench_result){"pp", (int)n_pp, threads[ti], 0, 0, 0, mem};
+            *b = (bench_result){.test = "pp",
+                                .n = (int)n_pp,
+                                .threads = threads[ti],
+                                .mem_gbs = mem,
+                                .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
             bench_stats(ts, (int)reps, (double)n_pp, &b->mean, &b->sd);
             b->weight_gbs = pp_bytes * (b->mean / n_pp) / 1e9 * ((n_pp + batch - 1) / batch);
             if (profile) bench_profile(ctx, prof0, &lane0, "pp", (int)n_pp, (int)reps);
         }
         if (!rc && n_tg > 0) {
+            bench_steal_since(&steal0, &total0, &steal_ok); /* from here */
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
                 if (tr) trace_sequence_begin(tr);
@@ -255,7 +289,11 @@ int cmd_bench(int argc, char **argv) {
                 ts[r] = (tm_time_ns() - t0) * 1e-9;
             }
             bench_result *b = &res[n_res++];
-            *b = (bench_result){"tg", (int)n_tg, threads[ti], 0, 0, 0, mem};
+            *b = (bench_result){.test = "tg",
+                                .n = (int)n_tg,
+                                .threads = threads[ti],
+                                .mem_gbs = mem,
+                                .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
             bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
             b->weight_gbs = tg_bytes * b->mean / 1e9;
             if (profile) bench_profile(ctx, prof0, &lane0, "tg", (int)n_tg, (int)reps);
@@ -299,6 +337,15 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(fmt, "json")) printf("]\n");
     fprintf(stderr, "cpu: %s\n", cpu_features_string());
+    /* On a virtual machine the host may run others on our CPUs: say how much,
+     * since it moves the numbers more than most changes do. */
+    const char *sep = "host steal (CPU time the host took from this machine):";
+    for (int i = 0; i < n_res; i++)
+        if (res[i].steal >= 0) {
+            fprintf(stderr, "%s %s%d %.1f%%", sep, res[i].test, res[i].n, 100 * res[i].steal);
+            sep = ",";
+        }
+    if (strcmp(sep, ",") == 0) fputc('\n', stderr);
     if (tr && trace_finish(tr) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         rc = 1;

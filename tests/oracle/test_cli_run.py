@@ -137,6 +137,13 @@ def main():
     rows = [l for l in r.stdout.splitlines() if l.startswith("| qwen3moe")]
     check(len(rows) == 4, f"bench: want 4 rows (pp16, tg4 at 1 and 2 threads), got\n{r.stdout}")
     check(all("±" in l for l in rows), "bench rows lack mean ± stddev")
+    # the host's steal per test (where /proc/stat has it): one share per row, 0..100%
+    if os.path.exists("/proc/stat"):
+        steal = [l for l in r.stderr.splitlines() if l.startswith("host steal")]
+        shares = re.findall(r" (pp16|tg4) ([0-9.]+)%", steal[0]) if steal else []
+        check([t for t, _ in shares] == ["pp16", "tg4", "pp16", "tg4"]
+              and all(0 <= float(v) <= 100 for _, v in shares),
+              f"bench: want a host steal share per test, got {steal}")
     print(f"  bench: {len(rows)} rows")
 
     # --profile: per-part times, and the CPU lane's thread time whose parts and
