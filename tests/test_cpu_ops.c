@@ -139,6 +139,17 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
     for (int64_t i = 0; i < n_tok * n_head * d; i++)
         out[i] = NAN; /* every output must be written */
     cpu_attention(pool, &s, q, k, v, out, scratch);
+    const tm_cpu_level level = cpu_level_get();
+    if (level > TM_CPU_AVX2) { /* the AVX-512 tiles sum as the AVX2 ones do: the same bits */
+        float *out2 = malloc(sizeof(float) * (size_t)(n_tok * n_head * d));
+        assert_int_equal(cpu_level_set(TM_CPU_AVX2), TM_OK);
+        cpu_attention(pool, &s, q, k, v, out2, scratch);
+        assert_int_equal(cpu_level_set(level), TM_OK);
+        if (memcmp(out, out2, sizeof(float) * (size_t)(n_tok * n_head * d)))
+            fail_msg("attention n_tok %lld pos0 %lld d %lld: level %d differs from AVX2",
+                     (long long)n_tok, (long long)pos0, (long long)d, (int)level);
+        free(out2);
+    }
     attention_ref(&s, q, kf, vf, ref);
     double big = 0, worst = 0;
     for (int64_t i = 0; i < n_tok * n_head * d; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
@@ -157,8 +168,10 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
 static void test_attention(void **state) {
     (void)state;
     const tm_cpu_level best = cpu_level_get();
-    for (int level = 0; level < 2; level++) { /* the plain C tiles, then the SIMD ones */
-        cpu_level_set(level ? best : TM_CPU_SCALAR);
+    /* the plain C tiles, the AVX2 ones, then the best level's (AVX-512 where there) */
+    for (int level = TM_CPU_SCALAR; level <= (int)best; level++) {
+        if (level != TM_CPU_SCALAR && level != TM_CPU_AVX2 && level != (int)best) continue;
+        assert_int_equal(cpu_level_set((tm_cpu_level)level), TM_OK);
         for (int nt = 1; nt <= 3; nt += 2) {
             tm_pool *pool;
             assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);

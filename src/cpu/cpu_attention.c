@@ -42,8 +42,10 @@ typedef struct attn_job {
     size_t kv_row_bytes, kv_elem;
     int64_t n_chunks;          /* decode split: key chunks per head */
     int64_t q_block, n_blocks; /* prompt: queries per task, query blocks */
-    bool simd;
+    int simd; /* 0 plain C, ATTN_AVX2 or ATTN_AVX512 tiles (block loads: AVX2 for both) */
 } attn_job;
+
+enum { ATTN_AVX2 = 1, ATTN_AVX512 = 2 };
 
 /* One tile of up to ATTN_ROW_TILE rows against the current key block. */
 typedef struct attn_tile {
@@ -174,10 +176,39 @@ TM_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int64_t 
         cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
 }
 
-/* Scores of NR rows for keys [0, n_max) (in steps of 16; rows past their n are
- * masked later), then each row's online-softmax step: sc row r becomes p (0 past
- * the row's keys) and alpha[r] the rescale of its accumulator; a row that sees
- * no key of the block gets p = 0 and alpha = 1. */
+/* Each row's online-softmax step over its scores sc row r, [0, n_pad) with n_pad a
+ * multiple of 8 covering n_max: sc becomes p (0 past the row's keys) and alpha[r]
+ * the rescale of the row's accumulator; a row that sees no key of the block gets
+ * p = 0 and alpha = 1. */
+TM_AVX2 __attribute__((always_inline)) static inline void
+attn_tile_exp_avx2(const attn_tile *t, int NR, int64_t n_pad, float *sc,
+                   float alpha[ATTN_ROW_TILE]) {
+    for (int r = 0; r < NR; r++) {
+        float *s = sc + r * ATTN_KEY_BLOCK;
+        const int64_t n = t->n[r] > 0 ? t->n[r] : 0;
+        for (int64_t j = n; j < n_pad; j++) s[j] = -INFINITY;
+        if (n == 0) {
+            memset(s, 0, (size_t)n_pad * sizeof(float));
+            alpha[r] = 1;
+            continue;
+        }
+        __m256 mx = _mm256_set1_ps(*t->m[r]);
+        for (int64_t j = 0; j < n_pad; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+        const float mb = hmax8(mx);
+        alpha[r] = expf(*t->m[r] - mb); /* 0 on the first block: m = -inf */
+        __m256 sum = _mm256_setzero_ps();
+        const __m256 vmb = _mm256_set1_ps(mb);
+        for (int64_t j = 0; j < n_pad; j += 8) {
+            const __m256 e = cpu_exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmb));
+            _mm256_storeu_ps(s + j, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha[r] + hsum8(sum);
+    }
+}
+
+/* Scores of NR rows for keys [0, n_max) in steps of 16 (rows past their n are
+ * masked by attn_tile_exp_avx2), scaled, into sc. */
 TM_AVX2 __attribute__((always_inline)) static inline void
 attn_tile_softmax_avx2(const attn_tile *t, int NR, const float *kT, int64_t d, float scale,
                        float *sc, float alpha[ATTN_ROW_TILE]) {
@@ -200,28 +231,7 @@ attn_tile_softmax_avx2(const attn_tile *t, int NR, const float *kT, int64_t d, f
             _mm256_storeu_ps(sc + r * ATTN_KEY_BLOCK + kb + 8, _mm256_mul_ps(acc[r][1], vs));
         }
     }
-    for (int r = 0; r < NR; r++) {
-        float *s = sc + r * ATTN_KEY_BLOCK;
-        const int64_t n = t->n[r] > 0 ? t->n[r] : 0;
-        for (int64_t j = n; j < n16; j++) s[j] = -INFINITY;
-        if (n == 0) {
-            memset(s, 0, (size_t)n16 * sizeof(float));
-            alpha[r] = 1;
-            continue;
-        }
-        __m256 mx = _mm256_set1_ps(*t->m[r]);
-        for (int64_t j = 0; j < n16; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
-        const float mb = hmax8(mx);
-        alpha[r] = expf(*t->m[r] - mb); /* 0 on the first block: m = -inf */
-        __m256 sum = _mm256_setzero_ps();
-        const __m256 vmb = _mm256_set1_ps(mb);
-        for (int64_t j = 0; j < n16; j += 8) {
-            const __m256 e = cpu_exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmb));
-            _mm256_storeu_ps(s + j, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha[r] + hsum8(sum);
-    }
+    attn_tile_exp_avx2(t, NR, n16, sc, alpha);
 }
 
 /* o[r][c, c + 8 NV) = o · alpha[r] + Σ_j p[r][j] v_j[c, c + 8 NV) for NR rows. */
@@ -274,6 +284,85 @@ TM_AVX2 static void attn_tile_avx2(const attn_tile *t, const float *kT, const fl
         break;
     }
 }
+
+/* ---- AVX-512 tile: the AVX2 tile with 16-wide vectors (head_dim a multiple of 16).
+ * Every score and output lane sums the same products in the same order as the
+ * AVX2 tile, and the padding adds only zeros, so the results are the same bits. */
+
+#define TM_ATTN_AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
+
+TM_ATTN_AVX512 __attribute__((always_inline)) static inline void
+attn_tile_softmax_avx512(const attn_tile *t, int NR, const float *kT, int64_t d, float scale,
+                         float *sc, float alpha[ATTN_ROW_TILE]) {
+    const int64_t n32 = (t->n_max + 31) & ~(int64_t)31; /* at most ATTN_KEY_BLOCK */
+    for (int64_t kb = 0; kb < n32; kb += 32) {
+        __m512 acc[ATTN_ROW_TILE][2];
+        for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d; i++) {
+            const __m512 k0 = _mm512_loadu_ps(kT + i * ATTN_KEY_BLOCK + kb),
+                         k1 = _mm512_loadu_ps(kT + i * ATTN_KEY_BLOCK + kb + 16);
+            for (int r = 0; r < NR; r++) {
+                const __m512 b = _mm512_set1_ps(t->q[r][i]);
+                acc[r][0] = _mm512_fmadd_ps(b, k0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(b, k1, acc[r][1]);
+            }
+        }
+        const __m512 vs = _mm512_set1_ps(scale);
+        for (int r = 0; r < NR; r++) {
+            _mm512_storeu_ps(sc + r * ATTN_KEY_BLOCK + kb, _mm512_mul_ps(acc[r][0], vs));
+            _mm512_storeu_ps(sc + r * ATTN_KEY_BLOCK + kb + 16, _mm512_mul_ps(acc[r][1], vs));
+        }
+    }
+    attn_tile_exp_avx2(t, NR, n32, sc, alpha);
+}
+
+TM_ATTN_AVX512 __attribute__((always_inline)) static inline void
+attn_tile_pv_avx512(const attn_tile *t, int NR, int NV, int64_t c, const float *vf, int64_t d,
+                    const float *sc, const float alpha[ATTN_ROW_TILE]) {
+    __m512 acc[ATTN_ROW_TILE][2];
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < NV; u++)
+            acc[r][u] =
+                _mm512_mul_ps(_mm512_loadu_ps(t->o[r] + c + 16 * u), _mm512_set1_ps(alpha[r]));
+    for (int64_t j = 0; j < t->n_max; j++) {
+        __m512 v[2];
+        for (int u = 0; u < NV; u++) v[u] = _mm512_loadu_ps(vf + j * d + c + 16 * u);
+        for (int r = 0; r < NR; r++) {
+            const __m512 b = _mm512_set1_ps(sc[r * ATTN_KEY_BLOCK + j]);
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm512_fmadd_ps(b, v[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < NV; u++) _mm512_storeu_ps(t->o[r] + c + 16 * u, acc[r][u]);
+}
+
+TM_ATTN_AVX512 __attribute__((always_inline)) static inline void
+attn_tile_avx512_n(const attn_tile *t, int NR, const float *kT, const float *vf, int64_t d,
+                   float scale, float *sc) {
+    float alpha[ATTN_ROW_TILE];
+    attn_tile_softmax_avx512(t, NR, kT, d, scale, sc, alpha);
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) attn_tile_pv_avx512(t, NR, 2, c, vf, d, sc, alpha);
+    if (c < d) attn_tile_pv_avx512(t, NR, 1, c, vf, d, sc, alpha);
+}
+
+TM_ATTN_AVX512 static void attn_tile_avx512(const attn_tile *t, const float *kT, const float *vf,
+                                            int64_t d, float scale, float *sc) {
+    switch (t->nr) {
+    case 1:
+        attn_tile_avx512_n(t, 1, kT, vf, d, scale, sc);
+        break;
+    case 2:
+        attn_tile_avx512_n(t, 2, kT, vf, d, scale, sc);
+        break;
+    case 3:
+        attn_tile_avx512_n(t, 3, kT, vf, d, scale, sc);
+        break;
+    default:
+        attn_tile_avx512_n(t, 4, kT, vf, d, scale, sc);
+        break;
+    }
+}
 #endif
 
 /* Queries [i0, i1) for the G heads of kv group g, row r = (i - i0) G + h,
@@ -305,7 +394,9 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
             }
             if (t.n_max == 0) continue;
 #ifdef TM_X86
-            if (j->simd)
+            if (j->simd == ATTN_AVX512)
+                attn_tile_avx512(&t, kT, vf, d, s->scale, sc);
+            else if (j->simd)
                 attn_tile_avx2(&t, kT, vf, d, s->scale, sc);
             else
 #endif
@@ -401,8 +492,10 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
         .out = out,
         .scratch = scratch,
         .kv_elem = s->kv_type == TM_TYPE_F16 ? 2 : 4,
-        .simd = cpu_ops_simd() && s->head_dim % 8 == 0,
     };
+    if (cpu_ops_simd() && s->head_dim % 8 == 0)
+        j.simd =
+            cpu_level_get() >= TM_CPU_AVX512 && s->head_dim % 16 == 0 ? ATTN_AVX512 : ATTN_AVX2;
     const int nth = pool ? cpu_pool_size(pool) : 1;
     const int64_t G = s->n_head / s->n_head_kv;
     j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
