@@ -11,7 +11,8 @@
  *   s_j = scale · q · k_j,   m' = max(m, max s),   p_j = exp(s_j - m')
  *   o = o · exp(m - m') + Σ p_j v_j,   l = l · exp(m - m') + Σ p_j
  * A row's result depends only on its query position and the key range, never
- * on the other rows of the tile or task. */
+ * on the other rows of the tile or task. Tiles come in plain C, AVX2 and
+ * AVX-512 (head_dim a multiple of 16); the two SIMD ones give the same bits. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
