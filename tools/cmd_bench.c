@@ -1,6 +1,6 @@
 /* tiermoe bench: prompt processing (ppN) and generation (tgN) speed in a table
  * shaped like llama-bench's, with the weight bytes streamed per second next to
- * the machine's measured memory read bandwidth.
+ * the machine's memory read bandwidth, measured right before each test.
  *
  * Weight bytes per test: a generated token reads every non-expert tensor (one
  * row of token_embd) and k experts per MoE layer; a prompt batch reads every
@@ -26,7 +26,7 @@ static void bench_usage(FILE *out) {
                  "  -b N          prompt batch size (default 512)\n"
                  "  -ngl N|all|auto  layers on the GPU, from the first (default 0)\n"
                  "  -o md|csv|json  output format (default md)\n"
-                 "  --no-membw    skip the memory bandwidth measurement\n"
+                 "  --no-membw    skip the memory bandwidth measurement (made before each test)\n"
                  "  --profile     print where each test's time went\n");
     fputs(trace_config_help, out);
 }
@@ -232,8 +232,7 @@ int cmd_bench(int argc, char **argv) {
             break;
         }
         /* the host's read bandwidth bounds the CPU layers; on the GPU alone it means nothing */
-        double mem =
-            membw && !ctx->gpu_output ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+        const bool probe = membw && !ctx->gpu_output;
         if (ctx->n_gpu_layers)
             snprintf(backend, sizeof(backend), ctx->gpu_output ? "CUDA" : "CUDA %d + CPU %s",
                      ctx->n_gpu_layers, cpu_level_name(cpu_level_get()));
@@ -257,7 +256,12 @@ int cmd_bench(int argc, char **argv) {
         tm_moe_lane_stats lane0 = ctx->lane_stats;
         uint64_t steal0 = 0, total0 = 0;
         bool steal_ok = bench_cpu_times(&steal0, &total0);
+        /* bandwidth measured right before each test: on a shared host it moves
+         * between tests, and the share shown should be of what the test had */
+        double mem = 0;
         if (!rc && n_pp > 0) {
+            mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+            bench_steal_since(&steal0, &total0, &steal_ok); /* from here */
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
                 if (tr) trace_sequence_begin(tr);
@@ -276,6 +280,7 @@ int cmd_bench(int argc, char **argv) {
             if (profile) bench_profile(ctx, prof0, &lane0, "pp", (int)n_pp, (int)reps);
         }
         if (!rc && n_tg > 0) {
+            mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
             bench_steal_since(&steal0, &total0, &steal_ok); /* from here */
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);

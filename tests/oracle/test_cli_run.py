@@ -144,6 +144,14 @@ def main():
         check([t for t, _ in shares] == ["pp16", "tg4", "pp16", "tg4"]
               and all(0 <= float(v) <= 100 for _, v in shares),
               f"bench: want a host steal share per test, got {steal}")
+    # with the probe: each test's own bandwidth, and "of mem" = weights / mem
+    r = tm("bench", "-m", model, "-p", "16", "-n", "4", "-r", "1", "-t", "1")
+    check(r.returncode == 0, f"bench with the probe: {r.stderr}")
+    for l in [l for l in r.stdout.splitlines() if l.startswith("| qwen3moe")]:
+        cells = [c.strip() for c in l.strip("|").split("|")]
+        weights, mem, share = float(cells[7]), float(cells[8]), float(cells[9].rstrip("%"))
+        check(mem > 0 and abs(share - 100 * weights / mem) <= 1.5,  # rounding of the three cells
+              f"bench: bandwidth columns disagree: {l}")
     print(f"  bench: {len(rows)} rows")
 
     # --profile: per-part times, and the CPU lane's thread time whose parts and
