@@ -254,14 +254,14 @@ int cmd_bench(int argc, char **argv) {
         uint64_t prof0[TM_PROF_COUNT];
         memcpy(prof0, ctx->prof_ns, sizeof(prof0));
         tm_moe_lane_stats lane0 = ctx->lane_stats;
+        /* Before each test: the bandwidth (on a shared host it moves between
+         * tests, and the share shown should be of what the test had) and the
+         * steal marks. */
         uint64_t steal0 = 0, total0 = 0;
-        bool steal_ok = bench_cpu_times(&steal0, &total0);
-        /* bandwidth measured right before each test: on a shared host it moves
-         * between tests, and the share shown should be of what the test had */
-        double mem = 0;
+        bool steal_ok = true; /* until /proc/stat cannot be read */
         if (!rc && n_pp > 0) {
-            mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
-            bench_steal_since(&steal0, &total0, &steal_ok); /* from here */
+            const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+            bench_steal_since(&steal0, &total0, &steal_ok);
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
                 if (tr) trace_sequence_begin(tr);
@@ -280,8 +280,8 @@ int cmd_bench(int argc, char **argv) {
             if (profile) bench_profile(ctx, prof0, &lane0, "pp", (int)n_pp, (int)reps);
         }
         if (!rc && n_tg > 0) {
-            mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
-            bench_steal_since(&steal0, &total0, &steal_ok); /* from here */
+            const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+            bench_steal_since(&steal0, &total0, &steal_ok);
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
                 if (tr) trace_sequence_begin(tr);
