@@ -119,12 +119,6 @@ TM_AVX2 static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
 }
 
-TM_AVX2 static inline float hsum8(__m256 v) {
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s4 = _mm_hadd_ps(s4, s4);
-    return _mm_cvtss_f32(_mm_hadd_ps(s4, s4));
-}
-
 /* 8 rows of 8 floats (r[i] = row i) transposed in place. */
 TM_AVX2 static inline void transpose8_avx2(__m256 r[8]) {
     __m256 t[8], u[8];
@@ -204,7 +198,7 @@ attn_tile_exp_avx2(const attn_tile *t, int NR, int64_t n_pad, float *sc,
             _mm256_storeu_ps(s + j, e);
             sum = _mm256_add_ps(sum, e);
         }
-        *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha[r] + hsum8(sum);
+        *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha[r] + cpu_hsum8_avx2(sum);
     }
 }
 

@@ -16,13 +16,6 @@
 
 #define TM_AVX2_INLINE TM_AVX2 static inline __attribute__((always_inline))
 
-TM_AVX2_INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 TM_AVX2_INLINE float h2f(tm_half h) {
     return _cvtsh_ss(h);
 }
@@ -32,7 +25,7 @@ TM_AVX2_INLINE void store_tile(int nr, int nt, const tm_tile_args *a, int64_t r,
 #pragma GCC unroll 4
     for (int j = 0; j < nt; j++)
 #pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = hsum8(acc[i][j]);
+        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = cpu_hsum8_avx2(acc[i][j]);
 }
 
 #define ROW(type, i, b) ((const type *)(a->w + (size_t)(r + (i)) * a->wrb) + (b))
@@ -326,7 +319,7 @@ TM_AVX2_INLINE void fw_micro(int nr, int nt, const tm_tile_args *a, int64_t r, i
     for (int j = 0; j < nt; j++)
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            float s = hsum8(acc[i][j]);
+            float s = cpu_hsum8_avx2(acc[i][j]);
             for (int64_t e = k8; e < a->k; e++) s += fw_load1(kind, row[i], e) * x[j][e];
             a->y[(t + j) * a->ldy + r + i] = s;
         }

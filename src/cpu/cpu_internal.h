@@ -79,6 +79,14 @@ static inline void cpu_k4_unpack_scales(const uint8_t *scales, uint8_t out[16]) 
 /* AVX2 with FMA and F16C: the level every AVX2 kernel and op of src/cpu targets. */
 #define TM_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+/* Sum of the 8 lanes: (v0 + v4 + v2 + v6) + (v1 + v5 + v3 + v7). */
+TM_AVX2 static inline float cpu_hsum8_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 /* exp for x <= 0 (Cephes' polynomial, about 1 ulp); 0 below -87. */
 TM_AVX2 static inline __m256 cpu_exp_neg_avx2(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.0f);
