@@ -308,7 +308,16 @@ static void test_router(void **state) {
                 if (K > E) continue;
                 tm_moe_router_params cp = {(tm_moe_gating)gating, (uint32_t)E, (uint32_t)K,
                                            (gating + (int)ki) % 2 == 0, ki == 3 ? 2.5f : 1.0f};
-                tm_cuda_router_params gp = {(tm_cuda_gating)gating, E, K, cp.norm_topk, cp.scale};
+                /* every other case maps ids through a slot table (a VRAM cache: some
+                 * experts at shuffled slots, the rest -1) */
+                int32_t *map = NULL, *map_d = NULL;
+                if ((ki + (size_t)gating) % 2) {
+                    map = xmalloc((size_t)E * sizeof(int32_t));
+                    for (int32_t e = 0; e < E; e++)
+                        map[e] = tm_rng_u64(&r) % 3 ? (int32_t)(tm_rng_u64(&r) % 1000) : -1;
+                }
+                tm_cuda_router_params gp = {(tm_cuda_gating)gating, E, K, cp.norm_topk, cp.scale,
+                                            NULL};
                 float *l = xmalloc((size_t)T * E * sizeof(float));
                 fill_normal(&r, l, T * E, 2.0f);
                 /* exact ties: both sides must prefer the lower id */
@@ -328,17 +337,21 @@ static void test_router(void **state) {
                 CHECK(cuda_fill_bytes(g_dev, w_d, 0xff, (size_t)T * K * sizeof(float)));
                 tm_cuda_moe_item *it_d = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
                 tm_cuda_moe_item *its = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                if (map) gp.slot_map = map_d = dev_upload(map, (size_t)E * sizeof(int32_t));
                 CHECK(cuda_router_select(&gp, l_d, T, ids_d, w_d, it_d, cuda_device_stream(g_dev)));
                 CHECK(cuda_device_sync(g_dev));
                 CHECK(cuda_copy_to_host(g_dev, gids, ids_d, (size_t)T * K * sizeof(int32_t)));
                 CHECK(cuda_copy_to_host(g_dev, gw, w_d, (size_t)T * K * sizeof(float)));
                 CHECK(cuda_copy_to_host(g_dev, its, it_d, (size_t)T * K * sizeof(*its)));
-                for (int64_t i = 0; i < T * K; i++) /* the work items restate the top-k */
-                    if (its[i].slot != gids[i] || its[i].token != i / K || its[i].weight != gw[i])
+                for (int64_t i = 0; i < T * K; i++) { /* the work items restate the top-k */
+                    const int32_t slot = map ? map[gids[i]] : gids[i];
+                    if (its[i].slot != slot || its[i].token != i / K || its[i].weight != gw[i])
                         fail_msg("router item %lld: {%d, %d, %g}, want {%d, %lld, %g}",
-                                 (long long)i, its[i].slot, its[i].token, its[i].weight, gids[i],
+                                 (long long)i, its[i].slot, its[i].token, its[i].weight, slot,
                                  (long long)(i / K), gw[i]);
-                free(its);
+                }
+                (void)map_d;
+                free(its), free(map);
                 for (int64_t t = 0; t < T; t++) {
                     int tie = 0;
                     for (int32_t j = 0; j < K && !tie; j++) {

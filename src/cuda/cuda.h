@@ -71,6 +71,10 @@ void cuda_pool_free(tm_cuda_pool *pool);
 /* ---- host memory and copies ---- */
 
 tm_status cuda_host_alloc(size_t bytes, void **out); /* pinned (page-locked) */
+/* Pinned host memory the device also reads and writes, at *dev in its address
+ * space (the same address as *host where the platform has unified addressing).
+ * Freed with cuda_host_free(host). */
+tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev);
 void cuda_host_free(void *p);
 /* Synchronous copies and fill on the compute stream (tests, small setup). */
 tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes);
@@ -100,6 +104,9 @@ void cuda_timer_free(tm_cuda_timer *t);
 tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream);
 tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream);
 tm_status cuda_stream_sync(tm_cuda_stream stream);
+/* Without waiting: *idle = every queued operation has finished. A failed
+ * operation (a kernel fault) is reported as TM_ERR_DEVICE. */
+tm_status cuda_stream_query(tm_cuda_stream stream, bool *idle);
 
 /* A captured sequence of launches on one stream, replayed with one call (the
  * decode step: hundreds of small kernels cost one launch). Arguments are
@@ -176,12 +183,17 @@ typedef struct tm_cuda_router_params {
     int32_t n_expert, n_used;
     int32_t norm_topk; /* 0/1 */
     float scale;
+    /* Device [n_expert] or NULL: the work items get slot_map[id] instead of
+     * id (a VRAM cache's slot, or -1 for an expert it does not hold, which
+     * cuda_moe_grouped skips). ids are always the expert ids. */
+    const int32_t *slot_map;
 } tm_cuda_router_params;
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
 #define TM_CUDA_ROUTER_MAX_USED   32
-/* items (may be NULL): also items[t*n_used + j] = {ids[t][j], t, weights[t][j]},
- * the top-k as a work list for cuda_moe_grouped (decode, no host trip). */
+/* items (may be NULL): also items[t*n_used + j] = {slot, t, weights[t][j]} with
+ * slot = ids[t][j] (or slot_map[ids[t][j]]), the top-k as a work list for
+ * cuda_moe_grouped (decode, no host trip). */
 tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
                              int32_t *ids, float *weights, tm_cuda_moe_item *items,
                              tm_cuda_stream stream);
@@ -275,6 +287,37 @@ size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t 
 tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
                                 const tm_cuda_moe_groups *g, const float *x, int64_t n_tok,
                                 float *y, void *scratch, tm_cuda_stream stream);
+
+/* ---- handoff.cu: the stream and a host thread hand data to each other
+ * without a stream synchronisation ----
+ * A mailbox is mapped pinned memory (cuda_host_alloc_mapped). The stream
+ * writes data there, then a flag; a host thread spins on the flag, works, and
+ * writes its answer and then another flag, on which a one-block kernel of the
+ * stream spins. Both are ordinary kernels, so a captured CUDA graph replays
+ * them. Flags hold sequence numbers: a wait is over once
+ * (int32_t)(*flag - *seq) >= 0, so no flag is ever reset; *seq is read from
+ * device memory when the kernel runs (a replayed graph reads the number of
+ * the step it runs for). */
+typedef struct tm_cuda_span {
+    void *dst;       /* mapped host memory (device address) */
+    const void *src; /* device memory */
+    int64_t bytes;   /* a multiple of 4 */
+} tm_cuda_span;
+#define TM_CUDA_SIGNAL_SPANS 4
+
+/* Copy the spans, then, once every byte is visible to the host, write
+ * *flag = *seq (flag: mapped host memory, device address). */
+tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *flag,
+                           const uint32_t *seq, tm_cuda_stream stream);
+
+/* Wait until (int32_t)(*flag - *seq) >= 0 (flag: mapped host memory the host
+ * writes), then x[i] += add[i] for i < n (add: mapped host memory read after
+ * the flag; n may be 0). After timeout_ns without the flag it writes *err = 1
+ * (mapped host memory) and adds nothing: a host that never answers costs an
+ * error, never a hung GPU. */
+tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
+                         uint32_t *err, float *x, const float *add, int64_t n,
+                         tm_cuda_stream stream);
 
 #ifdef __cplusplus
 }

@@ -230,6 +230,20 @@ tm_status cuda_host_alloc(size_t bytes, void **out) {
     return TM_OK;
 }
 
+tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev) {
+    *host = *dev = NULL;
+    cudaError_t e = cudaHostAlloc(host, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(dev, *host, 0);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (*host) cudaFreeHost(*host);
+        *host = *dev = NULL;
+        return tm_error_set(TM_ERR_DEVICE, "CUDA: cannot map %.1f KiB of pinned host memory: %s",
+                            bytes / 1024.0, cudaGetErrorString(e));
+    }
+    return TM_OK;
+}
+
 void cuda_host_free(void *p) {
     if (p) cudaFreeHost(p);
 }
@@ -349,6 +363,14 @@ tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stre
 tm_status cuda_stream_sync(tm_cuda_stream stream) {
     TM_CUDA_TRY(cudaStreamSynchronize(stream));
     return TM_OK;
+}
+
+tm_status cuda_stream_query(tm_cuda_stream stream, bool *idle) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    *idle = e == cudaSuccess;
+    if (e == cudaSuccess || e == cudaErrorNotReady) return TM_OK;
+    return tm_error_set(TM_ERR_DEVICE, "CUDA: the stream failed: %s (error %d)",
+                        cudaGetErrorString(e), (int)e);
 }
 
 struct tm_cuda_graph {

@@ -7,8 +7,8 @@
  * Each lane holds experts lane, lane+32, ... (16 registers for 512 experts);
  * top-k is k rounds of a warp arg-max with a per-lane "taken" bit mask, and
  * lane j keeps the j-th winner, so the k results never touch memory until
- * they are written (with, when asked, the decode work items {id, t, weight}
- * for cuda_moe_grouped). Sums are float (the CPU's softmax sums in double): the
+ * they are written (with, when asked, the decode work items {slot, t, weight}
+ * for cuda_moe_grouped, slot = id or a VRAM cache's slot of it). Sums are float (the CPU's softmax sums in double): the
  * weights agree to float rounding, ids agree except where two scores are
  * within that rounding of each other. */
 #include <math.h>
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
         weights[t * K + lane] = w;
         if (items) { /* the decode work list, without a launch of its own */
             tm_cuda_moe_item it;
-            it.slot = my_id, it.token = (int32_t)t, it.weight = w;
+            it.slot = p.slot_map ? p.slot_map[my_id] : my_id, it.token = (int32_t)t, it.weight = w;
             items[t * K + lane] = it;
         }
     }

@@ -1,0 +1,259 @@
+/* src/cuda/cuda.h for a build without nvcc: there is no GPU to open.
+ * cuda_device_count reports none and cuda_device_open says why, so callers
+ * take their CPU path; nothing past a failed open is ever called, and each
+ * function that could be returns TM_ERR_UNSUPPORTED rather than pretending. */
+#include <stdlib.h>
+
+#include "cuda/cuda.h"
+
+#define NONE tm_error_set(TM_ERR_UNSUPPORTED, "this build has no CUDA backend")
+
+tm_status cuda_device_count(int *out) {
+    *out = 0;
+    return TM_OK;
+}
+tm_status cuda_device_open(int index, tm_cuda_device **out) {
+    *out = NULL;
+    return tm_error_set(TM_ERR_DEVICE,
+                        "GPU %d: this build has no CUDA backend (rebuild where nvcc is found)",
+                        index);
+}
+void cuda_device_close(tm_cuda_device *dev) {
+    (void)dev;
+}
+const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev) {
+    (void)dev;
+    return NULL;
+}
+tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes) {
+    (void)dev, (void)free_bytes, (void)total_bytes;
+    return NONE;
+}
+tm_cuda_stream cuda_device_stream(const tm_cuda_device *dev) {
+    (void)dev;
+    return NULL;
+}
+tm_status cuda_device_sync(tm_cuda_device *dev) {
+    (void)dev;
+    return NONE;
+}
+tm_status cuda_pool_create(tm_cuda_device *dev, size_t bytes, tm_cuda_pool **out) {
+    (void)dev, (void)bytes, *out = NULL;
+    return NONE;
+}
+tm_status cuda_pool_alloc(tm_cuda_pool *pool, size_t bytes, size_t align, void **out) {
+    (void)pool, (void)bytes, (void)align, *out = NULL;
+    return NONE;
+}
+void cuda_pool_reset(tm_cuda_pool *pool) {
+    (void)pool;
+}
+size_t cuda_pool_used(const tm_cuda_pool *pool) {
+    (void)pool;
+    return 0;
+}
+size_t cuda_pool_size(const tm_cuda_pool *pool) {
+    (void)pool;
+    return 0;
+}
+void cuda_pool_free(tm_cuda_pool *pool) {
+    (void)pool;
+}
+tm_status cuda_host_alloc(size_t bytes, void **out) {
+    (void)bytes, *out = NULL;
+    return NONE;
+}
+tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev) {
+    (void)bytes, *host = *dev = NULL;
+    return NONE;
+}
+void cuda_host_free(void *p) {
+    (void)p;
+}
+tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *src, size_t bytes) {
+    (void)dev, (void)dst, (void)src, (void)bytes;
+    return NONE;
+}
+tm_status cuda_copy_to_host(tm_cuda_device *dev, void *dst, const void *src, size_t bytes) {
+    (void)dev, (void)dst, (void)src, (void)bytes;
+    return NONE;
+}
+tm_status cuda_fill_bytes(tm_cuda_device *dev, void *dst, int byte, size_t bytes) {
+    (void)dev, (void)dst, (void)byte, (void)bytes;
+    return NONE;
+}
+tm_status cuda_copy_device(tm_cuda_device *dev, void *dst, const void *src, size_t bytes) {
+    (void)dev, (void)dst, (void)src, (void)bytes;
+    return NONE;
+}
+tm_status cuda_upload(tm_cuda_device *dev, void *dst, const void *src, size_t bytes,
+                      double *bytes_per_s) {
+    (void)dev, (void)dst, (void)src, (void)bytes, (void)bytes_per_s;
+    return NONE;
+}
+tm_status cuda_timer_create(tm_cuda_device *dev, tm_cuda_timer **out) {
+    (void)dev, *out = NULL;
+    return NONE;
+}
+tm_status cuda_timer_start(tm_cuda_timer *t) {
+    (void)t;
+    return NONE;
+}
+tm_status cuda_timer_stop(tm_cuda_timer *t, float *ms) {
+    (void)t, (void)ms;
+    return NONE;
+}
+void cuda_timer_free(tm_cuda_timer *t) {
+    (void)t;
+}
+tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream) {
+    (void)dst, (void)src, (void)bytes, (void)stream;
+    return NONE;
+}
+tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream) {
+    (void)dst, (void)byte, (void)bytes, (void)stream;
+    return NONE;
+}
+tm_status cuda_stream_sync(tm_cuda_stream stream) {
+    (void)stream;
+    return NONE;
+}
+tm_status cuda_stream_query(tm_cuda_stream stream, bool *idle) {
+    (void)stream, *idle = true;
+    return NONE;
+}
+tm_status cuda_graph_begin(tm_cuda_stream stream) {
+    (void)stream;
+    return NONE;
+}
+tm_status cuda_graph_end(tm_cuda_stream stream, bool keep, tm_cuda_graph **out) {
+    (void)stream, (void)keep, *out = NULL;
+    return NONE;
+}
+tm_status cuda_graph_launch(tm_cuda_graph *g, tm_cuda_stream stream) {
+    (void)g, (void)stream;
+    return NONE;
+}
+void cuda_graph_free(tm_cuda_graph *g) {
+    (void)g;
+}
+tm_status cuda_event_create(tm_cuda_event *out) {
+    *out = NULL;
+    return NONE;
+}
+void cuda_event_free(tm_cuda_event e) {
+    (void)e;
+}
+tm_status cuda_event_record(tm_cuda_event e, tm_cuda_stream stream) {
+    (void)e, (void)stream;
+    return NONE;
+}
+tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms) {
+    (void)a, (void)b, (void)ms;
+    return NONE;
+}
+tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
+                    const float *x, int64_t n_tok, float *y, tm_cuda_stream stream) {
+    (void)type, (void)w, (void)row_bytes, (void)rows, (void)k, (void)x, (void)n_tok, (void)y,
+        (void)stream;
+    return NONE;
+}
+int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
+    return n_items * p->n_ff;
+}
+tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
+                           int64_t n_items, const float *x, int64_t n_tok, float *y,
+                           float *h_scratch, tm_cuda_stream stream) {
+    (void)p, (void)items, (void)n_items, (void)x, (void)n_tok, (void)y, (void)h_scratch,
+        (void)stream;
+    return NONE;
+}
+tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
+                             int32_t *ids, float *weights, tm_cuda_moe_item *items,
+                             tm_cuda_stream stream) {
+    (void)p, (void)logits, (void)n_tok, (void)ids, (void)weights, (void)items, (void)stream;
+    return NONE;
+}
+tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
+                       float eps, tm_cuda_stream stream) {
+    (void)y, (void)x, (void)w, (void)n_rows, (void)n, (void)eps, (void)stream;
+    return NONE;
+}
+tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
+                         int64_t head_dim, float base, tm_cuda_stream stream) {
+    (void)x, (void)pos, (void)n_tok, (void)n_head, (void)head_dim, (void)base, (void)stream;
+    return NONE;
+}
+tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream) {
+    (void)y, (void)a, (void)b, (void)n, (void)stream;
+    return NONE;
+}
+tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t n_rows,
+                           int64_t n, float eps, tm_cuda_stream stream) {
+    (void)x, (void)a, (void)h, (void)w, (void)n_rows, (void)n, (void)eps, (void)stream;
+    return NONE;
+}
+tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k, const float *v,
+                            const float *q_norm, const float *k_norm, const int32_t *pos0,
+                            int64_t n_tok, void *k_cache, void *v_cache, tm_cuda_stream stream) {
+    (void)p, (void)q, (void)k, (void)v, (void)q_norm, (void)k_norm, (void)pos0, (void)n_tok,
+        (void)k_cache, (void)v_cache, (void)stream;
+    return NONE;
+}
+int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
+                                      int64_t n_kv_max) {
+    (void)p, (void)n_tok, (void)n_kv_max;
+    return 0;
+}
+tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
+                         const void *v_cache, const int32_t *pos0, int64_t n_tok, int64_t n_kv_max,
+                         float *out, float *scratch, tm_cuda_stream stream) {
+    (void)p, (void)q, (void)k_cache, (void)v_cache, (void)pos0, (void)n_tok, (void)n_kv_max,
+        (void)out, (void)scratch, (void)stream;
+    return NONE;
+}
+tm_status cuda_blas_create(tm_cuda_device *dev, tm_cuda_blas **out) {
+    (void)dev, *out = NULL;
+    return NONE;
+}
+void cuda_blas_free(tm_cuda_blas *b) {
+    (void)b;
+}
+tm_status cuda_dequantize_f16(tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                              int64_t k, void *out_f16, tm_cuda_stream stream) {
+    (void)type, (void)w, (void)row_bytes, (void)rows, (void)k, (void)out_f16, (void)stream;
+    return NONE;
+}
+size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok) {
+    (void)rows, (void)k, (void)n_tok;
+    return 0;
+}
+tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                    int64_t k, const float *x, int64_t n_tok, float *y, void *scratch,
+                    tm_cuda_stream stream) {
+    (void)b, (void)type, (void)w, (void)row_bytes, (void)rows, (void)k, (void)x, (void)n_tok,
+        (void)y, (void)scratch, (void)stream;
+    return NONE;
+}
+size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
+                                           int32_t n_groups) {
+    (void)p, (void)n_items, (void)n_groups;
+    return 0;
+}
+tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
+                                const tm_cuda_moe_groups *g, const float *x, int64_t n_tok,
+                                float *y, void *scratch, tm_cuda_stream stream) {
+    (void)b, (void)p, (void)g, (void)x, (void)n_tok, (void)y, (void)scratch, (void)stream;
+    return NONE;
+}
+tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *flag,
+                           const uint32_t *seq, tm_cuda_stream stream) {
+    (void)spans, (void)n_spans, (void)flag, (void)seq, (void)stream;
+    return NONE;
+}
+tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
+                         uint32_t *err, float *x, const float *add, int64_t n,
+                         tm_cuda_stream stream) {
+    (void)flag, (void)seq, (void)timeout_ns, (void)err, (void)x, (void)add, (void)n, (void)stream;
+    return NONE;
+}
