@@ -6,13 +6,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/out}}
 THREADS=${2:-16}
 mkdir -p "$OUT"
-if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka 2>/dev/null; then
-    mkdir -p /tmp/deps
-    for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/deps; done
-    export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
-    export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig
-    export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+. scripts/device_env.sh
 cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA=OFF > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build/device -j"$(nproc)" --target tiermoe > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 [ -f /tmp/m30.gguf ] || build/device/tiermoe mkmodel --preset 30b-a3b -q -o /tmp/m30.gguf

@@ -14,14 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
 BUILD=build/device-cuda
-if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka 2>/dev/null; then
-    mkdir -p /tmp/deps
-    for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/deps; done
-    export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
-    export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig
-    export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-export PATH=$PATH:/usr/local/cuda/bin
+. scripts/device_env.sh
 
 echo "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 | head -2

@@ -316,8 +316,8 @@ static void test_router(void **state) {
                     for (int32_t e = 0; e < E; e++)
                         map[e] = tm_rng_u64(&r) % 3 ? (int32_t)(tm_rng_u64(&r) % 1000) : -1;
                 }
-                tm_cuda_router_params gp = {(tm_cuda_gating)gating, E, K, cp.norm_topk, cp.scale,
-                                            NULL};
+                tm_cuda_router_params gp = {(tm_cuda_gating)gating, E,        K,
+                                            cp.norm_topk,           cp.scale, NULL};
                 float *l = xmalloc((size_t)T * E * sizeof(float));
                 fill_normal(&r, l, T * E, 2.0f);
                 /* exact ties: both sides must prefer the lower id */

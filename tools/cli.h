@@ -3,6 +3,12 @@
 #ifndef TM_TOOLS_CLI_H
 #define TM_TOOLS_CLI_H
 
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/model.h"
+
 int cmd_inspect(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
@@ -17,5 +23,29 @@ int cli_parse_i64(const char *flag, const char *s, long long lo, long long hi, l
 int cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out);
 /* -ngl: a layer count, "all", or "auto" (TM_NGL_AUTO). */
 int cli_parse_ngl(const char *flag, const char *s, int *out);
+
+/* ---- placement flags (cli_place.c) ---- */
+typedef struct cli_place {
+    int ngl;
+    bool ngl_given;
+    bool cpu_moe;
+    int n_cpu_moe;
+    char *overrides; /* every -ot, joined by ',' */
+    int64_t cache_mib;
+    const char *learn_path;
+    uint64_t *hits; /* the learn file's counts */
+} cli_place;
+extern const char cli_place_help[];
+/* argv[i] may be a placement flag: returns the arguments it took (0: not one;
+ * -1: bad value, a message printed naming cmd and the flag). */
+int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i);
+/* Into context parameters, once the model is loaded (the learn file is checked
+ * against its shape); an expert flag without -ngl means -ngl auto. 0 or 1. */
+int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context_params *cp);
+void cli_place_free(cli_place *p);
+/* --profile: time by part, the CPU lane's thread time, the MoE step by layer
+ * class; each since the marks (NULL: since the start), per run. */
+void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_moe_lane_stats *lane0,
+                       const tm_tier_stats *tier0, int runs, FILE *out);
 
 #endif

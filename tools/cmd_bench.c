@@ -1,10 +1,13 @@
 /* tiermoe bench: prompt processing (ppN) and generation (tgN) speed in a table
- * shaped like llama-bench's, with the weight bytes streamed per second next to
- * the machine's memory read bandwidth, measured right before each test.
+ * shaped like llama-bench's, with the weight bytes the CPU streams per second
+ * next to the machine's memory read bandwidth, measured right before each
+ * test, and the bound that bandwidth sets.
  *
- * Weight bytes per test: a generated token reads every non-expert tensor (one
- * row of token_embd) and k experts per MoE layer; a prompt batch reads every
- * tensor once (it touches nearly every expert). */
+ * Weight bytes per test, by the side that reads them: a generated token reads
+ * every non-expert tensor (one row of token_embd) where it lives, and its
+ * routed experts where the tier computed them (counted by the tier: hot slots
+ * on the GPU, cold on the CPU); a prompt batch reads every tensor once where it
+ * lives (it touches nearly every expert). CPU bound = mem GB/s / CPU bytes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +16,6 @@
 #include "cli.h"
 #include "core/rng.h"
 #include "core/timing.h"
-#include "model/layout.h"
 #include "model/model.h"
 #include "trace/trace.h"
 
@@ -24,18 +26,21 @@ static void bench_usage(FILE *out) {
                  "  -r N          repetitions (default 3)\n"
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
                  "  -b N          prompt batch size (default 512)\n"
-                 "  -ngl N|all|auto  layers on the GPU, from the first (default 0)\n"
                  "  -o md|csv|json  output format (default md)\n"
                  "  --no-membw    skip the memory bandwidth measurement (made before each test)\n"
                  "  --profile     print where each test's time went\n");
+    fputs(cli_place_help, out);
     fputs(trace_config_help, out);
 }
 
 typedef struct bench_result {
     const char *test;
     int n, threads;
-    double mean, sd, weight_gbs, mem_gbs;
-    double steal; /* share of CPU time the host took (virtual machines); -1: unknown */
+    double mean, sd;
+    double cpu_gbs, gpu_gbs; /* weight bytes each side read per second */
+    double mem_gbs;          /* the CPU's read bandwidth (0: not measured) */
+    double bound;            /* t/s the CPU's bandwidth allows (0: not measured) */
+    double steal;            /* share of CPU time the host took (virtual machines); -1: unknown */
 } bench_result;
 
 /* CPU time counters of /proc/stat's first line: the host's "steal" (time a
@@ -72,40 +77,70 @@ static void bench_stats(const double *ts, int r, double n, double *mean, double 
     *sd = r > 1 ? sqrt(s2 / (r - 1)) : 0;
 }
 
-/* Time per part since `prof0` / `lane0` (per test run), then reset the marks. */
-static void bench_profile(tm_context *ctx, uint64_t *prof0, tm_moe_lane_stats *lane0,
-                          const char *test, int n, int reps) {
-    uint64_t total = 0;
-    for (int i = 0; i < TM_PROF_COUNT; i++) total += ctx->prof_ns[i] - prof0[i];
-    fprintf(stderr, "%s%d, %d threads, per run (%.1f ms):", test, n, cpu_pool_size(ctx->pool),
-            total * 1e-6 / reps);
-    for (int i = 0; i < TM_PROF_COUNT; i++)
-        fprintf(stderr, " %s %.1f ms (%.0f%%)%s", tm_prof_part_names[i],
-                (ctx->prof_ns[i] - prof0[i]) * 1e-6 / reps,
-                100.0 * (ctx->prof_ns[i] - prof0[i]) / (total ? total : 1),
-                i + 1 < TM_PROF_COUNT ? "," : "\n");
-    memcpy(prof0, ctx->prof_ns, sizeof(ctx->prof_ns));
-    const tm_moe_lane_stats *ls = &ctx->lane_stats;
-    const uint64_t cap = ls->thread_ns - lane0->thread_ns;
-    if (cap) {
-        uint64_t busy = 0;
-        fprintf(stderr, "  CPU lane, thread time per run (%.1f thread-ms):", cap * 1e-6 / reps);
-        for (int i = 0; i < TM_LANE_PART_COUNT; i++) {
-            const uint64_t ns = ls->ns[i] - lane0->ns[i];
-            busy += ns;
-            fprintf(stderr, " %s %.1f ms (%.0f%%),", tm_moe_lane_part_names[i], ns * 1e-6 / reps,
-                    100.0 * ns / cap);
-        }
-        fprintf(stderr, " idle %.1f ms (%.0f%%)\n", (cap - busy) * 1e-6 / reps,
-                100.0 * (cap - busy) / cap);
+/* Weight bytes a step reads outside the experts, by side: a token's
+ * embedding row (unless the table doubles as the output head), every other
+ * tensor where it lives. */
+static void bench_dense_bytes(const tm_context *ctx, uint64_t *cpu, uint64_t *gpu) {
+    const tm_gguf_file *f = ctx->model->file;
+    const bool tied = !gguf_file_find_tensor(f, "output.weight");
+    *cpu = *gpu = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const tm_gguf_tensor *t = &f->tensors[i];
+        if (placement_tensor_is_expert(t->name.data, t->name.len)) continue;
+        uint64_t b = t->n_bytes;
+        if (!tied && t->name.len == 17 && !memcmp(t->name.data, "token_embd.weight", 17))
+            b = t->n_bytes / (uint64_t)(t->ne[1] ? t->ne[1] : 1),
+            *cpu += b; /* a row, on the host */
+        else
+            *(ctx->placement.tensor_dev[i] == TM_DEV_GPU ? gpu : cpu) += b;
     }
-    *lane0 = *ls;
 }
 
-int cmd_bench(int argc, char **argv) {
+/* Expert bytes of every layer by where they live (a prompt batch reads them all). */
+static void bench_expert_bytes(const tm_context *ctx, uint64_t *cpu, uint64_t *gpu) {
+    const tm_gguf_file *f = ctx->model->file;
+    *cpu = *gpu = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const tm_gguf_tensor *t = &f->tensors[i];
+        if (placement_tensor_is_expert(t->name.data, t->name.len))
+            *(ctx->placement.tensor_dev[i] == TM_DEV_GPU ? gpu : cpu) += t->n_bytes;
+    }
+}
+
+/* The tier's expert bytes so far (hot: the GPU's, cold: the CPU's). */
+static void bench_tier_bytes(const tm_context *ctx, uint64_t *hot, uint64_t *cold) {
+    const tm_tier_stats *ts = tier_stats(ctx->tier);
+    *hot = *cold = 0;
+    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
+        *hot += ts[c].hot_bytes, *cold += ts[c].cold_bytes;
+}
+
+/* "CPU AVX512", "CUDA", "CUDA 13 + CPU AVX512", "CUDA (experts: 48 layers in RAM, 4.20 GiB cached) + CPU AVX512" */
+static void bench_backend(const tm_context *ctx, char *out, size_t n) {
+    const char *cpu = cpu_level_name(cpu_level_get());
+    if (!ctx->placement.any_gpu) {
+        snprintf(out, n, "CPU %s", cpu);
+        return;
+    }
+    uint32_t ram = 0;
+    for (uint32_t l = 0; l < ctx->placement.n_layer; l++)
+        ram += ctx->placement.experts_dev[l] == TM_DEV_CPU &&
+               ctx->placement.layer_dev[l] == TM_DEV_GPU;
+    const bool all = ctx->gpu_output && (uint32_t)ctx->n_gpu_layers == ctx->placement.n_layer;
+    int w = all ? snprintf(out, n, "CUDA") : snprintf(out, n, "CUDA %d", ctx->n_gpu_layers);
+    if (ram && w > 0 && (size_t)w < n)
+        w += snprintf(out + w, n - (size_t)w, " (experts: %u layers in RAM", ram);
+    if (ram && tier_cache_bytes(ctx->tier) && w > 0 && (size_t)w < n)
+        w += snprintf(out + w, n - (size_t)w, ", %.2f GiB cached",
+                      tier_cache_bytes(ctx->tier) / 1073741824.0);
+    if (ram && w > 0 && (size_t)w < n) w += snprintf(out + w, n - (size_t)w, ")");
+    if ((!all || ram) && w > 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, " + CPU %s", cpu);
+}
+
+static int bench_main(int argc, char **argv, cli_place *place) {
     const char *path = NULL, *fmt = "md";
     long long n_pp = 512, n_tg = 128, reps = 3, batch = 512, v;
-    int threads[16], n_threads = 0, membw = 1, profile = 0, ngl = 0;
+    int threads[16], n_threads = 0, membw = 1, profile = 0;
     tm_trace_config tc = {0};
     tm_trace *tr = NULL;
     if (trace_config_from_env(&tc) != TM_OK) {
@@ -132,6 +167,12 @@ int cmd_bench(int argc, char **argv) {
             i += nt - 1;
             continue;
         }
+        const int np = cli_place_parse(place, "bench", argc, argv, i);
+        if (np < 0) return 2;
+        if (np > 0) {
+            i += np - 1;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "tiermoe bench: %s needs a value (or is unknown)\n", a);
             bench_usage(stderr);
@@ -148,8 +189,6 @@ int cmd_bench(int argc, char **argv) {
             if (cli_parse_i64(a, val, 1, 1000, &reps)) return 2;
         } else if (!strcmp(a, "-b")) {
             if (cli_parse_i64(a, val, 1, 1 << 16, &batch)) return 2;
-        } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
-            if (cli_parse_ngl(a, val, &ngl)) return 2;
         } else if (!strcmp(a, "-o")) {
             if (strcmp(val, "md") && strcmp(val, "csv") && strcmp(val, "json")) {
                 fprintf(stderr, "tiermoe bench: -o: expected md, csv or json, got '%s'\n", val);
@@ -182,28 +221,16 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 1;
     }
-    tm_model_layout lay;
-    if (model_layout_scan(m->file, &lay) != TM_OK) {
-        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+    tm_context_params place_cp = {0};
+    if (cli_place_apply(place, "bench", m, &place_cp)) {
         model_free(m);
         return 1;
     }
     if (trace_config_enabled(&tc) && trace_create(&tc, m, &tr) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
-        model_layout_free(&lay);
         model_free(m);
         return 1;
     }
-    const tm_gguf_tensor *embd = gguf_file_find_tensor(m->file, "token_embd.weight");
-    const uint64_t embd_bytes = embd ? embd->n_bytes : 0;
-    const bool tied = !gguf_file_find_tensor(m->file, "output.weight");
-    const uint64_t dense = lay.other_bytes - (tied ? 0 : embd_bytes);
-    uint64_t tg_bytes = dense;
-    for (uint32_t l = 0; l < lay.n_layer; l++)
-        tg_bytes +=
-            lay.layer_expert_bytes[l] / (lay.n_expert ? lay.n_expert : 1) * m->cfg.n_expert_used;
-    const uint64_t pp_bytes = dense + lay.expert_bytes;
-
     char model_name[96];
     tm_gguf_str arch = {"?", 1};
     gguf_file_get_str(m->file, "general.architecture", &arch);
@@ -212,18 +239,16 @@ int cmd_bench(int argc, char **argv) {
              m->n_params / 1e9, gexp ? quant_type_name(gexp->type) : "");
 
     bench_result res[64];
-    char backend[48] = "CPU";
+    char backend[128] = "CPU";
     int n_res = 0, rc = 0;
     tm_rng rng;
     tm_rng_seed(&rng, 1234);
     for (int ti = 0; ti < n_threads && !rc; ti++) {
-        tm_context_params cp = {
-            .n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8,
-            .n_batch = batch,
-            .n_threads = threads[ti],
-            .n_gpu_layers = ngl,
-            .profile = profile != 0,
-        };
+        tm_context_params cp = place_cp;
+        cp.n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8;
+        cp.n_batch = batch;
+        cp.n_threads = threads[ti];
+        cp.profile = profile != 0;
         if (tr) trace_attach(tr, &cp);
         tm_context *ctx;
         if (model_context_create(m, &cp, &ctx) != TM_OK) {
@@ -231,29 +256,31 @@ int cmd_bench(int argc, char **argv) {
             rc = 1;
             break;
         }
-        /* the host's read bandwidth bounds the CPU layers; on the GPU alone it means nothing */
-        const bool probe = membw && !ctx->gpu_output;
-        if (ctx->n_gpu_layers)
-            snprintf(backend, sizeof(backend), ctx->gpu_output ? "CUDA" : "CUDA %d + CPU %s",
-                     ctx->n_gpu_layers, cpu_level_name(cpu_level_get()));
-        else
-            snprintf(backend, sizeof(backend), "CPU %s", cpu_level_name(cpu_level_get()));
+        bench_backend(ctx, backend, sizeof(backend));
+        uint64_t dense_cpu, dense_gpu, exp_cpu, exp_gpu;
+        bench_dense_bytes(ctx, &dense_cpu, &dense_gpu);
+        bench_expert_bytes(ctx, &exp_cpu, &exp_gpu);
+        /* the host's read bandwidth bounds what the CPU reads; with nothing but
+         * the embedding there it means nothing */
+        const bool probe = membw && (dense_cpu > (uint64_t)m->cfg.n_embd * 4 || exp_cpu);
         int32_t *toks = malloc((size_t)(n_pp > 8 ? n_pp : 8) * sizeof(int32_t));
         for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++)
             toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
         /* warm-up: page in the weights, start the threads; on a GPU also load the
          * prompt path's kernels and capture the decode graph (first uses are slow) */
         if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
-        if (!rc && ctx->n_gpu_layers) {
+        if (!rc && ctx->placement.any_gpu) {
             const long long n = n_pp < batch ? n_pp : batch;
             model_context_reset(ctx);
             if (n > 8 && model_decode(ctx, toks, n, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
-            if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+            if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
         }
         double ts[1000];
         uint64_t prof0[TM_PROF_COUNT];
-        memcpy(prof0, ctx->prof_ns, sizeof(prof0));
-        tm_moe_lane_stats lane0 = ctx->lane_stats;
+        memcpy(prof0, model_prof_ns(ctx), sizeof(prof0));
+        tm_moe_lane_stats lane0 = *model_lane_stats(ctx);
+        tm_tier_stats tier0[TM_TIER_CLASS_COUNT];
+        memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
         /* Before each test: the bandwidth (on a shared host it moves between
          * tests, and the share shown should be of what the test had) and the
          * steal marks. */
@@ -276,11 +303,25 @@ int cmd_bench(int argc, char **argv) {
                                 .mem_gbs = mem,
                                 .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
             bench_stats(ts, (int)reps, (double)n_pp, &b->mean, &b->sd);
-            b->weight_gbs = pp_bytes * (b->mean / n_pp) / 1e9 * ((n_pp + batch - 1) / batch);
-            if (profile) bench_profile(ctx, prof0, &lane0, "pp", (int)n_pp, (int)reps);
+            /* every tensor once per batch, where it lives */
+            const double batches = (double)((n_pp + batch - 1) / batch);
+            const double cpu_b = (double)(dense_cpu + exp_cpu) * batches,
+                         gpu_b = (double)(dense_gpu + exp_gpu) * batches;
+            b->cpu_gbs = cpu_b * (b->mean / n_pp) / 1e9;
+            b->gpu_gbs = gpu_b * (b->mean / n_pp) / 1e9;
+            b->bound = mem > 0 && cpu_b > 0 ? n_pp * mem * 1e9 / cpu_b : 0;
+            if (profile) {
+                fprintf(stderr, "pp%lld, %d threads: ", n_pp, threads[ti]);
+                cli_profile_print(ctx, prof0, &lane0, tier0, (int)reps, stderr);
+            }
         }
+        memcpy(prof0, model_prof_ns(ctx), sizeof(prof0));
+        lane0 = *model_lane_stats(ctx);
+        memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
         if (!rc && n_tg > 0) {
             const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+            uint64_t hot0, cold0, hot1, cold1;
+            bench_tier_bytes(ctx, &hot0, &cold0);
             bench_steal_since(&steal0, &total0, &steal_ok);
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
@@ -293,6 +334,7 @@ int cmd_bench(int argc, char **argv) {
                 }
                 ts[r] = (tm_time_ns() - t0) * 1e-9;
             }
+            bench_tier_bytes(ctx, &hot1, &cold1);
             bench_result *b = &res[n_res++];
             *b = (bench_result){.test = "tg",
                                 .n = (int)n_tg,
@@ -300,8 +342,16 @@ int cmd_bench(int argc, char **argv) {
                                 .mem_gbs = mem,
                                 .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
             bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
-            b->weight_gbs = tg_bytes * b->mean / 1e9;
-            if (profile) bench_profile(ctx, prof0, &lane0, "tg", (int)n_tg, (int)reps);
+            /* a token: the dense weights where they live, its experts where the tier ran them */
+            const double n_gen = (double)(n_tg * reps);
+            const double cpu_b = dense_cpu + (cold1 - cold0) / n_gen,
+                         gpu_b = dense_gpu + (hot1 - hot0) / n_gen;
+            b->cpu_gbs = cpu_b * b->mean / 1e9, b->gpu_gbs = gpu_b * b->mean / 1e9;
+            b->bound = mem > 0 && cpu_b > 0 ? mem * 1e9 / cpu_b : 0;
+            if (profile) {
+                fprintf(stderr, "tg%lld, %d threads: ", n_tg, threads[ti]);
+                cli_profile_print(ctx, prof0, &lane0, tier0, (int)(n_tg * reps), stderr);
+            }
         }
         if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         free(toks);
@@ -310,12 +360,13 @@ int cmd_bench(int argc, char **argv) {
 
     const double size_gib = m->weight_bytes / 1073741824.0, params_b = m->n_params / 1e9;
     if (!strcmp(fmt, "md")) {
-        printf("| model | size | params | backend | threads | test | t/s | weights GB/s | mem read "
-               "GB/s | of mem |\n");
-        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        printf("| model | size | params | backend | threads | test | t/s | CPU GB/s | mem read "
+               "GB/s | of mem | CPU bound t/s | GPU GB/s |\n");
+        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+               "|\n");
     } else if (!strcmp(fmt, "csv")) {
-        printf(
-            "model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,weights_gbs,mem_gbs\n");
+        printf("model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,cpu_gbs,mem_gbs,"
+               "cpu_bound_ts,gpu_gbs\n");
     } else {
         printf("[\n");
     }
@@ -324,21 +375,22 @@ int cmd_bench(int argc, char **argv) {
         char test[32];
         snprintf(test, sizeof(test), "%s%d", b->test, b->n);
         if (!strcmp(fmt, "md"))
-            printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | "
-                   "%.0f%% |\n",
+            printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% | "
+                   "%.1f | %.1f |\n",
                    model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
-                   b->weight_gbs, b->mem_gbs,
-                   b->mem_gbs > 0 ? 100 * b->weight_gbs / b->mem_gbs : 0.0);
+                   b->cpu_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->cpu_gbs / b->mem_gbs : 0.0,
+                   b->bound, b->gpu_gbs);
         else if (!strcmp(fmt, "csv"))
-            printf("\"%s\",%.3f,%.3f,%s,%d,%s,%.3f,%.3f,%.2f,%.2f\n", model_name, size_gib,
-                   params_b, backend, b->threads, test, b->mean, b->sd, b->weight_gbs, b->mem_gbs);
+            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f\n", model_name,
+                   size_gib, params_b, backend, b->threads, test, b->mean, b->sd, b->cpu_gbs,
+                   b->mem_gbs, b->bound, b->gpu_gbs);
         else
             printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
-                   "\"%s\", "
-                   "\"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, "
-                   "\"weights_gbs\": %.2f, \"mem_gbs\": %.2f}%s\n",
+                   "\"%s\", \"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, "
+                   "\"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, \"mem_gbs\": %.2f, "
+                   "\"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f}%s\n",
                    model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
-                   b->weight_gbs, b->mem_gbs, i + 1 < n_res ? "," : "");
+                   b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, i + 1 < n_res ? "," : "");
     }
     if (!strcmp(fmt, "json")) printf("]\n");
     fprintf(stderr, "cpu: %s\n", cpu_features_string());
@@ -356,7 +408,13 @@ int cmd_bench(int argc, char **argv) {
         rc = 1;
     }
     trace_free(tr);
-    model_layout_free(&lay);
     model_free(m);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    cli_place place = {0};
+    const int rc = bench_main(argc, argv, &place);
+    cli_place_free(&place);
     return rc;
 }

@@ -28,14 +28,13 @@ static void run_usage(FILE *out) {
         "  -c, --ctx-size N       context size (default: min(4096, trained))\n"
         "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
         "  -t, --threads N        CPU threads (default: physical cores)\n"
-        "  -ngl, --n-gpu-layers N the first N layers on the GPU; all (or N >= layers) puts\n"
-        "                         the output head there too; auto: as many as fit (default 0)\n"
         "  -s, --seed N           sampling seed (default 0)\n"
         "  --temp F               temperature, 0 = greedy (default 0.8)\n"
         "  --top-k N --top-p F --min-p F --repeat-penalty F --repeat-last-n N\n"
         "  --kv-type f16|f32      KV cache type (default f16)\n"
         "  --ignore-eos           keep generating past end-of-generation tokens\n"
         "  --profile              print where the time went\n");
+    fputs(cli_place_help, out);
     fputs(trace_config_help, out);
 }
 
@@ -248,7 +247,7 @@ static int run_chat(run_session *s, const char *system, const char *template_nam
     return rc;
 }
 
-int cmd_run(int argc, char **argv) {
+static int run_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *system = NULL,
                *template_name = NULL;
     long long n_predict = 64, v;
@@ -278,6 +277,12 @@ int cmd_run(int argc, char **argv) {
         if (nt < 0) return 2;
         if (nt > 0) {
             i += nt - 1;
+            continue;
+        }
+        const int np = cli_place_parse(place, "run", argc, argv, i);
+        if (np < 0) return 2;
+        if (np > 0) {
+            i += np - 1;
             continue;
         }
         if (!strcmp(a, "--ignore-eos")) {
@@ -324,8 +329,6 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             I64(1, 1024);
             cp.n_threads = (int)v;
-        } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
-            if (cli_parse_ngl(a, val, &cp.n_gpu_layers)) return 2;
         } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
             I64(0, 0x7fffffffffffffffll);
             sp.seed = (uint64_t)v;
@@ -394,6 +397,7 @@ int cmd_run(int argc, char **argv) {
         free(prompt_ids);
         return 1;
     }
+    if (cli_place_apply(place, "run", s.m, &cp)) goto out;
     if (tokenizer_load_gguf(s.m->file, &s.tok) != TM_OK) {
         s.tok = NULL;
         if (prompt || chat) {
@@ -480,26 +484,7 @@ int cmd_run(int argc, char **argv) {
             s.n_eval ? 1e3 * s.n_eval / s.eval_ms : 0.0);
     fprintf(stderr, "total time       = %10.2f ms / %5lld tokens\n",
             load_ms + s.prompt_ms + s.eval_ms, (long long)(s.n_prompt + s.n_gen));
-    if (cp.profile) {
-        uint64_t total = 0;
-        for (int i = 0; i < TM_PROF_COUNT; i++) total += s.ctx->prof_ns[i];
-        fprintf(stderr, "time by part (prompt and eval):\n");
-        for (int i = 0; i < TM_PROF_COUNT; i++)
-            fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_prof_part_names[i],
-                    s.ctx->prof_ns[i] * 1e-6, 100.0 * s.ctx->prof_ns[i] / (total ? total : 1));
-        const tm_moe_lane_stats *ls = &s.ctx->lane_stats;
-        if (ls->thread_ns) {
-            uint64_t busy = 0;
-            fprintf(stderr, "CPU lane, thread time (%.2f thread-ms):\n", ls->thread_ns * 1e-6);
-            for (int i = 0; i < TM_LANE_PART_COUNT; i++) {
-                busy += ls->ns[i];
-                fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", tm_moe_lane_part_names[i],
-                        ls->ns[i] * 1e-6, 100.0 * ls->ns[i] / ls->thread_ns);
-            }
-            fprintf(stderr, "  %-12s %10.2f ms %5.1f%%\n", "idle", (ls->thread_ns - busy) * 1e-6,
-                    100.0 * (ls->thread_ns - busy) / ls->thread_ns);
-        }
-    }
+    if (cp.profile) cli_profile_print(s.ctx, NULL, NULL, NULL, 1, stderr);
     if (tr && trace_finish(tr) != TM_OK) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
         rc = 1;
@@ -512,5 +497,12 @@ out:
     if (s.tok) tokenizer_free(s.tok);
     model_free(s.m);
     free(prompt_ids);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv) {
+    cli_place place = {0};
+    const int rc = run_main(argc, argv, &place);
+    cli_place_free(&place);
     return rc;
 }

@@ -232,7 +232,8 @@ tm_status cuda_host_alloc(size_t bytes, void **out) {
 
 tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev) {
     *host = *dev = NULL;
-    cudaError_t e = cudaHostAlloc(host, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable);
+    cudaError_t e =
+        cudaHostAlloc(host, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable);
     if (e == cudaSuccess) e = cudaHostGetDevicePointer(dev, *host, 0);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();

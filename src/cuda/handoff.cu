@@ -88,9 +88,9 @@ extern "C" tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, ui
     return tm_cuda_launch_check("cuda_signal_host", n_spans, 0, 0);
 }
 
-extern "C" tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq,
-                                    uint64_t timeout_ns, uint32_t *err, float *x, const float *add,
-                                    int64_t n, tm_cuda_stream stream) {
+extern "C" tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
+                                    uint32_t *err, float *x, const float *add, int64_t n,
+                                    tm_cuda_stream stream) {
     if (n < 0 || (n > 0 && (!x || !add)))
         return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add", (long long)n);
     tm_wait_host_kernel<<<1, TM_HANDOFF_THREADS, 0, stream>>>(flag, seq, timeout_ns, err, x, add,

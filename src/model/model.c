@@ -1,4 +1,5 @@
-/* Model loading, contexts and the helpers architecture files share. */
+/* Model loading, contexts (placement, executor, tier) and the helpers
+ * architecture files share. */
 #include "model/model.h"
 
 #include <stdio.h>
@@ -12,9 +13,9 @@ extern const tm_arch tm_arch_qwen3moe;
 
 static const tm_arch *const archs[] = {&tm_arch_qwen3moe};
 
-const char *const tm_prof_part_names[TM_PROF_COUNT] = {
-    "embed", "norms+rope", "attn proj", "attention", "router", "experts", "output",
-};
+/* VRAM left free when sizing -ngl auto and --moe-cache auto: cuBLAS's
+ * workspace and handles, the CUDA context, other programs' small needs. */
+#define GPU_RESERVE ((size_t)768 << 20)
 
 tm_status model_load(const char *path, tm_model **out) {
     *out = NULL;
@@ -106,6 +107,7 @@ static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dim
                             "%s: tensor '%s' has type %s, which tiermoe cannot compute yet",
                             m->file->path, name, quant_type_name(t->type));
     w->name = t->name.data, w->name_len = (uint32_t)t->name.len;
+    w->id = (int32_t)(t - m->file->tensors);
     w->type = (tm_type)t->type, w->n_dims = t->n_dims;
     for (int d = 0; d < 4; d++) w->ne[d] = t->ne[d];
     w->row_bytes = quant_row_size(w->type, w->ne[0]);
@@ -123,22 +125,45 @@ tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32
     return weight_bind(m, name, n_dims, ne, w, true);
 }
 
-size_t model_matmul_scratch_bytes(const tm_weight *w, int64_t n_tok) {
-    return (size_t)n_tok * cpu_act_row_size(w->type, w->ne[0]);
-}
-
-void model_matmul(tm_context *c, const tm_weight *w, const float *x, int64_t n_tok, float *y,
-                  void *act) {
-    if (c->params.precise) {
-        tm_status st = cpu_matmul_precise(c->pool, w->type, w->ne[0], w->ne[1], w->data,
-                                          w->row_bytes, x, n_tok, y);
-        TM_ASSERT(st == TM_OK); /* types were checked at bind time */
-        return;
-    }
-    cpu_matmul(c->pool, w->type, w->ne[0], w->ne[1], w->data, w->row_bytes, x, n_tok, y, act);
-}
-
 /* ---- contexts ---- */
+
+/* What the GPU offers the placement: opened when a flag may want it. An
+ * explicit -ngl N > 0 needs it; otherwise its absence means CPU only. */
+static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_placement_gpu *g,
+                             char *why, size_t why_len) {
+    const tm_context_params *p = &c->params;
+    const tm_model_config *cfg = &c->model->cfg;
+    *gpu = NULL;
+    memset(g, 0, sizeof(*g));
+    g->why = why;
+    snprintf(why, why_len, "no GPU flag given");
+    const bool wanted =
+        p->n_gpu_layers != 0 || p->moe_cache_mib || (p->override_tensor && *p->override_tensor);
+    if (!wanted) return TM_OK;
+    tm_status st = cuda_device_open(0, gpu);
+    if (st != TM_OK) {
+        if (p->n_gpu_layers > 0) return st; /* asked for layers on a GPU: say why there is none */
+        snprintf(why, why_len, "%s", tm_error_message());
+        return TM_OK;
+    }
+    size_t free_b = 0, total_b = 0;
+    if ((st = cuda_device_memory(*gpu, &free_b, &total_b)) != TM_OK) {
+        cuda_device_close(*gpu);
+        *gpu = NULL;
+        return st;
+    }
+    const int64_t B = p->n_batch, E = cfg->n_embd, Q = (int64_t)cfg->n_head * cfg->head_dim,
+                  KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    g->usable = true;
+    g->budget = free_b > GPU_RESERVE ? free_b - GPU_RESERVE : 0;
+    g->kv_bytes_per_layer = 2 * (size_t)c->n_ctx * (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    /* activations and scratch, roughly: a batch of every activation, 64 rows
+     * of logits, tensor-core scratch */
+    g->fixed_bytes =
+        (size_t)(B * (6 * E + 2 * Q + 2 * KV + cfg->n_expert + 2 * cfg->n_expert_used)) * 4 +
+        (size_t)64 * cfg->n_vocab * 4 + ((size_t)96 << 20);
+    return TM_OK;
+}
 
 tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_context **out) {
     *out = NULL;
@@ -158,42 +183,60 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         free(c);
         return st;
     }
-    const size_t row =
-        (size_t)cfg->n_head_kv * cfg->head_dim * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
-    c->k_cache = calloc(cfg->n_layer, sizeof(void *));
-    c->v_cache = calloc(cfg->n_layer, sizeof(void *));
-    c->logits = malloc((size_t)c->params.n_batch * cfg->n_vocab * sizeof(float));
-    if (!c->k_cache || !c->v_cache || !c->logits) goto nomem;
-    /* the architecture's state first: it decides which layers go to the GPU */
-    if ((st = m->arch->state_create(c)) != TM_OK) {
+    tm_cuda_device *gpu = NULL;
+    tm_placement_gpu g;
+    char why[512];
+    const tm_placement_params pp = {c->params.n_gpu_layers, c->params.cpu_moe, c->params.n_cpu_moe,
+                                    c->params.override_tensor};
+    if ((st = context_gpu(c, &gpu, &g, why, sizeof(why))) ||
+        (st = placement_make(m->file, cfg->n_layer, &pp, &g, &c->placement))) {
+        cuda_device_close(gpu);
         model_context_free(c);
         return st;
     }
-    /* the CPU layers' cache (the GPU's layers keep theirs in VRAM) */
-    for (uint32_t l = (uint32_t)c->n_gpu_layers; l < cfg->n_layer; l++) {
-        c->k_cache[l] = malloc(row * (size_t)c->n_ctx);
-        c->v_cache[l] = malloc(row * (size_t)c->n_ctx);
-        if (!c->k_cache[l] || !c->v_cache[l]) goto nomem;
+    if (!c->placement.any_gpu) { /* nothing landed there: let it go */
+        cuda_device_close(gpu);
+        gpu = NULL;
+    }
+    c->n_gpu_layers = c->placement.n_gpu_layers, c->gpu_output = c->placement.output_gpu;
+    const tm_exec_params ep = {
+        .pool = c->pool,
+        .file = m->file,
+        .tensor_dev = c->placement.tensor_dev,
+        .gpu = gpu,
+        .n_batch = c->params.n_batch,
+        .n_ctx = c->n_ctx,
+        .kv_type = c->params.kv_type,
+        .precise = c->params.precise,
+        .profile = c->params.profile,
+        .graph = true,
+        .cb = c->params.cb,
+        .cb_ud = c->params.cb_ud,
+    };
+    if ((st = exec_create(&ep, &c->exec)) || (st = m->arch->state_create(c))) {
+        model_context_free(c);
+        return st;
     }
     *out = c;
     return TM_OK;
-nomem:
-    model_context_free(c);
-    return tm_error_set(
-        TM_ERR_NOMEM, "out of memory for a context of %lld positions (KV cache %.1f MiB)",
-        (long long)p->n_ctx, 2.0 * row * (double)c->n_ctx * cfg->n_layer / 1048576.0);
 }
 
 void model_context_free(tm_context *c) {
     if (!c) return;
+    tier_free(c->tier);
+    exec_free(c->exec); /* frees the activations' buffers: before the state that holds them */
     if (c->state) c->model->arch->state_free(c);
-    for (uint32_t l = 0; l < c->model->cfg.n_layer; l++) {
-        if (c->k_cache) free(c->k_cache[l]);
-        if (c->v_cache) free(c->v_cache[l]);
-    }
-    free(c->k_cache), free(c->v_cache), free(c->logits);
+    placement_free(&c->placement);
     cpu_pool_free(c->pool);
     free(c);
+}
+
+const uint64_t *model_prof_ns(const tm_context *c) {
+    return exec_prof_ns(c->exec);
+}
+
+const tm_moe_lane_stats *model_lane_stats(const tm_context *c) {
+    return tier_lane_stats(c->tier);
 }
 
 void model_context_reset(tm_context *c) {
@@ -203,6 +246,17 @@ void model_context_reset(tm_context *c) {
 void model_context_rewind(tm_context *c, int64_t n_keep) {
     TM_ASSERT(n_keep >= 0);
     if (n_keep < c->n_past) c->n_past = n_keep;
+}
+
+typedef struct context_step {
+    tm_context *c;
+    int64_t n_tok;
+    bool all_logits;
+} context_step;
+
+static tm_status context_forward(void *ud) {
+    const context_step *s = ud;
+    return s->c->model->arch->forward(s->c, s->n_tok, s->all_logits);
 }
 
 tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
@@ -222,8 +276,9 @@ tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_m
                                 "token id %d at position %lld is outside the vocabulary [0, %u)",
                                 tokens[i], (long long)i, c->model->cfg.n_vocab);
     for (int64_t i = 0; i < n_tok; i += c->params.n_batch) {
-        int64_t n = n_tok - i < c->params.n_batch ? n_tok - i : c->params.n_batch;
-        tm_status st = c->model->arch->forward(c, tokens + i, n, phase, all_logits);
+        const int64_t n = n_tok - i < c->params.n_batch ? n_tok - i : c->params.n_batch;
+        context_step step = {c, n, all_logits};
+        tm_status st = exec_step(c->exec, tokens + i, n, c->n_past, phase, context_forward, &step);
         if (st != TM_OK) return st;
         c->n_past += n;
     }

@@ -1,28 +1,57 @@
 /* Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) as llama.cpp's converter stores it.
  *
- * x = token_embd[tok]
- * for each layer:
- *     h = rmsnorm(x) * attn_norm
- *     q, k, v = Wq h, Wk h, Wv h                    per head: rmsnorm(q) * q_norm, rmsnorm(k) *
- * k_norm q, k = rope_neox(q, pos), rope_neox(k, pos)    base = rope.freq_base x += Wo · softmax(q
- * kᵀ / sqrt(head_dim), causal) v     (grouped-query heads) h = rmsnorm(x) * ffn_norm p =
- * softmax(W_router h); top-k experts; weights renormalised to sum 1 x += Σ_k w_k ·
- * down_k(silu(gate_k h) * up_k h) logits = W_out · (rmsnorm(x) * output_norm)     (W_out =
- * token_embd when output is absent)
+ *   x = token_embd[tok]
+ *   for each layer:
+ *       h = rmsnorm(x) * attn_norm
+ *       q, k, v = Wq h, Wk h, Wv h
+ *       q, k = rope_neox(rmsnorm(q) * q_norm), rope_neox(rmsnorm(k) * k_norm)   per head,
+ *                                                          base = rope.freq_base
+ *       x += Wo · softmax(q kᵀ / sqrt(head_dim), causal) v   grouped-query heads
+ *       h = rmsnorm(x) * ffn_norm
+ *       p = softmax(W_router h); the top-k experts, their p renormalised to sum 1
+ *       x += Σ_k p_k · down_k(silu(gate_k h) ⊙ up_k h)
+ *   logits = W_out · (rmsnorm(x) * output_norm)           W_out = token_embd when output is absent
  *
  * Shapes (ne order, row length first): token_embd [n_embd, n_vocab];
  * attn_q [n_embd, n_head*head_dim]; attn_k/v [n_embd, n_head_kv*head_dim];
  * attn_output [n_head*head_dim, n_embd]; ffn_gate_inp [n_embd, n_expert];
- * ffn_gate/up_exps [n_embd, n_ff_exp, n_expert]; ffn_down_exps [n_ff_exp, n_embd, n_expert]. */
+ * ffn_gate/up_exps [n_embd, n_ff_exp, n_expert]; ffn_down_exps [n_ff_exp, n_embd, n_expert].
+ *
+ * The forward below is the whole model for every placement: each op runs where
+ * its weights live (src/exec/exec.h), the MoE step is the tier's
+ * (src/tier/tier.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timing.h"
-#include "cpu/cpu_ops.h"
 #include "model/model.h"
-#include "model/qwen3moe.h"
+
+typedef struct qwen3moe_layer {
+    tm_weight attn_norm, wq, wk, wv, wo, q_norm, k_norm;
+    tm_weight ffn_norm, router, gate_exps, up_exps, down_exps;
+    tm_moe_experts experts;
+} qwen3moe_layer;
+
+typedef struct qwen3moe_weights {
+    tm_weight token_embd, output_norm, output;
+    qwen3moe_layer *layers;
+    tm_moe_router_params router;
+} qwen3moe_weights;
+
+/* Activations of one step, [n_batch][...], named as in the header comment. */
+typedef struct qwen3moe_state {
+    tm_act x, h;             /* residual stream, normed input */
+    tm_act q, k, v, att;     /* [n_head*head_dim], [n_head_kv*head_dim] x 2, [n_head*head_dim] */
+    tm_act attn_out;         /* [n_embd] */
+    tm_act router_logits;    /* [n_expert] */
+    tm_act topk_ids, topk_w; /* [k] */
+    tm_act ffn_out;          /* [n_embd]: the experts' sum, when intermediates are named */
+    tm_act logits;           /* [n_vocab] */
+} qwen3moe_state;
+
+/* Logits rows the GPU holds at a time (a whole batch's would be n_batch x n_vocab). */
+#define QWEN3MOE_LOGIT_ROWS 64
 
 static tm_status qwen3moe_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
@@ -123,226 +152,120 @@ static void qwen3moe_unload(tm_model *m) {
     m->weights = NULL;
 }
 
-/* The q, k and v products of one layer (outputs in s; s NULL: sizes only). */
-static void qwen3moe_qkv_descs(const qwen3moe_layer *L, const qwen3moe_state *s,
-                               tm_matmul_desc out[3]) {
-    const tm_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
-    float *ys[3] = {s ? s->q : NULL, s ? s->k : NULL, s ? s->v : NULL};
-    for (int i = 0; i < 3; i++)
-        out[i] = (tm_matmul_desc){ws[i]->type, ws[i]->ne[1], ws[i]->data, ws[i]->row_bytes, ys[i]};
-}
-
-/* q, k, v = Wq h, Wk h, Wv h: they share h, so one pool job covers all three. */
-static void qwen3moe_qkv(tm_context *ctx, const qwen3moe_layer *L, int64_t n_tok) {
-    qwen3moe_state *s = ctx->state;
-    if (ctx->params.precise) {
-        model_matmul(ctx, &L->wq, s->h, n_tok, s->q, s->act);
-        model_matmul(ctx, &L->wk, s->h, n_tok, s->k, s->act);
-        model_matmul(ctx, &L->wv, s->h, n_tok, s->v, s->act);
-        return;
-    }
-    tm_matmul_desc qkv[3];
-    qwen3moe_qkv_descs(L, s, qkv);
-    cpu_matmul_multi(ctx->pool, 3, qkv, ctx->model->cfg.n_embd, s->h, n_tok, s->act);
-}
-
 static tm_status qwen3moe_state_create(tm_context *ctx) {
     const tm_model_config *c = &ctx->model->cfg;
-    const qwen3moe_weights *w = ctx->model->weights;
-    const int64_t B = ctx->params.n_batch, E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
-                  KV = (int64_t)c->n_head_kv * c->head_dim;
+    qwen3moe_weights *w = ctx->model->weights;
+    tm_exec *e = ctx->exec;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
+                  KV = (int64_t)c->n_head_kv * c->head_dim, K = c->n_expert_used;
     qwen3moe_state *s = calloc(1, sizeof(*s));
     if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     ctx->state = s;
-    /* activation scratch: the largest quantized input of any product */
-    size_t act = model_matmul_scratch_bytes(&w->output, B);
+    tm_status st;
+    if ((st = exec_act_create(e, &s->x, "x", E, false, 0)) ||
+        (st = exec_act_create(e, &s->h, "h", E, false, 0)) ||
+        (st = exec_act_create(e, &s->q, "q", Q, false, 0)) ||
+        (st = exec_act_create(e, &s->k, "k", KV, false, 0)) ||
+        (st = exec_act_create(e, &s->v, "v", KV, false, 0)) ||
+        (st = exec_act_create(e, &s->att, "att", Q, false, 0)) ||
+        (st = exec_act_create(e, &s->attn_out, "attn_out", E, false, 0)) ||
+        (st = exec_act_create(e, &s->router_logits, "router_logits", c->n_expert, false, 0)) ||
+        (st = exec_act_create(e, &s->topk_ids, "topk_ids", K, true, 0)) ||
+        (st = exec_act_create(e, &s->topk_w, "topk_weights", K, false, 0)) ||
+        (st = exec_act_create(e, &s->ffn_out, "ffn_out", E, false, 0)) ||
+        (st = exec_act_create(e, &s->logits, "logits", c->n_vocab, false, QWEN3MOE_LOGIT_ROWS)))
+        return st;
+    for (uint32_t l = 0; l < c->n_layer; l++) { /* q, k and v share their input */
+        const qwen3moe_layer *L = &w->layers[l];
+        if ((st = exec_weight_group(e, 3, (const tm_weight *const[]){&L->wq, &L->wk, &L->wv})))
+            return st;
+    }
+    const tm_attn_desc shape = {c->n_head, c->n_head_kv, c->head_dim, 0, 0, 0, NULL, NULL};
+    if ((st = exec_attention_setup(e, c->n_layer, ctx->placement.layer_dev, &shape)) ||
+        (st = exec_finalize(e)))
+        return st;
+    ctx->logits = s->logits.host;
+
+    tm_tier_layer *tl = calloc(c->n_layer, sizeof(*tl));
+    if (!tl) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const qwen3moe_layer *L = &w->layers[l];
-        const tm_weight *ws[] = {&L->wo, &L->router};
-        for (size_t i = 0; i < 2; i++) {
-            size_t b = model_matmul_scratch_bytes(ws[i], B);
-            act = b > act ? b : act;
-        }
-        tm_matmul_desc qkv[3];
-        qwen3moe_qkv_descs(L, NULL, qkv);
-        size_t b = cpu_matmul_multi_scratch_bytes(3, qkv, E, B);
-        act = b > act ? b : act;
+        tl[l] = (tm_tier_layer){L->experts, &L->gate_exps, &L->up_exps, &L->down_exps};
     }
-    tm_attention_shape as = {B, 0, c->n_head, c->n_head_kv, c->head_dim, 0, ctx->params.kv_type};
-    const int nth = cpu_pool_size(ctx->pool);
-    if (!(s->x = malloc(B * E * sizeof(float))) || !(s->h = malloc(B * E * sizeof(float))) ||
-        !(s->q = malloc(B * Q * sizeof(float))) || !(s->k = malloc(B * KV * sizeof(float))) ||
-        !(s->v = malloc(B * KV * sizeof(float))) || !(s->att = malloc(B * Q * sizeof(float))) ||
-        !(s->attn_out = malloc(B * E * sizeof(float))) ||
-        !(s->router_logits = malloc(B * c->n_expert * sizeof(float))) ||
-        !(s->topk_ids = malloc(B * c->n_expert_used * sizeof(int32_t))) ||
-        !(s->topk_w = malloc(B * c->n_expert_used * sizeof(float))) ||
-        !(s->moe_out = malloc(B * E * sizeof(float))) || !(s->act = malloc(act)) ||
-        !(s->rope_cos = malloc(B * c->head_dim / 2 * sizeof(float))) ||
-        !(s->rope_sin = malloc(B * c->head_dim / 2 * sizeof(float))) ||
-        !(s->attn_scratch =
-              malloc((size_t)cpu_attention_scratch_floats(&as, ctx->n_ctx, nth) * sizeof(float))))
-        return tm_error_set(TM_ERR_NOMEM, "out of memory for activations of a %lld-token batch",
-                            (long long)B);
-    tm_status st = moe_cpu_lane_create(&s->lane);
-    if (st != TM_OK) return st;
-    if (ctx->params.profile) moe_cpu_lane_profile(s->lane, &ctx->lane_stats);
-    return ctx->params.n_gpu_layers ? qwen3moe_gpu_create(ctx) : TM_OK;
+    const tm_tier_params tp = {ctx->params.moe_cache_mib, ctx->params.moe_hits, (size_t)768 << 20};
+    st = tier_create(e, &ctx->placement, c->n_layer, tl, &w->router, &tp, &ctx->tier);
+    free(tl);
+    return st;
 }
 
 static void qwen3moe_state_free(tm_context *ctx) {
-    qwen3moe_state *s = ctx->state;
-    qwen3moe_gpu_free(ctx);
-    free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->att), free(s->attn_out);
-    free(s->router_logits), free(s->topk_ids), free(s->topk_w), free(s->moe_out), free(s->act);
-    free(s->attn_scratch), free(s->rope_cos), free(s->rope_sin);
-    moe_worklist_free(&s->wl);
-    moe_cpu_lane_free(s->lane);
-    free(s);
+    free(ctx->state);
     ctx->state = NULL;
 }
 
-static void emit(tm_context *ctx, const char *name, int layer, const void *data, int64_t n_tok,
-                 int64_t n, bool is_int) {
-    if (ctx->params.cb) ctx->params.cb(ctx->params.cb_ud, name, layer, data, n_tok, n, is_int);
-}
+#define DO(call)                                                                                   \
+    do {                                                                                           \
+        tm_status st_ = (call);                                                                    \
+        if (st_ != TM_OK) return st_;                                                              \
+    } while (0)
 
-/* Per-token work of a layer, spread over the pool for prompt batches: the
- * residual add and rmsnorm of the residual stream, or q/k head norms + RoPE +
- * KV store. */
-typedef struct qwen3moe_token_job {
-    tm_context *ctx;
-    const qwen3moe_layer *L;
-    uint32_t layer;
-    const float *norm_w;   /* residual job: h = rmsnorm(x) * norm_w after the add (NULL: no norm) */
-    const float *residual; /* residual job: x += residual first (NULL: none) */
-    bool qk;               /* the q/k job instead */
-} qwen3moe_token_job;
-
-static void qwen3moe_token_task(void *ud, int64_t begin, int64_t end, int ith) {
-    const qwen3moe_token_job *j = ud;
-    tm_context *ctx = j->ctx;
+static tm_status qwen3moe_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
     const tm_model_config *c = &ctx->model->cfg;
+    const qwen3moe_layer *L = &((const qwen3moe_weights *)ctx->model->weights)->layers[l];
     qwen3moe_state *s = ctx->state;
-    const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D,
-                  KV = (int64_t)c->n_head_kv * D;
-    const size_t kv_row = (size_t)KV * (ctx->params.kv_type == TM_TYPE_F16 ? 2 : 4);
-    for (int64_t t = begin; t < end; t++) {
-        if (!j->qk) {
-            if (j->residual) cpu_axpy(s->x + t * E, 1.0f, j->residual + t * E, E);
-            if (j->norm_w) cpu_rmsnorm(s->h + t * E, s->x + t * E, j->norm_w, E, c->rms_eps);
-            continue;
-        }
-        const float *cs = s->rope_cos + t * (D / 2), *sn = s->rope_sin + t * (D / 2);
-        for (int64_t h = 0; h < c->n_head; h++) {
-            float *q = s->q + t * Q + h * D;
-            cpu_rmsnorm(q, q, (const float *)j->L->q_norm.data, D, c->rms_eps);
-            cpu_rope_neox_table(q, D, cs, sn);
-        }
-        for (int64_t h = 0; h < c->n_head_kv; h++) {
-            float *k = s->k + t * KV + h * D;
-            cpu_rmsnorm(k, k, (const float *)j->L->k_norm.data, D, c->rms_eps);
-            cpu_rope_neox_table(k, D, cs, sn);
-        }
-        const int64_t pos = ctx->n_past + t;
-        cpu_store_kv((uint8_t *)ctx->k_cache[j->layer] + (size_t)pos * kv_row, s->k + t * KV,
-                     ctx->params.kv_type, KV);
-        cpu_store_kv((uint8_t *)ctx->v_cache[j->layer] + (size_t)pos * kv_row, s->v + t * KV,
-                     ctx->params.kv_type, KV);
+    tm_exec *e = ctx->exec;
+    const float eps = c->rms_eps;
+    const tm_attn_desc attn = {
+        c->n_head, c->n_head_kv, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
+        eps,       c->rope_base, &L->q_norm,  &L->k_norm};
+
+    /* attention */
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_rmsnorm(e, &s->h, &s->x, &L->attn_norm, eps)); /* h = rmsnorm(x) * attn_norm */
+    DO(exec_part(e, TM_PROF_ATTN_PROJ));
+    DO(exec_matmul_n(e, 3, (tm_act *const[]){&s->q, &s->k, &s->v},
+                     (const tm_weight *const[]){&L->wq, &L->wk, &L->wv}, &s->h)); /* q, k, v */
+    DO(exec_part(e, TM_PROF_ATTENTION));
+    DO(exec_attention(e, l, &attn, &s->q, &s->k, &s->v, &s->att)); /* QK-norm, RoPE, softmax */
+    DO(exec_part(e, TM_PROF_ATTN_PROJ));
+    DO(exec_matmul(e, &s->attn_out, &L->wo, &s->att));
+    DO(exec_emit(e, "attn_out", (int)l, &s->attn_out, n_tok));
+
+    /* mixture of experts */
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_add_rmsnorm(e, &s->x, &s->attn_out, &s->h, &L->ffn_norm, eps)); /* x += Wo att;
+                                                                              h = rmsnorm(x) * ffn_norm */
+    DO(exec_part(e, TM_PROF_ROUTER));
+    DO(exec_matmul(e, &s->router_logits, &L->router, &s->h)); /* W_router h */
+    DO(exec_part(e, TM_PROF_EXPERTS));
+    DO(tier_moe(ctx->tier, l, &s->router_logits, &s->h, &s->topk_ids, &s->topk_w, &s->x,
+                &s->ffn_out)); /* x += Σ_k p_k · down_k(silu(gate_k h) ⊙ up_k h) */
+    if (exec_emitting(e)) {
+        DO(exec_emit(e, "router_logits", (int)l, &s->router_logits, n_tok));
+        DO(exec_emit(e, "topk_ids", (int)l, &s->topk_ids, n_tok));
+        DO(exec_emit(e, "topk_weights", (int)l, &s->topk_w, n_tok));
+        DO(exec_emit(e, "ffn_out", (int)l, &s->ffn_out, n_tok));
+        DO(exec_emit(e, "x_out", (int)l, &s->x, n_tok));
     }
-    (void)ith;
+    return TM_OK;
 }
 
-static void qwen3moe_tokens_run(tm_context *ctx, qwen3moe_token_job *j, int64_t n_tok) {
-    if (n_tok == 1)
-        qwen3moe_token_task(j, 0, 1, 0); /* not worth waking the pool */
-    else
-        cpu_pool_for(ctx->pool, n_tok, 1, qwen3moe_token_task, j);
-}
-
-static tm_status qwen3moe_forward(tm_context *ctx, const int32_t *tokens, int64_t n_tok,
-                                  tm_moe_phase phase, bool all_logits) {
+static tm_status qwen3moe_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {
     const tm_model_config *c = &ctx->model->cfg;
     const qwen3moe_weights *w = ctx->model->weights;
     qwen3moe_state *s = ctx->state;
-    const int64_t E = c->n_embd, D = c->head_dim, H = c->n_head, HKV = c->n_head_kv;
-    const int64_t pos0 = ctx->n_past;
-    const tm_type kv_type = ctx->params.kv_type;
-    uint64_t t0 = tm_time_ns(), t1 = t0;
-    tm_status st;
+    tm_exec *e = ctx->exec;
 
-    for (int64_t t = 0; t < n_tok;
-         t++) /* RoPE angles of this chunk, shared by every layer and head */
-        cpu_rope_table(s->rope_cos + t * (D / 2), s->rope_sin + t * (D / 2), D, pos0 + t,
-                       c->rope_base);
+    DO(exec_embed(e, &s->x, &w->token_embd)); /* x = token_embd[tok] */
+    for (uint32_t l = 0; l < c->n_layer; l++) DO(qwen3moe_layer_forward(ctx, l, n_tok));
 
-    if (ctx->n_gpu_layers) { /* the first layers (and maybe the output) on the GPU */
-        if ((st = qwen3moe_gpu_forward(ctx, tokens, n_tok, all_logits, s->x))) return st;
-        if (ctx->gpu_output) return TM_OK;
-    } else {
-        for (int64_t t = 0; t < n_tok; t++) /* x = token_embd[tok] */
-            quant_row_dequantize(w->token_embd.type,
-                                 w->token_embd.data + (size_t)tokens[t] * w->token_embd.row_bytes,
-                                 s->x + t * E, E);
-        model_prof_add(ctx, TM_PROF_EMBED, t0, t1 = tm_time_ns());
-    }
-
-    for (uint32_t l = (uint32_t)ctx->n_gpu_layers; l < c->n_layer; l++) {
-        const qwen3moe_layer *L = &w->layers[l];
-
-        /* attention */
-        t0 = tm_time_ns();
-        qwen3moe_token_job norm_job = {ctx, L, l, (const float *)L->attn_norm.data, NULL, false};
-        qwen3moe_tokens_run(ctx, &norm_job, n_tok);
-        model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
-        qwen3moe_qkv(ctx, L, n_tok);
-        model_prof_add(ctx, TM_PROF_ATTN_PROJ, t1, t0 = tm_time_ns());
-        qwen3moe_token_job qk_job = {ctx, L, l, NULL, NULL, true};
-        qwen3moe_tokens_run(ctx, &qk_job, n_tok);
-        model_prof_add(ctx, TM_PROF_NORM, t0, t1 = tm_time_ns());
-        tm_attention_shape as = {n_tok, pos0, H, HKV, D, 1.0f / sqrtf((float)D), kv_type};
-        cpu_attention(ctx->pool, &as, s->q, ctx->k_cache[l], ctx->v_cache[l], s->att,
-                      s->attn_scratch);
-        model_prof_add(ctx, TM_PROF_ATTENTION, t1, t0 = tm_time_ns());
-        model_matmul(ctx, &L->wo, s->att, n_tok, s->attn_out, s->act);
-        model_prof_add(ctx, TM_PROF_ATTN_PROJ, t0, t1 = tm_time_ns());
-        emit(ctx, "attn_out", (int)l, s->attn_out, n_tok, E, false);
-
-        /* mixture of experts */
-        qwen3moe_token_job ffn_norm_job = {ctx,         L,    l, (const float *)L->ffn_norm.data,
-                                           s->attn_out, false};
-        qwen3moe_tokens_run(ctx, &ffn_norm_job,
-                            n_tok); /* x += attn_out; h = rmsnorm(x) * ffn_norm */
-        model_prof_add(ctx, TM_PROF_NORM, t1, t0 = tm_time_ns());
-        model_matmul(ctx, &L->router, s->h, n_tok, s->router_logits, s->act);
-        moe_router_select(ctx->pool, &w->router, s->router_logits, n_tok, s->topk_ids, s->topk_w);
-        if ((st = moe_worklist_build(&s->wl, s->topk_ids, s->topk_w, n_tok, c->n_expert,
-                                     c->n_expert_used, phase)))
-            return st;
-        model_prof_add(ctx, TM_PROF_ROUTER, t0, t1 = tm_time_ns());
-        emit(ctx, "router_logits", (int)l, s->router_logits, n_tok, c->n_expert, false);
-        emit(ctx, "topk_ids", (int)l, s->topk_ids, n_tok, c->n_expert_used, true);
-        emit(ctx, "topk_weights", (int)l, s->topk_w, n_tok, c->n_expert_used, false);
-        memset(s->moe_out, 0, (size_t)(n_tok * E) * sizeof(float));
-        if ((st = moe_cpu_lane_run(s->lane, ctx->pool, &L->experts, &s->wl, 0, s->wl.n_slots, s->h,
-                                   s->moe_out, ctx->params.precise)))
-            return st;
-        qwen3moe_token_job residual_job = {ctx, L, l, NULL, s->moe_out, false};
-        qwen3moe_tokens_run(ctx, &residual_job, n_tok); /* x += moe_out */
-        model_prof_add(ctx, TM_PROF_EXPERTS, t1, t0 = tm_time_ns());
-        emit(ctx, "ffn_out", (int)l, s->moe_out, n_tok, E, false);
-        emit(ctx, "x_out", (int)l, s->x, n_tok, E, false);
-    }
-
-    /* output: logits of the last token, or of all */
-    t0 = tm_time_ns();
-    const int64_t first = all_logits ? 0 : n_tok - 1, n_out = n_tok - first;
-    for (int64_t t = first; t < n_tok; t++)
-        cpu_rmsnorm(s->h + (t - first) * E, s->x + t * E, (const float *)w->output_norm.data, E,
-                    c->rms_eps);
-    model_matmul(ctx, &w->output, s->h, n_out, ctx->logits, s->act);
-    model_prof_add(ctx, TM_PROF_OUTPUT, t0, tm_time_ns());
-    emit(ctx, "logits", -1, ctx->logits, n_out, c->n_vocab, false);
+    /* logits = W_out · (rmsnorm(x) * output_norm), of the last token or of all */
+    const int64_t first = all_logits ? 0 : n_tok - 1;
+    DO(exec_part(e, TM_PROF_OUTPUT));
+    DO(exec_rmsnorm(e, &s->h, &s->x, &w->output_norm, c->rms_eps));
+    DO(exec_matmul_rows(e, &s->logits, &w->output, &s->h, first, n_tok - first));
+    DO(exec_fetch(e, &s->logits, n_tok - first));
+    DO(exec_emit(e, "logits", -1, &s->logits, n_tok - first));
     return TM_OK;
 }
 

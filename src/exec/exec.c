@@ -1,0 +1,577 @@
+/* The executor: dispatch of each op to the side its weight lives on, the
+ * residency of activations (copies only where the side changes), steps
+ * (eager or a captured CUDA graph) and host tasks. See exec.h and
+ * docs/executor.md. */
+#include "exec/exec_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/timing.h"
+
+const char *const tm_dev_names[TM_DEV_COUNT] = {"CPU", "CUDA0"};
+
+const char *const tm_prof_part_names[TM_PROF_COUNT] = {
+    "embed", "norms+rope", "attn proj", "attention", "router", "experts", "output",
+};
+
+static const exec_ops *const exec_side_ops[TM_DEV_COUNT] = {&exec_cpu_ops, &exec_gpu_ops};
+
+tm_status exec_grow(void **p, int *cap, int n, size_t size) {
+    if (n <= *cap) return TM_OK;
+    const int c = n > 2 * *cap ? n : 2 * *cap;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q) return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+    *p = q, *cap = c;
+    return TM_OK;
+}
+
+/* ---- setup ---- */
+
+tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
+    *out = NULL;
+    tm_exec *e = calloc(1, sizeof(*e));
+    if (!e) {
+        cuda_device_close(p->gpu);
+        return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+    }
+    e->p = *p;
+    e->gpu = p->gpu;
+    e->n_tensors = (uint32_t)p->file->n_tensors;
+    e->tensor_dev = malloc(e->n_tensors ? e->n_tensors : 1);
+    e->wdev = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->wdev));
+    if (!e->tensor_dev || !e->wdev) {
+        exec_free(e);
+        return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+    }
+    memcpy(e->tensor_dev, p->tensor_dev, e->n_tensors);
+    e->rope_pos = -1;
+    if (e->gpu) e->stream = cuda_device_stream(e->gpu);
+    const char *graph = getenv("TIERMOE_CUDA_GRAPH");
+    e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
+    *out = e;
+    return TM_OK;
+}
+
+static void exec_act_release(tm_exec *e, tm_act *a) {
+    if (e->gpu)
+        cuda_host_free(a->host);
+    else
+        free(a->host);
+    a->host = a->dev = a->dev_own = NULL;
+}
+
+void exec_free(tm_exec *e) {
+    if (!e) return;
+    if (e->gpu) cuda_stream_sync(e->stream); /* nothing in flight may outlive its buffers */
+    for (int i = 0; i < e->n_acts; i++) exec_act_release(e, e->acts[i]);
+    exec_cpu_free(e);
+    exec_gpu_free(e);
+    if (e->k_cache)
+        for (uint32_t l = 0; l < e->n_layer; l++)
+            if (e->layer_dev[l] == TM_DEV_CPU) free(e->k_cache[l]), free(e->v_cache[l]);
+    free(e->k_cache), free(e->v_cache), free(e->layer_dev);
+    free(e->acts), free(e->groups), free(e->pre), free(e->post);
+    free(e->tensor_dev), free(e->wdev);
+    free(e);
+}
+
+tm_status exec_act_create(tm_exec *e, tm_act *a, const char *name, int64_t n, bool is_int,
+                          int64_t dev_rows) {
+    memset(a, 0, sizeof(*a));
+    const int64_t rows = e->p.n_batch;
+    a->name = name, a->n = n, a->rows = rows, a->is_int = is_int;
+    a->dev_rows = dev_rows > 0 && dev_rows < rows ? dev_rows : rows;
+    const size_t bytes = (size_t)(rows * n) * 4;
+    tm_status st = exec_grow((void **)&e->acts, &e->cap_acts, e->n_acts + 1, sizeof(*e->acts));
+    if (st != TM_OK) return st;
+    if (e->gpu) {
+        if ((st = cuda_host_alloc(bytes, &a->host)) != TM_OK) return st;
+    } else if (!(a->host = malloc(bytes ? bytes : 4))) {
+        return tm_error_set(TM_ERR_NOMEM, "out of memory for activation '%s' (%lld x %lld)", name,
+                            (long long)rows, (long long)n);
+    }
+    e->acts[e->n_acts++] = a;
+    return TM_OK;
+}
+
+tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws) {
+    if (n < 1 || n > CPU_MATMUL_MAX)
+        return tm_error_set(TM_ERR_ARG, "exec_weight_group: %d matrices (1..%d)", n,
+                            CPU_MATMUL_MAX);
+    tm_status st =
+        exec_grow((void **)&e->groups, &e->cap_groups, e->n_groups + 1, sizeof(*e->groups));
+    if (st != TM_OK) return st;
+    exec_group *g = &e->groups[e->n_groups++];
+    memset(g, 0, sizeof(*g));
+    g->n = n;
+    for (int i = 0; i < n; i++) g->ws[i] = ws[i], g->rows += ws[i]->ne[1];
+    return TM_OK;
+}
+
+tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
+                               const tm_attn_desc *shape) {
+    e->n_layer = n_layer;
+    e->attn_shape = *shape;
+    e->kv_bytes = (size_t)e->p.n_ctx * (size_t)(shape->n_head_kv * shape->head_dim) *
+                  (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+    e->layer_dev = malloc(n_layer ? n_layer : 1);
+    e->k_cache = calloc(n_layer ? n_layer : 1, sizeof(void *));
+    e->v_cache = calloc(n_layer ? n_layer : 1, sizeof(void *));
+    if (!e->layer_dev || !e->k_cache || !e->v_cache)
+        return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+    memcpy(e->layer_dev, layer_dev, n_layer);
+    for (uint32_t l = 0; l < n_layer; l++) {
+        if (layer_dev[l] == TM_DEV_GPU && !e->gpu)
+            return tm_error_set(TM_ERR_ARG, "layer %u placed on a GPU the context does not have",
+                                l);
+        if (layer_dev[l] != TM_DEV_CPU) continue; /* the GPU's at exec_finalize */
+        if (!(e->k_cache[l] = malloc(e->kv_bytes)) || !(e->v_cache[l] = malloc(e->kv_bytes)))
+            return tm_error_set(TM_ERR_NOMEM,
+                                "out of memory for the KV cache of layer %u (%.1f MiB)", l,
+                                2.0 * e->kv_bytes / 1048576.0);
+    }
+    return TM_OK;
+}
+
+tm_status exec_finalize(tm_exec *e) {
+    tm_status st = exec_cpu_finalize(e);
+    if (st == TM_OK && e->gpu) st = exec_gpu_finalize(e);
+    return st;
+}
+
+/* ---- residency ---- */
+
+static void *exec_at(const tm_act *a, tm_dev d) {
+    return d == TM_DEV_GPU ? a->dev : a->host;
+}
+
+void exec_act_wrote(tm_act *a, tm_dev d) {
+    a->valid = 1u << d;
+}
+
+/* A captured step cannot wait for the stream or run CPU ops: mark the
+ * capture failed and unwind (exec_step reruns the step eagerly). */
+static tm_status exec_not_capturable(tm_exec *e, const char *what) {
+    e->capture_failed = true;
+    return tm_error_set(TM_ERR_UNSUPPORTED, "a captured decode step cannot %s", what);
+}
+
+tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
+    if (exec_act_on(a, d)) return TM_OK;
+    if (!a->valid)
+        return tm_error_set(TM_ERR_ARG, "activation '%s' is read before anything wrote it",
+                            a->name);
+    if (n_rows > a->dev_rows)
+        return tm_error_set(TM_ERR_ARG,
+                            "activation '%s': %lld rows wanted on the GPU, its buffer holds %lld",
+                            a->name, (long long)n_rows, (long long)a->dev_rows);
+    const size_t bytes = (size_t)(n_rows * a->n) * 4;
+    tm_status st;
+    if (d == TM_DEV_GPU) { /* pinned host -> device, queued */
+        if (a->dev != a->dev_own) a->dev = a->dev_own;
+        if ((st = cuda_copy_async(a->dev, a->host, bytes, e->stream))) return st;
+    } else { /* device -> host: the host reads it next, so wait */
+        if (e->capturing) return exec_not_capturable(e, "bring an activation to the host");
+        if ((st = cuda_copy_async(a->host, a->dev, bytes, e->stream)) || (st = exec_sync(e)))
+            return st;
+    }
+    a->valid |= 1u << d;
+    return TM_OK;
+}
+
+/* Check that side d can run an op now. */
+static tm_status exec_side(tm_exec *e, tm_dev d) {
+    if (d == TM_DEV_CPU && e->capturing) return exec_not_capturable(e, "run a CPU op");
+    if (d == TM_DEV_GPU && !e->gpu)
+        return tm_error_set(TM_ERR_ARG, "an op is placed on a GPU the context does not have");
+    return TM_OK;
+}
+
+tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w) {
+    return (tm_dev)e->tensor_dev[w->id];
+}
+
+const void *exec_weight_dev(const tm_exec *e, const tm_weight *w) {
+    return e->wdev ? e->wdev[w->id] : NULL;
+}
+
+exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d) {
+    return (exec_matrix){d == TM_DEV_GPU ? e->wdev[w->id] : w->data, w->type, w->row_bytes,
+                         w->ne[0], w->ne[1] * w->ne[2] * w->ne[3]};
+}
+
+static const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d) {
+    if (!w) return NULL;
+    return d == TM_DEV_GPU ? e->wdev[w->id] : (const float *)w->data;
+}
+
+static void exec_prof_charge(tm_exec *e, uint64_t now);
+
+/* ---- host tasks ---- */
+
+static void exec_task_run(tm_exec *e, exec_task t) {
+    const tm_status st = t.fn(t.ud);
+    if (st != TM_OK && e->task_status == TM_OK) {
+        e->task_status = st;
+        snprintf(e->task_msg, sizeof(e->task_msg), "%s", tm_error_message());
+    }
+}
+
+static void exec_pending_run(tm_exec *e) {
+    const exec_task t = e->pending;
+    if (!t.fn) return;
+    e->pending = (exec_task){0};
+    exec_task_run(e, t);
+}
+
+static tm_status exec_record(exec_task **list, int *n, int *cap, tm_exec_task_fn fn, void *ud) {
+    tm_status st = exec_grow((void **)list, cap, *n + 1, sizeof(**list));
+    if (st == TM_OK) (*list)[(*n)++] = (exec_task){fn, ud};
+    return st;
+}
+
+tm_status exec_host_task(tm_exec *e, tm_exec_task_fn fn, void *ud) {
+    if (e->capturing) return exec_record(&e->post, &e->n_post, &e->cap_post, fn, ud);
+    exec_pending_run(e);
+    if (e->p.profile) /* per-part times stay clean: no overlap with the next layer's ops */
+        exec_task_run(e, (exec_task){fn, ud});
+    else
+        e->pending = (exec_task){fn, ud};
+    return TM_OK;
+}
+
+void exec_step_check(tm_exec *e, tm_exec_task_fn fn, void *ud) {
+    e->check = (exec_task){fn, ud};
+}
+
+/* The step's last wait, then the step check. */
+static tm_status exec_step_end(tm_exec *e) {
+    tm_status st = exec_sync(e);
+    if (e->check.fn) {
+        const tm_status c = e->check.fn(e->check.ud);
+        if (st == TM_OK) st = c;
+    }
+    exec_prof_charge(e, tm_time_ns());
+    return st;
+}
+
+tm_status exec_sync(tm_exec *e) {
+    if (e->capturing) return exec_not_capturable(e, "wait for the stream");
+    exec_pending_run(e);
+    tm_status st = e->gpu ? cuda_stream_sync(e->stream) : TM_OK;
+    if (st == TM_OK && e->task_status != TM_OK)
+        st = tm_error_set(e->task_status, "%s", e->task_msg);
+    return st;
+}
+
+/* ---- steps ---- */
+
+static void exec_prof_charge(tm_exec *e, uint64_t now) {
+    e->prof_ns[e->part] += now - e->part_t0;
+    e->part_t0 = now;
+}
+
+tm_status exec_part(tm_exec *e, tm_prof_part part) {
+    if (e->capturing) {
+        e->part = part;
+        return TM_OK;
+    }
+    if (e->p.profile && e->gpu) {
+        tm_status st = exec_sync(e);
+        if (st != TM_OK) return st;
+    }
+    exec_prof_charge(e, tm_time_ns());
+    e->part = part;
+    return TM_OK;
+}
+
+const uint64_t *exec_prof_ns(const tm_exec *e) {
+    return e->prof_ns;
+}
+
+static tm_status exec_embed_rows(void *ud) {
+    tm_exec *e = ud;
+    const tm_weight *w = e->embed_w;
+    float *x = e->embed_x->host;
+    for (int64_t t = 0; t < e->n_tok; t++)
+        quant_row_dequantize(w->type, w->data + (size_t)e->tokens[t] * w->row_bytes,
+                             x + t * e->embed_x->n, e->embed_x->n);
+    return TM_OK;
+}
+
+tm_status exec_embed(tm_exec *e, tm_act *x, const tm_weight *embd) {
+    e->embed_x = x, e->embed_w = embd;
+    exec_act_wrote(x, TM_DEV_CPU);
+    if (e->capturing) /* each replay looks its token up before the launch */
+        return exec_record(&e->pre, &e->n_pre, &e->cap_pre, exec_embed_rows, e);
+    return exec_embed_rows(e);
+}
+
+static void exec_step_reset(tm_exec *e) {
+    for (int i = 0; i < e->n_acts; i++)
+        e->acts[i]->valid = 0, e->acts[i]->dev = e->acts[i]->dev_own;
+    e->task_status = TM_OK;
+    e->pending = (exec_task){0};
+}
+
+static tm_status exec_step_info(tm_exec *e) {
+    if (!e->gpu) return TM_OK;
+    return cuda_copy_async(e->step_dev, e->step_host, 2 * sizeof(int32_t), e->stream);
+}
+
+/* Replay the captured decode step: its embedding before the launch, its host
+ * tasks (in order) while it runs. */
+static tm_status exec_replay(tm_exec *e) {
+    for (int i = 0; i < e->n_pre; i++) exec_task_run(e, e->pre[i]);
+    tm_status st = cuda_graph_launch(e->graph, e->stream);
+    if (st != TM_OK) return st;
+    for (int i = 0; i < e->n_post; i++) exec_task_run(e, e->post[i]);
+    return exec_step_end(e);
+}
+
+/* Capture the step's forward as a graph. *captured false: it cannot be
+ * captured (a CPU op, a wait for the stream), nothing ran, run it eagerly. */
+static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, bool *captured) {
+    *captured = false;
+    e->n_pre = e->n_post = 0;
+    e->capture_failed = false;
+    tm_status st = cuda_graph_begin(e->stream);
+    if (st != TM_OK) return st;
+    e->capturing = true;
+    st = exec_step_info(e);
+    if (st == TM_OK) st = forward(ud);
+    e->capturing = false;
+    tm_cuda_graph *g = NULL;
+    const tm_status end = cuda_graph_end(e->stream, st == TM_OK && !e->capture_failed, &g);
+    if (e->capture_failed || end != TM_OK) {
+        tm_log_info("decode step not captured as a CUDA graph (%s): decoding without one",
+                    e->capture_failed ? tm_error_message() : "capture failed");
+        e->graph_off = true;
+        exec_step_reset(e);
+        return TM_OK;
+    }
+    if (st != TM_OK) return st;
+    e->graph = g;
+    *captured = true;
+    return TM_OK;
+}
+
+tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t pos,
+                    tm_moe_phase phase, tm_exec_forward_fn forward, void *ud) {
+    e->tokens = tokens, e->n_tok = n_tok, e->pos = pos, e->phase = phase;
+    e->seq++;
+    if (e->step_host) e->step_host[0] = (int32_t)pos, e->step_host[1] = (int32_t)e->seq;
+    exec_step_reset(e);
+    e->part = TM_PROF_EMBED, e->part_t0 = tm_time_ns();
+    tm_status st;
+    const bool graph = e->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE && n_tok == 1 &&
+                       !e->p.cb && !e->p.profile;
+    if (graph && !e->graph) {
+        bool captured;
+        if ((st = exec_capture(e, forward, ud, &captured)) != TM_OK) return st;
+        if (captured) return exec_replay(e);
+    } else if (graph) {
+        return exec_replay(e);
+    }
+    if ((st = exec_step_info(e)) == TM_OK) st = forward(ud);
+    const tm_status end = exec_step_end(e); /* also when forward failed: leave nothing in flight */
+    return st != TM_OK ? st : end;
+}
+
+bool exec_graph_ready(const tm_exec *e) {
+    return e->graph != NULL;
+}
+int64_t exec_n_tok(const tm_exec *e) {
+    return e->n_tok;
+}
+int64_t exec_n_batch(const tm_exec *e) {
+    return e->p.n_batch;
+}
+int64_t exec_pos(const tm_exec *e) {
+    return e->pos;
+}
+tm_moe_phase exec_phase(const tm_exec *e) {
+    return e->phase;
+}
+const int32_t *exec_tokens(const tm_exec *e) {
+    return e->tokens;
+}
+const uint32_t *exec_step_seq_dev(const tm_exec *e) {
+    return (const uint32_t *)(e->step_dev + 1);
+}
+uint32_t exec_step_seq(const tm_exec *e) {
+    return e->seq;
+}
+tm_pool *exec_pool(tm_exec *e) {
+    return e->p.pool;
+}
+bool exec_precise(const tm_exec *e) {
+    return e->p.precise;
+}
+bool exec_profiling(const tm_exec *e) {
+    return e->p.profile;
+}
+bool exec_capturing(const tm_exec *e) {
+    return e->capturing;
+}
+tm_cuda_device *exec_gpu(tm_exec *e) {
+    return e->gpu;
+}
+tm_cuda_stream exec_stream(tm_exec *e) {
+    return e->stream;
+}
+tm_cuda_blas *exec_blas(tm_exec *e) {
+    return e->blas;
+}
+bool exec_emitting(const tm_exec *e) {
+    return e->p.cb != NULL;
+}
+
+/* ---- ops ---- */
+
+tm_status exec_rmsnorm(tm_exec *e, tm_act *y, tm_act *x, const tm_weight *w, float eps) {
+    const tm_dev d = exec_weight_home(e, w);
+    tm_status st;
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
+        (st = exec_side_ops[d]->rmsnorm(e, exec_at(y, d), exec_at(x, d), exec_vector(e, w, d),
+                                        e->n_tok, x->n, eps)))
+        return st;
+    exec_act_wrote(y, d);
+    return TM_OK;
+}
+
+tm_status exec_add_rmsnorm(tm_exec *e, tm_act *x, tm_act *a, tm_act *h, const tm_weight *w,
+                           float eps) {
+    const tm_dev d = exec_weight_home(e, w);
+    tm_status st;
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
+        (st = exec_act_to(e, a, d, e->n_tok)) ||
+        (st = exec_side_ops[d]->add_rmsnorm(e, exec_at(x, d), exec_at(a, d), exec_at(h, d),
+                                            exec_vector(e, w, d), e->n_tok, x->n, eps)))
+        return st;
+    exec_act_wrote(x, d), exec_act_wrote(h, d);
+    return TM_OK;
+}
+
+/* y rows [0, n) = W x rows [first, first + n), on side d. A GPU output whose
+ * device buffer holds fewer rows goes in chunks through it to the host. */
+static tm_status exec_product(tm_exec *e, tm_dev d, const exec_matrix *m, tm_act *x, int64_t first,
+                              int64_t n, tm_act *y) {
+    tm_status st;
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, first + n))) return st;
+    const float *xs = (const float *)exec_at(x, d) + first * x->n;
+    if (d == TM_DEV_CPU || n <= y->dev_rows) {
+        if ((st = exec_side_ops[d]->matmul(e, m, xs, n, exec_at(y, d)))) return st;
+        exec_act_wrote(y, d);
+        return TM_OK;
+    }
+    for (int64_t r = 0; r < n; r += y->dev_rows) {
+        const int64_t c = n - r < y->dev_rows ? n - r : y->dev_rows;
+        if ((st = exec_gpu_ops.matmul(e, m, xs + r * x->n, c, y->dev_own)) ||
+            (st = cuda_copy_async((float *)y->host + r * y->n, y->dev_own, (size_t)(c * y->n) * 4,
+                                  e->stream)))
+            return st;
+    }
+    if ((st = exec_sync(e))) return st;
+    exec_act_wrote(y, TM_DEV_CPU);
+    return TM_OK;
+}
+
+tm_status exec_matmul(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x) {
+    const tm_dev d = exec_weight_home(e, w);
+    const exec_matrix m = exec_matrix_of(e, w, d);
+    return exec_product(e, d, &m, x, 0, e->n_tok, y);
+}
+
+tm_status exec_matmul_rows(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x, int64_t first,
+                           int64_t n) {
+    if (first < 0 || n < 1 || first + n > e->n_tok)
+        return tm_error_set(TM_ERR_ARG, "exec_matmul_rows: rows [%lld, %lld) of %lld",
+                            (long long)first, (long long)(first + n), (long long)e->n_tok);
+    const tm_dev d = exec_weight_home(e, w);
+    const exec_matrix m = exec_matrix_of(e, w, d);
+    return exec_product(e, d, &m, x, first, n, y);
+}
+
+static const exec_group *exec_group_find(const tm_exec *e, int n, const tm_weight *const *ws) {
+    for (int g = 0; g < e->n_groups; g++) {
+        const exec_group *gr = &e->groups[g];
+        bool same = gr->n == n;
+        for (int i = 0; same && i < n; i++) same = gr->ws[i] == ws[i];
+        if (same) return gr;
+    }
+    return NULL;
+}
+
+tm_status exec_matmul_n(tm_exec *e, int n, tm_act *const *ys, const tm_weight *const *ws,
+                        tm_act *x) {
+    const tm_dev d = exec_weight_home(e, ws[0]);
+    bool one_side = n <= CPU_MATMUL_MAX;
+    for (int i = 1; i < n && one_side; i++) one_side = exec_weight_home(e, ws[i]) == d;
+    if (!one_side || (d == TM_DEV_CPU && e->p.precise)) { /* each where it lives */
+        for (int i = 0; i < n; i++) {
+            tm_status st = exec_matmul(e, ys[i], ws[i], x);
+            if (st != TM_OK) return st;
+        }
+        return TM_OK;
+    }
+    tm_status st;
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok))) return st;
+    const exec_group *g = d == TM_DEV_GPU && e->n_tok == 1 ? exec_group_find(e, n, ws) : NULL;
+    if (g && g->stack) { /* one launch over the stacked rows; the outputs are slices of one row */
+        const exec_matrix m = {g->stack, ws[0]->type, ws[0]->row_bytes, ws[0]->ne[0], g->rows};
+        if ((st = exec_gpu_ops.matmul(e, &m, x->dev, 1, g->out))) return st;
+        int64_t off = 0;
+        for (int i = 0; i < n; i++) {
+            ys[i]->dev = g->out + off;
+            off += ws[i]->ne[1];
+            exec_act_wrote(ys[i], TM_DEV_GPU);
+        }
+        return TM_OK;
+    }
+    exec_matrix ms[CPU_MATMUL_MAX];
+    float *out[CPU_MATMUL_MAX];
+    for (int i = 0; i < n; i++) ms[i] = exec_matrix_of(e, ws[i], d), out[i] = exec_at(ys[i], d);
+    if ((st = exec_side_ops[d]->matmul_n(e, n, ms, exec_at(x, d), e->n_tok, out))) return st;
+    for (int i = 0; i < n; i++) exec_act_wrote(ys[i], d);
+    return TM_OK;
+}
+
+tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
+                         tm_act *v, tm_act *out) {
+    if (layer >= e->n_layer)
+        return tm_error_set(TM_ERR_ARG, "exec_attention: layer %u of %u", layer, e->n_layer);
+    const tm_dev d = (tm_dev)e->layer_dev[layer];
+    tm_status st;
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, q, d, e->n_tok)) ||
+        (st = exec_act_to(e, k, d, e->n_tok)) || (st = exec_act_to(e, v, d, e->n_tok)))
+        return st;
+    const exec_attn at = {a, exec_vector(e, a->q_norm, d), exec_vector(e, a->k_norm, d),
+                          e->k_cache[layer], e->v_cache[layer]};
+    if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d), exec_at(v, d),
+                                          exec_at(out, d), e->n_tok)))
+        return st;
+    exec_act_wrote(q, d), exec_act_wrote(out, d);
+    k->valid = 0; /* consumed (the CPU norms and rotates it in place) */
+    return TM_OK;
+}
+
+tm_status exec_emit(tm_exec *e, const char *name, int layer, tm_act *a, int64_t n_rows) {
+    if (!e->p.cb) return TM_OK;
+    tm_status st = exec_act_to(e, a, TM_DEV_CPU, n_rows);
+    if (st != TM_OK) return st;
+    e->p.cb(e->p.cb_ud, name, layer, a->host, n_rows, a->n, a->is_int);
+    return TM_OK;
+}
+
+tm_status exec_fetch(tm_exec *e, tm_act *a, int64_t n_rows) {
+    if (exec_act_on(a, TM_DEV_CPU)) return TM_OK;
+    if (!exec_act_on(a, TM_DEV_GPU))
+        return tm_error_set(TM_ERR_ARG, "activation '%s' is fetched before anything wrote it",
+                            a->name);
+    /* the step's final wait makes it valid on the host */
+    return cuda_copy_async(a->host, a->dev, (size_t)(n_rows * a->n) * 4, e->stream);
+}

@@ -1,0 +1,227 @@
+/* The executor: runs an architecture's ops where their weights live, and
+ * moves activations only where the side changes (docs/executor.md).
+ *
+ * An architecture file describes a step as a sequence of ops on activations
+ * (tm_act) and weights (tm_weight). Each weight has one home, CPU or GPU,
+ * given by the placement (src/tier/placement.h) as one byte per tensor of the
+ * file. An op with a matrix weight runs at that weight's home; RMSNorm runs at
+ * its gain vector's home; attention at its layer's KV cache. Before an op the
+ * executor makes the op's inputs valid on its side (a copy, and on the way to
+ * the host a synchronisation, only when they are not); after it, the outputs
+ * are valid on that side only.
+ *
+ * Steps: model_decode runs the architecture's forward through exec_step. A
+ * decode step whose ops are all on the GPU is captured once as a CUDA graph and
+ * replayed; host work inside it is recorded as tasks (the embedding lookup
+ * before the launch, the tier's CPU-lane hand-offs after it). Other steps run
+ * eagerly. Shapes: an activation is [rows][n] row-major, float or int32;
+ * rows = the context's batch; a step uses its first n_tok rows. */
+#ifndef TM_EXEC_EXEC_H
+#define TM_EXEC_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "cpu/cpu.h"
+#include "cuda/cuda.h"
+#include "gguf/gguf.h"
+#include "moe/moe.h"
+#include "quant/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tm_dev { TM_DEV_CPU = 0, TM_DEV_GPU = 1 } tm_dev;
+#define TM_DEV_COUNT 2
+extern const char *const tm_dev_names[TM_DEV_COUNT]; /* "CPU", "CUDA0" (the -ot names) */
+
+/* A weight tensor bound from the file. ne[0] is the row length. */
+typedef struct tm_weight {
+    const char *name; /* points into the file's tensor table (not NUL-terminated: use len) */
+    uint32_t name_len;
+    int32_t id; /* index of the tensor in the file: placement and device copies go by it */
+    tm_type type;
+    uint32_t n_dims;
+    int64_t ne[4];
+    size_t row_bytes; /* bytes of one row of ne[0] values */
+    const uint8_t *data;
+} tm_weight;
+
+/* One activation tensor: [rows][n] floats (or int32 when is_int). */
+typedef struct tm_act {
+    const char *name;
+    int64_t n, rows;
+    bool is_int;
+    void *host;    /* pinned when the context uses a GPU */
+    void *dev;     /* the values on the device this step: dev_own, or (the outputs of a
+                       stacked group at decode) a slice of the group's buffer */
+    void *dev_own; /* the act's device buffer of dev_rows rows (NULL without a GPU) */
+    int64_t dev_rows;
+    unsigned valid; /* bit (1 << tm_dev): the current values are there */
+} tm_act;
+
+/* Called with every named intermediate of a forward pass (tests compare them
+ * with a reference layer by layer). data is [n_tok][n] floats, or int32 ids
+ * when is_int. layer is -1 for tensors outside the layers. */
+typedef void (*tm_tensor_cb)(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                             int64_t n, bool is_int);
+
+/* Where a step's time went, by part of the architecture (--profile). */
+typedef enum tm_prof_part {
+    TM_PROF_EMBED,
+    TM_PROF_NORM,
+    TM_PROF_ATTN_PROJ,
+    TM_PROF_ATTENTION,
+    TM_PROF_ROUTER,
+    TM_PROF_EXPERTS,
+    TM_PROF_OUTPUT,
+    TM_PROF_COUNT
+} tm_prof_part;
+extern const char *const tm_prof_part_names[TM_PROF_COUNT];
+
+/* Attention of one layer (exec_attention). */
+typedef struct tm_attn_desc {
+    int64_t n_head, n_head_kv, head_dim;
+    float scale;                      /* softmax scale */
+    float rms_eps;                    /* of the QK norms */
+    float rope_base;                  /* NeoX RoPE */
+    const tm_weight *q_norm, *k_norm; /* per-head gains (NULL: no QK norm) */
+} tm_attn_desc;
+
+typedef struct tm_exec tm_exec;
+
+typedef struct tm_exec_params {
+    tm_pool *pool;
+    const tm_gguf_file *file;
+    const uint8_t *tensor_dev; /* [file->n_tensors]: tm_dev of each tensor (copied) */
+    tm_cuda_device *gpu;       /* opened device (the executor owns it from here), or NULL */
+    int64_t n_batch, n_ctx;
+    tm_type kv_type; /* TM_TYPE_F16 or TM_TYPE_F32 */
+    bool precise;    /* CPU products in double from dequantized weights (test reference) */
+    bool profile;    /* time every part: a synchronisation per part, no graph */
+    bool graph;      /* capture decode steps whose ops are all on the GPU */
+    tm_tensor_cb cb; /* named intermediates (NULL: none; no graph when set) */
+    void *cb_ud;
+} tm_exec_params;
+
+/* ---- setup, in this order: create, acts / groups / attention, finalize ---- */
+
+tm_status exec_create(const tm_exec_params *p, tm_exec **out);
+void exec_free(tm_exec *e);
+
+/* An activation of n values a row and the batch's rows (host buffer now, device
+ * buffer at exec_finalize). dev_rows: rows of the device buffer (0: all); a
+ * smaller one bounds a big output (logits): GPU products into it run in chunks
+ * of dev_rows rows and leave the result on the host. */
+tm_status exec_act_create(tm_exec *e, tm_act *a, const char *name, int64_t n, bool is_int,
+                          int64_t dev_rows);
+/* Weights multiplied with one input (attention's q, k, v): kept back to back
+ * on the GPU when they share a home there and a type, so one launch covers them
+ * at decode. */
+tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws);
+/* Attention's shape (every layer's: sizes the KV caches and the scratch) and
+ * where each layer's KV cache lives (n_ctx rows of n_head_kv * head_dim values). */
+tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
+                               const tm_attn_desc *shape);
+/* Upload what the GPU holds (its weights, every vector weight, the KV caches
+ * and device activations) and size the scratch. Logs the upload. */
+tm_status exec_finalize(tm_exec *e);
+
+/* ---- steps ---- */
+
+typedef tm_status (*tm_exec_forward_fn)(void *ud);
+/* Run forward(ud) for n_tok tokens at positions pos.. (tokens: host array).
+ * A decode step (phase decode, one token, no callback, not profiling) whose
+ * forward was captured replays its graph; the first such step captures it
+ * (a forward that runs a CPU op cannot be captured: it then runs eagerly, and
+ * so do later steps). Waits for the GPU at the end: afterwards every act
+ * fetched with exec_fetch is valid on the host. */
+tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t pos,
+                    tm_moe_phase phase, tm_exec_forward_fn forward, void *ud);
+/* Whether decode steps replay a captured graph (after the first one). */
+bool exec_graph_ready(const tm_exec *e);
+int64_t exec_n_tok(const tm_exec *e);
+int64_t exec_n_batch(const tm_exec *e);
+int64_t exec_pos(const tm_exec *e);
+tm_moe_phase exec_phase(const tm_exec *e);
+const int32_t *exec_tokens(const tm_exec *e);
+
+/* ---- ops (the architecture's vocabulary); every op covers the step's n_tok rows ---- */
+
+/* x[t] = embd[tokens[t]] (a row lookup on the host). */
+tm_status exec_embed(tm_exec *e, tm_act *x, const tm_weight *embd);
+/* y = rmsnorm(x) * w, at w's home. */
+tm_status exec_rmsnorm(tm_exec *e, tm_act *y, tm_act *x, const tm_weight *w, float eps);
+/* x += a; h = rmsnorm(x) * w, at w's home. */
+tm_status exec_add_rmsnorm(tm_exec *e, tm_act *x, tm_act *a, tm_act *h, const tm_weight *w,
+                           float eps);
+/* y = W x, at W's home. */
+tm_status exec_matmul(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x);
+/* y rows [0, n) = W x rows [first, first + n) (the output head's last rows). */
+tm_status exec_matmul_rows(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x, int64_t first,
+                           int64_t n);
+/* y_i = W_i x for the n matrices of a group (exec_weight_group), in one go. */
+tm_status exec_matmul_n(tm_exec *e, int n, tm_act *const *ys, const tm_weight *const *ws,
+                        tm_act *x);
+
+/* For layer l, at its KV cache's home: q, k = rope(rmsnorm(q|k) * gain) per head
+ * (q in place; k is consumed), K and V rows stored at the step's positions, then
+ * causal grouped-query attention of q over the cache into out. */
+tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
+                         tm_act *v, tm_act *out);
+
+/* The part of the architecture the next ops belong to (--profile). */
+tm_status exec_part(tm_exec *e, tm_prof_part part);
+/* Hand rows [0, n_rows) of a to the context's callback (nothing without one). */
+tm_status exec_emit(tm_exec *e, const char *name, int layer, tm_act *a, int64_t n_rows);
+/* Queue a's rows [0, n_rows) back to the host; valid there once exec_step returns. */
+tm_status exec_fetch(tm_exec *e, tm_act *a, int64_t n_rows);
+bool exec_emitting(const tm_exec *e);
+
+/* ---- for the tier (src/tier): the lower half of the executor ---- */
+
+tm_pool *exec_pool(tm_exec *e);
+bool exec_precise(const tm_exec *e);
+bool exec_profiling(const tm_exec *e);
+bool exec_capturing(const tm_exec *e);
+tm_cuda_device *exec_gpu(tm_exec *e); /* NULL without a GPU */
+tm_cuda_stream exec_stream(tm_exec *e);
+tm_cuda_blas *exec_blas(tm_exec *e);
+tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w);
+const void *exec_weight_dev(const tm_exec *e, const tm_weight *w); /* NULL: not on the GPU */
+/* Device memory for the context's lifetime (its own allocation). */
+tm_status exec_dev_alloc(tm_exec *e, size_t bytes, void **out);
+/* Make rows [0, n_rows) of a valid on d (copy when they are not; to the host
+ * this also waits for the stream, which a captured step cannot do). */
+tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows);
+/* a was just written on d (by work queued there): valid there only. */
+void exec_act_wrote(tm_act *a, tm_dev d);
+static inline bool exec_act_on(const tm_act *a, tm_dev d) {
+    return (a->valid >> d) & 1u;
+}
+/* The step's number on the device (int32 pos then uint32 seq) and on the host. */
+const uint32_t *exec_step_seq_dev(const tm_exec *e);
+uint32_t exec_step_seq(const tm_exec *e);
+/* Host work that must run after the GPU work queued so far has been queued
+ * (it may wait for that work's signal) and before the step ends: recorded into
+ * a captured step (run after each launch), else run before the next task is
+ * queued or the stream is waited for (so the GPU work queued after it is
+ * already in flight while it runs), or at once when profiling. fn's status
+ * fails the step. ud must outlive the context. */
+typedef tm_status (*tm_exec_task_fn)(void *ud);
+tm_status exec_host_task(tm_exec *e, tm_exec_task_fn fn, void *ud);
+/* Run pending host tasks and wait for the stream. */
+tm_status exec_sync(tm_exec *e);
+/* fn(ud) runs after every step's final wait (the tier reads what the GPU
+ * reported of its hand-offs); an error fails the step. One check. */
+void exec_step_check(tm_exec *e, tm_exec_task_fn fn, void *ud);
+/* Time (ns) the executor's parts took since the context was made. */
+const uint64_t *exec_prof_ns(const tm_exec *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

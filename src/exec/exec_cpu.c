@@ -1,0 +1,172 @@
+/* The executor's CPU side: its ops on the thread pool, with the CPU kernels
+ * of src/cpu (quantized-activation products, or double products from
+ * dequantized weights in the precise mode). Per-token work of a batch (norms,
+ * QK-norm + RoPE + KV store) is spread over the pool; a single token runs on
+ * the calling thread (not worth a wake-up). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+#include "exec/exec_internal.h"
+
+tm_status exec_cpu_finalize(tm_exec *e) {
+    const tm_attn_desc *a = &e->attn_shape;
+    bool any = false;
+    for (uint32_t l = 0; l < e->n_layer; l++) any |= e->layer_dev[l] == TM_DEV_CPU;
+    if (!any) return TM_OK;
+    const tm_attention_shape as = {e->p.n_batch, 0,    a->n_head,   a->n_head_kv,
+                                   a->head_dim,  0.0f, e->p.kv_type};
+    const int64_t n = cpu_attention_scratch_floats(&as, e->p.n_ctx, cpu_pool_size(e->p.pool));
+    const size_t rope = (size_t)(e->p.n_batch * (a->head_dim / 2)) * sizeof(float);
+    if (!(e->cpu_attn = malloc((size_t)n * sizeof(float))) || !(e->rope_cos = malloc(rope)) ||
+        !(e->rope_sin = malloc(rope)))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory for attention scratch (%lld floats)",
+                            (long long)n);
+    return TM_OK;
+}
+
+void exec_cpu_free(tm_exec *e) {
+    free(e->cpu_act), free(e->cpu_attn), free(e->rope_cos), free(e->rope_sin);
+    e->cpu_act = NULL, e->cpu_attn = e->rope_cos = e->rope_sin = NULL;
+}
+
+/* Scratch of at least `bytes` for quantized activations. */
+static tm_status cpu_scratch(tm_exec *e, size_t bytes) {
+    if (bytes <= e->cpu_act_bytes) return TM_OK;
+    void *p = realloc(e->cpu_act, bytes);
+    if (!p) return tm_error_set(TM_ERR_NOMEM, "out of memory for %zu bytes of activations", bytes);
+    e->cpu_act = p, e->cpu_act_bytes = bytes;
+    return TM_OK;
+}
+
+/* ---- per-row work ---- */
+
+typedef struct cpu_rows_job {
+    float *x, *h;
+    const float *a, *w;
+    int64_t n;
+    float eps;
+} cpu_rows_job;
+
+static void cpu_rmsnorm_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const cpu_rows_job *j = ud;
+    for (int64_t t = begin; t < end; t++) {
+        if (j->a) cpu_axpy(j->x + t * j->n, 1.0f, j->a + t * j->n, j->n);
+        cpu_rmsnorm(j->h + t * j->n, j->x + t * j->n, j->w, j->n, j->eps);
+    }
+    (void)ith;
+}
+
+static void cpu_rows_run(tm_exec *e, int64_t rows, tm_pool_range_fn fn, void *job) {
+    if (rows == 1)
+        fn(job, 0, 1, 0);
+    else
+        cpu_pool_for(e->p.pool, rows, 1, fn, job);
+}
+
+static tm_status cpu_rmsnorm_op(tm_exec *e, float *y, const float *x, const float *w, int64_t rows,
+                                int64_t n, float eps) {
+    cpu_rows_job j = {(float *)x, y, NULL, w, n, eps};
+    cpu_rows_run(e, rows, cpu_rmsnorm_task, &j);
+    return TM_OK;
+}
+
+static tm_status cpu_add_rmsnorm_op(tm_exec *e, float *x, const float *a, float *h, const float *w,
+                                    int64_t rows, int64_t n, float eps) {
+    cpu_rows_job j = {x, h, a, w, n, eps};
+    cpu_rows_run(e, rows, cpu_rmsnorm_task, &j);
+    return TM_OK;
+}
+
+/* ---- products ---- */
+
+static tm_status cpu_matmul_op(tm_exec *e, const exec_matrix *m, const float *x, int64_t rows,
+                               float *y) {
+    if (e->p.precise)
+        return cpu_matmul_precise(e->p.pool, m->type, m->k, m->rows, m->data, m->row_bytes, x, rows,
+                                  y);
+    tm_status st = cpu_scratch(e, (size_t)rows * cpu_act_row_size(m->type, m->k));
+    if (st == TM_OK)
+        cpu_matmul(e->p.pool, m->type, m->k, m->rows, m->data, m->row_bytes, x, rows, y,
+                   e->cpu_act);
+    return st;
+}
+
+/* One pool job for products of one input (the executor takes the precise
+ * mode's products one by one). */
+static tm_status cpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const float *x,
+                                 int64_t rows, float *const *ys) {
+    tm_matmul_desc d[CPU_MATMUL_MAX];
+    for (int i = 0; i < n; i++)
+        d[i] = (tm_matmul_desc){ms[i].type, ms[i].rows, ms[i].data, ms[i].row_bytes, ys[i]};
+    tm_status st = cpu_scratch(e, cpu_matmul_multi_scratch_bytes(n, d, ms[0].k, rows));
+    if (st == TM_OK) cpu_matmul_multi(e->p.pool, n, d, ms[0].k, x, rows, e->cpu_act);
+    return st;
+}
+
+/* ---- attention ---- */
+
+typedef struct cpu_qk_job {
+    tm_exec *e;
+    const exec_attn *a;
+    float *q, *k;
+    const float *v;
+} cpu_qk_job;
+
+/* Per token: QK-norm and RoPE of its heads, K and V rows into the cache. */
+static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const cpu_qk_job *j = ud;
+    const tm_attn_desc *d = j->a->d;
+    const tm_exec *e = j->e;
+    const int64_t D = d->head_dim, Q = d->n_head * D, KV = d->n_head_kv * D;
+    const size_t kv_row = (size_t)KV * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (int64_t t = begin; t < end; t++) {
+        const float *cs = e->rope_cos + t * (D / 2), *sn = e->rope_sin + t * (D / 2);
+        for (int64_t h = 0; h < d->n_head; h++) {
+            float *q = j->q + t * Q + h * D;
+            if (j->a->q_norm) cpu_rmsnorm(q, q, j->a->q_norm, D, d->rms_eps);
+            cpu_rope_neox_table(q, D, cs, sn);
+        }
+        float *krow = j->k + t * KV; /* consumed: normed and rotated in place */
+        for (int64_t h = 0; h < d->n_head_kv; h++) {
+            float *k = krow + h * D;
+            if (j->a->k_norm) cpu_rmsnorm(k, k, j->a->k_norm, D, d->rms_eps);
+            cpu_rope_neox_table(k, D, cs, sn);
+        }
+        const int64_t pos = e->pos + t;
+        cpu_store_kv((uint8_t *)j->a->k_cache + (size_t)pos * kv_row, krow, e->p.kv_type, KV);
+        cpu_store_kv((uint8_t *)j->a->v_cache + (size_t)pos * kv_row, j->v + t * KV, e->p.kv_type,
+                     KV);
+    }
+    (void)ith;
+}
+
+static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, float *k,
+                                  const float *v, float *out, int64_t rows) {
+    const tm_attn_desc *d = a->d;
+    const int64_t D = d->head_dim;
+    if (!e->cpu_attn)
+        return tm_error_set(TM_ERR_ARG, "CPU attention without scratch (exec_finalize not run?)");
+    /* RoPE angles of the step's positions, shared by every layer and head */
+    if (e->rope_pos != e->pos || e->rope_n != rows) {
+        for (int64_t t = 0; t < rows; t++)
+            cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D, e->pos + t,
+                           d->rope_base);
+        e->rope_pos = e->pos, e->rope_n = rows;
+    }
+    cpu_qk_job j = {e, a, q, k, v};
+    cpu_rows_run(e, rows, cpu_qk_task, &j);
+    const tm_attention_shape as = {rows, e->pos,   d->n_head,   d->n_head_kv,
+                                   D,    d->scale, e->p.kv_type};
+    cpu_attention(e->p.pool, &as, q, a->k_cache, a->v_cache, out, e->cpu_attn);
+    return TM_OK;
+}
+
+const exec_ops exec_cpu_ops = {
+    .rmsnorm = cpu_rmsnorm_op,
+    .add_rmsnorm = cpu_add_rmsnorm_op,
+    .matmul = cpu_matmul_op,
+    .matmul_n = cpu_matmul_n_op,
+    .attention = cpu_attention_op,
+};

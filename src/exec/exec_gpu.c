@@ -1,0 +1,256 @@
+/* The executor's GPU side: what the context keeps in VRAM and its ops, on
+ * the kernels of src/cuda (through cuda.h only: the same code links with the
+ * CUDA kernels, the no-CUDA stub, or the tests' host mock).
+ *
+ * exec_finalize allocates everything once, so nothing is allocated per token:
+ *   weights pool: every tensor placed on the GPU, every vector tensor (norm
+ *                 gains, biases: tiny, and ops on either side may read them),
+ *                 a group's matrices back to back when they share a type;
+ *   state pool:   KV caches of the GPU's layers, device activations, a group's
+ *                 decode output row, the step's position and number, scratch
+ *                 of the tensor-core products and of attention.
+ * Products: matrix-vector kernels up to TM_CUDA_MMVQ_MAX_TOK rows, tensor
+ * cores above. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/timing.h"
+#include "exec/exec_internal.h"
+
+static size_t align256(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+static size_t tensor_bytes(const tm_gguf_tensor *t) {
+    return (size_t)t->n_bytes;
+}
+
+/* A group whose matrices all live on the GPU with one type and row length is
+ * stacked: uploaded back to back, so its rows form one matrix. */
+static bool group_stackable(const tm_exec *e, const exec_group *g) {
+    for (int i = 0; i < g->n; i++) {
+        const tm_weight *w = g->ws[i];
+        if (e->tensor_dev[w->id] != TM_DEV_GPU || w->type != g->ws[0]->type ||
+            w->ne[0] != g->ws[0]->ne[0] || w->row_bytes != g->ws[0]->row_bytes)
+            return false;
+    }
+    return true;
+}
+
+static bool in_stacked_group(const tm_exec *e, uint32_t id) {
+    for (int g = 0; g < e->n_groups; g++)
+        if (group_stackable(e, &e->groups[g]))
+            for (int i = 0; i < e->groups[g].n; i++)
+                if ((uint32_t)e->groups[g].ws[i]->id == id) return true;
+    return false;
+}
+
+/* Whether the GPU keeps a copy of tensor i. */
+static bool on_gpu(const tm_exec *e, uint32_t i) {
+    return e->tensor_dev[i] == TM_DEV_GPU || e->p.file->tensors[i].n_dims == 1;
+}
+
+static tm_status gpu_upload(tm_exec *e, void *dst, const void *src, size_t bytes) {
+    const uint64_t t0 = tm_time_ns();
+    tm_status st = cuda_upload(e->gpu, dst, src, bytes, NULL);
+    e->upload_s += (tm_time_ns() - t0) * 1e-9, e->upload_bytes += (double)bytes;
+    return st;
+}
+
+static tm_status gpu_pool_take(tm_cuda_pool *pool, size_t bytes, void **out) {
+    return cuda_pool_alloc(pool, bytes ? bytes : 4, 256, out);
+}
+
+static tm_status gpu_pool_add(tm_exec *e, size_t bytes, tm_cuda_pool **out) {
+    tm_status st = exec_grow((void **)&e->pools, &e->cap_pools, e->n_pools + 1, sizeof(*e->pools));
+    if (st != TM_OK) return st;
+    if ((st = cuda_pool_create(e->gpu, bytes ? bytes : 256, out)) != TM_OK) return st;
+    e->pools[e->n_pools++] = *out;
+    return TM_OK;
+}
+
+tm_status exec_dev_alloc(tm_exec *e, size_t bytes, void **out) {
+    *out = NULL;
+    if (!e->gpu) return tm_error_set(TM_ERR_ARG, "exec_dev_alloc: the context has no GPU");
+    tm_cuda_pool *pool;
+    tm_status st = gpu_pool_add(e, align256(bytes), &pool);
+    return st == TM_OK ? gpu_pool_take(pool, bytes, out) : st;
+}
+
+/* The weights: sizes, then one pool, then the uploads. */
+static tm_status gpu_weights(tm_exec *e) {
+    const tm_gguf_file *f = e->p.file;
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < e->n_tensors; i++)
+        if (on_gpu(e, i)) bytes += align256(tensor_bytes(&f->tensors[i]));
+    tm_cuda_pool *pool;
+    tm_status st = gpu_pool_add(e, bytes, &pool);
+    if (st != TM_OK) return st;
+    for (int g = 0; g < e->n_groups; g++) { /* stacked groups first, each back to back */
+        exec_group *gr = &e->groups[g];
+        if (!group_stackable(e, gr)) continue;
+        size_t total = 0;
+        for (int i = 0; i < gr->n; i++) total += tensor_bytes(&f->tensors[gr->ws[i]->id]);
+        uint8_t *d;
+        if ((st = gpu_pool_take(pool, total, (void **)&d))) return st;
+        gr->stack = d;
+        for (int i = 0; i < gr->n; i++) {
+            const tm_gguf_tensor *t = &f->tensors[gr->ws[i]->id];
+            if ((st = gpu_upload(e, d, t->data, tensor_bytes(t)))) return st;
+            e->wdev[gr->ws[i]->id] = d;
+            d += tensor_bytes(t);
+        }
+    }
+    for (uint32_t i = 0; i < e->n_tensors; i++) {
+        if (!on_gpu(e, i) || e->wdev[i] || in_stacked_group(e, i)) continue;
+        const tm_gguf_tensor *t = &f->tensors[i];
+        void *d;
+        if ((st = gpu_pool_take(pool, tensor_bytes(t), &d)) ||
+            (st = gpu_upload(e, d, t->data, tensor_bytes(t))))
+            return st;
+        e->wdev[i] = d;
+    }
+    return TM_OK;
+}
+
+static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc *a) {
+    return (tm_cuda_attn_params){(int32_t)a->n_head, (int32_t)a->n_head_kv, (int32_t)a->head_dim,
+                                 e->p.n_ctx,         e->p.kv_type,          a->scale,
+                                 a->rms_eps,         a->rope_base};
+}
+
+/* Scratch of the tensor-core products: the largest need of any GPU matrix. */
+static size_t gpu_gemm_scratch(const tm_exec *e) {
+    const tm_gguf_file *f = e->p.file;
+    size_t most = 0;
+    for (uint32_t i = 0; i < e->n_tensors; i++) {
+        const tm_gguf_tensor *t = &f->tensors[i];
+        if (e->tensor_dev[i] != TM_DEV_GPU || t->n_dims != 2) continue;
+        const size_t b = cuda_gemm_scratch_bytes(t->ne[1], t->ne[0], e->p.n_batch);
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+tm_status exec_gpu_finalize(tm_exec *e) {
+    const uint64_t t0 = tm_time_ns();
+    tm_status st;
+    if ((st = gpu_weights(e)) || (st = cuda_blas_create(e->gpu, &e->blas)) ||
+        (st = cuda_host_alloc(2 * sizeof(int32_t), (void **)&e->step_host)))
+        return st;
+    /* the state pool: sizes first */
+    const tm_cuda_attn_params ap = gpu_attn_params(e, &e->attn_shape);
+    bool gpu_attention = false;
+    for (uint32_t l = 0; l < e->n_layer; l++) gpu_attention |= e->layer_dev[l] == TM_DEV_GPU;
+    e->gpu_scratch_bytes = gpu_gemm_scratch(e);
+    const size_t attn_floats =
+        gpu_attention ? (size_t)cuda_attention_scratch_floats(&ap, e->p.n_batch, e->p.n_ctx) : 0;
+    size_t bytes = align256(2 * sizeof(int32_t)) + align256(e->gpu_scratch_bytes) +
+                   align256(attn_floats * sizeof(float));
+    for (uint32_t l = 0; l < e->n_layer; l++)
+        if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * align256(e->kv_bytes);
+    for (int i = 0; i < e->n_acts; i++)
+        bytes += align256((size_t)(e->acts[i]->dev_rows * e->acts[i]->n) * 4);
+    for (int g = 0; g < e->n_groups; g++)
+        if (e->groups[g].stack) bytes += align256((size_t)e->groups[g].rows * 4);
+    tm_cuda_pool *pool;
+    if ((st = gpu_pool_add(e, bytes, &pool)) ||
+        (st = gpu_pool_take(pool, 2 * sizeof(int32_t), (void **)&e->step_dev)) ||
+        (st = gpu_pool_take(pool, e->gpu_scratch_bytes, &e->gpu_scratch)) ||
+        (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)))
+        return st;
+    for (uint32_t l = 0; l < e->n_layer && st == TM_OK; l++)
+        if (e->layer_dev[l] == TM_DEV_GPU &&
+            ((st = gpu_pool_take(pool, e->kv_bytes, &e->k_cache[l])) == TM_OK))
+            st = gpu_pool_take(pool, e->kv_bytes, &e->v_cache[l]);
+    for (int i = 0; i < e->n_acts && st == TM_OK; i++) {
+        tm_act *a = e->acts[i];
+        st = gpu_pool_take(pool, (size_t)(a->dev_rows * a->n) * 4, &a->dev_own);
+        a->dev = a->dev_own;
+    }
+    for (int g = 0; g < e->n_groups && st == TM_OK; g++)
+        if (e->groups[g].stack)
+            st = gpu_pool_take(pool, (size_t)e->groups[g].rows * 4, (void **)&e->groups[g].out);
+    if (st != TM_OK) return st;
+    size_t free_b = 0, total_b = 0;
+    cuda_device_memory(e->gpu, &free_b, &total_b);
+    size_t held = 0;
+    for (int i = 0; i < e->n_pools; i++) held += cuda_pool_size(e->pools[i]);
+    tm_log_info("GPU %s: %.2f GiB held (%.2f GB of weights uploaded at %.1f GB/s), %.2f GiB "
+                "free; set up in %.2f s",
+                cuda_device_info(e->gpu)->name, held / 1073741824.0, e->upload_bytes * 1e-9,
+                e->upload_s > 0 ? e->upload_bytes / e->upload_s * 1e-9 : 0.0, free_b / 1073741824.0,
+                (tm_time_ns() - t0) * 1e-9);
+    return TM_OK;
+}
+
+void exec_gpu_free(tm_exec *e) {
+    cuda_graph_free(e->graph);
+    cuda_blas_free(e->blas);
+    for (int i = 0; i < e->n_pools; i++) cuda_pool_free(e->pools[i]);
+    free(e->pools);
+    cuda_host_free(e->step_host);
+    cuda_device_close(e->gpu);
+    e->graph = NULL, e->blas = NULL, e->pools = NULL, e->n_pools = e->cap_pools = 0;
+    e->step_host = NULL;
+    e->gpu = NULL;
+}
+
+/* ---- ops ---- */
+
+static tm_status gpu_rmsnorm_op(tm_exec *e, float *y, const float *x, const float *w, int64_t rows,
+                                int64_t n, float eps) {
+    return cuda_rmsnorm(y, x, w, rows, n, eps, e->stream);
+}
+
+static tm_status gpu_add_rmsnorm_op(tm_exec *e, float *x, const float *a, float *h, const float *w,
+                                    int64_t rows, int64_t n, float eps) {
+    return cuda_add_rmsnorm(x, a, h, w, rows, n, eps, e->stream);
+}
+
+static tm_status gpu_matmul_op(tm_exec *e, const exec_matrix *m, const float *x, int64_t rows,
+                               float *y) {
+    if (rows <= TM_CUDA_MMVQ_MAX_TOK)
+        return cuda_mmvq(m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y, e->stream);
+    const size_t need = cuda_gemm_scratch_bytes(m->rows, m->k, rows);
+    if (need > e->gpu_scratch_bytes)
+        return tm_error_set(TM_ERR_ARG,
+                            "GPU product of %lld x %lld for %lld rows needs %zu bytes "
+                            "of scratch, %zu were sized",
+                            (long long)m->rows, (long long)m->k, (long long)rows, need,
+                            e->gpu_scratch_bytes);
+    return cuda_gemm(e->blas, m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y,
+                     e->gpu_scratch, e->stream);
+}
+
+static tm_status gpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const float *x,
+                                 int64_t rows, float *const *ys) {
+    for (int i = 0; i < n; i++) {
+        tm_status st = gpu_matmul_op(e, &ms[i], x, rows, ys[i]);
+        if (st != TM_OK) return st;
+    }
+    return TM_OK;
+}
+
+static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, float *k,
+                                  const float *v, float *out, int64_t rows) {
+    const tm_cuda_attn_params p = gpu_attn_params(e, a->d);
+    const int32_t *pos = e->step_dev; /* read when the kernels run: a graph replays as is */
+    /* a captured step serves every position: its grid covers the whole context */
+    const int64_t n_kv_max = e->capturing ? e->p.n_ctx : e->pos + rows;
+    tm_status st = cuda_attn_prepare(&p, q, k, v, a->q_norm, a->k_norm, pos, rows, a->k_cache,
+                                     a->v_cache, e->stream);
+    if (st == TM_OK)
+        st = cuda_attention(&p, q, a->k_cache, a->v_cache, pos, rows, n_kv_max, out, e->gpu_attn,
+                            e->stream);
+    return st;
+}
+
+const exec_ops exec_gpu_ops = {
+    .rmsnorm = gpu_rmsnorm_op,
+    .add_rmsnorm = gpu_add_rmsnorm_op,
+    .matmul = gpu_matmul_op,
+    .matmul_n = gpu_matmul_n_op,
+    .attention = gpu_attention_op,
+};

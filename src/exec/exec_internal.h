@@ -1,0 +1,131 @@
+/* The executor's insides, shared by exec.c (dispatch, residency, steps),
+ * exec_cpu.c and exec_gpu.c (one op table each). Private to src/exec. */
+#ifndef TM_EXEC_EXEC_INTERNAL_H
+#define TM_EXEC_EXEC_INTERNAL_H
+
+#include "exec/exec.h"
+
+/* A matrix as one side holds it: the mapped file on the CPU, a device copy on
+ * the GPU; a stacked group is one matrix of all its rows. */
+typedef struct exec_matrix {
+    const void *data;
+    tm_type type;
+    size_t row_bytes;
+    int64_t k, rows; /* rows of k values */
+} exec_matrix;
+
+/* Attention of one layer, with its gains resolved for the side that runs it. */
+typedef struct exec_attn {
+    const tm_attn_desc *d;
+    const float *q_norm, *k_norm; /* NULL: none */
+    void *k_cache, *v_cache;      /* the layer's, on that side */
+} exec_attn;
+
+/* One side's ops on raw pointers (rows of the step; shapes as the public ops). */
+typedef struct exec_ops {
+    tm_status (*rmsnorm)(tm_exec *e, float *y, const float *x, const float *w, int64_t rows,
+                         int64_t n, float eps);
+    tm_status (*add_rmsnorm)(tm_exec *e, float *x, const float *a, float *h, const float *w,
+                             int64_t rows, int64_t n, float eps);
+    tm_status (*matmul)(tm_exec *e, const exec_matrix *m, const float *x, int64_t rows, float *y);
+    tm_status (*matmul_n)(tm_exec *e, int n, const exec_matrix *ms, const float *x, int64_t rows,
+                          float *const *ys);
+    tm_status (*attention)(tm_exec *e, const exec_attn *a, float *q, float *k, const float *v,
+                           float *out, int64_t rows);
+} exec_ops;
+
+extern const exec_ops exec_cpu_ops, exec_gpu_ops;
+
+typedef struct exec_group {
+    int n;
+    const tm_weight *ws[CPU_MATMUL_MAX];
+    const void *stack; /* device: the n matrices back to back (NULL: not stacked) */
+    float *out;        /* device: one row of all their outputs (decode) */
+    int64_t rows;      /* rows of all n */
+} exec_group;
+
+typedef struct exec_task {
+    tm_exec_task_fn fn;
+    void *ud;
+} exec_task;
+
+struct tm_exec {
+    tm_exec_params p;
+    uint8_t *tensor_dev; /* [n_tensors] */
+    uint32_t n_tensors;
+
+    /* activations and groups, as the architecture declared them */
+    tm_act **acts;
+    int n_acts, cap_acts;
+    exec_group *groups;
+    int n_groups, cap_groups;
+
+    /* attention */
+    uint32_t n_layer;
+    uint8_t *layer_dev;
+    tm_attn_desc attn_shape;
+    void **k_cache, **v_cache; /* [n_layer], on the layer's side */
+    size_t kv_bytes;           /* of one layer's K (or V) cache */
+
+    /* CPU side */
+    void *cpu_act; /* quantized activations of a product */
+    size_t cpu_act_bytes;
+    float *cpu_attn;            /* attention scratch */
+    float *rope_cos, *rope_sin; /* [n_batch][head_dim / 2] for the step's positions */
+    int64_t rope_pos;           /* positions the table holds start here (-1: none) */
+    int64_t rope_n;
+
+    /* GPU side (gpu NULL: none) */
+    tm_cuda_device *gpu;
+    tm_cuda_stream stream;
+    tm_cuda_blas *blas;
+    tm_cuda_pool **pools;
+    int n_pools, cap_pools;
+    const void **wdev; /* [n_tensors]: device copy (NULL: none) */
+    void *gpu_scratch; /* products on tensor cores */
+    size_t gpu_scratch_bytes;
+    float *gpu_attn;    /* attention scratch */
+    int32_t *step_dev;  /* [2]: position, sequence number */
+    int32_t *step_host; /* pinned, copied to step_dev by each step */
+    double upload_s, upload_bytes;
+
+    /* the step */
+    const int32_t *tokens;
+    int64_t n_tok, pos;
+    tm_moe_phase phase;
+    uint32_t seq;
+    bool capturing, capture_failed;
+    tm_act *embed_x; /* a captured step's embedding: done by a task before each launch */
+    const tm_weight *embed_w;
+
+    /* host tasks: pending (eager) or recorded (captured) */
+    exec_task pending;
+    exec_task *pre, *post; /* recorded: before / after the launch */
+    int n_pre, n_post, cap_pre, cap_post;
+    tm_status task_status; /* the first failure of a task this step, and its message */
+    char task_msg[512];
+    exec_task check; /* after each step */
+
+    /* the decode graph */
+    tm_cuda_graph *graph;
+    bool graph_off;
+
+    /* profiling */
+    tm_prof_part part;
+    uint64_t part_t0;
+    uint64_t prof_ns[TM_PROF_COUNT];
+};
+
+/* Grow *p (elements of size `size`) to hold n. */
+tm_status exec_grow(void **p, int *cap, int n, size_t size);
+
+/* exec_gpu.c: device memory and uploads at exec_finalize. */
+tm_status exec_gpu_finalize(tm_exec *e);
+void exec_gpu_free(tm_exec *e);
+/* exec_cpu.c: scratch at exec_finalize. */
+tm_status exec_cpu_finalize(tm_exec *e);
+void exec_cpu_free(tm_exec *e);
+/* The matrix of weight w (or of a group) on side d. */
+exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d);
+
+#endif

@@ -1,0 +1,333 @@
+/* The tier's setup: each layer's class and hot experts, the --moe-cache VRAM
+ * slots (sized, ranked, uploaded; writable between steps), the hand-off
+ * mailbox and the scratch of the lanes. The step itself is tier_step.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "tier/tier_internal.h"
+
+#define TIER_TIMEOUT_MS 30000 /* TIERMOE_HANDOFF_TIMEOUT_MS */
+
+const char *const tm_tier_class_names[TM_TIER_CLASS_COUNT] = {"experts in VRAM", "experts in RAM",
+                                                              "RAM + VRAM cache"};
+
+/* ---- pieces ---- */
+
+void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, int32_t *out) {
+    if (n_slots > (int32_t)n_expert) n_slots = (int32_t)n_expert;
+    for (int32_t s = 0; s < n_slots; s++) out[s] = s;
+    if (!hits) return;
+    /* selection of the n_slots best by (hits desc, id asc): an insertion into
+     * the running best list, n_expert * n_slots at most, once per layer at load */
+    int32_t n = 0;
+    for (uint32_t e = 0; e < n_expert; e++) {
+        int32_t i = n < n_slots ? n++ : n_slots;
+        while (i > 0 && hits[out[i - 1]] < hits[e]) {
+            if (i < n_slots) out[i] = out[i - 1];
+            i--;
+        }
+        if (i < n_slots) out[i] = (int32_t)e;
+    }
+}
+
+int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, tm_moe_slot *tmp) {
+    const int64_t n = wl->n_slots;
+    if (!slot_of) return n;
+    int64_t n_cold = 0;
+    for (int64_t i = 0; i < n; i++) n_cold += slot_of[wl->slots[i].expert] < 0;
+    if (n_cold == 0 || n_cold == n) return n_cold;
+    int64_t c = 0, h = n_cold;
+    for (int64_t i = 0; i < n; i++)
+        tmp[slot_of[wl->slots[i].expert] < 0 ? c++ : h++] = wl->slots[i];
+    memcpy(wl->slots, tmp, (size_t)n * sizeof(*tmp));
+    return n_cold;
+}
+
+/* ---- the VRAM cache ---- */
+
+int32_t tier_cache_slots(const tm_tier *t, uint32_t layer) {
+    return layer < t->n_layer ? t->layers[layer].n_slots : 0;
+}
+
+int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert) {
+    if (layer >= t->n_layer || expert < 0 || (uint32_t)expert >= t->n_expert) return -1;
+    const tier_layer *L = &t->layers[layer];
+    if (L->cls == TM_TIER_VRAM) return expert;
+    return L->slot_of ? L->slot_of[expert] : -1;
+}
+
+size_t tier_cache_bytes(const tm_tier *t) {
+    return t->cache_bytes;
+}
+
+tm_tier_class tier_layer_class(const tm_tier *t, uint32_t layer) {
+    return t->layers[layer].cls;
+}
+
+const tm_tier_stats *tier_stats(const tm_tier *t) {
+    return t->stats;
+}
+
+const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t) {
+    return &t->lane_stats;
+}
+
+tm_status tier_cache_upload(tm_tier *t, tier_layer *L, int32_t slot, int32_t expert) {
+    const tm_moe_matrix *src[3] = {&L->host.gate, &L->host.up, &L->host.down};
+    const tm_cuda_moe_matrix *dst[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
+    const int64_t rows[3] = {t->n_ff, t->n_ff, t->n_embd};
+    for (int p = 0; p < 3; p++) {
+        tm_status st = cuda_upload(exec_gpu(t->e),
+                                   (uint8_t *)dst[p]->data + (size_t)slot * dst[p]->expert_stride,
+                                   src[p]->data + (size_t)expert * src[p]->expert_stride,
+                                   (size_t)rows[p] * src[p]->row_bytes, NULL);
+        if (st != TM_OK) return st;
+    }
+    return TM_OK;
+}
+
+tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t expert) {
+    if (layer >= t->n_layer || t->layers[layer].cls != TM_TIER_CACHED)
+        return tm_error_set(TM_ERR_ARG, "layer %u has no VRAM cache", layer);
+    tier_layer *L = &t->layers[layer];
+    if (slot < 0 || slot >= L->n_slots || expert < 0 || (uint32_t)expert >= t->n_expert)
+        return tm_error_set(TM_ERR_ARG, "layer %u: slot %d of %d, expert %d of %u", layer, slot,
+                            L->n_slots, expert, t->n_expert);
+    if (L->slot_of[expert] >= 0 && L->slot_of[expert] != slot)
+        return tm_error_set(TM_ERR_ARG, "layer %u: expert %d is in slot %d already", layer, expert,
+                            L->slot_of[expert]);
+    /* the stream reads the slots: nothing may be in flight */
+    tm_status st = exec_sync(t->e);
+    if (st == TM_OK) st = tier_cache_upload(t, L, slot, expert);
+    if (st != TM_OK) return st;
+    if (L->expert_in[slot] >= 0) L->slot_of[L->expert_in[slot]] = -1;
+    L->expert_in[slot] = expert, L->slot_of[expert] = slot;
+    return cuda_copy_to_device(exec_gpu(t->e), L->slot_of_dev, L->slot_of,
+                               t->n_expert * sizeof(int32_t));
+}
+
+static tm_cuda_moe_matrix tier_gpu_matrix(const void *data, const tm_moe_matrix *m) {
+    return (tm_cuda_moe_matrix){data, m->type, m->expert_stride, m->row_bytes};
+}
+
+/* Slots per layer for the budget, and the VRAM they take (errors name the flag). */
+static tm_status tier_cache_size(tm_tier *t, const tm_tier_params *p, uint32_t n_ram,
+                                 size_t expert_bytes, int32_t *slots) {
+    *slots = 0;
+    size_t free_b = 0, total_b = 0;
+    tm_status st = cuda_device_memory(exec_gpu(t->e), &free_b, &total_b);
+    if (st != TM_OK) return st;
+    size_t budget;
+    if (p->cache_mib == TM_MOE_CACHE_AUTO) {
+        budget = free_b > p->reserve ? free_b - p->reserve : 0;
+    } else {
+        budget = (size_t)p->cache_mib << 20;
+        if (budget > free_b)
+            return tm_error_set(TM_ERR_DEVICE,
+                                "--moe-cache %lld: %.1f MiB needed, %.1f MiB of VRAM free (of "
+                                "%.1f MiB)",
+                                (long long)p->cache_mib, budget / 1048576.0, free_b / 1048576.0,
+                                total_b / 1048576.0);
+    }
+    const size_t per_layer = budget / n_ram;
+    size_t n = per_layer / expert_bytes;
+    if (n > t->n_expert) n = t->n_expert;
+    *slots = (int32_t)n;
+    if (!n)
+        tm_log_warn("--moe-cache: %.1f MiB hold no expert (%.2f MiB each) in each of %u layers: "
+                    "no cache",
+                    budget / 1048576.0, expert_bytes / 1048576.0, n_ram);
+    return TM_OK;
+}
+
+/* The slots of every layer whose experts are in RAM, filled. */
+static tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
+    uint32_t n_ram = 0;
+    size_t expert_bytes = 0;
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        if (t->layers[l].cls == TM_TIER_RAM) {
+            n_ram++;
+            if (t->layers[l].expert_bytes > expert_bytes) expert_bytes = t->layers[l].expert_bytes;
+        }
+    if (!p->cache_mib) return TM_OK;
+    if (!t->gpu) {
+        tm_log_info("--moe-cache: no GPU in use, every expert is computed on the CPU");
+        return TM_OK;
+    }
+    if (!n_ram) {
+        tm_log_info("--moe-cache: every layer's experts are in VRAM already; no cache needed");
+        return TM_OK;
+    }
+    int32_t slots;
+    tm_status st = tier_cache_size(t, p, n_ram, expert_bytes, &slots);
+    if (st != TM_OK || !slots) return st;
+    t->cache_bytes = (size_t)n_ram * (size_t)slots * expert_bytes;
+    if ((st = exec_dev_alloc(t->e, t->cache_bytes + 256 * 3 * (size_t)n_ram, &t->cache_mem)))
+        return tm_error_wrap(st, "--moe-cache: ");
+    uint8_t *at = t->cache_mem;
+    for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
+        tier_layer *L = &t->layers[l];
+        if (L->cls != TM_TIER_RAM) continue;
+        L->cls = TM_TIER_CACHED, L->n_slots = slots;
+        const tm_moe_matrix *m[3] = {&L->host.gate, &L->host.up, &L->host.down};
+        tm_cuda_moe_matrix *g[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
+        const int64_t rows[3] = {t->n_ff, t->n_ff, t->n_embd};
+        for (int i = 0; i < 3; i++) { /* slot arrays packed: stride = one expert's rows */
+            *g[i] = tier_gpu_matrix(at, m[i]);
+            g[i]->expert_stride = (size_t)rows[i] * m[i]->row_bytes;
+            at += ((size_t)slots * g[i]->expert_stride + 255) & ~(size_t)255;
+        }
+        L->gpu.n_embd = t->n_embd, L->gpu.n_ff = t->n_ff, L->gpu.n_slots = slots;
+        if (!(L->slot_of = malloc(t->n_expert * sizeof(int32_t))) ||
+            !(L->expert_in = malloc((size_t)slots * sizeof(int32_t))))
+            return tm_error_set(TM_ERR_NOMEM, "out of memory");
+        for (uint32_t e = 0; e < t->n_expert; e++) L->slot_of[e] = -1;
+        tier_cache_rank(p->hits ? p->hits + (size_t)l * t->n_expert : NULL, t->n_expert, slots,
+                        L->expert_in);
+        for (int32_t s = 0; s < slots && st == TM_OK; s++) {
+            L->slot_of[L->expert_in[s]] = s;
+            st = tier_cache_upload(t, L, s, L->expert_in[s]);
+        }
+        if (st == TM_OK && (st = exec_dev_alloc(t->e, t->n_expert * sizeof(int32_t),
+                                                (void **)&L->slot_of_dev)) == TM_OK)
+            st = cuda_copy_to_device(exec_gpu(t->e), L->slot_of_dev, L->slot_of,
+                                     t->n_expert * sizeof(int32_t));
+    }
+    if (st == TM_OK)
+        tm_log_info("--moe-cache: %d of %u experts in VRAM in each of %u layers (%.2f GiB, %s)",
+                    slots, t->n_expert, n_ram, t->cache_bytes / 1073741824.0,
+                    p->hits ? "the learn file's most used" : "the lowest ids");
+    return st;
+}
+
+/* Mapped memory for decode hand-offs and the buffers of the prompt path. */
+static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
+    const int64_t T = TM_CUDA_MMVQ_MAX_TOK, E = t->n_embd, K = t->k;
+    bool any_cold = false, any_hot = false;
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        any_cold |= t->layers[l].cls != TM_TIER_VRAM;
+        any_hot |= t->layers[l].cls != TM_TIER_RAM;
+    }
+    tm_status st;
+    if (any_cold) {
+        const size_t a[] = {3 * (size_t)t->n_layer * 4, (size_t)(T * E) * 4, (size_t)(T * K) * 4,
+                            (size_t)(T * K) * 4, (size_t)(T * E) * 4};
+        size_t off[5], total = 0;
+        for (int i = 0; i < 5; i++) off[i] = total, total += (a[i] + 63) & ~(size_t)63;
+        void *dev;
+        if ((st = cuda_host_alloc_mapped(total, &t->mb_host_base, &dev))) return st;
+        memset(t->mb_host_base, 0, total);
+        uint8_t *hb = t->mb_host_base, *db = dev;
+        tier_mailbox *mbs[2] = {&t->mb, &t->mb_dev};
+        uint8_t *bases[2] = {hb, db};
+        for (int i = 0; i < 2; i++) {
+            uint8_t *b = bases[i];
+            mbs[i]->flag_h = (uint32_t *)(b + off[0]);
+            mbs[i]->flag_y = mbs[i]->flag_h + t->n_layer;
+            mbs[i]->err = mbs[i]->flag_y + t->n_layer;
+            mbs[i]->h = (float *)(b + off[1]), mbs[i]->ids = (int32_t *)(b + off[2]);
+            mbs[i]->w = (float *)(b + off[3]), mbs[i]->y = (float *)(b + off[4]);
+        }
+    }
+    const size_t y_bytes = (size_t)(n_batch * E) * 4;
+    if ((st = exec_dev_alloc(t->e, y_bytes, (void **)&t->y_dev)) ||
+        (st = cuda_host_alloc(y_bytes, (void **)&t->y_host)))
+        return st;
+    if (!any_hot) return TM_OK;
+    const int64_t n_items = n_batch * K;
+    size_t gemm = 0;
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        if (t->layers[l].cls == TM_TIER_RAM) continue;
+        const size_t b =
+            cuda_moe_grouped_gemm_scratch_bytes(&t->layers[l].gpu, n_items, (int32_t)t->n_expert);
+        gemm = b > gemm ? b : gemm;
+    }
+    t->gemm_scratch_bytes = gemm;
+    if ((st = exec_dev_alloc(t->e, (size_t)n_items * sizeof(tm_cuda_moe_item),
+                             (void **)&t->items_dev)) ||
+        (st = cuda_host_alloc((size_t)n_items * sizeof(tm_cuda_moe_item),
+                              (void **)&t->items_host)) ||
+        (st = exec_dev_alloc(t->e, (size_t)(T * K * t->n_ff) * 4, (void **)&t->h_scratch)) ||
+        (st = exec_dev_alloc(t->e, gemm, &t->gemm_scratch)))
+        return st;
+    return TM_OK;
+}
+
+/* After each step: a GPU that gave up waiting for the CPU lane added nothing
+ * for that layer, so the step's result is wrong: fail it. */
+static tm_status tier_step_check(void *ud) {
+    tm_tier *t = ud;
+    tm_status st = TM_OK;
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        if (__atomic_exchange_n(&t->mb.err[l], 0, __ATOMIC_ACQ_REL) && st == TM_OK)
+            st = tm_error_set(TM_ERR_DEVICE,
+                              "layer %u: the GPU gave up waiting %.1f s for the CPU lane "
+                              "(TIERMOE_HANDOFF_TIMEOUT_MS)",
+                              l, t->timeout_ns * 1e-9);
+    return st;
+}
+
+tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
+                      const tm_tier_layer *layers, const tm_moe_router_params *router,
+                      const tm_tier_params *p, tm_tier **out) {
+    *out = NULL;
+    tm_tier *t = calloc(1, sizeof(*t));
+    if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    t->e = e, t->n_layer = n_layer, t->router = *router;
+    t->n_expert = router->n_expert, t->k = router->n_used;
+    t->n_embd = layers[0].experts.n_embd, t->n_ff = layers[0].experts.n_ff;
+    t->gpu = exec_gpu(e) != NULL;
+    const char *env = getenv("TIERMOE_HANDOFF_TIMEOUT_MS");
+    t->timeout_ns = (uint64_t)(env && atoll(env) > 0 ? atoll(env) : TIER_TIMEOUT_MS) * 1000000u;
+    tm_status st = TM_OK;
+    if (!(t->layers = calloc(n_layer, sizeof(*t->layers))) ||
+        !(t->group_slots = malloc(t->n_expert * sizeof(int32_t))) ||
+        !(t->group_starts = malloc((t->n_expert + 1) * sizeof(int64_t))))
+        st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    if (st == TM_OK) st = moe_cpu_lane_create(&t->lane);
+    if (st == TM_OK && exec_profiling(e)) moe_cpu_lane_profile(t->lane, &t->lane_stats);
+    for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) {
+        tier_layer *L = &t->layers[l];
+        const tm_tier_layer *d = &layers[l];
+        L->t = t, L->index = l, L->host = d->experts;
+        L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
+                          d->experts.down.expert_stride;
+        L->cls = pl->experts_dev[l] == TM_DEV_GPU && t->gpu ? TM_TIER_VRAM : TM_TIER_RAM;
+        if (L->cls == TM_TIER_VRAM)
+            L->gpu = (tm_cuda_moe_params){
+                .n_embd = t->n_embd,
+                .n_ff = t->n_ff,
+                .n_slots = (int32_t)t->n_expert,
+                .gate = tier_gpu_matrix(exec_weight_dev(e, d->gate), &d->experts.gate),
+                .up = tier_gpu_matrix(exec_weight_dev(e, d->up), &d->experts.up),
+                .down = tier_gpu_matrix(exec_weight_dev(e, d->down), &d->experts.down),
+            };
+    }
+    if (st == TM_OK) st = tier_cache_create(t, p);
+    if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
+    if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
+    for (int i = 0; i < 4 && st == TM_OK && t->gpu && exec_profiling(e); i++)
+        st = cuda_event_create(&t->ev[i]);
+    for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) t->stats[t->layers[l].cls].layers++;
+    if (st != TM_OK) {
+        tier_free(t);
+        return st;
+    }
+    *out = t;
+    return TM_OK;
+}
+
+void tier_free(tm_tier *t) {
+    if (!t) return;
+    for (uint32_t l = 0; t->layers && l < t->n_layer; l++)
+        free(t->layers[l].slot_of), free(t->layers[l].expert_in);
+    for (int i = 0; i < 4; i++) cuda_event_free(t->ev[i]);
+    cuda_host_free(t->mb_host_base);
+    cuda_host_free(t->y_host);
+    cuda_host_free(t->items_host);
+    moe_cpu_lane_free(t->lane);
+    moe_worklist_free(&t->wl);
+    free(t->split_tmp), free(t->layers), free(t->group_slots), free(t->group_starts);
+    free(t);
+}

@@ -1,0 +1,115 @@
+/* The tiered MoE step: which lane computes each routed slot of a layer, and
+ * the hand-offs between them (docs/executor.md).
+ *
+ *   x += Σ_k w_k · expert_k(h)      for the top-k experts of each token
+ *
+ * An expert of a layer is hot (in VRAM: the layer's whole expert tensors, or
+ * one of its --moe-cache slots; computed by the GPU's grouped kernels) or cold
+ * (in RAM, the mapped file; computed by the CPU lane). A device slot map
+ * expert → slot | -1 per cached layer is applied by the router kernel, so the
+ * hot lane reads experts through it and skips cold slots. Decode steps hand
+ * the cold slots to the CPU lane through mapped pinned memory and flags (no
+ * stream synchronisation; capturable in the decode graph); prompts split an
+ * expert-major worklist into hot groups (tensor cores) and cold runs (the CPU
+ * lane) that run at the same time.
+ *
+ * Knows no architecture: the architecture hands it the layer's router
+ * logits, normed input and residual stream, the router's parameters and the
+ * layer's expert tensors. */
+#ifndef TM_TIER_TIER_H
+#define TM_TIER_TIER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "exec/exec.h"
+#include "moe/moe.h"
+#include "tier/placement.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TM_MOE_CACHE_AUTO (-1)
+
+/* One layer's experts as the architecture bound them. */
+typedef struct tm_tier_layer {
+    tm_moe_experts experts;            /* host view: the mapped file */
+    const tm_weight *gate, *up, *down; /* the tensors (placement, device copies) */
+} tm_tier_layer;
+
+typedef struct tm_tier_params {
+    int64_t cache_mib;    /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO */
+    const uint64_t *hits; /* [n_layer][n_expert] selections from a learn file (NULL: by id) */
+    size_t reserve;       /* bytes TM_MOE_CACHE_AUTO leaves free */
+} tm_tier_params;
+
+/* Layers by where their experts are (the --profile table's rows). */
+typedef enum tm_tier_class {
+    TM_TIER_VRAM,   /* every expert in VRAM */
+    TM_TIER_RAM,    /* every expert in RAM */
+    TM_TIER_CACHED, /* in RAM, some in VRAM slots */
+    TM_TIER_CLASS_COUNT
+} tm_tier_class;
+extern const char *const tm_tier_class_names[TM_TIER_CLASS_COUNT];
+
+typedef struct tm_tier_stats {
+    uint32_t layers;                /* layers of the class */
+    uint64_t calls;                 /* layer steps */
+    uint64_t hot_slots, cold_slots; /* routed slots by lane */
+    uint64_t hot_bytes, cold_bytes; /* expert weight bytes those slots read */
+    uint64_t hot_ns;                /* GPU hot lane (--profile) */
+    uint64_t cold_ns;               /* CPU lane, wall time */
+    uint64_t wait_ns;               /* host waiting for the GPU's hand-off */
+    uint64_t gpu_wait_ns;           /* GPU waiting for the CPU lane, and its add (--profile) */
+    uint64_t merge_ns;              /* prompts: the CPU's sum copied in and added (--profile) */
+} tm_tier_stats;
+
+typedef struct tm_tier tm_tier;
+
+/* Set up every layer's lanes: the VRAM slots of --moe-cache (divided evenly
+ * over the layers whose experts are in RAM, filled with each layer's most
+ * selected experts, or the lowest ids), the hand-off mailbox, scratch. A
+ * budget above the free VRAM is TM_ERR_DEVICE stating needed and free bytes;
+ * without a GPU the cache is skipped with one line. Call after exec_finalize. */
+tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
+                      const tm_tier_layer *layers, const tm_moe_router_params *router,
+                      const tm_tier_params *p, tm_tier **out);
+void tier_free(tm_tier *t);
+
+/* The MoE step of layer l for the step's tokens: top-k of logits into ids and
+ * w (written; for the callback), then x += Σ w · expert(h). When the executor
+ * emits intermediates, the sum goes to ffn_out first (x += ffn_out after), so
+ * it can be named; otherwise straight into x. */
+tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act *ids, tm_act *w,
+                   tm_act *x, tm_act *ffn_out);
+
+const tm_tier_stats *tier_stats(const tm_tier *t); /* [TM_TIER_CLASS_COUNT] */
+const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t);
+tm_tier_class tier_layer_class(const tm_tier *t, uint32_t layer);
+
+/* ---- the VRAM cache (writable between steps) ---- */
+
+int32_t tier_cache_slots(const tm_tier *t, uint32_t layer);
+/* The slot expert e of layer l is served from: its id for a layer wholly in
+ * VRAM, a cache slot, or -1 (cold). */
+int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert);
+/* Put expert e of layer l into cache slot s (its old expert becomes cold). */
+tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t expert);
+size_t tier_cache_bytes(const tm_tier *t);
+
+/* ---- pieces, exposed for tests ---- */
+
+/* The n_slots experts to cache from a layer's selection counts: most selected
+ * first, ties to the lower id; hits NULL: ids 0, 1, ... */
+void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, int32_t *out);
+/* Reorder a worklist's slots: cold ones (slot_of[expert] < 0) first, then hot,
+ * each in their previous order (an expert's run stays whole); returns the
+ * cold count. slot_of NULL: all cold. tmp: room for wl->n_slots slots. */
+int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, tm_moe_slot *tmp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,321 @@
+/* The tiered MoE step of one layer (tier.h, docs/executor.md).
+ *
+ * Decode (up to TM_CUDA_MMVQ_MAX_TOK tokens, routing and the residual stream
+ * on the GPU), all queued on the stream, capturable in the decode graph:
+ *   router select: ids, weights, work items through the layer's slot map
+ *   [cold possible] signal: h, ids, weights → mailbox; flag_h[l] = step
+ *   [hot possible]  hot lane: grouped kernels over the items, y += hot sums
+ *   [cold possible] wait: flag_y[l] == step, then y += the CPU's sum
+ * and a host task (tier_decode_task): wait for flag_h[l], run the CPU lane on
+ * the cold slots into the mailbox, write flag_y[l]. The hot lane runs while
+ * the CPU lane does.
+ *
+ * Anything else (prompts; routing or the residual stream on the host): the
+ * routing comes to the host, the worklist (expert-major for prompts) is split
+ * into cold and hot slots, the hot groups are queued on the GPU, the CPU lane
+ * runs the cold runs meanwhile, and the side that does not hold the residual
+ * stream sends its sum over. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/timing.h"
+#include "cpu/cpu_ops.h"
+#include "tier/tier_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define tier_relax() _mm_pause()
+#else
+#define tier_relax() ((void)0)
+#endif
+
+#define TIER_QUERY_NS 1000000 /* how often a waiting host asks whether the stream failed */
+
+static tm_cuda_router_params tier_router_gpu(const tm_tier *t, const int32_t *slot_map) {
+    return (tm_cuda_router_params){(tm_cuda_gating)t->router.gating,
+                                   (int32_t)t->n_expert,
+                                   (int32_t)t->k,
+                                   t->router.norm_topk,
+                                   t->router.scale,
+                                   slot_map};
+}
+
+/* The slot map the split goes by: NULL (every slot cold) for a layer in RAM. */
+static const int32_t *tier_split_map(const tier_layer *L) {
+    return L->cls == TM_TIER_CACHED ? L->slot_of : NULL;
+}
+
+static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n_cold) {
+    tm_tier_stats *s = &t->stats[L->cls];
+    s->calls++;
+    s->hot_slots += (uint64_t)n_hot, s->cold_slots += (uint64_t)n_cold;
+    s->hot_bytes += (uint64_t)n_hot * L->expert_bytes;
+    s->cold_bytes += (uint64_t)n_cold * L->expert_bytes;
+}
+
+static uint64_t tier_event_ns(tm_cuda_event a, tm_cuda_event b) {
+    float ms = 0;
+    return cuda_event_elapsed(a, b, &ms) == TM_OK ? (uint64_t)(ms * 1e6) : 0;
+}
+
+static tm_status tier_split_room(tm_tier *t) {
+    if (t->wl.n_slots <= t->cap_split) return TM_OK;
+    tm_moe_slot *p = realloc(t->split_tmp, (size_t)t->wl.n_slots * sizeof(*p));
+    if (!p)
+        return tm_error_set(TM_ERR_NOMEM, "tier: out of memory for %lld slots",
+                            (long long)t->wl.n_slots);
+    t->split_tmp = p, t->cap_split = t->wl.n_slots;
+    return TM_OK;
+}
+
+/* ---- decode: the hand-off ---- */
+
+/* Spin until the GPU has published layer l of this step. Gives up when the
+ * stream fails, finishes without publishing, or the timeout passes. */
+static tm_status tier_wait_gpu(tm_tier *t, uint32_t l, uint32_t seq) {
+    uint64_t t0 = 0, last = 0;
+    for (unsigned i = 0;; i++) {
+        if ((int32_t)(__atomic_load_n(&t->mb.flag_h[l], __ATOMIC_ACQUIRE) - seq) >= 0) return TM_OK;
+        tier_relax();
+        if ((i & 1023) != 1023) continue;
+        const uint64_t now = tm_time_ns();
+        if (!t0) t0 = last = now;
+        if (now - last < TIER_QUERY_NS) continue;
+        last = now;
+        bool idle = false;
+        tm_status st = cuda_stream_query(exec_stream(t->e), &idle);
+        if (st != TM_OK) return tm_error_wrap(st, "layer %u, waiting for the GPU's hand-off: ", l);
+        if (idle && (int32_t)(__atomic_load_n(&t->mb.flag_h[l], __ATOMIC_ACQUIRE) - seq) < 0)
+            return tm_error_set(TM_ERR_DEVICE,
+                                "layer %u: the GPU finished the step without handing the layer's "
+                                "cold experts over",
+                                l);
+        if (now - t0 > t->timeout_ns)
+            return tm_error_set(TM_ERR_DEVICE,
+                                "layer %u: no hand-off from the GPU in %.1f s "
+                                "(TIERMOE_HANDOFF_TIMEOUT_MS)",
+                                l, t->timeout_ns * 1e-9);
+    }
+}
+
+/* The host's half of a decode layer: the cold slots on the CPU lane. It
+ * always answers (flag_y), so a failure here costs the step, never a GPU
+ * left waiting. */
+static tm_status tier_decode_task(void *ud) {
+    tier_layer *L = ud;
+    tm_tier *t = L->t;
+    tm_exec *e = t->e;
+    const uint32_t seq = exec_step_seq(e);
+    const int64_t n_tok = exec_n_tok(e);
+    const uint64_t t0 = tm_time_ns();
+    tm_status st = tier_wait_gpu(t, L->index, seq);
+    const uint64_t t1 = tm_time_ns();
+    t->stats[L->cls].wait_ns += t1 - t0;
+    int64_t n_cold = 0;
+    if (st == TM_OK)
+        st = moe_worklist_build(&t->wl, t->mb.ids, t->mb.w, n_tok, t->n_expert, t->k,
+                                TM_MOE_PHASE_DECODE);
+    if (st == TM_OK) st = tier_split_room(t);
+    if (st == TM_OK) n_cold = tier_worklist_split(&t->wl, tier_split_map(L), t->split_tmp);
+    memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
+    if (st == TM_OK && n_cold)
+        st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, t->mb.h, t->mb.y,
+                              exec_precise(e));
+    if (st == TM_OK) {
+        tier_count(t, L, t->wl.n_slots - n_cold, n_cold);
+        t->stats[L->cls].cold_ns += tm_time_ns() - t1;
+    }
+    __atomic_store_n(&t->mb.flag_y[L->index], seq, __ATOMIC_RELEASE);
+    return st;
+}
+
+static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *h, tm_act *ids,
+                             tm_act *w, tm_act *y) {
+    tm_exec *e = t->e;
+    const tm_cuda_stream s = exec_stream(e);
+    const int64_t n_tok = exec_n_tok(e), E = t->n_embd, K = t->k, l = L->index;
+    const uint32_t *seq = exec_step_seq_dev(e);
+    const bool hot = L->cls != TM_TIER_RAM, cold = L->cls != TM_TIER_VRAM;
+    const bool prof = exec_profiling(e);
+    const tm_cuda_router_params rp =
+        tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev : NULL);
+    tm_status st =
+        cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, hot ? t->items_dev : NULL, s);
+    if (st != TM_OK) return st;
+    exec_act_wrote(ids, TM_DEV_GPU), exec_act_wrote(w, TM_DEV_GPU);
+    if (cold) {
+        const tm_cuda_span spans[3] = {{t->mb_dev.h, h->dev, n_tok * E * 4},
+                                       {t->mb_dev.ids, ids->dev, n_tok * K * 4},
+                                       {t->mb_dev.w, w->dev, n_tok * K * 4}};
+        if ((st = cuda_signal_host(spans, 3, &t->mb_dev.flag_h[l], seq, s))) return st;
+    }
+    if (hot) {
+        if ((prof && (st = cuda_event_record(t->ev[0], s))) ||
+            (st = cuda_moe_grouped(&L->gpu, t->items_dev, n_tok * K, h->dev, n_tok, y->dev,
+                                   t->h_scratch, s)) ||
+            (prof && (st = cuda_event_record(t->ev[1], s))))
+            return st;
+        if (!cold) tier_count(t, L, n_tok * K, 0);
+    }
+    if (cold) {
+        if ((prof && (st = cuda_event_record(t->ev[2], s))) ||
+            (st = cuda_wait_host(&t->mb_dev.flag_y[l], seq, t->timeout_ns, &t->mb_dev.err[l],
+                                 y->dev, t->mb_dev.y, n_tok * E, s)) ||
+            (prof && (st = cuda_event_record(t->ev[3], s))) ||
+            (st = exec_host_task(e, tier_decode_task, L)))
+            return st;
+    }
+    exec_act_wrote(y, TM_DEV_GPU);
+    if (!prof) return TM_OK;
+    if ((st = exec_sync(e))) return st;
+    tm_tier_stats *ts = &t->stats[L->cls];
+    if (hot) ts->hot_ns += tier_event_ns(t->ev[0], t->ev[1]);
+    if (cold) ts->gpu_wait_ns += tier_event_ns(t->ev[2], t->ev[3]);
+    return TM_OK;
+}
+
+/* ---- everything else: prompts, host-side routing or residual ---- */
+
+/* ids and weights on the host, by the side that holds the logits. */
+static tm_status tier_route(tm_tier *t, tm_act *logits, tm_act *ids, tm_act *w) {
+    tm_exec *e = t->e;
+    const int64_t n_tok = exec_n_tok(e);
+    tm_status st;
+    if (t->gpu && exec_act_on(logits, TM_DEV_GPU)) {
+        const tm_cuda_router_params rp = tier_router_gpu(t, NULL);
+        if ((st = cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, NULL,
+                                     exec_stream(e))))
+            return st;
+        exec_act_wrote(ids, TM_DEV_GPU), exec_act_wrote(w, TM_DEV_GPU);
+        if ((st = exec_act_to(e, ids, TM_DEV_CPU, n_tok)) ||
+            (st = exec_act_to(e, w, TM_DEV_CPU, n_tok)))
+            return st;
+        return TM_OK;
+    }
+    if ((st = exec_act_to(e, logits, TM_DEV_CPU, n_tok))) return st;
+    moe_router_select(exec_pool(e), &t->router, logits->host, n_tok, ids->host, w->host);
+    exec_act_wrote(ids, TM_DEV_CPU), exec_act_wrote(w, TM_DEV_CPU);
+    return TM_OK;
+}
+
+/* Queue the hot slots [n_cold, n_slots) of the worklist on the GPU: y (device,
+ * [n_tok][n_embd]) += their weighted outputs. */
+static tm_status tier_hot_lane(tm_tier *t, tier_layer *L, int64_t n_cold, const float *h,
+                               float *y) {
+    tm_exec *e = t->e;
+    const tm_cuda_stream s = exec_stream(e);
+    const int64_t n_tok = exec_n_tok(e), n_hot = t->wl.n_slots - n_cold;
+    const tm_moe_slot *sl = t->wl.slots + n_cold;
+    int32_t n_groups = 0;
+    for (int64_t i = 0; i < n_hot; i++) {
+        const int32_t slot = tier_slot_of(t, L->index, sl[i].expert);
+        t->items_host[i] = (tm_cuda_moe_item){slot, sl[i].token, sl[i].weight};
+        if (!i || sl[i].expert != sl[i - 1].expert) { /* a run of one expert: a group */
+            t->group_slots[n_groups] = slot;
+            t->group_starts[n_groups++] = i;
+        }
+    }
+    t->group_starts[n_groups] = n_hot;
+    tm_status st =
+        cuda_copy_async(t->items_dev, t->items_host, (size_t)n_hot * sizeof(tm_cuda_moe_item), s);
+    if (st != TM_OK) return st;
+    if (n_tok <= TM_CUDA_MMVQ_MAX_TOK || !t->wl.expert_major)
+        return cuda_moe_grouped(&L->gpu, t->items_dev, n_hot, h, n_tok, y, t->h_scratch, s);
+    const tm_cuda_moe_groups g = {n_groups, t->group_slots, t->group_starts, t->items_dev};
+    return cuda_moe_grouped_gemm(exec_blas(e), &L->gpu, &g, h, n_tok, y, t->gemm_scratch, s);
+}
+
+static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *h, tm_act *ids,
+                              tm_act *w, tm_act *y, tm_dev side) {
+    tm_exec *e = t->e;
+    const tm_cuda_stream s = exec_stream(e);
+    const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
+    const size_t y_bytes = (size_t)(n_tok * E) * sizeof(float);
+    const bool prof = exec_profiling(e);
+    /* more tokens than the matrix-vector kernels take go to the GPU's
+     * tensor cores in expert groups, whatever the phase */
+    const tm_moe_phase phase =
+        n_tok > TM_CUDA_MMVQ_MAX_TOK && L->cls != TM_TIER_RAM ? TM_MOE_PHASE_PROMPT : exec_phase(e);
+    tm_status st;
+    if ((st = tier_route(t, logits, ids, w)) ||
+        (st = moe_worklist_build(&t->wl, ids->host, w->host, n_tok, t->n_expert, t->k, phase)) ||
+        (st = tier_split_room(t)))
+        return st;
+    const int64_t n_cold =
+        L->cls == TM_TIER_VRAM ? 0 : tier_worklist_split(&t->wl, tier_split_map(L), t->split_tmp);
+    const int64_t n_hot = t->wl.n_slots - n_cold;
+    /* the hot lane first, so it runs while the CPU lane does */
+    if (n_hot) {
+        float *yh = side == TM_DEV_GPU ? y->dev : t->y_dev;
+        if ((st = exec_act_to(e, h, TM_DEV_GPU, n_tok)) ||
+            (side == TM_DEV_CPU && (st = cuda_fill_async(t->y_dev, 0, y_bytes, s))) ||
+            (prof && (st = cuda_event_record(t->ev[0], s))) ||
+            (st = tier_hot_lane(t, L, n_cold, h->dev, yh)) ||
+            (prof && (st = cuda_event_record(t->ev[1], s))))
+            return st;
+    }
+    if (n_cold) {
+        float *yc = side == TM_DEV_CPU ? y->host : t->y_host;
+        if ((st = exec_act_to(e, h, TM_DEV_CPU, n_tok))) return st;
+        if (side == TM_DEV_GPU) memset(yc, 0, y_bytes);
+        const uint64_t t0 = tm_time_ns();
+        if ((st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, h->host, yc,
+                                   exec_precise(e))))
+            return st;
+        t->stats[L->cls].cold_ns += tm_time_ns() - t0;
+        if (side == TM_DEV_GPU && /* the CPU's sum into the residual on the GPU */
+            ((prof && (st = cuda_event_record(t->ev[2], s))) ||
+             (st = cuda_copy_async(t->y_dev, t->y_host, y_bytes, s)) ||
+             (st = cuda_add(y->dev, y->dev, t->y_dev, n_tok * E, s)) ||
+             (prof && (st = cuda_event_record(t->ev[3], s)))))
+            return st;
+    }
+    if (n_hot && side == TM_DEV_CPU) { /* the GPU's sum into the residual on the host */
+        if ((st = cuda_copy_async(t->y_host, t->y_dev, y_bytes, s)) || (st = exec_sync(e)))
+            return st;
+        cpu_axpy(y->host, 1.0f, t->y_host, n_tok * E);
+    }
+    tier_count(t, L, n_hot, n_cold);
+    exec_act_wrote(y, side);
+    if (!prof || !t->gpu) return TM_OK;
+    if ((st = exec_sync(e))) return st;
+    tm_tier_stats *ts = &t->stats[L->cls];
+    if (n_hot) ts->hot_ns += tier_event_ns(t->ev[0], t->ev[1]);
+    if (n_cold && side == TM_DEV_GPU) ts->merge_ns += tier_event_ns(t->ev[2], t->ev[3]);
+    return TM_OK;
+}
+
+tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act *ids, tm_act *w,
+                   tm_act *x, tm_act *ffn_out) {
+    if (layer >= t->n_layer)
+        return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u of %u", layer, t->n_layer);
+    tm_exec *e = t->e;
+    tier_layer *L = &t->layers[layer];
+    const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
+    const tm_dev side = exec_act_on(x, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
+    const bool named = exec_emitting(e) && ffn_out;
+    tm_act *y = named ? ffn_out : x;
+    tm_status st;
+    if (named) { /* the sum on its own first, so it can be named */
+        if (side == TM_DEV_GPU)
+            st = cuda_fill_async(ffn_out->dev, 0, (size_t)(n_tok * E) * 4, exec_stream(e));
+        else
+            st = (memset(ffn_out->host, 0, (size_t)(n_tok * E) * 4), TM_OK);
+        if (st != TM_OK) return st;
+        exec_act_wrote(ffn_out, side);
+    }
+    const bool decode = t->gpu && side == TM_DEV_GPU && exec_phase(e) == TM_MOE_PHASE_DECODE &&
+                        n_tok <= TM_CUDA_MMVQ_MAX_TOK && exec_act_on(logits, TM_DEV_GPU) &&
+                        exec_act_on(h, TM_DEV_GPU);
+    st = decode ? tier_decode(t, L, logits, h, ids, w, y)
+                : tier_general(t, L, logits, h, ids, w, y, side);
+    if (st != TM_OK || !named) return st;
+    if (side == TM_DEV_GPU) {
+        if ((st = cuda_add(x->dev, x->dev, ffn_out->dev, n_tok * E, exec_stream(e)))) return st;
+    } else {
+        cpu_axpy(x->host, 1.0f, ffn_out->host, n_tok * E);
+    }
+    exec_act_wrote(x, side);
+    return TM_OK;
+}

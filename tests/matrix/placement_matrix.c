@@ -1,0 +1,298 @@
+/* The placement matrix: see placement_matrix.h. */
+#include "placement_matrix.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "model/synth.h"
+
+#define PM_ALL (1 << 20) /* -ngl all */
+
+#define PM_CHECK(call, what)                                                                       \
+    do {                                                                                           \
+        tm_status st_ = (call);                                                                    \
+        if (st_ != TM_OK) fail_msg("%s: %s: %s", what, #call, tm_error_message());                 \
+    } while (0)
+
+void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, uint32_t n_expert) {
+    const char *tmp = getenv("TM_TEST_TMP");
+    snprintf(path, len, "%s/%s", tmp ? tmp : "/tmp", name);
+    tm_synth_config sc;
+    if (synth_config_preset(&sc, "tiny") != TM_OK) fail_msg("%s", tm_error_message());
+    sc.n_layer = n_layer, sc.n_expert = n_expert, sc.n_threads = 2, sc.seed = 11;
+    if (synth_model_write(&sc, path) != TM_OK) fail_msg("mkmodel: %s", tm_error_message());
+}
+
+static void *pm_alloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) fail_msg("out of memory (%zu bytes)", n);
+    return p;
+}
+
+/* What the tensor callback keeps of one forward call: the top-k ids and the
+ * router logits of every layer (the last call only). */
+struct pm_run {
+    tm_context *ctx;
+    int n_layer, k, n_expert;
+    int64_t n_tok;
+    int32_t *ids;  /* [n_layer][n_tok][k] */
+    float *logits; /* [n_layer][n_tok][n_expert] */
+};
+
+static void pm_route_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
+                        int64_t n, bool is_int) {
+    pm_run *r = ud;
+    if (layer < 0 || layer >= r->n_layer || n_tok > r->n_tok) return;
+    if (!strcmp(name, "topk_ids") && is_int)
+        memcpy(r->ids + (int64_t)layer * r->n_tok * r->k, data, (size_t)(n_tok * n) * 4);
+    if (!strcmp(name, "router_logits"))
+        memcpy(r->logits + (int64_t)layer * r->n_tok * r->n_expert, data, (size_t)(n_tok * n) * 4);
+}
+
+pm_run *pm_run_open(tm_model *m, const tm_context_params *p) {
+    pm_run *r = pm_alloc(sizeof(*r));
+    r->n_layer = (int)m->cfg.n_layer, r->k = (int)m->cfg.n_expert_used;
+    r->n_expert = (int)m->cfg.n_expert, r->n_tok = p->n_batch;
+    r->ids = pm_alloc((size_t)(r->n_layer * r->n_tok * r->k) * 4);
+    r->logits = pm_alloc((size_t)(r->n_layer * r->n_tok * r->n_expert) * 4);
+    tm_context_params cp = *p;
+    cp.cb = pm_route_cb, cp.cb_ud = r;
+    PM_CHECK(model_context_create(m, &cp, &r->ctx), "context");
+    return r;
+}
+
+void pm_run_close(pm_run *r) {
+    if (!r) return;
+    model_context_free(r->ctx);
+    free(r->ids), free(r->logits), free(r);
+}
+
+tm_context *pm_run_context(pm_run *r) {
+    return r->ctx;
+}
+
+double pm_rel_l2(const float *a, const float *ref, int64_t n) {
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - ref[i];
+        e += d * d, s += (double)ref[i] * ref[i];
+    }
+    return sqrt(e / (s + 1e-300));
+}
+
+/* Number of (layer, token) routings that differ; fails on one that is not a near tie. */
+static int pm_route_compare(const pm_run *ref, const pm_run *run, int64_t n_tok, double tie,
+                            const char *what) {
+    int ties = 0;
+    float *sorted = pm_alloc((size_t)ref->n_expert * 4);
+    for (int l = 0; l < ref->n_layer; l++)
+        for (int64_t t = 0; t < n_tok; t++) {
+            const int32_t *a = ref->ids + ((int64_t)l * ref->n_tok + t) * ref->k;
+            const int32_t *b = run->ids + ((int64_t)l * run->n_tok + t) * run->k;
+            bool same = true;
+            for (int j = 0; j < ref->k; j++) {
+                bool found = false;
+                for (int i = 0; i < ref->k; i++) found |= a[j] == b[i];
+                same &= found;
+            }
+            if (same) continue;
+            const float *lg = ref->logits + ((int64_t)l * ref->n_tok + t) * ref->n_expert;
+            memcpy(sorted, lg, (size_t)ref->n_expert * 4);
+            for (int i = 0; i <= ref->k && i < ref->n_expert; i++) /* partial selection sort */
+                for (int j = i + 1; j < ref->n_expert; j++)
+                    if (sorted[j] > sorted[i]) {
+                        const float x = sorted[i];
+                        sorted[i] = sorted[j], sorted[j] = x;
+                    }
+            const double gap = sorted[ref->k - 1] - sorted[ref->k];
+            if (!(gap < tie))
+                fail_msg("%s: layer %d token %lld routed differently, reference margin %.3g", what,
+                         l, (long long)t, gap);
+            ties++;
+        }
+    free(sorted);
+    return ties;
+}
+
+int pm_compare(tm_model *m, const int32_t *toks, int64_t n_prompt, int64_t n_decode, pm_run *ref,
+               pm_run *run, double tol_prompt, double tol_decode, double tie, const char *what) {
+    const int64_t V = m->cfg.n_vocab, B = ref->ctx->params.n_batch;
+    double worst_p = 0, worst_d = 0;
+    int ties = 0;
+    for (int64_t i = 0; i < n_prompt + n_decode;) {
+        const int64_t n = i < n_prompt ? (n_prompt - i < B ? n_prompt - i : B) : 1;
+        const tm_moe_phase ph = i < n_prompt ? TM_MOE_PHASE_PROMPT : TM_MOE_PHASE_DECODE;
+        PM_CHECK(model_decode(ref->ctx, toks + i, n, ph, false), what);
+        PM_CHECK(model_decode(run->ctx, toks + i, n, ph, false), what);
+        const int t = pm_route_compare(ref, run, n, tie, what);
+        ties += t;
+        const double err = pm_rel_l2(run->ctx->logits, ref->ctx->logits, V);
+        const double tol = ph == TM_MOE_PHASE_PROMPT ? tol_prompt : tol_decode;
+        if (!t && !(err <= tol))
+            fail_msg("%s: logits after tokens [%lld, %lld): relative error %.3g > %.3g", what,
+                     (long long)i, (long long)(i + n), err, tol);
+        if (!t && ph == TM_MOE_PHASE_PROMPT) worst_p = fmax(worst_p, err);
+        if (!t && ph == TM_MOE_PHASE_DECODE) worst_d = fmax(worst_d, err);
+        i += n;
+    }
+    printf("    %s: worst logits error prompt %.3g (tol %.3g), decode %.3g (tol %.3g), %d near "
+           "ties\n",
+           what, worst_p, tol_prompt, worst_d, tol_decode, ties);
+    return ties;
+}
+
+static int32_t pm_argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+static void pm_greedy(tm_context *ctx, int32_t first, int n, int32_t *out, const char *what) {
+    int32_t id = first;
+    for (int i = 0; i < n; i++) {
+        PM_CHECK(model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false), what);
+        out[i] = id = pm_argmax(ctx->logits, ctx->model->cfg.n_vocab);
+    }
+}
+
+/* ---- the matrix ---- */
+
+typedef struct pm_case {
+    const char *name;
+    int ngl;
+    bool cpu_moe;
+    int n_cpu_moe;
+    const char *ot;
+    int64_t cache_mib;
+} pm_case;
+
+static const pm_case pm_cases[] = {
+    {"CPU only", 0, false, 0, NULL, 0},
+    {"-ngl all", PM_ALL, false, 0, NULL, 0},
+    {"-ngl 2", 2, false, 0, NULL, 0},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0},
+    {"--cpu-moe --moe-cache 2 (random hot set)", PM_ALL, true, 0, NULL, 2},
+    /* layer 0: attention on the GPU, experts in RAM; layer 1: its output
+     * projection on the CPU between GPU ops; later layers: attention on the
+     * CPU, experts on the GPU */
+    {"-ngl 2 -ot mix", 2, false, 0,
+     "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
+     "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
+     0},
+};
+
+static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool precise, tm_type kv,
+                                   int64_t n_batch) {
+    return (tm_context_params){.n_ctx = 256,
+                               .n_batch = n_batch,
+                               .n_threads = 2,
+                               .kv_type = kv,
+                               .precise = precise,
+                               .n_gpu_layers = c->ngl,
+                               .cpu_moe = c->cpu_moe,
+                               .n_cpu_moe = c->n_cpu_moe,
+                               .override_tensor = c->ot,
+                               .moe_cache_mib = c->cache_mib,
+                               .moe_hits = c->cache_mib ? hits : NULL};
+}
+
+/* The tier's counters after a run: every layer in the class the placement
+ * implies, and the lanes it implies did work. */
+static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *what) {
+    const uint32_t L = ctx->model->cfg.n_layer;
+    const tm_tier_stats *s = tier_stats(ctx->tier);
+    uint32_t vram = 0, ram = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        const bool gpu_experts =
+            c->ngl && !c->cpu_moe && !c->ot && (int)l >= c->n_cpu_moe && (int)l < c->ngl;
+        if (!c->ot) gpu_experts ? vram++ : ram++;
+    }
+    if (c->cache_mib) {
+        if (s[TM_TIER_CACHED].layers != L || !s[TM_TIER_CACHED].hot_slots ||
+            !s[TM_TIER_CACHED].cold_slots)
+            fail_msg("%s: want %u cached layers with hot and cold slots, got %u layers, %llu hot, "
+                     "%llu cold",
+                     what, L, s[TM_TIER_CACHED].layers,
+                     (unsigned long long)s[TM_TIER_CACHED].hot_slots,
+                     (unsigned long long)s[TM_TIER_CACHED].cold_slots);
+        return;
+    }
+    if (c->ot) { /* the mix: layer 0 cold, the layers from 2 hot */
+        if (!s[TM_TIER_RAM].cold_slots || (L > 2 && !s[TM_TIER_VRAM].hot_slots))
+            fail_msg("%s: want cold slots in RAM layers and hot ones in VRAM layers", what);
+        return;
+    }
+    if (s[TM_TIER_VRAM].layers != vram || s[TM_TIER_RAM].layers != ram)
+        fail_msg("%s: %u VRAM and %u RAM layers, want %u and %u", what, s[TM_TIER_VRAM].layers,
+                 s[TM_TIER_RAM].layers, vram, ram);
+    if ((vram && !s[TM_TIER_VRAM].hot_slots) || (ram && !s[TM_TIER_RAM].cold_slots) ||
+        s[TM_TIER_VRAM].cold_slots || s[TM_TIER_RAM].hot_slots)
+        fail_msg("%s: slots in the wrong lane", what);
+}
+
+void placement_matrix_run(const char *path, const pm_tolerance *tol) {
+    tm_model *m;
+    PM_CHECK(model_load(path, &m), path);
+    const tm_model_config *cfg = &m->cfg;
+    tm_rng r;
+    tm_rng_seed(&r, 7);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (int32_t)(tm_rng_u64(&r) % cfg->n_vocab);
+    uint64_t *hits = pm_alloc((size_t)cfg->n_layer * cfg->n_expert * sizeof(uint64_t));
+    for (size_t i = 0; i < (size_t)cfg->n_layer * cfg->n_expert; i++)
+        hits[i] = tm_rng_u64(&r) % 1000;
+
+    /* the reference: precise CPU, f32 KV; its greedy tokens */
+    const pm_case cpu = pm_cases[0];
+    int32_t want[64], got[64];
+    tm_context *ref_ctx;
+    const tm_context_params rp = pm_params(&cpu, NULL, true, TM_TYPE_F32, 16),
+                            rp24 = pm_params(&cpu, NULL, true, TM_TYPE_F32, 24);
+    PM_CHECK(model_context_create(m, &rp, &ref_ctx), "reference");
+    pm_greedy(ref_ctx, toks[0], 64, want, "reference");
+    model_context_free(ref_ctx);
+
+    printf("  %s: %u layers, %u experts (k %u)\n", path, cfg->n_layer, cfg->n_expert,
+           cfg->n_expert_used);
+    for (size_t ci = 0; ci < sizeof(pm_cases) / sizeof(pm_cases[0]); ci++) {
+        const pm_case *c = &pm_cases[ci];
+        char what[160];
+        /* 40 prompt tokens in batches of 24 and 16, then 16 decode steps */
+        for (int precise = 0; precise < 2; precise++) {
+            snprintf(what, sizeof(what), "%s, %s CPU ops", c->name, precise ? "precise" : "normal");
+            const tm_context_params p =
+                pm_params(c, hits, precise, precise ? TM_TYPE_F32 : TM_TYPE_F16, 24);
+            pm_run *ref = pm_run_open(m, &rp24), *run = pm_run_open(m, &p);
+            if (precise)
+                pm_compare(m, toks, 40, 16, ref, run, tol->prompt, tol->decode, tol->tie, what);
+            else
+                pm_compare(m, toks, 40, 16, ref, run, tol->quant, tol->quant, tol->tie_quant, what);
+            pm_run_close(ref), pm_run_close(run);
+        }
+        /* greedy, no callback: the decode graph where every op is on the GPU */
+        snprintf(what, sizeof(what), "%s, greedy", c->name);
+        const tm_context_params p = pm_params(c, hits, true, TM_TYPE_F32, 16);
+        tm_context *ctx;
+        PM_CHECK(model_context_create(m, &p, &ctx), what);
+        pm_greedy(ctx, toks[0], 64, got, what);
+        for (int i = 0; i < 64; i++)
+            if (got[i] != want[i])
+                fail_msg("%s: token %d is %d, the reference's %d", what, i, got[i], want[i]);
+        pm_check_lanes(c, ctx, what);
+        printf("    %s: 64 greedy tokens identical (%s)\n", c->name,
+               exec_graph_ready(ctx->exec) ? "decode graph" : "eager");
+        model_context_free(ctx);
+    }
+    free(hits);
+    model_free(m);
+}

@@ -1,0 +1,813 @@
+/* The op launchers of the host mock (see cuda_mock.c for the model). Each
+ * launcher makes the argument checks its src/cuda/<op>.cu launcher makes
+ * (TM_ERR_ARG / TM_ERR_UNSUPPORTED at once), then queues a closure that
+ * computes the op with the library's CPU reference code on the stream's
+ * worker thread (single-threaded: no tm_pool). When it runs, a closure checks
+ * that the memory it touches is device-addressable and that the values it
+ * reads from device memory (positions, work items) are in range; a failure
+ * there is a sticky stream error, as a kernel fault would be.
+ *
+ * Products dequantize each weight row exactly (quant_row_dequantize) and sum
+ * in double; the results are stored as float (the real gemm's f16 rounding of
+ * its inputs is not reproduced). */
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/cpu_ops.h"
+#include "moe/moe.h"
+
+#include "cuda_mock.h"
+
+/* ---- shared checks ---- */
+
+/* The weight types with kernels (mmvq.cuh, dequant.cu), their block size and
+ * the alignment their rows need; 0 when the type has none. */
+static int64_t weight_block(tm_type t, size_t *esz) {
+    *esz = 1;
+    switch (t) {
+    case TM_TYPE_F32:
+        *esz = 4;
+        return 1;
+    case TM_TYPE_F16:
+    case TM_TYPE_BF16:
+        *esz = 2;
+        return 1;
+    case TM_TYPE_Q4_K:
+    case TM_TYPE_Q5_K:
+    case TM_TYPE_Q6_K:
+        return 256;
+    case TM_TYPE_Q8_0:
+    case TM_TYPE_Q4_0:
+    case TM_TYPE_MXFP4:
+        return 32;
+    default:
+        return 0;
+    }
+}
+
+/* As tm_mmvq_check / tm_dequant_check; x (when given) must be 16-byte aligned. */
+static tm_status check_weights(const char *op, tm_type type, const void *w, size_t row_bytes,
+                               int64_t k, const float *x, bool check_x) {
+    size_t esz;
+    const int64_t bs = weight_block(type, &esz);
+    if (!bs)
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: weight type %s has no CUDA kernel", op,
+                            quant_type_name(type));
+    if (k <= 0 || k % bs)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: k = %lld is not a positive multiple of %s's block of %lld", op,
+                            (long long)k, quant_type_name(type), (long long)bs);
+    if (row_bytes < quant_row_size(type, k))
+        return tm_error_set(TM_ERR_ARG, "%s: row stride %zu bytes < %zu bytes of a %s row of %lld",
+                            op, row_bytes, quant_row_size(type, k), quant_type_name(type),
+                            (long long)k);
+    if (((uintptr_t)w | row_bytes) % esz)
+        return tm_error_set(TM_ERR_ARG, "%s: %s rows must be %zu-byte aligned", op,
+                            quant_type_name(type), esz);
+    if (check_x && ((uintptr_t)x & 15))
+        return tm_error_set(TM_ERR_ARG, "%s: activations must be 16-byte aligned", op);
+    return TM_OK;
+}
+
+/* Bytes spanned by `rows` rows of k values, row_bytes apart. */
+static size_t rows_span(tm_type type, size_t row_bytes, int64_t rows, int64_t k) {
+    return rows > 0 ? (size_t)(rows - 1) * row_bytes + quant_row_size(type, k) : 0;
+}
+
+/* In a closure: fail unless [p, p + bytes) is device-addressable. */
+#define NEED_DEVICE(p, bytes, what)                                                                \
+    do {                                                                                           \
+        if (!mock_device_range((p), (bytes)))                                                      \
+            return mock_fail(err, err_size,                                                        \
+                             "illegal address: %s (%zu bytes at %p) is not device memory", what,   \
+                             (size_t)(bytes), (const void *)(p));                                  \
+    } while (0)
+
+static double dot(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* ---- mmvq, gemm, dequantize ---- */
+
+typedef struct matvec_arg {
+    tm_type type;
+    const void *w;
+    size_t row_bytes;
+    int64_t rows, k, n_tok;
+    const float *x;
+    float *y;
+} matvec_arg;
+
+static bool matvec_run(void *arg, char *err, size_t err_size) {
+    const matvec_arg *a = arg;
+    NEED_DEVICE(a->w, rows_span(a->type, a->row_bytes, a->rows, a->k), "the weights");
+    NEED_DEVICE(a->x, (size_t)(a->n_tok * a->k) * 4, "x");
+    NEED_DEVICE(a->y, (size_t)(a->n_tok * a->rows) * 4, "y");
+    float *row = malloc((size_t)a->k * sizeof(float));
+    if (!row) return mock_fail(err, err_size, "out of host memory");
+    for (int64_t r = 0; r < a->rows; r++) {
+        quant_row_dequantize(a->type, (const char *)a->w + r * a->row_bytes, row, a->k);
+        for (int64_t t = 0; t < a->n_tok; t++)
+            a->y[t * a->rows + r] = (float)dot(row, a->x + t * a->k, a->k);
+    }
+    free(row);
+    return true;
+}
+
+tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
+                    const float *x, int64_t n_tok, float *y, tm_cuda_stream stream) {
+    if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_mmvq: rows %lld, n_tok %lld (want rows >= 1, 1..%d tokens)",
+                            (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
+    tm_status st = check_weights("cuda_mmvq", type, w, row_bytes, k, x, true);
+    if (st != TM_OK) return st;
+    const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y};
+    return mock_launch(stream, "cuda_mmvq", matvec_run, &a, sizeof(a));
+}
+
+struct tm_cuda_blas {
+    tm_cuda_device *dev;
+};
+
+tm_status cuda_blas_create(tm_cuda_device *dev, tm_cuda_blas **out) {
+    *out = calloc(1, sizeof(**out));
+    if (!*out) return tm_error_set(TM_ERR_NOMEM, "cuda_blas_create: out of host memory");
+    (*out)->dev = dev;
+    return TM_OK;
+}
+
+void cuda_blas_free(tm_cuda_blas *b) {
+    free(b);
+}
+
+size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok) {
+    if (rows <= 0 || k <= 0 || n_tok <= 0) return 0;
+    return ((size_t)(n_tok * k) * 2 + 255) & ~(size_t)255; /* the f16 activations' part */
+}
+
+tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                    int64_t k, const float *x, int64_t n_tok, float *y, void *scratch,
+                    tm_cuda_stream stream) {
+    if (!b || rows <= 0 || n_tok <= 0 || rows > 0x7fffffffLL || n_tok > 0x7fffffffLL ||
+        k > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_gemm: rows %lld, k %lld, n_tok %lld (want 1..2^31-1 each and a "
+                            "handle)",
+                            (long long)rows, (long long)k, (long long)n_tok);
+    tm_status st = check_weights("cuda_gemm", type, w, row_bytes, k, x, false);
+    if (st != TM_OK) return st;
+    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 15))
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_gemm: x and y must be float-aligned, scratch 16-byte aligned");
+    const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y};
+    return mock_launch(stream, "cuda_gemm", matvec_run, &a, sizeof(a));
+}
+
+static bool dequant_f16_run(void *arg, char *err, size_t err_size) {
+    const matvec_arg *a = arg; /* y: the f16 output */
+    NEED_DEVICE(a->w, rows_span(a->type, a->row_bytes, a->rows, a->k), "the weights");
+    NEED_DEVICE(a->y, (size_t)(a->rows * a->k) * 2, "the f16 output");
+    float *row = malloc((size_t)a->k * sizeof(float));
+    if (!row) return mock_fail(err, err_size, "out of host memory");
+    tm_half *out = (tm_half *)(void *)a->y;
+    for (int64_t r = 0; r < a->rows; r++) {
+        quant_row_dequantize(a->type, (const char *)a->w + r * a->row_bytes, row, a->k);
+        for (int64_t i = 0; i < a->k; i++) out[r * a->k + i] = quant_f32_to_f16(row[i]);
+    }
+    free(row);
+    return true;
+}
+
+tm_status cuda_dequantize_f16(tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                              int64_t k, void *out_f16, tm_cuda_stream stream) {
+    if (rows <= 0)
+        return tm_error_set(TM_ERR_ARG, "cuda_dequantize_f16: rows %lld x k %lld (want rows >= 1)",
+                            (long long)rows, (long long)k);
+    tm_status st = check_weights("cuda_dequantize_f16", type, w, row_bytes, k, NULL, false);
+    if (st != TM_OK) return st;
+    if ((uintptr_t)out_f16 & 1)
+        return tm_error_set(TM_ERR_ARG, "cuda_dequantize_f16: output must be 2-byte aligned");
+    const matvec_arg a = {type, w, row_bytes, rows, k, 0, NULL, out_f16};
+    return mock_launch(stream, "cuda_dequantize_f16", dequant_f16_run, &a, sizeof(a));
+}
+
+/* ---- grouped experts ---- */
+
+/* Buffers of one expert evaluation. */
+typedef struct moe_bufs {
+    float *row, *g, *u, *h;
+} moe_bufs;
+
+static bool moe_bufs_alloc(moe_bufs *b, const tm_cuda_moe_params *p) {
+    const int64_t n = p->n_embd > p->n_ff ? p->n_embd : p->n_ff;
+    b->row = malloc((size_t)n * sizeof(float));
+    b->g = malloc((size_t)p->n_ff * sizeof(float));
+    b->u = malloc((size_t)p->n_ff * sizeof(float));
+    b->h = malloc((size_t)p->n_ff * sizeof(float));
+    return b->row && b->g && b->u && b->h;
+}
+
+static void moe_bufs_free(moe_bufs *b) {
+    free(b->row), free(b->g), free(b->u), free(b->h);
+}
+
+static const char *expert_rows(const tm_cuda_moe_matrix *m, int32_t slot) {
+    return (const char *)m->data + (size_t)slot * m->expert_stride;
+}
+
+/* y[token] += weight * down(silu(gate x[token]) * up x[token]) for one valid
+ * item; h (n_ff floats) gets the SwiGLU output. */
+static bool moe_item_run(const tm_cuda_moe_params *p, int32_t slot, int32_t token, float weight,
+                         const float *x, float *y, moe_bufs *b, char *err, size_t err_size) {
+    const int64_t E = p->n_embd, F = p->n_ff;
+    const char *gate = expert_rows(&p->gate, slot), *up = expert_rows(&p->up, slot);
+    const char *down = expert_rows(&p->down, slot);
+    NEED_DEVICE(gate, rows_span(p->gate.type, p->gate.row_bytes, F, E), "a gate expert");
+    NEED_DEVICE(up, rows_span(p->up.type, p->up.row_bytes, F, E), "an up expert");
+    NEED_DEVICE(down, rows_span(p->down.type, p->down.row_bytes, E, F), "a down expert");
+    const float *xt = x + (int64_t)token * E;
+    for (int64_t r = 0; r < F; r++) {
+        quant_row_dequantize(p->gate.type, gate + r * p->gate.row_bytes, b->row, E);
+        b->g[r] = (float)dot(b->row, xt, E);
+        quant_row_dequantize(p->up.type, up + r * p->up.row_bytes, b->row, E);
+        b->u[r] = (float)dot(b->row, xt, E);
+    }
+    cpu_swiglu(b->h, b->g, b->u, F);
+    float *yt = y + (int64_t)token * E;
+    for (int64_t r = 0; r < E; r++) {
+        quant_row_dequantize(p->down.type, down + r * p->down.row_bytes, b->row, F);
+        yt[r] += (float)(weight * dot(b->row, b->h, F));
+    }
+    return true;
+}
+
+static bool moe_item_ok(const tm_cuda_moe_item *it, int32_t n_slots, int64_t n_tok) {
+    return it->slot >= 0 && it->slot < n_slots && it->token >= 0 && it->token < n_tok;
+}
+
+typedef struct moe_arg {
+    tm_cuda_moe_params p;
+    const tm_cuda_moe_item *items;
+    int64_t n_items, n_tok;
+    const float *x;
+    float *y, *h;
+} moe_arg;
+
+static bool moe_run(void *arg, char *err, size_t err_size) {
+    const moe_arg *a = arg;
+    const tm_cuda_moe_params *p = &a->p;
+    NEED_DEVICE(a->items, (size_t)a->n_items * sizeof(tm_cuda_moe_item), "the work items");
+    NEED_DEVICE(a->x, (size_t)(a->n_tok * p->n_embd) * 4, "x");
+    NEED_DEVICE(a->y, (size_t)(a->n_tok * p->n_embd) * 4, "y");
+    NEED_DEVICE(a->h, (size_t)(a->n_items * p->n_ff) * 4, "h_scratch");
+    moe_bufs b;
+    bool ok = moe_bufs_alloc(&b, p) || mock_fail(err, err_size, "out of host memory");
+    for (int64_t i = 0; ok && i < a->n_items; i++) {
+        const tm_cuda_moe_item it = a->items[i];
+        float *h = a->h + i * p->n_ff;
+        if (!moe_item_ok(&it, p->n_slots, a->n_tok)) {
+            memset(h, 0, (size_t)p->n_ff * sizeof(float)); /* as the real gate/up kernel */
+            continue;
+        }
+        ok = moe_item_run(p, it.slot, it.token, it.weight, a->x, a->y, &b, err, err_size);
+        if (ok) memcpy(h, b.h, (size_t)p->n_ff * sizeof(float));
+    }
+    moe_bufs_free(&b);
+    return ok;
+}
+
+int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
+    return n_items * p->n_ff;
+}
+
+static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
+                              int64_t k, const float *x) {
+    tm_status st = check_weights(name, m->type, m->data, m->row_bytes, k, x, true);
+    if (st != TM_OK) return st;
+    if (m->expert_stride < (size_t)rows * m->row_bytes)
+        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
+                            m->expert_stride, (long long)rows, m->row_bytes);
+    return TM_OK;
+}
+
+tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
+                           int64_t n_items, const float *x, int64_t n_tok, float *y,
+                           float *h_scratch, tm_cuda_stream stream) {
+    if (n_items == 0) return TM_OK;
+    if (n_items < 0 || n_items > 0x7fffffffLL || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
+        p->n_slots <= 0)
+        return tm_error_set(
+            TM_ERR_ARG,
+            "cuda_moe_grouped: %lld items, n_embd %lld, n_ff %lld, n_tok %lld, %d slots",
+            (long long)n_items, (long long)p->n_embd, (long long)p->n_ff, (long long)n_tok,
+            p->n_slots);
+    if ((p->n_ff + 3) / 4 > 65535 || (p->n_embd + 3) / 4 > 65535)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
+                            (long long)p->n_embd, (long long)p->n_ff);
+    tm_status st;
+    if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x)) != TM_OK ||
+        (st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x)) != TM_OK ||
+        (st = check_matrix("cuda_moe_grouped down", &p->down, p->n_embd, p->n_ff, h_scratch)) !=
+            TM_OK)
+        return st;
+    if ((p->n_embd & 3) || (p->n_ff & 3))
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
+                            (long long)p->n_embd, (long long)p->n_ff);
+    const moe_arg a = {*p, items, n_items, n_tok, x, y, h_scratch};
+    return mock_launch(stream, "cuda_moe_grouped", moe_run, &a, sizeof(a));
+}
+
+/* The groups are host arrays read at the launch: copied into the block,
+ * data = starts [n_groups + 1] then slots [n_groups]. */
+typedef struct moe_gemm_arg {
+    tm_cuda_moe_params p;
+    const tm_cuda_moe_item *items;
+    const float *x;
+    float *y;
+    int64_t n_tok;
+    int32_t n_groups;
+    int64_t data[];
+} moe_gemm_arg;
+
+static bool moe_gemm_run(void *arg, char *err, size_t err_size) {
+    const moe_gemm_arg *a = arg;
+    const tm_cuda_moe_params *p = &a->p;
+    const int64_t *starts = a->data;
+    const int32_t *slots = (const int32_t *)(const void *)(a->data + a->n_groups + 1);
+    const int64_t first = starts[0], n_items = starts[a->n_groups] - first;
+    NEED_DEVICE(a->items + first, (size_t)n_items * sizeof(tm_cuda_moe_item), "the work items");
+    NEED_DEVICE(a->x, (size_t)(a->n_tok * p->n_embd) * 4, "x");
+    NEED_DEVICE(a->y, (size_t)(a->n_tok * p->n_embd) * 4, "y");
+    moe_bufs b;
+    bool ok = moe_bufs_alloc(&b, p) || mock_fail(err, err_size, "out of host memory");
+    for (int32_t g = 0; ok && g < a->n_groups; g++) {
+        if (slots[g] < 0 || slots[g] >= p->n_slots) continue; /* skipped, as the real op */
+        for (int64_t i = starts[g]; ok && i < starts[g + 1]; i++) {
+            const tm_cuda_moe_item it = a->items[i];
+            if (it.slot != slots[g]) {
+                ok = mock_fail(err, err_size, "group %d has slot %d, its item %lld has slot %d", g,
+                               slots[g], (long long)i, it.slot);
+                break;
+            }
+            if (moe_item_ok(&it, p->n_slots, a->n_tok))
+                ok = moe_item_run(p, slots[g], it.token, it.weight, a->x, a->y, &b, err, err_size);
+        }
+    }
+    moe_bufs_free(&b);
+    return ok;
+}
+
+size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
+                                           int32_t n_groups) {
+    if (!p || p->n_embd <= 0 || p->n_ff <= 0 || n_items < 0 || n_groups <= 0) return 0;
+    const int64_t rows = n_items + 15 * (int64_t)n_groups; /* padded rows, as the real layout */
+    return ((size_t)(rows * p->n_embd) * 2 + 255) & ~(size_t)255;
+}
+
+static tm_status check_gemm_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
+                                   int64_t k) {
+    tm_status st = check_weights(name, m->type, m->data, m->row_bytes, k, NULL, false);
+    if (st != TM_OK) return st;
+    if (m->expert_stride < (size_t)rows * m->row_bytes)
+        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
+                            m->expert_stride, (long long)rows, m->row_bytes);
+    return check_weights(name, m->type, (const char *)m->data + m->expert_stride, m->row_bytes, k,
+                         NULL, false);
+}
+
+tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
+                                const tm_cuda_moe_groups *g, const float *x, int64_t n_tok,
+                                float *y, void *scratch, tm_cuda_stream stream) {
+    static const char op[] = "cuda_moe_grouped_gemm";
+    if (!b || !p || !g || g->n_groups < 0 || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
+        n_tok > 0x7fffffffLL || p->n_slots <= 0 || p->n_embd > 0x7fffffffLL ||
+        p->n_ff > 0x3fffffffLL)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: %d groups, n_embd %lld, n_ff %lld, n_tok %lld, %d slots", op,
+                            g ? g->n_groups : -1, p ? (long long)p->n_embd : -1LL,
+                            p ? (long long)p->n_ff : -1LL, (long long)n_tok, p ? p->n_slots : -1);
+    const int32_t n = g->n_groups;
+    if (n == 0) return TM_OK;
+    tm_status st;
+    if ((st = check_gemm_matrix("cuda_moe_grouped_gemm gate", &p->gate, p->n_ff, p->n_embd)) ||
+        (st = check_gemm_matrix("cuda_moe_grouped_gemm up", &p->up, p->n_ff, p->n_embd)) ||
+        (st = check_gemm_matrix("cuda_moe_grouped_gemm down", &p->down, p->n_embd, p->n_ff)))
+        return st;
+    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 255))
+        return tm_error_set(TM_ERR_ARG, "%s: x, y must be float-aligned, scratch 256-aligned", op);
+    if (g->starts[0] < 0 || g->starts[n] > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "%s: item range [%lld, %lld) outside [0, 2^31)", op,
+                            (long long)g->starts[0], (long long)g->starts[n]);
+    bool work = false;
+    for (int32_t i = 0; i < n; i++) {
+        if (g->starts[i + 1] < g->starts[i])
+            return tm_error_set(TM_ERR_ARG, "%s: group %d: starts %lld > next start %lld", op, i,
+                                (long long)g->starts[i], (long long)g->starts[i + 1]);
+        work |= g->starts[i + 1] > g->starts[i] && g->slots[i] >= 0 && g->slots[i] < p->n_slots;
+    }
+    /* the real op uploads its row map from pageable memory: not capturable */
+    if (work && (st = mock_not_in_capture(stream, op)) != TM_OK) return st;
+    const size_t size = sizeof(moe_gemm_arg) + (size_t)(2 * n + 1) * sizeof(int64_t);
+    moe_gemm_arg *a = calloc(1, size);
+    if (!a) return tm_error_set(TM_ERR_NOMEM, "%s: out of host memory for %d groups", op, n);
+    a->p = *p, a->items = g->items, a->x = x, a->y = y, a->n_tok = n_tok, a->n_groups = n;
+    memcpy(a->data, g->starts, (size_t)(n + 1) * sizeof(int64_t));
+    memcpy(a->data + n + 1, g->slots, (size_t)n * sizeof(int32_t));
+    st = mock_launch(stream, op, moe_gemm_run, a, size);
+    free(a);
+    return st;
+}
+
+/* ---- router ---- */
+
+typedef struct router_arg {
+    tm_cuda_router_params p;
+    const float *logits;
+    int64_t n_tok;
+    int32_t *ids;
+    float *weights;
+    tm_cuda_moe_item *items;
+} router_arg;
+
+static bool router_run(void *arg, char *err, size_t err_size) {
+    const router_arg *a = arg;
+    const int64_t E = a->p.n_expert, K = a->p.n_used;
+    NEED_DEVICE(a->logits, (size_t)(a->n_tok * E) * 4, "the logits");
+    NEED_DEVICE(a->ids, (size_t)(a->n_tok * K) * 4, "ids");
+    NEED_DEVICE(a->weights, (size_t)(a->n_tok * K) * 4, "weights");
+    if (a->items) NEED_DEVICE(a->items, (size_t)(a->n_tok * K) * sizeof(*a->items), "the items");
+    if (a->p.slot_map) NEED_DEVICE(a->p.slot_map, (size_t)E * 4, "the slot map");
+    const tm_moe_router_params mp = {(tm_moe_gating)a->p.gating, (uint32_t)E, (uint32_t)K,
+                                     a->p.norm_topk != 0, a->p.scale};
+    moe_router_select(NULL, &mp, a->logits, a->n_tok, a->ids, a->weights);
+    for (int64_t i = 0; a->items && i < a->n_tok * K; i++) {
+        const int32_t id = a->ids[i];
+        a->items[i] = (tm_cuda_moe_item){a->p.slot_map ? a->p.slot_map[id] : id, (int32_t)(i / K),
+                                         a->weights[i]};
+    }
+    return true;
+}
+
+tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
+                             int32_t *ids, float *weights, tm_cuda_moe_item *items,
+                             tm_cuda_stream stream) {
+    if (p->n_expert < 1 || p->n_expert > TM_CUDA_ROUTER_MAX_EXPERT || p->n_used < 1 ||
+        p->n_used > TM_CUDA_ROUTER_MAX_USED || p->n_used > p->n_expert)
+        return tm_error_set(
+            TM_ERR_ARG, "cuda_router_select: %d experts, %d used (want 1..%d experts, 1..%d used)",
+            p->n_expert, p->n_used, TM_CUDA_ROUTER_MAX_EXPERT, TM_CUDA_ROUTER_MAX_USED);
+    if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
+        p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
+        return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
+    if (n_tok <= 0)
+        return n_tok == 0
+                   ? TM_OK
+                   : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
+    const router_arg a = {*p, logits, n_tok, ids, weights, items};
+    return mock_launch(stream, "cuda_router_select", router_run, &a, sizeof(a));
+}
+
+/* ---- norm, add, rope ---- */
+
+typedef struct norm_arg {
+    float *y, *x;   /* add: x[r] += a[r] first, when a is set */
+    const float *a; /* NULL: plain rmsnorm */
+    const float *w;
+    int64_t n_rows, n;
+    float eps;
+} norm_arg;
+
+static bool norm_run(void *arg, char *err, size_t err_size) {
+    const norm_arg *a = arg;
+    const size_t bytes = (size_t)(a->n_rows * a->n) * 4;
+    NEED_DEVICE(a->x, bytes, "x");
+    NEED_DEVICE(a->y, bytes, "the output");
+    if (a->a) NEED_DEVICE(a->a, bytes, "the addend");
+    if (a->w) NEED_DEVICE(a->w, (size_t)a->n * 4, "the norm weights");
+    for (int64_t r = 0; r < a->n_rows; r++) {
+        float *x = a->x + r * a->n;
+        if (a->a)
+            for (int64_t i = 0; i < a->n; i++) x[i] += a->a[r * a->n + i];
+        cpu_rmsnorm(a->y + r * a->n, x, a->w, a->n, a->eps);
+    }
+    return true;
+}
+
+static tm_status norm_launch(const char *op, const norm_arg *a, tm_cuda_stream stream) {
+    if (a->n_rows <= 0 || a->n <= 0 || a->n_rows > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG, "%s: %lld rows of %lld", op, (long long)a->n_rows,
+                            (long long)a->n);
+    return mock_launch(stream, op, norm_run, a, sizeof(*a));
+}
+
+tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
+                       float eps, tm_cuda_stream stream) {
+    const norm_arg a = {y, (float *)x, NULL, w, n_rows, n, eps}; /* x only read */
+    return norm_launch("cuda_rmsnorm", &a, stream);
+}
+
+tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t n_rows,
+                           int64_t n, float eps, tm_cuda_stream stream) {
+    const norm_arg arg = {h, x, a, w, n_rows, n, eps};
+    return norm_launch("cuda_add_rmsnorm", &arg, stream);
+}
+
+typedef struct add_arg {
+    float *y;
+    const float *a, *b;
+    int64_t n;
+} add_arg;
+
+static bool add_run(void *arg, char *err, size_t err_size) {
+    const add_arg *a = arg;
+    NEED_DEVICE(a->y, (size_t)a->n * 4, "y");
+    NEED_DEVICE(a->a, (size_t)a->n * 4, "a");
+    NEED_DEVICE(a->b, (size_t)a->n * 4, "b");
+    for (int64_t i = 0; i < a->n; i++) a->y[i] = a->a[i] + a->b[i];
+    return true;
+}
+
+tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream) {
+    if (n <= 0)
+        return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
+    const add_arg arg = {y, a, b, n};
+    return mock_launch(stream, "cuda_add", add_run, &arg, sizeof(arg));
+}
+
+typedef struct rope_arg {
+    float *x;
+    const int32_t *pos;
+    int64_t n_tok, n_head, head_dim;
+    float base;
+} rope_arg;
+
+static bool rope_run(void *arg, char *err, size_t err_size) {
+    const rope_arg *a = arg;
+    const int64_t d = a->head_dim;
+    NEED_DEVICE(a->x, (size_t)(a->n_tok * a->n_head * d) * 4, "x");
+    NEED_DEVICE(a->pos, (size_t)a->n_tok * 4, "the positions");
+    float *cs = malloc((size_t)d * sizeof(float)); /* cos [d/2] then sin [d/2] */
+    if (!cs) return mock_fail(err, err_size, "out of host memory");
+    for (int64_t t = 0; t < a->n_tok; t++) {
+        cpu_rope_table(cs, cs + d / 2, d, a->pos[t], a->base);
+        for (int64_t h = 0; h < a->n_head; h++)
+            cpu_rope_neox_table(a->x + (t * a->n_head + h) * d, d, cs, cs + d / 2);
+    }
+    free(cs);
+    return true;
+}
+
+tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
+                         int64_t head_dim, float base, tm_cuda_stream stream) {
+    if (n_tok <= 0 || n_head <= 0 || head_dim <= 0 || (head_dim & 1))
+        return tm_error_set(
+            TM_ERR_ARG, "cuda_rope_neox: %lld tokens, %lld heads of %lld (head_dim must be even)",
+            (long long)n_tok, (long long)n_head, (long long)head_dim);
+    const rope_arg a = {x, pos, n_tok, n_head, head_dim, base};
+    return mock_launch(stream, "cuda_rope_neox", rope_run, &a, sizeof(a));
+}
+
+/* ---- attention ---- */
+
+#define TM_MOCK_ATTN_MAX_DIM 256 /* TM_ATTN_MAX_DIM of attention.cu */
+
+static tm_status attn_check(const char *op, const tm_cuda_attn_params *p, int64_t n_tok) {
+    if (!p) return tm_error_set(TM_ERR_ARG, "%s: no params", op);
+    if (p->n_head < 1 || p->n_head_kv < 1 || p->n_head % p->n_head_kv ||
+        p->n_head + 2 * (int64_t)p->n_head_kv > 65535 || p->head_dim < 2 ||
+        p->head_dim > TM_MOCK_ATTN_MAX_DIM || (p->head_dim & 1) || p->n_ctx < 1 ||
+        p->n_ctx > 0x7fffffffLL || (p->kv_type != TM_TYPE_F16 && p->kv_type != TM_TYPE_F32) ||
+        n_tok < 0 || n_tok > 0x7fffffffLL)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: %d heads / %d kv heads of %d, n_ctx %lld, kv type %d, n_tok %lld "
+                            "(want n_head %% n_head_kv == 0, head_dim even <= %d, kv f16 or f32)",
+                            op, p->n_head, p->n_head_kv, p->head_dim, (long long)p->n_ctx,
+                            (int)p->kv_type, (long long)n_tok, TM_MOCK_ATTN_MAX_DIM);
+    return TM_OK;
+}
+
+typedef struct attn_arg {
+    tm_cuda_attn_params p;
+    float *q;
+    const float *k, *v, *q_norm, *k_norm;
+    const int32_t *pos0;
+    int64_t n_tok, n_kv_max;
+    void *k_cache, *v_cache;
+    float *out;
+} attn_arg;
+
+/* RMSNorm (when w) and RoPE of one head in place. */
+static void norm_rope_head(float *x, const float *w, const tm_cuda_attn_params *p,
+                           const float *cs) {
+    if (w) cpu_rmsnorm(x, x, w, p->head_dim, p->rms_eps);
+    cpu_rope_neox_table(x, p->head_dim, cs, cs + p->head_dim / 2);
+}
+
+static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
+    const attn_arg *a = arg;
+    const tm_cuda_attn_params *p = &a->p;
+    const int64_t d = p->head_dim, qw = p->n_head * d, kvw = p->n_head_kv * d;
+    const size_t esz = p->kv_type == TM_TYPE_F16 ? 2 : 4;
+    NEED_DEVICE(a->pos0, 4, "pos0");
+    const int64_t pos0 = *a->pos0;
+    if (pos0 < 0 || pos0 + a->n_tok > p->n_ctx)
+        return mock_fail(err, err_size, "positions %lld..%lld outside the cache's %lld rows",
+                         (long long)pos0, (long long)(pos0 + a->n_tok - 1), (long long)p->n_ctx);
+    NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
+    NEED_DEVICE(a->k, (size_t)(a->n_tok * kvw) * 4, "k");
+    NEED_DEVICE(a->v, (size_t)(a->n_tok * kvw) * 4, "v");
+    if (a->q_norm) NEED_DEVICE(a->q_norm, (size_t)d * 4, "q_norm");
+    if (a->k_norm) NEED_DEVICE(a->k_norm, (size_t)d * 4, "k_norm");
+    const size_t cache_bytes = (size_t)((pos0 + a->n_tok) * kvw) * esz;
+    NEED_DEVICE(a->k_cache, cache_bytes, "the k cache");
+    NEED_DEVICE(a->v_cache, cache_bytes, "the v cache");
+    float *cs = malloc((size_t)(d + kvw) * sizeof(float)), *krow = cs + d;
+    if (!cs) return mock_fail(err, err_size, "out of host memory");
+    for (int64_t t = 0; t < a->n_tok; t++) {
+        const int64_t pos = pos0 + t;
+        cpu_rope_table(cs, cs + d / 2, d, pos, p->rope_base);
+        for (int64_t h = 0; h < p->n_head; h++)
+            norm_rope_head(a->q + t * qw + h * d, a->q_norm, p, cs);
+        memcpy(krow, a->k + t * kvw, (size_t)kvw * sizeof(float)); /* k is not written */
+        for (int64_t h = 0; h < p->n_head_kv; h++) norm_rope_head(krow + h * d, a->k_norm, p, cs);
+        cpu_store_kv((char *)a->k_cache + (size_t)(pos * kvw) * esz, krow, p->kv_type, kvw);
+        cpu_store_kv((char *)a->v_cache + (size_t)(pos * kvw) * esz, a->v + t * kvw, p->kv_type,
+                     kvw);
+    }
+    free(cs);
+    return true;
+}
+
+tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k, const float *v,
+                            const float *q_norm, const float *k_norm, const int32_t *pos0,
+                            int64_t n_tok, void *k_cache, void *v_cache, tm_cuda_stream stream) {
+    tm_status st = attn_check("cuda_attn_prepare", p, n_tok);
+    if (st != TM_OK) return st;
+    if (n_tok == 0) return TM_OK;
+    if (!q || !k || !v || !pos0 || !k_cache || !v_cache)
+        return tm_error_set(TM_ERR_ARG, "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer");
+    const attn_arg a = {*p, q, k, v, q_norm, k_norm, pos0, n_tok, 0, k_cache, v_cache, NULL};
+    return mock_launch(stream, "cuda_attn_prepare", attn_prepare_run, &a, sizeof(a));
+}
+
+static bool attention_run(void *arg, char *err, size_t err_size) {
+    const attn_arg *a = arg;
+    const tm_cuda_attn_params *p = &a->p;
+    const int64_t qw = (int64_t)p->n_head * p->head_dim, kvw = (int64_t)p->n_head_kv * p->head_dim;
+    NEED_DEVICE(a->pos0, 4, "pos0");
+    const int64_t pos0 = *a->pos0;
+    if (pos0 < 0 || pos0 + a->n_tok > a->n_kv_max)
+        return mock_fail(err, err_size, "positions %lld..%lld past n_kv_max %lld given at launch",
+                         (long long)pos0, (long long)(pos0 + a->n_tok - 1), (long long)a->n_kv_max);
+    const size_t cache_bytes =
+        (size_t)((pos0 + a->n_tok) * kvw) * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
+    NEED_DEVICE(a->out, (size_t)(a->n_tok * qw) * 4, "out");
+    NEED_DEVICE(a->k_cache, cache_bytes, "the k cache");
+    NEED_DEVICE(a->v_cache, cache_bytes, "the v cache");
+    const tm_attention_shape s = {a->n_tok,    pos0,     p->n_head, p->n_head_kv,
+                                  p->head_dim, p->scale, p->kv_type};
+    float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
+    if (!scratch) return mock_fail(err, err_size, "out of host memory");
+    cpu_attention(NULL, &s, a->q, a->k_cache, a->v_cache, a->out, scratch);
+    free(scratch);
+    return true;
+}
+
+int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
+                                      int64_t n_kv_max) {
+    if (attn_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 || n_kv_max < 1)
+        return 0;
+    return n_tok * p->n_head * (p->head_dim + 2); /* one split's records; the mock uses none */
+}
+
+tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
+                         const void *v_cache, const int32_t *pos0, int64_t n_tok, int64_t n_kv_max,
+                         float *out, float *scratch, tm_cuda_stream stream) {
+    tm_status st = attn_check("cuda_attention", p, n_tok);
+    if (st != TM_OK) return st;
+    if (n_tok == 0) return TM_OK;
+    if (n_kv_max < n_tok || n_kv_max > p->n_ctx)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_attention: n_kv_max %lld (want n_tok %lld <= n_kv_max <= n_ctx "
+                            "%lld)",
+                            (long long)n_kv_max, (long long)n_tok, (long long)p->n_ctx);
+    if (!q || !k_cache || !v_cache || !pos0 || !out)
+        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer");
+    const attn_arg a = {*p,
+                        (float *)q,
+                        NULL,
+                        NULL,
+                        NULL,
+                        NULL,
+                        pos0,
+                        n_tok,
+                        n_kv_max,
+                        (void *)k_cache,
+                        (void *)v_cache,
+                        out};
+    return mock_launch(stream, "cuda_attention", attention_run, &a, sizeof(a));
+}
+
+/* ---- hand-offs ---- */
+
+typedef struct signal_arg {
+    tm_cuda_span spans[TM_CUDA_SIGNAL_SPANS];
+    int n_spans;
+    uint32_t *flag;
+    const uint32_t *seq;
+} signal_arg;
+
+static bool signal_run(void *arg, char *err, size_t err_size) {
+    const signal_arg *a = arg;
+    NEED_DEVICE(a->flag, 4, "the flag");
+    NEED_DEVICE(a->seq, 4, "seq");
+    for (int s = 0; s < a->n_spans; s++) {
+        NEED_DEVICE(a->spans[s].dst, (size_t)a->spans[s].bytes, "a span's destination");
+        NEED_DEVICE(a->spans[s].src, (size_t)a->spans[s].bytes, "a span's source");
+    }
+    for (int s = 0; s < a->n_spans; s++)
+        memcpy(a->spans[s].dst, a->spans[s].src, (size_t)a->spans[s].bytes);
+    /* release: a host that sees the flag sees every byte above */
+    __atomic_store_n(a->flag, *a->seq, __ATOMIC_RELEASE);
+    return true;
+}
+
+tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *flag,
+                           const uint32_t *seq, tm_cuda_stream stream) {
+    if (n_spans < 0 || n_spans > TM_CUDA_SIGNAL_SPANS)
+        return tm_error_set(TM_ERR_ARG, "cuda_signal_host: %d spans (at most %d)", n_spans,
+                            TM_CUDA_SIGNAL_SPANS);
+    signal_arg a;
+    memset(&a, 0, sizeof(a));
+    a.n_spans = n_spans, a.flag = flag, a.seq = seq;
+    for (int s = 0; s < n_spans; s++) {
+        if (spans[s].bytes < 0 || spans[s].bytes % 4 || ((uintptr_t)spans[s].dst & 3) ||
+            ((uintptr_t)spans[s].src & 3))
+            return tm_error_set(TM_ERR_ARG,
+                                "cuda_signal_host: span %d of %lld bytes is not whole aligned "
+                                "32-bit words",
+                                s, (long long)spans[s].bytes);
+        a.spans[s] = spans[s];
+    }
+    return mock_launch(stream, "cuda_signal_host", signal_run, &a, sizeof(a));
+}
+
+typedef struct wait_arg {
+    const uint32_t *flag, *seq;
+    uint64_t timeout_ns;
+    uint32_t *err;
+    float *x;
+    const float *add;
+    int64_t n;
+} wait_arg;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static bool wait_run(void *arg, char *err, size_t err_size) {
+    const wait_arg *a = arg;
+    NEED_DEVICE(a->flag, 4, "the flag");
+    NEED_DEVICE(a->seq, 4, "seq");
+    NEED_DEVICE(a->err, 4, "err");
+    NEED_DEVICE(a->x, (size_t)a->n * 4, "x");
+    NEED_DEVICE(a->add, (size_t)a->n * 4, "add");
+    const uint32_t want = *a->seq;
+    const uint64_t t0 = now_ns();
+    for (unsigned polls = 0; (int32_t)(__atomic_load_n(a->flag, __ATOMIC_ACQUIRE) - want) < 0;
+         polls++) {
+        if (now_ns() - t0 > a->timeout_ns) { /* not a stream error: the engine reads *err */
+            __atomic_store_n(a->err, 1u, __ATOMIC_RELEASE);
+            return true;
+        }
+        if (polls < 100) {
+            sched_yield();
+        } else {
+            const struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    for (int64_t i = 0; i < a->n; i++) a->x[i] += a->add[i]; /* read after the flag */
+    return true;
+}
+
+tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
+                         uint32_t *err, float *x, const float *add, int64_t n,
+                         tm_cuda_stream stream) {
+    if (n < 0 || (n > 0 && (!x || !add)))
+        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add", (long long)n);
+    const wait_arg a = {flag, seq, timeout_ns, err, x, add, n};
+    return mock_launch(stream, "cuda_wait_host", wait_run, &a, sizeof(a));
+}

@@ -1,0 +1,236 @@
+/* Every placement of the executor and the tier, on a machine without a GPU:
+ * linked with the host mock of the CUDA backend (tests/mock/), whose stream
+ * is a thread of its own running the kernels' contracts in order, with real
+ * graphs (capture and replay) and real flags between the stream and the host.
+ *
+ *   - the placement matrix (tests/matrix/) on the tiny model (3 layers, 16
+ *     experts) and on a 4-layer, 32-expert one;
+ *   - bad input: a --moe-cache above the free VRAM (needed and free named), an
+ *     explicit -ngl without a GPU (an error), --cpu-moe without one (CPU only),
+ *     -ot errors naming the flag;
+ *   - the VRAM cache rewritten between steps (tier_cache_set): same logits;
+ *   - --profile: the MoE step's per-class times are measured, same logits;
+ *   - a hand-off that times out fails the step with a message naming the
+ *     layer, without hanging either side.
+ *
+ * Tolerances (relative L2 of the logits against the CPU's precise mode): the
+ * mock computes every GPU product in double from dequantized weights and
+ * stores floats, as the CPU's precise mode does; attention is the CPU's. What
+ * is left is float storage of activations in different places and summation
+ * order: 1e-4 (measured below 1e-6). With the CPU in its normal mode (8-bit
+ * activations): 4e-2 as tests/oracle/test_forward_ref.py derives. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "matrix/placement_matrix.h"
+#include "model/model.h"
+#include "model/synth.h"
+
+#define ALL (1 << 20)
+
+static const pm_tolerance mock_tol = {1e-4, 1e-4, 4e-2, 1e-4, 2e-2};
+
+static char tiny_path[512], wide_path[512];
+
+static int setup(void **state) {
+    (void)state;
+    pm_model_write(tiny_path, sizeof(tiny_path), "mock_tiny.gguf", 3, 16);
+    pm_model_write(wide_path, sizeof(wide_path), "mock_4x32.gguf", 4, 32);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove(tiny_path), remove(wide_path);
+    return 0;
+}
+
+static void test_matrix_tiny(void **state) {
+    (void)state;
+    placement_matrix_run(tiny_path, &mock_tol);
+}
+
+static void test_matrix_4x32(void **state) {
+    (void)state;
+    placement_matrix_run(wide_path, &mock_tol);
+}
+
+static tm_context_params params(int ngl, bool cpu_moe, const char *ot, int64_t cache_mib) {
+    return (tm_context_params){.n_ctx = 128,
+                               .n_batch = 16,
+                               .n_threads = 2,
+                               .kv_type = TM_TYPE_F32,
+                               .precise = true,
+                               .n_gpu_layers = ngl,
+                               .cpu_moe = cpu_moe,
+                               .override_tensor = ot,
+                               .moe_cache_mib = cache_mib};
+}
+
+static void expect_error(tm_model *m, const tm_context_params *p, tm_status want,
+                         const char *const *words, const char *what) {
+    tm_context *c = NULL;
+    const tm_status st = model_context_create(m, p, &c);
+    if (st != want)
+        fail_msg("%s: status %d (%s), want %d", what, st, st ? tm_error_message() : "ok", want);
+    for (const char *const *w = words; *w; w++)
+        if (!strstr(tm_error_message(), *w))
+            fail_msg("%s: message does not name '%s': %s", what, *w, tm_error_message());
+    assert_null(c);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(tiny_path, &m), TM_OK);
+    /* a cache larger than the free VRAM: an error stating both */
+    setenv("MOCK_GPU_MIB", "64", 1);
+    tm_context_params p = params(ALL, true, NULL, 1000);
+    expect_error(m, &p, TM_ERR_DEVICE, (const char *const[]){"--moe-cache", "needed", "free", NULL},
+                 "--moe-cache 1000 on 64 MiB");
+    unsetenv("MOCK_GPU_MIB");
+    /* -ot mistakes name the flag */
+    p = params(ALL, false, "blk\\.(=CUDA0", 0);
+    expect_error(m, &p, TM_ERR_ARG, (const char *const[]){"-ot", "offset", NULL}, "bad regex");
+    p = params(ALL, false, "exps=GPU1", 0);
+    expect_error(m, &p, TM_ERR_ARG, (const char *const[]){"-ot", "GPU1", "CUDA0", NULL},
+                 "unknown buffer type");
+    /* no GPU: --cpu-moe (and -ngl auto) run on the CPU; an explicit -ngl is an error */
+    setenv("MOCK_NODEV", "1", 1);
+    p = params(TM_NGL_AUTO, true, NULL, 0);
+    tm_context *c;
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    assert_false(c->placement.any_gpu);
+    assert_null(exec_gpu(c->exec));
+    const int32_t tok[2] = {3, 5};
+    assert_int_equal(model_decode(c, tok, 2, TM_MOE_PHASE_PROMPT, false), TM_OK);
+    model_context_free(c);
+    p = params(2, false, NULL, 0);
+    expect_error(m, &p, TM_ERR_DEVICE, (const char *const[]){"no device", NULL}, "-ngl 2, no GPU");
+    unsetenv("MOCK_NODEV");
+    model_free(m);
+}
+
+/* Logits of a few prompt tokens and decode steps, greedy. */
+static void run_tokens(tm_context *c, int n, int32_t *out, float *logits_last) {
+    int32_t id = 7;
+    for (int i = 0; i < n; i++) {
+        if (model_decode(c, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK)
+            fail_msg("decode step %d: %s", i, tm_error_message());
+        int64_t b = 0;
+        for (int64_t v = 1; v < c->model->cfg.n_vocab; v++)
+            if (c->logits[v] > c->logits[b]) b = v;
+        out[i] = id = (int32_t)b;
+    }
+    if (logits_last) memcpy(logits_last, c->logits, c->model->cfg.n_vocab * sizeof(float));
+}
+
+static void test_cache_set(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(wide_path, &m), TM_OK);
+    const int64_t V = m->cfg.n_vocab;
+    tm_context_params p = params(0, false, NULL, 0);
+    tm_context *ref, *c;
+    assert_int_equal(model_context_create(m, &p, &ref), TM_OK);
+    p = params(ALL, true, NULL, 1);
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    const int32_t slots = tier_cache_slots(c->tier, 1);
+    assert_true(slots > 0 && slots < 32);
+    for (int32_t s = 0; s < slots; s++) assert_int_equal(tier_slot_of(c->tier, 1, s), s);
+    int32_t a[12], b[12];
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    run_tokens(ref, 6, a, NULL);
+    run_tokens(c, 6, b, NULL);
+    /* other experts into every slot of layer 1 (the old ones become cold) */
+    for (int32_t s = 0; s < slots; s++)
+        if (tier_cache_set(c->tier, 1, s, 31 - s) != TM_OK)
+            fail_msg("tier_cache_set: %s", tm_error_message());
+    assert_int_equal(tier_slot_of(c->tier, 1, 0), -1);
+    assert_int_equal(tier_slot_of(c->tier, 1, 31), 0);
+    assert_int_equal(tier_cache_set(c->tier, 1, 0, 30), TM_ERR_ARG); /* 30 is in slot 1 */
+    assert_int_equal(tier_cache_set(c->tier, 1, slots, 5), TM_ERR_ARG);
+    run_tokens(ref, 6, a + 6, la);
+    run_tokens(c, 6, b + 6, lb);
+    for (int i = 0; i < 12; i++) assert_int_equal(a[i], b[i]);
+    const double err = pm_rel_l2(lb, la, V);
+    if (!(err <= mock_tol.decode)) fail_msg("after tier_cache_set: logits error %.3g", err);
+    free(la), free(lb);
+    model_context_free(ref), model_context_free(c);
+    model_free(m);
+}
+
+static void test_profile(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(tiny_path, &m), TM_OK);
+    const int64_t V = m->cfg.n_vocab;
+    /* the CPU lane times its threads in the normal mode (8-bit activations) */
+    tm_context_params p = params(ALL, true, NULL, 1);
+    p.profile = true, p.precise = false;
+    tm_context *c, *ref;
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    p = params(0, false, NULL, 0);
+    assert_int_equal(model_context_create(m, &p, &ref), TM_OK);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = i * 37 % 1000;
+    assert_int_equal(model_decode(c, prompt, 20, TM_MOE_PHASE_PROMPT, false), TM_OK);
+    assert_int_equal(model_decode(ref, prompt, 20, TM_MOE_PHASE_PROMPT, false), TM_OK);
+    for (int i = 0; i < 8; i++) { /* the reference's greedy tokens into both */
+        int32_t id = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (ref->logits[v] > ref->logits[id]) id = (int32_t)v;
+        assert_int_equal(model_decode(c, &id, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
+        assert_int_equal(model_decode(ref, &id, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
+        const double err = pm_rel_l2(c->logits, ref->logits, V);
+        if (!(err <= mock_tol.quant)) fail_msg("--profile, step %d: logits error %.3g", i, err);
+    }
+    const tm_tier_stats *s = &tier_stats(c->tier)[TM_TIER_CACHED];
+    assert_int_equal(s->layers, 3);
+    assert_int_equal(s->calls, 3 * 10); /* two prompt batches of 16 and 8 decode steps a layer */
+    assert_int_equal(s->hot_slots + s->cold_slots, 3 * (20 + 8) * m->cfg.n_expert_used);
+    assert_true(s->cold_ns > 0 && s->hot_ns > 0 && s->gpu_wait_ns > 0 && s->merge_ns > 0);
+    const uint64_t *prof = model_prof_ns(c);
+    assert_true(prof[TM_PROF_EXPERTS] > 0 && prof[TM_PROF_ATTENTION] > 0);
+    assert_true(model_lane_stats(c)->thread_ns > 0);
+    model_context_free(c), model_context_free(ref);
+    model_free(m);
+}
+
+static void test_handoff_timeout(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(tiny_path, &m), TM_OK);
+    /* every kernel takes 30 ms; the host gives up on a hand-off after 20 */
+    setenv("MOCK_GPU_LATENCY_US", "30000", 1);
+    setenv("TIERMOE_HANDOFF_TIMEOUT_MS", "20", 1);
+    tm_context_params p = params(ALL, true, NULL, 0);
+    tm_context *c;
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    unsetenv("MOCK_GPU_LATENCY_US");
+    unsetenv("TIERMOE_HANDOFF_TIMEOUT_MS");
+    const int32_t tok = 9;
+    assert_int_not_equal(model_decode(c, &tok, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
+    if (!strstr(tm_error_message(), "layer"))
+        fail_msg("a failed hand-off should name the layer: %s", tm_error_message());
+    assert_int_equal(c->n_past, 0);
+    model_context_free(c);
+    model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matrix_tiny), cmocka_unit_test(test_matrix_4x32),
+        cmocka_unit_test(test_bad_input),   cmocka_unit_test(test_cache_set),
+        cmocka_unit_test(test_profile),     cmocka_unit_test(test_handoff_timeout),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

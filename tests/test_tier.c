@@ -1,0 +1,137 @@
+/* The tier's pieces that need no GPU, against plain reference code written
+ * here: which experts fill a layer's VRAM slots (tier_cache_rank: by a
+ * learn file's counts, most selected first, ties to the lower id), and the
+ * split of a worklist into the CPU lane's cold slots and the GPU's hot ones
+ * (tier_worklist_split: cold first, each side in its previous order, so an
+ * expert's run stays whole). The lanes and the merge run end to end in
+ * test_mock_placement. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/rng.h"
+#include "tier/tier.h"
+
+/* ---- tier_cache_rank ---- */
+
+typedef struct ranked {
+    uint64_t hits;
+    int32_t id;
+} ranked;
+
+static int ranked_cmp(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->hits != y->hits) return x->hits > y->hits ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void test_cache_rank(void **state) {
+    (void)state;
+    tm_rng r;
+    tm_rng_seed(&r, 3);
+    for (int c = 0; c < 300; c++) {
+        const uint32_t n = 1 + (uint32_t)(tm_rng_u64(&r) % 200);
+        const int32_t slots = (int32_t)(tm_rng_u64(&r) % (n + 3)); /* 0 .. n + 2 */
+        uint64_t *hits = malloc(n * sizeof(*hits));
+        ranked *ref = malloc(n * sizeof(*ref));
+        int32_t *out = malloc((size_t)(slots + 1) * sizeof(*out));
+        /* few distinct values, so ties are common */
+        const uint64_t span = c % 3 == 0 ? 3 : 1000;
+        for (uint32_t e = 0; e < n; e++)
+            hits[e] = tm_rng_u64(&r) % span, ref[e] = (ranked){hits[e], (int32_t)e};
+        qsort(ref, n, sizeof(*ref), ranked_cmp);
+        tier_cache_rank(hits, n, slots, out);
+        const int32_t want = slots < (int32_t)n ? slots : (int32_t)n;
+        for (int32_t s = 0; s < want; s++)
+            if (out[s] != ref[s].id)
+                fail_msg("case %d (%u experts, %d slots): slot %d holds %d, want %d", c, n, slots,
+                         s, out[s], ref[s].id);
+        tier_cache_rank(NULL, n, slots, out); /* no learn file: the lowest ids */
+        for (int32_t s = 0; s < want; s++) assert_int_equal(out[s], s);
+        free(hits), free(ref), free(out);
+    }
+}
+
+/* ---- tier_worklist_split ---- */
+
+static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
+    const uint32_t n_expert = 1 + (uint32_t)(tm_rng_u64(r) % 64);
+    const uint32_t k = 1 + (uint32_t)(tm_rng_u64(r) % (n_expert < 8 ? n_expert : 8));
+    const int64_t n_tok = 1 + (int64_t)(tm_rng_u64(r) % 40);
+    int32_t *ids = malloc((size_t)(n_tok * k) * sizeof(int32_t));
+    float *w = malloc((size_t)(n_tok * k) * sizeof(float));
+    for (int64_t t = 0; t < n_tok; t++) /* k distinct experts a token, as a router gives */
+        for (uint32_t j = 0; j < k; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(tm_rng_u64(r) % n_expert);
+                dup = false;
+                for (uint32_t i = 0; i < j; i++) dup |= ids[t * k + i] == e;
+            } while (dup);
+            ids[t * k + j] = e, w[t * k + j] = (float)(t * 100 + j);
+        }
+    int32_t *map = malloc(n_expert * sizeof(int32_t));
+    const int mode = c % 4; /* all cold, all hot, mixed, mixed with every other */
+    for (uint32_t e = 0; e < n_expert; e++)
+        map[e] = mode == 0   ? -1
+                 : mode == 1 ? (int32_t)e
+                 : mode == 2 ? (tm_rng_u64(r) % 2 ? (int32_t)e : -1)
+                             : (e % 2 ? 7 : -1);
+    tm_moe_worklist wl = {0};
+    assert_int_equal(moe_worklist_build(&wl, ids, w, n_tok, n_expert, k, phase), TM_OK);
+    const int64_t n = wl.n_slots;
+    tm_moe_slot *before = malloc((size_t)n * sizeof(*before)),
+                *tmp = malloc((size_t)n * sizeof(*tmp));
+    memcpy(before, wl.slots, (size_t)n * sizeof(*before));
+    const int64_t n_cold = tier_worklist_split(&wl, map, tmp);
+    /* the reference: a stable filter, cold then hot */
+    int64_t at = 0, want_cold = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t i = 0; i < n; i++) {
+            const bool is_cold = map[before[i].expert] < 0;
+            if (is_cold != (pass == 0)) continue;
+            want_cold += pass == 0;
+            const tm_moe_slot *got = &wl.slots[at++];
+            if (got->token != before[i].token || got->expert != before[i].expert ||
+                got->weight != before[i].weight)
+                fail_msg("case %d: slot %lld is {%d, %d, %g}, want {%d, %d, %g}", c,
+                         (long long)(at - 1), got->token, got->expert, got->weight, before[i].token,
+                         before[i].expert, before[i].weight);
+        }
+    assert_int_equal(n_cold, want_cold);
+    if (wl.expert_major) /* each expert's slots stay one run */
+        for (int64_t i = 1; i < n; i++)
+            for (int64_t j = 0; j + 1 < i; j++)
+                if (wl.slots[j].expert == wl.slots[i].expert &&
+                    wl.slots[i - 1].expert != wl.slots[i].expert)
+                    fail_msg("case %d: expert %d's run is broken at slot %lld", c,
+                             wl.slots[i].expert, (long long)i);
+    /* no map: every slot cold, nothing moves */
+    memcpy(wl.slots, before, (size_t)n * sizeof(*before));
+    assert_int_equal(tier_worklist_split(&wl, NULL, tmp), n);
+    assert_memory_equal(wl.slots, before, (size_t)n * sizeof(*before));
+    moe_worklist_free(&wl);
+    free(ids), free(w), free(map), free(before), free(tmp);
+}
+
+static void test_worklist_split(void **state) {
+    (void)state;
+    tm_rng r;
+    tm_rng_seed(&r, 11);
+    for (int c = 0; c < 400; c++)
+        check_split(&r, c % 2 ? TM_MOE_PHASE_PROMPT : TM_MOE_PHASE_DECODE, c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cache_rank),
+        cmocka_unit_test(test_worklist_split),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

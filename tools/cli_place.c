@@ -1,0 +1,153 @@
+/* The placement flags of run, bench and trace (as llama.cpp's users know
+ * them: -ngl, --cpu-moe, --n-cpu-moe, -ot) and the VRAM expert cache
+ * (--moe-cache, --moe-learn), and the --profile print they share. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "trace/trace.h"
+
+const char cli_place_help[] =
+    "  -ngl, --n-gpu-layers N  the first N layers on the GPU; all (or N >= layers) puts the\n"
+    "                         output head there too; auto: as many as fit (default 0, or auto\n"
+    "                         when an expert flag below is given)\n"
+    "  -cmoe, --cpu-moe       keep every layer's experts in RAM (computed by the CPU)\n"
+    "  -ncmoe, --n-cpu-moe N  keep the experts of the first N layers in RAM\n"
+    "  -ot, --override-tensor PATTERN=CPU|CUDA0[,...]\n"
+    "                         tensors whose name matches the regex go there (first match wins)\n"
+    "  --moe-cache MIB|auto   VRAM for the most used experts of the layers whose experts are in\n"
+    "                         RAM, split evenly over those layers (auto: what is free)\n"
+    "  --moe-learn FILE       learn file (tiermoe trace) choosing the cached experts (default:\n"
+    "                         the lowest expert ids)\n";
+
+int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-cmoe") || !strcmp(a, "--cpu-moe")) {
+        p->cpu_moe = true;
+        return 1;
+    }
+    const bool ours = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
+                      !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
+                      !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
+                      !strcmp(a, "--moe-learn");
+    if (!ours) return 0;
+    if (i + 1 >= argc) {
+        fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
+        return -1;
+    }
+    const char *v = argv[i + 1];
+    long long n;
+    if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
+        if (cli_parse_ngl(a, v, &p->ngl)) return -1;
+        p->ngl_given = true;
+    } else if (!strcmp(a, "-ncmoe") || !strcmp(a, "--n-cpu-moe")) {
+        if (cli_parse_i64(a, v, 0, 1 << 20, &n)) return -1;
+        p->n_cpu_moe = (int)n;
+    } else if (!strcmp(a, "-ot") || !strcmp(a, "--override-tensor")) {
+        if (placement_overrides_check(a, v) != TM_OK) {
+            fprintf(stderr, "tiermoe %s: %s\n", cmd, tm_error_message());
+            return -1;
+        }
+        /* several -ot flags: one list, in order */
+        const size_t old = p->overrides ? strlen(p->overrides) : 0;
+        char *s = realloc(p->overrides, old + strlen(v) + 2);
+        if (!s) return -1;
+        sprintf(s + old, "%s%s", old ? "," : "", v);
+        p->overrides = s;
+    } else if (!strcmp(a, "--moe-cache")) {
+        if (!strcmp(v, "auto"))
+            p->cache_mib = TM_MOE_CACHE_AUTO;
+        else if (cli_parse_i64(a, v, 0, 1ll << 30, &n)) {
+            fprintf(stderr, "tiermoe %s: --moe-cache: or 'auto' (the free VRAM)\n", cmd);
+            return -1;
+        } else {
+            p->cache_mib = n;
+        }
+    } else {
+        p->learn_path = v;
+    }
+    return 2;
+}
+
+int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context_params *cp) {
+    const bool experts = p->cpu_moe || p->n_cpu_moe > 0 || p->cache_mib != 0;
+    cp->n_gpu_layers = p->ngl_given || !experts ? p->ngl : TM_NGL_AUTO;
+    cp->cpu_moe = p->cpu_moe, cp->n_cpu_moe = p->n_cpu_moe;
+    cp->override_tensor = p->overrides;
+    cp->moe_cache_mib = p->cache_mib;
+    cp->moe_hits = NULL;
+    if (!p->learn_path) return 0;
+    if (!p->cache_mib)
+        fprintf(stderr, "tiermoe %s: --moe-learn is used with --moe-cache; ignored\n", cmd);
+    tm_trace_shape shape;
+    trace_shape_of_model(m, &shape);
+    tm_trace_stats stats;
+    if (trace_stats_read_json(p->learn_path, &shape, &stats) != TM_OK) {
+        fprintf(stderr, "tiermoe %s: --moe-learn: %s\n", cmd, tm_error_message());
+        return 1;
+    }
+    free(p->hits);
+    p->hits = malloc((size_t)shape.n_layer * shape.n_expert * sizeof(uint64_t));
+    if (!p->hits) {
+        trace_stats_free(&stats);
+        return 1;
+    }
+    for (uint32_t l = 0; l < shape.n_layer; l++)
+        memcpy(p->hits + (size_t)l * shape.n_expert, stats.layers[l].experts,
+               shape.n_expert * sizeof(uint64_t));
+    trace_stats_free(&stats);
+    cp->moe_hits = p->hits;
+    return 0;
+}
+
+void cli_place_free(cli_place *p) {
+    free(p->overrides), free(p->hits);
+    memset(p, 0, sizeof(*p));
+}
+
+void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_moe_lane_stats *lane0,
+                       const tm_tier_stats *tier0, int runs, FILE *out) {
+    const uint64_t *prof = model_prof_ns(ctx);
+    uint64_t total = 0;
+    for (int i = 0; i < TM_PROF_COUNT; i++) total += prof[i] - (prof0 ? prof0[i] : 0);
+    fprintf(out, "time by part, per run (%.2f ms):", total * 1e-6 / runs);
+    for (int i = 0; i < TM_PROF_COUNT; i++) {
+        const uint64_t ns = prof[i] - (prof0 ? prof0[i] : 0);
+        fprintf(out, " %s %.2f ms (%.0f%%)%s", tm_prof_part_names[i], ns * 1e-6 / runs,
+                100.0 * ns / (total ? total : 1), i + 1 < TM_PROF_COUNT ? "," : "\n");
+    }
+    const tm_moe_lane_stats *ls = model_lane_stats(ctx);
+    const uint64_t cap = ls->thread_ns - (lane0 ? lane0->thread_ns : 0);
+    if (cap) {
+        uint64_t busy = 0;
+        fprintf(out, "  CPU lane, thread time per run (%.2f thread-ms):", cap * 1e-6 / runs);
+        for (int i = 0; i < TM_LANE_PART_COUNT; i++) {
+            const uint64_t ns = ls->ns[i] - (lane0 ? lane0->ns[i] : 0);
+            busy += ns;
+            fprintf(out, " %s %.2f ms (%.0f%%),", tm_moe_lane_part_names[i], ns * 1e-6 / runs,
+                    100.0 * ns / cap);
+        }
+        fprintf(out, " idle %.2f ms (%.0f%%)\n", (cap - busy) * 1e-6 / runs,
+                100.0 * (cap - busy) / cap);
+    }
+    const tm_tier_stats *ts = tier_stats(ctx->tier);
+    bool any = false;
+    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) any |= ts[c].layers && ctx->placement.any_gpu;
+    if (!any) return;
+    fprintf(out, "  MoE step by layer class, per run: | class | layers | layer steps | hot slots | "
+                 "cold slots | GPU hot lane ms | CPU cold lane ms | host waits for GPU ms | GPU "
+                 "waits for CPU ms | merge ms |\n");
+    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
+        const tm_tier_stats *s = &ts[c], z = {0}, *s0 = tier0 ? &tier0[c] : &z;
+        if (!s->layers) continue;
+        fprintf(out, "  | %s | %u | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                tm_tier_class_names[c], s->layers, (double)(s->calls - s0->calls) / runs,
+                (double)(s->hot_slots - s0->hot_slots) / runs,
+                (double)(s->cold_slots - s0->cold_slots) / runs,
+                (s->hot_ns - s0->hot_ns) * 1e-6 / runs, (s->cold_ns - s0->cold_ns) * 1e-6 / runs,
+                (s->wait_ns - s0->wait_ns) * 1e-6 / runs,
+                (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
+                (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
+    }
+}
