@@ -66,8 +66,10 @@ for c in "${cases[@]}"; do
     [ "$name" = cpu ] && [ "${NO_CPU:-0}" = 1 ] && continue
     stamp "tiermoe $name: $flags"
     timeout 300 "$BUILD/tiermoe" bench -m "$M" -p 512 -n 128 -r "$REPS" -t 16 $flags \
-        > "$OUT/tm_$name.md" 2> "$OUT/tm_$name.err"
-    grep -E "^\| qwen" "$OUT/tm_$name.md" || tail -5 "$OUT/tm_$name.err"
+        > /tmp/tm.md 2> /tmp/tm.err
+    { echo "## $name: $flags"; cat /tmp/tm.md; } >> "$OUT/tiermoe.md"
+    { echo "## $name: $flags"; cat /tmp/tm.err; } >> "$OUT/tiermoe.err"
+    grep -E "^\| qwen" /tmp/tm.md || tail -5 /tmp/tm.err
 done
 if [[ -z "${ONLY:-}" || " $ONLY " == *" graph0 "* ]]; then
     stamp "tiermoe --cpu-moe without the decode graph (TIERMOE_CUDA_GRAPH=0)"
@@ -77,8 +79,9 @@ fi
 if [[ -z "${ONLY:-}" || " $ONLY " == *" profile "* ]]; then
     stamp "tiermoe --cpu-moe --profile"
     timeout 120 "$BUILD/tiermoe" bench -m "$M" -p 512 -n 32 -r 1 -t 16 --cpu-moe --profile \
-        > "$OUT/tm_profile.md" 2> "$OUT/tm_profile.err"
-    grep -vE "^\| ---|GPU mock|^tiermoe: info" "$OUT/tm_profile.err" | head -30
+        > /tmp/tm.md 2> "$OUT/profile.err"
+    cat /tmp/tm.md >> "$OUT/profile.err"
+    grep -vE "^\| ---|^tiermoe: info" "$OUT/profile.err" | head -30
 fi
 stamp "done"
 echo "SUMMARY: checks $status_checks | logs in $OUT"

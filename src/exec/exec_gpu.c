@@ -22,6 +22,11 @@ static size_t align256(size_t n) {
     return (n + 255) & ~(size_t)255;
 }
 
+/* What gpu_pool_take takes of a pool for `bytes` (an empty buffer still gets a word). */
+static size_t take_size(size_t bytes) {
+    return align256(bytes ? bytes : 4);
+}
+
 static size_t tensor_bytes(const tm_gguf_tensor *t) {
     return (size_t)t->n_bytes;
 }
@@ -83,7 +88,7 @@ static tm_status gpu_weights(tm_exec *e) {
     const tm_gguf_file *f = e->p.file;
     size_t bytes = 0;
     for (uint32_t i = 0; i < e->n_tensors; i++)
-        if (on_gpu(e, i)) bytes += align256(tensor_bytes(&f->tensors[i]));
+        if (on_gpu(e, i)) bytes += take_size(tensor_bytes(&f->tensors[i]));
     tm_cuda_pool *pool;
     tm_status st = gpu_pool_add(e, bytes, &pool);
     if (st != TM_OK) return st;
@@ -144,16 +149,21 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     bool gpu_attention = false;
     for (uint32_t l = 0; l < e->n_layer; l++) gpu_attention |= e->layer_dev[l] == TM_DEV_GPU;
     e->gpu_scratch_bytes = gpu_gemm_scratch(e);
-    const size_t attn_floats =
-        gpu_attention ? (size_t)cuda_attention_scratch_floats(&ap, e->p.n_batch, e->p.n_ctx) : 0;
-    size_t bytes = align256(2 * sizeof(int32_t)) + align256(e->gpu_scratch_bytes) +
-                   align256(attn_floats * sizeof(float));
+    /* attention splits the keys of a few tokens over blocks (scratch), not a batch's */
+    size_t attn_floats = 0;
+    for (int64_t n = 1; gpu_attention && n <= TM_CUDA_MMVQ_MAX_TOK + 1; n++) {
+        const int64_t rows = n <= TM_CUDA_MMVQ_MAX_TOK ? n : e->p.n_batch;
+        const size_t f = (size_t)cuda_attention_scratch_floats(&ap, rows, e->p.n_ctx);
+        attn_floats = f > attn_floats ? f : attn_floats;
+    }
+    size_t bytes = take_size(2 * sizeof(int32_t)) + take_size(e->gpu_scratch_bytes) +
+                   take_size(attn_floats * sizeof(float));
     for (uint32_t l = 0; l < e->n_layer; l++)
-        if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * align256(e->kv_bytes);
+        if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes);
     for (int i = 0; i < e->n_acts; i++)
-        bytes += align256((size_t)(e->acts[i]->dev_rows * e->acts[i]->n) * 4);
+        bytes += take_size((size_t)(e->acts[i]->dev_rows * e->acts[i]->n) * 4);
     for (int g = 0; g < e->n_groups; g++)
-        if (e->groups[g].stack) bytes += align256((size_t)e->groups[g].rows * 4);
+        if (e->groups[g].stack) bytes += take_size((size_t)e->groups[g].rows * 4);
     tm_cuda_pool *pool;
     if ((st = gpu_pool_add(e, bytes, &pool)) ||
         (st = gpu_pool_take(pool, 2 * sizeof(int32_t), (void **)&e->step_dev)) ||
