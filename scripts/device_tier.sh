@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call for the tiered executor (docs/executor.md): build Release
-# for sm_90, run the GPU checks (every op, and the placement matrix on the real
-# kernels), make the 30b-a3b model, then bench llama.cpp (../shared/peer,
-# carried in .peer/) and tiermoe on the same file in the same call:
-#   -ngl all, --cpu-moe, --n-cpu-moe 35, the same bytes as a --moe-cache, CPU only.
+# for sm_90, make the 30b-a3b model, run the GPU checks (every op, the
+# placement matrix on the real kernels, the model's placements against the
+# CPU), then bench llama.cpp (../shared/peer, carried in .peer/) and tiermoe
+# on the same file in the same call:
+#   -ngl all, --cpu-moe (PCIe lane auto, off, 2, 4), --n-cpu-moe 35 (PCIe lane auto,
+#   off), the same bytes as a --moe-cache, CPU only.
 # Stages are switched off to fit a call: NO_CHECKS=1, NO_PEER=1, NO_CPU=1,
 # ONLY="cpu-moe ncmoe35 ..." (tiermoe cases by name), REPS (default 3).
 # Logs and tables go to $OUT; the summary is printed last.
@@ -29,18 +31,18 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA_ARCHITECTUR
 cmake --build "$BUILD" -j"$(nproc)" --target tiermoe test_cuda_ops > "$OUT/build.log" 2>&1 \
     || { grep -E "error" -A3 "$OUT/build.log" | head -40; echo "SUMMARY: build FAILED"; exit 1; }
 
+stamp "model"
+[ -f "$M" ] || "$BUILD/tiermoe" mkmodel --preset 30b-a3b -q -o "$M" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
+ls -la "$M"
+
 status_checks=skipped
 if [ "${NO_CHECKS:-0}" != 1 ]; then
     stamp "checks: every op, the placement matrix (test_cuda_ops)"
-    TM_TEST_TMP=/tmp timeout 400 "$BUILD/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
+    TM_TEST_TMP=/tmp TM_CUDA_MODEL="$M" timeout 400 "$BUILD/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
     rc=$?
     grep -E "^\[  (PASSED|FAILED|ERROR) |FAIL|^\[  ERROR|greedy|worst logits|skipped|Failure" "$OUT/checks.log" | head -70
     [ $rc -eq 0 ] && status_checks=PASS || status_checks="FAIL(rc=$rc)"
 fi
-
-stamp "model"
-[ -f "$M" ] || "$BUILD/tiermoe" mkmodel --preset 30b-a3b -q -o "$M" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
-ls -la "$M"
 
 if [ "${NO_PEER:-0}" != 1 ] && [ -f .peer/llama-bench.tar.xz ]; then
     stamp "llama.cpp (peer)"
@@ -55,7 +57,11 @@ fi
 # tiermoe: name, flags
 cases=(
     "cpu-moe|--cpu-moe"
+    "cpu-moe-nopcie|--cpu-moe --moe-pcie off"
+    "cpu-moe-p2|--cpu-moe --moe-pcie 2"
+    "cpu-moe-p4|--cpu-moe --moe-pcie 4"
     "ncmoe35|--n-cpu-moe 35"
+    "ncmoe35-nopcie|--n-cpu-moe 35 --moe-pcie off"
     "cache13|--cpu-moe --moe-cache 4212"
     "gpu|-ngl all"
     "cpu|-ngl 0"

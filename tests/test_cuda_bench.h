@@ -191,7 +191,11 @@ static void test_bench(void **state) {
         const float *l = dev_upload(lh, (size_t)512 * 128 * sizeof(float));
         int32_t *ids = dev_alloc((size_t)512 * 8 * sizeof(int32_t));
         float *w = dev_alloc((size_t)512 * 8 * sizeof(float));
-        tm_cuda_router_params rp = {TM_CUDA_GATING_SOFTMAX, 128, 8, 1, 1.0f, NULL};
+        tm_cuda_router_params rp = {.gating = TM_CUDA_GATING_SOFTMAX,
+                                    .n_expert = 128,
+                                    .n_used = 8,
+                                    .norm_topk = 1,
+                                    .scale = 1.0f};
         static const int toks[] = {1, 512};
         for (int ti = 0; ti < 2; ti++) {
             for (int i = -BENCH_WARMUP; i < reps; i++) {

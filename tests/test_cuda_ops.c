@@ -316,8 +316,11 @@ static void test_router(void **state) {
                     for (int32_t e = 0; e < E; e++)
                         map[e] = tm_rng_u64(&r) % 3 ? (int32_t)(tm_rng_u64(&r) % 1000) : -1;
                 }
-                tm_cuda_router_params gp = {(tm_cuda_gating)gating, E,        K,
-                                            cp.norm_topk,           cp.scale, NULL};
+                tm_cuda_router_params gp = {.gating = (tm_cuda_gating)gating,
+                                            .n_expert = E,
+                                            .n_used = K,
+                                            .norm_topk = cp.norm_topk,
+                                            .scale = cp.scale};
                 float *l = xmalloc((size_t)T * E * sizeof(float));
                 fill_normal(&r, l, T * E, 2.0f);
                 /* exact ties: both sides must prefer the lower id */
@@ -337,12 +340,32 @@ static void test_router(void **state) {
                 CHECK(cuda_fill_bytes(g_dev, w_d, 0xff, (size_t)T * K * sizeof(float)));
                 tm_cuda_moe_item *it_d = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
                 tm_cuda_moe_item *its = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
-                if (map) gp.slot_map = map_d = dev_upload(map, (size_t)E * sizeof(int32_t));
+                tm_cuda_moe_item *mits = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                if (map) { /* and the PCIe lane's list: the first n_mapped cold slots a token */
+                    gp.slot_map = map_d = dev_upload(map, (size_t)E * sizeof(int32_t));
+                    gp.mapped = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                    gp.n_mapped = (int32_t)((ei + ki) % 4);
+                }
                 CHECK(cuda_router_select(&gp, l_d, T, ids_d, w_d, it_d, cuda_device_stream(g_dev)));
                 CHECK(cuda_device_sync(g_dev));
                 CHECK(cuda_copy_to_host(g_dev, gids, ids_d, (size_t)T * K * sizeof(int32_t)));
                 CHECK(cuda_copy_to_host(g_dev, gw, w_d, (size_t)T * K * sizeof(float)));
                 CHECK(cuda_copy_to_host(g_dev, its, it_d, (size_t)T * K * sizeof(*its)));
+                if (map)
+                    CHECK(cuda_copy_to_host(g_dev, mits, gp.mapped, (size_t)T * K * sizeof(*mits)));
+                for (int64_t t = 0; map && t < T; t++) {
+                    int32_t cold = 0;
+                    for (int32_t j = 0; j < K; j++) {
+                        const int64_t i = t * K + j;
+                        const bool is_cold = map[gids[i]] < 0;
+                        const int32_t want = is_cold && cold++ < gp.n_mapped ? gids[i] : -1;
+                        if (mits[i].slot != want || mits[i].token != t || mits[i].weight != gw[i])
+                            fail_msg("router mapped item %lld (n_mapped %d): {%d, %d, %g}, want "
+                                     "{%d, %lld, %g}",
+                                     (long long)i, gp.n_mapped, mits[i].slot, mits[i].token,
+                                     mits[i].weight, want, (long long)t, gw[i]);
+                    }
+                }
                 for (int64_t i = 0; i < T * K; i++) { /* the work items restate the top-k */
                     const int32_t slot = map ? map[gids[i]] : gids[i];
                     if (its[i].slot != slot || its[i].token != i / K || its[i].weight != gw[i])
@@ -351,7 +374,7 @@ static void test_router(void **state) {
                                  (long long)(i / K), gw[i]);
                 }
                 (void)map_d;
-                free(its), free(map);
+                free(its), free(mits), free(map);
                 for (int64_t t = 0; t < T; t++) {
                     int tie = 0;
                     for (int32_t j = 0; j < K && !tie; j++) {

@@ -504,10 +504,14 @@ static void test_errors(void **state) {
     float w[64] = {0};
     void *wd = upload(&g, w, sizeof(w));
     /* checks at the launch, as the real launchers: the stream is untouched */
-    tm_cuda_router_params rp = {TM_CUDA_GATING_SOFTMAX, 513, 8, 1, 1.0f, NULL};
+    tm_cuda_router_params rp = {
+        .gating = TM_CUDA_GATING_SOFTMAX, .n_expert = 513, .n_used = 8, .norm_topk = 1, .scale = 1};
     assert_int_equal(cuda_router_select(&rp, x, 1, (int32_t *)y, y, NULL, g.s), TM_ERR_ARG);
     rp.n_expert = 64, rp.n_used = 33;
     assert_int_equal(cuda_router_select(&rp, x, 1, (int32_t *)y, y, NULL, g.s), TM_ERR_ARG);
+    rp.n_used = 8, rp.mapped = (tm_cuda_moe_item *)y; /* a mapped list without a slot map */
+    assert_int_equal(cuda_router_select(&rp, x, 1, (int32_t *)y, y, NULL, g.s), TM_ERR_ARG);
+    rp.mapped = NULL;
     tm_cuda_span span = {y, x, 6};
     uint32_t *flag = mapped(64);
     assert_int_equal(cuda_signal_host(&span, 1, flag, (uint32_t *)x, g.s), TM_ERR_ARG);
@@ -750,17 +754,23 @@ static void test_router(void **state) {
     int32_t *ids = dalloc(&g, T * K * 4), ids_h[T * K];
     float *wd = dalloc(&g, T * K * 4), w_h[T * K];
     tm_cuda_moe_item *items = dalloc(&g, T * K * sizeof(tm_cuda_moe_item)), items_h[T * K];
+    tm_cuda_moe_item *mitems = dalloc(&g, T * K * sizeof(tm_cuda_moe_item)), mitems_h[T * K];
     for (int gating = 0; gating < 2; gating++) {
-        const tm_cuda_router_params p = {gating ? TM_CUDA_GATING_SIGMOID : TM_CUDA_GATING_SOFTMAX,
-                                         E,
-                                         K,
-                                         gating ? 0 : 1,
-                                         2.5f,
-                                         gating ? NULL : mapd};
+        /* softmax: a slot map and the PCIe lane's list (2 cold slots a token) */
+        const tm_cuda_router_params p = {.gating = gating ? TM_CUDA_GATING_SIGMOID
+                                                          : TM_CUDA_GATING_SOFTMAX,
+                                         .n_expert = E,
+                                         .n_used = K,
+                                         .norm_topk = gating ? 0 : 1,
+                                         .scale = 2.5f,
+                                         .slot_map = gating ? NULL : mapd,
+                                         .mapped = gating ? NULL : mitems,
+                                         .n_mapped = 2};
         assert_int_equal(cuda_router_select(&p, ld, T, ids, wd, items, g.s), TM_OK);
         download(&g, ids_h, ids, sizeof(ids_h));
         download(&g, w_h, wd, sizeof(w_h));
         download(&g, items_h, items, sizeof(items_h));
+        download(&g, mitems_h, mitems, sizeof(mitems_h));
         for (int t = 0; t < T; t++) {
             double sc[E], m = -INFINITY, sum = 0, wsum = 0;
             for (int e = 0; e < E; e++) m = fmax(m, logits[t * E + e]);
@@ -780,6 +790,7 @@ static void test_router(void **state) {
                 taken[best] = true, want[j] = best, wsum += sc[best];
             }
             if (t == 1 && !gating) assert_true(want[0] == 3 && want[1] == 9);
+            int n_cold = 0;
             for (int j = 0; j < K; j++) {
                 const double ww = (gating ? sc[want[j]] : sc[want[j]] / wsum) * 2.5;
                 assert_int_equal(ids_h[t * K + j], want[j]);
@@ -788,6 +799,10 @@ static void test_router(void **state) {
                 assert_int_equal(it->slot, gating ? want[j] : map[want[j]]);
                 assert_int_equal(it->token, t);
                 assert_true(it->weight == w_h[t * K + j]);
+                if (gating) continue;
+                const bool pcie = map[want[j]] < 0 && n_cold++ < 2; /* its id, else -1 */
+                assert_int_equal(mitems_h[t * K + j].slot, pcie ? want[j] : -1);
+                assert_true(mitems_h[t * K + j].weight == w_h[t * K + j]);
             }
         }
     }

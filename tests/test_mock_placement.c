@@ -103,6 +103,18 @@ static void test_bad_input(void **state) {
     p = params(ALL, false, "exps=GPU1", 0);
     expect_error(m, &p, TM_ERR_ARG, (const char *const[]){"-ot", "GPU1", "CUDA0", NULL},
                  "unknown buffer type");
+    /* a host that cannot pin the experts: no PCIe lane, the CPU lane takes every cold slot */
+    setenv("MOCK_NOREGISTER", "1", 1);
+    p = params(ALL, true, NULL, 0);
+    tm_context *np;
+    assert_int_equal(model_context_create(m, &p, &np), TM_OK);
+    unsetenv("MOCK_NOREGISTER");
+    assert_int_equal(tier_pcie_slots(np->tier), 0);
+    const int32_t one = 3;
+    assert_int_equal(model_decode(np, &one, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
+    const tm_tier_stats *ns = &tier_stats(np->tier)[TM_TIER_RAM];
+    assert_true(ns->cold_slots == ns->calls * m->cfg.n_expert_used && ns->pcie_slots == 0);
+    model_context_free(np);
     /* no GPU: --cpu-moe (and -ngl auto) run on the CPU; an explicit -ngl is an error */
     setenv("MOCK_NODEV", "1", 1);
     p = params(TM_NGL_AUTO, true, NULL, 0);
@@ -196,8 +208,10 @@ static void test_profile(void **state) {
     const tm_tier_stats *s = &tier_stats(c->tier)[TM_TIER_CACHED];
     assert_int_equal(s->layers, 3);
     assert_int_equal(s->calls, 3 * 10); /* two prompt batches of 16 and 8 decode steps a layer */
-    assert_int_equal(s->hot_slots + s->cold_slots, 3 * (20 + 8) * m->cfg.n_expert_used);
+    assert_int_equal(s->hot_slots + s->pcie_slots + s->cold_slots,
+                     3 * (20 + 8) * m->cfg.n_expert_used);
     assert_true(s->cold_ns > 0 && s->hot_ns > 0 && s->gpu_wait_ns > 0 && s->merge_ns > 0);
+    assert_true(s->pcie_slots > 0 && s->pcie_ns > 0); /* the PCIe lane (auto) and its time */
     const uint64_t *prof = model_prof_ns(c);
     assert_true(prof[TM_PROF_EXPERTS] > 0 && prof[TM_PROF_ATTENTION] > 0);
     assert_true(model_lane_stats(c)->thread_ns > 0);

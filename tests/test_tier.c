@@ -1,8 +1,9 @@
 /* The tier's pieces that need no GPU, against plain reference code written
  * here: which experts fill a layer's VRAM slots (tier_cache_rank: by a
  * learn file's counts, most selected first, ties to the lower id), and the
- * split of a worklist into the CPU lane's cold slots and the GPU's hot ones
- * (tier_worklist_split: cold first, each side in its previous order, so an
+ * split of a worklist into the CPU lane's cold slots, the PCIe lane's (the
+ * first n cold slots of each decode token) and the GPU's hot ones
+ * (tier_worklist_split: CPU, PCIe, hot, each in its previous order, so an
  * expert's run stays whole). The lanes and the merge run end to end in
  * test_mock_placement. */
 #include <setjmp.h>
@@ -89,14 +90,24 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
     tm_moe_slot *before = malloc((size_t)n * sizeof(*before)),
                 *tmp = malloc((size_t)n * sizeof(*tmp));
     memcpy(before, wl.slots, (size_t)n * sizeof(*before));
-    const int64_t n_cold = tier_worklist_split(&wl, map, tmp);
-    /* the reference: a stable filter, cold then hot */
-    int64_t at = 0, want_cold = 0;
-    for (int pass = 0; pass < 2; pass++)
+    /* the PCIe lane takes slots of decode (token-major) worklists only */
+    const int32_t n_mapped = wl.expert_major ? 0 : (int32_t)(tm_rng_u64(r) % (k + 1));
+    int64_t n_pcie = -1;
+    const int64_t n_cold = tier_worklist_split(&wl, map, n_mapped, tmp, &n_pcie);
+    /* the reference: a stable filter by lane; a cold slot is the PCIe lane's
+     * when fewer than n_mapped cold slots of its token come before it */
+    int64_t at = 0, want[3] = {0, 0, 0};
+    for (int pass = 0; pass < 3; pass++)
         for (int64_t i = 0; i < n; i++) {
-            const bool is_cold = map[before[i].expert] < 0;
-            if (is_cold != (pass == 0)) continue;
-            want_cold += pass == 0;
+            int lane = 2;
+            if (map[before[i].expert] < 0) {
+                int64_t before_cold = 0;
+                for (int64_t j = 0; j < i; j++)
+                    before_cold += before[j].token == before[i].token && map[before[j].expert] < 0;
+                lane = before_cold < n_mapped ? 1 : 0;
+            }
+            if (lane != pass) continue;
+            want[pass]++;
             const tm_moe_slot *got = &wl.slots[at++];
             if (got->token != before[i].token || got->expert != before[i].expert ||
                 got->weight != before[i].weight)
@@ -104,7 +115,8 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
                          (long long)(at - 1), got->token, got->expert, got->weight, before[i].token,
                          before[i].expert, before[i].weight);
         }
-    assert_int_equal(n_cold, want_cold);
+    assert_int_equal(n_cold, want[0]);
+    assert_int_equal(n_pcie, want[1]);
     if (wl.expert_major) /* each expert's slots stay one run */
         for (int64_t i = 1; i < n; i++)
             for (int64_t j = 0; j + 1 < i; j++)
@@ -114,7 +126,8 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
                              wl.slots[i].expert, (long long)i);
     /* no map: every slot cold, nothing moves */
     memcpy(wl.slots, before, (size_t)n * sizeof(*before));
-    assert_int_equal(tier_worklist_split(&wl, NULL, tmp), n);
+    assert_int_equal(tier_worklist_split(&wl, NULL, 0, tmp, &n_pcie), n);
+    assert_int_equal(n_pcie, 0);
     assert_memory_equal(wl.slots, before, (size_t)n * sizeof(*before));
     moe_worklist_free(&wl);
     free(ids), free(w), free(map), free(before), free(tmp);

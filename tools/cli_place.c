@@ -19,7 +19,10 @@ const char cli_place_help[] =
     "  --moe-cache MIB|auto   VRAM for the most used experts of the layers whose experts are in\n"
     "                         RAM, split evenly over those layers (auto: what is free)\n"
     "  --moe-learn FILE       learn file (tiermoe trace) choosing the cached experts (default:\n"
-    "                         the lowest expert ids)\n";
+    "                         the lowest expert ids)\n"
+    "  --moe-pcie N|auto|off  of each decode token's experts in RAM, the GPU reads the first N\n"
+    "                         over PCIe (pinned in place) while the CPU computes the rest\n"
+    "                         (auto: about 40%% of the routed experts)\n";
 
 int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i) {
     const char *a = argv[i];
@@ -30,7 +33,7 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
     const bool ours = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
                       !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
                       !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
-                      !strcmp(a, "--moe-learn");
+                      !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie");
     if (!ours) return 0;
     if (i + 1 >= argc) {
         fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
@@ -64,6 +67,17 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         } else {
             p->cache_mib = n;
         }
+    } else if (!strcmp(a, "--moe-pcie")) {
+        if (!strcmp(v, "auto"))
+            p->pcie = TM_MOE_PCIE_AUTO;
+        else if (!strcmp(v, "off"))
+            p->pcie = TM_MOE_PCIE_OFF;
+        else if (cli_parse_i64(a, v, 0, TM_CUDA_ROUTER_MAX_USED, &n)) {
+            fprintf(stderr, "tiermoe %s: --moe-pcie: or 'auto' or 'off'\n", cmd);
+            return -1;
+        } else {
+            p->pcie = n ? (int)n : TM_MOE_PCIE_OFF;
+        }
     } else {
         p->learn_path = v;
     }
@@ -76,6 +90,7 @@ int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context
     cp->cpu_moe = p->cpu_moe, cp->n_cpu_moe = p->n_cpu_moe;
     cp->override_tensor = p->overrides;
     cp->moe_cache_mib = p->cache_mib;
+    cp->moe_pcie = p->pcie;
     cp->moe_hits = NULL;
     if (!p->learn_path) return 0;
     if (!p->cache_mib)
@@ -135,18 +150,22 @@ void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_mo
     bool any = false;
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) any |= ts[c].layers && ctx->placement.any_gpu;
     if (!any) return;
-    fprintf(out, "  MoE step by layer class, per run: | class | layers | layer steps | hot slots | "
-                 "cold slots | GPU hot lane ms | CPU cold lane ms | host waits for GPU ms | GPU "
-                 "waits for CPU ms | merge ms |\n");
+    fprintf(out,
+            "  MoE step by layer class, per run: | class | layers | layer steps | hot slots | "
+            "PCIe slots | cold slots | GPU hot lane ms | GPU PCIe lane ms | CPU cold lane ms | "
+            "host waits for GPU ms | GPU waits for CPU ms | merge ms |\n");
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
         const tm_tier_stats *s = &ts[c], z = {0}, *s0 = tier0 ? &tier0[c] : &z;
         if (!s->layers) continue;
-        fprintf(out, "  | %s | %u | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        fprintf(out,
+                "  | %s | %u | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+                "|\n",
                 tm_tier_class_names[c], s->layers, (double)(s->calls - s0->calls) / runs,
                 (double)(s->hot_slots - s0->hot_slots) / runs,
+                (double)(s->pcie_slots - s0->pcie_slots) / runs,
                 (double)(s->cold_slots - s0->cold_slots) / runs,
-                (s->hot_ns - s0->hot_ns) * 1e-6 / runs, (s->cold_ns - s0->cold_ns) * 1e-6 / runs,
-                (s->wait_ns - s0->wait_ns) * 1e-6 / runs,
+                (s->hot_ns - s0->hot_ns) * 1e-6 / runs, (s->pcie_ns - s0->pcie_ns) * 1e-6 / runs,
+                (s->cold_ns - s0->cold_ns) * 1e-6 / runs, (s->wait_ns - s0->wait_ns) * 1e-6 / runs,
                 (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
                 (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
     }

@@ -38,6 +38,7 @@ typedef struct bench_result {
     int n, threads;
     double mean, sd;
     double cpu_gbs, gpu_gbs; /* weight bytes each side read per second */
+    double pcie_gbs;         /* expert bytes the GPU read from RAM per second (--moe-pcie) */
     double mem_gbs;          /* the CPU's read bandwidth (0: not measured) */
     double bound;            /* t/s the CPU's bandwidth allows (0: not measured) */
     double steal;            /* share of CPU time the host took (virtual machines); -1: unknown */
@@ -107,12 +108,13 @@ static void bench_expert_bytes(const tm_context *ctx, uint64_t *cpu, uint64_t *g
     }
 }
 
-/* The tier's expert bytes so far (hot: the GPU's, cold: the CPU's). */
-static void bench_tier_bytes(const tm_context *ctx, uint64_t *hot, uint64_t *cold) {
+/* The tier's expert bytes so far: [0] the GPU's from VRAM, [1] the CPU's, [2]
+ * the GPU's from RAM over PCIe. */
+static void bench_tier_bytes(const tm_context *ctx, uint64_t bytes[3]) {
     const tm_tier_stats *ts = tier_stats(ctx->tier);
-    *hot = *cold = 0;
+    bytes[0] = bytes[1] = bytes[2] = 0;
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
-        *hot += ts[c].hot_bytes, *cold += ts[c].cold_bytes;
+        bytes[0] += ts[c].hot_bytes, bytes[1] += ts[c].cold_bytes, bytes[2] += ts[c].pcie_bytes;
 }
 
 /* "CPU AVX512", "CUDA", "CUDA 13 + CPU AVX512", "CUDA (experts: 48 layers in RAM, 4.20 GiB cached) + CPU AVX512" */
@@ -133,6 +135,8 @@ static void bench_backend(const tm_context *ctx, char *out, size_t n) {
     if (ram && tier_cache_bytes(ctx->tier) && w > 0 && (size_t)w < n)
         w += snprintf(out + w, n - (size_t)w, ", %.2f GiB cached",
                       tier_cache_bytes(ctx->tier) / 1073741824.0);
+    if (ram && tier_pcie_slots(ctx->tier) && w > 0 && (size_t)w < n)
+        w += snprintf(out + w, n - (size_t)w, ", %d a token over PCIe", tier_pcie_slots(ctx->tier));
     if (ram && w > 0 && (size_t)w < n) w += snprintf(out + w, n - (size_t)w, ")");
     if ((!all || ram) && w > 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, " + CPU %s", cpu);
 }
@@ -320,8 +324,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
         if (!rc && n_tg > 0) {
             const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
-            uint64_t hot0, cold0, hot1, cold1;
-            bench_tier_bytes(ctx, &hot0, &cold0);
+            uint64_t b0[3], b1[3];
+            bench_tier_bytes(ctx, b0);
             bench_steal_since(&steal0, &total0, &steal_ok);
             for (int r = 0; r < reps && !rc; r++) {
                 model_context_reset(ctx);
@@ -334,7 +338,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
                 }
                 ts[r] = (tm_time_ns() - t0) * 1e-9;
             }
-            bench_tier_bytes(ctx, &hot1, &cold1);
+            bench_tier_bytes(ctx, b1);
             bench_result *b = &res[n_res++];
             *b = (bench_result){.test = "tg",
                                 .n = (int)n_tg,
@@ -344,9 +348,11 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
             /* a token: the dense weights where they live, its experts where the tier ran them */
             const double n_gen = (double)(n_tg * reps);
-            const double cpu_b = dense_cpu + (cold1 - cold0) / n_gen,
-                         gpu_b = dense_gpu + (hot1 - hot0) / n_gen;
+            const double cpu_b = dense_cpu + (b1[1] - b0[1]) / n_gen,
+                         gpu_b = dense_gpu + (b1[0] - b0[0]) / n_gen,
+                         pcie_b = (b1[2] - b0[2]) / n_gen;
             b->cpu_gbs = cpu_b * b->mean / 1e9, b->gpu_gbs = gpu_b * b->mean / 1e9;
+            b->pcie_gbs = pcie_b * b->mean / 1e9;
             b->bound = mem > 0 && cpu_b > 0 ? mem * 1e9 / cpu_b : 0;
             if (profile) {
                 fprintf(stderr, "tg%lld, %d threads: ", n_tg, threads[ti]);
@@ -361,12 +367,12 @@ static int bench_main(int argc, char **argv, cli_place *place) {
     const double size_gib = m->weight_bytes / 1073741824.0, params_b = m->n_params / 1e9;
     if (!strcmp(fmt, "md")) {
         printf("| model | size | params | backend | threads | test | t/s | CPU GB/s | mem read "
-               "GB/s | of mem | CPU bound t/s | GPU GB/s |\n");
+               "GB/s | of mem | CPU bound t/s | GPU GB/s | PCIe GB/s |\n");
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-               "|\n");
+               "| ---: |\n");
     } else if (!strcmp(fmt, "csv")) {
         printf("model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,cpu_gbs,mem_gbs,"
-               "cpu_bound_ts,gpu_gbs\n");
+               "cpu_bound_ts,gpu_gbs,pcie_gbs\n");
     } else {
         printf("[\n");
     }
@@ -376,21 +382,22 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         snprintf(test, sizeof(test), "%s%d", b->test, b->n);
         if (!strcmp(fmt, "md"))
             printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% | "
-                   "%.1f | %.1f |\n",
+                   "%.1f | %.1f | %.1f |\n",
                    model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
                    b->cpu_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->cpu_gbs / b->mem_gbs : 0.0,
-                   b->bound, b->gpu_gbs);
+                   b->bound, b->gpu_gbs, b->pcie_gbs);
         else if (!strcmp(fmt, "csv"))
-            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f\n", model_name,
+            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f\n", model_name,
                    size_gib, params_b, backend, b->threads, test, b->mean, b->sd, b->cpu_gbs,
-                   b->mem_gbs, b->bound, b->gpu_gbs);
+                   b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
         else
             printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
                    "\"%s\", \"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, "
                    "\"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, \"mem_gbs\": %.2f, "
-                   "\"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f}%s\n",
+                   "\"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": %.2f}%s\n",
                    model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
-                   b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, i + 1 < n_res ? "," : "");
+                   b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs,
+                   i + 1 < n_res ? "," : "");
     }
     if (!strcmp(fmt, "json")) printf("]\n");
     fprintf(stderr, "cpu: %s\n", cpu_features_string());

@@ -29,8 +29,10 @@ static void trace_usage(FILE *out) {
             "  --window W             working-set window in tokens (default %d)\n"
             "  --per-layer            print the per-layer table\n"
             "  --expert-trace-names   log every routed slot\n"
-            "  --merge FILES...       sum learn files of the same model shape instead\n",
+            "  --merge FILES...       sum learn files of the same model shape instead\n"
+            "placement (the routing traced is the same under any):\n",
             TM_TRACE_WINDOW_DEFAULT);
+    fputs(cli_place_help, out);
 }
 
 typedef struct trace_prompt {
@@ -168,7 +170,7 @@ static int trace_merge(char **files, int n_files, const char *out) {
     return st == TM_OK ? 0 : 1;
 }
 
-int cmd_trace(int argc, char **argv) {
+static int trace_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL, *prompts_path = NULL, *out_path = NULL;
     long long n_predict = 16, v;
     tm_context_params cp = {0};
@@ -196,6 +198,12 @@ int cmd_trace(int argc, char **argv) {
                 fprintf(stderr, "tiermoe trace: --merge needs learn files\n");
                 return 2;
             }
+            continue;
+        }
+        const int np = cli_place_parse(place, "trace", argc, argv, i);
+        if (np < 0) return 2;
+        if (np > 0) {
+            i += np - 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -251,6 +259,10 @@ int cmd_trace(int argc, char **argv) {
     tm_model *m;
     if (model_load(model_path, &m) != TM_OK) {
         fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
+        return 1;
+    }
+    if (cli_place_apply(place, "trace", m, &cp)) {
+        model_free(m);
         return 1;
     }
     int rc = 1, n_prompts = 0;
@@ -325,5 +337,12 @@ out:
     prompts_free(ps, n_prompts);
     if (tok) tokenizer_free(tok);
     model_free(m);
+    return rc;
+}
+
+int cmd_trace(int argc, char **argv) {
+    cli_place place = {0};
+    const int rc = trace_main(argc, argv, &place);
+    cli_place_free(&place);
     return rc;
 }

@@ -76,6 +76,12 @@ tm_status cuda_host_alloc(size_t bytes, void **out); /* pinned (page-locked) */
  * Freed with cuda_host_free(host). */
 tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev);
 void cuda_host_free(void *p);
+/* Page-lock memory the host already has (a read-only file mapping, say) and
+ * map it for kernels, which then read it in place over PCIe: *dev is its
+ * address on the device. Registered spans may not overlap. Undone by
+ * cuda_host_unregister(p). */
+tm_status cuda_host_register(void *p, size_t bytes, bool read_only, void **dev);
+void cuda_host_unregister(void *p);
 /* Synchronous copies and fill on the compute stream (tests, small setup). */
 tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes);
 tm_status cuda_copy_to_host(tm_cuda_device *dev, void *host_dst, const void *src, size_t bytes);
@@ -187,6 +193,12 @@ typedef struct tm_cuda_router_params {
      * id (a VRAM cache's slot, or -1 for an expert it does not hold, which
      * cuda_moe_grouped skips). ids are always the expert ids. */
     const int32_t *slot_map;
+    /* Device [n_tok * n_used] or NULL: a second work list, for a lane that
+     * reads cold experts from host memory (cuda_host_register): the first
+     * n_mapped cold slots of each token, in rank order, get {id, t, w}, every
+     * other slot -1. Cold: slot_map[id] < 0 (a slot_map is needed). */
+    tm_cuda_moe_item *mapped;
+    int32_t n_mapped;
 } tm_cuda_router_params;
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512

@@ -249,6 +249,28 @@ void cuda_host_free(void *p) {
     if (p) cudaFreeHost(p);
 }
 
+tm_status cuda_host_register(void *p, size_t bytes, bool read_only, void **dev) {
+    *dev = NULL;
+    unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
+    if (read_only) flags |= cudaHostRegisterReadOnly;
+    cudaError_t e = cudaHostRegister(p, bytes, flags);
+    if (e == cudaSuccess) {
+        e = cudaHostGetDevicePointer(dev, p, 0);
+        if (e != cudaSuccess) cudaHostUnregister(p);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *dev = NULL;
+        return tm_error_set(TM_ERR_DEVICE, "CUDA: cannot pin and map %.1f MiB of host memory: %s",
+                            bytes / 1048576.0, cudaGetErrorString(e));
+    }
+    return TM_OK;
+}
+
+void cuda_host_unregister(void *p) {
+    if (p && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes) {
     TM_CUDA_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, dev->stream));
     TM_CUDA_TRY(cudaStreamSynchronize(dev->stream));

@@ -70,6 +70,13 @@ tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev) {
 void cuda_host_free(void *p) {
     (void)p;
 }
+tm_status cuda_host_register(void *p, size_t bytes, bool read_only, void **dev) {
+    (void)p, (void)bytes, (void)read_only, *dev = NULL;
+    return NONE;
+}
+void cuda_host_unregister(void *p) {
+    (void)p;
+}
 tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *src, size_t bytes) {
     (void)dev, (void)dst, (void)src, (void)bytes;
     return NONE;

@@ -98,13 +98,23 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     }
     if (p.norm_topk) w = w / tm_warp_sum(mine ? w : 0.0f);
     if (p.scale != 1.0f) w *= p.scale;
+    /* the mapped lane's share: the first n_mapped cold slots (ballot over the k lanes) */
+    int32_t slot = my_id;
+    if (mine && p.slot_map) slot = p.slot_map[my_id];
+    const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0);
+    const bool mapped = mine && slot < 0 && __popc(cold & ((1u << lane) - 1u)) < p.n_mapped;
     if (mine) {
         ids[t * K + lane] = my_id;
         weights[t * K + lane] = w;
         if (items) { /* the decode work list, without a launch of its own */
             tm_cuda_moe_item it;
-            it.slot = p.slot_map ? p.slot_map[my_id] : my_id, it.token = (int32_t)t, it.weight = w;
+            it.slot = slot, it.token = (int32_t)t, it.weight = w;
             items[t * K + lane] = it;
+        }
+        if (p.mapped) {
+            tm_cuda_moe_item it;
+            it.slot = mapped ? my_id : -1, it.token = (int32_t)t, it.weight = w;
+            p.mapped[t * K + lane] = it;
         }
     }
 }
@@ -120,6 +130,11 @@ extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const fl
     if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
         p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
         return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
+    if (p->mapped && (!p->slot_map || p->n_mapped < 0))
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_router_select: a mapped work list needs a slot map and "
+                            "n_mapped >= 0 (got %d)",
+                            p->n_mapped);
     if (n_tok <= 0)
         return n_tok == 0
                    ? TM_OK

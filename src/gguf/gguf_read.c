@@ -579,7 +579,10 @@ tm_status gguf_file_open(const char *path, tm_gguf_file **out) {
         goto fail;
     }
     f->file_size = (uint64_t)sb.st_size;
-    void *m = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+    /* shared, not private: the same for reading, and the PCIe lane pins these
+     * pages for the GPU (CUDA's registration of a private file mapping did not
+     * return, even for 256 MiB, on the H100 machine) */
+    void *m = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_SHARED, f->fd, 0);
     if (m == MAP_FAILED) {
         st = tm_error_set(TM_ERR_IO, "%s: cannot map %" PRIu64 " bytes: %s", path, f->file_size,
                           strerror(errno));

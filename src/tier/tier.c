@@ -3,6 +3,7 @@
  * mailbox and the scratch of the lanes. The step itself is tier_step.c. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "tier/tier_internal.h"
@@ -31,17 +32,31 @@ void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, i
     }
 }
 
-int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, tm_moe_slot *tmp) {
+/* A slot's lane: 0 the CPU, 1 the PCIe lane, 2 hot. *tok and *cold carry the
+ * token of the last cold slot and its cold slots so far. */
+static int tier_slot_lane(const tm_moe_slot *s, const int32_t *slot_of, int32_t n_mapped,
+                          int32_t *tok, int32_t *cold) {
+    if (slot_of && slot_of[s->expert] >= 0) return 2;
+    if (s->token != *tok) *tok = s->token, *cold = 0;
+    return (*cold)++ < n_mapped ? 1 : 0;
+}
+
+int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t n_mapped,
+                            tm_moe_slot *tmp, int64_t *n_pcie) {
     const int64_t n = wl->n_slots;
-    if (!slot_of) return n;
-    int64_t n_cold = 0;
-    for (int64_t i = 0; i < n; i++) n_cold += slot_of[wl->slots[i].expert] < 0;
-    if (n_cold == 0 || n_cold == n) return n_cold;
-    int64_t c = 0, h = n_cold;
+    *n_pcie = 0;
+    if (!slot_of && n_mapped <= 0) return n;
+    int64_t count[3] = {0, 0, 0};
+    int32_t tok = -1, cold = 0;
     for (int64_t i = 0; i < n; i++)
-        tmp[slot_of[wl->slots[i].expert] < 0 ? c++ : h++] = wl->slots[i];
+        count[tier_slot_lane(&wl->slots[i], slot_of, n_mapped, &tok, &cold)]++;
+    int64_t at[3] = {0, count[0], count[0] + count[1]};
+    tok = -1, cold = 0;
+    for (int64_t i = 0; i < n; i++)
+        tmp[at[tier_slot_lane(&wl->slots[i], slot_of, n_mapped, &tok, &cold)]++] = wl->slots[i];
     memcpy(wl->slots, tmp, (size_t)n * sizeof(*tmp));
-    return n_cold;
+    *n_pcie = count[1];
+    return count[0];
 }
 
 /* ---- the VRAM cache ---- */
@@ -59,6 +74,14 @@ int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert) {
 
 size_t tier_cache_bytes(const tm_tier *t) {
     return t->cache_bytes;
+}
+
+int32_t tier_pcie_slots(const tm_tier *t) {
+    return t->n_pcie;
+}
+
+size_t tier_pcie_bytes(const tm_tier *t) {
+    return t->pcie_pinned;
 }
 
 tm_tier_class tier_layer_class(const tm_tier *t, uint32_t layer) {
@@ -201,13 +224,141 @@ static tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     return st;
 }
 
+/* ---- the PCIe lane: cold experts the GPU reads in place from RAM ---- */
+
+/* The GPU's share of a token's cold bytes when TM_MOE_PCIE_AUTO: measured on
+ * the H100 machine, the GPU reads pinned RAM over PCIe at ~47 GB/s while 16
+ * CPU threads read ~65 GB/s (alone: ~79), so the two finish together when
+ * the GPU takes 47 / (47 + 65) of the bytes. Issue 15's calibration replaces it. */
+#define TIER_PCIE_SHARE 0.42
+
+typedef struct tier_span {
+    uintptr_t begin, end;
+} tier_span;
+
+static int tier_span_cmp(const void *a, const void *b) {
+    const tier_span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* The device address of host address p inside a registered span. */
+static const void *tier_pin_dev(const tm_tier *t, const void *p) {
+    for (int i = 0; i < t->n_pins; i++) {
+        const uintptr_t off = (uintptr_t)p - (uintptr_t)t->pin_host[i];
+        if ((uintptr_t)p >= (uintptr_t)t->pin_host[i] && off < t->pin_bytes[i])
+            return (const uint8_t *)t->pin_dev[i] + off;
+    }
+    return NULL;
+}
+
+static void tier_pcie_unpin(tm_tier *t) {
+    for (int i = 0; i < t->n_pins; i++) cuda_host_unregister(t->pin_host[i]);
+    free(t->pin_host), free(t->pin_dev), free(t->pin_bytes);
+    t->pin_host = t->pin_dev = NULL, t->pin_bytes = NULL, t->n_pins = 0, t->pcie_pinned = 0;
+}
+
+/* Pin the RAM experts' pages of the mapped file, page-aligned spans merged
+ * (registrations may not overlap), and map them for the GPU. */
+static tm_status tier_pcie_pin(tm_tier *t, const bool *lane) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    tier_span *s = malloc(3 * (size_t)t->n_layer * sizeof(*s));
+    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    int n = 0;
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        const tier_layer *L = &t->layers[l];
+        if (!lane[l]) continue;
+        const tm_moe_matrix *m[3] = {&L->host.gate, &L->host.up, &L->host.down};
+        for (int p = 0; p < 3; p++) {
+            const uintptr_t b = (uintptr_t)m[p]->data;
+            s[n++] = (tier_span){b & ~(page - 1),
+                                 (b + m[p]->expert_stride * t->n_expert + page - 1) & ~(page - 1)};
+        }
+    }
+    qsort(s, (size_t)n, sizeof(*s), tier_span_cmp);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m && s[i].begin <= s[m - 1].end) {
+            if (s[i].end > s[m - 1].end) s[m - 1].end = s[i].end;
+        } else {
+            s[m++] = s[i];
+        }
+    }
+    tm_status st = TM_OK;
+    if (!(t->pin_host = calloc((size_t)m, sizeof(void *))) ||
+        !(t->pin_dev = calloc((size_t)m, sizeof(void *))) ||
+        !(t->pin_bytes = calloc((size_t)m, sizeof(size_t))))
+        st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m && st == TM_OK; i++) {
+        const size_t bytes = s[i].end - s[i].begin;
+        st = cuda_host_register((void *)s[i].begin, bytes, true, &t->pin_dev[i]);
+        if (st == TM_OK) {
+            t->pin_host[i] = (void *)s[i].begin, t->pin_bytes[i] = bytes;
+            t->n_pins++, t->pcie_pinned += bytes;
+        }
+    }
+    free(s);
+    return st;
+}
+
+/* The lane's share, its pinned experts, its work list and the RAM layers'
+ * all-cold slot map, for the layers with experts in RAM whose routing is on
+ * the GPU (the decode hand-off's layers). A host that cannot pin loses the
+ * lane, with one line. */
+static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_tier_params *p) {
+    if (!t->gpu || p->pcie == TM_MOE_PCIE_OFF) return TM_OK;
+    bool *lane = calloc(t->n_layer, sizeof(bool)), any = false;
+    if (!lane) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        any |= lane[l] = t->layers[l].cls != TM_TIER_VRAM && pl->layer_dev[l] == TM_DEV_GPU;
+    int32_t n = p->pcie == TM_MOE_PCIE_AUTO ? (int32_t)(t->k * TIER_PCIE_SHARE + 0.5) : p->pcie;
+    if (n > (int32_t)t->k) n = (int32_t)t->k;
+    if (n <= 0 || !any) {
+        free(lane);
+        return TM_OK;
+    }
+    tm_status st = tier_pcie_pin(t, lane);
+    if (st != TM_OK) {
+        tm_log_warn("--moe-pcie: %s; the CPU computes every cold expert", tm_error_message());
+        tier_pcie_unpin(t);
+        free(lane);
+        return TM_OK;
+    }
+    const size_t map_bytes = t->n_expert * sizeof(int32_t);
+    if ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
+        (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)) ||
+        (st = exec_dev_alloc(t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
+                             (void **)&t->pcie_items))) {
+        free(lane);
+        return st;
+    }
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        tier_layer *L = &t->layers[l];
+        if (!lane[l]) continue;
+        L->pcie = (tm_cuda_moe_params){
+            .n_embd = t->n_embd,
+            .n_ff = t->n_ff,
+            .n_slots = (int32_t)t->n_expert,
+            .gate = tier_gpu_matrix(tier_pin_dev(t, L->host.gate.data), &L->host.gate),
+            .up = tier_gpu_matrix(tier_pin_dev(t, L->host.up.data), &L->host.up),
+            .down = tier_gpu_matrix(tier_pin_dev(t, L->host.down.data), &L->host.down),
+        };
+        L->n_pcie = n;
+    }
+    free(lane);
+    t->n_pcie = n;
+    tm_log_info("--moe-pcie: the GPU reads %d of each decode token's %u routed experts (the first "
+                "cold ones) from RAM over PCIe; %.2f GiB of experts pinned in %d spans",
+                n, t->k, t->pcie_pinned / 1073741824.0, t->n_pins);
+    return TM_OK;
+}
+
 /* Mapped memory for decode hand-offs and the buffers of the prompt path. */
 static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     const int64_t T = TM_CUDA_MMVQ_MAX_TOK, E = t->n_embd, K = t->k;
     bool any_cold = false, any_hot = false;
     for (uint32_t l = 0; l < t->n_layer; l++) {
         any_cold |= t->layers[l].cls != TM_TIER_VRAM;
-        any_hot |= t->layers[l].cls != TM_TIER_RAM;
+        any_hot |= t->layers[l].cls != TM_TIER_RAM || t->layers[l].n_pcie;
     }
     tm_status st;
     if (any_cold) {
@@ -305,9 +456,10 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             };
     }
     if (st == TM_OK) st = tier_cache_create(t, p);
+    if (st == TM_OK) st = tier_pcie_create(t, pl, p);
     if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
-    for (int i = 0; i < 4 && st == TM_OK && t->gpu && exec_profiling(e); i++)
+    for (int i = 0; i < 6 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) t->stats[t->layers[l].cls].layers++;
     if (st != TM_OK) {
@@ -322,7 +474,9 @@ void tier_free(tm_tier *t) {
     if (!t) return;
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++)
         free(t->layers[l].slot_of), free(t->layers[l].expert_in);
-    for (int i = 0; i < 4; i++) cuda_event_free(t->ev[i]);
+    for (int i = 0; i < 6; i++) cuda_event_free(t->ev[i]);
+    if (t->n_pins) (void)exec_sync(t->e); /* no kernel may still read the pages */
+    tier_pcie_unpin(t);
     cuda_host_free(t->mb_host_base);
     cuda_host_free(t->y_host);
     cuda_host_free(t->items_host);

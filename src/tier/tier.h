@@ -5,7 +5,9 @@
  *
  * An expert of a layer is hot (in VRAM: the layer's whole expert tensors, or
  * one of its --moe-cache slots; computed by the GPU's grouped kernels) or cold
- * (in RAM, the mapped file; computed by the CPU lane). A device slot map
+ * (in RAM, the mapped file; computed by the CPU lane, or, for the first
+ * --moe-pcie cold slots of each decode token, by the GPU reading the expert
+ * in place over PCIe: the PCIe lane). A device slot map
  * expert → slot | -1 per cached layer is applied by the router kernel, so the
  * hot lane reads experts through it and skips cold slots. Decode steps hand
  * the cold slots to the CPU lane through mapped pinned memory and flags (no
@@ -32,6 +34,8 @@ extern "C" {
 #endif
 
 #define TM_MOE_CACHE_AUTO (-1)
+#define TM_MOE_PCIE_AUTO  0    /* tm_tier_params.pcie: a share of k from measured rates */
+#define TM_MOE_PCIE_OFF   (-1) /* no PCIe lane */
 
 /* One layer's experts as the architecture bound them. */
 typedef struct tm_tier_layer {
@@ -43,6 +47,8 @@ typedef struct tm_tier_params {
     int64_t cache_mib;    /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO */
     const uint64_t *hits; /* [n_layer][n_expert] selections from a learn file (NULL: by id) */
     size_t reserve;       /* bytes TM_MOE_CACHE_AUTO leaves free */
+    int32_t pcie;         /* --moe-pcie: cold slots per decode token the GPU reads from RAM
+                             (TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or 1..k) */
 } tm_tier_params;
 
 /* Layers by where their experts are (the --profile table's rows). */
@@ -55,15 +61,17 @@ typedef enum tm_tier_class {
 extern const char *const tm_tier_class_names[TM_TIER_CLASS_COUNT];
 
 typedef struct tm_tier_stats {
-    uint32_t layers;                /* layers of the class */
-    uint64_t calls;                 /* layer steps */
-    uint64_t hot_slots, cold_slots; /* routed slots by lane */
-    uint64_t hot_bytes, cold_bytes; /* expert weight bytes those slots read */
-    uint64_t hot_ns;                /* GPU hot lane (--profile) */
-    uint64_t cold_ns;               /* CPU lane, wall time */
-    uint64_t wait_ns;               /* host waiting for the GPU's hand-off */
-    uint64_t gpu_wait_ns;           /* GPU waiting for the CPU lane, and its add (--profile) */
-    uint64_t merge_ns;              /* prompts: the CPU's sum copied in and added (--profile) */
+    uint32_t layers;                            /* layers of the class */
+    uint64_t calls;                             /* layer steps */
+    uint64_t hot_slots, cold_slots;             /* routed slots by lane: GPU from VRAM, CPU */
+    uint64_t pcie_slots;                        /* GPU from RAM over PCIe */
+    uint64_t hot_bytes, cold_bytes, pcie_bytes; /* expert weight bytes those slots read */
+    uint64_t hot_ns;                            /* GPU hot lane (--profile) */
+    uint64_t pcie_ns;                           /* GPU PCIe lane (--profile) */
+    uint64_t cold_ns;                           /* CPU lane, wall time */
+    uint64_t wait_ns;                           /* host waiting for the GPU's hand-off */
+    uint64_t gpu_wait_ns; /* GPU waiting for the CPU lane, and its add (--profile) */
+    uint64_t merge_ns;    /* prompts: the CPU's sum copied in and added (--profile) */
 } tm_tier_stats;
 
 typedef struct tm_tier tm_tier;
@@ -104,10 +112,17 @@ size_t tier_cache_bytes(const tm_tier *t);
 /* The n_slots experts to cache from a layer's selection counts: most selected
  * first, ties to the lower id; hits NULL: ids 0, 1, ... */
 void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, int32_t *out);
-/* Reorder a worklist's slots: cold ones (slot_of[expert] < 0) first, then hot,
- * each in their previous order (an expert's run stays whole); returns the
- * cold count. slot_of NULL: all cold. tmp: room for wl->n_slots slots. */
-int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, tm_moe_slot *tmp);
+/* Reorder a worklist's slots by lane, each lane's in their previous order (an
+ * expert's run stays whole): the CPU's cold slots, then the PCIe lane's (the
+ * first n_mapped cold slots of each token; a token-major worklist), then the
+ * hot ones (slot_of[expert] >= 0; slot_of NULL: none hot). Returns the CPU's
+ * count; *n_pcie gets the PCIe lane's. tmp: room for wl->n_slots slots. */
+int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t n_mapped,
+                            tm_moe_slot *tmp, int64_t *n_pcie);
+/* The PCIe lane's slots per decode token (0: none). */
+int32_t tier_pcie_slots(const tm_tier *t);
+/* The bytes the PCIe lane pinned (the RAM experts' spans of the file). */
+size_t tier_pcie_bytes(const tm_tier *t);
 
 #ifdef __cplusplus
 }

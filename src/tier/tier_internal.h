@@ -31,6 +31,9 @@ typedef struct tier_layer {
     int32_t *slot_of;       /* host [n_expert]: cache slot or -1 (cached layers) */
     int32_t *expert_in;     /* host [n_slots]: expert or -1 */
     int32_t *slot_of_dev;   /* device copy of slot_of */
+    tm_cuda_moe_params
+        pcie;       /* the RAM experts at their pinned device addresses (n_slots 0: none) */
+    int32_t n_pcie; /* the PCIe lane's cold slots per decode token */
 } tier_layer;
 
 struct tm_tier {
@@ -58,7 +61,13 @@ struct tm_tier {
     int64_t *group_starts; /* host [n_expert + 1] */
     void *cache_mem;       /* the VRAM slots of every cached layer */
     size_t cache_bytes;
-    tm_cuda_event ev[4]; /* --profile: hot lane start/end, wait start/end */
+    int32_t n_pcie;               /* the PCIe lane's slots per decode token (0: none) */
+    tm_cuda_moe_item *pcie_items; /* device [max_tok * k]: its work list */
+    int32_t *cold_map_dev;        /* device [n_expert] of -1: a RAM layer's slot map */
+    void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */
+    size_t *pin_bytes, pcie_pinned;
+    int n_pins;
+    tm_cuda_event ev[6]; /* --profile: hot lane, PCIe lane, wait (start, end each) */
 
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
     tm_moe_lane_stats lane_stats;

@@ -3,12 +3,14 @@
  * Decode (up to TM_CUDA_MMVQ_MAX_TOK tokens, routing and the residual stream
  * on the GPU), all queued on the stream, capturable in the decode graph:
  *   router select: ids, weights, work items through the layer's slot map
+ *                  (and the PCIe lane's: the first n_pcie cold slots a token)
  *   [cold possible] signal: h, ids, weights → mailbox; flag_h[l] = step
  *   [hot possible]  hot lane: grouped kernels over the items, y += hot sums
+ *   [PCIe lane]     grouped kernels reading pinned RAM, y += their sums
  *   [cold possible] wait: flag_y[l] == step, then y += the CPU's sum
  * and a host task (tier_decode_task): wait for flag_h[l], run the CPU lane on
- * the cold slots into the mailbox, write flag_y[l]. The hot lane runs while
- * the CPU lane does.
+ * the cold slots the PCIe lane left into the mailbox, write flag_y[l]. The
+ * hot and PCIe lanes run while the CPU lane does.
  *
  * Anything else (prompts; routing or the residual stream on the host): the
  * routing comes to the host, the worklist (expert-major for prompts) is split
@@ -33,12 +35,12 @@
 #define TIER_QUERY_NS 1000000 /* how often a waiting host asks whether the stream failed */
 
 static tm_cuda_router_params tier_router_gpu(const tm_tier *t, const int32_t *slot_map) {
-    return (tm_cuda_router_params){(tm_cuda_gating)t->router.gating,
-                                   (int32_t)t->n_expert,
-                                   (int32_t)t->k,
-                                   t->router.norm_topk,
-                                   t->router.scale,
-                                   slot_map};
+    return (tm_cuda_router_params){.gating = (tm_cuda_gating)t->router.gating,
+                                   .n_expert = (int32_t)t->n_expert,
+                                   .n_used = (int32_t)t->k,
+                                   .norm_topk = t->router.norm_topk,
+                                   .scale = t->router.scale,
+                                   .slot_map = slot_map};
 }
 
 /* The slot map the split goes by: NULL (every slot cold) for a layer in RAM. */
@@ -46,12 +48,15 @@ static const int32_t *tier_split_map(const tier_layer *L) {
     return L->cls == TM_TIER_CACHED ? L->slot_of : NULL;
 }
 
-static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n_cold) {
+static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n_pcie,
+                       int64_t n_cold) {
     tm_tier_stats *s = &t->stats[L->cls];
     s->calls++;
     s->hot_slots += (uint64_t)n_hot, s->cold_slots += (uint64_t)n_cold;
+    s->pcie_slots += (uint64_t)n_pcie;
     s->hot_bytes += (uint64_t)n_hot * L->expert_bytes;
     s->cold_bytes += (uint64_t)n_cold * L->expert_bytes;
+    s->pcie_bytes += (uint64_t)n_pcie * L->expert_bytes;
 }
 
 static uint64_t tier_event_ns(tm_cuda_event a, tm_cuda_event b) {
@@ -112,18 +117,19 @@ static tm_status tier_decode_task(void *ud) {
     tm_status st = tier_wait_gpu(t, L->index, seq);
     const uint64_t t1 = tm_time_ns();
     t->stats[L->cls].wait_ns += t1 - t0;
-    int64_t n_cold = 0;
+    int64_t n_cold = 0, n_pcie = 0;
     if (st == TM_OK)
         st = moe_worklist_build(&t->wl, t->mb.ids, t->mb.w, n_tok, t->n_expert, t->k,
                                 TM_MOE_PHASE_DECODE);
     if (st == TM_OK) st = tier_split_room(t);
-    if (st == TM_OK) n_cold = tier_worklist_split(&t->wl, tier_split_map(L), t->split_tmp);
+    if (st == TM_OK)
+        n_cold = tier_worklist_split(&t->wl, tier_split_map(L), L->n_pcie, t->split_tmp, &n_pcie);
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
     if (st == TM_OK && n_cold)
         st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, t->mb.h, t->mb.y,
                               exec_precise(e));
     if (st == TM_OK) {
-        tier_count(t, L, t->wl.n_slots - n_cold, n_cold);
+        tier_count(t, L, t->wl.n_slots - n_cold - n_pcie, n_pcie, n_cold);
         t->stats[L->cls].cold_ns += tm_time_ns() - t1;
     }
     __atomic_store_n(&t->mb.flag_y[L->index], seq, __ATOMIC_RELEASE);
@@ -136,10 +142,12 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     const tm_cuda_stream s = exec_stream(e);
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd, K = t->k, l = L->index;
     const uint32_t *seq = exec_step_seq_dev(e);
-    const bool hot = L->cls != TM_TIER_RAM, cold = L->cls != TM_TIER_VRAM;
+    const bool hot = L->cls != TM_TIER_RAM, cold = L->cls != TM_TIER_VRAM, pcie = L->n_pcie > 0;
     const bool prof = exec_profiling(e);
-    const tm_cuda_router_params rp =
-        tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev : NULL);
+    tm_cuda_router_params rp = tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev
+                                                  : pcie                   ? t->cold_map_dev
+                                                                           : NULL);
+    if (pcie) rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie;
     tm_status st =
         cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, hot ? t->items_dev : NULL, s);
     if (st != TM_OK) return st;
@@ -156,8 +164,13 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
                                    t->h_scratch, s)) ||
             (prof && (st = cuda_event_record(t->ev[1], s))))
             return st;
-        if (!cold) tier_count(t, L, n_tok * K, 0);
+        if (!cold) tier_count(t, L, n_tok * K, 0, 0);
     }
+    if (pcie && ((prof && (st = cuda_event_record(t->ev[4], s))) ||
+                 (st = cuda_moe_grouped(&L->pcie, t->pcie_items, n_tok * K, h->dev, n_tok, y->dev,
+                                        t->h_scratch, s)) ||
+                 (prof && (st = cuda_event_record(t->ev[5], s)))))
+        return st;
     if (cold) {
         if ((prof && (st = cuda_event_record(t->ev[2], s))) ||
             (st = cuda_wait_host(&t->mb_dev.flag_y[l], seq, t->timeout_ns, &t->mb_dev.err[l],
@@ -171,6 +184,7 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     if ((st = exec_sync(e))) return st;
     tm_tier_stats *ts = &t->stats[L->cls];
     if (hot) ts->hot_ns += tier_event_ns(t->ev[0], t->ev[1]);
+    if (pcie) ts->pcie_ns += tier_event_ns(t->ev[4], t->ev[5]);
     if (cold) ts->gpu_wait_ns += tier_event_ns(t->ev[2], t->ev[3]);
     return TM_OK;
 }
@@ -242,8 +256,10 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
         (st = moe_worklist_build(&t->wl, ids->host, w->host, n_tok, t->n_expert, t->k, phase)) ||
         (st = tier_split_room(t)))
         return st;
-    const int64_t n_cold =
-        L->cls == TM_TIER_VRAM ? 0 : tier_worklist_split(&t->wl, tier_split_map(L), t->split_tmp);
+    int64_t n_pcie = 0; /* prompts: no PCIe lane (fetching is the next lane's) */
+    const int64_t n_cold = L->cls == TM_TIER_VRAM ? 0
+                                                  : tier_worklist_split(&t->wl, tier_split_map(L),
+                                                                        0, t->split_tmp, &n_pcie);
     const int64_t n_hot = t->wl.n_slots - n_cold;
     /* the hot lane first, so it runs while the CPU lane does */
     if (n_hot) {
@@ -276,7 +292,7 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
             return st;
         cpu_axpy(y->host, 1.0f, t->y_host, n_tok * E);
     }
-    tier_count(t, L, n_hot, n_cold);
+    tier_count(t, L, n_hot, 0, n_cold);
     exec_act_wrote(y, side);
     if (!prof || !t->gpu) return TM_OK;
     if ((st = exec_sync(e))) return st;

@@ -2,14 +2,14 @@
  *
  * 1. The placement matrix (tests/matrix/placement_matrix.h) on the tiny model
  *    (3 layers, 16 experts) and a 4-layer, 32-expert one: CPU only, -ngl all,
- *    -ngl 2, --cpu-moe, --n-cpu-moe 2, --moe-cache with a random hot set, an
- *    -ot mix; logits after prompt batches and decode steps against the CPU's
+ *    -ngl 2, --cpu-moe (PCIe lane off, auto, every slot), --n-cpu-moe 2,
+ *    --moe-cache with a random hot set, an -ot mix; logits after prompt batches and decode steps against the CPU's
  *    precise mode (double products of the dequantized weights, f32 KV),
  *    routing identical except at near ties, 64 greedy tokens identical.
  * 2. -ngl all with an f16 KV cache against the same reference.
  * 3. With TM_CUDA_MODEL=path (the 30b-a3b preset on the device machine): -ngl
- *    all, --cpu-moe and --n-cpu-moe 35 against the CPU's normal mode, first 16
- *    tokens.
+ *    all, --cpu-moe (PCIe lane auto and off) and --n-cpu-moe 35 against the
+ *    CPU's normal mode, first 16 tokens.
  *
  * Tolerances on the relative L2 error of the logits, ||gpu - cpu|| / ||cpu||:
  *   - decode: activations stay f32 and the weights are dequantized exactly,
@@ -89,13 +89,16 @@ void check_model(void **state) {
     static const struct {
         int ngl, n_cpu_moe;
         bool cpu_moe;
+        int pcie;
         const char *what;
-    } bigs[] = {{1 << 20, 0, false, "-ngl all"},
-                {1 << 20, 0, true, "--cpu-moe"},
-                {1 << 20, 35, false, "--n-cpu-moe 35"}};
+    } bigs[] = {{1 << 20, 0, false, 0, "-ngl all"},
+                {1 << 20, 0, true, 0, "--cpu-moe"},
+                {1 << 20, 0, true, TM_MOE_PCIE_OFF, "--cpu-moe --moe-pcie off"},
+                {1 << 20, 35, false, 0, "--n-cpu-moe 35"}};
     for (size_t i = 0; i < sizeof(bigs) / sizeof(bigs[0]); i++) {
         rp = run_params(0, false, 0, false, TM_TYPE_F16, 16, 0);
         gp = run_params(bigs[i].ngl, bigs[i].cpu_moe, bigs[i].n_cpu_moe, false, TM_TYPE_F16, 16, 0);
+        gp.moe_pcie = bigs[i].pcie;
         cpu = pm_run_open(m, &rp), gpu = pm_run_open(m, &gp);
         /* 12 prompt tokens (one tensor-core batch), then 4 decode steps */
         char what[256];

@@ -173,22 +173,25 @@ typedef struct pm_case {
     int n_cpu_moe;
     const char *ot;
     int64_t cache_mib;
+    int pcie; /* --moe-pcie: 0 auto */
 } pm_case;
 
 static const pm_case pm_cases[] = {
-    {"CPU only", 0, false, 0, NULL, 0},
-    {"-ngl all", PM_ALL, false, 0, NULL, 0},
-    {"-ngl 2", 2, false, 0, NULL, 0},
-    {"--cpu-moe", PM_ALL, true, 0, NULL, 0},
-    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0},
-    {"--cpu-moe --moe-cache 2 (random hot set)", PM_ALL, true, 0, NULL, 2},
+    {"CPU only", 0, false, 0, NULL, 0, 0},
+    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0},
+    {"-ngl 2", 2, false, 0, NULL, 0, 0},
+    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0},
+    {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0},
+    {"--cpu-moe --moe-cache 2 (random hot set)", PM_ALL, true, 0, NULL, 2, 0},
     /* layer 0: attention on the GPU, experts in RAM; layer 1: its output
      * projection on the CPU between GPU ops; later layers: attention on the
      * CPU, experts on the GPU */
     {"-ngl 2 -ot mix", 2, false, 0,
      "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
      "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
-     0},
+     0, 0},
 };
 
 static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool precise, tm_type kv,
@@ -203,14 +206,31 @@ static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool 
                                .n_cpu_moe = c->n_cpu_moe,
                                .override_tensor = c->ot,
                                .moe_cache_mib = c->cache_mib,
+                               .moe_pcie = c->pcie,
                                .moe_hits = c->cache_mib ? hits : NULL};
 }
 
 /* The tier's counters after a run: every layer in the class the placement
  * implies, and the lanes it implies did work. */
 static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *what) {
-    const uint32_t L = ctx->model->cfg.n_layer;
+    const uint32_t L = ctx->model->cfg.n_layer, K = ctx->model->cfg.n_expert_used;
     const tm_tier_stats *s = tier_stats(ctx->tier);
+    /* the PCIe lane: there whenever a GPU computes layers with experts in RAM */
+    const int32_t n_pcie = tier_pcie_slots(ctx->tier);
+    uint64_t pcie = 0, cold = 0;
+    for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) pcie += s[i].pcie_slots, cold += s[i].cold_slots;
+    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
+    /* auto: some but not all of k >= 2 */
+    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF ? n_pcie == 0
+                    : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
+                                  : K < 2 || (n_pcie >= 1 && n_pcie < (int32_t)K);
+    if (!ok || (n_pcie > 0) != (pcie > 0))
+        fail_msg("%s: %d PCIe slots a token (%llu in all) for --moe-pcie %d, k %u", what, n_pcie,
+                 (unsigned long long)pcie, c->pcie, K);
+    if (ram_on_gpu && !c->cache_mib && (n_pcie < (int32_t)K) != (cold > 0))
+        fail_msg("%s: %llu cold slots with %d of %u over PCIe", what, (unsigned long long)cold,
+                 n_pcie, K);
+    if (n_pcie >= (int32_t)K) return;
     uint32_t vram = 0, ram = 0;
     for (uint32_t l = 0; l < L; l++) {
         const bool gpu_experts =

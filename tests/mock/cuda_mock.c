@@ -515,6 +515,38 @@ void cuda_host_free(void *p) {
     free(p);
 }
 
+/* The span becomes device-addressable at its own address; as CUDA, an
+ * overlap with a registered span fails. MOCK_NOREGISTER=1: every
+ * registration fails (a host that cannot pin). */
+tm_status cuda_host_register(void *p, size_t bytes, bool read_only, void **dev) {
+    (void)read_only;
+    *dev = NULL;
+    if (env_long("MOCK_NOREGISTER", 0))
+        return tm_error_set(TM_ERR_DEVICE,
+                            "mock: cannot pin and map %.1f MiB of host memory "
+                            "(MOCK_NOREGISTER)",
+                            bytes / 1048576.0);
+    const uintptr_t a = (uintptr_t)p;
+    pthread_mutex_lock(&g_mem_mu);
+    bool overlap = false;
+    for (size_t i = 0; i < g_n_blocks; i++)
+        overlap |= a < g_blocks[i].base + g_blocks[i].size && g_blocks[i].base < a + bytes;
+    pthread_mutex_unlock(&g_mem_mu);
+    if (overlap || !bytes)
+        return tm_error_set(TM_ERR_DEVICE, "mock: cuda_host_register(%p, %zu): %s", p, bytes,
+                            overlap ? "overlaps registered memory" : "empty");
+    if (!block_add(p, bytes)) return tm_error_set(TM_ERR_NOMEM, "mock: out of memory");
+    *dev = p;
+    return TM_OK;
+}
+
+void cuda_host_unregister(void *p) {
+    if (p && !block_remove(p)) {
+        fprintf(stderr, "mock: cuda_host_unregister(%p): not registered\n", p);
+        abort();
+    }
+}
+
 /* ---- copies and fills ---- */
 
 typedef struct copy_arg {

@@ -10,6 +10,10 @@
   missing or unreadable file, a file that is not GGUF, a non-MoE or unknown
   architecture, a token id outside the vocabulary: a clear message and a
   non-zero exit, never a crash (the ASan build turns a crash into a failure).
+- Placement flags: an -ot pattern that is not a regex or names an unknown
+  buffer type, a bad --moe-pcie / --moe-cache / -ngl value: exit 2 naming the
+  flag; an -ot pattern matching no tensor: a warning; --cpu-moe without a GPU:
+  one line, then the CPU (the same tokens as CPU only).
 - bench prints a llama-bench-shaped table.
 """
 import re
@@ -122,6 +126,15 @@ def main():
         (["run", "--tokens", "1"], 2, "-m"),
         (["run", "-m", model, "--tokens", "1", "--temp", "abc"], 2, "--temp"),
         (["bench", "-m", model, "-o", "xml"], 2, "-o"),
+        (["run", "-m", model, "--tokens", "1", "-ot", "blk\\.(=CPU"], 2, "-ot"),
+        (["run", "-m", model, "--tokens", "1", "-ot", "exps=GPU1"], 2, "GPU1"),
+        (["bench", "-m", model, "--override-tensor", "exps"], 2, "--override-tensor"),
+        (["trace", "-m", model, "-o", "x.json", "-ot", "a=CPU,(=CPU"], 2, "-ot"),
+        (["run", "-m", model, "--tokens", "1", "--moe-pcie", "x"], 2, "--moe-pcie"),
+        (["run", "-m", model, "--tokens", "1", "--moe-pcie", "99"], 2, "--moe-pcie"),
+        (["run", "-m", model, "--tokens", "1", "--moe-cache", "-3"], 2, "--moe-cache"),
+        (["run", "-m", model, "--tokens", "1", "-ngl", "abc"], 2, "-ngl"),
+        (["run", "-m", model, "--tokens", "1", "--n-cpu-moe"], 2, "--n-cpu-moe"),
         (["frob"], 2, "unknown command"),
     ]
     for args, code, word in cases:
@@ -130,6 +143,18 @@ def main():
         ok = ok and check(word in r.stderr, f"{' '.join(args[:1] + args[3:])}: message does not name {word!r}: {r.stderr.strip()}")
         check("AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, f"{args}: sanitizer report")
     print(f"  {len(cases)} bad inputs: clear messages, non-zero exits")
+
+    # placement flags that still run: a pattern matching nothing warns; --cpu-moe
+    # without a GPU says so once and gives CPU only's tokens
+    base = tm("run", "-m", model, "--tokens", "1,2,3", "-n", "6")
+    r = tm("run", "-m", model, "--tokens", "1,2,3", "-n", "6", "-ot", "nomatch=CPU")
+    check(r.returncode == 0 and "matches no tensor" in r.stderr, f"-ot nomatch: {r.stderr}")
+    r = tm("run", "-m", model, "--tokens", "1,2,3", "-n", "6", "--cpu-moe", "--moe-pcie", "2")
+    check(r.returncode == 0, f"--cpu-moe: {r.stderr}")
+    if "no usable GPU" in r.stderr:
+        lines = [l for l in r.stderr.splitlines() if "GPU" in l]
+        check(len(lines) == 1 and "running on the CPU" in lines[0], f"--cpu-moe, no GPU: {lines}")
+        check(generated(r.stdout) == generated(base.stdout), "--cpu-moe without a GPU: other tokens")
 
     # bench table
     r = tm("bench", "-m", model, "-p", "16", "-n", "4", "-r", "2", "-t", "1,2", "--no-membw")
