@@ -63,6 +63,8 @@ cases=(
     "ncmoe35|--n-cpu-moe 35"
     "ncmoe35-nopcie|--n-cpu-moe 35 --moe-pcie off"
     "cache13|--cpu-moe --moe-cache 4212"
+    "cache13-p3|--cpu-moe --moe-cache 4212 --moe-pcie 3"
+    "cache13-p2|--cpu-moe --moe-cache 4212 --moe-pcie 2"
     "gpu|-ngl all"
     "cpu|-ngl 0"
 )

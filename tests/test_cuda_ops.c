@@ -344,7 +344,8 @@ static void test_router(void **state) {
                 if (map) { /* and the PCIe lane's list: the first n_mapped cold slots a token */
                     gp.slot_map = map_d = dev_upload(map, (size_t)E * sizeof(int32_t));
                     gp.mapped = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
-                    gp.n_mapped = (int32_t)((ei + ki) % 4);
+                    gp.n_mapped = (int32_t)((ei + ki) % 4) + (gating == 2 ? K : 0);
+                    gp.mapped_share_q8 = gating == 2 ? 85 : 0; /* or a third of the cold */
                 }
                 CHECK(cuda_router_select(&gp, l_d, T, ids_d, w_d, it_d, cuda_device_stream(g_dev)));
                 CHECK(cuda_device_sync(g_dev));
@@ -354,11 +355,17 @@ static void test_router(void **state) {
                 if (map)
                     CHECK(cuda_copy_to_host(g_dev, mits, gp.mapped, (size_t)T * K * sizeof(*mits)));
                 for (int64_t t = 0; map && t < T; t++) {
-                    int32_t cold = 0;
+                    int32_t cold = 0, n_cold = 0;
+                    for (int32_t j = 0; j < K; j++) n_cold += map[gids[t * K + j]] < 0;
+                    int32_t limit = gp.n_mapped;
+                    if (gp.mapped_share_q8) {
+                        const int32_t s = (int32_t)floor(n_cold * gp.mapped_share_q8 / 256.0 + 0.5);
+                        limit = s < limit ? s : limit;
+                    }
                     for (int32_t j = 0; j < K; j++) {
                         const int64_t i = t * K + j;
                         const bool is_cold = map[gids[i]] < 0;
-                        const int32_t want = is_cold && cold++ < gp.n_mapped ? gids[i] : -1;
+                        const int32_t want = is_cold && cold++ < limit ? gids[i] : -1;
                         if (mits[i].slot != want || mits[i].token != t || mits[i].weight != gw[i])
                             fail_msg("router mapped item %lld (n_mapped %d): {%d, %d, %g}, want "
                                      "{%d, %lld, %g}",

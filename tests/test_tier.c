@@ -6,6 +6,7 @@
  * (tier_worklist_split: CPU, PCIe, hot, each in its previous order, so an
  * expert's run stays whole). The lanes and the merge run end to end in
  * test_mock_placement. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -92,8 +93,10 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
     memcpy(before, wl.slots, (size_t)n * sizeof(*before));
     /* the PCIe lane takes slots of decode (token-major) worklists only */
     const int32_t n_mapped = wl.expert_major ? 0 : (int32_t)(tm_rng_u64(r) % (k + 1));
+    /* a share of each token's cold slots (rounded, at most n_mapped), or n_mapped each */
+    const int32_t share = c % 3 == 0 ? 0 : c % 3 == 1 ? 85 : (int32_t)(1 + tm_rng_u64(r) % 256);
     int64_t n_pcie = -1;
-    const int64_t n_cold = tier_worklist_split(&wl, map, n_mapped, tmp, &n_pcie);
+    const int64_t n_cold = tier_worklist_split(&wl, map, n_mapped, share, tmp, &n_pcie);
     /* the reference: a stable filter by lane; a cold slot is the PCIe lane's
      * when fewer than n_mapped cold slots of its token come before it */
     int64_t at = 0, want[3] = {0, 0, 0};
@@ -101,10 +104,18 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
         for (int64_t i = 0; i < n; i++) {
             int lane = 2;
             if (map[before[i].expert] < 0) {
-                int64_t before_cold = 0;
-                for (int64_t j = 0; j < i; j++)
-                    before_cold += before[j].token == before[i].token && map[before[j].expert] < 0;
-                lane = before_cold < n_mapped ? 1 : 0;
+                int64_t before_cold = 0, token_cold = 0;
+                for (int64_t j = 0; j < n; j++) {
+                    const bool c_j =
+                        before[j].token == before[i].token && map[before[j].expert] < 0;
+                    before_cold += j < i && c_j, token_cold += c_j;
+                }
+                int64_t limit = n_mapped;
+                if (share) {
+                    const int64_t s = (int64_t)floor(token_cold * share / 256.0 + 0.5);
+                    limit = s < limit ? s : limit;
+                }
+                lane = before_cold < limit ? 1 : 0;
             }
             if (lane != pass) continue;
             want[pass]++;
@@ -126,7 +137,7 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
                              wl.slots[i].expert, (long long)i);
     /* no map: every slot cold, nothing moves */
     memcpy(wl.slots, before, (size_t)n * sizeof(*before));
-    assert_int_equal(tier_worklist_split(&wl, NULL, 0, tmp, &n_pcie), n);
+    assert_int_equal(tier_worklist_split(&wl, NULL, 0, 0, tmp, &n_pcie), n);
     assert_int_equal(n_pcie, 0);
     assert_memory_equal(wl.slots, before, (size_t)n * sizeof(*before));
     moe_worklist_free(&wl);

@@ -22,7 +22,7 @@ const char cli_place_help[] =
     "                         the lowest expert ids)\n"
     "  --moe-pcie N|auto|off  of each decode token's experts in RAM, the GPU reads the first N\n"
     "                         over PCIe (pinned in place) while the CPU computes the rest\n"
-    "                         (auto: about 40%% of the routed experts)\n";
+    "                         (auto: a third of the token's experts in RAM)\n";
 
 int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i) {
     const char *a = argv[i];

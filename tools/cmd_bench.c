@@ -136,7 +136,8 @@ static void bench_backend(const tm_context *ctx, char *out, size_t n) {
         w += snprintf(out + w, n - (size_t)w, ", %.2f GiB cached",
                       tier_cache_bytes(ctx->tier) / 1073741824.0);
     if (ram && tier_pcie_slots(ctx->tier) && w > 0 && (size_t)w < n)
-        w += snprintf(out + w, n - (size_t)w, ", %d a token over PCIe", tier_pcie_slots(ctx->tier));
+        w += snprintf(out + w, n - (size_t)w, ", up to %d a token over PCIe",
+                      tier_pcie_slots(ctx->tier));
     if (ram && w > 0 && (size_t)w < n) w += snprintf(out + w, n - (size_t)w, ")");
     if ((!all || ram) && w > 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, " + CPU %s", cpu);
 }

@@ -195,11 +195,20 @@ typedef struct tm_cuda_router_params {
     const int32_t *slot_map;
     /* Device [n_tok * n_used] or NULL: a second work list, for a lane that
      * reads cold experts from host memory (cuda_host_register): the first
-     * n_mapped cold slots of each token, in rank order, get {id, t, w}, every
-     * other slot -1. Cold: slot_map[id] < 0 (a slot_map is needed). */
+     * TM_CUDA_MAPPED_COUNT cold slots of each token, in rank order, get
+     * {id, t, w}, every other slot -1. Cold: slot_map[id] < 0 (a slot_map is
+     * needed). */
     tm_cuda_moe_item *mapped;
-    int32_t n_mapped;
+    int32_t n_mapped, mapped_share_q8;
 } tm_cuda_router_params;
+
+/* The mapped lane's slots of a token with n_cold cold ones: n_mapped, or with
+ * a share (in 1/256) min(n_mapped, n_cold * share rounded). Integer, so the
+ * host and the GPU agree. */
+#define TM_CUDA_MAPPED_COUNT(n_cold, n_mapped, share_q8)                                           \
+    ((share_q8) > 0 && (((n_cold) * (share_q8) + 128) >> 8) < (n_mapped)                           \
+         ? (((n_cold) * (share_q8) + 128) >> 8)                                                    \
+         : (n_mapped))
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
 #define TM_CUDA_ROUTER_MAX_USED   32

@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     int32_t slot = my_id;
     if (mine && p.slot_map) slot = p.slot_map[my_id];
     const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0);
-    const bool mapped = mine && slot < 0 && __popc(cold & ((1u << lane) - 1u)) < p.n_mapped;
+    const int n_map = TM_CUDA_MAPPED_COUNT(__popc(cold), p.n_mapped, p.mapped_share_q8);
+    const bool mapped = mine && slot < 0 && __popc(cold & ((1u << lane) - 1u)) < n_map;
     if (mine) {
         ids[t * K + lane] = my_id;
         weights[t * K + lane] = w;
@@ -130,11 +131,12 @@ extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const fl
     if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
         p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
         return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
-    if (p->mapped && (!p->slot_map || p->n_mapped < 0))
+    if (p->mapped &&
+        (!p->slot_map || p->n_mapped < 0 || p->mapped_share_q8 < 0 || p->mapped_share_q8 > 256))
         return tm_error_set(TM_ERR_ARG,
-                            "cuda_router_select: a mapped work list needs a slot map and "
-                            "n_mapped >= 0 (got %d)",
-                            p->n_mapped);
+                            "cuda_router_select: a mapped work list needs a slot map, n_mapped "
+                            ">= 0 and a share in [0, 256] (got %d, %d)",
+                            p->n_mapped, p->mapped_share_q8);
     if (n_tok <= 0)
         return n_tok == 0
                    ? TM_OK

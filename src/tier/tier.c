@@ -32,28 +32,37 @@ void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, i
     }
 }
 
-/* A slot's lane: 0 the CPU, 1 the PCIe lane, 2 hot. *tok and *cold carry the
- * token of the last cold slot and its cold slots so far. */
-static int tier_slot_lane(const tm_moe_slot *s, const int32_t *slot_of, int32_t n_mapped,
-                          int32_t *tok, int32_t *cold) {
-    if (slot_of && slot_of[s->expert] >= 0) return 2;
-    if (s->token != *tok) *tok = s->token, *cold = 0;
-    return (*cold)++ < n_mapped ? 1 : 0;
+/* A slot's lane: 0 the CPU, 1 the PCIe lane, 2 hot. Slots [i, j) are one
+ * token's (token-major) or a run of an expert-major list (share_q8 0 there);
+ * *limit is the PCIe lane's count for the run, *cold its cold slots so far. */
+static int tier_slot_lane(const tm_moe_worklist *wl, int64_t i, const int32_t *slot_of,
+                          int32_t n_mapped, int32_t share_q8, int64_t *run_end, int32_t *limit,
+                          int32_t *cold) {
+    const tm_moe_slot *s = wl->slots;
+    if (i >= *run_end) { /* a new token: its cold slots decide the lane's share */
+        int32_t n_cold = 0;
+        for (*run_end = i; *run_end < wl->n_slots && s[*run_end].token == s[i].token; ++*run_end)
+            n_cold += !slot_of || slot_of[s[*run_end].expert] < 0;
+        *limit = TM_CUDA_MAPPED_COUNT(n_cold, n_mapped, share_q8), *cold = 0;
+    }
+    if (slot_of && slot_of[s[i].expert] >= 0) return 2;
+    return (*cold)++ < *limit ? 1 : 0;
 }
 
 int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t n_mapped,
-                            tm_moe_slot *tmp, int64_t *n_pcie) {
+                            int32_t share_q8, tm_moe_slot *tmp, int64_t *n_pcie) {
     const int64_t n = wl->n_slots;
     *n_pcie = 0;
     if (!slot_of && n_mapped <= 0) return n;
-    int64_t count[3] = {0, 0, 0};
-    int32_t tok = -1, cold = 0;
+    int64_t count[3] = {0, 0, 0}, end = 0;
+    int32_t limit = 0, cold = 0;
     for (int64_t i = 0; i < n; i++)
-        count[tier_slot_lane(&wl->slots[i], slot_of, n_mapped, &tok, &cold)]++;
+        count[tier_slot_lane(wl, i, slot_of, n_mapped, share_q8, &end, &limit, &cold)]++;
     int64_t at[3] = {0, count[0], count[0] + count[1]};
-    tok = -1, cold = 0;
+    end = 0;
     for (int64_t i = 0; i < n; i++)
-        tmp[at[tier_slot_lane(&wl->slots[i], slot_of, n_mapped, &tok, &cold)]++] = wl->slots[i];
+        tmp[at[tier_slot_lane(wl, i, slot_of, n_mapped, share_q8, &end, &limit, &cold)]++] =
+            wl->slots[i];
     memcpy(wl->slots, tmp, (size_t)n * sizeof(*tmp));
     *n_pcie = count[1];
     return count[0];
@@ -77,7 +86,7 @@ size_t tier_cache_bytes(const tm_tier *t) {
 }
 
 int32_t tier_pcie_slots(const tm_tier *t) {
-    return t->n_pcie;
+    return t->n_pcie ? TM_CUDA_MAPPED_COUNT((int32_t)t->k, t->n_pcie, t->pcie_share_q8) : 0;
 }
 
 size_t tier_pcie_bytes(const tm_tier *t) {
@@ -226,11 +235,12 @@ static tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
 
 /* ---- the PCIe lane: cold experts the GPU reads in place from RAM ---- */
 
-/* The GPU's share of a token's cold bytes when TM_MOE_PCIE_AUTO: measured on
- * the H100 machine, the GPU reads pinned RAM over PCIe at ~47 GB/s while 16
- * CPU threads read ~65 GB/s (alone: ~79), so the two finish together when
- * the GPU takes 47 / (47 + 65) of the bytes. Issue 15's calibration replaces it. */
-#define TIER_PCIE_SHARE 0.42
+/* The PCIe lane's share of each token's cold slots when TM_MOE_PCIE_AUTO, in
+ * 1/256: measured on the H100 machine with both lanes running, the PCIe lane
+ * reads ~39 GB/s and the CPU lane ~78 GB/s (Qwen3-30B-A3B --cpu-moe decode),
+ * so they finish together when the GPU takes a third of the cold slots (3 of
+ * 8, 2 of 6). Issue 15's calibration replaces the constant. */
+#define TIER_PCIE_SHARE_Q8 85
 
 typedef struct tier_span {
     uintptr_t begin, end;
@@ -310,9 +320,11 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     if (!lane) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < t->n_layer; l++)
         any |= lane[l] = t->layers[l].cls != TM_TIER_VRAM && pl->layer_dev[l] == TM_DEV_GPU;
-    int32_t n = p->pcie == TM_MOE_PCIE_AUTO ? (int32_t)(t->k * TIER_PCIE_SHARE + 0.5) : p->pcie;
+    const bool automatic = p->pcie == TM_MOE_PCIE_AUTO;
+    int32_t n = automatic ? (int32_t)t->k : p->pcie;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
-    if (n <= 0 || !any) {
+    if (n <= 0 || !any ||
+        (automatic && !TM_CUDA_MAPPED_COUNT((int32_t)t->k, n, TIER_PCIE_SHARE_Q8))) {
         free(lane);
         return TM_OK;
     }
@@ -345,10 +357,15 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
         L->n_pcie = n;
     }
     free(lane);
-    t->n_pcie = n;
-    tm_log_info("--moe-pcie: the GPU reads %d of each decode token's %u routed experts (the first "
-                "cold ones) from RAM over PCIe; %.2f GiB of experts pinned in %d spans",
-                n, t->k, t->pcie_pinned / 1073741824.0, t->n_pins);
+    t->n_pcie = n, t->pcie_share_q8 = automatic ? TIER_PCIE_SHARE_Q8 : 0;
+    if (automatic)
+        tm_log_info("--moe-pcie: the GPU reads a third of each decode token's experts in RAM (%d "
+                    "when all %u are) over PCIe; %.2f GiB of experts pinned in %d spans",
+                    tier_pcie_slots(t), t->k, t->pcie_pinned / 1073741824.0, t->n_pins);
+    else
+        tm_log_info("--moe-pcie: the GPU reads the first %d of each decode token's experts in RAM "
+                    "over PCIe; %.2f GiB of experts pinned in %d spans",
+                    n, t->pcie_pinned / 1073741824.0, t->n_pins);
     return TM_OK;
 }
 

@@ -114,12 +114,13 @@ size_t tier_cache_bytes(const tm_tier *t);
 void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, int32_t *out);
 /* Reorder a worklist's slots by lane, each lane's in their previous order (an
  * expert's run stays whole): the CPU's cold slots, then the PCIe lane's (the
- * first n_mapped cold slots of each token; a token-major worklist), then the
- * hot ones (slot_of[expert] >= 0; slot_of NULL: none hot). Returns the CPU's
- * count; *n_pcie gets the PCIe lane's. tmp: room for wl->n_slots slots. */
+ * first TM_CUDA_MAPPED_COUNT(cold slots of the token, n_mapped, share_q8)
+ * cold slots of each token; a token-major worklist), then the hot ones
+ * (slot_of[expert] >= 0; slot_of NULL: none hot). Returns the CPU's count;
+ * *n_pcie gets the PCIe lane's. tmp: room for wl->n_slots slots. */
 int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t n_mapped,
-                            tm_moe_slot *tmp, int64_t *n_pcie);
-/* The PCIe lane's slots per decode token (0: none). */
+                            int32_t share_q8, tm_moe_slot *tmp, int64_t *n_pcie);
+/* The PCIe lane's slots of a decode token whose experts are all cold (0: none). */
 int32_t tier_pcie_slots(const tm_tier *t);
 /* The bytes the PCIe lane pinned (the RAM experts' spans of the file). */
 size_t tier_pcie_bytes(const tm_tier *t);

@@ -61,7 +61,8 @@ struct tm_tier {
     int64_t *group_starts; /* host [n_expert + 1] */
     void *cache_mem;       /* the VRAM slots of every cached layer */
     size_t cache_bytes;
-    int32_t n_pcie;               /* the PCIe lane's slots per decode token (0: none) */
+    int32_t n_pcie;               /* the PCIe lane's slots per decode token, at most (0: none) */
+    int32_t pcie_share_q8;        /* and its share of a token's cold slots (0: n_pcie each token) */
     tm_cuda_moe_item *pcie_items; /* device [max_tok * k]: its work list */
     int32_t *cold_map_dev;        /* device [n_expert] of -1: a RAM layer's slot map */
     void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */

@@ -3,7 +3,7 @@
  * Decode (up to TM_CUDA_MMVQ_MAX_TOK tokens, routing and the residual stream
  * on the GPU), all queued on the stream, capturable in the decode graph:
  *   router select: ids, weights, work items through the layer's slot map
- *                  (and the PCIe lane's: the first n_pcie cold slots a token)
+ *                  (and the PCIe lane's: the first cold slots of each token)
  *   [cold possible] signal: h, ids, weights → mailbox; flag_h[l] = step
  *   [hot possible]  hot lane: grouped kernels over the items, y += hot sums
  *   [PCIe lane]     grouped kernels reading pinned RAM, y += their sums
@@ -123,7 +123,8 @@ static tm_status tier_decode_task(void *ud) {
                                 TM_MOE_PHASE_DECODE);
     if (st == TM_OK) st = tier_split_room(t);
     if (st == TM_OK)
-        n_cold = tier_worklist_split(&t->wl, tier_split_map(L), L->n_pcie, t->split_tmp, &n_pcie);
+        n_cold = tier_worklist_split(&t->wl, tier_split_map(L), L->n_pcie, t->pcie_share_q8,
+                                     t->split_tmp, &n_pcie);
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
     if (st == TM_OK && n_cold)
         st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, t->mb.h, t->mb.y,
@@ -147,7 +148,8 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     tm_cuda_router_params rp = tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev
                                                   : pcie                   ? t->cold_map_dev
                                                                            : NULL);
-    if (pcie) rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie;
+    if (pcie)
+        rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie, rp.mapped_share_q8 = t->pcie_share_q8;
     tm_status st =
         cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, hot ? t->items_dev : NULL, s);
     if (st != TM_OK) return st;
@@ -257,9 +259,10 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
         (st = tier_split_room(t)))
         return st;
     int64_t n_pcie = 0; /* prompts: no PCIe lane (fetching is the next lane's) */
-    const int64_t n_cold = L->cls == TM_TIER_VRAM ? 0
-                                                  : tier_worklist_split(&t->wl, tier_split_map(L),
-                                                                        0, t->split_tmp, &n_pcie);
+    const int64_t n_cold =
+        L->cls == TM_TIER_VRAM
+            ? 0
+            : tier_worklist_split(&t->wl, tier_split_map(L), 0, 0, t->split_tmp, &n_pcie);
     const int64_t n_hot = t->wl.n_slots - n_cold;
     /* the hot lane first, so it runs while the CPU lane does */
     if (n_hot) {

@@ -452,12 +452,16 @@ static bool router_run(void *arg, char *err, size_t err_size) {
     if (a->p.mapped)
         NEED_DEVICE(a->p.mapped, (size_t)(a->n_tok * K) * sizeof(*a->p.mapped), "the mapped items");
     for (int64_t t = 0; t < a->n_tok; t++) {
+        int32_t cold_all = 0;
+        for (int64_t j = 0; a->p.slot_map && j < K; j++)
+            cold_all += a->p.slot_map[a->ids[t * K + j]] < 0;
+        const int32_t n_map = TM_CUDA_MAPPED_COUNT(cold_all, a->p.n_mapped, a->p.mapped_share_q8);
         int32_t n_cold = 0; /* the cold slots of the token so far, in rank order */
         for (int64_t j = 0; j < K; j++) {
             const int64_t i = t * K + j;
             const int32_t id = a->ids[i], slot = a->p.slot_map ? a->p.slot_map[id] : id;
             if (a->items) a->items[i] = (tm_cuda_moe_item){slot, (int32_t)t, a->weights[i]};
-            const bool mapped = slot < 0 && n_cold++ < a->p.n_mapped;
+            const bool mapped = slot < 0 && n_cold++ < n_map;
             if (a->p.mapped)
                 a->p.mapped[i] = (tm_cuda_moe_item){mapped ? id : -1, (int32_t)t, a->weights[i]};
         }
@@ -476,11 +480,12 @@ tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits
     if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
         p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
         return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
-    if (p->mapped && (!p->slot_map || p->n_mapped < 0))
+    if (p->mapped &&
+        (!p->slot_map || p->n_mapped < 0 || p->mapped_share_q8 < 0 || p->mapped_share_q8 > 256))
         return tm_error_set(TM_ERR_ARG,
-                            "cuda_router_select: a mapped work list needs a slot map and "
-                            "n_mapped >= 0 (got %d)",
-                            p->n_mapped);
+                            "cuda_router_select: a mapped work list needs a slot map, n_mapped "
+                            ">= 0 and a share in [0, 256] (got %d, %d)",
+                            p->n_mapped, p->mapped_share_q8);
     if (n_tok <= 0)
         return n_tok == 0
                    ? TM_OK
