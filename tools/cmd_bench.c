@@ -21,21 +21,61 @@
 
 static void bench_usage(FILE *out) {
     fprintf(out, "usage: tiermoe bench -m FILE [options]\n"
-                 "  -p N          prompt tokens of the pp test (default 512; 0 = skip)\n"
-                 "  -n N          generated tokens of the tg test (default 128; 0 = skip)\n"
+                 "Several values of -p, -n, -t, -ngl and -ncmoe (a,b,...) run every combination,\n"
+                 "as llama-bench does; a context per (-ngl, -ncmoe, -t), every -p and -n in it.\n"
+                 "  -p N[,N...]   prompt tokens of the pp tests (default 512; 0 = skip)\n"
+                 "  -n N[,N...]   generated tokens of the tg tests (default 128; 0 = skip)\n"
                  "  -r N          repetitions (default 3)\n"
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
                  "  -b N          prompt batch size (default 512)\n"
-                 "  -o md|csv|json  output format (default md)\n"
+                 "  -o md|csv|json|jsonl  output format (default md)\n"
                  "  --no-membw    skip the memory bandwidth measurement (made before each test)\n"
                  "  --profile     print where each test's time went\n");
     fputs(cli_place_help, out);
     fputs(trace_config_help, out);
 }
 
+#define BENCH_MAX_VALUES 16
+
+/* A flag's comma-separated values (at most BENCH_MAX_VALUES); ngl: -ngl's
+ * words (all, auto) too. Prints the error; nonzero on bad input. */
+static int bench_parse_list(const char *flag, const char *val, long long lo, long long hi, bool ngl,
+                            long long *out, int *n) {
+    const size_t len = strlen(val);
+    if (!len || val[0] == ',' || val[len - 1] == ',' || strstr(val, ",,")) {
+        fprintf(stderr, "tiermoe bench: %s: an empty value in '%s'\n", flag, val);
+        return 1;
+    }
+    char *dup = strdup(val), *save = NULL;
+    if (!dup) return 1;
+    *n = 0;
+    int rc = 0;
+    for (char *t = strtok_r(dup, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+        int g = 0;
+        if (*n == BENCH_MAX_VALUES) {
+            fprintf(stderr, "tiermoe bench: %s: at most %d values\n", flag, BENCH_MAX_VALUES);
+            rc = 1;
+        } else if (ngl) {
+            rc = cli_parse_ngl(flag, t, &g);
+            out[(*n)++] = g;
+        } else {
+            rc = cli_parse_i64(flag, t, lo, hi, &out[*n]);
+            ++*n;
+        }
+    }
+    if (!rc && !*n) {
+        fprintf(stderr, "tiermoe bench: %s: expected a value, got '%s'\n", flag, val);
+        rc = 1;
+    }
+    free(dup);
+    return rc;
+}
+
 typedef struct bench_result {
     const char *test;
     int n, threads;
+    char backend[128]; /* where things ran, from the context (bench_backend) */
+    int n_gpu_layers, n_cpu_moe;
     double mean, sd;
     double cpu_gbs, gpu_gbs; /* weight bytes each side read per second */
     double pcie_gbs;         /* expert bytes the GPU read from RAM per second (--moe-pcie) */
@@ -142,12 +182,185 @@ static void bench_backend(const tm_context *ctx, char *out, size_t n) {
     if ((!all || ram) && w > 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, " + CPU %s", cpu);
 }
 
+/* What every context's tests share. */
+typedef struct bench_opts {
+    long long pp[BENCH_MAX_VALUES], tg[BENCH_MAX_VALUES];
+    int n_pp, n_tg;
+    long long reps, batch;
+    bool membw, profile;
+    tm_trace *tr;
+} bench_opts;
+
+#define BENCH_MAX_RESULTS 256
+
+/* One context (a placement and a thread count): warm up, then every pp and
+ * tg test, appended to res. Nonzero after printing an error. */
+static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_opts *o,
+                         tm_rng *rng, bench_result *res, int *n_res) {
+    long long max_pp = 0, max_tg = 0;
+    for (int i = 0; i < o->n_pp; i++) max_pp = o->pp[i] > max_pp ? o->pp[i] : max_pp;
+    for (int i = 0; i < o->n_tg; i++) max_tg = o->tg[i] > max_tg ? o->tg[i] : max_tg;
+    if (*n_res + o->n_pp + o->n_tg > BENCH_MAX_RESULTS) {
+        fprintf(stderr, "tiermoe bench: more than %d tests; give fewer values\n",
+                BENCH_MAX_RESULTS);
+        return 1;
+    }
+    tm_context_params cp = *cp0;
+    cp.n_ctx = (max_pp > max_tg ? max_pp : max_tg) + 8;
+    cp.n_batch = o->batch;
+    cp.profile = o->profile;
+    if (o->tr) trace_attach(o->tr, &cp);
+    tm_context *ctx;
+    if (model_context_create(m, &cp, &ctx) != TM_OK) {
+        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+        return 1;
+    }
+    char backend[128];
+    bench_backend(ctx, backend, sizeof(backend));
+    uint64_t dense_cpu, dense_gpu, exp_cpu, exp_gpu;
+    bench_dense_bytes(ctx, &dense_cpu, &dense_gpu);
+    bench_expert_bytes(ctx, &exp_cpu, &exp_gpu);
+    /* the host's read bandwidth bounds what the CPU reads; with nothing but
+     * the embedding there it means nothing */
+    const bool probe = o->membw && (dense_cpu > (uint64_t)m->cfg.n_embd * 4 || exp_cpu);
+    const long long n_toks = max_pp > 8 ? max_pp : 8;
+    int32_t *toks = malloc((size_t)n_toks * sizeof(int32_t));
+    if (!toks) {
+        model_context_free(ctx);
+        return 1;
+    }
+    for (long long i = 0; i < n_toks; i++) toks[i] = (int32_t)(tm_rng_u64(rng) % m->cfg.n_vocab);
+    int rc = 0;
+    /* warm-up: page in the weights, start the threads; on a GPU also load the
+     * prompt path's kernels and capture the decode graph (first uses are slow) */
+    if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+    if (!rc && ctx->placement.any_gpu) {
+        const long long n = max_pp < o->batch ? max_pp : o->batch;
+        model_context_reset(ctx);
+        if (n > 8 && model_decode(ctx, toks, n, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
+        if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
+    }
+    const int reps = (int)o->reps;
+    double ts[1000];
+    uint64_t prof0[TM_PROF_COUNT], steal0 = 0, total0 = 0;
+    tm_moe_lane_stats lane0;
+    tm_tier_stats tier0[TM_TIER_CLASS_COUNT];
+    bool steal_ok = true; /* until /proc/stat cannot be read */
+    /* the tests: every pp value, then every tg value */
+    for (int ti = 0; ti < o->n_pp + o->n_tg && !rc; ti++) {
+        const bool pp = ti < o->n_pp;
+        const long long n = pp ? o->pp[ti] : o->tg[ti - o->n_pp];
+        if (n <= 0) continue;
+        /* Before each test: the profile marks, the bandwidth (on a shared host
+         * it moves between tests, and the share shown should be of what the
+         * test had) and the steal marks. */
+        memcpy(prof0, model_prof_ns(ctx), sizeof(prof0));
+        lane0 = *model_lane_stats(ctx);
+        memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
+        const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
+        uint64_t b0[3], b1[3];
+        bench_tier_bytes(ctx, b0);
+        bench_steal_since(&steal0, &total0, &steal_ok);
+        for (int r = 0; r < reps && !rc; r++) {
+            model_context_reset(ctx);
+            if (o->tr) trace_sequence_begin(o->tr);
+            int32_t id = toks[0];
+            const uint64_t t0 = tm_time_ns();
+            if (pp) {
+                if (model_decode(ctx, toks, n, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
+            } else {
+                for (long long i = 0; i < n && !rc; i++) {
+                    if (model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
+                    id = (int32_t)(tm_rng_u64(rng) % m->cfg.n_vocab);
+                }
+            }
+            ts[r] = (tm_time_ns() - t0) * 1e-9;
+        }
+        if (rc) break;
+        bench_tier_bytes(ctx, b1);
+        bench_result *b = &res[(*n_res)++];
+        *b = (bench_result){.test = pp ? "pp" : "tg",
+                            .n = (int)n,
+                            .threads = cp.n_threads,
+                            .n_gpu_layers = ctx->n_gpu_layers,
+                            .n_cpu_moe = cp.n_cpu_moe,
+                            .mem_gbs = mem,
+                            .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
+        memcpy(b->backend, backend, sizeof(backend));
+        bench_stats(ts, reps, (double)n, &b->mean, &b->sd);
+        double cpu_b, gpu_b, pcie_b = 0;
+        if (pp) { /* every tensor once per batch, where it lives */
+            const double batches = (double)((n + o->batch - 1) / o->batch);
+            cpu_b = (double)(dense_cpu + exp_cpu) * batches / n;
+            gpu_b = (double)(dense_gpu + exp_gpu) * batches / n;
+        } else { /* a token: the dense weights where they live, its experts where they ran */
+            const double n_gen = (double)(n * reps);
+            cpu_b = dense_cpu + (b1[1] - b0[1]) / n_gen;
+            gpu_b = dense_gpu + (b1[0] - b0[0]) / n_gen;
+            pcie_b = (b1[2] - b0[2]) / n_gen;
+        }
+        b->cpu_gbs = cpu_b * b->mean / 1e9, b->gpu_gbs = gpu_b * b->mean / 1e9;
+        b->pcie_gbs = pcie_b * b->mean / 1e9;
+        b->bound = mem > 0 && cpu_b > 0 ? mem * 1e9 / cpu_b : 0;
+        if (o->profile) {
+            fprintf(stderr, "%s%lld, %d threads: ", b->test, n, cp.n_threads);
+            cli_profile_print(ctx, prof0, &lane0, tier0, pp ? reps : (int)(n * reps), stderr);
+        }
+    }
+    if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
+    free(toks);
+    model_context_free(ctx);
+    return rc;
+}
+
+static void bench_print(const bench_result *res, int n_res, const char *fmt, const char *model,
+                        double size_gib, double params_b) {
+    const bool md = !strcmp(fmt, "md"), csv = !strcmp(fmt, "csv"), json = !strcmp(fmt, "json");
+    if (md) {
+        printf("| model | size | params | backend | threads | test | t/s | CPU GB/s | mem read "
+               "GB/s | of mem | CPU bound t/s | GPU GB/s | PCIe GB/s |\n");
+        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+               "| ---: |\n");
+    } else if (csv) {
+        printf("model,size_gib,params_b,backend,n_gpu_layers,n_cpu_moe,threads,test,ts_mean,"
+               "ts_stddev,cpu_gbs,mem_gbs,cpu_bound_ts,gpu_gbs,pcie_gbs\n");
+    } else if (json) {
+        printf("[\n");
+    }
+    for (int i = 0; i < n_res; i++) {
+        const bench_result *b = &res[i];
+        char test[32];
+        snprintf(test, sizeof(test), "%s%d", b->test, b->n);
+        if (md)
+            printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% | "
+                   "%.1f | %.1f | %.1f |\n",
+                   model, size_gib, params_b, b->backend, b->threads, test, b->mean, b->sd,
+                   b->cpu_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->cpu_gbs / b->mem_gbs : 0.0,
+                   b->bound, b->gpu_gbs, b->pcie_gbs);
+        else if (csv)
+            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%d,%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+                   model, size_gib, params_b, b->backend, b->n_gpu_layers, b->n_cpu_moe, b->threads,
+                   test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
+        else /* json: an array; jsonl: an object a line */
+            printf("%s{\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
+                   "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"threads\": %d, \"test\": "
+                   "\"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, "
+                   "\"mem_gbs\": %.2f, \"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": "
+                   "%.2f}%s\n",
+                   json ? "  " : "", model, size_gib, params_b, b->backend, b->n_gpu_layers,
+                   b->n_cpu_moe, b->threads, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs, b->bound,
+                   b->gpu_gbs, b->pcie_gbs, json && i + 1 < n_res ? "," : "");
+    }
+    if (json) printf("]\n");
+}
+
 static int bench_main(int argc, char **argv, cli_place *place) {
     const char *path = NULL, *fmt = "md";
-    long long n_pp = 512, n_tg = 128, reps = 3, batch = 512, v;
-    int threads[16], n_threads = 0, membw = 1, profile = 0;
+    bench_opts o = {
+        .pp = {512}, .tg = {128}, .n_pp = 1, .n_tg = 1, .reps = 3, .batch = 512, .membw = true};
+    long long threads[BENCH_MAX_VALUES], ngl[BENCH_MAX_VALUES], ncmoe[BENCH_MAX_VALUES];
+    int n_threads = 0, n_ngl = 0, n_ncmoe = 0;
     tm_trace_config tc = {0};
-    tm_trace *tr = NULL;
     if (trace_config_from_env(&tc) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 2;
@@ -159,11 +372,11 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             return 0;
         }
         if (!strcmp(a, "--no-membw")) {
-            membw = 0;
+            o.membw = false;
             continue;
         }
         if (!strcmp(a, "--profile")) {
-            profile = 1;
+            o.profile = true;
             continue;
         }
         const int nt = trace_config_parse_arg(&tc, argc, argv, i);
@@ -172,7 +385,10 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             i += nt - 1;
             continue;
         }
-        const int np = cli_place_parse(place, "bench", argc, argv, i);
+        /* -ngl and -ncmoe take lists here; the other placement flags one value */
+        const bool is_ngl = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers"),
+                   is_ncmoe = !strcmp(a, "-ncmoe") || !strcmp(a, "--n-cpu-moe");
+        const int np = is_ngl || is_ncmoe ? 0 : cli_place_parse(place, "bench", argc, argv, i);
         if (np < 0) return 2;
         if (np > 0) {
             i += np - 1;
@@ -184,37 +400,37 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             return 2;
         }
         const char *val = argv[++i];
+        int bad = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             path = val;
-        else if (!strcmp(a, "-p")) {
-            if (cli_parse_i64(a, val, 0, 1 << 16, &n_pp)) return 2;
-        } else if (!strcmp(a, "-n")) {
-            if (cli_parse_i64(a, val, 0, 1 << 16, &n_tg)) return 2;
-        } else if (!strcmp(a, "-r")) {
-            if (cli_parse_i64(a, val, 1, 1000, &reps)) return 2;
-        } else if (!strcmp(a, "-b")) {
-            if (cli_parse_i64(a, val, 1, 1 << 16, &batch)) return 2;
-        } else if (!strcmp(a, "-o")) {
-            if (strcmp(val, "md") && strcmp(val, "csv") && strcmp(val, "json")) {
-                fprintf(stderr, "tiermoe bench: -o: expected md, csv or json, got '%s'\n", val);
+        else if (!strcmp(a, "-p"))
+            bad = bench_parse_list(a, val, 0, 1 << 16, false, o.pp, &o.n_pp);
+        else if (!strcmp(a, "-n"))
+            bad = bench_parse_list(a, val, 0, 1 << 16, false, o.tg, &o.n_tg);
+        else if (!strcmp(a, "-t"))
+            bad = bench_parse_list(a, val, 1, 1024, false, threads, &n_threads);
+        else if (is_ngl)
+            bad = bench_parse_list(a, val, 0, 0, true, ngl, &n_ngl);
+        else if (is_ncmoe)
+            bad = bench_parse_list(a, val, 0, 1 << 20, false, ncmoe, &n_ncmoe);
+        else if (!strcmp(a, "-r"))
+            bad = cli_parse_i64(a, val, 1, 1000, &o.reps);
+        else if (!strcmp(a, "-b"))
+            bad = cli_parse_i64(a, val, 1, 1 << 16, &o.batch);
+        else if (!strcmp(a, "-o")) {
+            if (strcmp(val, "md") && strcmp(val, "csv") && strcmp(val, "json") &&
+                strcmp(val, "jsonl")) {
+                fprintf(stderr, "tiermoe bench: -o: expected md, csv, json or jsonl, got '%s'\n",
+                        val);
                 return 2;
             }
             fmt = val;
-        } else if (!strcmp(a, "-t")) {
-            char *dup = strdup(val), *save = NULL;
-            for (char *tokn = strtok_r(dup, ",", &save); tokn; tokn = strtok_r(NULL, ",", &save)) {
-                if (n_threads == 16 || cli_parse_i64(a, tokn, 1, 1024, &v)) {
-                    free(dup);
-                    return 2;
-                }
-                threads[n_threads++] = (int)v;
-            }
-            free(dup);
         } else {
             fprintf(stderr, "tiermoe bench: unknown flag '%s'\n", a);
             bench_usage(stderr);
             return 2;
         }
+        if (bad) return 2;
     }
     if (!path) {
         fprintf(stderr, "tiermoe bench: missing -m FILE\n");
@@ -226,12 +442,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 1;
     }
-    tm_context_params place_cp = {0};
-    if (cli_place_apply(place, "bench", m, &place_cp)) {
-        model_free(m);
-        return 1;
-    }
-    if (trace_config_enabled(&tc) && trace_create(&tc, m, &tr) != TM_OK) {
+    if (trace_config_enabled(&tc) && trace_create(&tc, m, &o.tr) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         model_free(m);
         return 1;
@@ -243,164 +454,26 @@ static int bench_main(int argc, char **argv, cli_place *place) {
     snprintf(model_name, sizeof(model_name), "%.*s %.1fB %s", (int)arch.len, arch.data,
              m->n_params / 1e9, gexp ? quant_type_name(gexp->type) : "");
 
-    bench_result res[64];
-    char backend[128] = "CPU";
-    int n_res = 0, rc = 0;
+    bench_result *res = calloc(BENCH_MAX_RESULTS, sizeof(*res));
+    int n_res = 0, rc = res ? 0 : 1;
     tm_rng rng;
     tm_rng_seed(&rng, 1234);
-    for (int ti = 0; ti < n_threads && !rc; ti++) {
-        tm_context_params cp = place_cp;
-        cp.n_ctx = (n_pp > n_tg ? n_pp : n_tg) + 8;
-        cp.n_batch = batch;
-        cp.n_threads = threads[ti];
-        cp.profile = profile != 0;
-        if (tr) trace_attach(tr, &cp);
-        tm_context *ctx;
-        if (model_context_create(m, &cp, &ctx) != TM_OK) {
-            fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
-            rc = 1;
-            break;
-        }
-        bench_backend(ctx, backend, sizeof(backend));
-        uint64_t dense_cpu, dense_gpu, exp_cpu, exp_gpu;
-        bench_dense_bytes(ctx, &dense_cpu, &dense_gpu);
-        bench_expert_bytes(ctx, &exp_cpu, &exp_gpu);
-        /* the host's read bandwidth bounds what the CPU reads; with nothing but
-         * the embedding there it means nothing */
-        const bool probe = membw && (dense_cpu > (uint64_t)m->cfg.n_embd * 4 || exp_cpu);
-        int32_t *toks = malloc((size_t)(n_pp > 8 ? n_pp : 8) * sizeof(int32_t));
-        for (long long i = 0; i < (n_pp > 8 ? n_pp : 8); i++)
-            toks[i] = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
-        /* warm-up: page in the weights, start the threads; on a GPU also load the
-         * prompt path's kernels and capture the decode graph (first uses are slow) */
-        if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
-        if (!rc && ctx->placement.any_gpu) {
-            const long long n = n_pp < batch ? n_pp : batch;
-            model_context_reset(ctx);
-            if (n > 8 && model_decode(ctx, toks, n, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
-            if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
-        }
-        double ts[1000];
-        uint64_t prof0[TM_PROF_COUNT];
-        memcpy(prof0, model_prof_ns(ctx), sizeof(prof0));
-        tm_moe_lane_stats lane0 = *model_lane_stats(ctx);
-        tm_tier_stats tier0[TM_TIER_CLASS_COUNT];
-        memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
-        /* Before each test: the bandwidth (on a shared host it moves between
-         * tests, and the share shown should be of what the test had) and the
-         * steal marks. */
-        uint64_t steal0 = 0, total0 = 0;
-        bool steal_ok = true; /* until /proc/stat cannot be read */
-        if (!rc && n_pp > 0) {
-            const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
-            bench_steal_since(&steal0, &total0, &steal_ok);
-            for (int r = 0; r < reps && !rc; r++) {
-                model_context_reset(ctx);
-                if (tr) trace_sequence_begin(tr);
-                uint64_t t0 = tm_time_ns();
-                if (model_decode(ctx, toks, n_pp, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
-                ts[r] = (tm_time_ns() - t0) * 1e-9;
+    /* every (-ngl, -ncmoe, -t): a context of its own */
+    for (int gi = 0; gi < (n_ngl ? n_ngl : 1) && !rc; gi++)
+        for (int ci = 0; ci < (n_ncmoe ? n_ncmoe : 1) && !rc; ci++) {
+            if (n_ngl) place->ngl = (int)ngl[gi], place->ngl_given = true;
+            if (n_ncmoe) place->n_cpu_moe = (int)ncmoe[ci];
+            tm_context_params cp = {0};
+            if (cli_place_apply(place, "bench", m, &cp)) {
+                rc = 1;
+                break;
             }
-            bench_result *b = &res[n_res++];
-            *b = (bench_result){.test = "pp",
-                                .n = (int)n_pp,
-                                .threads = threads[ti],
-                                .mem_gbs = mem,
-                                .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
-            bench_stats(ts, (int)reps, (double)n_pp, &b->mean, &b->sd);
-            /* every tensor once per batch, where it lives */
-            const double batches = (double)((n_pp + batch - 1) / batch);
-            const double cpu_b = (double)(dense_cpu + exp_cpu) * batches,
-                         gpu_b = (double)(dense_gpu + exp_gpu) * batches;
-            b->cpu_gbs = cpu_b * (b->mean / n_pp) / 1e9;
-            b->gpu_gbs = gpu_b * (b->mean / n_pp) / 1e9;
-            b->bound = mem > 0 && cpu_b > 0 ? n_pp * mem * 1e9 / cpu_b : 0;
-            if (profile) {
-                fprintf(stderr, "pp%lld, %d threads: ", n_pp, threads[ti]);
-                cli_profile_print(ctx, prof0, &lane0, tier0, (int)reps, stderr);
+            for (int ti = 0; ti < n_threads && !rc; ti++) {
+                cp.n_threads = (int)threads[ti];
+                rc = bench_context(m, &cp, &o, &rng, res, &n_res);
             }
         }
-        memcpy(prof0, model_prof_ns(ctx), sizeof(prof0));
-        lane0 = *model_lane_stats(ctx);
-        memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
-        if (!rc && n_tg > 0) {
-            const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
-            uint64_t b0[3], b1[3];
-            bench_tier_bytes(ctx, b0);
-            bench_steal_since(&steal0, &total0, &steal_ok);
-            for (int r = 0; r < reps && !rc; r++) {
-                model_context_reset(ctx);
-                if (tr) trace_sequence_begin(tr);
-                int32_t id = toks[0];
-                uint64_t t0 = tm_time_ns();
-                for (long long i = 0; i < n_tg && !rc; i++) {
-                    if (model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
-                    id = (int32_t)(tm_rng_u64(&rng) % m->cfg.n_vocab);
-                }
-                ts[r] = (tm_time_ns() - t0) * 1e-9;
-            }
-            bench_tier_bytes(ctx, b1);
-            bench_result *b = &res[n_res++];
-            *b = (bench_result){.test = "tg",
-                                .n = (int)n_tg,
-                                .threads = threads[ti],
-                                .mem_gbs = mem,
-                                .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
-            bench_stats(ts, (int)reps, (double)n_tg, &b->mean, &b->sd);
-            /* a token: the dense weights where they live, its experts where the tier ran them */
-            const double n_gen = (double)(n_tg * reps);
-            const double cpu_b = dense_cpu + (b1[1] - b0[1]) / n_gen,
-                         gpu_b = dense_gpu + (b1[0] - b0[0]) / n_gen,
-                         pcie_b = (b1[2] - b0[2]) / n_gen;
-            b->cpu_gbs = cpu_b * b->mean / 1e9, b->gpu_gbs = gpu_b * b->mean / 1e9;
-            b->pcie_gbs = pcie_b * b->mean / 1e9;
-            b->bound = mem > 0 && cpu_b > 0 ? mem * 1e9 / cpu_b : 0;
-            if (profile) {
-                fprintf(stderr, "tg%lld, %d threads: ", n_tg, threads[ti]);
-                cli_profile_print(ctx, prof0, &lane0, tier0, (int)(n_tg * reps), stderr);
-            }
-        }
-        if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
-        free(toks);
-        model_context_free(ctx);
-    }
-
-    const double size_gib = m->weight_bytes / 1073741824.0, params_b = m->n_params / 1e9;
-    if (!strcmp(fmt, "md")) {
-        printf("| model | size | params | backend | threads | test | t/s | CPU GB/s | mem read "
-               "GB/s | of mem | CPU bound t/s | GPU GB/s | PCIe GB/s |\n");
-        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-               "| ---: |\n");
-    } else if (!strcmp(fmt, "csv")) {
-        printf("model,size_gib,params_b,backend,threads,test,ts_mean,ts_stddev,cpu_gbs,mem_gbs,"
-               "cpu_bound_ts,gpu_gbs,pcie_gbs\n");
-    } else {
-        printf("[\n");
-    }
-    for (int i = 0; i < n_res; i++) {
-        const bench_result *b = &res[i];
-        char test[32];
-        snprintf(test, sizeof(test), "%s%d", b->test, b->n);
-        if (!strcmp(fmt, "md"))
-            printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% | "
-                   "%.1f | %.1f | %.1f |\n",
-                   model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
-                   b->cpu_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->cpu_gbs / b->mem_gbs : 0.0,
-                   b->bound, b->gpu_gbs, b->pcie_gbs);
-        else if (!strcmp(fmt, "csv"))
-            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f\n", model_name,
-                   size_gib, params_b, backend, b->threads, test, b->mean, b->sd, b->cpu_gbs,
-                   b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
-        else
-            printf("  {\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
-                   "\"%s\", \"threads\": %d, \"test\": \"%s\", \"ts_mean\": %.3f, "
-                   "\"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, \"mem_gbs\": %.2f, "
-                   "\"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": %.2f}%s\n",
-                   model_name, size_gib, params_b, backend, b->threads, test, b->mean, b->sd,
-                   b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs,
-                   i + 1 < n_res ? "," : "");
-    }
-    if (!strcmp(fmt, "json")) printf("]\n");
+    bench_print(res, n_res, fmt, model_name, m->weight_bytes / 1073741824.0, m->n_params / 1e9);
     fprintf(stderr, "cpu: %s\n", cpu_features_string());
     /* On a virtual machine the host may run others on our CPUs: say how much,
      * since it moves the numbers more than most changes do. */
@@ -411,11 +484,12 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             sep = ",";
         }
     if (strcmp(sep, ",") == 0) fputc('\n', stderr);
-    if (tr && trace_finish(tr) != TM_OK) {
+    if (o.tr && trace_finish(o.tr) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         rc = 1;
     }
-    trace_free(tr);
+    trace_free(o.tr);
+    free(res);
     model_free(m);
     return rc;
 }

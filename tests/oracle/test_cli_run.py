@@ -14,7 +14,8 @@
   buffer type, a bad --moe-pcie / --moe-cache / -ngl value: exit 2 naming the
   flag; an -ot pattern matching no tensor: a warning; --cpu-moe without a GPU:
   one line, then the CPU (the same tokens as CPU only).
-- bench prints a llama-bench-shaped table.
+- bench prints a llama-bench-shaped table; several values of -p/-n/-t/-ngl/-ncmoe
+  run every combination in order; -o csv, json and jsonl parse.
 """
 import re
 import os
@@ -126,6 +127,10 @@ def main():
         (["run", "--tokens", "1"], 2, "-m"),
         (["run", "-m", model, "--tokens", "1", "--temp", "abc"], 2, "--temp"),
         (["bench", "-m", model, "-o", "xml"], 2, "-o"),
+        (["bench", "-m", model, "-p", "8,x"], 2, "-p"),
+        (["bench", "-m", model, "-n", "4,"], 2, "-n"),
+        (["bench", "-m", model, "-t", ",".join(["1"] * 17)], 2, "-t"),
+        (["bench", "-m", model, "-ngl", "0,many"], 2, "-ngl"),
         (["run", "-m", model, "--tokens", "1", "-ot", "blk\\.(=CPU"], 2, "-ot"),
         (["run", "-m", model, "--tokens", "1", "-ot", "exps=GPU1"], 2, "GPU1"),
         (["bench", "-m", model, "--override-tensor", "exps"], 2, "--override-tensor"),
@@ -178,6 +183,29 @@ def main():
         check(mem > 0 and abs(share - 100 * weights / mem) <= 1.5,  # rounding of the three cells
               f"bench: bandwidth columns disagree: {l}")
     print(f"  bench: {len(rows)} rows")
+
+    # several values: a context per (-ngl, -ncmoe, -t), every -p then every -n in it
+    r = tm("bench", "-m", model, "-p", "8,16", "-n", "2,3", "-t", "1,2", "-r", "1", "--no-membw")
+    tests = [(c[4], c[5]) for c in ([x.strip() for x in l.strip("|").split("|")]
+                                    for l in r.stdout.splitlines() if l.startswith("| qwen3moe"))]
+    want = [(t, n) for t in ("1", "2") for n in ("pp8", "pp16", "tg2", "tg3")]
+    check(r.returncode == 0 and tests == want, f"bench lists: {tests}, want {want}: {r.stderr}")
+    import json
+    r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-ngl", "0", "-ncmoe", "0,1",
+           "-o", "jsonl", "--no-membw")
+    objs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    check(r.returncode == 0 and [(o["n_cpu_moe"], o["test"]) for o in objs]
+          == [(0, "pp8"), (0, "tg2"), (1, "pp8"), (1, "tg2")]
+          and all(o["ts_mean"] > 0 and o["n_gpu_layers"] == 0 for o in objs),
+          f"bench -o jsonl: {r.stdout} {r.stderr}")
+    r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "json", "--no-membw")
+    arr = json.loads(r.stdout) if r.returncode == 0 else []
+    check([o["test"] for o in arr] == ["pp8", "tg2"], f"bench -o json: {r.stdout}")
+    r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "csv", "--no-membw")
+    lines = r.stdout.splitlines()
+    check(r.returncode == 0 and len(lines) == 3 and lines[0].startswith("model,")
+          and all(len(l.split(",")) == len(lines[0].split(",")) for l in lines[1:]),
+          f"bench -o csv: {r.stdout}")
 
     # --profile: per-part times, and the CPU lane's thread time whose parts and
     # idle share add up to 100% of threads x wall
