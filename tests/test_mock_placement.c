@@ -11,7 +11,8 @@
  *   - the VRAM cache rewritten between steps (tier_cache_set): same logits;
  *   - --profile: the MoE step's per-class times are measured, same logits;
  *   - a hand-off that times out fails the step with a message naming the
- *     layer, without hanging either side.
+ *     layer, without hanging either side;
+ *   - a fetch lane whose copies fail: the CPU lane computes those experts.
  *
  * Tolerances (relative L2 of the logits against the CPU's precise mode): the
  * mock computes every GPU product in double from dequantized weights and
@@ -208,13 +209,45 @@ static void test_profile(void **state) {
     const tm_tier_stats *s = &tier_stats(c->tier)[TM_TIER_CACHED];
     assert_int_equal(s->layers, 3);
     assert_int_equal(s->calls, 3 * 10); /* two prompt batches of 16 and 8 decode steps a layer */
-    assert_int_equal(s->hot_slots + s->pcie_slots + s->cold_slots,
+    assert_int_equal(s->hot_slots + s->pcie_slots + s->cold_slots + s->fetch_slots,
                      3 * (20 + 8) * m->cfg.n_expert_used);
     assert_true(s->cold_ns > 0 && s->hot_ns > 0 && s->gpu_wait_ns > 0 && s->merge_ns > 0);
     assert_true(s->pcie_slots > 0 && s->pcie_ns > 0); /* the PCIe lane (auto) and its time */
+    /* the prompt's fetch lane (20 tokens route to nearly every expert: the ring) */
+    assert_true(s->fetch_slots > 0 && s->fetch_ns > 0 && s->copy_ns > 0);
     const uint64_t *prof = model_prof_ns(c);
     assert_true(prof[TM_PROF_EXPERTS] > 0 && prof[TM_PROF_ATTENTION] > 0);
     assert_true(model_lane_stats(c)->thread_ns > 0);
+    model_context_free(c), model_context_free(ref);
+    model_free(m);
+}
+
+/* A fetch lane whose copies cannot be queued: the CPU lane computes those
+ * experts (counted as fallbacks), the logits stay right. */
+static void test_fetch_fallback(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(tiny_path, &m), TM_OK);
+    const int64_t V = m->cfg.n_vocab;
+    setenv("MOCK_FAIL_SIDE_COPY", "1", 1);
+    setenv("TIERMOE_FETCH_CPU_SHARE", "0", 1); /* the CPU lane takes nothing by choice */
+    tm_context_params p = params(ALL, true, NULL, 0);
+    tm_context *c, *ref;
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    p = params(0, false, NULL, 0);
+    assert_int_equal(model_context_create(m, &p, &ref), TM_OK);
+    int32_t prompt[32];
+    for (int i = 0; i < 32; i++) prompt[i] = i * 53 % 1000;
+    assert_int_equal(model_decode(c, prompt, 32, TM_MOE_PHASE_PROMPT, false), TM_OK);
+    assert_int_equal(model_decode(ref, prompt, 32, TM_MOE_PHASE_PROMPT, false), TM_OK);
+    unsetenv("MOCK_FAIL_SIDE_COPY");
+    unsetenv("TIERMOE_FETCH_CPU_SHARE");
+    const double err = pm_rel_l2(c->logits, ref->logits, V);
+    if (!(err <= mock_tol.prompt)) fail_msg("copies refused: logits error %.3g", err);
+    const tm_tier_stats *s = &tier_stats(c->tier)[TM_TIER_RAM];
+    /* every routed slot of the two batches went to the CPU lane */
+    assert_int_equal(s->fallback_slots, 3 * 32 * m->cfg.n_expert_used);
+    assert_int_equal(s->fetch_slots, 0);
     model_context_free(c), model_context_free(ref);
     model_free(m);
 }
@@ -242,9 +275,10 @@ static void test_handoff_timeout(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matrix_tiny), cmocka_unit_test(test_matrix_4x32),
-        cmocka_unit_test(test_bad_input),   cmocka_unit_test(test_cache_set),
-        cmocka_unit_test(test_profile),     cmocka_unit_test(test_handoff_timeout),
+        cmocka_unit_test(test_matrix_tiny),    cmocka_unit_test(test_matrix_4x32),
+        cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_cache_set),
+        cmocka_unit_test(test_profile),        cmocka_unit_test(test_handoff_timeout),
+        cmocka_unit_test(test_fetch_fallback),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

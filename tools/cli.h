@@ -34,6 +34,7 @@ typedef struct cli_place {
     int64_t cache_mib;
     const char *learn_path;
     int pcie;       /* --moe-pcie (TM_MOE_PCIE_AUTO unless given) */
+    int fetch;      /* --moe-fetch (TM_MOE_FETCH_AUTO unless given) */
     uint64_t *hits; /* the learn file's counts */
 } cli_place;
 extern const char cli_place_help[];

@@ -22,7 +22,11 @@ const char cli_place_help[] =
     "                         the lowest expert ids)\n"
     "  --moe-pcie N|auto|off  of each decode token's experts in RAM, the GPU reads the first N\n"
     "                         over PCIe (pinned in place) while the CPU computes the rest\n"
-    "                         (auto: a third of the token's experts in RAM)\n";
+    "                         (auto: a third of the token's experts in RAM)\n"
+    "  --moe-fetch auto|copy|pcie|off  prompts: the GPU computes experts in RAM, copied into a\n"
+    "                         VRAM ring ahead of routing (copy) or read in place (pcie), while\n"
+    "                         the CPU lane takes a balanced share (auto: copy when a batch uses\n"
+    "                         nearly every expert, else pcie; off: the CPU computes them)\n";
 
 int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i) {
     const char *a = argv[i];
@@ -33,7 +37,8 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
     const bool ours = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
                       !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
                       !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
-                      !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie");
+                      !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
+                      !strcmp(a, "--moe-fetch");
     if (!ours) return 0;
     if (i + 1 >= argc) {
         fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
@@ -78,6 +83,18 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         } else {
             p->pcie = n ? (int)n : TM_MOE_PCIE_OFF;
         }
+    } else if (!strcmp(a, "--moe-fetch")) {
+        static const char *const names[] = {"auto", "copy", "pcie", "off"};
+        static const int modes[] = {TM_MOE_FETCH_AUTO, TM_MOE_FETCH_COPY, TM_MOE_FETCH_PCIE,
+                                    TM_MOE_FETCH_OFF};
+        int k = 0;
+        while (k < 4 && strcmp(v, names[k])) k++;
+        if (k == 4) {
+            fprintf(stderr, "tiermoe %s: --moe-fetch: expected auto, copy, pcie or off, got '%s'\n",
+                    cmd, v);
+            return -1;
+        }
+        p->fetch = modes[k];
     } else {
         p->learn_path = v;
     }
@@ -91,6 +108,7 @@ int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context
     cp->override_tensor = p->overrides;
     cp->moe_cache_mib = p->cache_mib;
     cp->moe_pcie = p->pcie;
+    cp->moe_fetch = p->fetch;
     cp->moe_hits = NULL;
     if (!p->learn_path) return 0;
     if (!p->cache_mib)
@@ -168,5 +186,25 @@ void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_mo
                 (s->cold_ns - s0->cold_ns) * 1e-6 / runs, (s->wait_ns - s0->wait_ns) * 1e-6 / runs,
                 (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
                 (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
+    }
+    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
+        const tm_tier_stats *s = &ts[c], z = {0}, *s0 = tier0 ? &tier0[c] : &z;
+        const uint64_t slots = s->fetch_slots - s0->fetch_slots,
+                       fb = s->fallback_slots - s0->fallback_slots;
+        if (!slots && !fb) continue;
+        const double copy = (double)(s->copy_ns - s0->copy_ns),
+                     wait = (double)(s->copy_wait_ns - s0->copy_wait_ns);
+        fprintf(out,
+                "  prompts, %s: GPU computed %.1f slots of experts in RAM per run (%.1f experts, "
+                "%.3f GB copied or read over PCIe, %.2f ms), ring copies %.2f ms (%.0f%% hidden "
+                "behind compute), %.1f fallback slots; CPU lane share now %.0f%%; fetch ring "
+                "%.1f MiB of VRAM\n",
+                tm_tier_class_names[c], (double)slots / runs,
+                (double)(s->fetch_experts - s0->fetch_experts) / runs,
+                (s->fetch_bytes - s0->fetch_bytes) * 1e-9 / runs,
+                (s->fetch_ns - s0->fetch_ns) * 1e-6 / runs, copy * 1e-6 / runs,
+                copy > 0 ? 100.0 * (1 - (wait < copy ? wait : copy) / copy) : 0.0,
+                (double)fb / runs, 100 * tier_prompt_cpu_share(ctx->tier),
+                tier_fetch_bytes(ctx->tier) / 1048576.0);
     }
 }

@@ -154,7 +154,8 @@ static void bench_tier_bytes(const tm_context *ctx, uint64_t bytes[3]) {
     const tm_tier_stats *ts = tier_stats(ctx->tier);
     bytes[0] = bytes[1] = bytes[2] = 0;
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
-        bytes[0] += ts[c].hot_bytes, bytes[1] += ts[c].cold_bytes, bytes[2] += ts[c].pcie_bytes;
+        bytes[0] += ts[c].hot_bytes, bytes[1] += ts[c].cold_bytes,
+            bytes[2] += ts[c].pcie_bytes + ts[c].fetch_bytes;
 }
 
 /* "CPU AVX512", "CUDA", "CUDA 13 + CPU AVX512", "CUDA (experts: 48 layers in RAM, 4.20 GiB cached) + CPU AVX512" */
@@ -289,10 +290,14 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         memcpy(b->backend, backend, sizeof(backend));
         bench_stats(ts, reps, (double)n, &b->mean, &b->sd);
         double cpu_b, gpu_b, pcie_b = 0;
-        if (pp) { /* every tensor once per batch, where it lives */
+        if (pp) { /* every tensor once per batch, where it lives; experts in RAM the
+                     GPU copied or read over PCIe (the fetch lane) not on the CPU */
             const double batches = (double)((n + o->batch - 1) / o->batch);
-            cpu_b = (double)(dense_cpu + exp_cpu) * batches / n;
+            const double fetched = (double)(b1[2] - b0[2]) / reps;
+            const double cpu_exp = exp_cpu * batches > fetched ? exp_cpu * batches - fetched : 0;
+            cpu_b = ((double)dense_cpu * batches + cpu_exp) / n;
             gpu_b = (double)(dense_gpu + exp_gpu) * batches / n;
+            pcie_b = fetched / n;
         } else { /* a token: the dense weights where they live, its experts where they ran */
             const double n_gen = (double)(n * reps);
             cpu_b = dense_cpu + (b1[1] - b0[1]) / n_gen;

@@ -113,6 +113,10 @@ tm_status cuda_stream_sync(tm_cuda_stream stream);
 /* Without waiting: *idle = every queued operation has finished. A failed
  * operation (a kernel fault) is reported as TM_ERR_DEVICE. */
 tm_status cuda_stream_query(tm_cuda_stream stream, bool *idle);
+/* A stream of its own (the fetch lane copies on one beside the compute
+ * stream); free it only once nothing queued on it is still needed. */
+tm_status cuda_stream_create(tm_cuda_stream *out);
+void cuda_stream_free(tm_cuda_stream stream);
 
 /* A captured sequence of launches on one stream, replayed with one call (the
  * decode step: hundreds of small kernels cost one launch). Arguments are
@@ -131,6 +135,11 @@ void cuda_event_free(tm_cuda_event e);
 tm_status cuda_event_record(tm_cuda_event e, tm_cuda_stream stream);
 /* Waits for b, then the milliseconds between a and b. */
 tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms);
+/* Work queued on `stream` after this call waits until e's latest record (as
+ * queued when this is called; none: no wait) has run. Nothing blocks the host. */
+tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e);
+/* Without waiting: *done = e's latest record has run (or it has none). */
+tm_status cuda_event_query(tm_cuda_event e, bool *done);
 
 /* ---- ops ---- */
 

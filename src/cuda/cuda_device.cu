@@ -396,6 +396,17 @@ tm_status cuda_stream_query(tm_cuda_stream stream, bool *idle) {
                         cudaGetErrorString(e), (int)e);
 }
 
+tm_status cuda_stream_create(tm_cuda_stream *out) {
+    cudaStream_t s = NULL;
+    TM_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *out = s;
+    return TM_OK;
+}
+
+void cuda_stream_free(tm_cuda_stream stream) {
+    if (stream) cudaStreamDestroy(stream);
+}
+
 struct tm_cuda_graph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -466,4 +477,17 @@ tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms) {
     TM_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)b));
     TM_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
     return TM_OK;
+}
+
+tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e) {
+    TM_CUDA_TRY(cudaStreamWaitEvent(stream, (cudaEvent_t)e, 0));
+    return TM_OK;
+}
+
+tm_status cuda_event_query(tm_cuda_event e, bool *done) {
+    const cudaError_t r = cudaEventQuery((cudaEvent_t)e);
+    *done = r == cudaSuccess;
+    if (r == cudaSuccess || r == cudaErrorNotReady) return TM_OK;
+    return tm_error_set(TM_ERR_DEVICE, "CUDA: cudaEventQuery failed: %s (error %d)",
+                        cudaGetErrorString(r), (int)r);
 }

@@ -159,6 +159,22 @@ tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms) {
     (void)a, (void)b, (void)ms;
     return NONE;
 }
+tm_status cuda_stream_create(tm_cuda_stream *out) {
+    *out = NULL;
+    return NONE;
+}
+void cuda_stream_free(tm_cuda_stream stream) {
+    (void)stream;
+}
+tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e) {
+    (void)stream, (void)e;
+    return NONE;
+}
+tm_status cuda_event_query(tm_cuda_event e, bool *done) {
+    (void)e;
+    *done = true;
+    return NONE;
+}
 tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
                     const float *x, int64_t n_tok, float *y, tm_cuda_stream stream) {
     (void)type, (void)w, (void)row_bytes, (void)rows, (void)k, (void)x, (void)n_tok, (void)y,

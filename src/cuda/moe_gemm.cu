@@ -41,11 +41,12 @@
  * Scratch (cuda_moe_grouped_gemm_scratch_bytes), each part 256-aligned, with
  * R = n_items + (TM_MOE_GEMM_PAD - 1) n_groups rows at most, T = n_groups +
  * ceil(R / TM_MOE_MMA_TILE_ROWS) tiles at most and G groups per chunk:
- * map int32 [n_groups + R + 3 T] | xg f16 [R][n_embd] | gu f32 [R][2 n_ff] |
- * h f16 [R][n_ff] | dd f32 [R][n_embd] | wgu f16 [G][2 n_ff][n_embd] |
- * wd f16 [G][n_embd][n_ff]. The fused path uses map, xg and h only; the size
- * stays that of the dequantize path, which any layer may take (the model
- * sizes the scratch once, from one layer's parameters).
+ * map int32 [n_groups + R + 3 T] | xg f16 [R][n_embd] | h f16 [R][n_ff] |
+ * gu f32 [R][2 n_ff] | dd f32 [R][n_embd] | wgu f16 [G][2 n_ff][n_embd] |
+ * wd f16 [G][n_embd][n_ff]. The fused path uses map, xg and h only, and its
+ * size is just those (gu, dd, wgu, wd empty): parameters the fused path takes
+ * are sized for it, others (float weights, TIERMOE_MOE_GEMM=dequant) for the
+ * dequantize path.
  *
  * The upload is a pageable host copy, so this op cannot be captured in a CUDA
  * graph (prompts are not). */
@@ -73,10 +74,18 @@ static size_t tm_moe_align(size_t n) {
     return (n + 255) & ~(size_t)255;
 }
 
+/* Whether p's products take the fused path (no dequantized weights in
+ * global memory). Sizing and running ask the same question, so a scratch
+ * sized for the fused path is only ever used by it. */
+static bool tm_moe_gemm_fused(const tm_cuda_moe_params *p) {
+    const char *mode = getenv("TIERMOE_MOE_GEMM");
+    return !(mode && strcmp(mode, "dequant") == 0) && tm_moe_mma_supported(p);
+}
+
 /* Monotonic in n_items and n_groups, so a scratch sized for larger counts
- * holds the layout of smaller ones. */
+ * holds the layout of smaller ones. The fused path needs map, xg and h only. */
 static tm_moe_gemm_layout tm_moe_gemm_layout_of(const tm_cuda_moe_params *p, int64_t n_items,
-                                                int64_t n_groups) {
+                                                int64_t n_groups, bool fused) {
     tm_moe_gemm_layout l;
     const int64_t R = n_items + (TM_MOE_GEMM_PAD - 1) * n_groups;
     const int64_t T = n_groups + (R + TM_MOE_MMA_TILE_ROWS - 1) / TM_MOE_MMA_TILE_ROWS;
@@ -88,9 +97,11 @@ static tm_moe_gemm_layout tm_moe_gemm_layout_of(const tm_cuda_moe_params *p, int
     size_t o = 0;
     l.map = o, o += tm_moe_align((size_t)(n_groups + R + 3 * T) * 4);
     l.xg = o, o += tm_moe_align((size_t)R * p->n_embd * 2);
-    l.gu = o, o += tm_moe_align((size_t)R * 2 * p->n_ff * 4);
     l.h = o, o += tm_moe_align((size_t)R * p->n_ff * 2);
-    l.dd = o, o += tm_moe_align((size_t)R * p->n_embd * 4);
+    if (fused) G = 0;
+    const int64_t Rd = fused ? 0 : R; /* rows of the dequantize path's buffers */
+    l.gu = o, o += tm_moe_align((size_t)Rd * 2 * p->n_ff * 4);
+    l.dd = o, o += tm_moe_align((size_t)Rd * p->n_embd * 4);
     l.wgu = o, o += tm_moe_align((size_t)G * 2 * p->n_ff * p->n_embd * 2);
     l.wd = o, o += tm_moe_align((size_t)G * p->n_embd * p->n_ff * 2);
     l.total = o, l.rows = R, l.tiles = T, l.chunk_groups = G;
@@ -145,7 +156,7 @@ __global__ void __launch_bounds__(256)
 extern "C" size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
                                                       int32_t n_groups) {
     if (!p || p->n_embd <= 0 || p->n_ff <= 0 || n_items < 0 || n_groups <= 0) return 0;
-    return tm_moe_gemm_layout_of(p, n_items, n_groups).total;
+    return tm_moe_gemm_layout_of(p, n_items, n_groups, tm_moe_gemm_fused(p)).total;
 }
 
 static tm_status tm_moe_gemm_check_matrix(const char *name, const tm_cuda_moe_matrix *m,
@@ -255,9 +266,8 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
 
     /* sort the groups that have work by padded size; give each its rows */
     const int64_t n_items = g->starts[n] - g->starts[0];
-    const tm_moe_gemm_layout l = tm_moe_gemm_layout_of(p, n_items, n);
-    const char *mode = getenv("TIERMOE_MOE_GEMM");
-    const bool fused = !(mode && strcmp(mode, "dequant") == 0) && tm_moe_mma_supported(p);
+    const bool fused = tm_moe_gemm_fused(p);
+    const tm_moe_gemm_layout l = tm_moe_gemm_layout_of(p, n_items, n, fused);
     tm_moe_sorted *srt = (tm_moe_sorted *)malloc((size_t)n * sizeof(*srt));
     int64_t *row0 = (int64_t *)malloc((size_t)n * sizeof(*row0));
     int32_t *hb = (int32_t *)malloc((size_t)(n + l.rows + 3 * l.tiles) * sizeof(*hb));

@@ -70,9 +70,10 @@ typedef struct tm_context_params {
     const char *override_tensor; /* -ot PATTERN=CPU|CUDA0[,...] (placement.h) */
     int64_t moe_cache_mib;       /* --moe-cache: VRAM for experts in RAM (TM_MOE_CACHE_AUTO) */
     const uint64_t *moe_hits;    /* [n_layer][n_expert] from --moe-learn (NULL: by id) */
-    int moe_pcie; /* --moe-pcie: cold experts a decode token the GPU reads from RAM over PCIe
+    int moe_pcie;  /* --moe-pcie: cold experts a decode token the GPU reads from RAM over PCIe
                      (0: TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or N) */
-    bool profile; /* time every part (GPU: events and a sync per part, no graph) */
+    int moe_fetch; /* --moe-fetch: prompts' experts in RAM on the GPU (0: TM_MOE_FETCH_AUTO) */
+    bool profile;  /* time every part (GPU: events and a sync per part, no graph) */
     tm_tensor_cb cb;
     void *cb_ud;
 } tm_context_params;

@@ -193,7 +193,7 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
         tl[l] = (tm_tier_layer){L->experts, &L->gate_exps, &L->up_exps, &L->down_exps};
     }
     const tm_tier_params tp = {ctx->params.moe_cache_mib, ctx->params.moe_hits, (size_t)768 << 20,
-                               ctx->params.moe_pcie};
+                               ctx->params.moe_pcie, ctx->params.moe_fetch};
     st = tier_create(e, &ctx->placement, c->n_layer, tl, &w->router, &tp, &ctx->tier);
     free(tl);
     return st;

@@ -315,31 +315,34 @@ static tm_status tier_pcie_pin(tm_tier *t, const bool *lane) {
  * the GPU (the decode hand-off's layers). A host that cannot pin loses the
  * lane, with one line. */
 static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_tier_params *p) {
-    if (!t->gpu || p->pcie == TM_MOE_PCIE_OFF) return TM_OK;
+    if (!t->gpu || (p->pcie == TM_MOE_PCIE_OFF && p->fetch == TM_MOE_FETCH_OFF)) return TM_OK;
     bool *lane = calloc(t->n_layer, sizeof(bool)), any = false;
     if (!lane) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < t->n_layer; l++)
         any |= lane[l] = t->layers[l].cls != TM_TIER_VRAM && pl->layer_dev[l] == TM_DEV_GPU;
     const bool automatic = p->pcie == TM_MOE_PCIE_AUTO;
-    int32_t n = automatic ? (int32_t)t->k : p->pcie;
+    int32_t n = p->pcie == TM_MOE_PCIE_OFF ? 0 : automatic ? (int32_t)t->k : p->pcie;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
-    if (n <= 0 || !any ||
-        (automatic && !TM_CUDA_MAPPED_COUNT((int32_t)t->k, n, TIER_PCIE_SHARE_Q8))) {
+    if (automatic && !TM_CUDA_MAPPED_COUNT((int32_t)t->k, n, TIER_PCIE_SHARE_Q8)) n = 0;
+    /* prompts' fetch lane copies from the same pinned pages the decode lane reads */
+    if (!any || (n <= 0 && p->fetch == TM_MOE_FETCH_OFF)) {
         free(lane);
         return TM_OK;
     }
     tm_status st = tier_pcie_pin(t, lane);
     if (st != TM_OK) {
-        tm_log_warn("--moe-pcie: %s; the CPU computes every cold expert", tm_error_message());
+        tm_log_warn("--moe-pcie / --moe-fetch: %s; the CPU computes every cold expert",
+                    tm_error_message());
         tier_pcie_unpin(t);
         free(lane);
         return TM_OK;
     }
     const size_t map_bytes = t->n_expert * sizeof(int32_t);
-    if ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
-        (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)) ||
-        (st = exec_dev_alloc(t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
-                             (void **)&t->pcie_items))) {
+    if (n > 0 && ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
+                  (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)) ||
+                  (st = exec_dev_alloc(
+                       t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
+                       (void **)&t->pcie_items)))) {
         free(lane);
         return st;
     }
@@ -358,7 +361,11 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     }
     free(lane);
     t->n_pcie = n, t->pcie_share_q8 = automatic ? TIER_PCIE_SHARE_Q8 : 0;
-    if (automatic)
+    if (n <= 0)
+        tm_log_info("--moe-pcie off: %.2f GiB of experts pinned in %d spans for prompts' fetch "
+                    "lane",
+                    t->pcie_pinned / 1073741824.0, t->n_pins);
+    else if (automatic)
         tm_log_info("--moe-pcie: the GPU reads a third of each decode token's experts in RAM (%d "
                     "when all %u are) over PCIe; %.2f GiB of experts pinned in %d spans",
                     tier_pcie_slots(t), t->k, t->pcie_pinned / 1073741824.0, t->n_pins);
@@ -375,7 +382,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     bool any_cold = false, any_hot = false;
     for (uint32_t l = 0; l < t->n_layer; l++) {
         any_cold |= t->layers[l].cls != TM_TIER_VRAM;
-        any_hot |= t->layers[l].cls != TM_TIER_RAM || t->layers[l].n_pcie;
+        any_hot |= t->layers[l].cls != TM_TIER_RAM || t->layers[l].pcie.n_slots > 0;
     }
     tm_status st;
     if (any_cold) {
@@ -405,11 +412,27 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     if (!any_hot) return TM_OK;
     const int64_t n_items = n_batch * K;
     size_t gemm = 0;
+    const tier_fetch *f = t->fetch && t->fetch->ring ? t->fetch : NULL;
     for (uint32_t l = 0; l < t->n_layer; l++) {
-        if (t->layers[l].cls == TM_TIER_RAM) continue;
-        const size_t b =
-            cuda_moe_grouped_gemm_scratch_bytes(&t->layers[l].gpu, n_items, (int32_t)t->n_expert);
-        gemm = b > gemm ? b : gemm;
+        const tier_layer *L = &t->layers[l];
+        /* each parameter set the layer's grouped GEMMs may take: its hot
+         * experts, its RAM experts in place, a fetch-ring buffer */
+        tm_cuda_moe_params ring = L->pcie;
+        if (f) {
+            ring.n_slots = f->chunk_cap;
+            ring.gate.data = f->ring, ring.up.data = f->ring + f->off_up;
+            ring.down.data = f->ring + f->off_down;
+        }
+        const size_t b[3] = {
+            L->cls != TM_TIER_RAM
+                ? cuda_moe_grouped_gemm_scratch_bytes(&L->gpu, n_items, (int32_t)t->n_expert)
+                : 0,
+            L->pcie.n_slots
+                ? cuda_moe_grouped_gemm_scratch_bytes(&L->pcie, n_items, (int32_t)t->n_expert)
+                : 0,
+            f && L->pcie.n_slots ? cuda_moe_grouped_gemm_scratch_bytes(&ring, n_items, f->chunk_cap)
+                                 : 0};
+        for (int i = 0; i < 3; i++) gemm = b[i] > gemm ? b[i] : gemm;
     }
     t->gemm_scratch_bytes = gemm;
     if ((st = exec_dev_alloc(t->e, (size_t)n_items * sizeof(tm_cuda_moe_item),
@@ -459,6 +482,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         tier_layer *L = &t->layers[l];
         const tm_tier_layer *d = &layers[l];
         L->t = t, L->index = l, L->host = d->experts;
+        if (!(L->seen = calloc(t->n_expert, sizeof(uint64_t)))) {
+            st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (p->hits) memcpy(L->seen, p->hits + (size_t)l * t->n_expert, t->n_expert * 8);
         L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
                           d->experts.down.expert_stride;
         L->cls = pl->experts_dev[l] == TM_DEV_GPU && t->gpu ? TM_TIER_VRAM : TM_TIER_RAM;
@@ -474,7 +502,9 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     }
     if (st == TM_OK) st = tier_cache_create(t, p);
     if (st == TM_OK) st = tier_pcie_create(t, pl, p);
+    if (st == TM_OK) st = tier_fetch_create(t, p);
     if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
+    if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
     for (int i = 0; i < 6 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
@@ -490,7 +520,9 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
 void tier_free(tm_tier *t) {
     if (!t) return;
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++)
-        free(t->layers[l].slot_of), free(t->layers[l].expert_in);
+        free(t->layers[l].slot_of), free(t->layers[l].expert_in), free(t->layers[l].seen);
+    tier_fetch_free(t);
+    cuda_event_free(t->pcie_done);
     for (int i = 0; i < 6; i++) cuda_event_free(t->ev[i]);
     if (t->n_pins) (void)exec_sync(t->e); /* no kernel may still read the pages */
     tier_pcie_unpin(t);

@@ -37,6 +37,13 @@ extern "C" {
 #define TM_MOE_PCIE_AUTO  0    /* tm_tier_params.pcie: a share of k from measured rates */
 #define TM_MOE_PCIE_OFF   (-1) /* no PCIe lane */
 
+/* --moe-fetch: how prompt steps compute the experts in RAM (besides the CPU
+ * lane's balanced share). */
+#define TM_MOE_FETCH_AUTO 0    /* copy when the batch routes to nearly every expert, else PCIe */
+#define TM_MOE_FETCH_OFF  (-1) /* the CPU lane computes them all */
+#define TM_MOE_FETCH_COPY 1    /* copied into VRAM (the fetch ring), then computed */
+#define TM_MOE_FETCH_PCIE 2    /* the GPU reads the routed ones in place over PCIe */
+
 /* One layer's experts as the architecture bound them. */
 typedef struct tm_tier_layer {
     tm_moe_experts experts;            /* host view: the mapped file */
@@ -49,6 +56,7 @@ typedef struct tm_tier_params {
     size_t reserve;       /* bytes TM_MOE_CACHE_AUTO leaves free */
     int32_t pcie;         /* --moe-pcie: cold slots per decode token the GPU reads from RAM
                              (TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or 1..k) */
+    int32_t fetch;        /* --moe-fetch: TM_MOE_FETCH_* */
 } tm_tier_params;
 
 /* Layers by where their experts are (the --profile table's rows). */
@@ -72,6 +80,14 @@ typedef struct tm_tier_stats {
     uint64_t wait_ns;                           /* host waiting for the GPU's hand-off */
     uint64_t gpu_wait_ns; /* GPU waiting for the CPU lane, and its add (--profile) */
     uint64_t merge_ns;    /* prompts: the CPU's sum copied in and added (--profile) */
+    /* prompts: RAM experts the GPU computed (fetch lane: copied to VRAM first, or read in
+       place over PCIe) */
+    uint64_t fetch_slots, fetch_experts;
+    uint64_t fetch_bytes;    /* expert bytes copied or read over PCIe for them */
+    uint64_t fetch_ns;       /* GPU time of their products (--profile) */
+    uint64_t copy_ns;        /* copy engine time of the fetch ring (--profile) */
+    uint64_t copy_wait_ns;   /* compute stream waiting for the ring's copies (--profile) */
+    uint64_t fallback_slots; /* slots the CPU lane took because a copy failed */
 } tm_tier_stats;
 
 typedef struct tm_tier tm_tier;
@@ -124,6 +140,14 @@ int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t
 int32_t tier_pcie_slots(const tm_tier *t);
 /* The bytes the PCIe lane pinned (the RAM experts' spans of the file). */
 size_t tier_pcie_bytes(const tm_tier *t);
+/* VRAM the fetch ring holds (0: none). */
+size_t tier_fetch_bytes(const tm_tier *t);
+/* The CPU lane's current share of a prompt layer's experts in RAM (0..1). */
+double tier_prompt_cpu_share(const tm_tier *t);
+/* Stable partition of an expert-major worklist's slots by lane_of[expert]
+ * (0, 1, 2): counts[i] gets each lane's slots. tmp: room for wl->n_slots. */
+void tier_worklist_partition(tm_moe_worklist *wl, const int32_t *lane_of, tm_moe_slot *tmp,
+                             int64_t counts[3]);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,47 @@ typedef struct tier_mailbox {
     float *y;         /* [max_tok][n_embd] */
 } tier_mailbox;
 
+/* How a prompt step's cold experts (more than TM_CUDA_MMVQ_MAX_TOK tokens,
+ * the residual stream on the GPU) are computed, besides the CPU lane's share. */
+typedef enum tier_prompt_mode {
+    TIER_PROMPT_CPU,   /* all on the CPU lane */
+    TIER_PROMPT_PCIE,  /* the GPU's grouped GEMM reads the routed ones in place over PCIe */
+    TIER_PROMPT_FETCH, /* copied ahead into the fetch ring, then the grouped GEMM */
+} tier_prompt_mode;
+
+/* One fetch-ring chunk: experts list[first, first + n) of a layer's plan,
+ * copied into ring buffer (index % n_bufs). */
+typedef struct tier_chunk {
+    uint32_t layer;
+    int32_t first, n;
+    bool failed; /* a copy could not be queued: its experts go to the CPU lane */
+} tier_chunk;
+
+/* The fetch lane of prompt steps (tier_fetch.c): a layer's cold experts are
+ * copied from the pinned file pages into a ring of VRAM buffers on a copy
+ * stream, ahead of the layer's routing (a big batch routes to nearly every
+ * expert), and the compute stream runs the grouped GEMM over each buffer once
+ * its copy is done. Buffer b's copy waits for the compute that last read it
+ * (freed[b]); the compute waits for the copy (ready[b]). */
+typedef struct tier_fetch {
+    tm_cuda_stream copy;
+    int32_t chunk_cap, n_bufs; /* experts a buffer holds; buffers */
+    uint8_t *ring;             /* device: n_bufs buffers of buf_bytes */
+    size_t buf_bytes, off_up, off_down;
+    tm_cuda_event *ready, *freed; /* [n_bufs] */
+    tm_cuda_event *prof;          /* --profile: [2 * n_prof] around copies and waits */
+    int32_t n_prof;
+    /* this step's plan (reset when the step number changes) */
+    uint32_t seq;
+    int32_t *list;   /* [n_layer][n_expert]: a planned layer's fetched experts, ascending */
+    int32_t *n_list; /* [n_layer]: how many; -1 not planned */
+    tier_chunk *chunks;
+    int64_t n_chunks, cap_chunks, n_copied, n_computed;
+    int32_t *first_chunk;                     /* [n_layer]: index of the layer's first chunk */
+    tm_cuda_moe_item *items_host, *items_dev; /* [n_batch * k] the layer's fetched slots */
+    bool warned;
+} tier_fetch;
+
 typedef struct tier_layer {
     struct tm_tier *t;
     uint32_t index;
@@ -34,6 +75,7 @@ typedef struct tier_layer {
     tm_cuda_moe_params
         pcie;       /* the RAM experts at their pinned device addresses (n_slots 0: none) */
     int32_t n_pcie; /* the PCIe lane's cold slots per decode token */
+    uint64_t *seen; /* [n_expert]: routed slots so far (the CPU lane takes the least seen) */
 } tier_layer;
 
 struct tm_tier {
@@ -70,11 +112,48 @@ struct tm_tier {
     int n_pins;
     tm_cuda_event ev[6]; /* --profile: hot lane, PCIe lane, wait (start, end each) */
 
+    /* prompt steps' cold experts (tier_fetch.c) */
+    int32_t fetch_mode;      /* TM_MOE_FETCH_* */
+    int32_t cpu_q8;          /* the CPU lane's share of a prompt layer's cold experts, 1/256 */
+    bool cpu_q8_fixed;       /* TIERMOE_FETCH_CPU_SHARE: no balancing */
+    tier_fetch *fetch;       /* the ring (NULL: none) */
+    int32_t *lane_of;        /* host [n_expert]: this layer step's lane of each expert */
+    uint8_t *cold_mark;      /* host [n_expert] scratch */
+    int64_t (*by_count)[2];  /* host [n_expert] scratch: {tokens, expert} */
+    tm_cuda_event pcie_done; /* after a prompt layer's in-place GEMM */
+
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
     tm_moe_lane_stats lane_stats;
 };
 
 /* Which rows of a cached layer's slot arrays hold expert e's slices. */
 tm_status tier_cache_upload(tm_tier *t, tier_layer *L, int32_t slot, int32_t expert);
+
+/* ---- tier_fetch.c ---- */
+
+tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p);
+void tier_fetch_free(tm_tier *t);
+/* The mode of this prompt step for layer L (n_tok tokens). */
+tier_prompt_mode tier_prompt_mode_of(const tm_tier *t, const tier_layer *L, int64_t n_tok);
+/* Before layer L's routing in a TIER_PROMPT_FETCH step: start a new plan on
+ * a new step, plan L if not yet, and queue what copies the ring allows. */
+tm_status tier_fetch_begin(tm_tier *t, tier_layer *L);
+/* After L's routing: plan the next layer (next: its index, or -1) so its
+ * copies start while L computes. */
+tm_status tier_fetch_plan_next(tm_tier *t, int64_t next);
+/* Fill t->lane_of for layer L's step (TIER_LANE_*), from its plan (FETCH), or
+ * for PCIE: the routed cold experts, the CPU lane taking its share of those
+ * with the fewest tokens (wl expert-major). */
+void tier_prompt_lanes(tm_tier *t, tier_layer *L, tier_prompt_mode mode, const tm_moe_worklist *wl);
+/* Queue the GPU's part of RAM experts for slots sl[0, n) (lane TIER_LANE_GPU,
+ * expert-major, ascending): the ring's chunks or the in-place GEMM (then
+ * t->pcie_done is recorded); y += their sums. */
+tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, const tm_moe_slot *sl,
+                          int64_t n, const float *h, float *y);
+/* After the CPU lane's share: move the share toward both finishing together
+ * (the GPU's part still running: the CPU takes more next time). */
+tm_status tier_prompt_balance(tm_tier *t, tier_prompt_mode mode);
+
+enum { TIER_LANE_CPU = 0, TIER_LANE_GPU = 1, TIER_LANE_HOT = 2 };
 
 #endif

@@ -74,6 +74,12 @@ static tm_status tier_split_room(tm_tier *t) {
     return TM_OK;
 }
 
+/* The routed slots of a layer step, counted per expert (the CPU lane of
+ * prompts takes the least used experts). */
+static void tier_seen(tier_layer *L, const int32_t *ids, int64_t n) {
+    for (int64_t i = 0; i < n; i++) L->seen[ids[i]]++;
+}
+
 /* ---- decode: the hand-off ---- */
 
 /* Spin until the GPU has published layer l of this step. Gives up when the
@@ -118,9 +124,11 @@ static tm_status tier_decode_task(void *ud) {
     const uint64_t t1 = tm_time_ns();
     t->stats[L->cls].wait_ns += t1 - t0;
     int64_t n_cold = 0, n_pcie = 0;
-    if (st == TM_OK)
+    if (st == TM_OK) {
+        tier_seen(L, t->mb.ids, n_tok * t->k);
         st = moe_worklist_build(&t->wl, t->mb.ids, t->mb.w, n_tok, t->n_expert, t->k,
                                 TM_MOE_PHASE_DECODE);
+    }
     if (st == TM_OK) st = tier_split_room(t);
     if (st == TM_OK)
         n_cold = tier_worklist_split(&t->wl, tier_split_map(L), L->n_pcie, t->pcie_share_q8,
@@ -215,14 +223,13 @@ static tm_status tier_route(tm_tier *t, tm_act *logits, tm_act *ids, tm_act *w) 
     return TM_OK;
 }
 
-/* Queue the hot slots [n_cold, n_slots) of the worklist on the GPU: y (device,
+/* Queue the hot slots [first, n_slots) of the worklist on the GPU: y (device,
  * [n_tok][n_embd]) += their weighted outputs. */
-static tm_status tier_hot_lane(tm_tier *t, tier_layer *L, int64_t n_cold, const float *h,
-                               float *y) {
+static tm_status tier_hot_lane(tm_tier *t, tier_layer *L, int64_t first, const float *h, float *y) {
     tm_exec *e = t->e;
     const tm_cuda_stream s = exec_stream(e);
-    const int64_t n_tok = exec_n_tok(e), n_hot = t->wl.n_slots - n_cold;
-    const tm_moe_slot *sl = t->wl.slots + n_cold;
+    const int64_t n_tok = exec_n_tok(e), n_hot = t->wl.n_slots - first;
+    const tm_moe_slot *sl = t->wl.slots + first;
     int32_t n_groups = 0;
     for (int64_t i = 0; i < n_hot; i++) {
         const int32_t slot = tier_slot_of(t, L->index, sl[i].expert);
@@ -249,40 +256,66 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
     const size_t y_bytes = (size_t)(n_tok * E) * sizeof(float);
     const bool prof = exec_profiling(e);
+    /* prompts with the residual on the GPU: RAM experts on the GPU too (the
+     * fetch ring or in place), beside the CPU lane's share */
+    const tier_prompt_mode mode =
+        t->gpu && side == TM_DEV_GPU && n_tok > TM_CUDA_MMVQ_MAX_TOK && L->cls != TM_TIER_VRAM
+            ? tier_prompt_mode_of(t, L, n_tok)
+            : TIER_PROMPT_CPU;
     /* more tokens than the matrix-vector kernels take go to the GPU's
      * tensor cores in expert groups, whatever the phase */
     const tm_moe_phase phase =
-        n_tok > TM_CUDA_MMVQ_MAX_TOK && L->cls != TM_TIER_RAM ? TM_MOE_PHASE_PROMPT : exec_phase(e);
+        n_tok > TM_CUDA_MMVQ_MAX_TOK && (L->cls != TM_TIER_RAM || mode != TIER_PROMPT_CPU)
+            ? TM_MOE_PHASE_PROMPT
+            : exec_phase(e);
     tm_status st;
+    /* copies of this layer's experts start before its routing is known */
+    if (mode == TIER_PROMPT_FETCH && (st = tier_fetch_begin(t, L))) return st;
     if ((st = tier_route(t, logits, ids, w)) ||
         (st = moe_worklist_build(&t->wl, ids->host, w->host, n_tok, t->n_expert, t->k, phase)) ||
         (st = tier_split_room(t)))
         return st;
-    int64_t n_pcie = 0; /* prompts: no PCIe lane (fetching is the next lane's) */
-    const int64_t n_cold =
-        L->cls == TM_TIER_VRAM
-            ? 0
-            : tier_worklist_split(&t->wl, tier_split_map(L), 0, 0, t->split_tmp, &n_pcie);
-    const int64_t n_hot = t->wl.n_slots - n_cold;
-    /* the hot lane first, so it runs while the CPU lane does */
+    tier_seen(L, ids->host, n_tok * t->k);
+    if (mode == TIER_PROMPT_FETCH && (st = tier_fetch_plan_next(t, (int64_t)L->index + 1)))
+        return st;
+    int64_t n_cold = 0, n_gpu = 0; /* the CPU lane's slots, the GPU's RAM-expert slots */
+    if (mode != TIER_PROMPT_CPU) {
+        int64_t counts[3];
+        tier_prompt_lanes(t, L, mode, &t->wl);
+        tier_worklist_partition(&t->wl, t->lane_of, t->split_tmp, counts);
+        n_cold = counts[TIER_LANE_CPU], n_gpu = counts[TIER_LANE_GPU];
+    } else if (L->cls != TM_TIER_VRAM) {
+        int64_t n_pcie = 0;
+        n_cold = tier_worklist_split(&t->wl, tier_split_map(L), 0, 0, t->split_tmp, &n_pcie);
+    }
+    const int64_t n_hot = t->wl.n_slots - n_cold - n_gpu;
+    /* h to the host before any GPU lane is queued, so that waiting for it
+     * does not wait for them */
+    if (n_cold && (st = exec_act_to(e, h, TM_DEV_CPU, n_tok))) return st;
+    /* the GPU lanes first, so they run while the CPU lane does */
     if (n_hot) {
         float *yh = side == TM_DEV_GPU ? y->dev : t->y_dev;
         if ((st = exec_act_to(e, h, TM_DEV_GPU, n_tok)) ||
             (side == TM_DEV_CPU && (st = cuda_fill_async(t->y_dev, 0, y_bytes, s))) ||
             (prof && (st = cuda_event_record(t->ev[0], s))) ||
-            (st = tier_hot_lane(t, L, n_cold, h->dev, yh)) ||
+            (st = tier_hot_lane(t, L, n_cold + n_gpu, h->dev, yh)) ||
             (prof && (st = cuda_event_record(t->ev[1], s))))
             return st;
     }
+    if (mode != TIER_PROMPT_CPU &&
+        (st = tier_prompt_gpu(t, L, mode, t->wl.slots + n_cold, n_gpu, h->dev, y->dev)))
+        return st;
     if (n_cold) {
         float *yc = side == TM_DEV_CPU ? y->host : t->y_host;
-        if ((st = exec_act_to(e, h, TM_DEV_CPU, n_tok))) return st;
         if (side == TM_DEV_GPU) memset(yc, 0, y_bytes);
         const uint64_t t0 = tm_time_ns();
         if ((st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, h->host, yc,
                                    exec_precise(e))))
             return st;
         t->stats[L->cls].cold_ns += tm_time_ns() - t0;
+    }
+    if (mode != TIER_PROMPT_CPU && (st = tier_prompt_balance(t, mode))) return st;
+    if (n_cold) {
         if (side == TM_DEV_GPU && /* the CPU's sum into the residual on the GPU */
             ((prof && (st = cuda_event_record(t->ev[2], s))) ||
              (st = cuda_copy_async(t->y_dev, t->y_host, y_bytes, s)) ||

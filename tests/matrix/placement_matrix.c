@@ -173,25 +173,35 @@ typedef struct pm_case {
     int n_cpu_moe;
     const char *ot;
     int64_t cache_mib;
-    int pcie; /* --moe-pcie: 0 auto */
+    int pcie;        /* --moe-pcie: 0 auto */
+    int fetch;       /* --moe-fetch: 0 auto */
+    const char *env; /* NAME=VALUE[ NAME=VALUE]: set while the case's contexts are made */
 } pm_case;
 
 static const pm_case pm_cases[] = {
-    {"CPU only", 0, false, 0, NULL, 0, 0},
-    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0},
-    {"-ngl 2", 2, false, 0, NULL, 0, 0},
-    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF},
-    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0},
-    {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32},
-    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0},
-    {"--cpu-moe --moe-cache 2 (random hot set)", PM_ALL, true, 0, NULL, 2, 0},
+    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL},
+    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL},
+    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL},
+    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL},
+    {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32, 0,
+     NULL},
+    {"--cpu-moe --moe-fetch pcie (prompts read in place)", PM_ALL, true, 0, NULL, 0, 0,
+     TM_MOE_FETCH_PCIE, NULL},
+    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL},
+    /* a ring smaller than a layer (it wraps within and across layers) and a
+     * fixed CPU share, so every prompt layer has both lanes */
+    {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
+     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3"},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL},
+    {"--cpu-moe --moe-cache 2 (random hot set)", PM_ALL, true, 0, NULL, 2, 0, 0, NULL},
     /* layer 0: attention on the GPU, experts in RAM; layer 1: its output
      * projection on the CPU between GPU ops; later layers: attention on the
      * CPU, experts on the GPU */
     {"-ngl 2 -ot mix", 2, false, 0,
      "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
      "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
-     0, 0},
+     0, 0, 0, NULL},
 };
 
 static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool precise, tm_type kv,
@@ -207,7 +217,24 @@ static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool 
                                .override_tensor = c->ot,
                                .moe_cache_mib = c->cache_mib,
                                .moe_pcie = c->pcie,
+                               .moe_fetch = c->fetch,
                                .moe_hits = c->cache_mib ? hits : NULL};
+}
+
+/* Set (on) or unset the case's environment. */
+static void pm_env(const pm_case *c, bool on) {
+    if (!c->env) return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", c->env);
+    for (char *save = NULL, *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) fail_msg("pm_case env: '%s' is not NAME=VALUE", kv);
+        *eq = '\0';
+        if (on)
+            setenv(kv, eq + 1, 1);
+        else
+            unsetenv(kv);
+    }
 }
 
 /* The tier's counters after a run: every layer in the class the placement
@@ -260,6 +287,26 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
         fail_msg("%s: slots in the wrong lane", what);
 }
 
+/* Prompts with experts in RAM on a GPU: the GPU computed some of them (the
+ * fetch lane) unless --moe-fetch off, and every routed slot was counted once. */
+static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *what) {
+    const tm_tier_stats *s = tier_stats(ctx->tier);
+    uint64_t fetch = 0, all = 0, fallback = 0;
+    for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) {
+        fetch += s[i].fetch_slots, fallback += s[i].fallback_slots;
+        all += s[i].hot_slots + s[i].pcie_slots + s[i].cold_slots + s[i].fetch_slots;
+    }
+    const tm_model_config *cfg = &ctx->model->cfg;
+    if (all != (uint64_t)(40 + 16) * cfg->n_layer * cfg->n_expert_used)
+        fail_msg("%s: %llu routed slots counted, want %u", what, (unsigned long long)all,
+                 (40 + 16) * cfg->n_layer * cfg->n_expert_used);
+    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
+    const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF;
+    if (want != (fetch > 0) || fallback)
+        fail_msg("%s: %llu prompt slots on the fetch lane (%llu fallbacks), want %s", what,
+                 (unsigned long long)fetch, (unsigned long long)fallback, want ? "some" : "none");
+}
+
 void placement_matrix_run(const char *path, const pm_tolerance *tol) {
     tm_model *m;
     PM_CHECK(model_load(path, &m), path);
@@ -287,6 +334,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
     for (size_t ci = 0; ci < sizeof(pm_cases) / sizeof(pm_cases[0]); ci++) {
         const pm_case *c = &pm_cases[ci];
         char what[160];
+        pm_env(c, true);
         /* 40 prompt tokens in batches of 24 and 16, then 16 decode steps */
         for (int precise = 0; precise < 2; precise++) {
             snprintf(what, sizeof(what), "%s, %s CPU ops", c->name, precise ? "precise" : "normal");
@@ -297,6 +345,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
                 pm_compare(m, toks, 40, 16, ref, run, tol->prompt, tol->decode, tol->tie, what);
             else
                 pm_compare(m, toks, 40, 16, ref, run, tol->quant, tol->quant, tol->tie_quant, what);
+            pm_check_fetch(c, run->ctx, what);
             pm_run_close(ref), pm_run_close(run);
         }
         /* greedy, no callback: the decode graph where every op is on the GPU */
@@ -312,6 +361,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         printf("    %s: 64 greedy tokens identical (%s)\n", c->name,
                exec_graph_ready(ctx->exec) ? "decode graph" : "eager");
         model_context_free(ctx);
+        pm_env(c, false);
     }
     free(hits);
     model_free(m);

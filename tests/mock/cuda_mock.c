@@ -28,6 +28,8 @@
  *   - events store the host's monotonic time when their closure runs.
  *
  * Environment: MOCK_NODEV=1 (no device), MOCK_GPU_MIB (device memory, 4096),
+ * MOCK_FAIL_SIDE_COPY=1 (copies queued on a stream of cuda_stream_create fail
+ * at once: a fetch lane whose copies cannot be queued),
  * MOCK_GPU_LATENCY_US (each closure but event records first sleeps this long,
  * read at cuda_device_open: exposes races between host threads and the
  * stream). */
@@ -171,6 +173,7 @@ struct CUstream_st {
     mock_closure *cap_head, *cap_tail;
     char cap_why[96]; /* what invalidated the capture */
     bool failed;      /* sticky */
+    bool side;        /* made by cuda_stream_create (MOCK_FAIL_SIDE_COPY) */
     char err[640];
     long latency_us;
 };
@@ -308,6 +311,16 @@ static void stream_destroy(struct CUstream_st *s) {
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
     free(s);
+}
+
+tm_status cuda_stream_create(tm_cuda_stream *out) {
+    *out = stream_create();
+    if (*out) (*out)->side = true;
+    return *out ? TM_OK : tm_error_set(TM_ERR_DEVICE, "mock: cannot start a stream's worker");
+}
+
+void cuda_stream_free(tm_cuda_stream stream) {
+    if (stream) stream_destroy(stream);
 }
 
 tm_status cuda_stream_sync(tm_cuda_stream s) {
@@ -592,6 +605,9 @@ static tm_status capture_pageable(tm_cuda_stream s, const char *op, const void *
 
 tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream) {
     const copy_arg a = {dst, src, bytes};
+    if (stream && stream->side && env_long("MOCK_FAIL_SIDE_COPY", 0))
+        return tm_error_set(TM_ERR_DEVICE, "mock: cuda_copy_async on a side stream refused "
+                                           "(MOCK_FAIL_SIDE_COPY)");
     tm_status st = capture_pageable(stream, "cuda_copy_async", dst, src, bytes);
     return st != TM_OK ? st : mock_launch(stream, "cuda_copy_async", copy_run, &a, sizeof(a));
 }
@@ -812,6 +828,42 @@ static tm_status event_wait(struct CUevent_st *e, double *t_ms) {
     if (dropped)
         return tm_error_set(TM_ERR_DEVICE, "mock: the event's stream failed before the record");
     return TM_OK;
+}
+
+/* The stream's worker blocks until the event's record number `want` has run
+ * (or been dropped), as a GPU stream waits on an event from another. */
+typedef struct wait_event_arg {
+    struct CUevent_st *e;
+    uint64_t want;
+} wait_event_arg;
+
+static bool wait_event_run(void *arg, char *err, size_t err_size) {
+    (void)err, (void)err_size;
+    const wait_event_arg *a = arg;
+    pthread_mutex_lock(&a->e->mu);
+    while (a->e->done < a->want) pthread_cond_wait(&a->e->cv, &a->e->mu);
+    pthread_mutex_unlock(&a->e->mu);
+    return true;
+}
+
+tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e) {
+    tm_status st = mock_not_in_capture(stream, "cuda_stream_wait_event");
+    if (st != TM_OK) return st;
+    if (!e) return tm_error_set(TM_ERR_ARG, "cuda_stream_wait_event: NULL event");
+    pthread_mutex_lock(&e->mu);
+    const wait_event_arg a = {e, e->queued};
+    pthread_mutex_unlock(&e->mu);
+    if (!a.want) return TM_OK; /* never recorded: nothing to wait for */
+    return mock_launch(stream, "cuda_stream_wait_event", wait_event_run, &a, sizeof(a));
+}
+
+tm_status cuda_event_query(tm_cuda_event e, bool *done) {
+    if (!e) return tm_error_set(TM_ERR_ARG, "cuda_event_query: NULL event");
+    pthread_mutex_lock(&e->mu);
+    *done = e->done >= e->queued;
+    const bool dropped = e->dropped && *done;
+    pthread_mutex_unlock(&e->mu);
+    return dropped ? tm_error_set(TM_ERR_DEVICE, "mock: the event's stream failed") : TM_OK;
 }
 
 tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms) {
