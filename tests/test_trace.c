@@ -1,7 +1,8 @@
 /* The expert usage tracer and its learn/perf files, checked against
  * independent computations and properties that must hold:
  * - counts through the callback path equal a histogram of the ids fed; the
- *   working set and reuse equal brute-force recomputations over the same ids;
+ *   working set, reuse and window reuse equal brute-force recomputations over
+ *   the same ids;
  *   a chained callback still sees every intermediate;
  * - on a real tiny mkmodel model (128 experts, top-8, skew 1), the tracer's
  *   per-expert counts equal the top-8 of the "router_logits" the forward
@@ -11,6 +12,8 @@
  * - corrupt, truncated and mismatched files are rejected naming the file and
  *   the field;
  * - merging sums every counter; other shapes or windows are refused;
+ * - a learn file written before window reuse existed (tests/data/trace/,
+ *   made by the build before it) reads, and merges with a new one;
  * - skew numbers of uniform and one-expert layers are their closed forms;
  * - switches from the environment and flags. */
 #include <math.h>
@@ -86,6 +89,18 @@ static void emit_layer(tm_context_params *p, int layer, const int32_t *ids, int6
     p->cb(p->cb_ud, "x_out", layer, dummy, n_tok, 1, false);
 }
 
+/* How many of token t's experts one of tokens [t-R, t-1] used, by brute force. */
+static uint32_t brute_reuse_window(const int32_t *ids, int64_t t, uint32_t R, uint32_t k) {
+    uint32_t shared = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        bool found = false;
+        for (int64_t u = t - R; u < t && !found; u++)
+            for (uint32_t q = 0; q < k; q++) found |= ids[u * k + q] == ids[t * k + j];
+        shared += found;
+    }
+    return shared;
+}
+
 /* Distinct experts among tokens [t-W+1, t] of one sequence, by brute force. */
 static uint32_t brute_ws(const int32_t *ids, int64_t t, uint32_t W, uint32_t E, uint32_t k) {
     bool seen[256] = {0};
@@ -114,7 +129,8 @@ static void test_counts_known_ids(void **state) {
      * steps */
     const int64_t seq_prompt[2] = {13, 4}, seq_dec[2] = {9, 3};
     uint64_t hist[3][40] = {{0}}, ws_sum[3] = {0}, ws_n[3] = {0}, ws_max[3] = {0}, shared[3] = {0},
-             pairs[3] = {0};
+             pairs[3] = {0}, win_shared[3] = {0}, win_tokens[3] = {0};
+    const uint32_t R = TM_TRACE_REUSE_WINDOW;
     int emitted = 0;
     for (int s = 0; s < 2; s++) {
         trace_sequence_begin(tr);
@@ -136,6 +152,10 @@ static void test_counts_known_ids(void **state) {
                     uint32_t d = brute_ws(ids[l], t, W, E, k);
                     ws_sum[l] += d, ws_n[l]++;
                     if (d > ws_max[l]) ws_max[l] = d;
+                }
+                if (t >= (int64_t)R) {
+                    win_shared[l] += brute_reuse_window(ids[l], t, R, k);
+                    win_tokens[l]++;
                 }
                 if (t > 0) {
                     for (uint32_t j = 0; j < k; j++)
@@ -164,7 +184,48 @@ static void test_counts_known_ids(void **state) {
         assert_int_equal(ly->ws_max, ws_max[l]);
         assert_int_equal(ly->reuse_shared, shared[l]);
         assert_int_equal(ly->reuse_pairs, pairs[l]);
+        assert_int_equal(ly->reuse_win_shared, win_shared[l]);
+        assert_int_equal(ly->reuse_win_tokens, win_tokens[l]);
     }
+    assert_int_equal(st->reuse_window, R);
+    assert_int_equal(win_tokens[0], 22 - R); /* the second sequence (7 tokens) has none */
+    trace_free(tr);
+}
+
+/* Window reuse on sequences whose answer is known by construction. */
+static void test_reuse_window_known(void **state) {
+    (void)state;
+    const uint32_t E = 64, k = 4, R = TM_TRACE_REUSE_WINDOW;
+    tm_model m = fake_model(1, E, k);
+    tm_trace_config cfg = {.stats = true};
+    tm_trace *tr;
+    assert_int_equal(trace_create(&cfg, &m, &tr), TM_OK);
+    int32_t ids[40 * 4];
+    /* the same 4 experts every token: every token from the R-th on shares all 4 */
+    for (int t = 0; t < 40; t++)
+        for (uint32_t j = 0; j < k; j++) ids[t * k + j] = (int32_t)j;
+    trace_sequence_begin(tr);
+    trace_record(tr, 0, ids, 40);
+    const tm_trace_layer *ly = &trace_get_stats(tr)->layers[0];
+    assert_int_equal(ly->reuse_win_tokens, 40 - R);
+    assert_int_equal(ly->reuse_win_shared, (40 - R) * k);
+    /* 16 disjoint sets in turn (token t uses 4 (t mod 16) + j): a set comes back after 16
+     * tokens, beyond the window, so none is shared; one token at a time, as decode feeds it */
+    trace_sequence_begin(tr);
+    for (int t = 0; t < 40; t++) {
+        int32_t row[4];
+        for (uint32_t j = 0; j < k; j++) row[j] = (int32_t)(4 * (t % 16) + j);
+        trace_record(tr, 0, row, 1);
+    }
+    assert_int_equal(ly->reuse_win_tokens, 2 * (40 - R));
+    assert_int_equal(ly->reuse_win_shared, (40 - R) * k);
+    /* period R: token t's set was used exactly R tokens earlier, the edge of the window */
+    trace_sequence_begin(tr);
+    for (int t = 0; t < 40; t++)
+        for (uint32_t j = 0; j < k; j++) ids[t * k + j] = (int32_t)(4 * (t % R) + j);
+    trace_record(tr, 0, ids, 40);
+    assert_int_equal(ly->reuse_win_tokens, 3 * (40 - R));
+    assert_int_equal(ly->reuse_win_shared, 2 * (40 - R) * k);
     trace_free(tr);
 }
 
@@ -372,6 +433,7 @@ static void test_bad_files(void **state) {
     tmp_path(bad, sizeof(bad), "bad.json");
     tm_trace_stats a;
     make_stats(&a, 2, 16, 4, 3);
+    snprintf(a.routing, sizeof(a.routing), "uniform");
     assert_int_equal(trace_stats_write_json(&a, good), TM_OK);
     char *text = read_text(good);
     const size_t n = strlen(text);
@@ -389,6 +451,11 @@ static void test_bad_files(void **state) {
         {"\"n_layer\":2", "\"n_layer\":3", "layers: 2 entries"},
         {"\"window\":5", "\"window\":0", "window"},
         {"\"layers\":[", "\"layerz\":[", "layers"},
+        {"\"reuse_window\":8", "\"reuse_window\":-8", "reuse_window"},
+        {"\"reuse_window_tokens\":", "\"reuse_window_tokenz\":", "layers[0].reuse_window_tokens"},
+        {"\"reuse_window_shared\":", "\"reuse_window_shared\":1e9,\"x\":",
+         "layers[0].reuse_window_shared"},
+        {"\"synthetic_routing\":\"", "\"synthetic_routing\":7,\"x\":\"", "model.synthetic_routing"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *t = replace(text, cases[i].from, cases[i].to);
@@ -405,6 +472,16 @@ static void test_bad_files(void **state) {
                  (unsigned long long)a.layers[0].expert_hits_total + 1);
         char *t = replace(text, key, val);
         expect_reject(bad, t, strlen(t), NULL, "layers[0].expert_hits_total");
+        free(t);
+    }
+    /* more window-shared experts than the window's tokens can hold */
+    {
+        char key[64];
+        snprintf(key, sizeof(key), "\"reuse_window_tokens\":%llu",
+                 (unsigned long long)a.layers[0].reuse_win_tokens);
+        assert_true(a.layers[0].reuse_win_shared > 0);
+        char *t = replace(text, key, "\"reuse_window_tokens\":0");
+        expect_reject(bad, t, strlen(t), NULL, "layers[0].reuse_window_");
         free(t);
     }
     /* one count negative or not a number, the length kept */
@@ -466,6 +543,8 @@ static void test_merge(void **state) {
         assert_int_equal(z->ws_samples, x->ws_samples + y->ws_samples);
         assert_int_equal(z->ws_max, x->ws_max > y->ws_max ? x->ws_max : y->ws_max);
         assert_int_equal(z->reuse_shared, x->reuse_shared + y->reuse_shared);
+        assert_int_equal(z->reuse_win_shared, x->reuse_win_shared + y->reuse_win_shared);
+        assert_int_equal(z->reuse_win_tokens, x->reuse_win_tokens + y->reuse_win_tokens);
         for (uint32_t e = 0; e < 20; e++) {
             assert_int_equal(z->experts[e], x->experts[e] + y->experts[e]);
             assert_int_equal(z->hot_experts[e], x->hot_experts[e] + y->hot_experts[e]);
@@ -492,7 +571,64 @@ static void test_merge(void **state) {
     assert_int_not_equal(trace_stats_merge(&c, &other, "w.json"), TM_OK);
     assert_non_null(strstr(tm_error_message(), "window"));
     trace_stats_free(&other);
+    make_stats(&other, 3, 20, 4, 1);
+    other.reuse_window = 4;
+    assert_int_not_equal(trace_stats_merge(&c, &other, "rw.json"), TM_OK);
+    assert_non_null(strstr(tm_error_message(), "reuse_window"));
+    trace_stats_free(&other);
+    /* the routing label: kept when equal, "mixed" when not */
+    make_stats(&other, 3, 20, 4, 1);
+    snprintf(other.routing, sizeof(other.routing), "uniform");
+    assert_int_equal(trace_stats_merge(&c, &other, "o"), TM_OK);
+    assert_string_equal(c.routing, "mixed");
+    trace_stats_free(&other);
     trace_stats_free(&a), trace_stats_free(&b), trace_stats_free(&c);
+}
+
+/* A learn file of the build before window reuse and the routing label
+ * (tests/data/trace/learn_v1_old.json: tiny preset, written by that build's
+ * `tiermoe trace`): it still reads, with no window-reuse counts, and merges
+ * with a new file into the new one's counts. */
+static void test_old_file(void **state) {
+    (void)state;
+    const char *data = getenv("TM_TEST_DATA");
+    char old[512], path[512];
+    snprintf(old, sizeof(old), "%s/trace/learn_v1_old.json", data && *data ? data : "tests/data");
+    tm_trace_stats o, n, sum;
+    assert_int_equal(trace_stats_read_json(old, NULL, &o), TM_OK);
+    assert_int_equal(o.reuse_window, 0);
+    assert_string_equal(o.routing, "");
+    assert_true(o.tokens > 0 && o.layers[0].reuse_pairs > 0);
+    for (uint32_t l = 0; l < o.shape.n_layer; l++)
+        assert_true(o.layers[l].reuse_win_shared == 0 && o.layers[l].reuse_win_tokens == 0);
+    make_stats(&n, o.shape.n_layer, o.shape.n_expert, o.shape.n_expert_used, 9);
+    n.window = o.window;
+    assert_true(n.layers[0].reuse_win_tokens > 0);
+    /* old + new and new + old: the window reuse is the new file's, the rest sums */
+    for (int order = 0; order < 2; order++) {
+        const tm_trace_stats *first = order ? &n : &o, *second = order ? &o : &n;
+        assert_int_equal(trace_stats_init(&sum, &first->shape, first->window), TM_OK);
+        sum.reuse_window = 0;
+        assert_int_equal(trace_stats_merge(&sum, first, "first"), TM_OK);
+        assert_int_equal(trace_stats_merge(&sum, second, "second"), TM_OK);
+        assert_int_equal(sum.reuse_window, TM_TRACE_REUSE_WINDOW);
+        assert_int_equal(sum.tokens, o.tokens + n.tokens);
+        for (uint32_t l = 0; l < o.shape.n_layer; l++) {
+            assert_int_equal(sum.layers[l].reuse_win_shared, n.layers[l].reuse_win_shared);
+            assert_int_equal(sum.layers[l].reuse_win_tokens, n.layers[l].reuse_win_tokens);
+            assert_int_equal(sum.layers[l].reuse_pairs,
+                             o.layers[l].reuse_pairs + n.layers[l].reuse_pairs);
+        }
+        /* and the merged file is a new file that reads back the same */
+        tmp_path(path, sizeof(path), "old_new.json");
+        tm_trace_stats back;
+        assert_int_equal(trace_stats_write_json(&sum, path), TM_OK);
+        assert_int_equal(trace_stats_read_json(path, NULL, &back), TM_OK);
+        assert_true(trace_stats_equal(&sum, &back));
+        trace_stats_free(&back), trace_stats_free(&sum);
+        remove(path);
+    }
+    trace_stats_free(&o), trace_stats_free(&n);
 }
 
 static void test_skew(void **state) {
@@ -510,14 +646,16 @@ static void test_skew(void **state) {
     assert_true(fabs(k.top[0] - 13.0 / 128) < 1e-12 && fabs(k.top[1] - 0.25) < 1e-12 &&
                 fabs(k.top[2] - 0.5) < 1e-12);
     assert_int_equal(k.n_used, 128);
+    assert_true(fabs(k.top1 - 1.0 / 128) < 1e-12);
     trace_layer_skew(&s, 1, &k);
-    assert_true(fabs(k.entropy) < 1e-12 && k.top[0] == 1 && k.n_used == 1);
+    assert_true(fabs(k.entropy) < 1e-12 && k.top[0] == 1 && k.n_used == 1 && k.top1 == 1);
     /* two experts with 3:1 hits: entropy H(3/4) / log 128 */
     memset(s.layers[1].experts, 0, 128 * sizeof(uint64_t));
     s.layers[1].experts[5] = 30, s.layers[1].experts[9] = 90;
     trace_layer_skew(&s, 1, &k);
     const double h = -(0.75 * log(0.75) + 0.25 * log(0.25)) / log(128.0);
     assert_true(fabs(k.entropy - h) < 1e-12);
+    assert_true(fabs(k.top1 - 0.75) < 1e-12);
     trace_stats_free(&s);
 }
 
@@ -556,6 +694,8 @@ static void test_config(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts_known_ids),
+        cmocka_unit_test(test_reuse_window_known),
+        cmocka_unit_test(test_old_file),
         cmocka_unit_test(test_counts_real_model),
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_bad_files),

@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "core/timing.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "trace/trace.h"
 
 static void bench_usage(FILE *out) {
@@ -480,6 +481,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         }
     bench_print(res, n_res, fmt, model_name, m->weight_bytes / 1073741824.0, m->n_params / 1e9);
     fprintf(stderr, "cpu: %s\n", cpu_features_string());
+    synth_routing_print(m->file, stderr);
     /* On a virtual machine the host may run others on our CPUs: say how much,
      * since it moves the numbers more than most changes do. */
     const char *sep = "host steal (CPU time the host took from this machine):";

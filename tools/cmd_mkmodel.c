@@ -16,6 +16,13 @@ static void mkmodel_usage(FILE *out) {
         "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
         "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
         "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
+        "  --skew-offset Q      Zipf-Mandelbrot offset: popularity ~ (rank + Q)^-S (default 0)\n"
+        "  --locality X         share of router-logit variance that is an average over the last\n"
+        "                       tokens (temporal locality, 0 <= X < 1; default 0 = none)\n"
+        "  --locality-span T    tokens over which that average decays by e (default 8)\n"
+        "  --routing NAME       routing profile: uniform (skew and locality 0) or qwen3-30b-a3b\n"
+        "                       (calibrated to Qwen3-30B-A3B's published routing statistics);\n"
+        "                       not with --skew, --skew-offset, --locality or --locality-span\n"
         "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
         "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
         "  --type-embd T        token_embd (default q4_K)\n"
@@ -32,7 +39,7 @@ static void mkmodel_usage(FILE *out) {
 
 int cmd_mkmodel(int argc, char **argv) {
     tm_synth_config cfg;
-    const char *preset = "tiny", *out = NULL;
+    const char *preset = "tiny", *out = NULL, *routing_knob = NULL;
     /* The preset comes first so that other flags override it, wherever they stand. */
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
@@ -113,9 +120,20 @@ int cmd_mkmodel(int argc, char **argv) {
         } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
             if (cli_parse_i64(a, v, 0, 0x7fffffffffffffffll, &n)) return 2;
             cfg.seed = (uint64_t)n;
-        } else if (!strcmp(a, "--skew")) {
-            if (cli_parse_f64(a, v, 0, 8, &d)) return 2;
-            cfg.skew = d;
+        } else if (!strcmp(a, "--skew") || !strcmp(a, "--skew-offset") ||
+                   !strcmp(a, "--locality") || !strcmp(a, "--locality-span")) {
+            /* ranges are checked by synth_config_validate, naming the flag */
+            if (cli_parse_f64(a, v, 0, 1e4, &d)) return 2;
+            *(!strcmp(a, "--skew")          ? &cfg.skew
+              : !strcmp(a, "--skew-offset") ? &cfg.skew_offset
+              : !strcmp(a, "--locality")    ? &cfg.locality
+                                            : &cfg.locality_span) = d;
+            routing_knob = a;
+        } else if (!strcmp(a, "--routing")) {
+            if (synth_routing_profile(&cfg, v) != TM_OK) {
+                fprintf(stderr, "tiermoe mkmodel: --routing: %s\n", tm_error_message());
+                return 2;
+            }
         } else if (!strcmp(a, "--rope-base")) {
             if (cli_parse_f64(a, v, 1e-3, 1e12, &d)) return 2;
             cfg.rope_base = (float)d;
@@ -130,6 +148,12 @@ int cmd_mkmodel(int argc, char **argv) {
             mkmodel_usage(stderr);
             return 2;
         }
+    }
+    if (cfg.routing && routing_knob) {
+        fprintf(stderr,
+                "tiermoe mkmodel: --routing %s sets the routing knobs; give it or %s, not both\n",
+                cfg.routing, routing_knob);
+        return 2;
     }
     if (!out) {
         fprintf(stderr, "tiermoe mkmodel: missing -o FILE.gguf\n");
@@ -147,13 +171,14 @@ int cmd_mkmodel(int argc, char **argv) {
     if (cfg.progress)
         fprintf(stderr,
                 "mkmodel: qwen3moe %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "
-                "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s, skew %g, "
-                "seed %llu -> %s (%.2f GiB)\n",
+                "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s, skew %g "
+                "(offset %g), locality %g (span %g)%s%s, seed %llu -> %s (%.2f GiB)\n",
                 cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_expert,
                 cfg.n_expert_used, cfg.n_ff_exp, cfg.n_vocab, quant_type_name(cfg.type_experts),
                 quant_type_name(cfg.type_attn), quant_type_name(cfg.type_embd),
-                quant_type_name(cfg.type_output), cfg.skew, (unsigned long long)cfg.seed, out,
-                synth_config_tensor_bytes(&cfg) / 1073741824.0);
+                quant_type_name(cfg.type_output), cfg.skew, cfg.skew_offset, cfg.locality,
+                cfg.locality_span, cfg.routing ? ", profile " : "", cfg.routing ? cfg.routing : "",
+                (unsigned long long)cfg.seed, out, synth_config_tensor_bytes(&cfg) / 1073741824.0);
     if (synth_model_write(&cfg, out) != TM_OK) {
         fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
         return 1;

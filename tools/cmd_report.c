@@ -1,6 +1,8 @@
 /* tiermoe report: read a learn/perf file and show, per layer, the top
  * experts, the skew (normalised entropy, share of hits covered by the top
- * 10/25/50% of experts), the working set and token-to-token reuse; optionally
+ * 10/25/50% of experts), the working set and token-to-token reuse; the
+ * routing statistics next to Qwen3-30B-A3B's published ones (labelled with
+ * the synthetic routing profile when the model was made by mkmodel); optionally
  * an SVG heatmap (layers x experts, colour = the expert's share of its
  * layer's hits) and the CSV export. */
 #include <errno.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "model/synth.h"
 #include "trace/trace.h"
 
 static void report_usage(FILE *out) {
@@ -108,6 +111,57 @@ static int write_svg(const tm_trace_stats *s, const char *path) {
     return 0;
 }
 
+/* Mean, min and max over layers of the four routing statistics the mkmodel
+ * profiles are calibrated to, next to Qwen3-30B-A3B's (synth_qwen3_targets). */
+static void report_routing(const tm_trace_stats *s, FILE *out) {
+    const tm_routing_targets *t = &synth_qwen3_targets;
+    const uint32_t n_layer = s->shape.n_layer, k = s->shape.n_expert_used;
+    double v[4][3]; /* statistic: mean, min, max */
+    bool have[4] = {true, true, false, false};
+    for (int i = 0; i < 4; i++) v[i][0] = 0, v[i][1] = 1e300, v[i][2] = -1e300;
+    for (uint32_t l = 0; l < n_layer; l++) {
+        const tm_trace_layer *L = &s->layers[l];
+        tm_trace_skew sk;
+        trace_layer_skew(s, l, &sk);
+        double x[4] = {sk.top[2], sk.top1, 0, 0};
+        if (L->reuse_pairs) x[2] = (double)L->reuse_shared / ((double)L->reuse_pairs * k);
+        if (L->reuse_win_tokens)
+            x[3] = (double)L->reuse_win_shared / ((double)L->reuse_win_tokens * k);
+        have[2] |= L->reuse_pairs > 0, have[3] |= L->reuse_win_tokens > 0;
+        for (int i = 0; i < 4; i++) {
+            v[i][0] += x[i] / n_layer;
+            if (x[i] < v[i][1]) v[i][1] = x[i];
+            if (x[i] > v[i][2]) v[i][2] = x[i];
+        }
+    }
+    char within[64];
+    const uint32_t win = s->reuse_window ? s->reuse_window : TM_TRACE_REUSE_WINDOW;
+    snprintf(within, sizeof(within), "experts used within the last %u tokens", win);
+    const struct {
+        const char *name;
+        double target;
+    } rows[4] = {{"slots on the top 50% of experts", t->top_half},
+                 {"top expert's share of slots", t->top1},
+                 {"experts shared with the previous token", t->reuse_prev},
+                 {within, win == t->win ? t->reuse_win : -1}};
+    fprintf(out, "routing statistics%s%s:\n", s->routing[0] ? ", synthetic routing: " : "",
+            s->routing);
+    fprintf(out, "  %-42s %-28s %s\n", "statistic", "measured mean (min..max)", "Qwen3-30B-A3B");
+    for (int i = 0; i < 4; i++) {
+        char m[64], tg[16] = "-";
+        if (have[i])
+            snprintf(m, sizeof(m), "%5.1f%% (%.1f..%.1f)", 100 * v[i][0], 100 * v[i][1],
+                     100 * v[i][2]);
+        else
+            snprintf(m, sizeof(m), "n/a (%s)",
+                     i == 2             ? "no sequence of 2 tokens"
+                     : !s->reuse_window ? "not in this file"
+                                        : "no sequence longer than the window");
+        if (rows[i].target >= 0) snprintf(tg, sizeof(tg), "%5.1f%%", 100 * rows[i].target);
+        fprintf(out, "  %-42s %-28s %s\n", rows[i].name, m, tg);
+    }
+}
+
 int cmd_report(int argc, char **argv) {
     const char *in = NULL, *svg = NULL, *csv = NULL;
     bool summary = false;
@@ -146,6 +200,7 @@ int cmd_report(int argc, char **argv) {
         return 1;
     }
     trace_stats_print(&s, !summary, stdout);
+    report_routing(&s, stdout);
     int rc = 0;
     if (csv && trace_stats_write_csv(&s, csv) != TM_OK) {
         fprintf(stderr, "tiermoe report: %s\n", tm_error_message());

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "core/timing.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "sample/sample.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -484,7 +485,10 @@ static int run_main(int argc, char **argv, cli_place *place) {
             s.n_eval ? 1e3 * s.n_eval / s.eval_ms : 0.0);
     fprintf(stderr, "total time       = %10.2f ms / %5lld tokens\n",
             load_ms + s.prompt_ms + s.eval_ms, (long long)(s.n_prompt + s.n_gen));
-    if (cp.profile) cli_profile_print(s.ctx, NULL, NULL, NULL, 1, stderr);
+    if (cp.profile) {
+        cli_profile_print(s.ctx, NULL, NULL, NULL, 1, stderr);
+        synth_routing_print(s.m->file, stderr);
+    }
     if (tr && trace_finish(tr) != TM_OK) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
         rc = 1;

@@ -15,23 +15,15 @@
 #include "cpu/cpu.h"
 #include "cpu/cpu_ops.h"
 #include "gguf/gguf.h"
+#include "model/synth_consts.h"
 #include "tokenizer/tokenizer.h"
-
-/* Scales that keep token identity in the residual stream (see synth.h). */
-#define SYNTH_EMBD_STD     1.0f  /* token embedding */
-#define SYNTH_BIAS_CHANNEL 0     /* embedding dimension that carries the router bias */
-#define SYNTH_BIAS_BETA    2.0f  /* its constant value in every token embedding */
-#define SYNTH_ROUTER_NOISE 1.0f  /* std of a router logit over random tokens */
-#define SYNTH_ATTN_OUT_STD 0.03f /* std of one layer's attention contribution per dimension */
-#define SYNTH_FFN_OUT_STD  0.05f /* std of one expert's output per dimension */
-#define SYNTH_SWIGLU_STD   0.6f  /* std of silu(g)*u for g, u ~ N(0, 1) (numerically ~0.59) */
-#define SYNTH_ZIPF_CAP     0.9   /* no expert is chosen by more than 90% of tokens */
 
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     memset(cfg, 0, sizeof(*cfg));
     cfg->rope_base = 1e6f;
     cfg->rms_eps = 1e-6f;
     cfg->seed = 42;
+    cfg->locality_span = 8; /* used only with locality > 0 */
     cfg->type_experts = TM_TYPE_Q4_K;
     cfg->type_attn = TM_TYPE_Q8_0;
     cfg->type_embd = TM_TYPE_Q4_K;
@@ -100,6 +92,21 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                             c->n_expert_used, c->n_expert);
     if (!(c->skew >= 0 && c->skew <= 8))
         return tm_error_set(TM_ERR_ARG, "--skew %g is outside [0, 8]", c->skew);
+    if (!(c->skew_offset >= 0 && c->skew_offset <= 10000))
+        return tm_error_set(TM_ERR_ARG, "--skew-offset %g is outside [0, 10000]", c->skew_offset);
+    if (!(c->locality >= 0 && c->locality < 1))
+        return tm_error_set(TM_ERR_ARG, "--locality %g is outside [0, 1)", c->locality);
+    if (c->locality > 0) {
+        if (!(c->locality_span >= 0.25 && c->locality_span <= 1024))
+            return tm_error_set(TM_ERR_ARG, "--locality-span %g is outside [0.25, 1024]",
+                                c->locality_span);
+        if (c->n_embd < 2 * c->head_dim + 2 || c->head_dim > SYNTH_LOC_MAX_HEAD_DIM)
+            return tm_error_set(TM_ERR_ARG,
+                                "--locality needs --n-embd >= 2 * --head-dim + 2 (the topic "
+                                "subspace takes head-dim dimensions; head-dim at most %d), got "
+                                "n-embd %u, head-dim %u",
+                                SYNTH_LOC_MAX_HEAD_DIM, c->n_embd, c->head_dim);
+    }
     if (!(c->rope_base > 0) || !(c->rms_eps > 0))
         return tm_error_set(TM_ERR_ARG, "rope base and rms epsilon must be positive");
     tm_status st;
@@ -113,99 +120,22 @@ tm_status synth_config_validate(const tm_synth_config *c) {
     return TM_OK;
 }
 
-/* ---- router bias calibration ---- */
-
-void synth_zipf_targets(uint32_t n_expert, uint32_t k, double s, double *target) {
-    double sum = 0;
-    for (uint32_t r = 0; r < n_expert; r++) sum += target[r] = pow(r + 1.0, -s);
-    for (uint32_t r = 0; r < n_expert; r++) target[r] *= k / sum;
-    /* Water-filling: a frequency above the cap is clipped and the excess goes
-     * to the others in proportion, until none is above. */
-    for (int iter = 0; iter < 64; iter++) {
-        double excess = 0, free_mass = 0;
-        for (uint32_t r = 0; r < n_expert; r++) {
-            if (target[r] > SYNTH_ZIPF_CAP)
-                excess += target[r] - SYNTH_ZIPF_CAP, target[r] = SYNTH_ZIPF_CAP;
-            else if (target[r] < SYNTH_ZIPF_CAP)
-                free_mass += target[r];
-        }
-        if (excess <= 1e-12 || free_mass <= 0) break;
-        for (uint32_t r = 0; r < n_expert; r++)
-            if (target[r] < SYNTH_ZIPF_CAP) target[r] += excess * target[r] / free_mass;
-    }
-}
-
-/* Biases by popularity rank so top-k of (bias + N(0, noise^2)) selects rank r
- * with frequency target[r]. Fixed noise samples keep it deterministic. */
-static tm_status synth_calibrate_bias(uint32_t n_expert, uint32_t k, double s, uint64_t seed,
-                                      float *bias_by_rank) {
-    for (uint32_t e = 0; e < n_expert; e++) bias_by_rank[e] = 0;
-    if (s == 0) return TM_OK;
-    enum { M = 4096, ITERS = 120 };
-    double *target = malloc(n_expert * sizeof(double));
-    float *noise = malloc((size_t)M * n_expert * sizeof(float));
-    float *logit = malloc(n_expert * sizeof(float));
-    uint32_t *count = malloc(n_expert * sizeof(uint32_t));
-    if (!target || !noise || !logit || !count) {
-        free(target), free(noise), free(logit), free(count);
-        return tm_error_set(TM_ERR_NOMEM, "router calibration: out of memory");
-    }
-    synth_zipf_targets(n_expert, k, s, target);
-    tm_rng rng;
-    tm_rng_seed(&rng, seed ^ 0x5eed0b1a5ull);
-    for (size_t i = 0; i < (size_t)M * n_expert; i++)
-        noise[i] = SYNTH_ROUTER_NOISE * tm_rng_normal(&rng);
-    int32_t idx[64];
-    for (int it = 0; it < ITERS; it++) {
-        memset(count, 0, n_expert * sizeof(uint32_t));
-        for (int m = 0; m < M; m++) {
-            for (uint32_t e = 0; e < n_expert; e++)
-                logit[e] = bias_by_rank[e] + noise[(size_t)m * n_expert + e];
-            cpu_topk(logit, n_expert, k, idx);
-            for (uint32_t j = 0; j < k; j++) count[idx[j]]++;
-        }
-        for (uint32_t e = 0; e < n_expert; e++) {
-            double got = (count[e] + 0.5) / M;
-            bias_by_rank[e] += (float)(0.7 * log(target[e] / got));
-        }
-    }
-    /* Only differences matter to softmax and top-k: centre them. */
-    double mean = 0;
-    for (uint32_t e = 0; e < n_expert; e++) mean += bias_by_rank[e];
-    mean /= n_expert;
-    for (uint32_t e = 0; e < n_expert; e++) bias_by_rank[e] -= (float)mean;
-    free(target), free(noise), free(logit), free(count);
-    return TM_OK;
-}
-
-tm_status synth_router_biases(const tm_synth_config *c, float *bias) {
-    float *by_rank = malloc(c->n_expert * sizeof(float));
-    uint32_t *perm = malloc(c->n_expert * sizeof(uint32_t));
-    if (!by_rank || !perm) {
-        free(by_rank), free(perm);
-        return tm_error_set(TM_ERR_NOMEM, "router biases: out of memory");
-    }
-    tm_status st = synth_calibrate_bias(c->n_expert, c->n_expert_used, c->skew, c->seed, by_rank);
-    for (uint32_t l = 0; st == TM_OK && l < c->n_layer; l++) {
-        /* A different popularity ranking in every layer. */
-        tm_rng rng;
-        tm_rng_seed(&rng, c->seed * 0x9e3779b97f4a7c15ull + 1000003ull * (l + 1));
-        for (uint32_t e = 0; e < c->n_expert; e++) perm[e] = e;
-        for (uint32_t e = c->n_expert - 1; e > 0; e--) {
-            uint32_t j = (uint32_t)(tm_rng_u64(&rng) % (e + 1));
-            uint32_t t = perm[e];
-            perm[e] = perm[j], perm[j] = t;
-        }
-        for (uint32_t r = 0; r < c->n_expert; r++)
-            bias[(size_t)l * c->n_expert + perm[r]] = by_rank[r];
-    }
-    free(by_rank), free(perm);
-    return st;
-}
-
 /* ---- tensors ---- */
 
 typedef enum synth_init { INIT_ONES, INIT_NORMAL, INIT_EMBD, INIT_ROUTER } synth_init;
+
+/* What a tensor is to the locality layout (synth_row_locality). */
+typedef enum synth_role {
+    ROLE_OTHER,
+    ROLE_EMBD,
+    ROLE_Q,
+    ROLE_K,
+    ROLE_V,
+    ROLE_O,
+    ROLE_QK_NORM,
+    ROLE_ROUTER,
+    ROLE_DOWN
+} synth_role;
 
 typedef struct synth_tensor {
     char name[64];
@@ -215,6 +145,9 @@ typedef struct synth_tensor {
     synth_init init;
     float std;
     const float *bias; /* INIT_ROUTER: this layer's n_expert biases */
+    synth_role role;
+    uint32_t layer;
+    const tm_synth_locality *loc; /* NULL: locality 0, the tensor is as it always was */
 } synth_tensor;
 
 static void synth_tensor_set(synth_tensor *t, const char *name, tm_type type, synth_init init,
@@ -222,37 +155,49 @@ static void synth_tensor_set(synth_tensor *t, const char *name, tm_type type, sy
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->type = type, t->init = init, t->std = std, t->n_dims = n_dims, t->bias = NULL;
     t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = ne2;
+    t->role = ROLE_OTHER, t->layer = 0, t->loc = NULL;
 }
 
 static int64_t synth_tensor_rows(const synth_tensor *t) {
     return t->ne[1] * t->ne[2];
 }
 
-/* The tensor list llama.cpp's converter writes for qwen3moe, in its order. */
-static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias, synth_tensor *t) {
+/* The tensor list llama.cpp's converter writes for qwen3moe, in its order;
+ * loc (NULL when locality is 0) is attached to the tensors it changes. */
+static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias,
+                                    const tm_synth_locality *loc, synth_tensor *t) {
     uint32_t n = 0;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
     const float in_std = 1.0f / sqrtf((float)E);
     synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
                      c->n_vocab, 1);
+    t[n - 1].role = ROLE_EMBD, t[n - 1].loc = loc;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         char nm[64];
 #define SYNTH_T(suffix, ...)                                                                       \
     (snprintf(nm, sizeof(nm), "blk.%u." suffix ".weight", l),                                      \
      synth_tensor_set(&t[n++], nm, __VA_ARGS__))
+#define SYNTH_ROLE(r) (t[n - 1].role = (r), t[n - 1].layer = l, t[n - 1].loc = loc)
         SYNTH_T("attn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
         SYNTH_T("attn_q", c->type_attn, INIT_NORMAL, in_std, 2, E, Q, 1);
+        SYNTH_ROLE(ROLE_Q);
         SYNTH_T("attn_k", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_ROLE(ROLE_K);
         SYNTH_T("attn_v", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_ROLE(ROLE_V);
         SYNTH_T("attn_output", c->type_attn, INIT_NORMAL, SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2,
                 Q, E, 1);
+        SYNTH_ROLE(ROLE_O);
         SYNTH_T("attn_q_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
+        SYNTH_ROLE(ROLE_QK_NORM);
         SYNTH_T("attn_k_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
+        SYNTH_ROLE(ROLE_QK_NORM);
         SYNTH_T("ffn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
         SYNTH_T("ffn_gate_inp", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
                 c->n_expert, 1);
         t[n - 1].bias = bias + (size_t)l * c->n_expert;
+        SYNTH_ROLE(ROLE_ROUTER);
         SYNTH_T("ffn_gate_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
                 c->n_expert);
         SYNTH_T("ffn_up_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
@@ -260,6 +205,8 @@ static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias,
         SYNTH_T("ffn_down_exps", c->type_experts, INIT_NORMAL,
                 SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_STD * sqrtf((float)c->n_ff_exp)), 3, c->n_ff_exp,
                 E, c->n_expert);
+        SYNTH_ROLE(ROLE_DOWN);
+#undef SYNTH_ROLE
 #undef SYNTH_T
     }
     synth_tensor_set(&t[n++], "output_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
@@ -274,7 +221,7 @@ uint64_t synth_config_tensor_bytes(const tm_synth_config *c) {
     float *bias = calloc((size_t)c->n_layer * c->n_expert, sizeof(float));
     uint64_t total = 0;
     if (t && bias) {
-        uint32_t nt = synth_tensors_build(c, bias, t);
+        uint32_t nt = synth_tensors_build(c, bias, NULL, t);
         for (uint32_t i = 0; i < nt; i++)
             total += quant_row_size(t[i].type, t[i].ne[0]) * (uint64_t)synth_tensor_rows(&t[i]);
     }
@@ -292,6 +239,61 @@ static inline float synth_normal_fast(tm_rng *r) {
     float s = (float)(u & 0xffff) + (float)((u >> 16) & 0xffff) + (float)((u >> 32) & 0xffff) +
               (float)(u >> 48);
     return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+}
+
+static inline bool synth_in_topic(const tm_synth_locality *L, int64_t i) {
+    return i >= L->t0 && i < (int64_t)(L->t0 + L->t_len);
+}
+
+/* Locality's changes to a generated row x (synth.h): embeddings and every
+ * writer but the recency head leave the topic subspace T empty; the head
+ * (layer L->layer, the first KV group: query heads [0, n_q_heads), KV head 0)
+ * has the same q and k for every token, values from the token dims, and
+ * writes only T; every router reads T. */
+static void synth_row_locality(const synth_tensor *t, int64_t row, float *x) {
+    const tm_synth_locality *L = t->loc;
+    const int64_t n = t->ne[0], hd = L->t_len; /* T is one head wide */
+    const bool head_layer = t->layer == L->layer;
+    switch (t->role) {
+    case ROLE_EMBD:
+        memset(x + L->t0, 0, L->t_len * sizeof(float));
+        break;
+    case ROLE_Q: /* rows: query heads x head_dim; the head reads the bias channel alone */
+    case ROLE_K: /* rows: KV heads x head_dim */
+        if (head_layer && row < (t->role == ROLE_Q ? (int64_t)L->n_q_heads : 1) * hd) {
+            memset(x, 0, (size_t)n * sizeof(float));
+            x[SYNTH_BIAS_CHANNEL] = L->qk[row % hd];
+        }
+        break;
+    case ROLE_V:
+        if (head_layer && row < hd)
+            for (int64_t i = 0; i < n; i++)
+                x[i] = i == SYNTH_BIAS_CHANNEL || synth_in_topic(L, i) ? 0
+                                                                       : x[i] * (L->v_std / t->std);
+        break;
+    case ROLE_O: /* rows: residual dims; columns: query heads x head_dim */
+        if (synth_in_topic(L, row)) {
+            memset(x, 0, (size_t)n * sizeof(float));
+            if (head_layer) x[row - L->t0] = L->out_gain;
+        } else if (head_layer) {
+            memset(x, 0, (size_t)L->n_q_heads * hd * sizeof(float));
+        }
+        break;
+    case ROLE_QK_NORM:
+        if (head_layer)
+            for (int64_t i = 0; i < n; i++) x[i] = L->qk_gain;
+        break;
+    case ROLE_ROUTER:
+        for (int64_t i = 0; i < n; i++)
+            if (i != SYNTH_BIAS_CHANNEL)
+                x[i] *= (synth_in_topic(L, i) ? L->router_topic_std : L->router_tok_std) / t->std;
+        break;
+    case ROLE_DOWN: /* rows: experts x residual dims */
+        if (synth_in_topic(L, row % t->ne[1])) memset(x, 0, (size_t)n * sizeof(float));
+        break;
+    case ROLE_OTHER:
+        break;
+    }
 }
 
 static void synth_row_generate(const synth_tensor *t, uint64_t seed, uint32_t tensor_index,
@@ -317,6 +319,7 @@ static void synth_row_generate(const synth_tensor *t, uint64_t seed, uint32_t te
         tmp[SYNTH_BIAS_CHANNEL] = t->bias[row] / SYNTH_BIAS_BETA;
         break;
     }
+    if (t->loc) synth_row_locality(t, row, tmp);
 }
 
 typedef struct synth_slab_job {
@@ -390,6 +393,14 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
     /* How the weights were made, so tests can check the routing law. */
     SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));
     SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.skew", (float)c->skew));
+    /* written only when set, so a file without them has the bytes it always had */
+    if (c->skew_offset != 0)
+        SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.skew_offset", (float)c->skew_offset));
+    if (c->locality != 0) {
+        SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.locality", (float)c->locality));
+        SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.locality_span", (float)c->locality_span));
+    }
+    if (c->routing) SYNTH_KV(gguf_writer_set_str(w, "tiermoe.synth.routing", c->routing));
     if (c->vocab_json) {
         /* pad to n_vocab as llama.cpp's converter pads to config.json's vocab_size */
         tm_tokenizer_import_opts o = {.pad_to_n_vocab = c->n_vocab};
@@ -440,13 +451,21 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
     tm_gguf_writer *w = NULL;
     uint8_t *slab[2] = {NULL, NULL};
     float **tmp = NULL;
+    tm_synth_locality *loc = NULL;
     int n_threads = c->n_threads > 0 ? c->n_threads : cpu_physical_cores();
     if (!t || !bias) {
         st = tm_error_set(TM_ERR_NOMEM, "mkmodel: out of memory");
         goto done;
     }
     if ((st = synth_router_biases(c, bias)) != TM_OK) goto done;
-    uint32_t n = synth_tensors_build(c, bias, t);
+    if (c->locality > 0) {
+        if (!(loc = malloc(sizeof(*loc)))) {
+            st = tm_error_set(TM_ERR_NOMEM, "mkmodel: out of memory");
+            goto done;
+        }
+        synth_locality_plan(c, loc);
+    }
+    uint32_t n = synth_tensors_build(c, bias, loc, t);
 
     if ((st = gguf_writer_init(&w, 3, TM_GGUF_DEFAULT_ALIGNMENT)) != TM_OK) goto done;
     if ((st = synth_metadata_write(c, w)) != TM_OK) goto done;
@@ -513,6 +532,6 @@ done:
     free(tmp), free(slab[0]), free(slab[1]);
     if (pool) cpu_pool_free(pool);
     if (w) gguf_writer_free(w);
-    free(t), free(bias);
+    free(t), free(bias), free(loc);
     return st;
 }

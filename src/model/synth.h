@@ -13,13 +13,33 @@
  * b_e / beta, which adds b_e to expert e's logit for every token. The b_e are
  * calibrated (on simulated Gaussian router noise) so that expert selection
  * frequencies follow a Zipf law rank^-s, with a different ranking per layer.
- * s = 0 gives b = 0: uniform routing. */
+ * s = 0 gives b = 0: uniform routing. An offset q turns the law into
+ * Zipf–Mandelbrot, (rank + q)^-s: a flat head and a steep tail, as trained
+ * routers have (q = 0: plain Zipf).
+ *
+ * Temporal locality (synth_routing.c): the first KV group of layer 0 is a
+ * recency head. Its q and k read only the bias channel, so after QK-norm they
+ * are the same vector for every token and q·k depends only on the distance
+ * through RoPE; that vector is chosen so the attention weights decay as
+ * exp(-distance / span). Its values carry a random projection of the token's
+ * own embedding (its "topic"), and its output projection writes the average
+ * into a reserved subspace T of the residual stream that no other weight
+ * writes and that token embeddings leave empty. T travels unchanged through
+ * the residual connections, and every layer's router reads it: a share
+ * `locality` of each router logit's variance is a moving average over the
+ * last tokens, the rest the token itself. Only the weights change: the file
+ * is a plain qwen3moe GGUF, for random token ids as for text.
+ * locality = 0 writes exactly the bytes of a build without it. */
 #ifndef TM_MODEL_SYNTH_H
 #define TM_MODEL_SYNTH_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/status.h"
+#include "gguf/gguf.h"
 #include "quant/quant.h"
 
 typedef struct tm_synth_config {
@@ -30,6 +50,10 @@ typedef struct tm_synth_config {
     tm_type type_experts, type_attn, type_embd, type_output; /* norms and router are f32 */
     uint64_t seed;
     double skew;            /* Zipf exponent of expert popularity; 0 = uniform */
+    double skew_offset;     /* Zipf–Mandelbrot offset q: popularity ∝ (rank + q)^-skew */
+    double locality;        /* share of router-logit variance that is the recent-token average */
+    double locality_span;   /* e-folding distance of the recency head's attention (tokens) */
+    const char *routing;    /* routing profile named by --routing (metadata), or NULL */
     int n_threads;          /* generation threads (0 = all cores) */
     const char *name;       /* general.name */
     const char *vocab_json; /* HF tokenizer.json to embed, or NULL for no vocabulary */
@@ -57,9 +81,61 @@ tm_status synth_model_write(const tm_synth_config *cfg, const char *path);
  * the writer bakes into the weights; tests use it to check the law). */
 tm_status synth_router_biases(const tm_synth_config *cfg, float *bias);
 
+/* ---- routing (synth_routing.c) ---- */
+
 /* Expected selection frequency of each expert (sums to n_expert_used), in the
  * same order as synth_router_biases' layer 0 ranking before permutation:
- * target[r] for popularity rank r. */
-void synth_zipf_targets(uint32_t n_expert, uint32_t k, double s, double *target);
+ * target[r] ∝ (r + 1 + q)^-s for popularity rank r, none above 0.9. */
+void synth_zipf_targets(uint32_t n_expert, uint32_t k, double s, double q, double *target);
+
+/* Set skew, skew_offset, locality, locality_span and routing from a profile:
+ * "uniform" (all 0) or "qwen3-30b-a3b" (calibrated on the 30b-a3b shape to the
+ * statistics of synth_qwen3_targets). Fails naming the profile otherwise. */
+tm_status synth_routing_profile(tm_synth_config *cfg, const char *name);
+
+/* Published routing statistics of Qwen3-30B-A3B that the qwen3-30b-a3b profile
+ * is calibrated to (shares in [0, 1]; docs/mkmodel.md). */
+typedef struct tm_routing_targets {
+    double top_half;   /* slots covered by the top 50% of a layer's experts */
+    double top1;       /* slots of a layer's most used expert */
+    double reuse_prev; /* a token's experts also used by the previous token */
+    double reuse_win;  /* ... used by at least one of the previous 8 tokens */
+    uint32_t win;      /* that 8 */
+} tm_routing_targets;
+extern const tm_routing_targets synth_qwen3_targets;
+
+/* How the recency head and the topic subspace are laid out (locality > 0). */
+#define SYNTH_LOC_MAX_HEAD_DIM 1024
+typedef struct tm_synth_locality {
+    uint32_t t0, t_len;     /* the topic subspace T: residual dims [t0, t0 + t_len) */
+    uint32_t n_tok_dims;    /* dims that carry token identity: all but the bias channel and T */
+    uint32_t layer;         /* layer whose first KV group is the recency head */
+    uint32_t n_q_heads;     /* query heads of that group (they share its k and v) */
+    float qk_gain;          /* attn_q_norm / attn_k_norm of that layer: sharpens the kernel */
+    float out_gain;         /* attn_output: the head's dim j -> residual dim t0 + j */
+    float v_std;            /* attn_v rows of the group: std on the token dims */
+    float router_tok_std;   /* router rows: std on the token dims (variance 1 - locality) */
+    float router_topic_std; /* router rows: std on T (variance locality) */
+    double height;          /* q·k / sqrt(head_dim) at distance 0 */
+    double n_eff;           /* tokens the head averages over: (sum w)^2 / sum w^2 */
+    float qk[SYNTH_LOC_MAX_HEAD_DIM]; /* the q (= k) of every token before RoPE, rms 1 */
+} tm_synth_locality;
+
+/* The layout for cfg (cfg->locality > 0, validated). */
+void synth_locality_plan(const tm_synth_config *cfg, tm_synth_locality *loc);
+
+/* The recency head's attention logit at distance `lag` (what RoPE makes of
+ * q = k = loc->qk): tests and docs compare it with exp(-lag / span). */
+double synth_locality_score(const tm_synth_config *cfg, const tm_synth_locality *loc, uint32_t lag);
+
+/* A one-line description of a synthetic model's routing from its GGUF
+ * metadata ("qwen3-30b-a3b: skew 4.2, offset 70, locality 0.7, span 9",
+ * "uniform", "custom: skew 0.6"); false (out = "") when the file was not made
+ * by mkmodel (or f is NULL). */
+bool synth_routing_label(const tm_gguf_file *f, char *out, size_t n);
+
+/* Print "synthetic routing: LABEL" to out when f was made by mkmodel, so
+ * numbers measured on it are not mistaken for a trained model's. */
+void synth_routing_print(const tm_gguf_file *f, FILE *out);
 
 #endif

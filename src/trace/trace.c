@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "core/timing.h"
+#include "model/synth.h"
 #include "trace/trace.h"
 
 /* ---- counters ---- */
@@ -25,6 +26,7 @@ tm_status trace_stats_init(tm_trace_stats *s, const tm_trace_shape *shape, uint3
                             TM_TRACE_MAX_LAYER, TM_TRACE_MAX_EXPERT, TM_TRACE_MAX_USED);
     s->shape = *shape;
     s->window = window ? window : TM_TRACE_WINDOW_DEFAULT;
+    s->reuse_window = TM_TRACE_REUSE_WINDOW;
     s->layers = calloc(shape->n_layer, sizeof(*s->layers));
     if (!s->layers) return tm_error_set(TM_ERR_NOMEM, "trace: out of memory");
     for (uint32_t l = 0; l < shape->n_layer; l++) {
@@ -60,6 +62,7 @@ bool trace_stats_equal(const tm_trace_stats *a, const tm_trace_stats *b) {
     if (strcmp(a->shape.arch, b->shape.arch) || a->shape.n_layer != b->shape.n_layer ||
         a->shape.n_expert != b->shape.n_expert ||
         a->shape.n_expert_used != b->shape.n_expert_used || a->window != b->window ||
+        a->reuse_window != b->reuse_window || strcmp(a->routing, b->routing) ||
         a->tokens != b->tokens)
         return false;
     for (uint32_t l = 0; l < a->shape.n_layer; l++) {
@@ -71,7 +74,8 @@ bool trace_stats_equal(const tm_trace_stats *a, const tm_trace_stats *b) {
             x->experts_ns != y->experts_ns || x->merge_ns != y->merge_ns ||
             x->wait_ns != y->wait_ns || x->ws_sum != y->ws_sum || x->ws_samples != y->ws_samples ||
             x->ws_max != y->ws_max || x->reuse_shared != y->reuse_shared ||
-            x->reuse_pairs != y->reuse_pairs ||
+            x->reuse_pairs != y->reuse_pairs || x->reuse_win_shared != y->reuse_win_shared ||
+            x->reuse_win_tokens != y->reuse_win_tokens ||
             memcmp(x->experts, y->experts, 3 * (size_t)a->shape.n_expert * sizeof(uint64_t)))
             return false;
     }
@@ -84,7 +88,10 @@ typedef struct trace_window {
     int32_t *ring;   /* [window][k] ids of the last tokens */
     uint32_t *count; /* [n_expert] occurrences inside the window */
     uint32_t distinct, pos;
-    uint64_t n_seen; /* tokens of the current sequence */
+    uint64_t n_seen;       /* tokens of the current sequence */
+    int32_t *recent;       /* [reuse_window][k] ids of the last reuse_window tokens */
+    uint8_t *recent_count; /* [n_expert] occurrences among them (at most reuse_window) */
+    uint32_t recent_pos;
 } trace_window;
 
 struct tm_trace {
@@ -111,13 +118,17 @@ tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace *
         free(t);
         return st;
     }
+    synth_routing_label(m->file, t->stats.routing, sizeof(t->stats.routing));
     const uint32_t W = t->stats.window, k = shape.n_expert_used;
     t->win = calloc(shape.n_layer, sizeof(*t->win));
     if (!t->win) goto nomem;
     for (uint32_t l = 0; l < shape.n_layer; l++) {
         t->win[l].ring = malloc((size_t)W * k * sizeof(int32_t));
         t->win[l].count = calloc(shape.n_expert, sizeof(uint32_t));
-        if (!t->win[l].ring || !t->win[l].count) goto nomem;
+        t->win[l].recent = malloc((size_t)TM_TRACE_REUSE_WINDOW * k * sizeof(int32_t));
+        t->win[l].recent_count = calloc(shape.n_expert, 1);
+        if (!t->win[l].ring || !t->win[l].count || !t->win[l].recent || !t->win[l].recent_count)
+            goto nomem;
     }
     *out = t;
     return TM_OK;
@@ -131,7 +142,8 @@ void trace_free(tm_trace *t) {
     if (!t) return;
     if (t->win)
         for (uint32_t l = 0; l < t->stats.shape.n_layer; l++)
-            free(t->win[l].ring), free(t->win[l].count);
+            free(t->win[l].ring), free(t->win[l].count), free(t->win[l].recent),
+                free(t->win[l].recent_count);
     free(t->win);
     trace_stats_free(&t->stats);
     free(t);
@@ -147,9 +159,27 @@ void trace_sequence_begin(tm_trace *t) {
     for (uint32_t l = 0; l < t->stats.shape.n_layer; l++) {
         trace_window *w = &t->win[l];
         memset(w->count, 0, t->stats.shape.n_expert * sizeof(uint32_t));
-        w->distinct = w->pos = 0, w->n_seen = 0;
+        memset(w->recent_count, 0, t->stats.shape.n_expert);
+        w->distinct = w->pos = w->recent_pos = 0, w->n_seen = 0;
     }
     t->t_attn_layer = t->t_topk_layer = -1;
+}
+
+/* Window reuse for one token (before it counts as seen): how many of its k
+ * (distinct) experts one of the previous R tokens of the sequence used, once
+ * it has R predecessors; then it takes the oldest token's place. */
+static void trace_reuse_window(tm_trace_layer *L, trace_window *w, const int32_t *row, uint32_t k) {
+    const uint32_t R = TM_TRACE_REUSE_WINDOW;
+    int32_t *slot = w->recent + (size_t)w->recent_pos * k;
+    if (w->n_seen >= R) {
+        uint32_t shared = 0;
+        for (uint32_t j = 0; j < k; j++) shared += w->recent_count[row[j]] > 0;
+        L->reuse_win_shared += shared;
+        L->reuse_win_tokens++;
+        for (uint32_t j = 0; j < k; j++) w->recent_count[slot[j]]--;
+    }
+    for (uint32_t j = 0; j < k; j++) w->recent_count[row[j]]++, slot[j] = row[j];
+    w->recent_pos = (w->recent_pos + 1) % R;
 }
 
 void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok) {
@@ -182,6 +212,7 @@ void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok
             L->reuse_shared += shared;
             L->reuse_pairs++;
         }
+        trace_reuse_window(L, w, row, k);
         int32_t *slot = w->ring + (size_t)w->pos * k;
         if (w->n_seen >= W)
             for (uint32_t j = 0; j < k; j++) w->distinct -= --w->count[slot[j]] == 0;
@@ -244,7 +275,7 @@ static void trace_layer_top(const tm_trace_layer *L, uint32_t E, uint32_t n, uin
 
 void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
     const tm_trace_shape *sh = &s->shape;
-    double ent = 0, top10 = 0, ws = 0, reuse = 0, routing = 0, experts = 0;
+    double ent = 0, top10 = 0, ws = 0, reuse = 0, reuse_win = 0, routing = 0, experts = 0;
     uint64_t ws_max = 0;
     if (per_layer)
         fprintf(out,
@@ -259,7 +290,11 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
         const double lre =
             L->reuse_pairs ? (double)L->reuse_shared / ((double)L->reuse_pairs * sh->n_expert_used)
                            : 0;
-        ent += sk.entropy, top10 += sk.top[0], ws += lws, reuse += lre;
+        const double lrw =
+            L->reuse_win_tokens
+                ? (double)L->reuse_win_shared / ((double)L->reuse_win_tokens * sh->n_expert_used)
+                : 0;
+        ent += sk.entropy, top10 += sk.top[0], ws += lws, reuse += lre, reuse_win += lrw;
         routing += L->routing_ns * 1e-6, experts += L->experts_ns * 1e-6;
         if (L->ws_max > ws_max) ws_max = L->ws_max;
         if (!per_layer) continue;
@@ -267,11 +302,12 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
             out,
             "layer %3u: calls %llu tokens %llu hits %llu used %u | entropy %.4f top10%% %.4f "
             "top25%% %.4f "
-            "top50%% %.4f | ws %.2f max %llu | reuse %.4f | routing %.3f ms experts %.3f ms | top",
+            "top50%% %.4f | ws %.2f max %llu | reuse %.4f within %u %.4f | routing %.3f ms experts "
+            "%.3f ms | top",
             l, (unsigned long long)L->calls, (unsigned long long)L->tokens,
             (unsigned long long)L->expert_hits_total, sk.n_used, sk.entropy, sk.top[0], sk.top[1],
-            sk.top[2], lws, (unsigned long long)L->ws_max, lre, L->routing_ns * 1e-6,
-            L->experts_ns * 1e-6);
+            sk.top[2], lws, (unsigned long long)L->ws_max, lre, s->reuse_window, lrw,
+            L->routing_ns * 1e-6, L->experts_ns * 1e-6);
         uint32_t top[5], nt = sh->n_expert < 5 ? sh->n_expert : 5;
         trace_layer_top(L, sh->n_expert, nt, top);
         for (uint32_t i = 0; i < nt; i++)
@@ -286,13 +322,17 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
                  (unsigned long long)ws_max, s->window);
     else
         snprintf(wss, sizeof(wss), "n/a (no sequence reached W = %u tokens)", s->window);
+    char rws[64] = "";
+    if (s->layers[0].reuse_win_tokens)
+        snprintf(rws, sizeof(rws), " (%.1f%% within %u tokens)", 100 * reuse_win / nl,
+                 s->reuse_window);
     fprintf(out,
             "expert trace: %s, %u layers x %u experts (top-%u), %llu tokens | mean over layers: "
             "entropy %.4f, "
-            "top 10%% of experts %.1f%% of hits, working set %s, reuse %.1f%% | routing %.2f ms, "
+            "top 10%% of experts %.1f%% of hits, working set %s, reuse %.1f%%%s | routing %.2f ms, "
             "experts %.2f ms\n",
             sh->arch, sh->n_layer, sh->n_expert, sh->n_expert_used, (unsigned long long)s->tokens,
-            ent / nl, 100 * top10 / nl, wss, 100 * reuse / nl, routing, experts);
+            ent / nl, 100 * top10 / nl, wss, 100 * reuse / nl, rws, routing, experts);
 }
 
 tm_status trace_finish(tm_trace *t) {

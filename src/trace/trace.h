@@ -6,7 +6,9 @@
  * slot runs on the CPU lane and no hot/cold split is made), timings, the
  * working set (distinct experts over a sliding window of the last W tokens;
  * sampled once per token once W tokens of a sequence were seen) and
- * token-to-token reuse (experts of token t also used by token t-1).
+ * token-to-token reuse (experts of token t also used by token t-1) and
+ * window reuse (experts of token t used by any of the previous
+ * TM_TRACE_REUSE_WINDOW tokens, counted once a sequence has that many).
  *
  * How it is fed: trace_attach() installs trace_tensor_cb as the context's
  * named-intermediate callback (chaining any callback already set). Per layer
@@ -44,6 +46,7 @@ extern "C" {
 #define TM_TRACE_MAX_EXPERT     4096
 #define TM_TRACE_MAX_LAYER      4096
 #define TM_TRACE_MAX_USED       64
+#define TM_TRACE_REUSE_WINDOW   8 /* W' of the window reuse */
 
 typedef struct tm_trace_shape {
     char arch[32];
@@ -56,12 +59,16 @@ typedef struct tm_trace_layer {
     uint64_t routing_ns, experts_ns, merge_ns, wait_ns;
     uint64_t ws_sum, ws_samples, ws_max; /* working set: sum/count of samples, largest */
     uint64_t reuse_shared, reuse_pairs;  /* experts shared with the previous token; token pairs */
+    uint64_t reuse_win_shared, reuse_win_tokens;    /* experts one of the previous reuse_window
+                                                    tokens used; tokens that had that many */
     uint64_t *experts, *hot_experts, *cold_experts; /* [n_expert] each */
 } tm_trace_layer;
 
 typedef struct tm_trace_stats {
     tm_trace_shape shape;
     uint32_t window;        /* W of the working set */
+    uint32_t reuse_window;  /* W' of reuse_win_* (0: read from a file that has none) */
+    char routing[96];       /* synthetic routing of the model (synth_routing_label), "" if none */
     uint64_t tokens;        /* tokens through the model (layer 0's tokens) */
     tm_trace_layer *layers; /* [n_layer] */
 } tm_trace_stats;
@@ -97,6 +104,7 @@ tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, cons
 /* ---- skew numbers for reports (trace_file.c) ---- */
 typedef struct tm_trace_skew {
     double entropy;    /* -sum p log p / log n_expert, p = share of the layer's hits; 1 = uniform */
+    double top1;       /* share of hits of the most used expert */
     double top[3];     /* share of hits covered by the top 10%, 25%, 50% of experts */
     uint32_t n_top[3]; /* how many experts that is: ceil(frac * n_expert) */
     uint32_t n_used;   /* experts with at least one hit */

@@ -28,12 +28,14 @@ json_t *trace_stats_to_json(const tm_trace_stats *s) {
                               (json_int_t)sh->n_layer, "n_expert", (json_int_t)sh->n_expert,
                               "n_expert_used", (json_int_t)sh->n_expert_used);
     if (!root || !layers || !model) goto fail;
+    if (s->routing[0]) json_object_set_new(model, "synthetic_routing", json_string(s->routing));
     json_object_set_new(root, "format", json_string(TM_TRACE_FORMAT));
     json_object_set_new(root, "version", json_integer(TM_TRACE_VERSION));
     json_object_set_new(root, "model", model);
     model = NULL;
     json_object_set_new(root, "tokens", json_integer((json_int_t)s->tokens));
     json_object_set_new(root, "window", json_integer(s->window));
+    json_object_set_new(root, "reuse_window", json_integer(s->reuse_window));
     for (uint32_t l = 0; l < sh->n_layer; l++) {
         const tm_trace_layer *L = &s->layers[l];
         json_t *o = json_pack(
@@ -47,6 +49,10 @@ json_t *trace_stats_to_json(const tm_trace_stats *s) {
             (json_int_t)L->ws_samples, "working_set_max", (json_int_t)L->ws_max, "reuse_shared",
             (json_int_t)L->reuse_shared, "reuse_pairs", (json_int_t)L->reuse_pairs);
         if (!o) goto fail;
+        json_object_set_new(o, "reuse_window_shared",
+                            json_integer((json_int_t)L->reuse_win_shared));
+        json_object_set_new(o, "reuse_window_tokens",
+                            json_integer((json_int_t)L->reuse_win_tokens));
         /* derived, for readers; the parser ignores them */
         json_object_set_new(o, "working_set_mean",
                             json_real(L->ws_samples ? (double)L->ws_sum / L->ws_samples : 0));
@@ -55,6 +61,11 @@ json_t *trace_stats_to_json(const tm_trace_stats *s) {
             json_real(L->reuse_pairs
                           ? (double)L->reuse_shared / ((double)L->reuse_pairs * sh->n_expert_used)
                           : 0));
+        json_object_set_new(o, "reuse_window_share",
+                            json_real(L->reuse_win_tokens
+                                          ? (double)L->reuse_win_shared /
+                                                ((double)L->reuse_win_tokens * sh->n_expert_used)
+                                          : 0));
         json_t *e = u64_array(L->experts, sh->n_expert),
                *h = u64_array(L->hot_experts, sh->n_expert),
                *c = u64_array(L->cold_experts, sh->n_expert);
@@ -218,6 +229,24 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
                             origin, (unsigned long long)n_layer, (unsigned long long)n_expert,
                             (unsigned long long)n_used);
     out->tokens = tokens;
+    /* Optional (files written before they existed have neither): the window
+     * reuse's W' (0 = no window-reuse counts in the file) and the label of a
+     * synthetic model's routing. */
+    uint64_t reuse_window = 0;
+    if (json_object_get(root, "reuse_window") &&
+        (st = get_u64(root, "reuse_window", origin, "", &reuse_window)))
+        goto fail;
+    if (reuse_window > 1u << 20) {
+        st = tm_error_set(TM_ERR_FORMAT, "%s: reuse_window: expected 0..2^20", origin);
+        goto fail;
+    }
+    out->reuse_window = (uint32_t)reuse_window;
+    const json_t *synth = json_object_get(model, "synthetic_routing");
+    if (synth && !json_is_string(synth)) {
+        st = tm_error_set(TM_ERR_FORMAT, "%s: model.synthetic_routing: expected a string", origin);
+        goto fail;
+    }
+    if (synth) snprintf(out->routing, sizeof(out->routing), "%s", json_string_value(synth));
     const json_t *layers = json_object_get(root, "layers");
     if (!json_is_array(layers)) {
         st = tm_error_set(TM_ERR_FORMAT, "%s: layers: missing or not an array", origin);
@@ -264,6 +293,19 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
                  {"reuse_pairs", &L->reuse_pairs}};
         for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
             if ((st = get_u64(o, f[i].key, origin, where, f[i].v))) goto fail;
+        if (reuse_window &&
+            ((st = get_u64(o, "reuse_window_shared", origin, where, &L->reuse_win_shared)) ||
+             (st = get_u64(o, "reuse_window_tokens", origin, where, &L->reuse_win_tokens))))
+            goto fail;
+        if (L->reuse_win_shared > L->reuse_win_tokens * sh.n_expert_used ||
+            L->reuse_win_tokens > L->tokens) {
+            st = tm_error_set(TM_ERR_FORMAT,
+                              "%s: layers[%u].reuse_window_*: more shared experts than "
+                              "reuse_window_tokens * n_expert_used, or more tokens than the layer "
+                              "routed",
+                              origin, l);
+            goto fail;
+        }
         if ((st = get_u64_array(o, "experts", origin, where, sh.n_expert, L->experts)) ||
             (st = get_u64_array(o, "hot_experts", origin, where, sh.n_expert, L->hot_experts)) ||
             (st = get_u64_array(o, "cold_experts", origin, where, sh.n_expert, L->cold_experts)))
@@ -335,6 +377,12 @@ tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, cons
         return tm_error_set(
             TM_ERR_ARG, "%s: window is %u, the others' %u (working sets would not be comparable)",
             src_name, src->window, dst->window);
+    /* a file without window-reuse counts (reuse_window 0) adds none */
+    if (dst->reuse_window && src->reuse_window && dst->reuse_window != src->reuse_window)
+        return tm_error_set(TM_ERR_ARG, "%s: reuse_window is %u, the others' %u", src_name,
+                            src->reuse_window, dst->reuse_window);
+    if (!dst->reuse_window) dst->reuse_window = src->reuse_window;
+    if (strcmp(dst->routing, src->routing)) snprintf(dst->routing, sizeof(dst->routing), "mixed");
     dst->tokens += src->tokens;
     for (uint32_t l = 0; l < a->n_layer; l++) {
         tm_trace_layer *x = &dst->layers[l];
@@ -346,6 +394,7 @@ tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, cons
         x->ws_sum += y->ws_sum, x->ws_samples += y->ws_samples;
         if (y->ws_max > x->ws_max) x->ws_max = y->ws_max;
         x->reuse_shared += y->reuse_shared, x->reuse_pairs += y->reuse_pairs;
+        x->reuse_win_shared += y->reuse_win_shared, x->reuse_win_tokens += y->reuse_win_tokens;
         for (size_t e = 0; e < 3 * (size_t)a->n_expert; e++) x->experts[e] += y->experts[e];
     }
     return TM_OK;
@@ -385,5 +434,6 @@ void trace_layer_skew(const tm_trace_stats *s, uint32_t layer, tm_trace_skew *ou
         while (next < 3 && e + 1 == out->n_top[next]) out->top[next++] = acc;
     }
     out->entropy = E > 1 ? h / log((double)E) : 0;
+    out->top1 = (double)c[0] / (double)total;
     free(c);
 }

@@ -21,8 +21,11 @@ test can state its limits instead of tuning them:
   overlap_null(E, k, n_pairs)          mean and std of `overlap` for independent
                                        uniform top-k sets (hypergeometric)
   distinct_expected(E, k, n_tok)       expected `distinct` under uniform routing
-  zipf_targets(E, k, s, cap)           per-rank selection frequencies of a Zipf
-                                       law (sum k, none above cap)
+  zipf_targets(E, k, s, cap, q)        per-rank selection frequencies of a Zipf
+                                       (Mandelbrot) law (sum k, none above cap)
+  profile_stats(seqs, E, window)       the routing profiles' four statistics: top-1
+                                       share, top-half share, reuse with the previous
+                                       token and within the last `window` tokens
   zipf_fit_null(E, k, s, n_tok, ...)   mean and std of `zipf_s` when each expert
                                        is picked with its target frequency
                                        independently per token (same estimator,
@@ -78,6 +81,36 @@ def consecutive_overlap(ids):
     k = ids.shape[1]
     shared = [len(set(ids[t].tolist()) & set(ids[t - 1].tolist())) for t in range(1, ids.shape[0])]
     return float(np.mean(shared)) / k
+
+
+def reuse_counts(ids, window):
+    """Brute force, one sequence: (shared with the previous token, token pairs, shared with
+    any of the previous `window` tokens, tokens that had `window` predecessors); what the
+    tracer sums as reuse_shared / reuse_pairs and reuse_window_shared / reuse_window_tokens."""
+    sets = [set(r) for r in np.asarray(ids).tolist()]
+    prev = sum(len(sets[t] & sets[t - 1]) for t in range(1, len(sets)))
+    win = sum(len(sets[t] & set().union(*sets[t - window:t])) for t in range(window, len(sets)))
+    return prev, max(len(sets) - 1, 0), win, max(len(sets) - window, 0)
+
+
+def top_shares(counts):
+    """(share of slots of the most used expert, share covered by the top ceil(E/2) experts)."""
+    c = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
+    half = int(np.ceil(0.5 * c.size - 1e-9))
+    return float(c[0] / c.sum()), float(c[:half].sum() / c.sum())
+
+
+def profile_stats(seqs, n_expert, window=8):
+    """The four statistics of the routing profiles (docs/mkmodel.md) for one layer, over
+    several sequences (each an int array [n_tok, k]): dict top1, top_half, reuse_prev,
+    reuse_win (shares in [0, 1]; the counts are summed over the sequences as merged learn
+    files sum them)."""
+    k = np.asarray(seqs[0]).shape[1]
+    counts = sum(expert_counts(s, n_expert) for s in seqs)
+    tot = np.sum([reuse_counts(s, window) for s in seqs], axis=0)
+    top1, top_half = top_shares(counts)
+    return dict(top1=top1, top_half=top_half, reuse_prev=tot[0] / (tot[1] * k),
+                reuse_win=tot[2] / (tot[3] * k) if tot[3] else float("nan"))
 
 
 def zipf_fit(counts):
@@ -151,12 +184,13 @@ def distinct_expected(n_expert, k, n_tok):
     return n_expert * (1.0 - (1.0 - k / n_expert) ** n_tok)
 
 
-def zipf_targets(n_expert, k, s, cap=1.0):
-    """Selection frequency of each popularity rank: ∝ rank^-s, summing to k, none above cap.
+def zipf_targets(n_expert, k, s, cap=1.0, q=0.0):
+    """Selection frequency of each popularity rank: ∝ (rank + q)^-s (q = 0: Zipf; q > 0:
+    Zipf–Mandelbrot), summing to k, none above cap.
 
     The excess above the cap is spread over the others in proportion to their
     frequency (water-filling), as a router that cannot pick an expert twice does."""
-    t = np.arange(1, n_expert + 1, dtype=np.float64) ** (-s)
+    t = (np.arange(1, n_expert + 1, dtype=np.float64) + q) ** (-s)
     t *= k / t.sum()
     for _ in range(64):
         over = t > cap

@@ -1,0 +1,19 @@
+/* Scales shared by the synthetic-model writer (synth.c) and its routing
+ * pieces (synth_routing.c); see synth.h and docs/mkmodel.md for why. */
+#ifndef TM_MODEL_SYNTH_CONSTS_H
+#define TM_MODEL_SYNTH_CONSTS_H
+
+#define SYNTH_EMBD_STD     1.0f  /* token embedding */
+#define SYNTH_BIAS_CHANNEL 0     /* embedding dimension that carries the router bias */
+#define SYNTH_BIAS_BETA    2.0f  /* its constant value in every token embedding */
+#define SYNTH_ROUTER_NOISE 1.0f  /* std of a router logit over random tokens */
+#define SYNTH_ATTN_OUT_STD 0.03f /* std of one layer's attention contribution per dimension */
+#define SYNTH_FFN_OUT_STD  0.05f /* std of one expert's output per dimension */
+#define SYNTH_SWIGLU_STD   0.6f  /* std of silu(g)*u for g, u ~ N(0, 1) (numerically ~0.59) */
+#define SYNTH_ZIPF_CAP     0.9   /* no expert is chosen by more than 90% of tokens */
+/* attn_q_norm / attn_k_norm of the recency head's layer: the head's logit at
+ * distance 0 is gain^2 sqrt(head_dim) (22.6 at 128), so a context of 10^5
+ * tokens leaks under 1% of the attention beyond the kernel */
+#define SYNTH_LOC_QK_GAIN 1.41421356f
+
+#endif
