@@ -1,12 +1,11 @@
 /* Learn/perf files: the JSON of docs/trace-format.md (written atomically,
  * read by one validating parser), the CSV export, merging, and the skew
  * numbers of a layer. */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "core/file.h"
 #include "trace/trace.h"
 
 /* ---- writing ---- */
@@ -73,27 +72,6 @@ fail:
     return NULL;
 }
 
-/* path.tmp, fsync-free write, then rename: readers see the old or the new file, never half of one.
- */
-static tm_status write_atomic(const char *path, const char *data, size_t len) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp))
-        return tm_error_set(TM_ERR_ARG, "%s: path too long", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return tm_error_set(TM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    const bool ok = fwrite(data, 1, len, f) == len;
-    if (fclose(f) != 0 || !ok) {
-        remove(tmp);
-        return tm_error_set(TM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        const int e = errno;
-        remove(tmp);
-        return tm_error_set(TM_ERR_IO, "%s: cannot rename %s to it: %s", path, tmp, strerror(e));
-    }
-    return TM_OK;
-}
-
 tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path) {
     json_t *root = trace_stats_to_json(s);
     /* one line: the per-expert arrays would take a line per number indented */
@@ -107,7 +85,7 @@ tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path) {
         return tm_error_set(TM_ERR_NOMEM, "%s: out of memory", path);
     }
     t2[n] = '\n', t2[n + 1] = '\0';
-    tm_status st = write_atomic(path, t2, n + 1);
+    tm_status st = tm_file_write_atomic(path, t2, n + 1);
     free(t2);
     return st;
 }
@@ -126,7 +104,7 @@ tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path) {
                 (unsigned long long)L->cold_experts[e],
                 L->expert_hits_total ? (double)L->experts[e] / L->expert_hits_total : 0.0);
     }
-    tm_status st = write_atomic(path, buf, n);
+    tm_status st = tm_file_write_atomic(path, buf, n);
     free(buf);
     return st;
 }
