@@ -105,12 +105,13 @@ void trace_layer_skew(const tm_trace_stats *s, uint32_t layer, tm_trace_skew *ou
 
 /* ---- switches (trace_config.c) ---- */
 typedef struct tm_trace_config {
-    bool stats;         /* count (--expert-trace-stats) */
-    bool names;         /* a log line per routed slot naming the expert's tensors */
-    bool per_layer;     /* print the per-layer table at the end (not only the summary) */
-    const char *output; /* write the learn/perf JSON here at the end (".csv": CSV) */
-    uint32_t window;    /* working-set window (0: default) */
-    FILE *log;          /* where names and summaries go (NULL: stderr) */
+    bool stats;              /* count (--expert-trace-stats) */
+    bool names;              /* a log line per routed slot naming the expert's tensors */
+    bool per_layer;          /* print the per-layer table at the end (not only the summary) */
+    const char *output;      /* write the learn/perf JSON here at the end (".csv": CSV) */
+    uint32_t window;         /* working-set window (0: default) */
+    const char *routing_log; /* write every call's top-k ids here (trace_log.h); NULL: none */
+    FILE *log;               /* where names and summaries go (NULL: stderr) */
 } tm_trace_config;
 
 /* Read TIERMOE_EXPERT_TRACE_STATS / _NAMES / _PER_LAYER (0/1/true/false/on/off)
