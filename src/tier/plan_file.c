@@ -41,69 +41,6 @@ fail:
     return NULL;
 }
 
-static tm_status get_u64(const json_t *o, const char *key, const char *origin, const char *where,
-                         uint64_t *out) {
-    const json_t *v = json_object_get(o, key);
-    if (!v) return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: missing", origin, where, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: expected a non-negative integer", origin,
-                            where, key);
-    *out = (uint64_t)json_integer_value(v);
-    return TM_OK;
-}
-
-static tm_status plan_header_from_json(const json_t *root, const char *origin,
-                                       const tm_trace_shape *expect, tm_trace_shape *sh) {
-    tm_status st;
-    if (!json_is_object(root))
-        return tm_error_set(TM_ERR_FORMAT, "%s: expected a JSON object at the top", origin);
-    const json_t *fmt = json_object_get(root, "format");
-    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), TM_PLAN_FORMAT))
-        return tm_error_set(TM_ERR_FORMAT, "%s: format: expected \"%s\"", origin, TM_PLAN_FORMAT);
-    uint64_t version = 0, n_layer = 0, n_expert = 0, n_used = 0;
-    if ((st = get_u64(root, "version", origin, "", &version))) return st;
-    if (version != TM_PLAN_VERSION)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: version: %llu, this build reads version %d",
-                            origin, (unsigned long long)version, TM_PLAN_VERSION);
-    const json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model))
-        return tm_error_set(TM_ERR_FORMAT, "%s: model: missing or not an object", origin);
-    const json_t *arch = json_object_get(model, "arch");
-    if (!json_is_string(arch) || json_string_length(arch) >= sizeof(sh->arch))
-        return tm_error_set(TM_ERR_FORMAT, "%s: model.arch: expected a string of at most %zu bytes",
-                            origin, sizeof(sh->arch) - 1);
-    if ((st = get_u64(model, "n_layer", origin, "model.", &n_layer)) ||
-        (st = get_u64(model, "n_expert", origin, "model.", &n_expert)) ||
-        (st = get_u64(model, "n_expert_used", origin, "model.", &n_used)))
-        return st;
-    if (!n_layer || n_layer > TM_TRACE_MAX_LAYER || !n_expert || n_expert > TM_TRACE_MAX_EXPERT ||
-        !n_used || n_used > n_expert || n_used > TM_TRACE_MAX_USED)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: model: unsupported shape %llu layers, %llu experts, %llu used",
-                            origin, (unsigned long long)n_layer, (unsigned long long)n_expert,
-                            (unsigned long long)n_used);
-    memset(sh, 0, sizeof(*sh));
-    snprintf(sh->arch, sizeof(sh->arch), "%s", json_string_value(arch));
-    sh->n_layer = (uint32_t)n_layer, sh->n_expert = (uint32_t)n_expert;
-    sh->n_expert_used = (uint32_t)n_used;
-    if (expect) {
-        if (strcmp(sh->arch, expect->arch))
-            return tm_error_set(TM_ERR_FORMAT, "%s: model.arch is \"%s\", the model is \"%s\"",
-                                origin, sh->arch, expect->arch);
-        const struct {
-            const char *name;
-            uint32_t have, want;
-        } f[] = {{"n_layer", sh->n_layer, expect->n_layer},
-                 {"n_expert", sh->n_expert, expect->n_expert},
-                 {"n_expert_used", sh->n_expert_used, expect->n_expert_used}};
-        for (int i = 0; i < 3; i++)
-            if (f[i].have != f[i].want)
-                return tm_error_set(TM_ERR_FORMAT, "%s: model.%s is %u, the model has %u", origin,
-                                    f[i].name, f[i].have, f[i].want);
-    }
-    return TM_OK;
-}
-
 /* One entry of layers[]: index, expert bytes, ids in range and distinct. */
 static tm_status plan_layer_from_json(const json_t *o, const char *origin, uint32_t l,
                                       uint8_t *seen, tm_plan *out) {
@@ -114,12 +51,12 @@ static tm_status plan_layer_from_json(const json_t *o, const char *origin, uint3
     tm_status st;
     if (!json_is_object(o))
         return tm_error_set(TM_ERR_FORMAT, "%s: layers[%u]: expected an object", origin, l);
-    if ((st = get_u64(o, "layer", origin, where, &idx))) return st;
+    if ((st = trace_json_u64(o, "layer", origin, where, &idx))) return st;
     if (idx != l)
         return tm_error_set(TM_ERR_FORMAT,
                             "%s: layers[%u].layer: is %llu, expected %u (layers in order)", origin,
                             l, (unsigned long long)idx, l);
-    if ((st = get_u64(o, "expert_bytes", origin, where, &bytes))) return st;
+    if ((st = trace_json_u64(o, "expert_bytes", origin, where, &bytes))) return st;
     const json_t *a = json_object_get(o, "experts");
     if (!json_is_array(a))
         return tm_error_set(TM_ERR_FORMAT, "%s: layers[%u].experts: missing or not an array",
@@ -169,8 +106,10 @@ tm_status plan_from_json(const json_t *root, const char *origin, const tm_trace_
                          tm_plan *out) {
     memset(out, 0, sizeof(*out));
     tm_trace_shape sh;
-    tm_status st = plan_header_from_json(root, origin, expect, &sh);
-    if (st != TM_OK) return st;
+    tm_status st;
+    if ((st = trace_json_check_format(root, origin, TM_PLAN_FORMAT, TM_PLAN_VERSION)) ||
+        (st = trace_shape_from_json(root, origin, expect, &sh)))
+        return st;
     const json_t *w = json_object_get(root, "weighting"),
                  *curve = json_object_get(root, "layer_curve");
     tm_plan_weighting mode;
@@ -183,8 +122,8 @@ tm_status plan_from_json(const json_t *root, const char *origin, const tm_trace_
         return tm_error_set(TM_ERR_FORMAT, "%s: layer_curve: expected a number in [0, %g]", origin,
                             TM_PLAN_CURVE_MAX);
     uint64_t budget = 0, used = 0;
-    if ((st = get_u64(root, "budget_bytes", origin, "", &budget)) ||
-        (st = get_u64(root, "used_bytes", origin, "", &used)))
+    if ((st = trace_json_u64(root, "budget_bytes", origin, "", &budget)) ||
+        (st = trace_json_u64(root, "used_bytes", origin, "", &used)))
         return st;
     const json_t *layers = json_object_get(root, "layers");
     if (!json_is_array(layers))
@@ -272,17 +211,14 @@ tm_status plan_write_json(const tm_plan *plan, const char *path) {
     return st;
 }
 
-static tm_status json_load_error(const json_error_t *err, const char *origin) {
-    return tm_error_set(TM_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", origin,
-                        err->line, err->column, err->text);
-}
-
 tm_status plan_parse_json(const char *text, size_t len, const char *origin,
                           const tm_trace_shape *expect, tm_plan *out) {
     memset(out, 0, sizeof(*out));
     json_error_t err;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
-    if (!root) return json_load_error(&err, origin);
+    if (!root)
+        return tm_error_set(TM_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", origin,
+                            err.line, err.column, err.text);
     tm_status st = plan_from_json(root, origin, expect, out);
     json_decref(root);
     return st;
@@ -290,15 +226,10 @@ tm_status plan_parse_json(const char *text, size_t len, const char *origin,
 
 tm_status plan_read_json(const char *path, const tm_trace_shape *expect, tm_plan *out) {
     memset(out, 0, sizeof(*out));
-    json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!root) {
-        if (err.line < 0 ||
-            (err.position == 0 && err.line <= 1 && strstr(err.text, "unable to open")))
-            return tm_error_set(TM_ERR_IO, "%s: %s", path, err.text);
-        return json_load_error(&err, path);
-    }
-    tm_status st = plan_from_json(root, path, expect, out);
+    json_t *root;
+    tm_status st = trace_json_load(path, &root);
+    if (st != TM_OK) return st;
+    st = plan_from_json(root, path, expect, out);
     json_decref(root);
     return st;
 }

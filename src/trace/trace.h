@@ -88,6 +88,20 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
 tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path);
 tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect,
                                 tm_trace_stats *out);
+/* JSON pieces other file formats of the same model share (plan files):
+ * - the top level is an object with this "format" string and "version";
+ * - "model": {"arch", "n_layer", "n_expert", "n_expert_used"} in range and,
+ *   when expect is given, equal to it;
+ * - a non-negative integer field (where: the path before key, "layers[3].");
+ * - a file loaded (duplicate keys refused), errors naming path, line and column.
+ * Errors name origin and the field. */
+tm_status trace_json_check_format(const json_t *root, const char *origin, const char *format,
+                                  int version);
+tm_status trace_shape_from_json(const json_t *root, const char *origin,
+                                const tm_trace_shape *expect, tm_trace_shape *out);
+tm_status trace_json_u64(const json_t *o, const char *key, const char *origin, const char *where,
+                         uint64_t *out);
+tm_status trace_json_load(const char *path, json_t **out);
 /* CSV: header "layer,expert,hits,hot,cold,share", one row per layer and expert. */
 tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path);
 /* dst += src (counts and timings summed, working-set max the larger); the
