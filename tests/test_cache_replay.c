@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "routing_test_util.h"
 #include "tier/cache_replay.h"
 
 /* ---- Belady against an exhaustive search ---- */
@@ -69,18 +70,8 @@ static void tiny_random(tm_rng *r, tiny_layer *t, int T, uint32_t k) {
         const uint32_t n_tok = tm_rng_u64(r) % 3 ? 1 : 2 + (uint32_t)(tm_rng_u64(r) % 2);
         t->calls[u] = (tm_trace_log_call){.seq = 0, .n_tok = n_tok, .off = off};
         t->dec[u] = n_tok == 1;
-        for (uint32_t i = 0; i < n_tok; i++)
-            for (uint32_t j = 0; j < k; j++) {
-                int32_t e;
-                bool dup;
-                do {
-                    e = (int32_t)(tm_rng_u64(r) % TE);
-                    dup = false;
-                    for (uint32_t q = 0; q < j; q++) dup |= t->ids[off + i * k + q] == e;
-                } while (dup);
-                t->ids[off + i * k + j] = e;
-                t->mask[u] |= 1u << e;
-            }
+        test_random_ids(r, t->ids + off, n_tok, TE, k);
+        for (uint64_t i = 0; i < (uint64_t)n_tok * k; i++) t->mask[u] |= 1u << t->ids[off + i];
         off += (uint64_t)n_tok * k;
     }
     t->ly = (tm_trace_log_layer){

@@ -10,7 +10,8 @@
  *   without a hot/cold split); smooth_pressure damps an outlier; time
  *   favours the slower layer; balanced spreads slots within one per layer;
  *   curve 0 turns every mode but balanced into flat;
- * - JSON round trip; every validation error names the file and the field. */
+ * - JSON round trip; every validation error names the file and the field;
+ *   the fuzz corpus (fuzz/corpus/plan): seeds accepted, the rest handled. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +24,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "fuzz_corpus.h"
 #include "tier/plan.h"
 #include "trace/trace.h"
 
@@ -591,11 +593,24 @@ static void test_bad_files(void **state) {
     remove(path);
 }
 
+static void corpus_plan(const uint8_t *d, size_t n, bool seed) {
+    tm_plan plan;
+    const tm_status st = plan_parse_json((const char *)d, n, "corpus", NULL, &plan);
+    if (seed) assert_int_equal(st, TM_OK);
+    if (st == TM_OK) plan_free(&plan);
+}
+
+static void test_fuzz_corpus(void **state) {
+    (void)state;
+    corpus_each("plan", corpus_plan);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flat_by_hand),    cmocka_unit_test(test_modes_against_reference),
         cmocka_unit_test(test_mode_properties), cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_json_round_trip), cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_fuzz_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

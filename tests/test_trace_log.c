@@ -9,7 +9,8 @@
  * - bad magic, version, shape, reserved fields, arch, layer, token count,
  *   expert id, a repeated expert, a call before any sequence marker: each
  *   named with its offset;
- * - a writer fed a bad call fails at close and leaves no file. */
+ * - a writer fed a bad call fails at close and leaves no file;
+ * - the fuzz corpus (fuzz/corpus/trace_log): seeds accepted, the rest handled. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,8 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "fuzz_corpus.h"
+#include "routing_test_util.h"
 #include "model/model.h"
 #include "trace/trace.h"
 #include "trace/trace_log.h"
@@ -34,20 +37,6 @@ static tm_trace_shape shape_of(uint32_t L, uint32_t E, uint32_t k) {
     tm_trace_shape s = {.n_layer = L, .n_expert = E, .n_expert_used = k};
     snprintf(s.arch, sizeof(s.arch), "qwen3moe");
     return s;
-}
-
-static void random_ids(tm_rng *r, int32_t *ids, int64_t n_tok, uint32_t E, uint32_t k) {
-    for (int64_t t = 0; t < n_tok; t++)
-        for (uint32_t j = 0; j < k; j++) {
-            int32_t e;
-            bool dup;
-            do {
-                e = (int32_t)(tm_rng_u64(r) % E);
-                dup = false;
-                for (uint32_t q = 0; q < j; q++) dup |= ids[t * k + q] == e;
-            } while (dup);
-            ids[t * k + j] = e;
-        }
 }
 
 /* What was written, to compare with what is read: per layer the calls in order. */
@@ -101,13 +90,13 @@ static void write_random_log(const char *path, const tm_trace_shape *sh, uint64_
         const int64_t prompt = 1 + (int64_t)(tm_rng_u64(&r) % 20),
                       dec = (int64_t)(tm_rng_u64(&r) % 12);
         for (uint32_t l = 0; l < sh->n_layer; l++) {
-            random_ids(&r, ids, prompt, sh->n_expert, sh->n_expert_used);
+            test_random_ids(&r, ids, prompt, sh->n_expert, sh->n_expert_used);
             trace_log_writer_record(w, l, ids, prompt);
             log_expect_call(x, l, ids, prompt);
         }
         for (int64_t t = 0; t < dec; t++)
             for (uint32_t l = 0; l < sh->n_layer; l++) {
-                random_ids(&r, ids, 1, sh->n_expert, sh->n_expert_used);
+                test_random_ids(&r, ids, 1, sh->n_expert, sh->n_expert_used);
                 trace_log_writer_record(w, l, ids, 1);
                 log_expect_call(x, l, ids, 1);
             }
@@ -156,7 +145,7 @@ static void test_tracer_writes_log(void **state) {
     int32_t ids[16 * 3];
     tm_rng r;
     tm_rng_seed(&r, 4);
-    random_ids(&r, ids, 1, 24, 3);
+    test_random_ids(&r, ids, 1, 24, 3);
     trace_record(tr, 0, ids, 1);
     trace_free(tr);
     assert_null(fopen(path, "rb"));
@@ -169,7 +158,7 @@ static void test_tracer_writes_log(void **state) {
         for (int step = 0; step < 6; step++)
             for (uint32_t l = 0; l < 3; l++) {
                 const int64_t n = step ? 1 : 16;
-                random_ids(&r, ids, n, 24, 3);
+                test_random_ids(&r, ids, n, 24, 3);
                 trace_record(tr, l, ids, n);
                 log_expect_call(&x, l, ids, n);
             }
@@ -321,12 +310,23 @@ static void test_writer_errors(void **state) {
     assert_non_null(strstr(tm_error_message(), "cannot create"));
 }
 
+static void corpus_log(const uint8_t *d, size_t n, bool seed) {
+    tm_trace_log log;
+    const tm_status st = trace_log_parse(d, n, "corpus", &log);
+    if (seed) assert_int_equal(st, TM_OK);
+    if (st == TM_OK) trace_log_free(&log);
+}
+
+static void test_fuzz_corpus(void **state) {
+    (void)state;
+    corpus_each("trace_log", corpus_log);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_tracer_writes_log),
-        cmocka_unit_test(test_damage),
-        cmocka_unit_test(test_writer_errors),
+        cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_tracer_writes_log),
+        cmocka_unit_test(test_damage),      cmocka_unit_test(test_writer_errors),
+        cmocka_unit_test(test_fuzz_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
