@@ -338,6 +338,40 @@ static void test_adaptive_hysteresis(void **state) {
     cache_policy_free(c);
 }
 
+static void test_adaptive_learn_prior(void **state) {
+    (void)state;
+    /* one slot, no hysteresis, no plan prior; 200 one-off experts (far beyond the auto
+     * half-life of 8 tokens). Not warmed: each one-off takes the slot. Warmed with counts
+     * saying expert 0 takes every token: 0's prior (0.5 * 1 * k / lambda = 5.8 uses) keeps
+     * it. Warmed after the first step (which let expert 1 in) with counts for expert 1:
+     * 1 stays. */
+    for (int mode = 0; mode < 3; mode++) {
+        tm_cache_policy_params p = cache_policy_params_default(TM_CACHE_ADAPTIVE);
+        p.hysteresis = 0, p.prior = 0;
+        const int32_t initial[1] = {0};
+        tm_cache_policy *c;
+        assert_int_equal(cache_policy_create(&p, 256, 1, initial, &c), TM_OK);
+        uint64_t counts[256] = {0};
+        counts[mode == 2 ? 1 : 0] = 1000;
+        if (mode == 1) cache_policy_warm(c, counts);
+        int64_t uploads = 0;
+        for (int t = 0; t < 200; t++) {
+            const int32_t ids[1] = {1 + t};
+            tm_cache_admit adm[1];
+            int64_t hits;
+            uploads += cache_policy_step(c, ids, 1, 1, adm, &hits);
+            if (t == 0 && mode == 2) cache_policy_warm(c, counts);
+        }
+        if (mode == 0)
+            assert_int_equal(uploads, 200);
+        else {
+            assert_int_equal(uploads, mode == 2 ? 1 : 0); /* mode 2: the first step was cold */
+            assert_int_equal(cache_policy_slot_of(c, mode == 2 ? 1 : 0), 0);
+        }
+        cache_policy_free(c);
+    }
+}
+
 /* ---- the updater ---- */
 
 static void test_update_reference(void **state) {
@@ -473,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_adaptive_hysteresis),
         cmocka_unit_test(test_update_reference),
+        cmocka_unit_test(test_adaptive_learn_prior),
         cmocka_unit_test(test_update_own_scores),
         cmocka_unit_test(test_bad_params),
     };

@@ -37,8 +37,10 @@ struct tm_cache_policy {
     int32_t *at;      /* [n_slots] expert or -1 */
     int32_t *touched; /* [n_expert] experts of the current step, in first-use order */
     int32_t *tmp;     /* [n_expert] scratch */
-    double *share;    /* [n_expert] adaptive: share of the warm counts (NULL: none) */
+    double *share;    /* [n_expert] adaptive: share of the warm counts */
     double *base;     /* [n_expert] adaptive: what a stationary expert of that share scores */
+    bool warmed;      /* adaptive: cache_policy_warm was called */
+    uint32_t prior_k; /* adaptive: the k base[] was computed for (0: base not in use) */
 };
 
 static const char *const kind_names[TM_CACHE_KIND_COUNT] = {"static", "lru", "lfu", "adaptive"};
@@ -103,8 +105,10 @@ tm_status cache_policy_create(const tm_cache_policy_params *p, uint32_t n_expert
     c->at = malloc((n_slots ? (size_t)n_slots : 1) * sizeof(int32_t));
     c->touched = malloc(E * sizeof(int32_t));
     c->tmp = malloc(E * sizeof(int32_t));
+    if (p->kind == TM_CACHE_ADAPTIVE) /* the learn prior; allocated here so warm cannot fail */
+        c->share = calloc(E, sizeof(double)), c->base = calloc(E, sizeof(double));
     if (!c->score || !c->freq || !c->last || !c->stamp || !c->n_step || !c->slot_of || !c->at ||
-        !c->touched || !c->tmp) {
+        !c->touched || !c->tmp || (p->kind == TM_CACHE_ADAPTIVE && (!c->share || !c->base))) {
         cache_policy_free(c);
         return tm_error_set(TM_ERR_NOMEM, "cache policy: out of memory for %u experts", n_expert);
     }
@@ -132,7 +136,14 @@ tm_status cache_policy_create(const tm_cache_policy_params *p, uint32_t n_expert
 
 /* The kind's score of expert e; adaptive adds its learn-file prior. */
 static inline double policy_score(const tm_cache_policy *c, int32_t e) {
-    return c->base ? c->score[e] + c->base[e] * c->inc : c->score[e];
+    return c->prior_k ? c->score[e] + c->base[e] * c->inc : c->score[e];
+}
+
+/* The learn prior of every expert for k experts a token (adaptive, warmed). */
+static void policy_prior(tm_cache_policy *c, uint32_t k) {
+    for (uint32_t e = 0; e < c->n_expert; e++)
+        c->base[e] = c->p.learn_weight * c->share[e] * k / c->lambda;
+    c->prior_k = k;
 }
 
 /* Move the decay clock by n tokens; rescale every decayed score when large. */
@@ -189,11 +200,7 @@ int32_t cache_policy_step(tm_cache_policy *c, const int32_t *ids, int64_t n_tok,
         const double hl = TM_CACHE_TURNOVERS * (double)c->n_slots / (double)(k ? k : 1);
         c->lambda = log(2.0) / (hl > 1 ? hl : 1);
     }
-    if (c->share && !c->base) { /* the learn prior, now that k and the half-life are known */
-        c->base = malloc(c->n_expert * sizeof(double));
-        for (uint32_t e = 0; c->base && e < c->n_expert; e++)
-            c->base[e] = c->p.learn_weight * c->share[e] * k / c->lambda;
-    }
+    if (c->warmed && c->prior_k != k) policy_prior(c, k); /* now that k is known */
     policy_advance(c, n_tok);
     for (int64_t i = 0; i < n_tok * (int64_t)k; i++) {
         const int32_t e = ids[i];
@@ -254,11 +261,10 @@ void cache_policy_warm(tm_cache_policy *c, const uint64_t *counts) {
     if (c->p.kind == TM_CACHE_ADAPTIVE) {
         double total = 0;
         for (uint32_t e = 0; e < c->n_expert; e++) total += (double)counts[e];
-        if (!c->share) c->share = malloc(c->n_expert * sizeof(double));
-        for (uint32_t e = 0; c->share && e < c->n_expert; e++)
+        for (uint32_t e = 0; e < c->n_expert; e++)
             c->share[e] = total > 0 ? (double)counts[e] / total : 0;
-        free(c->base);
-        c->base = NULL;
+        c->warmed = true;
+        if (c->prior_k) policy_prior(c, c->prior_k); /* else at the first step */
         return;
     }
     for (uint32_t e = 0; e < c->n_expert; e++) {
