@@ -30,6 +30,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "routing_test_util.h"
 #include "trace/trace.h"
 
 static const char *tmp_dir(void) {
@@ -48,21 +49,6 @@ static tm_model fake_model(uint32_t L, uint32_t E, uint32_t k) {
     m.arch = &arch;
     m.cfg.n_layer = L, m.cfg.n_expert = E, m.cfg.n_expert_used = k;
     return m;
-}
-
-/* k distinct random ids in [0, E) per token. */
-static void random_ids(tm_rng *r, int32_t *ids, int64_t n_tok, uint32_t E, uint32_t k) {
-    for (int64_t t = 0; t < n_tok; t++)
-        for (uint32_t j = 0; j < k; j++) {
-            int32_t e;
-            bool dup;
-            do {
-                e = (int32_t)(tm_rng_u64(r) % E);
-                dup = false;
-                for (uint32_t q = 0; q < j; q++) dup |= ids[t * k + q] == e;
-            } while (dup);
-            ids[t * k + j] = e;
-        }
 }
 
 typedef struct inner_log {
@@ -138,7 +124,7 @@ static void test_counts_known_ids(void **state) {
         int32_t *ids[3];
         for (uint32_t l = 0; l < L; l++) {
             ids[l] = malloc((size_t)n * k * sizeof(int32_t));
-            random_ids(&r, ids[l], n, E, k);
+            test_random_ids(&r, ids[l], n, E, k);
         }
         for (uint32_t l = 0; l < L; l++)
             emit_layer(&p, (int)l, ids[l], seq_prompt[s], k), emitted++;
@@ -323,7 +309,7 @@ static void make_stats(tm_trace_stats *out, uint32_t L, uint32_t E, uint32_t k, 
     for (int step = 0; step < 6; step++)
         for (uint32_t l = 0; l < L; l++) {
             const int64_t n = 1 + (int64_t)(tm_rng_u64(&r) % 20);
-            random_ids(&r, ids, n, E, k);
+            test_random_ids(&r, ids, n, E, k);
             trace_record(tr, l, ids, n);
         }
     const tm_trace_stats *s = trace_get_stats(tr);

@@ -20,7 +20,9 @@ static void report_usage(FILE *out) {
             "usage: tiermoe report learn.json [--svg heatmap.svg] [--csv out.csv] [--summary]\n"
             "  --svg FILE   heatmap, layers x experts, colour = share of the layer's routed slots\n"
             "  --csv FILE   one row per layer and expert: layer,expert,hits,hot,cold,share\n"
-            "  --summary    only the one-line summary, not the per-layer table\n");
+            "  --summary    only the one-line summary, not the per-layer table\n"
+            "       tiermoe report --replay LOG [options]: cache policies on a routing log\n"
+            "               (tiermoe report --replay - --help for the options)\n");
 }
 
 /* White (0) through orange to dark red (1). */
@@ -165,6 +167,8 @@ static void report_routing(const tm_trace_stats *s, FILE *out) {
 int cmd_report(int argc, char **argv) {
     const char *in = NULL, *svg = NULL, *csv = NULL;
     bool summary = false;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--replay")) return report_replay(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

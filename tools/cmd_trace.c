@@ -28,6 +28,8 @@ static void trace_usage(FILE *out) {
             "  -t, --threads N        CPU threads (default: physical cores)\n"
             "  --window W             working-set window in tokens (default %d)\n"
             "  --per-layer            print the per-layer table\n"
+            "  --routing-log FILE     also write every call's top-k ids per layer, with sequence\n"
+            "                         boundaries (binary; tiermoe report --replay FILE)\n"
             "  --expert-trace-names   log every routed slot\n"
             "  --merge FILES...       sum learn files of the same model shape instead\n"
             "placement (the routing traced is the same under any):\n",
@@ -229,6 +231,8 @@ static int trace_main(int argc, char **argv, cli_place *place) {
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (cli_parse_i64(a, val, 1, 1024, &v)) return 2;
             cp.n_threads = (int)v;
+        } else if (!strcmp(a, "--routing-log")) {
+            tc.routing_log = val;
         } else if (!strcmp(a, "--window")) {
             if (cli_parse_i64(a, val, 1, 1 << 20, &v)) return 2;
             tc.window = (uint32_t)v;
@@ -244,8 +248,9 @@ static int trace_main(int argc, char **argv, cli_place *place) {
         return 2;
     }
     if (merge) {
-        if (model_path || prompts_path) {
-            fprintf(stderr, "tiermoe trace: --merge takes learn files only (no -m or --prompts)\n");
+        if (model_path || prompts_path || tc.routing_log) {
+            fprintf(stderr, "tiermoe trace: --merge takes learn files only (no -m, --prompts or "
+                            "--routing-log)\n");
             return 2;
         }
         return trace_merge(merge, n_merge, out_path);

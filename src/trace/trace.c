@@ -10,6 +10,7 @@
 #include "core/timing.h"
 #include "model/synth.h"
 #include "trace/trace.h"
+#include "trace/trace_log.h"
 
 /* ---- counters ---- */
 
@@ -100,6 +101,7 @@ struct tm_trace {
     trace_window *win; /* [n_layer] */
     tm_tensor_cb next_cb;
     void *next_ud;
+    tm_trace_log_writer *rlog; /* cfg.routing_log */
     int t_attn_layer, t_topk_layer;
     uint64_t t_attn, t_topk;
 };
@@ -130,6 +132,10 @@ tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace *
         if (!t->win[l].ring || !t->win[l].count || !t->win[l].recent || !t->win[l].recent_count)
             goto nomem;
     }
+    if (cfg->routing_log && (st = trace_log_writer_open(cfg->routing_log, &shape, &t->rlog))) {
+        trace_free(t);
+        return st;
+    }
     *out = t;
     return TM_OK;
 nomem:
@@ -145,6 +151,7 @@ void trace_free(tm_trace *t) {
             free(t->win[l].ring), free(t->win[l].count), free(t->win[l].recent),
                 free(t->win[l].recent_count);
     free(t->win);
+    trace_log_writer_close(t->rlog, false); /* not finished: no log */
     trace_stats_free(&t->stats);
     free(t);
 }
@@ -163,6 +170,7 @@ void trace_sequence_begin(tm_trace *t) {
         w->distinct = w->pos = w->recent_pos = 0, w->n_seen = 0;
     }
     t->t_attn_layer = t->t_topk_layer = -1;
+    if (t->rlog) trace_log_writer_sequence(t->rlog);
 }
 
 /* Window reuse for one token (before it counts as seen): how many of its k
@@ -190,6 +198,7 @@ void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok
     const uint32_t k = s->shape.n_expert_used, W = s->window, E = s->shape.n_expert;
     L->calls++;
     if (layer == 0) s->tokens += (uint64_t)n_tok;
+    if (t->rlog) trace_log_writer_record(t->rlog, layer, ids, n_tok);
     for (int64_t i = 0; i < n_tok; i++) {
         const int32_t *row = ids + i * k;
         for (uint32_t j = 0; j < k; j++) {
@@ -338,6 +347,12 @@ void trace_stats_print(const tm_trace_stats *s, bool per_layer, FILE *out) {
 tm_status trace_finish(tm_trace *t) {
     if (t->cfg.stats || t->cfg.per_layer || t->cfg.output)
         trace_stats_print(&t->stats, t->cfg.per_layer, t->cfg.log);
+    if (t->rlog) {
+        tm_status st = trace_log_writer_close(t->rlog, true);
+        t->rlog = NULL;
+        if (st != TM_OK) return st;
+        fprintf(t->cfg.log, "expert trace: wrote the routing log %s\n", t->cfg.routing_log);
+    }
     if (!t->cfg.output) return TM_OK;
     const char *o = t->cfg.output;
     const size_t n = strlen(o);

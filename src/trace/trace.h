@@ -95,6 +95,20 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
 tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path);
 tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect,
                                 tm_trace_stats *out);
+/* JSON pieces other file formats of the same model share (plan files):
+ * - the top level is an object with this "format" string and "version";
+ * - "model": {"arch", "n_layer", "n_expert", "n_expert_used"} in range and,
+ *   when expect is given, equal to it;
+ * - a non-negative integer field (where: the path before key, "layers[3].");
+ * - a file loaded (duplicate keys refused), errors naming path, line and column.
+ * Errors name origin and the field. */
+tm_status trace_json_check_format(const json_t *root, const char *origin, const char *format,
+                                  int version);
+tm_status trace_shape_from_json(const json_t *root, const char *origin,
+                                const tm_trace_shape *expect, tm_trace_shape *out);
+tm_status trace_json_u64(const json_t *o, const char *key, const char *origin, const char *where,
+                         uint64_t *out);
+tm_status trace_json_load(const char *path, json_t **out);
 /* CSV: header "layer,expert,hits,hot,cold,share", one row per layer and expert. */
 tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path);
 /* dst += src (counts and timings summed, working-set max the larger); the
@@ -113,12 +127,13 @@ void trace_layer_skew(const tm_trace_stats *s, uint32_t layer, tm_trace_skew *ou
 
 /* ---- switches (trace_config.c) ---- */
 typedef struct tm_trace_config {
-    bool stats;         /* count (--expert-trace-stats) */
-    bool names;         /* a log line per routed slot naming the expert's tensors */
-    bool per_layer;     /* print the per-layer table at the end (not only the summary) */
-    const char *output; /* write the learn/perf JSON here at the end (".csv": CSV) */
-    uint32_t window;    /* working-set window (0: default) */
-    FILE *log;          /* where names and summaries go (NULL: stderr) */
+    bool stats;              /* count (--expert-trace-stats) */
+    bool names;              /* a log line per routed slot naming the expert's tensors */
+    bool per_layer;          /* print the per-layer table at the end (not only the summary) */
+    const char *output;      /* write the learn/perf JSON here at the end (".csv": CSV) */
+    uint32_t window;         /* working-set window (0: default) */
+    const char *routing_log; /* write every call's top-k ids here (trace_log.h); NULL: none */
+    FILE *log;               /* where names and summaries go (NULL: stderr) */
 } tm_trace_config;
 
 /* Read TIERMOE_EXPERT_TRACE_STATS / _NAMES / _PER_LAYER (0/1/true/false/on/off)

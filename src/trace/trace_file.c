@@ -1,12 +1,11 @@
 /* Learn/perf files: the JSON of docs/trace-format.md (written atomically,
  * read by one validating parser), the CSV export, merging, and the skew
  * numbers of a layer. */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "core/file.h"
 #include "trace/trace.h"
 
 /* ---- writing ---- */
@@ -84,27 +83,6 @@ fail:
     return NULL;
 }
 
-/* path.tmp, fsync-free write, then rename: readers see the old or the new file, never half of one.
- */
-static tm_status write_atomic(const char *path, const char *data, size_t len) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp))
-        return tm_error_set(TM_ERR_ARG, "%s: path too long", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return tm_error_set(TM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    const bool ok = fwrite(data, 1, len, f) == len;
-    if (fclose(f) != 0 || !ok) {
-        remove(tmp);
-        return tm_error_set(TM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        const int e = errno;
-        remove(tmp);
-        return tm_error_set(TM_ERR_IO, "%s: cannot rename %s to it: %s", path, tmp, strerror(e));
-    }
-    return TM_OK;
-}
-
 tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path) {
     json_t *root = trace_stats_to_json(s);
     /* one line: the per-expert arrays would take a line per number indented */
@@ -118,7 +96,7 @@ tm_status trace_stats_write_json(const tm_trace_stats *s, const char *path) {
         return tm_error_set(TM_ERR_NOMEM, "%s: out of memory", path);
     }
     t2[n] = '\n', t2[n + 1] = '\0';
-    tm_status st = write_atomic(path, t2, n + 1);
+    tm_status st = tm_file_write_atomic(path, t2, n + 1);
     free(t2);
     return st;
 }
@@ -137,14 +115,14 @@ tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path) {
                 (unsigned long long)L->cold_experts[e],
                 L->expert_hits_total ? (double)L->experts[e] / L->expert_hits_total : 0.0);
     }
-    tm_status st = write_atomic(path, buf, n);
+    tm_status st = tm_file_write_atomic(path, buf, n);
     free(buf);
     return st;
 }
 
 /* ---- reading ---- */
 
-static tm_status get_u64(const json_t *o, const char *key, const char *origin, const char *where,
+tm_status trace_json_u64(const json_t *o, const char *key, const char *origin, const char *where,
                          uint64_t *out) {
     const json_t *v = json_object_get(o, key);
     if (!v) return tm_error_set(TM_ERR_FORMAT, "%s: %s%s: missing", origin, where, key);
@@ -181,31 +159,20 @@ static tm_status shape_check(const char *origin, const char *field, uint64_t hav
     return TM_OK;
 }
 
-tm_status trace_stats_from_json(const json_t *root, const char *origin,
-                                const tm_trace_shape *expect, tm_trace_stats *out) {
-    memset(out, 0, sizeof(*out));
+tm_status trace_shape_from_json(const json_t *root, const char *origin,
+                                const tm_trace_shape *expect, tm_trace_shape *out) {
     tm_status st;
-    if (!json_is_object(root))
-        return tm_error_set(TM_ERR_FORMAT, "%s: expected a JSON object at the top", origin);
-    const json_t *fmt = json_object_get(root, "format");
-    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), TM_TRACE_FORMAT))
-        return tm_error_set(TM_ERR_FORMAT, "%s: format: expected \"%s\"", origin, TM_TRACE_FORMAT);
-    uint64_t version = 0, n_layer = 0, n_expert = 0, n_used = 0, tokens = 0, window = 0;
-    if ((st = get_u64(root, "version", origin, "", &version))) return st;
-    if (version != TM_TRACE_VERSION)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: version: %llu, this build reads version %d",
-                            origin, (unsigned long long)version, TM_TRACE_VERSION);
+    uint64_t n_layer = 0, n_expert = 0, n_used = 0;
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model))
         return tm_error_set(TM_ERR_FORMAT, "%s: model: missing or not an object", origin);
     const json_t *arch = json_object_get(model, "arch");
-    if (!json_is_string(arch))
-        return tm_error_set(TM_ERR_FORMAT, "%s: model.arch: expected a string", origin);
-    if ((st = get_u64(model, "n_layer", origin, "model.", &n_layer)) ||
-        (st = get_u64(model, "n_expert", origin, "model.", &n_expert)) ||
-        (st = get_u64(model, "n_expert_used", origin, "model.", &n_used)) ||
-        (st = get_u64(root, "tokens", origin, "", &tokens)) ||
-        (st = get_u64(root, "window", origin, "", &window)))
+    if (!json_is_string(arch) || json_string_length(arch) >= sizeof(out->arch))
+        return tm_error_set(TM_ERR_FORMAT, "%s: model.arch: expected a string of at most %zu bytes",
+                            origin, sizeof(out->arch) - 1);
+    if ((st = trace_json_u64(model, "n_layer", origin, "model.", &n_layer)) ||
+        (st = trace_json_u64(model, "n_expert", origin, "model.", &n_expert)) ||
+        (st = trace_json_u64(model, "n_expert_used", origin, "model.", &n_used)))
         return st;
     if (expect) {
         if (strcmp(json_string_value(arch), expect->arch))
@@ -216,32 +183,75 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
             (st = shape_check(origin, "n_expert_used", n_used, expect->n_expert_used)))
             return st;
     }
-    if (!window || window > 1u << 20)
-        return tm_error_set(TM_ERR_FORMAT, "%s: window: expected 1..2^20", origin);
-    tm_trace_shape sh = {.n_layer = (uint32_t)n_layer,
-                         .n_expert = (uint32_t)n_expert,
-                         .n_expert_used = (uint32_t)n_used};
-    snprintf(sh.arch, sizeof(sh.arch), "%s", json_string_value(arch));
-    if (n_layer > TM_TRACE_MAX_LAYER || n_expert > TM_TRACE_MAX_EXPERT ||
-        n_used > TM_TRACE_MAX_USED || trace_stats_init(out, &sh, (uint32_t)window) != TM_OK)
+    if (!n_layer || n_layer > TM_TRACE_MAX_LAYER || !n_expert || n_expert > TM_TRACE_MAX_EXPERT ||
+        !n_used || n_used > n_expert || n_used > TM_TRACE_MAX_USED)
         return tm_error_set(TM_ERR_FORMAT,
                             "%s: model: unsupported shape %llu layers, %llu experts, %llu used",
                             origin, (unsigned long long)n_layer, (unsigned long long)n_expert,
                             (unsigned long long)n_used);
+    memset(out, 0, sizeof(*out));
+    snprintf(out->arch, sizeof(out->arch), "%s", json_string_value(arch));
+    out->n_layer = (uint32_t)n_layer, out->n_expert = (uint32_t)n_expert;
+    out->n_expert_used = (uint32_t)n_used;
+    return TM_OK;
+}
+
+tm_status trace_json_load(const char *path, json_t **out) {
+    json_error_t err;
+    *out = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (*out) return TM_OK;
+    if (err.line < 0 || (err.position == 0 && err.line <= 1 && strstr(err.text, "unable to open")))
+        return tm_error_set(TM_ERR_IO, "%s: %s", path, err.text);
+    return tm_error_set(TM_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", path,
+                        err.line, err.column, err.text);
+}
+
+tm_status trace_json_check_format(const json_t *root, const char *origin, const char *format,
+                                  int version) {
+    tm_status st;
+    if (!json_is_object(root))
+        return tm_error_set(TM_ERR_FORMAT, "%s: expected a JSON object at the top", origin);
+    const json_t *fmt = json_object_get(root, "format");
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), format))
+        return tm_error_set(TM_ERR_FORMAT, "%s: format: expected \"%s\"", origin, format);
+    uint64_t v = 0;
+    if ((st = trace_json_u64(root, "version", origin, "", &v))) return st;
+    if (v != (uint64_t)version)
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: version: %llu, this build reads version %d",
+                            origin, (unsigned long long)v, version);
+    return TM_OK;
+}
+
+tm_status trace_stats_from_json(const json_t *root, const char *origin,
+                                const tm_trace_shape *expect, tm_trace_stats *out) {
+    memset(out, 0, sizeof(*out));
+    tm_status st;
+    tm_trace_shape sh;
+    uint64_t tokens = 0, window = 0;
+    if ((st = trace_json_check_format(root, origin, TM_TRACE_FORMAT, TM_TRACE_VERSION)) ||
+        (st = trace_shape_from_json(root, origin, expect, &sh)) ||
+        (st = trace_json_u64(root, "tokens", origin, "", &tokens)) ||
+        (st = trace_json_u64(root, "window", origin, "", &window)))
+        return st;
+    if (!window || window > 1u << 20)
+        return tm_error_set(TM_ERR_FORMAT, "%s: window: expected 1..2^20", origin);
+    if (trace_stats_init(out, &sh, (uint32_t)window) != TM_OK)
+        return tm_error_set(TM_ERR_NOMEM, "%s: out of memory", origin);
+    const uint32_t n_layer = sh.n_layer;
     out->tokens = tokens;
     /* Optional (files written before they existed have neither): the window
      * reuse's W' (0 = no window-reuse counts in the file) and the label of a
      * synthetic model's routing. */
     uint64_t reuse_window = 0;
     if (json_object_get(root, "reuse_window") &&
-        (st = get_u64(root, "reuse_window", origin, "", &reuse_window)))
+        (st = trace_json_u64(root, "reuse_window", origin, "", &reuse_window)))
         goto fail;
     if (reuse_window > 1u << 20) {
         st = tm_error_set(TM_ERR_FORMAT, "%s: reuse_window: expected 0..2^20", origin);
         goto fail;
     }
     out->reuse_window = (uint32_t)reuse_window;
-    const json_t *synth = json_object_get(model, "synthetic_routing");
+    const json_t *synth = json_object_get(json_object_get(root, "model"), "synthetic_routing");
     if (synth && !json_is_string(synth)) {
         st = tm_error_set(TM_ERR_FORMAT, "%s: model.synthetic_routing: expected a string", origin);
         goto fail;
@@ -253,8 +263,8 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
         goto fail;
     }
     if (json_array_size(layers) != n_layer) {
-        st = tm_error_set(TM_ERR_FORMAT, "%s: layers: %zu entries, model.n_layer is %llu", origin,
-                          json_array_size(layers), (unsigned long long)n_layer);
+        st = tm_error_set(TM_ERR_FORMAT, "%s: layers: %zu entries, model.n_layer is %u", origin,
+                          json_array_size(layers), n_layer);
         goto fail;
     }
     for (uint32_t l = 0; l < sh.n_layer; l++) {
@@ -262,12 +272,12 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
         tm_trace_layer *L = &out->layers[l];
         char where[48];
         snprintf(where, sizeof(where), "layers[%u].", l);
-        uint64_t idx;
+        uint64_t idx = 0;
         if (!json_is_object(o)) {
             st = tm_error_set(TM_ERR_FORMAT, "%s: layers[%u]: expected an object", origin, l);
             goto fail;
         }
-        if ((st = get_u64(o, "layer", origin, where, &idx))) goto fail;
+        if ((st = trace_json_u64(o, "layer", origin, where, &idx))) goto fail;
         if (idx != l) {
             st = tm_error_set(TM_ERR_FORMAT,
                               "%s: layers[%u].layer: is %llu, expected %u (layers in order)",
@@ -292,10 +302,10 @@ tm_status trace_stats_from_json(const json_t *root, const char *origin,
                  {"reuse_shared", &L->reuse_shared},
                  {"reuse_pairs", &L->reuse_pairs}};
         for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
-            if ((st = get_u64(o, f[i].key, origin, where, f[i].v))) goto fail;
+            if ((st = trace_json_u64(o, f[i].key, origin, where, f[i].v))) goto fail;
         if (reuse_window &&
-            ((st = get_u64(o, "reuse_window_shared", origin, where, &L->reuse_win_shared)) ||
-             (st = get_u64(o, "reuse_window_tokens", origin, where, &L->reuse_win_tokens))))
+            ((st = trace_json_u64(o, "reuse_window_shared", origin, where, &L->reuse_win_shared)) ||
+             (st = trace_json_u64(o, "reuse_window_tokens", origin, where, &L->reuse_win_tokens))))
             goto fail;
         if (L->reuse_win_shared > L->reuse_win_tokens * sh.n_expert_used ||
             L->reuse_win_tokens > L->tokens) {
@@ -345,16 +355,10 @@ fail:
 tm_status trace_stats_read_json(const char *path, const tm_trace_shape *expect,
                                 tm_trace_stats *out) {
     memset(out, 0, sizeof(*out));
-    json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!root) {
-        if (err.line < 0 ||
-            (err.position == 0 && err.line <= 1 && strstr(err.text, "unable to open")))
-            return tm_error_set(TM_ERR_IO, "%s: %s", path, err.text);
-        return tm_error_set(TM_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", path,
-                            err.line, err.column, err.text);
-    }
-    tm_status st = trace_stats_from_json(root, path, expect, out);
+    json_t *root;
+    tm_status st = trace_json_load(path, &root);
+    if (st != TM_OK) return st;
+    st = trace_stats_from_json(root, path, expect, out);
     json_decref(root);
     return st;
 }
