@@ -1,0 +1,23 @@
+/* Pieces of calibration shared by calib.c (costs, paths, the printed
+ * table) and calib_measure.c (which prints the table's rows as it measures
+ * them). Private to src/tier. */
+#ifndef TM_TIER_CALIB_INTERNAL_H
+#define TM_TIER_CALIB_INTERNAL_H
+
+#include <stdio.h>
+
+#include "tier/calib.h"
+
+/* The table, piece by piece (calib_print prints them all in this order). */
+void calib_print_head(FILE *f, const tm_calib *c);
+void calib_print_membw(FILE *f, const tm_calib *c);
+void calib_print_cpu_head(FILE *f);
+void calib_print_cpu_row(FILE *f, const tm_calib *c, int i, double raw_ns);
+void calib_print_copy(FILE *f, const tm_calib *c);
+void calib_print_pcie(FILE *f, const tm_calib *c);
+void calib_print_gpu_head(FILE *f);
+void calib_print_gpu_row(FILE *f, const tm_calib *c, int i, double raw_ns);
+void calib_print_handoff(FILE *f, const tm_calib *c);
+void calib_print_time(FILE *f, const tm_calib *c);
+
+#endif
