@@ -17,6 +17,7 @@ int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 
 /* Shared flag parsing: strict numbers with a clear message naming the flag. */
 int cli_parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out);
