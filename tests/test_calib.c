@@ -18,6 +18,7 @@
 #include <math.h>
 
 #include "calib_test_util.h"
+#include "tier/calib_internal.h"
 
 /* ---- a hand-made profile ---- */
 
@@ -93,6 +94,29 @@ static void test_curve(void **state) {
     const double far = g.gpu_expert.ns[7] + 51.7 * (1024 - 128); /* the last slope, 51.7 */
     assert_true(fabs(calib_gpu_expert_ns(&g, 1024) - far) < 1e-9 * far);
     assert_true(isinf(calib_gpu_expert_ns(&cpu, 1)) && calib_gpu_expert_ns(&cpu, 0) == 0);
+}
+
+/* The fit of a noisy curve against hand-computed pools; never moves a monotone one. */
+static void test_curve_fit(void **state) {
+    (void)state;
+    const int32_t tok[5] = {1, 2, 4, 8, 16};
+    struct {
+        int n;
+        double in[5], want[5];
+    } cases[] = {
+        {4, {1375, 588, 948, 2385}, {2911.0 / 3, 2911.0 / 3, 2911.0 / 3, 2385}},
+        {4, {1, 3, 2, 4}, {1, 2.5, 2.5, 4}},
+        {5, {5, 4, 3, 2, 1}, {3, 3, 3, 3, 3}},
+        {5, {1, 2, 2, 7, 9}, {1, 2, 2, 7, 9}},
+        {5, {4, 1, 9, 8, 7}, {2.5, 2.5, 8, 8, 8}},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(*cases); c++) {
+        tm_calib_curve cv = curve(cases[c].n, tok, cases[c].in);
+        calib_curve_fit(&cv);
+        for (int i = 0; i < cases[c].n; i++)
+            if (fabs(cv.ns[i] - cases[c].want[i]) > 1e-12 * cases[c].want[i])
+                fail_msg("case %zu point %d: %.17g, want %.17g", c, i, cv.ns[i], cases[c].want[i]);
+    }
 }
 
 static void test_copy(void **state) {
@@ -430,11 +454,17 @@ static void test_bad_source(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_curve),        cmocka_unit_test(test_copy),
-        cmocka_unit_test(test_share),        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_bad_fields),   cmocka_unit_test(test_key_mismatch),
-        cmocka_unit_test(test_default_path), cmocka_unit_test(test_experts_from_gguf),
-        cmocka_unit_test(test_cpu_measure),  cmocka_unit_test(test_load_or_measure),
+        cmocka_unit_test(test_curve),
+        cmocka_unit_test(test_curve_fit),
+        cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_share),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_key_mismatch),
+        cmocka_unit_test(test_default_path),
+        cmocka_unit_test(test_experts_from_gguf),
+        cmocka_unit_test(test_cpu_measure),
+        cmocka_unit_test(test_load_or_measure),
         cmocka_unit_test(test_bad_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -73,6 +73,20 @@ int32_t calib_pcie_share_q8(const tm_calib *c) {
     return (int32_t)lround(256.0 * p / (p + q));
 }
 
+void calib_curve_fit(tm_calib_curve *cv) {
+    double v[TM_CALIB_MAX_POINTS];
+    int32_t w[TM_CALIB_MAX_POINTS], m = 0;
+    for (int32_t i = 0; i < cv->n; i++) { /* pool adjacent violators, equal weights */
+        v[m] = cv->ns[i], w[m++] = 1;
+        while (m > 1 && v[m - 2] > v[m - 1]) {
+            v[m - 2] = (v[m - 2] * w[m - 2] + v[m - 1] * w[m - 1]) / (w[m - 2] + w[m - 1]);
+            w[m - 2] += w[m - 1], m--;
+        }
+    }
+    for (int32_t b = 0, i = 0; b < m; b++)
+        for (int32_t j = 0; j < w[b]; j++) cv->ns[i++] = v[b];
+}
+
 /* ---- what to measure on ---- */
 
 /* One projection of layer l: its tensor, checked against [ne0, ne1, n_expert]
@@ -265,20 +279,18 @@ void calib_print_cpu_head(FILE *f) {
 }
 
 /* Row i of a curve: tokens, us per expert, weight GB/s, and `last` (the
- * caller's column); the measured value when it was raised to the point before. */
+ * caller's column). */
 static void calib_print_row(FILE *f, const tm_calib *c, const tm_calib_curve *cv, int i,
-                            double raw_ns, double last) {
+                            double last) {
     const double ns = cv->ns[i];
-    fprintf(f, "  %6d  %10.1f  %12.1f  %9.2f", cv->tokens[i], ns * 1e-3,
+    fprintf(f, "  %6d  %10.1f  %12.1f  %9.2f\n", cv->tokens[i], ns * 1e-3,
             (double)c->key.expert.bytes / ns, last);
-    if (raw_ns < ns) fprintf(f, "   (measured %.1f: kept at the point before)", raw_ns * 1e-3);
-    fputc('\n', f);
     fflush(f);
 }
 
-void calib_print_cpu_row(FILE *f, const tm_calib *c, int i, double raw_ns) {
+void calib_print_cpu_row(FILE *f, const tm_calib *c, int i) {
     const tm_calib_curve *cv = &c->cpu_expert;
-    calib_print_row(f, c, cv, i, raw_ns, cv->ns[i] * 1e-3 / cv->tokens[i]);
+    calib_print_row(f, c, cv, i, cv->ns[i] * 1e-3 / cv->tokens[i]);
 }
 
 void calib_print_copy(FILE *f, const tm_calib *c) {
@@ -312,9 +324,9 @@ void calib_print_gpu_head(FILE *f) {
                "  tokens   us/expert  weights GB/s    CPU/GPU\n");
 }
 
-void calib_print_gpu_row(FILE *f, const tm_calib *c, int i, double raw_ns) {
+void calib_print_gpu_row(FILE *f, const tm_calib *c, int i) {
     const tm_calib_curve *cv = &c->gpu_expert;
-    calib_print_row(f, c, cv, i, raw_ns, calib_cpu_expert_ns(c, cv->tokens[i]) / cv->ns[i]);
+    calib_print_row(f, c, cv, i, calib_cpu_expert_ns(c, cv->tokens[i]) / cv->ns[i]);
 }
 
 void calib_print_handoff(FILE *f, const tm_calib *c) {
@@ -341,12 +353,12 @@ void calib_print(const tm_calib *c, FILE *f) {
     calib_print_head(f, c);
     calib_print_membw(f, c);
     calib_print_cpu_head(f);
-    for (int i = 0; i < c->cpu_expert.n; i++) calib_print_cpu_row(f, c, i, c->cpu_expert.ns[i]);
+    for (int i = 0; i < c->cpu_expert.n; i++) calib_print_cpu_row(f, c, i);
     if (c->key.gpu[0]) {
         calib_print_copy(f, c);
         calib_print_pcie(f, c);
         calib_print_gpu_head(f);
-        for (int i = 0; i < c->gpu_expert.n; i++) calib_print_gpu_row(f, c, i, c->gpu_expert.ns[i]);
+        for (int i = 0; i < c->gpu_expert.n; i++) calib_print_gpu_row(f, c, i);
         calib_print_handoff(f, c);
     }
     calib_print_time(f, c);

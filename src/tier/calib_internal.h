@@ -8,15 +8,21 @@
 
 #include "tier/calib.h"
 
+/* Make a measured curve non-decreasing, as close to it as can be (least
+ * squares: adjacent points out of order are replaced by their mean, the pool
+ * adjacent violators algorithm). Noise can make a point cost less than the
+ * one before; a few more tokens never really do. */
+void calib_curve_fit(tm_calib_curve *cv);
+
 /* The table, piece by piece (calib_print prints them all in this order). */
 void calib_print_head(FILE *f, const tm_calib *c);
 void calib_print_membw(FILE *f, const tm_calib *c);
 void calib_print_cpu_head(FILE *f);
-void calib_print_cpu_row(FILE *f, const tm_calib *c, int i, double raw_ns);
+void calib_print_cpu_row(FILE *f, const tm_calib *c, int i);
 void calib_print_copy(FILE *f, const tm_calib *c);
 void calib_print_pcie(FILE *f, const tm_calib *c);
 void calib_print_gpu_head(FILE *f);
-void calib_print_gpu_row(FILE *f, const tm_calib *c, int i, double raw_ns);
+void calib_print_gpu_row(FILE *f, const tm_calib *c, int i);
 void calib_print_handoff(FILE *f, const tm_calib *c);
 void calib_print_time(FILE *f, const tm_calib *c);
 

@@ -272,11 +272,11 @@ static tm_status calib_cpu_point(calib_ctx *x, int32_t n_tok, double *ns) {
 }
 
 typedef tm_status (*calib_point_fn)(calib_ctx *x, int32_t n_tok, double *ns);
-typedef void (*calib_row_fn)(FILE *f, const tm_calib *c, int i, double raw_ns);
+typedef void (*calib_row_fn)(FILE *f, const tm_calib *c, int i);
 
-/* A curve's points in order; each at least the one before (a few more
- * tokens never cost less: noise otherwise); a quick one stops adding points
- * after CALIB_QUICK_CURVE_NS once it has two. */
+/* A curve's points in order, each row printed as it is measured, then made
+ * non-decreasing (calib_curve_fit; a line says which points moved). A quick
+ * one stops adding points after CALIB_QUICK_CURVE_NS once it has two. */
 static tm_status calib_curve(calib_ctx *x, tm_calib_curve *cv, calib_point_fn fn,
                              calib_row_fn row) {
     const uint64_t t0 = tm_time_ns();
@@ -286,11 +286,20 @@ static tm_status calib_curve(calib_ctx *x, tm_calib_curve *cv, calib_point_fn fn
         double ns = 0;
         tm_status st = fn(x, tm_calib_tokens[i], &ns);
         if (st != TM_OK) return st;
-        const double raw = ns;
-        if (cv->n && ns < cv->ns[cv->n - 1]) ns = cv->ns[cv->n - 1];
         cv->tokens[cv->n] = tm_calib_tokens[i], cv->ns[cv->n] = ns;
+        if (x->log) row(x->log, x->c, cv->n);
         cv->n++;
-        if (x->log) row(x->log, x->c, cv->n - 1, raw);
+    }
+    const tm_calib_curve raw = *cv;
+    calib_curve_fit(cv);
+    for (int i = 0, j; x->log && i < cv->n; i = j) { /* the runs the fit pooled */
+        for (j = i + 1; j < cv->n && cv->ns[j] == cv->ns[i]; j++) {
+        }
+        if (j - i > 1 && raw.ns[i] != cv->ns[i])
+            fprintf(x->log,
+                    "  (%d-%d tokens: %.1f us each, the mean of what they measured: more tokens "
+                    "never cost less)\n",
+                    cv->tokens[i], cv->tokens[j - 1], cv->ns[i] * 1e-3);
     }
     return TM_OK;
 }
@@ -735,7 +744,7 @@ static tm_status calib_membw(calib_ctx *x) {
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
     uint64_t b = 4 * (l3 > 0 ? (uint64_t)l3 : 32 * CALIB_MIB);
     if (b < 256 * CALIB_MIB) b = 256 * CALIB_MIB;
-    if (!x->quick) x->c->cpu_read_gbs = cpu_read_bandwidth_gbs(x->src->pool, (size_t)b);
+    x->c->cpu_read_gbs = cpu_read_bandwidth_gbs(x->src->pool, (size_t)b);
     return TM_OK;
 }
 
@@ -773,24 +782,25 @@ static tm_status calib_gpu_curve(calib_ctx *x) {
 typedef tm_status (*calib_part_fn)(calib_ctx *x);
 typedef void (*calib_print_fn)(FILE *f, const tm_calib *c);
 
-/* Every part in order: its phase (where its time goes), what an error is
- * prefixed with, what prints its result (NULL: it prints its own rows). */
+/* Every part in order: its phase (where its time goes), whether it needs the
+ * GPU, whether a quick measurement skips it, what an error is prefixed with,
+ * what prints its result (NULL: it prints its own rows). */
 static const struct calib_part {
     calib_part_fn run;
     tm_calib_phase phase;
-    bool gpu;
+    bool gpu, full_only;
     const char *what;
     calib_print_fn print;
 } calib_parts[] = {
-    {calib_membw, TM_CALIB_PHASE_MEMBW, false, NULL, calib_print_membw},
-    {calib_touch_part, TM_CALIB_PHASE_TOUCH, false, NULL, NULL},
-    {calib_cpu_curve, TM_CALIB_PHASE_CPU, false, "the CPU lane", NULL},
-    {calib_gpu_open, TM_CALIB_PHASE_COPY, true, NULL, NULL},
-    {calib_copies, TM_CALIB_PHASE_COPY, true, "copy rates", calib_print_copy},
-    {calib_gpu_setup, TM_CALIB_PHASE_GPU, true, "GPU buffers", NULL},
-    {calib_pcie, TM_CALIB_PHASE_PCIE, true, NULL, calib_print_pcie},
-    {calib_gpu_curve, TM_CALIB_PHASE_GPU, true, "GPU experts from VRAM", NULL},
-    {calib_handoff, TM_CALIB_PHASE_HANDOFF, true, NULL, calib_print_handoff},
+    {calib_membw, TM_CALIB_PHASE_MEMBW, false, true, NULL, calib_print_membw},
+    {calib_touch_part, TM_CALIB_PHASE_TOUCH, false, false, NULL, NULL},
+    {calib_cpu_curve, TM_CALIB_PHASE_CPU, false, false, "the CPU lane", NULL},
+    {calib_gpu_open, TM_CALIB_PHASE_COPY, true, false, NULL, NULL},
+    {calib_copies, TM_CALIB_PHASE_COPY, true, false, "copy rates", calib_print_copy},
+    {calib_gpu_setup, TM_CALIB_PHASE_GPU, true, false, "GPU buffers", NULL},
+    {calib_pcie, TM_CALIB_PHASE_PCIE, true, false, NULL, calib_print_pcie},
+    {calib_gpu_curve, TM_CALIB_PHASE_GPU, true, false, "GPU experts from VRAM", NULL},
+    {calib_handoff, TM_CALIB_PHASE_HANDOFF, true, false, NULL, calib_print_handoff},
 };
 
 static tm_status calib_run(calib_ctx *x) {
@@ -799,8 +809,9 @@ static tm_status calib_run(calib_ctx *x) {
         const struct calib_part *p = &calib_parts[i];
         if (p->gpu && !x->src->gpu) break;
         const uint64_t t0 = tm_time_ns();
-        tm_status st = p->run(x);
-        x->c->measure_s[p->phase] += (double)(tm_time_ns() - t0) * 1e-9;
+        tm_status st = x->quick && p->full_only ? TM_OK : p->run(x);
+        if (!(x->quick && p->full_only))
+            x->c->measure_s[p->phase] += (double)(tm_time_ns() - t0) * 1e-9;
         if (st != TM_OK) return p->what ? tm_error_wrap(st, "%s", p->what) : st;
         if (x->log && p->print) p->print(x->log, x->c);
     }
