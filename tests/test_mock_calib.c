@@ -5,7 +5,7 @@
  *   - a full measurement up to 16 tokens per expert (cuda_moe_grouped up to 8,
  *     cuda_moe_grouped_gemm at 16): every GPU field measured and positive, the
  *     curve's points, the PCIe share equal to its formula on the measured
- *     rates, the JSON round trip, the stream idle after;
+ *     rates, the JSON round trip, the printed table, the stream idle after;
  *   - calib_load_or_measure without a profile: a quick one, the GPU included;
  *   - a host that cannot pin memory (MOCK_NOREGISTER=1): calib_measure fails
  *     naming the PCIe lane; calib_load_or_measure falls back to the CPU parts. */
@@ -62,6 +62,25 @@ static void test_measure(void **state) {
     char path[512];
     calib_test_path(path, sizeof(path), "mock_calib.json");
     calib_check_round_trip(&c, path);
+    /* the saved profile's table (--show): every section, a GPU row per point */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    calib_print(&c, mem);
+    fclose(mem);
+    const char *want[] = {"GPU: mock GPU", "host->GPU pinned",    "decode share:",
+                          "GPU from VRAM", "hand-off round trip", "time: "};
+    for (size_t i = 0; i < sizeof(want) / sizeof(*want); i++)
+        if (!strstr(text, want[i])) fail_msg("calib_print: no '%s' in\n%s", want[i], text);
+    int rows = 0; /* "tokens us GB/s ratio" lines between the GPU's head and the hand-off */
+    const char *end = strstr(text, "hand-off");
+    for (const char *l = strstr(text, "GPU from VRAM"); l && l < end; l = strchr(l + 1, '\n')) {
+        int tok;
+        double a, b, r;
+        rows += sscanf(l + 1, "%d %lf %lf %lf", &tok, &a, &b, &r) == 4;
+    }
+    assert_int_equal(rows, 5);
+    free(text);
     calib_fixture_close(&f);
     cuda_device_close(dev);
 }

@@ -18,6 +18,7 @@
 static void calibrate_usage(FILE *out) {
     fprintf(out,
             "usage: tiermoe calibrate -m FILE [options]\n"
+            "       tiermoe calibrate --show PROFILE.json\n"
             "Measures what the tier decides by on this machine, with the model's expert shape\n"
             "and type: the CPU lane's and the GPU's time per expert by tokens per expert, copy\n"
             "rates, the GPU reading RAM over PCIe alone and beside the CPU lane, the hand-off\n"
@@ -31,11 +32,12 @@ static void calibrate_usage(FILE *out) {
             "  --max-tokens N        largest tokens-per-expert point (default 512)\n"
             "  --profile-out FILE    where to write the profile (default: the cache directory,\n"
             "                        $XDG_CACHE_HOME/tiermoe/ or ~/.cache/tiermoe/, a name from\n"
-            "                        the CPU, the GPU, the threads and the expert shape)\n");
+            "                        the CPU, the GPU, the threads and the expert shape)\n"
+            "  --show FILE           print a saved profile's table (checked as runs read it)\n");
 }
 
 typedef struct calibrate_args {
-    const char *model, *profile_out;
+    const char *model, *profile_out, *show;
     int threads;
     bool quick, cpu_only;
     int32_t max_tokens;
@@ -61,7 +63,7 @@ static int calibrate_parse(int argc, char **argv, calibrate_args *a, bool *help)
         }
         const bool known = !strcmp(f, "-m") || !strcmp(f, "--model") || !strcmp(f, "-t") ||
                            !strcmp(f, "--threads") || !strcmp(f, "--max-tokens") ||
-                           !strcmp(f, "--profile-out");
+                           !strcmp(f, "--profile-out") || !strcmp(f, "--show");
         if (!known) {
             fprintf(stderr, "tiermoe calibrate: unknown flag '%s'\n", f);
             calibrate_usage(stderr);
@@ -76,6 +78,8 @@ static int calibrate_parse(int argc, char **argv, calibrate_args *a, bool *help)
             a->model = val;
         } else if (!strcmp(f, "--profile-out")) {
             a->profile_out = val;
+        } else if (!strcmp(f, "--show")) {
+            a->show = val;
         } else if (!strcmp(f, "--max-tokens")) {
             if (cli_parse_i64(f, val, 1, 1 << 16, &v)) return 2;
             a->max_tokens = (int32_t)v;
@@ -84,7 +88,11 @@ static int calibrate_parse(int argc, char **argv, calibrate_args *a, bool *help)
             a->threads = (int)v;
         }
     }
-    if (!a->model) {
+    if (a->show && a->model) {
+        fprintf(stderr, "tiermoe calibrate: --show takes a profile, not -m\n");
+        return 2;
+    }
+    if (!a->model && !a->show) {
         fprintf(stderr, "tiermoe calibrate: missing -m FILE\n");
         calibrate_usage(stderr);
         return 2;
@@ -112,6 +120,15 @@ int cmd_calibrate(int argc, char **argv) {
     if (rc || help) {
         if (help) calibrate_usage(stdout);
         return rc;
+    }
+    if (a.show) {
+        tm_calib c;
+        if (calib_read_json(a.show, NULL, &c) != TM_OK) {
+            fprintf(stderr, "tiermoe calibrate: %s\n", tm_error_message());
+            return 1;
+        }
+        calib_print(&c, stdout);
+        return 0;
     }
     tm_model *m = NULL;
     tm_moe_experts *layers = NULL;

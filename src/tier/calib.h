@@ -181,7 +181,8 @@ tm_status calib_key_make(const tm_calib_source *src, tm_calib_key *out);
 /* Measure everything the machine has (the GPU parts when src->gpu is set).
  * Leaves the GPU's stream idle and every allocation freed. */
 tm_status calib_measure(const tm_calib_source *src, const tm_calib_opts *o, tm_calib *out);
-/* The readable summary of a profile (what `tiermoe calibrate` prints last). */
+/* A profile's table, as calib_measure prints it row by row (`tiermoe
+ * calibrate --show FILE`). */
 void calib_print(const tm_calib *c, FILE *out);
 
 /* ---- files ---- */

@@ -6,7 +6,8 @@
   from q4_K's 144-byte blocks of 256) and whose CPU curve has the points asked,
   positive and non-decreasing; --quick measures fewer points and says so.
 - Without --profile-out the profile goes to $XDG_CACHE_HOME/tiermoe/ (the path it
-  prints), else ~/.cache/tiermoe/.
+  prints), else ~/.cache/tiermoe/; --show prints a saved profile's table with the
+  file's values.
 - Bad input: unknown flags, missing or bad values, no -m: exit 2 naming the flag; a
   missing file or one that is not GGUF: exit 1 with a message, never a crash; an
   unwritable --profile-out: exit 1 naming the path.
@@ -49,6 +50,13 @@ def main():
     check(all(x > 0 for x in ns) and all(b >= a for a, b in zip(ns, ns[1:])), f"curve {ns}")
     check(p["host"]["cpu_read_gbs"] > 0, str(p["host"]))
 
+    r = tm("calibrate", "--show", prof)  # the saved profile's table, the same rows
+    shown = [int(m.group(1)) for m in re.finditer(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+", r.stdout, re.M)]
+    check(r.returncode == 0 and shown == [1, 2, 4, 8, 16, 32] and "expert: 256 x 256" in r.stdout,
+          f"--show: rc {r.returncode}\n{r.stdout}{r.stderr}")
+    us = [float(m.group(1)) for m in re.finditer(r"^\s+\d+\s+([\d.]+)\s", r.stdout, re.M)]
+    check(all(abs(u - n / 1000) <= 0.051 for u, n in zip(us, ns)), f"--show us/expert {us} vs the file's {ns}")
+
     r = tm("calibrate", "-m", model, "-t", "1", "--quick", "--profile-out", prof)
     check(r.returncode == 0, f"calibrate --quick: {r.stderr}")
     with open(prof) as f:
@@ -75,6 +83,7 @@ def main():
         (["-m", model, "-t", "x"], "-t"),
         (["-m", model, "--max-tokens", "0"], "--max-tokens"),
         (["-t", "2"], "-m FILE"),
+        (["--show", prof, "-m", model], "--show"),
     ]:
         r = tm("calibrate", *args)
         check(r.returncode == 2 and want in r.stderr, f"{args}: rc {r.returncode}, {r.stderr!r}")
@@ -88,6 +97,8 @@ def main():
     bad_out = os.path.join(notgguf, "sub", "p.json")  # under a file: cannot be made
     r = tm("calibrate", "-m", model, "--quick", "--profile-out", bad_out)
     check(r.returncode == 1 and bad_out.split("/sub")[0] in r.stderr, f"unwritable: {r.returncode} {r.stderr!r}")
+    r = tm("calibrate", "--show", notgguf)
+    check(r.returncode == 1 and "not valid JSON" in r.stderr, f"--show of a bad file: {r.stderr!r}")
     r = tm("calibrate", "--help")
     check(r.returncode == 0 and "--profile-out" in r.stdout, "help")
     return finish("calibrate CLI: ok")
