@@ -43,20 +43,43 @@ static void check_idle(tm_cuda_device *dev) {
     assert_true(idle);
 }
 
-static void test_measure(void **state) {
-    (void)state;
+/* The tiny model with the mock's GPU. */
+static void gpu_fixture_open(calib_fixture *f) {
     tm_cuda_device *dev = NULL;
     assert_int_equal(cuda_device_open(0, &dev), TM_OK);
+    calib_fixture_open(f, "mock_calib_tiny.gguf", 2, dev);
+}
+
+static void gpu_fixture_close(calib_fixture *f) {
+    tm_cuda_device *dev = f->src.gpu;
+    check_idle(dev);
+    calib_fixture_close(f);
+    cuda_device_close(dev);
+}
+
+/* calib_load_or_measure without a profile: it measures (quick). */
+static void measure_absent(calib_fixture *f, tm_calib *c) {
+    char absent[512];
+    calib_test_path(absent, sizeof(absent), "mock_calib_absent.json");
+    remove(absent);
+    bool measured = false;
+    assert_int_equal(calib_load_or_measure(&f->src, absent, c, &measured), TM_OK);
+    assert_true(measured && c->quick);
+    check_idle(f->src.gpu);
+}
+
+static void test_measure(void **state) {
+    (void)state;
     calib_fixture f;
-    calib_fixture_open(&f, "mock_calib_tiny.gguf", 2, dev);
+    gpu_fixture_open(&f);
     tm_cuda_blas *blas = NULL; /* the caller's handle (test_quick: one of its own) */
-    assert_int_equal(cuda_blas_create(dev, &blas), TM_OK);
+    assert_int_equal(cuda_blas_create(f.src.gpu, &blas), TM_OK);
     f.src.blas = blas;
     tm_calib c;
     const tm_calib_opts o = {.quick = false, .max_tokens = 16, .log = stdout};
     if (calib_measure(&f.src, &o, &c) != TM_OK) fail_msg("%s", tm_error_message());
     cuda_blas_free(blas);
-    check_idle(dev);
+    check_idle(f.src.gpu);
     check_gpu_profile(&c, 5);
     calib_check_curve(&c.cpu_expert, 5, "CPU lane");
     char path[512];
@@ -81,54 +104,35 @@ static void test_measure(void **state) {
     }
     assert_int_equal(rows, 5);
     free(text);
-    calib_fixture_close(&f);
-    cuda_device_close(dev);
+    gpu_fixture_close(&f);
 }
 
 static void test_quick(void **state) {
     (void)state;
-    tm_cuda_device *dev = NULL;
-    assert_int_equal(cuda_device_open(0, &dev), TM_OK);
     calib_fixture f;
-    calib_fixture_open(&f, "mock_calib_tiny.gguf", 2, dev);
-    char absent[512];
-    calib_test_path(absent, sizeof(absent), "mock_calib_absent.json");
-    remove(absent);
+    gpu_fixture_open(&f);
     tm_calib c;
-    bool measured = false;
-    assert_int_equal(calib_load_or_measure(&f.src, absent, &c, &measured), TM_OK);
-    assert_true(measured && c.quick);
-    check_idle(dev);
+    measure_absent(&f, &c);
     check_gpu_profile(&c, 0);
-    calib_fixture_close(&f);
-    cuda_device_close(dev);
+    gpu_fixture_close(&f);
 }
 
 static void test_no_register(void **state) {
     (void)state;
-    tm_cuda_device *dev = NULL;
-    assert_int_equal(cuda_device_open(0, &dev), TM_OK);
     calib_fixture f;
-    calib_fixture_open(&f, "mock_calib_tiny.gguf", 2, dev);
+    gpu_fixture_open(&f);
     setenv("MOCK_NOREGISTER", "1", 1);
     tm_calib c;
     const tm_calib_opts o = {.quick = true, .max_tokens = 4};
     assert_int_equal(calib_measure(&f.src, &o, &c), TM_ERR_DEVICE);
     assert_non_null(strstr(tm_error_message(), "PCIe lane"));
-    check_idle(dev);
-    char absent[512];
-    calib_test_path(absent, sizeof(absent), "mock_calib_absent.json");
-    remove(absent);
-    bool measured = false;
-    assert_int_equal(calib_load_or_measure(&f.src, absent, &c, &measured), TM_OK);
-    assert_true(measured);
+    check_idle(f.src.gpu);
+    measure_absent(&f, &c);
     assert_string_equal(c.key.gpu, ""); /* the CPU parts only: the GPU's lanes unpriced */
     assert_int_equal(calib_pcie_share_q8(&c), 0);
     assert_true(isinf(calib_gpu_expert_ns(&c, 1)));
     unsetenv("MOCK_NOREGISTER");
-    check_idle(dev);
-    calib_fixture_close(&f);
-    cuda_device_close(dev);
+    gpu_fixture_close(&f);
 }
 
 int main(void) {
