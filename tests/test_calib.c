@@ -392,11 +392,16 @@ static void test_load_or_measure(void **state) {
     calib_test_path(absent, sizeof(absent), "calib_absent.json");
     calib_test_path(path, sizeof(path), "calib_loaded.json");
     remove(absent);
+    calib_kept_clear();
     tm_calib c, q;
     bool measured = false;
     assert_int_equal(calib_load_or_measure(&f.src, absent, &q, &measured), TM_OK);
     assert_true(measured && q.quick && q.cpu_expert.n >= 2);
     calib_check_curve(&q.cpu_expert, q.cpu_expert.n, "quick CPU lane");
+    tm_calib again; /* the process keeps it: the same profile, not measured again */
+    assert_int_equal(calib_load_or_measure(&f.src, absent, &again, &measured), TM_OK);
+    assert_false(measured);
+    calib_check_equal(&q, &again);
     /* a profile of this machine and shape is loaded as it is */
     c = q;
     c.quick = false, c.cpu_expert.ns[0] = 4242.25;

@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "calib_test_util.h"
+#include "tier/calib_internal.h"
 
 static void check_gpu_profile(const tm_calib *c, int points) {
     assert_string_equal(c->key.gpu, "mock GPU");
@@ -57,8 +58,10 @@ static void gpu_fixture_close(calib_fixture *f) {
     cuda_device_close(dev);
 }
 
-/* calib_load_or_measure without a profile: it measures (quick). */
+/* calib_load_or_measure without a profile (nor one kept by the process): it
+ * measures (quick). */
 static void measure_absent(calib_fixture *f, tm_calib *c) {
+    calib_kept_clear();
     char absent[512];
     calib_test_path(absent, sizeof(absent), "mock_calib_absent.json");
     remove(absent);

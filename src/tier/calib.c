@@ -3,6 +3,7 @@
  * loading it or measuring a quick one, and the printed table. The format is
  * calib_json.c's, the measurement calib_measure.c's (docs/calibrate.md). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +211,33 @@ tm_status calib_default_path(const tm_calib_key *key, char *buf, size_t n) {
     return TM_OK;
 }
 
+/* The last quick measurement of this process and the key it was made for:
+ * a process that makes several contexts (bench, tests) measures once. */
+static pthread_mutex_t calib_kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool calib_kept_valid;
+static tm_calib_key calib_kept_key;
+static tm_calib calib_kept;
+
+static bool calib_kept_get(const tm_calib_key *key, tm_calib *out) {
+    pthread_mutex_lock(&calib_kept_mu);
+    const bool hit = calib_kept_valid && calib_key_check("", &calib_kept_key, key) == TM_OK;
+    if (hit) *out = calib_kept;
+    pthread_mutex_unlock(&calib_kept_mu);
+    return hit;
+}
+
+void calib_kept_clear(void) {
+    pthread_mutex_lock(&calib_kept_mu);
+    calib_kept_valid = false;
+    pthread_mutex_unlock(&calib_kept_mu);
+}
+
+static void calib_kept_set(const tm_calib_key *key, const tm_calib *c) {
+    pthread_mutex_lock(&calib_kept_mu);
+    calib_kept_key = *key, calib_kept = *c, calib_kept_valid = true;
+    pthread_mutex_unlock(&calib_kept_mu);
+}
+
 tm_status calib_load_or_measure(const tm_calib_source *src, const char *path, tm_calib *out,
                                 bool *measured) {
     if (measured) *measured = false;
@@ -229,6 +257,10 @@ tm_status calib_load_or_measure(const tm_calib_source *src, const char *path, tm
         }
     }
     snprintf(why, sizeof(why), "%s", tm_error_message());
+    if (calib_kept_get(&key, out)) {
+        tm_log_info("calibration: the quick profile this process measured (%s)", why);
+        return TM_OK;
+    }
     const uint64_t t0 = tm_time_ns();
     const tm_calib_opts o = {.quick = true};
     st = calib_measure(src, &o, out);
@@ -240,6 +272,7 @@ tm_status calib_load_or_measure(const tm_calib_source *src, const char *path, tm
     }
     if (st != TM_OK) return tm_error_wrap(st, "calibration (quick)");
     if (measured) *measured = true;
+    calib_kept_set(&key, out);
     const double ms = (double)(tm_time_ns() - t0) * 1e-6;
     if (rst == TM_ERR_FORMAT)
         tm_log_warn("calibration: %s; measured a quick profile instead in %.0f ms", why, ms);

@@ -201,9 +201,11 @@ tm_status calib_read_json(const char *path, const tm_calib_key *expect, tm_calib
 
 /* The executor's entry: the profile at path (NULL: $TIERMOE_CALIB, else
  * calib_default_path) when it exists and matches this machine and shape;
- * otherwise a quick measurement (not saved), with one log line saying why
- * and how long it took. *measured (may be NULL) says which. Fails only when
- * the measurement does. */
+ * otherwise a quick measurement (not saved to a file; kept for the process,
+ * so later calls with the same key reuse it), with one log line saying why
+ * and how long it took. *measured (may be NULL): measured by this call. A
+ * GPU part that fails is measured again without the GPU. Fails only when the
+ * measurement does. */
 tm_status calib_load_or_measure(const tm_calib_source *src, const char *path, tm_calib *out,
                                 bool *measured);
 

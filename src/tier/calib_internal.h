@@ -14,6 +14,13 @@
  * one before; a few more tokens never really do. */
 void calib_curve_fit(tm_calib_curve *cv);
 
+/* TM_ERR_ARG naming path and the first field of key k that differs from
+ * expect e (TM_OK: none). */
+tm_status calib_key_check(const char *path, const tm_calib_key *k, const tm_calib_key *e);
+
+/* Forget the quick profile calib_load_or_measure keeps for the process (tests). */
+void calib_kept_clear(void);
+
 /* The table, piece by piece (calib_print prints them all in this order). */
 void calib_print_head(FILE *f, const tm_calib *c);
 void calib_print_membw(FILE *f, const tm_calib *c);

@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tier/calib.h"
+#include "tier/calib_internal.h"
 
 #define CALIB_FORMAT "tiermoe-calib"
 
@@ -320,8 +320,7 @@ static tm_status calib_from_json(const calib_reader *r, json_t *root, tm_calib *
     return TM_OK;
 }
 
-/* The first field of the key that differs from expect, as an error. */
-static tm_status calib_key_check(const char *path, const tm_calib_key *k, const tm_calib_key *e) {
+tm_status calib_key_check(const char *path, const tm_calib_key *k, const tm_calib_key *e) {
     const tm_calib_expert *a = &k->expert, *b = &e->expert;
     if (strcmp(k->cpu, e->cpu))
         return tm_error_set(TM_ERR_ARG, "%s: key.cpu is \"%s\", this machine's \"%s\"", path,
