@@ -18,6 +18,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 /* tiermoe report --replay LOG ... (report_replay.c) */
 int report_replay(int argc, char **argv);
 

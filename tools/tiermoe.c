@@ -24,6 +24,8 @@ static const cli_command commands[] = {
     {"plan", cmd_plan, "plan the VRAM expert cache from learn files and a budget"},
     {"inspect", cmd_inspect,
      "show a GGUF file: architecture, hyper-parameters, tensors, expert bytes"},
+    {"calibrate", cmd_calibrate,
+     "measure this machine's costs for the tier's lane decisions and save the profile"},
     {"mkmodel", cmd_mkmodel, "write a synthetic random-weight MoE model (qwen3moe)"},
     {"tokenize", cmd_tokenize, "show the token ids of a text with a GGUF file's tokenizer"},
     {"detokenize", cmd_detokenize, "show the text of token ids with a GGUF file's tokenizer"},
