@@ -155,6 +155,7 @@ static void test_cache_set(void **state) {
     tm_context *ref, *c;
     assert_int_equal(model_context_create(m, &p, &ref), TM_OK);
     p = params(ALL, true, NULL, 1);
+    p.moe_cache.update = TM_MOE_UPDATE_OFF; /* only the manual sets change the slots */
     assert_int_equal(model_context_create(m, &p, &c), TM_OK);
     const int32_t slots = tier_cache_slots(c->tier, 1);
     assert_true(slots > 0 && slots < 32);
@@ -177,6 +178,58 @@ static void test_cache_set(void **state) {
     const double err = pm_rel_l2(lb, la, V);
     if (!(err <= mock_tol.decode)) fail_msg("after tier_cache_set: logits error %.3g", err);
     free(la), free(lb);
+    model_context_free(ref), model_context_free(c);
+    model_free(m);
+}
+
+/* Every cached layer's slots hold distinct experts that the maps agree on. */
+static void check_slots_mapped(const tm_context *c) {
+    const tm_model_config *cfg = &c->model->cfg;
+    for (uint32_t l = 0; l < cfg->n_layer; l++) {
+        const int32_t slots = tier_cache_slots(c->tier, l);
+        int32_t mapped = 0;
+        uint8_t seen[64] = {0};
+        for (uint32_t e = 0; e < cfg->n_expert; e++) {
+            const int32_t s = tier_slot_of(c->tier, l, (int32_t)e);
+            if (s < 0) continue;
+            if (s >= slots || seen[s])
+                fail_msg("layer %u: expert %u in slot %d (of %d) twice", l, e, s, slots);
+            seen[s] = 1, mapped++;
+        }
+        if (mapped != slots) fail_msg("layer %u: %d of %d slots mapped", l, mapped, slots);
+    }
+}
+
+/* The cache while running: lru admits every miss after each step (uploads
+ * in flight across steps, slots superseded), the updater exchanges slots
+ * between requests; the tokens stay the reference's, and once settled every
+ * slot holds one mapped expert. */
+static void test_cache_update(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(wide_path, &m), TM_OK);
+    tm_context_params p = params(0, false, NULL, 0);
+    tm_context *ref, *c;
+    assert_int_equal(model_context_create(m, &p, &ref), TM_OK);
+    p = params(ALL, true, NULL, 1);
+    p.moe_cache.policy_set = true, p.moe_cache.policy = TM_CACHE_LRU, p.moe_cache.max_admit = -1;
+    setenv("MOCK_GPU_LATENCY_US", "200", 1); /* copies still running when the next step starts */
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    unsetenv("MOCK_GPU_LATENCY_US");
+    int32_t a[24], b[24];
+    run_tokens(ref, 12, a, NULL);
+    run_tokens(c, 12, b, NULL);
+    const tm_tier_stats *s = &tier_stats(c->tier)[TM_TIER_CACHED];
+    assert_true(s->admits > 0 && s->upload_bytes > 0);
+    assert_int_equal(tier_cache_settle(c->tier), TM_OK);
+    check_slots_mapped(c);
+    assert_int_equal(tier_cache_update(c->tier, 0.5), TM_OK);
+    assert_int_equal(tier_cache_update(c->tier, 2), TM_ERR_ARG);
+    assert_int_equal(tier_cache_settle(c->tier), TM_OK);
+    check_slots_mapped(c);
+    run_tokens(ref, 12, a + 12, NULL);
+    run_tokens(c, 12, b + 12, NULL);
+    for (int i = 0; i < 24; i++) assert_int_equal(a[i], b[i]);
     model_context_free(ref), model_context_free(c);
     model_free(m);
 }
@@ -278,7 +331,7 @@ int main(void) {
         cmocka_unit_test(test_matrix_tiny),    cmocka_unit_test(test_matrix_4x32),
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_cache_set),
         cmocka_unit_test(test_profile),        cmocka_unit_test(test_handoff_timeout),
-        cmocka_unit_test(test_fetch_fallback),
+        cmocka_unit_test(test_fetch_fallback), cmocka_unit_test(test_cache_update),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,5 @@
 /* The tier's pieces that need no GPU, against plain reference code written
- * here: which experts fill a layer's VRAM slots (tier_cache_rank: by a
- * learn file's counts, most selected first, ties to the lower id), and the
+ * here: a prompt step's worklist by lane (tier_worklist_partition), and the
  * split of a worklist into the CPU lane's cold slots, the PCIe lane's (the
  * first n cold slots of each decode token) and the GPU's hot ones
  * (tier_worklist_split: CPU, PCIe, hot, each in its previous order, so an
@@ -19,43 +18,54 @@
 #include "core/rng.h"
 #include "tier/tier.h"
 
-/* ---- tier_cache_rank ---- */
+/* ---- tier_worklist_partition ---- */
 
-typedef struct ranked {
-    uint64_t hits;
-    int32_t id;
-} ranked;
-
-static int ranked_cmp(const void *a, const void *b) {
-    const ranked *x = a, *y = b;
-    if (x->hits != y->hits) return x->hits > y->hits ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-static void test_cache_rank(void **state) {
+/* A prompt step's slots by the lane of their expert: the CPU's, the GPU's
+ * RAM experts' (fetch lane), the hot ones; each lane's slots in their order
+ * before, against a stable filter. */
+static void test_worklist_partition(void **state) {
     (void)state;
     tm_rng r;
-    tm_rng_seed(&r, 3);
-    for (int c = 0; c < 300; c++) {
-        const uint32_t n = 1 + (uint32_t)(tm_rng_u64(&r) % 200);
-        const int32_t slots = (int32_t)(tm_rng_u64(&r) % (n + 3)); /* 0 .. n + 2 */
-        uint64_t *hits = malloc(n * sizeof(*hits));
-        ranked *ref = malloc(n * sizeof(*ref));
-        int32_t *out = malloc((size_t)(slots + 1) * sizeof(*out));
-        /* few distinct values, so ties are common */
-        const uint64_t span = c % 3 == 0 ? 3 : 1000;
-        for (uint32_t e = 0; e < n; e++)
-            hits[e] = tm_rng_u64(&r) % span, ref[e] = (ranked){hits[e], (int32_t)e};
-        qsort(ref, n, sizeof(*ref), ranked_cmp);
-        tier_cache_rank(hits, n, slots, out);
-        const int32_t want = slots < (int32_t)n ? slots : (int32_t)n;
-        for (int32_t s = 0; s < want; s++)
-            if (out[s] != ref[s].id)
-                fail_msg("case %d (%u experts, %d slots): slot %d holds %d, want %d", c, n, slots,
-                         s, out[s], ref[s].id);
-        tier_cache_rank(NULL, n, slots, out); /* no learn file: the lowest ids */
-        for (int32_t s = 0; s < want; s++) assert_int_equal(out[s], s);
-        free(hits), free(ref), free(out);
+    tm_rng_seed(&r, 5);
+    for (int c = 0; c < 200; c++) {
+        const uint32_t n_expert = 1 + (uint32_t)(tm_rng_u64(&r) % 64);
+        const uint32_t k = 1 + (uint32_t)(tm_rng_u64(&r) % (n_expert < 8 ? n_expert : 8));
+        const int64_t n_tok = 1 + (int64_t)(tm_rng_u64(&r) % 40);
+        int32_t *ids = malloc((size_t)(n_tok * k) * sizeof(int32_t));
+        float *w = malloc((size_t)(n_tok * k) * sizeof(float));
+        for (int64_t t = 0; t < n_tok; t++) { /* k distinct experts a token: a run from s0 */
+            const uint32_t s0 = (uint32_t)(tm_rng_u64(&r) % n_expert);
+            for (uint32_t j = 0; j < k; j++)
+                ids[t * k + j] = (int32_t)((s0 + j) % n_expert),
+                            w[t * k + j] = (float)(t * 100 + j);
+        }
+        int32_t *lane = malloc(n_expert * sizeof(int32_t));
+        for (uint32_t e = 0; e < n_expert; e++) lane[e] = (int32_t)(tm_rng_u64(&r) % 3);
+        tm_moe_worklist wl = {0};
+        assert_int_equal(moe_worklist_build(&wl, ids, w, n_tok, n_expert, k, TM_MOE_PHASE_PROMPT),
+                         TM_OK);
+        const int64_t n = wl.n_slots;
+        tm_moe_slot *before = malloc((size_t)n * sizeof(*before)),
+                    *tmp = malloc((size_t)n * sizeof(*tmp));
+        memcpy(before, wl.slots, (size_t)n * sizeof(*before));
+        int64_t counts[3];
+        tier_worklist_partition(&wl, lane, tmp, counts);
+        int64_t at = 0;
+        for (int l = 0; l < 3; l++) {
+            int64_t want = 0;
+            for (int64_t i = 0; i < n; i++) {
+                if (lane[before[i].expert] != l) continue;
+                want++;
+                const tm_moe_slot *g = &wl.slots[at++];
+                if (g->token != before[i].token || g->expert != before[i].expert ||
+                    g->weight != before[i].weight)
+                    fail_msg("case %d: lane %d, slot %lld out of order", c, l, (long long)(at - 1));
+            }
+            assert_int_equal(counts[l], want);
+        }
+        assert_int_equal(at, n);
+        moe_worklist_free(&wl);
+        free(ids), free(w), free(lane), free(before), free(tmp);
     }
 }
 
@@ -154,7 +164,7 @@ static void test_worklist_split(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cache_rank),
+        cmocka_unit_test(test_worklist_partition),
         cmocka_unit_test(test_worklist_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

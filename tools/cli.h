@@ -8,6 +8,8 @@
 #include <stdio.h>
 
 #include "model/model.h"
+#include "tier/plan.h"
+#include "trace/trace.h"
 
 int cmd_inspect(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
@@ -37,9 +39,12 @@ typedef struct cli_place {
     char *overrides; /* every -ot, joined by ',' */
     int64_t cache_mib;
     const char *learn_path;
-    int pcie;       /* --moe-pcie (TM_MOE_PCIE_AUTO unless given) */
-    int fetch;      /* --moe-fetch (TM_MOE_FETCH_AUTO unless given) */
-    uint64_t *hits; /* the learn file's counts */
+    int pcie;                /* --moe-pcie (TM_MOE_PCIE_AUTO unless given) */
+    int fetch;               /* --moe-fetch (TM_MOE_FETCH_AUTO unless given) */
+    const char *plan_path;   /* --moe-cache-plan */
+    tm_moe_cache_opts cache; /* --moe-cache-weighting, -curve, -update, -policy, -admit */
+    tm_trace_stats learn;    /* the --moe-learn file, once applied */
+    tm_plan plan;            /* the --moe-cache-plan file, once applied */
 } cli_place;
 extern const char cli_place_help[];
 /* argv[i] may be a placement flag: returns the arguments it took (0: not one;

@@ -18,8 +18,17 @@ const char cli_place_help[] =
     "                         tensors whose name matches the regex go there (first match wins)\n"
     "  --moe-cache MIB|auto   VRAM for the most used experts of the layers whose experts are in\n"
     "                         RAM, split evenly over those layers (auto: what is free)\n"
-    "  --moe-learn FILE       learn file (tiermoe trace) choosing the cached experts (default:\n"
-    "                         the lowest expert ids)\n"
+    "  --moe-learn FILE       learn file (tiermoe trace): the cache is planned from it and its\n"
+    "                         policies start from its counts (default: the lowest expert ids)\n"
+    "  --moe-cache-plan FILE  the cache holds this plan's experts (tiermoe plan; its size is the\n"
+    "                         plan's, --moe-cache not needed)\n"
+    "  --moe-cache-weighting flat|pressure|smooth_pressure|time|balanced  how the plan made at\n"
+    "                         load weighs layers (default flat), --moe-cache-curve X its curve\n"
+    "  --moe-cache-update full|update|off  full (default): the cache policy admits routed experts\n"
+    "                         after each step and exchanges weak slots between requests; update:\n"
+    "                         between requests only; off: the planned experts stay\n"
+    "  --moe-cache-policy adaptive|lru|lfu|static  the policy of 'full' (default adaptive)\n"
+    "  --moe-cache-admit N    uploads a layer a step at most (default 1; 0: no cap)\n"
     "  --moe-pcie N|auto|off  of each decode token's experts in RAM, the GPU reads the first N\n"
     "                         over PCIe (pinned in place) while the CPU computes the rest\n"
     "                         (auto: a third of the token's experts in RAM)\n"
@@ -38,7 +47,7 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
                       !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
                       !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
                       !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
-                      !strcmp(a, "--moe-fetch");
+                      !strcmp(a, "--moe-fetch") || !strncmp(a, "--moe-cache-", 12);
     if (!ours) return 0;
     if (i + 1 >= argc) {
         fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
@@ -95,47 +104,81 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
             return -1;
         }
         p->fetch = modes[k];
-    } else {
+    } else if (!strcmp(a, "--moe-cache-plan")) {
+        p->plan_path = v;
+    } else if (!strcmp(a, "--moe-cache-weighting")) {
+        tm_plan_weighting w;
+        if (plan_weighting_parse(v, &w) != TM_OK) {
+            fprintf(stderr, "tiermoe %s: %s: %s\n", cmd, a, tm_error_message());
+            return -1;
+        }
+        p->cache.weighting = (int32_t)w;
+    } else if (!strcmp(a, "--moe-cache-curve")) {
+        if (cli_parse_f64(a, v, 0, TM_PLAN_CURVE_MAX, &p->cache.curve)) return -1;
+    } else if (!strcmp(a, "--moe-cache-update")) {
+        static const char *const names[] = {"full", "update", "off"};
+        int k = 0;
+        while (k < 3 && strcmp(v, names[k])) k++;
+        if (k == 3) {
+            fprintf(stderr, "tiermoe %s: %s: expected full, update or off, got '%s'\n", cmd, a, v);
+            return -1;
+        }
+        p->cache.update = k; /* TM_MOE_UPDATE_FULL, _BETWEEN, _OFF */
+    } else if (!strcmp(a, "--moe-cache-policy")) {
+        if (cache_policy_kind_parse(v, &p->cache.policy) != TM_OK) {
+            fprintf(stderr, "tiermoe %s: %s: %s\n", cmd, a, tm_error_message());
+            return -1;
+        }
+        p->cache.policy_set = true;
+    } else if (!strcmp(a, "--moe-cache-admit")) {
+        if (cli_parse_i64(a, v, 0, 1 << 20, &n)) return -1;
+        p->cache.max_admit = n ? (int32_t)n : -1;
+    } else if (!strcmp(a, "--moe-learn")) {
         p->learn_path = v;
+    } else {
+        fprintf(stderr, "tiermoe %s: unknown flag %s\n", cmd, a);
+        return -1;
     }
     return 2;
 }
 
 int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context_params *cp) {
-    const bool experts = p->cpu_moe || p->n_cpu_moe > 0 || p->cache_mib != 0;
+    const bool cache = p->cache_mib != 0 || p->plan_path;
+    const bool experts = p->cpu_moe || p->n_cpu_moe > 0 || cache;
     cp->n_gpu_layers = p->ngl_given || !experts ? p->ngl : TM_NGL_AUTO;
     cp->cpu_moe = p->cpu_moe, cp->n_cpu_moe = p->n_cpu_moe;
     cp->override_tensor = p->overrides;
     cp->moe_cache_mib = p->cache_mib;
     cp->moe_pcie = p->pcie;
     cp->moe_fetch = p->fetch;
-    cp->moe_hits = NULL;
-    if (!p->learn_path) return 0;
-    if (!p->cache_mib)
-        fprintf(stderr, "tiermoe %s: --moe-learn is used with --moe-cache; ignored\n", cmd);
+    cp->moe_cache = p->cache;
     tm_trace_shape shape;
     trace_shape_of_model(m, &shape);
-    tm_trace_stats stats;
-    if (trace_stats_read_json(p->learn_path, &shape, &stats) != TM_OK) {
-        fprintf(stderr, "tiermoe %s: --moe-learn: %s\n", cmd, tm_error_message());
-        return 1;
+    if (p->learn_path) {
+        if (!cache)
+            fprintf(stderr, "tiermoe %s: --moe-learn is used with --moe-cache; ignored\n", cmd);
+        trace_stats_free(&p->learn);
+        if (trace_stats_read_json(p->learn_path, &shape, &p->learn) != TM_OK) {
+            fprintf(stderr, "tiermoe %s: --moe-learn: %s\n", cmd, tm_error_message());
+            return 1;
+        }
+        cp->moe_cache.learn = &p->learn;
     }
-    free(p->hits);
-    p->hits = malloc((size_t)shape.n_layer * shape.n_expert * sizeof(uint64_t));
-    if (!p->hits) {
-        trace_stats_free(&stats);
-        return 1;
+    if (p->plan_path) {
+        plan_free(&p->plan);
+        if (plan_read_json(p->plan_path, &shape, &p->plan) != TM_OK) {
+            fprintf(stderr, "tiermoe %s: --moe-cache-plan: %s\n", cmd, tm_error_message());
+            return 1;
+        }
+        cp->moe_cache.plan = &p->plan;
     }
-    for (uint32_t l = 0; l < shape.n_layer; l++)
-        memcpy(p->hits + (size_t)l * shape.n_expert, stats.layers[l].experts,
-               shape.n_expert * sizeof(uint64_t));
-    trace_stats_free(&stats);
-    cp->moe_hits = p->hits;
     return 0;
 }
 
 void cli_place_free(cli_place *p) {
-    free(p->overrides), free(p->hits);
+    free(p->overrides);
+    trace_stats_free(&p->learn);
+    plan_free(&p->plan);
     memset(p, 0, sizeof(*p));
 }
 
@@ -187,8 +230,20 @@ void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_mo
                 (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
                 (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
     }
+    const tm_tier_stats *cs = &ts[TM_TIER_CACHED], z = {0},
+                        *cs0 = tier0 ? &tier0[TM_TIER_CACHED] : &z;
+    const uint64_t hot = cs->hot_slots - cs0->hot_slots,
+                   all = hot + cs->cold_slots - cs0->cold_slots + cs->pcie_slots - cs0->pcie_slots +
+                         cs->fetch_slots - cs0->fetch_slots;
+    if (cs->layers)
+        fprintf(out,
+                "  VRAM cache: %.1f%% of routed slots hot; per run %.1f experts admitted after "
+                "steps, %.1f exchanged between requests, %.3f GB uploaded\n",
+                all ? 100.0 * hot / all : 0.0, (double)(cs->admits - cs0->admits) / runs,
+                (double)(cs->exchanges - cs0->exchanges) / runs,
+                (cs->upload_bytes - cs0->upload_bytes) * 1e-9 / runs);
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
-        const tm_tier_stats *s = &ts[c], z = {0}, *s0 = tier0 ? &tier0[c] : &z;
+        const tm_tier_stats *s = &ts[c], *s0 = tier0 ? &tier0[c] : &z;
         const uint64_t slots = s->fetch_slots - s0->fetch_slots,
                        fb = s->fallback_slots - s0->fallback_slots;
         if (!slots && !fb) continue;

@@ -83,6 +83,7 @@ typedef struct bench_result {
     double mem_gbs;          /* the CPU's read bandwidth (0: not measured) */
     double bound;            /* t/s the CPU's bandwidth allows (0: not measured) */
     double steal;            /* share of CPU time the host took (virtual machines); -1: unknown */
+    double cache_hit; /* routed slots of cached layers served from the VRAM cache; -1: none */
 } bench_result;
 
 /* CPU time counters of /proc/stat's first line: the host's "steal" (time a
@@ -157,6 +158,17 @@ static void bench_tier_bytes(const tm_context *ctx, uint64_t bytes[3]) {
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
         bytes[0] += ts[c].hot_bytes, bytes[1] += ts[c].cold_bytes,
             bytes[2] += ts[c].pcie_bytes + ts[c].fetch_bytes;
+}
+
+/* The share of the cached layers' routed slots the VRAM cache served since
+ * the marks (-1: no cache). */
+static double bench_cache_hit(const tm_context *ctx, const tm_tier_stats *tier0) {
+    const tm_tier_stats *s = &tier_stats(ctx->tier)[TM_TIER_CACHED], *s0 = &tier0[TM_TIER_CACHED];
+    if (!s->layers) return -1;
+    const uint64_t hot = s->hot_slots - s0->hot_slots,
+                   all = hot + (s->cold_slots - s0->cold_slots) + (s->pcie_slots - s0->pcie_slots) +
+                         (s->fetch_slots - s0->fetch_slots);
+    return all ? (double)hot / (double)all : 0;
 }
 
 /* "CPU AVX512", "CUDA", "CUDA 13 + CPU AVX512", "CUDA (experts: 48 layers in RAM, 4.20 GiB cached) + CPU AVX512" */
@@ -264,6 +276,8 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         bench_tier_bytes(ctx, b0);
         bench_steal_since(&steal0, &total0, &steal_ok);
         for (int r = 0; r < reps && !rc; r++) {
+            /* a repetition is a request: the VRAM cache's updater runs between them */
+            if (r && tier_cache_update(ctx->tier, TM_MOE_UPDATE_RATE) != TM_OK) rc = 1;
             model_context_reset(ctx);
             if (o->tr) trace_sequence_begin(o->tr);
             int32_t id = toks[0];
@@ -287,7 +301,8 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
                             .n_gpu_layers = ctx->n_gpu_layers,
                             .n_cpu_moe = cp.n_cpu_moe,
                             .mem_gbs = mem,
-                            .steal = bench_steal_since(&steal0, &total0, &steal_ok)};
+                            .steal = bench_steal_since(&steal0, &total0, &steal_ok),
+                            .cache_hit = bench_cache_hit(ctx, tier0)};
         memcpy(b->backend, backend, sizeof(backend));
         bench_stats(ts, reps, (double)n, &b->mean, &b->sd);
         double cpu_b, gpu_b, pcie_b = 0;
@@ -488,6 +503,13 @@ static int bench_main(int argc, char **argv, cli_place *place) {
     for (int i = 0; i < n_res; i++)
         if (res[i].steal >= 0) {
             fprintf(stderr, "%s %s%d %.1f%%", sep, res[i].test, res[i].n, 100 * res[i].steal);
+            sep = ",";
+        }
+    if (strcmp(sep, ",") == 0) fputc('\n', stderr);
+    sep = "VRAM cache, routed slots served from it:";
+    for (int i = 0; i < n_res; i++)
+        if (res[i].cache_hit >= 0) {
+            fprintf(stderr, "%s %s%d %.1f%%", sep, res[i].test, res[i].n, 100 * res[i].cache_hit);
             sep = ",";
         }
     if (strcmp(sep, ",") == 0) fputc('\n', stderr);

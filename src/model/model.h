@@ -69,7 +69,7 @@ typedef struct tm_context_params {
     int n_cpu_moe;    /* --n-cpu-moe N: the experts of layers < N in RAM */
     const char *override_tensor; /* -ot PATTERN=CPU|CUDA0[,...] (placement.h) */
     int64_t moe_cache_mib;       /* --moe-cache: VRAM for experts in RAM (TM_MOE_CACHE_AUTO) */
-    const uint64_t *moe_hits;    /* [n_layer][n_expert] from --moe-learn (NULL: by id) */
+    tm_moe_cache_opts moe_cache; /* the cache's plan and updates (--moe-learn, --moe-cache-*) */
     int moe_pcie;  /* --moe-pcie: cold experts a decode token the GPU reads from RAM over PCIe
                      (0: TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or N) */
     int moe_fetch; /* --moe-fetch: prompts' experts in RAM on the GPU (0: TM_MOE_FETCH_AUTO) */

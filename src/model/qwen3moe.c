@@ -192,8 +192,11 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
         const qwen3moe_layer *L = &w->layers[l];
         tl[l] = (tm_tier_layer){L->experts, &L->gate_exps, &L->up_exps, &L->down_exps};
     }
-    const tm_tier_params tp = {ctx->params.moe_cache_mib, ctx->params.moe_hits, (size_t)768 << 20,
-                               ctx->params.moe_pcie, ctx->params.moe_fetch};
+    const tm_tier_params tp = {.cache_mib = ctx->params.moe_cache_mib,
+                               .cache = ctx->params.moe_cache,
+                               .reserve = (size_t)768 << 20,
+                               .pcie = ctx->params.moe_pcie,
+                               .fetch = ctx->params.moe_fetch};
     st = tier_create(e, &ctx->placement, c->n_layer, tl, &w->router, &tp, &ctx->tier);
     free(tl);
     return st;

@@ -125,8 +125,8 @@ tm_status synth_routing_profile(tm_synth_config *c, const char *name) {
             c->routing = synth_profiles[i].name;
             return TM_OK;
         }
-    return tm_error_set(TM_ERR_ARG, "unknown routing profile '%s' (expected uniform or qwen3-30b-a3b)",
-                        name);
+    return tm_error_set(TM_ERR_ARG,
+                        "unknown routing profile '%s' (expected uniform or qwen3-30b-a3b)", name);
 }
 
 /* ---- locality ---- */
@@ -138,7 +138,8 @@ double synth_locality_score(const tm_synth_config *c, const tm_synth_locality *l
     double s = 0;
     for (uint32_t i = 0; i < half; i++) {
         const double th = pow(c->rope_base, -2.0 * i / d);
-        const double a = (double)loc->qk[i] * loc->qk[i] + (double)loc->qk[i + half] * loc->qk[i + half];
+        const double a =
+            (double)loc->qk[i] * loc->qk[i] + (double)loc->qk[i + half] * loc->qk[i + half];
         s += a * cos(lag * th);
     }
     return s * loc->qk_gain * loc->qk_gain / sqrt((double)d);
@@ -219,5 +220,6 @@ bool synth_routing_label(const tm_gguf_file *f, char *out, size_t n) {
 
 void synth_routing_print(const tm_gguf_file *f, FILE *out) {
     char label[128];
-    if (synth_routing_label(f, label, sizeof(label))) fprintf(out, "synthetic routing: %s\n", label);
+    if (synth_routing_label(f, label, sizeof(label)))
+        fprintf(out, "synthetic routing: %s\n", label);
 }

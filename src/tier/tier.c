@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "tier/calib.h"
 #include "tier/tier_internal.h"
+#include "trace/trace.h"
 
 #define TIER_TIMEOUT_MS 30000 /* TIERMOE_HANDOFF_TIMEOUT_MS */
 
@@ -14,23 +16,6 @@ const char *const tm_tier_class_names[TM_TIER_CLASS_COUNT] = {"experts in VRAM",
                                                               "RAM + VRAM cache"};
 
 /* ---- pieces ---- */
-
-void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, int32_t *out) {
-    if (n_slots > (int32_t)n_expert) n_slots = (int32_t)n_expert;
-    for (int32_t s = 0; s < n_slots; s++) out[s] = s;
-    if (!hits) return;
-    /* selection of the n_slots best by (hits desc, id asc): an insertion into
-     * the running best list, n_expert * n_slots at most, once per layer at load */
-    int32_t n = 0;
-    for (uint32_t e = 0; e < n_expert; e++) {
-        int32_t i = n < n_slots ? n++ : n_slots;
-        while (i > 0 && hits[out[i - 1]] < hits[e]) {
-            if (i < n_slots) out[i] = out[i - 1];
-            i--;
-        }
-        if (i < n_slots) out[i] = (int32_t)e;
-    }
-}
 
 /* A slot's lane: 0 the CPU, 1 the PCIe lane, 2 hot. Slots [i, j) are one
  * token's (token-major) or a run of an expert-major list (share_q8 0 there);
@@ -68,23 +53,6 @@ int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t
     return count[0];
 }
 
-/* ---- the VRAM cache ---- */
-
-int32_t tier_cache_slots(const tm_tier *t, uint32_t layer) {
-    return layer < t->n_layer ? t->layers[layer].n_slots : 0;
-}
-
-int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert) {
-    if (layer >= t->n_layer || expert < 0 || (uint32_t)expert >= t->n_expert) return -1;
-    const tier_layer *L = &t->layers[layer];
-    if (L->cls == TM_TIER_VRAM) return expert;
-    return L->slot_of ? L->slot_of[expert] : -1;
-}
-
-size_t tier_cache_bytes(const tm_tier *t) {
-    return t->cache_bytes;
-}
-
 int32_t tier_pcie_slots(const tm_tier *t) {
     return t->n_pcie ? TM_CUDA_MAPPED_COUNT((int32_t)t->k, t->n_pcie, t->pcie_share_q8) : 0;
 }
@@ -105,132 +73,8 @@ const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t) {
     return &t->lane_stats;
 }
 
-tm_status tier_cache_upload(tm_tier *t, tier_layer *L, int32_t slot, int32_t expert) {
-    const tm_moe_matrix *src[3] = {&L->host.gate, &L->host.up, &L->host.down};
-    const tm_cuda_moe_matrix *dst[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
-    const int64_t rows[3] = {t->n_ff, t->n_ff, t->n_embd};
-    for (int p = 0; p < 3; p++) {
-        tm_status st = cuda_upload(exec_gpu(t->e),
-                                   (uint8_t *)dst[p]->data + (size_t)slot * dst[p]->expert_stride,
-                                   src[p]->data + (size_t)expert * src[p]->expert_stride,
-                                   (size_t)rows[p] * src[p]->row_bytes, NULL);
-        if (st != TM_OK) return st;
-    }
-    return TM_OK;
-}
-
-tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t expert) {
-    if (layer >= t->n_layer || t->layers[layer].cls != TM_TIER_CACHED)
-        return tm_error_set(TM_ERR_ARG, "layer %u has no VRAM cache", layer);
-    tier_layer *L = &t->layers[layer];
-    if (slot < 0 || slot >= L->n_slots || expert < 0 || (uint32_t)expert >= t->n_expert)
-        return tm_error_set(TM_ERR_ARG, "layer %u: slot %d of %d, expert %d of %u", layer, slot,
-                            L->n_slots, expert, t->n_expert);
-    if (L->slot_of[expert] >= 0 && L->slot_of[expert] != slot)
-        return tm_error_set(TM_ERR_ARG, "layer %u: expert %d is in slot %d already", layer, expert,
-                            L->slot_of[expert]);
-    /* the stream reads the slots: nothing may be in flight */
-    tm_status st = exec_sync(t->e);
-    if (st == TM_OK) st = tier_cache_upload(t, L, slot, expert);
-    if (st != TM_OK) return st;
-    if (L->expert_in[slot] >= 0) L->slot_of[L->expert_in[slot]] = -1;
-    L->expert_in[slot] = expert, L->slot_of[expert] = slot;
-    return cuda_copy_to_device(exec_gpu(t->e), L->slot_of_dev, L->slot_of,
-                               t->n_expert * sizeof(int32_t));
-}
-
 static tm_cuda_moe_matrix tier_gpu_matrix(const void *data, const tm_moe_matrix *m) {
     return (tm_cuda_moe_matrix){data, m->type, m->expert_stride, m->row_bytes};
-}
-
-/* Slots per layer for the budget, and the VRAM they take (errors name the flag). */
-static tm_status tier_cache_size(tm_tier *t, const tm_tier_params *p, uint32_t n_ram,
-                                 size_t expert_bytes, int32_t *slots) {
-    *slots = 0;
-    size_t free_b = 0, total_b = 0;
-    tm_status st = cuda_device_memory(exec_gpu(t->e), &free_b, &total_b);
-    if (st != TM_OK) return st;
-    size_t budget;
-    if (p->cache_mib == TM_MOE_CACHE_AUTO) {
-        budget = free_b > p->reserve ? free_b - p->reserve : 0;
-    } else {
-        budget = (size_t)p->cache_mib << 20;
-        if (budget > free_b)
-            return tm_error_set(TM_ERR_DEVICE,
-                                "--moe-cache %lld: %.1f MiB needed, %.1f MiB of VRAM free (of "
-                                "%.1f MiB)",
-                                (long long)p->cache_mib, budget / 1048576.0, free_b / 1048576.0,
-                                total_b / 1048576.0);
-    }
-    const size_t per_layer = budget / n_ram;
-    size_t n = per_layer / expert_bytes;
-    if (n > t->n_expert) n = t->n_expert;
-    *slots = (int32_t)n;
-    if (!n)
-        tm_log_warn("--moe-cache: %.1f MiB hold no expert (%.2f MiB each) in each of %u layers: "
-                    "no cache",
-                    budget / 1048576.0, expert_bytes / 1048576.0, n_ram);
-    return TM_OK;
-}
-
-/* The slots of every layer whose experts are in RAM, filled. */
-static tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
-    uint32_t n_ram = 0;
-    size_t expert_bytes = 0;
-    for (uint32_t l = 0; l < t->n_layer; l++)
-        if (t->layers[l].cls == TM_TIER_RAM) {
-            n_ram++;
-            if (t->layers[l].expert_bytes > expert_bytes) expert_bytes = t->layers[l].expert_bytes;
-        }
-    if (!p->cache_mib) return TM_OK;
-    if (!t->gpu) {
-        tm_log_info("--moe-cache: no GPU in use, every expert is computed on the CPU");
-        return TM_OK;
-    }
-    if (!n_ram) {
-        tm_log_info("--moe-cache: every layer's experts are in VRAM already; no cache needed");
-        return TM_OK;
-    }
-    int32_t slots;
-    tm_status st = tier_cache_size(t, p, n_ram, expert_bytes, &slots);
-    if (st != TM_OK || !slots) return st;
-    t->cache_bytes = (size_t)n_ram * (size_t)slots * expert_bytes;
-    if ((st = exec_dev_alloc(t->e, t->cache_bytes + 256 * 3 * (size_t)n_ram, &t->cache_mem)))
-        return tm_error_wrap(st, "--moe-cache: ");
-    uint8_t *at = t->cache_mem;
-    for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
-        tier_layer *L = &t->layers[l];
-        if (L->cls != TM_TIER_RAM) continue;
-        L->cls = TM_TIER_CACHED, L->n_slots = slots;
-        const tm_moe_matrix *m[3] = {&L->host.gate, &L->host.up, &L->host.down};
-        tm_cuda_moe_matrix *g[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
-        const int64_t rows[3] = {t->n_ff, t->n_ff, t->n_embd};
-        for (int i = 0; i < 3; i++) { /* slot arrays packed: stride = one expert's rows */
-            *g[i] = tier_gpu_matrix(at, m[i]);
-            g[i]->expert_stride = (size_t)rows[i] * m[i]->row_bytes;
-            at += ((size_t)slots * g[i]->expert_stride + 255) & ~(size_t)255;
-        }
-        L->gpu.n_embd = t->n_embd, L->gpu.n_ff = t->n_ff, L->gpu.n_slots = slots;
-        if (!(L->slot_of = malloc(t->n_expert * sizeof(int32_t))) ||
-            !(L->expert_in = malloc((size_t)slots * sizeof(int32_t))))
-            return tm_error_set(TM_ERR_NOMEM, "out of memory");
-        for (uint32_t e = 0; e < t->n_expert; e++) L->slot_of[e] = -1;
-        tier_cache_rank(p->hits ? p->hits + (size_t)l * t->n_expert : NULL, t->n_expert, slots,
-                        L->expert_in);
-        for (int32_t s = 0; s < slots && st == TM_OK; s++) {
-            L->slot_of[L->expert_in[s]] = s;
-            st = tier_cache_upload(t, L, s, L->expert_in[s]);
-        }
-        if (st == TM_OK && (st = exec_dev_alloc(t->e, t->n_expert * sizeof(int32_t),
-                                                (void **)&L->slot_of_dev)) == TM_OK)
-            st = cuda_copy_to_device(exec_gpu(t->e), L->slot_of_dev, L->slot_of,
-                                     t->n_expert * sizeof(int32_t));
-    }
-    if (st == TM_OK)
-        tm_log_info("--moe-cache: %d of %u experts in VRAM in each of %u layers (%.2f GiB, %s)",
-                    slots, t->n_expert, n_ram, t->cache_bytes / 1073741824.0,
-                    p->hits ? "the learn file's most used" : "the lowest ids");
-    return st;
 }
 
 /* ---- the PCIe lane: cold experts the GPU reads in place from RAM ---- */
@@ -239,8 +83,32 @@ static tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
  * 1/256: measured on the H100 machine with both lanes running, the PCIe lane
  * reads ~39 GB/s and the CPU lane ~78 GB/s (Qwen3-30B-A3B --cpu-moe decode),
  * so they finish together when the GPU takes a third of the cold slots (3 of
- * 8, 2 of 6). Issue 15's calibration replaces the constant. */
+ * 8, 2 of 6). A calibration profile of this machine replaces it (tier_pcie_share). */
 #define TIER_PCIE_SHARE_Q8 85
+
+/* The auto share of the PCIe lane: from this machine's calibration profile
+ * for these experts (`tiermoe calibrate`; $TIERMOE_CALIB or the cache
+ * directory) when there is one, else the H100 machine's constant. */
+static int32_t tier_pcie_share(tm_tier *t, bool *calibrated) {
+    *calibrated = false;
+    tm_moe_experts *ex = malloc(t->n_layer * sizeof(*ex));
+    if (!ex) return TIER_PCIE_SHARE_Q8;
+    for (uint32_t l = 0; l < t->n_layer; l++) ex[l] = t->layers[l].host;
+    const tm_calib_source src = {
+        exec_pool(t->e), exec_gpu(t->e), exec_blas(t->e), ex, t->n_layer, t->n_expert, t->k};
+    tm_calib_key key;
+    tm_calib c;
+    char path[4096];
+    const char *env = getenv("TIERMOE_CALIB");
+    int32_t share = TIER_PCIE_SHARE_Q8;
+    if (calib_key_make(&src, &key) == TM_OK &&
+        (env && *env ? snprintf(path, sizeof(path), "%s", env) < (int)sizeof(path)
+                     : calib_default_path(&key, path, sizeof(path)) == TM_OK) &&
+        calib_read_json(path, &key, &c) == TM_OK)
+        share = calib_pcie_share_q8(&c), *calibrated = true;
+    free(ex);
+    return share;
+}
 
 typedef struct tier_span {
     uintptr_t begin, end;
@@ -323,7 +191,9 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     const bool automatic = p->pcie == TM_MOE_PCIE_AUTO;
     int32_t n = p->pcie == TM_MOE_PCIE_OFF ? 0 : automatic ? (int32_t)t->k : p->pcie;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
-    if (automatic && !TM_CUDA_MAPPED_COUNT((int32_t)t->k, n, TIER_PCIE_SHARE_Q8)) n = 0;
+    bool calibrated = false;
+    const int32_t share = automatic && any ? tier_pcie_share(t, &calibrated) : 0;
+    if (automatic && (!share || !TM_CUDA_MAPPED_COUNT((int32_t)t->k, n, share))) n = 0;
     /* prompts' fetch lane copies from the same pinned pages the decode lane reads */
     if (!any || (n <= 0 && p->fetch == TM_MOE_FETCH_OFF)) {
         free(lane);
@@ -360,15 +230,19 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
         L->n_pcie = n;
     }
     free(lane);
-    t->n_pcie = n, t->pcie_share_q8 = automatic ? TIER_PCIE_SHARE_Q8 : 0;
+    t->n_pcie = n, t->pcie_share_q8 = automatic ? share : 0;
     if (n <= 0)
         tm_log_info("--moe-pcie off: %.2f GiB of experts pinned in %d spans for prompts' fetch "
                     "lane",
                     t->pcie_pinned / 1073741824.0, t->n_pins);
     else if (automatic)
-        tm_log_info("--moe-pcie: the GPU reads a third of each decode token's experts in RAM (%d "
-                    "when all %u are) over PCIe; %.2f GiB of experts pinned in %d spans",
-                    tier_pcie_slots(t), t->k, t->pcie_pinned / 1073741824.0, t->n_pins);
+        tm_log_info("--moe-pcie: the GPU reads %.0f%% of each decode token's experts in RAM (%d "
+                    "when all %u are) over PCIe (%s); %.2f GiB of experts pinned in %d spans",
+                    100.0 * share / 256, tier_pcie_slots(t), t->k,
+                    calibrated
+                        ? "this machine's calibration"
+                        : "measured on the H100 machine; tiermoe calibrate measures this one",
+                    t->pcie_pinned / 1073741824.0, t->n_pins);
     else
         tm_log_info("--moe-pcie: the GPU reads the first %d of each decode token's experts in RAM "
                     "over PCIe; %.2f GiB of experts pinned in %d spans",
@@ -446,10 +320,11 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
 }
 
 /* After each step: a GPU that gave up waiting for the CPU lane added nothing
- * for that layer, so the step's result is wrong: fail it. */
+ * for that layer, so the step's result is wrong: fail it. Then the VRAM
+ * cache's uploads: those done are used, the step's admissions queued. */
 static tm_status tier_step_check(void *ud) {
     tm_tier *t = ud;
-    tm_status st = TM_OK;
+    tm_status st = tier_cache_apply(t);
     for (uint32_t l = 0; l < t->n_layer; l++)
         if (__atomic_exchange_n(&t->mb.err[l], 0, __ATOMIC_ACQ_REL) && st == TM_OK)
             st = tm_error_set(TM_ERR_DEVICE,
@@ -486,7 +361,8 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             st = tm_error_set(TM_ERR_NOMEM, "out of memory");
             break;
         }
-        if (p->hits) memcpy(L->seen, p->hits + (size_t)l * t->n_expert, t->n_expert * 8);
+        if (p->cache.learn) /* the CPU lane's share of prompts takes the least used first */
+            memcpy(L->seen, p->cache.learn->layers[l].experts, t->n_expert * sizeof(uint64_t));
         L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
                           d->experts.down.expert_stride;
         L->cls = pl->experts_dev[l] == TM_DEV_GPU && t->gpu ? TM_TIER_VRAM : TM_TIER_RAM;
@@ -500,6 +376,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                 .down = tier_gpu_matrix(exec_weight_dev(e, d->down), &d->experts.down),
             };
     }
+    if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
     if (st == TM_OK) st = tier_cache_create(t, p);
     if (st == TM_OK) st = tier_pcie_create(t, pl, p);
     if (st == TM_OK) st = tier_fetch_create(t, p);
@@ -519,9 +396,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
 
 void tier_free(tm_tier *t) {
     if (!t) return;
-    for (uint32_t l = 0; t->layers && l < t->n_layer; l++)
-        free(t->layers[l].slot_of), free(t->layers[l].expert_in), free(t->layers[l].seen);
+    if (t->copy) (void)cuda_stream_sync(t->copy); /* no upload may still write */
+    for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
+    tier_cache_free(t);
     tier_fetch_free(t);
+    cuda_stream_free(t->copy);
     cuda_event_free(t->pcie_done);
     for (int i = 0; i < 6; i++) cuda_event_free(t->ev[i]);
     if (t->n_pins) (void)exec_sync(t->e); /* no kernel may still read the pages */

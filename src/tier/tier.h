@@ -27,6 +27,7 @@
 #include "core/status.h"
 #include "exec/exec.h"
 #include "moe/moe.h"
+#include "tier/cache_policy.h"
 #include "tier/placement.h"
 
 #ifdef __cplusplus
@@ -44,6 +45,27 @@ extern "C" {
 #define TM_MOE_FETCH_COPY 1    /* copied into VRAM (the fetch ring), then computed */
 #define TM_MOE_FETCH_PCIE 2    /* the GPU reads the routed ones in place over PCIe */
 
+/* --moe-cache-update: how the VRAM cache follows the routing. */
+#define TM_MOE_UPDATE_FULL    0   /* admissions after every step (the cache policy) + the updater */
+#define TM_MOE_UPDATE_BETWEEN 1   /* the updater between requests only (tier_cache_update) */
+#define TM_MOE_UPDATE_OFF     2   /* the planned experts stay */
+#define TM_MOE_UPDATE_RATE    0.1 /* share of a layer's slots the updater may exchange a request */
+
+/* Which experts the VRAM cache holds, and how it changes while running. */
+typedef struct tm_moe_cache_opts {
+    /* (trace/trace.h and tier/plan.h types, by tag: those headers include this one) */
+    const struct tm_trace_stats *learn; /* --moe-learn: observations to plan from and to seed
+                                           the policies (NULL: none; the lowest ids) */
+    const struct tm_plan *plan;         /* --moe-cache-plan: the experts of each layer (NULL: plan
+                                   from learn and the budget at load) */
+    int32_t weighting; /* --moe-cache-weighting: a tm_plan_weighting (plan made at load) */
+    double curve;      /* its layer curve (0: TM_PLAN_CURVE_DEFAULT) */
+    int32_t update;    /* TM_MOE_UPDATE_* */
+    bool policy_set;   /* --moe-cache-policy given (else adaptive) */
+    tm_cache_policy_kind policy;
+    int32_t max_admit; /* uploads a layer a step (0: 1; < 0: no cap) */
+} tm_moe_cache_opts;
+
 /* One layer's experts as the architecture bound them. */
 typedef struct tm_tier_layer {
     tm_moe_experts experts;            /* host view: the mapped file */
@@ -51,12 +73,12 @@ typedef struct tm_tier_layer {
 } tm_tier_layer;
 
 typedef struct tm_tier_params {
-    int64_t cache_mib;    /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO */
-    const uint64_t *hits; /* [n_layer][n_expert] selections from a learn file (NULL: by id) */
-    size_t reserve;       /* bytes TM_MOE_CACHE_AUTO leaves free */
-    int32_t pcie;         /* --moe-pcie: cold slots per decode token the GPU reads from RAM
+    int64_t cache_mib; /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO (a plan: its size) */
+    tm_moe_cache_opts cache;
+    size_t reserve; /* bytes TM_MOE_CACHE_AUTO leaves free */
+    int32_t pcie;   /* --moe-pcie: cold slots per decode token the GPU reads from RAM
                              (TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or 1..k) */
-    int32_t fetch;        /* --moe-fetch: TM_MOE_FETCH_* */
+    int32_t fetch;  /* --moe-fetch: TM_MOE_FETCH_* */
 } tm_tier_params;
 
 /* Layers by where their experts are (the --profile table's rows). */
@@ -88,6 +110,10 @@ typedef struct tm_tier_stats {
     uint64_t copy_ns;        /* copy engine time of the fetch ring (--profile) */
     uint64_t copy_wait_ns;   /* compute stream waiting for the ring's copies (--profile) */
     uint64_t fallback_slots; /* slots the CPU lane took because a copy failed */
+    /* the VRAM cache while running */
+    uint64_t admits;       /* experts uploaded after a step's routing (the policy) */
+    uint64_t exchanges;    /* experts uploaded by the updater between requests */
+    uint64_t upload_bytes; /* their bytes */
 } tm_tier_stats;
 
 typedef struct tm_tier tm_tier;
@@ -115,6 +141,12 @@ tm_tier_class tier_layer_class(const tm_tier *t, uint32_t layer);
 
 /* ---- the VRAM cache (writable between steps) ---- */
 
+/* Between requests: exchange up to rate * slots of each cached layer's
+ * weakest experts for better ones (the policies' decayed scores), uploaded
+ * in the background and used once there. Nothing with --moe-cache-update off. */
+tm_status tier_cache_update(tm_tier *t, double rate);
+/* Wait for every upload in flight and use it (tests; before reading the cache). */
+tm_status tier_cache_settle(tm_tier *t);
 int32_t tier_cache_slots(const tm_tier *t, uint32_t layer);
 /* The slot expert e of layer l is served from: its id for a layer wholly in
  * VRAM, a cache slot, or -1 (cold). */
@@ -124,10 +156,6 @@ tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t exper
 size_t tier_cache_bytes(const tm_tier *t);
 
 /* ---- pieces, exposed for tests ---- */
-
-/* The n_slots experts to cache from a layer's selection counts: most selected
- * first, ties to the lower id; hits NULL: ids 0, 1, ... */
-void tier_cache_rank(const uint64_t *hits, uint32_t n_expert, int32_t n_slots, int32_t *out);
 /* Reorder a worklist's slots by lane, each lane's in their previous order (an
  * expert's run stays whole): the CPU's cold slots, then the PCIe lane's (the
  * first TM_CUDA_MAPPED_COUNT(cold slots of the token, n_mapped, share_q8)

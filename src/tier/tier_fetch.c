@@ -26,11 +26,11 @@
 #include "core/log.h"
 #include "tier/tier_internal.h"
 
-#define TIER_FETCH_CHUNK    16   /* experts a ring buffer holds */
-#define TIER_FETCH_BUFS     6    /* ring buffers: copies run this many chunks ahead */
-#define TIER_FETCH_USED_MIN 0.9  /* copy ahead when a batch is expected to use this share */
-#define TIER_CPU_Q8_START   32   /* the CPU lane's first share, 1/256 (balanced from there) */
-#define TIER_CPU_Q8_STEP    4    /* balancing step a layer, 1/256 */
+#define TIER_FETCH_CHUNK    16  /* experts a ring buffer holds */
+#define TIER_FETCH_BUFS     6   /* ring buffers: copies run this many chunks ahead */
+#define TIER_FETCH_USED_MIN 0.9 /* copy ahead when a batch is expected to use this share */
+#define TIER_CPU_Q8_START   32  /* the CPU lane's first share, 1/256 (balanced from there) */
+#define TIER_CPU_Q8_STEP    4   /* balancing step a layer, 1/256 */
 #define TIER_ALIGN(n)       (((n) + 255) & ~(size_t)255)
 
 /* ---- setup ---- */
@@ -39,8 +39,8 @@ static tm_status tier_env_bool(const char *name, int *out) {
     const char *v = getenv(name);
     *out = -1;
     if (!v || !*v) return TM_OK;
-    static const char *const yes[] = {"1", "true", "on", "yes"}, *const no[] = {"0", "false",
-                                                                               "off", "no"};
+    static const char *const yes[] = {"1", "true", "on", "yes"}, *const no[] = {"0", "false", "off",
+                                                                                "no"};
     for (int i = 0; i < 4; i++) {
         if (!strcmp(v, yes[i])) *out = 1;
         if (!strcmp(v, no[i])) *out = 0;
@@ -70,8 +70,9 @@ static tm_status tier_fetch_env(tm_tier *t, int32_t *chunk, int32_t *bufs) {
         char *end = NULL;
         const double f = strtod(c, &end);
         if (!end || *end || !(f >= 0 && f <= 1))
-            return tm_error_set(TM_ERR_ARG, "TIERMOE_FETCH_CPU_SHARE: expected a number in [0, 1], "
-                                            "got '%s'",
+            return tm_error_set(TM_ERR_ARG,
+                                "TIERMOE_FETCH_CPU_SHARE: expected a number in [0, 1], "
+                                "got '%s'",
                                 c);
         t->cpu_q8 = (int32_t)lround(f * 256), t->cpu_q8_fixed = true;
     }
@@ -117,8 +118,7 @@ static tm_status tier_ring_create(tm_tier *t, int32_t chunk, int32_t bufs) {
         f->ring = NULL;
         return TM_OK;
     }
-    if ((st = cuda_stream_create(&f->copy)) ||
-        (st = cuda_host_alloc((size_t)n_items * sizeof(tm_cuda_moe_item),
+    if ((st = cuda_host_alloc((size_t)n_items * sizeof(tm_cuda_moe_item),
                               (void **)&f->items_host)) ||
         (st = exec_dev_alloc(t->e, (size_t)n_items * sizeof(tm_cuda_moe_item),
                              (void **)&f->items_dev)))
@@ -167,11 +167,9 @@ void tier_fetch_free(tm_tier *t) {
     tier_fetch *f = t->fetch;
     free(t->lane_of), free(t->cold_mark), free(t->by_count);
     if (!f) return;
-    if (f->copy) (void)cuda_stream_sync(f->copy); /* no copy may still write the ring */
     for (int32_t b = 0; f->ready && b < f->n_bufs; b++) cuda_event_free(f->ready[b]);
     for (int32_t b = 0; f->freed && b < f->n_bufs; b++) cuda_event_free(f->freed[b]);
     for (int32_t i = 0; f->prof && i < 4 * f->n_prof; i++) cuda_event_free(f->prof[i]);
-    cuda_stream_free(f->copy);
     cuda_host_free(f->items_host);
     free(f->ready), free(f->freed), free(f->prof), free(f->list), free(f->n_list);
     free(f->first_chunk), free(f->chunks), free(f);
@@ -204,7 +202,8 @@ void tier_worklist_partition(tm_moe_worklist *wl, const int32_t *lane_of, tm_moe
     counts[0] = counts[1] = counts[2] = 0;
     for (int64_t i = 0; i < wl->n_slots; i++) counts[lane_of[wl->slots[i].expert]]++;
     int64_t at[3] = {0, counts[0], counts[0] + counts[1]};
-    for (int64_t i = 0; i < wl->n_slots; i++) tmp[at[lane_of[wl->slots[i].expert]]++] = wl->slots[i];
+    for (int64_t i = 0; i < wl->n_slots; i++)
+        tmp[at[lane_of[wl->slots[i].expert]]++] = wl->slots[i];
     memcpy(wl->slots, tmp, (size_t)wl->n_slots * sizeof(*tmp));
 }
 
@@ -219,8 +218,7 @@ static void tier_cpu_pick_seen(tm_tier *t, const tier_layer *L, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         int32_t best = -1;
         for (int32_t e = (int32_t)t->n_expert - 1; e >= 0; e--)
-            if (tier_is_cold(L, e) && !t->cold_mark[e] &&
-                (best < 0 || L->seen[e] < L->seen[best]))
+            if (tier_is_cold(L, e) && !t->cold_mark[e] && (best < 0 || L->seen[e] < L->seen[best]))
                 best = e;
         if (best < 0) return;
         t->cold_mark[best] = 1;
@@ -245,8 +243,8 @@ static tm_status tier_fetch_plan(tm_tier *t, const tier_layer *L) {
     f->n_list[l] = n, f->first_chunk[l] = (int32_t)f->n_chunks;
     for (int32_t i = 0; i < n; i += f->chunk_cap) {
         TM_ASSERT(f->n_chunks < f->cap_chunks); /* a layer is planned once a step */
-        f->chunks[f->n_chunks++] = (tier_chunk){
-            l, i, n - i < f->chunk_cap ? n - i : f->chunk_cap, false};
+        f->chunks[f->n_chunks++] =
+            (tier_chunk){l, i, n - i < f->chunk_cap ? n - i : f->chunk_cap, false};
     }
     return TM_OK;
 }
@@ -271,7 +269,7 @@ static tm_status tier_chunk_copy(tm_tier *t, int64_t j) {
             while (i + r < c->n && ids[i + r] == ids[i] + r) r++;
             const size_t stride = m[p]->expert_stride;
             st = cuda_copy_async(buf + off[p] + (size_t)i * stride,
-                                 m[p]->data + (size_t)ids[i] * stride, (size_t)r * stride, f->copy);
+                                 m[p]->data + (size_t)ids[i] * stride, (size_t)r * stride, t->copy);
             i += r;
         }
     return st;
@@ -285,11 +283,11 @@ static tm_status tier_fetch_pump(tm_tier *t) {
     while (f->n_copied < f->n_chunks && f->n_copied < f->n_computed + f->n_bufs) {
         const int64_t j = f->n_copied++;
         const int32_t b = (int32_t)(j % f->n_bufs), pi = prof ? (int32_t)(j % f->n_prof) : 0;
-        tm_status st = cuda_stream_wait_event(f->copy, f->freed[b]);
-        if (st == TM_OK && prof) st = cuda_event_record(f->prof[4 * pi], f->copy);
+        tm_status st = cuda_stream_wait_event(t->copy, f->freed[b]);
+        if (st == TM_OK && prof) st = cuda_event_record(f->prof[4 * pi], t->copy);
         if (st == TM_OK) st = tier_chunk_copy(t, j);
-        if (st == TM_OK && prof) st = cuda_event_record(f->prof[4 * pi + 1], f->copy);
-        if (st == TM_OK) st = cuda_event_record(f->ready[b], f->copy);
+        if (st == TM_OK && prof) st = cuda_event_record(f->prof[4 * pi + 1], t->copy);
+        if (st == TM_OK) st = cuda_event_record(f->ready[b], t->copy);
         if (st != TM_OK) {
             f->chunks[j].failed = true;
             if (!f->warned)
@@ -338,8 +336,8 @@ void tier_prompt_lanes(tm_tier *t, tier_layer *L, tier_prompt_mode mode,
     if (mode == TIER_PROMPT_FETCH) {
         const tier_fetch *f = t->fetch;
         const int32_t *list = f->list + (size_t)L->index * t->n_expert;
-        for (int64_t j = f->first_chunk[L->index]; j < f->n_chunks && f->chunks[j].layer == L->index;
-             j++) {
+        for (int64_t j = f->first_chunk[L->index];
+             j < f->n_chunks && f->chunks[j].layer == L->index; j++) {
             const tier_chunk *c = &f->chunks[j];
             for (int32_t i = c->first; i < c->first + c->n; i++) {
                 t->lane_of[list[i]] = c->failed ? TIER_LANE_CPU : TIER_LANE_GPU;
@@ -405,8 +403,8 @@ static tm_status tier_fetch_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl
         const int32_t p = pos[sl[i].expert];
         f->items_host[i] = (tm_cuda_moe_item){p % f->chunk_cap, sl[i].token, sl[i].weight};
     }
-    if (n && (st = cuda_copy_async(f->items_dev, f->items_host, (size_t)n * sizeof(*f->items_host),
-                                   s)))
+    if (n &&
+        (st = cuda_copy_async(f->items_dev, f->items_host, (size_t)n * sizeof(*f->items_host), s)))
         return st;
     int64_t a = 0;
     for (int64_t j = f->first_chunk[L->index]; j < f->n_chunks && f->chunks[j].layer == L->index;

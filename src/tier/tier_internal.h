@@ -28,6 +28,17 @@ typedef enum tier_prompt_mode {
     TIER_PROMPT_FETCH, /* copied ahead into the fetch ring, then the grouped GEMM */
 } tier_prompt_mode;
 
+/* One expert upload into a cache slot (decided by the layer's policy). */
+typedef struct tier_upload {
+    uint32_t layer;
+    int32_t slot, expert;
+    uint32_t batch;  /* the step batch it was queued in */
+    bool superseded; /* a later upload into the same slot: never used */
+    bool exchange;   /* the updater's, not an admission */
+} tier_upload;
+
+#define TIER_UP_BATCHES 8 /* upload batches in flight before the host waits */
+
 /* One fetch-ring chunk: experts list[first, first + n) of a layer's plan,
  * copied into ring buffer (index % n_bufs). */
 typedef struct tier_chunk {
@@ -43,7 +54,6 @@ typedef struct tier_chunk {
  * its copy is done. Buffer b's copy waits for the compute that last read it
  * (freed[b]); the compute waits for the copy (ready[b]). */
 typedef struct tier_fetch {
-    tm_cuda_stream copy;
     int32_t chunk_cap, n_bufs; /* experts a buffer holds; buffers */
     uint8_t *ring;             /* device: n_bufs buffers of buf_bytes */
     size_t buf_bytes, off_up, off_down;
@@ -65,13 +75,14 @@ typedef struct tier_layer {
     struct tm_tier *t;
     uint32_t index;
     tm_tier_class cls;
-    tm_moe_experts host;    /* RAM */
-    tm_cuda_moe_params gpu; /* the hot experts: whole tensors (n_slots = n_expert) or slots */
-    size_t expert_bytes;    /* gate + up + down of one expert */
-    int32_t n_slots;        /* cache slots (cached layers) */
-    int32_t *slot_of;       /* host [n_expert]: cache slot or -1 (cached layers) */
-    int32_t *expert_in;     /* host [n_slots]: expert or -1 */
-    int32_t *slot_of_dev;   /* device copy of slot_of */
+    tm_moe_experts host;     /* RAM */
+    tm_cuda_moe_params gpu;  /* the hot experts: whole tensors (n_slots = n_expert) or slots */
+    size_t expert_bytes;     /* gate + up + down of one expert */
+    int32_t n_slots;         /* cache slots (cached layers) */
+    int32_t *slot_of;        /* host [n_expert]: cache slot or -1 (cached layers; pinned) */
+    int32_t *expert_in;      /* host [n_slots]: expert or -1 (an upload in flight) */
+    int32_t *slot_of_dev;    /* device copy of slot_of */
+    tm_cache_policy *policy; /* which experts the slots should hold (NULL: they stay) */
     tm_cuda_moe_params
         pcie;       /* the RAM experts at their pinned device addresses (n_slots 0: none) */
     int32_t n_pcie; /* the PCIe lane's cold slots per decode token */
@@ -122,12 +133,37 @@ struct tm_tier {
     int64_t (*by_count)[2];  /* host [n_expert] scratch: {tokens, expert} */
     tm_cuda_event pcie_done; /* after a prompt layer's in-place GEMM */
 
+    tm_cuda_stream copy; /* uploads to VRAM beside the compute stream: the fetch ring, the cache */
+
+    /* the VRAM cache while running (tier_cache.c) */
+    int32_t update_mode; /* TM_MOE_UPDATE_* */
+    tm_cache_policy_kind policy_kind;
+    int32_t max_admit; /* the policies' (0: no cap) */
+    bool upload_warned;
+    int32_t *slot_maps;    /* pinned [n_layer][n_expert]: every cached layer's slot_of */
+    tm_cache_admit *admit; /* scratch [n_expert] */
+    tier_upload *want;     /* decided during a step, queued after it */
+    int64_t n_want, cap_want;
+    tier_upload *pending; /* queued on the copy stream, not yet used */
+    int64_t n_pending, cap_pending;
+    tm_cuda_event up_done[TIER_UP_BATCHES]; /* batch b's uploads are done: up_done[b % ...] */
+    uint32_t up_next, up_used;              /* batches queued; batches used */
+
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
     tm_moe_lane_stats lane_stats;
 };
 
-/* Which rows of a cached layer's slot arrays hold expert e's slices. */
-tm_status tier_cache_upload(tm_tier *t, tier_layer *L, int32_t slot, int32_t expert);
+/* ---- tier_cache.c ---- */
+
+/* The slots of every layer whose experts are in RAM, from the plan, filled;
+ * the policies. */
+tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p);
+void tier_cache_free(tm_tier *t);
+/* A step's routing of a cached layer (ids [n_tok][k] on the host): its
+ * policy's admissions are queued after the step. */
+void tier_cache_observe(tm_tier *t, tier_layer *L, const int32_t *ids, int64_t n_tok);
+/* After a step: use the uploads that are done, queue the step's. */
+tm_status tier_cache_apply(tm_tier *t);
 
 /* ---- tier_fetch.c ---- */
 

@@ -126,6 +126,7 @@ static tm_status tier_decode_task(void *ud) {
     int64_t n_cold = 0, n_pcie = 0;
     if (st == TM_OK) {
         tier_seen(L, t->mb.ids, n_tok * t->k);
+        if (L->cls == TM_TIER_CACHED) tier_cache_observe(t, L, t->mb.ids, n_tok);
         st = moe_worklist_build(&t->wl, t->mb.ids, t->mb.w, n_tok, t->n_expert, t->k,
                                 TM_MOE_PHASE_DECODE);
     }
@@ -276,6 +277,7 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
         (st = tier_split_room(t)))
         return st;
     tier_seen(L, ids->host, n_tok * t->k);
+    if (L->cls == TM_TIER_CACHED) tier_cache_observe(t, L, ids->host, n_tok);
     if (mode == TIER_PROMPT_FETCH && (st = tier_fetch_plan_next(t, (int64_t)L->index + 1)))
         return st;
     int64_t n_cold = 0, n_gpu = 0; /* the CPU lane's slots, the GPU's RAM-expert slots */

@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "model/synth.h"
+#include "trace/trace.h"
 
 #define PM_ALL (1 << 20) /* -ngl all */
 
@@ -176,36 +177,44 @@ typedef struct pm_case {
     int pcie;        /* --moe-pcie: 0 auto */
     int fetch;       /* --moe-fetch: 0 auto */
     const char *env; /* NAME=VALUE[ NAME=VALUE]: set while the case's contexts are made */
+    int update;      /* --moe-cache-update (TM_MOE_UPDATE_FULL: adaptive, one a layer a step) */
+    bool lru;        /* --moe-cache-policy lru --moe-cache-admit 0: an upload per miss */
 } pm_case;
 
 static const pm_case pm_cases[] = {
-    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL},
-    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL},
-    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL},
-    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL},
-    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL},
+    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false},
+    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false},
+    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false},
+    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL, 0, false},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false},
     {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32, 0,
-     NULL},
+     NULL, 0, false},
     {"--cpu-moe --moe-fetch pcie (prompts read in place)", PM_ALL, true, 0, NULL, 0, 0,
-     TM_MOE_FETCH_PCIE, NULL},
-    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL},
+     TM_MOE_FETCH_PCIE, NULL, 0, false},
+    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL, 0, false},
     /* a ring smaller than a layer (it wraps within and across layers) and a
      * fixed CPU share, so every prompt layer has both lanes */
     {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
-     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3"},
-    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL},
-    {"--cpu-moe --moe-cache 2 (random hot set)", PM_ALL, true, 0, NULL, 2, 0, 0, NULL},
+     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false},
+    {"--cpu-moe --moe-cache 2 (learn file of random counts, adaptive updates)", PM_ALL, true, 0,
+     NULL, 2, 0, 0, NULL, 0, false},
+    {"--cpu-moe --moe-cache 2 --moe-cache-update off", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
+     TM_MOE_UPDATE_OFF, false},
+    /* every miss uploaded: slots change every step, uploads in flight overlap */
+    {"--cpu-moe --moe-cache 1 --moe-cache-policy lru --moe-cache-admit 0", PM_ALL, true, 0, NULL, 1,
+     0, 0, NULL, TM_MOE_UPDATE_FULL, true},
     /* layer 0: attention on the GPU, experts in RAM; layer 1: its output
      * projection on the CPU between GPU ops; later layers: attention on the
      * CPU, experts on the GPU */
     {"-ngl 2 -ot mix", 2, false, 0,
      "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
      "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
-     0, 0, 0, NULL},
+     0, 0, 0, NULL, 0, false},
 };
 
-static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool precise, tm_type kv,
-                                   int64_t n_batch) {
+static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn, bool precise,
+                                   tm_type kv, int64_t n_batch) {
     return (tm_context_params){.n_ctx = 256,
                                .n_batch = n_batch,
                                .n_threads = 2,
@@ -218,7 +227,11 @@ static tm_context_params pm_params(const pm_case *c, const uint64_t *hits, bool 
                                .moe_cache_mib = c->cache_mib,
                                .moe_pcie = c->pcie,
                                .moe_fetch = c->fetch,
-                               .moe_hits = c->cache_mib ? hits : NULL};
+                               .moe_cache = {.learn = c->cache_mib ? learn : NULL,
+                                             .update = c->update,
+                                             .policy_set = c->lru,
+                                             .policy = TM_CACHE_LRU,
+                                             .max_admit = c->lru ? -1 : 0}};
 }
 
 /* Set (on) or unset the case's environment. */
@@ -264,14 +277,17 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
             c->ngl && !c->cpu_moe && !c->ot && (int)l >= c->n_cpu_moe && (int)l < c->ngl;
         if (!c->ot) gpu_experts ? vram++ : ram++;
     }
-    if (c->cache_mib) {
-        if (s[TM_TIER_CACHED].layers != L || !s[TM_TIER_CACHED].hot_slots ||
-            !s[TM_TIER_CACHED].cold_slots)
-            fail_msg("%s: want %u cached layers with hot and cold slots, got %u layers, %llu hot, "
-                     "%llu cold",
-                     what, L, s[TM_TIER_CACHED].layers,
-                     (unsigned long long)s[TM_TIER_CACHED].hot_slots,
-                     (unsigned long long)s[TM_TIER_CACHED].cold_slots);
+    if (c->cache_mib) { /* the plan may leave layers without slots */
+        const tm_tier_stats *cs = &s[TM_TIER_CACHED];
+        if (!cs->layers || cs->layers + s[TM_TIER_RAM].layers != L || !cs->hot_slots ||
+            !cs->cold_slots)
+            fail_msg("%s: want cached layers (the rest in RAM) with hot and cold slots, got %u "
+                     "cached of %u, %llu hot, %llu cold",
+                     what, cs->layers, L, (unsigned long long)cs->hot_slots,
+                     (unsigned long long)cs->cold_slots);
+        /* live updates: none when off; lru uploads its misses (adaptive may or not) */
+        if ((c->update == TM_MOE_UPDATE_OFF && cs->admits) || (c->lru && !cs->admits))
+            fail_msg("%s: %llu experts admitted", what, (unsigned long long)cs->admits);
         return;
     }
     if (c->ot) { /* the mix: layer 0 cold, the layers from 2 hot */
@@ -315,9 +331,16 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
     tm_rng_seed(&r, 7);
     int32_t toks[64];
     for (int i = 0; i < 64; i++) toks[i] = (int32_t)(tm_rng_u64(&r) % cfg->n_vocab);
-    uint64_t *hits = pm_alloc((size_t)cfg->n_layer * cfg->n_expert * sizeof(uint64_t));
-    for (size_t i = 0; i < (size_t)cfg->n_layer * cfg->n_expert; i++)
-        hits[i] = tm_rng_u64(&r) % 1000;
+    /* a learn file of random counts: it plans the cache and seeds its policies */
+    tm_trace_stats learn;
+    tm_trace_shape shape;
+    trace_shape_of_model(m, &shape);
+    PM_CHECK(trace_stats_init(&learn, &shape, 0), "learn");
+    for (uint32_t l = 0; l < cfg->n_layer; l++)
+        for (uint32_t e = 0; e < cfg->n_expert; e++) {
+            learn.layers[l].experts[e] = tm_rng_u64(&r) % 1000;
+            learn.layers[l].expert_hits_total += learn.layers[l].experts[e];
+        }
 
     /* the reference: precise CPU, f32 KV; its greedy tokens */
     const pm_case cpu = pm_cases[0];
@@ -339,7 +362,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         for (int precise = 0; precise < 2; precise++) {
             snprintf(what, sizeof(what), "%s, %s CPU ops", c->name, precise ? "precise" : "normal");
             const tm_context_params p =
-                pm_params(c, hits, precise, precise ? TM_TYPE_F32 : TM_TYPE_F16, 24);
+                pm_params(c, &learn, precise, precise ? TM_TYPE_F32 : TM_TYPE_F16, 24);
             pm_run *ref = pm_run_open(m, &rp24), *run = pm_run_open(m, &p);
             if (precise)
                 pm_compare(m, toks, 40, 16, ref, run, tol->prompt, tol->decode, tol->tie, what);
@@ -350,7 +373,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         }
         /* greedy, no callback: the decode graph where every op is on the GPU */
         snprintf(what, sizeof(what), "%s, greedy", c->name);
-        const tm_context_params p = pm_params(c, hits, true, TM_TYPE_F32, 16);
+        const tm_context_params p = pm_params(c, &learn, true, TM_TYPE_F32, 16);
         tm_context *ctx;
         PM_CHECK(model_context_create(m, &p, &ctx), what);
         pm_greedy(ctx, toks[0], 64, got, what);
@@ -363,6 +386,6 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         model_context_free(ctx);
         pm_env(c, false);
     }
-    free(hits);
+    trace_stats_free(&learn);
     model_free(m);
 }
