@@ -212,6 +212,7 @@ static void test_cache_update(void **state) {
     tm_context *ref, *c;
     assert_int_equal(model_context_create(m, &p, &ref), TM_OK);
     p = params(ALL, true, NULL, 1);
+    p.moe_cache.update = TM_MOE_UPDATE_FULL;
     p.moe_cache.policy_set = true, p.moe_cache.policy = TM_CACHE_LRU, p.moe_cache.max_admit = -1;
     setenv("MOCK_GPU_LATENCY_US", "200", 1); /* copies still running when the next step starts */
     assert_int_equal(model_context_create(m, &p, &c), TM_OK);

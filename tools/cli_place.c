@@ -24,9 +24,9 @@ const char cli_place_help[] =
     "                         plan's, --moe-cache not needed)\n"
     "  --moe-cache-weighting flat|pressure|smooth_pressure|time|balanced  how the plan made at\n"
     "                         load weighs layers (default flat), --moe-cache-curve X its curve\n"
-    "  --moe-cache-update full|update|off  full (default): the cache policy admits routed experts\n"
-    "                         after each step and exchanges weak slots between requests; update:\n"
-    "                         between requests only; off: the planned experts stay\n"
+    "  --moe-cache-update update|full|off  update (default): weak slots are exchanged between\n"
+    "                         requests; full: also the cache policy admits routed experts after\n"
+    "                         each step; off: the planned experts stay\n"
     "  --moe-cache-policy adaptive|lru|lfu|static  the policy of 'full' (default adaptive)\n"
     "  --moe-cache-admit N    uploads a layer a step at most (default 1; 0: no cap)\n"
     "  --moe-pcie N|auto|off  of each decode token's experts in RAM, the GPU reads the first N\n"
@@ -123,7 +123,9 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
             fprintf(stderr, "tiermoe %s: %s: expected full, update or off, got '%s'\n", cmd, a, v);
             return -1;
         }
-        p->cache.update = k; /* TM_MOE_UPDATE_FULL, _BETWEEN, _OFF */
+        static const int32_t modes[] = {TM_MOE_UPDATE_FULL, TM_MOE_UPDATE_BETWEEN,
+                                        TM_MOE_UPDATE_OFF};
+        p->cache.update = modes[k];
     } else if (!strcmp(a, "--moe-cache-policy")) {
         if (cache_policy_kind_parse(v, &p->cache.policy) != TM_OK) {
             fprintf(stderr, "tiermoe %s: %s: %s\n", cmd, a, tm_error_message());

@@ -46,8 +46,8 @@ extern "C" {
 #define TM_MOE_FETCH_PCIE 2    /* the GPU reads the routed ones in place over PCIe */
 
 /* --moe-cache-update: how the VRAM cache follows the routing. */
-#define TM_MOE_UPDATE_FULL    0   /* admissions after every step (the cache policy) + the updater */
-#define TM_MOE_UPDATE_BETWEEN 1   /* the updater between requests only (tier_cache_update) */
+#define TM_MOE_UPDATE_BETWEEN 0   /* the updater between requests only (tier_cache_update) */
+#define TM_MOE_UPDATE_FULL    1   /* admissions after every step (the cache policy) + the updater */
 #define TM_MOE_UPDATE_OFF     2   /* the planned experts stay */
 #define TM_MOE_UPDATE_RATE    0.1 /* share of a layer's slots the updater may exchange a request */
 

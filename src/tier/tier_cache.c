@@ -49,16 +49,18 @@ static tm_status tier_slot_copy(tm_tier *t, const tier_layer *L, int32_t slot, i
         void *d = (uint8_t *)dst[p]->data + (size_t)slot * dst[p]->expert_stride;
         const void *s = src[p]->data + (size_t)expert * src[p]->expert_stride;
         const size_t n = dst[p]->expert_stride;
-        tm_status st = stream ? cuda_copy_async(d, s, n, stream)
-                              : cuda_upload(exec_gpu(t->e), d, s, n, NULL);
+        tm_status st =
+            stream ? cuda_copy_async(d, s, n, stream) : cuda_upload(exec_gpu(t->e), d, s, n, NULL);
         if (st != TM_OK) return st;
     }
     return TM_OK;
 }
 
-static tm_status tier_map_push(tm_tier *t, const tier_layer *L) {
-    return cuda_copy_async(L->slot_of_dev, L->slot_of, t->n_expert * sizeof(int32_t),
-                           exec_stream(t->e));
+/* Every layer's slot map to the device in one copy (the compute stream: the
+ * next step's router reads them). */
+static tm_status tier_map_push(tm_tier *t) {
+    return cuda_copy_async(t->slot_maps_dev, t->slot_maps,
+                           (size_t)t->n_layer * t->n_expert * sizeof(int32_t), exec_stream(t->e));
 }
 
 /* A policy that starts from the slots as they are (and, given a learn
@@ -110,8 +112,9 @@ static tm_status tier_cache_plan(tm_tier *t, const tm_tier_params *p, tm_plan *o
     if (st == TM_OK && o->plan) {
         const tm_plan *pl = o->plan;
         if (pl->shape.n_layer != t->n_layer || pl->shape.n_expert != t->n_expert)
-            st = tm_error_set(TM_ERR_ARG, "--moe-cache-plan: a plan for %u layers of %u experts, "
-                                          "the model has %u of %u",
+            st = tm_error_set(TM_ERR_ARG,
+                              "--moe-cache-plan: a plan for %u layers of %u experts, "
+                              "the model has %u of %u",
                               pl->shape.n_layer, pl->shape.n_expert, t->n_layer, t->n_expert);
         bool skipped = false;
         if (st == TM_OK) st = plan_init(out, &pl->shape);
@@ -156,8 +159,8 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     const tm_moe_cache_opts *o = &p->cache;
     t->update_mode = o->update;
     t->policy_kind = t->update_mode == TM_MOE_UPDATE_BETWEEN ? TM_CACHE_STATIC
-                     : o->policy_set                          ? o->policy
-                                                              : TM_CACHE_ADAPTIVE;
+                     : o->policy_set                         ? o->policy
+                                                             : TM_CACHE_ADAPTIVE;
     t->max_admit = !o->max_admit ? 1 : o->max_admit < 0 ? 0 : o->max_admit;
     bool any_ram = false;
     for (uint32_t l = 0; l < t->n_layer; l++) any_ram |= t->layers[l].cls == TM_TIER_RAM;
@@ -188,8 +191,10 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
         plan_free(&plan);
         return TM_OK;
     }
-    if (st == TM_OK) st = cuda_host_alloc((size_t)t->n_layer * t->n_expert * sizeof(int32_t),
-                                          (void **)&t->slot_maps);
+    const size_t map_bytes = (size_t)t->n_layer * t->n_expert * sizeof(int32_t);
+    if (st == TM_OK) st = cuda_host_alloc(map_bytes, (void **)&t->slot_maps);
+    if (st == TM_OK) st = exec_dev_alloc(t->e, map_bytes, (void **)&t->slot_maps_dev);
+    if (st == TM_OK) memset(t->slot_maps, 0xff, map_bytes); /* -1: layers without slots too */
     if (st == TM_OK && !(t->admit = malloc(t->n_expert * sizeof(*t->admit))))
         st = tm_error_set(TM_ERR_NOMEM, "--moe-cache: out of memory");
     if (st == TM_OK && (st = exec_dev_alloc(t->e, total, &t->cache_mem)))
@@ -213,22 +218,22 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
             st = tm_error_set(TM_ERR_NOMEM, "out of memory");
             break;
         }
-        for (uint32_t e = 0; e < t->n_expert; e++) L->slot_of[e] = -1;
         for (int32_t s = 0; s < slots && st == TM_OK; s++) {
             const int32_t e = plan.experts[l][s];
             L->expert_in[s] = e, L->slot_of[e] = s;
             st = tier_slot_copy(t, L, s, e, NULL);
         }
-        if (st == TM_OK) st = exec_dev_alloc(t->e, t->n_expert * 4, (void **)&L->slot_of_dev);
-        if (st == TM_OK)
-            st = cuda_copy_to_device(exec_gpu(t->e), L->slot_of_dev, L->slot_of, t->n_expert * 4);
+        L->slot_of_dev = t->slot_maps_dev + (size_t)l * t->n_expert;
         if (st == TM_OK) st = tier_policy_make(t, L, o->learn ? o->learn->layers[l].experts : NULL);
     }
+    if (st == TM_OK)
+        st = cuda_copy_to_device(exec_gpu(t->e), t->slot_maps_dev, t->slot_maps, map_bytes);
     for (int i = 0; i < TIER_UP_BATCHES && st == TM_OK && t->update_mode != TM_MOE_UPDATE_OFF; i++)
         st = cuda_event_create(&t->up_done[i]);
     if (st == TM_OK) {
-        static const char *const upd[] = {"the policy admits routed experts after each step",
-                                          "exchanged between requests", "fixed"};
+        static const char *const upd[] = {"exchanged between requests",
+                                          "the policy admits routed experts after each step",
+                                          "fixed"};
         tm_log_info("--moe-cache: %zu experts in VRAM over %u layers (%d..%d a layer, %.2f GiB; "
                     "%s); %s",
                     (size_t)(t->cache_bytes / t->layers[0].expert_bytes), n_layers, lo, hi,
@@ -353,8 +358,9 @@ static tm_status tier_cache_sync_maps(tm_tier *t, bool wait) {
     if (st == TM_OK) st = tier_cache_start(t, dirty);
     if (st == TM_OK && wait && (st = cuda_stream_sync(t->copy)) == TM_OK)
         st = tier_cache_finish(t, dirty);
-    for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++)
-        if (dirty[l]) st = tier_map_push(t, &t->layers[l]);
+    bool any = false;
+    for (uint32_t l = 0; l < t->n_layer; l++) any |= dirty[l];
+    if (st == TM_OK && any) st = tier_map_push(t);
     free(dirty);
     return st;
 }
@@ -401,6 +407,6 @@ tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t exper
     L->expert_in[slot] = expert, L->slot_of[expert] = slot;
     /* the policy starts again from the slots as they are now */
     if (L->policy && (st = tier_policy_make(t, L, NULL))) return st;
-    if ((st = tier_map_push(t, L))) return st;
+    if ((st = tier_map_push(t))) return st;
     return exec_sync(t->e);
 }

@@ -140,9 +140,10 @@ struct tm_tier {
     tm_cache_policy_kind policy_kind;
     int32_t max_admit; /* the policies' (0: no cap) */
     bool upload_warned;
-    int32_t *slot_maps;    /* pinned [n_layer][n_expert]: every cached layer's slot_of */
-    tm_cache_admit *admit; /* scratch [n_expert] */
-    tier_upload *want;     /* decided during a step, queued after it */
+    int32_t *slot_maps;     /* pinned [n_layer][n_expert]: every cached layer's slot_of */
+    int32_t *slot_maps_dev; /* their device copy (the router kernel reads them) */
+    tm_cache_admit *admit;  /* scratch [n_expert] */
+    tier_upload *want;      /* decided during a step, queued after it */
     int64_t n_want, cap_want;
     tier_upload *pending; /* queued on the copy stream, not yet used */
     int64_t n_pending, cap_pending;

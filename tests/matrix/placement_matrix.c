@@ -177,7 +177,7 @@ typedef struct pm_case {
     int pcie;        /* --moe-pcie: 0 auto */
     int fetch;       /* --moe-fetch: 0 auto */
     const char *env; /* NAME=VALUE[ NAME=VALUE]: set while the case's contexts are made */
-    int update;      /* --moe-cache-update (TM_MOE_UPDATE_FULL: adaptive, one a layer a step) */
+    int update;      /* --moe-cache-update (0: between requests only) */
     bool lru;        /* --moe-cache-policy lru --moe-cache-admit 0: an upload per miss */
 } pm_case;
 
@@ -197,8 +197,8 @@ static const pm_case pm_cases[] = {
     {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
      "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false},
     {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false},
-    {"--cpu-moe --moe-cache 2 (learn file of random counts, adaptive updates)", PM_ALL, true, 0,
-     NULL, 2, 0, 0, NULL, 0, false},
+    {"--cpu-moe --moe-cache 2 --moe-cache-update full (learn file of random counts, adaptive)",
+     PM_ALL, true, 0, NULL, 2, 0, 0, NULL, TM_MOE_UPDATE_FULL, false},
     {"--cpu-moe --moe-cache 2 --moe-cache-update off", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
      TM_MOE_UPDATE_OFF, false},
     /* every miss uploaded: slots change every step, uploads in flight overlap */
