@@ -231,6 +231,16 @@ static void test_cache_update(void **state) {
     run_tokens(ref, 12, a + 12, NULL);
     run_tokens(c, 12, b + 12, NULL);
     for (int i = 0; i < 24; i++) assert_int_equal(a[i], b[i]);
+    model_context_free(c);
+    /* uploads that cannot be queued: the slots keep serving their experts */
+    setenv("MOCK_FAIL_SIDE_COPY", "1", 1);
+    assert_int_equal(model_context_create(m, &p, &c), TM_OK);
+    run_tokens(c, 12, b, NULL);
+    unsetenv("MOCK_FAIL_SIDE_COPY");
+    for (int i = 0; i < 12; i++) assert_int_equal(a[i], b[i]);
+    assert_int_equal(tier_stats(c->tier)[TM_TIER_CACHED].admits, 0);
+    assert_int_equal(tier_cache_settle(c->tier), TM_OK);
+    check_slots_mapped(c);
     model_context_free(ref), model_context_free(c);
     model_free(m);
 }

@@ -396,14 +396,16 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
 
 void tier_free(tm_tier *t) {
     if (!t) return;
-    if (t->copy) (void)cuda_stream_sync(t->copy); /* no upload may still write */
+    /* nothing queued may still read or write what is freed below: uploads on
+     * the copy stream, slot maps on their way to the device */
+    if (t->copy) (void)cuda_stream_sync(t->copy);
+    if (t->gpu) (void)exec_sync(t->e);
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
     tier_cache_free(t);
     tier_fetch_free(t);
     cuda_stream_free(t->copy);
     cuda_event_free(t->pcie_done);
     for (int i = 0; i < 6; i++) cuda_event_free(t->ev[i]);
-    if (t->n_pins) (void)exec_sync(t->e); /* no kernel may still read the pages */
     tier_pcie_unpin(t);
     cuda_host_free(t->mb_host_base);
     cuda_host_free(t->y_host);

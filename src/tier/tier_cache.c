@@ -40,9 +40,11 @@ size_t tier_cache_bytes(const tm_tier *t) {
 }
 
 /* Copy expert e's slices into slot s: on the copy stream (stream non-NULL)
- * or through the staging buffers, waiting (NULL). */
+ * or through the staging buffers, waiting (NULL). *queued (may be NULL):
+ * how many of the three slices were queued (0: the slot is untouched). */
 static tm_status tier_slot_copy(tm_tier *t, const tier_layer *L, int32_t slot, int32_t expert,
-                                tm_cuda_stream stream) {
+                                tm_cuda_stream stream, int *queued) {
+    if (queued) *queued = 0;
     const tm_moe_matrix *src[3] = {&L->host.gate, &L->host.up, &L->host.down};
     const tm_cuda_moe_matrix *dst[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
     for (int p = 0; p < 3; p++) {
@@ -52,6 +54,7 @@ static tm_status tier_slot_copy(tm_tier *t, const tier_layer *L, int32_t slot, i
         tm_status st =
             stream ? cuda_copy_async(d, s, n, stream) : cuda_upload(exec_gpu(t->e), d, s, n, NULL);
         if (st != TM_OK) return st;
+        if (queued) ++*queued;
     }
     return TM_OK;
 }
@@ -221,7 +224,7 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
         for (int32_t s = 0; s < slots && st == TM_OK; s++) {
             const int32_t e = plan.experts[l][s];
             L->expert_in[s] = e, L->slot_of[e] = s;
-            st = tier_slot_copy(t, L, s, e, NULL);
+            st = tier_slot_copy(t, L, s, e, NULL, NULL);
         }
         L->slot_of_dev = t->slot_maps_dev + (size_t)l * t->n_expert;
         if (st == TM_OK) st = tier_policy_make(t, L, o->learn ? o->learn->layers[l].experts : NULL);
@@ -319,24 +322,28 @@ static tm_status tier_cache_start(tm_tier *t, bool *dirty) {
     for (int64_t i = 0; i < t->n_want && st == TM_OK; i++) {
         tier_upload u = t->want[i];
         tier_layer *L = &t->layers[u.layer];
-        for (int64_t j = 0; j < t->n_pending; j++) /* an earlier upload into the slot */
-            if (t->pending[j].layer == u.layer && t->pending[j].slot == u.slot)
-                t->pending[j].superseded = true;
-        const int32_t old = L->expert_in[u.slot];
-        if (old >= 0) L->slot_of[old] = -1;
-        L->expert_in[u.slot] = -1;
-        dirty[u.layer] = true;
-        if (tier_slot_copy(t, L, u.slot, u.expert, t->copy) != TM_OK) {
-            /* the slot stays unmapped; the expert is computed where it lives */
+        int queued = 0;
+        const bool ok = tier_slot_copy(t, L, u.slot, u.expert, t->copy, &queued) == TM_OK;
+        if (queued) { /* the slot is being written: nothing maps it until its batch is done
+                         (no step runs now, and the maps reach the device before the next) */
+            for (int64_t j = 0; j < t->n_pending; j++) /* an earlier upload into the slot */
+                if (t->pending[j].layer == u.layer && t->pending[j].slot == u.slot)
+                    t->pending[j].superseded = true;
+            const int32_t old = L->expert_in[u.slot];
+            if (old >= 0) L->slot_of[old] = -1;
+            L->expert_in[u.slot] = -1;
+            dirty[u.layer] = true;
+        }
+        if (!ok) { /* nothing queued: the slot serves what it held; part of it: empty */
             if (!t->upload_warned)
-                tm_log_warn("VRAM cache: an upload could not be queued (%s); that slot stays "
-                            "empty",
-                            tm_error_message());
+                tm_log_warn("VRAM cache: an upload could not be queued (%s); the slot keeps %s",
+                            tm_error_message(), queued ? "nothing" : "its expert");
             t->upload_warned = true;
             u.superseded = true;
         }
         u.batch = b;
         t->pending[t->n_pending++] = u;
+        if (!ok) continue;
         tm_tier_stats *s = &t->stats[L->cls];
         if (u.exchange)
             s->exchanges++;
@@ -401,7 +408,7 @@ tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t exper
                             L->slot_of[expert]);
     /* nothing may read the slots or be uploading into them */
     tm_status st = tier_cache_settle(t);
-    if (st == TM_OK) st = tier_slot_copy(t, L, slot, expert, NULL);
+    if (st == TM_OK) st = tier_slot_copy(t, L, slot, expert, NULL, NULL);
     if (st != TM_OK) return st;
     if (L->expert_in[slot] >= 0) L->slot_of[L->expert_in[slot]] = -1;
     L->expert_in[slot] = expert, L->slot_of[expert] = slot;
