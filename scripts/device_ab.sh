@@ -15,12 +15,8 @@ P=${P:-0}
 N=${N:-128}
 . scripts/device_env.sh
 TM=$BUILD/tiermoe
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA_ARCHITECTURES=90-real \
-    > /tmp/cmake.log 2>&1 || { tail -30 /tmp/cmake.log; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target tiermoe > /tmp/build.log 2>&1 \
-    || { grep -E "error" -A3 /tmp/build.log | head -40; exit 1; }
-[ -f /tmp/m30.gguf ] || $TM mkmodel --preset 30b-a3b -q -o /tmp/m30.gguf
-[ -f /tmp/m30q.gguf ] || $TM mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o /tmp/m30q.gguf
+device_build "$BUILD" tiermoe || exit 1
+device_models /tmp/m30.gguf /tmp/m30q.gguf "$TM" || exit 1
 IFS=';' read -r -a cases <<< "$AB"
 : > "$OUT/ab.txt"
 for r in $(seq 1 "$ROUNDS"); do

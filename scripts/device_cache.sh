@@ -19,17 +19,11 @@ STAGE=${STAGE:-all}
 M=/tmp/m30.gguf
 Q=/tmp/m30q.gguf
 . scripts/device_env.sh
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 TM=$BUILD/tiermoe
 
 stamp "build (Release, sm_90)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA_ARCHITECTURES=90-real \
-    > /tmp/cmake.log 2>&1 || { tail -30 /tmp/cmake.log; echo "SUMMARY: cmake FAILED"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target tiermoe test_cuda_ops > /tmp/build.log 2>&1 \
-    || { grep -E "error" -A3 /tmp/build.log | head -40; echo "SUMMARY: build FAILED"; exit 1; }
-[ -f "$M" ] || { stamp "model (uniform)"; $TM mkmodel --preset 30b-a3b -q -o "$M"; }
-[ -f "$Q" ] || { stamp "model (Qwen3 routing)"; $TM mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o "$Q"; }
+device_build "$BUILD" tiermoe test_cuda_ops || exit 1
+device_models "$M" "$Q" "$TM" || exit 1
 
 status_checks=skipped
 if [ "$STAGE" != bench ]; then

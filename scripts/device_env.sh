@@ -9,3 +9,24 @@ if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka 2>/dev/null; then
     export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PATH=$PATH:/usr/local/cuda/bin
+
+# Seconds since this file was sourced, before a message.
+device_t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - device_t0 )) s] $*"; }
+
+# Configure and build targets in build dir $1 (Release, sm_90); logs in /tmp.
+device_build() {
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA_ARCHITECTURES=90-real \
+        > /tmp/cmake.log 2>&1 || { tail -30 /tmp/cmake.log; echo "SUMMARY: cmake FAILED"; return 1; }
+    cmake --build "$dir" -j"$(nproc)" --target "$@" > /tmp/build.log 2>&1 \
+        || { grep -E "error" -A3 /tmp/build.log | head -40; echo "SUMMARY: build FAILED"; return 1; }
+}
+
+# The 30b-a3b preset, uniform routing ($1) and with the Qwen3 routing profile
+# ($2, optional), made by tiermoe ($3) unless there.
+device_models() {
+    [ -f "$1" ] || "$3" mkmodel --preset 30b-a3b -q -o "$1" || return 1
+    [ -z "$2" ] || [ -f "$2" ] || "$3" mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o "$2"
+}

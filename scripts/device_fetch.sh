@@ -17,21 +17,16 @@ P=${P:-512}
 N=${N:-0}
 M=/tmp/m30.gguf
 . scripts/device_env.sh
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 stamp "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
 lscpu | grep -E "Model name|^CPU\(s\)" | tr -s ' '
 
 stamp "build (Release, sm_90)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA_ARCHITECTURES=90-real \
-    > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; echo "SUMMARY: cmake FAILED"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target tiermoe test_cuda_ops > "$OUT/build.log" 2>&1 \
-    || { grep -E "error" -A3 "$OUT/build.log" | head -40; echo "SUMMARY: build FAILED"; exit 1; }
+device_build "$BUILD" tiermoe test_cuda_ops || exit 1
 
 stamp "model"
-[ -f "$M" ] || "$BUILD/tiermoe" mkmodel --preset 30b-a3b -q -o "$M" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
+device_models "$M" "" "$BUILD/tiermoe" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
 
 status_checks=skipped
 if [ "${NO_CHECKS:-0}" != 1 ]; then

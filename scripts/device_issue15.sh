@@ -14,15 +14,9 @@ M=/tmp/m30.gguf
 Q=/tmp/m30q.gguf
 . scripts/device_env.sh
 TM=$BUILD/tiermoe
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTM_CUDA_ARCHITECTURES=90-real \
-    > /tmp/cmake.log 2>&1 || { tail -30 /tmp/cmake.log; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target tiermoe > /tmp/build.log 2>&1 \
-    || { grep -E "error" -A3 /tmp/build.log | head -40; exit 1; }
-[ -f "$M" ] || $TM mkmodel --preset 30b-a3b -q -o "$M"
-[ -f "$Q" ] || $TM mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o "$Q"
+device_build "$BUILD" tiermoe || exit 1
+device_models "$M" "$Q" "$TM" || exit 1
 if [ ! -f /tmp/q.json ]; then
     stamp "learn pass on the Qwen3-routing model"
     python3 -c "
