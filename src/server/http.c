@@ -113,20 +113,25 @@ static json_t *error_json(unsigned status, const char *msg) {
                      error_type(status));
 }
 
+/* The error reply (or NULL out of memory). */
+static struct MHD_Response *error_response(unsigned status, const char *msg) {
+    json_t *j = error_json(status, msg);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!text) return NULL;
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) free(text);
+    return resp;
+}
+
 enum MHD_Result srv_reply_error(srv_req *r, unsigned status, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    json_t *j = error_json(status, msg);
-    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    if (!text) return MHD_NO;
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    if (!resp) free(text);
-    return queue(r, status, resp, "application/json; charset=utf-8");
+    return queue(r, status, error_response(status, msg), "application/json; charset=utf-8");
 }
 
 json_t *srv_body_object(srv_req *r, enum MHD_Result *res) {
@@ -204,6 +209,17 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     ssize_t n = MHD_CONTENT_READER_END_OF_STREAM;
+    if (j->out_pos == j->out_len && j->reply) { /* ended before it ran (the server stops) */
+        char *text = json_dumps(j->reply, JSON_COMPACT);
+        json_decref(j->reply), j->reply = NULL;
+        if (text) {
+            pthread_mutex_unlock(&j->mu);
+            srv_job_emit(j, "data: ", 6), srv_job_emit(j, text, strlen(text));
+            srv_job_emit(j, "\n\n", 2);
+            pthread_mutex_lock(&j->mu);
+            free(text);
+        }
+    }
     if (j->out_pos < j->out_len) {
         const size_t k = j->out_len - j->out_pos < max ? j->out_len - j->out_pos : max;
         memcpy(buf, j->out + j->out_pos, k);
@@ -318,10 +334,11 @@ static bool key_matches(const char *given, const char *key) {
 
 static enum MHD_Result route(srv_req *r) {
     const bool head = !strcmp(r->method, "HEAD");
-    bool path_known = false;
+    char allow[32] = ""; /* the methods the path takes (405 names them) */
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (strcmp(routes[i].path, r->path)) continue;
-        path_known = true;
+        snprintf(allow + strlen(allow), sizeof(allow) - strlen(allow), "%s%s", *allow ? ", " : "",
+                 !strcmp(routes[i].method, "GET") ? "GET, HEAD" : routes[i].method);
         if (strcmp(routes[i].method, r->method) && !(head && !strcmp(routes[i].method, "GET")))
             continue;
         if (r->s->api_key && routes[i].fn != handle_health) {
@@ -332,7 +349,13 @@ static enum MHD_Result route(srv_req *r) {
         }
         return routes[i].fn(r);
     }
-    if (path_known) return srv_reply_error(r, 405, "%s is not allowed on %s", r->method, r->path);
+    if (*allow) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s is not allowed on %s (%s)", r->method, r->path, allow);
+        struct MHD_Response *resp = error_response(405, msg);
+        if (resp) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+        return queue(r, 405, resp, "application/json; charset=utf-8");
+    }
     return srv_reply_error(r, 404, "File Not Found: %s", r->path);
 }
 

@@ -49,11 +49,12 @@ static bool field_num(const json_t *o, const char *key, double lo, double hi, bo
         return false;
     }
     const double d = json_number_value(v);
-    if (!(d >= lo) || d > hi || (hi_open && d >= hi)) {
+    const float f = (float)d; /* checked as the sampler sees it: 99.99999999999999 is 100.0f */
+    if (!(d >= lo) || d > hi || !(f >= lo) || f > hi || (hi_open && (d >= hi || f >= hi))) {
         snprintf(err, ERR_LEN, "%s: %g is outside [%g, %g%s", key, d, lo, hi, hi_open ? ")" : "]");
         return false;
     }
-    *out = (float)d;
+    *out = f;
     return true;
 }
 
@@ -372,10 +373,15 @@ static oai_job *parse_common(srv_req *r, json_t *body, oai_kind kind, enum MHD_R
         return NULL;
     }
     o->kind = kind;
-    const json_t *model = json_object_get(body, "model");
-    if (model && !json_is_string(model)) {
+    const json_t *model = json_object_get(body, "model"),
+                 *so = json_object_get(body, "stream_options");
+    bool usage = true; /* the last chunk always carries usage */
+    if (model && !json_is_string(model) && !json_is_null(model)) {
         snprintf(err, ERR_LEN, "model: expected a string");
-    } else if (refuse_unsupported(body, err) && field_bool(body, "stream", &o->stream, err) &&
+    } else if (so && !json_is_object(so) && !json_is_null(so)) {
+        snprintf(err, ERR_LEN, "stream_options: expected an object");
+    } else if ((!json_is_object(so) || field_bool(so, "include_usage", &usage, err)) &&
+               refuse_unsupported(body, err) && field_bool(body, "stream", &o->stream, err) &&
                parse_generation(r->s, body, &o->g, err)) {
         return o;
     }
