@@ -104,6 +104,15 @@ def main():
         status, body = srv.request("GET", "/health")  # no key needed
         check(status == 200 and body == {"status": "ok"}, f"/health: {status} {body}")
 
+        # ---- the command line: usage errors exit 2, a port in use 1 ----
+        for args, code, words in ((["--parallel", "2"], 2, ["--parallel 2", "KV ranges"]),
+                                  (["--port", "70000"], 2, ["--port"]),
+                                  (["--chat-template", "nope"], 2, ["--chat-template"]),
+                                  (["--port", str(srv.port)], 1, ["cannot listen", str(srv.port)])):
+            p = subprocess.run([TIERMOE, "serve", "-m", model, *args], capture_output=True, text=True, timeout=60)
+            check(p.returncode == code and all(w in p.stderr for w in words),
+                  f"serve {args}: exit {p.returncode}, want {code}: {p.stderr}")
+
         # ---- completions: greedy equals `tiermoe run -p` ----
         prompt = "The quick brown fox jumps over"
         r = c.completions.create(model="serve", prompt=prompt, max_tokens=24, temperature=0, extra_body=fresh)
