@@ -8,6 +8,15 @@
 #include <time.h>
 
 #include "cli.h"
+
+#ifndef TM_HAVE_SERVER
+int cmd_serve(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "tiermoe serve: left out of this build (libmicrohttpd was not found; "
+                    "scripts/deps.sh installs libmicrohttpd-dev)\n");
+    return 1;
+}
+#else
 #include "server/server.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -211,3 +220,4 @@ int cmd_serve(int argc, char **argv) {
     cli_place_free(&place);
     return rc;
 }
+#endif /* TM_HAVE_SERVER */

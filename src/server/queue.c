@@ -169,9 +169,14 @@ static void *worker_main(void *arg) {
         }
         pthread_mutex_unlock(&s->q_mu);
         if (!j) break;
-        if (srv_job_cancelled(j))
-            srv_job_finish(j, 499, NULL); /* the client left while it waited */
-        else
+        if (srv_job_cancelled(j)) { /* the client left while it waited */
+            if (j->generation) {
+                pthread_mutex_lock(&s->metrics.mu);
+                s->metrics.c.requests[SRV_OUTCOME_CANCELLED]++;
+                pthread_mutex_unlock(&s->metrics.mu);
+            }
+            srv_job_finish(j, 499, NULL);
+        } else
             j->run(s, j);
         if (j->generation && !atomic_load(&s->stopping)) {
             pthread_mutex_lock(&s->step_mu);

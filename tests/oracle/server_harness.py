@@ -55,6 +55,9 @@ class Server:
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(timeout) or self.port is None or self.p.poll() is not None:
             self.p.kill()
+            if "left out of this build" in self.log():
+                print("tiermoe serve is not in this build (no libmicrohttpd): skipping")
+                raise SystemExit(77)
             raise SystemExit(f"server did not start: {' '.join(cmd)}\n{''.join(self.lines)}")
         self.base = f"http://127.0.0.1:{self.port}"
 
