@@ -308,6 +308,7 @@ typedef struct srv_route {
 
 static const srv_route routes[] = {
     {"GET", "/health", handle_health},
+    {"GET", "/", srv_handle_dashboard},
     {"GET", "/v1/models", srv_handle_models},
     {"GET", "/models", srv_handle_models},
     {"POST", "/v1/chat/completions", srv_handle_chat},
@@ -341,7 +342,9 @@ static enum MHD_Result route(srv_req *r) {
                  !strcmp(routes[i].method, "GET") ? "GET, HEAD" : routes[i].method);
         if (strcmp(routes[i].method, r->method) && !(head && !strcmp(routes[i].method, "GET")))
             continue;
-        if (r->s->api_key && routes[i].fn != handle_health) {
+        /* the page holds no data: it asks for the key (#key=) and sends it itself */
+        if (r->s->api_key && routes[i].fn != handle_health &&
+            routes[i].fn != srv_handle_dashboard) {
             const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                            MHD_HTTP_HEADER_AUTHORIZATION);
             if (!auth || strncmp(auth, "Bearer ", 7) || !key_matches(auth + 7, r->s->api_key))

@@ -7,7 +7,8 @@
  *                          answer them and zero them in one step (no count lost
  *                          between a read and a reset)
  *   GET  /moe-hot-cache    the VRAM cache: per layer its slots and the expert in each
- *   POST /moe-hot-cache    a plan (docs/plan-format.md, plan_parse_json with the
+ *   POST /moe-hot-cache    {"from":"counters"}: each cached layer's most selected experts in
+ *                          the live counters; or a plan (docs/plan-format.md, plan_parse_json with the
  *                          model's shape) applied inside the fixed capacity: per
  *                          layer the plan's first tier_cache_slots(layer) experts;
  *                          experts already resident stay in their slots, newcomers
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/layout.h"
 #include "server/server_internal.h"
 #include "tier/plan.h"
 
@@ -224,6 +226,42 @@ static void cache_run(tm_server *s, srv_job *j) {
     srv_job_finish(j, st == TM_OK ? 200 : 500, reply);
 }
 
+/* {"from": "counters"}: per cached layer its most selected experts in the live counters
+ * (ties: the lower id), as many as it has slots. With the capacity of every layer fixed, a
+ * weighting between layers has nothing to decide: within a layer every mode ranks by share. */
+static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
+    tm_trace_shape shape;
+    trace_shape_of_model(s->m, &shape);
+    tm_model_layout lay;
+    tm_status st = model_layout_scan(s->m->file, &lay);
+    if (st != TM_OK) return st;
+    const uint32_t E = shape.n_expert;
+    int32_t *ids = malloc(E * sizeof(int32_t));
+    if (!ids) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    if (st == TM_OK) st = plan_init(plan, &shape);
+    pthread_mutex_lock(&s->step_mu);
+    const tm_trace_stats *obs = trace_get_stats(s->tr);
+    for (uint32_t l = 0; l < shape.n_layer && st == TM_OK; l++) {
+        const int32_t slots = tier_cache_slots(s->ctx->tier, l);
+        if (slots <= 0) continue;
+        const uint64_t *hits = obs->layers[l].experts;
+        for (uint32_t e = 0; e < E; e++) ids[e] = (int32_t)e;
+        for (int32_t i = 0; i < slots; i++) /* partial selection sort: slots is small */
+            for (uint32_t j = (uint32_t)i + 1; j < E; j++)
+                if (hits[ids[j]] > hits[ids[i]] ||
+                    (hits[ids[j]] == hits[ids[i]] && ids[j] < ids[i])) {
+                    const int32_t t = ids[i];
+                    ids[i] = ids[j], ids[j] = t;
+                }
+        st = plan_set_layer(plan, l, ids, slots,
+                            l < lay.n_layer && E ? lay.layer_expert_bytes[l] / E : 1);
+    }
+    pthread_mutex_unlock(&s->step_mu);
+    free(ids);
+    model_layout_free(&lay);
+    return st;
+}
+
 enum MHD_Result srv_handle_cache_post(srv_req *r) {
     enum MHD_Result res;
     if (!cache_on(r, &res)) return res;
@@ -231,10 +269,19 @@ enum MHD_Result srv_handle_cache_post(srv_req *r) {
     if (!c) return srv_reply_error(r, 500, "out of memory");
     tm_trace_shape shape;
     trace_shape_of_model(r->s->m, &shape);
-    if (plan_parse_json(r->body ? r->body : "", r->body_len, "request body", &shape, &c->plan) !=
-        TM_OK) {
+    json_t *body = json_loadb(r->body ? r->body : "", r->body_len, 0, NULL);
+    const json_t *from = json_object_get(body, "from");
+    const bool counters = json_is_string(from) && !strcmp(json_string_value(from), "counters");
+    json_decref(body);
+    if (counters && !r->s->tr) {
         cache_job_release(c);
-        return srv_reply_error(r, 400, "%s", tm_error_message());
+        return srv_reply_error(r, 409, "the expert counters are off (--no-expert-trace)");
+    }
+    if (counters ? plan_from_counters(r->s, &c->plan) != TM_OK
+                 : plan_parse_json(r->body ? r->body : "", r->body_len, "request body", &shape,
+                                   &c->plan) != TM_OK) {
+        cache_job_release(c);
+        return srv_reply_error(r, counters ? 500 : 400, "%s", tm_error_message());
     }
     srv_job *j = srv_job_new(cache_run, cache_job_release, c);
     if (!j) {

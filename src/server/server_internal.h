@@ -201,5 +201,9 @@ enum MHD_Result srv_handle_perf_post(srv_req *r);   /* POST /moe-layer-perf */
 enum MHD_Result srv_handle_cache_get(srv_req *r);   /* GET /moe-hot-cache */
 enum MHD_Result srv_handle_cache_post(srv_req *r);  /* POST /moe-hot-cache */
 enum MHD_Result srv_handle_metrics(srv_req *r);     /* GET /metrics */
+enum MHD_Result srv_handle_dashboard(srv_req *r);   /* GET / */
+/* The dashboard page (src/server/dashboard.html, embedded by CMake). */
+extern const unsigned char srv_dashboard_html[];
+extern const size_t srv_dashboard_html_len;
 
 #endif
