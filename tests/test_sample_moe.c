@@ -3,6 +3,8 @@
  * - at temperature 1 with no filters, the sampled frequencies match softmax(logits)
  *   (chi-square over 200k draws, 0.1% critical value);
  * - top-k / top-p / min-p never return a token outside the set their rule keeps;
+ * - top-k (a partial selection) draws exactly what the full sort draws when every
+ *   token outside the top k has logit -inf, on a large vocabulary with many ties;
  * - the repetition penalty divides positive and multiplies negative logits once;
  * - router: ids are the k most probable experts in order, weights renormalise to 1,
  *   sigmoid and softmax-over-top-k gatings match their definitions;
@@ -72,6 +74,44 @@ static void test_distribution(void **state) {
     /* 49 degrees of freedom: P(chi2 > 85.35) = 0.001 */
     assert_true(chi2 < 85.35);
     sampler_free(&s);
+}
+
+/* top-k selects its candidates without sorting the vocabulary: the same tokens, draw for
+ * draw, as the full sort (top-k off) over logits where the rest are -inf. */
+static void test_topk_selection(void **state) {
+    (void)state;
+    enum { V = 5000 };
+    static float l[V], masked[V];
+    tm_rng r;
+    tm_rng_seed(&r, 11);
+    for (int i = 0; i < V; i++) l[i] = roundf(8 * tm_rng_normal(&r)) / 4; /* many ties */
+    static const int32_t ks[] = {1, 2, 7, 40, 1000, V - 1};
+    for (size_t t = 0; t < sizeof(ks) / sizeof(ks[0]); t++) {
+        const int32_t k = ks[t];
+        /* the k best by (logit descending, id ascending), brute force */
+        for (int i = 0; i < V; i++) {
+            int better = 0;
+            for (int j = 0; j < V && better < k; j++)
+                better += l[j] > l[i] || (l[j] == l[i] && j < i);
+            masked[i] = better < k ? l[i] : -INFINITY;
+        }
+        tm_sampler a, b;
+        tm_sampler_params p = {.temp = 0.7f,
+                               .top_k = k,
+                               .top_p = 0.9f,
+                               .min_p = 0.01f,
+                               .repeat_penalty = 1,
+                               .seed = 100 + (uint64_t)t};
+        assert_int_equal(sampler_init(&a, &p, V), TM_OK);
+        p.top_k = 0;
+        assert_int_equal(sampler_init(&b, &p, V), TM_OK);
+        for (int i = 0; i < 300; i++) {
+            const int32_t x = sampler_sample(&a, l, NULL, 0),
+                          y = sampler_sample(&b, masked, NULL, 0);
+            if (x != y) fail_msg("top-k %d, draw %d: %d, the full sort %d", k, i, x, y);
+        }
+        sampler_free(&a), sampler_free(&b);
+    }
 }
 
 static void test_filters(void **state) {
@@ -245,8 +285,9 @@ static void test_worklist(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_topk1), cmocka_unit_test(test_distribution),
-        cmocka_unit_test(test_filters),          cmocka_unit_test(test_repeat_penalty),
-        cmocka_unit_test(test_router),           cmocka_unit_test(test_worklist),
+        cmocka_unit_test(test_filters),          cmocka_unit_test(test_topk_selection),
+        cmocka_unit_test(test_repeat_penalty),   cmocka_unit_test(test_router),
+        cmocka_unit_test(test_worklist),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -303,7 +303,8 @@ static void test_stream_split_characters(void **state) {
     assert_memory_equal(acc, "h\xe6\x97\xa5\xe6\x97x\xf0\x9f", m);
     tokenizer_stream_free(&s);
 
-    /* replace_invalid: the same ids print valid UTF-8 only */
+    /* replace_invalid: the same ids print valid UTF-8 only, one U+FFFD per maximal subpart
+     * (Unicode 3.9: b"\xe6\x97x\xf0\x9f".decode(errors="replace") == "\ufffdx\ufffd") */
     tokenizer_stream_init(&s, t, true, true);
     m = 0;
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
@@ -314,7 +315,7 @@ static void test_stream_split_characters(void **state) {
     assert_int_equal(tokenizer_stream_flush(&s, &p, &n), TM_OK);
     memcpy(acc + m, p, n);
     m += n;
-    const char want[] = "h\xe6\x97\xa5\xef\xbf\xbd\xef\xbf\xbdx\xef\xbf\xbd\xef\xbf\xbd";
+    const char want[] = "h\xe6\x97\xa5\xef\xbf\xbdx\xef\xbf\xbd";
     assert_int_equal(m, sizeof(want) - 1);
     assert_memory_equal(acc, want, m);
     tokenizer_stream_free(&s);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "model/model.h"
+#include "sample/sample.h"
 #include "tier/plan.h"
 #include "trace/trace.h"
 
@@ -21,6 +22,7 @@ int cmd_trace(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 /* tiermoe report --replay LOG ... (report_replay.c) */
 int report_replay(int argc, char **argv);
 
@@ -29,6 +31,17 @@ int cli_parse_i64(const char *flag, const char *s, long long lo, long long hi, l
 int cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out);
 /* -ngl: a layer count, "all", or "auto" (TM_NGL_AUTO). */
 int cli_parse_ngl(const char *flag, const char *s, int *out);
+
+/* ---- context and sampling flags of run and serve (cli_gen.c) ---- */
+typedef struct cli_gen {
+    tm_context_params *cp; /* -c -b -t --kv-type */
+    tm_sampler_params *sp; /* -s --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n */
+    bool seed_given;       /* -s was given */
+} cli_gen;
+extern const char cli_gen_help[];
+/* argv[i] may be one of those flags: returns the arguments it took (0: not
+ * one; -1: bad value, a message printed naming cmd and the flag). */
+int cli_gen_parse(cli_gen *g, const char *cmd, int argc, char **argv, int i);
 
 /* ---- placement flags (cli_place.c) ---- */
 typedef struct cli_place {

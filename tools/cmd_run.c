@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "core/timing.h"
 #include "model/model.h"
+#include "model/session.h"
 #include "model/synth.h"
 #include "sample/sample.h"
 #include "tokenizer/chat.h"
@@ -26,15 +27,9 @@ static void run_usage(FILE *out) {
         "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony (default: from the model)\n"
         "  --verbose-prompt       print the prompt's token ids to stderr\n"
         "  -n, --n-predict N      tokens to generate (per turn with --chat; default 64)\n"
-        "  -c, --ctx-size N       context size (default: min(4096, trained))\n"
-        "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
-        "  -t, --threads N        CPU threads (default: physical cores)\n"
-        "  -s, --seed N           sampling seed (default 0)\n"
-        "  --temp F               temperature, 0 = greedy (default 0.8)\n"
-        "  --top-k N --top-p F --min-p F --repeat-penalty F --repeat-last-n N\n"
-        "  --kv-type f16|f32      KV cache type (default f16)\n"
         "  --ignore-eos           keep generating past end-of-generation tokens\n"
         "  --profile              print where the time went\n");
+    fputs(cli_gen_help, out);
     fputs(cli_place_help, out);
     fputs(trace_config_help, out);
 }
@@ -71,7 +66,7 @@ static int parse_token_list(const char *s, int32_t **out, int64_t *n_out) {
     return 0;
 }
 
-/* One conversation with the model: the tokens in its KV cache (hist), the
+/* One conversation with the model: the tokens in its KV cache (seq), the
  * sampler, the streaming detokenizer, and the time spent. Both the one-shot
  * prompt and --chat go through session_eval and session_generate. */
 typedef struct run_session {
@@ -79,8 +74,7 @@ typedef struct run_session {
     tm_tokenizer *tok; /* NULL: the model has no vocabulary, print ids */
     tm_context *ctx;
     tm_sampler sampler;
-    int32_t *hist; /* tokens whose keys and values are in the cache */
-    int64_t n_hist;
+    tm_session seq; /* the tokens whose keys and values are in the cache */
     bool ignore_eos, verbose_prompt;
     tm_detok_stream detok;
     double prompt_ms, eval_ms;
@@ -105,21 +99,13 @@ static void session_print(run_session *s, int32_t id, char **reply, size_t *repl
     }
 }
 
-/* Make the cache hold exactly ids[0..n): keep the prefix it already has, evaluate the rest
- * (at least the last token, whose logits the next sample needs). */
+/* Make the cache hold exactly ids[0..n), reusing the prefix it already has. */
 static tm_status session_eval(run_session *s, const int32_t *ids, int64_t n) {
-    int64_t keep = 0;
-    while (keep < s->n_hist && keep < n - 1 && s->hist[keep] == ids[keep]) keep++;
-    if (n > s->ctx->n_ctx)
-        return tm_error_set(TM_ERR_ARG, "%lld tokens do not fit the context of %lld positions (-c)",
-                            (long long)n, (long long)s->ctx->n_ctx);
-    model_context_rewind(s->ctx, keep);
-    memcpy(s->hist + keep, ids + keep, (size_t)(n - keep) * sizeof(int32_t));
-    s->n_hist = n;
+    int64_t n_eval = 0;
     uint64_t t0 = tm_time_ns();
-    tm_status st = model_decode(s->ctx, ids + keep, n - keep, TM_MOE_PHASE_PROMPT, false);
+    tm_status st = model_session_eval(&s->seq, ids, n, &n_eval);
     s->prompt_ms += (tm_time_ns() - t0) * 1e-6;
-    s->n_prompt += n - keep;
+    s->n_prompt += n_eval;
     return st;
 }
 
@@ -131,20 +117,19 @@ static tm_status session_generate(run_session *s, int64_t n_predict, char **repl
     uint64_t t0 = tm_time_ns();
     tm_status st = TM_OK;
     for (int64_t n = 0; n < n_predict; n++) {
-        int32_t id = sampler_sample(&s->sampler, s->ctx->logits, s->hist, s->n_hist);
+        int32_t id = sampler_sample(&s->sampler, s->ctx->logits, s->seq.ids, s->seq.n);
         s->n_gen++;
         session_print(s, id, reply, reply_len);
         fflush(stdout);
         if (n + 1 == n_predict ||
             (s->tok && !s->ignore_eos && tokenizer_is_end_of_generation(s->tok, id)))
             break;
-        if (s->n_hist == s->ctx->n_ctx) {
+        if (s->seq.n == s->ctx->n_ctx) {
             fprintf(stderr, "\ntiermoe run: the context of %lld positions is full (-c)\n",
                     (long long)s->ctx->n_ctx);
             break;
         }
-        s->hist[s->n_hist++] = id;
-        if ((st = model_decode(s->ctx, &id, 1, TM_MOE_PHASE_DECODE, false)) != TM_OK) break;
+        if ((st = model_session_push(&s->seq, id)) != TM_OK) break;
         s->n_eval++;
     }
     s->eval_ms += (tm_time_ns() - t0) * 1e-6;
@@ -252,10 +237,10 @@ static int run_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *system = NULL,
                *template_name = NULL;
     long long n_predict = 64, v;
-    double d;
     tm_context_params cp = {0};
     tm_sampler_params sp;
     sample_params_default(&sp);
+    cli_gen gen = {.cp = &cp, .sp = &sp};
     int chat = 0;
     run_session s = {0};
     tm_trace_config tc = {0};
@@ -281,9 +266,10 @@ static int run_main(int argc, char **argv, cli_place *place) {
             continue;
         }
         const int np = cli_place_parse(place, "run", argc, argv, i);
-        if (np < 0) return 2;
-        if (np > 0) {
-            i += np - 1;
+        const int ng = np ? 0 : cli_gen_parse(&gen, "run", argc, argv, i);
+        if (np < 0 || ng < 0) return 2;
+        if (np + ng > 0) {
+            i += np + ng - 1;
             continue;
         }
         if (!strcmp(a, "--ignore-eos")) {
@@ -304,10 +290,6 @@ static int run_main(int argc, char **argv, cli_place *place) {
             return 2;
         }
         const char *val = argv[++i];
-#define I64(lo, hi)                                                                                \
-    if (cli_parse_i64(a, val, lo, hi, &v)) return 2
-#define F64(lo, hi)                                                                                \
-    if (cli_parse_f64(a, val, lo, hi, &d)) return 2
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             model_path = val;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt"))
@@ -319,54 +301,13 @@ static int run_main(int argc, char **argv, cli_place *place) {
         else if (!strcmp(a, "--chat-template"))
             template_name = val;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            I64(-0x7fffffffll, 0x7fffffff);
+            if (cli_parse_i64(a, val, -0x7fffffffll, 0x7fffffff, &v)) return 2;
             n_predict = v;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            I64(1, 1 << 24);
-            cp.n_ctx = v;
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-            I64(1, 1 << 16);
-            cp.n_batch = v;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            I64(1, 1024);
-            cp.n_threads = (int)v;
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
-            I64(0, 0x7fffffffffffffffll);
-            sp.seed = (uint64_t)v;
-        } else if (!strcmp(a, "--temp")) {
-            F64(0, 100);
-            sp.temp = (float)d;
-        } else if (!strcmp(a, "--top-k")) {
-            I64(0, 1 << 24);
-            sp.top_k = (int32_t)v;
-        } else if (!strcmp(a, "--top-p")) {
-            F64(1e-9, 1);
-            sp.top_p = (float)d;
-        } else if (!strcmp(a, "--min-p")) {
-            F64(0, 1);
-            sp.min_p = (float)d;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            F64(1e-3, 100);
-            sp.repeat_penalty = (float)d;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            I64(0, 1 << 24);
-            sp.repeat_last_n = (int32_t)v;
-        } else if (!strcmp(a, "--kv-type")) {
-            if (!strcmp(val, "f16"))
-                cp.kv_type = TM_TYPE_F16;
-            else if (!strcmp(val, "f32"))
-                cp.kv_type = TM_TYPE_F32;
-            else {
-                fprintf(stderr, "tiermoe run: --kv-type: expected f16 or f32, got '%s'\n", val);
-                return 2;
-            }
         } else {
             fprintf(stderr, "tiermoe run: unknown flag '%s'\n", a);
             run_usage(stderr);
             return 2;
         }
-#undef I64
-#undef F64
     }
     if (!model_path) {
         fprintf(stderr, "tiermoe run: missing -m FILE\n");
@@ -443,7 +384,10 @@ static int run_main(int argc, char **argv, cli_place *place) {
         rc = 2;
         goto out;
     }
-    if (!(s.hist = malloc((size_t)s.ctx->n_ctx * sizeof(int32_t)))) goto out;
+    if (model_session_init(&s.seq, s.ctx) != TM_OK) {
+        fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
+        goto out;
+    }
     const double load_ms = (tm_time_ns() - t_load0) * 1e-6;
 
     if (chat) {
@@ -495,7 +439,7 @@ static int run_main(int argc, char **argv, cli_place *place) {
     }
 out:
     trace_free(tr);
-    free(s.hist);
+    model_session_free(&s.seq);
     sampler_free(&s.sampler);
     model_context_free(s.ctx);
     if (s.tok) tokenizer_free(s.tok);

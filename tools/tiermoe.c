@@ -16,6 +16,7 @@ typedef struct cli_command {
 
 static const cli_command commands[] = {
     {"run", cmd_run, "generate text or token ids from a prompt"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server with the perf and hot-cache endpoints"},
     {"bench", cmd_bench, "measure prompt and generation speed (llama-bench style)"},
     {"trace", cmd_trace,
      "learn pass: trace expert usage over prompts into a learn file (or merge them)"},

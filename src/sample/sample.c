@@ -43,6 +43,41 @@ static int cand_desc(const void *a, const void *b) {
     return (i > j) - (i < j); /* lower id first: stable across qsort implementations */
 }
 
+/* ---- the k best candidates without sorting all of them ---- */
+
+static int cand_cmp(const tm_sampler *s, int32_t a, int32_t b) {
+    return cand_desc(&s->cand[a], &s->cand[b]);
+}
+
+/* Sift cand[i] down a heap over cand[0..k) whose root is the worst candidate. */
+static void cand_heap_down(tm_sampler *s, int32_t i, int32_t k) {
+    for (;;) {
+        int32_t w = i;
+        const int32_t l = 2 * i + 1, r = l + 1;
+        if (l < k && cand_cmp(s, l, w) > 0) w = l;
+        if (r < k && cand_cmp(s, r, w) > 0) w = r;
+        if (w == i) return;
+        const float logit = s->cand[i].logit;
+        const int32_t id = s->cand[i].id;
+        s->cand[i] = s->cand[w];
+        s->cand[w].logit = logit, s->cand[w].id = id;
+        i = w;
+    }
+}
+
+/* cand[0..k) := the first k of cand[0..n) in cand_desc's order (a total order: the
+ * same set and order a full sort gives), in O(n log k) instead of O(n log n): a
+ * 151k-token vocabulary sorted whole took ~28 ms a token on the development machine. */
+static void cand_top_k(tm_sampler *s, int32_t k, int32_t n) {
+    for (int32_t i = k / 2 - 1; i >= 0; i--) cand_heap_down(s, i, k);
+    for (int32_t i = k; i < n; i++)
+        if (cand_cmp(s, i, 0) < 0) {
+            s->cand[0] = s->cand[i];
+            cand_heap_down(s, 0, k);
+        }
+    qsort(s->cand, (size_t)k, sizeof(*s->cand), cand_desc);
+}
+
 int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *history,
                        int64_t n_history) {
     const int32_t n = s->n_vocab;
@@ -68,9 +103,13 @@ int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *histor
             if (s->cand[i].logit > s->cand[best].logit) best = i;
         return best;
     }
-    qsort(s->cand, (size_t)n, sizeof(*s->cand), cand_desc);
     int32_t m = n;
-    if (s->p.top_k > 0 && s->p.top_k < m) m = s->p.top_k;
+    if (s->p.top_k > 0 && s->p.top_k < m) {
+        m = s->p.top_k;
+        cand_top_k(s, m, n);
+    } else {
+        qsort(s->cand, (size_t)n, sizeof(*s->cand), cand_desc);
+    }
     /* probabilities of the kept candidates (at temperature 1 for the filters, as llama.cpp) */
     double sum = 0;
     const float top = s->cand[0].logit;

@@ -254,12 +254,16 @@ static tm_status stream_emit(tm_detok_stream *s, const uint8_t *in, size_t n, bo
             return TM_OK;
         }
         if (s->replace_invalid) {
+            /* one U+FFFD for each maximal subpart (the longest start of a valid character, or
+             * one byte): Unicode 3.9's practice, as Python, browsers and Rust decode */
+            size_t k = 1;
+            while (k < n - i && utf8_incomplete_prefix(in + i, k + 1)) k++;
             memcpy(o + *m, "\xef\xbf\xbd", 3);
             *m += 3;
+            i += k;
         } else {
-            o[(*m)++] = in[i];
+            o[(*m)++] = in[i++];
         }
-        i++;
     }
     return TM_OK;
 }

@@ -136,8 +136,9 @@ tm_status tokenizer_decode(const tm_tokenizer *t, const int32_t *ids, size_t n, 
 /* Streaming decoder: feed ids one at a time as they are generated; what comes
  * back never ends inside a UTF-8 character. An incomplete character's first
  * bytes are held until the rest arrives; bytes that can never become a valid
- * character are released as they are (or as U+FFFD with replace_invalid, for
- * JSON/SSE output that must be valid UTF-8). Without replace_invalid the
+ * character are released as they are (or, with replace_invalid, for JSON/SSE
+ * output that must be valid UTF-8, one U+FFFD per maximal subpart, as Python's
+ * errors="replace" and browsers decode). Without replace_invalid the
  * concatenation of everything returned, flush included, equals tokenizer_decode
  * of the same ids. */
 typedef struct tm_detok_stream {

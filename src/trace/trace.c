@@ -162,6 +162,19 @@ void trace_attach(tm_trace *t, tm_context_params *p) {
     p->cb = trace_tensor_cb, p->cb_ud = t;
 }
 
+void trace_reset(tm_trace *t) {
+    tm_trace_stats *s = &t->stats;
+    s->tokens = 0;
+    for (uint32_t l = 0; l < s->shape.n_layer; l++) {
+        tm_trace_layer *L = &s->layers[l];
+        uint64_t *experts = L->experts; /* the block of the three per-expert arrays */
+        memset(L, 0, sizeof(*L));
+        memset(experts, 0, 3 * (size_t)s->shape.n_expert * sizeof(uint64_t));
+        L->experts = experts, L->hot_experts = experts + s->shape.n_expert;
+        L->cold_experts = experts + 2 * (size_t)s->shape.n_expert;
+    }
+}
+
 void trace_sequence_begin(tm_trace *t) {
     for (uint32_t l = 0; l < t->stats.shape.n_layer; l++) {
         trace_window *w = &t->win[l];

@@ -165,6 +165,9 @@ void trace_sequence_begin(tm_trace *t);
 /* Count one forward call of `layer` routing n_tok tokens to ids [n_tok][n_expert_used]. */
 void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok);
 const tm_trace_stats *trace_get_stats(const tm_trace *t);
+/* Zero the counters (GET/POST /moe-layer-perf "reset"); the current
+ * sequence's working-set and reuse windows go on. */
+void trace_reset(tm_trace *t);
 /* Print the summary (and per-layer table when asked) to the log and write
  * the output file when one was given. */
 tm_status trace_finish(tm_trace *t);

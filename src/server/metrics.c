@@ -1,0 +1,187 @@
+/* GET /metrics: Prometheus text format (version 0.0.4). The server's own
+ * counters (HTTP replies by status, generations by outcome, prompt and
+ * generated tokens and their time, the last request's speeds, the queue) and
+ * the tier's per layer class (tier_stats(): slots by lane, bytes, lane times,
+ * cache admissions and exchanges), read under the worker's step lock. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server_internal.h"
+
+void srv_metrics_init(srv_metrics *m) {
+    memset(m, 0, sizeof(*m));
+    pthread_mutex_init(&m->mu, NULL);
+}
+
+void srv_metrics_free(srv_metrics *m) {
+    pthread_mutex_destroy(&m->mu);
+}
+
+void srv_metrics_http(srv_metrics *m, unsigned status) {
+    pthread_mutex_lock(&m->mu);
+    m->c.http[status < 600 ? status : 599]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* A growing text buffer. */
+typedef struct text {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void put(text *t, const char *fmt, ...) {
+    for (int pass = 0; pass < 2 && !t->failed; pass++) {
+        va_list ap;
+        va_start(ap, fmt);
+        const int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = true;
+            return;
+        }
+        if (t->p && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = t->cap ? t->cap : 8192;
+        while (cap <= t->len + (size_t)n) cap *= 2;
+        char *q = realloc(t->p, cap);
+        if (!q) t->failed = true;
+        t->p = q ? q : t->p, t->cap = q ? cap : t->cap;
+    }
+}
+
+static void family(text *t, const char *name, const char *type, const char *help) {
+    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static const char *const class_label[TM_TIER_CLASS_COUNT] = {"vram", "ram", "cached"};
+
+/* One tier counter family: a sample per layer class (and lane). */
+typedef struct tier_metric {
+    const char *name, *help, *lane;
+    size_t offset; /* of the uint64_t in tm_tier_stats */
+    double scale;  /* ns to seconds, or 1 */
+} tier_metric;
+
+#define TS(f) offsetof(tm_tier_stats, f)
+static const tier_metric tier_metrics[] = {
+    {"tiermoe_tier_layer_steps_total", "MoE steps of the layers of a class", NULL, TS(calls), 1},
+    {"tiermoe_tier_slots_total",
+     "routed slots by the lane that computed them (hot: GPU from "
+     "VRAM; pcie: GPU reading RAM; cold: CPU; fetch: prompts' experts in RAM computed by the "
+     "GPU; fallback: taken by the CPU after a failed copy)",
+     "hot", TS(hot_slots), 1},
+    {NULL, NULL, "pcie", TS(pcie_slots), 1},
+    {NULL, NULL, "cold", TS(cold_slots), 1},
+    {NULL, NULL, "fetch", TS(fetch_slots), 1},
+    {NULL, NULL, "fallback", TS(fallback_slots), 1},
+    {"tiermoe_tier_bytes_total",
+     "expert weight bytes read by each lane (upload: the VRAM "
+     "cache's uploads)",
+     "hot", TS(hot_bytes), 1},
+    {NULL, NULL, "pcie", TS(pcie_bytes), 1},
+    {NULL, NULL, "cold", TS(cold_bytes), 1},
+    {NULL, NULL, "fetch", TS(fetch_bytes), 1},
+    {NULL, NULL, "upload", TS(upload_bytes), 1},
+    {"tiermoe_tier_lane_seconds_total",
+     "time of each lane (hot, pcie, fetch, copy, copy_wait, "
+     "gpu_wait and merge are measured only with --profile)",
+     "hot", TS(hot_ns), 1e-9},
+    {NULL, NULL, "pcie", TS(pcie_ns), 1e-9},
+    {NULL, NULL, "cold", TS(cold_ns), 1e-9},
+    {NULL, NULL, "host_wait", TS(wait_ns), 1e-9},
+    {NULL, NULL, "gpu_wait", TS(gpu_wait_ns), 1e-9},
+    {NULL, NULL, "merge", TS(merge_ns), 1e-9},
+    {NULL, NULL, "fetch", TS(fetch_ns), 1e-9},
+    {NULL, NULL, "copy", TS(copy_ns), 1e-9},
+    {NULL, NULL, "copy_wait", TS(copy_wait_ns), 1e-9},
+    {"tiermoe_tier_fetched_experts_total", "prompts: experts in RAM the GPU computed", NULL,
+     TS(fetch_experts), 1},
+    {"tiermoe_tier_cache_admits_total", "experts uploaded into the VRAM cache after a step", NULL,
+     TS(admits), 1},
+    {"tiermoe_tier_cache_exchanges_total", "experts exchanged by the updater between requests",
+     NULL, TS(exchanges), 1},
+};
+#undef TS
+
+static void tier_section(text *t, const tm_tier_stats *ts, uint64_t cache_bytes) {
+    family(t, "tiermoe_tier_layers", "gauge", "layers by where their experts are");
+    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
+        put(t, "tiermoe_tier_layers{class=\"%s\"} %u\n", class_label[c], ts[c].layers);
+    const char *name = NULL;
+    for (size_t i = 0; i < sizeof(tier_metrics) / sizeof(tier_metrics[0]); i++) {
+        const tier_metric *m = &tier_metrics[i];
+        if (m->name) family(t, name = m->name, "counter", m->help);
+        for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
+            if (!ts[c].layers) continue;
+            const uint64_t v = *(const uint64_t *)((const char *)&ts[c] + m->offset);
+            if (m->lane)
+                put(t, "%s{class=\"%s\",lane=\"%s\"} %.9g\n", name, class_label[c], m->lane,
+                    v * m->scale);
+            else
+                put(t, "%s{class=\"%s\"} %.9g\n", name, class_label[c], v * m->scale);
+        }
+    }
+    family(t, "tiermoe_tier_cache_bytes", "gauge", "VRAM the expert cache holds");
+    put(t, "tiermoe_tier_cache_bytes %llu\n", (unsigned long long)cache_bytes);
+}
+
+enum MHD_Result srv_handle_metrics(srv_req *r) {
+    tm_server *s = r->s;
+    pthread_mutex_lock(&s->metrics.mu);
+    const srv_counts m = s->metrics.c;
+    pthread_mutex_unlock(&s->metrics.mu);
+    text t = {0};
+    family(&t, "tiermoe_http_requests_total", "counter", "HTTP replies by status code");
+    for (unsigned c = 100; c < 600; c++)
+        if (m.http[c])
+            put(&t, "tiermoe_http_requests_total{code=\"%u\"} %llu\n", c,
+                (unsigned long long)m.http[c]);
+    family(&t, "tiermoe_requests_total", "counter",
+           "generation requests by outcome (cancelled: the client left or the server stopped)");
+    static const char *const outcome[3] = {"ok", "cancelled", "error"};
+    for (int i = 0; i < 3; i++)
+        put(&t, "tiermoe_requests_total{outcome=\"%s\"} %llu\n", outcome[i],
+            (unsigned long long)m.requests[i]);
+    family(&t, "tiermoe_prompt_tokens_total", "counter", "prompt tokens of requests");
+    put(&t, "tiermoe_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
+    family(&t, "tiermoe_prompt_tokens_evaluated_total", "counter",
+           "prompt tokens evaluated (the rest reused from the previous request)");
+    put(&t, "tiermoe_prompt_tokens_evaluated_total %llu\n",
+        (unsigned long long)m.prompt_eval_tokens);
+    family(&t, "tiermoe_tokens_predicted_total", "counter", "tokens generated");
+    put(&t, "tiermoe_tokens_predicted_total %llu\n", (unsigned long long)m.gen_tokens);
+    family(&t, "tiermoe_prompt_seconds_total", "counter", "time evaluating prompts");
+    put(&t, "tiermoe_prompt_seconds_total %.6f\n", m.prompt_s);
+    family(&t, "tiermoe_tokens_predicted_seconds_total", "counter", "time generating");
+    put(&t, "tiermoe_tokens_predicted_seconds_total %.6f\n", m.gen_s);
+    family(&t, "tiermoe_prompt_tokens_per_second", "gauge", "prompt speed of the last request");
+    put(&t, "tiermoe_prompt_tokens_per_second %.3f\n", m.last_prompt_tps);
+    family(&t, "tiermoe_predicted_tokens_per_second", "gauge",
+           "generation speed of the last request");
+    put(&t, "tiermoe_predicted_tokens_per_second %.3f\n", m.last_gen_tps);
+    family(&t, "tiermoe_requests_processing", "gauge", "requests being generated");
+    put(&t, "tiermoe_requests_processing %d\n", srv_queue_busy(s) ? 1 : 0);
+    family(&t, "tiermoe_requests_deferred", "gauge", "requests waiting in the queue");
+    put(&t, "tiermoe_requests_deferred %d\n", srv_queue_depth(s));
+    if (atomic_load(&s->state) == SRV_READY) {
+        tm_tier_stats ts[TM_TIER_CLASS_COUNT];
+        pthread_mutex_lock(&s->step_mu);
+        memcpy(ts, tier_stats(s->ctx->tier), sizeof(ts));
+        const uint64_t cache_bytes = tier_cache_bytes(s->ctx->tier);
+        pthread_mutex_unlock(&s->step_mu);
+        tier_section(&t, ts, cache_bytes);
+    }
+    if (t.failed) {
+        free(t.p);
+        return srv_reply_error(r, 500, "out of memory");
+    }
+    const enum MHD_Result res =
+        srv_reply_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", t.p, t.len);
+    free(t.p);
+    return res;
+}

@@ -1,0 +1,127 @@
+/* The server's life: create (bind, answer /health "loading"), load (the
+ * worker makes the context), stop (in the order that lets every thread
+ * finish: no new connections, jobs ended, connections closed, then the
+ * context freed by the worker that made it), free. See server.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf/gguf.h"
+#include "server/server_internal.h"
+
+static char *dup_or_null(const char *s) {
+    return s ? strdup(s) : NULL;
+}
+
+tm_status server_create(const tm_server_params *p, tm_server **out) {
+    *out = NULL;
+    if (p->parallel > 1)
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "--parallel %d: only 1 sequence at a time is supported yet (decoding "
+                            "several together needs per-sequence KV ranges in the attention ops)",
+                            p->parallel);
+    tm_chat_format chat = TM_CHAT_UNKNOWN;
+    if (p->chat_template && chat_format_from_name(p->chat_template, &chat) != TM_OK)
+        return tm_error_wrap(TM_ERR_ARG, "--chat-template: ");
+    tm_server *s = calloc(1, sizeof(*s));
+    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    s->p = *p;
+    s->host = strdup(p->host ? p->host : "127.0.0.1");
+    s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
+    s->alias = dup_or_null(p->alias);
+    s->chat_template = dup_or_null(p->chat_template);
+    s->p.host = s->host, s->p.api_key = s->api_key, s->p.alias = s->alias;
+    s->p.chat_template = s->chat_template;
+    if (!s->p.max_body) s->p.max_body = 8u << 20;
+    if (!s->p.max_queue) s->p.max_queue = 64;
+    if (!s->p.max_connections) s->p.max_connections = 64;
+    s->chat = chat;
+    s->listen_fd = -1;
+    atomic_init(&s->state, SRV_LOADING);
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->in_flight, 0);
+    atomic_init(&s->next_id, 1);
+    atomic_init(&s->seed_counter, 0);
+    pthread_mutex_init(&s->q_mu, NULL);
+    pthread_cond_init(&s->q_cv, NULL);
+    pthread_mutex_init(&s->step_mu, NULL);
+    srv_metrics_init(&s->metrics);
+    json_object_seed(0); /* before any thread makes objects */
+    tm_status st = s->host ? srv_http_start(s) : tm_error_set(TM_ERR_NOMEM, "out of memory");
+    if (st != TM_OK) {
+        server_free(s);
+        return st;
+    }
+    *out = s;
+    return TM_OK;
+}
+
+int server_port(const tm_server *s) {
+    return s->port;
+}
+
+/* The model's name: --alias, else the file's base name less ".gguf". */
+static void model_name(tm_server *s, const char *path) {
+    const char *base = path ? strrchr(path, '/') : NULL;
+    base = s->alias ? s->alias : base ? base + 1 : path ? path : "model";
+    snprintf(s->model_name, sizeof(s->model_name), "%s", base);
+    const size_t n = strlen(s->model_name);
+    if (!s->alias && n > 5 && !strcmp(s->model_name + n - 5, ".gguf")) s->model_name[n - 5] = '\0';
+    /* JSON carries only UTF-8 */
+    json_t *probe = json_string(s->model_name);
+    if (!probe) snprintf(s->model_name, sizeof(s->model_name), "model");
+    json_decref(probe);
+}
+
+tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
+                      const tm_context_params *cp) {
+    s->m = m, s->tok = tok, s->cp = *cp;
+    s->created = (int64_t)time(NULL);
+    model_name(s, m->file->path);
+    if (!s->p.chat_template)
+        s->chat = chat_format_detect(tokenizer_chat_template(tok), &s->chat_system);
+    tm_status st = srv_worker_start(s);
+    if (st != TM_OK) {
+        snprintf(s->error, sizeof(s->error), "%s", tm_error_message());
+        atomic_store(&s->state, SRV_ERROR);
+        return st;
+    }
+    /* the limits, now that the context's size is known */
+    s->max_prompt =
+        s->p.max_prompt > 0 && s->p.max_prompt < s->n_ctx ? s->p.max_prompt : s->n_ctx - 1;
+    s->max_tokens = s->p.max_tokens > 0 ? s->p.max_tokens : s->n_ctx;
+    s->default_tokens = s->p.default_tokens > 0 ? s->p.default_tokens : s->max_tokens;
+    if (s->default_tokens > s->max_tokens) s->default_tokens = s->max_tokens;
+    atomic_store(&s->state, SRV_READY);
+    return TM_OK;
+}
+
+tm_status server_stop(tm_server *s) {
+    if (!s || atomic_load(&s->stopping)) return TM_OK;
+    srv_http_quiesce(s);
+    srv_worker_stop(s);
+    /* the running job ends (cancelled), then the replies and streams in flight go out */
+    const struct timespec tick = {0, 10 * 1000000L};
+    for (int i = 0; i < 500 && (srv_queue_busy(s) || atomic_load(&s->in_flight) > 0); i++)
+        nanosleep(&tick, NULL);
+    srv_http_stop(s);
+    srv_worker_release(s);
+    tm_status st = TM_OK;
+    if (s->tr) st = trace_finish(s->tr);
+    return st;
+}
+
+void server_free(tm_server *s) {
+    if (!s) return;
+    if (!atomic_load(&s->stopping)) server_stop(s);
+    srv_http_stop(s);
+    srv_worker_release(s);
+    trace_free(s->tr);
+    srv_metrics_free(&s->metrics);
+    pthread_mutex_destroy(&s->step_mu);
+    pthread_cond_destroy(&s->q_cv);
+    pthread_mutex_destroy(&s->q_mu);
+    free(s->host), free(s->api_key), free(s->alias), free(s->chat_template);
+    free(s);
+}

@@ -1,0 +1,85 @@
+/* tiermoe serve: an OpenAI-compatible HTTP server over one model context
+ * (docs/server.md).
+ *
+ *   handler threads (libmicrohttpd, one a connection)      worker thread (owns the context)
+ *   parse + validate the request, tokenize  ──job──►  FIFO  ──►  prompt (prefix reuse), decode,
+ *   wait for the reply, or stream its SSE bytes  ◄─────────────  sample, stop strings, SSE chunks
+ *
+ * One request is generated at a time, in arrival order; between requests the
+ * worker lets the VRAM cache's updater exchange weak slots. A client that
+ * disconnects cancels its request. The live expert counters (the tracer) and
+ * the tier's counters are read by handler threads under the worker's step
+ * lock, so they change while a request streams.
+ *
+ * Files: http.c (the daemon, routes, bodies, auth, errors, streaming),
+ * queue.c (jobs, the FIFO and the worker), generate.c (one generation: prefix
+ * reuse, sampling, stop strings), openai.c (the OpenAI endpoints, tokenize),
+ * perf.c (/moe-layer-perf, /moe-hot-cache), metrics.c (/metrics). */
+#ifndef TM_SERVER_SERVER_H
+#define TM_SERVER_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "sample/sample.h"
+#include "tokenizer/tokenizer.h"
+#include "trace/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tm_server_params {
+    const char *host;       /* address to bind (NULL: 127.0.0.1) */
+    int port;               /* 0: any free port (server_port tells which) */
+    const char *api_key;    /* NULL: none; else every endpoint but /health needs
+                                "Authorization: Bearer KEY" */
+    const char *alias;      /* the model's name in /v1/models (NULL: the file's base name) */
+    int parallel;           /* sequences decoded together (only 1 so far) */
+    size_t max_body;        /* request body bytes (0: 8 MiB) */
+    int64_t max_prompt;     /* prompt tokens (0: the context size less one) */
+    int64_t max_tokens;     /* the largest max_tokens a request may ask for (0: the context size) */
+    int64_t default_tokens; /* max_tokens when a request gives none (0: the context size) */
+    int max_queue;          /* requests waiting (0: 64); more get 503 */
+    int max_connections;    /* open connections (0: 64) */
+    tm_sampler_params sampling; /* defaults for what a request does not set */
+    bool seed_given;            /* sampling.seed applies to requests without a seed; else each
+                                   gets a fresh seed */
+    const char *chat_template;  /* a chat format name overriding the model's (NULL: detect) */
+    tm_trace_config trace;      /* the tracer behind /moe-layer-perf (stats are always on unless
+                                   no_trace) */
+    bool no_trace;              /* no tracer: /moe-layer-perf answers 409 (full-GPU decode keeps
+                                   its CUDA graph) */
+    bool quiet;                 /* no line per request on stderr */
+} tm_server_params;
+
+typedef struct tm_server tm_server;
+
+/* Bind the address and start answering (/health says "loading" until
+ * server_load finishes). TM_ERR_IO naming the address when it cannot bind;
+ * TM_ERR_ARG for bad parameters (--parallel above 1, an unknown chat
+ * template). */
+tm_status server_create(const tm_server_params *p, tm_server **out);
+/* The port bound (the one chosen when params.port was 0). */
+int server_port(const tm_server *s);
+
+/* Hand the server a loaded model, its tokenizer (both stay the caller's and
+ * must outlive the server) and context parameters: a worker thread creates
+ * the context (and the tracer) and serves the queue. Returns once the
+ * context exists, or with its error (then /health says "error"). */
+tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
+                      const tm_context_params *cp);
+
+/* Stop: no new connections, queued requests answered 503, the running one
+ * cancelled, connections closed, the worker joined. Writes the tracer's
+ * output file when one was asked for (the error of that, if any). */
+tm_status server_stop(tm_server *s);
+void server_free(tm_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,209 @@
+/* What the server's files share: the server struct, jobs and the queue,
+ * requests and replies, one generation, the endpoints' handlers. Nothing
+ * outside src/server includes it. */
+#ifndef TM_SERVER_SERVER_INTERNAL_H
+#define TM_SERVER_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "model/session.h"
+#include "server/server.h"
+#include "tokenizer/chat.h"
+
+#define SRV_MAX_STOP      4   /* stop strings a request may give (OpenAI's limit) */
+#define SRV_MAX_STOP_LEN  256 /* bytes of one */
+#define SRV_WAIT_MS       100 /* how often a waiting handler looks for a closed connection */
+#define TM_SERVER_VERSION "0.1.0"
+
+typedef enum srv_state { SRV_LOADING, SRV_READY, SRV_ERROR } srv_state;
+
+/* ---- counters behind /metrics (metrics.c) ---- */
+typedef enum srv_outcome { SRV_OUTCOME_OK, SRV_OUTCOME_CANCELLED, SRV_OUTCOME_ERROR } srv_outcome;
+typedef struct srv_counts {
+    uint64_t http[600];   /* replies by status code */
+    uint64_t requests[3]; /* generations by srv_outcome */
+    uint64_t prompt_tokens, prompt_eval_tokens, gen_tokens;
+    double prompt_s, gen_s;
+    double last_prompt_tps, last_gen_tps;
+} srv_counts;
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    srv_counts c;
+} srv_metrics;
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_free(srv_metrics *m);
+void srv_metrics_http(srv_metrics *m, unsigned status);
+
+/* ---- jobs and the queue (queue.c) ---- */
+typedef struct srv_job srv_job;
+typedef void (*srv_job_fn)(tm_server *s, srv_job *j);
+struct srv_job {
+    srv_job_fn run;              /* on the worker thread; ends with srv_job_finish */
+    void (*release)(void *data); /* frees data with the job */
+    void *data;
+    bool generation; /* the updater runs after it */
+    srv_job *next;   /* in the queue */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* bytes emitted, or done */
+    int refs;
+    bool done;
+    atomic_bool cancel; /* the client left, or the server stops */
+    char *out;          /* streamed bytes; the reader consumed out[0..out_pos) */
+    size_t out_len, out_cap, out_pos;
+    unsigned status; /* the reply's HTTP status once done */
+    json_t *reply;   /* the reply once done (NULL for a stream) */
+};
+/* A job with one reference (the caller's); NULL out of memory. */
+srv_job *srv_job_new(srv_job_fn run, void (*release)(void *), void *data);
+void srv_job_ref(srv_job *j);
+void srv_job_unref(srv_job *j);
+/* Worker: append streamed bytes (wakes the reader). */
+void srv_job_emit(srv_job *j, const char *data, size_t n);
+/* Worker: the job is over; reply (may be NULL) is taken over. */
+void srv_job_finish(srv_job *j, unsigned status, json_t *reply);
+bool srv_job_cancelled(srv_job *j);
+/* Queue a job (a reference is taken); 503 reasons as TM_ERR_ARG: the queue is
+ * full or the server stops. */
+tm_status srv_queue_push(tm_server *s, srv_job *j);
+int srv_queue_depth(tm_server *s);
+bool srv_queue_busy(tm_server *s);
+/* Start the worker thread (creates the context, then serves); returns once
+ * the context exists or failed. */
+tm_status srv_worker_start(tm_server *s);
+/* Refuse new jobs, answer the queued ones 503, cancel the running one. */
+void srv_worker_stop(tm_server *s);
+/* Once no handler can read the context: the worker frees it and ends. */
+void srv_worker_release(tm_server *s);
+
+struct tm_server {
+    tm_server_params p;
+    char *host, *api_key, *alias, *chat_template; /* owned copies of the params' strings */
+    struct MHD_Daemon *daemon;
+    int port;
+    int listen_fd;    /* MHD_quiesce_daemon's socket, closed after the daemon stops (-1: none) */
+    atomic_int state; /* srv_state */
+    char error[512];  /* why state is SRV_ERROR */
+    atomic_bool stopping;
+    atomic_int in_flight; /* requests received and not yet answered in full */
+    /* the model (server_load) */
+    tm_model *m;
+    const tm_tokenizer *tok;
+    tm_context_params cp;
+    tm_chat_format chat;
+    const char *chat_system; /* the template's default system prompt, or NULL */
+    char model_name[256];
+    int64_t created; /* unix time the model was loaded */
+    int64_t n_ctx, max_prompt, max_tokens, default_tokens;
+    /* the queue */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv;
+    srv_job *q_head, *q_tail;
+    int q_len;
+    bool busy;        /* a job runs */
+    srv_job *running; /* that job */
+    bool release;     /* the worker may free the context and end */
+    pthread_t worker;
+    bool worker_started;
+    tm_status worker_status; /* the context's creation */
+    bool worker_ready;
+    /* the worker's; readers of the counters and the cache take step_mu */
+    pthread_mutex_t step_mu;
+    tm_context *ctx;
+    tm_session seq;
+    tm_trace *tr;
+    bool has_cache; /* some layer has VRAM cache slots */
+    atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t seed_counter;
+    srv_metrics metrics;
+};
+
+/* ---- one generation (generate.c) ---- */
+typedef struct srv_gen_params {
+    int32_t *prompt; /* owned */
+    int64_t n_prompt;
+    int64_t max_tokens;
+    tm_sampler_params sp;
+    char *stop[SRV_MAX_STOP]; /* owned */
+    int n_stop;
+    bool ignore_eos;
+    bool fresh; /* cache_prompt false: evaluate the whole prompt, reusing nothing */
+} srv_gen_params;
+void srv_gen_params_free(srv_gen_params *p);
+
+typedef struct srv_gen_out {
+    char *text; /* the reply (cut before a stop string), NUL-terminated */
+    size_t len, cap;
+    size_t sent;              /* bytes handed to the delta callback */
+    int64_t n_prompt, n_eval; /* prompt tokens; those evaluated (the rest reused) */
+    int64_t n_gen;            /* tokens sampled, an end-of-generation token not counted */
+    const char *finish;       /* "stop", "length"; NULL when cancelled */
+    double prompt_ms, gen_ms;
+} srv_gen_out;
+void srv_gen_out_free(srv_gen_out *o);
+
+/* Text ready to send: valid UTF-8, never a part of a stop string. */
+typedef void (*srv_delta_fn)(void *ud, const char *text, size_t len);
+/* Worker: evaluate the prompt (reusing the previous request's prefix),
+ * sample up to max_tokens, stop at end-of-generation tokens and stop
+ * strings, hand text out as it is safe. Counts into the metrics. TM_OK with
+ * out->finish NULL when cancelled; an engine error otherwise. */
+tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_delta_fn fn, void *ud,
+                       srv_gen_out *out);
+/* Of text[0..len) (valid UTF-8; text[0..from) already known to be free of
+ * any whole stop string), how much can be sent: up to the first stop string
+ * (*hit true), else all but a tail that may begin one. */
+size_t srv_stop_scan(char *const *stops, int n_stop, const char *text, size_t len, size_t from,
+                     bool *hit);
+
+/* ---- requests and replies (http.c) ---- */
+/* Bind and start the daemon (s->port gets the port bound). */
+tm_status srv_http_start(tm_server *s);
+/* Stop accepting connections (the open ones go on). */
+void srv_http_quiesce(tm_server *s);
+/* Close every connection and stop the daemon. */
+void srv_http_stop(tm_server *s);
+typedef struct srv_req {
+    tm_server *s;
+    struct MHD_Connection *conn;
+    const char *method, *path;
+    const char *body;
+    size_t body_len;
+} srv_req;
+/* Each queues the reply and returns MHD's result. */
+enum MHD_Result srv_reply_json(srv_req *r, unsigned status, json_t *body); /* takes body */
+enum MHD_Result srv_reply_error(srv_req *r, unsigned status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+enum MHD_Result srv_reply_text(srv_req *r, unsigned status, const char *content_type,
+                               const char *text, size_t len);
+/* The body as a JSON object, or NULL after replying 400 naming why. */
+json_t *srv_body_object(srv_req *r, enum MHD_Result *res);
+/* Queue the job and answer with it: wait for its reply, or (stream) send its
+ * bytes as server-sent events as they come. A closed connection cancels it. */
+enum MHD_Result srv_reply_job(srv_req *r, srv_job *j, bool stream);
+/* 503 while the model loads or after it failed; true when it may be used. */
+bool srv_ready(srv_req *r, enum MHD_Result *res);
+
+/* ---- the endpoints ---- */
+enum MHD_Result srv_handle_chat(srv_req *r);        /* POST /v1/chat/completions */
+enum MHD_Result srv_handle_completions(srv_req *r); /* POST /v1/completions */
+enum MHD_Result srv_handle_models(srv_req *r);      /* GET /v1/models */
+enum MHD_Result srv_handle_tokenize(srv_req *r);    /* POST /tokenize */
+enum MHD_Result srv_handle_detokenize(srv_req *r);  /* POST /detokenize */
+enum MHD_Result srv_handle_perf_get(srv_req *r);    /* GET /moe-layer-perf */
+enum MHD_Result srv_handle_perf_post(srv_req *r);   /* POST /moe-layer-perf */
+enum MHD_Result srv_handle_cache_get(srv_req *r);   /* GET /moe-hot-cache */
+enum MHD_Result srv_handle_cache_post(srv_req *r);  /* POST /moe-hot-cache */
+enum MHD_Result srv_handle_metrics(srv_req *r);     /* GET /metrics */
+enum MHD_Result srv_handle_dashboard(srv_req *r);   /* GET / */
+/* The dashboard page (src/server/dashboard.html, embedded by CMake). */
+extern const unsigned char srv_dashboard_html[];
+extern const size_t srv_dashboard_html_len;
+
+#endif

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The dashboard (GET /) in a real headless Chromium (Debian's), on a server with a VRAM
+cache (the CLI linked with the mock CUDA backend, as test_server_cache.py):
+
+- the page loads and fills in from the server: the model's id, "live", one cache row per
+  cached layer with the experts /moe-hot-cache lists, the heatmap sized layers x experts;
+- while a request streams, the live tokens/s is above 0 and the token count is above
+  what it was before the request (the page's numbers follow the server's counters);
+- its button (clicked by the page itself with ?autoapply=1, the same handler a click
+  runs) applies a plan made from the live counters: afterwards each cached layer's slots
+  hold its most selected experts in /moe-layer-perf (ties: the lower id), computed here;
+- a screenshot is taken (docs/dashboard.png is one).
+Chromium's DOM after its JavaScript ran (--dump-dom, --virtual-time-budget) is parsed
+with the standard library's HTML parser.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from html.parser import HTMLParser
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_common import TMP, TOOLS, check, finish  # noqa: E402
+from server_harness import Server, make_model, wait_for  # noqa: E402
+
+MOCK = os.environ.get("TM_SERVE_BINARY") or os.path.join(TOOLS, "tiermoe_mockgpu")
+
+
+class Page(HTMLParser):
+    """Text by element id, and the rows of the cache table."""
+
+    def __init__(self, html):
+        super().__init__()
+        self.text, self.stack, self.cache_rows, self.canvas = {}, [], [], {}
+        self.in_cache = False
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table" and a.get("id") == "cache":
+            self.in_cache = True
+        if self.in_cache and tag == "tr":
+            self.cache_rows.append([])
+        if tag == "canvas":
+            self.canvas = a
+        self.stack.append((tag, a.get("id")))
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.in_cache = False
+        while self.stack and self.stack.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        for _, i in self.stack:
+            if i:
+                self.text[i] = self.text.get(i, "") + data
+        if self.in_cache and self.cache_rows and self.stack and self.stack[-1][0] == "td":
+            self.cache_rows[-1].append(data)
+
+
+def chromium(*args, timeout=120):
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    p = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        "--user-data-dir=" + os.path.join(TMP, "chromium"), *args],
+                       capture_output=True, text=True, timeout=timeout)
+    return p.stdout
+
+
+def dom(url, budget_ms=3000):
+    return Page(chromium(f"--virtual-time-budget={budget_ms}", "--dump-dom", url))
+
+
+def main():
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        print("chromium not installed: skipping")
+        return 77
+    if not os.path.exists(MOCK):
+        print(f"{MOCK} not built: skipping")
+        return 77
+    model, _ = make_model("dash.gguf")
+    srv = Server(model, "-ngl", "all", "--cpu-moe", "--moe-cache", "1", "--moe-cache-update", "off",
+                 "-ot", r"output\.weight=CPU", "-c", "512", "--quiet", binary=MOCK)
+    try:
+        srv.request("POST", "/v1/completions", {"prompt": "Warm up the counters", "max_tokens": 4})
+        status, cache = srv.request("GET", "/moe-hot-cache")
+        p = dom(srv.base + "/")
+        check(p.text.get("model") == "dash" and p.text.get("status") == "live", f"page header {p.text}")
+        rows = [r for r in p.cache_rows if r]
+        want = [[str(L["layer"]), str(L["slots"]), " ".join(map(str, L["experts"]))] for L in cache["layers"]]
+        got = [[r[0], r[1], r[-1]] for r in rows]
+        check(got == want, f"cache table {got} != /moe-hot-cache {want}")
+        _, perf = srv.request("GET", "/moe-layer-perf")
+        check(int(p.text.get("tokens", "-1")) == perf["tokens"], f"tokens {p.text.get('tokens')} != {perf['tokens']}")
+        cell = int(p.canvas.get("width", 0)) // 16
+        check(cell > 0 and int(p.canvas.get("height", 0)) == 3 * cell, f"heatmap {p.canvas}")
+        print(f"  page: model, live, {len(rows)} cache rows equal /moe-hot-cache, heatmap 3 x 16")
+
+        # a request streams: the page's live numbers move
+        before = perf["tokens"]
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=120)
+        req = json.dumps({"prompt": "Stream for a while", "max_tokens": 400, "ignore_eos": True,
+                          "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(req)).encode() +
+                     b"\r\n\r\n" + req)
+        got = b""
+        while got.count(b"data: ") < 5:
+            got += sock.recv(65536)
+        p = dom(srv.base + "/", 3500)
+        tps, tokens = float(p.text.get("tps", "0")), int(p.text.get("tokens", "0"))
+        q = p.text.get("queue", "")
+        check(tps > 0 and tokens > before and q.startswith("1 "),
+              f"while streaming: tokens/s {tps}, tokens {tokens} (before {before}), queue {q!r}")
+        shot = os.path.join(TMP, "dashboard.png")
+        chromium("--virtual-time-budget=3000", "--window-size=1100,900", f"--screenshot={shot}", srv.base + "/")
+        sock.close()
+        check(wait_for(lambda: srv.request("GET", "/metrics")[1].count("tiermoe_requests_processing 0") == 1),
+              "the stream did not end")
+        check(os.path.exists(shot) and os.path.getsize(shot) > 10000, "no screenshot")
+        print(f"  while a request streams: {tps:.1f} tokens/s, {tokens} tokens (before {before}); screenshot taken")
+
+        # the button: a plan from the live counters
+        _, perf = srv.request("GET", "/moe-layer-perf")
+        p = dom(srv.base + "/?autoapply=1", 4000)
+        res = p.text.get("apply-result", "")
+        _, after = srv.request("GET", "/moe-hot-cache")
+        check(res.startswith("applied:"), f"apply result {res!r}")
+        for L in after["layers"]:
+            hits = perf["layers"][L["layer"]]["experts"]
+            top = sorted(range(len(hits)), key=lambda e: (-hits[e], e))[:L["slots"]]
+            check(sorted(L["experts"]) == sorted(top), f"layer {L['layer']}: slots {L['experts']}, top {top}")
+        print(f"  the button: {res}; every cached layer holds its most selected experts")
+    finally:
+        rc = srv.stop()
+    check(rc == 0, f"exit {rc}\n{srv.log()[-2000:]}")
+    check("ERROR: AddressSanitizer" not in srv.log() and "runtime error" not in srv.log(),
+          f"sanitizer report:\n{srv.log()[-3000:]}")
+    return finish("the dashboard shows the server's numbers live in Chromium and its button applies a plan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+/* tiermoe serve: the OpenAI-compatible server (src/server/, docs/server.md).
+ * Binds first (so /health answers "loading"), loads the model, serves until
+ * SIGINT or SIGTERM, then shuts down cleanly and exits 0. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+#ifndef TM_HAVE_SERVER
+int cmd_serve(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "tiermoe serve: left out of this build (libmicrohttpd was not found; "
+                    "scripts/deps.sh installs libmicrohttpd-dev)\n");
+    return 1;
+}
+#else
+#include "server/server.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+static void serve_usage(FILE *out) {
+    fprintf(
+        out,
+        "usage: tiermoe serve -m FILE [options]\n"
+        "  -m, --model FILE       GGUF model (with a vocabulary)\n"
+        "  --host ADDR            address to listen on (default 127.0.0.1)\n"
+        "  --port N               port (default 8080; 0: any free one, printed)\n"
+        "  --api-key KEY          require 'Authorization: Bearer KEY' (all but /health);\n"
+        "                         also TIERMOE_API_KEY\n"
+        "  -a, --alias NAME       the model's name in /v1/models (default: the file's)\n"
+        "  -np, --parallel N      sequences decoded together (only 1 is supported yet)\n"
+        "  -n, --n-predict N      max_tokens of a request that gives none (default: the\n"
+        "                         context size)\n"
+        "  --max-tokens N         the largest max_tokens a request may ask (default: -c)\n"
+        "  --max-prompt N         the longest prompt in tokens (default: -c less one)\n"
+        "  --max-body BYTES       the largest request body (default 8388608)\n"
+        "  --max-queue N          requests that may wait (default 64; more get 503)\n"
+        "  --max-connections N    open connections (default 64)\n"
+        "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony (default: from the model)\n"
+        "  --no-expert-trace      no live expert counters (/moe-layer-perf answers 409; a\n"
+        "                         full-GPU decode keeps its CUDA graph)\n"
+        "  --profile              time every part (lane times in /metrics; slower on a GPU)\n"
+        "  --quiet                no line per request on stderr\n"
+        "  sampling flags set the defaults of what a request does not give:\n");
+    fputs(cli_gen_help, out);
+    fputs(cli_place_help, out);
+    fputs(trace_config_help, out);
+}
+
+static int serve_main(int argc, char **argv, cli_place *place) {
+    const char *model_path = NULL;
+    tm_server_params sp = {.port = 8080, .parallel = 1, .api_key = getenv("TIERMOE_API_KEY")};
+    sample_params_default(&sp.sampling);
+    tm_context_params cp = {0};
+    cli_gen gen = {.cp = &cp, .sp = &sp.sampling};
+    if (trace_config_from_env(&sp.trace) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            serve_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--no-expert-trace") || !strcmp(a, "--quiet") || !strcmp(a, "--profile")) {
+            sp.no_trace |= !strcmp(a, "--no-expert-trace");
+            sp.quiet |= !strcmp(a, "--quiet");
+            cp.profile |= !strcmp(a, "--profile");
+            continue;
+        }
+        const int nt = trace_config_parse_arg(&sp.trace, argc, argv, i);
+        const int np = nt ? 0 : cli_place_parse(place, "serve", argc, argv, i);
+        const int ng = nt || np ? 0 : cli_gen_parse(&gen, "serve", argc, argv, i);
+        if (nt < 0 || np < 0 || ng < 0) return 2;
+        if (nt + np + ng > 0) {
+            i += nt + np + ng - 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tiermoe serve: %s needs a value (or is unknown)\n", a);
+            serve_usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long long n;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            model_path = v;
+        else if (!strcmp(a, "--host"))
+            sp.host = v;
+        else if (!strcmp(a, "--api-key"))
+            sp.api_key = v;
+        else if (!strcmp(a, "-a") || !strcmp(a, "--alias"))
+            sp.alias = v;
+        else if (!strcmp(a, "--chat-template"))
+            sp.chat_template = v;
+        else {
+            static const struct {
+                const char *flag, *alt;
+                long long lo, hi;
+            } nums[] = {{"--port", NULL, 0, 65535},           {"--parallel", "-np", 1, 1024},
+                        {"--n-predict", "-n", 1, 1ll << 32},  {"--max-tokens", NULL, 1, 1ll << 32},
+                        {"--max-prompt", NULL, 1, 1ll << 32}, {"--max-body", NULL, 1024, 1ll << 32},
+                        {"--max-queue", NULL, 1, 1 << 20},    {"--max-connections", NULL, 1, 4096}};
+            size_t k = 0;
+            while (k < sizeof(nums) / sizeof(nums[0]) && strcmp(a, nums[k].flag) &&
+                   !(nums[k].alt && !strcmp(a, nums[k].alt)))
+                k++;
+            if (k == sizeof(nums) / sizeof(nums[0])) {
+                fprintf(stderr, "tiermoe serve: unknown flag '%s'\n", a);
+                serve_usage(stderr);
+                return 2;
+            }
+            if (cli_parse_i64(a, v, nums[k].lo, nums[k].hi, &n)) return 2;
+            switch (k) {
+            case 0:
+                sp.port = (int)n;
+                break;
+            case 1:
+                sp.parallel = (int)n;
+                break;
+            case 2:
+                sp.default_tokens = n;
+                break;
+            case 3:
+                sp.max_tokens = n;
+                break;
+            case 4:
+                sp.max_prompt = n;
+                break;
+            case 5:
+                sp.max_body = (size_t)n;
+                break;
+            case 6:
+                sp.max_queue = (int)n;
+                break;
+            default:
+                sp.max_connections = (int)n;
+                break;
+            }
+        }
+    }
+    if (!model_path) {
+        fprintf(stderr, "tiermoe serve: missing -m FILE\n");
+        serve_usage(stderr);
+        return 2;
+    }
+    sp.seed_given = gen.seed_given;
+    if (sp.parallel > 1) {
+        fprintf(stderr,
+                "tiermoe serve: --parallel %d: only 1 sequence at a time is supported yet "
+                "(decoding several together needs per-sequence KV ranges in the "
+                "attention ops)\n",
+                sp.parallel);
+        return 2;
+    }
+    tm_chat_format chat;
+    if (sp.chat_template && chat_format_from_name(sp.chat_template, &chat) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: --chat-template: %s\n", tm_error_message());
+        return 2;
+    }
+
+    /* SIGINT and SIGTERM are taken by sigtimedwait below: blocked in every thread */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    tm_server *srv = NULL;
+    if (server_create(&sp, &srv) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        return 1;
+    }
+    fprintf(stderr, "tiermoe serve: listening on http://%s%s%s:%d\n",
+            strchr(sp.host ? sp.host : "", ':') ? "[" : "", sp.host ? sp.host : "127.0.0.1",
+            strchr(sp.host ? sp.host : "", ':') ? "]" : "", server_port(srv));
+    int rc = 1;
+    tm_model *m = NULL;
+    tm_tokenizer *tok = NULL;
+    if (model_load(model_path, &m) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        goto out;
+    }
+    if (cli_place_apply(place, "serve", m, &cp)) goto out;
+    if (tokenizer_load_gguf(m->file, &tok) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: the model needs a vocabulary: %s\n", tm_error_message());
+        tok = NULL;
+        goto out;
+    }
+    if (server_load(srv, m, tok, &cp) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        goto out;
+    }
+    fprintf(stderr, "tiermoe serve: ready (%s); stop with Ctrl-C or SIGTERM\n", model_path);
+    const struct timespec tick = {0, 200 * 1000000L};
+    int sig;
+    while ((sig = sigtimedwait(&sigs, NULL, &tick)) < 0) {
+    }
+    fprintf(stderr, "tiermoe serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+out:
+    if (server_stop(srv) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        rc = 1;
+    }
+    server_free(srv);
+    if (tok) tokenizer_free(tok);
+    model_free(m);
+    return rc;
+}
+
+int cmd_serve(int argc, char **argv) {
+    cli_place place = {0};
+    const int rc = serve_main(argc, argv, &place);
+    cli_place_free(&place);
+    return rc;
+}
+#endif /* TM_HAVE_SERVER */
