@@ -19,7 +19,7 @@
  *
  * Without TM_HAVE_CUDA or without a usable GPU the program prints
  * "skipped: no CUDA device (why)" and exits 77, which CTest reports as skipped.
- * TM_CUDA_BENCH=1 adds the timing
+ * TM_CUDA_ONLY=pattern runs the matching tests only. TM_CUDA_BENCH=1 adds the timing
  * of the Qwen3-30B-A3B decode shapes (median of CUDA-event timings, weights
  * rotating through more memory than the L2 holds). */
 #include <math.h>
@@ -630,6 +630,9 @@ int main(void) {
         return TEST_SKIPPED;
     }
     cuda_device_close(probe);
+    /* TM_CUDA_ONLY=pattern runs only the matching tests (compute-sanitizer runs) */
+    const char *only = getenv("TM_CUDA_ONLY");
+    if (only && *only) cmocka_set_test_filter(only);
     /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mmvq),          cmocka_unit_test(test_mmvq_q8x),

@@ -306,7 +306,9 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
     if (i >= half) return;
     /* angles in double, as cpu_rope_table */
     const double theta = (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)d);
-    const float c = (float)cos(theta), s = (float)sin(theta);
+    double sd, cd;
+    sincos(theta, &sd, &cd); /* one range reduction for both */
+    const float c = (float)cd, s = (float)sd;
     const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
     if (is_q) { /* in place: this thread read exactly these two values */
         q[(t * p.n_head + slot) * d + i] = y0;
