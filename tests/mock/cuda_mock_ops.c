@@ -653,7 +653,7 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     const size_t esz = p->kv_type == TM_TYPE_F16 ? 2 : 4;
     int64_t rows_end = 0; /* cache rows written: [.., rows_end) */
     for (int64_t t = 0; t < a->n_tok; t++) {
-        int64_t pos, kv0;
+        int64_t pos = 0, kv0 = 0;
         if (!attn_row(a, t, &pos, &kv0, err, err_size)) return false;
         if (pos < 0 || kv0 < 0 || kv0 + pos >= p->n_ctx)
             return mock_fail(err, err_size,
@@ -673,7 +673,7 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     float *cs = malloc((size_t)(d + kvw) * sizeof(float)), *krow = cs + d;
     if (!cs) return mock_fail(err, err_size, "out of host memory");
     for (int64_t t = 0; t < a->n_tok; t++) {
-        int64_t pos, kv0;
+        int64_t pos = 0, kv0 = 0;
         attn_row(a, t, &pos, &kv0, err, err_size); /* checked above */
         cpu_rope_table(cs, cs + d / 2, d, pos, p->rope_base);
         for (int64_t h = 0; h < p->n_head; h++)
@@ -714,7 +714,7 @@ static bool attention_rows_run(const attn_arg *a, char *err, size_t err_size) {
     float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
     if (!scratch) return mock_fail(err, err_size, "out of host memory");
     for (int64_t t = 0; t < a->n_tok; t++) {
-        int64_t pos, kv0;
+        int64_t pos = 0, kv0 = 0;
         if (!attn_row(a, t, &pos, &kv0, err, err_size)) return free(scratch), false;
         if (pos < 0 || kv0 < 0 || pos + 1 > a->n_kv_max || kv0 + pos >= p->n_ctx) {
             free(scratch);
