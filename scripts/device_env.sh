@@ -32,3 +32,15 @@ device_models() {
     [ -f "$1" ] || "$3" mkmodel --preset 30b-a3b -q -o "$1" || return 1
     [ -z "$2" ] || [ -f "$2" ] || "$3" mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o "$2"
 }
+
+# The 30b-a3b preset with the Qwen3 routing profile and Qwen3's vocabulary and chat
+# template (what serve needs) at $1, made by tiermoe ($2) unless there.
+device_vocab_model() {
+    [ -f "$1" ] && return 0
+    stamp "model: 30b-a3b, Qwen3 routing profile and vocabulary"
+    python3 -c "
+import lzma
+for n in ('tokenizer.json', 'tokenizer_config.json'):
+    open('/tmp/' + n, 'wb').write(lzma.open('tests/data/vocab/qwen3/' + n + '.xz').read())" || return 1
+    "$2" mkmodel --preset 30b-a3b --routing qwen3-30b-a3b --vocab /tmp/tokenizer.json -q -o "$1"
+}

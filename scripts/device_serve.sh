@@ -40,15 +40,7 @@ TM_BIN_DIR=$BUILD TM_SERVE_BINARY=$TM TM_TEST_DATA=tests/data TM_TEST_TMP=/tmp/s
 rc_cache=$?
 tail -6 "$OUT/serve_cache.log"
 
-if [ ! -f "$MV" ]; then
-    stamp "model: 30b-a3b, Qwen3 routing profile and vocabulary"
-    python3 -c "
-import lzma
-for n in ('tokenizer.json', 'tokenizer_config.json'):
-    open('/tmp/' + n, 'wb').write(lzma.open('tests/data/vocab/qwen3/' + n + '.xz').read())"
-    $TM mkmodel --preset 30b-a3b --routing qwen3-30b-a3b --vocab /tmp/tokenizer.json -q -o "$MV" \
-        || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
-fi
+device_vocab_model "$MV" "$TM" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
 bench() { # name, flags...
     local name=$1; shift
     stamp "tiermoe bench $name: $*"

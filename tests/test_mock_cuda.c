@@ -520,7 +520,7 @@ static void test_errors(void **state) {
     assert_int_equal(cuda_mmvq(TM_TYPE_F32, wd, 64 * 4, 1, 64, x + 1, 1, y, g.s), TM_ERR_ARG);
     assert_int_equal(cuda_mmvq(TM_TYPE_Q4_1, wd, 40, 1, 32, x, 1, y, g.s), TM_ERR_UNSUPPORTED);
     assert_int_equal(cuda_wait_host(flag, flag, 1, flag, x, NULL, 4, g.s), TM_ERR_ARG);
-    const tm_cuda_attn_params ap = {4, 2, 16, 8, TM_TYPE_F32, 0.25f, 1e-6f, 1e4f};
+    const tm_cuda_attn_params ap = {4, 2, 16, 8, TM_TYPE_F32, 0.25f, 1e-6f, 1e4f, NULL, NULL};
     assert_int_equal(cuda_attention(&ap, x, y, y, (int32_t *)x, 1, 9, y, NULL, g.s), TM_ERR_ARG);
     assert_int_equal(cuda_stream_sync(g.s), TM_OK);
 
@@ -940,8 +940,8 @@ static void test_attention(void **state) {
     (void)state;
     for (int kvt = 0; kvt < 2; kvt++) {
         gpu g = gpu_open(0);
-        const tm_cuda_attn_params p = {NH,    NKV,   HD,  NCTX, kvt ? TM_TYPE_F16 : TM_TYPE_F32,
-                                       0.25f, 1e-6f, 1e4f};
+        const tm_cuda_attn_params p = {NH,    NKV,   HD,   NCTX, kvt ? TM_TYPE_F16 : TM_TYPE_F32,
+                                       0.25f, 1e-6f, 1e4f, NULL, NULL};
         const size_t esz = kvt ? 2 : 4, qb = PROMPT * NH * HD * 4, kb = PROMPT * NKV * HD * 4;
         attn_ref *ref = calloc(1, sizeof(*ref));
         float q[PROMPT * NH * HD], k[PROMPT * NKV * HD], v[PROMPT * NKV * HD], qn[HD], kn[HD];

@@ -332,7 +332,7 @@ static void test_handoff_timeout(void **state) {
     assert_int_not_equal(model_decode(c, &tok, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
     if (!strstr(tm_error_message(), "layer"))
         fail_msg("a failed hand-off should name the layer: %s", tm_error_message());
-    assert_int_equal(c->n_past, 0);
+    assert_int_equal(c->seq_past[0], 0);
     model_context_free(c);
     model_free(m);
 }

@@ -3,7 +3,8 @@
  * split of a worklist into the CPU lane's cold slots, the PCIe lane's (the
  * first n cold slots of each decode token) and the GPU's hot ones
  * (tier_worklist_split: CPU, PCIe, hot, each in its previous order, so an
- * expert's run stays whole). The lanes and the merge run end to end in
+ * expert's run stays whole), and a decode step's cold slots grouped by expert
+ * (tier_worklist_group). The lanes and the merge run end to end in
  * test_mock_placement. */
 #include <math.h>
 #include <setjmp.h>
@@ -162,10 +163,56 @@ static void test_worklist_split(void **state) {
         check_split(&r, c % 2 ? TM_MOE_PHASE_PROMPT : TM_MOE_PHASE_DECODE, c);
 }
 
+/* ---- tier_worklist_group ---- */
+
+/* A decode step of several rows: its first n slots grouped by expert against a
+ * stable sort written here (each expert's slots in their order before: tokens
+ * ascending), the rest untouched, the list expert-major. */
+static void test_worklist_group(void **state) {
+    (void)state;
+    tm_rng r;
+    tm_rng_seed(&r, 17);
+    for (int c = 0; c < 200; c++) {
+        const uint32_t n_expert = 1 + (uint32_t)(tm_rng_u64(&r) % 32);
+        const uint32_t k = 1 + (uint32_t)(tm_rng_u64(&r) % (n_expert < 8 ? n_expert : 8));
+        const int64_t n_tok = 1 + (int64_t)(tm_rng_u64(&r) % 8), N = n_tok * k;
+        int32_t ids[64];
+        float w[64];
+        for (int64_t t = 0; t < n_tok; t++) { /* k distinct experts a token */
+            const uint32_t s0 = (uint32_t)(tm_rng_u64(&r) % n_expert);
+            for (uint32_t j = 0; j < k; j++)
+                ids[t * k + j] = (int32_t)((s0 + 3 * j) % n_expert),
+                            w[t * k + j] = (float)(t * k + j);
+        }
+        tm_moe_worklist wl = {0};
+        assert_int_equal(moe_worklist_build(&wl, ids, w, n_tok, n_expert, k, TM_MOE_PHASE_DECODE),
+                         TM_OK);
+        const int64_t n = (int64_t)(tm_rng_u64(&r) % (uint64_t)(N + 1));
+        tm_moe_slot before[64], want[64];
+        memcpy(before, wl.slots, (size_t)N * sizeof(*before));
+        int64_t m = 0; /* stable: by expert, then the order before */
+        for (uint32_t e = 0; e < n_expert; e++)
+            for (int64_t i = 0; i < n; i++)
+                if (before[i].expert == (int32_t)e) want[m++] = before[i];
+        tier_worklist_group(&wl, n);
+        assert_true(wl.expert_major);
+        for (int64_t i = 0; i < N; i++) {
+            const tm_moe_slot *g = &wl.slots[i], *x = i < n ? &want[i] : &before[i];
+            if (g->expert != x->expert || g->token != x->token || g->weight != x->weight)
+                fail_msg(
+                    "case %d: slot %lld of %lld (%lld grouped): expert %d token %d, want %d %d", c,
+                    (long long)i, (long long)N, (long long)n, g->expert, g->token, x->expert,
+                    x->token);
+        }
+        moe_worklist_free(&wl);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worklist_partition),
         cmocka_unit_test(test_worklist_split),
+        cmocka_unit_test(test_worklist_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

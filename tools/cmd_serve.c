@@ -31,7 +31,8 @@ static void serve_usage(FILE *out) {
         "  --api-key KEY          require 'Authorization: Bearer KEY' (all but /health);\n"
         "                         also TIERMOE_API_KEY\n"
         "  -a, --alias NAME       the model's name in /v1/models (default: the file's)\n"
-        "  -np, --parallel N      sequences decoded together (only 1 is supported yet)\n"
+        "  -np, --parallel N      slots: N sequences decoded together in one batch, each with\n"
+        "                         -c / N positions of the KV cache (default 1)\n"
         "  -n, --n-predict N      max_tokens of a request that gives none (default: the\n"
         "                         context size)\n"
         "  --max-tokens N         the largest max_tokens a request may ask (default: -c)\n"
@@ -101,10 +102,14 @@ static int serve_main(int argc, char **argv, cli_place *place) {
             static const struct {
                 const char *flag, *alt;
                 long long lo, hi;
-            } nums[] = {{"--port", NULL, 0, 65535},           {"--parallel", "-np", 1, 1024},
-                        {"--n-predict", "-n", 1, 1ll << 32},  {"--max-tokens", NULL, 1, 1ll << 32},
-                        {"--max-prompt", NULL, 1, 1ll << 32}, {"--max-body", NULL, 1024, 1ll << 32},
-                        {"--max-queue", NULL, 1, 1 << 20},    {"--max-connections", NULL, 1, 4096}};
+            } nums[] = {{"--port", NULL, 0, 65535},
+                        {"--parallel", "-np", 1, TM_SERVER_MAX_PARALLEL},
+                        {"--n-predict", "-n", 1, 1ll << 32},
+                        {"--max-tokens", NULL, 1, 1ll << 32},
+                        {"--max-prompt", NULL, 1, 1ll << 32},
+                        {"--max-body", NULL, 1024, 1ll << 32},
+                        {"--max-queue", NULL, 1, 1 << 20},
+                        {"--max-connections", NULL, 1, 4096}};
             size_t k = 0;
             while (k < sizeof(nums) / sizeof(nums[0]) && strcmp(a, nums[k].flag) &&
                    !(nums[k].alt && !strcmp(a, nums[k].alt)))
@@ -149,14 +154,6 @@ static int serve_main(int argc, char **argv, cli_place *place) {
         return 2;
     }
     sp.seed_given = gen.seed_given;
-    if (sp.parallel > 1) {
-        fprintf(stderr,
-                "tiermoe serve: --parallel %d: only 1 sequence at a time is supported yet "
-                "(decoding several together needs per-sequence KV ranges in the "
-                "attention ops)\n",
-                sp.parallel);
-        return 2;
-    }
     tm_chat_format chat;
     if (sp.chat_template && chat_format_from_name(sp.chat_template, &chat) != TM_OK) {
         fprintf(stderr, "tiermoe serve: --chat-template: %s\n", tm_error_message());

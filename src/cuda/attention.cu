@@ -25,7 +25,11 @@
  *     splits past it exit at once. Each block writes per row a record
  *     (max, sum, acc[head_dim]) to scratch
  *     [n_split][n_tok * n_head][head_dim + 2]; a combine kernel (one warp per
- *     row) merges the used records with an exact log-sum-exp rescale. */
+ *     row) merges the used records with an exact log-sum-exp rescale.
+ *   rows of several sequences (row_pos / row_kv): grid z covers tokens times
+ *     the row blocks of one token; a block takes its token's position and
+ *     its sequence's first cache row from the arrays and runs as a launch of
+ *     that token alone would (the splits of one token, up to 8 rows). */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -46,16 +50,20 @@ typedef struct tm_attn_args {
     const float *q;
     const void *k, *v;
     const int32_t *pos0;
+    const int32_t *row_pos, *row_kv; /* rows of several sequences (NULL: one) */
     float *out, *rec;
     int32_t n_head, n_head_kv, group, d, dp, ds;
     int64_t n_tok, n_kv_max, n_ctx;
     int32_t n_split, f16, vec;
+    int32_t row_blocks; /* rows of several sequences: blocks of one token's heads */
     float scale;
 } tm_attn_args;
 
-/* Keys the batch sees: *pos0 + n_tok, kept within what the launch was sized for. */
-static __device__ __forceinline__ int64_t tm_attn_n_kv(const tm_attn_args &a) {
-    int64_t n = (int64_t)*a.pos0 + a.n_tok;
+/* Keys a batch of n_tok tokens from pos0 sees: pos0 + n_tok, kept within what
+ * the launch was sized for. */
+static __device__ __forceinline__ int64_t tm_attn_n_kv(const tm_attn_args &a, int64_t pos0,
+                                                       int64_t n_tok) {
+    int64_t n = pos0 + n_tok;
     const int64_t cap = a.n_kv_max < a.n_ctx ? a.n_kv_max : a.n_ctx;
     return n < 0 ? 0 : n > cap ? cap : n;
 }
@@ -123,7 +131,19 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     const int split = blockIdx.x, g = blockIdx.y;
     const int warp = threadIdx.x / TM_CUDA_WARP, lane = threadIdx.x % TM_CUDA_WARP;
     const int d = a.d, G = a.group;
-    const int64_t pos0 = *a.pos0, n_kv = tm_attn_n_kv(a);
+    /* rows of several sequences: this block is token t0's alone, at its own
+     * position, over its own sequence's cache rows */
+    int64_t t0 = 0, n_tok = a.n_tok, zb = blockIdx.z, pos0;
+    const void *kc = a.k, *vc = a.v;
+    if (a.row_pos) {
+        t0 = blockIdx.z / a.row_blocks, zb = blockIdx.z % a.row_blocks, n_tok = 1;
+        pos0 = a.row_pos[t0];
+        const int64_t kv0 = (int64_t)a.row_kv[t0] * a.n_head_kv * d * (a.f16 ? 2 : 4);
+        kc = (const char *)a.k + kv0, vc = (const char *)a.v + kv0;
+    } else {
+        pos0 = *a.pos0;
+    }
+    const int64_t n_kv = tm_attn_n_kv(a, pos0, n_tok);
 
     int64_t k_lo = 0, k_hi = n_kv;
     if (a.n_split > 1) {
@@ -132,7 +152,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
         if (k_lo >= n_kv) return; /* the whole block: past the real length */
         k_hi = k_lo + chunk < n_kv ? k_lo + chunk : n_kv;
     }
-    const int64_t rows = (int64_t)G * a.n_tok, r0 = (int64_t)blockIdx.z * TM_ATTN_WARPS * RW;
+    const int64_t rows = (int64_t)G * n_tok, r0 = zb * TM_ATTN_WARPS * RW;
     const int64_t r_end = r0 + TM_ATTN_WARPS * RW < rows ? r0 + TM_ATTN_WARPS * RW : rows;
     /* no row of this block sees past its last token's position */
     const int64_t causal_hi = pos0 + (r_end - 1) / G + 1;
@@ -143,7 +163,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
         const int rr = idx / a.dp, i = idx % a.dp;
         const int64_t r = r0 + rr;
         float x = 0.f;
-        if (r < rows && i < d) x = a.q[((r / G) * a.n_head + (int64_t)g * G + r % G) * d + i];
+        if (r < rows && i < d) x = a.q[((t0 + r / G) * a.n_head + (int64_t)g * G + r % G) * d + i];
         sQ[rr * a.ds + i] = x;
     }
     for (int idx = threadIdx.x; idx < TM_ATTN_TK * (a.dp - d); idx += TM_ATTN_THREADS)
@@ -164,8 +184,8 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     /* block-uniform trip count: every thread reaches every barrier */
     for (int64_t base = k_lo; base < k_hi; base += TM_ATTN_TK) {
         __syncthreads(); /* the previous tile is consumed; Q and pads are stored */
-        tm_attn_load_tile(a, a.k, sK, g, base, k_hi);
-        tm_attn_load_tile(a, a.v, sV, g, base, k_hi);
+        tm_attn_load_tile(a, kc, sK, g, base, k_hi);
+        tm_attn_load_tile(a, vc, sV, g, base, k_hi);
         __syncthreads();
 
         /* scores: lane = key */
@@ -213,7 +233,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
         const int64_t r = r0 + warp * RW + rr;
         if (r >= rows) break; /* warp-uniform */
         const float l = tm_warp_sum(lsum[rr]);
-        const int64_t orow = (r / G) * a.n_head + (int64_t)g * G + r % G; /* t * n_head + h */
+        const int64_t orow = (t0 + r / G) * a.n_head + (int64_t)g * G + r % G; /* t n_head + h */
         if (a.n_split == 1) {
             const float inv = l > 0.f ? 1.f / l : 0.f;
             float *o = a.out + orow * d;
@@ -235,7 +255,9 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_att
     const int lane = threadIdx.x % TM_CUDA_WARP, d = a.d;
     const int64_t row = (int64_t)blockIdx.x * TM_ATTN_WARPS + threadIdx.x / TM_CUDA_WARP;
     if (row >= a.n_tok * a.n_head) return; /* whole warp */
-    const int64_t n_kv = tm_attn_n_kv(a), chunk = tm_attn_chunk(n_kv, a.n_split);
+    const int64_t n_kv = a.row_pos ? tm_attn_n_kv(a, a.row_pos[row / a.n_head], 1)
+                                   : tm_attn_n_kv(a, *a.pos0, a.n_tok);
+    const int64_t chunk = tm_attn_chunk(n_kv, a.n_split);
     int64_t n_used = (n_kv + chunk - 1) / chunk;
     if (n_used > a.n_split) n_used = a.n_split;
     const int64_t stride = a.n_tok * a.n_head * (d + 2);
@@ -270,15 +292,17 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
     __shared__ float part[TM_ATTN_WARPS];
     const int64_t t = blockIdx.x;
     const int slot = blockIdx.y, d = p.head_dim, half = d / 2, i = threadIdx.x;
-    const int64_t pos = (int64_t)*pos0 + t, kvw = (int64_t)p.n_head_kv * d;
-    const bool store = pos >= 0 && pos < p.n_ctx; /* never write outside the cache */
+    const int64_t pos = p.row_pos ? (int64_t)p.row_pos[t] : (int64_t)*pos0 + t;
+    const int64_t kv_row = (p.row_kv ? (int64_t)p.row_kv[t] : 0) + pos; /* the cache row */
+    const int64_t kvw = (int64_t)p.n_head_kv * d;
+    const bool store = pos >= 0 && kv_row >= 0 && kv_row < p.n_ctx; /* never outside the cache */
     const bool f16 = p.kv_type == TM_TYPE_F16;
 
     if (slot >= p.n_head + p.n_head_kv) { /* a value head: convert and store */
         if (!store) return;               /* the whole block */
         const int64_t hv = slot - p.n_head - p.n_head_kv;
         const float *src = v + t * kvw + hv * d;
-        const int64_t off = pos * kvw + hv * d;
+        const int64_t off = kv_row * kvw + hv * d;
         for (int j = i; j < d; j += TM_ATTN_THREADS) {
             if (f16)
                 ((__half *)v_cache)[off + j] = __float2half_rn(src[j]);
@@ -314,7 +338,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
         q[(t * p.n_head + slot) * d + i] = y0;
         q[(t * p.n_head + slot) * d + i + half] = y1;
     } else if (store) {
-        const int64_t off = pos * kvw + hk * d + i;
+        const int64_t off = kv_row * kvw + hk * d + i;
         if (f16) {
             ((__half *)k_cache)[off] = __float2half_rn(y0);
             ((__half *)k_cache)[off + half] = __float2half_rn(y1);
@@ -350,8 +374,11 @@ extern "C" tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, c
     tm_status st = tm_attn_check("cuda_attn_prepare", p, n_tok);
     if (st) return st;
     if (n_tok == 0) return TM_OK;
-    if (!q || !k || !v || !pos0 || !k_cache || !v_cache)
-        return tm_error_set(TM_ERR_ARG, "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer");
+    if (!q || !k || !v || (!pos0 && !p->row_pos) || !k_cache || !v_cache ||
+        !p->row_pos != !p->row_kv)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer, or row_pos "
+                            "without row_kv");
     const dim3 grid((unsigned)n_tok, (unsigned)(p->n_head + 2 * p->n_head_kv));
     tm_attn_prepare_kernel<<<grid, TM_ATTN_THREADS, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0,
                                                                  k_cache, v_cache);
@@ -366,8 +393,8 @@ typedef struct tm_attn_plan {
 } tm_attn_plan;
 
 /* Launch shape from host-known sizes only (the same for a graph's every replay). */
-static tm_attn_plan tm_attn_plan_make(const tm_cuda_attn_params *p, int64_t n_tok,
-                                      int64_t n_kv_max) {
+static tm_attn_plan tm_attn_plan_make_one(const tm_cuda_attn_params *p, int64_t n_tok,
+                                          int64_t n_kv_max) {
     tm_attn_plan pl;
     const int64_t rows = (int64_t)(p->n_head / p->n_head_kv) * n_tok;
     pl.rw = rows <= TM_ATTN_WARPS ? 1 : rows <= 2 * TM_ATTN_WARPS ? 2 : 4;
@@ -387,6 +414,15 @@ static tm_attn_plan tm_attn_plan_make(const tm_cuda_attn_params *p, int64_t n_to
     return pl;
 }
 
+static tm_attn_plan tm_attn_plan_make(const tm_cuda_attn_params *p, int64_t n_tok,
+                                      int64_t n_kv_max) {
+    if (!p->row_pos) return tm_attn_plan_make_one(p, n_tok, n_kv_max);
+    /* rows of several sequences: each token's blocks as a launch of it alone */
+    tm_attn_plan pl = tm_attn_plan_make_one(p, 1, n_kv_max);
+    if (n_tok > TM_ATTN_SPLIT_TOK) pl.n_split = 1; /* no scratch for many rows' records */
+    return pl;
+}
+
 extern "C" int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
                                                  int64_t n_kv_max) {
     if (tm_attn_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 || n_kv_max < 1)
@@ -401,7 +437,8 @@ static tm_status tm_attn_launch(const tm_attn_plan &pl, const tm_attn_args &a,
     if (pl.smem > TM_ATTN_SMEM_DEFAULT) /* head_dim > ~180: opt in to the larger carve-out */
         TM_CUDA_TRY(cudaFuncSetAttribute(
             tm_attn_kernel<RW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
-    const dim3 grid((unsigned)pl.n_split, (unsigned)a.n_head_kv, (unsigned)pl.row_blocks);
+    const int64_t z = a.row_pos ? pl.row_blocks * a.n_tok : pl.row_blocks;
+    const dim3 grid((unsigned)pl.n_split, (unsigned)a.n_head_kv, (unsigned)z);
     tm_attn_kernel<RW><<<grid, TM_ATTN_THREADS, pl.smem, stream>>>(a);
     return TM_OK;
 }
@@ -413,15 +450,16 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
     tm_status st = tm_attn_check("cuda_attention", p, n_tok);
     if (st) return st;
     if (n_tok == 0) return TM_OK;
-    if (n_kv_max < n_tok || n_kv_max > p->n_ctx)
+    if (n_kv_max < (p->row_pos ? 1 : n_tok) || n_kv_max > p->n_ctx)
         return tm_error_set(TM_ERR_ARG,
                             "cuda_attention: n_kv_max %lld (want n_tok %lld <= n_kv_max <= n_ctx "
                             "%lld)",
                             (long long)n_kv_max, (long long)n_tok, (long long)p->n_ctx);
-    if (!q || !k_cache || !v_cache || !pos0 || !out)
-        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer");
+    if (!q || !k_cache || !v_cache || (!pos0 && !p->row_pos) || !out || !p->row_pos != !p->row_kv)
+        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer, or "
+                                        "row_pos without row_kv");
     const tm_attn_plan pl = tm_attn_plan_make(p, n_tok, n_kv_max);
-    if (pl.row_blocks > 65535)
+    if ((p->row_pos ? pl.row_blocks * n_tok : pl.row_blocks) > 65535)
         return tm_error_set(TM_ERR_ARG,
                             "cuda_attention: %lld tokens x %d heads per group: too many",
                             (long long)n_tok, p->n_head / p->n_head_kv);
@@ -433,6 +471,7 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
                             (long long)cuda_attention_scratch_floats(p, n_tok, n_kv_max));
     tm_attn_args a;
     a.q = q, a.k = k_cache, a.v = v_cache, a.pos0 = pos0, a.out = out, a.rec = scratch;
+    a.row_pos = p->row_pos, a.row_kv = p->row_kv, a.row_blocks = (int32_t)pl.row_blocks;
     a.n_head = p->n_head, a.n_head_kv = p->n_head_kv, a.group = p->n_head / p->n_head_kv;
     a.d = p->head_dim, a.dp = pl.dp, a.ds = pl.ds;
     a.n_tok = n_tok, a.n_kv_max = n_kv_max, a.n_ctx = p->n_ctx;

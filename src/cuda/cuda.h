@@ -276,6 +276,13 @@ typedef struct tm_cuda_attn_params {
     tm_type kv_type;                     /* TM_TYPE_F16 or TM_TYPE_F32 */
     float scale;                         /* softmax scale, 1/sqrt(head_dim) for Qwen3 */
     float rms_eps, rope_base;
+    /* Rows of several sequences (NULL, NULL: one sequence, token t at *pos0 + t,
+     * its cache rows from row 0). Else device arrays of n_tok: row t is at
+     * position row_pos[t] of the sequence whose cache rows begin at row_kv[t];
+     * its K and V go to row row_kv[t] + row_pos[t] and it sees that sequence's
+     * keys row_kv[t] .. row_kv[t] + row_pos[t] only (*pos0 is not read). Read
+     * when the kernels run, so a captured graph replays at new positions. */
+    const int32_t *row_pos, *row_kv;
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)
@@ -290,7 +297,11 @@ tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float 
 /* Causal grouped-query attention: out[t][h] = Σ_{j <= pos(t)} softmax_j(scale ·
  * q[t][h]·K[j][g]) V[j][g], g = h / (n_head / n_head_kv); out [n_tok][n_head*head_dim].
  * n_kv_max: an upper bound on *pos0 + n_tok known when launching (it sizes the
- * grid: a decode graph passes n_ctx; blocks past the real length do nothing).
+ * grid: a decode graph passes n_ctx; blocks past the real length do nothing);
+ * with row_pos, a bound on every row_pos[t] + 1. Rows of several sequences
+ * run each token's heads in their own blocks, as a launch of that token alone
+ * would (the same splits, so the same bits); up to 8 rows split the keys over
+ * blocks, more rows do not.
  * Decode (n_tok small) splits the KV length over blocks and combines; prompts
  * run flash-attention style (online softmax over KV tiles).
  * scratch: device floats, at least cuda_attention_scratch_floats(). */

@@ -42,12 +42,13 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     e->n_tensors = (uint32_t)p->file->n_tensors;
     e->tensor_dev = malloc(e->n_tensors ? e->n_tensors : 1);
     e->wdev = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->wdev));
-    if (!e->tensor_dev || !e->wdev) {
+    e->row_pos = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
+    e->row_kv = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
+    if (!e->tensor_dev || !e->wdev || !e->row_pos || !e->row_kv) {
         exec_free(e);
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
     memcpy(e->tensor_dev, p->tensor_dev, e->n_tensors);
-    e->rope_pos = -1;
     if (e->gpu) e->stream = cuda_device_stream(e->gpu);
     const char *graph = getenv("TIERMOE_CUDA_GRAPH");
     e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
@@ -73,8 +74,9 @@ void exec_free(tm_exec *e) {
         for (uint32_t l = 0; l < e->n_layer; l++)
             if (e->layer_dev[l] == TM_DEV_CPU) free(e->k_cache[l]), free(e->v_cache[l]);
     free(e->k_cache), free(e->v_cache), free(e->layer_dev);
-    free(e->acts), free(e->groups), free(e->pre), free(e->post);
-    free(e->tensor_dev), free(e->wdev);
+    free(e->acts), free(e->groups);
+    for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
+    free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_kv);
     free(e);
 }
 
@@ -234,7 +236,7 @@ static tm_status exec_record(exec_task **list, int *n, int *cap, tm_exec_task_fn
 }
 
 tm_status exec_host_task(tm_exec *e, tm_exec_task_fn fn, void *ud) {
-    if (e->capturing) return exec_record(&e->post, &e->n_post, &e->cap_post, fn, ud);
+    if (e->capturing) return exec_record(&e->rec->post, &e->rec->n_post, &e->rec->cap_post, fn, ud);
     exec_pending_run(e);
     if (e->p.profile) /* per-part times stay clean: no overlap with the next layer's ops */
         exec_task_run(e, (exec_task){fn, ud});
@@ -306,7 +308,7 @@ tm_status exec_embed(tm_exec *e, tm_act *x, const tm_weight *embd) {
     e->embed_x = x, e->embed_w = embd;
     exec_act_wrote(x, TM_DEV_CPU);
     if (e->capturing) /* each replay looks its token up before the launch */
-        return exec_record(&e->pre, &e->n_pre, &e->cap_pre, exec_embed_rows, e);
+        return exec_record(&e->rec->pre, &e->rec->n_pre, &e->rec->cap_pre, exec_embed_rows, e);
     return exec_embed_rows(e);
 }
 
@@ -319,16 +321,18 @@ static void exec_step_reset(tm_exec *e) {
 
 static tm_status exec_step_info(tm_exec *e) {
     if (!e->gpu) return TM_OK;
-    return cuda_copy_async(e->step_dev, e->step_host, 2 * sizeof(int32_t), e->stream);
+    return cuda_copy_async(e->step_dev, e->step_host, (size_t)(2 + 2 * e->p.n_batch) * 4,
+                           e->stream);
 }
 
 /* Replay the captured decode step: its embedding before the launch, its host
  * tasks (in order) while it runs. */
 static tm_status exec_replay(tm_exec *e) {
-    for (int i = 0; i < e->n_pre; i++) exec_task_run(e, e->pre[i]);
-    tm_status st = cuda_graph_launch(e->graph, e->stream);
+    const exec_graph *g = e->rec;
+    for (int i = 0; i < g->n_pre; i++) exec_task_run(e, g->pre[i]);
+    tm_status st = cuda_graph_launch(g->g, e->stream);
     if (st != TM_OK) return st;
-    for (int i = 0; i < e->n_post; i++) exec_task_run(e, e->post[i]);
+    for (int i = 0; i < g->n_post; i++) exec_task_run(e, g->post[i]);
     return exec_step_end(e);
 }
 
@@ -336,7 +340,7 @@ static tm_status exec_replay(tm_exec *e) {
  * captured (a CPU op, a wait for the stream), nothing ran, run it eagerly. */
 static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, bool *captured) {
     *captured = false;
-    e->n_pre = e->n_post = 0;
+    e->rec->n_pre = e->rec->n_post = 0;
     e->capture_failed = false;
     tm_status st = cuda_graph_begin(e->stream);
     if (st != TM_OK) return st;
@@ -354,22 +358,60 @@ static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, 
         return TM_OK;
     }
     if (st != TM_OK) return st;
-    e->graph = g;
+    e->rec->g = g;
     *captured = true;
+    return TM_OK;
+}
+
+/* The step's rows: their positions and KV bases, checked against the cache. */
+static tm_status exec_step_rows_set(tm_exec *e, int64_t n_tok, const int32_t *pos,
+                                    const int32_t *kv) {
+    if (n_tok < 1 || n_tok > e->p.n_batch)
+        return tm_error_set(TM_ERR_ARG, "a step of %lld tokens (1 .. the batch, %lld)",
+                            (long long)n_tok, (long long)e->p.n_batch);
+    e->one_seq = true, e->pos_max = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        if (pos[t] < 0 || kv[t] < 0 || (int64_t)kv[t] + pos[t] >= e->p.n_ctx)
+            return tm_error_set(TM_ERR_ARG,
+                                "step row %lld: position %d of the sequence at cache row %d is "
+                                "outside the %lld rows of the KV cache",
+                                (long long)t, pos[t], kv[t], (long long)e->p.n_ctx);
+        e->row_pos[t] = pos[t], e->row_kv[t] = kv[t];
+        if (t && (kv[t] != kv[0] || pos[t] != pos[0] + t)) e->one_seq = false;
+        if (pos[t] > e->pos_max) e->pos_max = pos[t];
+    }
+    e->pos = pos[0], e->kv0 = kv[0];
+    if (e->step_host) {
+        e->step_host[0] = pos[0];
+        memcpy(e->step_host + 2, pos, (size_t)n_tok * 4);
+        memcpy(e->step_host + 2 + e->p.n_batch, kv, (size_t)n_tok * 4);
+    }
     return TM_OK;
 }
 
 tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t pos,
                     tm_moe_phase phase, tm_exec_forward_fn forward, void *ud) {
-    e->tokens = tokens, e->n_tok = n_tok, e->pos = pos, e->phase = phase;
+    if (n_tok < 1 || n_tok > e->p.n_batch)
+        return tm_error_set(TM_ERR_ARG, "a step of %lld tokens (1 .. the batch, %lld)",
+                            (long long)n_tok, (long long)e->p.n_batch);
+    for (int64_t t = 0; t < n_tok; t++) e->row_pos[t] = (int32_t)(pos + t), e->row_kv[t] = 0;
+    return exec_step_rows(e, tokens, n_tok, e->row_pos, e->row_kv, phase, forward, ud);
+}
+
+tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const int32_t *pos,
+                         const int32_t *kv, tm_moe_phase phase, tm_exec_forward_fn forward,
+                         void *ud) {
+    tm_status st = exec_step_rows_set(e, n_tok, pos, kv);
+    if (st != TM_OK) return st;
+    e->tokens = tokens, e->n_tok = n_tok, e->phase = phase;
     e->seq++;
-    if (e->step_host) e->step_host[0] = (int32_t)pos, e->step_host[1] = (int32_t)e->seq;
+    if (e->step_host) e->step_host[1] = (int32_t)e->seq;
     exec_step_reset(e);
     e->part = TM_PROF_EMBED, e->part_t0 = tm_time_ns();
-    tm_status st;
-    const bool graph = e->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE && n_tok == 1 &&
-                       !e->p.cb && !e->p.profile;
-    if (graph && !e->graph) {
+    const bool graph = e->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE &&
+                       n_tok <= TM_CUDA_MMVQ_MAX_TOK && !e->p.cb && !e->p.profile;
+    e->rec = &e->graphs[n_tok <= TM_CUDA_MMVQ_MAX_TOK ? n_tok : 0];
+    if (graph && !e->rec->g) {
         bool captured;
         if ((st = exec_capture(e, forward, ud, &captured)) != TM_OK) return st;
         if (captured) return exec_replay(e);
@@ -382,7 +424,10 @@ tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t po
 }
 
 bool exec_graph_ready(const tm_exec *e) {
-    return e->graph != NULL;
+    return e->graphs[1].g != NULL;
+}
+bool exec_graph_ready_rows(const tm_exec *e, int64_t n_rows) {
+    return n_rows >= 1 && n_rows <= TM_CUDA_MMVQ_MAX_TOK && e->graphs[n_rows].g != NULL;
 }
 int64_t exec_n_tok(const tm_exec *e) {
     return e->n_tok;

@@ -141,8 +141,22 @@ typedef tm_status (*tm_exec_forward_fn)(void *ud);
  * fetched with exec_fetch is valid on the host. */
 tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t pos,
                     tm_moe_phase phase, tm_exec_forward_fn forward, void *ud);
-/* Whether decode steps replay a captured graph (after the first one). */
+/* A step whose rows may belong to several sequences (serve --parallel): row t
+ * is at position pos[t] of the sequence whose KV rows begin at cache row
+ * kv[t] (every sequence has its own range of the n_ctx rows; a row sees only
+ * its sequence's keys kv[t] .. kv[t] + pos[t], and rows of one sequence in
+ * one step are consecutive, in order). exec_step is the one-sequence case
+ * (pos + t, kv 0). A decode step (phase decode, up to TM_CUDA_MMVQ_MAX_TOK
+ * rows, no callback, not profiling) replays a graph captured for its row
+ * count; the GPU's attention reads each row's position and KV base from
+ * device memory, so one graph serves any sequences at any positions. */
+tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const int32_t *pos,
+                         const int32_t *kv, tm_moe_phase phase, tm_exec_forward_fn forward,
+                         void *ud);
+/* Whether decode steps of one row replay a captured graph (after the first one). */
 bool exec_graph_ready(const tm_exec *e);
+/* Whether decode steps of n_rows rows do. */
+bool exec_graph_ready_rows(const tm_exec *e, int64_t n_rows);
 int64_t exec_n_tok(const tm_exec *e);
 int64_t exec_n_batch(const tm_exec *e);
 int64_t exec_pos(const tm_exec *e);
@@ -202,7 +216,8 @@ void exec_act_wrote(tm_act *a, tm_dev d);
 static inline bool exec_act_on(const tm_act *a, tm_dev d) {
     return (a->valid >> d) & 1u;
 }
-/* The step's number on the device (int32 pos then uint32 seq) and on the host. */
+/* The step's number on the device (int32 pos, uint32 seq, then the rows'
+ * positions and KV bases) and on the host. */
 const uint32_t *exec_step_seq_dev(const tm_exec *e);
 uint32_t exec_step_seq(const tm_exec *e);
 /* Host work that must run after the GPU work queued so far has been queued

@@ -134,9 +134,9 @@ static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
             if (j->a->k_norm) cpu_rmsnorm(k, k, j->a->k_norm, D, d->rms_eps);
             cpu_rope_neox_table(k, D, cs, sn);
         }
-        const int64_t pos = e->pos + t;
-        cpu_store_kv((uint8_t *)j->a->k_cache + (size_t)pos * kv_row, krow, e->p.kv_type, KV);
-        cpu_store_kv((uint8_t *)j->a->v_cache + (size_t)pos * kv_row, j->v + t * KV, e->p.kv_type,
+        const int64_t row = (int64_t)e->row_kv[t] + e->row_pos[t]; /* its sequence's range */
+        cpu_store_kv((uint8_t *)j->a->k_cache + (size_t)row * kv_row, krow, e->p.kv_type, KV);
+        cpu_store_kv((uint8_t *)j->a->v_cache + (size_t)row * kv_row, j->v + t * KV, e->p.kv_type,
                      KV);
     }
     (void)ith;
@@ -149,17 +149,29 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     if (!e->cpu_attn)
         return tm_error_set(TM_ERR_ARG, "CPU attention without scratch (exec_finalize not run?)");
     /* RoPE angles of the step's positions, shared by every layer and head */
-    if (e->rope_pos != e->pos || e->rope_n != rows) {
+    if (e->rope_seq != e->seq) {
         for (int64_t t = 0; t < rows; t++)
-            cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D, e->pos + t,
+            cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D, e->row_pos[t],
                            d->rope_base);
-        e->rope_pos = e->pos, e->rope_n = rows;
+        e->rope_seq = e->seq;
     }
     cpu_qk_job j = {e, a, q, k, v};
     cpu_rows_run(e, rows, cpu_qk_task, &j);
-    const tm_attention_shape as = {rows, e->pos,   d->n_head,   d->n_head_kv,
-                                   D,    d->scale, e->p.kv_type};
-    cpu_attention(e->p.pool, &as, q, a->k_cache, a->v_cache, out, e->cpu_attn);
+    /* each run of one sequence's consecutive rows over that sequence's cache rows
+     * (a decode step of several sequences: one run a row, as each would alone) */
+    const int64_t Q = d->n_head * D;
+    const size_t kv_row = (size_t)(d->n_head_kv * D) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (int64_t t0 = 0, t1; t0 < rows; t0 = t1) {
+        for (t1 = t0 + 1; t1 < rows && e->row_kv[t1] == e->row_kv[t0] &&
+                          e->row_pos[t1] == e->row_pos[t0] + (t1 - t0);
+             t1++) {
+        }
+        const tm_attention_shape as = {t1 - t0, e->row_pos[t0], d->n_head,   d->n_head_kv,
+                                       D,       d->scale,       e->p.kv_type};
+        const size_t base = (size_t)e->row_kv[t0] * kv_row;
+        cpu_attention(e->p.pool, &as, q + t0 * Q, (const uint8_t *)a->k_cache + base,
+                      (const uint8_t *)a->v_cache + base, out + t0 * Q, e->cpu_attn);
+    }
     return TM_OK;
 }
 

@@ -120,9 +120,16 @@ static tm_status gpu_weights(tm_exec *e) {
 }
 
 static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc *a) {
-    return (tm_cuda_attn_params){(int32_t)a->n_head, (int32_t)a->n_head_kv, (int32_t)a->head_dim,
-                                 e->p.n_ctx,         e->p.kv_type,          a->scale,
-                                 a->rms_eps,         a->rope_base};
+    return (tm_cuda_attn_params){(int32_t)a->n_head,
+                                 (int32_t)a->n_head_kv,
+                                 (int32_t)a->head_dim,
+                                 e->p.n_ctx,
+                                 e->p.kv_type,
+                                 a->scale,
+                                 a->rms_eps,
+                                 a->rope_base,
+                                 NULL,
+                                 NULL};
 }
 
 /* Scratch of the tensor-core products: the largest need of any GPU matrix. */
@@ -159,24 +166,31 @@ static int64_t gpu_q8x_k(const tm_exec *e) {
 tm_status exec_gpu_finalize(tm_exec *e) {
     const uint64_t t0 = tm_time_ns();
     tm_status st;
+    const size_t step_bytes = (size_t)(2 + 2 * e->p.n_batch) * sizeof(int32_t);
     if ((st = gpu_weights(e)) || (st = cuda_blas_create(e->gpu, &e->blas)) ||
-        (st = cuda_host_alloc(2 * sizeof(int32_t), (void **)&e->step_host)))
+        (st = cuda_host_alloc(step_bytes, (void **)&e->step_host)))
         return st;
+    memset(e->step_host, 0, step_bytes);
     /* the state pool: sizes first */
     const tm_cuda_attn_params ap = gpu_attn_params(e, &e->attn_shape);
     bool gpu_attention = false;
     for (uint32_t l = 0; l < e->n_layer; l++) gpu_attention |= e->layer_dev[l] == TM_DEV_GPU;
     e->gpu_scratch_bytes = gpu_gemm_scratch(e);
-    /* attention splits the keys of a few tokens over blocks (scratch), not a batch's */
+    /* attention splits the keys of a few tokens over blocks (scratch), not a
+     * batch's; rows of several sequences each as many as one token alone */
     size_t attn_floats = 0;
+    tm_cuda_attn_params apr = ap;
+    apr.row_pos = apr.row_kv = (const int32_t *)e; /* any non-NULL: only the plan is asked */
     for (int64_t n = 1; gpu_attention && n <= TM_CUDA_MMVQ_MAX_TOK + 1; n++) {
         const int64_t rows = n <= TM_CUDA_MMVQ_MAX_TOK ? n : e->p.n_batch;
-        const size_t f = (size_t)cuda_attention_scratch_floats(&ap, rows, e->p.n_ctx);
+        size_t f = (size_t)cuda_attention_scratch_floats(&ap, rows, e->p.n_ctx);
+        const size_t fr = (size_t)cuda_attention_scratch_floats(&apr, rows, e->p.n_ctx);
+        f = fr > f ? fr : f;
         attn_floats = f > attn_floats ? f : attn_floats;
     }
     e->gpu_q8x_k = gpu_q8x_k(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
-    size_t bytes = take_size(2 * sizeof(int32_t)) + take_size(e->gpu_scratch_bytes) +
+    size_t bytes = take_size(step_bytes) + take_size(e->gpu_scratch_bytes) +
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes);
     for (uint32_t l = 0; l < e->n_layer; l++)
         if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes);
@@ -186,7 +200,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         if (e->groups[g].stack) bytes += take_size((size_t)e->groups[g].rows * 4);
     tm_cuda_pool *pool;
     if ((st = gpu_pool_add(e, bytes, &pool)) ||
-        (st = gpu_pool_take(pool, 2 * sizeof(int32_t), (void **)&e->step_dev)) ||
+        (st = gpu_pool_take(pool, step_bytes, (void **)&e->step_dev)) ||
         (st = gpu_pool_take(pool, e->gpu_scratch_bytes, &e->gpu_scratch)) ||
         (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)) ||
         (st = gpu_pool_take(pool, q8x_bytes, &e->gpu_q8x)))
@@ -217,13 +231,14 @@ tm_status exec_gpu_finalize(tm_exec *e) {
 }
 
 void exec_gpu_free(tm_exec *e) {
-    cuda_graph_free(e->graph);
+    for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++)
+        cuda_graph_free(e->graphs[n].g), e->graphs[n].g = NULL;
     cuda_blas_free(e->blas);
     for (int i = 0; i < e->n_pools; i++) cuda_pool_free(e->pools[i]);
     free(e->pools);
     cuda_host_free(e->step_host);
     cuda_device_close(e->gpu);
-    e->graph = NULL, e->blas = NULL, e->pools = NULL, e->n_pools = e->cap_pools = 0;
+    e->blas = NULL, e->pools = NULL, e->n_pools = e->cap_pools = 0;
     e->step_host = NULL;
     e->gpu = NULL;
 }
@@ -274,15 +289,25 @@ static tm_status gpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const
 
 static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, float *k,
                                   const float *v, float *out, int64_t rows) {
-    const tm_cuda_attn_params p = gpu_attn_params(e, a->d);
+    tm_cuda_attn_params p = gpu_attn_params(e, a->d);
     const int32_t *pos = e->step_dev; /* read when the kernels run: a graph replays as is */
-    /* a captured step serves every position: its grid covers the whole context */
-    const int64_t n_kv_max = e->capturing ? e->p.n_ctx : e->pos + rows;
-    tm_status st = cuda_attn_prepare(&p, q, k, v, a->q_norm, a->k_norm, pos, rows, a->k_cache,
-                                     a->v_cache, e->stream);
+    void *kc = a->k_cache, *vc = a->v_cache;
+    int64_t n_kv_max;
+    if (exec_rows_apart(e)) { /* each row at its position, over its sequence's cache rows */
+        p.row_pos = exec_row_pos_dev(e), p.row_kv = exec_row_kv_dev(e);
+        /* a captured step serves every position: its grid covers the whole context */
+        n_kv_max = e->capturing ? e->p.n_ctx : e->pos_max + 1;
+    } else { /* one sequence's rows from pos: its cache rows as a cache of their own */
+        const size_t base = (size_t)e->kv0 * (size_t)(p.n_head_kv * p.head_dim) *
+                            (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+        kc = (uint8_t *)kc + base, vc = (uint8_t *)vc + base;
+        p.n_ctx -= e->kv0;
+        n_kv_max = e->pos + rows;
+    }
+    tm_status st =
+        cuda_attn_prepare(&p, q, k, v, a->q_norm, a->k_norm, pos, rows, kc, vc, e->stream);
     if (st == TM_OK)
-        st = cuda_attention(&p, q, a->k_cache, a->v_cache, pos, rows, n_kv_max, out, e->gpu_attn,
-                            e->stream);
+        st = cuda_attention(&p, q, kc, vc, pos, rows, n_kv_max, out, e->gpu_attn, e->stream);
     return st;
 }
 

@@ -49,6 +49,13 @@ typedef struct exec_task {
     void *ud;
 } exec_task;
 
+/* A captured decode step and its host tasks. */
+typedef struct exec_graph {
+    tm_cuda_graph *g;
+    exec_task *pre, *post; /* recorded: before / after the launch */
+    int n_pre, n_post, cap_pre, cap_post;
+} exec_graph;
+
 struct tm_exec {
     tm_exec_params p;
     uint8_t *tensor_dev; /* [n_tensors] */
@@ -72,8 +79,7 @@ struct tm_exec {
     size_t cpu_act_bytes;
     float *cpu_attn;            /* attention scratch */
     float *rope_cos, *rope_sin; /* [n_batch][head_dim / 2] for the step's positions */
-    int64_t rope_pos;           /* positions the table holds start here (-1: none) */
-    int64_t rope_n;
+    uint32_t rope_seq;          /* the step whose positions the table holds (0: none) */
 
     /* GPU side (gpu NULL: none) */
     tm_cuda_device *gpu;
@@ -87,13 +93,17 @@ struct tm_exec {
     float *gpu_attn;    /* attention scratch */
     void *gpu_q8x;      /* 8-bit activations of a decode product (cuda_q8x_quantize) */
     int64_t gpu_q8x_k;  /* the longest row it holds (0: products keep f32 activations) */
-    int32_t *step_dev;  /* [2]: position, sequence number */
+    int32_t *step_dev;  /* [2 + 2 n_batch]: position, step number, rows' positions, KV bases */
     int32_t *step_host; /* pinned, copied to step_dev by each step */
     double upload_s, upload_bytes;
 
     /* the step */
     const int32_t *tokens;
     int64_t n_tok, pos;
+    int32_t *row_pos, *row_kv; /* [n_batch]: each row's position and its sequence's KV base */
+    int64_t kv0;               /* row_kv[0] */
+    int64_t pos_max;           /* the largest row_pos */
+    bool one_seq;              /* the rows are one sequence's: kv0, positions pos.. */
     tm_moe_phase phase;
     uint32_t seq;
     bool capturing, capture_failed;
@@ -102,14 +112,13 @@ struct tm_exec {
 
     /* host tasks: pending (eager) or recorded (captured) */
     exec_task pending;
-    exec_task *pre, *post; /* recorded: before / after the launch */
-    int n_pre, n_post, cap_pre, cap_post;
+    exec_graph *rec;       /* the graph being captured or replayed */
     tm_status task_status; /* the first failure of a task this step, and its message */
     char task_msg[512];
     exec_task check; /* after each step */
 
-    /* the decode graph */
-    tm_cuda_graph *graph;
+    /* the decode graphs, by row count */
+    exec_graph graphs[TM_CUDA_MMVQ_MAX_TOK + 1];
     bool graph_off;
 
     /* profiling */
@@ -127,6 +136,18 @@ void exec_gpu_free(tm_exec *e);
 /* exec_cpu.c: scratch at exec_finalize. */
 tm_status exec_cpu_finalize(tm_exec *e);
 void exec_cpu_free(tm_exec *e);
+/* The step's rows, as the GPU's attention reads them (exec.h: exec_step_rows). */
+static inline const int32_t *exec_row_pos_dev(const tm_exec *e) {
+    return e->step_dev + 2;
+}
+static inline const int32_t *exec_row_kv_dev(const tm_exec *e) {
+    return e->step_dev + 2 + e->p.n_batch;
+}
+/* Whether the GPU's attention takes the rows one by one (rows of several
+ * sequences, and every decode step, whose graph serves any sequence). */
+static inline bool exec_rows_apart(const tm_exec *e) {
+    return !e->one_seq || e->phase == TM_MOE_PHASE_DECODE;
+}
 /* The matrix of weight w (or of a group) on side d. */
 exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d);
 

@@ -156,7 +156,8 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
                   KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
     g->usable = true;
     g->budget = free_b > GPU_RESERVE ? free_b - GPU_RESERVE : 0;
-    g->kv_bytes_per_layer = 2 * (size_t)c->n_ctx * (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    g->kv_bytes_per_layer =
+        2 * (size_t)(c->n_ctx * c->n_seq) * (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
     /* activations and scratch, roughly: a batch of every activation, 64 rows
      * of logits, tensor-core scratch */
     g->fixed_bytes =
@@ -176,11 +177,28 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     if (c->params.n_batch <= 0) c->params.n_batch = 512;
     if (c->params.n_batch > c->params.n_ctx) c->params.n_batch = c->params.n_ctx;
     if (c->params.kv_type != TM_TYPE_F32) c->params.kv_type = TM_TYPE_F16;
-    c->n_ctx = c->params.n_ctx;
+    if (c->params.n_seq <= 0) c->params.n_seq = 1;
+    c->n_seq = c->params.n_seq;
+    c->n_ctx = c->params.n_ctx / c->n_seq;
+    if (c->n_ctx < 1 || c->n_ctx * c->n_seq > INT32_MAX) {
+        const int64_t n = c->params.n_ctx;
+        free(c);
+        return tm_error_set(TM_ERR_ARG,
+                            "a context of %lld positions for %d sequences (-c, --parallel): want "
+                            "at least 1 a sequence, at most 2^31 in all",
+                            (long long)n, p->n_seq);
+    }
+    c->seq_past = calloc((size_t)c->n_seq, sizeof(int64_t));
+    c->row_pos = calloc((size_t)c->params.n_batch, sizeof(int32_t));
+    c->row_kv = calloc((size_t)c->params.n_batch, sizeof(int32_t));
+    if (!c->seq_past || !c->row_pos || !c->row_kv) {
+        free(c->seq_past), free(c->row_pos), free(c->row_kv), free(c);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
     tm_status st =
         cpu_pool_create(p->n_threads > 0 ? p->n_threads : cpu_physical_cores(), &c->pool);
     if (st != TM_OK) {
-        free(c);
+        free(c->seq_past), free(c->row_pos), free(c->row_kv), free(c);
         return st;
     }
     tm_cuda_device *gpu = NULL;
@@ -205,7 +223,7 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         .tensor_dev = c->placement.tensor_dev,
         .gpu = gpu,
         .n_batch = c->params.n_batch,
-        .n_ctx = c->n_ctx,
+        .n_ctx = c->n_ctx * c->n_seq,
         .kv_type = c->params.kv_type,
         .precise = c->params.precise,
         .profile = c->params.profile,
@@ -228,6 +246,7 @@ void model_context_free(tm_context *c) {
     if (c->state) c->model->arch->state_free(c);
     placement_free(&c->placement);
     cpu_pool_free(c->pool);
+    free(c->seq_past), free(c->row_pos), free(c->row_kv);
     free(c);
 }
 
@@ -240,12 +259,16 @@ const tm_moe_lane_stats *model_lane_stats(const tm_context *c) {
 }
 
 void model_context_reset(tm_context *c) {
-    c->n_past = 0;
+    for (int i = 0; i < c->n_seq; i++) c->seq_past[i] = 0;
+}
+
+void model_seq_rewind(tm_context *c, int seq, int64_t n_keep) {
+    TM_ASSERT(n_keep >= 0 && seq >= 0 && seq < c->n_seq);
+    if (n_keep < c->seq_past[seq]) c->seq_past[seq] = n_keep;
 }
 
 void model_context_rewind(tm_context *c, int64_t n_keep) {
-    TM_ASSERT(n_keep >= 0);
-    if (n_keep < c->n_past) c->n_past = n_keep;
+    model_seq_rewind(c, 0, n_keep);
 }
 
 typedef struct context_step {
@@ -259,29 +282,76 @@ static tm_status context_forward(void *ud) {
     return s->c->model->arch->forward(s->c, s->n_tok, s->all_logits);
 }
 
-tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
-                       bool all_logits) {
-    if (n_tok <= 0) return tm_error_set(TM_ERR_ARG, "no tokens to evaluate");
-    if (c->n_past + n_tok > c->n_ctx)
-        return tm_error_set(
-            TM_ERR_ARG,
-            "context full: %lld positions used + %lld new tokens > context size %lld (-c)",
-            (long long)c->n_past, (long long)n_tok, (long long)c->n_ctx);
-    if (all_logits && n_tok > c->params.n_batch)
-        return tm_error_set(TM_ERR_ARG, "all logits of %lld tokens asked, batch holds %lld",
-                            (long long)n_tok, (long long)c->params.n_batch);
+static tm_status check_tokens(const tm_context *c, const int32_t *tokens, int64_t n_tok) {
     for (int64_t i = 0; i < n_tok; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= c->model->cfg.n_vocab)
             return tm_error_set(TM_ERR_ARG,
                                 "token id %d at position %lld is outside the vocabulary [0, %u)",
                                 tokens[i], (long long)i, c->model->cfg.n_vocab);
+    return TM_OK;
+}
+
+tm_status model_decode_seq(tm_context *c, int seq, const int32_t *tokens, int64_t n_tok,
+                           tm_moe_phase phase, bool all_logits) {
+    if (n_tok <= 0) return tm_error_set(TM_ERR_ARG, "no tokens to evaluate");
+    if (seq < 0 || seq >= c->n_seq)
+        return tm_error_set(TM_ERR_ARG, "sequence %d of %d", seq, c->n_seq);
+    int64_t *past = &c->seq_past[seq];
+    if (*past + n_tok > c->n_ctx)
+        return tm_error_set(
+            TM_ERR_ARG,
+            "context full: %lld positions used + %lld new tokens > context size %lld (-c%s)",
+            (long long)*past, (long long)n_tok, (long long)c->n_ctx,
+            c->n_seq > 1 ? " over --parallel" : "");
+    if (all_logits && n_tok > c->params.n_batch)
+        return tm_error_set(TM_ERR_ARG, "all logits of %lld tokens asked, batch holds %lld",
+                            (long long)n_tok, (long long)c->params.n_batch);
+    tm_status st = check_tokens(c, tokens, n_tok);
+    if (st != TM_OK) return st;
     for (int64_t i = 0; i < n_tok; i += c->params.n_batch) {
         const int64_t n = n_tok - i < c->params.n_batch ? n_tok - i : c->params.n_batch;
+        for (int64_t t = 0; t < n; t++)
+            c->row_pos[t] = (int32_t)(*past + t), c->row_kv[t] = (int32_t)(seq * c->n_ctx);
         context_step step = {c, n, all_logits};
-        tm_status st = exec_step(c->exec, tokens + i, n, c->n_past, phase, context_forward, &step);
+        st = exec_step_rows(c->exec, tokens + i, n, c->row_pos, c->row_kv, phase, context_forward,
+                            &step);
         if (st != TM_OK) return st;
-        c->n_past += n;
+        *past += n;
     }
     c->n_logits_rows = all_logits ? n_tok : 1;
+    return TM_OK;
+}
+
+tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
+                       bool all_logits) {
+    return model_decode_seq(c, 0, tokens, n_tok, phase, all_logits);
+}
+
+tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int32_t *tokens) {
+    if (n < 1 || n > c->params.n_batch)
+        return tm_error_set(TM_ERR_ARG, "a decode step of %lld rows (1 .. the batch, %lld)",
+                            (long long)n, (long long)c->params.n_batch);
+    tm_status st = check_tokens(c, tokens, n);
+    if (st != TM_OK) return st;
+    for (int64_t i = 0; i < n; i++) {
+        const int q = seqs[i];
+        if (q < 0 || q >= c->n_seq)
+            return tm_error_set(TM_ERR_ARG, "row %lld: sequence %d of %d", (long long)i, q,
+                                c->n_seq);
+        for (int64_t j = 0; j < i; j++)
+            if (seqs[j] == q)
+                return tm_error_set(TM_ERR_ARG, "rows %lld and %lld: both of sequence %d",
+                                    (long long)j, (long long)i, q);
+        if (c->seq_past[q] >= c->n_ctx)
+            return tm_error_set(TM_ERR_ARG, "sequence %d: its context of %lld positions is full", q,
+                                (long long)c->n_ctx);
+        c->row_pos[i] = (int32_t)c->seq_past[q], c->row_kv[i] = (int32_t)(q * c->n_ctx);
+    }
+    context_step step = {c, n, true};
+    st = exec_step_rows(c->exec, tokens, n, c->row_pos, c->row_kv, TM_MOE_PHASE_DECODE,
+                        context_forward, &step);
+    if (st != TM_OK) return st;
+    for (int64_t i = 0; i < n; i++) c->seq_past[seqs[i]]++;
+    c->n_logits_rows = n;
     return TM_OK;
 }

@@ -58,7 +58,9 @@ struct tm_model {
 };
 
 typedef struct tm_context_params {
-    int64_t n_ctx;    /* KV cache positions (0: min(4096, trained context)) */
+    int64_t n_ctx;    /* KV cache positions of all sequences (0: min(4096, trained context)) */
+    int n_seq;        /* sequences with their own KV range, n_ctx / n_seq positions each
+                         (serve --parallel; 0: 1) */
     int64_t n_batch;  /* tokens per forward chunk of a prompt (0: 512) */
     int n_threads;    /* 0: physical cores */
     tm_type kv_type;  /* TM_TYPE_F16 (default) or TM_TYPE_F32 */
@@ -82,8 +84,11 @@ struct tm_context {
     tm_model *model;
     tm_context_params params;
     tm_pool *pool;
-    int64_t n_ctx, n_past;
-    float *logits; /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
+    int64_t n_ctx; /* positions of one sequence (params.n_ctx / n_seq) */
+    int n_seq;
+    int64_t *seq_past;         /* [n_seq]: positions each sequence has evaluated */
+    int32_t *row_pos, *row_kv; /* [n_batch]: a step's rows (exec_step_rows) */
+    float *logits;             /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
     int64_t n_logits_rows;
     tm_placement placement;
     tm_exec *exec;
@@ -106,18 +111,28 @@ void model_free(tm_model *m);
 tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_context **out);
 void model_context_free(tm_context *c);
 
-/* Evaluate tokens at the context's current position, in chunks of n_batch,
+/* Evaluate tokens at sequence 0's current position, in chunks of n_batch,
  * and advance it. Logits of the last token end in c->logits (all tokens'
- * when all_logits; then n_tok must be <= n_batch). Fails when the context
+ * when all_logits; then n_tok must be <= n_batch). Fails when the sequence
  * would overflow or a token id is out of range. */
 tm_status model_decode(tm_context *c, const int32_t *tokens, int64_t n_tok, tm_moe_phase phase,
                        bool all_logits);
+/* The same for sequence seq (0 .. n_seq - 1), in its own KV range. */
+tm_status model_decode_seq(tm_context *c, int seq, const int32_t *tokens, int64_t n_tok,
+                           tm_moe_phase phase, bool all_logits);
+/* One decode step of n rows (1 .. n_batch): row i appends tokens[i] to
+ * sequence seqs[i] (distinct sequences). Row i's logits end in
+ * c->logits + i * n_vocab. The same tokens and, within the products'
+ * rounding, the same logits as decoding each sequence alone. */
+tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int32_t *tokens);
 
-/* Forget the cache (a new conversation). */
+/* Forget every sequence (a new conversation). */
 void model_context_reset(tm_context *c);
-/* Keep only the first n_keep positions of the cache (n_keep <= n_past): a
- * conversation that shares a prefix with what was evaluated reuses it. */
+/* Keep only the first n_keep positions of sequence 0 (n_keep <= what it
+ * holds): a conversation that shares a prefix with what was evaluated reuses it. */
 void model_context_rewind(tm_context *c, int64_t n_keep);
+/* The same for sequence seq. */
+void model_seq_rewind(tm_context *c, int seq, int64_t n_keep);
 
 /* ---- helpers for architecture files ---- */
 

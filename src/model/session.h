@@ -19,12 +19,15 @@ extern "C" {
 
 typedef struct tm_session {
     tm_context *ctx;
+    int seq;      /* the context's sequence (its KV range) */
     int32_t *ids; /* [ctx->n_ctx] the tokens in the cache, in order */
     int64_t n;
 } tm_session;
 
 /* An empty sequence on ctx (the context is reset). */
 tm_status model_session_init(tm_session *s, tm_context *ctx);
+/* An empty session on sequence seq of ctx (the others are left as they are). */
+tm_status model_session_init_seq(tm_session *s, tm_context *ctx, int seq);
 void model_session_free(tm_session *s);
 
 /* Make the cache hold exactly ids[0..n) (0 < n <= n_ctx): keep the longest
@@ -39,6 +42,12 @@ int64_t model_session_shared(const tm_session *s, const int32_t *ids, int64_t n)
 /* Append one token and evaluate it (a decode step). TM_ERR_ARG when the
  * context is full; after a failed step the sequence is empty. */
 tm_status model_session_push(tm_session *s, int32_t id);
+
+/* Append ids[i] to sessions ss[i] (n distinct sequences of one context) in
+ * one decode step; row i's logits end in ctx->logits + i * n_vocab. When a
+ * session is full nothing is evaluated (TM_ERR_ARG); after a failed step
+ * every one of them is empty. */
+tm_status model_session_push_rows(tm_session *const *ss, const int32_t *ids, int64_t n);
 
 /* Forget the sequence (the next eval starts from position 0). */
 void model_session_reset(tm_session *s);

@@ -1,10 +1,10 @@
-/* One generation on the worker thread: the prompt evaluated with prefix
- * reuse (model/session.h), tokens sampled and evaluated one by one, text
+/* One generation on its slot's thread: the prompt evaluated with prefix
+ * reuse (model/session.h) and tokens evaluated one by one, each in a step the
+ * worker runs (slots.c: with the other slots' tokens), tokens sampled, text
  * decoded as it comes (complete UTF-8 characters only, invalid bytes as
  * U+FFFD, so JSON can carry it), and stop strings: text that may be the
  * start of one is held back until it is known not to be, and the reply ends
- * where one begins. The worker's step lock is held around each step so
- * handler threads can read the counters in between. */
+ * where one begins. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,20 +99,16 @@ tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_de
     if (st == TM_OK) st = out_append(o, "", 0);
     if (st != TM_OK) goto done;
 
+    srv_slot *sl = j->slot;
     uint64_t t0 = tm_time_ns();
-    pthread_mutex_lock(&s->step_mu);
-    if (p->fresh) model_session_reset(&s->seq);
-    if (s->tr && model_session_shared(&s->seq, p->prompt, p->n_prompt) == 0)
-        trace_sequence_begin(s->tr);
-    st = model_session_eval(&s->seq, p->prompt, p->n_prompt, &o->n_eval);
-    pthread_mutex_unlock(&s->step_mu);
+    st = srv_slot_eval(s, sl, p->prompt, p->n_prompt, p->fresh, &o->n_eval);
     o->prompt_ms = (tm_time_ns() - t0) * 1e-6;
     if (st != TM_OK) goto done;
 
     t0 = tm_time_ns();
     bool hit = false;
     while (!srv_job_cancelled(j)) {
-        const int32_t id = sampler_sample(&smp, s->ctx->logits, s->seq.ids, s->seq.n);
+        const int32_t id = sampler_sample(&smp, sl->logits, sl->seq.ids, sl->seq.n);
         if (!p->ignore_eos && tokenizer_is_end_of_generation(s->tok, id)) {
             o->finish = "stop";
             break;
@@ -126,15 +122,13 @@ tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_de
             o->finish = "stop";
             break;
         }
-        if (o->n_gen >= p->max_tokens || s->seq.n >= s->n_ctx) {
+        if (o->n_gen >= p->max_tokens || sl->seq.n >= s->n_ctx) {
             o->finish = "length";
             break;
         }
-        pthread_mutex_lock(&s->step_mu);
-        st = model_session_push(&s->seq, id);
-        pthread_mutex_unlock(&s->step_mu);
-        if (st != TM_OK) break;
+        if ((st = srv_slot_push(s, sl, id)) != TM_OK) break;
     }
+    srv_slot_end(s, sl);
     o->gen_ms = (tm_time_ns() - t0) * 1e-6;
     if (st == TM_OK && o->finish && !hit) { /* what the decoder held, and the held-back tail */
         const char *text;

@@ -164,8 +164,17 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
     family(&t, "tiermoe_predicted_tokens_per_second", "gauge",
            "generation speed of the last request");
     put(&t, "tiermoe_predicted_tokens_per_second %.3f\n", m.last_gen_tps);
+    const int busy = srv_slots_busy(s);
     family(&t, "tiermoe_requests_processing", "gauge", "requests being generated");
-    put(&t, "tiermoe_requests_processing %d\n", srv_queue_busy(s) ? 1 : 0);
+    put(&t, "tiermoe_requests_processing %d\n", busy);
+    family(&t, "tiermoe_slots", "gauge", "slots (--parallel): sequences decoded together");
+    put(&t, "tiermoe_slots %d\n", s->p.parallel > 0 ? s->p.parallel : 1);
+    family(&t, "tiermoe_slots_busy", "gauge", "slots running a request");
+    put(&t, "tiermoe_slots_busy %d\n", busy);
+    family(&t, "tiermoe_decode_steps_total", "counter", "decode steps (one row per decoding slot)");
+    put(&t, "tiermoe_decode_steps_total %llu\n", (unsigned long long)m.decode_steps);
+    family(&t, "tiermoe_decode_rows_total", "counter", "rows of the decode steps");
+    put(&t, "tiermoe_decode_rows_total %llu\n", (unsigned long long)m.decode_rows);
     family(&t, "tiermoe_requests_deferred", "gauge", "requests waiting in the queue");
     put(&t, "tiermoe_requests_deferred %d\n", srv_queue_depth(s));
     if (atomic_load(&s->state) == SRV_READY) {

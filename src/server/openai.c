@@ -360,6 +360,7 @@ static enum MHD_Result submit(srv_req *r, oai_job *o) {
         return srv_reply_error(r, 500, "out of memory");
     }
     j->generation = true;
+    j->prompt = o->g.prompt, j->n_prompt = o->g.n_prompt;
     o->job = j;
     return srv_reply_job(r, j, o->stream);
 }

@@ -16,11 +16,9 @@ static char *dup_or_null(const char *s) {
 
 tm_status server_create(const tm_server_params *p, tm_server **out) {
     *out = NULL;
-    if (p->parallel > 1)
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "--parallel %d: only 1 sequence at a time is supported yet (decoding "
-                            "several together needs per-sequence KV ranges in the attention ops)",
-                            p->parallel);
+    if (p->parallel < 0 || p->parallel > TM_SERVER_MAX_PARALLEL)
+        return tm_error_set(TM_ERR_ARG, "--parallel %d: want 1 .. %d", p->parallel,
+                            TM_SERVER_MAX_PARALLEL);
     tm_chat_format chat = TM_CHAT_UNKNOWN;
     if (p->chat_template && chat_format_from_name(p->chat_template, &chat) != TM_OK)
         return tm_error_wrap(TM_ERR_ARG, "--chat-template: ");
@@ -77,6 +75,21 @@ static void model_name(tm_server *s, const char *path) {
 tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
                       const tm_context_params *cp) {
     s->m = m, s->tok = tok, s->cp = *cp;
+    const int np = s->p.parallel > 0 ? s->p.parallel : 1;
+    if (cp->n_ctx > 0 && cp->n_ctx < 2 * (int64_t)np) {
+        atomic_store(&s->state, SRV_ERROR);
+        snprintf(s->error, sizeof(s->error),
+                 "-c %lld over --parallel %d leaves fewer than 2 positions a slot",
+                 (long long)cp->n_ctx, np);
+        return tm_error_set(TM_ERR_ARG, "%s", s->error);
+    }
+    if (cp->n_batch > 0 && cp->n_batch < np) {
+        atomic_store(&s->state, SRV_ERROR);
+        snprintf(s->error, sizeof(s->error),
+                 "-b %lld is below --parallel %d: a decode step takes a row per slot",
+                 (long long)cp->n_batch, np);
+        return tm_error_set(TM_ERR_ARG, "%s", s->error);
+    }
     s->created = (int64_t)time(NULL);
     model_name(s, m->file->path);
     if (!s->p.chat_template)

@@ -38,7 +38,8 @@ typedef struct tm_server_params {
     const char *api_key;    /* NULL: none; else every endpoint but /health needs
                                 "Authorization: Bearer KEY" */
     const char *alias;      /* the model's name in /v1/models (NULL: the file's base name) */
-    int parallel;           /* sequences decoded together (only 1 so far) */
+    int parallel;           /* slots: sequences decoded together, each with n_ctx / parallel
+                               positions of the KV cache (0: 1; at most TM_SERVER_MAX_PARALLEL) */
     size_t max_body;        /* request body bytes (0: 8 MiB) */
     int64_t max_prompt;     /* prompt tokens (0: the context size less one) */
     int64_t max_tokens;     /* the largest max_tokens a request may ask for (0: the context size) */
@@ -58,9 +59,11 @@ typedef struct tm_server_params {
 
 typedef struct tm_server tm_server;
 
+#define TM_SERVER_MAX_PARALLEL 256
+
 /* Bind the address and start answering (/health says "loading" until
  * server_load finishes). TM_ERR_IO naming the address when it cannot bind;
- * TM_ERR_ARG for bad parameters (--parallel above 1, an unknown chat
+ * TM_ERR_ARG for bad parameters (--parallel out of range, an unknown chat
  * template). */
 tm_status server_create(const tm_server_params *p, tm_server **out);
 /* The port bound (the one chosen when params.port was 0). */

@@ -32,6 +32,7 @@ typedef struct srv_counts {
     uint64_t prompt_tokens, prompt_eval_tokens, gen_tokens;
     double prompt_s, gen_s;
     double last_prompt_tps, last_gen_tps;
+    uint64_t decode_steps, decode_rows; /* batched decode steps and their rows */
 } srv_counts;
 typedef struct srv_metrics {
     pthread_mutex_t mu;
@@ -43,13 +44,18 @@ void srv_metrics_http(srv_metrics *m, unsigned status);
 
 /* ---- jobs and the queue (queue.c) ---- */
 typedef struct srv_job srv_job;
+typedef struct srv_slot srv_slot;
 typedef void (*srv_job_fn)(tm_server *s, srv_job *j);
 struct srv_job {
-    srv_job_fn run;              /* on the worker thread; ends with srv_job_finish */
+    srv_job_fn run;              /* a generation on its slot's thread, else on the worker's; ends
+                                    with srv_job_finish */
     void (*release)(void *data); /* frees data with the job */
     void *data;
-    bool generation; /* the updater runs after it */
-    srv_job *next;   /* in the queue */
+    bool generation;       /* runs on a slot; the updater runs after it */
+    const int32_t *prompt; /* a generation's prompt (in data), to pick the slot that holds the */
+    int64_t n_prompt;      /* longest prefix of it */
+    srv_slot *slot;        /* the slot running it */
+    srv_job *next;         /* in the queue */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* bytes emitted, or done */
     int refs;
@@ -74,10 +80,51 @@ bool srv_job_cancelled(srv_job *j);
 tm_status srv_queue_push(tm_server *s, srv_job *j);
 int srv_queue_depth(tm_server *s);
 bool srv_queue_busy(tm_server *s);
-/* Start the worker thread (creates the context, then serves); returns once
- * the context exists or failed. */
+/* Slots running a generation (a snapshot; takes q_mu). */
+int srv_slots_busy(tm_server *s);
+
+/* ---- slots and the worker (slots.c) ----
+ * A slot (--parallel N of them) is one sequence of the context: its KV range,
+ * its session (prompt prefix reuse), its logits, and a thread that runs one
+ * generation at a time. The worker thread owns the context: it hands queued
+ * jobs to free slots (the one whose cached tokens share the longest prefix
+ * with the prompt), evaluates prompts in chunks of the batch, and runs decode
+ * steps of one row per decoding slot, alternating the two when both wait. */
+typedef enum srv_slot_req { SRV_SLOT_NONE, SRV_SLOT_EVAL, SRV_SLOT_PUSH } srv_slot_req;
+struct srv_slot {
+    tm_server *server;
+    int id;
+    tm_session seq;
+    float *logits; /* [n_vocab]: of the slot's last step */
+    pthread_t thread;
+    bool thread_started;
+    pthread_cond_t cv; /* with q_mu: a job came, or the request was answered */
+    srv_job *job;      /* running (NULL: free) */
+    uint64_t last_used;
+    /* under q_mu: a request to the worker and its answer */
+    srv_slot_req req;
+    const int32_t *ids; /* eval: the prompt */
+    int64_t n_ids;
+    bool fresh, eval_begun;
+    int32_t tok;    /* push: the token */
+    tm_status st;   /* the answer */
+    int64_t n_eval; /* eval: prompt tokens evaluated */
+    bool decoding;  /* its prompt is in: the decode steps wait for its token */
+    char msg[512];  /* why the last request failed */
+};
+/* On a slot's thread: make its cache hold ids[0..n) (prefix reuse unless
+ * fresh; *n_eval: tokens evaluated); its logits are then the last token's.
+ * A cancelled job's prompt may stop between chunks (TM_OK). */
+tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t n, bool fresh,
+                        int64_t *n_eval);
+/* On a slot's thread: append tok in the next decode step (with the other slots'). */
+tm_status srv_slot_push(tm_server *s, srv_slot *sl, int32_t tok);
+/* On a slot's thread: it pushes no more (the decode steps stop waiting for it). */
+void srv_slot_end(tm_server *s, srv_slot *sl);
+/* Start the worker thread (creates the context and the slots, then serves);
+ * returns once the context exists or failed. */
 tm_status srv_worker_start(tm_server *s);
-/* Refuse new jobs, answer the queued ones 503, cancel the running one. */
+/* Refuse new jobs, answer the queued ones 503, cancel the running ones. */
 void srv_worker_stop(tm_server *s);
 /* Once no handler can read the context: the worker frees it and ends. */
 void srv_worker_release(tm_server *s);
@@ -106,9 +153,15 @@ struct tm_server {
     pthread_cond_t q_cv;
     srv_job *q_head, *q_tail;
     int q_len;
-    bool busy;        /* a job runs */
-    srv_job *running; /* that job */
-    bool release;     /* the worker may free the context and end */
+    int n_busy;      /* slots running a job, and a job on the worker */
+    srv_slot *slots; /* [n_slots] */
+    int n_slots;
+    uint64_t slot_clock; /* for the least recently used slot */
+    bool update_pending; /* a generation ended: the updater runs between steps */
+    int prompt_next;     /* prompts are served round robin from this slot */
+    bool last_was_decode;
+    bool slots_exit; /* the slots' threads end */
+    bool release;    /* the worker may free the context and end */
     pthread_t worker;
     bool worker_started;
     tm_status worker_status; /* the context's creation */
@@ -116,7 +169,6 @@ struct tm_server {
     /* the worker's; readers of the counters and the cache take step_mu */
     pthread_mutex_t step_mu;
     tm_context *ctx;
-    tm_session seq;
     tm_trace *tr;
     bool has_cache; /* some layer has VRAM cache slots */
     atomic_uint_fast64_t next_id;
@@ -150,7 +202,7 @@ void srv_gen_out_free(srv_gen_out *o);
 
 /* Text ready to send: valid UTF-8, never a part of a stop string. */
 typedef void (*srv_delta_fn)(void *ud, const char *text, size_t len);
-/* Worker: evaluate the prompt (reusing the previous request's prefix),
+/* On the job's slot: evaluate the prompt (reusing the slot's cached prefix),
  * sample up to max_tokens, stop at end-of-generation tokens and stop
  * strings, hand text out as it is safe. Counts into the metrics. TM_OK with
  * out->finish NULL when cancelled; an engine error otherwise. */

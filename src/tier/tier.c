@@ -53,6 +53,17 @@ int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t
     return count[0];
 }
 
+void tier_worklist_group(tm_moe_worklist *wl, int64_t n) {
+    tm_moe_slot *s = wl->slots;
+    for (int64_t i = 1; i < n; i++) { /* insertion: a decode step's few cold slots */
+        const tm_moe_slot x = s[i];
+        int64_t j = i;
+        for (; j > 0 && s[j - 1].expert > x.expert; j--) s[j] = s[j - 1];
+        s[j] = x;
+    }
+    wl->expert_major = true;
+}
+
 int32_t tier_pcie_slots(const tm_tier *t) {
     return t->n_pcie ? TM_CUDA_MAPPED_COUNT((int32_t)t->k, t->n_pcie, t->pcie_share_q8) : 0;
 }

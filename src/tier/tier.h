@@ -164,6 +164,12 @@ size_t tier_cache_bytes(const tm_tier *t);
  * *n_pcie gets the PCIe lane's. tmp: room for wl->n_slots slots. */
 int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t n_mapped,
                             int32_t share_q8, tm_moe_slot *tmp, int64_t *n_pcie);
+/* Slots [0, n) of a token-major worklist grouped by expert (stably: tokens in
+ * order within an expert) and the list marked expert-major, so that the CPU
+ * lane reads an expert several rows of a decode step share once (decode steps
+ * of several sequences; after tier_worklist_split, whose per-token rule needs
+ * the token-major order). */
+void tier_worklist_group(tm_moe_worklist *wl, int64_t n);
 /* The PCIe lane's slots of a decode token whose experts are all cold (0: none). */
 int32_t tier_pcie_slots(const tm_tier *t);
 /* The bytes the PCIe lane pinned (the RAM experts' spans of the file). */

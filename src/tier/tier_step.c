@@ -134,6 +134,7 @@ static tm_status tier_decode_task(void *ud) {
     if (st == TM_OK)
         n_cold = tier_worklist_split(&t->wl, tier_split_map(L), L->n_pcie, t->pcie_share_q8,
                                      t->split_tmp, &n_pcie);
+    if (n_tok > 1) tier_worklist_group(&t->wl, n_cold); /* rows of several sequences */
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
     if (st == TM_OK && n_cold)
         st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, t->mb.h, t->mb.y,
@@ -290,6 +291,9 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
         int64_t n_pcie = 0;
         n_cold = tier_worklist_split(&t->wl, tier_split_map(L), 0, 0, t->split_tmp, &n_pcie);
     }
+    /* a decode step of several rows: experts they share read once by the CPU lane */
+    if (!t->wl.expert_major && n_tok > 1 && n_tok <= TM_CUDA_MMVQ_MAX_TOK)
+        tier_worklist_group(&t->wl, n_cold);
     const int64_t n_hot = t->wl.n_slots - n_cold - n_gpu;
     /* h to the host before any GPU lane is queued, so that waiting for it
      * does not wait for them */

@@ -345,7 +345,7 @@ static void attn_bad_args(void) {
     float *b = dev_alloc((size_t)4 << 20); /* room for every buffer below, were it used */
     CHECK(cuda_fill_bytes(g_dev, b, 0, (size_t)4 << 20));
     const int32_t *pos = (const int32_t *)b; /* *pos0 = 0 */
-    const tm_cuda_attn_params ok = {32, 4, 128, 1024, F16, 0.088f, 1e-6f, 1e6f};
+    const tm_cuda_attn_params ok = {32, 4, 128, 1024, F16, 0.088f, 1e-6f, 1e6f, NULL, NULL};
     static const struct {
         int32_t n_head_kv, d;
         tm_type kv;

@@ -51,6 +51,7 @@ uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t 
 
 /* The per-op checks of tests/cuda/check_*.c (cmocka tests). */
 void check_attention(void **state);
+void check_attention_rows(void **state);
 void check_gemm(void **state);
 void check_model(void **state);
 

@@ -384,6 +384,8 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         printf("    %s: 64 greedy tokens identical (%s)\n", c->name,
                exec_graph_ready(ctx->exec) ? "decode graph" : "eager");
         model_context_free(ctx);
+        snprintf(what, sizeof(what), "%s, --parallel 4", c->name);
+        pm_parallel_run(m, &p, toks, tol->decode, what);
         pm_env(c, false);
     }
     trace_stats_free(&learn);

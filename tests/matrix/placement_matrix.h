@@ -8,7 +8,8 @@
  *     precise (then only the GPU's arithmetic differs);
  *   - 64 greedy tokens (no callback: the decode graph where the placement
  *     allows one) identical to the reference's, activations f32 throughout;
- *   - the tier's counters show each placement's lanes really ran.
+ *   - the tier's counters show each placement's lanes really ran;
+ *   - several sequences decoded in one batch as each alone (pm_parallel_run).
  * Linked into test_mock_placement (CI: the host mock of the CUDA backend) and
  * test_cuda_ops (the GPU machine: the real kernels). Test code only. */
 #ifndef TM_TESTS_PLACEMENT_MATRIX_H
@@ -35,6 +36,14 @@ void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, 
 /* Every placement on the model at path; cmocka failures name the placement,
  * the call and the error. Prints one line a placement. */
 void placement_matrix_run(const char *path, const pm_tolerance *tol);
+
+/* Several sequences decoded together (serve --parallel, parallel_matrix.c):
+ * greedy requests on 4 sequences of a context made with p (n_seq set), of
+ * different lengths and start steps, one reusing a sequence with prefix
+ * reuse, against each request alone: the same tokens, logits within tol.
+ * toks: 64 token ids to draw prompts from. */
+void pm_parallel_run(tm_model *m, const tm_context_params *p, const int32_t *toks, double tol,
+                     const char *what);
 
 /* Relative L2 error ||a - ref|| / ||ref||. */
 double pm_rel_l2(const float *a, const float *ref, int64_t n);

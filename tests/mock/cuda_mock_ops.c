@@ -707,36 +707,59 @@ static void norm_rope_head(float *x, const float *w, const tm_cuda_attn_params *
     cpu_rope_neox_table(x, p->head_dim, cs, cs + p->head_dim / 2);
 }
 
+/* Token t's position and the first cache row of its sequence (the kernels'
+ * rule: row_pos / row_kv when given, else *pos0 + t and 0); false when the
+ * arrays are not device memory. */
+static bool attn_row(const attn_arg *a, int64_t t, int64_t *pos, int64_t *kv0, char *err,
+                     size_t err_size) {
+    if (a->p.row_pos) {
+        NEED_DEVICE(a->p.row_pos, (size_t)a->n_tok * 4, "row_pos");
+        NEED_DEVICE(a->p.row_kv, (size_t)a->n_tok * 4, "row_kv");
+        *pos = a->p.row_pos[t], *kv0 = a->p.row_kv[t];
+        return true;
+    }
+    NEED_DEVICE(a->pos0, 4, "pos0");
+    *pos = *a->pos0 + t, *kv0 = 0;
+    return true;
+}
+
 static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     const attn_arg *a = arg;
     const tm_cuda_attn_params *p = &a->p;
     const int64_t d = p->head_dim, qw = p->n_head * d, kvw = p->n_head_kv * d;
     const size_t esz = p->kv_type == TM_TYPE_F16 ? 2 : 4;
-    NEED_DEVICE(a->pos0, 4, "pos0");
-    const int64_t pos0 = *a->pos0;
-    if (pos0 < 0 || pos0 + a->n_tok > p->n_ctx)
-        return mock_fail(err, err_size, "positions %lld..%lld outside the cache's %lld rows",
-                         (long long)pos0, (long long)(pos0 + a->n_tok - 1), (long long)p->n_ctx);
+    int64_t rows_end = 0; /* cache rows written: [.., rows_end) */
+    for (int64_t t = 0; t < a->n_tok; t++) {
+        int64_t pos = 0, kv0 = 0;
+        if (!attn_row(a, t, &pos, &kv0, err, err_size)) return false;
+        if (pos < 0 || kv0 < 0 || kv0 + pos >= p->n_ctx)
+            return mock_fail(err, err_size,
+                             "token %lld: position %lld of the sequence at row %lld is outside "
+                             "the cache's %lld rows",
+                             (long long)t, (long long)pos, (long long)kv0, (long long)p->n_ctx);
+        if (kv0 + pos + 1 > rows_end) rows_end = kv0 + pos + 1;
+    }
     NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
     NEED_DEVICE(a->k, (size_t)(a->n_tok * kvw) * 4, "k");
     NEED_DEVICE(a->v, (size_t)(a->n_tok * kvw) * 4, "v");
     if (a->q_norm) NEED_DEVICE(a->q_norm, (size_t)d * 4, "q_norm");
     if (a->k_norm) NEED_DEVICE(a->k_norm, (size_t)d * 4, "k_norm");
-    const size_t cache_bytes = (size_t)((pos0 + a->n_tok) * kvw) * esz;
+    const size_t cache_bytes = (size_t)(rows_end * kvw) * esz;
     NEED_DEVICE(a->k_cache, cache_bytes, "the k cache");
     NEED_DEVICE(a->v_cache, cache_bytes, "the v cache");
     float *cs = malloc((size_t)(d + kvw) * sizeof(float)), *krow = cs + d;
     if (!cs) return mock_fail(err, err_size, "out of host memory");
     for (int64_t t = 0; t < a->n_tok; t++) {
-        const int64_t pos = pos0 + t;
+        int64_t pos = 0, kv0 = 0;
+        attn_row(a, t, &pos, &kv0, err, err_size); /* checked above */
         cpu_rope_table(cs, cs + d / 2, d, pos, p->rope_base);
         for (int64_t h = 0; h < p->n_head; h++)
             norm_rope_head(a->q + t * qw + h * d, a->q_norm, p, cs);
         memcpy(krow, a->k + t * kvw, (size_t)kvw * sizeof(float)); /* k is not written */
         for (int64_t h = 0; h < p->n_head_kv; h++) norm_rope_head(krow + h * d, a->k_norm, p, cs);
-        cpu_store_kv((char *)a->k_cache + (size_t)(pos * kvw) * esz, krow, p->kv_type, kvw);
-        cpu_store_kv((char *)a->v_cache + (size_t)(pos * kvw) * esz, a->v + t * kvw, p->kv_type,
-                     kvw);
+        cpu_store_kv((char *)a->k_cache + (size_t)((kv0 + pos) * kvw) * esz, krow, p->kv_type, kvw);
+        cpu_store_kv((char *)a->v_cache + (size_t)((kv0 + pos) * kvw) * esz, a->v + t * kvw,
+                     p->kv_type, kvw);
     }
     free(cs);
     return true;
@@ -748,16 +771,56 @@ tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float 
     tm_status st = attn_check("cuda_attn_prepare", p, n_tok);
     if (st != TM_OK) return st;
     if (n_tok == 0) return TM_OK;
-    if (!q || !k || !v || !pos0 || !k_cache || !v_cache)
-        return tm_error_set(TM_ERR_ARG, "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer");
+    if (!q || !k || !v || (!pos0 && !p->row_pos) || !k_cache || !v_cache ||
+        !p->row_pos != !p->row_kv)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer, or row_pos "
+                            "without row_kv");
     const attn_arg a = {*p, q, k, v, q_norm, k_norm, pos0, n_tok, 0, k_cache, v_cache, NULL};
     return mock_launch(stream, "cuda_attn_prepare", attn_prepare_run, &a, sizeof(a));
+}
+
+/* Rows of several sequences: each token alone, at its position, over its sequence's rows. */
+static bool attention_rows_run(const attn_arg *a, char *err, size_t err_size) {
+    const tm_cuda_attn_params *p = &a->p;
+    const int64_t qw = (int64_t)p->n_head * p->head_dim, kvw = (int64_t)p->n_head_kv * p->head_dim;
+    const size_t esz = p->kv_type == TM_TYPE_F16 ? 2 : 4;
+    NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
+    NEED_DEVICE(a->out, (size_t)(a->n_tok * qw) * 4, "out");
+    tm_attention_shape s = {1, 0, p->n_head, p->n_head_kv, p->head_dim, p->scale, p->kv_type};
+    float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
+    if (!scratch) return mock_fail(err, err_size, "out of host memory");
+    for (int64_t t = 0; t < a->n_tok; t++) {
+        int64_t pos = 0, kv0 = 0;
+        if (!attn_row(a, t, &pos, &kv0, err, err_size)) return free(scratch), false;
+        if (pos < 0 || kv0 < 0 || pos + 1 > a->n_kv_max || kv0 + pos >= p->n_ctx) {
+            free(scratch);
+            return mock_fail(err, err_size,
+                             "token %lld: position %lld of the sequence at row %lld past n_kv_max "
+                             "%lld given at launch or the cache's %lld rows",
+                             (long long)t, (long long)pos, (long long)kv0, (long long)a->n_kv_max,
+                             (long long)p->n_ctx);
+        }
+        const char *k = (const char *)a->k_cache + (size_t)(kv0 * kvw) * esz;
+        const char *v = (const char *)a->v_cache + (size_t)(kv0 * kvw) * esz;
+        if (!mock_device_range(k, (size_t)((pos + 1) * kvw) * esz) ||
+            !mock_device_range(v, (size_t)((pos + 1) * kvw) * esz)) {
+            free(scratch);
+            return mock_fail(err, err_size, "illegal address: token %lld's cache rows",
+                             (long long)t);
+        }
+        s.pos0 = pos;
+        cpu_attention(NULL, &s, a->q + t * qw, k, v, a->out + t * qw, scratch);
+    }
+    free(scratch);
+    return true;
 }
 
 static bool attention_run(void *arg, char *err, size_t err_size) {
     const attn_arg *a = arg;
     const tm_cuda_attn_params *p = &a->p;
     const int64_t qw = (int64_t)p->n_head * p->head_dim, kvw = (int64_t)p->n_head_kv * p->head_dim;
+    if (p->row_pos) return attention_rows_run(a, err, err_size);
     NEED_DEVICE(a->pos0, 4, "pos0");
     const int64_t pos0 = *a->pos0;
     if (pos0 < 0 || pos0 + a->n_tok > a->n_kv_max)
@@ -791,13 +854,14 @@ tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const voi
     tm_status st = attn_check("cuda_attention", p, n_tok);
     if (st != TM_OK) return st;
     if (n_tok == 0) return TM_OK;
-    if (n_kv_max < n_tok || n_kv_max > p->n_ctx)
+    if (n_kv_max < (p->row_pos ? 1 : n_tok) || n_kv_max > p->n_ctx)
         return tm_error_set(TM_ERR_ARG,
                             "cuda_attention: n_kv_max %lld (want n_tok %lld <= n_kv_max <= n_ctx "
                             "%lld)",
                             (long long)n_kv_max, (long long)n_tok, (long long)p->n_ctx);
-    if (!q || !k_cache || !v_cache || !pos0 || !out)
-        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer");
+    if (!q || !k_cache || !v_cache || (!pos0 && !p->row_pos) || !out || !p->row_pos != !p->row_kv)
+        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer, or "
+                                        "row_pos without row_kv");
     const attn_arg a = {*p,
                         (float *)q,
                         NULL,

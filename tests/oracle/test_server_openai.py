@@ -105,7 +105,7 @@ def main():
         check(status == 200 and body == {"status": "ok"}, f"/health: {status} {body}")
 
         # ---- the command line: usage errors exit 2, a port in use 1 ----
-        for args, code, words in ((["--parallel", "2"], 2, ["--parallel 2", "KV ranges"]),
+        for args, code, words in ((["--parallel", "0"], 2, ["--parallel"]),
                                   (["--port", "70000"], 2, ["--port"]),
                                   (["--chat-template", "nope"], 2, ["--chat-template"]),
                                   (["--port", str(srv.port)], 1, ["cannot listen", str(srv.port)])):

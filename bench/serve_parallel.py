@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Aggregate decode speed of `tiermoe serve --parallel P` at 1, 2, 4 ... streams (not CI;
+scripts/device_parallel.sh runs it).
+
+    python3 bench/serve_parallel.py MODEL.gguf [--build build/release] [--streams 1,2,4,8]
+        [--tokens 128] [--label NAME] -- SERVE FLAGS...
+
+Starts `tiermoe serve --parallel MAX(streams)` (plus the flags after `--`) on a free
+loopback port. For each stream count N, N clients at once each stream a greedy completion
+of --tokens tokens (ignore_eos; distinct prompts of about 40 tokens, nothing reused). The
+aggregate decode speed is all clients' generated tokens over the time from the first
+client's first token to the last client's last one (so the prompts, evaluated before the
+first token, are left out); also each client's own decode speed. One line per N and a
+RESULT line. Standard library only (the GPU machine's Python).
+"""
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
+
+WORDS = ("river stone light garden market winter engine paper silver forest harbor lantern "
+         "meadow signal castle thunder mirror valley orchard canyon").split()
+
+
+def prompt(i):
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(40))
+
+
+def client(base, i, n, out):
+    body = json.dumps({"prompt": prompt(i), "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                       "stream": True, "cache_prompt": False}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    first = last = None
+    toks = 0
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ch = json.loads(line[6:])
+            now = time.perf_counter()
+            if ch["choices"][0].get("text"):
+                first = first or now
+            last = now
+            if ch.get("usage"):
+                toks = ch["usage"]["completion_tokens"]
+    out[i] = (first, last, toks)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--build", default="build/release")
+    ap.add_argument("--streams", default="1,2,4,8")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--label", default="serve")
+    argv = sys.argv[1:]
+    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    os.environ.setdefault("TM_BIN_DIR", a.build)
+    os.environ.setdefault("TM_TEST_TMP", "/tmp/serve_parallel")
+    os.makedirs(os.environ["TM_TEST_TMP"], exist_ok=True)
+    from server_harness import Server  # noqa: E402 (after TM_BIN_DIR)
+
+    streams = [int(x) for x in a.streams.split(",")]
+    srv = Server(a.model, "--quiet", "--parallel", str(max(streams)), *flags,
+                 binary=os.path.join(a.build, "tiermoe"), timeout=3600)
+    results = []
+    try:
+        client(srv.base, 99, 8, {})  # warm-up: first steps, graph captures
+        for n in streams:
+            out = {}
+            ts = [threading.Thread(target=client, args=(srv.base, i, a.tokens, out)) for i in range(n)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if len(out) != n or any(v[0] is None for v in out.values()):
+                raise SystemExit(f"{a.label}: {n} streams: a client got no tokens: {out}")
+            total = sum(v[2] for v in out.values())
+            span = max(v[1] for v in out.values()) - min(v[0] for v in out.values())
+            agg = total / span
+            each = [v[2] / (v[1] - v[0]) for v in out.values() if v[1] > v[0]]
+            results.append((n, agg))
+            print(f"{a.label}: {n} streams: {total} tokens in {span:.2f} s = {agg:.1f} t/s aggregate "
+                  f"({agg / results[0][1]:.2f}x of {streams[0]}); per stream {min(each):.1f}..{max(each):.1f} t/s",
+                  flush=True)
+    finally:
+        srv.stop()
+    print(f"RESULT {a.label}: " + ", ".join(f"{n}={agg:.1f}" for n, agg in results) +
+          f" t/s; {results[-1][0]} vs {results[0][0]}: {results[-1][1] / results[0][1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

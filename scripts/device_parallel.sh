@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Device call for serve --parallel (issue 16: several sequences decoded in one batch).
+# Carry .devdeps (the libmicrohttpd debs besides the others, as device_serve.sh).
+#   1. build (Release, sm_90): tiermoe and test_cuda_ops;
+#   2. test_cuda_ops: check_attention_rows (rows of several sequences against each alone,
+#      bit for bit up to 8 rows) and the placement matrix, whose every placement now also
+#      decodes 5 requests on 4 sequences as each alone (the real kernels and graphs);
+#   3. on the 30b-a3b preset with Qwen3's vocabulary and routing profile (/tmp/m30v.gguf,
+#      made unless present): aggregate decode tokens/s of serve at 1, 2, 4, 8 streams
+#      (bench/serve_parallel.py), full GPU and --cpu-moe, both --no-expert-trace (the
+#      tracer's callback would make every decode step eager).
+#   TOKENS (128; --cpu-moe takes half), OUT dir. Targets (reported, not asserted):
+#   full GPU 8 streams >= 3x one; --cpu-moe: more streams, more tokens/s.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-/tmp/out}}
+mkdir -p "$OUT"
+BUILD=build/device-par
+TOKENS=${TOKENS:-128}
+MV=/tmp/m30v.gguf
+. scripts/device_env.sh
+TM=$BUILD/tiermoe
+
+stamp "build (Release, sm_90)"
+device_build "$BUILD" tiermoe test_cuda_ops || exit 1
+
+stamp "checks: test_cuda_ops"
+timeout 300 "$BUILD/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
+rc_checks=$?
+grep -E "attention rows|--parallel 4|\[  (PASSED|FAILED)|\[  ERROR" "$OUT/checks.log" | head -60
+
+device_vocab_model "$MV" "$TM" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
+par() { # label, tokens, serve flags...
+    local label=$1 n=$2; shift 2
+    stamp "serve --parallel 8, $label: $*"
+    timeout 300 python3 bench/serve_parallel.py "$MV" --build "$BUILD" --tokens "$n" --label "$label" \
+        -- "$@" 2>&1 | tee -a "$OUT/parallel.log" | grep -E "streams|RESULT|rror|exited"
+}
+par all-gpu "$TOKENS" -ngl all -t 16 --no-expert-trace
+par cpu-moe $((TOKENS / 2)) --cpu-moe -t 16 --no-expert-trace
+stamp "done"
+echo "SUMMARY: checks rc=$rc_checks | $(grep -h RESULT "$OUT/parallel.log" | tr '\n' ' ')| logs in $OUT"

@@ -1,0 +1,357 @@
+/* The worker thread that owns the context, and the slots (--parallel N) that
+ * run generations on it (server_internal.h).
+ *
+ * Each slot has a thread that runs one generation at a time (srv_generate:
+ * sampling, text, stop strings) and asks the worker for the steps it needs:
+ * its prompt evaluated (srv_slot_eval) or a token appended (srv_slot_push).
+ * The worker creates the context in its own thread and loops:
+ *   - queued jobs go to free slots in arrival order, each to the free slot
+ *     whose cached tokens share the longest prefix with its prompt (ties: the
+ *     least recently used); a job cancelled while it waited is dropped unrun;
+ *     other jobs (a cache plan) run on the worker between steps;
+ *   - a prompt is evaluated in chunks of the batch, one chunk a step;
+ *   - a decode step runs when every decoding slot has handed in its token:
+ *     one row per slot (model_session_push_rows), each slot's logits copied
+ *     to it; when prompts and decodes both wait, the steps alternate, so a
+ *     long prompt delays the streams by a chunk at a time;
+ *   - after a generation ends, the VRAM cache's updater between steps.
+ * The steps hold step_mu (readers of the counters and the cache take it).
+ * The worker frees the context in its own thread when the server stops. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server_internal.h"
+
+/* ---- a slot's side (its thread) ---- */
+
+/* Post sl's request and wait for the worker's answer (under q_mu). */
+static tm_status slot_ask(tm_server *s, srv_slot *sl, srv_slot_req req) {
+    sl->req = req;
+    pthread_cond_broadcast(&s->q_cv);
+    while (sl->req != SRV_SLOT_NONE) pthread_cond_wait(&sl->cv, &s->q_mu);
+    return sl->st;
+}
+
+tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t n, bool fresh,
+                        int64_t *n_eval) {
+    pthread_mutex_lock(&s->q_mu);
+    sl->ids = ids, sl->n_ids = n, sl->fresh = fresh, sl->eval_begun = false, sl->n_eval = 0;
+    tm_status st = slot_ask(s, sl, SRV_SLOT_EVAL);
+    *n_eval = sl->n_eval;
+    if (st == TM_OK) sl->decoding = true;
+    pthread_mutex_unlock(&s->q_mu);
+    if (st != TM_OK) tm_error_set(st, "%s", sl->msg);
+    return st;
+}
+
+tm_status srv_slot_push(tm_server *s, srv_slot *sl, int32_t tok) {
+    pthread_mutex_lock(&s->q_mu);
+    sl->tok = tok;
+    tm_status st = slot_ask(s, sl, SRV_SLOT_PUSH);
+    if (st != TM_OK) sl->decoding = false;
+    pthread_mutex_unlock(&s->q_mu);
+    if (st != TM_OK) tm_error_set(st, "%s", sl->msg);
+    return st;
+}
+
+void srv_slot_end(tm_server *s, srv_slot *sl) {
+    pthread_mutex_lock(&s->q_mu);
+    sl->decoding = false;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+}
+
+static void count_cancelled(tm_server *s) {
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.c.requests[SRV_OUTCOME_CANCELLED]++;
+    pthread_mutex_unlock(&s->metrics.mu);
+}
+
+static void *slot_main(void *arg) {
+    srv_slot *sl = arg;
+    tm_server *s = sl->server;
+    pthread_mutex_lock(&s->q_mu);
+    for (;;) {
+        while (!sl->job && !s->slots_exit) pthread_cond_wait(&sl->cv, &s->q_mu);
+        srv_job *j = sl->job;
+        if (!j) break;
+        pthread_mutex_unlock(&s->q_mu);
+        j->run(s, j);
+        pthread_mutex_lock(&s->q_mu);
+        sl->job = NULL, sl->decoding = false;
+        s->n_busy--;
+        s->update_pending = true;
+        pthread_cond_broadcast(&s->q_cv);
+        pthread_mutex_unlock(&s->q_mu);
+        srv_job_unref(j);
+        pthread_mutex_lock(&s->q_mu);
+    }
+    pthread_mutex_unlock(&s->q_mu);
+    return NULL;
+}
+
+/* ---- the worker's side ---- */
+
+/* The free slot for job j: the longest shared prefix, then the least recently used. */
+static srv_slot *slot_pick(tm_server *s, const srv_job *j) {
+    srv_slot *best = NULL;
+    int64_t best_keep = -1;
+    for (int i = 0; i < s->n_slots; i++) {
+        srv_slot *sl = &s->slots[i];
+        if (sl->job) continue;
+        const int64_t keep = j->prompt ? model_session_shared(&sl->seq, j->prompt, j->n_prompt) : 0;
+        if (keep > best_keep || (keep == best_keep && sl->last_used < best->last_used))
+            best = sl, best_keep = keep;
+    }
+    return best;
+}
+
+/* Hand queued jobs to free slots (under q_mu; may drop it to run a job that
+ * is not a generation). */
+static void worker_dispatch(tm_server *s) {
+    while (s->q_head && !atomic_load(&s->stopping)) {
+        srv_job *j = s->q_head;
+        srv_slot *sl = NULL;
+        if (!srv_job_cancelled(j) && j->generation && !(sl = slot_pick(s, j))) return;
+        s->q_head = j->next, j->next = NULL;
+        if (!s->q_head) s->q_tail = NULL;
+        s->q_len--;
+        if (srv_job_cancelled(j)) { /* the client left while it waited */
+            pthread_mutex_unlock(&s->q_mu);
+            if (j->generation) count_cancelled(s);
+            srv_job_finish(j, 499, NULL);
+            srv_job_unref(j);
+            pthread_mutex_lock(&s->q_mu);
+        } else if (!j->generation) { /* between steps, on this thread */
+            s->n_busy++;
+            pthread_mutex_unlock(&s->q_mu);
+            j->run(s, j);
+            srv_job_unref(j);
+            pthread_mutex_lock(&s->q_mu);
+            s->n_busy--;
+        } else {
+            j->slot = sl;
+            sl->job = j, sl->last_used = ++s->slot_clock;
+            s->n_busy++;
+            pthread_cond_broadcast(&sl->cv);
+        }
+    }
+}
+
+/* Answer a slot's request (under q_mu). */
+static void slot_answer(tm_server *s, srv_slot *sl, tm_status st) {
+    sl->st = st;
+    if (st != TM_OK) snprintf(sl->msg, sizeof(sl->msg), "%s", tm_error_message());
+    sl->req = SRV_SLOT_NONE;
+    pthread_cond_broadcast(&sl->cv);
+}
+
+/* One chunk of sl's prompt (q_mu held on entry and exit, dropped for the
+ * step); answers the slot once the prompt is in. */
+static void worker_prompt_chunk(tm_server *s, srv_slot *sl) {
+    tm_session *seq = &sl->seq;
+    const int32_t *ids = sl->ids;
+    const int64_t n = sl->n_ids;
+    if (sl->eval_begun && srv_job_cancelled(sl->job)) { /* stop between chunks */
+        slot_answer(s, sl, TM_OK);
+        return;
+    }
+    const bool first = !sl->eval_begun;
+    sl->eval_begun = true;
+    pthread_mutex_unlock(&s->q_mu);
+    pthread_mutex_lock(&s->step_mu);
+    if (first && sl->fresh) model_session_reset(seq);
+    const int64_t keep = model_session_shared(seq, ids, n);
+    if (first && s->tr && keep == 0) trace_sequence_begin(s->tr);
+    const int64_t end = keep + s->ctx->params.n_batch < n ? keep + s->ctx->params.n_batch : n;
+    int64_t n_eval = 0;
+    const tm_status st = model_session_eval(seq, ids, end, &n_eval);
+    if (st == TM_OK && end == n)
+        memcpy(sl->logits, s->ctx->logits, (size_t)s->m->cfg.n_vocab * sizeof(float));
+    pthread_mutex_unlock(&s->step_mu);
+    pthread_mutex_lock(&s->q_mu);
+    sl->n_eval += n_eval;
+    if (st != TM_OK || end == n) slot_answer(s, sl, st);
+}
+
+/* One decode step of the n slots in rows (q_mu held on entry and exit). */
+static void worker_decode(tm_server *s, srv_slot **rows, int n) {
+    tm_session *ss[TM_SERVER_MAX_PARALLEL];
+    int32_t ids[TM_SERVER_MAX_PARALLEL];
+    for (int i = 0; i < n; i++) ss[i] = &rows[i]->seq, ids[i] = rows[i]->tok;
+    pthread_mutex_unlock(&s->q_mu);
+    pthread_mutex_lock(&s->step_mu);
+    const tm_status st = model_session_push_rows(ss, ids, n);
+    const size_t V = s->m->cfg.n_vocab;
+    if (st == TM_OK)
+        for (int i = 0; i < n; i++)
+            memcpy(rows[i]->logits, s->ctx->logits + i * V, V * sizeof(float));
+    pthread_mutex_unlock(&s->step_mu);
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.c.decode_steps++, s->metrics.c.decode_rows += (uint64_t)n;
+    pthread_mutex_unlock(&s->metrics.mu);
+    pthread_mutex_lock(&s->q_mu);
+    for (int i = 0; i < n; i++) slot_answer(s, rows[i], st);
+}
+
+/* Create the tracer, the context and the slots in this thread. */
+static tm_status worker_setup(tm_server *s) {
+    tm_context_params cp = s->cp;
+    cp.n_seq = s->p.parallel > 0 ? s->p.parallel : 1;
+    tm_status st;
+    if (!s->p.no_trace) {
+        tm_trace_config tc = s->p.trace;
+        tc.stats = true;
+        if ((st = trace_create(&tc, s->m, &s->tr)) != TM_OK) return st;
+        trace_attach(s->tr, &cp);
+    }
+    if ((st = model_context_create(s->m, &cp, &s->ctx)) != TM_OK) return st;
+    for (uint32_t l = 0; l < s->m->cfg.n_layer; l++)
+        s->has_cache |= tier_cache_slots(s->ctx->tier, l) > 0;
+    s->n_ctx = s->ctx->n_ctx;
+    srv_slot *slots = calloc((size_t)cp.n_seq, sizeof(*slots));
+    if (!slots) return tm_error_set(TM_ERR_NOMEM, "out of memory for %d slots", cp.n_seq);
+    pthread_mutex_lock(&s->q_mu); /* handlers count the busy slots */
+    s->slots = slots;
+    for (int i = 0; i < cp.n_seq && st == TM_OK; i++) {
+        srv_slot *sl = &s->slots[i];
+        sl->id = i, sl->server = s;
+        pthread_cond_init(&sl->cv, NULL);
+        s->n_slots = i + 1;
+        if ((st = model_session_init_seq(&sl->seq, s->ctx, i)) != TM_OK) break;
+        if (!(sl->logits = malloc((size_t)s->m->cfg.n_vocab * sizeof(float))))
+            st = tm_error_set(TM_ERR_NOMEM, "out of memory for a slot's logits");
+        else if (pthread_create(&sl->thread, NULL, slot_main, sl))
+            st = tm_error_set(TM_ERR_NOMEM, "cannot start the thread of slot %d", i);
+        else
+            sl->thread_started = true;
+    }
+    pthread_mutex_unlock(&s->q_mu);
+    return st;
+}
+
+/* Run what is ready (q_mu held); false when nothing is. */
+static bool worker_work(tm_server *s) {
+    srv_slot *rows[TM_SERVER_MAX_PARALLEL], *prompt = NULL;
+    int n_rows = 0, n_decoding = 0;
+    for (int k = 0; k < s->n_slots && !prompt; k++) { /* round robin from the last one served */
+        srv_slot *sl = &s->slots[(s->prompt_next + k) % s->n_slots];
+        if (sl->req == SRV_SLOT_EVAL) prompt = sl;
+    }
+    for (int i = 0; i < s->n_slots; i++) {
+        srv_slot *sl = &s->slots[i];
+        n_decoding += sl->decoding;
+        if (sl->decoding && sl->req == SRV_SLOT_PUSH) rows[n_rows++] = sl;
+    }
+    /* a decode step once every decoding slot has its token in; when a prompt
+     * waits too, the two take turns */
+    const bool decode = n_rows && n_rows == n_decoding;
+    if (decode && (!prompt || !s->last_was_decode)) {
+        s->last_was_decode = true;
+        worker_decode(s, rows, n_rows);
+        return true;
+    }
+    if (prompt) {
+        s->prompt_next = (prompt->id + 1) % s->n_slots;
+        s->last_was_decode = false;
+        worker_prompt_chunk(s, prompt);
+        return true;
+    }
+    if (s->update_pending) {
+        s->update_pending = false;
+        if (atomic_load(&s->stopping)) return true;
+        pthread_mutex_unlock(&s->q_mu);
+        pthread_mutex_lock(&s->step_mu);
+        if (tier_cache_update(s->ctx->tier, TM_MOE_UPDATE_RATE) != TM_OK)
+            fprintf(stderr, "tiermoe serve: the cache update failed: %s\n", tm_error_message());
+        pthread_mutex_unlock(&s->step_mu);
+        pthread_mutex_lock(&s->q_mu);
+        return true;
+    }
+    return false;
+}
+
+static void worker_slots_end(tm_server *s) {
+    pthread_mutex_lock(&s->q_mu);
+    s->slots_exit = true;
+    for (int i = 0; i < s->n_slots; i++) pthread_cond_broadcast(&s->slots[i].cv);
+    pthread_mutex_unlock(&s->q_mu);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].thread_started) pthread_join(s->slots[i].thread, NULL);
+}
+
+static void *worker_main(void *arg) {
+    tm_server *s = arg;
+    const tm_status setup = worker_setup(s);
+    pthread_mutex_lock(&s->q_mu);
+    s->worker_status = setup;
+    if (setup != TM_OK) snprintf(s->error, sizeof(s->error), "%s", tm_error_message());
+    s->worker_ready = true;
+    pthread_cond_broadcast(&s->q_cv);
+    while (setup == TM_OK) {
+        worker_dispatch(s);
+        if (atomic_load(&s->stopping) && !s->n_busy) break;
+        if (!worker_work(s)) pthread_cond_wait(&s->q_cv, &s->q_mu);
+    }
+    pthread_mutex_unlock(&s->q_mu);
+    worker_slots_end(s);
+    /* the context stays until the connections are closed (handlers read its counters) */
+    pthread_mutex_lock(&s->q_mu);
+    while (!s->release) pthread_cond_wait(&s->q_cv, &s->q_mu);
+    pthread_mutex_unlock(&s->q_mu);
+    for (int i = 0; i < s->n_slots; i++) {
+        model_session_free(&s->slots[i].seq);
+        free(s->slots[i].logits);
+        pthread_cond_destroy(&s->slots[i].cv);
+    }
+    free(s->slots);
+    s->slots = NULL, s->n_slots = 0;
+    model_context_free(s->ctx);
+    s->ctx = NULL;
+    return NULL;
+}
+
+tm_status srv_worker_start(tm_server *s) {
+    if (pthread_create(&s->worker, NULL, worker_main, s))
+        return tm_error_set(TM_ERR_NOMEM, "cannot start the worker thread");
+    s->worker_started = true;
+    pthread_mutex_lock(&s->q_mu);
+    while (!s->worker_ready) pthread_cond_wait(&s->q_cv, &s->q_mu);
+    const tm_status st = s->worker_status;
+    pthread_mutex_unlock(&s->q_mu);
+    if (st != TM_OK) tm_error_set(st, "%s", s->error);
+    return st;
+}
+
+static json_t *shutdown_error(void) {
+    return json_pack("{s:{s:i, s:s, s:s}}", "error", "code", 503, "message",
+                     "the server is shutting down", "type", "unavailable_error");
+}
+
+void srv_worker_stop(tm_server *s) {
+    pthread_mutex_lock(&s->q_mu);
+    atomic_store(&s->stopping, true);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].job) atomic_store(&s->slots[i].job->cancel, true);
+    while (s->q_head) {
+        srv_job *j = s->q_head;
+        s->q_head = j->next;
+        atomic_store(&j->cancel, true);
+        srv_job_finish(j, 503, shutdown_error());
+        srv_job_unref(j);
+    }
+    s->q_tail = NULL, s->q_len = 0;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+}
+
+void srv_worker_release(tm_server *s) {
+    if (!s->worker_started) return;
+    pthread_mutex_lock(&s->q_mu);
+    s->release = true;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+    pthread_join(s->worker, NULL);
+    s->worker_started = false;
+}
