@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv zstd xz-utils clang-format
-              libcmocka-dev libpcre2-dev libjansson-dev libutf8proc-dev libmicrohttpd-dev
+              libcmocka-dev libpcre2-dev libjansson-dev libutf8proc-dev libmicrohttpd-dev liburing-dev
               chromium)  # chromium: the server dashboard's test (tests/oracle/test_server_dashboard.py)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

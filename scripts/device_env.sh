@@ -1,7 +1,7 @@
 # Sourced by the device scripts: the libraries the GPU machine's image lacks
-# (jansson, PCRE2, utf8proc, cmocka, libmicrohttpd for serve), from the Debian packages carried in
+# (jansson, PCRE2, utf8proc, cmocka, libmicrohttpd for serve, liburing for the SSD tier), from the Debian packages carried in
 # .devdeps/ (apt-get download them here; the machine reaches no registry).
-if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka libmicrohttpd 2>/dev/null; then
+if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka libmicrohttpd liburing 2>/dev/null; then
     mkdir -p /tmp/deps
     for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/deps; done
     # libmicrohttpd's .pc names gnutls for static links only; the image has the library, not its .pc

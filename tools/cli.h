@@ -54,6 +54,7 @@ typedef struct cli_place {
     const char *learn_path;
     int pcie;                /* --moe-pcie (TM_MOE_PCIE_AUTO unless given) */
     int fetch;               /* --moe-fetch (TM_MOE_FETCH_AUTO unless given) */
+    int64_t ram_cache_mib;   /* --ram-cache (0: none, TM_RAM_CACHE_AUTO) */
     const char *plan_path;   /* --moe-cache-plan */
     tm_moe_cache_opts cache; /* --moe-cache-weighting, -curve, -update, -policy, -admit */
     tm_trace_stats learn;    /* the --moe-learn file, once applied */
@@ -71,5 +72,10 @@ void cli_place_free(cli_place *p);
  * class; each since the marks (NULL: since the start), per run. */
 void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_moe_lane_stats *lane0,
                        const tm_tier_stats *tier0, int runs, FILE *out);
+
+/* The SSD tier's counters since s0 (NULL: the start) over wall_s seconds:
+ * experts faulted and bytes read per token, hit rate, read rate. Nothing
+ * without --ram-cache. */
+void cli_store_print(const tm_context *ctx, const tm_store_stats *s0, double wall_s, FILE *out);
 
 #endif

@@ -35,7 +35,11 @@ const char cli_place_help[] =
     "  --moe-fetch auto|copy|pcie|off  prompts: the GPU computes experts in RAM, copied into a\n"
     "                         VRAM ring ahead of routing (copy) or read in place (pcie), while\n"
     "                         the CPU lane takes a balanced share (auto: copy when a batch uses\n"
-    "                         nearly every expert, else pcie; off: the CPU computes them)\n";
+    "                         nearly every expert, else pcie; off: the CPU computes them)\n"
+    "  --ram-cache MIB|auto   the SSD tier: experts in RAM are read from the file (O_DIRECT,\n"
+    "                         io_uring) into a RAM cache of this size instead of the page cache\n"
+    "                         (auto: available RAM less a reserve); the GPU's PCIe and fetch\n"
+    "                         lanes are off with it\n";
 
 int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i) {
     const char *a = argv[i];
@@ -43,11 +47,11 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         p->cpu_moe = true;
         return 1;
     }
-    const bool ours = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
-                      !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
-                      !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
-                      !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
-                      !strcmp(a, "--moe-fetch") || !strncmp(a, "--moe-cache-", 12);
+    const bool ours =
+        !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
+        !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") || !strcmp(a, "--override-tensor") ||
+        !strcmp(a, "--moe-cache") || !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
+        !strcmp(a, "--moe-fetch") || !strncmp(a, "--moe-cache-", 12) || !strcmp(a, "--ram-cache");
     if (!ours) return 0;
     if (i + 1 >= argc) {
         fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
@@ -80,6 +84,15 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
             return -1;
         } else {
             p->cache_mib = n;
+        }
+    } else if (!strcmp(a, "--ram-cache")) {
+        if (!strcmp(v, "auto"))
+            p->ram_cache_mib = TM_RAM_CACHE_AUTO;
+        else if (cli_parse_i64(a, v, 1, 1ll << 30, &n)) {
+            fprintf(stderr, "tiermoe %s: --ram-cache: MiB (at least 1) or 'auto'\n", cmd);
+            return -1;
+        } else {
+            p->ram_cache_mib = n;
         }
     } else if (!strcmp(a, "--moe-pcie")) {
         if (!strcmp(v, "auto"))
@@ -153,6 +166,7 @@ int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context
     cp->moe_cache_mib = p->cache_mib;
     cp->moe_pcie = p->pcie;
     cp->moe_fetch = p->fetch;
+    cp->ram_cache_mib = p->ram_cache_mib;
     cp->moe_cache = p->cache;
     tm_trace_shape shape;
     trace_shape_of_model(m, &shape);
@@ -264,4 +278,26 @@ void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_mo
                 (double)fb / runs, 100 * tier_prompt_cpu_share(ctx->tier),
                 tier_fetch_bytes(ctx->tier) / 1048576.0);
     }
+}
+
+void cli_store_print(const tm_context *ctx, const tm_store_stats *s0, double wall_s, FILE *out) {
+    const tm_store_stats *s = tier_store_stats(ctx->tier), z = {0};
+    if (!s) return;
+    if (!s0) s0 = &z;
+    const uint64_t tok = s->tokens - s0->tokens, routed = s->routed - s0->routed,
+                   bytes = s->bytes_read - s0->bytes_read;
+    const double wait = (s->wait_ns - s0->wait_ns) * 1e-9, per = tok ? 1.0 / (double)tok : 0;
+    fprintf(out,
+            "  SSD tier (--ram-cache): %.2f experts faulted per token, %.1f read ahead (%.0f%% of "
+            "those used), %.2f MB read per token, hit rate %.1f%%, at most %d experts resident "
+            "in a layer; reads %.0f MB/s over the run, lane waited %.3f s (%.0f MB/s while "
+            "waiting)\n",
+            (double)(s->faults - s0->faults) * per, (double)(s->prefetched - s0->prefetched) * per,
+            s->prefetched > s0->prefetched
+                ? 100.0 * (double)(s->prefetch_used - s0->prefetch_used) /
+                      (double)(s->prefetched - s0->prefetched)
+                : 0.0,
+            bytes * 1e-6 * per,
+            routed ? 100.0 * (double)(s->hits - s0->hits) / (double)routed : 0.0, s->max_resident,
+            wall_s > 0 ? bytes * 1e-6 / wall_s : 0.0, wait, wait > 0 ? bytes * 1e-6 / wait : 0.0);
 }

@@ -271,6 +271,8 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         memcpy(prof0, model_prof_ns(ctx), sizeof(prof0));
         lane0 = *model_lane_stats(ctx);
         memcpy(tier0, tier_stats(ctx->tier), sizeof(tier0));
+        const tm_store_stats *sst = tier_store_stats(ctx->tier);
+        const tm_store_stats store0 = sst ? *sst : (tm_store_stats){0};
         const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
         uint64_t b0[3], b1[3];
         bench_tier_bytes(ctx, b0);
@@ -323,6 +325,12 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         b->cpu_gbs = cpu_b * b->mean / 1e9, b->gpu_gbs = gpu_b * b->mean / 1e9;
         b->pcie_gbs = pcie_b * b->mean / 1e9;
         b->bound = mem > 0 && cpu_b > 0 ? mem * 1e9 / cpu_b : 0;
+        if (sst) { /* the SSD tier: faults and reads of the test */
+            double wall = 0;
+            for (int r = 0; r < reps; r++) wall += ts[r];
+            fprintf(stderr, "%s%lld:", b->test, n);
+            cli_store_print(ctx, &store0, wall, stderr);
+        }
         if (o->profile) {
             fprintf(stderr, "%s%lld, %d threads: ", b->test, n, cp.n_threads);
             cli_profile_print(ctx, prof0, &lane0, tier0, pp ? reps : (int)(n * reps), stderr);

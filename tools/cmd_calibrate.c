@@ -33,7 +33,10 @@ static void calibrate_usage(FILE *out) {
             "  --profile-out FILE    where to write the profile (default: the cache directory,\n"
             "                        $XDG_CACHE_HOME/tiermoe/ or ~/.cache/tiermoe/, a name from\n"
             "                        the CPU, the GPU, the threads and the expert shape)\n"
-            "  --show FILE           print a saved profile's table (checked as runs read it)\n");
+            "  --show FILE           print a saved profile's table (checked as runs read it)\n"
+            "  --drive               only the drive read test (the SSD tier, --ram-cache): random\n"
+            "                        O_DIRECT reads over the -m file at queue depths 1 to 64,\n"
+            "                        MB/s and reads/s (--drive-seconds S a point, default 2)\n");
 }
 
 typedef struct calibrate_args {
@@ -41,6 +44,8 @@ typedef struct calibrate_args {
     int threads;
     bool quick, cpu_only;
     int32_t max_tokens;
+    bool drive;
+    double drive_seconds;
 } calibrate_args;
 
 /* 0, or the exit code of a usage error (printed). */
@@ -57,13 +62,18 @@ static int calibrate_parse(int argc, char **argv, calibrate_args *a, bool *help)
             a->quick = true;
             continue;
         }
+        if (!strcmp(f, "--drive")) {
+            a->drive = true;
+            continue;
+        }
         if (!strcmp(f, "--cpu-only")) {
             a->cpu_only = true;
             continue;
         }
         const bool known = !strcmp(f, "-m") || !strcmp(f, "--model") || !strcmp(f, "-t") ||
                            !strcmp(f, "--threads") || !strcmp(f, "--max-tokens") ||
-                           !strcmp(f, "--profile-out") || !strcmp(f, "--show");
+                           !strcmp(f, "--profile-out") || !strcmp(f, "--show") ||
+                           !strcmp(f, "--drive-seconds");
         if (!known) {
             fprintf(stderr, "tiermoe calibrate: unknown flag '%s'\n", f);
             calibrate_usage(stderr);
@@ -80,6 +90,8 @@ static int calibrate_parse(int argc, char **argv, calibrate_args *a, bool *help)
             a->profile_out = val;
         } else if (!strcmp(f, "--show")) {
             a->show = val;
+        } else if (!strcmp(f, "--drive-seconds")) {
+            if (cli_parse_f64(f, val, 0.01, 600, &a->drive_seconds)) return 2;
         } else if (!strcmp(f, "--max-tokens")) {
             if (cli_parse_i64(f, val, 1, 1 << 16, &v)) return 2;
             a->max_tokens = (int32_t)v;
@@ -113,6 +125,33 @@ static tm_cuda_device *calibrate_gpu(bool cpu_only) {
     return dev;
 }
 
+/* The drive read test: a table of MB/s and reads/s by queue depth, for
+ * 4 KiB reads (what a drive's IOPS are quoted for) and 1 MiB reads (what the
+ * SSD tier issues: an expert's slices in reads of up to 1 MiB). */
+static int calibrate_drive(const calibrate_args *a) {
+    static const int depths[] = {1, 4, 16, 32, 64};
+    static const size_t blocks[] = {4096, (size_t)1 << 20};
+    const double secs = a->drive_seconds > 0 ? a->drive_seconds : 2.0;
+    printf("tiermoe calibrate --drive: %s, random reads, %.1f s a point\n", a->model, secs);
+    printf("| read size | queue depth | MB/s | reads/s | O_DIRECT | io_uring |\n"
+           "| --- | --- | --- | --- | --- | --- |\n");
+    double best = 0;
+    for (int b = 0; b < 2; b++)
+        for (int d = 0; d < 5; d++) {
+            tm_calib_drive r;
+            if (calib_drive_measure(a->model, depths[d], blocks[b], secs, &r) != TM_OK) {
+                fprintf(stderr, "tiermoe calibrate: %s\n", tm_error_message());
+                return 1;
+            }
+            if (r.mbs > best) best = r.mbs;
+            printf("| %zu KiB | %d | %.0f | %.0f | %s | %s |\n", blocks[b] >> 10, depths[d], r.mbs,
+                   r.iops, r.direct ? "yes" : "no", r.uring ? "yes" : "no");
+            fflush(stdout);
+        }
+    printf("drive: %.0f MB/s at best\n", best);
+    return 0;
+}
+
 int cmd_calibrate(int argc, char **argv) {
     calibrate_args a = {0};
     bool help;
@@ -121,6 +160,7 @@ int cmd_calibrate(int argc, char **argv) {
         if (help) calibrate_usage(stdout);
         return rc;
     }
+    if (a.drive) return calibrate_drive(&a);
     if (a.show) {
         tm_calib c;
         if (calib_read_json(a.show, NULL, &c) != TM_OK) {

@@ -431,6 +431,7 @@ static int run_main(int argc, char **argv, cli_place *place) {
             load_ms + s.prompt_ms + s.eval_ms, (long long)(s.n_prompt + s.n_gen));
     if (cp.profile) {
         cli_profile_print(s.ctx, NULL, NULL, NULL, 1, stderr);
+        cli_store_print(s.ctx, NULL, (s.prompt_ms + s.eval_ms) * 1e-3, stderr);
         synth_routing_print(s.m->file, stderr);
     }
     if (tr && trace_finish(tr) != TM_OK) {

@@ -196,7 +196,10 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
                                .cache = ctx->params.moe_cache,
                                .reserve = (size_t)768 << 20,
                                .pcie = ctx->params.moe_pcie,
-                               .fetch = ctx->params.moe_fetch};
+                               .fetch = ctx->params.moe_fetch,
+                               .store = {.budget_mib = ctx->params.ram_cache_mib,
+                                         .path = ctx->model->file->path,
+                                         .map = ctx->model->file->map}};
     st = tier_create(e, &ctx->placement, c->n_layer, tl, &w->router, &tp, &ctx->tier);
     free(tl);
     return st;

@@ -198,9 +198,9 @@ static void lane_items_run(const lane_step *st, const lane_item *items, int64_t 
         const lane_run *run = &l->runs[it->run];
         const int p = it->proj, in = p == LANE_UP && st->shared_act ? LANE_GATE : p;
         const tm_moe_matrix *m = st->m[p];
-        cpu_gemm(m->type, st->k[p], m->data + (size_t)run->expert * m->expert_stride, m->row_bytes,
-                 it->r0, it->r1, l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in],
-                 run->s1 - run->s0, l->out[p] + run->s0 * st->rows[p], st->rows[p]);
+        cpu_gemm(m->type, st->k[p], moe_matrix_expert(m, run->expert), m->row_bytes, it->r0, it->r1,
+                 l->xq[in] + run->s0 * st->xq_bytes[in], st->xq_bytes[in], run->s1 - run->s0,
+                 l->out[p] + run->s0 * st->rows[p], st->rows[p]);
         lane_clock_add(st, ith, p == LANE_DOWN ? TM_LANE_DOWN : TM_LANE_GATE_UP, &t);
         if (!st->n_pieces || p == LANE_DOWN) continue;
         /* the last gate/up item of an H piece makes that piece for the run's slots */
@@ -304,18 +304,17 @@ static tm_status lane_run_precise(tm_moe_cpu_lane *l, tm_pool *pool, const tm_mo
             memcpy(l->xf + (s - run->s0) * E, x + (int64_t)slots[s].token * E,
                    (size_t)E * sizeof(float));
         tm_status st;
-        const size_t e = (size_t)run->expert;
         float *g = l->out[LANE_GATE], *u = l->out[LANE_UP];
         if ((st = cpu_matmul_precise(pool, ex->gate.type, E, F,
-                                     ex->gate.data + e * ex->gate.expert_stride, ex->gate.row_bytes,
+                                     moe_matrix_expert(&ex->gate, run->expert), ex->gate.row_bytes,
                                      l->xf, n, g + run->s0 * F)) ||
-            (st =
-                 cpu_matmul_precise(pool, ex->up.type, E, F, ex->up.data + e * ex->up.expert_stride,
-                                    ex->up.row_bytes, l->xf, n, u + run->s0 * F)))
+            (st = cpu_matmul_precise(pool, ex->up.type, E, F,
+                                     moe_matrix_expert(&ex->up, run->expert), ex->up.row_bytes,
+                                     l->xf, n, u + run->s0 * F)))
             return st;
         for (int64_t s = run->s0; s < run->s1; s++) cpu_swiglu(g + s * F, g + s * F, u + s * F, F);
         if ((st = cpu_matmul_precise(pool, ex->down.type, F, E,
-                                     ex->down.data + e * ex->down.expert_stride, ex->down.row_bytes,
+                                     moe_matrix_expert(&ex->down, run->expert), ex->down.row_bytes,
                                      g + run->s0 * F, n, l->out[LANE_DOWN] + run->s0 * E)))
             return st;
     }

@@ -91,7 +91,15 @@ typedef struct tm_moe_matrix {
     tm_type type;
     size_t expert_stride; /* bytes from one expert to the next */
     size_t row_bytes;
+    /* [n_expert]: where each expert's rows are, when they are not at data +
+       e * expert_stride (the SSD tier's RAM cache; NULL: they are) */
+    const uint8_t *const *expert_at;
 } tm_moe_matrix;
+
+/* The rows of expert e of m. */
+static inline const uint8_t *moe_matrix_expert(const tm_moe_matrix *m, int32_t e) {
+    return m->expert_at ? m->expert_at[e] : m->data + (size_t)e * m->expert_stride;
+}
 
 typedef struct tm_moe_experts {
     int64_t n_embd, n_ff;

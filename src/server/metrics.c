@@ -108,6 +108,32 @@ static const tier_metric tier_metrics[] = {
 };
 #undef TS
 
+/* The SSD tier (--ram-cache, docs/ssd.md). */
+static void ssd_section(text *t, const tm_store_stats *s) {
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } c[] = {
+        {"tiermoe_ssd_routed_experts_total", "distinct experts layer steps asked the RAM cache for",
+         s->routed},
+        {"tiermoe_ssd_hits_total", "... that were resident", s->hits},
+        {"tiermoe_ssd_experts_faulted_total",
+         "experts read from the file because a step needed them", s->faults},
+        {"tiermoe_ssd_experts_prefetched_total", "experts read ahead (one-token lag)",
+         s->prefetched},
+        {"tiermoe_ssd_bytes_read_total", "bytes read from the file", s->bytes_read},
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        family(t, c[i].name, "counter", c[i].help);
+        put(t, "%s %llu\n", c[i].name, (unsigned long long)c[i].v);
+    }
+    family(t, "tiermoe_ssd_read_wait_seconds_total", "counter", "the CPU lane waiting for reads");
+    put(t, "tiermoe_ssd_read_wait_seconds_total %.6f\n", s->wait_ns * 1e-9);
+    family(t, "tiermoe_ssd_max_resident_experts", "gauge",
+           "experts resident in one layer, at most");
+    put(t, "tiermoe_ssd_max_resident_experts %d\n", s->max_resident);
+}
+
 static void tier_section(text *t, const tm_tier_stats *ts, uint64_t cache_bytes) {
     family(t, "tiermoe_tier_layers", "gauge", "layers by where their experts are");
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
@@ -182,8 +208,11 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
         pthread_mutex_lock(&s->step_mu);
         memcpy(ts, tier_stats(s->ctx->tier), sizeof(ts));
         const uint64_t cache_bytes = tier_cache_bytes(s->ctx->tier);
+        const tm_store_stats *ssd = tier_store_stats(s->ctx->tier);
+        const tm_store_stats ss = ssd ? *ssd : (tm_store_stats){0};
         pthread_mutex_unlock(&s->step_mu);
         tier_section(&t, ts, cache_bytes);
+        if (ssd) ssd_section(&t, &ss);
     }
     if (t.failed) {
         free(t.p);

@@ -111,7 +111,10 @@ static tm_status calib_proj(const tm_gguf_file *f, uint32_t l, const char *proj,
                             (long long)ne1);
     *n_expert = (uint32_t)t->ne[2];
     const size_t row = quant_row_size((tm_type)t->type, t->ne[0]);
-    *out = (tm_moe_matrix){t->data, (tm_type)t->type, row * (size_t)t->ne[1], row};
+    *out = (tm_moe_matrix){.data = t->data,
+                           .type = (tm_type)t->type,
+                           .expert_stride = row * (size_t)t->ne[1],
+                           .row_bytes = row};
     return TM_OK;
 }
 

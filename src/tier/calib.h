@@ -209,6 +209,20 @@ tm_status calib_read_json(const char *path, const tm_calib_key *expect, tm_calib
 tm_status calib_load_or_measure(const tm_calib_source *src, const char *path, tm_calib *out,
                                 bool *measured);
 
+/* ---- the drive (calib_drive.c; tiermoe calibrate --drive) ---- */
+
+typedef struct tm_calib_drive {
+    int depth;
+    size_t block;
+    bool direct, uring; /* how it was read */
+    double mbs, iops;
+} tm_calib_drive;
+
+/* Random reads of `block` bytes (a multiple of 4096) over the file at path,
+ * `depth` in flight, for `seconds`: MB/s and reads/s into *out. */
+tm_status calib_drive_measure(const char *path, int depth, size_t block, double seconds,
+                              tm_calib_drive *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -261,6 +261,37 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     return TM_OK;
 }
 
+/* --ram-cache: the store for every layer whose experts are in RAM. The GPU
+ * lanes that read RAM experts in place or copy them (--moe-pcie,
+ * --moe-fetch) read the file's pinned mapping, which the store replaces:
+ * they are turned off (one line), and the CPU lane computes the cold
+ * experts from the store. */
+static tm_status tier_store_create(tm_tier *t, const tm_tier_layer *layers, tm_tier_params *q) {
+    bool *in = calloc(t->n_layer, sizeof(bool)), any = false;
+    tm_moe_experts *ex = calloc(t->n_layer, sizeof(*ex));
+    tm_status st = TM_OK;
+    if (!in || !ex) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
+        any |= in[l] = t->layers[l].cls != TM_TIER_VRAM;
+        ex[l] = layers[l].experts;
+    }
+    if (st == TM_OK && !any)
+        tm_log_info("--ram-cache: every layer's experts are in VRAM; no RAM cache");
+    else if (st == TM_OK)
+        st = store_create(&q->store, t->n_layer, ex, in, t->n_expert, t->k, &t->store);
+    free(in), free(ex);
+    if (st == TM_OK && t->store && t->gpu &&
+        (q->pcie != TM_MOE_PCIE_OFF || q->fetch != TM_MOE_FETCH_OFF))
+        tm_log_info("--ram-cache: the GPU's PCIe and fetch lanes are off (they read experts in "
+                    "place from RAM); the CPU lane computes the experts the VRAM does not hold");
+    if (t->store) q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF;
+    return st;
+}
+
+const tm_store_stats *tier_store_stats(const tm_tier *t) {
+    return t->store ? store_stats(t->store) : NULL;
+}
+
 /* Mapped memory for decode hand-offs and the buffers of the prompt path. */
 static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     const int64_t T = TM_CUDA_MMVQ_MAX_TOK, E = t->n_embd, K = t->k;
@@ -388,9 +419,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             };
     }
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
-    if (st == TM_OK) st = tier_cache_create(t, p);
-    if (st == TM_OK) st = tier_pcie_create(t, pl, p);
-    if (st == TM_OK) st = tier_fetch_create(t, p);
+    tm_tier_params q = *p;
+    if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
+    if (st == TM_OK) st = tier_cache_create(t, &q);
+    if (st == TM_OK) st = tier_pcie_create(t, pl, &q);
+    if (st == TM_OK) st = tier_fetch_create(t, &q);
     if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
     if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
@@ -414,6 +447,7 @@ void tier_free(tm_tier *t) {
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
     tier_cache_free(t);
     tier_fetch_free(t);
+    store_free(t->store);
     cuda_stream_free(t->copy);
     cuda_event_free(t->pcie_done);
     for (int i = 0; i < 6; i++) cuda_event_free(t->ev[i]);

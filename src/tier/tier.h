@@ -29,6 +29,7 @@
 #include "moe/moe.h"
 #include "tier/cache_policy.h"
 #include "tier/placement.h"
+#include "tier/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,10 +76,11 @@ typedef struct tm_tier_layer {
 typedef struct tm_tier_params {
     int64_t cache_mib; /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO (a plan: its size) */
     tm_moe_cache_opts cache;
-    size_t reserve; /* bytes TM_MOE_CACHE_AUTO leaves free */
-    int32_t pcie;   /* --moe-pcie: cold slots per decode token the GPU reads from RAM
+    size_t reserve;        /* bytes TM_MOE_CACHE_AUTO leaves free */
+    int32_t pcie;          /* --moe-pcie: cold slots per decode token the GPU reads from RAM
                              (TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or 1..k) */
-    int32_t fetch;  /* --moe-fetch: TM_MOE_FETCH_* */
+    int32_t fetch;         /* --moe-fetch: TM_MOE_FETCH_* */
+    tm_store_params store; /* --ram-cache (budget_mib 0: none): the SSD tier (store.h) */
 } tm_tier_params;
 
 /* Layers by where their experts are (the --profile table's rows). */
@@ -136,6 +138,8 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
                    tm_act *x, tm_act *ffn_out);
 
 const tm_tier_stats *tier_stats(const tm_tier *t); /* [TM_TIER_CLASS_COUNT] */
+/* The SSD tier's counters (NULL: no --ram-cache). */
+const tm_store_stats *tier_store_stats(const tm_tier *t);
 const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t);
 tm_tier_class tier_layer_class(const tm_tier *t, uint32_t layer);
 

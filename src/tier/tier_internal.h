@@ -150,6 +150,7 @@ struct tm_tier {
     tm_cuda_event up_done[TIER_UP_BATCHES]; /* batch b's uploads are done: up_done[b % ...] */
     uint32_t up_next, up_used;              /* batches queued; batches used */
 
+    tm_store *store; /* --ram-cache: the CPU lane reads the experts in RAM from it */
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
     tm_moe_lane_stats lane_stats;
 };

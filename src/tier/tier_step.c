@@ -80,6 +80,17 @@ static void tier_seen(tier_layer *L, const int32_t *ids, int64_t n) {
     for (int64_t i = 0; i < n; i++) L->seen[ids[i]]++;
 }
 
+/* The CPU lane on slots [s0, s1) of the worklist: from the store (--ram-cache)
+ * or the mapped file. */
+static tm_status tier_cpu_lane(tm_tier *t, tier_layer *L, int64_t s0, int64_t s1, const float *x,
+                               float *y) {
+    tm_exec *e = t->e;
+    if (t->store)
+        return store_lane_run(t->store, L->index, t->lane, exec_pool(e), &t->wl, s0, s1, x, y,
+                              exec_precise(e));
+    return moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, s0, s1, x, y, exec_precise(e));
+}
+
 /* ---- decode: the hand-off ---- */
 
 /* Spin until the GPU has published layer l of this step. Gives up when the
@@ -136,9 +147,7 @@ static tm_status tier_decode_task(void *ud) {
                                      t->split_tmp, &n_pcie);
     if (n_tok > 1) tier_worklist_group(&t->wl, n_cold); /* rows of several sequences */
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
-    if (st == TM_OK && n_cold)
-        st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, t->mb.h, t->mb.y,
-                              exec_precise(e));
+    if (st == TM_OK && n_cold) st = tier_cpu_lane(t, L, 0, n_cold, t->mb.h, t->mb.y);
     if (st == TM_OK) {
         tier_count(t, L, t->wl.n_slots - n_cold - n_pcie, n_pcie, n_cold);
         t->stats[L->cls].cold_ns += tm_time_ns() - t1;
@@ -315,9 +324,7 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
         float *yc = side == TM_DEV_CPU ? y->host : t->y_host;
         if (side == TM_DEV_GPU) memset(yc, 0, y_bytes);
         const uint64_t t0 = tm_time_ns();
-        if ((st = moe_cpu_lane_run(t->lane, exec_pool(e), &L->host, &t->wl, 0, n_cold, h->host, yc,
-                                   exec_precise(e))))
-            return st;
+        if ((st = tier_cpu_lane(t, L, 0, n_cold, h->host, yc))) return st;
         t->stats[L->cls].cold_ns += tm_time_ns() - t0;
     }
     if (mode != TIER_PROMPT_CPU && (st = tier_prompt_balance(t, mode))) return st;

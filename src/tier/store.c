@@ -1,0 +1,401 @@
+/* The expert store (store.h): slots, chunked lane runs, eviction, the
+ * one-token-lag prefetch. */
+#include "tier/store.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core/log.h"
+#include "core/timing.h"
+#include "tier/cache_policy.h"
+#include "tier/store_io.h"
+
+#define A ((uint64_t)TM_STORE_ALIGN)
+
+typedef struct store_layer {
+    bool on;
+    tm_moe_experts ex;          /* the bound experts, expert_at pointing at the tables below */
+    uint64_t file_off[3];       /* expert 0 of gate, up, down */
+    size_t stride[3], piece[3]; /* bytes of one expert; a slot's room for it */
+    size_t slot_bytes;
+    uint8_t *base;         /* n_slots slots */
+    const uint8_t **at[3]; /* [n_expert]: a resident expert's rows, else NULL */
+    int32_t *slot_of;      /* [n_expert] */
+    int32_t *expert_in;    /* [n_slots]: -1 empty */
+    uint64_t *pin;         /* [n_slots]: the last chunk that uses the slot */
+    uint64_t *seq;         /* [n_slots]: its last read */
+    bool *ahead;           /* [n_slots]: read ahead, not yet used */
+    double *score;         /* [n_expert]: decayed uses at stamp */
+    double *stamp;         /* [n_expert]: clock of score */
+    uint32_t *mark;        /* [n_expert]: the step that last counted it */
+    int64_t *first, *last; /* [n_expert]: its first and last slot in that step */
+    int32_t *prev, n_prev; /* the experts of the previous step, in order of first use */
+    double clock;          /* tokens of this layer's steps */
+    int32_t resident;
+} store_layer;
+
+struct tm_store {
+    uint32_t n_layer, n_expert, k;
+    store_layer *layers;
+    int32_t n_slots;
+    double half_life;
+    tm_store_io *io;
+    void *mem;
+    size_t mem_bytes;
+    uint64_t chunk_id;
+    uint32_t step;
+    int64_t first_layer;
+    tm_store_stats stats;
+};
+
+static uint64_t align_up(uint64_t v) {
+    return (v + A - 1) & ~(A - 1);
+}
+
+static double store_score(const tm_store *s, const store_layer *L, int32_t e) {
+    return L->score[e] * exp2((L->stamp[e] - L->clock) / s->half_life);
+}
+
+static void store_use(const tm_store *s, store_layer *L, int32_t e, double uses) {
+    L->score[e] = store_score(s, L, e) + uses, L->stamp[e] = L->clock;
+}
+
+/* Queue the reads of expert e into slot j of layer L. */
+static tm_status store_fill(tm_store *s, store_layer *L, int32_t j, int32_t e) {
+    const int32_t old = L->expert_in[j];
+    if (old >= 0) {
+        for (int p = 0; p < 3; p++) L->at[p][old] = NULL;
+        L->slot_of[old] = -1;
+        L->resident--;
+        s->stats.evictions++;
+    }
+    L->expert_in[j] = -1;
+    uint8_t *dst = L->base + (size_t)j * L->slot_bytes;
+    tm_status st;
+    for (int p = 0; p < 3; p++) {
+        const uint64_t o = L->file_off[p] + (uint64_t)e * L->stride[p];
+        const uint64_t a0 = o & ~(A - 1), a1 = align_up(o + L->stride[p]);
+        for (uint64_t c = a0; c < a1; c += TM_STORE_IO_CHUNK) {
+            const uint64_t len = a1 - c < TM_STORE_IO_CHUNK ? a1 - c : TM_STORE_IO_CHUNK;
+            const uint64_t end = o + L->stride[p]; /* the bytes that must exist */
+            const size_t need = end > c ? (size_t)(end - c < len ? end - c : len) : 0;
+            if ((st = store_io_read(s->io, c, (size_t)len, need, dst + (c - a0), &L->seq[j])))
+                return st;
+        }
+        L->at[p][e] = dst + (o - a0);
+        dst += L->piece[p];
+        s->stats.bytes_read += a1 - a0;
+    }
+    L->expert_in[j] = e, L->slot_of[e] = j;
+    if (++L->resident > s->stats.max_resident) s->stats.max_resident = L->resident;
+    return TM_OK;
+}
+
+/* A slot for a read at worklist slot `at` of the step: empty, else the
+ * lowest scored expert the rest of the step does not use, else (the budget
+ * is smaller than the step's experts) the one whose next use is farthest
+ * (Belady), of those no chunk from `running` on holds and whose read is done;
+ * a slot being read is waited for when no other will do (*out -1: none). */
+static tm_status store_victim(tm_store *s, store_layer *L, uint64_t running, int64_t at,
+                              int32_t *out) {
+    for (;;) {
+        int32_t best = -1, far = -1;
+        double best_score = INFINITY;
+        int64_t far_at = -1;
+        uint64_t reading = 0;
+        for (int32_t j = 0; j < s->n_slots; j++) {
+            if (L->pin[j] >= running) continue;
+            if (!store_io_done(s->io, L->seq[j])) {
+                reading = L->seq[j] > reading ? L->seq[j] : reading;
+                continue;
+            }
+            const int32_t e = L->expert_in[j];
+            if (e < 0) {
+                *out = j;
+                return TM_OK;
+            }
+            if (L->mark[e] == s->step && L->last[e] >= at) { /* used later in this step */
+                const int64_t next = L->first[e] >= at ? L->first[e] : L->last[e];
+                if (next > far_at) far = j, far_at = next;
+                continue;
+            }
+            const double sc = store_score(s, L, e);
+            if (sc < best_score || (sc == best_score && L->stamp[e] < L->stamp[L->expert_in[best]]))
+                best = j, best_score = sc;
+        }
+        if (best < 0) best = far;
+        if (best >= 0 || !reading) {
+            *out = best;
+            return TM_OK;
+        }
+        tm_status st = store_io_wait(s->io, reading);
+        if (st != TM_OK) return st;
+    }
+}
+
+/* Chunk `id`: slots [i, *end) of sl whose experts are resident or get a slot
+ * (reads queued); *ready: the last read they wait for. */
+static tm_status store_form(tm_store *s, store_layer *L, const tm_moe_slot *sl, int64_t i,
+                            int64_t n, uint64_t id, uint64_t running, int64_t *end,
+                            uint64_t *ready) {
+    tm_status st;
+    int64_t j = i;
+    for (; j < n; j++) {
+        const int32_t e = sl[j].expert;
+        int32_t slot = L->slot_of[e];
+        if (slot < 0) {
+            if ((st = store_victim(s, L, running, j, &slot))) return st;
+            if (slot < 0) break;
+            if ((st = store_fill(s, L, slot, e))) return st;
+            s->stats.faults++;
+        }
+        if (L->ahead[slot]) L->ahead[slot] = false, s->stats.prefetch_used++;
+        L->pin[slot] = id;
+        if (L->seq[slot] > *ready) *ready = L->seq[slot];
+    }
+    *end = j;
+    return TM_OK;
+}
+
+/* Read ahead, on the spare queue depth, the experts layer l used in its
+ * previous step that are not resident (one-token lag). */
+static tm_status store_prefetch(tm_store *s, uint32_t l) {
+    if (l >= s->n_layer || !s->layers[l].on) return TM_OK;
+    store_layer *L = &s->layers[l];
+    tm_status st;
+    for (int32_t i = 0; i < L->n_prev; i++) {
+        if (store_io_depth(s->io) - store_io_in_flight(s->io) < 3) break; /* 3 reads an expert */
+        const int32_t e = L->prev[i];
+        if (L->slot_of[e] >= 0) continue;
+        int32_t j;
+        if ((st = store_victim(s, L, s->chunk_id + 1, 0, &j))) return st;
+        if (j < 0) break;
+        const int32_t old = L->expert_in[j];
+        if (old >= 0 && store_score(s, L, old) >= store_score(s, L, e)) continue;
+        if ((st = store_fill(s, L, j, e)) || (st = store_io_submit(s->io))) return st;
+        L->ahead[j] = true;
+        s->stats.prefetched++;
+    }
+    return TM_OK;
+}
+
+/* Count the step's uses of each expert (scores, hits) and remember the
+ * step's experts for the next prefetch. */
+static void store_count(tm_store *s, store_layer *L, const tm_moe_slot *sl, int64_t s0,
+                        int64_t s1) {
+    s->step++;
+    for (int64_t i = s0; i < s1; i++) {
+        const int32_t e = sl[i].expert;
+        L->last[e] = i;
+        if (L->mark[e] != s->step) {
+            L->mark[e] = s->step, L->first[e] = i;
+            L->prev[L->n_prev++] = e;
+            s->stats.routed++;
+            s->stats.hits += L->slot_of[e] >= 0;
+        }
+        store_use(s, L, e, 1.0);
+    }
+}
+
+tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool *pool,
+                         const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
+                         float *y, bool precise) {
+    if (l >= s->n_layer || !s->layers[l].on)
+        return tm_error_set(TM_ERR_ARG, "expert store: layer %u is not in the store", l);
+    store_layer *L = &s->layers[l];
+    const tm_moe_slot *sl = wl->slots;
+    s->stats.steps++;
+    if ((int64_t)l == s->first_layer) s->stats.tokens += (uint64_t)wl->n_tok;
+    L->clock += (double)wl->n_tok;
+    L->n_prev = 0;
+    store_count(s, L, sl, s0, s1);
+    tm_status st;
+    uint64_t id = ++s->chunk_id, ready = 0;
+    int64_t cur = s0, end = s0;
+    if ((st = store_form(s, L, sl, cur, s1, id, id, &end, &ready))) return st;
+    bool prefetched = false;
+    while (cur < s1) {
+        if (end == cur)
+            return tm_error_set(TM_ERR_ARG,
+                                "expert store: layer %u has no free slot (every slot in use)", l);
+        /* the next chunk's reads go out before this one computes */
+        uint64_t next_id = 0, next_ready = 0;
+        int64_t next_end = end;
+        if (end < s1) {
+            next_id = ++s->chunk_id;
+            if ((st = store_form(s, L, sl, end, s1, next_id, id, &next_end, &next_ready)))
+                return st;
+        }
+        if ((st = store_io_submit(s->io))) return st;
+        if (!prefetched && (st = store_prefetch(s, l + 1))) return st;
+        prefetched = true;
+        const uint64_t t0 = tm_time_ns();
+        if ((st = store_io_wait(s->io, ready))) return st;
+        s->stats.wait_ns += tm_time_ns() - t0;
+        if ((st = moe_cpu_lane_run(lane, pool, &L->ex, wl, cur, end, x, y, precise))) return st;
+        cur = end;
+        if (cur >= s1) break;
+        if (next_end > end) {
+            id = next_id, end = next_end, ready = next_ready;
+        } else { /* the next chunk had no room while this one held its slots */
+            id = ++s->chunk_id, ready = 0;
+            if ((st = store_form(s, L, sl, cur, s1, id, id, &end, &ready))) return st;
+        }
+    }
+    return TM_OK;
+}
+
+/* RAM the kernel says is available (MemAvailable), 0 when unknown. */
+static int64_t store_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return (int64_t)kb << 10;
+}
+
+static tm_status store_layer_init(tm_store *s, store_layer *L, const tm_moe_experts *ex,
+                                  const uint8_t *map) {
+    L->on = true, L->ex = *ex;
+    const tm_moe_matrix *m[3] = {&ex->gate, &ex->up, &ex->down};
+    L->slot_bytes = 0;
+    for (int p = 0; p < 3; p++) {
+        L->file_off[p] = (uint64_t)(m[p]->data - map);
+        L->stride[p] = m[p]->expert_stride;
+        L->piece[p] = (size_t)align_up(L->stride[p]) + A; /* the slack of an unaligned start */
+        L->slot_bytes += L->piece[p];
+        if (!(L->at[p] = calloc(s->n_expert, sizeof(uint8_t *))))
+            return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    L->ex.gate.expert_at = L->at[0], L->ex.up.expert_at = L->at[1];
+    L->ex.down.expert_at = L->at[2];
+    if (!(L->slot_of = malloc(s->n_expert * sizeof(int32_t))) ||
+        !(L->score = calloc(s->n_expert, sizeof(double))) ||
+        !(L->stamp = calloc(s->n_expert, sizeof(double))) ||
+        !(L->mark = calloc(s->n_expert, sizeof(uint32_t))) ||
+        !(L->first = calloc(s->n_expert, sizeof(int64_t))) ||
+        !(L->last = calloc(s->n_expert, sizeof(int64_t))) ||
+        !(L->prev = malloc(s->n_expert * sizeof(int32_t))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    memset(L->slot_of, 0xff, s->n_expert * sizeof(int32_t));
+    return TM_OK;
+}
+
+static tm_status store_slots_init(tm_store *s, store_layer *L, uint8_t *base) {
+    L->base = base;
+    const size_t n = (size_t)s->n_slots;
+    if (!(L->expert_in = malloc(n * sizeof(int32_t))) || !(L->pin = calloc(n, sizeof(uint64_t))) ||
+        !(L->seq = calloc(n, sizeof(uint64_t))) || !(L->ahead = calloc(n, sizeof(bool))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    memset(L->expert_in, 0xff, n * sizeof(int32_t));
+    return TM_OK;
+}
+
+tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_experts *layers,
+                       const bool *in_store, uint32_t n_expert, uint32_t k, tm_store **out) {
+    *out = NULL;
+    tm_store *s = calloc(1, sizeof(*s));
+    if (!s || !(s->layers = calloc(n_layer, sizeof(*s->layers)))) {
+        free(s);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    s->n_layer = n_layer, s->n_expert = n_expert, s->k = k, s->first_layer = -1;
+    tm_status st = TM_OK;
+    size_t per_slot = 0, all = 0; /* one slot in every layer; every expert */
+    for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) {
+        if (!in_store[l]) continue;
+        if (s->first_layer < 0) s->first_layer = l;
+        st = store_layer_init(s, &s->layers[l], &layers[l], p->map);
+        per_slot += s->layers[l].slot_bytes;
+    }
+    if (st == TM_OK && !per_slot)
+        st = tm_error_set(TM_ERR_ARG, "--ram-cache: no layer's experts are in RAM");
+    all = per_slot * n_expert;
+    int64_t budget = p->budget_mib << 20;
+    if (st == TM_OK && p->budget_mib == TM_RAM_CACHE_AUTO) {
+        const int64_t avail = store_mem_available(),
+                      reserve = avail / 10 > TM_STORE_RESERVE ? avail / 10 : TM_STORE_RESERVE;
+        budget = avail - reserve;
+    }
+    if (st == TM_OK && budget < (int64_t)per_slot)
+        st = tm_error_set(TM_ERR_ARG,
+                          "--ram-cache %lld MiB holds no expert per layer: at least %.0f MiB "
+                          "(one expert in each of the layers' slots, alignment included)",
+                          (long long)(budget >> 20), per_slot / 1048576.0 + 1);
+    if (st == TM_OK) {
+        s->n_slots =
+            (int32_t)((uint64_t)budget / per_slot > n_expert ? n_expert
+                                                             : (uint64_t)budget / per_slot);
+        s->half_life = TM_CACHE_TURNOVERS * s->n_slots / (k ? k : 1);
+        if (s->half_life < 1) s->half_life = 1;
+        s->mem_bytes = per_slot * (size_t)s->n_slots;
+        s->mem =
+            mmap(NULL, s->mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (s->mem == MAP_FAILED) {
+            s->mem = NULL;
+            st = tm_error_set(TM_ERR_NOMEM, "--ram-cache: cannot map %zu bytes", s->mem_bytes);
+        }
+    }
+    uint8_t *base = s->mem;
+    for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) {
+        if (!in_store[l]) continue;
+        st = store_slots_init(s, &s->layers[l], base);
+        base += s->layers[l].slot_bytes * (size_t)s->n_slots;
+    }
+    const tm_store_io_params iop = {.depth = p->depth};
+    if (st == TM_OK) st = store_io_open(p->path, &iop, &s->io);
+    if (st != TM_OK) {
+        store_free(s);
+        return st;
+    }
+    tm_log_info("--ram-cache: %d of %u experts a layer (%.2f of %.2f GiB), read %s%s at queue "
+                "depth %d",
+                s->n_slots, n_expert, s->mem_bytes / 1073741824.0, all / 1073741824.0,
+                store_io_direct(s->io) ? "with O_DIRECT" : "through the page cache",
+                store_io_uring(s->io) ? " through io_uring" : " with pread", store_io_depth(s->io));
+    if (s->n_slots < (int32_t)k)
+        tm_log_warn("--ram-cache: %d slots a layer, fewer than the %u experts a token uses: "
+                    "every step rereads experts",
+                    s->n_slots, k);
+    *out = s;
+    return TM_OK;
+}
+
+void store_free(tm_store *s) {
+    if (!s) return;
+    store_io_close(s->io); /* no read may land in freed slots */
+    for (uint32_t l = 0; s->layers && l < s->n_layer; l++) {
+        store_layer *L = &s->layers[l];
+        for (int p = 0; p < 3; p++) free(L->at[p]);
+        free(L->slot_of), free(L->expert_in), free(L->pin), free(L->seq), free(L->ahead);
+        free(L->score), free(L->stamp), free(L->mark), free(L->prev);
+        free(L->first), free(L->last);
+    }
+    if (s->mem) munmap(s->mem, s->mem_bytes);
+    free(s->layers), free(s);
+}
+
+const tm_store_stats *store_stats(const tm_store *s) {
+    return &s->stats;
+}
+int32_t store_slots(const tm_store *s) {
+    return s->n_slots;
+}
+size_t store_bytes(const tm_store *s) {
+    return s->mem_bytes;
+}
+int32_t store_resident(const tm_store *s, uint32_t l) {
+    return l < s->n_layer && s->layers[l].on ? s->layers[l].resident : 0;
+}
+bool store_uring(const tm_store *s) {
+    return store_io_uring(s->io);
+}
+bool store_direct(const tm_store *s) {
+    return store_io_direct(s->io);
+}

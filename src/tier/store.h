@@ -1,0 +1,93 @@
+/* The expert store: the SSD tier's RAM residency cache (--ram-cache).
+ *
+ * Experts of the layers whose experts are in RAM are read from the model
+ * file (each projection's slice at its absolute offset: its address in the
+ * file's mapping minus the mapping's start) with store_io (O_DIRECT,
+ * io_uring) into slots of RAM that the store owns, and the CPU lane reads
+ * them there through per-expert address tables (tm_moe_matrix.expert_at),
+ * never through the mapping: the page cache does not hold them, the budget
+ * does. What is computed does not change, only where the bytes come from.
+ *
+ * Each layer has the same number of slots (the budget over the layers' slot
+ * sizes), so reads for layer l + 1 never evict what layer l computes: a
+ * layer step's slots [s0, s1) of the worklist are cut into chunks of
+ * consecutive slots whose experts fit in the layer's slots (so the lane's
+ * sums keep their order), and the reads of chunk c + 1 are in flight while
+ * chunk c computes. Prompts' worklists are expert-major, so a cold start
+ * reads the prompt's experts in expert order.
+ *
+ * Eviction: each expert (counted once, whatever tier holds it) has a score
+ * of exponentially decayed uses (recency and frequency in one number, as
+ * the VRAM cache's adaptive policy, cache_policy.h), halved every
+ * TM_CACHE_TURNOVERS * slots / k tokens; a miss takes an empty slot, else
+ * the lowest scored expert that the rest of the step does not use, else
+ * (a step with more experts than slots) the one the step uses farthest ahead
+ * (Belady: the step's worklist is known), never one a chunk in flight holds.
+ *
+ * Prediction (one-token lag): while layer l computes, the experts layer l + 1
+ * used in its previous step that are not resident are read on the spare
+ * queue depth, in place of the lowest scored ones. */
+#ifndef TM_TIER_STORE_H
+#define TM_TIER_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "moe/moe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TM_RAM_CACHE_AUTO (-1)               /* --ram-cache auto */
+#define TM_STORE_RESERVE  ((int64_t)2 << 30) /* RAM auto leaves to the rest, at least */
+
+typedef struct tm_store_params {
+    int64_t budget_mib; /* --ram-cache: MiB, or TM_RAM_CACHE_AUTO (MemAvailable less a reserve) */
+    const char *path;   /* the model file */
+    const uint8_t *map; /* its mapping (experts are located by address - map) */
+    int depth;          /* reads in flight (0: TM_STORE_IO_DEPTH) */
+} tm_store_params;
+
+typedef struct tm_store_stats {
+    uint64_t steps;         /* layer steps */
+    uint64_t tokens;        /* tokens of the first layer's steps */
+    uint64_t routed;        /* distinct experts the steps asked for */
+    uint64_t hits;          /* ... resident, or on their way, when the step began */
+    uint64_t faults;        /* experts read because a step needed them */
+    uint64_t prefetched;    /* experts read ahead (one-token lag) */
+    uint64_t prefetch_used; /* ... that a later step used */
+    uint64_t evictions;
+    uint64_t bytes_read;  /* from the file, alignment included */
+    uint64_t wait_ns;     /* the lane waiting for reads */
+    int32_t max_resident; /* experts resident in one layer, at most */
+} tm_store_stats;
+
+typedef struct tm_store tm_store;
+
+/* A store for the layers with in_store[l] set (layers[l]: their experts as
+ * bound, pointing into p->map), n_expert experts, k routed a token. The
+ * budget must give every such layer one slot; TM_ERR_ARG names the least. */
+tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_experts *layers,
+                       const bool *in_store, uint32_t n_expert, uint32_t k, tm_store **out);
+void store_free(tm_store *s);
+
+/* y += the experts of worklist slots [s0, s1) of layer l (in store), as
+ * moe_cpu_lane_run does, reading what is not resident first. */
+tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool *pool,
+                         const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
+                         float *y, bool precise);
+
+const tm_store_stats *store_stats(const tm_store *s);
+int32_t store_slots(const tm_store *s); /* a layer's */
+size_t store_bytes(const tm_store *s);  /* RAM the slots hold */
+/* Experts of layer l resident now (tests). */
+int32_t store_resident(const tm_store *s, uint32_t l);
+bool store_uring(const tm_store *s);
+bool store_direct(const tm_store *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
