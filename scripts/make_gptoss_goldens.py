@@ -161,7 +161,8 @@ def gguf_tensors(w):
     return out
 
 
-def write_model_gguf(path, w, name="tiermoe-tiny-gpt-oss", skip=(), extra_kv=None):
+def write_model_gguf(path, w, name="tiermoe-tiny-gpt-oss", skip=(), extra_kv=None, window=None,
+                     expert_type=None):
     """The model as llama.cpp's converter writes gpt-oss (GptOssModel.set_gguf_parameters)."""
     gw = gguf.GGUFWriter(path, "gpt-oss")
     gw.add_name(name)
@@ -177,7 +178,7 @@ def write_model_gguf(path, w, name="tiermoe-tiny-gpt-oss", skip=(), extra_kv=Non
     gw.add_key_length(HP["head_dim"])
     gw.add_value_length(HP["head_dim"])
     gw.add_expert_count(HP["num_local_experts"])
-    gw.add_sliding_window(HP["sliding_window"])
+    gw.add_sliding_window(HP["sliding_window"] if window is None else window)
     gw.add_expert_feed_forward_length(HP["intermediate_size"])
     gw.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     gw.add_rope_scaling_factor(ROPE["factor"])
@@ -191,7 +192,7 @@ def write_model_gguf(path, w, name="tiermoe-tiny-gpt-oss", skip=(), extra_kv=Non
         if tname in skip:
             continue
         if expert:
-            qt = gguf.GGMLQuantizationType.MXFP4
+            qt = expert_type or gguf.GGMLQuantizationType.MXFP4
             data = gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), qt)
             gw.add_tensor(tname, data, raw_shape=data.shape, raw_dtype=qt)
         else:
