@@ -60,14 +60,13 @@ typedef struct gptoss_weights {
     float rope_mscale;
 } gptoss_weights;
 
-
 /* An optional key: absent leaves *out; present with another type is an error. */
 static tm_status gptoss_key_opt(const tm_model *m, const char *arch_key, bool is_float, void *out) {
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", m->arch->name, arch_key);
     if (!gguf_file_find_kv(m->file, key)) return TM_OK;
-    tm_status st = is_float ? gguf_file_get_f32(m->file, key, out)
-                            : gguf_file_get_u32(m->file, key, out);
+    tm_status st =
+        is_float ? gguf_file_get_f32(m->file, key, out) : gguf_file_get_u32(m->file, key, out);
     return st ? tm_error_wrap(st, "%s", m->file->path) : TM_OK;
 }
 
@@ -164,9 +163,9 @@ static tm_status gptoss_layer_bind(tm_model *m, uint32_t l, gptoss_layer *L) {
         (st = BIND(down_b, "ffn_down_exps.bias", 2, E, X)))
         return st;
 #undef BIND
-    const tm_weight *vectors[] = {&L->attn_norm, &L->bq,       &L->bk,     &L->bv,
-                                  &L->bo,        &L->sinks,    &L->ffn_norm, &L->router_b,
-                                  &L->gate_b,    &L->up_b,     &L->down_b};
+    const tm_weight *vectors[] = {&L->attn_norm, &L->bq,    &L->bk,       &L->bv,
+                                  &L->bo,        &L->sinks, &L->ffn_norm, &L->router_b,
+                                  &L->gate_b,    &L->up_b,  &L->down_b};
     for (size_t i = 0; i < sizeof(vectors) / sizeof(vectors[0]); i++)
         if ((st = gptoss_f32(m, vectors[i]))) return st;
     L->experts = (tm_moe_experts){
@@ -204,6 +203,8 @@ static tm_status gptoss_load(tm_model *m) {
     }
     m->weights = w;
     if ((st = gptoss_rope_load(m, w))) return st;
+    if (!gguf_file_find_tensor(m->file, "output.weight")) /* gpt-oss never ties them */
+        return tm_error_set(TM_ERR_FORMAT, "%s: missing tensor 'output.weight'", m->file->path);
     if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) return st;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         if ((st = gptoss_layer_bind(m, l, &w->layers[l]))) return st;

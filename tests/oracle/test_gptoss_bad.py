@@ -2,10 +2,10 @@
 """gpt-oss files that must be refused with an error naming the tensor or key.
 
 Each case is the tiny gpt-oss of scripts/make_gptoss_goldens.py (numpy weights,
-no torch needed) with one thing wrong: a missing sink tensor, a window key that
-disagrees with the fixed layer pattern (a sliding_window_pattern other than 2,
-a window of 0), experts in a type tiermoe cannot compute, and, as a control,
-the unchanged file, which must load and run."""
+no torch needed) with one thing wrong: a missing sink tensor, output head or
+expert bias, a window key that disagrees with the fixed layer pattern (a
+sliding_window_pattern other than 2, a window of 0), experts in a type tiermoe
+cannot compute, and, as a control, the unchanged file, which must load and run."""
 import os
 import subprocess
 import sys
@@ -44,6 +44,8 @@ def case(label, expect, **kw):
 def main():
     case("valid", None)
     case("no_sinks", ["missing tensor", "blk.1.attn_sinks.weight"], skip=("blk.1.attn_sinks.weight",))
+    case("no_output", ["missing tensor", "output.weight"], skip=("output.weight",))
+    case("no_expert_bias", ["missing tensor", "blk.3.ffn_down_exps.bias"], skip=("blk.3.ffn_down_exps.bias",))
     case("pattern", ["gpt-oss.attention.sliding_window_pattern", "is 3"],
          extra_kv={"gpt-oss.attention.sliding_window_pattern": ("add_uint32", 3)})
     case("window0", ["gpt-oss.attention.sliding_window", "is 0"], window=0)
