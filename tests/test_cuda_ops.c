@@ -2,6 +2,8 @@
  * reference on random shapes (odd sizes included), plus a perf mode.
  *
  *   mmvq     vs a double-precision dot of quant_row_dequantize'd rows
+ *   mmvq_q8x the activation quantizer bit for bit against the host's, and the
+ *            q8_0 integer product vs a double dot with the quantized activations
  *   moe      vs a double-precision loop over the same items (dequantized
  *            experts, SwiGLU, weighted scatter-add)
  *   router   vs moe_router_select (src/moe/router.c)
@@ -17,7 +19,7 @@
  *
  * Without TM_HAVE_CUDA or without a usable GPU the program prints
  * "skipped: no CUDA device (why)" and exits 77, which CTest reports as skipped.
- * TM_CUDA_BENCH=1 adds the timing
+ * TM_CUDA_ONLY=pattern runs the matching tests only. TM_CUDA_BENCH=1 adds the timing
  * of the Qwen3-30B-A3B decode shapes (median of CUDA-event timings, weights
  * rotating through more memory than the L2 holds). */
 #include <math.h>
@@ -139,6 +141,104 @@ static void test_mmvq(void **state) {
     assert_int_equal(
         cuda_mmvq(TM_TYPE_Q2_K, NULL, 84, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
         TM_ERR_UNSUPPORTED);
+}
+
+/* ---- q8_0 with 8-bit activations ---- */
+
+/* The quantization cuda_q8x_quantize documents, on the host. */
+static void q8x_host(const float *x, int64_t n, int8_t *q, float *d) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
+        for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(x[32 * b + i] * id);
+        d[b] = dv;
+    }
+}
+
+/* The quantizer bit for bit against the host's; the product against a double
+ * dot of the dequantized weights and activations. Each block's integer sum is
+ * exact, so the error is float32's: nb = k/32 scaled sums (two roundings each)
+ * added in any order, within (nb + 2) u Σ_b |d_w d_x Σ w q|, bounded by
+ * (nb + 2) u Σ |w x̂|. Rows 4-byte aligned, k a multiple of 64. */
+static double mmvq_q8x_case(tm_rng *r, const mmvq_case *c) {
+    const int64_t rows = c->rows, k = c->k, nt = c->n_tok, nb = k / 32;
+    const size_t row_bytes = quant_row_size(TM_TYPE_Q8_0, k) + c->pad;
+    assert_true(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, row_bytes, k));
+    float *wd;
+    uint8_t *w = random_matrix(r, TM_TYPE_Q8_0, rows, k, row_bytes, &wd);
+    float *x = xmalloc((size_t)nt * k * sizeof(float));
+    fill_normal(r, x, nt * k, 1.0f);
+    for (int64_t i = 0; i < 32 && i < nt * k; i++) x[i] = 0.0f; /* a block of zeros: d = 0 */
+    for (int64_t i = 64; i < 96 && i < nt * k; i++) x[i] *= 1e-3f;
+    const size_t qbytes = cuda_q8x_bytes(k, nt);
+    int8_t *q = xmalloc((size_t)(nt * k)), *qg = xmalloc(qbytes);
+    float *d = xmalloc((size_t)(nt * nb) * sizeof(float));
+    q8x_host(x, nt * k, q, d);
+    float *y = xmalloc((size_t)nt * rows * sizeof(float));
+
+    cuda_pool_reset(g_pool);
+    const void *w_d = dev_upload(w, (size_t)rows * row_bytes);
+    const float *x_d = dev_upload(x, (size_t)nt * k * sizeof(float));
+    void *q_d = dev_alloc(qbytes);
+    float *y_d = dev_alloc((size_t)nt * rows * sizeof(float));
+    CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)nt * rows * sizeof(float))); /* NaN poison */
+    CHECK(cuda_q8x_quantize(x_d, k, nt, q_d, cuda_device_stream(g_dev)));
+    CHECK(cuda_mmvq_q8x(TM_TYPE_Q8_0, w_d, row_bytes, rows, k, q_d, nt, y_d,
+                        cuda_device_stream(g_dev)));
+    CHECK(cuda_device_sync(g_dev));
+    CHECK(cuda_copy_to_host(g_dev, qg, q_d, qbytes));
+    CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)nt * rows * sizeof(float)));
+    if (memcmp(qg, q, (size_t)(nt * k)) || memcmp(qg + nt * k, d, (size_t)(nt * nb) * 4))
+        fail_msg("q8x quantize k %lld n_tok %lld: bytes differ from the host's", (long long)k,
+                 (long long)nt);
+
+    double worst = 0;
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t i = 0; i < rows; i++) {
+            double ref = 0, mag = 0;
+            for (int64_t j = 0; j < k; j++) {
+                const double p =
+                    (double)wd[i * k + j] * ((double)d[t * nb + j / 32] * q[t * k + j]);
+                ref += p;
+                mag += fabs(p);
+            }
+            const double tol = (double)(nb + 2) * U32 * mag + 1e-30;
+            const double err = fabs((double)y[t * rows + i] - ref);
+            if (!(err <= tol))
+                fail_msg("mmvq_q8x rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, ref "
+                         "%.9g, tol %.3g",
+                         (long long)rows, (long long)k, (long long)nt, c->pad, (long long)t,
+                         (long long)i, y[t * rows + i], ref, tol);
+            worst = fmax(worst, err / tol);
+        }
+    free(w), free(wd), free(x), free(q), free(qg), free(d), free(y);
+    return worst;
+}
+
+static void test_mmvq_q8x(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0x8bad);
+    /* k: one step, steps with a partial last one (2816 = 5.5 steps), the model's widths */
+    static const mmvq_case cases[] = {
+        {1, 64, 1, 0},      {7, 768, 3, 0},     {33, 2048, 8, 0}, {4096, 2816, 1, 0},
+        {5120, 2048, 1, 0}, {2048, 4096, 2, 4}, {33, 2816, 5, 8}, {1000, 512, 8, 0},
+    };
+    double worst = 0;
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        worst = fmax(worst, mmvq_q8x_case(&r, &cases[ci]));
+    printf("mmvq_q8x: %zu cases ok, quantizer bit-exact, worst |err|/tol %.3g\n",
+           sizeof(cases) / sizeof(cases[0]), worst);
+    /* what the integer kernel cannot read is refused */
+    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 34 * 3, 96)); /* odd number of blocks */
+    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 2, 64));      /* rows 2-byte aligned */
+    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 144, 256));
+    assert_int_equal(
+        cuda_mmvq_q8x(TM_TYPE_Q8_0, NULL, 102, 1, 96, NULL, 1, NULL, cuda_device_stream(g_dev)),
+        TM_ERR_ARG);
+    assert_int_equal(cuda_q8x_quantize(NULL, 48, 1, NULL, cuda_device_stream(g_dev)), TM_ERR_ARG);
 }
 
 /* ---- grouped experts ---- */
@@ -537,12 +637,15 @@ int main(void) {
         return TEST_SKIPPED;
     }
     cuda_device_close(probe);
+    /* TM_CUDA_ONLY=pattern runs only the matching tests (compute-sanitizer runs) */
+    const char *only = getenv("TM_CUDA_ONLY");
+    if (only && *only) cmocka_set_test_filter(only);
     /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),       cmocka_unit_test(test_moe_grouped),
-        cmocka_unit_test(test_router),     cmocka_unit_test(test_norm_rope_add),
-        cmocka_unit_test(check_model),     cmocka_unit_test(check_gemm),
-        cmocka_unit_test(check_attention),
+        cmocka_unit_test(test_mmvq),          cmocka_unit_test(test_mmvq_q8x),
+        cmocka_unit_test(test_moe_grouped),   cmocka_unit_test(test_router),
+        cmocka_unit_test(test_norm_rope_add), cmocka_unit_test(check_model),
+        cmocka_unit_test(check_gemm),         cmocka_unit_test(check_attention),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);

@@ -329,16 +329,15 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
         if (i < half) x0 = x0 * scale * w[i], x1 = x1 * scale * w[i + half];
     }
     if (i >= half) return;
-    /* angles in double, as cpu_rope_table (cpu_rope_table_freq with a table) */
-    float c, s;
-    if (p.rope_freq) {
-        const double theta = (double)pos * (double)p.rope_freq[i];
-        const double ms = p.rope_mscale ? p.rope_mscale : 1.0f;
-        c = (float)(cos(theta) * ms), s = (float)(sin(theta) * ms);
-    } else {
-        const double theta = (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)d);
-        c = (float)cos(theta), s = (float)sin(theta);
-    }
+    /* angles in double, as cpu_rope_table (cpu_rope_table_freq with a table); one
+     * sincos: one range reduction for both */
+    const double theta = p.rope_freq
+                             ? (double)pos * (double)p.rope_freq[i]
+                             : (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)d);
+    const double ms = p.rope_freq && p.rope_mscale ? p.rope_mscale : 1.0;
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    const float c = (float)(cd * ms), s = (float)(sd * ms);
     const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
     if (is_q) { /* in place: this thread read exactly these two values */
         q[(t * p.n_head + slot) * d + i] = y0;

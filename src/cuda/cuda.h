@@ -152,6 +152,27 @@ tm_status cuda_event_query(tm_cuda_event e, bool *done);
 tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
                     const float *x, int64_t n_tok, float *y, tm_cuda_stream stream);
 
+/* mmvq_q8x.cu: the same product for q8_0 weights with 8-bit activations
+ * (integer dot products; the decode path of the normal, not precise, mode).
+ * cuda_q8x_quantize writes x[t] (n_tok rows of k, k a multiple of 32) to xq as
+ * [n_tok][k] int8 then [n_tok][k/32] float scales (cuda_q8x_bytes; xq 16-byte
+ * aligned): per 32 values d = max|x| / 127.0f, id = d ? 1.0f / d : 0,
+ * q = x * id rounded to nearest even, all in float (the host mock and the
+ * tests redo it bit for bit). cuda_mmvq_q8x then gives y[t][r] = Σ_b d_w d_x
+ * Σ_i w_i q_i over the blocks b of row r; it needs cuda_mmvq_q8x_ok(type,
+ * address | row stride, k). */
+static inline size_t cuda_q8x_bytes(int64_t k, int64_t n_tok) {
+    return k > 0 && n_tok > 0 ? (size_t)(n_tok * k) + (size_t)(n_tok * (k / 32)) * sizeof(float)
+                              : 0;
+}
+static inline bool cuda_mmvq_q8x_ok(tm_type type, uintptr_t align, int64_t k) {
+    return type == TM_TYPE_Q8_0 && (align & 3) == 0 && k > 0 && k % 64 == 0;
+}
+tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
+                            tm_cuda_stream stream);
+tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
+                        const void *xq, int64_t n_tok, float *y, tm_cuda_stream stream);
+
 /* moe_grouped.cu: y[tok] += weight · down_e(silu(gate_e · x[tok]) ⊙ up_e · x[tok])
  * for each work item (expert slot e, token, weight); items is a device array,
  * x and y are [n_tok][n_embd] (items with a token outside [0, n_tok) or a slot

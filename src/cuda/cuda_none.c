@@ -181,6 +181,17 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
         (void)stream;
     return NONE;
 }
+tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
+                            tm_cuda_stream stream) {
+    (void)x, (void)k, (void)n_tok, (void)xq, (void)stream;
+    return NONE;
+}
+tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
+                        const void *xq, int64_t n_tok, float *y, tm_cuda_stream stream) {
+    (void)type, (void)w, (void)row_bytes, (void)rows, (void)k, (void)xq, (void)n_tok, (void)y,
+        (void)stream;
+    return NONE;
+}
 int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
     return n_items * p->n_ff;
 }

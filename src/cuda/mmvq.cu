@@ -45,33 +45,16 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
     tm_mmvq_fast_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, int64_t k,
                         const float *__restrict__ x, int n_tok, int ksplit, float *__restrict__ y) {
     constexpr int R = NT <= 2 ? 4 : 2;
-    __shared__ float part[TM_FAST_WARPS][R][NT];
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1), warp = threadIdx.x >> 5;
-    const int64_t r0 = ((int64_t)blockIdx.x * (TM_FAST_WARPS / ksplit) + warp / ksplit) * R;
     const uint8_t *rp[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) /* rows past the end read the last row; never written */
-        rp[r] = w + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+    const int64_t r0 = tm_fast_group<R>(rp, w, row_bytes, rows, warp, ksplit);
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     tm_fast_rows<TYPE, NT, R>(acc, rp, k, x, k, n_tok, lane, warp % ksplit, ksplit);
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = tm_warp_sum(acc[r][t]);
-            if (lane == 0) part[warp][r][t] = v;
-        }
-    __syncthreads();
-    if (warp % ksplit == 0 && lane < R * NT) {
-        const int r = lane / NT, t = lane % NT;
-        float v = 0.0f;
-        for (int j = 0; j < ksplit; j++) v += part[warp + j][r][t];
-        if (r0 + r < rows && t < n_tok) y[t * rows + r0 + r] = v;
-    }
+    tm_fast_store<NT, R>(acc, r0, rows, n_tok, warp, lane, ksplit, y);
 }
 
 template <int TYPE>

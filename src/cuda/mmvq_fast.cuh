@@ -253,6 +253,43 @@ static __device__ __forceinline__ void tm_fast_rows(float (&acc)[R][NT], const u
     }
 }
 
+/* The row group of warp `warp` in a block of the decode kernels (mmvq.cu,
+ * mmvq_q8x.cu): rows r0.. of R, those past the end reading the last row (their
+ * results are never written). */
+template <int R>
+static __device__ __forceinline__ int64_t tm_fast_group(const uint8_t *(&rp)[R], const uint8_t *w,
+                                                        size_t row_bytes, int64_t rows, int warp,
+                                                        int ksplit) {
+    const int64_t r0 = ((int64_t)blockIdx.x * (TM_FAST_WARPS / ksplit) + warp / ksplit) * R;
+#pragma unroll
+    for (int r = 0; r < R; r++) rp[r] = w + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+    return r0;
+}
+
+/* Sum each lane's acc over the warp, then over the ksplit warps of the row
+ * group (through shared memory), and write y[t][r0 + r]. Every thread of the
+ * block calls it (a barrier inside). */
+template <int NT, int R>
+static __device__ __forceinline__ void tm_fast_store(const float (&acc)[R][NT], int64_t r0,
+                                                     int64_t rows, int n_tok, int warp, int lane,
+                                                     int ksplit, float *y) {
+    __shared__ float part[TM_FAST_WARPS][R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = tm_warp_sum(acc[r][t]);
+            if (lane == 0) part[warp][r][t] = v;
+        }
+    __syncthreads();
+    if (warp % ksplit == 0 && lane < R * NT) {
+        const int r = lane / NT, t = lane % NT;
+        float v = 0.0f;
+        for (int j = 0; j < ksplit; j++) v += part[warp + j][r][t];
+        if (r0 + r < rows && t < n_tok) y[t * rows + r0 + r] = v;
+    }
+}
+
 /* ---- host side: which matrices take the fast path, and how a launch splits ---- */
 
 /* align: OR of the matrix's base address, row stride (and expert stride). */

@@ -148,6 +148,24 @@ static size_t gpu_gemm_scratch(const tm_exec *e) {
     return most;
 }
 
+/* The longest row of a GPU matrix whose decode products take 8-bit
+ * activations: q8_0 rows the integer kernel can read, in the normal mode (the
+ * precise mode, a test reference, keeps f32 activations). TIERMOE_MMVQ_Q8X=0
+ * turns it off (for comparison). 0: none. */
+static int64_t gpu_q8x_k(const tm_exec *e) {
+    const char *env = getenv("TIERMOE_MMVQ_Q8X");
+    if (e->p.precise || (env && strcmp(env, "0") == 0)) return 0;
+    const tm_gguf_file *f = e->p.file;
+    int64_t most = 0;
+    for (uint32_t i = 0; i < e->n_tensors; i++) {
+        const tm_gguf_tensor *t = &f->tensors[i];
+        if (e->tensor_dev[i] != TM_DEV_GPU || t->n_dims != 2) continue;
+        const size_t row_bytes = quant_row_size(t->type, t->ne[0]);
+        if (cuda_mmvq_q8x_ok(t->type, row_bytes, t->ne[0]) && t->ne[0] > most) most = t->ne[0];
+    }
+    return most;
+}
+
 tm_status exec_gpu_finalize(tm_exec *e) {
     const uint64_t t0 = tm_time_ns();
     tm_status st;
@@ -168,8 +186,11 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     }
     const size_t rope_bytes =
         e->rope_freq && gpu_attention ? (size_t)(e->attn_shape.head_dim / 2) * sizeof(float) : 0;
+    e->gpu_q8x_k = gpu_q8x_k(e);
+    const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
     size_t bytes = take_size(2 * sizeof(int32_t)) + take_size(e->gpu_scratch_bytes) +
-                   take_size(attn_floats * sizeof(float)) + take_size(rope_bytes);
+                   take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
+                   take_size(rope_bytes);
     for (uint32_t l = 0; l < e->n_layer; l++)
         if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes);
     for (int i = 0; i < e->n_acts; i++)
@@ -180,7 +201,8 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     if ((st = gpu_pool_add(e, bytes, &pool)) ||
         (st = gpu_pool_take(pool, 2 * sizeof(int32_t), (void **)&e->step_dev)) ||
         (st = gpu_pool_take(pool, e->gpu_scratch_bytes, &e->gpu_scratch)) ||
-        (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)))
+        (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)) ||
+        (st = gpu_pool_take(pool, q8x_bytes, &e->gpu_q8x)))
         return st;
     if (rope_bytes && ((st = gpu_pool_take(pool, rope_bytes, (void **)&e->rope_freq_dev)) ||
                        (st = gpu_upload(e, e->rope_freq_dev, e->rope_freq, rope_bytes))))
@@ -236,8 +258,16 @@ static tm_status gpu_add_rmsnorm_op(tm_exec *e, float *x, const float *a, float 
 
 static tm_status gpu_matmul_op(tm_exec *e, const exec_matrix *m, const float *x, int64_t rows,
                                float *y) {
-    if (rows <= TM_CUDA_MMVQ_MAX_TOK)
+    if (rows <= TM_CUDA_MMVQ_MAX_TOK) {
+        if (m->k <= e->gpu_q8x_k &&
+            cuda_mmvq_q8x_ok(m->type, (uintptr_t)m->data | m->row_bytes, m->k)) {
+            tm_status st = cuda_q8x_quantize(x, m->k, rows, e->gpu_q8x, e->stream);
+            return st != TM_OK ? st
+                               : cuda_mmvq_q8x(m->type, m->data, m->row_bytes, m->rows, m->k,
+                                               e->gpu_q8x, rows, y, e->stream);
+        }
         return cuda_mmvq(m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y, e->stream);
+    }
     const size_t need = cuda_gemm_scratch_bytes(m->rows, m->k, rows);
     if (need > e->gpu_scratch_bytes)
         return tm_error_set(TM_ERR_ARG,

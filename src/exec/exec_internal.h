@@ -90,6 +90,8 @@ struct tm_exec {
     void *gpu_scratch; /* products on tensor cores */
     size_t gpu_scratch_bytes;
     float *gpu_attn;    /* attention scratch */
+    void *gpu_q8x;      /* 8-bit activations of a decode product (cuda_q8x_quantize) */
+    int64_t gpu_q8x_k;  /* the longest row it holds (0: products keep f32 activations) */
     int32_t *step_dev;  /* [2]: position, sequence number */
     int32_t *step_host; /* pinned, copied to step_dev by each step */
     double upload_s, upload_bytes;

@@ -239,7 +239,8 @@ typedef struct moe_case {
     int64_t E, F, n_tok; /* n_embd, n_ff */
     int32_t n_slots;
     tm_type tg, tu, td;
-    bool many; /* 75 generated groups: more f16 weights than one chunk holds */
+    bool many; /* 75 generated groups: more f16 weights than one chunk holds (else 9
+                  groups, one of 100 distinct tokens: n_tok >= 100) */
 } moe_case;
 
 /* Double dot of a float row with a float vector, and Σ|products|. */
@@ -423,6 +424,8 @@ static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
         {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false},
         /* Qwen3-30B-A3B experts: 9 MiB of f16 each, 71 a chunk, 75 groups */
         {2048, 768, 64, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, true},
+        /* q4_K only (the 30b-a3b preset's experts): the fused path for all three */
+        {2048, 768, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_case_run(r, b, &cases[i]);
 }

@@ -9,7 +9,7 @@
  * the bench's code paths), MOCK_NODEV=1 makes the device open fail. */
 #include "cuda_warp_shim.h"
 #include "router_kernel.cpp" /* extracted by the script: the kernel without its launcher */
-#include "cuda/mmvq_fast.cuh"
+#include "cuda/mmvq_q8x.cuh"
 #include <chrono>
 #include <stdlib.h>
 #include <stdio.h>
@@ -113,6 +113,45 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
     if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
     if (tm_fast_ok(type, (uintptr_t)w | row_bytes, k)) { MOCK_FAST_SWITCH(type, fast_mmvq_nt, (const uint8_t *)w, row_bytes, rows, k, x, (int)n_tok, y); return TM_OK; }
     for (int64_t r = 0; r < rows; r++) { float o[8]; row_dot(type, (const uint8_t *)w + r * row_bytes, k, v16, x, k, (int)n_tok, o); for (int t = 0; t < n_tok; t++) y[t * rows + r] = o[t]; }
+    return TM_OK;
+}
+tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq, tm_cuda_stream) {
+    if (k <= 0 || k % 32 || n_tok < 1 || n_tok > 8 || ((uintptr_t)xq & 15)) return tm_error_set(TM_ERR_ARG, "mock q8x args");
+    int8_t *q = (int8_t *)xq; float *d = (float *)(q + n_tok * k);
+    for (int64_t b = 0; b < n_tok * k / 32; b++) { float amax = 0; for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f; for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(x[32 * b + i] * id); d[b] = dv; }
+    return TM_OK;
+}
+} /* extern "C" */
+/* the integer kernel's row groups, k split and lanes, summed as the kernel does */
+template <int NT>
+static void q8x_mmvq(const uint8_t *w, size_t rb, int64_t rows, int64_t k, const void *xq, int nt, float *y) {
+    constexpr int R = NT <= 2 ? 4 : 2;
+    const tm_q8x_view x = tm_q8x_at(xq, k, nt);
+    const int64_t groups = tm_cdiv(rows, R);
+    const int ks = tm_fast_ksplit(groups, tm_q8x_steps(k));
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *rp[R];
+        for (int r = 0; r < R; r++) rp[r] = w + (g * R + r < rows ? g * R + r : rows - 1) * rb;
+        float o[R][NT] = {};
+        for (int kp = 0; kp < ks; kp++) {
+            float part[R][NT] = {};
+            for (int lane = 0; lane < 32; lane++) { float acc[R][NT] = {}; tm_q8x_rows<NT, R>(acc, rp, x, nt, lane, kp, ks); for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) part[r][t] += acc[r][t]; }
+            for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) o[r][t] += part[r][t];
+        }
+        for (int r = 0; r < R; r++) for (int t = 0; t < nt; t++) if (g * R + r < rows) y[t * rows + g * R + r] = o[r][t];
+    }
+}
+extern "C" {
+tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const void *xq, int64_t n_tok, float *y, tm_cuda_stream) {
+    if (rows <= 0 || n_tok < 1 || n_tok > 8 || !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 32 * 34) || ((uintptr_t)xq & 15))
+        return tm_error_set(TM_ERR_ARG, "mock mmvq_q8x args");
+    if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
+    const uint8_t *wb = (const uint8_t *)w; const int nt = (int)n_tok;
+    if (nt == 1) q8x_mmvq<1>(wb, row_bytes, rows, k, xq, nt, y);
+    else if (nt == 2) q8x_mmvq<2>(wb, row_bytes, rows, k, xq, nt, y);
+    else if (nt <= 4) q8x_mmvq<4>(wb, row_bytes, rows, k, xq, nt, y);
+    else q8x_mmvq<8>(wb, row_bytes, rows, k, xq, nt, y);
     return TM_OK;
 }
 int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n) { return n * p->n_ff; }

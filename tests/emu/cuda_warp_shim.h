@@ -57,6 +57,32 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
         r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
     return r;
 }
+static inline unsigned __ballot_sync(unsigned, int pred) {
+    int l = lane_now();
+    g_bar->arrive_and_wait();
+    g_xi[l] = pred != 0;
+    g_bar->arrive_and_wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)g_xi[i] << i;
+    g_bar->arrive_and_wait();
+    return r;
+}
+static inline int __popc(unsigned v) {
+    return __builtin_popcount(v);
+}
+/* one warp runs at a time: block-wide barriers have nothing to wait for */
+static inline void __syncthreads() {}
+/* IDP4A: four signed byte products of a and b, plus c */
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++)
+        c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
+/* SHF.R: the low word of {hi:lo} >> (s & 31) */
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
+    s &= 31;
+    return s ? (lo >> s) | (hi << (32 - s)) : lo;
+}
 static std::mutex g_atomic;
 static inline float atomicAdd(float *p, float v) {
     std::lock_guard<std::mutex> g(g_atomic);

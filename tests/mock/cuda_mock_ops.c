@@ -132,6 +132,83 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
     return mock_launch(stream, "cuda_mmvq", matvec_run, &a, sizeof(a));
 }
 
+/* The 8-bit activations of cuda_q8x_quantize, computed as the kernel does. */
+typedef struct q8x_arg {
+    const float *x;
+    int64_t k, n_tok;
+    void *xq;
+} q8x_arg;
+
+static bool q8x_run(void *arg, char *err, size_t err_size) {
+    const q8x_arg *a = arg;
+    const int64_t n = a->n_tok * a->k;
+    NEED_DEVICE(a->x, (size_t)n * 4, "x");
+    NEED_DEVICE(a->xq, cuda_q8x_bytes(a->k, a->n_tok), "the quantized activations");
+    int8_t *q = a->xq;
+    float *d = (float *)(q + n);
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(a->x[32 * b + i]));
+        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
+        for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(a->x[32 * b + i] * id);
+        d[b] = dv;
+    }
+    return true;
+}
+
+tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
+                            tm_cuda_stream stream) {
+    if (k <= 0 || k % 32 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK || !x || !xq ||
+        ((uintptr_t)xq & 15))
+        return tm_error_set(TM_ERR_ARG, "cuda_q8x_quantize: k %lld, n_tok %lld, output %p",
+                            (long long)k, (long long)n_tok, xq);
+    const q8x_arg a = {x, k, n_tok, xq};
+    return mock_launch(stream, "cuda_q8x_quantize", q8x_run, &a, sizeof(a));
+}
+
+typedef struct matvec_q8x_arg {
+    const void *w;
+    size_t row_bytes;
+    int64_t rows, k, n_tok;
+    const void *xq;
+    float *y;
+} matvec_q8x_arg;
+
+static bool matvec_q8x_run(void *arg, char *err, size_t err_size) {
+    const matvec_q8x_arg *a = arg;
+    NEED_DEVICE(a->w, rows_span(TM_TYPE_Q8_0, a->row_bytes, a->rows, a->k), "the weights");
+    NEED_DEVICE(a->xq, cuda_q8x_bytes(a->k, a->n_tok), "the quantized activations");
+    NEED_DEVICE(a->y, (size_t)(a->n_tok * a->rows) * 4, "y");
+    const int64_t nb = a->k / 32;
+    const int8_t *q = a->xq;
+    const float *d = (const float *)(q + a->n_tok * a->k);
+    for (int64_t r = 0; r < a->rows; r++) {
+        const uint8_t *row = (const uint8_t *)a->w + r * a->row_bytes;
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            double s = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                const tm_block_q8_0 *wb = (const tm_block_q8_0 *)(row + 34 * b);
+                int32_t sum = 0;
+                for (int i = 0; i < 32; i++) sum += wb->qs[i] * q[t * a->k + 32 * b + i];
+                s += (double)quant_f16_to_f32(wb->d) * d[t * nb + b] * sum;
+            }
+            a->y[t * a->rows + r] = (float)s;
+        }
+    }
+    return true;
+}
+
+tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
+                        const void *xq, int64_t n_tok, float *y, tm_cuda_stream stream) {
+    if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK ||
+        !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
+        row_bytes < quant_row_size(TM_TYPE_Q8_0, k) || ((uintptr_t)xq & 15))
+        return tm_error_set(TM_ERR_ARG, "cuda_mmvq_q8x: %s, rows %lld, k %lld, n_tok %lld",
+                            quant_type_name(type), (long long)rows, (long long)k, (long long)n_tok);
+    const matvec_q8x_arg a = {w, row_bytes, rows, k, n_tok, xq, y};
+    return mock_launch(stream, "cuda_mmvq_q8x", matvec_q8x_run, &a, sizeof(a));
+}
+
 struct tm_cuda_blas {
     tm_cuda_device *dev;
 };

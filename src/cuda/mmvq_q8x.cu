@@ -1,0 +1,86 @@
+/* q8_0 matrix × 8-bit activations for decode batches (mmvq_q8x.cuh), and the
+ * activation quantizer. Launch shape as mmvq.cu's fast path: a warp computes
+ * R rows (4 for 1-2 tokens, else 2), TM_FAST_WARPS warps a block split rows
+ * or the k steps of a row group. */
+#include "cuda/mmvq_q8x.cuh"
+
+/* One warp per 32 values: n_tok * k is a multiple of 32, so a warp is one
+ * block of one token. */
+__global__ void __launch_bounds__(256)
+    tm_q8x_quantize_kernel(const float *__restrict__ x, int64_t n, int8_t *__restrict__ q,
+                           float *__restrict__ d) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return; /* whole warps: n % 32 == 0 */
+    const float v = x[i];
+    const float amax = tm_warp_max(fabsf(v));
+    const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
+    q[i] = (int8_t)__float2int_rn(v * id);
+    if ((threadIdx.x & 31) == 0) d[i / 32] = dv;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
+    tm_mmvq_q8x_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, tm_q8x_view x,
+                       int n_tok, int ksplit, float *__restrict__ y) {
+    constexpr int R = NT <= 2 ? 4 : 2;
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1), warp = threadIdx.x >> 5;
+    const uint8_t *rp[R];
+    const int64_t r0 = tm_fast_group<R>(rp, w, row_bytes, rows, warp, ksplit);
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    tm_q8x_rows<NT, R>(acc, rp, x, n_tok, lane, warp % ksplit, ksplit);
+    tm_fast_store<NT, R>(acc, r0, rows, n_tok, warp, lane, ksplit, y);
+}
+
+extern "C" tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
+                                       tm_cuda_stream stream) {
+    if (k <= 0 || k % 32 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK || !x || !xq ||
+        ((uintptr_t)xq & 15))
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_q8x_quantize: k %lld (want a positive multiple of 32), n_tok "
+                            "%lld (want 1..%d), output %p (want 16-byte aligned)",
+                            (long long)k, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK, xq);
+    const int64_t n = n_tok * k;
+    int8_t *q = (int8_t *)xq;
+    float *d = (float *)(q + n);
+    tm_q8x_quantize_kernel<<<(unsigned)tm_cdiv(n, 256), 256, 0, stream>>>(x, n, q, d);
+    return tm_cuda_launch_check("cuda_q8x_quantize", k, n_tok, 1);
+}
+
+extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows,
+                                   int64_t k, const void *xq, int64_t n_tok, float *y,
+                                   tm_cuda_stream stream) {
+    if (rows <= 0 || rows > 0x7fffffffLL || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_mmvq_q8x: rows %lld, n_tok %lld (want 1..2^31-1 rows, 1..%d "
+                            "tokens)",
+                            (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
+    if (!cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 32 * 34) ||
+        ((uintptr_t)xq & 15))
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_mmvq_q8x: %s weights, k %lld, row stride %zu (want q8_0, k a "
+                            "multiple of 64, rows 4-byte aligned and at least %lld bytes; "
+                            "activations 16-byte aligned)",
+                            quant_type_name(type), (long long)k, row_bytes,
+                            (long long)(k / 32 * 34));
+    const tm_q8x_view x = tm_q8x_at(xq, k, n_tok);
+    const uint8_t *wb = (const uint8_t *)w;
+    const int nt = (int)n_tok, R = nt <= 2 ? 4 : 2;
+    const int64_t groups = tm_cdiv(rows, R);
+    const int ks = tm_fast_ksplit(groups, tm_q8x_steps(k));
+    const dim3 grid((unsigned)tm_cdiv(groups, TM_FAST_WARPS / ks)),
+        block(TM_FAST_WARPS * TM_CUDA_WARP);
+    cudaStream_t s = stream;
+    if (nt == 1)
+        tm_mmvq_q8x_kernel<1><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+    else if (nt == 2)
+        tm_mmvq_q8x_kernel<2><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+    else if (nt <= 4)
+        tm_mmvq_q8x_kernel<4><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+    else
+        tm_mmvq_q8x_kernel<8><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+    return tm_cuda_launch_check("cuda_mmvq_q8x", rows, k, n_tok);
+}
