@@ -75,6 +75,16 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
     for (int level = 0; level < 2; level++) {
         cpu_level_set(level ? best : TM_CPU_SCALAR);
         cpu_swiglu(o, g, u, 101);
+        /* the clamped SwiGLU against its formula in double (HF GptOssExperts._apply_gate) */
+        float o2[101], u2[101]; /* up past both clamps */
+        for (int i = 0; i < 101; i++) u2[i] = 12.0f * u[i];
+        cpu_swiglu_oai(o2, g, u2, 101, 1.702f, 7.0f);
+        for (int i = 0; i < 101; i++) {
+            const double gc = g[i] > 7.0 ? 7.0 : g[i], uc = u2[i] < -7 ? -7 : u2[i] > 7 ? 7 : u2[i];
+            const double want2 = gc / (1 + exp(-1.702 * gc)) * (uc + 1);
+            if (!(fabs(o2[i] - want2) <= 1e-5 * (fabs(want2) + 1)))
+                fail_msg("swiglu_oai: g %g u %g: %g, want %g", g[i], u2[i], o2[i], want2);
+        }
         for (int i = 0; i < 101; i++) {
             double want = g[i] / (1 + exp(-(double)g[i])) * u[i];
             if (fabs(o[i] - want) > 1e-5 * fabs(want) + 1e-30)
@@ -92,22 +102,28 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
     }
 }
 
-/* Naive attention in double over the cache as stored (f16 rows read back exactly). */
+/* Naive attention in double over the cache as stored (f16 rows read back exactly):
+ * keys (p - window, p] when a window is set, every key <= p otherwise; a sink
+ * adds exp(sink) to the denominator only. */
 static void attention_ref(const tm_attention_shape *s, const float *q, const float *kf,
                           const float *vf, double *out) {
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, kvd = s->n_head_kv * d;
     for (int64_t i = 0; i < s->n_tok; i++)
         for (int64_t h = 0; h < s->n_head; h++) {
             const int64_t n_kv = s->pos0 + i + 1, g = h / G;
+            const int64_t t0 = s->window && n_kv > s->window ? n_kv - s->window : 0;
             double *sc = malloc(sizeof(double) * (size_t)n_kv), m = -1e300, z = 0;
-            for (int64_t t = 0; t < n_kv; t++) {
+            for (int64_t t = 0; t < t0; t++) sc[t] = 0;
+            for (int64_t t = t0; t < n_kv; t++) {
                 double acc = 0;
                 for (int64_t e = 0; e < d; e++)
                     acc += (double)q[(i * s->n_head + h) * d + e] * kf[t * kvd + g * d + e];
                 sc[t] = acc * s->scale;
                 m = sc[t] > m ? sc[t] : m;
             }
-            for (int64_t t = 0; t < n_kv; t++) z += sc[t] = exp(sc[t] - m);
+            if (s->sinks) m = s->sinks[h] > m ? s->sinks[h] : m;
+            for (int64_t t = t0; t < n_kv; t++) z += sc[t] = exp(sc[t] - m);
+            if (s->sinks) z += exp(s->sinks[h] - m);
             for (int64_t e = 0; e < d; e++) {
                 double acc = 0;
                 for (int64_t t = 0; t < n_kv; t++) acc += sc[t] * vf[t * kvd + g * d + e];
@@ -117,10 +133,21 @@ static void attention_ref(const tm_attention_shape *s, const float *q, const flo
         }
 }
 
-static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
-                            int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type) {
+static void check_attention_ws(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
+                               int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type,
+                               int64_t window, bool sinks) {
     const int64_t n_ctx = pos0 + n_tok, kvd = n_head_kv * d, esz = kv_type == TM_TYPE_F16 ? 2 : 4;
-    tm_attention_shape s = {n_tok, pos0, n_head, n_head_kv, d, 1.0f / sqrtf((float)d), kv_type};
+    tm_attention_shape s = {.n_tok = n_tok,
+                            .pos0 = pos0,
+                            .n_head = n_head,
+                            .n_head_kv = n_head_kv,
+                            .head_dim = d,
+                            .scale = 1.0f / sqrtf((float)d),
+                            .kv_type = kv_type,
+                            .window = window};
+    float sink[64];
+    for (int64_t h = 0; h < n_head && h < 64; h++) sink[h] = (float)(h % 5) - 1.5f; /* -1.5..2.5 */
+    if (sinks) s.sinks = sink;
     float *q = malloc(sizeof(float) * (size_t)(n_tok * n_head * d));
     float *kf = malloc(sizeof(float) * (size_t)(n_ctx * kvd)),
           *vf = malloc(sizeof(float) * (size_t)(n_ctx * kvd));
@@ -158,11 +185,17 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
         worst = fabs(out[i] - ref[i]) > worst ? fabs(out[i] - ref[i]) : worst;
     }
     if (!(worst <= 1e-4 * big))
-        fail_msg("attention n_tok %lld pos0 %lld heads %lld/%lld d %lld %s threads %d: max err "
-                 "%.3g of %.3g",
+        fail_msg("attention n_tok %lld pos0 %lld heads %lld/%lld d %lld %s threads %d window "
+                 "%lld sinks %d: max err %.3g of %.3g",
                  (long long)n_tok, (long long)pos0, (long long)n_head, (long long)n_head_kv,
-                 (long long)d, kv_type == TM_TYPE_F16 ? "f16" : "f32", n_threads, worst, big);
+                 (long long)d, kv_type == TM_TYPE_F16 ? "f16" : "f32", n_threads, (long long)window,
+                 (int)sinks, worst, big);
     free(q), free(kf), free(vf), free(k), free(v), free(out), free(ref), free(scratch);
+}
+
+static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
+                            int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type) {
+    check_attention_ws(pool, n_threads, n_tok, pos0, n_head, n_head_kv, d, kv_type, 0, false);
 }
 
 static void test_attention(void **state) {
@@ -190,6 +223,14 @@ static void test_attention(void **state) {
                 /* G = 3: row tiles of 4 span queries at different causal limits; d = 40
                  * ends in half a 16-column step */
                 check_attention(pool, nt, 19, 50, 9, 3, 40, t);
+                /* sliding windows and sinks (gpt-oss): a window inside one key block, one
+                 * across blocks, a decode split whose window starts mid-chunk, a window
+                 * longer than the context, and sinks alone */
+                check_attention_ws(pool, nt, 20, 0, 4, 2, 32, t, 8, true);
+                check_attention_ws(pool, nt, 29, 70, 16, 2, 64, t, 40, true);
+                check_attention_ws(pool, nt, 1, 300, 8, 2, 64, t, 128, true);
+                check_attention_ws(pool, nt, 1, 5, 4, 2, 64, t, 128, false);
+                check_attention_ws(pool, nt, 7, 3, 4, 2, 16, t, 0, true);
             }
             cpu_pool_free(pool);
         }

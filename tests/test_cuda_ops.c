@@ -609,9 +609,16 @@ static void test_norm_rope_add(void **state) {
         CHECK(cuda_device_sync(g_dev));
         CHECK(cuda_copy_to_host(g_dev, y, a_d, N * 4));
         for (int64_t i = 0; i < N; i++) assert_true(y[i] == a[i] + b[i]);
+        /* a bias over rows (gpt-oss's q/k/v/o and router biases): one float add each */
+        const int64_t R = 37, B = N / R;
+        CHECK(cuda_copy_to_device(g_dev, a_d, a, (size_t)(R * B) * 4));
+        CHECK(cuda_add_bias(a_d, b_d, R, B, s));
+        CHECK(cuda_device_sync(g_dev));
+        CHECK(cuda_copy_to_host(g_dev, y, a_d, (size_t)(R * B) * 4));
+        for (int64_t i = 0; i < R * B; i++) assert_true(y[i] == a[i] + b[i % B]);
         free(a), free(b), free(y);
     }
-    printf("rmsnorm, rope, add ok\n");
+    printf("rmsnorm, rope, add, bias ok\n");
 }
 
 #include "test_cuda_bench.h"

@@ -520,7 +520,14 @@ static void test_errors(void **state) {
     assert_int_equal(cuda_mmvq(TM_TYPE_F32, wd, 64 * 4, 1, 64, x + 1, 1, y, g.s), TM_ERR_ARG);
     assert_int_equal(cuda_mmvq(TM_TYPE_Q4_1, wd, 40, 1, 32, x, 1, y, g.s), TM_ERR_UNSUPPORTED);
     assert_int_equal(cuda_wait_host(flag, flag, 1, flag, x, NULL, 4, g.s), TM_ERR_ARG);
-    const tm_cuda_attn_params ap = {4, 2, 16, 8, TM_TYPE_F32, 0.25f, 1e-6f, 1e4f, NULL, NULL};
+    const tm_cuda_attn_params ap = {.n_head = 4,
+                                    .n_head_kv = 2,
+                                    .head_dim = 16,
+                                    .n_ctx = 8,
+                                    .kv_type = TM_TYPE_F32,
+                                    .scale = 0.25f,
+                                    .rms_eps = 1e-6f,
+                                    .rope_base = 1e4f};
     assert_int_equal(cuda_attention(&ap, x, y, y, (int32_t *)x, 1, 9, y, NULL, g.s), TM_ERR_ARG);
     assert_int_equal(cuda_stream_sync(g.s), TM_OK);
 
@@ -853,6 +860,13 @@ static void test_norm_rope_add(void **state) {
     download(&g, h, hd, sizeof(h));
     download(&g, x, xd, sizeof(x));
     for (int i = 0; i < R * N; i++) assert_close(x[i], (double)got[i] + a[i], 1e-6 * fabs(x[i]));
+    { /* a bias over the rows */
+        float y[R * N];
+        assert_int_equal(cuda_add_bias(xd, wd, R, N, g.s), TM_OK);
+        download(&g, y, xd, sizeof(y));
+        for (int i = 0; i < R * N; i++) assert_true(y[i] == x[i] + w[i % N]);
+        assert_int_equal(cuda_add_bias(xd, wd, R, 0, g.s), TM_ERR_ARG);
+    }
     for (int r = 0; r < R; r++) {
         double ss = 0;
         for (int i = 0; i < N; i++) ss += (double)got[r * N + i] * got[r * N + i];
@@ -940,8 +954,14 @@ static void test_attention(void **state) {
     (void)state;
     for (int kvt = 0; kvt < 2; kvt++) {
         gpu g = gpu_open(0);
-        const tm_cuda_attn_params p = {NH,    NKV,   HD,   NCTX, kvt ? TM_TYPE_F16 : TM_TYPE_F32,
-                                       0.25f, 1e-6f, 1e4f, NULL, NULL};
+        const tm_cuda_attn_params p = {.n_head = NH,
+                                       .n_head_kv = NKV,
+                                       .head_dim = HD,
+                                       .n_ctx = NCTX,
+                                       .kv_type = kvt ? TM_TYPE_F16 : TM_TYPE_F32,
+                                       .scale = 0.25f,
+                                       .rms_eps = 1e-6f,
+                                       .rope_base = 1e4f};
         const size_t esz = kvt ? 2 : 4, qb = PROMPT * NH * HD * 4, kb = PROMPT * NKV * HD * 4;
         attn_ref *ref = calloc(1, sizeof(*ref));
         float q[PROMPT * NH * HD], k[PROMPT * NKV * HD], v[PROMPT * NKV * HD], qn[HD], kn[HD];

@@ -11,8 +11,10 @@
 static void mkmodel_usage(FILE *out) {
     fprintf(
         out,
-        "usage: tiermoe mkmodel [--preset tiny|30b-a3b] -o FILE.gguf [options]\n"
-        "  --preset NAME        tiny (default; tests) or 30b-a3b (Qwen3-30B-A3B shape)\n"
+        "usage: tiermoe mkmodel [--preset NAME] -o FILE.gguf [options]\n"
+        "  --preset NAME        tiny (default; tests), 30b-a3b (Qwen3-30B-A3B shape),\n"
+        "                       gpt-oss-20b, gpt-oss-120b (their shapes and llama.cpp's types:\n"
+        "                       MXFP4 experts, Q8_0 matrices) or tiny-gpt-oss (tests)\n"
         "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
         "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
         "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
@@ -22,7 +24,8 @@ static void mkmodel_usage(FILE *out) {
         "  --locality-span T    tokens over which that average decays by e (default 8)\n"
         "  --routing NAME       routing profile: uniform (skew and locality 0) or qwen3-30b-a3b\n"
         "                       (calibrated to Qwen3-30B-A3B's published routing statistics);\n"
-        "                       not with --skew, --skew-offset, --locality or --locality-span\n"
+        "                       not with --skew, --skew-offset, --locality or --locality-span;\n"
+        "                       gpt-oss: skew only (locality is not calibrated for it yet)\n"
         "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
         "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
         "  --type-embd T        token_embd (default q4_K)\n"
@@ -170,15 +173,16 @@ int cmd_mkmodel(int argc, char **argv) {
     }
     if (cfg.progress)
         fprintf(stderr,
-                "mkmodel: qwen3moe %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "
+                "mkmodel: %s %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "
                 "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s, skew %g "
                 "(offset %g), locality %g (span %g)%s%s, seed %llu -> %s (%.2f GiB)\n",
-                cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_expert,
-                cfg.n_expert_used, cfg.n_ff_exp, cfg.n_vocab, quant_type_name(cfg.type_experts),
-                quant_type_name(cfg.type_attn), quant_type_name(cfg.type_embd),
-                quant_type_name(cfg.type_output), cfg.skew, cfg.skew_offset, cfg.locality,
-                cfg.locality_span, cfg.routing ? ", profile " : "", cfg.routing ? cfg.routing : "",
-                (unsigned long long)cfg.seed, out, synth_config_tensor_bytes(&cfg) / 1073741824.0);
+                cfg.arch ? cfg.arch : "qwen3moe", cfg.n_layer, cfg.n_embd, cfg.n_head,
+                cfg.n_head_kv, cfg.head_dim, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp,
+                cfg.n_vocab, quant_type_name(cfg.type_experts), quant_type_name(cfg.type_attn),
+                quant_type_name(cfg.type_embd), quant_type_name(cfg.type_output), cfg.skew,
+                cfg.skew_offset, cfg.locality, cfg.locality_span, cfg.routing ? ", profile " : "",
+                cfg.routing ? cfg.routing : "", (unsigned long long)cfg.seed, out,
+                synth_config_tensor_bytes(&cfg) / 1073741824.0);
     if (synth_model_write(&cfg, out) != TM_OK) {
         fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
         return 1;

@@ -52,8 +52,9 @@ enum { ATTN_AVX2 = 1, ATTN_AVX512 = 2 };
 typedef struct attn_tile {
     int nr;
     const float *q[ATTN_ROW_TILE];
-    int64_t n[ATTN_ROW_TILE]; /* keys of the block row i sees: 0 (none) .. nk */
-    int64_t n_max;            /* the most any row sees */
+    int64_t n[ATTN_ROW_TILE];  /* keys of the block row i sees: 0 (none) .. nk */
+    int64_t lo[ATTN_ROW_TILE]; /* ... from this one on (a sliding window's start; else 0) */
+    int64_t n_max;             /* the most any row sees */
     float *o[ATTN_ROW_TILE], *m[ATTN_ROW_TILE], *l[ATTN_ROW_TILE];
 } attn_tile;
 
@@ -84,6 +85,7 @@ static void attn_tile_ref(const attn_tile *t, const float *kT, const float *vf, 
         for (int64_t j = 0; j < n; j++) s[j] = 0;
         for (int64_t i = 0; i < d; i++)
             for (int64_t j = 0; j < n; j++) s[j] += t->q[r][i] * kT[i * ATTN_KEY_BLOCK + j];
+        for (int64_t j = 0; j < t->lo[r]; j++) s[j] = -INFINITY; /* before the window */
         float mb = *t->m[r];
         for (int64_t j = 0; j < n; j++) mb = s[j] * scale > mb ? s[j] * scale : mb;
         const float alpha = expf(*t->m[r] - mb); /* 0 on the first block: m = -inf */
@@ -182,6 +184,7 @@ attn_tile_exp_avx2(const attn_tile *t, int NR, int64_t n_pad, float *sc,
         float *s = sc + r * ATTN_KEY_BLOCK;
         const int64_t n = t->n[r] > 0 ? t->n[r] : 0;
         for (int64_t j = n; j < n_pad; j++) s[j] = -INFINITY;
+        for (int64_t j = 0; j < t->lo[r] && j < n; j++) s[j] = -INFINITY; /* before the window */
         if (n == 0) {
             memset(s, 0, (size_t)n_pad * sizeof(float));
             alpha[r] = 1;
@@ -382,8 +385,12 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
             for (int u = 0; u < t.nr; u++) {
                 const int64_t r = r0 + u, i = i0 + r / G;
                 const int64_t n = s->pos0 + i + 1 - t0; /* causal: keys up to pos0 + i */
+                /* a window: keys from pos0 + i - window + 1 */
+                const int64_t lo = s->window ? s->pos0 + i + 1 - s->window - t0 : 0;
                 t.q[u] = j->q + (i * s->n_head + g * G + r % G) * d;
                 t.n[u] = n < 0 ? 0 : n < nk ? n : nk;
+                t.lo[u] = lo < 0 ? 0 : lo;
+                if (t.lo[u] >= t.n[u]) t.n[u] = 0, t.lo[u] = 0; /* the window ends before it */
                 t.n_max = t.n[u] > t.n_max ? t.n[u] : t.n_max;
                 t.o[u] = o + r * d, t.m[u] = &m[r], t.l[u] = &l[r];
             }
@@ -412,6 +419,12 @@ static float *attn_task_scratch(const attn_job *j, int ith, int64_t n_rows, floa
     return *l + rows;
 }
 
+/* The first key query i sees. */
+static int64_t attn_first_key(const tm_attention_shape *s, int64_t i) {
+    const int64_t lo = s->window ? s->pos0 + i + 1 - s->window : 0;
+    return lo > 0 ? lo : 0;
+}
+
 /* Prompt batches: (kv group, query block) tasks over every key they see. */
 static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
@@ -424,10 +437,15 @@ static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
         const int64_t i1 = i0 + j->q_block < s->n_tok ? i0 + j->q_block : s->n_tok;
         float *o, *m, *l;
         float *scratch = attn_task_scratch(j, ith, (i1 - i0) * G, &o, &m, &l);
-        attn_rows(j, g, i0, i1, 0, s->pos0 + i1, o, m, l, scratch);
+        attn_rows(j, g, i0, i1, attn_first_key(s, i0), s->pos0 + i1, o, m, l, scratch);
         for (int64_t r = 0; r < (i1 - i0) * G; r++) {
             float *y = j->out + ((i0 + r / G) * s->n_head + g * G + r % G) * d;
-            const float inv = 1.0f / l[r];
+            float f = 1.0f, den = l[r];
+            if (s->sinks) { /* the sink's exp in the denominator, at the larger max */
+                const float sink = s->sinks[g * G + r % G], mx = sink > m[r] ? sink : m[r];
+                f = expf(m[r] - mx), den = l[r] * f + expf(sink - mx);
+            }
+            const float inv = f / den;
             for (int64_t i = 0; i < d; i++) y[i] = o[r * d + i] * inv;
         }
     }
@@ -439,8 +457,9 @@ static void attn_merge_head(const attn_job *j, int64_t h) {
     const float *recs = j->records + h * j->n_chunks * (d + 2);
     float m = -INFINITY;
     for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
+    if (j->s->sinks && j->s->sinks[h] > m) m = j->s->sinks[h];
     float *o = j->out + h * d;
-    double sum = 0;
+    double sum = j->s->sinks ? (double)expf(j->s->sinks[h] - m) : 0; /* the sink's share */
     memset(o, 0, (size_t)d * sizeof(float));
     for (int64_t c = 0; c < j->n_chunks; c++) {
         const float *rec = recs + c * (d + 2);
@@ -461,7 +480,8 @@ static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const tm_attention_shape *s = j->s;
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + 1;
     for (int64_t w = begin; w < end; w++) {
-        const int64_t g = w / j->n_chunks, c = w % j->n_chunks, t0 = c * ATTN_KV_CHUNK;
+        const int64_t g = w / j->n_chunks, c = w % j->n_chunks,
+                      t0 = attn_first_key(s, 0) + c * ATTN_KV_CHUNK;
         float *o, *m, *l;
         float *scratch = attn_task_scratch(j, ith, G, &o, &m, &l);
         attn_rows(j, g, 0, 1, t0, t0 + ATTN_KV_CHUNK < n_kv ? t0 + ATTN_KV_CHUNK : n_kv, o, m, l,
@@ -497,7 +517,7 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
     j.scratch_per_thread = attn_scratch_per_thread(s);
     j.records = scratch + j.scratch_per_thread * nth;
     if (s->n_tok == 1) {
-        j.n_chunks = (s->pos0 + 1 + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
+        j.n_chunks = (s->pos0 + 1 - attn_first_key(s, 0) + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
         j.pending = (atomic_int *)(j.records + s->n_head * j.n_chunks * (s->head_dim + 2));
         for (int64_t g = 0; g < s->n_head_kv; g++) atomic_init(&j.pending[g], (int)j.n_chunks);
         cpu_pool_for(pool, s->n_head_kv * j.n_chunks, 1, attn_split_task, &j);

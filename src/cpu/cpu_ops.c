@@ -36,6 +36,15 @@ void cpu_rope_table(float *cos_out, float *sin_out, int64_t head_dim, int64_t po
     }
 }
 
+void cpu_rope_table_freq(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos,
+                         const float *inv_freq, float mscale) {
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        double theta = (double)pos * (double)inv_freq[i]; /* in double: see cpu_rope_table */
+        cos_out[i] = (float)(cos(theta) * mscale);
+        sin_out[i] = (float)(sin(theta) * mscale);
+    }
+}
+
 void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t) {
     const int64_t half = head_dim / 2;
     for (int64_t i = 0; i < half; i++) {
@@ -78,6 +87,14 @@ void cpu_swiglu(float *h, const float *g, const float *u, int64_t n) {
     if (cpu_ops_simd()) i = swiglu_avx2(h, g, u, n);
 #endif
     for (; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void cpu_swiglu_oai(float *h, const float *g, const float *u, int64_t n, float alpha, float limit) {
+    for (int64_t i = 0; i < n; i++) {
+        const float gc = g[i] > limit ? limit : g[i]; /* NaN stays NaN: no silent repair */
+        const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        h[i] = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
+    }
 }
 
 void cpu_axpy(float *y, float a, const float *x, int64_t n) {

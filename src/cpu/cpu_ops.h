@@ -24,6 +24,10 @@ void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
  * position, shared by every head and layer); cpu_rope_neox_table rotates one
  * head in place. */
 void cpu_rope_table(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos, float base);
+/* The same from given inverse frequencies theta_i = pos * inv_freq[i] (scaled RoPE
+ * such as YaRN), cos and sin multiplied by mscale (YaRN's attention factor). */
+void cpu_rope_table_freq(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos,
+                         const float *inv_freq, float mscale);
 void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t);
 
 /* In-place softmax over n values; returns nothing, the sum is 1. */
@@ -31,6 +35,10 @@ void cpu_softmax(float *x, int64_t n);
 
 /* h[i] = silu(g[i]) * u[i]. */
 void cpu_swiglu(float *h, const float *g, const float *u, int64_t n);
+
+/* The clamped SwiGLU (gpt-oss): g' = min(g, limit), u' = clamp(u, -limit, limit),
+ * h[i] = g' sigmoid(alpha g') (u' + 1). h may alias g. */
+void cpu_swiglu_oai(float *h, const float *g, const float *u, int64_t n, float alpha, float limit);
 
 /* y[i] += a * x[i]. */
 void cpu_axpy(float *y, float a, const float *x, int64_t n);
@@ -53,7 +61,10 @@ void cpu_load_kv(float *dst, const void *src, tm_type kv_type, int64_t n);
 typedef struct tm_attention_shape {
     int64_t n_tok, pos0, n_head, n_head_kv, head_dim;
     float scale;
-    tm_type kv_type; /* TM_TYPE_F16 or TM_TYPE_F32 */
+    tm_type kv_type;    /* TM_TYPE_F16 or TM_TYPE_F32 */
+    int64_t window;     /* sliding window: query at p sees keys (p - window, p] (0: all <= p) */
+    const float *sinks; /* [n_head]: a logit per head added to the softmax's denominator only
+                            (attention sinks; NULL: none) */
 } tm_attention_shape;
 
 /* Scratch floats the attention needs for a pool of n_threads and a context of n_ctx. */

@@ -29,7 +29,12 @@
  *   rows of several sequences (row_pos / row_kv): grid z covers tokens times
  *     the row blocks of one token; a block takes its token's position and
  *     its sequence's first cache row from the arrays and runs as a launch of
- *     that token alone would (the splits of one token, up to 8 rows). */
+ *     that token alone would (the splits of one token, up to 8 rows).
+ * A sliding window (keys (p - window, p]) starts each block's key range at
+ * the window of its first row (decode: of the batch's first token, and the
+ * splits cover the keys from there) and scores keys before a row's window
+ * -inf; sinks add exp(sink - m) to each row's denominator at the end (or in
+ * the combine), with m raised to the sink when it is larger. */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -57,7 +62,24 @@ typedef struct tm_attn_args {
     int32_t n_split, f16, vec;
     int32_t row_blocks; /* rows of several sequences: blocks of one token's heads */
     float scale;
+    int64_t window;     /* 0: none */
+    const float *sinks; /* [n_head] or NULL */
 } tm_attn_args;
+
+/* The first key a token at position p sees (0 without a window). */
+static __device__ __forceinline__ int64_t tm_attn_first_key(const tm_attn_args &a, int64_t p) {
+    if (!a.window) return 0;
+    const int64_t lo = p + 1 - a.window;
+    return lo > 0 ? lo : 0;
+}
+
+/* out = acc / l with the sink's exp in the denominator: the factor for acc. */
+static __device__ __forceinline__ float tm_attn_inv(const tm_attn_args &a, int64_t h, float m,
+                                                    float l) {
+    if (!a.sinks) return l > 0.f ? 1.f / l : 0.f;
+    const float sk = a.sinks[h], mx = fmaxf(m, sk), f = m == -INFINITY ? 0.f : expf(m - mx);
+    return f / (l * f + expf(sk - mx));
+}
 
 /* Keys a batch of n_tok tokens from pos0 sees: pos0 + n_tok, kept within what
  * the launch was sized for. */
@@ -145,14 +167,14 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     }
     const int64_t n_kv = tm_attn_n_kv(a, pos0, n_tok);
 
-    int64_t k_lo = 0, k_hi = n_kv;
+    const int64_t rows = (int64_t)G * n_tok, r0 = zb * TM_ATTN_WARPS * RW;
+    int64_t k_lo = tm_attn_first_key(a, pos0 + r0 / G), k_hi = n_kv;
     if (a.n_split > 1) {
-        const int64_t chunk = tm_attn_chunk(n_kv, a.n_split);
-        k_lo = split * chunk;
+        const int64_t k0 = tm_attn_first_key(a, pos0), chunk = tm_attn_chunk(n_kv - k0, a.n_split);
+        k_lo = k0 + split * chunk;
         if (k_lo >= n_kv) return; /* the whole block: past the real length */
         k_hi = k_lo + chunk < n_kv ? k_lo + chunk : n_kv;
     }
-    const int64_t rows = (int64_t)G * n_tok, r0 = zb * TM_ATTN_WARPS * RW;
     const int64_t r_end = r0 + TM_ATTN_WARPS * RW < rows ? r0 + TM_ATTN_WARPS * RW : rows;
     /* no row of this block sees past its last token's position */
     const int64_t causal_hi = pos0 + (r_end - 1) / G + 1;
@@ -169,12 +191,13 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     for (int idx = threadIdx.x; idx < TM_ATTN_TK * (a.dp - d); idx += TM_ATTN_THREADS)
         sK[(idx / (a.dp - d)) * a.ds + d + idx % (a.dp - d)] = 0.f;
 
-    int64_t lim[RW]; /* last key each of the warp's rows sees; -1 for no row */
+    int64_t lim[RW], lo[RW]; /* first and last key each of the warp's rows sees; -1: no row */
     float m[RW], lsum[RW], acc[RW][TM_ATTN_NC];
 #pragma unroll
     for (int rr = 0; rr < RW; rr++) {
         const int64_t r = r0 + warp * RW + rr;
         lim[rr] = r < rows ? pos0 + r / G : -1;
+        lo[rr] = a.window && r < rows ? lim[rr] + 1 - a.window : 0;
         m[rr] = -INFINITY;
         lsum[rr] = 0.f;
 #pragma unroll
@@ -205,7 +228,8 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
         const int nv = k_hi - base < TM_ATTN_TK ? (int)(k_hi - base) : TM_ATTN_TK;
 #pragma unroll
         for (int rr = 0; rr < RW; rr++) {
-            const float sc = kp < k_hi && kp <= lim[rr] ? s[rr] * a.scale : -INFINITY;
+            const float sc =
+                kp < k_hi && kp <= lim[rr] && kp >= lo[rr] ? s[rr] * a.scale : -INFINITY;
             const float m_new = fmaxf(m[rr], tm_warp_max(sc)); /* warp-uniform */
             /* -inf - -inf would be NaN: a row with no key yet has nothing to rescale */
             const float alpha = m[rr] == -INFINITY ? 0.f : expf(m[rr] - m_new);
@@ -235,7 +259,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
         const float l = tm_warp_sum(lsum[rr]);
         const int64_t orow = (t0 + r / G) * a.n_head + (int64_t)g * G + r % G; /* t n_head + h */
         if (a.n_split == 1) {
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = tm_attn_inv(a, orow % a.n_head, m[rr], l);
             float *o = a.out + orow * d;
 #pragma unroll
             for (int c = 0; c < TM_ATTN_NC; c++)
@@ -255,10 +279,10 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_att
     const int lane = threadIdx.x % TM_CUDA_WARP, d = a.d;
     const int64_t row = (int64_t)blockIdx.x * TM_ATTN_WARPS + threadIdx.x / TM_CUDA_WARP;
     if (row >= a.n_tok * a.n_head) return; /* whole warp */
-    const int64_t n_kv = a.row_pos ? tm_attn_n_kv(a, a.row_pos[row / a.n_head], 1)
-                                   : tm_attn_n_kv(a, *a.pos0, a.n_tok);
-    const int64_t chunk = tm_attn_chunk(n_kv, a.n_split);
-    int64_t n_used = (n_kv + chunk - 1) / chunk;
+    const int64_t p0 = a.row_pos ? a.row_pos[row / a.n_head] : *a.pos0;
+    const int64_t n_kv = tm_attn_n_kv(a, p0, a.row_pos ? 1 : a.n_tok),
+                  k0 = tm_attn_first_key(a, p0), chunk = tm_attn_chunk(n_kv - k0, a.n_split);
+    int64_t n_used = (n_kv - k0 + chunk - 1) / chunk;
     if (n_used > a.n_split) n_used = a.n_split;
     const int64_t stride = a.n_tok * a.n_head * (d + 2);
     const float *rec = a.rec + row * (d + 2);
@@ -277,7 +301,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_att
         for (int c = 0; c < TM_ATTN_NC; c++)
             if (c * TM_CUDA_WARP + lane < d) acc[c] += w * r[2 + c * TM_CUDA_WARP + lane];
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = tm_attn_inv(a, row % a.n_head, mx, l);
     float *o = a.out + row * d;
 #pragma unroll
     for (int c = 0; c < TM_ATTN_NC; c++)
@@ -328,11 +352,15 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
         if (i < half) x0 = x0 * scale * w[i], x1 = x1 * scale * w[i + half];
     }
     if (i >= half) return;
-    /* angles in double, as cpu_rope_table */
-    const double theta = (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)d);
+    /* angles in double, as cpu_rope_table (cpu_rope_table_freq with a table); one
+     * sincos: one range reduction for both */
+    const double theta = p.rope_freq
+                             ? (double)pos * (double)p.rope_freq[i]
+                             : (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)d);
+    const double ms = p.rope_freq && p.rope_mscale ? p.rope_mscale : 1.0;
     double sd, cd;
-    sincos(theta, &sd, &cd); /* one range reduction for both */
-    const float c = (float)cd, s = (float)sd;
+    sincos(theta, &sd, &cd);
+    const float c = (float)(cd * ms), s = (float)(sd * ms);
     const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
     if (is_q) { /* in place: this thread read exactly these two values */
         q[(t * p.n_head + slot) * d + i] = y0;
@@ -476,6 +504,7 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
     a.d = p->head_dim, a.dp = pl.dp, a.ds = pl.ds;
     a.n_tok = n_tok, a.n_kv_max = n_kv_max, a.n_ctx = p->n_ctx;
     a.n_split = pl.n_split, a.f16 = p->kv_type == TM_TYPE_F16, a.scale = p->scale;
+    a.window = p->window > 0 ? p->window : 0, a.sinks = p->sinks;
     /* 16-byte loads need whole vectors per head row and aligned cache bases */
     a.vec = p->head_dim % (a.f16 ? 8 : 4) == 0 && ((uintptr_t)k_cache % 16) == 0 &&
             ((uintptr_t)v_cache % 16) == 0;

@@ -260,6 +260,8 @@ tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_
                          int64_t head_dim, float base, tm_cuda_stream stream);
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream);
+/* y[r][i] += b[i] for n_rows rows of n (a bias). */
+tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n, tm_cuda_stream stream);
 /* The residual add and the next norm in one launch: x[r] += a[r], then
  * h[r] = rmsnorm(x[r]) * w, for n_rows rows of n. */
 tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t n_rows,
@@ -283,6 +285,12 @@ typedef struct tm_cuda_attn_params {
      * keys row_kv[t] .. row_kv[t] + row_pos[t] only (*pos0 is not read). Read
      * when the kernels run, so a captured graph replays at new positions. */
     const int32_t *row_pos, *row_kv;
+    /* Scaled RoPE (YaRN): device [head_dim / 2] inverse frequencies (theta_i = pos *
+     * rope_freq[i], in double), cos and sin times rope_mscale (0: 1). NULL: base^(-2i/d). */
+    const float *rope_freq;
+    float rope_mscale;
+    int64_t window;     /* sliding window: the query at p sees keys (p - window, p] (0: all) */
+    const float *sinks; /* device [n_head] sink logits in each softmax's denominator (NULL: none) */
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)

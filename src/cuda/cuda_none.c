@@ -222,6 +222,11 @@ tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_
     (void)y, (void)a, (void)b, (void)n, (void)stream;
     return NONE;
 }
+tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n,
+                        tm_cuda_stream stream) {
+    (void)y, (void)b, (void)n_rows, (void)n, (void)stream;
+    return NONE;
+}
 tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t n_rows,
                            int64_t n, float eps, tm_cuda_stream stream) {
     (void)x, (void)a, (void)h, (void)w, (void)n_rows, (void)n, (void)eps, (void)stream;

@@ -152,6 +152,24 @@ __global__ void tm_add_kernel(float *y, const float *a, const float *b, int64_t 
         y[i] = a[i] + b[i];
 }
 
+__global__ void tm_add_bias_kernel(float *y, const float *b, int64_t n_rows, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_rows * n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += b[i % n];
+}
+
+extern "C" tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n,
+                                   tm_cuda_stream stream) {
+    if (n_rows < 0 || n <= 0)
+        return tm_error_set(TM_ERR_ARG, "cuda_add_bias: %lld rows of %lld", (long long)n_rows,
+                            (long long)n);
+    if (n_rows == 0) return TM_OK;
+    int64_t blocks = (n_rows * n + 255) / 256;
+    if (blocks > 65536) blocks = 65536;
+    tm_add_bias_kernel<<<(unsigned)blocks, 256, 0, stream>>>(y, b, n_rows, n);
+    return tm_cuda_launch_check("cuda_add_bias", n_rows, n, 1);
+}
+
 extern "C" tm_status cuda_add(float *y, const float *a, const float *b, int64_t n,
                               tm_cuda_stream stream) {
     if (n <= 0)

@@ -77,6 +77,7 @@ void exec_free(tm_exec *e) {
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
     free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_kv);
+    free(e->rope_freq);
     free(e);
 }
 
@@ -117,6 +118,13 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
                                const tm_attn_desc *shape) {
     e->n_layer = n_layer;
     e->attn_shape = *shape;
+    if (shape->rope_freq) { /* kept: the GPU gets a copy at exec_finalize */
+        const size_t bytes = (size_t)(shape->head_dim / 2) * sizeof(float);
+        if (!(e->rope_freq = malloc(bytes)))
+            return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+        memcpy(e->rope_freq, shape->rope_freq, bytes);
+        e->attn_shape.rope_freq = e->rope_freq;
+    }
     e->kv_bytes = (size_t)e->p.n_ctx * (size_t)(shape->n_head_kv * shape->head_dim) *
                   (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     e->layer_dev = malloc(n_layer ? n_layer : 1);
@@ -585,6 +593,23 @@ tm_status exec_matmul_n(tm_exec *e, int n, tm_act *const *ys, const tm_weight *c
     return TM_OK;
 }
 
+tm_status exec_add_bias(tm_exec *e, tm_act *y, const tm_weight *b) {
+    const tm_dev d = exec_weight_home(e, b);
+    if (!exec_side_ops[d]->add_bias)
+        return tm_error_set(TM_ERR_UNSUPPORTED, "bias '%.*s': no bias op on %s yet",
+                            (int)b->name_len, b->name, tm_dev_names[d]);
+    if (b->type != TM_TYPE_F32 || b->ne[0] != y->n)
+        return tm_error_set(TM_ERR_ARG, "bias '%.*s': %s of %lld values, expected f32 of %lld",
+                            (int)b->name_len, b->name, quant_type_name(b->type),
+                            (long long)b->ne[0], (long long)y->n);
+    tm_status st;
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, y, d, e->n_tok)) ||
+        (st = exec_side_ops[d]->add_bias(e, exec_at(y, d), exec_vector(e, b, d), e->n_tok, y->n)))
+        return st;
+    exec_act_wrote(y, d);
+    return TM_OK;
+}
+
 tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
                          tm_act *v, tm_act *out) {
     if (layer >= e->n_layer)
@@ -594,8 +619,17 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
     if ((st = exec_side(e, d)) || (st = exec_act_to(e, q, d, e->n_tok)) ||
         (st = exec_act_to(e, k, d, e->n_tok)) || (st = exec_act_to(e, v, d, e->n_tok)))
         return st;
-    const exec_attn at = {a, exec_vector(e, a->q_norm, d), exec_vector(e, a->k_norm, d),
-                          e->k_cache[layer], e->v_cache[layer]};
+    if ((a->rope_freq != NULL) != (e->attn_shape.rope_freq != NULL))
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_attention: layer %u's RoPE table differs from the one given "
+                            "at exec_attention_setup",
+                            layer);
+    const exec_attn at = {a,
+                          exec_vector(e, a->q_norm, d),
+                          exec_vector(e, a->k_norm, d),
+                          exec_vector(e, a->sinks, d),
+                          e->k_cache[layer],
+                          e->v_cache[layer]};
     if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d), exec_at(v, d),
                                           exec_at(out, d), e->n_tok)))
         return st;

@@ -89,6 +89,14 @@ typedef struct tm_attn_desc {
     float rms_eps;                    /* of the QK norms */
     float rope_base;                  /* NeoX RoPE */
     const tm_weight *q_norm, *k_norm; /* per-head gains (NULL: no QK norm) */
+    const tm_weight *sinks;           /* [n_head] f32 logits in each softmax's denominator only
+                                         (attention sinks; NULL: none) */
+    int64_t window;                   /* sliding window: the query at p sees keys (p - window, p]
+                                         (0: every key before it) */
+    const float *rope_freq;           /* [head_dim / 2] inverse frequencies of a scaled RoPE
+                                         (YaRN; NULL: rope_base^(-2i/head_dim)), the same in
+                                         every layer */
+    float rope_mscale;                /* cos and sin multiplied by it (YaRN; 0: 1) */
 } tm_attn_desc;
 
 typedef struct tm_exec tm_exec;
@@ -181,9 +189,13 @@ tm_status exec_matmul_rows(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x,
 tm_status exec_matmul_n(tm_exec *e, int n, tm_act *const *ys, const tm_weight *const *ws,
                         tm_act *x);
 
+/* y[t] += b for the step's rows, at b's home (a bias vector). */
+tm_status exec_add_bias(tm_exec *e, tm_act *y, const tm_weight *b);
+
 /* For layer l, at its KV cache's home: q, k = rope(rmsnorm(q|k) * gain) per head
  * (q in place; k is consumed), K and V rows stored at the step's positions, then
- * causal grouped-query attention of q over the cache into out. */
+ * causal grouped-query attention of q over the cache into out (within the
+ * layer's window, with its sinks, when the desc has them). */
 tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
                          tm_act *v, tm_act *out);
 

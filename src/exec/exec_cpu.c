@@ -15,8 +15,11 @@ tm_status exec_cpu_finalize(tm_exec *e) {
     bool any = false;
     for (uint32_t l = 0; l < e->n_layer; l++) any |= e->layer_dev[l] == TM_DEV_CPU;
     if (!any) return TM_OK;
-    const tm_attention_shape as = {e->p.n_batch, 0,    a->n_head,   a->n_head_kv,
-                                   a->head_dim,  0.0f, e->p.kv_type};
+    const tm_attention_shape as = {.n_tok = e->p.n_batch,
+                                   .n_head = a->n_head,
+                                   .n_head_kv = a->n_head_kv,
+                                   .head_dim = a->head_dim,
+                                   .kv_type = e->p.kv_type};
     const int64_t n = cpu_attention_scratch_floats(&as, e->p.n_ctx, cpu_pool_size(e->p.pool));
     const size_t rope = (size_t)(e->p.n_batch * (a->head_dim / 2)) * sizeof(float);
     if (!(e->cpu_attn = malloc((size_t)n * sizeof(float))) || !(e->rope_cos = malloc(rope)) ||
@@ -151,8 +154,13 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     /* RoPE angles of the step's positions, shared by every layer and head */
     if (e->rope_seq != e->seq) {
         for (int64_t t = 0; t < rows; t++)
-            cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D, e->row_pos[t],
-                           d->rope_base);
+            if (d->rope_freq)
+                cpu_rope_table_freq(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D,
+                                    e->row_pos[t], d->rope_freq,
+                                    d->rope_mscale ? d->rope_mscale : 1.0f);
+            else
+                cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D,
+                               e->row_pos[t], d->rope_base);
         e->rope_seq = e->seq;
     }
     cpu_qk_job j = {e, a, q, k, v};
@@ -166,12 +174,31 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                           e->row_pos[t1] == e->row_pos[t0] + (t1 - t0);
              t1++) {
         }
-        const tm_attention_shape as = {t1 - t0, e->row_pos[t0], d->n_head,   d->n_head_kv,
-                                       D,       d->scale,       e->p.kv_type};
+        const tm_attention_shape as = {.n_tok = t1 - t0,
+                                       .pos0 = e->row_pos[t0],
+                                       .n_head = d->n_head,
+                                       .n_head_kv = d->n_head_kv,
+                                       .head_dim = D,
+                                       .scale = d->scale,
+                                       .kv_type = e->p.kv_type,
+                                       .window = d->window,
+                                       .sinks = a->sinks};
         const size_t base = (size_t)e->row_kv[t0] * kv_row;
         cpu_attention(e->p.pool, &as, q + t0 * Q, (const uint8_t *)a->k_cache + base,
                       (const uint8_t *)a->v_cache + base, out + t0 * Q, e->cpu_attn);
     }
+    return TM_OK;
+}
+
+static void cpu_bias_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const cpu_rows_job *j = ud;
+    for (int64_t t = begin; t < end; t++) cpu_axpy(j->x + t * j->n, 1.0f, j->w, j->n);
+    (void)ith;
+}
+
+static tm_status cpu_add_bias_op(tm_exec *e, float *y, const float *b, int64_t rows, int64_t n) {
+    cpu_rows_job j = {y, NULL, NULL, b, n, 0.0f};
+    cpu_rows_run(e, rows, cpu_bias_task, &j);
     return TM_OK;
 }
 
@@ -181,4 +208,5 @@ const exec_ops exec_cpu_ops = {
     .matmul = cpu_matmul_op,
     .matmul_n = cpu_matmul_n_op,
     .attention = cpu_attention_op,
+    .add_bias = cpu_add_bias_op,
 };

@@ -119,17 +119,20 @@ static tm_status gpu_weights(tm_exec *e) {
     return TM_OK;
 }
 
-static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc *a) {
-    return (tm_cuda_attn_params){(int32_t)a->n_head,
-                                 (int32_t)a->n_head_kv,
-                                 (int32_t)a->head_dim,
-                                 e->p.n_ctx,
-                                 e->p.kv_type,
-                                 a->scale,
-                                 a->rms_eps,
-                                 a->rope_base,
-                                 NULL,
-                                 NULL};
+static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc *a,
+                                           const float *sinks) {
+    return (tm_cuda_attn_params){.n_head = (int32_t)a->n_head,
+                                 .n_head_kv = (int32_t)a->n_head_kv,
+                                 .head_dim = (int32_t)a->head_dim,
+                                 .n_ctx = e->p.n_ctx,
+                                 .kv_type = e->p.kv_type,
+                                 .scale = a->scale,
+                                 .rms_eps = a->rms_eps,
+                                 .rope_base = a->rope_base,
+                                 .rope_freq = a->rope_freq ? e->rope_freq_dev : NULL,
+                                 .rope_mscale = a->rope_mscale,
+                                 .window = a->window,
+                                 .sinks = sinks};
 }
 
 /* Scratch of the tensor-core products: the largest need of any GPU matrix. */
@@ -172,7 +175,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         return st;
     memset(e->step_host, 0, step_bytes);
     /* the state pool: sizes first */
-    const tm_cuda_attn_params ap = gpu_attn_params(e, &e->attn_shape);
+    const tm_cuda_attn_params ap = gpu_attn_params(e, &e->attn_shape, NULL);
     bool gpu_attention = false;
     for (uint32_t l = 0; l < e->n_layer; l++) gpu_attention |= e->layer_dev[l] == TM_DEV_GPU;
     e->gpu_scratch_bytes = gpu_gemm_scratch(e);
@@ -188,10 +191,13 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         f = fr > f ? fr : f;
         attn_floats = f > attn_floats ? f : attn_floats;
     }
+    const size_t rope_bytes =
+        e->rope_freq && gpu_attention ? (size_t)(e->attn_shape.head_dim / 2) * sizeof(float) : 0;
     e->gpu_q8x_k = gpu_q8x_k(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
     size_t bytes = take_size(step_bytes) + take_size(e->gpu_scratch_bytes) +
-                   take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes);
+                   take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
+                   take_size(rope_bytes);
     for (uint32_t l = 0; l < e->n_layer; l++)
         if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes);
     for (int i = 0; i < e->n_acts; i++)
@@ -204,6 +210,9 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         (st = gpu_pool_take(pool, e->gpu_scratch_bytes, &e->gpu_scratch)) ||
         (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)) ||
         (st = gpu_pool_take(pool, q8x_bytes, &e->gpu_q8x)))
+        return st;
+    if (rope_bytes && ((st = gpu_pool_take(pool, rope_bytes, (void **)&e->rope_freq_dev)) ||
+                       (st = gpu_upload(e, e->rope_freq_dev, e->rope_freq, rope_bytes))))
         return st;
     for (uint32_t l = 0; l < e->n_layer && st == TM_OK; l++)
         if (e->layer_dev[l] == TM_DEV_GPU &&
@@ -289,7 +298,7 @@ static tm_status gpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const
 
 static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, float *k,
                                   const float *v, float *out, int64_t rows) {
-    tm_cuda_attn_params p = gpu_attn_params(e, a->d);
+    tm_cuda_attn_params p = gpu_attn_params(e, a->d, a->sinks);
     const int32_t *pos = e->step_dev; /* read when the kernels run: a graph replays as is */
     void *kc = a->k_cache, *vc = a->v_cache;
     int64_t n_kv_max;
@@ -311,10 +320,15 @@ static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     return st;
 }
 
+static tm_status gpu_add_bias_op(tm_exec *e, float *y, const float *b, int64_t rows, int64_t n) {
+    return cuda_add_bias(y, b, rows, n, e->stream);
+}
+
 const exec_ops exec_gpu_ops = {
     .rmsnorm = gpu_rmsnorm_op,
     .add_rmsnorm = gpu_add_rmsnorm_op,
     .matmul = gpu_matmul_op,
     .matmul_n = gpu_matmul_n_op,
     .attention = gpu_attention_op,
+    .add_bias = gpu_add_bias_op,
 };

@@ -18,6 +18,7 @@ typedef struct exec_matrix {
 typedef struct exec_attn {
     const tm_attn_desc *d;
     const float *q_norm, *k_norm; /* NULL: none */
+    const float *sinks;           /* NULL: none */
     void *k_cache, *v_cache;      /* the layer's, on that side */
 } exec_attn;
 
@@ -32,6 +33,8 @@ typedef struct exec_ops {
                           float *const *ys);
     tm_status (*attention)(tm_exec *e, const exec_attn *a, float *q, float *k, const float *v,
                            float *out, int64_t rows);
+    /* y[t] += b (NULL: the side has no such op yet) */
+    tm_status (*add_bias)(tm_exec *e, float *y, const float *b, int64_t rows, int64_t n);
 } exec_ops;
 
 extern const exec_ops exec_cpu_ops, exec_gpu_ops;
@@ -70,7 +73,9 @@ struct tm_exec {
     /* attention */
     uint32_t n_layer;
     uint8_t *layer_dev;
-    tm_attn_desc attn_shape;
+    tm_attn_desc attn_shape;   /* its rope_freq points at rope_freq (the executor's copy) */
+    float *rope_freq;          /* [head_dim / 2] of a scaled RoPE, or NULL */
+    float *rope_freq_dev;      /* its device copy (GPU layers) */
     void **k_cache, **v_cache; /* [n_layer], on the layer's side */
     size_t kv_bytes;           /* of one layer's K (or V) cache */
 

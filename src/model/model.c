@@ -9,9 +9,9 @@
 #include "core/log.h"
 #include "cpu/cpu_ops.h"
 
-extern const tm_arch tm_arch_qwen3moe;
+extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss;
 
-static const tm_arch *const archs[] = {&tm_arch_qwen3moe};
+static const tm_arch *const archs[] = {&tm_arch_qwen3moe, &tm_arch_gptoss};
 
 /* VRAM left free when sizing -ngl auto and --moe-cache auto: cuBLAS's
  * workspace and handles, the CUDA context, other programs' small needs. */
@@ -32,8 +32,8 @@ tm_status model_load(const char *path, tm_model **out) {
         if (gguf_str_eq(arch, archs[i]->name)) a = archs[i];
     if (!a) {
         tm_error_set(TM_ERR_UNSUPPORTED,
-                     "%s: architecture '%.*s' is not supported (supported: qwen3moe)", path,
-                     (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+                     "%s: architecture '%.*s' is not supported (supported: qwen3moe, gpt-oss)",
+                     path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
         gguf_file_close(f);
         return TM_ERR_UNSUPPORTED;
     }
@@ -354,4 +354,139 @@ tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int
     for (int64_t i = 0; i < n; i++) c->seq_past[seqs[i]]++;
     c->n_logits_rows = n;
     return TM_OK;
+}
+
+/* ---- what MoE decoders share ---- */
+
+tm_status model_moe_config_load(tm_model *m) {
+    tm_model_config *c = &m->cfg;
+    tm_status st;
+    if ((st = model_key_u32(m, "block_count", &c->n_layer)) ||
+        (st = model_key_u32(m, "embedding_length", &c->n_embd)) ||
+        (st = model_key_u32(m, "attention.head_count", &c->n_head)) ||
+        (st = model_key_u32(m, "attention.head_count_kv", &c->n_head_kv)) ||
+        (st = model_key_u32(m, "context_length", &c->n_ctx_train)) ||
+        (st = model_key_u32(m, "expert_count", &c->n_expert)) ||
+        (st = model_key_u32(m, "expert_used_count", &c->n_expert_used)) ||
+        (st = model_key_u32(m, "expert_feed_forward_length", &c->n_ff_exp)) ||
+        (st = model_key_f32(m, "attention.layer_norm_rms_epsilon", &c->rms_eps)) ||
+        (st = model_key_f32(m, "rope.freq_base", &c->rope_base)))
+        return st;
+    c->head_dim = c->n_embd / (c->n_head ? c->n_head : 1);
+    model_key_u32(m, "attention.key_length", &c->head_dim); /* optional: Qwen3 sets it explicitly */
+    uint32_t v_len = c->head_dim;
+    model_key_u32(m, "attention.value_length", &v_len);
+    const char *path = m->file->path;
+    if (!c->n_layer || !c->n_embd || !c->n_head || !c->n_head_kv || c->n_head % c->n_head_kv ||
+        !c->head_dim || c->head_dim % 2 || v_len != c->head_dim)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: inconsistent attention shape (%u heads, %u kv heads, key length "
+                            "%u, value length %u)",
+                            path, c->n_head, c->n_head_kv, c->head_dim, v_len);
+    if (!c->n_expert || c->n_expert > 1024 || !c->n_expert_used || c->n_expert_used > c->n_expert ||
+        c->n_expert_used > 32 || !c->n_ff_exp)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: not a usable MoE shape (%u experts, %u used, ff %u)", path,
+                            c->n_expert, c->n_expert_used, c->n_ff_exp);
+    return TM_OK;
+}
+
+tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out) {
+    tm_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd;
+    const tm_gguf_tensor *te = gguf_file_find_tensor(m->file, "token_embd.weight");
+    c->n_vocab = te && te->n_dims == 2 ? (uint32_t)te->ne[1] : 0;
+    tm_status st;
+    if ((st = model_weight_bind(m, "token_embd.weight", 2, (int64_t[]){E, c->n_vocab}, embd)) ||
+        (st = model_weight_bind(m, "output_norm.weight", 1, (int64_t[]){E}, norm)) ||
+        (st = model_weight_bind_optional(m, "output.weight", 2, (int64_t[]){E, c->n_vocab}, out)))
+        return st;
+    if (!out->data) *out = *embd; /* tied embeddings */
+    if (norm->type != TM_TYPE_F32)
+        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: output_norm must be f32", m->file->path);
+    return TM_OK;
+}
+
+/* Logits rows the GPU holds at a time (a whole batch's would be n_batch x n_vocab). */
+#define MODEL_LOGIT_ROWS 64
+
+static tm_status model_moe_acts_create(tm_context *c, tm_moe_acts *s) {
+    const tm_model_config *m = &c->model->cfg;
+    tm_exec *e = c->exec;
+    const int64_t E = m->n_embd, Q = (int64_t)m->n_head * m->head_dim,
+                  KV = (int64_t)m->n_head_kv * m->head_dim, K = m->n_expert_used;
+    tm_status st;
+    if ((st = exec_act_create(e, &s->x, "x", E, false, 0)) ||
+        (st = exec_act_create(e, &s->h, "h", E, false, 0)) ||
+        (st = exec_act_create(e, &s->q, "q", Q, false, 0)) ||
+        (st = exec_act_create(e, &s->k, "k", KV, false, 0)) ||
+        (st = exec_act_create(e, &s->v, "v", KV, false, 0)) ||
+        (st = exec_act_create(e, &s->att, "att", Q, false, 0)) ||
+        (st = exec_act_create(e, &s->attn_out, "attn_out", E, false, 0)) ||
+        (st = exec_act_create(e, &s->router_logits, "router_logits", m->n_expert, false, 0)) ||
+        (st = exec_act_create(e, &s->topk_ids, "topk_ids", K, true, 0)) ||
+        (st = exec_act_create(e, &s->topk_w, "topk_weights", K, false, 0)) ||
+        (st = exec_act_create(e, &s->ffn_out, "ffn_out", E, false, 0)) ||
+        (st = exec_act_create(e, &s->logits, "logits", m->n_vocab, false, MODEL_LOGIT_ROWS)))
+        return st;
+    return TM_OK;
+}
+
+tm_status model_moe_emit(tm_context *c, uint32_t l, tm_moe_acts *s, int64_t n_tok) {
+    tm_exec *e = c->exec;
+    if (!exec_emitting(e)) return TM_OK;
+    MODEL_DO(exec_emit(e, "router_logits", (int)l, &s->router_logits, n_tok));
+    MODEL_DO(exec_emit(e, "topk_ids", (int)l, &s->topk_ids, n_tok));
+    MODEL_DO(exec_emit(e, "topk_weights", (int)l, &s->topk_w, n_tok));
+    MODEL_DO(exec_emit(e, "ffn_out", (int)l, &s->ffn_out, n_tok));
+    MODEL_DO(exec_emit(e, "x_out", (int)l, &s->x, n_tok));
+    return TM_OK;
+}
+
+tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *norm,
+                               const tm_weight *out, int64_t n_tok, bool all_logits) {
+    tm_exec *e = c->exec;
+    const int64_t first = all_logits ? 0 : n_tok - 1;
+    MODEL_DO(exec_part(e, TM_PROF_OUTPUT));
+    MODEL_DO(exec_rmsnorm(e, &s->h, &s->x, norm, c->model->cfg.rms_eps));
+    MODEL_DO(exec_matmul_rows(e, &s->logits, out, &s->h, first, n_tok - first));
+    MODEL_DO(exec_fetch(e, &s->logits, n_tok - first));
+    MODEL_DO(exec_emit(e, "logits", -1, &s->logits, n_tok - first));
+    return TM_OK;
+}
+
+tm_status model_moe_state_create(tm_context *c, const tm_weight *const *qkv,
+                                 const tm_tier_layer *tl, const tm_moe_router_params *router,
+                                 const float *rope_freq) {
+    const tm_model_config *m = &c->model->cfg;
+    tm_exec *e = c->exec;
+    tm_moe_acts *s = calloc(1, sizeof(*s));
+    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    c->state = s;
+    tm_status st;
+    if ((st = model_moe_acts_create(c, s))) return st;
+    for (uint32_t l = 0; l < m->n_layer; l++) /* q, k and v share their input */
+        if ((st = exec_weight_group(e, 3, qkv + 3 * l))) return st;
+    const tm_attn_desc shape = {.n_head = m->n_head,
+                                .n_head_kv = m->n_head_kv,
+                                .head_dim = m->head_dim,
+                                .rope_freq = rope_freq};
+    if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, &shape)) ||
+        (st = exec_finalize(e)))
+        return st;
+    c->logits = s->logits.host;
+    const tm_tier_params tp = {.cache_mib = c->params.moe_cache_mib,
+                               .cache = c->params.moe_cache,
+                               .reserve = GPU_RESERVE,
+                               .pcie = c->params.moe_pcie,
+                               .fetch = c->params.moe_fetch,
+                               .store = {.budget_mib = c->params.ram_cache_mib,
+                                         .path = c->model->file->path,
+                                         .map = c->model->file->map}};
+    return tier_create(e, &c->placement, m->n_layer, tl, router, &tp, &c->tier);
+}
+
+void model_moe_state_free(tm_context *c) {
+    free(c->state);
+    c->state = NULL;
 }

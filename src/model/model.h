@@ -145,6 +145,42 @@ tm_status model_weight_bind(const tm_model *m, const char *name, uint32_t n_dims
 tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32_t n_dims,
                                      const int64_t *ne, tm_weight *w);
 tm_status model_key_u32(const tm_model *m, const char *arch_key, uint32_t *out);
+
+/* The hyper-parameters every MoE decoder has (block_count ... rope.freq_base;
+ * head_dim from attention.key_length when present, else n_embd / n_head),
+ * read and checked for consistency. */
+tm_status model_moe_config_load(tm_model *m);
+/* token_embd, output_norm (f32) and output (token_embd's when absent: tied);
+ * sets cfg.n_vocab from token_embd. */
+tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out);
+
+/* The activations of one step of a MoE decoder, [n_batch][...]: residual
+ * stream, normed input, q, k, v, attention output before and after its
+ * projection, router logits, top-k ids and weights, the experts' sum (when
+ * intermediates are named), logits. */
+typedef struct tm_moe_acts {
+    tm_act x, h, q, k, v, att, attn_out, router_logits, topk_ids, topk_w, ffn_out, logits;
+} tm_moe_acts;
+/* The state of a MoE decoder context: its activations (c->state), each
+ * layer's q, k, v weights grouped (qkv: [n_layer][3]), the KV caches (RoPE
+ * from rope_freq's table when not NULL: tm_attn_desc), the executor
+ * finalized, and the tier over the layers' experts (tl: [n_layer]). */
+tm_status model_moe_state_create(tm_context *c, const tm_weight *const *qkv,
+                                 const tm_tier_layer *tl, const tm_moe_router_params *router,
+                                 const float *rope_freq);
+void model_moe_state_free(tm_context *c);
+/* Hand layer l's MoE intermediates to the callback (router_logits, topk_ids,
+ * topk_weights, ffn_out, x_out). */
+tm_status model_moe_emit(tm_context *c, uint32_t l, tm_moe_acts *s, int64_t n_tok);
+/* logits = out · (rmsnorm(x) * norm) of the last token or of all, fetched to the host. */
+tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *norm,
+                               const tm_weight *out, int64_t n_tok, bool all_logits);
+
+#define MODEL_DO(call)                                                                             \
+    do {                                                                                           \
+        tm_status st_ = (call);                                                                    \
+        if (st_ != TM_OK) return st_;                                                              \
+    } while (0)
 tm_status model_key_f32(const tm_model *m, const char *arch_key, float *out);
 
 #ifdef __cplusplus

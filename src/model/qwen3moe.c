@@ -39,50 +39,11 @@ typedef struct qwen3moe_weights {
     tm_moe_router_params router;
 } qwen3moe_weights;
 
-/* Activations of one step, [n_batch][...], named as in the header comment. */
-typedef struct qwen3moe_state {
-    tm_act x, h;             /* residual stream, normed input */
-    tm_act q, k, v, att;     /* [n_head*head_dim], [n_head_kv*head_dim] x 2, [n_head*head_dim] */
-    tm_act attn_out;         /* [n_embd] */
-    tm_act router_logits;    /* [n_expert] */
-    tm_act topk_ids, topk_w; /* [k] */
-    tm_act ffn_out;          /* [n_embd]: the experts' sum, when intermediates are named */
-    tm_act logits;           /* [n_vocab] */
-} qwen3moe_state;
-
-/* Logits rows the GPU holds at a time (a whole batch's would be n_batch x n_vocab). */
-#define QWEN3MOE_LOGIT_ROWS 64
-
 static tm_status qwen3moe_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
-    tm_status st;
-    if ((st = model_key_u32(m, "block_count", &c->n_layer)) ||
-        (st = model_key_u32(m, "embedding_length", &c->n_embd)) ||
-        (st = model_key_u32(m, "attention.head_count", &c->n_head)) ||
-        (st = model_key_u32(m, "attention.head_count_kv", &c->n_head_kv)) ||
-        (st = model_key_u32(m, "context_length", &c->n_ctx_train)) ||
-        (st = model_key_u32(m, "expert_count", &c->n_expert)) ||
-        (st = model_key_u32(m, "expert_used_count", &c->n_expert_used)) ||
-        (st = model_key_u32(m, "expert_feed_forward_length", &c->n_ff_exp)) ||
-        (st = model_key_f32(m, "attention.layer_norm_rms_epsilon", &c->rms_eps)) ||
-        (st = model_key_f32(m, "rope.freq_base", &c->rope_base)))
-        return st;
-    c->head_dim = c->n_embd / (c->n_head ? c->n_head : 1);
-    model_key_u32(m, "attention.key_length", &c->head_dim); /* optional: Qwen3 sets it explicitly */
-    uint32_t v_len = c->head_dim;
-    model_key_u32(m, "attention.value_length", &v_len);
+    tm_status st = model_moe_config_load(m);
+    if (st) return st;
     const char *path = m->file->path;
-    if (!c->n_layer || !c->n_embd || !c->n_head || !c->n_head_kv || c->n_head % c->n_head_kv ||
-        !c->head_dim || c->head_dim % 2 || v_len != c->head_dim)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: inconsistent attention shape (%u heads, %u kv heads, key length "
-                            "%u, value length %u)",
-                            path, c->n_head, c->n_head_kv, c->head_dim, v_len);
-    if (!c->n_expert || c->n_expert > 1024 || !c->n_expert_used || c->n_expert_used > c->n_expert ||
-        c->n_expert_used > 32 || !c->n_ff_exp)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: not a usable MoE shape (%u experts, %u used, ff %u)", path,
-                            c->n_expert, c->n_expert_used, c->n_ff_exp);
 
     qwen3moe_weights *w = calloc(1, sizeof(*w));
     if (!w || !(w->layers = calloc(c->n_layer, sizeof(qwen3moe_layer)))) {
@@ -92,17 +53,7 @@ static tm_status qwen3moe_load(tm_model *m) {
     m->weights = w;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
-    const tm_gguf_tensor *te = gguf_file_find_tensor(m->file, "token_embd.weight");
-    c->n_vocab = te && te->n_dims == 2 ? (uint32_t)te->ne[1] : 0;
-    if ((st = model_weight_bind(m, "token_embd.weight", 2, (int64_t[]){E, c->n_vocab},
-                                &w->token_embd)) ||
-        (st = model_weight_bind(m, "output_norm.weight", 1, (int64_t[]){E}, &w->output_norm)) ||
-        (st = model_weight_bind_optional(m, "output.weight", 2, (int64_t[]){E, c->n_vocab},
-                                         &w->output)))
-        return st;
-    if (!w->output.data) w->output = w->token_embd; /* tied embeddings */
-    if (w->output_norm.type != TM_TYPE_F32)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: output_norm must be f32", path);
+    if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) return st;
 
     for (uint32_t l = 0; l < c->n_layer; l++) {
         qwen3moe_layer *L = &w->layers[l];
@@ -155,76 +106,36 @@ static void qwen3moe_unload(tm_model *m) {
 static tm_status qwen3moe_state_create(tm_context *ctx) {
     const tm_model_config *c = &ctx->model->cfg;
     qwen3moe_weights *w = ctx->model->weights;
-    tm_exec *e = ctx->exec;
-    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
-                  KV = (int64_t)c->n_head_kv * c->head_dim, K = c->n_expert_used;
-    qwen3moe_state *s = calloc(1, sizeof(*s));
-    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
-    ctx->state = s;
-    tm_status st;
-    if ((st = exec_act_create(e, &s->x, "x", E, false, 0)) ||
-        (st = exec_act_create(e, &s->h, "h", E, false, 0)) ||
-        (st = exec_act_create(e, &s->q, "q", Q, false, 0)) ||
-        (st = exec_act_create(e, &s->k, "k", KV, false, 0)) ||
-        (st = exec_act_create(e, &s->v, "v", KV, false, 0)) ||
-        (st = exec_act_create(e, &s->att, "att", Q, false, 0)) ||
-        (st = exec_act_create(e, &s->attn_out, "attn_out", E, false, 0)) ||
-        (st = exec_act_create(e, &s->router_logits, "router_logits", c->n_expert, false, 0)) ||
-        (st = exec_act_create(e, &s->topk_ids, "topk_ids", K, true, 0)) ||
-        (st = exec_act_create(e, &s->topk_w, "topk_weights", K, false, 0)) ||
-        (st = exec_act_create(e, &s->ffn_out, "ffn_out", E, false, 0)) ||
-        (st = exec_act_create(e, &s->logits, "logits", c->n_vocab, false, QWEN3MOE_LOGIT_ROWS)))
-        return st;
-    for (uint32_t l = 0; l < c->n_layer; l++) { /* q, k and v share their input */
-        const qwen3moe_layer *L = &w->layers[l];
-        if ((st = exec_weight_group(e, 3, (const tm_weight *const[]){&L->wq, &L->wk, &L->wv})))
-            return st;
-    }
-    const tm_attn_desc shape = {c->n_head, c->n_head_kv, c->head_dim, 0, 0, 0, NULL, NULL};
-    if ((st = exec_attention_setup(e, c->n_layer, ctx->placement.layer_dev, &shape)) ||
-        (st = exec_finalize(e)))
-        return st;
-    ctx->logits = s->logits.host;
-
+    const tm_weight **qkv = calloc((size_t)c->n_layer * 3, sizeof(*qkv));
     tm_tier_layer *tl = calloc(c->n_layer, sizeof(*tl));
-    if (!tl) return tm_error_set(TM_ERR_NOMEM, "out of memory");
-    for (uint32_t l = 0; l < c->n_layer; l++) {
+    tm_status st = TM_OK;
+    if (!qkv || !tl) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const qwen3moe_layer *L = &w->layers[l];
+        qkv[3 * l] = &L->wq, qkv[3 * l + 1] = &L->wk, qkv[3 * l + 2] = &L->wv;
         tl[l] = (tm_tier_layer){L->experts, &L->gate_exps, &L->up_exps, &L->down_exps};
     }
-    const tm_tier_params tp = {.cache_mib = ctx->params.moe_cache_mib,
-                               .cache = ctx->params.moe_cache,
-                               .reserve = (size_t)768 << 20,
-                               .pcie = ctx->params.moe_pcie,
-                               .fetch = ctx->params.moe_fetch,
-                               .store = {.budget_mib = ctx->params.ram_cache_mib,
-                                         .path = ctx->model->file->path,
-                                         .map = ctx->model->file->map}};
-    st = tier_create(e, &ctx->placement, c->n_layer, tl, &w->router, &tp, &ctx->tier);
-    free(tl);
+    if (st == TM_OK) st = model_moe_state_create(ctx, qkv, tl, &w->router, NULL);
+    free(qkv), free(tl);
     return st;
 }
 
-static void qwen3moe_state_free(tm_context *ctx) {
-    free(ctx->state);
-    ctx->state = NULL;
-}
-
-#define DO(call)                                                                                   \
-    do {                                                                                           \
-        tm_status st_ = (call);                                                                    \
-        if (st_ != TM_OK) return st_;                                                              \
-    } while (0)
+#define DO MODEL_DO
 
 static tm_status qwen3moe_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
     const tm_model_config *c = &ctx->model->cfg;
     const qwen3moe_layer *L = &((const qwen3moe_weights *)ctx->model->weights)->layers[l];
-    qwen3moe_state *s = ctx->state;
+    tm_moe_acts *s = ctx->state;
     tm_exec *e = ctx->exec;
     const float eps = c->rms_eps;
-    const tm_attn_desc attn = {
-        c->n_head, c->n_head_kv, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
-        eps,       c->rope_base, &L->q_norm,  &L->k_norm};
+    const tm_attn_desc attn = {.n_head = c->n_head,
+                               .n_head_kv = c->n_head_kv,
+                               .head_dim = c->head_dim,
+                               .scale = 1.0f / sqrtf((float)c->head_dim),
+                               .rms_eps = eps,
+                               .rope_base = c->rope_base,
+                               .q_norm = &L->q_norm,
+                               .k_norm = &L->k_norm};
 
     /* attention */
     DO(exec_part(e, TM_PROF_NORM));
@@ -247,32 +158,21 @@ static tm_status qwen3moe_layer_forward(tm_context *ctx, uint32_t l, int64_t n_t
     DO(exec_part(e, TM_PROF_EXPERTS));
     DO(tier_moe(ctx->tier, l, &s->router_logits, &s->h, &s->topk_ids, &s->topk_w, &s->x,
                 &s->ffn_out)); /* x += Σ_k p_k · down_k(silu(gate_k h) ⊙ up_k h) */
-    if (exec_emitting(e)) {
-        DO(exec_emit(e, "router_logits", (int)l, &s->router_logits, n_tok));
-        DO(exec_emit(e, "topk_ids", (int)l, &s->topk_ids, n_tok));
-        DO(exec_emit(e, "topk_weights", (int)l, &s->topk_w, n_tok));
-        DO(exec_emit(e, "ffn_out", (int)l, &s->ffn_out, n_tok));
-        DO(exec_emit(e, "x_out", (int)l, &s->x, n_tok));
-    }
+    DO(model_moe_emit(ctx, l, s, n_tok));
     return TM_OK;
 }
 
 static tm_status qwen3moe_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {
     const tm_model_config *c = &ctx->model->cfg;
     const qwen3moe_weights *w = ctx->model->weights;
-    qwen3moe_state *s = ctx->state;
+    tm_moe_acts *s = ctx->state;
     tm_exec *e = ctx->exec;
 
     DO(exec_embed(e, &s->x, &w->token_embd)); /* x = token_embd[tok] */
     for (uint32_t l = 0; l < c->n_layer; l++) DO(qwen3moe_layer_forward(ctx, l, n_tok));
 
     /* logits = W_out · (rmsnorm(x) * output_norm), of the last token or of all */
-    const int64_t first = all_logits ? 0 : n_tok - 1;
-    DO(exec_part(e, TM_PROF_OUTPUT));
-    DO(exec_rmsnorm(e, &s->h, &s->x, &w->output_norm, c->rms_eps));
-    DO(exec_matmul_rows(e, &s->logits, &w->output, &s->h, first, n_tok - first));
-    DO(exec_fetch(e, &s->logits, n_tok - first));
-    DO(exec_emit(e, "logits", -1, &s->logits, n_tok - first));
+    DO(model_logits_forward(ctx, s, &w->output_norm, &w->output, n_tok, all_logits));
     return TM_OK;
 }
 
@@ -281,6 +181,6 @@ const tm_arch tm_arch_qwen3moe = {
     .load = qwen3moe_load,
     .unload = qwen3moe_unload,
     .state_create = qwen3moe_state_create,
-    .state_free = qwen3moe_state_free,
+    .state_free = model_moe_state_free,
     .forward = qwen3moe_forward,
 };

@@ -44,7 +44,40 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
         cfg->name = "tiermoe synthetic Qwen3-30B-A3B";
         return TM_OK;
     }
-    return tm_error_set(TM_ERR_ARG, "unknown preset '%s' (expected tiny or 30b-a3b)", preset);
+    if (!strncmp(preset, "gpt-oss-", 8) || !strcmp(preset, "tiny-gpt-oss")) {
+        /* gpt-oss as llama.cpp's converter writes OpenAI's release: experts MXFP4, the other
+         * matrices Q8_0; YaRN x32 over 4096, window 128 on even layers */
+        cfg->arch = "gpt-oss", cfg->window = 128, cfg->rope_factor = 32, cfg->rope_orig_ctx = 4096;
+        cfg->rope_base = 150000, cfg->rms_eps = 1e-5f;
+        cfg->type_experts = TM_TYPE_MXFP4, cfg->type_embd = TM_TYPE_Q8_0;
+        cfg->n_head = 64, cfg->n_head_kv = 8, cfg->head_dim = 64, cfg->n_expert_used = 4;
+        cfg->n_embd = cfg->n_ff_exp = cfg->n_ff = 2880, cfg->n_vocab = 201088, cfg->n_ctx = 131072;
+        if (!strcmp(preset, "gpt-oss-20b")) {
+            cfg->n_layer = 24, cfg->n_expert = 32;
+            cfg->name = "tiermoe synthetic gpt-oss-20b";
+            return TM_OK;
+        }
+        if (!strcmp(preset, "gpt-oss-120b")) {
+            cfg->n_layer = 36, cfg->n_expert = 128;
+            cfg->name = "tiermoe synthetic gpt-oss-120b";
+            return TM_OK;
+        }
+        if (!strcmp(preset, "tiny-gpt-oss")) { /* 4 layers: both attention kinds twice */
+            cfg->n_layer = 4, cfg->n_embd = cfg->n_ff_exp = cfg->n_ff = 256, cfg->n_head = 4;
+            cfg->n_head_kv = 2, cfg->n_expert = 16, cfg->n_vocab = 1024, cfg->n_ctx = 4096;
+            cfg->window = 16;
+            cfg->name = "tiermoe tiny gpt-oss";
+            return TM_OK;
+        }
+    }
+    return tm_error_set(TM_ERR_ARG,
+                        "unknown preset '%s' (expected tiny, 30b-a3b, gpt-oss-20b, gpt-oss-120b or "
+                        "tiny-gpt-oss)",
+                        preset);
+}
+
+static bool synth_gptoss(const tm_synth_config *c) {
+    return c->arch && !strcmp(c->arch, "gpt-oss");
 }
 
 static tm_status synth_check_rows(const char *what, tm_type type, uint32_t row_len) {
@@ -107,6 +140,16 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                                 "n-embd %u, head-dim %u",
                                 SYNTH_LOC_MAX_HEAD_DIM, c->n_embd, c->head_dim);
     }
+    if (c->arch && strcmp(c->arch, "qwen3moe") && !synth_gptoss(c))
+        return tm_error_set(TM_ERR_ARG, "architecture '%s': expected qwen3moe or gpt-oss", c->arch);
+    if (synth_gptoss(c) && c->locality > 0)
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "--locality %g: the recency head is calibrated for qwen3moe's "
+                            "attention (QK norm, plain RoPE), not gpt-oss's yet",
+                            c->locality);
+    if (synth_gptoss(c) && (!c->window || !(c->rope_factor >= 1) || !c->rope_orig_ctx))
+        return tm_error_set(TM_ERR_ARG, "gpt-oss: window %u, YaRN factor %g over %u", c->window,
+                            c->rope_factor, c->rope_orig_ctx);
     if (!(c->rope_base > 0) || !(c->rms_eps > 0))
         return tm_error_set(TM_ERR_ARG, "rope base and rms epsilon must be positive");
     tm_status st;
@@ -162,10 +205,61 @@ static int64_t synth_tensor_rows(const synth_tensor *t) {
     return t->ne[1] * t->ne[2];
 }
 
+/* Tensors a layer has at most (gpt-oss's 19), and the three outside the layers. */
+#define SYNTH_MAX_TENSORS(c) (3 + 19 * (size_t)(c)->n_layer)
+
+/* The tensor list llama.cpp's converter writes for gpt-oss, in its order (biases
+ * after their weights, sinks after the attention). Biases and sinks are small
+ * random values so that a missing one shows; the router's skew rides on the
+ * bias channel as for qwen3moe (its bias tensor stays small). */
+static uint32_t synth_tensors_build_gptoss(const tm_synth_config *c, const float *bias,
+                                           synth_tensor *t) {
+    uint32_t n = 0;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
+                  KV = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff_exp, X = c->n_expert;
+    const float in_std = 1.0f / sqrtf((float)E);
+    synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
+                     c->n_vocab, 1);
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        char nm[64];
+#define SYNTH_T(suffix, ...)                                                                       \
+    (snprintf(nm, sizeof(nm), "blk.%u." suffix, l), synth_tensor_set(&t[n++], nm, __VA_ARGS__))
+        SYNTH_T("attn_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("attn_q.weight", c->type_attn, INIT_NORMAL, in_std, 2, E, Q, 1);
+        SYNTH_T("attn_q.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, Q, 1, 1);
+        SYNTH_T("attn_k.weight", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_k.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, KV, 1, 1);
+        SYNTH_T("attn_v.weight", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_v.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, KV, 1, 1);
+        SYNTH_T("attn_output.weight", c->type_attn, INIT_NORMAL,
+                SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2, Q, E, 1);
+        SYNTH_T("attn_output.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, E, 1, 1);
+        SYNTH_T("attn_sinks.weight", TM_TYPE_F32, INIT_NORMAL, SYNTH_SINK_STD, 1, c->n_head, 1, 1);
+        SYNTH_T("post_attention_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("ffn_gate_inp.weight", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
+                X, 1);
+        t[n - 1].bias = bias + (size_t)l * X;
+        SYNTH_T("ffn_gate_inp.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, X, 1, 1);
+        SYNTH_T("ffn_gate_exps.weight", c->type_experts, INIT_NORMAL, in_std, 3, E, F, X);
+        SYNTH_T("ffn_up_exps.weight", c->type_experts, INIT_NORMAL, in_std, 3, E, F, X);
+        SYNTH_T("ffn_down_exps.weight", c->type_experts, INIT_NORMAL,
+                SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_OAI_RMS * sqrtf((float)F)), 3, F, E, X);
+        SYNTH_T("ffn_gate_exps.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, F, X, 1);
+        SYNTH_T("ffn_up_exps.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, F, X, 1);
+        SYNTH_T("ffn_down_exps.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, E, X, 1);
+#undef SYNTH_T
+    }
+    synth_tensor_set(&t[n++], "output_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
+    synth_tensor_set(&t[n++], "output.weight", c->type_output, INIT_NORMAL, in_std, 2, E,
+                     c->n_vocab, 1);
+    return n;
+}
+
 /* The tensor list llama.cpp's converter writes for qwen3moe, in its order;
  * loc (NULL when locality is 0) is attached to the tensors it changes. */
 static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias,
                                     const tm_synth_locality *loc, synth_tensor *t) {
+    if (synth_gptoss(c)) return synth_tensors_build_gptoss(c, bias, t);
     uint32_t n = 0;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
@@ -216,8 +310,7 @@ static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias,
 }
 
 uint64_t synth_config_tensor_bytes(const tm_synth_config *c) {
-    size_t n = 3 + 12 * (size_t)c->n_layer;
-    synth_tensor *t = malloc(n * sizeof(*t));
+    synth_tensor *t = malloc(SYNTH_MAX_TENSORS(c) * sizeof(*t));
     float *bias = calloc((size_t)c->n_layer * c->n_expert, sizeof(float));
     uint64_t total = 0;
     if (t && bias) {
@@ -371,25 +464,41 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
     tm_status st;
 #define SYNTH_KV(call)                                                                             \
     if ((st = (call)) != TM_OK) return st
-    SYNTH_KV(gguf_writer_set_str(w, "general.architecture", "qwen3moe"));
+    const char *arch = synth_gptoss(c) ? "gpt-oss" : "qwen3moe";
+    char key[96];
+#define SYNTH_ARCH(fn, suffix, v)                                                                  \
+    do {                                                                                           \
+        snprintf(key, sizeof(key), "%s." suffix, arch);                                            \
+        SYNTH_KV(fn(w, key, v));                                                                   \
+    } while (0)
+    SYNTH_KV(gguf_writer_set_str(w, "general.architecture", arch));
     SYNTH_KV(gguf_writer_set_str(w, "general.type", "model"));
     SYNTH_KV(gguf_writer_set_str(w, "general.name", c->name ? c->name : "tiermoe synthetic"));
     SYNTH_KV(gguf_writer_set_u32(w, "general.file_type", ftype));
     SYNTH_KV(gguf_writer_set_u32(w, "general.quantization_version", 2));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.block_count", c->n_layer));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.context_length", c->n_ctx));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.embedding_length", c->n_embd));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.feed_forward_length", c->n_ff));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.head_count", c->n_head));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.head_count_kv", c->n_head_kv));
-    SYNTH_KV(gguf_writer_set_f32(w, "qwen3moe.rope.freq_base", c->rope_base));
-    SYNTH_KV(gguf_writer_set_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon", c->rms_eps));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.expert_used_count", c->n_expert_used));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.key_length", c->head_dim));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.attention.value_length", c->head_dim));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.expert_count", c->n_expert));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", c->n_ff_exp));
-    SYNTH_KV(gguf_writer_set_u32(w, "qwen3moe.vocab_size", c->n_vocab));
+    SYNTH_ARCH(gguf_writer_set_u32, "block_count", c->n_layer);
+    SYNTH_ARCH(gguf_writer_set_u32, "context_length", c->n_ctx);
+    SYNTH_ARCH(gguf_writer_set_u32, "embedding_length", c->n_embd);
+    SYNTH_ARCH(gguf_writer_set_u32, "feed_forward_length", c->n_ff);
+    SYNTH_ARCH(gguf_writer_set_u32, "attention.head_count", c->n_head);
+    SYNTH_ARCH(gguf_writer_set_u32, "attention.head_count_kv", c->n_head_kv);
+    SYNTH_ARCH(gguf_writer_set_f32, "rope.freq_base", c->rope_base);
+    SYNTH_ARCH(gguf_writer_set_f32, "attention.layer_norm_rms_epsilon", c->rms_eps);
+    SYNTH_ARCH(gguf_writer_set_u32, "expert_used_count", c->n_expert_used);
+    SYNTH_ARCH(gguf_writer_set_u32, "attention.key_length", c->head_dim);
+    SYNTH_ARCH(gguf_writer_set_u32, "attention.value_length", c->head_dim);
+    SYNTH_ARCH(gguf_writer_set_u32, "expert_count", c->n_expert);
+    if (synth_gptoss(c)) { /* GptOssModel.set_gguf_parameters */
+        SYNTH_ARCH(gguf_writer_set_u32, "attention.sliding_window", c->window);
+        SYNTH_ARCH(gguf_writer_set_u32, "expert_feed_forward_length", c->n_ff_exp);
+        SYNTH_ARCH(gguf_writer_set_str, "rope.scaling.type", "yarn");
+        SYNTH_ARCH(gguf_writer_set_f32, "rope.scaling.factor", c->rope_factor);
+        SYNTH_ARCH(gguf_writer_set_u32, "rope.scaling.original_context_length", c->rope_orig_ctx);
+    } else {
+        SYNTH_ARCH(gguf_writer_set_u32, "expert_feed_forward_length", c->n_ff_exp);
+        SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
+    }
+#undef SYNTH_ARCH
     /* How the weights were made, so tests can check the routing law. */
     SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));
     SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.skew", (float)c->skew));
@@ -444,8 +553,7 @@ tm_status synth_config_apply_vocab(tm_synth_config *c) {
 tm_status synth_model_write(const tm_synth_config *c, const char *path) {
     tm_status st = synth_config_validate(c);
     if (st != TM_OK) return st;
-    const size_t max_tensors = 3 + 12 * (size_t)c->n_layer;
-    synth_tensor *t = malloc(max_tensors * sizeof(*t));
+    synth_tensor *t = malloc(SYNTH_MAX_TENSORS(c) * sizeof(*t));
     float *bias = malloc((size_t)c->n_layer * c->n_expert * sizeof(float));
     tm_pool *pool = NULL;
     tm_gguf_writer *w = NULL;

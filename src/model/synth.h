@@ -29,7 +29,15 @@
  * `locality` of each router logit's variance is a moving average over the
  * last tokens, the rest the token itself. Only the weights change: the file
  * is a plain qwen3moe GGUF, for random token ids as for text.
- * locality = 0 writes exactly the bytes of a build without it. */
+ * locality = 0 writes exactly the bytes of a build without it.
+ *
+ * gpt-oss (arch "gpt-oss": presets gpt-oss-20b, gpt-oss-120b, tiny-gpt-oss)
+ * writes llama.cpp's gpt-oss layout instead: q/k/v/o, router and expert
+ * biases (small random), attention sinks, post_attention_norm, the sliding
+ * window and YaRN keys; the same scaling (the expert down projection scaled
+ * for the clamped SwiGLU's output) and the same router-bias channel for the
+ * skew. Locality is not calibrated for it (no QK norm, YaRN, sinks, windows):
+ * refused. */
 #ifndef TM_MODEL_SYNTH_H
 #define TM_MODEL_SYNTH_H
 
@@ -43,6 +51,10 @@
 #include "quant/quant.h"
 
 typedef struct tm_synth_config {
+    const char *arch;       /* general.architecture: "qwen3moe" (NULL) or "gpt-oss" */
+    uint32_t window;        /* gpt-oss: attention.sliding_window of the even layers */
+    float rope_factor;      /* gpt-oss: YaRN factor */
+    uint32_t rope_orig_ctx; /* gpt-oss: YaRN original context */
     uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim;
     uint32_t n_expert, n_expert_used, n_ff_exp, n_ff; /* n_ff: dense FFN length (metadata only) */
     uint32_t n_vocab, n_ctx;
@@ -60,7 +72,8 @@ typedef struct tm_synth_config {
     int progress;           /* print progress and rate to stderr */
 } tm_synth_config;
 
-/* Fill `cfg` from a preset: "tiny" or "30b-a3b". */
+/* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b" or
+ * "tiny-gpt-oss". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 
 /* Check dimensions against each other and the quant types' block sizes. */

@@ -11,6 +11,11 @@
 #define SYNTH_FFN_OUT_STD  0.05f /* std of one expert's output per dimension */
 #define SYNTH_SWIGLU_STD   0.6f  /* std of silu(g)*u for g, u ~ N(0, 1) (numerically ~0.59) */
 #define SYNTH_ZIPF_CAP     0.9   /* no expert is chosen by more than 90% of tokens */
+/* gpt-oss: rms of the clamped SwiGLU g sigmoid(1.702 g) (u + 1) for g, u ~ N(0, 1)
+ * (numerically 0.919); biases and sinks small next to what they are added to */
+#define SYNTH_SWIGLU_OAI_RMS 0.92f
+#define SYNTH_BIAS_STD       0.02f
+#define SYNTH_SINK_STD       0.5f
 /* attn_q_norm / attn_k_norm of the recency head's layer: the head's logit at
  * distance 0 is gain^2 sqrt(head_dim) (22.6 at 128), so a context of 10^5
  * tokens leaks under 1% of the attention beyond the kernel */

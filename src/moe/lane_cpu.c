@@ -104,6 +104,17 @@ void moe_cpu_lane_profile(tm_moe_cpu_lane *l, tm_moe_lane_stats *acc) {
     l->acc = acc;
 }
 
+void moe_experts_act(const tm_moe_experts *ex, int32_t e, int64_t c0, int64_t c1, float *h,
+                     float *g, float *u) {
+    const int64_t n = c1 - c0, F = ex->n_ff;
+    if (ex->gate_bias) cpu_axpy(g, 1.0f, ex->gate_bias + (int64_t)e * F + c0, n);
+    if (ex->up_bias) cpu_axpy(u, 1.0f, ex->up_bias + (int64_t)e * F + c0, n);
+    if (ex->act == TM_MOE_ACT_SWIGLU_OAI)
+        cpu_swiglu_oai(h, g, u, n, ex->act_alpha, ex->act_limit);
+    else
+        cpu_swiglu(h, g, u, n);
+}
+
 static int lane_grow(void **p, size_t *cap, size_t need) {
     if (need <= *cap) return 1;
     void *q = realloc(*p, need);
@@ -150,7 +161,7 @@ static void lane_swiglu_piece(const lane_step *st, int64_t s, int64_t c0, int64_
     const tm_moe_cpu_lane *l = st->l;
     const tm_type t = st->m[LANE_DOWN]->type;
     float *g = l->out[LANE_GATE] + s * F + c0;
-    cpu_swiglu(g, g, l->out[LANE_UP] + s * F + c0, c1 - c0);
+    moe_experts_act(st->ex, st->slots[s].expert, c0, c1, g, g, l->out[LANE_UP] + s * F + c0);
     cpu_act_quantize(t, g, l->xq[LANE_DOWN] + s * st->xq_bytes[LANE_DOWN] + cpu_act_row_size(t, c0),
                      c1 - c0);
 }
@@ -289,6 +300,9 @@ static void lane_combine_task(void *ctx, int64_t begin, int64_t end, int ith) {
         for (int64_t i = l->tok_first[t]; i < l->tok_first[t + 1]; i++) {
             const int64_t s = l->tok_slots[i];
             cpu_axpy(st->y + t * E, st->slots[s].weight, l->out[LANE_DOWN] + s * E, E);
+            if (st->ex->down_bias)
+                cpu_axpy(st->y + t * E, st->slots[s].weight,
+                         st->ex->down_bias + (int64_t)st->slots[s].expert * E, E);
         }
     lane_clock_add(st, ith, TM_LANE_COMBINE, &t0);
 }
@@ -312,7 +326,8 @@ static tm_status lane_run_precise(tm_moe_cpu_lane *l, tm_pool *pool, const tm_mo
                                      moe_matrix_expert(&ex->up, run->expert), ex->up.row_bytes,
                                      l->xf, n, u + run->s0 * F)))
             return st;
-        for (int64_t s = run->s0; s < run->s1; s++) cpu_swiglu(g + s * F, g + s * F, u + s * F, F);
+        for (int64_t s = run->s0; s < run->s1; s++)
+            moe_experts_act(ex, run->expert, 0, F, g + s * F, g + s * F, u + s * F);
         if ((st = cpu_matmul_precise(pool, ex->down.type, F, E,
                                      moe_matrix_expert(&ex->down, run->expert), ex->down.row_bytes,
                                      g + run->s0 * F, n, l->out[LANE_DOWN] + run->s0 * E)))

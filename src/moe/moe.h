@@ -83,7 +83,9 @@ void moe_worklist_free(tm_moe_worklist *wl);
 /* ---- experts ---- */
 
 typedef enum tm_moe_activation {
-    TM_MOE_ACT_SWIGLU, /* silu(gate) * up */
+    TM_MOE_ACT_SWIGLU,     /* silu(gate) * up */
+    TM_MOE_ACT_SWIGLU_OAI, /* g = min(gate, limit), u = clamp(up, +-limit):
+                              g sigmoid(alpha g) (u + 1)   (gpt-oss) */
 } tm_moe_activation;
 
 typedef struct tm_moe_matrix {
@@ -106,7 +108,23 @@ typedef struct tm_moe_experts {
     tm_moe_matrix gate, up; /* n_ff rows of n_embd */
     tm_moe_matrix down;     /* n_embd rows of n_ff */
     tm_moe_activation act;
+    float act_alpha, act_limit; /* TM_MOE_ACT_SWIGLU_OAI's constants */
+    /* Per-expert biases added to each product's output (NULL: none): gate and
+     * up [n_expert][n_ff], down [n_expert][n_embd], f32 on the host. Small
+     * next to the experts: every lane keeps them resident. */
+    const float *gate_bias, *up_bias, *down_bias;
 } tm_moe_experts;
+
+/* Whether experts need more than the plain SwiGLU without biases (lanes that
+ * have only that refuse them). */
+static inline bool moe_experts_extended(const tm_moe_experts *ex) {
+    return ex->act != TM_MOE_ACT_SWIGLU || ex->gate_bias || ex->up_bias || ex->down_bias;
+}
+
+/* H = act(G + gate_bias, U + up_bias) for values [c0, c1) of expert e's row
+ * (G may be H: in place; G and U get their biases added). */
+void moe_experts_act(const tm_moe_experts *ex, int32_t e, int64_t c0, int64_t c1, float *h,
+                     float *g, float *u);
 
 /* ---- CPU lane ---- */
 

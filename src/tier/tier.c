@@ -380,6 +380,22 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                       const tm_tier_layer *layers, const tm_moe_router_params *router,
                       const tm_tier_params *p, tm_tier **out) {
     *out = NULL;
+    /* Experts with biases or the clamped SwiGLU: the GPU's expert kernels have
+     * plain SwiGLU only, so they stay in RAM on the CPU lane (no VRAM experts,
+     * cache, PCIe or fetch lane); attention and the rest may use the GPU. */
+    tm_tier_params q = *p;
+    for (uint32_t l = 0; l < n_layer && exec_gpu(e); l++) {
+        if (!moe_experts_extended(&layers[l].experts)) continue;
+        if (pl->experts_dev[l] == TM_DEV_GPU || (q.cache_mib && q.cache_mib != TM_MOE_CACHE_AUTO) ||
+            q.cache.plan)
+            return tm_error_set(TM_ERR_UNSUPPORTED,
+                                "layer %u: experts with biases or the clamped SwiGLU are computed "
+                                "by the CPU lane only so far: keep them in RAM (--cpu-moe) "
+                                "without --moe-cache",
+                                l);
+        q.cache_mib = 0, q.pcie = TM_MOE_PCIE_OFF, q.fetch = TM_MOE_FETCH_OFF;
+    }
+    p = &q;
     tm_tier *t = calloc(1, sizeof(*t));
     if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     t->e = e, t->n_layer = n_layer, t->router = *router;

@@ -33,7 +33,14 @@
  *     (n + 40) u (Σ_j P_j |v_ji| + |o_i|), the final scaling 4 u |o_i|.
  * The bounds are worst cases (errors grow like sqrt(n) in practice), yet a
  * wrong scale, one key past the causal limit, a wrong KV head or rope angle
- * moves outputs by about 1/n or more: hundreds of times these bounds. */
+ * moves outputs by about 1/n or more: hundreds of times these bounds.
+ *
+ * gpt-oss's additions (flags A_WIN, A_SINK, A_YARN): a sliding window of
+ * ATTN_WINDOW keys ((p - window, p]: it crosses tiles of 32), per-head sink
+ * logits in the denominator only, and RoPE from a frequency table with cos
+ * and sin scaled by mscale (the prepare bound grows by that factor). The
+ * reference keeps the same formulas, over the window's keys, with the sink's
+ * exp in the sum and in the max (its rise is in the rescale term). */
 #ifdef TM_HAVE_CUDA
 #include "cuda_check.h"
 
@@ -53,12 +60,18 @@ static const head_cfg k_heads[] = {
     {4, 4, 80, 1e4f, 0.25f}, /* no grouping, another scale */
     {2, 1, 6, 1e4f, 0},      /* head_dim % 4 != 0: the scalar tile loads */
     {8, 2, 256, 1e6f, 0},    /* the largest head: over 48 KiB of shared memory */
+    {64, 8, 64, 1.5e5f, 0},  /* gpt-oss-20b / 120b */
 };
 
+#define ATTN_WINDOW 40
+
 enum {
-    A_CTX = 1,  /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
-    A_NORM = 2, /* q_norm / k_norm given, else NULL */
-    A_MIS = 4,  /* cache bases 4 bytes off 16-byte alignment: no vector loads */
+    A_CTX = 1,   /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
+    A_NORM = 2,  /* q_norm / k_norm given, else NULL */
+    A_MIS = 4,   /* cache bases 4 bytes off 16-byte alignment: no vector loads */
+    A_WIN = 8,   /* sliding window of ATTN_WINDOW keys */
+    A_SINK = 16, /* sink logits per head */
+    A_YARN = 32, /* RoPE from a frequency table, cos/sin times mscale */
 };
 
 typedef struct attn_case {
@@ -100,6 +113,14 @@ static const attn_case k_cases[] = {
     {4, F32, 200, 6, 1024, A_CTX | A_NORM},
     {4, F16, 0, 3, 64, 0},
     {4, F32, 10, 9, 64, A_MIS},
+    /* gpt-oss: prompt and decode (every split path) past the window */
+    {5, F16, 0, 200, 1024, A_WIN | A_SINK | A_YARN},
+    {5, F32, 500, 1, 4096, A_CTX | A_WIN | A_SINK | A_YARN},
+    {5, F16, 130, 8, 1024, A_WIN | A_SINK | A_YARN},
+    {5, F16, 20, 3, 1024, A_CTX | A_WIN | A_SINK}, /* the window starts at key 0 */
+    {1, F32, 300, 5, 1024, A_CTX | A_WIN | A_NORM},
+    {2, F16, 100, 200, 1024, A_WIN | A_YARN},
+    {3, F32, 50, 9, 256, A_SINK},
 };
 
 typedef struct attn_state {
@@ -112,6 +133,7 @@ typedef struct attn_state {
     float *qw, *kw, *qw_d, *kw_d; /* norm weights (NULL without A_NORM) */
     int32_t *pos_d;
     double worst_prep, worst_k16; /* q and f32 rows; f16 K rows (with their rounding) */
+    float *sinks, *freq;          /* host copies (NULL without A_SINK / A_YARN) */
 } attn_state;
 
 static double cache_at(const attn_state *s, const uint8_t *cache, int64_t i) {
@@ -138,10 +160,12 @@ static void ref_head(const attn_state *s, const float *x, const float *w, int64_
     }
     for (int32_t i = 0; i < half; i++) {
         const double a = x[i] * sc * (w ? w[i] : 1), b = x[i + half] * sc * (w ? w[i + half] : 1);
-        const double th = (double)pos * pow((double)s->p.rope_base, -2.0 * i / d);
-        y[i] = a * cos(th) - b * sin(th);
-        y[i + half] = a * sin(th) + b * cos(th);
-        tol[i] = tol[i + half] = ((w ? d : 0) + 8) * U32 * (fabs(a) + fabs(b)) + 1e-30;
+        const double th = s->freq ? (double)pos * s->freq[i]
+                                  : (double)pos * pow((double)s->p.rope_base, -2.0 * i / d);
+        const double ms = s->freq ? s->p.rope_mscale : 1.0;
+        y[i] = (a * cos(th) - b * sin(th)) * ms;
+        y[i + half] = (a * sin(th) + b * cos(th)) * ms;
+        tol[i] = tol[i + half] = ((w ? d : 0) + 8) * U32 * ms * (fabs(a) + fabs(b)) + 1e-30;
     }
 }
 
@@ -253,9 +277,10 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t h = 0; h < H; h++) {
             const int64_t nk = pos0 + t + 1, g = h / G;
+            const int64_t j0 = s->p.window && nk > s->p.window ? nk - s->p.window : 0;
             const float *qr = q + (t * H + h) * d;
             double smax = -INFINITY, smin = INFINITY, sum = 0;
-            for (int64_t j = 0; j < nk; j++) {
+            for (int64_t j = j0; j < nk; j++) {
                 const double *kr = K + j * kvw + g * d;
                 double dot = 0, mag = 0;
                 for (int64_t i = 0; i < d; i++) dot += qr[i] * kr[i], mag += fabs(qr[i] * kr[i]);
@@ -263,14 +288,16 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
                 E[j] = (double)(d + 3) * U32 * scale * mag;
                 smax = fmax(smax, sc[j]), smin = fmin(smin, sc[j]);
             }
-            for (int64_t j = 0; j < nk; j++) sum += P[j] = exp(sc[j] - smax);
+            if (s->sinks) smax = fmax(smax, s->sinks[h]), smin = fmin(smin, s->sinks[h]);
+            for (int64_t j = j0; j < nk; j++) sum += P[j] = exp(sc[j] - smax);
+            if (s->sinks) sum += exp(s->sinks[h] - smax); /* the denominator only */
             const double resc = (double)(10 + 6 * (nk / 32 + 2)) * U32 + 3 * U32 * (smax - smin);
-            for (int64_t j = 0; j < nk; j++) P[j] /= sum, E[j] += U32 * (smax - sc[j]) + resc;
+            for (int64_t j = j0; j < nk; j++) P[j] /= sum, E[j] += U32 * (smax - sc[j]) + resc;
             for (int64_t i = 0; i < d; i++) {
                 const double *vc = V + g * d + i;
                 double o = 0, a = 0, b = 0;
-                for (int64_t j = 0; j < nk; j++) o += P[j] * vc[j * kvw];
-                for (int64_t j = 0; j < nk; j++)
+                for (int64_t j = j0; j < nk; j++) o += P[j] * vc[j * kvw];
+                for (int64_t j = j0; j < nk; j++)
                     a += P[j] * E[j] * fabs(vc[j * kvw] - o), b += P[j] * fabs(vc[j * kvw]);
                 const double tol =
                     a + (double)(nk + 40) * U32 * (b + fabs(o)) + 4 * U32 * fabs(o) + 1e-30;
@@ -318,6 +345,19 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[3]) {
         s.qw_d = dev_upload(s.qw, (size_t)hc->d * 4), s.kw_d = dev_upload(s.kw, (size_t)hc->d * 4);
     }
     s.pos_d = dev_alloc(4);
+    if (c->flags & A_WIN) s.p.window = ATTN_WINDOW;
+    if (c->flags & A_SINK) { /* of the scores' size: a real share of the softmax */
+        s.sinks = xmalloc((size_t)hc->n_head * 4);
+        fill_normal(r, s.sinks, hc->n_head, 2.0f);
+        s.p.sinks = dev_upload(s.sinks, (size_t)hc->n_head * 4);
+    }
+    if (c->flags & A_YARN) { /* any table: the contract is theta_i = pos * freq[i] */
+        s.freq = xmalloc((size_t)(hc->d / 2) * 4);
+        for (int32_t i = 0; i < hc->d / 2; i++)
+            s.freq[i] = (float)(pow(hc->base, -2.0 * i / hc->d) / (i < hc->d / 8 ? 1 : 32));
+        s.p.rope_freq = dev_upload(s.freq, (size_t)(hc->d / 2) * 4);
+        s.p.rope_mscale = 1.3466f; /* 0.1 ln 32 + 1 */
+    }
 
     float *q_d, *q;
     if (c->pos0 > 0) { /* the history, written as one earlier batch */
@@ -329,6 +369,7 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[3]) {
         w[0] = fmax(w[0], attn_check(&s, q_d, q, c->pos0, c->n_tok));
     w[1] = fmax(w[1], s.worst_prep), w[2] = fmax(w[2], s.worst_k16);
     free(q), free(s.kc), free(s.vc), free(s.kc2), free(s.vc2), free(s.qw), free(s.kw);
+    free(s.sinks), free(s.freq);
 }
 
 static void expect_arg(tm_status st, const char *what) {
@@ -345,7 +386,14 @@ static void attn_bad_args(void) {
     float *b = dev_alloc((size_t)4 << 20); /* room for every buffer below, were it used */
     CHECK(cuda_fill_bytes(g_dev, b, 0, (size_t)4 << 20));
     const int32_t *pos = (const int32_t *)b; /* *pos0 = 0 */
-    const tm_cuda_attn_params ok = {32, 4, 128, 1024, F16, 0.088f, 1e-6f, 1e6f, NULL, NULL};
+    const tm_cuda_attn_params ok = {.n_head = 32,
+                                    .n_head_kv = 4,
+                                    .head_dim = 128,
+                                    .n_ctx = 1024,
+                                    .kv_type = F16,
+                                    .scale = 0.088f,
+                                    .rms_eps = 1e-6f,
+                                    .rope_base = 1e6f};
     static const struct {
         int32_t n_head_kv, d;
         tm_type kv;

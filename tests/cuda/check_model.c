@@ -70,6 +70,11 @@ void check_model(void **state) {
     pm_model_write(wide, sizeof(wide), "cuda_4x32.gguf", 4, 32);
     placement_matrix_run(tiny, &gpu_tol);
     placement_matrix_run(wide, &gpu_tol);
+    /* gpt-oss (sinks, windows, biases, YaRN): CPU only and its --cpu-moe placements */
+    const char *data = getenv("TM_TEST_DATA");
+    char oss[512];
+    snprintf(oss, sizeof(oss), "%s/hf_gptoss/tiny-mxfp4.gguf", data ? data : "tests/data");
+    placement_matrix_run(oss, &gpu_tol);
 
     /* -ngl all with an f16 KV cache */
     tm_model *m;

@@ -631,6 +631,30 @@ static bool add_run(void *arg, char *err, size_t err_size) {
     return true;
 }
 
+typedef struct bias_arg {
+    float *y;
+    const float *b;
+    int64_t n_rows, n;
+} bias_arg;
+
+static bool bias_run(void *arg, char *err, size_t err_size) {
+    const bias_arg *a = arg;
+    NEED_DEVICE(a->y, (size_t)(a->n_rows * a->n) * 4, "y");
+    NEED_DEVICE(a->b, (size_t)a->n * 4, "b");
+    for (int64_t r = 0; r < a->n_rows; r++) cpu_axpy(a->y + r * a->n, 1.0f, a->b, a->n);
+    return true;
+}
+
+tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n,
+                        tm_cuda_stream stream) {
+    if (n_rows < 0 || n <= 0)
+        return tm_error_set(TM_ERR_ARG, "cuda_add_bias: %lld rows of %lld", (long long)n_rows,
+                            (long long)n);
+    if (n_rows == 0) return TM_OK;
+    const bias_arg arg = {y, b, n_rows, n};
+    return mock_launch(stream, "cuda_add_bias", bias_run, &arg, sizeof(arg));
+}
+
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream) {
     if (n <= 0)
         return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
@@ -744,6 +768,7 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->v, (size_t)(a->n_tok * kvw) * 4, "v");
     if (a->q_norm) NEED_DEVICE(a->q_norm, (size_t)d * 4, "q_norm");
     if (a->k_norm) NEED_DEVICE(a->k_norm, (size_t)d * 4, "k_norm");
+    if (p->rope_freq) NEED_DEVICE(p->rope_freq, (size_t)(d / 2) * 4, "rope_freq");
     const size_t cache_bytes = (size_t)(rows_end * kvw) * esz;
     NEED_DEVICE(a->k_cache, cache_bytes, "the k cache");
     NEED_DEVICE(a->v_cache, cache_bytes, "the v cache");
@@ -752,7 +777,11 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     for (int64_t t = 0; t < a->n_tok; t++) {
         int64_t pos = 0, kv0 = 0;
         attn_row(a, t, &pos, &kv0, err, err_size); /* checked above */
-        cpu_rope_table(cs, cs + d / 2, d, pos, p->rope_base);
+        if (p->rope_freq)
+            cpu_rope_table_freq(cs, cs + d / 2, d, pos, p->rope_freq,
+                                p->rope_mscale ? p->rope_mscale : 1.0f);
+        else
+            cpu_rope_table(cs, cs + d / 2, d, pos, p->rope_base);
         for (int64_t h = 0; h < p->n_head; h++)
             norm_rope_head(a->q + t * qw + h * d, a->q_norm, p, cs);
         memcpy(krow, a->k + t * kvw, (size_t)kvw * sizeof(float)); /* k is not written */
@@ -832,8 +861,16 @@ static bool attention_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->out, (size_t)(a->n_tok * qw) * 4, "out");
     NEED_DEVICE(a->k_cache, cache_bytes, "the k cache");
     NEED_DEVICE(a->v_cache, cache_bytes, "the v cache");
-    const tm_attention_shape s = {a->n_tok,    pos0,     p->n_head, p->n_head_kv,
-                                  p->head_dim, p->scale, p->kv_type};
+    if (p->sinks) NEED_DEVICE(p->sinks, (size_t)p->n_head * 4, "sinks");
+    const tm_attention_shape s = {.n_tok = a->n_tok,
+                                  .pos0 = pos0,
+                                  .n_head = p->n_head,
+                                  .n_head_kv = p->n_head_kv,
+                                  .head_dim = p->head_dim,
+                                  .scale = p->scale,
+                                  .kv_type = p->kv_type,
+                                  .window = p->window,
+                                  .sinks = p->sinks};
     float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
     if (!scratch) return mock_fail(err, err_size, "out of host memory");
     cpu_attention(NULL, &s, a->q, a->k_cache, a->v_cache, a->out, scratch);
