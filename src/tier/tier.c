@@ -435,7 +435,6 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             };
     }
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
-    tm_tier_params q = *p;
     if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
     if (st == TM_OK) st = tier_cache_create(t, &q);
     if (st == TM_OK) st = tier_pcie_create(t, pl, &q);

@@ -58,11 +58,14 @@ static void run_alone(const tm_cuda_attn_params *p0, int32_t S, float *q_d, cons
 }
 
 static double rows_run_case(tm_rng *r, const rows_case *c) {
-    tm_cuda_attn_params p = {c->n_head, c->n_head_kv,
-                             c->d,      (int64_t)c->n_seq * c->S,
-                             c->kv,     1.0f / sqrtf((float)c->d),
-                             1e-6f,     1e6f,
-                             NULL,      NULL};
+    tm_cuda_attn_params p = {.n_head = c->n_head,
+                             .n_head_kv = c->n_head_kv,
+                             .head_dim = c->d,
+                             .n_ctx = (int64_t)c->n_seq * c->S,
+                             .kv_type = c->kv,
+                             .scale = 1.0f / sqrtf((float)c->d),
+                             .rms_eps = 1e-6f,
+                             .rope_base = 1e6f};
     const int64_t H = c->n_head, d = c->d, kvw = (int64_t)c->n_head_kv * d, n = c->n_rows;
     const size_t esz = c->kv == TM_TYPE_F16 ? 2 : 4, row_b = (size_t)kvw * esz;
     const size_t cache_b = (size_t)p.n_ctx * row_b;

@@ -816,7 +816,15 @@ static bool attention_rows_run(const attn_arg *a, char *err, size_t err_size) {
     const size_t esz = p->kv_type == TM_TYPE_F16 ? 2 : 4;
     NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
     NEED_DEVICE(a->out, (size_t)(a->n_tok * qw) * 4, "out");
-    tm_attention_shape s = {1, 0, p->n_head, p->n_head_kv, p->head_dim, p->scale, p->kv_type};
+    if (p->sinks) NEED_DEVICE(p->sinks, (size_t)p->n_head * 4, "sinks");
+    tm_attention_shape s = {.n_tok = 1,
+                            .n_head = p->n_head,
+                            .n_head_kv = p->n_head_kv,
+                            .head_dim = p->head_dim,
+                            .scale = p->scale,
+                            .kv_type = p->kv_type,
+                            .window = p->window,
+                            .sinks = p->sinks};
     float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
     if (!scratch) return mock_fail(err, err_size, "out of host memory");
     for (int64_t t = 0; t < a->n_tok; t++) {
