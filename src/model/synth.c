@@ -496,8 +496,10 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
         SYNTH_ARCH(gguf_writer_set_u32, "rope.scaling.original_context_length", c->rope_orig_ctx);
     } else {
         SYNTH_ARCH(gguf_writer_set_u32, "expert_feed_forward_length", c->n_ff_exp);
-        SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
     }
+    /* a file without a tokenizer ("no_vocab") tells llama.cpp its vocabulary's size here */
+    if (!synth_gptoss(c) || !c->vocab_json)
+        SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
 #undef SYNTH_ARCH
     /* How the weights were made, so tests can check the routing law. */
     SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));
