@@ -46,7 +46,7 @@ if [ "${NO_PEER:-0}" != 1 ] && [ -f .peer/llama-bench.tar.xz ]; then
     stamp "llama.cpp (peer)"
     [ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
     LB=/tmp/llamacpp-peer/llama-bench
-    for args in "-ngl 99" "-ngl 99 -cmoe 1" "-ngl 0"; do
+    for args in "-ngl 99" "-ngl 99 -ncmoe 99" "-ngl 0"; do
         [ "$args" = "-ngl 0" ] && [ "${NO_CPU:-0}" = 1 ] && continue
         timeout 300 $LB -m "$M" -fa 1 -p 512 -n 128 -r "$REPS" -t 16 $args 2>&1 \
             | tee -a "$OUT/peer.md" | grep -E "^\|"
