@@ -52,6 +52,7 @@ import numpy as np
 import gguf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
+from hf_dump import hf_run, max_rel_diff  # noqa: E402  (beside this script)
 import qwen3moe_ref  # noqa: E402  (the dump writer only)
 
 SEED = 20251125
@@ -285,47 +286,14 @@ class Float64Patches:
         return False
 
 
-# ---------------------------------------------------------------- HF run
+# ---------------------------------------------------------------- HF run (hf_dump.hf_run)
 
-def hf_run(model, tokens, torch):
-    caught, hooks = {}, []
-
-    def grab(name, fn):
-        def hook(_m, _inp, out):
-            caught[name] = fn(out)
-        return hook
-
-    for il, layer in enumerate(model.model.layers):
-        p = f"blk.{il}."
-        hooks.append(layer.self_attn.register_forward_hook(grab(p + "attn_out", lambda o: o[0])))
-        hooks.append(layer.mlp.router.register_forward_hook(grab(p + "router", lambda o: o)))
-        hooks.append(layer.mlp.register_forward_hook(grab(p + "ffn_out", lambda o: o[0])))
-        hooks.append(layer.register_forward_hook(grab(p + "x_out", lambda o: o[0] if isinstance(o, tuple) else o)))
-    try:
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([tokens], dtype=torch.long), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-
-    def np2(x):
-        return x.detach().reshape(len(tokens), -1).numpy()
-
-    arrays = {"logits": np2(out.logits).astype(np.float64)}
-    for il in range(len(model.model.layers)):
-        p = f"blk.{il}."
-        rl, rw, ri = caught[p + "router"]
-        arrays[p + "attn_out"] = np2(caught[p + "attn_out"])
-        arrays[p + "router_logits"] = np2(rl)
-        arrays[p + "topk_ids"] = np2(ri).astype(np.int32)
-        arrays[p + "topk_weights"] = np2(rw)
-        arrays[p + "ffn_out"] = np2(caught[p + "ffn_out"])
-        arrays[p + "x_out"] = np2(caught[p + "x_out"])
-    return arrays
+def moe_router(layer):
+    return layer.mlp.router
 
 
-def max_rel_diff(a, b):
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+def moe_out(o):  # GptOssMLP returns (output, router scores)
+    return o[0]
 
 
 def main():
@@ -367,8 +335,8 @@ def main():
     write_model_gguf(mpath, weights)
     load_gguf_into_hf(model, mpath, torch)
     with Float64Patches(mod, torch, inv64, mscale):
-        gold = hf_run(model, tokens, torch)
-    raw = hf_run(model, tokens, torch)
+        gold = hf_run(model, tokens, torch, moe_router, moe_out)
+    raw = hf_run(model, tokens, torch, moe_router, moe_out)
     islands = max_rel_diff(raw["logits"], gold["logits"])
     meta = {"hf.transformers_version": transformers.__version__, "hf.torch_version": torch.__version__,
             "hf.attn_implementation": "eager",
@@ -406,7 +374,7 @@ def clamp_stats(model, tokens, torch, mod, inv64, mscale):
     mod.GptOssExperts._apply_gate = spy
     try:
         with Float64Patches(mod, torch, inv64, mscale):
-            hf_run(model, tokens, torch)
+            hf_run(model, tokens, torch, moe_router, moe_out)
     finally:
         mod.GptOssExperts._apply_gate = orig
     return ["%.3f/%.3f" % (np.mean([s[0] for s in seen]), np.mean([s[1] for s in seen]))]
