@@ -1,6 +1,30 @@
-"""What the golden scripts share (make_hf_goldens.py, make_gptoss_goldens.py): one HF
-forward with hooks on every layer, returned as the golden arrays of docs/golden-format.md."""
+"""What the golden scripts share (make_hf_goldens.py, make_gptoss_goldens.py): patching
+HF modules' float32 islands for the run, and one HF forward with hooks on every layer,
+returned as the golden arrays of docs/golden-format.md."""
+import contextlib
+
 import numpy as np
+
+
+@contextlib.contextmanager
+def patched_forwards(pairs):
+    """Replace cls.forward by fn for each (cls, fn) while the block runs, then restore."""
+    saved = [(cls, cls.forward) for cls, _ in pairs]
+    for cls, fn in pairs:
+        cls.forward = fn
+    try:
+        yield
+    finally:
+        for cls, fn in saved:
+            cls.forward = fn
+
+
+def rms_forward_in_dtype(torch):
+    """An RMSNorm forward in the input's dtype (transformers' computes in float32)."""
+    def rms_forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
+    return rms_forward
 
 
 def hf_run(model, tokens, torch, router, ffn_out):

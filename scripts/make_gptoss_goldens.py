@@ -52,7 +52,7 @@ import numpy as np
 import gguf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
-from hf_dump import hf_run, max_rel_diff  # noqa: E402  (beside this script)
+from hf_dump import hf_run, max_rel_diff, patched_forwards, rms_forward_in_dtype  # noqa: E402  (beside this script)
 import qwen3moe_ref  # noqa: E402  (the dump writer only)
 
 SEED = 20251125
@@ -258,32 +258,15 @@ def yarn_inv_freq_f64():
     return inv, 0.1 * math.log(factor) + 1.0
 
 
-class Float64Patches:
-    def __init__(self, mod, torch, inv_freq, mscale):
-        self.mod, self.torch, self.saved = mod, torch, {}
-        self.inv_freq, self.mscale = torch.from_numpy(inv_freq), mscale
+def float64_patches(mod, torch, inv_freq, mscale):
+    inv = torch.from_numpy(inv_freq)
 
-    def __enter__(self):
-        mod, torch = self.mod, self.torch
-        inv, msc = self.inv_freq, self.mscale
+    def rotary_forward(self, x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * inv
+        return (freqs.cos() * mscale).to(x.dtype), (freqs.sin() * mscale).to(x.dtype)
 
-        def rms_forward(self, x):
-            var = x.pow(2).mean(-1, keepdim=True)
-            return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
-
-        def rotary_forward(self, x, position_ids):
-            freqs = position_ids[..., None].to(torch.float64) * inv
-            return (freqs.cos() * msc).to(x.dtype), (freqs.sin() * msc).to(x.dtype)
-
-        for cls, fn in ((mod.GptOssRMSNorm, rms_forward), (mod.GptOssRotaryEmbedding, rotary_forward)):
-            self.saved[cls] = cls.forward
-            cls.forward = fn
-        return self
-
-    def __exit__(self, *exc):
-        for cls, fn in self.saved.items():
-            cls.forward = fn
-        return False
+    return patched_forwards(((mod.GptOssRMSNorm, rms_forward_in_dtype(torch)),
+                             (mod.GptOssRotaryEmbedding, rotary_forward)))
 
 
 # ---------------------------------------------------------------- HF run (hf_dump.hf_run)
@@ -334,7 +317,7 @@ def main():
     mpath = os.path.join(args.out, "tiny-mxfp4.gguf")
     write_model_gguf(mpath, weights)
     load_gguf_into_hf(model, mpath, torch)
-    with Float64Patches(mod, torch, inv64, mscale):
+    with float64_patches(mod, torch, inv64, mscale):
         gold = hf_run(model, tokens, torch, moe_router, moe_out)
     raw = hf_run(model, tokens, torch, moe_router, moe_out)
     islands = max_rel_diff(raw["logits"], gold["logits"])
@@ -373,7 +356,7 @@ def clamp_stats(model, tokens, torch, mod, inv64, mscale):
         return orig(self, gate_up)
     mod.GptOssExperts._apply_gate = spy
     try:
-        with Float64Patches(mod, torch, inv64, mscale):
+        with float64_patches(mod, torch, inv64, mscale):
             hf_run(model, tokens, torch, moe_router, moe_out)
     finally:
         mod.GptOssExperts._apply_gate = orig

@@ -41,7 +41,7 @@ import numpy as np
 import gguf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
-from hf_dump import hf_run, max_rel_diff  # noqa: E402  (beside this script)
+from hf_dump import hf_run, max_rel_diff, patched_forwards, rms_forward_in_dtype  # noqa: E402  (beside this script)
 import qwen3moe_ref  # noqa: E402  (the dump writer; the forward there is not used here)
 
 SEED = 20250601
@@ -231,49 +231,30 @@ def load_gguf_into_hf(model, path, torch):
 
 # ---------------------------------------------------------------- float64 patches
 
-class Float64Patches:
+def float64_patches(mod, torch):
     """Swap transformers' float32 islands for the same formulas in the input dtype."""
+    F = torch.nn.functional
 
-    def __init__(self, mod, torch):
-        self.mod, self.torch = mod, torch
-        self.saved = {}
+    def router_forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = F.linear(hidden_states, self.weight)
+        router_probs = F.softmax(router_logits, dim=-1)
+        top_value, top_idx = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_value = top_value / top_value.sum(dim=-1, keepdim=True)
+        return router_logits, top_value, top_idx
 
-    def __enter__(self):
-        mod, torch = self.mod, self.torch
-        F = torch.nn.functional
+    def rotary_forward(self, x, position_ids):
+        base = self.config.rope_parameters["rope_theta"]
+        dim = self.config.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
-        def rms_forward(self, x):
-            var = x.pow(2).mean(-1, keepdim=True)
-            return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
-
-        def router_forward(self, hidden_states):
-            hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-            router_logits = F.linear(hidden_states, self.weight)
-            router_probs = F.softmax(router_logits, dim=-1)
-            top_value, top_idx = torch.topk(router_probs, self.top_k, dim=-1)
-            if self.norm_topk_prob:
-                top_value = top_value / top_value.sum(dim=-1, keepdim=True)
-            return router_logits, top_value, top_idx
-
-        def rotary_forward(self, x, position_ids):
-            base = self.config.rope_parameters["rope_theta"]
-            dim = self.config.head_dim
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-            freqs = position_ids[..., None].to(torch.float64) * inv_freq
-            emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-        for cls, fn in ((mod.Qwen3MoeRMSNorm, rms_forward),
-                        (mod.Qwen3MoeTopKRouter, router_forward),
-                        (mod.Qwen3MoeRotaryEmbedding, rotary_forward)):
-            self.saved[cls] = cls.forward
-            cls.forward = fn
-        return self
-
-    def __exit__(self, *exc):
-        for cls, fn in self.saved.items():
-            cls.forward = fn
-        return False
+    return patched_forwards(((mod.Qwen3MoeRMSNorm, rms_forward_in_dtype(torch)),
+                             (mod.Qwen3MoeTopKRouter, router_forward),
+                             (mod.Qwen3MoeRotaryEmbedding, rotary_forward)))
 
 
 # ---------------------------------------------------------------- HF run (hf_dump.hf_run)
@@ -327,7 +308,7 @@ def main():
         mpath = os.path.join(args.out, f"tiny-{tag}.gguf")
         write_model_gguf(mpath, weights, quant=quant)
         load_gguf_into_hf(model, mpath, torch)
-        with Float64Patches(mod, torch):
+        with float64_patches(mod, torch):
             gold = hf_run(model, tokens, torch, moe_router, moe_out)
         raw = hf_run(model, tokens, torch, moe_router, moe_out)   # transformers as shipped, float32 islands included
         islands = max_rel_diff(raw["logits"], gold["logits"])
