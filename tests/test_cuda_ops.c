@@ -145,17 +145,6 @@ static void test_mmvq(void **state) {
 
 /* ---- q8_0 with 8-bit activations ---- */
 
-/* The quantization cuda_q8x_quantize documents, on the host. */
-static void q8x_host(const float *x, int64_t n, int8_t *q, float *d) {
-    for (int64_t b = 0; b < n / 32; b++) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
-        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
-        for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(x[32 * b + i] * id);
-        d[b] = dv;
-    }
-}
-
 /* The quantizer bit for bit against the host's; the product against a double
  * dot of the dequantized weights and activations. Each block's integer sum is
  * exact, so the error is float32's: nb = k/32 scaled sums (two roundings each)
@@ -174,7 +163,7 @@ static double mmvq_q8x_case(tm_rng *r, const mmvq_case *c) {
     const size_t qbytes = cuda_q8x_bytes(k, nt);
     int8_t *q = xmalloc((size_t)(nt * k)), *qg = xmalloc(qbytes);
     float *d = xmalloc((size_t)(nt * nb) * sizeof(float));
-    q8x_host(x, nt * k, q, d);
+    quant_ref_quantize_q8x(x, nt * k, q, d);
     float *y = xmalloc((size_t)nt * rows * sizeof(float));
 
     cuda_pool_reset(g_pool);

@@ -162,6 +162,12 @@ static inline size_t quant_row_size(tm_type t, int64_t n) {
 tm_status quant_row_dequantize(tm_type t, const void *src, float *dst, int64_t n);
 tm_status quant_row_quantize(tm_type t, const float *src, void *dst, int64_t n);
 
+/* 8-bit activations as the GPU's q8_0 decode products take them (cuda_q8x_quantize):
+ * per 32 values of x (n a multiple of 32) d = max|x| / 127.0f, id = d ? 1.0f / d : 0,
+ * q = x * id rounded to nearest even, all in float; q[n] and d[n / 32]. The kernel and
+ * this agree bit for bit (the host mocks use it, test_cuda_ops compares against it). */
+void quant_ref_quantize_q8x(const float *x, int64_t n, int8_t *q, float *d);
+
 /* Scalar conversions (exact, round-to-nearest-even). */
 float quant_f16_to_f32(tm_half h);
 tm_half quant_f32_to_f16(float f);

@@ -261,3 +261,13 @@ void quant_ref_quantize_mxfp4(const float *src, void *dst, int64_t n) {
         }
     }
 }
+
+void quant_ref_quantize_q8x(const float *x, int64_t n, int8_t *q, float *d) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
+        for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(x[32 * b + i] * id);
+        d[b] = dv;
+    }
+}

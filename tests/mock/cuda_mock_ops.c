@@ -145,14 +145,7 @@ static bool q8x_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->x, (size_t)n * 4, "x");
     NEED_DEVICE(a->xq, cuda_q8x_bytes(a->k, a->n_tok), "the quantized activations");
     int8_t *q = a->xq;
-    float *d = (float *)(q + n);
-    for (int64_t b = 0; b < n / 32; b++) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(a->x[32 * b + i]));
-        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
-        for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(a->x[32 * b + i] * id);
-        d[b] = dv;
-    }
+    quant_ref_quantize_q8x(a->x, n, q, (float *)(q + n));
     return true;
 }
 
