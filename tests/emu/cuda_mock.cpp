@@ -117,9 +117,8 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
 }
 tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq, tm_cuda_stream) {
     if (k <= 0 || k % 32 || n_tok < 1 || n_tok > 8 || ((uintptr_t)xq & 15)) return tm_error_set(TM_ERR_ARG, "mock q8x args");
-    int8_t *q = (int8_t *)xq; float *d = (float *)(q + n_tok * k);
-    for (int64_t b = 0; b < n_tok * k / 32; b++) { float amax = 0; for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
-        const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f; for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(x[32 * b + i] * id); d[b] = dv; }
+    int8_t *q = (int8_t *)xq;
+    quant_ref_quantize_q8x(x, n_tok * k, q, (float *)(q + n_tok * k));
     return TM_OK;
 }
 } /* extern "C" */
@@ -214,4 +213,5 @@ tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, i
     return cuda_rmsnorm(h, x, w, R, n, eps, s);
 }
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream) { for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; return TM_OK; }
+tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n, tm_cuda_stream) { for (int64_t r = 0; r < n_rows; r++) for (int64_t i = 0; i < n; i++) y[r * n + i] += b[i]; return TM_OK; }
 }
