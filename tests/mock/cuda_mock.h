@@ -36,4 +36,13 @@ bool mock_device_range(const void *p, size_t bytes);
 bool mock_fail(char *err, size_t err_size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* In a closure: fail unless [p, p + bytes) is device-addressable. */
+#define NEED_DEVICE(p, bytes, what)                                                                \
+    do {                                                                                           \
+        if (!mock_device_range((p), (bytes)))                                                      \
+            return mock_fail(err, err_size,                                                        \
+                             "illegal address: %s (%zu bytes at %p) is not device memory", what,   \
+                             (size_t)(bytes), (const void *)(p));                                  \
+    } while (0)
+
 #endif
