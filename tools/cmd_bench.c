@@ -29,6 +29,8 @@ static void bench_usage(FILE *out) {
                  "  -r N          repetitions (default 3)\n"
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
                  "  -b N          prompt batch size (default 512)\n"
+                 "  -np N[,N...]  tg tests decode N sequences together, a row each a step, as\n"
+                 "                serve --parallel does (default 1); t/s counts all N\n"
                  "  -o md|csv|json|jsonl  output format (default md)\n"
                  "  --no-membw    skip the memory bandwidth measurement (made before each test)\n"
                  "  --profile     print where each test's time went\n");
@@ -74,8 +76,8 @@ static int bench_parse_list(const char *flag, const char *val, long long lo, lon
 
 typedef struct bench_result {
     const char *test;
-    int n, threads;
-    char backend[128]; /* where things ran, from the context (bench_backend) */
+    int n, n_par, threads; /* n_par: sequences decoded together (tg) */
+    char backend[128];     /* where things ran, from the context (bench_backend) */
     int n_gpu_layers, n_cpu_moe;
     double mean, sd;
     double cpu_gbs, gpu_gbs; /* weight bytes each side read per second */
@@ -198,8 +200,8 @@ static void bench_backend(const tm_context *ctx, char *out, size_t n) {
 
 /* What every context's tests share. */
 typedef struct bench_opts {
-    long long pp[BENCH_MAX_VALUES], tg[BENCH_MAX_VALUES];
-    int n_pp, n_tg;
+    long long pp[BENCH_MAX_VALUES], tg[BENCH_MAX_VALUES], np[BENCH_MAX_VALUES];
+    int n_pp, n_tg, n_np;
     long long reps, batch;
     bool membw, profile;
     tm_trace *tr;
@@ -207,21 +209,33 @@ typedef struct bench_opts {
 
 #define BENCH_MAX_RESULTS 256
 
+#define BENCH_MAX_PAR 64
+
+/* One decode step of sequences 0 .. n-1, a token each. Nonzero on failure. */
+static int bench_decode_rows(tm_context *ctx, const int32_t *ids, int n) {
+    int seqs[BENCH_MAX_PAR];
+    for (int i = 0; i < n; i++) seqs[i] = i;
+    return model_decode_rows(ctx, n, seqs, ids) != TM_OK;
+}
+
 /* One context (a placement and a thread count): warm up, then every pp and
  * tg test, appended to res. Nonzero after printing an error. */
 static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_opts *o,
                          tm_rng *rng, bench_result *res, int *n_res) {
-    long long max_pp = 0, max_tg = 0;
+    long long max_pp = 0, max_tg = 0, max_np = 1;
     for (int i = 0; i < o->n_pp; i++) max_pp = o->pp[i] > max_pp ? o->pp[i] : max_pp;
     for (int i = 0; i < o->n_tg; i++) max_tg = o->tg[i] > max_tg ? o->tg[i] : max_tg;
-    if (*n_res + o->n_pp + o->n_tg > BENCH_MAX_RESULTS) {
+    for (int i = 0; i < o->n_np; i++) max_np = o->np[i] > max_np ? o->np[i] : max_np;
+    const int n_tests = o->n_pp + o->n_tg * o->n_np;
+    if (*n_res + n_tests > BENCH_MAX_RESULTS) {
         fprintf(stderr, "tiermoe bench: more than %d tests; give fewer values\n",
                 BENCH_MAX_RESULTS);
         return 1;
     }
     tm_context_params cp = *cp0;
-    cp.n_ctx = (max_pp > max_tg ? max_pp : max_tg) + 8;
-    cp.n_batch = o->batch;
+    cp.n_seq = (int)max_np; /* each its own KV range of the longest test */
+    cp.n_ctx = ((max_pp > max_tg ? max_pp : max_tg) + 8) * max_np;
+    cp.n_batch = o->batch > max_np ? o->batch : max_np;
     cp.profile = o->profile;
     if (o->tr) trace_attach(o->tr, &cp);
     tm_context *ctx;
@@ -237,7 +251,8 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     /* the host's read bandwidth bounds what the CPU reads; with nothing but
      * the embedding there it means nothing */
     const bool probe = o->membw && (dense_cpu > (uint64_t)m->cfg.n_embd * 4 || exp_cpu);
-    const long long n_toks = max_pp > 8 ? max_pp : 8;
+    long long n_toks = max_pp > 8 ? max_pp : 8;
+    n_toks = n_toks > max_np ? n_toks : max_np;
     int32_t *toks = malloc((size_t)n_toks * sizeof(int32_t));
     if (!toks) {
         model_context_free(ctx);
@@ -253,6 +268,8 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         model_context_reset(ctx);
         if (n > 8 && model_decode(ctx, toks, n, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
         if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
+        for (int i = 0; i < o->n_np && !rc; i++) /* the decode graph of each row count */
+            rc = bench_decode_rows(ctx, toks, (int)o->np[i]);
     }
     const int reps = (int)o->reps;
     double ts[1000];
@@ -261,9 +278,10 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     tm_tier_stats tier0[TM_TIER_CLASS_COUNT];
     bool steal_ok = true; /* until /proc/stat cannot be read */
     /* the tests: every pp value, then every tg value */
-    for (int ti = 0; ti < o->n_pp + o->n_tg && !rc; ti++) {
+    for (int ti = 0; ti < n_tests && !rc; ti++) {
         const bool pp = ti < o->n_pp;
-        const long long n = pp ? o->pp[ti] : o->tg[ti - o->n_pp];
+        const long long n = pp ? o->pp[ti] : o->tg[(ti - o->n_pp) % o->n_tg];
+        const int n_par = pp ? 1 : (int)o->np[(ti - o->n_pp) / o->n_tg];
         if (n <= 0) continue;
         /* Before each test: the profile marks, the bandwidth (on a shared host
          * it moves between tests, and the share shown should be of what the
@@ -282,14 +300,19 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
             if (r && tier_cache_update(ctx->tier, TM_MOE_UPDATE_RATE) != TM_OK) rc = 1;
             model_context_reset(ctx);
             if (o->tr) trace_sequence_begin(o->tr);
-            int32_t id = toks[0];
+            int32_t ids[BENCH_MAX_PAR];
+            memcpy(ids, toks, (size_t)n_par * sizeof(int32_t));
             const uint64_t t0 = tm_time_ns();
             if (pp) {
                 if (model_decode(ctx, toks, n, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
             } else {
                 for (long long i = 0; i < n && !rc; i++) {
-                    if (model_decode(ctx, &id, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
-                    id = (int32_t)(tm_rng_u64(rng) % m->cfg.n_vocab);
+                    if (n_par == 1)
+                        rc = model_decode(ctx, ids, 1, TM_MOE_PHASE_DECODE, false) != TM_OK;
+                    else
+                        rc = bench_decode_rows(ctx, ids, n_par);
+                    for (int q = 0; q < n_par; q++)
+                        ids[q] = (int32_t)(tm_rng_u64(rng) % m->cfg.n_vocab);
                 }
             }
             ts[r] = (tm_time_ns() - t0) * 1e-9;
@@ -299,6 +322,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         bench_result *b = &res[(*n_res)++];
         *b = (bench_result){.test = pp ? "pp" : "tg",
                             .n = (int)n,
+                            .n_par = n_par,
                             .threads = cp.n_threads,
                             .n_gpu_layers = ctx->n_gpu_layers,
                             .n_cpu_moe = cp.n_cpu_moe,
@@ -306,7 +330,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
                             .steal = bench_steal_since(&steal0, &total0, &steal_ok),
                             .cache_hit = bench_cache_hit(ctx, tier0)};
         memcpy(b->backend, backend, sizeof(backend));
-        bench_stats(ts, reps, (double)n, &b->mean, &b->sd);
+        bench_stats(ts, reps, (double)(n * n_par), &b->mean, &b->sd);
         double cpu_b, gpu_b, pcie_b = 0;
         if (pp) { /* every tensor once per batch, where it lives; experts in RAM the
                      GPU copied or read over PCIe (the fetch lane) not on the CPU */
@@ -317,7 +341,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
             gpu_b = (double)(dense_gpu + exp_gpu) * batches / n;
             pcie_b = fetched / n;
         } else { /* a token: the dense weights where they live, its experts where they ran */
-            const double n_gen = (double)(n * reps);
+            const double n_gen = (double)(n * n_par * reps);
             cpu_b = dense_cpu + (b1[1] - b0[1]) / n_gen;
             gpu_b = dense_gpu + (b1[0] - b0[0]) / n_gen;
             pcie_b = (b1[2] - b0[2]) / n_gen;
@@ -332,7 +356,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
             cli_store_print(ctx, &store0, wall, stderr);
         }
         if (o->profile) {
-            fprintf(stderr, "%s%lld, %d threads: ", b->test, n, cp.n_threads);
+            fprintf(stderr, "%s%lld x%d, %d threads: ", b->test, n, n_par, cp.n_threads);
             cli_profile_print(ctx, prof0, &lane0, tier0, pp ? reps : (int)(n * reps), stderr);
         }
     }
@@ -340,6 +364,14 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     free(toks);
     model_context_free(ctx);
     return rc;
+}
+
+/* "pp512", "tg128", "tg128 x8" (8 sequences decoded together). */
+static void bench_test_name(const bench_result *b, char *out, size_t n) {
+    if (b->n_par > 1)
+        snprintf(out, n, "%s%d x%d", b->test, b->n, b->n_par);
+    else
+        snprintf(out, n, "%s%d", b->test, b->n);
 }
 
 static void bench_print(const bench_result *res, int n_res, const char *fmt, const char *model,
@@ -351,7 +383,8 @@ static void bench_print(const bench_result *res, int n_res, const char *fmt, con
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
                "| ---: |\n");
     } else if (csv) {
-        printf("model,size_gib,params_b,backend,n_gpu_layers,n_cpu_moe,threads,test,ts_mean,"
+        printf("model,size_gib,params_b,backend,n_gpu_layers,n_cpu_moe,threads,n_parallel,test,ts_"
+               "mean,"
                "ts_stddev,cpu_gbs,mem_gbs,cpu_bound_ts,gpu_gbs,pcie_gbs\n");
     } else if (json) {
         printf("[\n");
@@ -359,7 +392,7 @@ static void bench_print(const bench_result *res, int n_res, const char *fmt, con
     for (int i = 0; i < n_res; i++) {
         const bench_result *b = &res[i];
         char test[32];
-        snprintf(test, sizeof(test), "%s%d", b->test, b->n);
+        bench_test_name(b, test, sizeof(test));
         if (md)
             printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.1f | %.0f%% | "
                    "%.1f | %.1f | %.1f |\n",
@@ -367,26 +400,35 @@ static void bench_print(const bench_result *res, int n_res, const char *fmt, con
                    b->cpu_gbs, b->mem_gbs, b->mem_gbs > 0 ? 100 * b->cpu_gbs / b->mem_gbs : 0.0,
                    b->bound, b->gpu_gbs, b->pcie_gbs);
         else if (csv)
-            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%d,%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+            printf("\"%s\",%.3f,%.3f,\"%s\",%d,%d,%d,%d,%s,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
                    model, size_gib, params_b, b->backend, b->n_gpu_layers, b->n_cpu_moe, b->threads,
-                   test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
+                   b->n_par, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs,
+                   b->pcie_gbs);
         else /* json: an array; jsonl: an object a line */
             printf("%s{\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
-                   "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"threads\": %d, \"test\": "
+                   "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"threads\": %d, "
+                   "\"n_parallel\": %d, \"test\": "
                    "\"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, "
                    "\"mem_gbs\": %.2f, \"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": "
                    "%.2f}%s\n",
                    json ? "  " : "", model, size_gib, params_b, b->backend, b->n_gpu_layers,
-                   b->n_cpu_moe, b->threads, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs, b->bound,
-                   b->gpu_gbs, b->pcie_gbs, json && i + 1 < n_res ? "," : "");
+                   b->n_cpu_moe, b->threads, b->n_par, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs,
+                   b->bound, b->gpu_gbs, b->pcie_gbs, json && i + 1 < n_res ? "," : "");
     }
     if (json) printf("]\n");
 }
 
 static int bench_main(int argc, char **argv, cli_place *place) {
     const char *path = NULL, *fmt = "md";
-    bench_opts o = {
-        .pp = {512}, .tg = {128}, .n_pp = 1, .n_tg = 1, .reps = 3, .batch = 512, .membw = true};
+    bench_opts o = {.pp = {512},
+                    .tg = {128},
+                    .np = {1},
+                    .n_pp = 1,
+                    .n_tg = 1,
+                    .n_np = 1,
+                    .reps = 3,
+                    .batch = 512,
+                    .membw = true};
     long long threads[BENCH_MAX_VALUES], ngl[BENCH_MAX_VALUES], ncmoe[BENCH_MAX_VALUES];
     int n_threads = 0, n_ngl = 0, n_ncmoe = 0;
     tm_trace_config tc = {0};
@@ -436,6 +478,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             bad = bench_parse_list(a, val, 0, 1 << 16, false, o.pp, &o.n_pp);
         else if (!strcmp(a, "-n"))
             bad = bench_parse_list(a, val, 0, 1 << 16, false, o.tg, &o.n_tg);
+        else if (!strcmp(a, "-np"))
+            bad = bench_parse_list(a, val, 1, BENCH_MAX_PAR, false, o.np, &o.n_np);
         else if (!strcmp(a, "-t"))
             bad = bench_parse_list(a, val, 1, 1024, false, threads, &n_threads);
         else if (is_ngl)
@@ -510,14 +554,18 @@ static int bench_main(int argc, char **argv, cli_place *place) {
     const char *sep = "host steal (CPU time the host took from this machine):";
     for (int i = 0; i < n_res; i++)
         if (res[i].steal >= 0) {
-            fprintf(stderr, "%s %s%d %.1f%%", sep, res[i].test, res[i].n, 100 * res[i].steal);
+            char test[32];
+            bench_test_name(&res[i], test, sizeof(test));
+            fprintf(stderr, "%s %s %.1f%%", sep, test, 100 * res[i].steal);
             sep = ",";
         }
     if (strcmp(sep, ",") == 0) fputc('\n', stderr);
     sep = "VRAM cache, routed slots served from it:";
     for (int i = 0; i < n_res; i++)
         if (res[i].cache_hit >= 0) {
-            fprintf(stderr, "%s %s%d %.1f%%", sep, res[i].test, res[i].n, 100 * res[i].cache_hit);
+            char test[32];
+            bench_test_name(&res[i], test, sizeof(test));
+            fprintf(stderr, "%s %s %.1f%%", sep, test, 100 * res[i].cache_hit);
             sep = ",";
         }
     if (strcmp(sep, ",") == 0) fputc('\n', stderr);

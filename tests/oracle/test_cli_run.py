@@ -14,7 +14,7 @@
   buffer type, a bad --moe-pcie / --moe-cache / -ngl value: exit 2 naming the
   flag; an -ot pattern matching no tensor: a warning; --cpu-moe without a GPU:
   one line, then the CPU (the same tokens as CPU only).
-- bench prints a llama-bench-shaped table; several values of -p/-n/-t/-ngl/-ncmoe
+- bench prints a llama-bench-shaped table; several values of -p/-n/-np/-t/-ngl/-ncmoe
   run every combination in order; -o csv, json and jsonl parse.
 """
 import re
@@ -208,6 +208,15 @@ def main():
           == [(0, "pp8"), (0, "tg2"), (1, "pp8"), (1, "tg2")]
           and all(o["ts_mean"] > 0 and o["n_gpu_layers"] == 0 for o in objs),
           f"bench -o jsonl: {r.stdout} {r.stderr}")
+    # -np: tg tests over N sequences decoded together (a row each a step)
+    r = tm("bench", "-m", model, "-p", "0", "-n", "3", "-np", "1,4", "-r", "1", "-o", "jsonl",
+           "--no-membw")
+    objs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    check(r.returncode == 0 and [(o["n_parallel"], o["test"]) for o in objs]
+          == [(1, "tg3"), (4, "tg3 x4")] and all(o["ts_mean"] > 0 for o in objs),
+          f"bench -np: {r.stdout} {r.stderr}")
+    r = tm("bench", "-m", model, "-n", "2", "-np", "0")
+    check(r.returncode == 2 and "-np" in r.stderr, f"bench -np 0: {r.returncode} {r.stderr}")
     r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "json", "--no-membw")
     arr = json.loads(r.stdout) if r.returncode == 0 else []
     check([o["test"] for o in arr] == ["pp8", "tg2"], f"bench -o json: {r.stdout}")
