@@ -72,26 +72,37 @@ def main():
     streams = [int(x) for x in a.streams.split(",")]
     srv = Server(a.model, "--quiet", "--parallel", str(max(streams)), *flags,
                  binary=os.path.join(a.build, "tiermoe"), timeout=3600)
+    def counters():
+        _, body = srv.request("GET", "/metrics")
+        want = ("tiermoe_decode_steps_total", "tiermoe_decode_step_seconds_total")
+        return {l.split()[0]: float(l.split()[1]) for l in body.splitlines()
+                if l.split() and l.split()[0] in want}
+
     results = []
     try:
         client(srv.base, 99, 8, {})  # warm-up: first steps, graph captures
         for n in streams:
             out = {}
             ts = [threading.Thread(target=client, args=(srv.base, i, a.tokens, out)) for i in range(n)]
+            c0 = counters()
             for t in ts:
                 t.start()
             for t in ts:
                 t.join()
             if len(out) != n or any(v[0] is None for v in out.values()):
                 raise SystemExit(f"{a.label}: {n} streams: a client got no tokens: {out}")
+            c1 = counters()
+            steps = c1["tiermoe_decode_steps_total"] - c0["tiermoe_decode_steps_total"]
+            step_s = c1["tiermoe_decode_step_seconds_total"] - c0["tiermoe_decode_step_seconds_total"]
             total = sum(v[2] for v in out.values())
             span = max(v[1] for v in out.values()) - min(v[0] for v in out.values())
             agg = total / span
             each = [v[2] / (v[1] - v[0]) for v in out.values() if v[1] > v[0]]
             results.append((n, agg))
             print(f"{a.label}: {n} streams: {total} tokens in {span:.2f} s = {agg:.1f} t/s aggregate "
-                  f"({agg / results[0][1]:.2f}x of {streams[0]}); per stream {min(each):.1f}..{max(each):.1f} t/s",
-                  flush=True)
+                  f"({agg / results[0][1]:.2f}x of {streams[0]}); per stream {min(each):.1f}..{max(each):.1f} t/s; "
+                  f"{steps:.0f} decode steps, {1e3 * step_s / max(steps, 1):.2f} ms each in the engine "
+                  f"({100 * step_s / span:.0f}% of the span)", flush=True)
     finally:
         srv.stop()
     print(f"RESULT {a.label}: " + ", ".join(f"{n}={agg:.1f}" for n, agg in results) +

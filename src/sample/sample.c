@@ -81,6 +81,12 @@ static void cand_top_k(tm_sampler *s, int32_t k, int32_t n) {
 int32_t sampler_sample(tm_sampler *s, const float *logits, const int32_t *history,
                        int64_t n_history) {
     const int32_t n = s->n_vocab;
+    if (s->p.temp <= 0 && s->p.repeat_penalty == 1.0f) { /* greedy: first maximum, no copy */
+        int32_t best = 0;
+        for (int32_t i = 1; i < n; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
     for (int32_t i = 0; i < n; i++) s->cand[i].logit = logits[i], s->cand[i].id = i;
     /* repetition penalty on the recent history (llama.cpp's rule: divide positive, multiply
      * negative) */

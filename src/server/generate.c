@@ -114,19 +114,22 @@ tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_de
             break;
         }
         o->n_gen++;
+        /* the next step runs while this token's text is made and sent (a stop string
+         * found meanwhile leaves that step's logits unused) */
+        const bool last = o->n_gen >= p->max_tokens || sl->seq.n >= s->n_ctx;
+        if (!last) srv_slot_post(s, sl, id);
         const char *text;
         size_t n;
-        if ((st = tokenizer_stream_push(&ds, id, &text, &n)) || (st = out_append(o, text, n)))
-            break;
-        if ((hit = out_send(o, p, fn, ud, false))) {
+        if ((st = tokenizer_stream_push(&ds, id, &text, &n)) == TM_OK &&
+            (st = out_append(o, text, n)) == TM_OK && (hit = out_send(o, p, fn, ud, false)))
             o->finish = "stop";
-            break;
-        }
-        if (o->n_gen >= p->max_tokens || sl->seq.n >= s->n_ctx) {
+        const tm_status waited = last ? TM_OK : srv_slot_wait(s, sl);
+        if (st == TM_OK) st = waited;
+        if (st != TM_OK || hit) break;
+        if (last) {
             o->finish = "length";
             break;
         }
-        if ((st = srv_slot_push(s, sl, id)) != TM_OK) break;
     }
     srv_slot_end(s, sl);
     o->gen_ms = (tm_time_ns() - t0) * 1e-6;

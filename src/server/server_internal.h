@@ -33,6 +33,8 @@ typedef struct srv_counts {
     double prompt_s, gen_s;
     double last_prompt_tps, last_gen_tps;
     uint64_t decode_steps, decode_rows; /* batched decode steps and their rows */
+    double decode_step_s; /* in the engine's decode steps (what the slots wait besides
+                             their own sampling and text: the server's share is the rest) */
 } srv_counts;
 typedef struct srv_metrics {
     pthread_mutex_t mu;
@@ -117,8 +119,10 @@ struct srv_slot {
  * A cancelled job's prompt may stop between chunks (TM_OK). */
 tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t n, bool fresh,
                         int64_t *n_eval);
-/* On a slot's thread: append tok in the next decode step (with the other slots'). */
-tm_status srv_slot_push(tm_server *s, srv_slot *sl, int32_t tok);
+/* On a slot's thread: append tok in the next decode step (with the other slots');
+ * post returns at once, wait returns once the step ran (its logits in sl->logits). */
+void srv_slot_post(tm_server *s, srv_slot *sl, int32_t tok);
+tm_status srv_slot_wait(tm_server *s, srv_slot *sl);
 /* On a slot's thread: it pushes no more (the decode steps stop waiting for it). */
 void srv_slot_end(tm_server *s, srv_slot *sl);
 /* Start the worker thread (creates the context and the slots, then serves);

@@ -3,7 +3,8 @@
  *
  * Each slot has a thread that runs one generation at a time (srv_generate:
  * sampling, text, stop strings) and asks the worker for the steps it needs:
- * its prompt evaluated (srv_slot_eval) or a token appended (srv_slot_push).
+ * its prompt evaluated (srv_slot_eval) or a token appended (srv_slot_post, then
+ * srv_slot_wait: the slot decodes and sends the token's text while the step runs).
  * The worker creates the context in its own thread and loops:
  *   - queued jobs go to free slots in arrival order, each to the free slot
  *     whose cached tokens share the longest prefix with its prompt (ties: the
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/timing.h"
 #include "server/server_internal.h"
 
 /* ---- a slot's side (its thread) ---- */
@@ -45,10 +47,18 @@ tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t 
     return st;
 }
 
-tm_status srv_slot_push(tm_server *s, srv_slot *sl, int32_t tok) {
+void srv_slot_post(tm_server *s, srv_slot *sl, int32_t tok) {
     pthread_mutex_lock(&s->q_mu);
     sl->tok = tok;
-    tm_status st = slot_ask(s, sl, SRV_SLOT_PUSH);
+    sl->req = SRV_SLOT_PUSH;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+}
+
+tm_status srv_slot_wait(tm_server *s, srv_slot *sl) {
+    pthread_mutex_lock(&s->q_mu);
+    while (sl->req != SRV_SLOT_NONE) pthread_cond_wait(&sl->cv, &s->q_mu);
+    const tm_status st = sl->st;
     if (st != TM_OK) sl->decoding = false;
     pthread_mutex_unlock(&s->q_mu);
     if (st != TM_OK) tm_error_set(st, "%s", sl->msg);
@@ -182,14 +192,17 @@ static void worker_decode(tm_server *s, srv_slot **rows, int n) {
     for (int i = 0; i < n; i++) ss[i] = &rows[i]->seq, ids[i] = rows[i]->tok;
     pthread_mutex_unlock(&s->q_mu);
     pthread_mutex_lock(&s->step_mu);
+    const uint64_t t0 = tm_time_ns();
     const tm_status st = model_session_push_rows(ss, ids, n);
     const size_t V = s->m->cfg.n_vocab;
     if (st == TM_OK)
         for (int i = 0; i < n; i++)
             memcpy(rows[i]->logits, s->ctx->logits + i * V, V * sizeof(float));
+    const uint64_t t1 = tm_time_ns();
     pthread_mutex_unlock(&s->step_mu);
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.c.decode_steps++, s->metrics.c.decode_rows += (uint64_t)n;
+    s->metrics.c.decode_step_s += (t1 - t0) * 1e-9;
     pthread_mutex_unlock(&s->metrics.mu);
     pthread_mutex_lock(&s->q_mu);
     for (int i = 0; i < n; i++) slot_answer(s, rows[i], st);
