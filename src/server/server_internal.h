@@ -33,7 +33,7 @@ typedef struct srv_counts {
     double prompt_s, gen_s;
     double last_prompt_tps, last_gen_tps;
     uint64_t decode_steps, decode_rows; /* batched decode steps and their rows */
-    double decode_step_s; /* in the engine's decode steps (what the slots wait besides
+    double decode_step_s;               /* in the engine's decode steps (what the slots wait besides
                              their own sampling and text: the server's share is the rest) */
 } srv_counts;
 typedef struct srv_metrics {
