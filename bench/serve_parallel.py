@@ -9,9 +9,11 @@ Starts `tiermoe serve --parallel MAX(streams)` (plus the flags after `--`) on a 
 loopback port. For each stream count N, N clients at once each stream a greedy completion
 of --tokens tokens (ignore_eos; distinct prompts of about 40 tokens, nothing reused). The
 aggregate decode speed is all clients' generated tokens over the time from the first
-client's first token to the last client's last one (so the prompts, evaluated before the
-first token, are left out); also each client's own decode speed. One line per N and a
-RESULT line. Standard library only (the GPU machine's Python).
+client's first token to the last client's last one (the first prompt is left out, the
+others, evaluated in turns with the first streams' steps, are in); "all decoding" counts
+only the tokens that came while all N clients were decoding (after the last first token,
+before the first client's end): the steady state of N streams. Also each client's own
+decode speed. One line per N and a RESULT line. Standard library only (the GPU machine's Python).
 """
 import argparse
 import json
@@ -39,6 +41,7 @@ def client(base, i, n, out):
                                  headers={"Content-Type": "application/json"})
     first = last = None
     toks = 0
+    stamps = []  # arrival time of each chunk with text
     with urllib.request.urlopen(req, timeout=3600) as r:
         for line in r:
             line = line.strip()
@@ -48,10 +51,11 @@ def client(base, i, n, out):
             now = time.perf_counter()
             if ch["choices"][0].get("text"):
                 first = first or now
+                stamps.append(now)
             last = now
             if ch.get("usage"):
                 toks = ch["usage"]["completion_tokens"]
-    out[i] = (first, last, toks)
+    out[i] = (first, last, toks, stamps)
 
 
 def main():
@@ -97,16 +101,24 @@ def main():
             total = sum(v[2] for v in out.values())
             span = max(v[1] for v in out.values()) - min(v[0] for v in out.values())
             agg = total / span
+            # steady state: while all n clients decode (after the last first token, before the
+            # first client ends), free of the other clients' prompts and of the ramps
+            lo, hi = max(v[0] for v in out.values()), min(v[1] for v in out.values())
+            inside = sum(sum(lo < t <= hi for t in v[3]) for v in out.values())
+            steady = inside / (hi - lo) if hi > lo and inside else float("nan")
             each = [v[2] / (v[1] - v[0]) for v in out.values() if v[1] > v[0]]
-            results.append((n, agg))
+            results.append((n, agg, steady))
             print(f"{a.label}: {n} streams: {total} tokens in {span:.2f} s = {agg:.1f} t/s aggregate "
-                  f"({agg / results[0][1]:.2f}x of {streams[0]}); per stream {min(each):.1f}..{max(each):.1f} t/s; "
+                  f"({agg / results[0][1]:.2f}x of {streams[0]}); all {n} decoding: {steady:.1f} t/s "
+                  f"({steady / results[0][2]:.2f}x); per stream {min(each):.1f}..{max(each):.1f} t/s; "
                   f"{steps:.0f} decode steps, {1e3 * step_s / max(steps, 1):.2f} ms each in the engine "
                   f"({100 * step_s / span:.0f}% of the span)", flush=True)
     finally:
         srv.stop()
-    print(f"RESULT {a.label}: " + ", ".join(f"{n}={agg:.1f}" for n, agg in results) +
-          f" t/s; {results[-1][0]} vs {results[0][0]}: {results[-1][1] / results[0][1]:.2f}x")
+    print(f"RESULT {a.label}: " + ", ".join(f"{n}={agg:.1f}" for n, agg, _ in results) +
+          f" t/s; {results[-1][0]} vs {results[0][0]}: {results[-1][1] / results[0][1]:.2f}x; all decoding: " +
+          ", ".join(f"{n}={st:.1f}" for n, _, st in results) +
+          f" t/s, {results[-1][2] / results[0][2]:.2f}x")
 
 
 if __name__ == "__main__":

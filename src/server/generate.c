@@ -108,7 +108,7 @@ tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_de
     t0 = tm_time_ns();
     bool hit = false;
     while (!srv_job_cancelled(j)) {
-        const int32_t id = sampler_sample(&smp, sl->logits, sl->seq.ids, sl->seq.n);
+        const int32_t id = sampler_sample(&smp, sl->view, sl->seq.ids, sl->seq.n);
         if (!p->ignore_eos && tokenizer_is_end_of_generation(s->tok, id)) {
             o->finish = "stop";
             break;

@@ -201,8 +201,7 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
     put(&t, "tiermoe_decode_steps_total %llu\n", (unsigned long long)m.decode_steps);
     family(&t, "tiermoe_decode_rows_total", "counter", "rows of the decode steps");
     put(&t, "tiermoe_decode_rows_total %llu\n", (unsigned long long)m.decode_rows);
-    family(&t, "tiermoe_decode_step_seconds_total", "counter",
-           "time in the engine's decode steps (logits to the slots included)");
+    family(&t, "tiermoe_decode_step_seconds_total", "counter", "time in the engine's decode steps");
     put(&t, "tiermoe_decode_step_seconds_total %.6f\n", m.decode_step_s);
     family(&t, "tiermoe_requests_deferred", "gauge", "requests waiting in the queue");
     put(&t, "tiermoe_requests_deferred %d\n", srv_queue_depth(s));

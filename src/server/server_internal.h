@@ -97,7 +97,11 @@ struct srv_slot {
     tm_server *server;
     int id;
     tm_session seq;
-    float *logits; /* [n_vocab]: of the slot's last step */
+    float *logits;     /* [n_vocab]: of the slot's prompt */
+    const float *view; /* the logits to sample: logits, or the slot's row of the context's
+                           last decode step (read in place, see viewing) */
+    bool viewing;      /* under q_mu: view is in the context, which no step may overwrite
+                           until the slot has sampled (srv_slot_post or srv_slot_end) */
     pthread_t thread;
     bool thread_started;
     pthread_cond_t cv; /* with q_mu: a job came, or the request was answered */
@@ -120,7 +124,8 @@ struct srv_slot {
 tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t n, bool fresh,
                         int64_t *n_eval);
 /* On a slot's thread: append tok in the next decode step (with the other slots');
- * post returns at once, wait returns once the step ran (its logits in sl->logits). */
+ * post returns at once (the slot is done with sl->view), wait returns once the step
+ * ran (its logits in sl->view). */
 void srv_slot_post(tm_server *s, srv_slot *sl, int32_t tok);
 tm_status srv_slot_wait(tm_server *s, srv_slot *sl);
 /* On a slot's thread: it pushes no more (the decode steps stop waiting for it). */
@@ -164,6 +169,7 @@ struct tm_server {
     bool update_pending; /* a generation ended: the updater runs between steps */
     int prompt_next;     /* prompts are served round robin from this slot */
     bool last_was_decode;
+    int n_viewing;   /* slots still to sample from the context's logits: no step until 0 */
     bool slots_exit; /* the slots' threads end */
     bool release;    /* the worker may free the context and end */
     pthread_t worker;

@@ -12,9 +12,11 @@
  *     other jobs (a cache plan) run on the worker between steps;
  *   - a prompt is evaluated in chunks of the batch, one chunk a step;
  *   - a decode step runs when every decoding slot has handed in its token:
- *     one row per slot (model_session_push_rows), each slot's logits copied
- *     to it; when prompts and decodes both wait, the steps alternate, so a
- *     long prompt delays the streams by a chunk at a time;
+ *     one row per slot (model_session_push_rows); each slot samples its row of
+ *     the context's logits in place, and no step runs until all have (a
+ *     prompt's last logits are copied to its slot); when prompts and decodes
+ *     both wait, the steps alternate, so a long prompt delays the streams by a
+ *     chunk at a time;
  *   - after a generation ends, the VRAM cache's updater between steps.
  * The steps hold step_mu (readers of the counters and the cache take it).
  * The worker frees the context in its own thread when the server stops. */
@@ -47,8 +49,16 @@ tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t 
     return st;
 }
 
+/* The slot has sampled: steps may overwrite the context's logits (q_mu held). */
+static void slot_view_release(tm_server *s, srv_slot *sl) {
+    if (!sl->viewing) return;
+    sl->viewing = false;
+    if (--s->n_viewing == 0) pthread_cond_broadcast(&s->q_cv);
+}
+
 void srv_slot_post(tm_server *s, srv_slot *sl, int32_t tok) {
     pthread_mutex_lock(&s->q_mu);
+    slot_view_release(s, sl);
     sl->tok = tok;
     sl->req = SRV_SLOT_PUSH;
     pthread_cond_broadcast(&s->q_cv);
@@ -67,6 +77,7 @@ tm_status srv_slot_wait(tm_server *s, srv_slot *sl) {
 
 void srv_slot_end(tm_server *s, srv_slot *sl) {
     pthread_mutex_lock(&s->q_mu);
+    slot_view_release(s, sl);
     sl->decoding = false;
     pthread_cond_broadcast(&s->q_cv);
     pthread_mutex_unlock(&s->q_mu);
@@ -177,8 +188,10 @@ static void worker_prompt_chunk(tm_server *s, srv_slot *sl) {
     const int64_t end = keep + s->ctx->params.n_batch < n ? keep + s->ctx->params.n_batch : n;
     int64_t n_eval = 0;
     const tm_status st = model_session_eval(seq, ids, end, &n_eval);
-    if (st == TM_OK && end == n)
+    if (st == TM_OK && end == n) {
         memcpy(sl->logits, s->ctx->logits, (size_t)s->m->cfg.n_vocab * sizeof(float));
+        sl->view = sl->logits;
+    }
     pthread_mutex_unlock(&s->step_mu);
     pthread_mutex_lock(&s->q_mu);
     sl->n_eval += n_eval;
@@ -194,10 +207,6 @@ static void worker_decode(tm_server *s, srv_slot **rows, int n) {
     pthread_mutex_lock(&s->step_mu);
     const uint64_t t0 = tm_time_ns();
     const tm_status st = model_session_push_rows(ss, ids, n);
-    const size_t V = s->m->cfg.n_vocab;
-    if (st == TM_OK)
-        for (int i = 0; i < n; i++)
-            memcpy(rows[i]->logits, s->ctx->logits + i * V, V * sizeof(float));
     const uint64_t t1 = tm_time_ns();
     pthread_mutex_unlock(&s->step_mu);
     pthread_mutex_lock(&s->metrics.mu);
@@ -205,7 +214,14 @@ static void worker_decode(tm_server *s, srv_slot **rows, int n) {
     s->metrics.c.decode_step_s += (t1 - t0) * 1e-9;
     pthread_mutex_unlock(&s->metrics.mu);
     pthread_mutex_lock(&s->q_mu);
-    for (int i = 0; i < n; i++) slot_answer(s, rows[i], st);
+    const size_t V = s->m->cfg.n_vocab;
+    for (int i = 0; i < n; i++) {
+        if (st == TM_OK) { /* each slot samples its row in place, all at once */
+            rows[i]->view = s->ctx->logits + i * V;
+            rows[i]->viewing = true, s->n_viewing++;
+        }
+        slot_answer(s, rows[i], st);
+    }
 }
 
 /* Create the tracer, the context and the slots in this thread. */
@@ -260,6 +276,7 @@ static bool worker_work(tm_server *s) {
     /* a decode step once every decoding slot has its token in; when a prompt
      * waits too, the two take turns */
     const bool decode = n_rows && n_rows == n_decoding;
+    if (s->n_viewing && (decode || prompt)) return false; /* a slot still reads the logits */
     if (decode && (!prompt || !s->last_was_decode)) {
         s->last_was_decode = true;
         worker_decode(s, rows, n_rows);
