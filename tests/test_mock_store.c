@@ -155,14 +155,30 @@ static tm_status run_seq(tm_model *m, const tm_context_params *p, float *out,
     tm_rng r;
     tm_rng_seed(&r, 17);
     for (int i = 0; i < N_PROMPT; i++) toks[i] = (int32_t)(tm_rng_u64(&r) % (uint64_t)V);
-    st = model_decode(c, toks, N_PROMPT, TM_MOE_PHASE_PROMPT, false);
+    /* the prompt a batch a call, so each call is one step of each layer */
+    const tm_store_stats *s = tier_store_stats(c->tier);
+    for (int64_t i = 0; i < N_PROMPT && st == TM_OK; i += p->n_batch) {
+        const int64_t n = N_PROMPT - i < p->n_batch ? N_PROMPT - i : p->n_batch;
+        const tm_store_stats s0 = s ? *s : (tm_store_stats){0};
+        st = model_decode(c, toks + i, n, TM_MOE_PHASE_PROMPT, false);
+        /* a batch reads each routed expert at most once (its worklist is expert-major, an
+           expert's tokens are computed together), and every one not resident at least once */
+        if (st == TM_OK && s &&
+            (s->faults - s0.faults > s->routed - s0.routed ||
+             s->faults - s0.faults < (s->routed - s0.routed) - (s->hits - s0.hits)))
+            fail_msg("--ram-cache %lld, prompt batch at %lld: %llu reads for %llu routed experts "
+                     "of which %llu were resident",
+                     (long long)p->ram_cache_mib, (long long)i,
+                     (unsigned long long)(s->faults - s0.faults),
+                     (unsigned long long)(s->routed - s0.routed),
+                     (unsigned long long)(s->hits - s0.hits));
+    }
     if (st == TM_OK) memcpy(out, c->logits, (size_t)V * sizeof(float));
     for (int i = 0; i < N_GEN && st == TM_OK; i++) {
         int32_t id = (int32_t)(tm_rng_u64(&r) % (uint64_t)V);
         if ((st = model_decode(c, &id, 1, TM_MOE_PHASE_DECODE, false)) == TM_OK)
             memcpy(out + (1 + i) * V, c->logits, (size_t)V * sizeof(float));
     }
-    const tm_store_stats *s = tier_store_stats(c->tier);
     if (stats) *stats = s ? *s : (tm_store_stats){0};
     model_context_free(c);
     return st;
