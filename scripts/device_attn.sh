@@ -5,7 +5,10 @@
 # llama.cpp (.peer/, -fa 1) and tiermoe -ngl all at pp512 / pp2048 with the
 # prompt attention on tensor cores and on the f32 kernel (TIERMOE_ATTN_TC=0)
 # in alternation, and Nsight Compute on one launch of each attention kernel.
-#   scripts/device_attn.sh [OUT]    REPS (3), NO_CHECKS=1, NO_PROFILE=1
+# With compute-sanitizer there, memcheck and racecheck of check_attention;
+# pp8192 (llama.cpp, tiermoe with either kernel) unless NO_LONG=1.
+#   scripts/device_attn.sh [OUT]    REPS (3), NO_CHECKS=1, NO_SANITIZER=1,
+#                                   NO_LONG=1, NO_PROFILE=1
 # Binaries in bin/ or bin.tar.xz (tiermoe, test_cuda_ops, built for sm_90
 # with the same CUDA elsewhere, to save the call the build) are used when
 # their libraries resolve; else it builds them.
@@ -38,6 +41,14 @@ if [ "${NO_CHECKS:-0}" != 1 ]; then
     grep -E "FAIL|Failure|PASSED|FAILED|worst|prompt" "$OUT/check_model.log" | head -20
     [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && checks=PASS || checks="FAIL(rc=$rc/$rc2)"
 fi
+if [ "${NO_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer > /dev/null; then
+    for tool in memcheck racecheck; do
+        stamp "compute-sanitizer $tool: check_attention"
+        TM_CUDA_ONLY='check_attention' timeout 150 compute-sanitizer --tool $tool \
+            --error-exitcode 9 --print-limit 20 $TEST > "$OUT/$tool.log" 2>&1
+        echo "$tool rc $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/$tool.log" | tr '\n' ' ')"
+    done
+fi
 stamp "model"
 device_models "$M" "" "$TM" || exit 1
 [ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
@@ -50,6 +61,15 @@ for round in 1 2; do
     envs=(TIERMOE_ATTN_TC=0)
     device_bench "attention f32 r$round" -ngl all -p 512,2048 -n 0
 done
+if [ "${NO_LONG:-0}" != 1 ]; then # where attention weighs most: 8,192 tokens in 16 batches
+    stamp "llama.cpp pp8192"
+    timeout 120 /tmp/llamacpp-peer/llama-bench -fa 1 -p 8192 -n 0 -r "$REPS" -t 16 -m "$M" \
+        -ngl 99 2>&1 | tee -a "$OUT/peer.md" | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
+    envs=(TIERMOE_ATTN_TC=1)
+    device_bench "attention tensor cores pp8192" -ngl all -p 8192 -n 0
+    envs=(TIERMOE_ATTN_TC=0)
+    REPS=1 device_bench "attention f32 pp8192" -ngl all -p 8192 -n 0
+fi
 REPS=1
 for e in 1 0; do
     envs=(TIERMOE_ATTN_TC=$e)
