@@ -44,3 +44,17 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     open('/tmp/' + n, 'wb').write(lzma.open('tests/data/vocab/qwen3/' + n + '.xz').read())" || return 1
     "$2" mkmodel --preset 30b-a3b --routing qwen3-30b-a3b --vocab /tmp/tokenizer.json -q -o "$1"
 }
+
+# One `tiermoe bench` on $M under the environment in the array envs (may be
+# empty), named $1, the rest its options: the table appended to
+# $OUT/tiermoe.md, its log to $OUT/tiermoe.err, the result rows printed.
+# Needs TM, M, REPS, OUT set.
+device_bench() {
+    local name=$1
+    shift
+    stamp "tiermoe $name: $*"
+    timeout 300 env "${envs[@]}" $TM bench -m "$M" -r "$REPS" -t 16 "$@" > /tmp/tm.md 2> /tmp/tm.err
+    { echo "## $name: $*"; cat /tmp/tm.md; } >> "$OUT/tiermoe.md"
+    { echo "## $name: $*"; cat /tmp/tm.err; } >> "$OUT/tiermoe.err"
+    grep -E "^\| qwen" /tmp/tm.md | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-160 || tail -5 /tmp/tm.err
+}

@@ -43,26 +43,17 @@ device_models "$M" "" "$TM" || exit 1
 stamp "llama.cpp -ngl 99"
 timeout 300 /tmp/llamacpp-peer/llama-bench -fa 1 -p 512,2048 -n 128,512 -r "$REPS" -t 16 -m "$M" \
     -ngl 99 2>&1 | tee "$OUT/peer.md" | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
-run() {
-    local name=$1
-    shift
-    stamp "tiermoe $name: $*"
-    timeout 300 env "${envs[@]}" $TM bench -m "$M" -r "$REPS" -t 16 "$@" > /tmp/tm.md 2> /tmp/tm.err
-    { echo "## $name: $*"; cat /tmp/tm.md; } >> "$OUT/tiermoe.md"
-    { echo "## $name: $*"; cat /tmp/tm.err; } >> "$OUT/tiermoe.err"
-    grep -E "^\| qwen" /tmp/tm.md | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-160 || tail -5 /tmp/tm.err
-}
 for round in 1 2; do
     envs=(TIERMOE_MMVQ_Q8X=0)
-    run "gpu f32-act r$round" -ngl all -p 512 -n 128
+    device_bench "gpu f32-act r$round" -ngl all -p 512 -n 128
     envs=(TIERMOE_MMVQ_Q8X=1)
-    run "gpu q8-act r$round" -ngl all -p 512 -n 128
+    device_bench "gpu q8-act r$round" -ngl all -p 512 -n 128
 done
-run "gpu q8-act long" -ngl all -p 2048 -n 512
+device_bench "gpu q8-act long" -ngl all -p 2048 -n 512
 envs=(TIERMOE_MMVQ_Q8X=0)
-run "cpu-moe f32-act" --cpu-moe -p 0 -n 128
+device_bench "cpu-moe f32-act" --cpu-moe -p 0 -n 128
 envs=(TIERMOE_MMVQ_Q8X=1)
-run "cpu-moe q8-act" --cpu-moe -p 0 -n 128
+device_bench "cpu-moe q8-act" --cpu-moe -p 0 -n 128
 if [ "${NO_PROFILE:-0}" != 1 ]; then
     stamp "ncu decode profile"
     SKIP=3000 COUNT=700 timeout 240 scripts/device_gpu_profile.sh "$M" "$OUT" -p 0 -n 4 \

@@ -536,7 +536,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         for (int ci = 0; ci < (n_ncmoe ? n_ncmoe : 1) && !rc; ci++) {
             if (n_ngl) place->ngl = (int)ngl[gi], place->ngl_given = true;
             if (n_ncmoe) place->n_cpu_moe = (int)ncmoe[ci];
-            tm_context_params cp = {0};
+            /* the KV cache in f16, as llama-bench's (a zeroed kv_type is f32) */
+            tm_context_params cp = {.kv_type = TM_TYPE_F16};
             if (cli_place_apply(place, "bench", m, &cp)) {
                 rc = 1;
                 break;

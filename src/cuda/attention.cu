@@ -9,9 +9,12 @@
  * are the n_head query heads, then the n_head_kv key heads, then the
  * n_head_kv value heads. Thread i < head_dim/2 owns the RoPE pair (i, i + d/2).
  *
- * cuda_attention: one kernel for prompts and decode. A block (4 warps) owns
- * one KV head g, a block of query rows of that group (row r = t*G + hh is
- * token t, head g*G + hh; each warp owns RW consecutive rows) and a key range.
+ * cuda_attention: a prompt of one sequence with an f16 cache and head_dim 64
+ * or 128 goes to the tensor-core kernel (attention_tc.cu) unless precise;
+ * everything else runs the f32 kernel below, one kernel for prompts and
+ * decode. A block (4 warps) owns one KV head g, a block of query rows of that
+ * group (row r = t*G + hh is token t, head g*G + hh; each warp owns RW
+ * consecutive rows) and a key range.
  * It walks the range in tiles of 32 keys, staged in shared memory as float
  * (K, V [32][ds], Q [4*RW][ds], ds = padded head_dim so the per-lane float4
  * reads of K rows hit distinct banks): lane j scores key j for the warp's
@@ -38,57 +41,16 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
-#include "cuda/cuda_common.cuh"
+#include "cuda/attention.cuh"
 
 #define TM_ATTN_WARPS        4
 #define TM_ATTN_THREADS      (TM_ATTN_WARPS * TM_CUDA_WARP)
 #define TM_ATTN_TK           32  /* keys per tile: one per lane */
 #define TM_ATTN_MAX_DIM      256 /* head_dim limit: 8 dims per lane */
 #define TM_ATTN_NC           (TM_ATTN_MAX_DIM / TM_CUDA_WARP)
-#define TM_ATTN_SPLIT_TOK    8 /* n_tok up to this: split the keys (decode) */
 #define TM_ATTN_MAX_SPLITS   256
 #define TM_ATTN_TARGET_BLKS  264 /* about 2 blocks per SM of an H100 (132 SMs) */
 #define TM_ATTN_SMEM_DEFAULT (48 * 1024)
-
-/* Everything a launch fixes; passed by value (frozen in a captured graph). */
-typedef struct tm_attn_args {
-    const float *q;
-    const void *k, *v;
-    const int32_t *pos0;
-    const int32_t *row_pos, *row_kv; /* rows of several sequences (NULL: one) */
-    float *out, *rec;
-    int32_t n_head, n_head_kv, group, d, dp, ds;
-    int64_t n_tok, n_kv_max, n_ctx;
-    int32_t n_split, f16, vec;
-    int32_t row_blocks; /* rows of several sequences: blocks of one token's heads */
-    float scale;
-    int64_t window;     /* 0: none */
-    const float *sinks; /* [n_head] or NULL */
-} tm_attn_args;
-
-/* The first key a token at position p sees (0 without a window). */
-static __device__ __forceinline__ int64_t tm_attn_first_key(const tm_attn_args &a, int64_t p) {
-    if (!a.window) return 0;
-    const int64_t lo = p + 1 - a.window;
-    return lo > 0 ? lo : 0;
-}
-
-/* out = acc / l with the sink's exp in the denominator: the factor for acc. */
-static __device__ __forceinline__ float tm_attn_inv(const tm_attn_args &a, int64_t h, float m,
-                                                    float l) {
-    if (!a.sinks) return l > 0.f ? 1.f / l : 0.f;
-    const float sk = a.sinks[h], mx = fmaxf(m, sk), f = m == -INFINITY ? 0.f : expf(m - mx);
-    return f / (l * f + expf(sk - mx));
-}
-
-/* Keys a batch of n_tok tokens from pos0 sees: pos0 + n_tok, kept within what
- * the launch was sized for. */
-static __device__ __forceinline__ int64_t tm_attn_n_kv(const tm_attn_args &a, int64_t pos0,
-                                                       int64_t n_tok) {
-    int64_t n = pos0 + n_tok;
-    const int64_t cap = a.n_kv_max < a.n_ctx ? a.n_kv_max : a.n_ctx;
-    return n < 0 ? 0 : n > cap ? cap : n;
-}
 
 /* Keys per split: the real length over n_split, rounded up to whole tiles. */
 static __device__ __forceinline__ int64_t tm_attn_chunk(int64_t n_kv, int32_t n_split) {
@@ -508,6 +470,10 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
     /* 16-byte loads need whole vectors per head row and aligned cache bases */
     a.vec = p->head_dim % (a.f16 ? 8 : 4) == 0 && ((uintptr_t)k_cache % 16) == 0 &&
             ((uintptr_t)v_cache % 16) == 0;
+    if (tm_attn_tc_ok(a, p->precise)) { /* a prompt on tensor cores */
+        if ((st = tm_attn_tc_launch(a, stream))) return st;
+        return tm_cuda_launch_check("cuda_attention (tensor cores)", n_tok, p->n_head, n_kv_max);
+    }
     st = pl.rw == 1   ? tm_attn_launch<1>(pl, a, stream)
          : pl.rw == 2 ? tm_attn_launch<2>(pl, a, stream)
                       : tm_attn_launch<4>(pl, a, stream);

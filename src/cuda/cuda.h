@@ -291,6 +291,10 @@ typedef struct tm_cuda_attn_params {
     float rope_mscale;
     int64_t window;     /* sliding window: the query at p sees keys (p - window, p] (0: all) */
     const float *sinks; /* device [n_head] sink logits in each softmax's denominator (NULL: none) */
+    /* f32 arithmetic throughout (the CUDA-core kernel) for prompts too: the
+     * precise mode. Else a prompt of one sequence with an f16 cache and
+     * head_dim 64 or 128 runs on tensor cores, Q and P rounded to f16. */
+    bool precise;
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)
@@ -311,7 +315,10 @@ tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float 
  * would (the same splits, so the same bits); up to 8 rows split the keys over
  * blocks, more rows do not.
  * Decode (n_tok small) splits the KV length over blocks and combines; prompts
- * run flash-attention style (online softmax over KV tiles).
+ * run flash-attention style (online softmax over KV tiles): on tensor cores
+ * (attention_tc.cu: Q and the softmax weights rounded to f16, f32
+ * accumulation) when n_tok > 8, one sequence (no row_pos), an f16 cache with
+ * 16-byte aligned bases, head_dim 64 or 128 and not precise; else in f32.
  * scratch: device floats, at least cuda_attention_scratch_floats(). */
 int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
                                       int64_t n_kv_max);

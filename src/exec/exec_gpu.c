@@ -132,7 +132,8 @@ static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc 
                                  .rope_freq = a->rope_freq ? e->rope_freq_dev : NULL,
                                  .rope_mscale = a->rope_mscale,
                                  .window = a->window,
-                                 .sinks = sinks};
+                                 .sinks = sinks,
+                                 .precise = e->gpu_attn_f32};
 }
 
 /* Scratch of the tensor-core products: the largest need of any GPU matrix. */
@@ -174,6 +175,10 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         (st = cuda_host_alloc(step_bytes, (void **)&e->step_host)))
         return st;
     memset(e->step_host, 0, step_bytes);
+    /* prompt attention on tensor cores in the normal mode; TIERMOE_ATTN_TC=0
+     * keeps the f32 kernel (for comparison) */
+    const char *tc = getenv("TIERMOE_ATTN_TC");
+    e->gpu_attn_f32 = e->p.precise || (tc && strcmp(tc, "0") == 0);
     /* the state pool: sizes first */
     const tm_cuda_attn_params ap = gpu_attn_params(e, &e->attn_shape, NULL);
     bool gpu_attention = false;

@@ -96,6 +96,7 @@ struct tm_exec {
     void *gpu_scratch; /* products on tensor cores */
     size_t gpu_scratch_bytes;
     float *gpu_attn;    /* attention scratch */
+    bool gpu_attn_f32;  /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
     void *gpu_q8x;      /* 8-bit activations of a decode product (cuda_q8x_quantize) */
     int64_t gpu_q8x_k;  /* the longest row it holds (0: products keep f32 activations) */
     int32_t *step_dev;  /* [2 + 2 n_batch]: position, step number, rows' positions, KV bases */

@@ -35,6 +35,31 @@
  * wrong scale, one key past the causal limit, a wrong KV head or rope angle
  * moves outputs by about 1/n or more: hundreds of times these bounds.
  *
+ * The tensor-core prompt path (attention_tc.cu; cuda.h says when it runs:
+ * n_tok > 8, one sequence, f16 cache aligned, head_dim 64 or 128, not
+ * precise) rounds q to f16 and the softmax weights P to f16 before P·V, with
+ * f32 accumulation on the tensor cores. With u16 = 2^-11 (f16 unit roundoff;
+ * below 2^-14 the spacing is fixed: 2^-25 absolute):
+ *   - q: |q~_i - q_i| <= u16 |q_i| + 2^-25, so a score moves by
+ *     scale (u16 Σ_i |q_i k_ji| + 2^-25 Σ_i |k_ji|), added to |δs_j|;
+ *   - P: each weight p_j = exp(s_j - m) in (0, 1] (m the running max) is
+ *     rounded, relative u16 or absolute 2^-25; the row sum adds the rounded
+ *     weights, so both enter as weight errors: u16 more in ε_j, and
+ *     2^-25 Σ_j |v_ji - o_i| (normalised: the sum is >= 1 at the final max,
+ *     an earlier max only scales a weight down);
+ *   - the f32 accumulation inside the tensor cores is not documented as
+ *     round-to-nearest: its sums take 2u per addition (truncation, within an
+ *     ulp) in the two f32 terms above.
+ * First order in these errors (the f16 terms give ε_j of a few 1e-3, their
+ * squares are far under the worst-case slack). These bounds are about
+ * 2^-11 scale Σ|q k| (~5e-3 here): a lost fragment, tile, head or row still
+ * moves outputs far past them, and one key too many or too few moves the first
+ * tokens of a prompt from position 0 (a few keys each, checked every time) by
+ * tens of times them. A prompt with `precise` set must meet the f32 bounds
+ * (flag A_PREC).
+ * Prompts over 256 tokens check every 7th token and the last 16 against the
+ * reference (its cost grows as n_tok^2 d heads) and every output for NaN.
+ *
  * gpt-oss's additions (flags A_WIN, A_SINK, A_YARN): a sliding window of
  * ATTN_WINDOW keys ((p - window, p]: it crosses tiles of 32), per-head sink
  * logits in the denominator only, and RoPE from a frequency table with cos
@@ -61,6 +86,8 @@ static const head_cfg k_heads[] = {
     {2, 1, 6, 1e4f, 0},      /* head_dim % 4 != 0: the scalar tile loads */
     {8, 2, 256, 1e6f, 0},    /* the largest head: over 48 KiB of shared memory */
     {64, 8, 64, 1.5e5f, 0},  /* gpt-oss-20b / 120b */
+    {8, 8, 128, 1e6f, 0},    /* no grouping at 128: tensor cores, G = 1 */
+    {16, 4, 64, 1e4f, 0},    /* tensor cores, G = 4 at 64 */
 };
 
 #define ATTN_WINDOW 40
@@ -72,6 +99,7 @@ enum {
     A_WIN = 8,   /* sliding window of ATTN_WINDOW keys */
     A_SINK = 16, /* sink logits per head */
     A_YARN = 32, /* RoPE from a frequency table, cos/sin times mscale */
+    A_PREC = 64, /* precise: a prompt stays on the f32 kernel */
 };
 
 typedef struct attn_case {
@@ -121,6 +149,22 @@ static const attn_case k_cases[] = {
     {1, F32, 300, 5, 1024, A_CTX | A_WIN | A_NORM},
     {2, F16, 100, 200, 1024, A_WIN | A_YARN},
     {3, F32, 50, 9, 256, A_SINK},
+    /* the tensor-core prompt path: G 1 / 4 / 8, head_dim 64 and 128, n_tok off
+     * the 64-row and 64-key tiles, a history in the cache, long prompts */
+    {6, F16, 0, 77, 256, 0},
+    {6, F16, 300, 333, 1024, A_NORM},
+    {6, F16, 0, 2100, 4096, A_NORM},
+    {7, F16, 100, 500, 1024, A_NORM},
+    {7, F16, 0, 130, 256, A_WIN | A_SINK},
+    {0, F16, 1000, 1100, 4096, A_NORM},
+    {0, F16, 0, 100, 1024, A_CTX | A_NORM},
+    {5, F16, 0, 2048, 4096, A_WIN | A_SINK | A_YARN},
+    {5, F16, 500, 300, 1024, A_WIN | A_SINK},
+    {1, F16, 7, 61, 256, A_NORM},
+    /* the f32 kernel for a prompt: precise, a misaligned cache */
+    {0, F16, 0, 200, 1024, A_NORM | A_PREC},
+    {5, F16, 30, 100, 1024, A_WIN | A_SINK | A_PREC},
+    {1, F16, 10, 40, 256, A_NORM | A_MIS},
 };
 
 typedef struct attn_state {
@@ -247,11 +291,20 @@ static void prep_check(attn_state *s, tm_rng *r, int32_t pos, int64_t n, float *
     *q_d = qd, *q = qo;
 }
 
+/* Whether cuda.h's contract puts this launch on tensor cores. */
+static bool attn_tc(const attn_state *s, int64_t n_tok) {
+    const int32_t d = s->p.head_dim;
+    return n_tok > 8 && s->p.kv_type == TM_TYPE_F16 && (d == 64 || d == 128) && !s->p.precise &&
+           !(s->c->flags & A_MIS);
+}
+
 /* cuda_attention for the batch at pos0 (q rotated on the device, q its copy);
  * returns the worst |err| / tol. */
 static double attn_check(const attn_state *s, const float *q_d, const float *q, int32_t pos0,
                          int64_t n_tok) {
     const int64_t H = s->p.n_head, G = H / s->p.n_head_kv, d = s->p.head_dim, kvw = s->kvw;
+    const bool tc = attn_tc(s, n_tok);
+    const double ua = tc ? 2 * U32 : U32, u16 = tc ? 0x1p-11 : 0, a16 = tc ? 0x1p-25 : 0;
     const int64_t n_kv = pos0 + n_tok, n_kv_max = s->c->flags & A_CTX ? s->p.n_ctx : n_kv;
     const int64_t n_out = n_tok * H * d,
                   n_scr = cuda_attention_scratch_floats(&s->p, n_tok, n_kv_max);
@@ -274,7 +327,13 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
            *P = xmalloc((size_t)n_kv * 8);
     const double scale = s->p.scale;
     double worst = 0;
-    for (int64_t t = 0; t < n_tok; t++)
+    for (int64_t i = 0; i < n_out; i++)
+        if (!isfinite(out[i]))
+            fail_msg("attention %d/%d/%lld pos0 %d n_tok %lld: out[%lld] = %g (unwritten?)",
+                     s->p.n_head, s->p.n_head_kv, (long long)d, pos0, (long long)n_tok,
+                     (long long)i, out[i]);
+    for (int64_t t = 0; t < n_tok; t++) {
+        if (n_tok > 256 && t % 7 && t < n_tok - 16) continue; /* sampled: the top comment */
         for (int64_t h = 0; h < H; h++) {
             const int64_t nk = pos0 + t + 1, g = h / G;
             const int64_t j0 = s->p.window && nk > s->p.window ? nk - s->p.window : 0;
@@ -282,42 +341,49 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
             double smax = -INFINITY, smin = INFINITY, sum = 0;
             for (int64_t j = j0; j < nk; j++) {
                 const double *kr = K + j * kvw + g * d;
-                double dot = 0, mag = 0;
-                for (int64_t i = 0; i < d; i++) dot += qr[i] * kr[i], mag += fabs(qr[i] * kr[i]);
+                double dot = 0, mag = 0, kmag = 0;
+                for (int64_t i = 0; i < d; i++)
+                    dot += qr[i] * kr[i], mag += fabs(qr[i] * kr[i]), kmag += fabs(kr[i]);
                 sc[j] = scale * dot;
-                E[j] = (double)(d + 3) * U32 * scale * mag;
+                E[j] = scale * ((double)(d + 3) * ua * mag + u16 * mag + a16 * kmag);
                 smax = fmax(smax, sc[j]), smin = fmin(smin, sc[j]);
             }
             if (s->sinks) smax = fmax(smax, s->sinks[h]), smin = fmin(smin, s->sinks[h]);
             for (int64_t j = j0; j < nk; j++) sum += P[j] = exp(sc[j] - smax);
             if (s->sinks) sum += exp(s->sinks[h] - smax); /* the denominator only */
             const double resc = (double)(10 + 6 * (nk / 32 + 2)) * U32 + 3 * U32 * (smax - smin);
-            for (int64_t j = j0; j < nk; j++) P[j] /= sum, E[j] += U32 * (smax - sc[j]) + resc;
+            for (int64_t j = j0; j < nk; j++)
+                P[j] /= sum, E[j] += U32 * (smax - sc[j]) + resc + u16;
             for (int64_t i = 0; i < d; i++) {
                 const double *vc = V + g * d + i;
-                double o = 0, a = 0, b = 0;
+                double o = 0, a = 0, b = 0, dev = 0;
                 for (int64_t j = j0; j < nk; j++) o += P[j] * vc[j * kvw];
-                for (int64_t j = j0; j < nk; j++)
-                    a += P[j] * E[j] * fabs(vc[j * kvw] - o), b += P[j] * fabs(vc[j * kvw]);
-                const double tol =
-                    a + (double)(nk + 40) * U32 * (b + fabs(o)) + 4 * U32 * fabs(o) + 1e-30;
+                for (int64_t j = j0; j < nk; j++) {
+                    const double dv = fabs(vc[j * kvw] - o);
+                    a += P[j] * E[j] * dv, b += P[j] * fabs(vc[j * kvw]), dev += dv;
+                }
+                const double tol = a + (double)(nk + 40) * ua * (b + fabs(o)) + 4 * U32 * fabs(o) +
+                                   a16 * dev + 1e-30;
                 const float got = out[(t * H + h) * d + i];
                 const double err = fabs(got - o);
                 if (!(err <= tol))
-                    fail_msg("attention %d/%d/%lld %s pos0 %d n_tok %lld n_kv_max %lld: out[%lld]"
+                    fail_msg("attention %d/%d/%lld %s%s pos0 %d n_tok %lld n_kv_max %lld: out[%lld]"
                              "[%lld][%lld] = %.9g, ref %.9g, tol %.3g",
                              s->p.n_head, s->p.n_head_kv, (long long)d,
-                             s->p.kv_type == TM_TYPE_F16 ? "f16" : "f32", pos0, (long long)n_tok,
-                             (long long)n_kv_max, (long long)t, (long long)h, (long long)i, got, o,
-                             tol);
+                             s->p.kv_type == TM_TYPE_F16 ? "f16" : "f32", tc ? " tensor cores" : "",
+                             pos0, (long long)n_tok, (long long)n_kv_max, (long long)t,
+                             (long long)h, (long long)i, got, o, tol);
                 worst = fmax(worst, err / tol);
             }
         }
+    }
     free(out), free(K), free(V), free(sc), free(E), free(P);
     return worst;
 }
 
-static void attn_run_case(tm_rng *r, const attn_case *c, double w[3]) {
+/* w: worst |err|/tol of attention on the f32 kernel, then prepare's q and
+ * f32 rows, its f16 k rows, attention on tensor cores. */
+static void attn_run_case(tm_rng *r, const attn_case *c, double w[4]) {
     const head_cfg *hc = &k_heads[c->hc];
     attn_state s;
     memset(&s, 0, sizeof(s));
@@ -345,6 +411,7 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[3]) {
         s.qw_d = dev_upload(s.qw, (size_t)hc->d * 4), s.kw_d = dev_upload(s.kw, (size_t)hc->d * 4);
     }
     s.pos_d = dev_alloc(4);
+    s.p.precise = (c->flags & A_PREC) != 0;
     if (c->flags & A_WIN) s.p.window = ATTN_WINDOW;
     if (c->flags & A_SINK) { /* of the scores' size: a real share of the softmax */
         s.sinks = xmalloc((size_t)hc->n_head * 4);
@@ -365,8 +432,10 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[3]) {
         free(q);
     }
     prep_check(&s, r, c->pos0, c->n_tok, &q_d, &q);
-    if (c->pos0 + c->n_tok <= c->n_ctx)
-        w[0] = fmax(w[0], attn_check(&s, q_d, q, c->pos0, c->n_tok));
+    if (c->pos0 + c->n_tok <= c->n_ctx) {
+        const int k = attn_tc(&s, c->n_tok) ? 3 : 0;
+        w[k] = fmax(w[k], attn_check(&s, q_d, q, c->pos0, c->n_tok));
+    }
     w[1] = fmax(w[1], s.worst_prep), w[2] = fmax(w[2], s.worst_k16);
     free(q), free(s.kc), free(s.vc), free(s.kc2), free(s.vc2), free(s.qw), free(s.kw);
     free(s.sinks), free(s.freq);
@@ -424,12 +493,12 @@ void check_attention(void **state) {
     tm_rng_seed(&r, 0xa77e);
     for (int hc = 0; hc < (int)(sizeof(k_heads) / sizeof(k_heads[0])); hc++) {
         int n = 0;
-        double w[3] = {0, 0, 0};
+        double w[4] = {0, 0, 0, 0};
         for (size_t i = 0; i < sizeof(k_cases) / sizeof(k_cases[0]); i++)
             if (k_cases[i].hc == hc) attn_run_case(&r, &k_cases[i], w), n++;
-        printf("attention %d/%d/%d: %d cases ok, worst |err|/tol %.3g (prepare: q and f32 rows "
-               "%.3g, f16 k rows %.3g)\n",
-               k_heads[hc].n_head, k_heads[hc].n_head_kv, k_heads[hc].d, n, w[0], w[1], w[2]);
+        printf("attention %d/%d/%d: %d cases ok, worst |err|/tol %.3g f32 kernel, %.3g tensor "
+               "cores (prepare: q and f32 rows %.3g, f16 k rows %.3g)\n",
+               k_heads[hc].n_head, k_heads[hc].n_head_kv, k_heads[hc].d, n, w[0], w[3], w[1], w[2]);
     }
     attn_bad_args();
     printf("attention: bad arguments refused\n");
