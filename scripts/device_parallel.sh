@@ -10,7 +10,8 @@
 #      (bench/serve_parallel.py), full GPU and --cpu-moe, both --no-expert-trace (the
 #      tracer's callback would make every decode step eager).
 #   TOKENS (128; --cpu-moe takes half), CPU_MOE_THREADS ("16"; several: "16 14"),
-#   NO_CHECKS=1 (bench only), OUT dir. Targets (reported, not asserted):
+#   NO_CHECKS=1 (bench only), FETCH_MODES ("copy pcie off": --cpu-moe prompts of 16-512
+#   tokens with each --moe-fetch mode), OUT dir. Targets (reported, not asserted):
 #   full GPU 8 streams >= 3x one; --cpu-moe: more streams, more tokens/s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,13 @@ for pl in "-ngl all" "--cpu-moe"; do
     timeout 200 $TM bench -m "$MV" -t 16 -p 0 -n 64 -np 1,2,4,8 -r 2 $pl 2> /dev/null \
         | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-150
 done
+if [ -n "${FETCH_MODES:-}" ]; then # short prompts with every expert in RAM: which lane
+    for f in $FETCH_MODES; do
+        stamp "bench --cpu-moe --moe-fetch $f"
+        timeout 200 $TM bench -m "$MV" -t 16 -p 16,40,128,512 -n 0 -r 2 --cpu-moe --moe-fetch "$f" 2> /dev/null \
+            | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-150
+    done
+fi
 par all-gpu "$TOKENS" -ngl all -t 16 --no-expert-trace
 for t in ${CPU_MOE_THREADS:-16}; do
     par "cpu-moe -t $t" $((TOKENS / 2)) --cpu-moe -t "$t" --no-expert-trace
