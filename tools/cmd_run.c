@@ -237,7 +237,7 @@ static int run_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *system = NULL,
                *template_name = NULL;
     long long n_predict = 64, v;
-    tm_context_params cp = {0};
+    tm_context_params cp = {.kv_type = TM_TYPE_F16}; /* --kv-type's default */
     tm_sampler_params sp;
     sample_params_default(&sp);
     cli_gen gen = {.cp = &cp, .sp = &sp};

@@ -55,7 +55,7 @@ static int serve_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL;
     tm_server_params sp = {.port = 8080, .parallel = 1, .api_key = getenv("TIERMOE_API_KEY")};
     sample_params_default(&sp.sampling);
-    tm_context_params cp = {0};
+    tm_context_params cp = {.kv_type = TM_TYPE_F16}; /* --kv-type's default */
     cli_gen gen = {.cp = &cp, .sp = &sp.sampling};
     if (trace_config_from_env(&sp.trace) != TM_OK) {
         fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());

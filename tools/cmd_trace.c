@@ -175,7 +175,7 @@ static int trace_merge(char **files, int n_files, const char *out) {
 static int trace_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL, *prompts_path = NULL, *out_path = NULL;
     long long n_predict = 16, v;
-    tm_context_params cp = {0};
+    tm_context_params cp = {.kv_type = TM_TYPE_F16}; /* --kv-type's default */
     tm_trace_config tc = {.stats = true};
     char **merge = NULL;
     int n_merge = 0;
