@@ -245,6 +245,11 @@ static void check_same(bool gpu) {
         assert_true(s.faults > 0);
         assert_true(s.bytes_read > 0);
         assert_true(s.hits <= s.routed);
+        /* decode steps predict the next layer's experts from this layer's input */
+        assert_true(s.pred_routed > 0 && s.pred_hits <= s.pred_routed);
+        assert_true(2 * s.pred_hits >= s.pred_routed); /* chance would name k/E = 1/8 */
+        printf("    --ram-cache %lld: the next layer's router named %.1f%% of its experts\n",
+               (long long)budgets[b], 100.0 * (double)s.pred_hits / (double)s.pred_routed);
         if (b == 0) { /* every layer evicts, every step */
             assert_true(s.max_resident < (int32_t)K);
             /* reads into empty slots: at most each layer's slots */

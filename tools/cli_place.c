@@ -289,7 +289,8 @@ void cli_store_print(const tm_context *ctx, const tm_store_stats *s0, double wal
     const double wait = (s->wait_ns - s0->wait_ns) * 1e-9, per = tok ? 1.0 / (double)tok : 0;
     fprintf(out,
             "  SSD tier (--ram-cache): %.2f experts faulted per token, %.1f read ahead (%.0f%% of "
-            "those used), %.2f MB read per token, hit rate %.1f%%, at most %d experts resident "
+            "those used; the next layer's router named %.0f%% of the experts its steps used), "
+            "%.2f MB read per token, hit rate %.1f%%, at most %d experts resident "
             "in a layer; reads %.0f MB/s over the run, lane waited %.3f s (%.0f MB/s while "
             "waiting)\n",
             (double)(s->faults - s0->faults) * per, (double)(s->prefetched - s0->prefetched) * per,
@@ -297,6 +298,9 @@ void cli_store_print(const tm_context *ctx, const tm_store_stats *s0, double wal
                 ? 100.0 * (double)(s->prefetch_used - s0->prefetch_used) /
                       (double)(s->prefetched - s0->prefetched)
                 : 0.0,
+            s->pred_routed > s0->pred_routed ? 100.0 * (double)(s->pred_hits - s0->pred_hits) /
+                                                   (double)(s->pred_routed - s0->pred_routed)
+                                             : 0.0,
             bytes * 1e-6 * per,
             routed ? 100.0 * (double)(s->hits - s0->hits) / (double)routed : 0.0, s->max_resident,
             wall_s > 0 ? bytes * 1e-6 / wall_s : 0.0, wait, wait > 0 ? bytes * 1e-6 / wait : 0.0);

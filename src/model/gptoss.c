@@ -182,6 +182,8 @@ static tm_status gptoss_layer_bind(tm_model *m, uint32_t l, gptoss_layer *L) {
         .gate_bias = (const float *)L->gate_b.data,
         .up_bias = (const float *)L->up_b.data,
         .down_bias = (const float *)L->down_b.data,
+        .router = L->router.type == TM_TYPE_F32 ? (const float *)L->router.data : NULL,
+        .router_bias = (const float *)L->router_b.data,
     };
     return TM_OK;
 }

@@ -89,6 +89,7 @@ static tm_status qwen3moe_load(tm_model *m) {
                    L->up_exps.row_bytes},
             .down = {L->down_exps.data, L->down_exps.type, L->down_exps.row_bytes * (size_t)E,
                      L->down_exps.row_bytes},
+            .router = L->router.type == TM_TYPE_F32 ? (const float *)L->router.data : NULL,
         };
     }
     w->router =

@@ -113,6 +113,10 @@ typedef struct tm_moe_experts {
      * up [n_expert][n_ff], down [n_expert][n_embd], f32 on the host. Small
      * next to the experts: every lane keeps them resident. */
     const float *gate_bias, *up_bias, *down_bias;
+    /* This layer's router [n_expert][n_embd] and bias ([n_expert] or NULL), f32 on
+     * the host, for predicting its experts from the previous layer's input (the
+     * SSD tier reads them ahead); NULL: no prediction. */
+    const float *router, *router_bias;
 } tm_moe_experts;
 
 /* Whether experts need more than the plain SwiGLU without biases (lanes that

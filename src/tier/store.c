@@ -1,5 +1,7 @@
-/* The expert store (store.h): slots, chunked lane runs, eviction, the
- * one-token-lag prefetch. */
+/* The expert store (store.h): slots, chunked lane runs, eviction, and reads
+ * ahead: the next layer's experts predicted by its router applied to this
+ * layer's input (decode steps), then its experts of the previous step
+ * (one-token lag). */
 #include "tier/store.h"
 
 #include <math.h>
@@ -10,6 +12,8 @@
 
 #include "core/log.h"
 #include "core/timing.h"
+#include "cpu/cpu.h"
+#include "cpu/cpu_ops.h"
 #include "tier/cache_policy.h"
 #include "tier/store_io.h"
 
@@ -33,7 +37,10 @@ typedef struct store_layer {
     uint32_t *mark;        /* [n_expert]: the step that last counted it */
     int64_t *first, *last; /* [n_expert]: its first and last slot in that step */
     int32_t *prev, n_prev; /* the experts of the previous step, in order of first use */
-    double clock;          /* tokens of this layer's steps */
+    int32_t *pred, n_pred; /* the experts predicted for the next step (none: n_pred 0) */
+    uint32_t *pred_at;     /* [n_expert]: the prediction (pred_serial) that named it */
+    uint32_t pred_serial;
+    double clock; /* tokens of this layer's steps */
     int32_t resident;
 } store_layer;
 
@@ -49,7 +56,13 @@ struct tm_store {
     uint32_t step;
     int64_t first_layer;
     tm_store_stats stats;
+    /* the next-layer prediction's scratch (NULL: no layer has a router) */
+    float *pred_logits; /* [STORE_PREDICT_TOK][n_expert] */
+    void *pred_xq;      /* the activations as cpu_matmul quantizes them */
+    int32_t *pred_top;  /* [k] */
 };
+
+#define STORE_PREDICT_TOK 8 /* steps of up to this many tokens (decode) predict */
 
 static uint64_t align_up(uint64_t v) {
     return (v + A - 1) & ~(A - 1);
@@ -160,24 +173,60 @@ static tm_status store_form(tm_store *s, store_layer *L, const tm_moe_slot *sl, 
     return TM_OK;
 }
 
-/* Read ahead, on the spare queue depth, the experts layer l used in its
- * previous step that are not resident (one-token lag). */
+/* Whether the current prediction for L names e. */
+static bool store_predicted(const store_layer *L, int32_t e) {
+    return L->n_pred && L->pred_at[e] == L->pred_serial;
+}
+
+/* Read ahead, on the spare queue depth, the experts layer l is predicted to
+ * use in its next step, then those it used in its previous step (one-token
+ * lag), that are not resident. A predicted expert takes the slot of any
+ * expert not predicted; a lag expert only that of a lower scored one. */
 static tm_status store_prefetch(tm_store *s, uint32_t l) {
     if (l >= s->n_layer || !s->layers[l].on) return TM_OK;
     store_layer *L = &s->layers[l];
     tm_status st;
-    for (int32_t i = 0; i < L->n_prev; i++) {
+    for (int32_t i = 0; i < L->n_pred + L->n_prev; i++) {
         if (store_io_depth(s->io) - store_io_in_flight(s->io) < 3) break; /* 3 reads an expert */
-        const int32_t e = L->prev[i];
+        const bool predicted = i < L->n_pred;
+        const int32_t e = predicted ? L->pred[i] : L->prev[i - L->n_pred];
         if (L->slot_of[e] >= 0) continue;
         int32_t j;
         if ((st = store_victim(s, L, s->chunk_id + 1, 0, &j))) return st;
         if (j < 0) break;
         const int32_t old = L->expert_in[j];
-        if (old >= 0 && store_score(s, L, old) >= store_score(s, L, e)) continue;
+        if (old >= 0 && store_predicted(L, old)) break; /* never one predicted for another */
+        if (!predicted && old >= 0 && store_score(s, L, old) >= store_score(s, L, e)) continue;
         if ((st = store_fill(s, L, j, e)) || (st = store_io_submit(s->io))) return st;
         L->ahead[j] = true;
         s->stats.prefetched++;
+    }
+    return TM_OK;
+}
+
+/* Predict layer l + 1's experts of this step from layer l's input x (n_tok
+ * rows): the top k of its router's logits for each token (the residual
+ * stream changes little from one layer to the next). */
+static tm_status store_predict(tm_store *s, uint32_t l, tm_pool *pool, const float *x,
+                               int64_t n_tok) {
+    if (l + 1 >= s->n_layer || !s->pred_logits || n_tok > STORE_PREDICT_TOK) return TM_OK;
+    store_layer *N = &s->layers[l + 1];
+    N->n_pred = 0;
+    if (!N->on || !N->ex.router) return TM_OK;
+    const int64_t E = s->n_expert, d = N->ex.n_embd;
+    cpu_matmul(pool, TM_TYPE_F32, d, E, N->ex.router, (size_t)d * sizeof(float), x, n_tok,
+               s->pred_logits, s->pred_xq);
+    N->pred_serial++;
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *r = s->pred_logits + t * E;
+        if (N->ex.router_bias)
+            for (int64_t e = 0; e < E; e++) r[e] += N->ex.router_bias[e];
+        cpu_topk(r, E, s->k, s->pred_top);
+        for (uint32_t i = 0; i < s->k; i++) {
+            const int32_t e = s->pred_top[i];
+            if (N->pred_at[e] != N->pred_serial)
+                N->pred_at[e] = N->pred_serial, N->pred[N->n_pred++] = e;
+        }
     }
     return TM_OK;
 }
@@ -195,9 +244,11 @@ static void store_count(tm_store *s, store_layer *L, const tm_moe_slot *sl, int6
             L->prev[L->n_prev++] = e;
             s->stats.routed++;
             s->stats.hits += L->slot_of[e] >= 0;
+            if (L->n_pred) s->stats.pred_routed++, s->stats.pred_hits += store_predicted(L, e);
         }
         store_use(s, L, e, 1.0);
     }
+    L->n_pred = 0; /* a prediction serves one step */
 }
 
 tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool *pool,
@@ -230,7 +281,9 @@ tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool
                 return st;
         }
         if ((st = store_io_submit(s->io))) return st;
-        if (!prefetched && (st = store_prefetch(s, l + 1))) return st;
+        if (!prefetched &&
+            ((st = store_predict(s, l, pool, x, wl->n_tok)) || (st = store_prefetch(s, l + 1))))
+            return st;
         prefetched = true;
         const uint64_t t0 = tm_time_ns();
         if ((st = store_io_wait(s->io, ready))) return st;
@@ -281,7 +334,9 @@ static tm_status store_layer_init(tm_store *s, store_layer *L, const tm_moe_expe
         !(L->mark = calloc(s->n_expert, sizeof(uint32_t))) ||
         !(L->first = calloc(s->n_expert, sizeof(int64_t))) ||
         !(L->last = calloc(s->n_expert, sizeof(int64_t))) ||
-        !(L->prev = malloc(s->n_expert * sizeof(int32_t))))
+        !(L->prev = malloc(s->n_expert * sizeof(int32_t))) ||
+        !(L->pred = malloc(s->n_expert * sizeof(int32_t))) ||
+        !(L->pred_at = calloc(s->n_expert, sizeof(uint32_t))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     memset(L->slot_of, 0xff, s->n_expert * sizeof(int32_t));
     return TM_OK;
@@ -348,6 +403,19 @@ tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_
         st = store_slots_init(s, &s->layers[l], base);
         base += s->layers[l].slot_bytes * (size_t)s->n_slots;
     }
+    /* a layer after the first with a router: predict its experts (TIERMOE_STORE_PREDICT=0:
+       the one-token lag alone, for comparisons) */
+    const char *env = getenv("TIERMOE_STORE_PREDICT");
+    bool predict = false;
+    int64_t d = 0;
+    for (uint32_t l = 1; l < n_layer; l++)
+        if (in_store[l] && layers[l].router && !(env && !strcmp(env, "0")))
+            predict = true, d = layers[l].n_embd;
+    if (st == TM_OK && predict &&
+        (!(s->pred_logits = malloc((size_t)STORE_PREDICT_TOK * n_expert * sizeof(float))) ||
+         !(s->pred_xq = malloc((size_t)STORE_PREDICT_TOK * cpu_act_row_size(TM_TYPE_F32, d))) ||
+         !(s->pred_top = malloc((size_t)(k ? k : 1) * sizeof(int32_t)))))
+        st = tm_error_set(TM_ERR_NOMEM, "out of memory");
     const tm_store_io_params iop = {.depth = p->depth};
     if (st == TM_OK) st = store_io_open(p->path, &iop, &s->io);
     if (st != TM_OK) {
@@ -375,9 +443,10 @@ void store_free(tm_store *s) {
         for (int p = 0; p < 3; p++) free(L->at[p]);
         free(L->slot_of), free(L->expert_in), free(L->pin), free(L->seq), free(L->ahead);
         free(L->score), free(L->stamp), free(L->mark), free(L->prev);
-        free(L->first), free(L->last);
+        free(L->first), free(L->last), free(L->pred), free(L->pred_at);
     }
     if (s->mem) munmap(s->mem, s->mem_bytes);
+    free(s->pred_logits), free(s->pred_xq), free(s->pred_top);
     free(s->layers), free(s);
 }
 

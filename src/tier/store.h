@@ -56,8 +56,10 @@ typedef struct tm_store_stats {
     uint64_t routed;        /* distinct experts the steps asked for */
     uint64_t hits;          /* ... resident, or on their way, when the step began */
     uint64_t faults;        /* experts read because a step needed them */
-    uint64_t prefetched;    /* experts read ahead (one-token lag) */
+    uint64_t prefetched;    /* experts read ahead (predicted, or one-token lag) */
     uint64_t prefetch_used; /* ... that a later step used */
+    uint64_t pred_routed;   /* routed experts of steps whose experts were predicted */
+    uint64_t pred_hits;     /* ... that the prediction named */
     uint64_t evictions;
     uint64_t bytes_read;  /* from the file, alignment included */
     uint64_t wait_ns;     /* the lane waiting for reads */
