@@ -243,6 +243,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 1;
     }
+    if (o->tr) trace_set_resident(o->tr, trace_tier_resident, ctx->tier);
     char backend[128];
     bench_backend(ctx, backend, sizeof(backend));
     uint64_t dense_cpu, dense_gpu, exp_cpu, exp_gpu;

@@ -372,6 +372,7 @@ static int run_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
         goto out;
     }
+    if (tr) trace_set_resident(tr, trace_tier_resident, s.ctx->tier);
     if (n_prompt >= s.ctx->n_ctx) {
         fprintf(stderr,
                 "tiermoe run: the prompt has %lld tokens, the context only %lld positions (-c)\n",

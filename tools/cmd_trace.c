@@ -304,6 +304,7 @@ static int trace_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
         goto out;
     }
+    trace_set_resident(tr, trace_tier_resident, ctx->tier);
     const uint64_t t0 = tm_time_ns();
     uint64_t t_shown = 0;
     const int64_t n_vocab = m->cfg.n_vocab;

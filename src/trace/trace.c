@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/timing.h"
 #include "model/synth.h"
+#include "tier/tier.h"
 #include "trace/trace.h"
 #include "trace/trace_log.h"
 
@@ -104,7 +105,17 @@ struct tm_trace {
     tm_trace_log_writer *rlog; /* cfg.routing_log */
     int t_attn_layer, t_topk_layer;
     uint64_t t_attn, t_topk;
+    tm_trace_resident_fn resident; /* NULL: hot and cold not counted */
+    void *resident_ud;
 };
+
+void trace_set_resident(tm_trace *t, tm_trace_resident_fn fn, void *ud) {
+    t->resident = fn, t->resident_ud = ud;
+}
+
+bool trace_tier_resident(void *tier, uint32_t layer, int32_t expert) {
+    return tier_slot_of(tier, layer, expert) >= 0;
+}
 
 tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace **out) {
     *out = NULL;
@@ -217,6 +228,11 @@ void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok
         for (uint32_t j = 0; j < k; j++) {
             TM_ASSERT(row[j] >= 0 && (uint32_t)row[j] < E);
             L->experts[row[j]]++;
+            if (t->resident) {
+                const bool hot = t->resident(t->resident_ud, layer, row[j]);
+                (hot ? L->hot_experts : L->cold_experts)[row[j]]++;
+                ++*(hot ? &L->hot_slots_total : &L->cold_slots_total);
+            }
             if (t->cfg.names)
                 fprintf(t->cfg.log,
                         "[expert-trace] token %llu layer %u slot %u: expert %d: "
@@ -251,8 +267,6 @@ void trace_record(tm_trace *t, uint32_t layer, const int32_t *ids, int64_t n_tok
     }
     L->tokens += (uint64_t)n_tok;
     L->expert_hits_total += (uint64_t)n_tok * k;
-    /* Only the CPU lane exists: no slot is served hot, and none is counted
-     * cold either (hot_slots_total / cold_slots_total describe the split). */
 }
 
 void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,

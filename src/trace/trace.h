@@ -160,6 +160,14 @@ void trace_attach(tm_trace *t, tm_context_params *p);
 /* The callback trace_attach installs (ud = the tracer). */
 void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
                      int64_t n, bool is_int);
+/* Whether expert `expert` of `layer` is served from VRAM right now (the hot
+ * lane: a layer on the GPU, or a slot of the VRAM cache). With one set, each
+ * routed slot counts as hot or cold (hot_experts / cold_experts and the
+ * layers' hot_slots_total / cold_slots_total); without, neither. */
+typedef bool (*tm_trace_resident_fn)(void *ud, uint32_t layer, int32_t expert);
+void trace_set_resident(tm_trace *t, tm_trace_resident_fn fn, void *ud);
+/* The residency of a context's tier (ud: its tm_tier *): in VRAM or a cache slot. */
+bool trace_tier_resident(void *tier, uint32_t layer, int32_t expert);
 /* A new sequence starts (context reset): working set and reuse forget the past. */
 void trace_sequence_begin(tm_trace *t);
 /* Count one forward call of `layer` routing n_tok tokens to ids [n_tok][n_expert_used]. */

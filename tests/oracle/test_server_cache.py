@@ -108,6 +108,14 @@ def main():
                                                     "temperature": 0})
         check(r[0] == 200 and hot_slots(srv) > hot0, "no request served after the apply")
         status, perf = srv.request("GET", "/moe-layer-perf")
+        # every routed slot counted once, hot (a cache slot held it) or cold, per expert too
+        for L in perf["layers"]:
+            check(L["hot_slots_total"] + L["cold_slots_total"] == L["expert_hits_total"] and
+                  L["hot_slots_total"] == sum(L["hot_experts"]) and
+                  L["cold_slots_total"] == sum(L["cold_experts"]) and
+                  all(h + c == e for h, c, e in zip(L["hot_experts"], L["cold_experts"], L["experts"])),
+                  f"layer {L['layer']}: hot/cold counts do not add up: {L}")
+        check(sum(L["hot_slots_total"] for L in perf["layers"]) > 0, "no hot slot counted")
         learn, plan = os.path.join(TMP, "learn.json"), os.path.join(TMP, "plan.json")
         with open(learn, "w") as f:
             json.dump(perf, f)
