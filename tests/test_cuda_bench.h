@@ -165,6 +165,7 @@ static void test_bench(void **state) {
                 items[i * 8 + j].slot = (int32_t)((tm_rng_u64(&r) % 16 + 16 * (uint64_t)j) % NS);
                 items[i * 8 + j].token = 0;
                 items[i * 8 + j].weight = 0.125f;
+                items[i * 8 + j].expert = items[i * 8 + j].slot;
             }
         const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n * 8 * sizeof(*items));
         float *xh = xmalloc((size_t)E * sizeof(float));

@@ -236,7 +236,11 @@ typedef struct moe_case {
     int64_t n_embd, n_ff, n_tok;
     int32_t n_slots, k;
     tm_type tg, tu, td;
+    bool oai; /* gpt-oss's experts: biases of expert ids other than the slots, clamped SwiGLU */
 } moe_case;
+
+#define MOE_OAI_ALPHA 1.702f
+#define MOE_OAI_LIMIT 7.0f
 
 /* Double-precision reference for one matrix row · vector, and Σ|products|. */
 static double dot_d(const float *w, const double *x, int64_t n, double *mag) {
@@ -262,6 +266,17 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     float *y = xmalloc((size_t)NT * E * sizeof(float));
     fill_normal(r, x, NT * E, 1.0f);
     fill_normal(r, y0, NT * E, 1.0f); /* y is accumulated into, not overwritten */
+    /* gpt-oss: biases for 2S experts, slot e holding expert 2S - 1 - e; biases of a
+       size that makes the clamps bite now and then */
+    const int64_t NX = c->oai ? 2 * S : 0;
+    float *gbias = NULL, *ubias = NULL, *dbias = NULL;
+    if (c->oai) {
+        gbias = xmalloc((size_t)(NX * F) * sizeof(float));
+        ubias = xmalloc((size_t)(NX * F) * sizeof(float));
+        dbias = xmalloc((size_t)(NX * E) * sizeof(float));
+        fill_normal(r, gbias, NX * F, 4.0f), fill_normal(r, ubias, NX * F, 4.0f);
+        fill_normal(r, dbias, NX * E, 1.0f);
+    }
 
     /* items: k distinct experts per token, expert-major like a prompt worklist
      * when n_tok > 1, plus one item with an out-of-range slot that must be skipped */
@@ -279,10 +294,11 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
             } while (dup);
             chosen[j] = e;
             items[n].slot = e, items[n].token = (int32_t)t, items[n].weight = tm_rng_f32(r);
+            items[n].expert = c->oai ? (int32_t)(2 * S - 1 - e) : e;
             n++;
         }
     }
-    items[n].slot = (int32_t)S, items[n].token = 0, items[n].weight = 1.0f;
+    items[n].slot = (int32_t)S, items[n].token = 0, items[n].weight = 1.0f, items[n].expert = 0;
     n++;
 
     cuda_pool_reset(g_pool);
@@ -295,6 +311,14 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     p.up.expert_stride = F * ub;
     p.down.data = dev_upload(d, (size_t)S * E * db), p.down.type = c->td, p.down.row_bytes = db;
     p.down.expert_stride = E * db;
+    if (c->oai)
+        p.ext = (tm_cuda_moe_ext){TM_CUDA_MOE_SWIGLU_OAI,
+                                  MOE_OAI_ALPHA,
+                                  MOE_OAI_LIMIT,
+                                  dev_upload(gbias, (size_t)(NX * F) * sizeof(float)),
+                                  dev_upload(ubias, (size_t)(NX * F) * sizeof(float)),
+                                  dev_upload(dbias, (size_t)(NX * E) * sizeof(float)),
+                                  (int32_t)NX};
     const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n_items * sizeof(*items));
     const float *x_d = dev_upload(x, (size_t)NT * E * sizeof(float));
     float *y_d = dev_upload(y0, (size_t)NT * E * sizeof(float));
@@ -315,22 +339,36 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     for (int64_t i = 0; i < NT * E; i++) ref[i] = y0[i], tol[i] = U32 * fabs(y0[i]);
     const double gE = (double)(E + 2) * U32, gF = (double)(F + 2) * U32;
     for (int64_t it = 0; it < n_items - 1; it++) {
-        const int64_t e = items[it].slot, t = items[it].token;
+        const int64_t e = items[it].slot, t = items[it].token, id = items[it].expert;
         const double wt = items[it].weight;
         for (int64_t j = 0; j < E; j++) xd[j] = x[t * E + j];
         for (int64_t f = 0; f < F; f++) {
             double mg, mu;
-            const double gv = dot_d(gd + (e * F + f) * E, xd, E, &mg);
-            const double uv = dot_d(ud + (e * F + f) * E, xd, E, &mu);
-            const double sg = gv / (1.0 + exp(-gv));
-            h[f] = sg * uv;
-            /* |d silu/dg| <= 1.1, |silu(g)| <= |g| */
-            dh[f] = gE * (1.1 * mg * fabs(uv) + fabs(gv) * mu) + 4 * U32 * fabs(h[f]);
+            double gv = dot_d(gd + (e * F + f) * E, xd, E, &mg);
+            double uv = dot_d(ud + (e * F + f) * E, xd, E, &mu);
+            if (c->oai) {
+                /* the bias add rounds once more: inside γ_E Σ|.| with Σ|.| grown by |b| */
+                gv += gbias[id * F + f], uv += ubias[id * F + f];
+                mg += fabs(gbias[id * F + f]), mu += fabs(ubias[id * F + f]);
+                const double a = MOE_OAI_ALPHA, lim = MOE_OAI_LIMIT;
+                const double gc = fmin(gv, lim), uc = fmax(-lim, fmin(uv, lim));
+                const double sg = 1.0 / (1.0 + exp(-a * gc));
+                h[f] = gc * sg * (uc + 1);
+                /* |d(gc σ(a gc))/dg| <= 1 + a|gc|/4, |gc σ(a gc)| <= |gc|; clamps only shrink */
+                dh[f] = gE * ((1 + a * fabs(gc) / 4) * mg * fabs(uc + 1) + fabs(gc) * mu) +
+                        6 * U32 * fabs(h[f]);
+            } else {
+                const double sg = gv / (1.0 + exp(-gv));
+                h[f] = sg * uv;
+                /* |d silu/dg| <= 1.1, |silu(g)| <= |g| */
+                dh[f] = gE * (1.1 * mg * fabs(uv) + fabs(gv) * mu) + 4 * U32 * fabs(h[f]);
+            }
         }
         for (int64_t o = 0; o < E; o++) {
             double mag, carried = 0;
             const float *dr = dd + (e * E + o) * F;
-            const double out = dot_d(dr, h, F, &mag);
+            double out = dot_d(dr, h, F, &mag);
+            if (c->oai) out += dbias[id * E + o], mag += fabs(dbias[id * E + o]);
             for (int64_t f = 0; f < F; f++) carried += fabs(dr[f]) * dh[f];
             ref[t * E + o] += wt * out;
             tol[t * E + o] +=
@@ -345,11 +383,11 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
                      quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
                      (long long)E, (long long)F, (long long)NT, (long long)i, y[i], ref[i], lim);
     }
-    printf("moe %s/%s/%s n_embd %lld n_ff %lld: %lld tokens x %d experts ok\n",
+    printf("moe %s/%s/%s n_embd %lld n_ff %lld%s: %lld tokens x %d experts ok\n",
            quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
-           (long long)F, (long long)NT, c->k);
+           (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "", (long long)NT, c->k);
     free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y),
-        free(items);
+        free(items), free(gbias), free(ubias), free(dbias);
     free(ref), free(tol), free(xd), free(h), free(dh);
 }
 
@@ -360,11 +398,16 @@ static void test_moe_grouped(void **state) {
     tm_rng_seed(&r, 0xe4e4);
     static const moe_case cases[] = {
         /* the decode shape of Qwen3-30B-A3B: 1 token x 8 experts, 2048 x 768 */
-        {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K},
+        {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false},
         /* a small prompt, expert-major items, mixed types */
-        {512, 96, 5, 12, 4, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_Q8_0},
-        {256, 64, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_F16},
-        {256, 256, 2, 4, 4, TM_TYPE_Q5_K, TM_TYPE_BF16, TM_TYPE_F32},
+        {512, 96, 5, 12, 4, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_Q8_0, false},
+        {256, 64, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_F16, false},
+        {256, 256, 2, 4, 4, TM_TYPE_Q5_K, TM_TYPE_BF16, TM_TYPE_F32, false},
+        /* gpt-oss: MXFP4 experts with biases and the clamped SwiGLU, decode and a prompt;
+           and the fast path's types with the same epilogues */
+        {576, 576, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
+        {576, 320, 6, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
+        {512, 256, 2, 6, 3, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q8_0, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }
@@ -455,19 +498,22 @@ static void test_router(void **state) {
                         const int64_t i = t * K + j;
                         const bool is_cold = map[gids[i]] < 0;
                         const int32_t want = is_cold && cold++ < limit ? gids[i] : -1;
-                        if (mits[i].slot != want || mits[i].token != t || mits[i].weight != gw[i])
-                            fail_msg("router mapped item %lld (n_mapped %d): {%d, %d, %g}, want "
-                                     "{%d, %lld, %g}",
+                        if (mits[i].slot != want || mits[i].token != t || mits[i].weight != gw[i] ||
+                            mits[i].expert != gids[i])
+                            fail_msg("router mapped item %lld (n_mapped %d): {%d, %d, %g, %d}, "
+                                     "want {%d, %lld, %g, %d}",
                                      (long long)i, gp.n_mapped, mits[i].slot, mits[i].token,
-                                     mits[i].weight, want, (long long)t, gw[i]);
+                                     mits[i].weight, mits[i].expert, want, (long long)t, gw[i],
+                                     gids[i]);
                     }
                 }
                 for (int64_t i = 0; i < T * K; i++) { /* the work items restate the top-k */
                     const int32_t slot = map ? map[gids[i]] : gids[i];
-                    if (its[i].slot != slot || its[i].token != i / K || its[i].weight != gw[i])
-                        fail_msg("router item %lld: {%d, %d, %g}, want {%d, %lld, %g}",
-                                 (long long)i, its[i].slot, its[i].token, its[i].weight, slot,
-                                 (long long)(i / K), gw[i]);
+                    if (its[i].slot != slot || its[i].token != i / K || its[i].weight != gw[i] ||
+                        its[i].expert != gids[i])
+                        fail_msg("router item %lld: {%d, %d, %g, %d}, want {%d, %lld, %g, %d}",
+                                 (long long)i, its[i].slot, its[i].token, its[i].weight,
+                                 its[i].expert, slot, (long long)(i / K), gw[i], gids[i]);
                 }
                 (void)map_d;
                 free(its), free(mits), free(map);

@@ -559,10 +559,10 @@ static void test_errors(void **state) {
     tm_cuda_blas *blas;
     assert_int_equal(cuda_blas_create(g.dev, &blas), TM_OK);
     float *wm = dalloc(&g, 2 * 32 * 32 * 4);
-    const tm_cuda_moe_item items_h[2] = {{0, 0, 1.0f}, {1, 0, 1.0f}};
+    const tm_cuda_moe_item items_h[2] = {{0, 0, 1.0f, 0}, {1, 0, 1.0f, 1}};
     tm_cuda_moe_item *items = upload(&g, items_h, sizeof(items_h));
     const tm_cuda_moe_matrix m = {wm, TM_TYPE_F32, 32 * 32 * 4, 32 * 4};
-    const tm_cuda_moe_params p = {32, 32, 2, m, m, m};
+    const tm_cuda_moe_params p = {32, 32, 2, m, m, m, {0}};
     const int32_t slots[1] = {0};
     const int64_t starts[2] = {0, 2};
     const tm_cuda_moe_groups gr = {1, slots, starts, items};
@@ -702,10 +702,12 @@ static void test_moe(void **state) {
         MS,
         {upload(&g, c.gate, MS * MF * c.gate_rb), TM_TYPE_Q8_0, MF * c.gate_rb, c.gate_rb},
         {upload(&g, c.up, MS * MF * c.up_rb), TM_TYPE_Q8_0, MF * c.up_rb, c.up_rb},
-        {upload(&g, c.down, MS * ME * c.down_rb), TM_TYPE_F32, ME * c.down_rb, c.down_rb}};
+        {upload(&g, c.down, MS * ME * c.down_rb), TM_TYPE_F32, ME * c.down_rb, c.down_rb},
+        {0}};
     /* skipped: slot -1 (not cached), slot MS, token MT */
-    const tm_cuda_moe_item items_h[] = {{0, 0, 0.5f}, {2, 0, 0.25f}, {-1, 1, 1.0f}, {3, 1, 0.7f},
-                                        {1, 2, 0.3f}, {MS, 2, 9.0f}, {1, MT, 1.0f}, {2, 2, -0.4f}};
+    const tm_cuda_moe_item items_h[] = {{0, 0, 0.5f, 0},  {2, 0, 0.25f, 2}, {-1, 1, 1.0f, -1},
+                                        {3, 1, 0.7f, 3},  {1, 2, 0.3f, 1},  {MS, 2, 9.0f, MS},
+                                        {1, MT, 1.0f, 1}, {2, 2, -0.4f, 2}};
     const int64_t n_items = sizeof(items_h) / sizeof(items_h[0]);
     double want[MT * ME];
     for (int i = 0; i < MT * ME; i++) want[i] = c.y0[i];
@@ -724,8 +726,9 @@ static void test_moe(void **state) {
     for (int i = 0; i < MT * ME; i++) assert_close(got[i], want[i], 1e-5 * mag);
 
     /* the same work, expert-major: slot 0 | 1 | 2 | 3 | -1 (skipped group) */
-    const tm_cuda_moe_item sorted_h[] = {{0, 0, 0.5f},  {1, 2, 0.3f}, {1, MT, 1.0f}, {2, 0, 0.25f},
-                                         {2, 2, -0.4f}, {3, 1, 0.7f}, {-1, 1, 1.0f}};
+    const tm_cuda_moe_item sorted_h[] = {{0, 0, 0.5f, 0},  {1, 2, 0.3f, 1},  {1, MT, 1.0f, 1},
+                                         {2, 0, 0.25f, 2}, {2, 2, -0.4f, 2}, {3, 1, 0.7f, 3},
+                                         {-1, 1, 1.0f, -1}};
     const int32_t slots[] = {0, 1, 2, 3, -1};
     const int64_t starts[] = {0, 1, 3, 5, 6, 7};
     tm_cuda_blas *blas;
@@ -805,10 +808,12 @@ static void test_router(void **state) {
                 const tm_cuda_moe_item *it = &items_h[t * K + j];
                 assert_int_equal(it->slot, gating ? want[j] : map[want[j]]);
                 assert_int_equal(it->token, t);
+                assert_int_equal(it->expert, want[j]);
                 assert_true(it->weight == w_h[t * K + j]);
                 if (gating) continue;
                 const bool pcie = map[want[j]] < 0 && n_cold++ < 2; /* its id, else -1 */
                 assert_int_equal(mitems_h[t * K + j].slot, pcie ? want[j] : -1);
+                assert_int_equal(mitems_h[t * K + j].expert, want[j]);
                 assert_true(mitems_h[t * K + j].weight == w_h[t * K + j]);
             }
         }

@@ -65,7 +65,7 @@ static void test_matrix_4x32(void **state) {
 }
 
 /* gpt-oss (tests/data/hf_gptoss: sinks, window 8, biases, clamped SwiGLU, YaRN)
- * under the placements it has so far: CPU only and every --cpu-moe one. */
+ * under every placement: its experts' biases and activation on every GPU lane. */
 static void gptoss_path(char *path, size_t len) {
     const char *data = getenv("TM_TEST_DATA");
     snprintf(path, len, "%s/hf_gptoss/tiny-mxfp4.gguf", data ? data : "tests/data");
@@ -79,26 +79,6 @@ static void test_matrix_gptoss(void **state) {
 }
 
 static tm_context_params params(int ngl, bool cpu_moe, const char *ot, int64_t cache_mib);
-
-/* Experts the GPU lanes cannot compute yet: a placement that puts them in
- * VRAM or a cache is refused, naming the layer and the way out. */
-static void test_gptoss_refused(void **state) {
-    (void)state;
-    char path[512];
-    gptoss_path(path, sizeof(path));
-    tm_model *m;
-    assert_int_equal(model_load(path, &m), TM_OK);
-    tm_context_params p = params(ALL, false, NULL, 0);
-    tm_context *c = NULL;
-    assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
-    assert_non_null(strstr(tm_error_message(), "layer 0"));
-    assert_non_null(strstr(tm_error_message(), "--cpu-moe"));
-    p = params(ALL, true, NULL, 2);
-    assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
-    assert_non_null(strstr(tm_error_message(), "--moe-cache"));
-    assert_null(c);
-    model_free(m);
-}
 
 static tm_context_params params(int ngl, bool cpu_moe, const char *ot, int64_t cache_mib) {
     return (tm_context_params){.n_ctx = 128,

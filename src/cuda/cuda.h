@@ -180,6 +180,11 @@ tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t r
  * at data + e*expert_stride, its rows row_bytes apart (as tm_moe_matrix).
  * Several items may target one token: y is updated with atomicAdd, so the
  * summation order (and the last bits) may vary between runs.
+ * With an extension (tm_cuda_moe_ext, gpt-oss) the expert is instead
+ *   g = gate_e x + gate_bias[id], u = up_e x + up_bias[id], h = act(g, u),
+ *   y[tok] += weight · (down_e h + down_bias[id])
+ * where id is the item's expert id (the slot says where the weights are, the
+ * id which expert they are: a cache slot or a fetch buffer holds any expert).
  * h_scratch: device floats, at least cuda_moe_scratch_floats(). */
 typedef struct tm_cuda_moe_matrix {
     const void *data;
@@ -191,13 +196,33 @@ typedef struct tm_cuda_moe_item {
     int32_t slot;  /* expert index into the matrices */
     int32_t token; /* row of x and y */
     float weight;
+    int32_t expert; /* the expert's id: row of the extension's biases */
 } tm_cuda_moe_item;
+
+/* The activation between the gate/up and down products. */
+typedef enum tm_cuda_moe_act {
+    TM_CUDA_MOE_SWIGLU = 0,     /* silu(g) u (= TM_MOE_ACT_SWIGLU) */
+    TM_CUDA_MOE_SWIGLU_OAI = 1, /* gc = min(g, limit), uc = clamp(u, +-limit):
+                                   gc sigmoid(alpha gc) (uc + 1) (= TM_MOE_ACT_SWIGLU_OAI) */
+} tm_cuda_moe_act;
+
+/* What experts compute beyond the plain SwiGLU (zeroed: nothing). Biases are
+ * device f32 arrays indexed by the item's expert id: gate and up [n_expert][n_ff],
+ * down [n_expert][n_embd] (NULL: none). With any bias, items whose id is
+ * outside [0, n_expert) are skipped like those with a bad slot. */
+typedef struct tm_cuda_moe_ext {
+    tm_cuda_moe_act act;
+    float alpha, limit; /* TM_CUDA_MOE_SWIGLU_OAI's constants */
+    const float *gate_bias, *up_bias, *down_bias;
+    int32_t n_expert;
+} tm_cuda_moe_ext;
 
 typedef struct tm_cuda_moe_params {
     int64_t n_embd, n_ff;
     int32_t n_slots; /* expert slots addressable in the matrices; items outside are skipped */
     tm_cuda_moe_matrix gate, up; /* n_ff rows of n_embd */
     tm_cuda_moe_matrix down;     /* n_embd rows of n_ff */
+    tm_cuda_moe_ext ext;         /* zeroed: silu(g) u, no biases */
 } tm_cuda_moe_params;
 
 int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items);
@@ -226,7 +251,7 @@ typedef struct tm_cuda_router_params {
     /* Device [n_tok * n_used] or NULL: a second work list, for a lane that
      * reads cold experts from host memory (cuda_host_register): the first
      * TM_CUDA_MAPPED_COUNT cold slots of each token, in rank order, get
-     * {id, t, w}, every other slot -1. Cold: slot_map[id] < 0 (a slot_map is
+     * {id, t, w, id}, every other slot -1. Cold: slot_map[id] < 0 (a slot_map is
      * needed). */
     tm_cuda_moe_item *mapped;
     int32_t n_mapped, mapped_share_q8;
@@ -242,8 +267,8 @@ typedef struct tm_cuda_router_params {
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
 #define TM_CUDA_ROUTER_MAX_USED   32
-/* items (may be NULL): also items[t*n_used + j] = {slot, t, weights[t][j]} with
- * slot = ids[t][j] (or slot_map[ids[t][j]]), the top-k as a work list for
+/* items (may be NULL): also items[t*n_used + j] = {slot, t, weights[t][j], ids[t][j]}
+ * with slot = ids[t][j] (or slot_map[ids[t][j]]), the top-k as a work list for
  * cuda_moe_grouped (decode, no host trip). */
 tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
                              int32_t *ids, float *weights, tm_cuda_moe_item *items,
@@ -346,7 +371,7 @@ tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_byt
                     tm_cuda_stream stream);
 
 /* Grouped experts for prompt batches: the same math as cuda_moe_grouped
- * (y[tok] += weight · down_e(silu(gate_e x) ⊙ up_e x)), with the work list
+ * (y[tok] += weight · down_e(silu(gate_e x) ⊙ up_e x), or the extension's), with the work list
  * expert-major and its groups known on the host: group i has expert slot
  * slots[i] and the items items[starts[i] .. starts[i+1]) (items: device array;
  * slots, starts: host arrays; every item of group i has .slot == slots[i]:

@@ -16,6 +16,7 @@
  * weights dequantized tile by tile in shared memory only:
  *   gate/up  h[row][f] = f16(silu(gate_e xg[row]) * up_e xg[row])
  *   down     y[token] += weight * down_e h[row] (atomicAdd)
+ *   (an extension's biases and activation in the same places: moe_ext.cuh)
  *
  * Dequantize (fallback, or env TIERMOE_MOE_GEMM=dequant for comparison):
  *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
@@ -53,6 +54,7 @@
 #include "core/log.h"
 #include "cuda/dequant.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/moe_ext.cuh"
 #include "cuda/moe_mma.cuh"
 
 #include <stdlib.h>
@@ -112,13 +114,13 @@ static tm_moe_gemm_layout tm_moe_gemm_layout_of(const tm_cuda_moe_params *p, int
 __global__ void __launch_bounds__(256)
     tm_moe_gather_kernel(const int32_t *__restrict__ rowmap,
                          const tm_cuda_moe_item *__restrict__ items, int32_t n_slots,
-                         const float *__restrict__ x, int64_t n_tok, int64_t n_embd,
-                         __half *__restrict__ xg) {
+                         tm_cuda_moe_ext ext, const float *__restrict__ x, int64_t n_tok,
+                         int64_t n_embd, __half *__restrict__ xg) {
     const int64_t row = blockIdx.x;
     const int32_t i = rowmap[row];
     __half *o = xg + row * n_embd;
-    const tm_cuda_moe_item it = i >= 0 ? items[i] : tm_cuda_moe_item{-1, -1, 0.0f};
-    if (!tm_moe_gemm_item_ok(it, n_slots, n_tok)) {
+    const tm_cuda_moe_item it = i >= 0 ? items[i] : tm_cuda_moe_item{-1, -1, 0.0f, -1};
+    if (!tm_moe_item_valid(it, n_slots, n_tok, ext)) {
         for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x) o[c] = __float2half_rn(0.0f);
         return;
     }
@@ -126,31 +128,39 @@ __global__ void __launch_bounds__(256)
     for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x) o[c] = __float2half_rn(xr[c]);
 }
 
-/* h[row][f] = f16(silu(g) * u) for rows [0, n_rows) of the pointers given. */
+/* h[row][f] = f16(act(g, u)) (moe_ext.cuh) for rows [0, n_rows) of the
+ * pointers given; rows whose item is padding or skipped get 0. */
 __global__ void __launch_bounds__(256)
-    tm_moe_swiglu_kernel(const float *__restrict__ gu, int64_t n_rows, int64_t n_ff,
+    tm_moe_swiglu_kernel(const float *__restrict__ gu, const int32_t *__restrict__ rowmap,
+                         const tm_cuda_moe_item *__restrict__ items, int32_t n_slots, int64_t n_tok,
+                         tm_cuda_moe_ext ext, int64_t n_rows, int64_t n_ff,
                          __half *__restrict__ h) {
     const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
     if (i >= n_rows * n_ff) return;
     const int64_t row = i / n_ff, f = i - row * n_ff;
+    const int32_t it = rowmap[row];
+    const tm_cuda_moe_item m = it >= 0 ? items[it] : tm_cuda_moe_item{-1, -1, 0.0f, -1};
     const float g = gu[row * 2 * n_ff + f], u = gu[row * 2 * n_ff + n_ff + f];
-    h[i] = __float2half_rn(g / (1.0f + expf(-g)) * u); /* as cpu_swiglu */
+    h[i] = __float2half_rn(tm_moe_item_valid(m, n_slots, n_tok, ext)
+                               ? tm_moe_ext_h(ext, m.expert, f, n_ff, g, u)
+                               : 0.0f);
 }
 
 /* One block per row: y[token] += weight * dd[row] for valid items. */
 __global__ void __launch_bounds__(256)
     tm_moe_scatter_kernel(const int32_t *__restrict__ rowmap,
                           const tm_cuda_moe_item *__restrict__ items, int32_t n_slots,
-                          const float *__restrict__ dd, int64_t n_tok, int64_t n_embd,
-                          float *__restrict__ y) {
+                          tm_cuda_moe_ext ext, const float *__restrict__ dd, int64_t n_tok,
+                          int64_t n_embd, float *__restrict__ y) {
     const int64_t row = blockIdx.x;
     const int32_t i = rowmap[row];
     if (i < 0) return;
     const tm_cuda_moe_item it = items[i];
-    if (!tm_moe_gemm_item_ok(it, n_slots, n_tok)) return;
+    if (!tm_moe_item_valid(it, n_slots, n_tok, ext)) return;
     const float *dr = dd + row * n_embd;
     float *yr = y + (int64_t)it.token * n_embd;
-    for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x) atomicAdd(yr + c, it.weight * dr[c]);
+    for (int64_t c = threadIdx.x; c < n_embd; c += blockDim.x)
+        atomicAdd(yr + c, it.weight * (dr[c] + tm_moe_ext_down(ext, it.expert, c, n_embd)));
 }
 
 extern "C" size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
@@ -184,8 +194,10 @@ static int tm_moe_sorted_cmp(const void *a, const void *b) {
 /* The groups' products, one chunk of sorted groups [s0, s1) at a time. */
 static tm_status tm_moe_gemm_chunks(tm_cuda_blas *b, const tm_cuda_moe_params *p,
                                     const tm_moe_sorted *srt, const int64_t *row0, int32_t n_srt,
-                                    const int32_t *slots_d, const tm_moe_gemm_layout *l, char *base,
+                                    const int32_t *slots_d, const tm_cuda_moe_item *items,
+                                    int64_t n_tok, const tm_moe_gemm_layout *l, char *base,
                                     cudaStream_t stream) {
+    const int32_t *rowmap = slots_d + n_srt;
     static const char op[] = "cuda_moe_grouped_gemm";
     const int64_t E = p->n_embd, F = p->n_ff;
     __half *xg = (__half *)(base + l->xg), *h = (__half *)(base + l->h);
@@ -216,7 +228,8 @@ static tm_status tm_moe_gemm_chunks(tm_cuda_blas *b, const tm_cuda_moe_params *p
         const int64_t r_begin = row0[s0], r_end = row0[s1 - 1] + srt[s1 - 1].padded;
         const int64_t n_el = (r_end - r_begin) * F;
         tm_moe_swiglu_kernel<<<(unsigned)((n_el + 255) / 256), 256, 0, stream>>>(
-            gu + r_begin * 2 * F, r_end - r_begin, F, h + r_begin * F);
+            gu + r_begin * 2 * F, rowmap + r_begin, items, p->n_slots, n_tok, p->ext,
+            r_end - r_begin, F, h + r_begin * F);
         if ((st = tm_cuda_launch_check("cuda_moe_grouped_gemm swiglu", r_end - r_begin, F, 1)) !=
             TM_OK)
             return st;
@@ -246,7 +259,8 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
                             p ? (long long)p->n_ff : -1LL, (long long)n_tok, p ? p->n_slots : -1);
     const int32_t n = g->n_groups;
     if (n == 0) return TM_OK;
-    tm_status st;
+    tm_status st = tm_moe_ext_check(op, &p->ext);
+    if (st != TM_OK) return st;
     if ((st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm gate", &p->gate, p->n_ff,
                                        p->n_embd)) != TM_OK ||
         (st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm up", &p->up, p->n_ff, p->n_embd)) !=
@@ -322,7 +336,7 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
     if (st == TM_OK && n_srt > 0 && !fused) st = tm_blas_bind(op, b, stream);
     if (st == TM_OK && n_srt > 0) {
         tm_moe_gather_kernel<<<(unsigned)R, 256, 0, stream>>>(map_d + n_srt, g->items, p->n_slots,
-                                                              x, n_tok, p->n_embd, xg);
+                                                              p->ext, x, n_tok, p->n_embd, xg);
         st = tm_cuda_launch_check("cuda_moe_grouped_gemm gather", R, p->n_embd, n_srt);
     }
     if (st == TM_OK && n_srt > 0 && fused) {
@@ -332,11 +346,11 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
         w.xg = xg, w.h = (__half *)(base + l.h), w.y = y;
         st = tm_moe_mma_run(p, &w, stream);
     } else if (st == TM_OK && n_srt > 0) {
-        st = tm_moe_gemm_chunks(b, p, srt, row0, n_srt, map_d, &l, base, stream);
+        st = tm_moe_gemm_chunks(b, p, srt, row0, n_srt, map_d, g->items, n_tok, &l, base, stream);
         if (st == TM_OK) {
             tm_moe_scatter_kernel<<<(unsigned)R, 256, 0, stream>>>(
-                map_d + n_srt, g->items, p->n_slots, (const float *)(base + l.dd), n_tok, p->n_embd,
-                y);
+                map_d + n_srt, g->items, p->n_slots, p->ext, (const float *)(base + l.dd), n_tok,
+                p->n_embd, y);
             st = tm_cuda_launch_check("cuda_moe_grouped_gemm scatter", R, p->n_embd, n_srt);
         }
     }

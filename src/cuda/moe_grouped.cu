@@ -3,6 +3,8 @@
  *   h[item] = silu(gate_e · x[t]) ⊙ (up_e · x[t])          kernel 1
  *   y[t]   += w · (down_e · h[item])                         kernel 2
  * Two launches for all experts of a layer, whatever the number of items.
+ * An extension (gpt-oss: biases, the clamped SwiGLU) changes only the
+ * epilogues: moe_ext.cuh.
  *
  * Kernel 1 gives one warp a (item, n_ff row) pair and computes the gate and
  * up dots together (fused SwiGLU: the gate/up outputs never reach memory).
@@ -22,6 +24,7 @@
  * correct but not the fast prompt path (that is a tiled/tensor-core kernel
  * over expert-major groups, to come). */
 #include "cuda/mmvq_fast.cuh"
+#include "cuda/moe_ext.cuh"
 
 #define TM_MOE_WARPS 4
 /* Blocks a multiprocessor must hold of the fast kernels (registers capped to
@@ -34,9 +37,9 @@
 #define TM_MOE_FAST_MIN_BLOCKS 5
 #endif
 
-static __device__ __forceinline__ bool tm_moe_item_ok(const tm_cuda_moe_item &it, int32_t n_slots,
-                                                      int64_t n_tok) {
-    return it.slot >= 0 && it.slot < n_slots && it.token >= 0 && it.token < n_tok;
+static __device__ __forceinline__ bool tm_moe_item_ok(const tm_cuda_moe_item &it,
+                                                      const tm_cuda_moe_params &p, int64_t n_tok) {
+    return tm_moe_item_valid(it, p.n_slots, n_tok, p.ext);
 }
 
 __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
@@ -49,7 +52,7 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
     if (r >= p.n_ff) return;
     const tm_cuda_moe_item it = items[item];
     float *hr = h + item * p.n_ff + r;
-    if (!tm_moe_item_ok(it, p.n_slots, n_tok)) {
+    if (!tm_moe_item_ok(it, p, n_tok)) {
         if (lane == 0) *hr = 0.0f; /* defined contents for the down kernel, which skips it anyway */
         return;
     }
@@ -64,7 +67,7 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
     tm_mmvq_row_partial(p.gate.type, g, p.n_embd, gate_vec16, xt, p.n_embd, 1, lane, ag);
     tm_mmvq_row_partial(p.up.type, u, p.n_embd, up_vec16, xt, p.n_embd, 1, lane, au);
     const float gs = tm_warp_sum(ag[0]), us = tm_warp_sum(au[0]);
-    if (lane == 0) *hr = gs / (1.0f + expf(-gs)) * us; /* silu(g) * u as cpu_swiglu */
+    if (lane == 0) *hr = tm_moe_ext_h(p.ext, it.expert, r, p.n_ff, gs, us);
 }
 
 __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
     const int64_t r = (int64_t)blockIdx.y * TM_MOE_WARPS + (threadIdx.x >> 5);
     if (r >= p.n_embd) return;
     const tm_cuda_moe_item it = items[item];
-    if (!tm_moe_item_ok(it, p.n_slots, n_tok)) return;
+    if (!tm_moe_item_ok(it, p, n_tok)) return;
     const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride +
                        r * p.down.row_bytes;
     float acc[TM_CUDA_MMVQ_MAX_TOK];
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
     for (int t = 0; t < TM_CUDA_MMVQ_MAX_TOK; t++) acc[t] = 0.0f;
     tm_mmvq_row_partial(p.down.type, d, p.n_ff, down_vec16, h + item * p.n_ff, p.n_ff, 1, lane,
                         acc);
-    const float s = tm_warp_sum(acc[0]);
+    const float s = tm_warp_sum(acc[0]) + tm_moe_ext_down(p.ext, it.expert, r, p.n_embd);
     if (lane == 0) atomicAdd(y + (int64_t)it.token * p.n_embd + r, it.weight * s);
 }
 
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     if (r0 >= p.n_ff) return; /* whole warp: no block-wide barrier below */
     const tm_cuda_moe_item it = items[item];
     float *hr = h + item * p.n_ff;
-    if (!tm_moe_item_ok(it, p.n_slots, n_tok)) {
+    if (!tm_moe_item_ok(it, p, n_tok)) {
         if (lane < TM_MOE_FAST_FF && r0 + lane < p.n_ff) hr[r0 + lane] = 0.0f;
         return;
     }
@@ -121,7 +124,8 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
 #pragma unroll
     for (int i = 0; i < TM_MOE_FAST_FF; i++) {
         const float gs = tm_warp_sum(acc[i][0]), us = tm_warp_sum(acc[TM_MOE_FAST_FF + i][0]);
-        if (lane == 0 && r0 + i < p.n_ff) hr[r0 + i] = gs / (1.0f + expf(-gs)) * us;
+        if (lane == 0 && r0 + i < p.n_ff)
+            hr[r0 + i] = tm_moe_ext_h(p.ext, it.expert, r0 + i, p.n_ff, gs, us);
     }
 }
 
@@ -134,7 +138,7 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_E;
     if (r0 >= p.n_embd) return;
     const tm_cuda_moe_item it = items[item];
-    if (!tm_moe_item_ok(it, p.n_slots, n_tok)) return;
+    if (!tm_moe_item_ok(it, p, n_tok)) return;
     const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride;
     const uint8_t *rp[TM_MOE_FAST_E];
 #pragma unroll
@@ -148,7 +152,9 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
 #pragma unroll
     for (int i = 0; i < TM_MOE_FAST_E; i++) {
         const float s = tm_warp_sum(acc[i][0]);
-        if (lane == 0 && r0 + i < p.n_embd) atomicAdd(yt + r0 + i, it.weight * s);
+        if (lane == 0 && r0 + i < p.n_embd)
+            atomicAdd(yt + r0 + i,
+                      it.weight * (s + tm_moe_ext_down(p.ext, it.expert, r0 + i, p.n_embd)));
     }
 }
 
@@ -205,7 +211,8 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
                             "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
                             (long long)p->n_embd, (long long)p->n_ff);
     bool gv = false, uv = false, dv = false;
-    tm_status st;
+    tm_status st = tm_moe_ext_check("cuda_moe_grouped", &p->ext);
+    if (st != TM_OK) return st;
     if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x, &gv)) != TM_OK)
         return st;
     if ((st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x, &uv)) != TM_OK)

@@ -48,6 +48,7 @@
  * a layer when no group exceeds 64 rows) instead of 340 MB read + 1.2 GB f16
  * written + 1.2 GB read; activations (xg, h) come from L2. */
 #include "cuda/dequant.cuh"
+#include "cuda/moe_ext.cuh"
 #include "cuda/moe_mma.cuh"
 
 #include <cuda_pipeline.h>
@@ -59,11 +60,13 @@
 #define TM_MMA_KS      32                   /* k values a sub-step dequantizes */
 #define TM_MMA_ST      (TM_MMA_KS + 8)      /* f16 row stride of the W and X tiles */
 #define TM_MMA_N       TM_MOE_MMA_TILE_ROWS /* token rows of a tile */
-#define TM_MMA_STG_GU  20                   /* f32 staging stride (tokens x 16 f) */
+#define TM_MMA_STG_GU  20                   /* f32 staging stride (tokens x 16 f), gate then up */
 #define TM_MMA_STG_D   36                   /* f32 staging stride (tokens x 32 e) */
 #define TM_MMA_TILE_BYTES                                                                          \
     ((2 * TM_MMA_WROWS + 2 * TM_MMA_N) * TM_MMA_ST * 2) /* W and X, both buffers */
-#define TM_MMA_STG_BYTES (8 * 32 * TM_MMA_STG_D * 4)    /* the larger staging */
+#define TM_MMA_STG_BYTES                                                                           \
+    (8 * 64 * TM_MMA_STG_GU * 4 > 8 * 32 * TM_MMA_STG_D * 4 ? 8 * 64 * TM_MMA_STG_GU * 4           \
+                                                            : 8 * 32 * TM_MMA_STG_D * 4)
 
 static_assert(TM_MMA_KS == 32 && TM_MMA_THREADS == 256 && TM_MMA_WROWS == 128 && TM_MMA_N == 64,
               "the thread-to-unit maps below assume these sizes");
@@ -89,6 +92,8 @@ struct tm_mma_args {
     const __half *act; /* [rows][k] */
     __half *h;         /* gate/up output [rows][n_ff] */
     float *y;          /* down output [n_tok][n_embd] */
+    tm_cuda_moe_ext ext;
+    int64_t n_ff; /* rows of the gate/up biases' experts (= gate/up rows) */
 };
 
 static __device__ __forceinline__ const uint8_t *tm_mma_chunk_src(const tm_mma_src &m, int32_t slot,
@@ -231,29 +236,36 @@ __global__ void __launch_bounds__(TM_MMA_THREADS, 3)
     __syncthreads(); /* every warp's MMAs done: the staging below reuses the tiles */
     if (!w_on) return;
     const int nt = two ? 32 : 16; /* token rows of this warp */
+    /* the tile's expert id (one group: every row's item has it; the first row is never
+       padding), for the extension's biases */
+    int32_t ex = -1;
+    if (tm_moe_ext_biased(a.ext)) {
+        const int32_t i0 = a.rowmap[r0];
+        const tm_cuda_moe_item m0 = i0 >= 0 ? a.items[i0] : tm_cuda_moe_item{-1, -1, 0.0f, -1};
+        ex = tm_moe_item_valid(m0, a.n_slots, a.n_tok, a.ext) ? m0.expert : -1;
+    }
     if (!DOWN) {
-        /* silu(g) * u elementwise: gate and up accumulators share a layout */
-        float *stg = (float *)tm_mma_smem + warp * 32 * TM_MMA_STG_GU; /* [token][16 f] */
+        /* gate and up staged [token][16 f] each; h = act(g, u) per element (with the
+           biases of row f: the fragments' element order is opaque) */
+        float *stg = (float *)tm_mma_smem + warp * 64 * TM_MMA_STG_GU;
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             if (j == 1 && !two) break;
 #pragma unroll
-            for (int e = 0; e < acc[0][j].num_elements; e++) {
-                const float g = acc[0][j].x[e], u = acc[1][j].x[e];
-                acc[0][j].x[e] = g / (1.0f + expf(-g)) * u; /* as cpu_swiglu */
-            }
-            wmma::store_matrix_sync(stg + 16 * j * TM_MMA_STG_GU, acc[0][j], TM_MMA_STG_GU,
-                                    wmma::mem_col_major);
+            for (int q = 0; q < 2; q++)
+                wmma::store_matrix_sync(stg + (32 * q + 16 * j) * TM_MMA_STG_GU, acc[q][j],
+                                        TM_MMA_STG_GU, wmma::mem_col_major);
         }
         __syncwarp();
         if (lane < nt) {
-            const float4 *sr = (const float4 *)(stg + lane * TM_MMA_STG_GU);
+            const float *sg = stg + lane * TM_MMA_STG_GU, *su = sg + 32 * TM_MMA_STG_GU;
+            const bool bias_ok = ex >= 0 || !tm_moe_ext_biased(a.ext);
             __align__(16) __half hv[16];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float4 f = sr[i];
-                hv[4 * i] = __float2half_rn(f.x), hv[4 * i + 1] = __float2half_rn(f.y);
-                hv[4 * i + 2] = __float2half_rn(f.z), hv[4 * i + 3] = __float2half_rn(f.w);
+            for (int i = 0; i < 16; i++) {
+                const int64_t f = wr0 + a0 + i;
+                const float h = bias_ok ? tm_moe_ext_h(a.ext, ex, f, a.n_ff, sg[i], su[i]) : 0.0f;
+                hv[i] = __float2half_rn(h);
             }
             uint4 *o = (uint4 *)(a.h + (r0 + t0 + lane) * a.rows + wr0 + a0);
             o[0] = ((const uint4 *)hv)[0];
@@ -275,14 +287,16 @@ __global__ void __launch_bounds__(TM_MMA_THREADS, 3)
             const int32_t it = a.rowmap[r0 + t0 + lane];
             if (it >= 0) {
                 const tm_cuda_moe_item m = a.items[it];
-                if (tm_moe_gemm_item_ok(m, a.n_slots, a.n_tok)) tok = m.token, wt = m.weight;
+                if (tm_moe_item_valid(m, a.n_slots, a.n_tok, a.ext)) tok = m.token, wt = m.weight;
             }
         }
         float *yc = a.y + wr0 + a0 + lane;
+        const float db = ex >= 0 ? tm_moe_ext_down(a.ext, ex, wr0 + a0 + lane, a.rows) : 0.0f;
         for (int t = 0; t < nt; t++) {
             const int32_t tt = __shfl_sync(0xffffffffu, tok, t);
             const float wv = __shfl_sync(0xffffffffu, wt, t);
-            if (tt >= 0) atomicAdd(yc + (int64_t)tt * a.rows, wv * stg[t * TM_MMA_STG_D + lane]);
+            if (tt >= 0)
+                atomicAdd(yc + (int64_t)tt * a.rows, wv * (stg[t * TM_MMA_STG_D + lane] + db));
         }
     }
 }
@@ -395,6 +409,7 @@ tm_status tm_moe_mma_run(const tm_cuda_moe_params *p, const tm_moe_mma_work *w,
     tm_mma_args a;
     a.slots = w->slots, a.tiles = w->tiles, a.rowmap = w->rowmap, a.items = w->items;
     a.n_slots = p->n_slots, a.n_tok = w->n_tok, a.h = w->h, a.y = w->y;
+    a.ext = p->ext, a.n_ff = F;
 
     a.w[0] = pl.gate, a.w[1] = pl.up, a.rows = F, a.k = E, a.act = w->xg;
     a.raw_stride = tm_mma_raw_stride(&pl.gate, &pl.up);

@@ -17,11 +17,6 @@
 
 #define TM_MOE_MMA_TILE_ROWS 64
 
-static __device__ __forceinline__ bool tm_moe_gemm_item_ok(const tm_cuda_moe_item &it,
-                                                           int32_t n_slots, int64_t n_tok) {
-    return it.slot >= 0 && it.slot < n_slots && it.token >= 0 && it.token < n_tok;
-}
-
 /* What the fused kernels read and write, all device pointers. */
 typedef struct tm_moe_mma_work {
     const int32_t *slots;          /* [sorted group] expert slot (valid) */

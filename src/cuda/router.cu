@@ -109,12 +109,12 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
         weights[t * K + lane] = w;
         if (items) { /* the decode work list, without a launch of its own */
             tm_cuda_moe_item it;
-            it.slot = slot, it.token = (int32_t)t, it.weight = w;
+            it.slot = slot, it.token = (int32_t)t, it.weight = w, it.expert = my_id;
             items[t * K + lane] = it;
         }
         if (p.mapped) {
             tm_cuda_moe_item it;
-            it.slot = mapped ? my_id : -1, it.token = (int32_t)t, it.weight = w;
+            it.slot = mapped ? my_id : -1, it.token = (int32_t)t, it.weight = w, it.expert = my_id;
             p.mapped[t * K + lane] = it;
         }
     }

@@ -119,12 +119,6 @@ typedef struct tm_moe_experts {
     const float *router, *router_bias;
 } tm_moe_experts;
 
-/* Whether experts need more than the plain SwiGLU without biases (lanes that
- * have only that refuse them). */
-static inline bool moe_experts_extended(const tm_moe_experts *ex) {
-    return ex->act != TM_MOE_ACT_SWIGLU || ex->gate_bias || ex->up_bias || ex->down_bias;
-}
-
 /* H = act(G + gate_bias, U + up_bias) for values [c0, c1) of expert e's row
  * (G may be H: in place; G and U get their biases added). */
 void moe_experts_act(const tm_moe_experts *ex, int32_t e, int64_t c0, int64_t c1, float *h,

@@ -323,7 +323,12 @@ static tm_cuda_moe_params calib_packed(const calib_ctx *x, void *base, int32_t m
         g[p] = (tm_cuda_moe_matrix){(const void *)at, h[p]->type, stride, h[p]->row_bytes};
         at += calib_a256((size_t)m * stride);
     }
-    return (tm_cuda_moe_params){ex->n_embd, ex->n_ff, m, g[0], g[1], g[2]};
+    return (tm_cuda_moe_params){.n_embd = ex->n_embd,
+                                .n_ff = ex->n_ff,
+                                .n_slots = m,
+                                .gate = g[0],
+                                .up = g[1],
+                                .down = g[2]};
 }
 
 static size_t calib_packed_bytes(const calib_ctx *x, int32_t m) {
@@ -458,7 +463,7 @@ static void calib_items(calib_ctx *x, int32_t r, int32_t n_tok, int32_t m) {
     for (int32_t j = 0; j < x->k; j++) {
         const int32_t slot = (int32_t)(((int64_t)r * x->k + j) % m);
         for (int32_t t = 0; t < n_tok; t++)
-            it[j * n_tok + t] = (tm_cuda_moe_item){slot, t, 1.0f / (float)x->k};
+            it[j * n_tok + t] = (tm_cuda_moe_item){slot, t, 1.0f / (float)x->k, slot};
     }
 }
 

@@ -237,6 +237,7 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
             .gate = tier_gpu_matrix(tier_pin_dev(t, L->host.gate.data), &L->host.gate),
             .up = tier_gpu_matrix(tier_pin_dev(t, L->host.up.data), &L->host.up),
             .down = tier_gpu_matrix(tier_pin_dev(t, L->host.down.data), &L->host.down),
+            .ext = L->ext,
         };
         L->n_pcie = n;
     }
@@ -376,25 +377,40 @@ static tm_status tier_step_check(void *ud) {
     return st;
 }
 
+/* The activation and biases of a layer's experts as the GPU lanes take them
+ * (tm_cuda_moe_ext): the biases copied to VRAM, [n_expert] rows each, when
+ * the layer has them and may compute experts on the GPU (its experts or its
+ * routing there: VRAM, cache, PCIe and fetch lanes). */
+static tm_status tier_ext_create(tm_tier *t, tier_layer *L, const tm_placement *pl) {
+    const tm_moe_experts *h = &L->host;
+    L->ext = (tm_cuda_moe_ext){.act = h->act == TM_MOE_ACT_SWIGLU_OAI ? TM_CUDA_MOE_SWIGLU_OAI
+                                                                      : TM_CUDA_MOE_SWIGLU,
+                               .alpha = h->act_alpha,
+                               .limit = h->act_limit,
+                               .n_expert = (int32_t)t->n_expert};
+    if (!t->gpu ||
+        (pl->experts_dev[L->index] != TM_DEV_GPU && pl->layer_dev[L->index] != TM_DEV_GPU))
+        return TM_OK;
+    const float *src[3] = {h->gate_bias, h->up_bias, h->down_bias};
+    const float **dst[3] = {&L->ext.gate_bias, &L->ext.up_bias, &L->ext.down_bias};
+    const int64_t n[3] = {t->n_ff, t->n_ff, t->n_embd};
+    for (int i = 0; i < 3; i++) {
+        if (!src[i]) continue;
+        const size_t bytes = (size_t)(n[i] * t->n_expert) * sizeof(float);
+        void *d;
+        tm_status st = exec_dev_alloc(t->e, bytes, &d);
+        if (st == TM_OK) st = cuda_copy_to_device(exec_gpu(t->e), d, src[i], bytes);
+        if (st != TM_OK) return tm_error_wrap(st, "layer %u: expert biases: ", L->index);
+        *dst[i] = d;
+    }
+    return TM_OK;
+}
+
 tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                       const tm_tier_layer *layers, const tm_moe_router_params *router,
                       const tm_tier_params *p, tm_tier **out) {
     *out = NULL;
-    /* Experts with biases or the clamped SwiGLU: the GPU's expert kernels have
-     * plain SwiGLU only, so they stay in RAM on the CPU lane (no VRAM experts,
-     * cache, PCIe or fetch lane); attention and the rest may use the GPU. */
     tm_tier_params q = *p;
-    for (uint32_t l = 0; l < n_layer && exec_gpu(e); l++) {
-        if (!moe_experts_extended(&layers[l].experts)) continue;
-        if (pl->experts_dev[l] == TM_DEV_GPU || (q.cache_mib && q.cache_mib != TM_MOE_CACHE_AUTO) ||
-            q.cache.plan)
-            return tm_error_set(TM_ERR_UNSUPPORTED,
-                                "layer %u: experts with biases or the clamped SwiGLU are computed "
-                                "by the CPU lane only so far: keep them in RAM (--cpu-moe) "
-                                "without --moe-cache",
-                                l);
-        q.cache_mib = 0, q.pcie = TM_MOE_PCIE_OFF, q.fetch = TM_MOE_FETCH_OFF;
-    }
     p = &q;
     tm_tier *t = calloc(1, sizeof(*t));
     if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory");
@@ -424,6 +440,8 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
                           d->experts.down.expert_stride;
         L->cls = pl->experts_dev[l] == TM_DEV_GPU && t->gpu ? TM_TIER_VRAM : TM_TIER_RAM;
+        if ((st = tier_ext_create(t, L, pl)) != TM_OK) break;
+        L->gpu.ext = L->ext; /* a cache's slots keep it */
         if (L->cls == TM_TIER_VRAM)
             L->gpu = (tm_cuda_moe_params){
                 .n_embd = t->n_embd,
@@ -432,6 +450,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                 .gate = tier_gpu_matrix(exec_weight_dev(e, d->gate), &d->experts.gate),
                 .up = tier_gpu_matrix(exec_weight_dev(e, d->up), &d->experts.up),
                 .down = tier_gpu_matrix(exec_weight_dev(e, d->down), &d->experts.down),
+                .ext = L->ext,
             };
     }
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);

@@ -376,9 +376,8 @@ static uint64_t tier_ev_ns(tm_cuda_event a, tm_cuda_event b) {
     return cuda_event_elapsed(a, b, &ms) == TM_OK ? (uint64_t)(ms * 1e6) : 0;
 }
 
-/* The groups (runs of one expert) of items[a, b) into t->group_slots/starts. */
-static int32_t tier_groups(tm_tier *t, const tm_cuda_moe_item *items, const tm_moe_slot *sl,
-                           int64_t a, int64_t b) {
+int32_t tier_groups(tm_tier *t, const tm_cuda_moe_item *items, const tm_moe_slot *sl, int64_t a,
+                    int64_t b) {
     int32_t n = 0;
     for (int64_t i = a; i < b; i++)
         if (i == a || sl[i].expert != sl[i - 1].expert) {
@@ -408,7 +407,8 @@ static tm_status tier_fetch_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl
     tm_status st = TM_OK;
     for (int64_t i = 0; i < n; i++) {
         const int32_t p = pos[sl[i].expert];
-        f->items_host[i] = (tm_cuda_moe_item){p % f->chunk_cap, sl[i].token, sl[i].weight};
+        f->items_host[i] =
+            (tm_cuda_moe_item){p % f->chunk_cap, sl[i].token, sl[i].weight, sl[i].expert};
     }
     if (n &&
         (st = cuda_copy_async(f->items_dev, f->items_host, (size_t)n * sizeof(*f->items_host), s)))
@@ -438,6 +438,7 @@ static tm_status tier_fetch_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl
                        L->host.up.row_bytes},
                 .down = {buf + f->off_down, L->host.down.type, L->host.down.expert_stride,
                          L->host.down.row_bytes},
+                .ext = L->ext,
             };
             const int32_t n_groups = tier_groups(t, f->items_host, sl, a, e_);
             if (n_groups && (st = tier_gemm(t, &p, n_groups, f->items_dev, h, y))) return st;
@@ -477,7 +478,7 @@ tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, cons
         tm_cuda_moe_item *items = t->items_host + (t->wl.n_slots - n);
         tm_cuda_moe_item *dev = t->items_dev + (t->wl.n_slots - n);
         for (int64_t i = 0; i < n; i++)
-            items[i] = (tm_cuda_moe_item){sl[i].expert, sl[i].token, sl[i].weight};
+            items[i] = (tm_cuda_moe_item){sl[i].expert, sl[i].token, sl[i].weight, sl[i].expert};
         const int32_t n_groups = tier_groups(t, items, sl, 0, n);
         ts->fetch_experts += (uint64_t)n_groups;
         ts->fetch_bytes += (uint64_t)n_groups * L->expert_bytes;

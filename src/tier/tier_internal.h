@@ -76,6 +76,7 @@ typedef struct tier_layer {
     uint32_t index;
     tm_tier_class cls;
     tm_moe_experts host;     /* RAM */
+    tm_cuda_moe_ext ext;     /* the experts' activation and device biases, for every GPU lane */
     tm_cuda_moe_params gpu;  /* the hot experts: whole tensors (n_slots = n_expert) or slots */
     size_t expert_bytes;     /* gate + up + down of one expert */
     int32_t n_slots;         /* cache slots (cached layers) */
@@ -169,6 +170,10 @@ tm_status tier_cache_apply(tm_tier *t);
 
 /* ---- tier_fetch.c ---- */
 
+/* The groups (runs of one expert) of items[a, b) into t->group_slots/starts,
+ * slots from the items; sl[a, b) expert-major (at most n_expert runs). */
+int32_t tier_groups(tm_tier *t, const tm_cuda_moe_item *items, const tm_moe_slot *sl, int64_t a,
+                    int64_t b);
 tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p);
 void tier_fetch_free(tm_tier *t);
 /* The mode of this prompt step for layer L (n_tok tokens). */

@@ -241,21 +241,18 @@ static tm_status tier_hot_lane(tm_tier *t, tier_layer *L, int64_t first, const f
     const tm_cuda_stream s = exec_stream(e);
     const int64_t n_tok = exec_n_tok(e), n_hot = t->wl.n_slots - first;
     const tm_moe_slot *sl = t->wl.slots + first;
-    int32_t n_groups = 0;
     for (int64_t i = 0; i < n_hot; i++) {
         const int32_t slot = tier_slot_of(t, L->index, sl[i].expert);
-        t->items_host[i] = (tm_cuda_moe_item){slot, sl[i].token, sl[i].weight};
-        if (!i || sl[i].expert != sl[i - 1].expert) { /* a run of one expert: a group */
-            t->group_slots[n_groups] = slot;
-            t->group_starts[n_groups++] = i;
-        }
+        t->items_host[i] = (tm_cuda_moe_item){slot, sl[i].token, sl[i].weight, sl[i].expert};
     }
-    t->group_starts[n_groups] = n_hot;
     tm_status st =
         cuda_copy_async(t->items_dev, t->items_host, (size_t)n_hot * sizeof(tm_cuda_moe_item), s);
     if (st != TM_OK) return st;
     if (n_tok <= TM_CUDA_MMVQ_MAX_TOK || !t->wl.expert_major)
         return cuda_moe_grouped(&L->gpu, t->items_dev, n_hot, h, n_tok, y, t->h_scratch, s);
+    /* expert-major: a group per run of one expert (a token-major list of rows of
+       several sequences has more runs than experts, and took the branch above) */
+    const int32_t n_groups = tier_groups(t, t->items_host, sl, 0, n_hot);
     const tm_cuda_moe_groups g = {n_groups, t->group_slots, t->group_starts, t->items_dev};
     return cuda_moe_grouped_gemm(exec_blas(e), &L->gpu, &g, h, n_tok, y, t->gemm_scratch, s);
 }

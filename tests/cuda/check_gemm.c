@@ -241,7 +241,12 @@ typedef struct moe_case {
     tm_type tg, tu, td;
     bool many; /* 75 generated groups: more f16 weights than one chunk holds (else 9
                   groups, one of 100 distinct tokens: n_tok >= 100) */
+    bool oai;  /* gpt-oss's experts: biases of expert ids other than the slots (slot e
+                  holds expert 2S - 1 - e), the clamped SwiGLU */
 } moe_case;
+
+#define MOE_OAI_ALPHA 1.702f
+#define MOE_OAI_LIMIT 7.0f
 
 /* Double dot of a float row with a float vector, and Σ|products|. */
 static double dot_f(const float *a, const float *b, int64_t n, double *mag) {
@@ -282,7 +287,8 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
             const int64_t j = i - starts[g], q = j + (int64_t)(tm_rng_u64(r) % (uint64_t)(NT - j));
             const int32_t tmp = perm[j];
             perm[j] = perm[q], perm[q] = tmp;
-            items[i] = (tm_cuda_moe_item){slots[g], perm[j], tm_rng_f32(r)};
+            items[i] = (tm_cuda_moe_item){slots[g], perm[j], tm_rng_f32(r),
+                                          c->oai ? 2 * S - 1 - slots[g] : slots[g]};
         }
     if (!c->many) items[starts[5] - 1].token = (int32_t)NT; /* out of range in group 4: skipped */
 
@@ -295,10 +301,23 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
     float *x = xmalloc((size_t)NT * E * 4), *y0 = xmalloc((size_t)NT * E * 4);
     float *y = xmalloc((size_t)NT * E * 4), *y2 = xmalloc((size_t)NT * E * 4);
     fill_normal(r, x, NT * E, 1.0f);
-    fill_normal(r, y0, NT * E, 1.0f); /* the ops add to y */
+    fill_normal(r, y0, NT * E, 1.0f);  /* the ops add to y */
+    const int64_t NX = 2 * (int64_t)S; /* the biases' experts */
+    float *gbias = xmalloc((size_t)(NX * F) * 4), *ubias = xmalloc((size_t)(NX * F) * 4);
+    float *dbias = xmalloc((size_t)(NX * E) * 4);
+    fill_normal(r, gbias, NX * F, 4.0f), fill_normal(r, ubias, NX * F, 4.0f);
+    fill_normal(r, dbias, NX * E, 1.0f);
 
     cuda_pool_reset(g_pool);
-    tm_cuda_moe_params p = {E, F, S, {0}, {0}, {0}};
+    tm_cuda_moe_params p = {E, F, S, {0}, {0}, {0}, {0}};
+    if (c->oai)
+        p.ext = (tm_cuda_moe_ext){TM_CUDA_MOE_SWIGLU_OAI,
+                                  MOE_OAI_ALPHA,
+                                  MOE_OAI_LIMIT,
+                                  dev_upload(gbias, (size_t)(NX * F) * 4),
+                                  dev_upload(ubias, (size_t)(NX * F) * 4),
+                                  dev_upload(dbias, (size_t)(NX * E) * 4),
+                                  (int32_t)NX};
     p.gate = (tm_cuda_moe_matrix){dev_upload(gw, (size_t)S * F * gb), c->tg, F * gb, gb};
     p.up = (tm_cuda_moe_matrix){dev_upload(uw, (size_t)S * F * ub), c->tu, F * ub, ub};
     p.down = (tm_cuda_moe_matrix){dev_upload(dw, (size_t)S * E * db), c->td, E * db, db};
@@ -352,27 +371,41 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
     memset(cnt, 0, (size_t)NT * 8);
     int64_t n_valid = 0;
     for (int64_t it = 0; it < n_items; it++) {
-        const int64_t e = items[it].slot, t = items[it].token;
+        const int64_t e = items[it].slot, t = items[it].token, id = items[it].expert;
         const double wt = items[it].weight;
         if (e < 0 || e >= S || t < 0 || t >= NT) continue;
         n_valid++, cnt[t]++;
         for (int64_t f = 0; f < F; f++) {
             double mg, mu;
-            const double g = dot_f(gd + (e * F + f) * E, xh + t * E, E, &mg);
-            const double u = dot_f(ud + (e * F + f) * E, xh + t * E, E, &mu);
-            const double sg = g / (1.0 + exp(-g)), hd = sg * u;
-            const double dl = 2 * (1.1 * fabs(u) * gamma_tc(E) * mg + fabs(sg) * gamma_tc(E) * mu) +
-                              8 * U32 * fabs(hd);
+            double g = dot_f(gd + (e * F + f) * E, xh + t * E, E, &mg);
+            double u = dot_f(ud + (e * F + f) * E, xh + t * E, E, &mu);
+            /* h = a(g, u): its value, |dh/dg| <= dg and |dh/du| <= du */
+            double hd, dg, du;
+            if (c->oai) {
+                /* the bias add rounds once more: Σ|.| grows by |b| */
+                g += gbias[id * F + f], u += ubias[id * F + f];
+                mg += fabs(gbias[id * F + f]), mu += fabs(ubias[id * F + f]);
+                const double lim = MOE_OAI_LIMIT, a = MOE_OAI_ALPHA;
+                const double gc = fmin(g, lim), uc = fmax(-lim, fmin(u, lim));
+                const double sg = gc / (1.0 + exp(-a * gc));
+                hd = sg * (uc + 1), dg = (1 + a * fabs(gc) / 4) * fabs(uc + 1), du = fabs(gc);
+            } else {
+                const double sg = g / (1.0 + exp(-g));
+                hd = sg * u, dg = 1.1 * fabs(u), du = fabs(sg);
+            }
+            const double dl = 2 * (dg * gamma_tc(E) * mg + du * gamma_tc(E) * mu) +
+                              (c->oai ? 10 : 8) * U32 * fabs(hd);
             h16[f] = half_round((float)hd);
             eh[f] = half_round((float)(hd + dl)) - half_round((float)(hd - dl));
             const double cx = 2.1 * UH + (double)(E + 2) * U32;
-            ehx[f] = 1.1 * fabs(u) * cx * mg + fabs(sg) * cx * mu + 8 * U32 * fabs(hd) +
+            ehx[f] = dg * cx * mg + du * cx * mu + (c->oai ? 10 : 8) * U32 * fabs(hd) +
                      fabs(h16[f] - hd);
         }
         for (int64_t o = 0; o < E; o++) {
             const float *dr = dd + (e * E + o) * F;
             double mo, car = 0, carx = 0;
-            const double out = dot_f(dr, h16, F, &mo);
+            double out = dot_f(dr, h16, F, &mo);
+            if (c->oai) out += dbias[id * E + o], mo += fabs(dbias[id * E + o]);
             for (int64_t f = 0; f < F; f++)
                 car += fabs(dr[f]) * eh[f], carx += fabs(dr[f]) * ehx[f];
             const int64_t i = t * E + o;
@@ -407,25 +440,31 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
                  "y0| = %.3g > 4 uh",
                  quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
                  (long long)E, (long long)F, sqrt(x2 / r2));
-    printf("moe_gemm %s/%s/%s n_embd %lld n_ff %lld: %lld groups, %lld items (%lld skipped) ok, "
-           "worst |err|/tol %.3g, RMS %.2g; vs cuda_moe_grouped %.3g, RMS %.2g\n",
+    printf("moe_gemm %s/%s/%s n_embd %lld n_ff %lld%s: %lld groups, %lld items (%lld skipped) "
+           "ok, worst |err|/tol %.3g, RMS %.2g; vs cuda_moe_grouped %.3g, RMS %.2g\n",
            quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
-           (long long)F, (long long)n_groups, (long long)n_items, (long long)(n_items - n_valid),
-           worst, sqrt(e2 / r2), worstx, sqrt(x2 / r2));
+           (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "", (long long)n_groups,
+           (long long)n_items, (long long)(n_items - n_valid), worst, sqrt(e2 / r2), worstx,
+           sqrt(x2 / r2));
     free(items), free(perm), free(gw), free(uw), free(dw), free(gd), free(ud), free(dd);
+    free(gbias), free(ubias), free(dbias);
     free(x), free(y0), free(y), free(y2), free(ref), free(tol), free(tolx), free(absy);
     free(xh), free(h16), free(eh), free(ehx), free(cnt);
 }
 
 static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
     static const moe_case cases[] = {
-        {512, 256, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false},
+        {512, 256, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false, false},
         /* float rows; down's k = 36 takes the one-value dequantize path */
-        {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false},
+        {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false, false},
         /* Qwen3-30B-A3B experts: 9 MiB of f16 each, 71 a chunk, 75 groups */
-        {2048, 768, 64, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, true},
+        {2048, 768, 64, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, true, false},
         /* q4_K only (the 30b-a3b preset's experts): the fused path for all three */
-        {2048, 768, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false},
+        {2048, 768, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, false},
+        /* gpt-oss: MXFP4 experts (fused path, rows of 18 blocks: 4-byte pieces) with
+           biases and the clamped SwiGLU; the dequantize path with the same */
+        {576, 320, 128, 16, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false, true},
+        {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_case_run(r, b, &cases[i]);
 }
@@ -451,7 +490,7 @@ static void check_args(tm_cuda_blas *b) {
     assert_int_equal(cuda_gemm(b, TM_TYPE_Q8_0, buf, 34, 1, 32, (float *)(buf + 2), 1, fb, buf, s),
                      TM_ERR_ARG);
     const tm_cuda_moe_matrix q8 = {buf, TM_TYPE_Q8_0, 32 * 68, 68};
-    tm_cuda_moe_params p = {64, 32, 2, q8, q8, {buf, TM_TYPE_Q8_0, 64 * 34, 34}};
+    tm_cuda_moe_params p = {64, 32, 2, q8, q8, {buf, TM_TYPE_Q8_0, 64 * 34, 34}, {0}};
     const int32_t slots[2] = {0, 1};
     int64_t starts[3] = {0, 1, 2};
     const tm_cuda_moe_groups g = {2, slots, starts, (const tm_cuda_moe_item *)buf};

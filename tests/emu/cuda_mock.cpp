@@ -10,6 +10,7 @@
 #include "cuda_warp_shim.h"
 #include "router_kernel.cpp" /* extracted by the script: the kernel without its launcher */
 #include "cuda/mmvq_q8x.cuh"
+#include "cuda/moe_ext.cuh"
 #include <chrono>
 #include <stdlib.h>
 #include <stdio.h>
@@ -82,25 +83,25 @@ static void fast_mmvq_nt(const uint8_t *w, size_t rb, int64_t rows, int64_t k, c
 }
 /* fast gate/up for one item: h[r] over all n_ff rows, 2 rows of each per warp */
 template <int TYPE>
-static void fast_gate_up(const tm_cuda_moe_params *p, const uint8_t *g, const uint8_t *u, const float *xt, float *h) {
+static void fast_gate_up(const tm_cuda_moe_params *p, int32_t ex, const uint8_t *g, const uint8_t *u, const float *xt, float *h) {
     constexpr int F = TM_MOE_FAST_FF;
     for (int64_t r0 = 0; r0 < p->n_ff; r0 += F) {
         const uint8_t *rp[2 * F];
         for (int i = 0; i < F; i++) { int64_t r = r0 + i < p->n_ff ? r0 + i : p->n_ff - 1; rp[i] = g + r * p->gate.row_bytes; rp[F + i] = u + r * p->up.row_bytes; }
         float o[2 * F][1];
         fast_rows<TYPE, 1, 2 * F>(rp, p->n_embd, xt, p->n_embd, 1, 1, o);
-        for (int i = 0; i < F; i++) if (r0 + i < p->n_ff) h[r0 + i] = o[i][0] / (1.0f + expf(-o[i][0])) * o[F + i][0];
+        for (int i = 0; i < F; i++) if (r0 + i < p->n_ff) h[r0 + i] = tm_moe_ext_h(p->ext, ex, r0 + i, p->n_ff, o[i][0], o[F + i][0]);
     }
 }
 template <int TYPE>
-static void fast_down(const tm_cuda_moe_params *p, const uint8_t *d, const float *h, float wt, float *yt) {
+static void fast_down(const tm_cuda_moe_params *p, int32_t ex, const uint8_t *d, const float *h, float wt, float *yt) {
     constexpr int E = TM_MOE_FAST_E;
     for (int64_t r0 = 0; r0 < p->n_embd; r0 += E) {
         const uint8_t *rp[E];
         for (int i = 0; i < E; i++) rp[i] = d + (r0 + i < p->n_embd ? r0 + i : p->n_embd - 1) * p->down.row_bytes;
         float o[E][1];
         fast_rows<TYPE, 1, E>(rp, p->n_ff, h, p->n_ff, 1, 1, o);
-        for (int i = 0; i < E; i++) if (r0 + i < p->n_embd) yt[r0 + i] += wt * o[i][0];
+        for (int i = 0; i < E; i++) if (r0 + i < p->n_embd) yt[r0 + i] += wt * (o[i][0] + tm_moe_ext_down(p->ext, ex, r0 + i, p->n_embd));
     }
 }
 #define MOCK_FAST_SWITCH(type, F, ...) \
@@ -160,25 +161,26 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     if ((st = tm_mmvq_check("g", p->gate.type, p->gate.data, p->gate.row_bytes, p->n_embd, x, &a))) return st;
     if ((st = tm_mmvq_check("u", p->up.type, p->up.data, p->up.row_bytes, p->n_embd, x, &b))) return st;
     if ((st = tm_mmvq_check("d", p->down.type, p->down.data, p->down.row_bytes, p->n_ff, h, &c))) return st;
+    if ((st = tm_moe_ext_check("cuda_moe_grouped", &p->ext))) return st;
     if (fast()) return TM_OK;
     const bool fgu = tm_moe_fast_gate_up(p), fd = tm_moe_fast_matrix(&p->down, p->n_ff);
     for (int64_t i = 0; i < n; i++) {
         tm_cuda_moe_item it = items[i];
-        bool ok = it.slot >= 0 && it.slot < p->n_slots && it.token >= 0 && it.token < n_tok;
-        if (ok && fgu) MOCK_FAST_SWITCH(p->gate.type, fast_gate_up, p, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride, (const uint8_t *)p->up.data + it.slot * p->up.expert_stride, x + it.token * p->n_embd, h + i * p->n_ff)
+        bool ok = tm_moe_item_valid(it, p->n_slots, n_tok, p->ext);
+        if (ok && fgu) MOCK_FAST_SWITCH(p->gate.type, fast_gate_up, p, it.expert, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride, (const uint8_t *)p->up.data + it.slot * p->up.expert_stride, x + it.token * p->n_embd, h + i * p->n_ff)
         for (int64_t r = 0; r < p->n_ff && !(ok && fgu); r++) {
             if (!ok) { h[i * p->n_ff + r] = 0; continue; }
             float g, u;
             row_dot(p->gate.type, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride + r * p->gate.row_bytes, p->n_embd, a, x + it.token * p->n_embd, p->n_embd, 1, &g);
             row_dot(p->up.type, (const uint8_t *)p->up.data + it.slot * p->up.expert_stride + r * p->up.row_bytes, p->n_embd, b, x + it.token * p->n_embd, p->n_embd, 1, &u);
-            h[i * p->n_ff + r] = g / (1.0f + expf(-g)) * u;
+            h[i * p->n_ff + r] = tm_moe_ext_h(p->ext, it.expert, r, p->n_ff, g, u);
         }
         if (!ok) continue;
-        if (fd) { MOCK_FAST_SWITCH(p->down.type, fast_down, p, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride, h + i * p->n_ff, it.weight, y + it.token * p->n_embd); continue; }
+        if (fd) { MOCK_FAST_SWITCH(p->down.type, fast_down, p, it.expert, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride, h + i * p->n_ff, it.weight, y + it.token * p->n_embd); continue; }
         for (int64_t r = 0; r < p->n_embd; r++) {
             float o;
             row_dot(p->down.type, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride + r * p->down.row_bytes, p->n_ff, c, h + i * p->n_ff, p->n_ff, 1, &o);
-            y[it.token * p->n_embd + r] += it.weight * o;
+            y[it.token * p->n_embd + r] += it.weight * (o + tm_moe_ext_down(p->ext, it.expert, r, p->n_embd));
         }
     }
     return TM_OK;

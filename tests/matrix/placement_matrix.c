@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "model/synth.h"
+#include "tier/plan.h"
 #include "trace/trace.h"
 
 #define PM_ALL (1 << 20) /* -ngl all */
@@ -213,8 +214,9 @@ static const pm_case pm_cases[] = {
      0, 0, 0, NULL, 0, false},
 };
 
-static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn, bool precise,
-                                   tm_type kv, int64_t n_batch) {
+/* plan (may be NULL): the cache cases' plan instead of one made from learn and the budget. */
+static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn,
+                                   const tm_plan *plan, bool precise, tm_type kv, int64_t n_batch) {
     return (tm_context_params){.n_ctx = 256,
                                .n_batch = n_batch,
                                .n_threads = 2,
@@ -228,6 +230,7 @@ static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn
                                .moe_pcie = c->pcie,
                                .moe_fetch = c->fetch,
                                .moe_cache = {.learn = c->cache_mib ? learn : NULL,
+                                             .plan = c->cache_mib ? plan : NULL,
                                              .update = c->update,
                                              .policy_set = c->lru,
                                              .policy = TM_CACHE_LRU,
@@ -252,18 +255,6 @@ static void pm_env(const pm_case *c, bool on) {
 
 /* The tier's counters after a run: every layer in the class the placement
  * implies, and the lanes it implies did work. */
-/* Experts only the CPU lane computes (biases, the clamped SwiGLU: gpt-oss):
- * the tier keeps them in RAM with no GPU expert lane, so placements that put
- * experts in VRAM are refused and the PCIe and fetch lanes stay off. */
-static bool pm_lane_only(const tm_model *m) {
-    return !strcmp(m->arch->name, "gpt-oss");
-}
-
-static bool pm_case_runs(const pm_case *c, bool lane_only) {
-    const bool experts_in_vram = c->ngl && !c->cpu_moe; /* -ngl N, --n-cpu-moe, -ot mix */
-    return !lane_only || (!experts_in_vram && !c->cache_mib);
-}
-
 static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *what) {
     const uint32_t L = ctx->model->cfg.n_layer, K = ctx->model->cfg.n_expert_used;
     const tm_tier_stats *s = tier_stats(ctx->tier);
@@ -271,8 +262,7 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     const int32_t n_pcie = tier_pcie_slots(ctx->tier);
     uint64_t pcie = 0, cold = 0;
     for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) pcie += s[i].pcie_slots, cold += s[i].cold_slots;
-    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot) &&
-                            !pm_lane_only(ctx->model);
+    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
     /* auto: some but not all of k >= 2 */
     const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF ? n_pcie == 0
                     : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
@@ -329,8 +319,7 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
     if (all != (uint64_t)(40 + 16) * cfg->n_layer * cfg->n_expert_used)
         fail_msg("%s: %llu routed slots counted, want %u", what, (unsigned long long)all,
                  (40 + 16) * cfg->n_layer * cfg->n_expert_used);
-    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot) &&
-                            !pm_lane_only(ctx->model);
+    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
     const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF;
     if (want != (fetch > 0) || fallback)
         fail_msg("%s: %llu prompt slots on the fetch lane (%llu fallbacks), want %s", what,
@@ -356,12 +345,47 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
             learn.layers[l].expert_hits_total += learn.layers[l].experts[e];
         }
 
+    /* A model whose experts all fit the cache cases' 1-2 MiB (the tiny gpt-oss)
+     * would leave nothing cold: its cache holds the learn file's top half of
+     * each layer instead (a plan), so hot, cold and fetched slots all happen. */
+    tm_plan half = {0}, *plan = NULL;
+    uint64_t all = 0, *bytes = pm_alloc(cfg->n_layer * sizeof(uint64_t));
+    for (uint32_t l = 0; l < cfg->n_layer; l++) { /* an expert's gate, up and down rows */
+        bytes[l] = 0;
+        static const char *const mat[3] = {"gate", "up", "down"};
+        for (int i = 0; i < 3; i++) {
+            char name[64];
+            snprintf(name, sizeof(name), "blk.%u.ffn_%s_exps.weight", l, mat[i]);
+            const tm_gguf_tensor *w = gguf_file_find_tensor(m->file, name);
+            if (!w) fail_msg("%s: no %s", path, name);
+            bytes[l] += w->n_bytes / cfg->n_expert;
+        }
+        all += bytes[l] * cfg->n_expert;
+    }
+    if (all <= (2u << 20)) { /* the largest cache case */
+        PM_CHECK(plan_init(&half, &shape), "plan");
+        int32_t *ids = pm_alloc(cfg->n_expert * sizeof(int32_t));
+        for (uint32_t l = 0; l < cfg->n_layer; l++) {
+            const uint64_t *cnt = learn.layers[l].experts;
+            for (uint32_t e = 0; e < cfg->n_expert; e++) ids[e] = (int32_t)e;
+            for (uint32_t i = 1; i < cfg->n_expert; i++) /* most counted first */
+                for (uint32_t j = i; j > 0 && cnt[ids[j]] > cnt[ids[j - 1]]; j--) {
+                    const int32_t x = ids[j];
+                    ids[j] = ids[j - 1], ids[j - 1] = x;
+                }
+            PM_CHECK(plan_set_layer(&half, l, ids, (int32_t)cfg->n_expert / 2, bytes[l]), "plan");
+        }
+        free(ids);
+        plan = &half;
+    }
+    free(bytes);
+
     /* the reference: precise CPU, f32 KV; its greedy tokens */
     const pm_case cpu = pm_cases[0];
     int32_t want[64], got[64];
     tm_context *ref_ctx;
-    const tm_context_params rp = pm_params(&cpu, NULL, true, TM_TYPE_F32, 16),
-                            rp24 = pm_params(&cpu, NULL, true, TM_TYPE_F32, 24);
+    const tm_context_params rp = pm_params(&cpu, NULL, NULL, true, TM_TYPE_F32, 16),
+                            rp24 = pm_params(&cpu, NULL, NULL, true, TM_TYPE_F32, 24);
     PM_CHECK(model_context_create(m, &rp, &ref_ctx), "reference");
     pm_greedy(ref_ctx, toks[0], 64, want, "reference");
     model_context_free(ref_ctx);
@@ -370,14 +394,13 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
            cfg->n_expert_used);
     for (size_t ci = 0; ci < sizeof(pm_cases) / sizeof(pm_cases[0]); ci++) {
         const pm_case *c = &pm_cases[ci];
-        if (!pm_case_runs(c, pm_lane_only(m))) continue;
         char what[160];
         pm_env(c, true);
         /* 40 prompt tokens in batches of 24 and 16, then 16 decode steps */
         for (int precise = 0; precise < 2; precise++) {
             snprintf(what, sizeof(what), "%s, %s CPU ops", c->name, precise ? "precise" : "normal");
             const tm_context_params p =
-                pm_params(c, &learn, precise, precise ? TM_TYPE_F32 : TM_TYPE_F16, 24);
+                pm_params(c, &learn, plan, precise, precise ? TM_TYPE_F32 : TM_TYPE_F16, 24);
             pm_run *ref = pm_run_open(m, &rp24), *run = pm_run_open(m, &p);
             if (precise)
                 pm_compare(m, toks, 40, 16, ref, run, tol->prompt, tol->decode, tol->tie, what);
@@ -388,7 +411,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         }
         /* greedy, no callback: the decode graph where every op is on the GPU */
         snprintf(what, sizeof(what), "%s, greedy", c->name);
-        const tm_context_params p = pm_params(c, &learn, true, TM_TYPE_F32, 16);
+        const tm_context_params p = pm_params(c, &learn, plan, true, TM_TYPE_F32, 16);
         tm_context *ctx;
         PM_CHECK(model_context_create(m, &p, &ctx), what);
         pm_greedy(ctx, toks[0], 64, got, what);
@@ -404,5 +427,6 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         pm_env(c, false);
     }
     trace_stats_free(&learn);
+    plan_free(&half);
     model_free(m);
 }

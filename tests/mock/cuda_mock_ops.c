@@ -283,34 +283,57 @@ static const char *expert_rows(const tm_cuda_moe_matrix *m, int32_t slot) {
     return (const char *)m->data + (size_t)slot * m->expert_stride;
 }
 
-/* y[token] += weight * down(silu(gate x[token]) * up x[token]) for one valid
- * item; h (n_ff floats) gets the SwiGLU output. */
-static bool moe_item_run(const tm_cuda_moe_params *p, int32_t slot, int32_t token, float weight,
-                         const float *x, float *y, moe_bufs *b, char *err, size_t err_size) {
+/* y[token] += weight * (down(act(gate x[token] + gb, up x[token] + ub)) + db)
+ * for one valid item (the biases of its expert id, when the extension has
+ * them); h (n_ff floats) gets the activation's output. */
+static bool moe_item_run(const tm_cuda_moe_params *p, const tm_cuda_moe_item *it, const float *x,
+                         float *y, moe_bufs *b, char *err, size_t err_size) {
     const int64_t E = p->n_embd, F = p->n_ff;
-    const char *gate = expert_rows(&p->gate, slot), *up = expert_rows(&p->up, slot);
-    const char *down = expert_rows(&p->down, slot);
+    const tm_cuda_moe_ext *ext = &p->ext;
+    const char *gate = expert_rows(&p->gate, it->slot), *up = expert_rows(&p->up, it->slot);
+    const char *down = expert_rows(&p->down, it->slot);
     NEED_DEVICE(gate, rows_span(p->gate.type, p->gate.row_bytes, F, E), "a gate expert");
     NEED_DEVICE(up, rows_span(p->up.type, p->up.row_bytes, F, E), "an up expert");
     NEED_DEVICE(down, rows_span(p->down.type, p->down.row_bytes, E, F), "a down expert");
-    const float *xt = x + (int64_t)token * E;
+    const float *gb = ext->gate_bias ? ext->gate_bias + (int64_t)it->expert * F : NULL;
+    const float *ub = ext->up_bias ? ext->up_bias + (int64_t)it->expert * F : NULL;
+    const float *db = ext->down_bias ? ext->down_bias + (int64_t)it->expert * E : NULL;
+    if (gb) NEED_DEVICE(gb, (size_t)F * 4, "a gate bias");
+    if (ub) NEED_DEVICE(ub, (size_t)F * 4, "an up bias");
+    if (db) NEED_DEVICE(db, (size_t)E * 4, "a down bias");
+    const float *xt = x + (int64_t)it->token * E;
     for (int64_t r = 0; r < F; r++) {
         quant_row_dequantize(p->gate.type, gate + r * p->gate.row_bytes, b->row, E);
-        b->g[r] = (float)dot(b->row, xt, E);
+        b->g[r] = (float)dot(b->row, xt, E) + (gb ? gb[r] : 0.0f);
         quant_row_dequantize(p->up.type, up + r * p->up.row_bytes, b->row, E);
-        b->u[r] = (float)dot(b->row, xt, E);
+        b->u[r] = (float)dot(b->row, xt, E) + (ub ? ub[r] : 0.0f);
     }
-    cpu_swiglu(b->h, b->g, b->u, F);
-    float *yt = y + (int64_t)token * E;
+    if (ext->act == TM_CUDA_MOE_SWIGLU_OAI)
+        cpu_swiglu_oai(b->h, b->g, b->u, F, ext->alpha, ext->limit);
+    else
+        cpu_swiglu(b->h, b->g, b->u, F);
+    float *yt = y + (int64_t)it->token * E;
     for (int64_t r = 0; r < E; r++) {
         quant_row_dequantize(p->down.type, down + r * p->down.row_bytes, b->row, F);
-        yt[r] += (float)(weight * dot(b->row, b->h, F));
+        yt[r] += (float)(it->weight * (dot(b->row, b->h, F) + (db ? db[r] : 0.0f)));
     }
     return true;
 }
 
-static bool moe_item_ok(const tm_cuda_moe_item *it, int32_t n_slots, int64_t n_tok) {
-    return it->slot >= 0 && it->slot < n_slots && it->token >= 0 && it->token < n_tok;
+static bool moe_item_ok(const tm_cuda_moe_item *it, const tm_cuda_moe_params *p, int64_t n_tok) {
+    const tm_cuda_moe_ext *x = &p->ext;
+    const bool biased = x->gate_bias || x->up_bias || x->down_bias;
+    return it->slot >= 0 && it->slot < p->n_slots && it->token >= 0 && it->token < n_tok &&
+           (!biased || (it->expert >= 0 && it->expert < x->n_expert));
+}
+
+/* The real launchers' check of the extension (moe_ext.cuh). */
+static tm_status moe_ext_check(const char *op, const tm_cuda_moe_ext *x) {
+    if (x->act != TM_CUDA_MOE_SWIGLU && x->act != TM_CUDA_MOE_SWIGLU_OAI)
+        return tm_error_set(TM_ERR_ARG, "%s: unknown expert activation %d", op, (int)x->act);
+    if ((x->gate_bias || x->up_bias || x->down_bias) && x->n_expert <= 0)
+        return tm_error_set(TM_ERR_ARG, "%s: expert biases for %d experts", op, x->n_expert);
+    return TM_OK;
 }
 
 typedef struct moe_arg {
@@ -333,11 +356,11 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
     for (int64_t i = 0; ok && i < a->n_items; i++) {
         const tm_cuda_moe_item it = a->items[i];
         float *h = a->h + i * p->n_ff;
-        if (!moe_item_ok(&it, p->n_slots, a->n_tok)) {
+        if (!moe_item_ok(&it, p, a->n_tok)) {
             memset(h, 0, (size_t)p->n_ff * sizeof(float)); /* as the real gate/up kernel */
             continue;
         }
-        ok = moe_item_run(p, it.slot, it.token, it.weight, a->x, a->y, &b, err, err_size);
+        ok = moe_item_run(p, &it, a->x, a->y, &b, err, err_size);
         if (ok) memcpy(h, b.h, (size_t)p->n_ff * sizeof(float));
     }
     moe_bufs_free(&b);
@@ -373,7 +396,8 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
         return tm_error_set(TM_ERR_ARG,
                             "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
                             (long long)p->n_embd, (long long)p->n_ff);
-    tm_status st;
+    tm_status st = moe_ext_check("cuda_moe_grouped", &p->ext);
+    if (st != TM_OK) return st;
     if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x)) != TM_OK ||
         (st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x)) != TM_OK ||
         (st = check_matrix("cuda_moe_grouped down", &p->down, p->n_embd, p->n_ff, h_scratch)) !=
@@ -419,8 +443,8 @@ static bool moe_gemm_run(void *arg, char *err, size_t err_size) {
                                slots[g], (long long)i, it.slot);
                 break;
             }
-            if (moe_item_ok(&it, p->n_slots, a->n_tok))
-                ok = moe_item_run(p, slots[g], it.token, it.weight, a->x, a->y, &b, err, err_size);
+            if (moe_item_ok(&it, p, a->n_tok))
+                ok = moe_item_run(p, &it, a->x, a->y, &b, err, err_size);
         }
     }
     moe_bufs_free(&b);
@@ -458,7 +482,8 @@ tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
                             p ? (long long)p->n_ff : -1LL, (long long)n_tok, p ? p->n_slots : -1);
     const int32_t n = g->n_groups;
     if (n == 0) return TM_OK;
-    tm_status st;
+    tm_status st = moe_ext_check(op, &p->ext);
+    if (st != TM_OK) return st;
     if ((st = check_gemm_matrix("cuda_moe_grouped_gemm gate", &p->gate, p->n_ff, p->n_embd)) ||
         (st = check_gemm_matrix("cuda_moe_grouped_gemm up", &p->up, p->n_ff, p->n_embd)) ||
         (st = check_gemm_matrix("cuda_moe_grouped_gemm down", &p->down, p->n_embd, p->n_ff)))
@@ -521,10 +546,11 @@ static bool router_run(void *arg, char *err, size_t err_size) {
         for (int64_t j = 0; j < K; j++) {
             const int64_t i = t * K + j;
             const int32_t id = a->ids[i], slot = a->p.slot_map ? a->p.slot_map[id] : id;
-            if (a->items) a->items[i] = (tm_cuda_moe_item){slot, (int32_t)t, a->weights[i]};
+            if (a->items) a->items[i] = (tm_cuda_moe_item){slot, (int32_t)t, a->weights[i], id};
             const bool mapped = slot < 0 && n_cold++ < n_map;
             if (a->p.mapped)
-                a->p.mapped[i] = (tm_cuda_moe_item){mapped ? id : -1, (int32_t)t, a->weights[i]};
+                a->p.mapped[i] =
+                    (tm_cuda_moe_item){mapped ? id : -1, (int32_t)t, a->weights[i], id};
         }
     }
     return true;
