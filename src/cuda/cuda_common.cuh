@@ -10,13 +10,17 @@
 #include "core/status.h"
 #include "cuda/cuda.h"
 
-/* Return TM_ERR_DEVICE naming the call and CUDA's message when `call` fails. */
+/* Return TM_ERR_DEVICE naming the call and CUDA's message when `call` fails.
+ * The error is taken off CUDA's last-error slot, so the next launch check
+ * does not report it again as its own. */
 #define TM_CUDA_TRY(call)                                                                          \
     do {                                                                                           \
         cudaError_t tm_e_ = (call);                                                                \
-        if (tm_e_ != cudaSuccess)                                                                  \
+        if (tm_e_ != cudaSuccess) {                                                                \
+            (void)cudaGetLastError();                                                              \
             return tm_error_set(TM_ERR_DEVICE, "%s:%d: %s failed: %s (error %d)", __FILE__,        \
                                 __LINE__, #call, cudaGetErrorString(tm_e_), (int)tm_e_);           \
+        }                                                                                          \
     } while (0)
 
 /* After a launch: a bad configuration shows up here, not at the next sync. */

@@ -399,7 +399,10 @@ static tm_status tier_ext_create(tm_tier *t, tier_layer *L, const tm_placement *
         const size_t bytes = (size_t)(n[i] * t->n_expert) * sizeof(float);
         void *d;
         tm_status st = exec_dev_alloc(t->e, bytes, &d);
-        if (st == TM_OK) st = cuda_copy_to_device(exec_gpu(t->e), d, src[i], bytes);
+        /* through the staging buffers: the biases lie in the mapped file between
+           expert tensors whose pages another context may have pinned, and a
+           direct copy from a range that is partly pinned is refused */
+        if (st == TM_OK) st = cuda_upload(exec_gpu(t->e), d, src[i], bytes, NULL);
         if (st != TM_OK) return tm_error_wrap(st, "layer %u: expert biases: ", L->index);
         *dst[i] = d;
     }
