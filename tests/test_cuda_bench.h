@@ -3,7 +3,9 @@
  *   q4_K 768 x 2048 x 16 matrices (one layer's expert products for 1 token
  *   at k = 8: 8 experts x gate, up; down is 2048 x 768, timed in the moe row),
  *   q8_0 4096 x 2048 (attention q / output projections), q8_0 151936 x 2048
- *   (the output head), and the grouped experts (1 token x 8 of 128 experts).
+ *   (the output head), and the grouped experts (1 token x 8 of 128 experts);
+ * and gpt-oss-20b's mxfp4 experts: 2880 x 2880 x 8 matrices (4 experts x
+ * gate, up) and the grouped experts (1 token x 4 of 32).
  * Method (METHOD.md): random (not zero) weights; warm-up; each repetition is
  * bracketed by CUDA events and the median is reported; consecutive
  * repetitions read different weight copies, the rotation spanning more
@@ -108,6 +110,7 @@ static void test_bench(void **state) {
         {TM_TYPE_Q4_K, 768, 2048, 16, 128, "mmvq q4_K x16"},
         {TM_TYPE_Q8_0, 4096, 2048, 1, 8, "mmvq q8_0"},
         {TM_TYPE_Q8_0, 151936, 2048, 1, 1, "mmvq q8_0 (output)"},
+        {TM_TYPE_MXFP4, 2880, 2880, 8, 64, "mmvq mxfp4 x8"},
     };
     double up_gbs = 0;
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -143,44 +146,58 @@ static void test_bench(void **state) {
         }
     }
 
-    /* grouped experts, decode: 1 token x 8 of 128 q4_K experts (2048 x 768) */
-    {
+    /* grouped experts, decode: 1 token x 8 of 128 q4_K experts (2048 x 768), and
+     * 1 token x 4 of 32 mxfp4 experts (2880 x 2880) */
+    static const struct {
+        tm_type type;
+        int64_t E, F, NS;
+        int k;
+        const char *op, *shape;
+    } moes[] = {
+        {TM_TYPE_Q4_K, 2048, 768, 128, 8, "moe grouped q4_K", "1 tok x 8 of 128"},
+        {TM_TYPE_MXFP4, 2880, 2880, 32, 4, "moe grouped mxfp4", "1 tok x 4 of 32"},
+    };
+    for (size_t mi = 0; mi < sizeof(moes) / sizeof(moes[0]); mi++) {
         cuda_pool_reset(g_pool);
-        const int64_t E = 2048, F = 768, NS = 128;
-        const size_t gb = quant_row_size(TM_TYPE_Q4_K, E), db = quant_row_size(TM_TYPE_Q4_K, F);
+        const tm_type type = moes[mi].type;
+        const int64_t E = moes[mi].E, F = moes[mi].F, NS = moes[mi].NS;
+        const int K = moes[mi].k;
+        const size_t gb = quant_row_size(type, E), db = quant_row_size(type, F);
         tm_cuda_moe_params p;
         memset(&p, 0, sizeof(p));
         p.n_embd = E, p.n_ff = F, p.n_slots = (int32_t)NS;
-        p.gate.data = bench_weights(&r, TM_TYPE_Q4_K, F, E, (int)NS, &up_gbs);
-        p.up.data = bench_weights(&r, TM_TYPE_Q4_K, F, E, (int)NS, &up_gbs);
-        p.down.data = bench_weights(&r, TM_TYPE_Q4_K, E, F, (int)NS, &up_gbs);
-        p.gate.type = p.up.type = p.down.type = TM_TYPE_Q4_K;
+        p.gate.data = bench_weights(&r, type, F, E, (int)NS, &up_gbs);
+        p.up.data = bench_weights(&r, type, F, E, (int)NS, &up_gbs);
+        p.down.data = bench_weights(&r, type, E, F, (int)NS, &up_gbs);
+        p.gate.type = p.up.type = p.down.type = type;
         p.gate.row_bytes = p.up.row_bytes = gb, p.down.row_bytes = db;
         p.gate.expert_stride = p.up.expert_stride = F * gb, p.down.expert_stride = E * db;
         const int n = reps + BENCH_WARMUP;
-        tm_cuda_moe_item *items = xmalloc((size_t)n * 8 * sizeof(*items));
+        tm_cuda_moe_item *items = xmalloc((size_t)n * K * sizeof(*items));
+        const uint64_t stride = (uint64_t)NS / (uint64_t)K;
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < 8; j++) {
-                /* 8 distinct experts: a random offset plus a stride of 16 */
-                items[i * 8 + j].slot = (int32_t)((tm_rng_u64(&r) % 16 + 16 * (uint64_t)j) % NS);
-                items[i * 8 + j].token = 0;
-                items[i * 8 + j].weight = 0.125f;
-                items[i * 8 + j].expert = items[i * 8 + j].slot;
+            for (int j = 0; j < K; j++) {
+                /* K distinct experts: a random offset plus a stride of NS / K */
+                items[i * K + j].slot =
+                    (int32_t)((tm_rng_u64(&r) % stride + stride * (uint64_t)j) % (uint64_t)NS);
+                items[i * K + j].token = 0;
+                items[i * K + j].weight = 1.0f / (float)K;
+                items[i * K + j].expert = items[i * K + j].slot;
             }
-        const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n * 8 * sizeof(*items));
+        const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n * K * sizeof(*items));
         float *xh = xmalloc((size_t)E * sizeof(float));
         fill_normal(&r, xh, E, 1.0f);
         const float *x = dev_upload(xh, (size_t)E * sizeof(float));
         float *y = dev_alloc((size_t)E * sizeof(float)),
-              *h = dev_alloc((size_t)8 * F * sizeof(float));
+              *h = dev_alloc((size_t)K * F * sizeof(float));
         CHECK(cuda_fill_bytes(g_dev, y, 0, (size_t)E * sizeof(float)));
         for (int i = 0; i < n; i++) {
             CHECK(cuda_timer_start(tm));
-            CHECK(cuda_moe_grouped(&p, items_d + (size_t)i * 8, 8, x, 1, y, h, s));
+            CHECK(cuda_moe_grouped(&p, items_d + (size_t)i * K, K, x, 1, y, h, s));
             CHECK(cuda_timer_stop(tm, i >= BENCH_WARMUP ? &ms[i - BENCH_WARMUP] : &one));
         }
-        const double bytes = 8.0 * (2.0 * F * gb + E * db) + 4.0 * (E * 2 + 8 * F * 2);
-        bench_add("moe grouped q4_K", "1 tok x 8 of 128", 1, ms, reps, bytes);
+        const double bytes = (double)K * (2.0 * F * gb + E * db) + 4.0 * (E * 2 + K * F * 2);
+        bench_add(moes[mi].op, moes[mi].shape, 1, ms, reps, bytes);
         free(items), free(xh);
     }
 

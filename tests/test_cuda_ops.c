@@ -55,14 +55,34 @@ static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
                                   TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4,
                                   TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
 
-/* Runs one case; returns the worst |err| / tol seen (must be <= 1). */
-static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c) {
+/* mxfp4 rows of random bytes, so every nibble (-0 included) appears, with
+ * one exponent per row: 0, 1, 2 (the subnormal scales), then spread up to 150.
+ * The caller scales x by 2^64 so that even e = 0 rows give outputs far above
+ * the tolerance's 1e-30 floor, and e = 150 ones stay finite. wd: the rows
+ * dequantized. */
+static void mxfp4_raw_rows(tm_rng *r, uint8_t *w, float *wd, int64_t rows, int64_t k,
+                           size_t row_bytes) {
+    for (int64_t i = 0; i < rows; i++) {
+        uint8_t *row = w + i * row_bytes;
+        const uint8_t e = (uint8_t)(i < 3 ? i : (i * 37) % 151);
+        for (int64_t b = 0; b < k / 32; b++) {
+            row[17 * b] = e;
+            for (int j = 1; j < 17; j++) row[17 * b + j] = (uint8_t)tm_rng_u64(r);
+        }
+        CHECK(quant_row_dequantize(TM_TYPE_MXFP4, row, wd + i * k, k));
+    }
+}
+
+/* Runs one case (raw: mxfp4_raw_rows' weights); returns the worst |err| / tol
+ * seen (must be <= 1). */
+static double mmvq_run_case(tm_rng *r, tm_type type, const mmvq_case *c, bool raw) {
     const int64_t rows = c->rows, k = c->k, nt = c->n_tok;
     const size_t row_bytes = quant_row_size(type, k) + c->pad;
     float *wd;
     uint8_t *w = random_matrix(r, type, rows, k, row_bytes, &wd);
+    if (raw) mxfp4_raw_rows(r, w, wd, rows, k, row_bytes);
     float *x = xmalloc((size_t)nt * k * sizeof(float));
-    fill_normal(r, x, nt * k, 1.0f);
+    fill_normal(r, x, nt * k, raw ? 0x1p64f : 1.0f);
     float *y = xmalloc((size_t)nt * rows * sizeof(float));
 
     cuda_pool_reset(g_pool);
@@ -119,20 +139,35 @@ static void test_mmvq(void **state) {
     for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
         const tm_type type = k_types[ti];
         double worst = 0;
-        for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        size_t n_run = 0;
+        for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++, n_run++) {
             mmvq_case c = cases[ci];
             if (type == TM_TYPE_F32 && c.pad % 4) c.pad = 4; /* f32 rows stay 4-byte aligned */
             if ((type == TM_TYPE_F16 || type == TM_TYPE_BF16) && c.pad % 2) c.pad = 2;
-            worst = fmax(worst, mmvq_run_case(&r, type, &c));
+            worst = fmax(worst, mmvq_run_case(&r, type, &c, false));
         }
         if (type == TM_TYPE_F32 || type == TM_TYPE_F16 || type == TM_TYPE_BF16) {
             /* k not a multiple of 8: the one-value-per-lane path */
             static const mmvq_case odd[] = {{5, 100, 3, 0}, {3, 36, 8, 0}, {33, 1, 1, 0}};
-            for (size_t ci = 0; ci < sizeof(odd) / sizeof(odd[0]); ci++)
-                worst = fmax(worst, mmvq_run_case(&r, type, &odd[ci]));
+            for (size_t ci = 0; ci < sizeof(odd) / sizeof(odd[0]); ci++, n_run++)
+                worst = fmax(worst, mmvq_run_case(&r, type, &odd[ci], false));
         }
-        printf("mmvq %-5s: %zu cases ok, worst |err|/tol %.3g\n", quant_type_name(type),
-               sizeof(cases) / sizeof(cases[0]), worst);
+        if (type == TM_TYPE_MXFP4) {
+            /* gpt-oss's k = 2880 (90 blocks: a partial last step of 16), k not a
+             * multiple of 256, one block, odd row pads (17-byte blocks at every
+             * offset mod 4), 1..8 tokens, and the raw rows of every nibble and
+             * exponent */
+            static const mmvq_case mx[] = {
+                {33, 2880, 1, 0}, {7, 2880, 8, 1},  {2880, 2880, 2, 0}, {64, 576, 2, 3},
+                {5, 704, 5, 0},   {3, 32, 1, 0},    {9, 96, 7, 2},      {40, 544, 4, 1},
+                {6, 160, 6, 3},   {67, 2880, 1, 0}, {67, 704, 3, 1},
+            };
+            const size_t n_mx = sizeof(mx) / sizeof(mx[0]);
+            for (size_t ci = 0; ci < n_mx; ci++, n_run++) /* the last two raw */
+                worst = fmax(worst, mmvq_run_case(&r, type, &mx[ci], ci + 2 >= n_mx));
+        }
+        printf("mmvq %-5s: %zu cases ok, worst |err|/tol %.3g\n", quant_type_name(type), n_run,
+               worst);
     }
     /* the launcher refuses what it cannot do, with a message */
     assert_int_equal(
@@ -375,17 +410,20 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
                 fabs(wt) * (gF * mag + carried) + U32 * (fabs(ref[t * E + o]) + fabs(wt * out));
         }
     }
+    double worst = 0;
     for (int64_t i = 0; i < NT * E; i++) {
         const double err = fabs((double)y[i] - ref[i]),
                      lim = 2 * tol[i] + 1e-30; /* 2x: first-order bound */
+        worst = fmax(worst, err / lim);
         if (!(err <= lim))
             fail_msg("moe %s/%s/%s embd %lld ff %lld tok %lld: y[%lld] = %.9g, ref %.9g, tol %.3g",
                      quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
                      (long long)E, (long long)F, (long long)NT, (long long)i, y[i], ref[i], lim);
     }
-    printf("moe %s/%s/%s n_embd %lld n_ff %lld%s: %lld tokens x %d experts ok\n",
+    printf("moe %s/%s/%s n_embd %lld n_ff %lld%s: %lld tokens x %d experts ok, worst |err|/tol "
+           "%.3g\n",
            quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
-           (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "", (long long)NT, c->k);
+           (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "", (long long)NT, c->k, worst);
     free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y),
         free(items), free(gbias), free(ubias), free(dbias);
     free(ref), free(tol), free(xd), free(h), free(dh);
@@ -402,6 +440,12 @@ static void test_moe_grouped(void **state) {
         /* a small prompt, expert-major items, mixed types */
         {512, 96, 5, 12, 4, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_Q8_0, false},
         {256, 64, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_F16, false},
+        /* gpt-oss's experts (mxfp4, n_embd = n_ff = 2880) scaled down: 18 and 22
+         * blocks, rows 2 mod 4 bytes long; decode (1 token x 4 experts) and a few
+         * tokens; then mxfp4 gate beside a q8_0 up (the generic gate/up kernel) */
+        {576, 704, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false},
+        {704, 576, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false},
+        {96, 160, 2, 4, 2, TM_TYPE_MXFP4, TM_TYPE_Q8_0, TM_TYPE_MXFP4, false},
         {256, 256, 2, 4, 4, TM_TYPE_Q5_K, TM_TYPE_BF16, TM_TYPE_F32, false},
         /* gpt-oss: MXFP4 experts with biases and the clamped SwiGLU, decode and a prompt;
            and the fast path's types with the same epilogues */

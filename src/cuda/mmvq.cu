@@ -1,6 +1,6 @@
 /* Quantized matrix × vector for decode batches (1..8 tokens).
  *
- * Fast path (mmvq_fast.cuh: q4_K, q8_0, f32, f16, bf16 with aligned rows):
+ * Fast path (mmvq_fast.cuh: q4_K, q8_0, mxfp4, f32, f16, bf16 with aligned rows):
  * the type and the token count are template parameters chosen once per
  * launch; a warp computes R rows (4 for 1-2 tokens, else 2) so each
  * activation load serves R rows; the TM_FAST_WARPS warps of a block split
@@ -100,6 +100,9 @@ extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, in
             break;
         case TM_TYPE_Q8_0:
             tm_mmvq_fast_launch<TM_TYPE_Q8_0>(wb, row_bytes, rows, k, x, nt, y, stream);
+            break;
+        case TM_TYPE_MXFP4:
+            tm_mmvq_fast_launch<TM_TYPE_MXFP4>(wb, row_bytes, rows, k, x, nt, y, stream);
             break;
         case TM_TYPE_F32:
             tm_mmvq_fast_launch<TM_TYPE_F32>(wb, row_bytes, rows, k, x, nt, y, stream);

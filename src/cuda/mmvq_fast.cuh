@@ -1,20 +1,23 @@
 /* Type-specialised decode dot products: the fast path of mmvq.cu and
- * moe_grouped.cu for q4_K, q8_0, f32, f16 and bf16 rows (the other types, and
- * rows not aligned as below, take the generic per-row code of mmvq.cuh).
+ * moe_grouped.cu for q4_K, q8_0, mxfp4, f32, f16 and bf16 rows (the other
+ * types, and rows not aligned as below, take the generic per-row code of
+ * mmvq.cuh).
  *
  * One warp computes R rows against the same activations, so every x value it
  * loads serves R rows, and a "step" of the warp covers a fixed piece of k:
- *   type   step (values)  lane's share per row             weight loads per lane
- *   q4_K   2 blocks (512) 8 qs bytes (16 values) of 1 block 8 B + the 16-byte header
- *   q8_0   4 blocks (128) 4 qs bytes (4 values)             2 x 2 B + the 2-byte scale
- *   f32    128            4 values                          16 B
- *   f16    128            4 values                          8 B
+ *   type   step (values)    lane's share per row             weight loads per lane
+ *   q4_K   2 blocks (512)   8 qs bytes (16 values) of 1 block 8 B + the 16-byte header
+ *   q8_0   4 blocks (128)   4 qs bytes (4 values)             2 x 2 B + the 2-byte scale
+ *   mxfp4  16 blocks (512)  8 qs bytes (16 values) of 1 block 3 x 4 B (2 if aligned) + 1 B
+ *   f32    128              4 values                          16 B
+ *   f16    128              4 values                          8 B
  * Lanes are laid over a step so that a warp's activation loads are whole
- * 128-byte lines (q8_0, floats) or 64-byte halves (q4_K), and its weight
- * loads are contiguous. A warp may process only every ksplit-th step (the
- * launcher sums the warps of a row group) so small matrices still spread over
- * the whole GPU; U steps are loaded before any is multiplied, so each lane has
- * U * R independent weight loads in flight.
+ * 128-byte lines (q8_0, floats), 64-byte halves (q4_K) or half of each of
+ * two 32-byte sectors per block (mxfp4: the lane's next load reads the other
+ * halves), and its weight loads are contiguous. A warp may process only every
+ * ksplit-th step (the launcher sums the warps of a row group) so small
+ * matrices still spread over the whole GPU; U steps are loaded before any is
+ * multiplied, so each lane has U * R independent weight loads in flight.
  *
  * Integers become floats without I2F (a quarter-rate instruction): a byte
  * placed in a float's mantissa with a fixed exponent (PRMT) is exact. q4_K
@@ -22,8 +25,15 @@
  * sub-block's Σ (d·sc·q - dmin·m)·x = 32·d·sc·Σ f·x - (16·d·sc + dmin·m)·Σ x:
  * one FFMA per value, the Σ x shared by the warp's rows. q8_0 values are
  * exact (2^23 + 128 + q) - (2^23 + 128) and the block scale multiplies the
- * block's sum. Both are the reference math of quant_ref*.c regrouped: the
- * results differ from it by float rounding only (a few ulps of Σ|w·x|). */
+ * block's sum. mxfp4 nibbles (sign in bit 3, magnitude index in bits 0-2)
+ * are PRMT selectors into the table of magnitudes {0,1,2,3,4,6,8,12}; a
+ * selector with bit 3 set gives the selected byte's sign, 0 for these bytes,
+ * so a lookup with four nibbles yields the positive values' magnitudes (0 for
+ * the negative ones), one with bit 3 flipped the negative ones', and
+ * 128 + pos - neg is the byte 128 + v of each of the four values: from there
+ * as q8_0, the block's 2^(e-128) times its sum. All are the reference math of
+ * quant_ref*.c regrouped: the results differ from it by float rounding only
+ * (a few ulps of Σ|w·x|). */
 #ifndef TM_CUDA_MMVQ_FAST_CUH
 #define TM_CUDA_MMVQ_FAST_CUH
 
@@ -182,6 +192,95 @@ template <> struct tm_fast<TM_TYPE_Q8_0> {
     }
 };
 
+/* PRMT as the hardware does it: unlike __byte_perm, bit 3 of a selector
+ * nibble is kept and gives the sign of the selected byte replicated (0x00 or
+ * 0xff) instead of the byte. The host mock (tests/emu) brings its own. */
+#ifndef TM_CUDA_EMU_PRMT
+static __device__ __forceinline__ uint32_t tm_prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
+    return d;
+}
+#endif
+
+/* ---- mxfp4: a warp step is 16 blocks; lane l reads qs bytes [8h, 8h+8) of
+ * block l/2 (h = l%2): low nibbles are values 8h + i, high nibbles values
+ * 16 + 8h + i. 17-byte blocks are only byte-aligned: a lane loads the 4-byte
+ * words around its 8 bytes (the third only when they are not aligned: every
+ * word read holds some of them) and funnel-shifts them, plus the block's
+ * exponent byte. ---- */
+template <> struct tm_fast<TM_TYPE_MXFP4> {
+    static constexpr int U = 2;
+    static constexpr int BLOCKS = 16; /* blocks of a step: two lanes per block */
+    template <int R> struct ld { uint32_t q[R][2], e[R]; };
+    static __host__ __device__ int64_t steps(int64_t k) { return tm_cdiv(k / 32, BLOCKS); }
+    template <int R>
+    static __device__ __forceinline__ void load(ld<R> &L, const uint8_t *const *rp, int64_t s,
+                                                int64_t k, int lane) {
+        const int64_t blk = BLOCKS * s + (lane >> 1);
+        const bool ok = blk < k / 32;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint8_t *bp = rp[r] + blk * 17;
+            const uintptr_t a = (uintptr_t)(bp + 1 + 8 * (lane & 1));
+            const uint32_t *wp = (const uint32_t *)(a & ~(uintptr_t)3);
+            const unsigned sh = (unsigned)(a & 3) * 8;
+            const uint32_t w0 = ok ? __ldg(wp) : 0u, w1 = ok ? __ldg(wp + 1) : 0u;
+            const uint32_t w2 = ok && sh ? __ldg(wp + 2) : 0u;
+            L.q[r][0] = __funnelshift_r(w0, w1, sh);
+            L.q[r][1] = __funnelshift_r(w1, w2, sh);
+            L.e[r] = ok ? (uint32_t)__ldg(bp) : 0u;
+        }
+    }
+    template <int NT, int R>
+    static __device__ __forceinline__ void dot(float (&acc)[R][NT], const ld<R> &L, int64_t s,
+                                               int64_t k, const float *x, int64_t xs, int n_tok,
+                                               int lane) {
+        const int64_t blk = BLOCKS * s + (lane >> 1);
+        if (blk >= k / 32) return;
+        const uint32_t t0 = 0x03020100u, t1 = 0x0C080604u; /* magnitudes of indices 0..7 */
+        const float c = 8388736.0f;                        /* 2^23 + 128 */
+        float v[R][16]; /* [i]: value 8h + i; [8 + i]: value 16 + 8h + i */
+        float d[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            d[r] = tm_e8m0_half(L.e[r]);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint32_t qp = L.q[r][j], qn = qp ^ 0x88888888u;
+#pragma unroll
+                for (int g = 0; g < 2; g++) {
+                    /* qs bytes 4j + 2g, 4j + 2g + 1: nibbles lo, hi, lo, hi */
+                    const uint32_t sp = g ? qp >> 16 : qp, sn = g ? qn >> 16 : qn;
+                    const uint32_t u = 0x80808080u + tm_prmt(t0, t1, sp) - tm_prmt(t0, t1, sn);
+                    const int i = 4 * j + 2 * g;
+                    v[r][i] = TM_2P23_PLUS(u, 0) - c;
+                    v[r][8 + i] = TM_2P23_PLUS(u, 1) - c;
+                    v[r][i + 1] = TM_2P23_PLUS(u, 2) - c;
+                    v[r][9 + i] = TM_2P23_PLUS(u, 3) - c;
+                }
+            }
+        }
+        const float *xb = x + 32 * blk + 8 * (lane & 1);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n_tok) break;
+            const float *xt = xb + t * xs;
+            const float4 xl0 = tm_ldx(xt), xl1 = tm_ldx(xt + 4);
+            const float4 xh0 = tm_ldx(xt + 16), xh1 = tm_ldx(xt + 20);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float *w = v[r];
+                float sl = tm_dot4(0.0f, xl0, w[0], w[1], w[2], w[3]);
+                sl = tm_dot4(sl, xl1, w[4], w[5], w[6], w[7]);
+                float sh = tm_dot4(0.0f, xh0, w[8], w[9], w[10], w[11]);
+                sh = tm_dot4(sh, xh1, w[12], w[13], w[14], w[15]);
+                acc[r][t] = fmaf(d[r], sl + sh, acc[r][t]);
+            }
+        }
+    }
+};
+
 /* ---- float rows: lane l takes values 4(32s + l) .. +3 (k % 4 == 0) ---- */
 template <int TYPE> struct tm_fast_float {
     static constexpr int U = 4;
@@ -299,6 +398,8 @@ static inline bool tm_fast_ok(tm_type type, uintptr_t align, int64_t k) {
         return (align & 15) == 0; /* 144-byte blocks: header and qs loads 16/8 bytes */
     case TM_TYPE_Q8_0:
         return (align & 1) == 0;
+    case TM_TYPE_MXFP4:
+        return true; /* 4-byte loads around any byte address; k % 32 == 0 is checked before */
     case TM_TYPE_F32:
         return (align & 15) == 0 && k % 4 == 0;
     case TM_TYPE_F16:
@@ -315,6 +416,8 @@ static inline int64_t tm_fast_steps(tm_type type, int64_t k) {
         return tm_fast<TM_TYPE_Q4_K>::steps(k);
     case TM_TYPE_Q8_0:
         return tm_fast<TM_TYPE_Q8_0>::steps(k);
+    case TM_TYPE_MXFP4:
+        return tm_fast<TM_TYPE_MXFP4>::steps(k);
     default:
         return tm_fast<TM_TYPE_F32>::steps(k);
     }

@@ -167,6 +167,9 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     case TM_TYPE_Q8_0:                                                                             \
         K<TM_TYPE_Q8_0><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
         break;                                                                                     \
+    case TM_TYPE_MXFP4:                                                                            \
+        K<TM_TYPE_MXFP4><<<grid, block, 0, stream>>>(__VA_ARGS__);                                 \
+        break;                                                                                     \
     case TM_TYPE_F32:                                                                              \
         K<TM_TYPE_F32><<<grid, block, 0, stream>>>(__VA_ARGS__);                                   \
         break;                                                                                     \

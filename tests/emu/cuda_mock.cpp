@@ -106,6 +106,7 @@ static void fast_down(const tm_cuda_moe_params *p, int32_t ex, const uint8_t *d,
 }
 #define MOCK_FAST_SWITCH(type, F, ...) \
     switch (type) { case TM_TYPE_Q4_K: F<TM_TYPE_Q4_K>(__VA_ARGS__); break; case TM_TYPE_Q8_0: F<TM_TYPE_Q8_0>(__VA_ARGS__); break; \
+    case TM_TYPE_MXFP4: F<TM_TYPE_MXFP4>(__VA_ARGS__); break; \
     case TM_TYPE_F32: F<TM_TYPE_F32>(__VA_ARGS__); break; case TM_TYPE_F16: F<TM_TYPE_F16>(__VA_ARGS__); break; default: F<TM_TYPE_BF16>(__VA_ARGS__); break; }
 extern "C" {
 tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const float *x, int64_t n_tok, float *y, tm_cuda_stream) {

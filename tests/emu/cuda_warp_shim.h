@@ -57,6 +57,18 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
         r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
     return r;
 }
+/* PTX prmt.b32 (tm_prmt of mmvq_fast.cuh): as above, but bit 3 of a selector
+ * nibble replicates the selected byte's sign bit over the result byte */
+#define TM_CUDA_EMU_PRMT 1
+static inline unsigned tm_prmt(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) {
+        const unsigned n = (s >> (4 * i)) & 15, b = (unsigned)(v >> (8 * (n & 7))) & 0xff;
+        r |= (n & 8 ? (b & 0x80 ? 0xffu : 0u) : b) << (8 * i);
+    }
+    return r;
+}
 static inline unsigned __ballot_sync(unsigned, int pred) {
     int l = lane_now();
     g_bar->arrive_and_wait();
