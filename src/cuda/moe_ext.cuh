@@ -23,9 +23,8 @@ static __host__ __device__ __forceinline__ bool tm_moe_item_valid(const tm_cuda_
 }
 
 /* h = act(g + gate_bias[expert][f], u + up_bias[expert][f]) (expert valid when biased). */
-static __host__ __device__ __forceinline__ float tm_moe_ext_h(const tm_cuda_moe_ext &x,
-                                                              int32_t expert, int64_t f,
-                                                              int64_t n_ff, float g, float u) {
+static __host__ __device__ __forceinline__ float
+tm_moe_ext_h(const tm_cuda_moe_ext &x, int32_t expert, int64_t f, int64_t n_ff, float g, float u) {
     if (x.gate_bias) g += x.gate_bias[(int64_t)expert * n_ff + f];
     if (x.up_bias) u += x.up_bias[(int64_t)expert * n_ff + f];
     if (x.act == TM_CUDA_MOE_SWIGLU_OAI) {
@@ -37,9 +36,8 @@ static __host__ __device__ __forceinline__ float tm_moe_ext_h(const tm_cuda_moe_
 }
 
 /* down_bias[expert][e], or 0. */
-static __host__ __device__ __forceinline__ float tm_moe_ext_down(const tm_cuda_moe_ext &x,
-                                                                 int32_t expert, int64_t e,
-                                                                 int64_t n_embd) {
+static __host__ __device__ __forceinline__ float
+tm_moe_ext_down(const tm_cuda_moe_ext &x, int32_t expert, int64_t e, int64_t n_embd) {
     return x.down_bias ? x.down_bias[(int64_t)expert * n_embd + e] : 0.0f;
 }
 
