@@ -18,7 +18,7 @@
  *   down     y[token] += weight * down_e h[row] (atomicAdd)
  *   (an extension's biases and activation in the same places: moe_ext.cuh)
  *
- * Dequantize (fallback, or env TIERMOE_MOE_GEMM=dequant for comparison):
+ * Dequantize (fallback, MXFP4 weights, or env TIERMOE_MOE_GEMM=dequant):
  *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
  *   (Qwen3-30B-A3B: 9 MiB an expert, 71 per chunk):
  *     dequant  [3]  gate and up into wgu[g] = [gate rows; up rows] (2 n_ff x
@@ -78,10 +78,18 @@ static size_t tm_moe_align(size_t n) {
 
 /* Whether p's products take the fused path (no dequantized weights in
  * global memory). Sizing and running ask the same question, so a scratch
- * sized for the fused path is only ever used by it. */
+ * sized for the fused path is only ever used by it. MXFP4 takes the
+ * dequantize path: its 17-byte blocks are staged in 4-byte pieces and the
+ * fused kernels ran slower than dequantize + cuBLAS (H200, gpt-oss-20b -ngl
+ * all: pp512 6,492 against 9,807 t/s, pp128 2,562 against 2,787), while
+ * q4_K's fused path is the faster (30b-a3b pp512 8,205 against 7,369).
+ * TIERMOE_MOE_GEMM=dequant|fused chooses for comparisons. */
 static bool tm_moe_gemm_fused(const tm_cuda_moe_params *p) {
     const char *mode = getenv("TIERMOE_MOE_GEMM");
-    return !(mode && strcmp(mode, "dequant") == 0) && tm_moe_mma_supported(p);
+    if ((mode && strcmp(mode, "dequant") == 0) || !tm_moe_mma_supported(p)) return false;
+    if (mode && strcmp(mode, "fused") == 0) return true;
+    return p->gate.type != TM_TYPE_MXFP4 && p->up.type != TM_TYPE_MXFP4 &&
+           p->down.type != TM_TYPE_MXFP4;
 }
 
 /* Monotonic in n_items and n_groups, so a scratch sized for larger counts

@@ -461,12 +461,17 @@ static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
         {2048, 768, 64, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, true, false},
         /* q4_K only (the 30b-a3b preset's experts): the fused path for all three */
         {2048, 768, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, false},
-        /* gpt-oss: MXFP4 experts (fused path, rows of 18 blocks: 4-byte pieces) with
-           biases and the clamped SwiGLU; the dequantize path with the same */
+        /* gpt-oss: MXFP4 experts (rows of 18 blocks) with biases and the clamped
+           SwiGLU; float rows with the same */
         {576, 320, 128, 16, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false, true},
         {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_case_run(r, b, &cases[i]);
+    /* MXFP4 takes the dequantize path by default: its fused path too */
+    setenv("TIERMOE_MOE_GEMM", "fused", 1);
+    printf("TIERMOE_MOE_GEMM=fused:\n");
+    moe_case_run(r, b, &cases[4]);
+    unsetenv("TIERMOE_MOE_GEMM");
 }
 
 /* ---- bad arguments: refused before any launch ---- */
