@@ -9,6 +9,7 @@
 #   gpu      -ngl 99             / -ngl all
 #   cpu-moe  -ngl 99 -ncmoe 99   / --cpu-moe
 #   ncmoe12  -ngl 99 -ncmoe 12   / --n-cpu-moe 12 (half the 24 layers' experts in VRAM)
+#   cache12  (none)              / --cpu-moe --moe-cache 5064 (ncmoe12's VRAM as a cache)
 #   cpu      -ngl 0              / -ngl 0          (only with CPU=1)
 # STAGES picks what runs (default "checks peer bench"), CASES the cases
 # (default "gpu cpu-moe ncmoe12"), REPS (default 2). Carry .devdeps and .peer.
@@ -62,13 +63,14 @@ peer_args() {
 tm_args() {
     case $1 in
     gpu) echo "-ngl all" ;; cpu-moe) echo "--cpu-moe" ;; ncmoe12) echo "--n-cpu-moe 12" ;;
-    cpu) echo "-ngl 0" ;;
+    cache12) echo "--cpu-moe --moe-cache 5064" ;; cpu) echo "-ngl 0" ;;
     esac
 }
 
 if has "$STAGES" peer && [ -f .peer/llama-bench.tar.xz ]; then
     [ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
     for c in $CASES; do
+        [ -n "$(peer_args "$c")" ] || continue
         stamp "llama.cpp $c: $(peer_args "$c")"
         timeout 300 /tmp/llamacpp-peer/llama-bench -m "$M" -fa 1 -p 512 -n 128 -r "$REPS" -t 16 \
             $(peer_args "$c") 2>&1 | tee -a "$OUT/peer.md" | grep -E "^\| gpt" \
