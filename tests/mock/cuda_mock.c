@@ -133,6 +133,31 @@ bool mock_device_range(const void *p, size_t bytes) {
     return ok;
 }
 
+/* A range partly in the device-addressable blocks (device memory, pinned or
+ * registered host memory) and partly outside: CUDA refuses copies of such
+ * ranges ("memory regions spanning over allocations that are both registered
+ * and not registered ... return CUDA_ERROR_INVALID_VALUE"), e.g. a tensor of a
+ * mapped file between expert pages another context has pinned. */
+static bool mock_range_straddles(const void *p, size_t bytes) {
+    if (bytes == 0 || mock_device_range(p, bytes)) return false;
+    const uintptr_t a = (uintptr_t)p;
+    pthread_mutex_lock(&g_mem_mu);
+    bool touches = false;
+    for (size_t i = 0; i < g_n_blocks && !touches; i++)
+        touches = a < g_blocks[i].base + g_blocks[i].size && g_blocks[i].base < a + bytes;
+    pthread_mutex_unlock(&g_mem_mu);
+    return touches;
+}
+
+static tm_status mock_copy_check(const char *op, const void *dst, const void *src, size_t bytes) {
+    if (mock_range_straddles(src, bytes) || mock_range_straddles(dst, bytes))
+        return tm_error_set(TM_ERR_DEVICE,
+                            "mock: %s of %zu bytes (%p -> %p): invalid argument (a range partly "
+                            "registered with CUDA and partly not)",
+                            op, bytes, src, dst);
+    return TM_OK;
+}
+
 /* ---- closures and the stream ---- */
 
 typedef struct mock_closure {
@@ -608,7 +633,8 @@ tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stre
     if (stream && stream->side && env_long("MOCK_FAIL_SIDE_COPY", 0))
         return tm_error_set(TM_ERR_DEVICE, "mock: cuda_copy_async on a side stream refused "
                                            "(MOCK_FAIL_SIDE_COPY)");
-    tm_status st = capture_pageable(stream, "cuda_copy_async", dst, src, bytes);
+    tm_status st = mock_copy_check("cuda_copy_async", dst, src, bytes);
+    if (st == TM_OK) st = capture_pageable(stream, "cuda_copy_async", dst, src, bytes);
     return st != TM_OK ? st : mock_launch(stream, "cuda_copy_async", copy_run, &a, sizeof(a));
 }
 
@@ -629,12 +655,14 @@ static tm_status sync_op(tm_cuda_device *dev, const char *op, mock_fn fn, const 
 
 tm_status cuda_copy_to_device(tm_cuda_device *dev, void *dst, const void *host_src, size_t bytes) {
     const copy_arg a = {dst, host_src, bytes};
-    return sync_op(dev, "cuda_copy_to_device", copy_run, &a, sizeof(a));
+    tm_status st = mock_copy_check("cuda_copy_to_device", dst, host_src, bytes);
+    return st != TM_OK ? st : sync_op(dev, "cuda_copy_to_device", copy_run, &a, sizeof(a));
 }
 
 tm_status cuda_copy_to_host(tm_cuda_device *dev, void *host_dst, const void *src, size_t bytes) {
     const copy_arg a = {host_dst, src, bytes};
-    return sync_op(dev, "cuda_copy_to_host", copy_run, &a, sizeof(a));
+    tm_status st = mock_copy_check("cuda_copy_to_host", host_dst, src, bytes);
+    return st != TM_OK ? st : sync_op(dev, "cuda_copy_to_host", copy_run, &a, sizeof(a));
 }
 
 tm_status cuda_fill_bytes(tm_cuda_device *dev, void *dst, int byte, size_t bytes) {
