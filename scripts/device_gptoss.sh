@@ -10,7 +10,7 @@
 #   cpu-moe  -ngl 99 -ncmoe 99   / --cpu-moe
 #   ncmoe12  -ngl 99 -ncmoe 12   / --n-cpu-moe 12 (half the 24 layers' experts in VRAM)
 #   cache12  (none)              / --cpu-moe --moe-cache 5064 (ncmoe12's VRAM as a cache)
-#   cpu      -ngl 0              / -ngl 0          (only with CPU=1)
+#   cpu      -dev none           / -ngl 0          (only with CPU=1)
 # STAGES picks what runs (default "checks peer bench"), CASES the cases
 # (default "gpu cpu-moe ncmoe12"), REPS (default 2). Carry .devdeps and .peer.
 # Logs and tables go to $OUT; the summary is printed last.
@@ -57,7 +57,7 @@ fi
 peer_args() {
     case $1 in
     gpu) echo "-ngl 99" ;; cpu-moe) echo "-ngl 99 -ncmoe 99" ;; ncmoe12) echo "-ngl 99 -ncmoe 12" ;;
-    cpu) echo "-ngl 0" ;;
+    cpu) echo "-dev none" ;; # -ngl 0 still sends prompt products to the GPU
     esac
 }
 tm_args() {
