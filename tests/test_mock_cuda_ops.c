@@ -457,8 +457,8 @@ static void test_attention(void **state) {
 int main(void) {
     mock_rng_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_products),       cmocka_unit_test(test_moe),
-        cmocka_unit_test(test_router),         cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(test_products),  cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_router),    cmocka_unit_test(test_norm_rope_add),
         cmocka_unit_test(test_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
