@@ -11,19 +11,11 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "tests", "oracle"))
 from tok_corpus import FIXED, INVALID  # noqa: E402
 
+sys.path.insert(0, os.path.join(here, "..", "scripts"))
+from bpe_bytes import bytes_to_unicode  # noqa: E402
+
 out = os.path.join(here, "corpus", "tokenizer")
 os.makedirs(out, exist_ok=True)
-
-
-def b2u():
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def save(data):
@@ -32,7 +24,7 @@ def save(data):
         f.write(data)
 
 
-B = b2u()
+B = bytes_to_unicode()
 vocab = {B[b]: b for b in range(256)}
 for i, t in enumerate(["he", "ll", "hel", "hell", "hello", "Ġw", "Ġwo"]):
     vocab[t] = 256 + i

@@ -28,6 +28,8 @@ import json
 import os
 import sys
 
+from bpe_bytes import bytes_to_unicode, recover_merges
+
 HARMONY_SPECIALS = {
     "<|startoftext|>": 199998,
     "<|endoftext|>": 199999,
@@ -75,18 +77,6 @@ HARMONY_TEMPLATE = (
     "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}\n")
 
 
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 def load_o200k_ranks():
     """o200k_base's {token bytes: rank} from the bpe-openai package."""
     import bpe_openai
@@ -104,28 +94,6 @@ def special_tokens():
     """{content: id} for all 1090 ids above the ranks."""
     names = {i: c for c, i in HARMONY_SPECIALS.items()}
     return {names.get(i, f"<|reserved_{i}|>"): i for i in range(199998, N_VOCAB)}
-
-
-def recover_merges(ranks):
-    """Each multi-byte token's merge: BPE on its bytes using only lower ranks."""
-    merges = []
-    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(tok) == 1:
-            continue
-        parts = [bytes([x]) for x in tok]
-        while len(parts) > 2:
-            best, bi = None, -1
-            for i in range(len(parts) - 1):
-                r = ranks.get(parts[i] + parts[i + 1])
-                if r is not None and r < rank and (best is None or r < best):
-                    best, bi = r, i
-            if best is None:
-                break
-            parts[bi:bi + 2] = [parts[bi] + parts[bi + 1]]
-        if len(parts) != 2:
-            raise SystemExit(f"token {tok!r} (rank {rank}): no merge path")
-        merges.append((parts[0], parts[1]))
-    return merges
 
 
 def build(out_dir):

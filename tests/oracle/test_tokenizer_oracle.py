@@ -41,6 +41,9 @@ import unicodedata
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tok_corpus import make_corpus, write_corpus  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from bpe_bytes import bytes_to_unicode, recover_merges  # noqa: E402
+
 try:
     import gguf
     import tokenizers
@@ -66,18 +69,6 @@ RE_TEKKEN = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll
              " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 
 results = []  # (name, ok, message)
-
-
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 B2U = bytes_to_unicode()
@@ -339,22 +330,7 @@ def tiktoken_to_tokenizer_json(ranks, specials, regex, ignore_merges, merges_cac
     if os.path.exists(merges_cache):
         merges = json.load(open(merges_cache))
     else:
-        merges = []
-        for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-            if len(tok) == 1:
-                continue
-            parts = [bytes([x]) for x in tok]
-            while len(parts) > 2:
-                best, bi = None, -1
-                for i in range(len(parts) - 1):
-                    r = ranks.get(parts[i] + parts[i + 1])
-                    if r is not None and r < rank and (best is None or r < best):
-                        best, bi = r, i
-                if best is None:
-                    break
-                parts[bi:bi + 2] = [parts[bi] + parts[bi + 1]]
-            if len(parts) == 2:
-                merges.append([enc(parts[0]), enc(parts[1])])
+        merges = [[enc(a), enc(b)] for a, b in recover_merges(ranks, strict=False)]
         with open(merges_cache, "w") as f:
             json.dump(merges, f)
     pre = {"type": "Sequence", "pretokenizers": [
