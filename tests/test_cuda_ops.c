@@ -274,9 +274,6 @@ typedef struct moe_case {
     bool oai; /* gpt-oss's experts: biases of expert ids other than the slots, clamped SwiGLU */
 } moe_case;
 
-#define MOE_OAI_ALPHA 1.702f
-#define MOE_OAI_LIMIT 7.0f
-
 /* Double-precision reference for one matrix row · vector, and Σ|products|. */
 static double dot_d(const float *w, const double *x, int64_t n, double *mag) {
     double s = 0, m = 0;
@@ -304,14 +301,8 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     /* gpt-oss: biases for 2S experts, slot e holding expert 2S - 1 - e; biases of a
        size that makes the clamps bite now and then */
     const int64_t NX = c->oai ? 2 * S : 0;
-    float *gbias = NULL, *ubias = NULL, *dbias = NULL;
-    if (c->oai) {
-        gbias = xmalloc((size_t)(NX * F) * sizeof(float));
-        ubias = xmalloc((size_t)(NX * F) * sizeof(float));
-        dbias = xmalloc((size_t)(NX * E) * sizeof(float));
-        fill_normal(r, gbias, NX * F, 4.0f), fill_normal(r, ubias, NX * F, 4.0f);
-        fill_normal(r, dbias, NX * E, 1.0f);
-    }
+    check_oai_biases bias = {0};
+    if (c->oai) bias = check_oai_biases_make(r, NX, F, E);
 
     /* items: k distinct experts per token, expert-major like a prompt worklist
      * when n_tok > 1, plus one item with an out-of-range slot that must be skipped */
@@ -346,14 +337,7 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     p.up.expert_stride = F * ub;
     p.down.data = dev_upload(d, (size_t)S * E * db), p.down.type = c->td, p.down.row_bytes = db;
     p.down.expert_stride = E * db;
-    if (c->oai)
-        p.ext = (tm_cuda_moe_ext){TM_CUDA_MOE_SWIGLU_OAI,
-                                  MOE_OAI_ALPHA,
-                                  MOE_OAI_LIMIT,
-                                  dev_upload(gbias, (size_t)(NX * F) * sizeof(float)),
-                                  dev_upload(ubias, (size_t)(NX * F) * sizeof(float)),
-                                  dev_upload(dbias, (size_t)(NX * E) * sizeof(float)),
-                                  (int32_t)NX};
+    if (c->oai) p.ext = check_oai_ext(&bias, F, E);
     const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n_items * sizeof(*items));
     const float *x_d = dev_upload(x, (size_t)NT * E * sizeof(float));
     float *y_d = dev_upload(y0, (size_t)NT * E * sizeof(float));
@@ -383,15 +367,11 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
             double uv = dot_d(ud + (e * F + f) * E, xd, E, &mu);
             if (c->oai) {
                 /* the bias add rounds once more: inside γ_E Σ|.| with Σ|.| grown by |b| */
-                gv += gbias[id * F + f], uv += ubias[id * F + f];
-                mg += fabs(gbias[id * F + f]), mu += fabs(ubias[id * F + f]);
-                const double a = MOE_OAI_ALPHA, lim = MOE_OAI_LIMIT;
-                const double gc = fmin(gv, lim), uc = fmax(-lim, fmin(uv, lim));
-                const double sg = 1.0 / (1.0 + exp(-a * gc));
-                h[f] = gc * sg * (uc + 1);
-                /* |d(gc σ(a gc))/dg| <= 1 + a|gc|/4, |gc σ(a gc)| <= |gc|; clamps only shrink */
-                dh[f] = gE * ((1 + a * fabs(gc) / 4) * mg * fabs(uc + 1) + fabs(gc) * mu) +
-                        6 * U32 * fabs(h[f]);
+                gv += bias.gate[id * F + f], uv += bias.up[id * F + f];
+                mg += fabs(bias.gate[id * F + f]), mu += fabs(bias.up[id * F + f]);
+                double dg, du;
+                h[f] = check_swiglu_oai(gv, uv, &dg, &du);
+                dh[f] = gE * (dg * mg + du * mu) + 6 * U32 * fabs(h[f]);
             } else {
                 const double sg = gv / (1.0 + exp(-gv));
                 h[f] = sg * uv;
@@ -403,7 +383,7 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
             double mag, carried = 0;
             const float *dr = dd + (e * E + o) * F;
             double out = dot_d(dr, h, F, &mag);
-            if (c->oai) out += dbias[id * E + o], mag += fabs(dbias[id * E + o]);
+            if (c->oai) out += bias.down[id * E + o], mag += fabs(bias.down[id * E + o]);
             for (int64_t f = 0; f < F; f++) carried += fabs(dr[f]) * dh[f];
             ref[t * E + o] += wt * out;
             tol[t * E + o] +=
@@ -425,7 +405,8 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
            quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
            (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "", (long long)NT, c->k, worst);
     free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y),
-        free(items), free(gbias), free(ubias), free(dbias);
+        free(items);
+    check_oai_biases_free(&bias);
     free(ref), free(tol), free(xd), free(h), free(dh);
 }
 

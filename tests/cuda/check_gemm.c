@@ -245,9 +245,6 @@ typedef struct moe_case {
                   holds expert 2S - 1 - e), the clamped SwiGLU */
 } moe_case;
 
-#define MOE_OAI_ALPHA 1.702f
-#define MOE_OAI_LIMIT 7.0f
-
 /* Double dot of a float row with a float vector, and Σ|products|. */
 static double dot_f(const float *a, const float *b, int64_t n, double *mag) {
     double s = 0, m = 0;
@@ -303,21 +300,11 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
     fill_normal(r, x, NT * E, 1.0f);
     fill_normal(r, y0, NT * E, 1.0f);  /* the ops add to y */
     const int64_t NX = 2 * (int64_t)S; /* the biases' experts */
-    float *gbias = xmalloc((size_t)(NX * F) * 4), *ubias = xmalloc((size_t)(NX * F) * 4);
-    float *dbias = xmalloc((size_t)(NX * E) * 4);
-    fill_normal(r, gbias, NX * F, 4.0f), fill_normal(r, ubias, NX * F, 4.0f);
-    fill_normal(r, dbias, NX * E, 1.0f);
+    check_oai_biases bias = check_oai_biases_make(r, NX, F, E);
 
     cuda_pool_reset(g_pool);
     tm_cuda_moe_params p = {E, F, S, {0}, {0}, {0}, {0}};
-    if (c->oai)
-        p.ext = (tm_cuda_moe_ext){TM_CUDA_MOE_SWIGLU_OAI,
-                                  MOE_OAI_ALPHA,
-                                  MOE_OAI_LIMIT,
-                                  dev_upload(gbias, (size_t)(NX * F) * 4),
-                                  dev_upload(ubias, (size_t)(NX * F) * 4),
-                                  dev_upload(dbias, (size_t)(NX * E) * 4),
-                                  (int32_t)NX};
+    if (c->oai) p.ext = check_oai_ext(&bias, F, E);
     p.gate = (tm_cuda_moe_matrix){dev_upload(gw, (size_t)S * F * gb), c->tg, F * gb, gb};
     p.up = (tm_cuda_moe_matrix){dev_upload(uw, (size_t)S * F * ub), c->tu, F * ub, ub};
     p.down = (tm_cuda_moe_matrix){dev_upload(dw, (size_t)S * E * db), c->td, E * db, db};
@@ -383,12 +370,9 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
             double hd, dg, du;
             if (c->oai) {
                 /* the bias add rounds once more: Σ|.| grows by |b| */
-                g += gbias[id * F + f], u += ubias[id * F + f];
-                mg += fabs(gbias[id * F + f]), mu += fabs(ubias[id * F + f]);
-                const double lim = MOE_OAI_LIMIT, a = MOE_OAI_ALPHA;
-                const double gc = fmin(g, lim), uc = fmax(-lim, fmin(u, lim));
-                const double sg = gc / (1.0 + exp(-a * gc));
-                hd = sg * (uc + 1), dg = (1 + a * fabs(gc) / 4) * fabs(uc + 1), du = fabs(gc);
+                g += bias.gate[id * F + f], u += bias.up[id * F + f];
+                mg += fabs(bias.gate[id * F + f]), mu += fabs(bias.up[id * F + f]);
+                hd = check_swiglu_oai(g, u, &dg, &du);
             } else {
                 const double sg = g / (1.0 + exp(-g));
                 hd = sg * u, dg = 1.1 * fabs(u), du = fabs(sg);
@@ -405,7 +389,7 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
             const float *dr = dd + (e * E + o) * F;
             double mo, car = 0, carx = 0;
             double out = dot_f(dr, h16, F, &mo);
-            if (c->oai) out += dbias[id * E + o], mo += fabs(dbias[id * E + o]);
+            if (c->oai) out += bias.down[id * E + o], mo += fabs(bias.down[id * E + o]);
             for (int64_t f = 0; f < F; f++)
                 car += fabs(dr[f]) * eh[f], carx += fabs(dr[f]) * ehx[f];
             const int64_t i = t * E + o;
@@ -447,7 +431,7 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
            (long long)n_items, (long long)(n_items - n_valid), worst, sqrt(e2 / r2), worstx,
            sqrt(x2 / r2));
     free(items), free(perm), free(gw), free(uw), free(dw), free(gd), free(ud), free(dd);
-    free(gbias), free(ubias), free(dbias);
+    check_oai_biases_free(&bias);
     free(x), free(y0), free(y), free(y2), free(ref), free(tol), free(tolx), free(absy);
     free(xh), free(h16), free(eh), free(ehx), free(cnt);
 }

@@ -2,6 +2,7 @@
 #ifdef TM_HAVE_CUDA
 #include "cuda_check.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,36 @@ void *xmalloc(size_t n) {
 
 void fill_normal(tm_rng *r, float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = scale * tm_rng_normal(r);
+}
+
+check_oai_biases check_oai_biases_make(tm_rng *r, int64_t n_expert, int64_t n_ff, int64_t n_embd) {
+    check_oai_biases b = {n_expert, xmalloc((size_t)(n_expert * n_ff) * sizeof(float)),
+                          xmalloc((size_t)(n_expert * n_ff) * sizeof(float)),
+                          xmalloc((size_t)(n_expert * n_embd) * sizeof(float))};
+    fill_normal(r, b.gate, n_expert * n_ff, 4.0f), fill_normal(r, b.up, n_expert * n_ff, 4.0f);
+    fill_normal(r, b.down, n_expert * n_embd, 1.0f);
+    return b;
+}
+
+void check_oai_biases_free(check_oai_biases *b) {
+    free(b->gate), free(b->up), free(b->down);
+}
+
+tm_cuda_moe_ext check_oai_ext(const check_oai_biases *b, int64_t n_ff, int64_t n_embd) {
+    return (tm_cuda_moe_ext){TM_CUDA_MOE_SWIGLU_OAI,
+                             CHECK_OAI_ALPHA,
+                             CHECK_OAI_LIMIT,
+                             dev_upload(b->gate, (size_t)(b->n_expert * n_ff) * sizeof(float)),
+                             dev_upload(b->up, (size_t)(b->n_expert * n_ff) * sizeof(float)),
+                             dev_upload(b->down, (size_t)(b->n_expert * n_embd) * sizeof(float)),
+                             (int32_t)b->n_expert};
+}
+
+double check_swiglu_oai(double g, double u, double *dg, double *du) {
+    const double a = CHECK_OAI_ALPHA, lim = CHECK_OAI_LIMIT;
+    const double gc = fmin(g, lim), uc = fmax(-lim, fmin(u, lim));
+    *dg = (1 + a * fabs(gc) / 4) * fabs(uc + 1), *du = fabs(gc);
+    return gc / (1.0 + exp(-a * gc)) * (uc + 1);
 }
 
 uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,

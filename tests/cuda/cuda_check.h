@@ -49,6 +49,22 @@ void fill_normal(tm_rng *r, float *x, int64_t n, float scale);
 uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
                        float **deq);
 
+/* gpt-oss's experts for the grouped-expert checks: host biases of n_expert
+ * experts (gate and up of std 4, so the clamps bite; down of std 1), the
+ * extension that takes them to the device, and the clamped SwiGLU in double
+ * with bounds on its slopes (|dh/dg| <= *dg, |dh/du| <= *du; the clamps only
+ * shrink them). */
+#define CHECK_OAI_ALPHA 1.702f
+#define CHECK_OAI_LIMIT 7.0f
+typedef struct check_oai_biases {
+    int64_t n_expert;
+    float *gate, *up, *down; /* [n_expert][n_ff] twice, [n_expert][n_embd] */
+} check_oai_biases;
+check_oai_biases check_oai_biases_make(tm_rng *r, int64_t n_expert, int64_t n_ff, int64_t n_embd);
+void check_oai_biases_free(check_oai_biases *b);
+tm_cuda_moe_ext check_oai_ext(const check_oai_biases *b, int64_t n_ff, int64_t n_embd);
+double check_swiglu_oai(double g, double u, double *dg, double *du);
+
 /* The per-op checks of tests/cuda/check_*.c (cmocka tests). */
 void check_attention(void **state);
 void check_attention_rows(void **state);
