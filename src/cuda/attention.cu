@@ -107,6 +107,54 @@ static __device__ __forceinline__ void tm_attn_load_tile(const tm_attn_args &a, 
     }
 }
 
+/* f16 halves 8 at a time to 8 floats at dst. */
+static __device__ __forceinline__ void tm_attn_store8(float *dst, const uint4 &raw) {
+    const __half2 *h2 = (const __half2 *)&raw;
+    const float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]);
+    const float2 f2 = __half22float2(h2[2]), f3 = __half22float2(h2[3]);
+    ((float4 *)dst)[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
+    ((float4 *)dst)[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
+}
+
+/* The K and V tiles of keys [base, base + 32) (rows at or past k_hi zero). With
+ * an f16 cache and 16-byte rows, each thread issues all its loads of both
+ * tiles before its first shared store: a decode block holds one or two tiles,
+ * and loads taken one loop trip at a time (runtime bounds: nvcc does not batch
+ * them) cost a memory latency each. */
+#define TM_ATTN_LD 4 /* 16-byte loads of each tile per thread per round */
+static __device__ __forceinline__ void tm_attn_load_kv(const tm_attn_args &a, const void *kc,
+                                                       const void *vc, float *sK, float *sV, int g,
+                                                       int64_t base, int64_t k_hi) {
+    if (!(a.vec && a.f16)) {
+        tm_attn_load_tile(a, kc, sK, g, base, k_hi);
+        tm_attn_load_tile(a, vc, sV, g, base, k_hi);
+        return;
+    }
+    const int per_row = a.d / 8, n = TM_ATTN_TK * per_row;
+    const int64_t row_elems = (int64_t)a.n_head_kv * a.d;
+    for (int i0 = threadIdx.x; i0 < n; i0 += TM_ATTN_LD * TM_ATTN_THREADS) {
+        uint4 rk[TM_ATTN_LD], rv[TM_ATTN_LD];
+#pragma unroll
+        for (int u = 0; u < TM_ATTN_LD; u++) {
+            const int idx = i0 + u * TM_ATTN_THREADS, j = idx / per_row, c = idx % per_row;
+            rk[u] = rv[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (idx < n && base + j < k_hi) {
+                const int64_t off = (base + j) * row_elems + (int64_t)g * a.d;
+                rk[u] = ((const uint4 *)((const __half *)kc + off))[c];
+                rv[u] = ((const uint4 *)((const __half *)vc + off))[c];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < TM_ATTN_LD; u++) {
+            const int idx = i0 + u * TM_ATTN_THREADS, j = idx / per_row, c = idx % per_row;
+            if (idx < n) {
+                tm_attn_store8(sK + j * a.ds + c * 8, rk[u]);
+                tm_attn_store8(sV + j * a.ds + c * 8, rv[u]);
+            }
+        }
+    }
+}
+
 template <int RW>
 __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a) {
     extern __shared__ float4 tm_attn_smem4[];
@@ -143,12 +191,22 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     if (causal_hi < k_hi) k_hi = causal_hi;
 
     /* Q rows (zero past the real rows and in the pad dims) and the K pad dims */
-    for (int idx = threadIdx.x; idx < TM_ATTN_WARPS * RW * a.dp; idx += TM_ATTN_THREADS) {
-        const int rr = idx / a.dp, i = idx % a.dp;
-        const int64_t r = r0 + rr;
-        float x = 0.f;
-        if (r < rows && i < d) x = a.q[((t0 + r / G) * a.n_head + (int64_t)g * G + r % G) * d + i];
-        sQ[rr * a.ds + i] = x;
+    /* (loads of a round first, then the stores: one latency a round, as tm_attn_load_kv) */
+    for (int i0 = threadIdx.x; i0 < TM_ATTN_WARPS * RW * a.dp; i0 += 8 * TM_ATTN_THREADS) {
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int idx = i0 + u * TM_ATTN_THREADS, rr = idx / a.dp, i = idx % a.dp;
+            const int64_t r = r0 + rr;
+            x[u] = 0.f;
+            if (idx < TM_ATTN_WARPS * RW * a.dp && r < rows && i < d)
+                x[u] = a.q[((t0 + r / G) * a.n_head + (int64_t)g * G + r % G) * d + i];
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int idx = i0 + u * TM_ATTN_THREADS;
+            if (idx < TM_ATTN_WARPS * RW * a.dp) sQ[(idx / a.dp) * a.ds + idx % a.dp] = x[u];
+        }
     }
     for (int idx = threadIdx.x; idx < TM_ATTN_TK * (a.dp - d); idx += TM_ATTN_THREADS)
         sK[(idx / (a.dp - d)) * a.ds + d + idx % (a.dp - d)] = 0.f;
@@ -169,8 +227,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     /* block-uniform trip count: every thread reaches every barrier */
     for (int64_t base = k_lo; base < k_hi; base += TM_ATTN_TK) {
         __syncthreads(); /* the previous tile is consumed; Q and pads are stored */
-        tm_attn_load_tile(a, kc, sK, g, base, k_hi);
-        tm_attn_load_tile(a, vc, sV, g, base, k_hi);
+        tm_attn_load_kv(a, kc, vc, sK, sV, g, base, k_hi);
         __syncthreads();
 
         /* scores: lane = key */
@@ -236,7 +293,12 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     }
 }
 
-/* One warp per output row (t * n_head + h): merge the splits' records. */
+/* One warp per output row (t * n_head + h): merge the splits' records. Lane
+ * j holds split c0 + j's weight exp(m - max); the records' values are read 8
+ * splits at a time, all loads before the sums (a split at a time would cost
+ * a memory latency per split: 21 us a layer at 512 keys on an H200, more
+ * than the attention itself). */
+#define TM_ATTN_COMB_U 8
 __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_attn_args a) {
     const int lane = threadIdx.x % TM_CUDA_WARP, d = a.d;
     const int64_t row = (int64_t)blockIdx.x * TM_ATTN_WARPS + threadIdx.x / TM_CUDA_WARP;
@@ -244,25 +306,44 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_att
     const int64_t p0 = a.row_pos ? a.row_pos[row / a.n_head] : *a.pos0;
     const int64_t n_kv = tm_attn_n_kv(a, p0, a.row_pos ? 1 : a.n_tok),
                   k0 = tm_attn_first_key(a, p0), chunk = tm_attn_chunk(n_kv - k0, a.n_split);
-    int64_t n_used = (n_kv - k0 + chunk - 1) / chunk;
+    int n_used = (int)((n_kv - k0 + chunk - 1) / chunk);
     if (n_used > a.n_split) n_used = a.n_split;
     const int64_t stride = a.n_tok * a.n_head * (d + 2);
     const float *rec = a.rec + row * (d + 2);
     float mx = -INFINITY;
-    for (int64_t sp = lane; sp < n_used; sp += TM_CUDA_WARP) mx = fmaxf(mx, rec[sp * stride]);
+    for (int sp = lane; sp < n_used; sp += TM_CUDA_WARP) mx = fmaxf(mx, rec[sp * stride]);
     mx = tm_warp_max(mx);
     float l = 0.f, acc[TM_ATTN_NC];
 #pragma unroll
     for (int c = 0; c < TM_ATTN_NC; c++) acc[c] = 0.f;
-    for (int64_t sp = 0; sp < n_used; sp++) {
-        const float *r = rec + sp * stride;
-        const float ms = r[0];
-        const float w = ms == -INFINITY ? 0.f : expf(ms - mx); /* a split no row key reached */
-        l += w * r[1];
+    for (int c0 = 0; c0 < n_used; c0 += TM_CUDA_WARP) {
+        float w = 0.f; /* this lane's split: a split no row key reached weighs 0 */
+        if (c0 + lane < n_used) {
+            const float ms = rec[(c0 + lane) * stride];
+            w = ms == -INFINITY ? 0.f : expf(ms - mx);
+            l += w * rec[(c0 + lane) * stride + 1];
+        }
+        const int nj = n_used - c0 < TM_CUDA_WARP ? n_used - c0 : TM_CUDA_WARP;
+        for (int j0 = 0; j0 < nj; j0 += TM_ATTN_COMB_U) {
+            float v[TM_ATTN_COMB_U][TM_ATTN_NC];
 #pragma unroll
-        for (int c = 0; c < TM_ATTN_NC; c++)
-            if (c * TM_CUDA_WARP + lane < d) acc[c] += w * r[2 + c * TM_CUDA_WARP + lane];
+            for (int u = 0; u < TM_ATTN_COMB_U; u++) {
+                const float *r = rec + (int64_t)(c0 + j0 + u) * stride + 2;
+#pragma unroll
+                for (int c = 0; c < TM_ATTN_NC; c++)
+                    v[u][c] = j0 + u < nj && c * TM_CUDA_WARP + lane < d
+                                  ? r[c * TM_CUDA_WARP + lane]
+                                  : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < TM_ATTN_COMB_U; u++) {
+                const float wu = __shfl_sync(0xffffffffu, w, (j0 + u) & (TM_CUDA_WARP - 1));
+#pragma unroll
+                for (int c = 0; c < TM_ATTN_NC; c++) acc[c] += wu * v[u][c];
+            }
+        }
     }
+    l = tm_warp_sum(l);
     const float inv = tm_attn_inv(a, row % a.n_head, mx, l);
     float *o = a.out + row * d;
 #pragma unroll
