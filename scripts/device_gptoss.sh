@@ -19,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
-BUILD=build/device-gptoss
+BUILD=${BUILD:-build/device-gptoss}
 REPS=${REPS:-2}
 STAGES=${STAGES:-checks peer bench}
 CASES=${CASES:-gpu cpu-moe ncmoe12}

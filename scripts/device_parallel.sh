@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
-BUILD=build/device-par
+BUILD=${BUILD:-build/device-par}
 TOKENS=${TOKENS:-128}
 MV=/tmp/m30v.gguf
 . scripts/device_env.sh
