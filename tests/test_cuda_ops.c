@@ -433,6 +433,11 @@ static void test_moe_grouped(void **state) {
         {576, 576, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
         {576, 320, 6, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
         {512, 256, 2, 6, 3, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q8_0, true},
+        /* decode of 8 sequences: items sharing a slot are computed by one block
+           (runs of up to 4 tokens; 8 tokens x 7 of 12 slots: runs of 4 and the rest) */
+        {1024, 512, 8, 12, 7, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false},
+        {576, 576, 8, 6, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
+        {512, 256, 5, 9, 3, TM_TYPE_Q8_0, TM_TYPE_Q8_0, TM_TYPE_F16, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }

@@ -1,7 +1,9 @@
 /* q8_0 matrix × 8-bit activations for decode batches (mmvq_q8x.cuh), and the
  * activation quantizer. Launch shape as mmvq.cu's fast path: a warp computes
- * R rows (4 for 1-2 tokens, else 2), TM_FAST_WARPS warps a block split rows
+ * R = 4 rows (TIERMOE_Q8X_R=2: 2 for 3+ tokens), TM_FAST_WARPS warps a block split rows
  * or the k steps of a row group. */
+#include <stdlib.h>
+
 #include "cuda/mmvq_q8x.cuh"
 
 /* One warp per 32 values: n_tok * k is a multiple of 32, so a warp is one
@@ -18,11 +20,10 @@ __global__ void __launch_bounds__(256)
     if ((threadIdx.x & 31) == 0) d[i / 32] = dv;
 }
 
-template <int NT>
+template <int NT, int R>
 __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
     tm_mmvq_q8x_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, tm_q8x_view x,
                        int n_tok, int ksplit, float *__restrict__ y) {
-    constexpr int R = NT <= 2 ? 4 : 2;
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1), warp = threadIdx.x >> 5;
     const uint8_t *rp[R];
     const int64_t r0 = tm_fast_group<R>(rp, w, row_bytes, rows, warp, ksplit);
@@ -68,19 +69,31 @@ extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes
                             (long long)(k / 32 * 34));
     const tm_q8x_view x = tm_q8x_at(xq, k, n_tok);
     const uint8_t *wb = (const uint8_t *)w;
-    const int nt = (int)n_tok, R = nt <= 2 ? 4 : 2;
+    /* rows a warp computes: with 3 or more tokens the activations are most of
+     * what a warp loads, and each activation load serves R rows. H200, 30b-a3b
+     * -ngl all, 8 sequences: tg64 x8 854 t/s with R = 2, 910 with 4 (2 for 3+
+     * tokens before; TIERMOE_Q8X_R=2 brings it back, for comparisons) */
+    static int r_many; /* 0: not read yet */
+    if (!r_many) {
+        const char *e = getenv("TIERMOE_Q8X_R");
+        r_many = e && atoi(e) == 2 ? 2 : 4;
+    }
+    const int nt = (int)n_tok, R = nt <= 2 ? 4 : r_many;
     const int64_t groups = tm_cdiv(rows, R);
     const int ks = tm_fast_ksplit(groups, tm_q8x_steps(k));
     const dim3 grid((unsigned)tm_cdiv(groups, TM_FAST_WARPS / ks)),
         block(TM_FAST_WARPS * TM_CUDA_WARP);
     cudaStream_t s = stream;
+#define TM_Q8X_LAUNCH(NT, R)                                                                       \
+    tm_mmvq_q8x_kernel<NT, R><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y)
     if (nt == 1)
-        tm_mmvq_q8x_kernel<1><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+        TM_Q8X_LAUNCH(1, 4);
     else if (nt == 2)
-        tm_mmvq_q8x_kernel<2><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+        TM_Q8X_LAUNCH(2, 4);
     else if (nt <= 4)
-        tm_mmvq_q8x_kernel<4><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+        R == 4 ? TM_Q8X_LAUNCH(4, 4) : TM_Q8X_LAUNCH(4, 2);
     else
-        tm_mmvq_q8x_kernel<8><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y);
+        R == 4 ? TM_Q8X_LAUNCH(8, 4) : TM_Q8X_LAUNCH(8, 2);
+#undef TM_Q8X_LAUNCH
     return tm_cuda_launch_check("cuda_mmvq_q8x", rows, k, n_tok);
 }

@@ -127,7 +127,7 @@ tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq, 
 /* the integer kernel's row groups, k split and lanes, summed as the kernel does */
 template <int NT>
 static void q8x_mmvq(const uint8_t *w, size_t rb, int64_t rows, int64_t k, const void *xq, int nt, float *y) {
-    constexpr int R = NT <= 2 ? 4 : 2;
+    constexpr int R = 4; /* the kernel's default for every token count */
     const tm_q8x_view x = tm_q8x_at(xq, k, nt);
     const int64_t groups = tm_cdiv(rows, R);
     const int ks = tm_fast_ksplit(groups, tm_q8x_steps(k));
