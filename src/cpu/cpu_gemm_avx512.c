@@ -10,6 +10,9 @@
  *   from -offset * sum(x) per token so the block sum comes out exact.
  * q6_K: like q4_K with 16 sub-blocks of 16 (vpermw spreads the scales) and the
  *   -32 offset taken out through the activations' bsums.
+ * q4_K/q5_K decode (one token) has a kernel of its own (k45_dec_micro): 8 rows
+ *   per tile, the activations regrouped to the weights' layout once per tile,
+ *   scales of 4 rows unpacked in one vector, vpdpbusd + vpackssdw + vpdpwssd.
  * Float types fall back to the AVX2 kernels. Decode (one token) prefetches the
  * next row tile while computing the current one. */
 #include "cpu/cpu_internal.h"
@@ -172,6 +175,179 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
 
 #define q4k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 0)
 #define q5k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 1)
+
+/* ---- q4_K / q5_K decode (one token): K45D_NR rows per tile ----
+ * The prompt kernel spends most of its time per weight byte on work the
+ * token could carry: here the activations are regrouped once per block of the
+ * tile to match the weights' nibble layout ([s0 | s2], [s1 | s3], [s4 | s6],
+ * [s5 | s7] for low and high nibbles of the two 64-byte loads), vpdpbusd sums
+ * 4 products per lane without scales (at most 4*31*128 < 2^15), vpackssdw
+ * pairs two such vectors into int16 and one vpdpwssd applies the sub-block
+ * scales of both. The scales, mins, d and dmin of 4 rows are unpacked
+ * together, one 128-bit lane per row, and the mins term of those rows is one
+ * madd. Integer block sums are the same as the prompt kernel's; only the
+ * float summation order differs. */
+
+#define K45D_NR 8 /* rows unpack 4 to a vector; k45_dec leaves tails of 4, 2 and 1 */
+
+TM_AVX512_INLINE __m512i bcast16(char b0, char b1, char b2, char b3, char b4, char b5, char b6,
+                                 char b7, char b8, char b9, char b10, char b11, char b12, char b13,
+                                 char b14, char b15) {
+    return _mm512_broadcast_i32x4(
+        _mm_setr_epi8(b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15));
+}
+
+TM_AVX512_INLINE void k45_dec_micro(int nr, const tm_tile_args *a, int64_t r, int q5) {
+    enum { Z = -1 }; /* pshufb: a zero byte */
+    const int ng = (nr + 3) / 4;
+    __m512 acc[K45D_NR], accm[K45D_NR / 4];
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int g = 0; g < ng; g++) accm[g] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0xF), c30 = _mm512_set1_epi8(0x30);
+    /* a lane holds a block's first 16 bytes (d, dmin, scales q[0..11] at 4..15);
+     * unpacked to scales 0..7 then mins 0..7 (cpu_k4_scale_min): low bits from
+     * ua (bytes 12..15 shifted down 4), masked by um; bits 4-5 from ub's bits 6-7 */
+    const __m512i ua = bcast16(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i ub = bcast16(Z, Z, Z, Z, 4, 5, 6, 7, Z, Z, Z, Z, 8, 9, 10, 11);
+    const __m512i um = bcast16(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    const __mmask64 hi4 = 0xF000F000F000F000ull;
+    /* mins as int16; scale words of the packed pairs: lanes 0-1 hold sub-blocks
+     * (0, 1) or (4, 5), lanes 2-3 (2, 3) or (6, 7), four words each */
+    const __m512i mw = bcast16(8, Z, 9, Z, 10, Z, 11, Z, 12, Z, 13, Z, 14, Z, 15, Z);
+    __m512i sw[2];
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) {
+        const char s0 = (char)(4 * p), s1 = (char)(4 * p + 1), s2 = (char)(4 * p + 2),
+                   s3 = (char)(4 * p + 3);
+        const __m256i lo = _mm256_broadcastsi128_si256(
+            _mm_setr_epi8(s0, Z, s0, Z, s0, Z, s0, Z, s1, Z, s1, Z, s1, Z, s1, Z));
+        const __m256i hi = _mm256_broadcastsi128_si256(
+            _mm_setr_epi8(s2, Z, s2, Z, s2, Z, s2, Z, s3, Z, s3, Z, s3, Z, s3, Z));
+        sw[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    /* d (then dmin) of row i of a group, from the two halves of its float heads */
+    __m512i didx[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) didx[i] = _mm512_set1_epi32(8 * i);
+    const __m512i midx = _mm512_setr_epi32(1, 1, 1, 1, 9, 9, 9, 9, 17, 17, 17, 17, 25, 25, 25, 25);
+    const size_t bsize = q5 ? sizeof(tm_block_q5_k) : sizeof(tm_block_q4_k);
+    const size_t qoff = q5 ? offsetof(tm_block_q5_k, qs) : offsetof(tm_block_q4_k, qs);
+    const int64_t nb = a->k / TM_QK_K;
+    for (int64_t b = 0; b < nb; b++) {
+        const tm_block_q8_k *x = (const tm_block_q8_k *)a->x + b;
+        const __m512i x0 = _mm512_loadu_si512(x->qs), x1 = _mm512_loadu_si512(x->qs + 64);
+        const __m512i x2 = _mm512_loadu_si512(x->qs + 128), x3 = _mm512_loadu_si512(x->qs + 192);
+        const __m512i xv[4] = {
+            _mm512_shuffle_i64x2(x0, x1, 0x44), _mm512_shuffle_i64x2(x0, x1, 0xEE),
+            _mm512_shuffle_i64x2(x2, x3, 0x44), _mm512_shuffle_i64x2(x2, x3, 0xEE)};
+        const __m512i bsum = _mm512_broadcast_i32x4(
+            _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),
+                           _mm_loadu_si128((const __m128i *)(x->bsums + 8))));
+        const __m512 dx = _mm512_set1_ps(x->d);
+        const char *blk0 = a->w + (size_t)r * a->wrb + (size_t)b * bsize;
+#pragma GCC unroll 2
+        for (int g = 0; g < ng; g++) {
+            /* heads of rows 4g.. (row 4g again where the tile has fewer) */
+            const char *bg = blk0 + (size_t)(4 * g) * a->wrb;
+            __m512i head = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)bg));
+#pragma GCC unroll 3
+            for (int i = 1; i < 4; i++)
+                if (4 * g + i < nr) {
+                    const __m128i h = _mm_loadu_si128((const __m128i *)(bg + (size_t)i * a->wrb));
+                    head = i == 1   ? _mm512_inserti32x4(head, h, 1)
+                           : i == 2 ? _mm512_inserti32x4(head, h, 2)
+                                    : _mm512_inserti32x4(head, h, 3);
+                }
+            const __m512i sa = _mm512_shuffle_epi8(head, ua);
+            const __m512i lo =
+                _mm512_and_si512(_mm512_mask_mov_epi8(sa, hi4, _mm512_srli_epi16(sa, 4)), um);
+            const __m512i hi =
+                _mm512_and_si512(_mm512_srli_epi16(_mm512_shuffle_epi8(head, ub), 2), c30);
+            const __m512i sm = _mm512_or_si512(lo, hi);
+            /* d, dmin of each row (dword 0 of its lane) as floats times dx */
+            const __m512i dd = _mm512_shuffle_epi32(head, _MM_PERM_AAAA);
+            const __m512 f0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dd)), dx);
+            const __m512 f1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dd, 1)), dx);
+            /* mins: lanes 4i..4i+3 hold row 4g+i's partial sums */
+            accm[g] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_shuffle_epi8(sm, mw), bsum)),
+                _mm512_permutex2var_ps(f0, midx, f1), accm[g]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const int row = 4 * g + i;
+                if (row >= nr) break;
+                const char *blk = bg + (size_t)i * a->wrb;
+                prefetch_next(a, r, nr, row, (size_t)b * bsize, bsize);
+                const __m512i q0 = _mm512_loadu_si512(blk + qoff);
+                const __m512i q1 = _mm512_loadu_si512(blk + qoff + 64);
+                __m512i v[4] = {
+                    _mm512_and_si512(q0, m4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                    _mm512_and_si512(q1, m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+                if (q5) { /* fifth bit: qh[l] bit s for value l of sub-block s */
+                    const __m512i qh = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256((const __m256i *)((const tm_block_q5_k *)blk)->qh));
+#pragma GCC unroll 4
+                    for (int m = 0; m < 4; m++) { /* v[m] holds sub-blocks s and s + 2 */
+                        const int s = (m & 1) + 4 * (m >> 1);
+                        const __m512i bits = _mm512_inserti64x4(
+                            _mm512_set1_epi8((char)(1 << s)), _mm256_set1_epi8((char)(4 << s)), 1);
+                        v[m] = _mm512_mask_add_epi8(v[m], _mm512_test_epi8_mask(qh, bits), v[m],
+                                                    _mm512_set1_epi8(16));
+                    }
+                }
+                const __m512i scl = _mm512_shuffle_i32x4(sm, sm,
+                                                         i == 0   ? 0x00
+                                                         : i == 1 ? 0x55
+                                                         : i == 2 ? 0xAA
+                                                                  : 0xFF);
+                __m512i acci = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                for (int p = 0; p < 2; p++) {
+                    const __m512i z = _mm512_setzero_si512();
+                    const __m512i pk =
+                        _mm512_packs_epi32(_mm512_dpbusd_epi32(z, v[2 * p], xv[2 * p]),
+                                           _mm512_dpbusd_epi32(z, v[2 * p + 1], xv[2 * p + 1]));
+                    acci = _mm512_dpwssd_epi32(acci, pk, _mm512_shuffle_epi8(scl, sw[p]));
+                }
+                acc[row] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci),
+                                           _mm512_permutex2var_ps(f0, didx[i], f1), acc[row]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < ng; g++) {
+        float mt[16];
+        _mm512_storeu_ps(mt, accm[g]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            if (4 * g + i < nr)
+                a->y[r + 4 * g + i] =
+                    _mm512_reduce_add_ps(acc[4 * g + i]) -
+                    ((mt[4 * i] + mt[4 * i + 1]) + (mt[4 * i + 2] + mt[4 * i + 3]));
+    }
+}
+
+/* Rows [r0, r1) of one token in tiles of K45D_NR; what is left in tiles of 4,
+ * 2 and 1 (the lanes' row chunks are whole tiles, so only tests see these). */
+TM_AVX512_INLINE void k45_dec(const tm_tile_args *a, int64_t r0, int64_t r1, int q5) {
+    int64_t r = r0;
+    for (; r + K45D_NR <= r1; r += K45D_NR) k45_dec_micro(K45D_NR, a, r, q5);
+    if (r1 - r >= 4) k45_dec_micro(4, a, r, q5), r += 4;
+    if (r1 - r >= 2) k45_dec_micro(2, a, r, q5), r += 2;
+    if (r1 - r >= 1) k45_dec_micro(1, a, r, q5);
+}
+
+#define TM_DEFINE_K45_DEC(name, q5)                                                                \
+    TM_AVX512 static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,       \
+                               const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) { \
+        (void)n_tok, (void)xrb;                                                                    \
+        const tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, 0, y, ldy};          \
+        k45_dec(&args, r0, r1, q5);                                                                \
+    }
+TM_DEFINE_K45_DEC(q4k_dec, 0)
+TM_DEFINE_K45_DEC(q5k_dec, 1)
 
 /* ---- q6_K: 6-bit q in 0..63 times x, minus 32 * sum_j sc_j bsum_j ----
  * Per half of 128 values, one 64-byte ql load gives values 0..63 (low nibbles,
@@ -344,9 +520,7 @@ TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r
 #define q40_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q4_0, sizeof(tm_block_q4_0))
 #define mxfp4_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_MXFP4, sizeof(tm_block_mxfp4))
 
-TM_DEFINE_GEMM(TM_AVX512, q4k_gemv, q4k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q4k_gemm, q4k_micro, 3, 4, 48)
-TM_DEFINE_GEMM(TM_AVX512, q5k_gemv, q5k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q5k_gemm, q5k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q6k_gemv, q6k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q6k_gemm, q6k_micro, 3, 4, 48)
@@ -357,14 +531,15 @@ TM_DEFINE_GEMM(TM_AVX512, q40_gemm, q40_micro, 4, 4, 64)
 TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemv, mxfp4_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
 
-#define GEMV_OR_GEMM(name)                                                                         \
+#define GEMV_OR_GEMM(name) GEMV_OR_GEMM_FN(name, name##_gemv)
+#define GEMV_OR_GEMM_FN(name, gemv)                                                                \
     TM_AVX512 static void name##_auto(int64_t k, const void *w, size_t wrb, int64_t r0,            \
                                       int64_t r1, const void *xq, size_t xrb, int64_t n, float *y, \
                                       int64_t ldy) {                                               \
-        (n == 1 ? name##_gemv : name##_gemm)(k, w, wrb, r0, r1, xq, xrb, n, y, ldy);               \
+        (n == 1 ? gemv : name##_gemm)(k, w, wrb, r0, r1, xq, xrb, n, y, ldy);                      \
     }
-GEMV_OR_GEMM(q4k)
-GEMV_OR_GEMM(q5k)
+GEMV_OR_GEMM_FN(q4k, q4k_dec)
+GEMV_OR_GEMM_FN(q5k, q5k_dec)
 GEMV_OR_GEMM(q6k)
 GEMV_OR_GEMM(q80)
 GEMV_OR_GEMM(q40)
