@@ -28,13 +28,17 @@
 #include "cpu/cpu_ops.h"
 #include "moe/moe.h"
 
-/* Rows per work item: 64, doubled up to 256 while an item reads under 32 KB of
+/* Rows per work item: 128, doubled up to 256 while an item reads under 32 KB of
  * weights (short down rows); 256 for runs of 16 tokens or more, since a
  * prompt-sized call prepares its run's activations once (the AMX kernels'
  * tile layouts) and then sweeps its rows. Decode items of 64 q4_K rows (72
  * KB) beat 32 and 16 (fewer claims of the shared counter): device tg128
- * expert step 1773-1809 ms vs 1873-2068 (32) and 1990 (16). */
-#define LANE_ROW_CHUNK     64
+ * expert step 1773-1809 ms vs 1873-2068 (32) and 1990 (16). Longer items
+ * stream longer (a thread's next item starts cold): CPU only, 30b-a3b, tg64,
+ * two rounds on the H200 machine's 16 cores, 8 / 16 threads: 64 rows 23.7,
+ * 25.5 / 37.5, 38.2 t/s; 128 rows 26.5, 24.5 / 40.8, 39.3; 256 rows 26.3, 26.8 /
+ * 39.0, 38.0. TIERMOE_LANE_ROWS sets it, for tuning. */
+#define LANE_ROW_CHUNK     128
 #define LANE_ROW_CHUNK_MAX 256
 #define LANE_ITEM_BYTES    (32 << 10)
 #define LANE_H_PIECE       256 /* H values activated and quantized together: whole q8_K/q8_0 blocks */
@@ -236,9 +240,22 @@ static void lane_down_task(void *ctx, int64_t begin, int64_t end, int ith) {
     lane_items_run(st, st->items[1], begin, end, ith);
 }
 
+/* LANE_ROW_CHUNK, or TIERMOE_LANE_ROWS (16..256, a power of two) for tuning. */
+static int64_t lane_row_chunk_base(void) {
+    static _Atomic int64_t cached; /* 0: not read yet */
+    int64_t c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!c) {
+        const char *e = getenv("TIERMOE_LANE_ROWS");
+        const long v = e ? strtol(e, NULL, 10) : 0;
+        c = v >= 16 && v <= LANE_ROW_CHUNK_MAX && !(v & (v - 1)) ? v : LANE_ROW_CHUNK;
+        atomic_store_explicit(&cached, c, memory_order_relaxed);
+    }
+    return c;
+}
+
 static int64_t lane_row_chunk(const lane_step *st, int p, const lane_run *run) {
     if (run->s1 - run->s0 >= 16) return LANE_ROW_CHUNK_MAX;
-    int64_t c = LANE_ROW_CHUNK;
+    int64_t c = lane_row_chunk_base();
     while (c < LANE_ROW_CHUNK_MAX && (size_t)c * st->m[p]->row_bytes < LANE_ITEM_BYTES) c *= 2;
     return c;
 }
