@@ -2,6 +2,8 @@
 # One call that measures where the open issues stand on the GPU machine, on one
 # build (build/device-cuda) and the 30b-a3b file with Qwen3's vocabulary and
 # routing profile (/tmp/m30v.gguf, the one serve needs):
+#   checks    test_cuda_ops (every op, the placement matrix on the real kernels);
+#   gpu       issue 19: full GPU pp512 / tg128, both engines;
 #   serve     issue 16: serve --parallel 1..8 streams, full GPU and --cpu-moe
 #             (scripts/device_parallel.sh without its checks);
 #   cpu       issue 19: CPU only, pp512 / tg128, llama.cpp -dev none at 16
@@ -24,7 +26,13 @@ has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core\(s\)|Socket" | tr -s ' '
 stamp "build"
-device_build "$BUILD" tiermoe || exit 1
+device_build "$BUILD" tiermoe test_cuda_ops || exit 1
+if has checks; then
+    stamp "test_cuda_ops"
+    TM_TEST_TMP=/tmp TM_TEST_DATA="$PWD/tests/data" timeout 300 "$BUILD/tests/test_cuda_ops" \
+        > "$OUT/checks.log" 2>&1
+    echo "test_cuda_ops rc $?: $(grep -E '^\[  (PASSED|FAILED|ERROR) ' "$OUT/checks.log" | tr '\n' ' ')"
+fi
 device_vocab_model "$M" "$TM" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
 [ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
 peer() { # label, llama-bench args...
@@ -37,6 +45,10 @@ peer() { # label, llama-bench args...
 envs=()
 if has serve; then
     NO_CHECKS=1 OUT="$OUT" timeout 420 scripts/device_parallel.sh "$OUT" 2>&1 | grep -v "^\[.*build"
+fi
+if has gpu; then
+    peer "gpu" -ngl 99 -t 16 -p 512 -n 128
+    device_bench "gpu" -ngl all -p 512 -n 128
 fi
 if has cpu; then
     peer "cpu" -dev none -t 16 -p 512 -n 128
