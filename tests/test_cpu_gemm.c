@@ -310,10 +310,11 @@ static void run_type(tm_type t) {
     tm_rng_seed(&r, 1000 + (uint64_t)t);
     int64_t bs = quant_type_traits(t)->block_size;
     static const int64_t ks_k[] = {256, 512, 768, 2048, 2816};
-    static const int64_t ks_32[] = {32, 96, 256, 512, 768, 2048, 2816};
+    /* blocks mod 4 of 1, 2, 3 and 0: the decode kernels' leftover blocks */
+    static const int64_t ks_32[] = {32, 64, 96, 256, 512, 768, 2048, 2880};
     static const int64_t ks_f[] = {1, 17, 96, 256, 768, 2816};
     const int64_t *ks = bs == 256 ? ks_k : bs == 32 ? ks_32 : ks_f;
-    size_t nk = bs == 256 ? 5 : bs == 32 ? 7 : 6;
+    size_t nk = bs == 256 ? 5 : bs == 32 ? 8 : 6;
     /* 21 and 70: the AMX kernel pads 5 and 6 leftover tokens to a tile; 33: one goes to AVX-512 */
     static const int64_t toks[] = {1, 3, 7, 16, 21, 33};
     worst_a = worst_b = worst_bf16 = 0;

@@ -13,6 +13,9 @@
  * q4_K/q5_K decode (one token) has a kernel of its own (k45_dec_micro): 8 rows
  *   per tile, the activations regrouped to the weights' layout once per tile,
  *   scales of 4 rows unpacked in one vector, vpdpbusd + vpackssdw + vpdpwssd.
+ * q8_0/mxfp4 decode have their own too (q80_dec_micro, mxfp4_dec_micro): 8 rows
+ *   per tile, the scales of all of them converted in one vector and picked per
+ *   row with vpermps; mxfp4 takes four blocks per step into one vector of sums.
  * Float types fall back to the AVX2 kernels. Decode (one token) prefetches the
  * next row tile while computing the current one. */
 #include "cpu/cpu_internal.h"
@@ -516,6 +519,187 @@ TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
+/* ---- q8_0 / mxfp4 decode (one token) ----
+ * B32D_NR rows per tile, what is left in tiles of 4, 2 and 1. The weights'
+ * scales of all rows of a tile are gathered as bytes/halves, converted in one
+ * vector and multiplied by the activation scales there; each row then picks
+ * its own with one vpermps. q8_0 takes two blocks per vector (block b in the
+ * low 256 bits), mxfp4 four: its low nibbles (values 0..15 of blocks b..b+3,
+ * one 128-bit lane each) and high nibbles (16..31) go to two vpdpbusd into the
+ * same sums, the activations regrouped to match once per tile. */
+
+enum { B32D_NR = 8 };
+
+/* The rows' scales go to a small array by scalar stores and come back as one
+ * vector load; left to itself the compiler builds that vector with vpinsrw and
+ * vpunpck (port 5), so the stores are volatile and the array goes through
+ * memory. */
+#define B32D_IN_MEMORY(arr) __asm__("" : "+m"(arr))
+
+/* Row i's scales in a vector of rows' scales, PER blocks of each row side by
+ * side: lane l takes scale PER * i + l / (16 / PER). */
+TM_AVX512_INLINE __m512i b32d_sidx(int i, int per) {
+    int32_t v[16];
+    for (int l = 0; l < 16; l++) v[l] = per * i + l / (16 / per);
+    return _mm512_loadu_si512(v);
+}
+
+/* Blocks b, b+1 (two) of a q8_0 row tile; hs: the tile's scales as halves. */
+TM_AVX512_INLINE void q80_dec_step(int nr, const tm_tile_args *a, int64_t r, int64_t b, int two,
+                                   uint32_t (*hsp)[B32D_NR], __m512 *acc, const __m512i *sidx) {
+    uint32_t *hs = *hsp;
+    const tm_block_q8_0 *x = (const tm_block_q8_0 *)a->x + b;
+    const __m256i xhi = two ? _mm256_loadu_si256((const __m256i *)x[1].qs) : _mm256_setzero_si256();
+    const __m512i xv = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x->qs)), xhi, 1);
+    const __m512i sgn = _mm512_set1_epi8(-128);
+    const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), sgn, xv));
+    /* [d(b), d(b+1)] repeated, as floats */
+    const __m512 dx = _mm512_cvtph_ps(
+        _mm256_set1_epi32((int)((uint32_t)x->d | (two ? (uint32_t)x[1].d << 16 : 0))));
+    const char *blk0 = a->w + (size_t)r * a->wrb + (size_t)b * sizeof(tm_block_q8_0);
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) {
+        const tm_block_q8_0 *w = (const tm_block_q8_0 *)(blk0 + (size_t)i * a->wrb);
+        ((volatile uint32_t *)hs)[i] = w->d | (two ? (uint32_t)w[1].d << 16 : 0);
+    }
+    B32D_IN_MEMORY(*hsp);
+    const __m512 s = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs)), dx);
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) {
+        const tm_block_q8_0 *w = (const tm_block_q8_0 *)(blk0 + (size_t)i * a->wrb);
+        prefetch_next(a, r, nr, i, (size_t)b * sizeof(tm_block_q8_0), 2 * sizeof(tm_block_q8_0));
+        const __m256i whi =
+            two ? _mm256_loadu_si256((const __m256i *)w[1].qs) : _mm256_setzero_si256();
+        const __m512i u = _mm512_xor_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w->qs)),
+                               whi, 1),
+            sgn);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(neg, u, xv)),
+                                 _mm512_permutexvar_ps(sidx[i], s), acc[i]);
+    }
+}
+
+TM_AVX512_INLINE void q80_dec_micro(int nr, const tm_tile_args *a, int64_t r) {
+    __m512 acc[B32D_NR];
+    __m512i sidx[B32D_NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps(), sidx[i] = b32d_sidx(i, 2);
+    uint32_t hs[B32D_NR] = {0};
+    const int64_t nb = a->k / 32;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) q80_dec_step(nr, a, r, b, 1, &hs, acc, sidx);
+    if (b < nb) q80_dec_step(nr, a, r, b, 0, &hs, acc, sidx);
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) a->y[r + i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+/* e8m0 exponents (one per dword) to cpu_e8m0_half's floats */
+TM_AVX512_INLINE __m512 e8m0_half_ps(__m512i e) {
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(
+        _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), big, small));
+}
+
+/* Blocks b..b+nq-1 (nq <= 4) of an mxfp4 row tile; es: the tile's exponents. */
+TM_AVX512_INLINE void mxfp4_dec_step(int nr, const tm_tile_args *a, int64_t r, int64_t b, int nq,
+                                     uint32_t (*esp)[B32D_NR], __m512 *acc, const __m512i *sidx) {
+    uint32_t *es = *esp;
+    const tm_block_q8_0 *x = (const tm_block_q8_0 *)a->x + b;
+    /* xl: values 0..15 of blocks b..b+3 (a lane each), xh: values 16..31 */
+    __m512i xl = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)x->qs));
+    __m512i xh = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(x->qs + 16)));
+    uint16_t dh[4] = {x->d, 0, 0, 0};
+#pragma GCC unroll 3
+    for (int q = 1; q < 4; q++) {
+        const __m128i l = q < nq ? _mm_loadu_si128((const __m128i *)x[q].qs) : _mm_setzero_si128();
+        const __m128i h =
+            q < nq ? _mm_loadu_si128((const __m128i *)(x[q].qs + 16)) : _mm_setzero_si128();
+        if (q < nq) dh[q] = x[q].d;
+        xl = q == 1   ? _mm512_inserti32x4(xl, l, 1)
+             : q == 2 ? _mm512_inserti32x4(xl, l, 2)
+                      : _mm512_inserti32x4(xl, l, 3);
+        xh = q == 1   ? _mm512_inserti32x4(xh, h, 1)
+             : q == 2 ? _mm512_inserti32x4(xh, h, 2)
+                      : _mm512_inserti32x4(xh, h, 3);
+    }
+    const __m512i c128 = _mm512_set1_epi8(-128), m4 = _mm512_set1_epi8(0xF);
+    const __m512i neg = _mm512_sub_epi32(
+        _mm512_setzero_si512(),
+        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, xl), c128, xh));
+    int64_t dq;
+    memcpy(&dq, dh, 8);
+    const __m512 dx = _mm512_cvtph_ps(_mm256_set1_epi64x(dq)); /* [d(b)..d(b+3)] repeated */
+    /* doubled e2m1 values + 128, so the offset above applies */
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)cpu_mxfp4_values), _mm_set1_epi8(-128)));
+    const char *blk0 = a->w + (size_t)r * a->wrb + (size_t)b * sizeof(tm_block_mxfp4);
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) {
+        const tm_block_mxfp4 *w = (const tm_block_mxfp4 *)(blk0 + (size_t)i * a->wrb);
+        uint32_t e = w->e;
+#pragma GCC unroll 3
+        for (int q = 1; q < 4; q++) e |= q < nq ? (uint32_t)w[q].e << (8 * q) : 0;
+        ((volatile uint32_t *)es)[i] = e;
+    }
+    B32D_IN_MEMORY(*esp);
+    __m512 s[B32D_NR / 4];
+#pragma GCC unroll 2
+    for (int g = 0; g < (nr + 3) / 4; g++)
+        s[g] = _mm512_mul_ps(
+            e8m0_half_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(es + 4 * g)))), dx);
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) {
+        const tm_block_mxfp4 *w = (const tm_block_mxfp4 *)(blk0 + (size_t)i * a->wrb);
+        prefetch_next(a, r, nr, i, (size_t)b * sizeof(tm_block_mxfp4), 4 * sizeof(tm_block_mxfp4));
+        __m512i qv = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)w->qs));
+#pragma GCC unroll 3
+        for (int q = 1; q < 4; q++) {
+            const __m128i v =
+                q < nq ? _mm_loadu_si128((const __m128i *)w[q].qs) : _mm_setzero_si128();
+            qv = q == 1   ? _mm512_inserti32x4(qv, v, 1)
+                 : q == 2 ? _mm512_inserti32x4(qv, v, 2)
+                          : _mm512_inserti32x4(qv, v, 3);
+        }
+        const __m512i ul = _mm512_shuffle_epi8(lut, _mm512_and_si512(qv, m4));
+        const __m512i uh = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(qv, 4), m4));
+        const __m512i dp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(neg, ul, xl), uh, xh);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_permutexvar_ps(sidx[i], s[i / 4]),
+                                 acc[i]);
+    }
+}
+
+TM_AVX512_INLINE void mxfp4_dec_micro(int nr, const tm_tile_args *a, int64_t r) {
+    __m512 acc[B32D_NR];
+    __m512i sidx[B32D_NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps(), sidx[i] = b32d_sidx(i % 4, 4);
+    uint32_t es[B32D_NR] = {0};
+    const int64_t nb = a->k / 32;
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) mxfp4_dec_step(nr, a, r, b, 4, &es, acc, sidx);
+    if (b < nb) mxfp4_dec_step(nr, a, r, b, (int)(nb - b), &es, acc, sidx);
+#pragma GCC unroll 8
+    for (int i = 0; i < nr; i++) a->y[r + i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+/* Rows [r0, r1) of one token in tiles of B32D_NR, then 4, 2, 1. */
+#define TM_DEFINE_B32_DEC(name, micro)                                                             \
+    TM_AVX512 static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,       \
+                               const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) { \
+        (void)n_tok, (void)xrb;                                                                    \
+        const tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, 0, y, ldy};          \
+        int64_t r = r0;                                                                            \
+        for (; r + B32D_NR <= r1; r += B32D_NR) micro(B32D_NR, &args, r);                          \
+        if (r1 - r >= 4) micro(4, &args, r), r += 4;                                               \
+        if (r1 - r >= 2) micro(2, &args, r), r += 2;                                               \
+        if (r1 - r >= 1) micro(1, &args, r);                                                       \
+    }
+TM_DEFINE_B32_DEC(q80_dec, q80_dec_micro)
+TM_DEFINE_B32_DEC(mxfp4_dec, mxfp4_dec_micro)
+
 #define q80_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q8_0, sizeof(tm_block_q8_0))
 #define q40_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q4_0, sizeof(tm_block_q4_0))
 #define mxfp4_micro(R, T, a, r, t) b32_micro(R, T, a, r, t, B32_MXFP4, sizeof(tm_block_mxfp4))
@@ -524,11 +708,9 @@ TM_DEFINE_GEMM(TM_AVX512, q4k_gemm, q4k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q5k_gemm, q5k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q6k_gemv, q6k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q6k_gemm, q6k_micro, 3, 4, 48)
-TM_DEFINE_GEMM(TM_AVX512, q80_gemv, q80_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q80_gemm, q80_micro, 4, 4, 64)
 TM_DEFINE_GEMM(TM_AVX512, q40_gemv, q40_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q40_gemm, q40_micro, 4, 4, 64)
-TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemv, mxfp4_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
 
 #define GEMV_OR_GEMM(name) GEMV_OR_GEMM_FN(name, name##_gemv)
@@ -541,9 +723,9 @@ TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
 GEMV_OR_GEMM_FN(q4k, q4k_dec)
 GEMV_OR_GEMM_FN(q5k, q5k_dec)
 GEMV_OR_GEMM(q6k)
-GEMV_OR_GEMM(q80)
+GEMV_OR_GEMM_FN(q80, q80_dec)
 GEMV_OR_GEMM(q40)
-GEMV_OR_GEMM(mxfp4)
+GEMV_OR_GEMM_FN(mxfp4, mxfp4_dec)
 
 cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
     switch (wtype) {

@@ -375,6 +375,97 @@ EI E512 e_shuf128(E512 a, E512 b, int imm) {
     return r;
 }
 #define _mm512_shuffle_i32x4 e_shuf128
+/* used by the decode kernels (k45_dec_micro, q80_dec_micro, mxfp4_dec_micro) */
+EI E512 e_cvtph(__m256i x) {
+    uint16_t h[16];
+    E512 r;
+    memcpy(h, &x, 32);
+    for (int i = 0; i < 16; i++) r.f[i] = _cvtsh_ss(h[i]);
+    return r;
+}
+#define _mm512_cvtph_ps e_cvtph
+EI E512 e_permps(E512 idx, E512 a) {
+    E512 r;
+    for (int i = 0; i < 16; i++) r.f[i] = a.f[idx.d[i] & 15];
+    return r;
+}
+#define _mm512_permutexvar_ps e_permps
+EI E512 e_p2vps(E512 a, E512 idx, E512 b) {
+    E512 r;
+    for (int i = 0; i < 16; i++) {
+        int j = idx.d[i] & 31;
+        r.f[i] = j < 16 ? a.f[j] : b.f[j - 16];
+    }
+    return r;
+}
+#define _mm512_permutex2var_ps e_p2vps
+EI E512 e_c128(__m128i x) {
+    E512 r = e_zero();
+    memcpy(r.b, &x, 16);
+    return r;
+}
+#define _mm512_castsi128_si512 e_c128
+EI E512 e_same(E512 a) {
+    return a;
+}
+#define _mm512_castsi512_ps e_same
+EI __m256i e_ext8(E512 a, int i) {
+    __m256i r;
+    memcpy(&r, a.b + 32 * i, 32);
+    return r;
+}
+#define _mm512_extracti64x4_epi64 e_ext8
+#define _mm512_castsi512_si256(a) e_ext8(a, 0)
+EI E512 e_slli32(E512 a, unsigned n) {
+    for (int i = 0; i < 16; i++) a.d[i] = n > 31 ? 0 : (int32_t)((uint32_t)a.d[i] << n);
+    return a;
+}
+#define _mm512_slli_epi32 e_slli32
+EI E512 e_sllv32(E512 a, E512 c) {
+    for (int i = 0; i < 16; i++)
+        a.d[i] = (uint32_t)c.d[i] > 31 ? 0 : (int32_t)((uint32_t)a.d[i] << c.d[i]);
+    return a;
+}
+#define _mm512_sllv_epi32 e_sllv32
+EI E512 e_blend32(__mmask16 k, E512 a, E512 b) {
+    for (int i = 0; i < 16; i++)
+        if ((k >> i) & 1) a.d[i] = b.d[i];
+    return a;
+}
+#define _mm512_mask_blend_epi32 e_blend32
+EI __mmask16 e_cmpltu32(E512 a, E512 b) {
+    __mmask16 k = 0;
+    for (int i = 0; i < 16; i++)
+        if ((uint32_t)a.d[i] < (uint32_t)b.d[i]) k |= (__mmask16)(1u << i);
+    return k;
+}
+#define _mm512_cmplt_epu32_mask e_cmpltu32
+EI E512 e_maskmov8(E512 src, __mmask64 k, E512 a) {
+    for (int i = 0; i < 64; i++)
+        if ((k >> i) & 1) src.b[i] = a.b[i];
+    return src;
+}
+#define _mm512_mask_mov_epi8 e_maskmov8
+EI int16_t e_sat16(int32_t v) {
+    return (int16_t)(v > 32767 ? 32767 : v < -32768 ? -32768 : v);
+}
+EI E512 e_packs32(E512 a, E512 b) {
+    E512 r;
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < 4; i++) {
+            r.w[8 * l + i] = e_sat16(a.d[4 * l + i]);
+            r.w[8 * l + 4 + i] = e_sat16(b.d[4 * l + i]);
+        }
+    return r;
+}
+#define _mm512_packs_epi32 e_packs32
+EI E512 e_shuf32(E512 a, int imm) {
+    E512 r;
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < 4; i++) r.d[4 * l + i] = a.d[4 * l + ((imm >> (2 * i)) & 3)];
+    return r;
+}
+#define _mm512_shuffle_epi32 e_shuf32
 /* AMX: tiles as arrays, config from the 64-byte block */
 /* weak: one tile state shared by every emulated file (the kernels share cpu_amx_configure) */
 __attribute__((weak)) uint8_t e_tile[8][1024];
