@@ -18,6 +18,8 @@
  *   row with vpermps; mxfp4 takes four blocks per step into one vector of sums.
  * Float types fall back to the AVX2 kernels. Decode (one token) prefetches the
  * next row tile while computing the current one. */
+#include <stdlib.h>
+
 #include "cpu/cpu_internal.h"
 
 #if defined(__x86_64__)
@@ -709,6 +711,7 @@ TM_DEFINE_GEMM(TM_AVX512, q5k_gemm, q5k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q6k_gemv, q6k_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q6k_gemm, q6k_micro, 3, 4, 48)
 TM_DEFINE_GEMM(TM_AVX512, q80_gemm, q80_micro, 4, 4, 64)
+TM_DEFINE_GEMM(TM_AVX512, q80_tile_gemv, q80_micro, 4, 1, 64) /* TIERMOE_Q80_DEC=0 */
 TM_DEFINE_GEMM(TM_AVX512, q40_gemv, q40_micro, 4, 1, 64)
 TM_DEFINE_GEMM(TM_AVX512, q40_gemm, q40_micro, 4, 4, 64)
 TM_DEFINE_GEMM(TM_AVX512, mxfp4_gemm, mxfp4_micro, 4, 4, 64)
@@ -726,6 +729,9 @@ GEMV_OR_GEMM(q6k)
 GEMV_OR_GEMM_FN(q80, q80_dec)
 GEMV_OR_GEMM(q40)
 GEMV_OR_GEMM_FN(mxfp4, mxfp4_dec)
+/* q8_0 decode through the generic 4-row tile: TIERMOE_Q80_DEC=0, for comparisons */
+#define q80_tile_gemm q80_gemm
+GEMV_OR_GEMM_FN(q80_tile, q80_tile_gemv)
 
 cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
     switch (wtype) {
@@ -735,8 +741,14 @@ cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
         return q5k_auto;
     case TM_TYPE_Q6_K:
         return q6k_auto;
-    case TM_TYPE_Q8_0:
-        return q80_auto;
+    case TM_TYPE_Q8_0: {
+        static int tile = -1; /* read once: this runs for every product */
+        if (tile < 0) {
+            const char *e = getenv("TIERMOE_Q80_DEC");
+            tile = e && !strcmp(e, "0");
+        }
+        return tile ? q80_tile_auto : q80_auto;
+    }
     case TM_TYPE_Q4_0:
         return q40_auto;
     case TM_TYPE_MXFP4:
