@@ -395,9 +395,10 @@ tm_status moe_cpu_lane_run(tm_moe_cpu_lane *l, tm_pool *pool, const tm_moe_exper
         .clocks = l->acc && !precise ? l->clocks : NULL,
     };
     if (st.clocks) memset(st.clocks, 0, (size_t)nth * sizeof(lane_clock));
-    int64_t items_max = 0;
+    int64_t items_max = 0; /* items are at least lane_row_chunk_base() rows */
+    const int64_t chunk_min = lane_row_chunk_base();
     for (int p = 0; p < LANE_PROJ; p++)
-        items_max += n_runs * ((st.rows[p] + LANE_ROW_CHUNK - 1) / LANE_ROW_CHUNK);
+        items_max += n_runs * ((st.rows[p] + chunk_min - 1) / chunk_min);
     int ok = lane_grow((void **)&l->items, &l->cap_items, (size_t)items_max * sizeof(lane_item));
     for (int p = 0; ok && p < LANE_PROJ; p++)
         ok = lane_grow((void **)&l->out[p], &l->cap_out[p],
