@@ -60,32 +60,14 @@ static __device__ __forceinline__ int64_t tm_attn_chunk(int64_t n_kv, int32_t n_
 }
 
 /* Stage keys [base, base + 32) of head g into a [32][ds] float tile; rows at
- * or past k_hi are zero (never read from the cache). Dims >= d are untouched. */
+ * or past k_hi are zero (never read from the cache). Dims >= d are untouched.
+ * An f16 cache with 16-byte rows goes through tm_attn_load_kv instead. */
 static __device__ __forceinline__ void tm_attn_load_tile(const tm_attn_args &a, const void *src,
                                                          float *tile, int g, int64_t base,
                                                          int64_t k_hi) {
     const int d = a.d;
     const int64_t row_elems = (int64_t)a.n_head_kv * d;
-    if (a.vec && a.f16) { /* 16-byte loads of 8 halves */
-        const int per_row = d / 8;
-        for (int idx = threadIdx.x; idx < TM_ATTN_TK * per_row; idx += TM_ATTN_THREADS) {
-            const int j = idx / per_row, c = idx % per_row;
-            const int64_t kp = base + j;
-            float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
-            if (kp < k_hi) {
-                const uint4 raw =
-                    *((const uint4 *)((const __half *)src + kp * row_elems + (int64_t)g * d) + c);
-                const __half2 *h2 = (const __half2 *)&raw;
-                const float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]);
-                const float2 f2 = __half22float2(h2[2]), f3 = __half22float2(h2[3]);
-                lo = make_float4(f0.x, f0.y, f1.x, f1.y);
-                hi = make_float4(f2.x, f2.y, f3.x, f3.y);
-            }
-            float4 *dst = (float4 *)(tile + j * a.ds + c * 8);
-            dst[0] = lo;
-            dst[1] = hi;
-        }
-    } else if (a.vec) { /* 16-byte loads of 4 floats */
+    if (a.vec && !a.f16) { /* 16-byte loads of 4 floats */
         const int per_row = d / 4;
         for (int idx = threadIdx.x; idx < TM_ATTN_TK * per_row; idx += TM_ATTN_THREADS) {
             const int j = idx / per_row, c = idx % per_row;
@@ -192,20 +174,21 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
 
     /* Q rows (zero past the real rows and in the pad dims) and the K pad dims */
     /* (loads of a round first, then the stores: one latency a round, as tm_attn_load_kv) */
-    for (int i0 = threadIdx.x; i0 < TM_ATTN_WARPS * RW * a.dp; i0 += 8 * TM_ATTN_THREADS) {
+    const int nq = TM_ATTN_WARPS * RW * a.dp;
+    for (int i0 = threadIdx.x; i0 < nq; i0 += 8 * TM_ATTN_THREADS) {
         float x[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int idx = i0 + u * TM_ATTN_THREADS, rr = idx / a.dp, i = idx % a.dp;
             const int64_t r = r0 + rr;
             x[u] = 0.f;
-            if (idx < TM_ATTN_WARPS * RW * a.dp && r < rows && i < d)
+            if (idx < nq && r < rows && i < d)
                 x[u] = a.q[((t0 + r / G) * a.n_head + (int64_t)g * G + r % G) * d + i];
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int idx = i0 + u * TM_ATTN_THREADS;
-            if (idx < TM_ATTN_WARPS * RW * a.dp) sQ[(idx / a.dp) * a.ds + idx % a.dp] = x[u];
+            if (idx < nq) sQ[(idx / a.dp) * a.ds + idx % a.dp] = x[u];
         }
     }
     for (int idx = threadIdx.x; idx < TM_ATTN_TK * (a.dp - d); idx += TM_ATTN_THREADS)
