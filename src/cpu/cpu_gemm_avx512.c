@@ -193,7 +193,7 @@ TM_AVX512_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r
  * madd. Integer block sums are the same as the prompt kernel's; only the
  * float summation order differs. */
 
-#define K45D_NR 8 /* rows unpack 4 to a vector; k45_dec leaves tails of 4, 2 and 1 */
+#define K45D_NR 8 /* rows unpack 4 to a vector; TM_DEFINE_GEMV leaves tails of 4, 2 and 1 */
 
 TM_AVX512_INLINE __m512i bcast16(char b0, char b1, char b2, char b3, char b4, char b5, char b6,
                                  char b7, char b8, char b9, char b10, char b11, char b12, char b13,
@@ -334,25 +334,10 @@ TM_AVX512_INLINE void k45_dec_micro(int nr, const tm_tile_args *a, int64_t r, in
     }
 }
 
-/* Rows [r0, r1) of one token in tiles of K45D_NR; what is left in tiles of 4,
- * 2 and 1 (the lanes' row chunks are whole tiles, so only tests see these). */
-TM_AVX512_INLINE void k45_dec(const tm_tile_args *a, int64_t r0, int64_t r1, int q5) {
-    int64_t r = r0;
-    for (; r + K45D_NR <= r1; r += K45D_NR) k45_dec_micro(K45D_NR, a, r, q5);
-    if (r1 - r >= 4) k45_dec_micro(4, a, r, q5), r += 4;
-    if (r1 - r >= 2) k45_dec_micro(2, a, r, q5), r += 2;
-    if (r1 - r >= 1) k45_dec_micro(1, a, r, q5);
-}
-
-#define TM_DEFINE_K45_DEC(name, q5)                                                                \
-    TM_AVX512 static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,       \
-                               const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) { \
-        (void)n_tok, (void)xrb;                                                                    \
-        const tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, 0, y, ldy};          \
-        k45_dec(&args, r0, r1, q5);                                                                \
-    }
-TM_DEFINE_K45_DEC(q4k_dec, 0)
-TM_DEFINE_K45_DEC(q5k_dec, 1)
+#define q4k_dec_micro(nr, a, r) k45_dec_micro(nr, a, r, 0)
+#define q5k_dec_micro(nr, a, r) k45_dec_micro(nr, a, r, 1)
+TM_DEFINE_GEMV(TM_AVX512, q4k_dec, q4k_dec_micro, K45D_NR)
+TM_DEFINE_GEMV(TM_AVX512, q5k_dec, q5k_dec_micro, K45D_NR)
 
 /* ---- q6_K: 6-bit q in 0..63 times x, minus 32 * sum_j sc_j bsum_j ----
  * Per half of 128 values, one 64-byte ql load gives values 0..63 (low nibbles,
@@ -687,20 +672,8 @@ TM_AVX512_INLINE void mxfp4_dec_micro(int nr, const tm_tile_args *a, int64_t r) 
     for (int i = 0; i < nr; i++) a->y[r + i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-/* Rows [r0, r1) of one token in tiles of B32D_NR, then 4, 2, 1. */
-#define TM_DEFINE_B32_DEC(name, micro)                                                             \
-    TM_AVX512 static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,       \
-                               const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) { \
-        (void)n_tok, (void)xrb;                                                                    \
-        const tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, 0, y, ldy};          \
-        int64_t r = r0;                                                                            \
-        for (; r + B32D_NR <= r1; r += B32D_NR) micro(B32D_NR, &args, r);                          \
-        if (r1 - r >= 4) micro(4, &args, r), r += 4;                                               \
-        if (r1 - r >= 2) micro(2, &args, r), r += 2;                                               \
-        if (r1 - r >= 1) micro(1, &args, r);                                                       \
-    }
-TM_DEFINE_B32_DEC(q80_dec, q80_dec_micro)
-TM_DEFINE_B32_DEC(mxfp4_dec, mxfp4_dec_micro)
+TM_DEFINE_GEMV(TM_AVX512, q80_dec, q80_dec_micro, B32D_NR)
+TM_DEFINE_GEMV(TM_AVX512, mxfp4_dec, mxfp4_dec_micro, B32D_NR)
 
 #define q80_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q8_0, sizeof(tm_block_q8_0))
 #define q40_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q4_0, sizeof(tm_block_q4_0))

@@ -54,4 +54,22 @@ typedef struct tm_tile_args {
         }                                                                                          \
     }
 
+/* Defines `static void name(...)` (a cpu_gemm_fn for one token) from a decode
+ * microkernel `micro`
+ *   static void MICRO(int nr, const tm_tile_args *a, int64_t r)
+ * (rows r..r+nr-1, always_inline): rows in tiles of NR (literal), what is left
+ * in tiles of 4, 2 and 1 (the CPU lane's row chunks are whole tiles, so mostly
+ * tests see these). */
+#define TM_DEFINE_GEMV(attr, name, micro, NR)                                                      \
+    attr static void name(int64_t k, const void *w, size_t wrb, int64_t r0, int64_t r1,            \
+                          const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {      \
+        (void)n_tok, (void)xrb;                                                                    \
+        const tm_tile_args args = {k, (const char *)w, wrb, (const char *)xq, 0, y, ldy};          \
+        int64_t r = r0;                                                                            \
+        for (; r + (NR) <= r1; r += (NR)) micro(NR, &args, r);                                     \
+        if (r1 - r >= 4) micro(4, &args, r), r += 4;                                               \
+        if (r1 - r >= 2) micro(2, &args, r), r += 2;                                               \
+        if (r1 - r >= 1) micro(1, &args, r);                                                       \
+    }
+
 #endif
