@@ -42,6 +42,7 @@ typedef struct store_layer {
     uint32_t pred_serial;
     double clock; /* tokens of this layer's steps */
     int32_t resident;
+    int32_t staged; /* experts this step evicted that it still uses (read again later) */
 } store_layer;
 
 struct tm_store {
@@ -110,10 +111,12 @@ static tm_status store_fill(tm_store *s, store_layer *L, int32_t j, int32_t e) {
 /* A slot for a read at worklist slot `at` of the step: empty, else the
  * lowest scored expert the rest of the step does not use, else (the budget
  * is smaller than the step's experts) the one whose next use is farthest
- * (Belady), of those no chunk from `running` on holds and whose read is done;
- * a slot being read is waited for when no other will do (*out -1: none). */
+ * (Belady; *live true), of those no chunk from `running` on holds and whose
+ * read is done; a slot being read is waited for when no other will do
+ * (*out -1: none). */
 static tm_status store_victim(tm_store *s, store_layer *L, uint64_t running, int64_t at,
-                              int32_t *out) {
+                              int32_t *out, bool *live) {
+    *live = false;
     for (;;) {
         int32_t best = -1, far = -1;
         double best_score = INFINITY;
@@ -139,7 +142,7 @@ static tm_status store_victim(tm_store *s, store_layer *L, uint64_t running, int
             if (sc < best_score || (sc == best_score && L->stamp[e] < L->stamp[L->expert_in[best]]))
                 best = j, best_score = sc;
         }
-        if (best < 0) best = far;
+        if (best < 0) best = far, *live = far >= 0;
         if (best >= 0 || !reading) {
             *out = best;
             return TM_OK;
@@ -160,8 +163,14 @@ static tm_status store_form(tm_store *s, store_layer *L, const tm_moe_slot *sl, 
         const int32_t e = sl[j].expert;
         int32_t slot = L->slot_of[e];
         if (slot < 0) {
-            if ((st = store_victim(s, L, running, j, &slot))) return st;
+            bool live;
+            if ((st = store_victim(s, L, running, j, &slot, &live))) return st;
             if (slot < 0) break;
+            /* past TM_STORE_STAGE a chunk ends rather than evict an expert the step uses
+               later, and waits for the slots its predecessors free; only a chunk that
+               nothing runs beside and that is still empty must go on */
+            if (live && L->staged >= TM_STORE_STAGE && (j > i || id != running)) break;
+            L->staged += live;
             if ((st = store_fill(s, L, slot, e))) return st;
             s->stats.faults++;
         }
@@ -192,7 +201,8 @@ static tm_status store_prefetch(tm_store *s, uint32_t l) {
         const int32_t e = predicted ? L->pred[i] : L->prev[i - L->n_pred];
         if (L->slot_of[e] >= 0) continue;
         int32_t j;
-        if ((st = store_victim(s, L, s->chunk_id + 1, 0, &j))) return st;
+        bool live;
+        if ((st = store_victim(s, L, s->chunk_id + 1, 0, &j, &live))) return st;
         if (j < 0) break;
         const int32_t old = L->expert_in[j];
         if (old >= 0 && store_predicted(L, old)) break; /* never one predicted for another */
@@ -236,6 +246,7 @@ static tm_status store_predict(tm_store *s, uint32_t l, tm_pool *pool, const flo
 static void store_count(tm_store *s, store_layer *L, const tm_moe_slot *sl, int64_t s0,
                         int64_t s1) {
     s->step++;
+    L->staged = 0;
     for (int64_t i = s0; i < s1; i++) {
         const int32_t e = sl[i].expert;
         L->last[e] = i;

@@ -42,6 +42,11 @@ extern "C" {
 
 #define TM_RAM_CACHE_AUTO (-1)               /* --ram-cache auto */
 #define TM_STORE_RESERVE  ((int64_t)2 << 30) /* RAM auto leaves to the rest, at least */
+/* Experts a layer step may evict that it still uses, so that its first chunks
+ * have reads in flight when every slot holds one of its experts (a prompt
+ * step over a budget smaller than its experts): each costs a second read, so
+ * a step reads at most this many more than the experts it lacked. */
+#define TM_STORE_STAGE 8
 
 typedef struct tm_store_params {
     int64_t budget_mib; /* --ram-cache: MiB, or TM_RAM_CACHE_AUTO (MemAvailable less a reserve) */
