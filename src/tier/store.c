@@ -55,6 +55,7 @@ struct tm_store {
     size_t mem_bytes;
     uint64_t chunk_id;
     uint32_t step;
+    int32_t stage; /* TM_STORE_STAGE (TIERMOE_STORE_STAGE for comparisons) */
     int64_t first_layer;
     tm_store_stats stats;
     /* the next-layer prediction's scratch (NULL: no layer has a router) */
@@ -169,7 +170,7 @@ static tm_status store_form(tm_store *s, store_layer *L, const tm_moe_slot *sl, 
             /* past TM_STORE_STAGE a chunk ends rather than evict an expert the step uses
                later, and waits for the slots its predecessors free; only a chunk that
                nothing runs beside and that is still empty must go on */
-            if (live && L->staged >= TM_STORE_STAGE && (j > i || id != running)) break;
+            if (live && L->staged >= s->stage && (j > i || id != running)) break;
             L->staged += live;
             if ((st = store_fill(s, L, slot, e))) return st;
             s->stats.faults++;
@@ -414,6 +415,8 @@ tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_
         st = store_slots_init(s, &s->layers[l], base);
         base += s->layers[l].slot_bytes * (size_t)s->n_slots;
     }
+    const char *stage = getenv("TIERMOE_STORE_STAGE"); /* a large one: the greedy chunks */
+    s->stage = stage && atoi(stage) > 0 ? atoi(stage) : TM_STORE_STAGE;
     /* a layer after the first with a router: predict its experts (TIERMOE_STORE_PREDICT=0:
        the one-token lag alone, for comparisons) */
     const char *env = getenv("TIERMOE_STORE_PREDICT");

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One device call for the hybrid decode and the SSD tier:
+#   1. build (Release, sm_90); the 30b-a3b preset with the Qwen3 routing
+#      profile (/tmp/m30q.gguf, made unless there);
+#   2. SSD tier (STAGES ssd): --ram-cache of half the expert bytes, page
+#      cache dropped before each bench, pp512 / tg64, with the store's staging
+#      cap (default) and with greedy chunks (TIERMOE_STORE_STAGE=100000);
+#   3. VRAM cache decode (STAGES cache): a learn pass, then tg128 with
+#      --cpu-moe --moe-cache 4212 --moe-learn at several PCIe lane shares
+#      (PCIE, default "auto 0 1 2 3"), one of them with --profile; llama.cpp
+#      -ncmoe 35 on the same file for reference.
+#   scripts/device_hybrid.sh [OUT]     STAGES ("ssd cache"), REPS (2)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-/tmp/out}}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build/device-hybrid}
+STAGES=${STAGES:-ssd cache}
+REPS=${REPS:-2}
+PCIE=${PCIE:-auto 0 1 2 3}
+M=/tmp/m30q.gguf
+. scripts/device_env.sh
+TM=$BUILD/tiermoe
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+stamp "build"
+device_build "$BUILD" tiermoe || exit 1
+if [ ! -f "$M" ]; then
+    stamp "model: 30b-a3b, Qwen3 routing profile"
+    $TM mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o "$M" || exit 1
+fi
+
+if has ssd; then
+    exp_gib=$($TM inspect "$M" 2>/dev/null | awk '/expert bytes/ {print $3; exit}')
+    half=$(awk -v g="${exp_gib:-15.19}" 'BEGIN {printf "%d", g * 1024 / 2}')
+    stamp "drive"
+    timeout 60 $TM calibrate -m "$M" --drive --drive-seconds 1 2>&1 | grep -E "^drive|1 MiB" | head -3
+    for stage in default 100000; do
+        sync
+        echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop the page cache)"
+        stamp "ssd: --ram-cache $half, stage $stage"
+        env TIERMOE_STORE_STAGE="${stage/default/0}" timeout 240 $TM bench -m "$M" -p 512 -n 64 -r 1 -t 16 -ngl all --cpu-moe \
+            --ram-cache "$half" > "$OUT/ssd_$stage.md" 2> "$OUT/ssd_$stage.err"
+        grep -E "^\| qwen" "$OUT/ssd_$stage.md" | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-150
+        grep -E "SSD tier" "$OUT/ssd_$stage.err" | cut -c1-260
+    done
+fi
+
+if has cache; then
+    if [ ! -f /tmp/q.json ]; then
+        stamp "learn pass"
+        python3 -c "
+import random; r=random.Random(1)
+print('\n'.join(','.join(str(r.randrange(151936)) for _ in range(64)) for _ in range(16)))" \
+            > /tmp/prompts.txt
+        $TM trace -m "$M" --prompts /tmp/prompts.txt -n 64 --cpu-moe -o /tmp/q.json > /dev/null 2>&1
+    fi
+    [ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
+    stamp "llama.cpp -ncmoe 35"
+    timeout 200 /tmp/llamacpp-peer/llama-bench -m "$M" -fa 1 -p 0 -n 128 -r "$REPS" -t 16 \
+        -ngl 99 -ncmoe 35 2>&1 | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
+    envs=()
+    for n in $PCIE; do
+        device_bench "cache-pcie-$n" -p 0 -n 128 --cpu-moe --moe-cache 4212 --moe-learn /tmp/q.json \
+            --moe-pcie "$n"
+        grep -E "VRAM cache, routed|steal" /tmp/tm.err | tr '\n' ' '
+        echo
+    done
+    REPS=1 device_bench "cache-profile" -p 0 -n 128 --cpu-moe --moe-cache 4212 \
+        --moe-learn /tmp/q.json --profile
+    grep -E "time by part|CPU lane|class|RAM|VRAM cache" /tmp/tm.err | cut -c1-400
+fi
+stamp "done"
