@@ -8,7 +8,11 @@
 #   3. VRAM cache decode (STAGES cache): a learn pass, then tg128 with
 #      --cpu-moe --moe-cache 4212 --moe-learn at several PCIe lane shares
 #      (PCIE, default "auto 0 1 2 3"), one of them with --profile; llama.cpp
-#      -ncmoe 35 on the same file for reference.
+#      -ncmoe 35 on the same file for reference;
+#   4. experts all in RAM (STAGES cpumoe): the uniform 30b-a3b (/tmp/m30.gguf),
+#      --cpu-moe pp512 and tg128 at the PCIe shares of PCIE_ALL (default
+#      "auto 0 2 3"), llama.cpp -ncmoe 48 (-lm none and mmap);
+#   5. STAGES calib: tiermoe calibrate, then the auto share of 3 and 4 again.
 #   scripts/device_hybrid.sh [OUT]     STAGES ("ssd cache"), REPS (2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +22,9 @@ BUILD=${BUILD:-build/device-hybrid}
 STAGES=${STAGES:-ssd cache}
 REPS=${REPS:-2}
 PCIE=${PCIE:-auto 0 1 2 3}
+PCIE_ALL=${PCIE_ALL:-auto 0 2 3}
 M=/tmp/m30q.gguf
+U=/tmp/m30.gguf
 . scripts/device_env.sh
 TM=$BUILD/tiermoe
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -26,10 +32,10 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 stamp "build"
 device_build "$BUILD" tiermoe || exit 1
-if [ ! -f "$M" ]; then
-    stamp "model: 30b-a3b, Qwen3 routing profile"
-    $TM mkmodel --preset 30b-a3b --routing qwen3-30b-a3b -q -o "$M" || exit 1
-fi
+stamp "models"
+device_models "$U" "$M" "$TM" || exit 1
+rm -rf ~/.cache/tiermoe # no calibration profile until STAGES calib
+export TIERMOE_CALIB=
 
 if has ssd; then
     exp_gib=$($TM inspect "$M" 2>/dev/null | awk '/expert bytes/ {print $3; exit}')
@@ -47,6 +53,17 @@ if has ssd; then
     done
 fi
 
+[ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
+cache_auto() {
+    envs=()
+    device_bench "cache-$1" -p 0 -n 128 --cpu-moe --moe-cache 4212 --moe-learn /tmp/q.json
+    grep -E "VRAM cache, routed|moe-pcie" /tmp/tm.err | cut -c1-160
+}
+cpumoe() { # name, --moe-pcie
+    envs=()
+    M=$U device_bench "cpumoe-$1" -p 512 -n 128 --cpu-moe --moe-pcie "$2"
+    grep -E "moe-pcie|steal" /tmp/tm.err | cut -c1-160
+}
 if has cache; then
     if [ ! -f /tmp/q.json ]; then
         stamp "learn pass"
@@ -56,7 +73,6 @@ print('\n'.join(','.join(str(r.randrange(151936)) for _ in range(64)) for _ in r
             > /tmp/prompts.txt
         $TM trace -m "$M" --prompts /tmp/prompts.txt -n 64 --cpu-moe -o /tmp/q.json > /dev/null 2>&1
     fi
-    [ -x /tmp/llamacpp-peer/llama-bench ] || tar xJf .peer/llama-bench.tar.xz -C /tmp
     stamp "llama.cpp -ncmoe 35"
     timeout 200 /tmp/llamacpp-peer/llama-bench -m "$M" -fa 1 -p 0 -n 128 -r "$REPS" -t 16 \
         -ngl 99 -ncmoe 35 2>&1 | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
@@ -70,5 +86,21 @@ print('\n'.join(','.join(str(r.randrange(151936)) for _ in range(64)) for _ in r
     REPS=1 device_bench "cache-profile" -p 0 -n 128 --cpu-moe --moe-cache 4212 \
         --moe-learn /tmp/q.json --profile
     grep -E "time by part|CPU lane|class|RAM|VRAM cache" /tmp/tm.err | cut -c1-400
+fi
+if has cpumoe; then
+    stamp "llama.cpp -ncmoe 48"
+    for a in "-lm none" ""; do
+        timeout 200 /tmp/llamacpp-peer/llama-bench -m "$U" -fa 1 -p 512 -n 128 -r "$REPS" -t 16 \
+            -ngl 99 -ncmoe 48 $a 2>&1 | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
+    done
+    for n in $PCIE_ALL; do cpumoe "$n" "$n"; done
+fi
+if has calib; then
+    stamp "calibrate"
+    unset TIERMOE_CALIB
+    timeout 300 $TM calibrate -m "$U" -t 16 > "$OUT/calibrate.log" 2>&1
+    grep -E "^decode|PCIe lane|alone|profile:" "$OUT/calibrate.log"
+    has cpumoe && cpumoe calibrated auto
+    has cache && cache_auto calibrated # the same expert shapes: the same profile
 fi
 stamp "done"

@@ -151,9 +151,23 @@ static void test_copy(void **state) {
 static void test_share(void **state) {
     (void)state;
     tm_calib c = sample(true); /* PCIe 39 GB/s beside the CPU lane's 78: a third */
-    assert_int_equal(calib_pcie_share_q8(&c), 85);       /* 256 * 39 / 117 = 85.33 */
-    assert_int_equal(TM_CUDA_MAPPED_COUNT(8, 8, 85), 3); /* of 8 cold slots */
-    assert_int_equal(TM_CUDA_MAPPED_COUNT(6, 8, 85), 2);
+    assert_int_equal(calib_pcie_share_q8(&c), 85); /* 256 * 39 / 117 = 85.33 */
+    /* the mapped lane's count ends the slower lane soonest: against every count, in
+       doubles (the GPU lane's time n / pcie, the CPU's (cold - n) / cpu) */
+    for (int32_t share = 1; share < 256; share++)
+        for (int32_t cold = 0; cold <= 32; cold++) {
+            const int32_t n = tm_cuda_mapped_count(cold, 32, share);
+            const double pcie = share, cpu = 256 - share;
+            double best = INFINITY;
+            for (int32_t m = 0; m <= cold; m++) best = fmin(best, fmax(m / pcie, (cold - m) / cpu));
+            assert_true(n >= 0 && n <= cold);
+            assert_true(fmax(n / pcie, (cold - n) / cpu) <= best * (1 + 1e-12));
+            assert_true(tm_cuda_mapped_count(cold, 2, share) == (n < 2 ? n : 2)); /* capped */
+        }
+    assert_int_equal(tm_cuda_mapped_count(8, 8, 85), 2); /* of 8 cold slots: 2.66, not 3 */
+    assert_int_equal(tm_cuda_mapped_count(3, 8, 85), 1);
+    assert_int_equal(tm_cuda_mapped_count(2, 8, 85), 0); /* 1 would end later than none */
+    assert_int_equal(tm_cuda_mapped_count(5, 8, 0), 8);  /* no share: n_mapped */
     c.pcie_read_concurrent_gbs = 46.5, c.cpu_lane_concurrent_gbs = 65.0; /* 106.76 */
     assert_int_equal(calib_pcie_share_q8(&c), 107);
     c.pcie_read_concurrent_gbs = c.cpu_lane_concurrent_gbs = 20;

@@ -31,7 +31,7 @@ const char cli_place_help[] =
     "  --moe-cache-admit N    uploads a layer a step at most (default 1; 0: no cap)\n"
     "  --moe-pcie N|auto|off  of each decode token's experts in RAM, the GPU reads the first N\n"
     "                         over PCIe (pinned in place) while the CPU computes the rest\n"
-    "                         (auto: a third of the token's experts in RAM)\n"
+    "                         (auto: about a third of the token's cold experts)\n"
     "  --moe-fetch auto|copy|pcie|off  prompts: the GPU computes experts in RAM, copied into a\n"
     "                         VRAM ring ahead of routing (copy) or read in place (pcie), while\n"
     "                         the CPU lane takes a balanced share (auto: copy when a batch uses\n"

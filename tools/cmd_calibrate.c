@@ -206,7 +206,7 @@ int cmd_calibrate(int argc, char **argv) {
         const int32_t share = calib_pcie_share_q8(&c), k = c.experts_per_call;
         if (c.key.gpu[0])
             printf("decode: the PCIe lane takes %d/256 of a token's cold slots (%d of %d)\n", share,
-                   share ? TM_CUDA_MAPPED_COUNT(k, k, share) : 0, k);
+                   share ? tm_cuda_mapped_count(k, k, share) : 0, k);
         printf("profile: %s (%.1f s in all)\n", path, (double)(tm_time_ns() - t0) * 1e-9);
     } else {
         fprintf(stderr, "tiermoe calibrate: %s\n", tm_error_message());

@@ -250,20 +250,37 @@ typedef struct tm_cuda_router_params {
     const int32_t *slot_map;
     /* Device [n_tok * n_used] or NULL: a second work list, for a lane that
      * reads cold experts from host memory (cuda_host_register): the first
-     * TM_CUDA_MAPPED_COUNT cold slots of each token, in rank order, get
+     * tm_cuda_mapped_count cold slots of each token, in rank order, get
      * {id, t, w, id}, every other slot -1. Cold: slot_map[id] < 0 (a slot_map is
      * needed). */
     tm_cuda_moe_item *mapped;
     int32_t n_mapped, mapped_share_q8;
 } tm_cuda_router_params;
 
+#ifdef __CUDACC__
+#define TM_CUDA_HOST_DEVICE __host__ __device__
+#else
+#define TM_CUDA_HOST_DEVICE
+#endif
+
 /* The mapped lane's slots of a token with n_cold cold ones: n_mapped, or with
- * a share (in 1/256) min(n_mapped, n_cold * share rounded). Integer, so the
- * host and the GPU agree. */
-#define TM_CUDA_MAPPED_COUNT(n_cold, n_mapped, share_q8)                                           \
-    ((share_q8) > 0 && (((n_cold) * (share_q8) + 128) >> 8) < (n_mapped)                           \
-         ? (((n_cold) * (share_q8) + 128) >> 8)                                                    \
-         : (n_mapped))
+ * a share (in 1/256: the lane's rate over both lanes' rates) the count that
+ * ends both lanes soonest, at most n_mapped. With n slots the GPU takes
+ * n (256 - share) and the CPU (n_cold - n) share (in 1/256 of a slot at the
+ * sum of the rates); of floor(n_cold share) and one more, the one whose
+ * slower lane is faster, the smaller on a tie (rounding to the nearest gave
+ * 1 of 2 cold slots at a third and cost the H200 machine 13% of a cached
+ * decode). Integer, so the host and the GPU agree. */
+static inline TM_CUDA_HOST_DEVICE int32_t tm_cuda_mapped_count(int32_t n_cold, int32_t n_mapped,
+                                                               int32_t share_q8) {
+    if (share_q8 <= 0) return n_mapped;
+    const int32_t r = 256 - share_q8;
+    int32_t n = (n_cold * share_q8) >> 8;
+    const int32_t gpu0 = n * r, cpu0 = (n_cold - n) * share_q8;
+    const int32_t gpu1 = (n + 1) * r, cpu1 = (n_cold - n - 1) * share_q8;
+    if (n < n_cold && (gpu1 > cpu1 ? gpu1 : cpu1) < (gpu0 > cpu0 ? gpu0 : cpu0)) n++;
+    return n < n_mapped ? n : n_mapped;
+}
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
 #define TM_CUDA_ROUTER_MAX_USED   32

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     int32_t slot = my_id;
     if (mine && p.slot_map) slot = p.slot_map[my_id];
     const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0);
-    const int n_map = TM_CUDA_MAPPED_COUNT(__popc(cold), p.n_mapped, p.mapped_share_q8);
+    const int n_map = tm_cuda_mapped_count(__popc(cold), p.n_mapped, p.mapped_share_q8);
     const bool mapped = mine && slot < 0 && __popc(cold & ((1u << lane) - 1u)) < n_map;
     if (mine) {
         ids[t * K + lane] = my_id;

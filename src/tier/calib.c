@@ -351,7 +351,7 @@ void calib_print_pcie(FILE *f, const tm_calib *c) {
             "  the CPU lane (1 token): alone %.1f GB/s; while the GPU reads %.1f GB/s\n"
             "  decode share: %d/256 of a token's cold slots to the PCIe lane (%d of %d)\n",
             k, c->pcie_read_gbs, c->pcie_read_concurrent_gbs, c->cpu_lane_gbs,
-            c->cpu_lane_concurrent_gbs, share, share ? TM_CUDA_MAPPED_COUNT(k, k, share) : 0, k);
+            c->cpu_lane_concurrent_gbs, share, share ? tm_cuda_mapped_count(k, k, share) : 0, k);
     fflush(f);
 }
 

@@ -140,7 +140,7 @@ double calib_pcie_read_gbs(const tm_calib *c, bool concurrent);
  *   share = pcie / (pcie + cpu)   (rates in bytes/s; an expert costs both the same bytes)
  * rounded to the nearest 1/256. 0: no share (no GPU, nothing measured): the
  * tier must then turn the lane off (share 0 means "n_mapped each" to
- * TM_CUDA_MAPPED_COUNT). */
+ * tm_cuda_mapped_count). */
 int32_t calib_pcie_share_q8(const tm_calib *c);
 
 /* The curve's interpolation (calib_cpu_expert_ns' rule) for any curve. */

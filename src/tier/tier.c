@@ -28,7 +28,7 @@ static int tier_slot_lane(const tm_moe_worklist *wl, int64_t i, const int32_t *s
         int32_t n_cold = 0;
         for (*run_end = i; *run_end < wl->n_slots && s[*run_end].token == s[i].token; ++*run_end)
             n_cold += !slot_of || slot_of[s[*run_end].expert] < 0;
-        *limit = TM_CUDA_MAPPED_COUNT(n_cold, n_mapped, share_q8), *cold = 0;
+        *limit = tm_cuda_mapped_count(n_cold, n_mapped, share_q8), *cold = 0;
     }
     if (slot_of && slot_of[s[i].expert] >= 0) return 2;
     return (*cold)++ < *limit ? 1 : 0;
@@ -65,7 +65,7 @@ void tier_worklist_group(tm_moe_worklist *wl, int64_t n) {
 }
 
 int32_t tier_pcie_slots(const tm_tier *t) {
-    return t->n_pcie ? TM_CUDA_MAPPED_COUNT((int32_t)t->k, t->n_pcie, t->pcie_share_q8) : 0;
+    return t->n_pcie ? tm_cuda_mapped_count((int32_t)t->k, t->n_pcie, t->pcie_share_q8) : 0;
 }
 
 size_t tier_pcie_bytes(const tm_tier *t) {
@@ -93,8 +93,9 @@ static tm_cuda_moe_matrix tier_gpu_matrix(const void *data, const tm_moe_matrix 
 /* The PCIe lane's share of each token's cold slots when TM_MOE_PCIE_AUTO, in
  * 1/256: measured on the H100 machine with both lanes running, the PCIe lane
  * reads ~39 GB/s and the CPU lane ~78 GB/s (Qwen3-30B-A3B --cpu-moe decode),
- * so they finish together when the GPU takes a third of the cold slots (3 of
- * 8, 2 of 6). A calibration profile of this machine replaces it (tier_pcie_share). */
+ * so the GPU's share is a third of the cold slots (tm_cuda_mapped_count: 2 of
+ * 8 or 6, 1 of 3, none of 2). A calibration profile of this machine replaces
+ * it (tier_pcie_share). */
 #define TIER_PCIE_SHARE_Q8 85
 
 /* The auto share of the PCIe lane: from this machine's calibration profile
@@ -204,7 +205,7 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     if (n > (int32_t)t->k) n = (int32_t)t->k;
     bool calibrated = false;
     const int32_t share = automatic && any ? tier_pcie_share(t, &calibrated) : 0;
-    if (automatic && (!share || !TM_CUDA_MAPPED_COUNT((int32_t)t->k, n, share))) n = 0;
+    if (automatic && (!share || !tm_cuda_mapped_count((int32_t)t->k, n, share))) n = 0;
     /* prompts' fetch lane copies from the same pinned pages the decode lane reads */
     if (!any || (n <= 0 && p->fetch == TM_MOE_FETCH_OFF)) {
         free(lane);

@@ -162,7 +162,7 @@ size_t tier_cache_bytes(const tm_tier *t);
 /* ---- pieces, exposed for tests ---- */
 /* Reorder a worklist's slots by lane, each lane's in their previous order (an
  * expert's run stays whole): the CPU's cold slots, then the PCIe lane's (the
- * first TM_CUDA_MAPPED_COUNT(cold slots of the token, n_mapped, share_q8)
+ * first tm_cuda_mapped_count(cold slots of the token, n_mapped, share_q8)
  * cold slots of each token; a token-major worklist), then the hot ones
  * (slot_of[expert] >= 0; slot_of NULL: none hot). Returns the CPU's count;
  * *n_pcie gets the PCIe lane's. tmp: room for wl->n_slots slots. */

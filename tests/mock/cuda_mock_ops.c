@@ -541,7 +541,7 @@ static bool router_run(void *arg, char *err, size_t err_size) {
         int32_t cold_all = 0;
         for (int64_t j = 0; a->p.slot_map && j < K; j++)
             cold_all += a->p.slot_map[a->ids[t * K + j]] < 0;
-        const int32_t n_map = TM_CUDA_MAPPED_COUNT(cold_all, a->p.n_mapped, a->p.mapped_share_q8);
+        const int32_t n_map = tm_cuda_mapped_count(cold_all, a->p.n_mapped, a->p.mapped_share_q8);
         int32_t n_cold = 0; /* the cold slots of the token so far, in rank order */
         for (int64_t j = 0; j < K; j++) {
             const int64_t i = t * K + j;
