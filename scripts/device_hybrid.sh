@@ -12,7 +12,11 @@
 #   4. experts all in RAM (STAGES cpumoe): the uniform 30b-a3b (/tmp/m30.gguf),
 #      --cpu-moe pp512 and tg128 at the PCIe shares of PCIE_ALL (default
 #      "auto 0 2 3"), llama.cpp -ncmoe 48 (-lm none and mmap);
-#   5. STAGES calib: tiermoe calibrate, then the auto share of 3 and 4 again.
+#   5. STAGES fetchshare: --cpu-moe pp512 with the prompts' CPU lane taking
+#      fixed shares (FETCH_SHARES, default "0 0.05 0.1 0.2");
+#   6. STAGES calib: tiermoe calibrate, then the auto share of 3 and 4 again;
+#   7. STAGES fetchcalib: tiermoe calibrate, then --cpu-moe pp512 with the
+#      calibrated CPU share of copied-ahead prompts against fixed ones.
 #   scripts/device_hybrid.sh [OUT]     STAGES ("ssd cache"), REPS (2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +98,27 @@ if has cpumoe; then
             -ngl 99 -ncmoe 48 $a 2>&1 | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
     done
     for n in $PCIE_ALL; do cpumoe "$n" "$n"; done
+fi
+if has fetchshare; then # prompts' fetch lane with a fixed CPU share (FETCH_SHARES)
+    for f in ${FETCH_SHARES:-0 0.05 0.1 0.2}; do
+        envs=(TIERMOE_FETCH_CPU_SHARE=$f)
+        M=$U device_bench "fetch-cpu-$f" -p 512 -n 0 --cpu-moe
+    done
+    envs=()
+fi
+if has fetchcalib; then # the calibrated CPU share of copied-ahead prompts against fixed ones
+    stamp "calibrate"
+    unset TIERMOE_CALIB
+    timeout 300 $TM calibrate -m "$U" -t 16 > "$OUT/calibrate.log" 2>&1
+    grep -E "^decode|host->GPU pinned|^      32|profile:" "$OUT/calibrate.log"
+    for f in auto 0 0.15 0.2 0.25 auto; do
+        envs=()
+        [ "$f" = auto ] || envs=(TIERMOE_FETCH_CPU_SHARE=$f)
+        M=$U device_bench "fetch-$f" -p 512 -n 0 --cpu-moe
+    done
+    grep -E "moe-fetch" /tmp/tm.err | cut -c1-200
+    envs=()
+    has cache && cache_auto calibrated
 fi
 if has calib; then
     stamp "calibrate"

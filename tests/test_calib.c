@@ -176,6 +176,13 @@ static void test_share(void **state) {
     assert_int_equal(calib_pcie_share_q8(&c), 0);
     const tm_calib cpu = sample(false);
     assert_int_equal(calib_pcie_share_q8(&cpu), 0);
+    /* prompts copying ahead: an expert's copy 2654208 B / 50.4 GB/s = 52663 ns, the CPU
+       lane's expert at 32 tokens 30000.1 + 32000 / 3 = 40666.8 ns: 256 * 0.75 * 52663 /
+       93329.8 = 108.34; at 3.2 tokens (rounded up to 4) 31333.4 ns: 120.37 */
+    c = sample(true);
+    assert_int_equal(calib_fetch_cpu_share_q8(&c, 2654208, 32), 108);
+    assert_int_equal(calib_fetch_cpu_share_q8(&c, 2654208, 3.2), 120);
+    assert_int_equal(calib_fetch_cpu_share_q8(&cpu, 2654208, 32), 0); /* no GPU: no share */
 }
 
 /* ---- JSON ---- */

@@ -74,6 +74,15 @@ int32_t calib_pcie_share_q8(const tm_calib *c) {
     return (int32_t)lround(256.0 * p / (p + q));
 }
 
+int32_t calib_fetch_cpu_share_q8(const tm_calib *c, uint64_t expert_bytes,
+                                 double tokens_per_expert) {
+    if (!c->key.gpu[0]) return 0;
+    const double cpu = calib_cpu_expert_ns(c, (int64_t)ceil(tokens_per_expert));
+    const double copy = calib_copy_ns(c, expert_bytes, true);
+    if (!(cpu > 0) || !(copy > 0) || !isfinite(cpu) || !isfinite(copy)) return 0;
+    return (int32_t)lround(256.0 * TM_CALIB_FETCH_CPU_DAMP * copy / (copy + cpu));
+}
+
 void calib_curve_fit(tm_calib_curve *cv) {
     double v[TM_CALIB_MAX_POINTS];
     int32_t w[TM_CALIB_MAX_POINTS], m = 0;

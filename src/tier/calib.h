@@ -142,6 +142,18 @@ double calib_pcie_read_gbs(const tm_calib *c, bool concurrent);
  * tier must then turn the lane off (share 0 means "n_mapped each" to
  * tm_cuda_mapped_count). */
 int32_t calib_pcie_share_q8(const tm_calib *c);
+/* The CPU lane's share of a prompt layer's cold experts, in 1/256, when the
+ * fetch lane copies the rest ahead (the copy engine is the bound): as many as
+ * it computes while the rest are copied,
+ *   share = copy / (copy + cpu) * TM_CALIB_FETCH_CPU_DAMP
+ * (copy: one expert of expert_bytes, pinned; cpu: calib_cpu_expert_ns at
+ * tokens_per_expert, rounded up). The damping: the CPU lane starts only when
+ * the layer's routing reaches the host, while the copies run ahead (H200
+ * machine, 30b-a3b, --cpu-moe pp512: 1,650 t/s with no share, 1,761 with
+ * 0.2, 1,534 with 0.3, where the balance says 0.28). 0: no GPU. */
+#define TM_CALIB_FETCH_CPU_DAMP 0.75
+int32_t calib_fetch_cpu_share_q8(const tm_calib *c, uint64_t expert_bytes,
+                                 double tokens_per_expert);
 
 /* The curve's interpolation (calib_cpu_expert_ns' rule) for any curve. */
 double calib_curve_ns(const tm_calib_curve *cv, int64_t n_tok);

@@ -98,28 +98,33 @@ static tm_cuda_moe_matrix tier_gpu_matrix(const void *data, const tm_moe_matrix 
  * it (tier_pcie_share). */
 #define TIER_PCIE_SHARE_Q8 85
 
-/* The auto share of the PCIe lane: from this machine's calibration profile
- * for these experts (`tiermoe calibrate`; $TIERMOE_CALIB or the cache
- * directory) when there is one, else the H100 machine's constant. */
-static int32_t tier_pcie_share(tm_tier *t, bool *calibrated) {
-    *calibrated = false;
+/* This machine's calibration profile for these experts (`tiermoe calibrate`;
+ * $TIERMOE_CALIB or the cache directory), kept in t->calib; none: NULL. */
+static void tier_calib_load(tm_tier *t) {
     tm_moe_experts *ex = malloc(t->n_layer * sizeof(*ex));
-    if (!ex) return TIER_PCIE_SHARE_Q8;
+    tm_calib *c = malloc(sizeof(*c));
+    if (!ex || !c) {
+        free(ex), free(c);
+        return;
+    }
     for (uint32_t l = 0; l < t->n_layer; l++) ex[l] = t->layers[l].host;
     const tm_calib_source src = {
         exec_pool(t->e), exec_gpu(t->e), exec_blas(t->e), ex, t->n_layer, t->n_expert, t->k};
     tm_calib_key key;
-    tm_calib c;
     char path[4096];
     const char *env = getenv("TIERMOE_CALIB");
-    int32_t share = TIER_PCIE_SHARE_Q8;
     if (calib_key_make(&src, &key) == TM_OK &&
         (env && *env ? snprintf(path, sizeof(path), "%s", env) < (int)sizeof(path)
                      : calib_default_path(&key, path, sizeof(path)) == TM_OK) &&
-        calib_read_json(path, &key, &c) == TM_OK)
-        share = calib_pcie_share_q8(&c), *calibrated = true;
-    free(ex);
-    return share;
+        calib_read_json(path, &key, c) == TM_OK)
+        t->calib = c, c = NULL;
+    free(ex), free(c);
+}
+
+/* The auto share of the PCIe lane: from the calibration profile when there
+ * is one, else the H100 machine's constant. */
+static int32_t tier_pcie_share(const tm_tier *t) {
+    return t->calib ? calib_pcie_share_q8(t->calib) : TIER_PCIE_SHARE_Q8;
 }
 
 typedef struct tier_span {
@@ -203,8 +208,9 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     const bool automatic = p->pcie == TM_MOE_PCIE_AUTO;
     int32_t n = p->pcie == TM_MOE_PCIE_OFF ? 0 : automatic ? (int32_t)t->k : p->pcie;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
-    bool calibrated = false;
-    const int32_t share = automatic && any ? tier_pcie_share(t, &calibrated) : 0;
+    if (any) tier_calib_load(t); /* the lanes' shares (prompts' too) */
+    const bool calibrated = t->calib != NULL;
+    const int32_t share = automatic && any ? tier_pcie_share(t) : 0;
     if (automatic && (!share || !tm_cuda_mapped_count((int32_t)t->k, n, share))) n = 0;
     /* prompts' fetch lane copies from the same pinned pages the decode lane reads */
     if (!any || (n <= 0 && p->fetch == TM_MOE_FETCH_OFF)) {
@@ -485,6 +491,7 @@ void tier_free(tm_tier *t) {
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
     tier_cache_free(t);
     tier_fetch_free(t);
+    free(t->calib);
     store_free(t->store);
     cuda_stream_free(t->copy);
     cuda_event_free(t->pcie_done);

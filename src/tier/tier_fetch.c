@@ -17,14 +17,15 @@
  * tokens fit one tile), while the CPU lane takes a share of them (those with
  * the fewest tokens), balanced layer by layer: when the CPU lane finishes
  * before the GPU's reads, its share grows, else it shrinks. Copying ahead, the
- * CPU lane takes none unless TIERMOE_FETCH_CPU_SHARE sets one (the least used
- * experts then): the copy engine is the bound, and on the H100 machine every
- * share tried slowed the step (pp512 1,588 t/s with none, 1,535 balanced). */
+ * CPU lane takes the least used experts, a share set by this machine's
+ * calibration profile (tier_fetch_cpu_q8), none without one, or
+ * TIERMOE_FETCH_CPU_SHARE's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
+#include "tier/calib.h"
 #include "tier/tier_internal.h"
 
 #define TIER_FETCH_CHUNK    16  /* experts a ring buffer holds */
@@ -159,9 +160,11 @@ tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p) {
     if ((st = tier_ring_create(t, chunk, bufs)) != TM_OK) return st;
     if (t->fetch->ring)
         tm_log_info("--moe-fetch: prompts copy experts in RAM into a VRAM ring of %d x %d experts "
-                    "(%.1f MiB) ahead of routing; the CPU lane takes a %s share",
+                    "(%.1f MiB) ahead of routing; the CPU lane takes %s",
                     bufs, t->fetch->chunk_cap, (double)bufs * t->fetch->buf_bytes / 1048576.0,
-                    t->cpu_q8_fixed ? "fixed" : "balanced");
+                    t->cpu_q8_fixed ? "a fixed share"
+                    : t->calib      ? "the share this machine's calibration sets"
+                                    : "none of them (no calibration profile)");
     return TM_OK;
 }
 
@@ -234,15 +237,23 @@ static void tier_cpu_pick_seen(tm_tier *t, const tier_layer *L, int32_t n) {
 
 /* ---- the ring ---- */
 
+/* The CPU lane's share of a copied-ahead layer's cold experts, in 1/256:
+ * TIERMOE_FETCH_CPU_SHARE's, else the one this machine's calibration
+ * profile sets (calib_fetch_cpu_share_q8), else none (on the H100 machine a
+ * balanced share slowed the step: 1,535 t/s against 1,588). */
+static int32_t tier_fetch_cpu_q8(const tm_tier *t, const tier_layer *L) {
+    if (t->cpu_q8_fixed) return t->cpu_q8;
+    if (!t->calib) return 0;
+    return calib_fetch_cpu_share_q8(t->calib, L->expert_bytes,
+                                    (double)exec_n_tok(t->e) * t->k / t->n_expert);
+}
+
 static tm_status tier_fetch_plan(tm_tier *t, const tier_layer *L) {
     tier_fetch *f = t->fetch;
     const uint32_t l = L->index;
     int32_t n_cold = 0;
     for (int32_t e = 0; e < (int32_t)t->n_expert; e++) n_cold += tier_is_cold(L, e);
-    /* no CPU share unless one is set: measured on the H100 machine, any
-     * share slowed copy-ahead prompts (the copy engine is the bound; the CPU
-     * lane's few experts a layer cost it more than they saved) */
-    const int32_t q8 = t->cpu_q8_fixed ? t->cpu_q8 : 0;
+    const int32_t q8 = tier_fetch_cpu_q8(t, L);
     tier_cpu_pick_seen(t, L, (int32_t)((n_cold * q8 + 128) >> 8));
     int32_t *list = f->list + (size_t)l * t->n_expert, n = 0;
     for (int32_t e = 0; e < (int32_t)t->n_expert; e++)

@@ -115,6 +115,7 @@ struct tm_tier {
     int64_t *group_starts; /* host [n_expert + 1] */
     void *cache_mem;       /* the VRAM slots of every cached layer */
     size_t cache_bytes;
+    struct tm_calib *calib;       /* this machine's calibration profile (NULL: none) */
     int32_t n_pcie;               /* the PCIe lane's slots per decode token, at most (0: none) */
     int32_t pcie_share_q8;        /* and its share of a token's cold slots (0: n_pcie each token) */
     tm_cuda_moe_item *pcie_items; /* device [max_tok * k]: its work list */
