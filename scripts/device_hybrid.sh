@@ -15,6 +15,8 @@
 #   5. STAGES fetchshare: --cpu-moe pp512 with the prompts' CPU lane taking
 #      fixed shares (FETCH_SHARES, default "0 0.05 0.1 0.2");
 #   6. STAGES calib: tiermoe calibrate, then the auto share of 3 and 4 again;
+#   8. STAGES lanerows (after cache): the CPU lane's decode item rows
+#      (LANE_ROWS) with the cache and with --cpu-moe, calibrated;
 #   7. STAGES fetchcalib: tiermoe calibrate, then --cpu-moe pp512 with the
 #      calibrated CPU share of copied-ahead prompts against fixed ones.
 #   scripts/device_hybrid.sh [OUT]     STAGES ("ssd cache"), REPS (2)
@@ -119,6 +121,15 @@ if has fetchcalib; then # the calibrated CPU share of copied-ahead prompts again
     grep -E "moe-fetch" /tmp/tm.err | cut -c1-200
     envs=()
     has cache && cache_auto calibrated
+fi
+if has lanerows; then # the CPU lane's decode item size with a cache (few cold experts a layer)
+    timeout 300 $TM calibrate -m "$U" -t 16 > "$OUT/calibrate.log" 2>&1
+    for r in ${LANE_ROWS:-128 64 32 128}; do
+        envs=(TIERMOE_LANE_ROWS=$r)
+        device_bench "cache-rows-$r" -p 0 -n 128 --cpu-moe --moe-cache 4212 --moe-learn /tmp/q.json
+        M=$U device_bench "cpumoe-rows-$r" -p 0 -n 128 --cpu-moe
+    done
+    envs=()
 fi
 if has calib; then
     stamp "calibrate"
