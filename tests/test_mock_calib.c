@@ -8,11 +8,14 @@
  *     rates, the JSON round trip, the printed table, the stream idle after;
  *   - calib_load_or_measure without a profile: a quick one, the GPU included;
  *   - a host that cannot pin memory (MOCK_NOREGISTER=1): calib_measure fails
- *     naming the PCIe lane; calib_load_or_measure falls back to the CPU parts. */
+ *     naming the PCIe lane; calib_load_or_measure falls back to the CPU parts;
+ *   - a context with GPU lanes and no saved profile measures a quick one at
+ *     load and takes the PCIe lane's share from it. */
 #include <math.h>
 
 #include "calib_test_util.h"
 #include "tier/calib_internal.h"
+#include "tier/tier.h"
 
 static void check_gpu_profile(const tm_calib *c, int points) {
     assert_string_equal(c->key.gpu, "mock GPU");
@@ -138,11 +141,52 @@ static void test_no_register(void **state) {
     gpu_fixture_close(&f);
 }
 
+/* A context whose experts the GPU's lanes read, with no saved profile,
+ * measures a quick one at load (kept for the process: asking again does not
+ * measure) and sets the PCIe lane's count from its share. */
+static void test_tier_measures(void **state) {
+    (void)state;
+    calib_fixture f;
+    gpu_fixture_open(&f);
+    const char *env = getenv("TIERMOE_CALIB"), *xdg = getenv("XDG_CACHE_HOME");
+    char env_save[512] = "", xdg_save[512] = "", dir[512];
+    if (env) snprintf(env_save, sizeof(env_save), "%s", env);
+    if (xdg) snprintf(xdg_save, sizeof(xdg_save), "%s", xdg);
+    calib_test_path(dir, sizeof(dir), "calib_no_cache"); /* no profile under it */
+    unsetenv("TIERMOE_CALIB");
+    setenv("XDG_CACHE_HOME", dir, 1);
+    calib_kept_clear();
+    const tm_context_params p = {.n_ctx = 64,
+                                 .n_batch = 16,
+                                 .n_threads = 2,
+                                 .kv_type = TM_TYPE_F32,
+                                 .n_gpu_layers = 1 << 20,
+                                 .cpu_moe = true};
+    tm_context *c = NULL;
+    if (model_context_create(f.m, &p, &c) != TM_OK) fail_msg("%s", tm_error_message());
+    tm_calib kept;
+    bool measured = true;
+    assert_int_equal(calib_load_or_measure(&f.src, NULL, &kept, &measured), TM_OK);
+    assert_false(measured); /* the context's measurement, kept */
+    assert_true(kept.quick);
+    const int32_t k = (int32_t)f.m->cfg.n_expert_used, share = calib_pcie_share_q8(&kept);
+    assert_int_equal(tier_pcie_slots(c->tier), share ? tm_cuda_mapped_count(k, k, share) : 0);
+    model_context_free(c);
+    if (*env_save) setenv("TIERMOE_CALIB", env_save, 1);
+    if (*xdg_save)
+        setenv("XDG_CACHE_HOME", xdg_save, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    calib_kept_clear();
+    gpu_fixture_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_measure),
         cmocka_unit_test(test_quick),
         cmocka_unit_test(test_no_register),
+        cmocka_unit_test(test_tier_measures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

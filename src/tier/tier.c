@@ -98,9 +98,14 @@ static tm_cuda_moe_matrix tier_gpu_matrix(const void *data, const tm_moe_matrix 
  * it (tier_pcie_share). */
 #define TIER_PCIE_SHARE_Q8 85
 
-/* This machine's calibration profile for these experts (`tiermoe calibrate`;
- * $TIERMOE_CALIB or the cache directory), kept in t->calib; none: NULL. */
+/* This machine's calibration profile for these experts, kept in t->calib:
+ * the saved one ($TIERMOE_CALIB, else the cache directory; `tiermoe
+ * calibrate`), else a quick measurement (calib_load_or_measure: a fraction of
+ * a second, kept for the process). TIERMOE_CALIB=none: neither (the built-in
+ * constants; tests and comparisons). A failed measurement leaves none. */
 static void tier_calib_load(tm_tier *t) {
+    const char *env = getenv("TIERMOE_CALIB");
+    if (env && !strcmp(env, "none")) return;
     tm_moe_experts *ex = malloc(t->n_layer * sizeof(*ex));
     tm_calib *c = malloc(sizeof(*c));
     if (!ex || !c) {
@@ -110,14 +115,11 @@ static void tier_calib_load(tm_tier *t) {
     for (uint32_t l = 0; l < t->n_layer; l++) ex[l] = t->layers[l].host;
     const tm_calib_source src = {
         exec_pool(t->e), exec_gpu(t->e), exec_blas(t->e), ex, t->n_layer, t->n_expert, t->k};
-    tm_calib_key key;
-    char path[4096];
-    const char *env = getenv("TIERMOE_CALIB");
-    if (calib_key_make(&src, &key) == TM_OK &&
-        (env && *env ? snprintf(path, sizeof(path), "%s", env) < (int)sizeof(path)
-                     : calib_default_path(&key, path, sizeof(path)) == TM_OK) &&
-        calib_read_json(path, &key, c) == TM_OK)
+    if (calib_load_or_measure(&src, NULL, c, NULL) == TM_OK)
         t->calib = c, c = NULL;
+    else
+        tm_log_warn("calibration: %s; the lanes' shares use the built-in constants",
+                    tm_error_message());
     free(ex), free(c);
 }
 
