@@ -70,7 +70,7 @@ void srv_slot_post(tm_server *s, srv_slot *sl, int32_t tok) {
     sl->req = SRV_SLOT_PUSH;
     /* wake the worker only for the post that lets the step run: with 8 streams, a wake
        for each post made the worker take q_mu 8 times a step, in the slots' way */
-    if (!s->n_viewing && slots_all_posted(s)) pthread_cond_broadcast(&s->q_cv);
+    if (s->wake_all || (!s->n_viewing && slots_all_posted(s))) pthread_cond_broadcast(&s->q_cv);
     pthread_mutex_unlock(&s->q_mu);
 }
 
