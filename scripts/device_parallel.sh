@@ -10,7 +10,6 @@
 #      (bench/serve_parallel.py), full GPU and --cpu-moe, both --no-expert-trace (the
 #      tracer's callback would make every decode step eager).
 #   TOKENS (128; --cpu-moe takes half), CPU_MOE_THREADS ("16"; several: "16 14"), NO_CPU_MOE=1,
-#   SERVE_AB=1 (full GPU again with TIERMOE_SERVE_WAKE_ALL=1 and without, interleaved),
 #   NO_CHECKS=1 (bench only), FETCH_MODES ("copy pcie off": --cpu-moe prompts of 16-512
 #   tokens with each --moe-fetch mode), OUT dir. Targets (reported, not asserted):
 #   full GPU 8 streams >= 3x one; --cpu-moe: more streams, more tokens/s.
@@ -56,11 +55,6 @@ if [ -n "${FETCH_MODES:-}" ]; then # short prompts with every expert in RAM: whi
     done
 fi
 par all-gpu "$TOKENS" -ngl all -t 16 --no-expert-trace
-if [ "${SERVE_AB:-0}" = 1 ]; then # the worker woken at every post (as before), then not, again
-    TIERMOE_SERVE_WAKE_ALL=1 par all-gpu-wake-all "$TOKENS" -ngl all -t 16 --no-expert-trace
-    par all-gpu "$TOKENS" -ngl all -t 16 --no-expert-trace
-    TIERMOE_SERVE_WAKE_ALL=1 par all-gpu-wake-all "$TOKENS" -ngl all -t 16 --no-expert-trace
-fi
 [ "${NO_CPU_MOE:-0}" = 1 ] && CPU_MOE_THREADS=" "
 for t in ${CPU_MOE_THREADS:-16}; do
     par "cpu-moe -t $t" $((TOKENS / 2)) --cpu-moe -t "$t" --no-expert-trace

@@ -43,8 +43,6 @@ tm_status server_create(const tm_server_params *p, tm_server **out) {
     atomic_init(&s->seed_counter, 0);
     pthread_mutex_init(&s->q_mu, NULL);
     pthread_cond_init(&s->q_cv, NULL);
-    const char *wake = getenv("TIERMOE_SERVE_WAKE_ALL");
-    s->wake_all = wake && !strcmp(wake, "1");
     pthread_mutex_init(&s->step_mu, NULL);
     srv_metrics_init(&s->metrics);
     json_object_seed(0); /* before any thread makes objects */

@@ -170,7 +170,6 @@ struct tm_server {
     int prompt_next;     /* prompts are served round robin from this slot */
     bool last_was_decode;
     int n_viewing;   /* slots still to sample from the context's logits: no step until 0 */
-    bool wake_all;   /* TIERMOE_SERVE_WAKE_ALL=1: every post wakes the worker (comparisons) */
     bool slots_exit; /* the slots' threads end */
     bool release;    /* the worker may free the context and end */
     pthread_t worker;
