@@ -104,7 +104,7 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
     memcpy(before, wl.slots, (size_t)n * sizeof(*before));
     /* the PCIe lane takes slots of decode (token-major) worklists only */
     const int32_t n_mapped = wl.expert_major ? 0 : (int32_t)(tm_rng_u64(r) % (k + 1));
-    /* a share of each token's cold slots (rounded, at most n_mapped), or n_mapped each */
+    /* a share of each token's cold slots (at most n_mapped), or n_mapped each */
     const int32_t share = c % 3 == 0 ? 0 : c % 3 == 1 ? 85 : (int32_t)(1 + tm_rng_u64(r) % 256);
     int64_t n_pcie = -1;
     const int64_t n_cold = tier_worklist_split(&wl, map, n_mapped, share, tmp, &n_pcie);
@@ -122,9 +122,14 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
                     before_cold += j < i && c_j, token_cold += c_j;
                 }
                 int64_t limit = n_mapped;
-                if (share) {
-                    const int64_t s = (int64_t)floor(token_cold * share / 256.0 + 0.5);
-                    limit = s < limit ? s : limit;
+                if (share) { /* the count whose slower lane ends first, the smallest on a tie */
+                    int64_t best = 0, best_t = INT64_MAX;
+                    for (int64_t m = 0; m <= token_cold; m++) {
+                        const int64_t gpu = m * (256 - share), cpu = (token_cold - m) * share;
+                        const int64_t t = gpu > cpu ? gpu : cpu;
+                        if (t < best_t) best = m, best_t = t;
+                    }
+                    limit = best < limit ? best : limit;
                 }
                 lane = before_cold < limit ? 1 : 0;
             }
