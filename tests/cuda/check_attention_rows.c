@@ -1,5 +1,5 @@
 /* cuda_attn_prepare and cuda_attention with rows of several sequences
- * (tm_cuda_attn_params.row_pos / row_kv: serve --parallel's decode steps)
+ * (tm_cuda_attn_params.row_pos / row_seq: serve --parallel's decode steps)
  * against the same kernels run on each sequence alone, with the contiguous
  * interface (*pos0, the sequence's cache rows as a cache of their own).
  *
@@ -49,7 +49,7 @@ static void run_alone(const tm_cuda_attn_params *p0, int32_t S, float *q_d, cons
                       const float *v_d, int32_t pos, int64_t n, uint8_t *kc, uint8_t *vc,
                       float *out_d, float *scratch_d, int32_t *pos_d) {
     tm_cuda_attn_params p = *p0;
-    p.n_ctx = S, p.row_pos = p.row_kv = NULL;
+    p.n_ctx = S, p.seq_rows = 0, p.row_pos = p.row_seq = NULL;
     const tm_cuda_stream st = cuda_device_stream(g_dev);
     CHECK(cuda_copy_to_device(g_dev, pos_d, &pos, 4));
     CHECK(cuda_attn_prepare(&p, q_d, k_d, v_d, NULL, NULL, pos_d, n, kc, vc, st));
@@ -81,7 +81,7 @@ static double rows_run_case(tm_rng *r, const rows_case *c) {
     float *scratch_d = dev_alloc(scratch_f * 4);
 
     /* histories of different lengths, written alone into both copies */
-    int32_t len[16], row_pos[16], row_kv[16];
+    int32_t len[16], row_pos[16], row_seq[16];
     for (int s = 0; s < c->n_seq; s++) {
         len[s] = (int32_t)(tm_rng_u64(r) % (uint64_t)(c->S - 8));
         if (s == 0) len[s] = 0; /* a sequence's first token */
@@ -102,7 +102,7 @@ static double rows_run_case(tm_rng *r, const rows_case *c) {
     memcpy(next, len, sizeof(next));
     for (int64_t t = 0; t < n; t++) {
         const int s = c->seq_of[t];
-        row_pos[t] = next[s]++, row_kv[t] = s * c->S;
+        row_pos[t] = next[s]++, row_seq[t] = s;
     }
     const int64_t nq = n * H * d, nk = n * kvw;
     float *q = xmalloc((size_t)nq * 4), *k = xmalloc((size_t)nk * 4), *v = xmalloc((size_t)nk * 4);
@@ -114,14 +114,14 @@ static double rows_run_case(tm_rng *r, const rows_case *c) {
     for (int64_t t0 = 0, t1; t0 < n; t0 = t1) {
         for (t1 = t0 + 1; t1 < n && c->seq_of[t1] == c->seq_of[t0]; t1++) {
         }
-        const size_t base = (size_t)row_kv[t0] * row_b;
+        const size_t base = (size_t)row_seq[t0] * c->S * row_b;
         run_alone(&p, c->S, q_alone + t0 * H * d, kd + t0 * kvw, vd + t0 * kvw, row_pos[t0],
                   t1 - t0, kc[1] + base, vc[1] + base, o_alone + t0 * H * d, scratch_d, pos_d);
     }
     /* rows of several sequences in one launch each */
-    int32_t *rp_d = dev_upload(row_pos, (size_t)n * 4), *rk_d = dev_upload(row_kv, (size_t)n * 4);
+    int32_t *rp_d = dev_upload(row_pos, (size_t)n * 4), *rs_d = dev_upload(row_seq, (size_t)n * 4);
     tm_cuda_attn_params pr = p;
-    pr.row_pos = rp_d, pr.row_kv = rk_d;
+    pr.row_pos = rp_d, pr.row_seq = rs_d, pr.seq_rows = c->S;
     const tm_cuda_stream st = cuda_device_stream(g_dev);
     CHECK(cuda_attn_prepare(&pr, q_rows, kd, vd, NULL, NULL, NULL, n, kc[0], vc[0], st));
     CHECK(cuda_attention(&pr, q_rows, kc[0], vc[0], NULL, n, c->S, o_rows, scratch_d, st));
