@@ -129,9 +129,10 @@ tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32
 /* ---- contexts ---- */
 
 /* What the GPU offers the placement: opened when a flag may want it. An
- * explicit -ngl N > 0 needs it; otherwise its absence means CPU only. */
+ * explicit -ngl N > 0 needs it; otherwise its absence means CPU only.
+ * kv_layer: [n_layer] room for each layer's KV bytes (NULL: every layer's alike). */
 static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_placement_gpu *g,
-                             char *why, size_t why_len) {
+                             size_t *kv_layer, char *why, size_t why_len) {
     const tm_context_params *p = &c->params;
     const tm_model_config *cfg = &c->model->cfg;
     *gpu = NULL;
@@ -157,8 +158,12 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
                   KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
     g->usable = true;
     g->budget = free_b > GPU_RESERVE ? free_b - GPU_RESERVE : 0;
-    g->kv_bytes_per_layer =
-        2 * (size_t)(c->n_ctx * c->n_seq) * (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    const size_t row = (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    g->kv_bytes_per_layer = 2 * (size_t)(c->n_ctx * c->n_seq) * row;
+    for (uint32_t l = 0; kv_layer && l < cfg->n_layer; l++) /* sliding layers' rings */
+        kv_layer[l] = 2 * (size_t)exec_kv_rows(c->n_ctx, B, c->model->window[l], p->kv_full) *
+                      (size_t)c->n_seq * row;
+    g->kv_bytes_layer = kv_layer;
     /* activations and scratch, roughly: a batch of every activation, 64 rows
      * of logits, tensor-core scratch */
     g->fixed_bytes =
@@ -210,12 +215,16 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     char why[512];
     const tm_placement_params pp = {c->params.n_gpu_layers, c->params.cpu_moe, c->params.n_cpu_moe,
                                     c->params.override_tensor};
-    if ((st = context_gpu(c, &gpu, &g, why, sizeof(why))) ||
+    size_t *kv_layer = m->window ? calloc(cfg->n_layer, sizeof(size_t)) : NULL;
+    if (m->window && !kv_layer) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    if (st || (st = context_gpu(c, &gpu, &g, kv_layer, why, sizeof(why))) ||
         (st = placement_make(m->file, cfg->n_layer, &pp, &g, &c->placement))) {
+        free(kv_layer);
         cuda_device_close(gpu);
         model_context_free(c);
         return st;
     }
+    free(kv_layer);
     if (!c->placement.any_gpu) { /* nothing landed there: let it go */
         cuda_device_close(gpu);
         gpu = NULL;
