@@ -2,7 +2,8 @@
  * RMSNorm, RoPE (table form vs the angle formula), softmax, SwiGLU, top-k,
  * and causal attention over f32 and f16 KV caches, for prompt batches and for
  * single tokens whose keys are split into chunks (more than 256 positions),
- * with 1 and 3 threads.
+ * with 1 and 3 threads; over ring caches (sliding windows: position p at row
+ * p % ring) the same bits as over the full cache.
  *
  * Tolerances: float32 arithmetic on the values involved. RMSNorm, RoPE,
  * SwiGLU and softmax are a few float operations per element: 1e-5 relative.
@@ -133,9 +134,33 @@ static void attention_ref(const tm_attention_shape *s, const float *q, const flo
         }
 }
 
+/* The same attention over a ring of `ring` rows (position p at row p % ring, every
+ * position written in order, so older keys were overwritten): the same bits as out. */
+static void check_attention_ring(tm_pool *pool, tm_attention_shape s, int64_t ring, const float *q,
+                                 const uint8_t *k, const uint8_t *v, const float *out,
+                                 float *scratch) {
+    const int64_t n_ctx = s.pos0 + s.n_tok, n_out = s.n_tok * s.n_head * s.head_dim;
+    const size_t row = (size_t)(s.n_head_kv * s.head_dim) * (s.kv_type == TM_TYPE_F16 ? 2 : 4);
+    uint8_t *kr = malloc((size_t)ring * row), *vr = malloc((size_t)ring * row);
+    float *o = malloc(sizeof(float) * (size_t)n_out);
+    memset(kr, 0xff, (size_t)ring * row), memset(vr, 0xff, (size_t)ring * row); /* NaN */
+    for (int64_t t = 0; t < n_ctx; t++) {
+        memcpy(kr + (size_t)(t % ring) * row, k + (size_t)t * row, row);
+        memcpy(vr + (size_t)(t % ring) * row, v + (size_t)t * row, row);
+    }
+    s.ring = ring;
+    cpu_attention(pool, &s, q, kr, vr, o, scratch);
+    if (memcmp(o, out, sizeof(float) * (size_t)n_out))
+        fail_msg("attention n_tok %lld pos0 %lld window %lld: a ring of %lld rows differs from "
+                 "the full cache",
+                 (long long)s.n_tok, (long long)s.pos0, (long long)s.window, (long long)ring);
+    free(kr), free(vr), free(o);
+}
+
+/* ring > 0: also over a ring cache of that many rows (check_attention_ring). */
 static void check_attention_ws(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
                                int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type,
-                               int64_t window, bool sinks) {
+                               int64_t window, bool sinks, int64_t ring) {
     const int64_t n_ctx = pos0 + n_tok, kvd = n_head_kv * d, esz = kv_type == TM_TYPE_F16 ? 2 : 4;
     tm_attention_shape s = {.n_tok = n_tok,
                             .pos0 = pos0,
@@ -190,12 +215,13 @@ static void check_attention_ws(tm_pool *pool, int n_threads, int64_t n_tok, int6
                  (long long)n_tok, (long long)pos0, (long long)n_head, (long long)n_head_kv,
                  (long long)d, kv_type == TM_TYPE_F16 ? "f16" : "f32", n_threads, (long long)window,
                  (int)sinks, worst, big);
+    if (ring) check_attention_ring(pool, s, ring, q, k, v, out, scratch);
     free(q), free(kf), free(vf), free(k), free(v), free(out), free(ref), free(scratch);
 }
 
 static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
                             int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type) {
-    check_attention_ws(pool, n_threads, n_tok, pos0, n_head, n_head_kv, d, kv_type, 0, false);
+    check_attention_ws(pool, n_threads, n_tok, pos0, n_head, n_head_kv, d, kv_type, 0, false, 0);
 }
 
 static void test_attention(void **state) {
@@ -226,11 +252,20 @@ static void test_attention(void **state) {
                 /* sliding windows and sinks (gpt-oss): a window inside one key block, one
                  * across blocks, a decode split whose window starts mid-chunk, a window
                  * longer than the context, and sinks alone */
-                check_attention_ws(pool, nt, 20, 0, 4, 2, 32, t, 8, true);
-                check_attention_ws(pool, nt, 29, 70, 16, 2, 64, t, 40, true);
-                check_attention_ws(pool, nt, 1, 300, 8, 2, 64, t, 128, true);
-                check_attention_ws(pool, nt, 1, 5, 4, 2, 64, t, 128, false);
-                check_attention_ws(pool, nt, 7, 3, 4, 2, 16, t, 0, true);
+                check_attention_ws(pool, nt, 20, 0, 4, 2, 32, t, 8, true, 0);
+                check_attention_ws(pool, nt, 29, 70, 16, 2, 64, t, 40, true, 0);
+                check_attention_ws(pool, nt, 1, 300, 8, 2, 64, t, 128, true, 0);
+                check_attention_ws(pool, nt, 1, 5, 4, 2, 64, t, 128, false, 0);
+                check_attention_ws(pool, nt, 7, 3, 4, 2, 16, t, 0, true, 0);
+                /* the same over ring caches (sliding layers' KV): the smallest ring
+                 * (window + n_tok - 1), a key block wrapping mid-block, a ring smaller
+                 * than a key block, decode past several turns, a ring not yet wrapped */
+                check_attention_ws(pool, nt, 20, 100, 4, 2, 32, t, 8, true, 27);
+                check_attention_ws(pool, nt, 29, 170, 16, 2, 64, t, 40, true, 69);
+                check_attention_ws(pool, nt, 13, 301, 6, 3, 16, t, 16, false, 29);
+                check_attention_ws(pool, nt, 1, 700, 8, 2, 64, t, 128, true, 144);
+                check_attention_ws(pool, nt, 1, 333, 4, 2, 64, t, 5, true, 5);
+                check_attention_ws(pool, nt, 11, 2, 4, 2, 16, t, 8, true, 24);
             }
             cpu_pool_free(pool);
         }

@@ -105,8 +105,8 @@ static void model_close(model *m) {
 
 /* ---- helpers ---- */
 
-static const tm_placement_gpu gpu_big = {true, NULL, (size_t)1 << 40, 0, 0};
-static const tm_placement_gpu gpu_none = {false, "no CUDA device found", 0, 0, 0};
+static const tm_placement_gpu gpu_big = {true, NULL, (size_t)1 << 40, 0, 0, NULL};
+static const tm_placement_gpu gpu_none = {false, "no CUDA device found", 0, 0, 0, NULL};
 
 static tm_placement_params params(int ngl, bool cpu_moe, int n_cpu_moe, const char *ot) {
     tm_placement_params p = {ngl, cpu_moe, n_cpu_moe, ot};
@@ -434,7 +434,7 @@ static void test_auto(void **state) {
     model_open(&m, false);
     const size_t L = layer_bytes(), E = expert_bytes(), kv = 1000, fixed = 5000;
     const size_t head = def_bytes(&output_def) + def_bytes(&onorm_def);
-    tm_placement_gpu g = {true, NULL, 0, fixed, kv};
+    tm_placement_gpu g = {true, NULL, 0, fixed, kv, NULL};
     tm_placement_params p = params(TM_NGL_AUTO, false, 0, NULL);
     tm_placement pl;
     char *log;
@@ -491,6 +491,19 @@ static void test_auto(void **state) {
     free(place_ok(&m, &p, &g, &pl));
     assert_int_equal(pl.n_gpu_layers, 2);
     placement_free(&pl);
+    /* caches of their own size a layer (sliding layers' rings on even ones): what three
+     * layers' take, not three times kv */
+    const size_t kv_layer[4] = {kv / 10, kv, kv / 10, kv};
+    g.kv_bytes_per_layer = kv, g.kv_bytes_layer = kv_layer;
+    g.budget = 3 * L + kv / 10 + kv + kv / 10 + fixed;
+    free(place_ok(&m, &p, &g, &pl));
+    expect(&m, &pl, "GGGC", "GGGC", 'C', 'C', NULL, 0);
+    placement_free(&pl);
+    g.budget--;
+    free(place_ok(&m, &p, &g, &pl));
+    expect(&m, &pl, "GGCC", "GGCC", 'C', 'C', NULL, 0);
+    placement_free(&pl);
+    g.kv_bytes_layer = NULL;
     model_close(&m);
 
     /* tied: the embedding is the head, and takes its room */

@@ -12,12 +12,15 @@
  *   o = o · exp(m - m') + Σ p_j v_j,   l = l · exp(m - m') + Σ p_j
  * A row's result depends only on its query position and the key range, never
  * on the other rows of the tile or task. Tiles come in plain C, AVX2 and
- * AVX-512 (head_dim a multiple of 16); the two SIMD ones give the same bits. */
+ * AVX-512 (head_dim a multiple of 16); the two SIMD ones give the same bits.
+ * Blocks follow key positions; a ring cache (tm_attention_shape.ring) only
+ * changes which rows a block is loaded from (two runs where it wraps). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_ops.h"
 
@@ -98,20 +101,18 @@ static void attn_tile_ref(const attn_tile *t, const float *kT, const float *vf, 
     }
 }
 
-/* K rows [t0, t0 + nk) of kv group offset off, transposed into kT[d][ATTN_KEY_BLOCK]
- * (keys past nk zero), and V rows into vf[nk][d]. */
-static void attn_block_load_ref(const attn_job *j, int64_t t0, int64_t nk, size_t off, float *kT,
-                                float *vf) {
+/* K cache rows [row, row + nk) of kv group offset off, transposed into columns
+ * [col, col + nk) of kT[d][ATTN_KEY_BLOCK], and V rows into vf[col..][d]. */
+static void attn_block_load_ref(const attn_job *j, int64_t row, int64_t nk, int64_t col, size_t off,
+                                float *kT, float *vf) {
     const int64_t d = j->s->head_dim;
-    for (int64_t t = 0; t < nk; t++) {
-        float *row = vf + t * d; /* K row through the V buffer, then transposed */
-        cpu_load_kv(row, j->k + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
-        for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = row[i];
+    for (int64_t t = col; t < col + nk; t++) {
+        float *r = vf + t * d; /* K row through the V buffer, then transposed */
+        cpu_load_kv(r, j->k + (row + t - col) * j->kv_row_bytes + off, j->s->kv_type, d);
+        for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = r[i];
     }
-    for (int64_t t = nk; t < ATTN_KEY_BLOCK; t++)
-        for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = 0;
-    for (int64_t t = 0; t < nk; t++)
-        cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
+    for (int64_t t = col; t < col + nk; t++)
+        cpu_load_kv(vf + t * d, j->v + (row + t - col) * j->kv_row_bytes + off, j->s->kv_type, d);
 }
 
 #ifdef TM_X86
@@ -146,12 +147,13 @@ TM_AVX2 static inline __m256 attn_load8(const uint8_t *p, int f16) {
 }
 
 /* attn_block_load_ref with 8 x 8 transposes (d a multiple of 8). */
-TM_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int64_t nk, size_t off,
-                                         float *kT, float *vf) {
+TM_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t row, int64_t nk, int64_t col,
+                                         size_t off, float *kT, float *vf) {
     const int64_t d = j->s->head_dim;
     const int f16 = j->s->kv_type == TM_TYPE_F16;
     const size_t es = j->kv_elem;
-    const uint8_t *kb = j->k + t0 * j->kv_row_bytes + off;
+    const uint8_t *kb = j->k + row * j->kv_row_bytes + off;
+    float *kc = kT + col; /* the segment's first column */
     int64_t t = 0;
     for (; t + 8 <= nk; t += 8)
         for (int64_t i = 0; i < d; i += 8) {
@@ -159,18 +161,16 @@ TM_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t t0, int64_t 
             for (int u = 0; u < 8; u++)
                 r[u] = attn_load8(kb + (t + u) * j->kv_row_bytes + i * es, f16);
             transpose8_avx2(r);
-            for (int u = 0; u < 8; u++) _mm256_storeu_ps(kT + (i + u) * ATTN_KEY_BLOCK + t, r[u]);
+            for (int u = 0; u < 8; u++) _mm256_storeu_ps(kc + (i + u) * ATTN_KEY_BLOCK + t, r[u]);
         }
     for (; t < nk; t++)
         for (int64_t i = 0; i < d; i += 8) {
-            _Alignas(32) float row[8];
-            _mm256_store_ps(row, attn_load8(kb + t * j->kv_row_bytes + i * es, f16));
-            for (int u = 0; u < 8; u++) kT[(i + u) * ATTN_KEY_BLOCK + t] = row[u];
+            _Alignas(32) float x[8];
+            _mm256_store_ps(x, attn_load8(kb + t * j->kv_row_bytes + i * es, f16));
+            for (int u = 0; u < 8; u++) kc[(i + u) * ATTN_KEY_BLOCK + t] = x[u];
         }
-    for (int64_t i = 0; i < d && nk < ATTN_KEY_BLOCK; i++)
-        memset(kT + i * ATTN_KEY_BLOCK + nk, 0, (size_t)(ATTN_KEY_BLOCK - nk) * sizeof(float));
     for (t = 0; t < nk; t++)
-        cpu_load_kv(vf + t * d, j->v + (t0 + t) * j->kv_row_bytes + off, j->s->kv_type, d);
+        cpu_load_kv(vf + (col + t) * d, j->v + (row + t) * j->kv_row_bytes + off, j->s->kv_type, d);
 }
 
 /* Each row's online-softmax step over its scores sc row r, [0, n_pad) with n_pad a
@@ -363,6 +363,27 @@ TM_ATTN_AVX512 static void attn_tile_avx512(const attn_tile *t, const float *kT,
 }
 #endif
 
+/* Keys [t0, t0 + nk) of kv group offset off into kT (columns past nk zero) and vf:
+ * one run of cache rows, or in a ring the rows to its end and then from its start
+ * (nk <= ring: at most one wrap). */
+static void attn_block_load(const attn_job *j, int64_t t0, int64_t nk, size_t off, float *kT,
+                            float *vf) {
+    const int64_t ring = j->s->ring, row = ring ? t0 % ring : t0;
+    const int64_t n1 = ring && row + nk > ring ? ring - row : nk;
+    for (int seg = 0; seg < 2; seg++) {
+        const int64_t r = seg ? 0 : row, n = seg ? nk - n1 : n1, col = seg ? n1 : 0;
+        if (n <= 0) continue;
+#ifdef TM_X86
+        if (j->simd)
+            attn_block_load_avx2(j, r, n, col, off, kT, vf);
+        else
+#endif
+            attn_block_load_ref(j, r, n, col, off, kT, vf);
+    }
+    for (int64_t i = 0; i < j->s->head_dim && nk < ATTN_KEY_BLOCK; i++)
+        memset(kT + i * ATTN_KEY_BLOCK + nk, 0, (size_t)(ATTN_KEY_BLOCK - nk) * sizeof(float));
+}
+
 /* Queries [i0, i1) for the G heads of kv group g, row r = (i - i0) G + h,
  * against keys [t_begin, t_end) (each row only up to its own position). Row
  * r's accumulator is o[r][head_dim], its running max m[r] and sum l[r]. */
@@ -374,12 +395,7 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
     const size_t off = (size_t)g * d * j->kv_elem;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += ATTN_KEY_BLOCK) {
         const int64_t nk = t_end - t0 < ATTN_KEY_BLOCK ? t_end - t0 : ATTN_KEY_BLOCK;
-#ifdef TM_X86
-        if (j->simd)
-            attn_block_load_avx2(j, t0, nk, off, kT, vf);
-        else
-#endif
-            attn_block_load_ref(j, t0, nk, off, kT, vf);
+        attn_block_load(j, t0, nk, off, kT, vf);
         for (int64_t r0 = 0; r0 < n_rows; r0 += ATTN_ROW_TILE) {
             attn_tile t = {.nr = (int)(n_rows - r0 < ATTN_ROW_TILE ? n_rows - r0 : ATTN_ROW_TILE)};
             for (int u = 0; u < t.nr; u++) {
@@ -499,6 +515,8 @@ static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
 
 void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, const void *k,
                    const void *v, float *out, float *scratch) {
+    /* a ring holds the batch's keys in distinct rows (cpu_ops.h) */
+    TM_ASSERT(!s->ring || (s->window > 0 && s->window + s->n_tok - 1 <= s->ring));
     attn_job j = {
         .s = s,
         .q = q,

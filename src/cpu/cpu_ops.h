@@ -53,6 +53,7 @@ void cpu_load_kv(float *dst, const void *src, tm_type kv_type, int64_t n);
 /* Causal attention for a batch of query rows against a KV cache.
  *   q:   [n_tok][n_head * head_dim]       query rows (RoPE applied)
  *   k,v: [n_ctx][n_head_kv * head_dim]    cache rows of type kv_type, positions 0..pos0+n_tok-1
+ *                                         (a ring: position p at row p % ring)
  * filled out: [n_tok][n_head * head_dim] Query i sits at position pos0 + i and sees keys 0..pos0+i.
  * Heads are grouped: head h reads kv head h / (n_head / n_head_kv). Work is spread over the pool by
  * (kv group, query block) for batches, each task walking the keys in blocks with an online softmax,
@@ -65,6 +66,11 @@ typedef struct tm_attention_shape {
     int64_t window;     /* sliding window: query at p sees keys (p - window, p] (0: all <= p) */
     const float *sinks; /* [n_head]: a logit per head added to the softmax's denominator only
                             (attention sinks; NULL: none) */
+    int64_t ring;       /* 0: key position p at cache row p; else at row p % ring (a sliding
+                           window's cache: rows are reused once their keys left every window).
+                           Needs a window and window + n_tok - 1 <= ring, so the keys the
+                           batch sees are distinct rows; the results are the same bits as with
+                           every position's row (the blocks and sums follow positions) */
 } tm_attention_shape;
 
 /* Scratch floats the attention needs for a pool of n_threads and a context of n_ctx. */

@@ -29,10 +29,14 @@
  *     (max, sum, acc[head_dim]) to scratch
  *     [n_split][n_tok * n_head][head_dim + 2]; a combine kernel (one warp per
  *     row) merges the used records with an exact log-sum-exp rescale.
- *   rows of several sequences (row_pos / row_kv): grid z covers tokens times
+ *   rows of several sequences (row_pos / row_seq): grid z covers tokens times
  *     the row blocks of one token; a block takes its token's position and
- *     its sequence's first cache row from the arrays and runs as a launch of
- *     that token alone would (the splits of one token, up to 8 rows).
+ *     its sequence from the arrays and runs as a launch of that token alone
+ *     would (the splits of one token, up to 8 rows) over that sequence's rows.
+ * A ring cache (a sliding layer's: position p at row p % seq_rows) changes
+ * only where a tile's rows are read: keys stay positions, the block's key
+ * range spans at most the ring, so its first key's wrap point (one division
+ * a block) and one compare a key row give each row (tm_attn_row).
  * A sliding window (keys (p - window, p]) starts each block's key range at
  * the window of its first row (decode: of the batch's first token, and the
  * splits cover the keys from there) and scores keys before a row's window
@@ -42,11 +46,12 @@
 #include <math.h>
 
 #include "cuda/attention.cuh"
+#include "cuda/attention_check.h"
 
 #define TM_ATTN_WARPS        4
 #define TM_ATTN_THREADS      (TM_ATTN_WARPS * TM_CUDA_WARP)
-#define TM_ATTN_TK           32  /* keys per tile: one per lane */
-#define TM_ATTN_MAX_DIM      256 /* head_dim limit: 8 dims per lane */
+#define TM_ATTN_TK           32                   /* keys per tile: one per lane */
+#define TM_ATTN_MAX_DIM      TM_CUDA_ATTN_MAX_DIM /* 8 dims per lane */
 #define TM_ATTN_NC           (TM_ATTN_MAX_DIM / TM_CUDA_WARP)
 #define TM_ATTN_MAX_SPLITS   256
 #define TM_ATTN_TARGET_BLKS  264 /* about 2 blocks per SM of an H100 (132 SMs) */
@@ -61,10 +66,11 @@ static __device__ __forceinline__ int64_t tm_attn_chunk(int64_t n_kv, int32_t n_
 
 /* Stage keys [base, base + 32) of head g into a [32][ds] float tile; rows at
  * or past k_hi are zero (never read from the cache). Dims >= d are untouched.
- * An f16 cache with 16-byte rows goes through tm_attn_load_kv instead. */
+ * An f16 cache with 16-byte rows goes through tm_attn_load_kv instead. wrap:
+ * the block's ring wrap point (tm_attn_row). */
 static __device__ __forceinline__ void tm_attn_load_tile(const tm_attn_args &a, const void *src,
                                                          float *tile, int g, int64_t base,
-                                                         int64_t k_hi) {
+                                                         int64_t k_hi, int64_t wrap) {
     const int d = a.d;
     const int64_t row_elems = (int64_t)a.n_head_kv * d;
     if (a.vec && !a.f16) { /* 16-byte loads of 4 floats */
@@ -74,16 +80,20 @@ static __device__ __forceinline__ void tm_attn_load_tile(const tm_attn_args &a, 
             const int64_t kp = base + j;
             float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
             if (kp < k_hi)
-                x = *((const float4 *)((const float *)src + kp * row_elems + (int64_t)g * d) + c);
+                x = *((const float4 *)((const float *)src + tm_attn_row(a, kp, wrap) * row_elems +
+                                       (int64_t)g * d) +
+                      c);
             *(float4 *)(tile + j * a.ds + c * 4) = x;
         }
     } else { /* any even head_dim or unaligned cache: one value per thread */
         for (int idx = threadIdx.x; idx < TM_ATTN_TK * d; idx += TM_ATTN_THREADS) {
             const int j = idx / d, i = idx % d;
-            const int64_t kp = base + j, off = kp * row_elems + (int64_t)g * d + i;
+            const int64_t kp = base + j;
             float x = 0.f;
-            if (kp < k_hi)
+            if (kp < k_hi) {
+                const int64_t off = tm_attn_row(a, kp, wrap) * row_elems + (int64_t)g * d + i;
                 x = a.f16 ? __half2float(((const __half *)src)[off]) : ((const float *)src)[off];
+            }
             tile[j * a.ds + i] = x;
         }
     }
@@ -106,10 +116,10 @@ static __device__ __forceinline__ void tm_attn_store8(float *dst, const uint4 &r
 #define TM_ATTN_LD 4 /* 16-byte loads of each tile per thread per round */
 static __device__ __forceinline__ void tm_attn_load_kv(const tm_attn_args &a, const void *kc,
                                                        const void *vc, float *sK, float *sV, int g,
-                                                       int64_t base, int64_t k_hi) {
+                                                       int64_t base, int64_t k_hi, int64_t wrap) {
     if (!(a.vec && a.f16)) {
-        tm_attn_load_tile(a, kc, sK, g, base, k_hi);
-        tm_attn_load_tile(a, vc, sV, g, base, k_hi);
+        tm_attn_load_tile(a, kc, sK, g, base, k_hi, wrap);
+        tm_attn_load_tile(a, vc, sV, g, base, k_hi, wrap);
         return;
     }
     const int per_row = a.d / 8, n = TM_ATTN_TK * per_row;
@@ -121,7 +131,7 @@ static __device__ __forceinline__ void tm_attn_load_kv(const tm_attn_args &a, co
             const int idx = i0 + u * TM_ATTN_THREADS, j = idx / per_row, c = idx % per_row;
             rk[u] = rv[u] = make_uint4(0u, 0u, 0u, 0u);
             if (idx < n && base + j < k_hi) {
-                const int64_t off = (base + j) * row_elems + (int64_t)g * a.d;
+                const int64_t off = tm_attn_row(a, base + j, wrap) * row_elems + (int64_t)g * a.d;
                 rk[u] = ((const uint4 *)((const __half *)kc + off))[c];
                 rv[u] = ((const uint4 *)((const __half *)vc + off))[c];
             }
@@ -152,7 +162,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     if (a.row_pos) {
         t0 = blockIdx.z / a.row_blocks, zb = blockIdx.z % a.row_blocks, n_tok = 1;
         pos0 = a.row_pos[t0];
-        const int64_t kv0 = (int64_t)a.row_kv[t0] * a.n_head_kv * d * (a.f16 ? 2 : 4);
+        const int64_t kv0 = (int64_t)a.row_seq[t0] * a.seq_rows * a.n_head_kv * d * (a.f16 ? 2 : 4);
         kc = (const char *)a.k + kv0, vc = (const char *)a.v + kv0;
     } else {
         pos0 = *a.pos0;
@@ -171,6 +181,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     /* no row of this block sees past its last token's position */
     const int64_t causal_hi = pos0 + (r_end - 1) / G + 1;
     if (causal_hi < k_hi) k_hi = causal_hi;
+    const int64_t wrap = tm_attn_wrap(a, k_lo); /* keys [k_lo, k_hi) span at most a ring */
 
     /* Q rows (zero past the real rows and in the pad dims) and the K pad dims */
     /* (loads of a round first, then the stores: one latency a round, as tm_attn_load_kv) */
@@ -210,7 +221,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
     /* block-uniform trip count: every thread reaches every barrier */
     for (int64_t base = k_lo; base < k_hi; base += TM_ATTN_TK) {
         __syncthreads(); /* the previous tile is consumed; Q and pads are stored */
-        tm_attn_load_kv(a, kc, vc, sK, sV, g, base, k_hi);
+        tm_attn_load_kv(a, kc, vc, sK, sV, g, base, k_hi, wrap);
         __syncthreads();
 
         /* scores: lane = key */
@@ -343,9 +354,13 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
     const int64_t t = blockIdx.x;
     const int slot = blockIdx.y, d = p.head_dim, half = d / 2, i = threadIdx.x;
     const int64_t pos = p.row_pos ? (int64_t)p.row_pos[t] : (int64_t)*pos0 + t;
-    const int64_t kv_row = (p.row_kv ? (int64_t)p.row_kv[t] : 0) + pos; /* the cache row */
+    const int64_t seq_rows = p.seq_rows ? p.seq_rows : p.n_ctx;
+    /* the cache row: the position's in its sequence's rows (a ring's: pos % seq_rows) */
+    const int64_t kv_row = (p.row_seq ? (int64_t)p.row_seq[t] * seq_rows : 0) +
+                           (p.ring && pos >= 0 ? pos % seq_rows : pos);
     const int64_t kvw = (int64_t)p.n_head_kv * d;
-    const bool store = pos >= 0 && kv_row >= 0 && kv_row < p.n_ctx; /* never outside the cache */
+    const bool store = pos >= 0 && (p.ring || pos < seq_rows) && kv_row >= 0 &&
+                       kv_row < p.n_ctx; /* never outside the sequence's rows or the cache */
     const bool f16 = p.kv_type == TM_TYPE_F16;
 
     if (slot >= p.n_head + p.n_head_kv) { /* a value head: convert and store */
@@ -405,34 +420,14 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
 
 /* ---- launchers ---- */
 
-/* The shape contract shared by both ops. */
-static tm_status tm_attn_check(const char *op, const tm_cuda_attn_params *p, int64_t n_tok) {
-    if (!p) return tm_error_set(TM_ERR_ARG, "%s: no params", op);
-    if (p->n_head < 1 || p->n_head_kv < 1 || p->n_head % p->n_head_kv ||
-        p->n_head + 2 * (int64_t)p->n_head_kv > 65535 || p->head_dim < 2 ||
-        p->head_dim > TM_ATTN_MAX_DIM || (p->head_dim & 1) || p->n_ctx < 1 ||
-        p->n_ctx > 0x7fffffffLL || (p->kv_type != TM_TYPE_F16 && p->kv_type != TM_TYPE_F32) ||
-        n_tok < 0 || n_tok > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: %d heads / %d kv heads of %d, n_ctx %lld, kv type %d, n_tok %lld "
-                            "(want n_head %% n_head_kv == 0, head_dim even <= %d, kv f16 or f32)",
-                            op, p->n_head, p->n_head_kv, p->head_dim, (long long)p->n_ctx,
-                            (int)p->kv_type, (long long)n_tok, TM_ATTN_MAX_DIM);
-    return TM_OK;
-}
-
 extern "C" tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k,
                                        const float *v, const float *q_norm, const float *k_norm,
                                        const int32_t *pos0, int64_t n_tok, void *k_cache,
                                        void *v_cache, tm_cuda_stream stream) {
-    tm_status st = tm_attn_check("cuda_attn_prepare", p, n_tok);
+    tm_status st = cuda_attn_shape_check("cuda_attn_prepare", p, n_tok);
     if (st) return st;
     if (n_tok == 0) return TM_OK;
-    if (!q || !k || !v || (!pos0 && !p->row_pos) || !k_cache || !v_cache ||
-        !p->row_pos != !p->row_kv)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer, or row_pos "
-                            "without row_kv");
+    if ((st = cuda_attn_prepare_check(p, q, k, v, pos0, k_cache, v_cache))) return st;
     const dim3 grid((unsigned)n_tok, (unsigned)(p->n_head + 2 * p->n_head_kv));
     tm_attn_prepare_kernel<<<grid, TM_ATTN_THREADS, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0,
                                                                  k_cache, v_cache);
@@ -479,7 +474,8 @@ static tm_attn_plan tm_attn_plan_make(const tm_cuda_attn_params *p, int64_t n_to
 
 extern "C" int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
                                                  int64_t n_kv_max) {
-    if (tm_attn_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 || n_kv_max < 1)
+    if (cuda_attn_shape_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 ||
+        n_kv_max < 1)
         return 0;
     const tm_attn_plan pl = tm_attn_plan_make(p, n_tok, n_kv_max);
     return pl.n_split > 1 ? (int64_t)pl.n_split * n_tok * p->n_head * (p->head_dim + 2) : 0;
@@ -501,17 +497,10 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
                                     const void *k_cache, const void *v_cache, const int32_t *pos0,
                                     int64_t n_tok, int64_t n_kv_max, float *out, float *scratch,
                                     tm_cuda_stream stream) {
-    tm_status st = tm_attn_check("cuda_attention", p, n_tok);
+    tm_status st = cuda_attn_shape_check("cuda_attention", p, n_tok);
     if (st) return st;
     if (n_tok == 0) return TM_OK;
-    if (n_kv_max < (p->row_pos ? 1 : n_tok) || n_kv_max > p->n_ctx)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_attention: n_kv_max %lld (want n_tok %lld <= n_kv_max <= n_ctx "
-                            "%lld)",
-                            (long long)n_kv_max, (long long)n_tok, (long long)p->n_ctx);
-    if (!q || !k_cache || !v_cache || (!pos0 && !p->row_pos) || !out || !p->row_pos != !p->row_kv)
-        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer, or "
-                                        "row_pos without row_kv");
+    if ((st = cuda_attention_check(p, n_tok, n_kv_max, q, k_cache, v_cache, pos0, out))) return st;
     const tm_attn_plan pl = tm_attn_plan_make(p, n_tok, n_kv_max);
     if ((p->row_pos ? pl.row_blocks * n_tok : pl.row_blocks) > 65535)
         return tm_error_set(TM_ERR_ARG,
@@ -525,10 +514,11 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
                             (long long)cuda_attention_scratch_floats(p, n_tok, n_kv_max));
     tm_attn_args a;
     a.q = q, a.k = k_cache, a.v = v_cache, a.pos0 = pos0, a.out = out, a.rec = scratch;
-    a.row_pos = p->row_pos, a.row_kv = p->row_kv, a.row_blocks = (int32_t)pl.row_blocks;
+    a.row_pos = p->row_pos, a.row_seq = p->row_seq, a.row_blocks = (int32_t)pl.row_blocks;
     a.n_head = p->n_head, a.n_head_kv = p->n_head_kv, a.group = p->n_head / p->n_head_kv;
     a.d = p->head_dim, a.dp = pl.dp, a.ds = pl.ds;
-    a.n_tok = n_tok, a.n_kv_max = n_kv_max, a.n_ctx = p->n_ctx;
+    a.n_tok = n_tok, a.n_kv_max = n_kv_max;
+    a.seq_rows = p->seq_rows ? p->seq_rows : p->n_ctx, a.ring = p->ring ? a.seq_rows : 0;
     a.n_split = pl.n_split, a.f16 = p->kv_type == TM_TYPE_F16, a.scale = p->scale;
     a.window = p->window > 0 ? p->window : 0, a.sinks = p->sinks;
     /* 16-byte loads need whole vectors per head row and aligned cache bases */

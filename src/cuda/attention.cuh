@@ -17,10 +17,12 @@ typedef struct tm_attn_args {
     const float *q;
     const void *k, *v;
     const int32_t *pos0;
-    const int32_t *row_pos, *row_kv; /* rows of several sequences (NULL: one) */
+    const int32_t *row_pos, *row_seq; /* rows of several sequences (NULL: one) */
     float *out, *rec;
     int32_t n_head, n_head_kv, group, d, dp, ds;
-    int64_t n_tok, n_kv_max, n_ctx;
+    int64_t n_tok, n_kv_max;
+    int64_t seq_rows; /* rows of one sequence */
+    int64_t ring;     /* 0, or seq_rows: position p at row p % ring of its sequence's */
     int32_t n_split, f16, vec;
     int32_t row_blocks; /* rows of several sequences: blocks of one token's heads */
     float scale;
@@ -47,12 +49,27 @@ static __device__ __forceinline__ float tm_attn_inv(const tm_attn_args &a, int64
 }
 
 /* Keys a batch of n_tok tokens from pos0 sees: pos0 + n_tok, kept within what
- * the launch was sized for. */
+ * the launch was sized for (and a sequence's rows, unless they are a ring). */
 static __device__ __forceinline__ int64_t tm_attn_n_kv(const tm_attn_args &a, int64_t pos0,
                                                        int64_t n_tok) {
     int64_t n = pos0 + n_tok;
-    const int64_t cap = a.n_kv_max < a.n_ctx ? a.n_kv_max : a.n_ctx;
+    const int64_t cap = a.ring || a.n_kv_max < a.seq_rows ? a.n_kv_max : a.seq_rows;
     return n < 0 ? 0 : n > cap ? cap : n;
+}
+
+/* A ring's wrap point for a block whose keys start at k_lo: k_lo rounded down to
+ * a multiple of the ring (one division a block; 0 without a ring). */
+static __device__ __forceinline__ int64_t tm_attn_wrap(const tm_attn_args &a, int64_t k_lo) {
+    return a.ring ? k_lo - k_lo % a.ring : 0;
+}
+
+/* The row (of its sequence's) of key position kp, for a block whose keys span at
+ * most the ring from its wrap point's block start: kp, or kp % ring by one compare. */
+static __device__ __forceinline__ int64_t tm_attn_row(const tm_attn_args &a, int64_t kp,
+                                                      int64_t wrap) {
+    if (!a.ring) return kp;
+    const int64_t r = kp - wrap;
+    return r < a.ring ? r : r - a.ring;
 }
 
 /* Whether the tensor-core prompt kernel takes this launch: a prompt

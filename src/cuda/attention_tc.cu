@@ -1,7 +1,8 @@
 /* Prompt attention on tensor cores: the path cuda_attention (attention.cu)
  * takes for a prompt of one sequence (n_tok > TM_ATTN_SPLIT_TOK) with an f16
  * KV cache and head_dim 64 or 128, outside the precise mode. Same contract as
- * the f32 kernel (causal, grouped-query heads, sliding window, sinks); the
+ * the f32 kernel (causal, grouped-query heads, sliding window, sinks, ring
+ * caches: a tile's rows addressed one by one, so a tile may wrap); the
  * arithmetic differs in two roundings to f16: Q (f32 from cuda_attn_prepare,
  * converted while it is loaded) and the softmax weights P before P·V.
  *
@@ -76,10 +77,11 @@ static __device__ __forceinline__ void tm_atc_ldsm4_t(uint32_t (&r)[4], const __
 }
 
 /* Copy keys [base, base + 64) of KV head g into one stage (K then V);
- * keys at or past k_hi are zero-filled. */
+ * keys at or past k_hi are zero-filled. Each key's row on its own (a ring's
+ * tile may wrap: tm_attn_row from the block's wrap point). */
 template <int D>
 static __device__ __forceinline__ void tm_atc_stage(const tm_attn_args &a, __half *sk, int g,
-                                                    int64_t base, int64_t k_hi) {
+                                                    int64_t base, int64_t k_hi, int64_t wrap) {
     constexpr int S = D + TM_ATC_PAD, CPR = D / 8; /* 16-byte chunks a row */
     __half *sv = sk + TM_ATC_TK * S;
     const int64_t row_elems = (int64_t)a.n_head_kv * D;
@@ -88,7 +90,8 @@ static __device__ __forceinline__ void tm_atc_stage(const tm_attn_args &a, __hal
         const int j = idx / CPR, c = idx % CPR;
         const int64_t kp = base + j;
         const bool in = kp < k_hi;
-        const int64_t off = (in ? kp : 0) * row_elems + (int64_t)g * D + c * 8;
+        const int64_t off =
+            (in ? tm_attn_row(a, kp, wrap) : 0) * row_elems + (int64_t)g * D + c * 8;
         __pipeline_memcpy_async(sk + j * S + c * 8, (const __half *)a.k + off, 16, in ? 0 : 16);
         __pipeline_memcpy_async(sv + j * S + c * 8, (const __half *)a.v + off, 16, in ? 0 : 16);
     }
@@ -108,6 +111,7 @@ template <int D> __global__ void __launch_bounds__(TM_ATC_THREADS) tm_atc_kernel
     const int64_t k_lo = tm_attn_first_key(a, pos0 + r0 / G);
     int64_t k_hi = pos0 + (r_end - 1) / G + 1; /* past the block's last row's position */
     if (k_hi > n_kv) k_hi = n_kv;
+    const int64_t wrap = tm_attn_wrap(a, k_lo); /* keys [k_lo, k_hi) span at most a ring */
 
     /* the lane's two rows: causal limit and window start (-1, 0: no row) */
     const int64_t rw0 = r0 + 16 * warp, ra = rw0 + gq, rb = ra + 8;
@@ -143,12 +147,13 @@ template <int D> __global__ void __launch_bounds__(TM_ATC_THREADS) tm_atc_kernel
     const float c = a.scale * TM_ATTN_LOG2E;
 
     const int64_t n_tiles = k_hi > k_lo ? (k_hi - k_lo + TM_ATC_TK - 1) / TM_ATC_TK : 0;
-    if (n_tiles > 0) tm_atc_stage<D>(a, sm, g, k_lo, k_hi);
+    if (n_tiles > 0) tm_atc_stage<D>(a, sm, g, k_lo, k_hi, wrap);
     /* block-uniform trip count: every thread reaches every barrier */
     for (int64_t it = 0; it < n_tiles; it++) {
         const int64_t base = k_lo + it * TM_ATC_TK;
         if (it + 1 < n_tiles) {
-            tm_atc_stage<D>(a, sm + ((it + 1) & 1) * 2 * TM_ATC_TK * S, g, base + TM_ATC_TK, k_hi);
+            tm_atc_stage<D>(a, sm + ((it + 1) & 1) * 2 * TM_ATC_TK * S, g, base + TM_ATC_TK, k_hi,
+                            wrap);
             __pipeline_wait_prior(1);
         } else {
             __pipeline_wait_prior(0);

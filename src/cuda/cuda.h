@@ -313,20 +313,27 @@ tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, i
  * Positions come from device memory (*pos0: the position of the batch's first
  * token; token t is at *pos0 + t) so a captured decode graph replays at the
  * next position without being rebuilt. KV cache: per layer [n_ctx][n_head_kv *
- * head_dim] of kv_type (row-major, as the CPU cache). */
+ * head_dim] of kv_type (row-major, as the CPU cache): sequence s owns rows
+ * [s seq_rows, (s + 1) seq_rows), where its position p has row p, or p %
+ * seq_rows in a ring (a sliding-window layer's cache, reused as keys leave
+ * the window). */
 typedef struct tm_cuda_attn_params {
     int32_t n_head, n_head_kv, head_dim; /* n_head % n_head_kv == 0; head_dim even, <= 256 */
     int64_t n_ctx;                       /* rows of each KV cache */
-    tm_type kv_type;                     /* TM_TYPE_F16 or TM_TYPE_F32 */
-    float scale;                         /* softmax scale, 1/sqrt(head_dim) for Qwen3 */
+    int64_t seq_rows;                    /* rows of one sequence (0: n_ctx) */
+    /* The sequences' rows are rings: position p at row p % seq_rows of its sequence's.
+     * Needs a window and window + n_tok - 1 <= seq_rows (the keys a launch's rows see
+     * are distinct rows; n_kv_max is then not bounded by the rows). */
+    bool ring;
+    tm_type kv_type; /* TM_TYPE_F16 or TM_TYPE_F32 */
+    float scale;     /* softmax scale, 1/sqrt(head_dim) for Qwen3 */
     float rms_eps, rope_base;
-    /* Rows of several sequences (NULL, NULL: one sequence, token t at *pos0 + t,
-     * its cache rows from row 0). Else device arrays of n_tok: row t is at
-     * position row_pos[t] of the sequence whose cache rows begin at row_kv[t];
-     * its K and V go to row row_kv[t] + row_pos[t] and it sees that sequence's
-     * keys row_kv[t] .. row_kv[t] + row_pos[t] only (*pos0 is not read). Read
-     * when the kernels run, so a captured graph replays at new positions. */
-    const int32_t *row_pos, *row_kv;
+    /* Rows of several sequences (NULL, NULL: one sequence, token t at *pos0 + t, the
+     * cache its rows). Else device arrays of n_tok: row t is at position row_pos[t]
+     * of sequence row_seq[t]; its K and V go to that sequence's row of the position
+     * and it sees that sequence's keys up to row_pos[t] only (*pos0 is not read).
+     * Read when the kernels run, so a captured graph replays at new positions. */
+    const int32_t *row_pos, *row_seq;
     /* Scaled RoPE (YaRN): device [head_dim / 2] inverse frequencies (theta_i = pos *
      * rope_freq[i], in double), cos and sin times rope_mscale (0: 1). NULL: base^(-2i/d). */
     const float *rope_freq;

@@ -39,12 +39,21 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     }
     e->p = *p;
     e->gpu = p->gpu;
+    if (e->p.n_seq < 1) e->p.n_seq = 1;
+    e->n_ctx_seq = p->n_ctx / e->p.n_seq;
+    if (e->n_ctx_seq < 1 || p->n_ctx > INT32_MAX) {
+        exec_free(e);
+        return tm_error_set(TM_ERR_ARG,
+                            "executor: a context of %lld positions for %d sequences (want at "
+                            "least 1 a sequence, at most 2^31 in all)",
+                            (long long)p->n_ctx, p->n_seq);
+    }
     e->n_tensors = (uint32_t)p->file->n_tensors;
     e->tensor_dev = malloc(e->n_tensors ? e->n_tensors : 1);
     e->wdev = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->wdev));
     e->row_pos = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
-    e->row_kv = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
-    if (!e->tensor_dev || !e->wdev || !e->row_pos || !e->row_kv) {
+    e->row_seq = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
+    if (!e->tensor_dev || !e->wdev || !e->row_pos || !e->row_seq) {
         exec_free(e);
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
@@ -74,9 +83,10 @@ void exec_free(tm_exec *e) {
         for (uint32_t l = 0; l < e->n_layer; l++)
             if (e->layer_dev[l] == TM_DEV_CPU) free(e->k_cache[l]), free(e->v_cache[l]);
     free(e->k_cache), free(e->v_cache), free(e->layer_dev);
+    free(e->window), free(e->kv_rows), free(e->kv_ring), free(e->kv_bytes);
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
-    free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_kv);
+    free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_seq);
     free(e->rope_freq);
     free(e);
 }
@@ -114,8 +124,42 @@ tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws) {
     return TM_OK;
 }
 
+/* The caches' bytes in a log line: with rings, what they saved. */
+static void exec_kv_log(const tm_exec *e, size_t row) {
+    size_t bytes = 0;
+    uint32_t n_ring = 0, n_win = 0;
+    int64_t lo = 0, hi = 0; /* the rings' rows */
+    for (uint32_t l = 0; l < e->n_layer; l++) {
+        bytes += 2 * e->kv_bytes[l], n_win += e->window[l] > 0;
+        if (!e->kv_ring[l]) continue;
+        lo = n_ring && lo < e->kv_rows[l] ? lo : e->kv_rows[l];
+        hi = hi > e->kv_rows[l] ? hi : e->kv_rows[l];
+        n_ring++;
+    }
+    const size_t full = 2 * (size_t)e->n_layer * (size_t)e->p.n_ctx * row;
+    const bool big = full >= (size_t)1 << 30; /* GiB, else MiB */
+    const double unit = big ? 1073741824.0 : 1048576.0;
+    const char *u = big ? "GiB" : "MiB";
+    char seqs[48] = "";
+    if (e->p.n_seq > 1) snprintf(seqs, sizeof(seqs), " x %d sequences", e->p.n_seq);
+    const char *type = e->p.kv_type == TM_TYPE_F16 ? "f16" : "f32";
+    if (!n_ring) {
+        tm_log_info("KV cache: %u layers of %lld positions%s (%s): %.2f %s%s", e->n_layer,
+                    (long long)e->n_ctx_seq, seqs, type, bytes / unit, u,
+                    n_win && e->p.kv_full ? " (sliding layers without rings: TIERMOE_KV_RING=0)"
+                                          : "");
+        return;
+    }
+    char rows[48];
+    snprintf(rows, sizeof(rows), lo == hi ? "%lld" : "%lld-%lld", (long long)lo, (long long)hi);
+    tm_log_info("KV cache: %u layers of %lld positions%s (%s), %u of them rings of %s rows: %.2f "
+                "%s (%.2f %s without rings)",
+                e->n_layer, (long long)e->n_ctx_seq, seqs, type, n_ring, rows, bytes / unit, u,
+                full / unit, u);
+}
+
 tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
-                               const tm_attn_desc *shape) {
+                               const tm_attn_desc *shape, const int64_t *window) {
     e->n_layer = n_layer;
     e->attn_shape = *shape;
     if (shape->rope_freq) { /* kept: the GPU gets a copy at exec_finalize */
@@ -125,25 +169,59 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
         memcpy(e->rope_freq, shape->rope_freq, bytes);
         e->attn_shape.rope_freq = e->rope_freq;
     }
-    e->kv_bytes = (size_t)e->p.n_ctx * (size_t)(shape->n_head_kv * shape->head_dim) *
-                  (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
-    e->layer_dev = malloc(n_layer ? n_layer : 1);
-    e->k_cache = calloc(n_layer ? n_layer : 1, sizeof(void *));
-    e->v_cache = calloc(n_layer ? n_layer : 1, sizeof(void *));
-    if (!e->layer_dev || !e->k_cache || !e->v_cache)
+    const size_t nl = n_layer ? n_layer : 1;
+    e->layer_dev = malloc(nl);
+    e->k_cache = calloc(nl, sizeof(void *));
+    e->v_cache = calloc(nl, sizeof(void *));
+    e->window = calloc(nl, sizeof(int64_t));
+    e->kv_rows = calloc(nl, sizeof(int64_t));
+    e->kv_ring = calloc(nl, sizeof(bool));
+    e->kv_bytes = calloc(nl, sizeof(size_t));
+    if (!e->layer_dev || !e->k_cache || !e->v_cache || !e->window || !e->kv_rows || !e->kv_ring ||
+        !e->kv_bytes)
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     memcpy(e->layer_dev, layer_dev, n_layer);
+    const size_t row =
+        (size_t)(shape->n_head_kv * shape->head_dim) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (uint32_t l = 0; l < n_layer; l++) {
+        e->window[l] = window && window[l] > 0 ? window[l] : 0;
+        e->kv_rows[l] = exec_kv_rows(e->n_ctx_seq, e->p.n_batch, e->window[l], e->p.kv_full);
+        e->kv_ring[l] = e->kv_rows[l] < e->n_ctx_seq;
+        e->kv_bytes[l] = (size_t)e->kv_rows[l] * (size_t)e->p.n_seq * row;
+    }
+    exec_kv_log(e, row);
     for (uint32_t l = 0; l < n_layer; l++) {
         if (layer_dev[l] == TM_DEV_GPU && !e->gpu)
             return tm_error_set(TM_ERR_ARG, "layer %u placed on a GPU the context does not have",
                                 l);
         if (layer_dev[l] != TM_DEV_CPU) continue; /* the GPU's at exec_finalize */
-        if (!(e->k_cache[l] = malloc(e->kv_bytes)) || !(e->v_cache[l] = malloc(e->kv_bytes)))
+        if (!(e->k_cache[l] = malloc(e->kv_bytes[l])) || !(e->v_cache[l] = malloc(e->kv_bytes[l])))
             return tm_error_set(TM_ERR_NOMEM,
                                 "out of memory for the KV cache of layer %u (%.1f MiB)", l,
-                                2.0 * e->kv_bytes / 1048576.0);
+                                2.0 * e->kv_bytes[l] / 1048576.0);
     }
     return TM_OK;
+}
+
+int64_t exec_kv_rows(int64_t n_ctx_seq, int64_t n_batch, int64_t window, bool kv_full) {
+    /* a ring: the window before a step's first token, and the step */
+    const int64_t ring = window + n_batch;
+    return window > 0 && !kv_full && ring < n_ctx_seq ? ring : n_ctx_seq;
+}
+
+int64_t exec_kv_keep(const tm_exec *e, int64_t n_written, int64_t n_keep) {
+    for (uint32_t l = 0; l < e->n_layer; l++) {
+        if (!e->kv_ring[l]) continue;
+        /* position n_keep sees keys from `first` on; the write of position p took the row
+         * of p - rows, so they are there while nothing past first + rows - 1 was written */
+        const int64_t first = n_keep + 1 - e->window[l];
+        if (n_written > (first > 0 ? first : 0) + e->kv_rows[l]) return 0;
+    }
+    return n_keep;
+}
+
+int64_t exec_kv_ring(const tm_exec *e, uint32_t layer) {
+    return layer < e->n_layer && e->kv_ring[layer] ? e->kv_rows[layer] : 0;
 }
 
 tm_status exec_finalize(tm_exec *e) {
@@ -371,28 +449,28 @@ static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, 
     return TM_OK;
 }
 
-/* The step's rows: their positions and KV bases, checked against the cache. */
+/* The step's rows: their positions and sequences, checked against the context. */
 static tm_status exec_step_rows_set(tm_exec *e, int64_t n_tok, const int32_t *pos,
-                                    const int32_t *kv) {
+                                    const int32_t *seq) {
     if (n_tok < 1 || n_tok > e->p.n_batch)
         return tm_error_set(TM_ERR_ARG, "a step of %lld tokens (1 .. the batch, %lld)",
                             (long long)n_tok, (long long)e->p.n_batch);
     e->one_seq = true, e->pos_max = 0;
     for (int64_t t = 0; t < n_tok; t++) {
-        if (pos[t] < 0 || kv[t] < 0 || (int64_t)kv[t] + pos[t] >= e->p.n_ctx)
+        if (pos[t] < 0 || pos[t] >= e->n_ctx_seq || seq[t] < 0 || seq[t] >= e->p.n_seq)
             return tm_error_set(TM_ERR_ARG,
-                                "step row %lld: position %d of the sequence at cache row %d is "
-                                "outside the %lld rows of the KV cache",
-                                (long long)t, pos[t], kv[t], (long long)e->p.n_ctx);
-        e->row_pos[t] = pos[t], e->row_kv[t] = kv[t];
-        if (t && (kv[t] != kv[0] || pos[t] != pos[0] + t)) e->one_seq = false;
+                                "step row %lld: position %d of sequence %d is outside the "
+                                "context (%d sequences of %lld positions)",
+                                (long long)t, pos[t], seq[t], e->p.n_seq, (long long)e->n_ctx_seq);
+        e->row_pos[t] = pos[t], e->row_seq[t] = seq[t];
+        if (t && (seq[t] != seq[0] || pos[t] != pos[0] + t)) e->one_seq = false;
         if (pos[t] > e->pos_max) e->pos_max = pos[t];
     }
-    e->pos = pos[0], e->kv0 = kv[0];
+    e->pos = pos[0], e->seq0 = seq[0];
     if (e->step_host) {
         e->step_host[0] = pos[0];
         memcpy(e->step_host + 2, pos, (size_t)n_tok * 4);
-        memcpy(e->step_host + 2 + e->p.n_batch, kv, (size_t)n_tok * 4);
+        memcpy(e->step_host + 2 + e->p.n_batch, seq, (size_t)n_tok * 4);
     }
     return TM_OK;
 }
@@ -402,14 +480,14 @@ tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t po
     if (n_tok < 1 || n_tok > e->p.n_batch)
         return tm_error_set(TM_ERR_ARG, "a step of %lld tokens (1 .. the batch, %lld)",
                             (long long)n_tok, (long long)e->p.n_batch);
-    for (int64_t t = 0; t < n_tok; t++) e->row_pos[t] = (int32_t)(pos + t), e->row_kv[t] = 0;
-    return exec_step_rows(e, tokens, n_tok, e->row_pos, e->row_kv, phase, forward, ud);
+    for (int64_t t = 0; t < n_tok; t++) e->row_pos[t] = (int32_t)(pos + t), e->row_seq[t] = 0;
+    return exec_step_rows(e, tokens, n_tok, e->row_pos, e->row_seq, phase, forward, ud);
 }
 
 tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const int32_t *pos,
-                         const int32_t *kv, tm_moe_phase phase, tm_exec_forward_fn forward,
+                         const int32_t *seq, tm_moe_phase phase, tm_exec_forward_fn forward,
                          void *ud) {
-    tm_status st = exec_step_rows_set(e, n_tok, pos, kv);
+    tm_status st = exec_step_rows_set(e, n_tok, pos, seq);
     if (st != TM_OK) return st;
     e->tokens = tokens, e->n_tok = n_tok, e->phase = phase;
     e->seq++;
@@ -624,12 +702,19 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                             "exec_attention: layer %u's RoPE table differs from the one given "
                             "at exec_attention_setup",
                             layer);
+    if (a->window != e->window[layer])
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_attention: layer %u's window %lld differs from the %lld given "
+                            "at exec_attention_setup (its KV cache is sized by it)",
+                            layer, (long long)a->window, (long long)e->window[layer]);
     const exec_attn at = {a,
                           exec_vector(e, a->q_norm, d),
                           exec_vector(e, a->k_norm, d),
                           exec_vector(e, a->sinks, d),
                           e->k_cache[layer],
-                          e->v_cache[layer]};
+                          e->v_cache[layer],
+                          e->kv_rows[layer],
+                          e->kv_ring[layer]};
     if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d), exec_at(v, d),
                                           exec_at(out, d), e->n_tok)))
         return st;

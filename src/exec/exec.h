@@ -106,7 +106,11 @@ typedef struct tm_exec_params {
     const tm_gguf_file *file;
     const uint8_t *tensor_dev; /* [file->n_tensors]: tm_dev of each tensor (copied) */
     tm_cuda_device *gpu;       /* opened device (the executor owns it from here), or NULL */
-    int64_t n_batch, n_ctx;
+    int64_t n_batch;
+    int64_t n_ctx;   /* positions of all sequences: n_ctx / n_seq each */
+    int n_seq;       /* sequences with KV rows of their own (0: 1) */
+    bool kv_full;    /* sliding-window layers keep every position too (no rings: the
+                        comparison TIERMOE_KV_RING=0 asks for) */
     tm_type kv_type; /* TM_TYPE_F16 or TM_TYPE_F32 */
     bool precise;    /* CPU products in double from dequantized weights (test reference) */
     bool profile;    /* time every part: a synchronisation per part, no graph */
@@ -130,10 +134,29 @@ tm_status exec_act_create(tm_exec *e, tm_act *a, const char *name, int64_t n, bo
  * on the GPU when they share a home there and a type, so one launch covers them
  * at decode. */
 tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws);
-/* Attention's shape (every layer's: sizes the KV caches and the scratch) and
- * where each layer's KV cache lives (n_ctx rows of n_head_kv * head_dim values). */
+/* Attention's shape (every layer's: sizes the KV caches and the scratch), where
+ * each layer's KV cache lives and each layer's sliding window (window: [n_layer],
+ * 0 or NULL: full attention). A sequence's cache has rows of n_head_kv * head_dim
+ * values: n_ctx / n_seq of them, one a position; a sliding layer's is a ring of
+ * window + n_batch rows instead (position p at row p % rows: a step of up to
+ * n_batch tokens is stored before its attention runs, and its first query still
+ * needs the window before it), unless that is no smaller or kv_full is set.
+ * Logs the caches' bytes (and what rings saved). */
 tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
-                               const tm_attn_desc *shape);
+                               const tm_attn_desc *shape, const int64_t *window);
+/* Rows of one sequence in the KV cache of a layer with sliding window `window`
+ * (0: full attention): a ring of window + n_batch rows when that is fewer than
+ * the n_ctx_seq positions and kv_full is not set, else n_ctx_seq. */
+int64_t exec_kv_rows(int64_t n_ctx_seq, int64_t n_batch, int64_t window, bool kv_full);
+/* How many of the first n_keep positions of a sequence its caches still hold
+ * after positions [0, n_written) were written (n_written: the most it ever
+ * held since it was empty): n_keep, or 0 when a ring has overwritten keys that
+ * position n_keep's window needs (a sequence cut back by more than about
+ * n_batch positions: the keys before them can only be computed again from the
+ * start). */
+int64_t exec_kv_keep(const tm_exec *e, int64_t n_written, int64_t n_keep);
+/* Rows of one sequence's ring in layer's KV cache (0: not a ring). */
+int64_t exec_kv_ring(const tm_exec *e, uint32_t layer);
 /* Upload what the GPU holds (its weights, every vector weight, the KV caches
  * and device activations) and size the scratch. Logs the upload. */
 tm_status exec_finalize(tm_exec *e);
@@ -150,16 +173,17 @@ typedef tm_status (*tm_exec_forward_fn)(void *ud);
 tm_status exec_step(tm_exec *e, const int32_t *tokens, int64_t n_tok, int64_t pos,
                     tm_moe_phase phase, tm_exec_forward_fn forward, void *ud);
 /* A step whose rows may belong to several sequences (serve --parallel): row t
- * is at position pos[t] of the sequence whose KV rows begin at cache row
- * kv[t] (every sequence has its own range of the n_ctx rows; a row sees only
- * its sequence's keys kv[t] .. kv[t] + pos[t], and rows of one sequence in
- * one step are consecutive, in order). exec_step is the one-sequence case
- * (pos + t, kv 0). A decode step (phase decode, up to TM_CUDA_MMVQ_MAX_TOK
- * rows, no callback, not profiling) replays a graph captured for its row
- * count; the GPU's attention reads each row's position and KV base from
- * device memory, so one graph serves any sequences at any positions. */
+ * is at position pos[t] (< n_ctx / n_seq) of sequence seq[t] (< n_seq; each
+ * sequence has KV rows of its own in every layer, exec_attention_setup; a row
+ * sees only its sequence's keys, positions up to pos[t], and rows of one
+ * sequence in one step are consecutive, in order). exec_step is the
+ * one-sequence case (pos + t, sequence 0). A decode step (phase decode, up to
+ * TM_CUDA_MMVQ_MAX_TOK rows, no callback, not profiling) replays a graph
+ * captured for its row count; the GPU's attention reads each row's position
+ * and sequence from device memory, so one graph serves any sequences at any
+ * positions. */
 tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const int32_t *pos,
-                         const int32_t *kv, tm_moe_phase phase, tm_exec_forward_fn forward,
+                         const int32_t *seq, tm_moe_phase phase, tm_exec_forward_fn forward,
                          void *ud);
 /* Whether decode steps of one row replay a captured graph (after the first one). */
 bool exec_graph_ready(const tm_exec *e);
@@ -228,8 +252,8 @@ void exec_act_wrote(tm_act *a, tm_dev d);
 static inline bool exec_act_on(const tm_act *a, tm_dev d) {
     return (a->valid >> d) & 1u;
 }
-/* The step's number on the device (int32 pos, uint32 seq, then the rows'
- * positions and KV bases) and on the host. */
+/* The step's number on the device (int32 pos, uint32 step number, then the
+ * rows' positions and sequences) and on the host. */
 const uint32_t *exec_step_seq_dev(const tm_exec *e);
 uint32_t exec_step_seq(const tm_exec *e);
 /* Host work that must run after the GPU work queued so far has been queued

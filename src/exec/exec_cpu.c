@@ -20,7 +20,7 @@ tm_status exec_cpu_finalize(tm_exec *e) {
                                    .n_head_kv = a->n_head_kv,
                                    .head_dim = a->head_dim,
                                    .kv_type = e->p.kv_type};
-    const int64_t n = cpu_attention_scratch_floats(&as, e->p.n_ctx, cpu_pool_size(e->p.pool));
+    const int64_t n = cpu_attention_scratch_floats(&as, e->n_ctx_seq, cpu_pool_size(e->p.pool));
     const size_t rope = (size_t)(e->p.n_batch * (a->head_dim / 2)) * sizeof(float);
     if (!(e->cpu_attn = malloc((size_t)n * sizeof(float))) || !(e->rope_cos = malloc(rope)) ||
         !(e->rope_sin = malloc(rope)))
@@ -137,7 +137,8 @@ static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
             if (j->a->k_norm) cpu_rmsnorm(k, k, j->a->k_norm, D, d->rms_eps);
             cpu_rope_neox_table(k, D, cs, sn);
         }
-        const int64_t row = (int64_t)e->row_kv[t] + e->row_pos[t]; /* its sequence's range */
+        const int64_t p = e->row_pos[t], seq_rows = j->a->seq_rows; /* its sequence's rows */
+        const int64_t row = e->row_seq[t] * seq_rows + (j->a->ring ? p % seq_rows : p);
         cpu_store_kv((uint8_t *)j->a->k_cache + (size_t)row * kv_row, krow, e->p.kv_type, KV);
         cpu_store_kv((uint8_t *)j->a->v_cache + (size_t)row * kv_row, j->v + t * KV, e->p.kv_type,
                      KV);
@@ -170,7 +171,7 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     const int64_t Q = d->n_head * D;
     const size_t kv_row = (size_t)(d->n_head_kv * D) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t0 = 0, t1; t0 < rows; t0 = t1) {
-        for (t1 = t0 + 1; t1 < rows && e->row_kv[t1] == e->row_kv[t0] &&
+        for (t1 = t0 + 1; t1 < rows && e->row_seq[t1] == e->row_seq[t0] &&
                           e->row_pos[t1] == e->row_pos[t0] + (t1 - t0);
              t1++) {
         }
@@ -182,8 +183,9 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                                        .scale = d->scale,
                                        .kv_type = e->p.kv_type,
                                        .window = d->window,
-                                       .sinks = a->sinks};
-        const size_t base = (size_t)e->row_kv[t0] * kv_row;
+                                       .sinks = a->sinks,
+                                       .ring = a->ring ? a->seq_rows : 0};
+        const size_t base = (size_t)(e->row_seq[t0] * a->seq_rows) * kv_row;
         cpu_attention(e->p.pool, &as, q + t0 * Q, (const uint8_t *)a->k_cache + base,
                       (const uint8_t *)a->v_cache + base, out + t0 * Q, e->cpu_attn);
     }

@@ -119,12 +119,16 @@ static tm_status gpu_weights(tm_exec *e) {
     return TM_OK;
 }
 
-static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc *a,
-                                           const float *sinks) {
+/* A layer's attention as the kernels take it: its cache holds n_seq sequences of
+ * at->seq_rows rows each, a ring or a row a position. */
+static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const exec_attn *at) {
+    const tm_attn_desc *a = at->d;
     return (tm_cuda_attn_params){.n_head = (int32_t)a->n_head,
                                  .n_head_kv = (int32_t)a->n_head_kv,
                                  .head_dim = (int32_t)a->head_dim,
-                                 .n_ctx = e->p.n_ctx,
+                                 .n_ctx = at->seq_rows * e->p.n_seq,
+                                 .seq_rows = at->seq_rows,
+                                 .ring = at->ring,
                                  .kv_type = e->p.kv_type,
                                  .scale = a->scale,
                                  .rms_eps = a->rms_eps,
@@ -132,7 +136,7 @@ static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const tm_attn_desc 
                                  .rope_freq = a->rope_freq ? e->rope_freq_dev : NULL,
                                  .rope_mscale = a->rope_mscale,
                                  .window = a->window,
-                                 .sinks = sinks,
+                                 .sinks = at->sinks,
                                  .precise = e->gpu_attn_f32};
 }
 
@@ -179,8 +183,10 @@ tm_status exec_gpu_finalize(tm_exec *e) {
      * keeps the f32 kernel (for comparison) */
     const char *tc = getenv("TIERMOE_ATTN_TC");
     e->gpu_attn_f32 = e->p.precise || (tc && strcmp(tc, "0") == 0);
-    /* the state pool: sizes first */
-    const tm_cuda_attn_params ap = gpu_attn_params(e, &e->attn_shape, NULL);
+    /* the state pool: sizes first (attention's scratch as for a layer without a ring:
+     * a ring's keys are fewer) */
+    const exec_attn shape = {.d = &e->attn_shape, .seq_rows = e->n_ctx_seq};
+    const tm_cuda_attn_params ap = gpu_attn_params(e, &shape);
     bool gpu_attention = false;
     for (uint32_t l = 0; l < e->n_layer; l++) gpu_attention |= e->layer_dev[l] == TM_DEV_GPU;
     e->gpu_scratch_bytes = gpu_gemm_scratch(e);
@@ -188,11 +194,11 @@ tm_status exec_gpu_finalize(tm_exec *e) {
      * batch's; rows of several sequences each as many as one token alone */
     size_t attn_floats = 0;
     tm_cuda_attn_params apr = ap;
-    apr.row_pos = apr.row_kv = (const int32_t *)e; /* any non-NULL: only the plan is asked */
+    apr.row_pos = apr.row_seq = (const int32_t *)e; /* any non-NULL: only the plan is asked */
     for (int64_t n = 1; gpu_attention && n <= TM_CUDA_MMVQ_MAX_TOK + 1; n++) {
         const int64_t rows = n <= TM_CUDA_MMVQ_MAX_TOK ? n : e->p.n_batch;
-        size_t f = (size_t)cuda_attention_scratch_floats(&ap, rows, e->p.n_ctx);
-        const size_t fr = (size_t)cuda_attention_scratch_floats(&apr, rows, e->p.n_ctx);
+        size_t f = (size_t)cuda_attention_scratch_floats(&ap, rows, e->n_ctx_seq);
+        const size_t fr = (size_t)cuda_attention_scratch_floats(&apr, rows, e->n_ctx_seq);
         f = fr > f ? fr : f;
         attn_floats = f > attn_floats ? f : attn_floats;
     }
@@ -204,7 +210,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
                    take_size(rope_bytes);
     for (uint32_t l = 0; l < e->n_layer; l++)
-        if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes);
+        if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes[l]);
     for (int i = 0; i < e->n_acts; i++)
         bytes += take_size((size_t)(e->acts[i]->dev_rows * e->acts[i]->n) * 4);
     for (int g = 0; g < e->n_groups; g++)
@@ -221,8 +227,8 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         return st;
     for (uint32_t l = 0; l < e->n_layer && st == TM_OK; l++)
         if (e->layer_dev[l] == TM_DEV_GPU &&
-            ((st = gpu_pool_take(pool, e->kv_bytes, &e->k_cache[l])) == TM_OK))
-            st = gpu_pool_take(pool, e->kv_bytes, &e->v_cache[l]);
+            ((st = gpu_pool_take(pool, e->kv_bytes[l], &e->k_cache[l])) == TM_OK))
+            st = gpu_pool_take(pool, e->kv_bytes[l], &e->v_cache[l]);
     for (int i = 0; i < e->n_acts && st == TM_OK; i++) {
         tm_act *a = e->acts[i];
         st = gpu_pool_take(pool, (size_t)(a->dev_rows * a->n) * 4, &a->dev_own);
@@ -303,19 +309,19 @@ static tm_status gpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const
 
 static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, float *k,
                                   const float *v, float *out, int64_t rows) {
-    tm_cuda_attn_params p = gpu_attn_params(e, a->d, a->sinks);
+    tm_cuda_attn_params p = gpu_attn_params(e, a);
     const int32_t *pos = e->step_dev; /* read when the kernels run: a graph replays as is */
     void *kc = a->k_cache, *vc = a->v_cache;
     int64_t n_kv_max;
     if (exec_rows_apart(e)) { /* each row at its position, over its sequence's cache rows */
-        p.row_pos = exec_row_pos_dev(e), p.row_kv = exec_row_kv_dev(e);
-        /* a captured step serves every position: its grid covers the whole context */
-        n_kv_max = e->capturing ? e->p.n_ctx : e->pos_max + 1;
+        p.row_pos = exec_row_pos_dev(e), p.row_seq = exec_row_seq_dev(e);
+        /* a captured step serves every position: its grid covers a whole sequence */
+        n_kv_max = e->capturing ? e->n_ctx_seq : e->pos_max + 1;
     } else { /* one sequence's rows from pos: its cache rows as a cache of their own */
-        const size_t base = (size_t)e->kv0 * (size_t)(p.n_head_kv * p.head_dim) *
+        const size_t base = (size_t)(e->seq0 * a->seq_rows) * (size_t)(p.n_head_kv * p.head_dim) *
                             (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
         kc = (uint8_t *)kc + base, vc = (uint8_t *)vc + base;
-        p.n_ctx -= e->kv0;
+        p.n_ctx = a->seq_rows;
         n_kv_max = e->pos + rows;
     }
     tm_status st =

@@ -20,6 +20,8 @@ typedef struct exec_attn {
     const float *q_norm, *k_norm; /* NULL: none */
     const float *sinks;           /* NULL: none */
     void *k_cache, *v_cache;      /* the layer's, on that side */
+    int64_t seq_rows;             /* rows of one sequence: sequence s's begin at s seq_rows */
+    bool ring;                    /* position p at row p % seq_rows of its sequence's (else p) */
 } exec_attn;
 
 /* One side's ops on raw pointers (rows of the step; shapes as the public ops). */
@@ -77,7 +79,11 @@ struct tm_exec {
     float *rope_freq;          /* [head_dim / 2] of a scaled RoPE, or NULL */
     float *rope_freq_dev;      /* its device copy (GPU layers) */
     void **k_cache, **v_cache; /* [n_layer], on the layer's side */
-    size_t kv_bytes;           /* of one layer's K (or V) cache */
+    int64_t n_ctx_seq;         /* positions of one sequence: n_ctx / n_seq */
+    int64_t *window;           /* [n_layer] sliding windows (0: full attention) */
+    int64_t *kv_rows;          /* [n_layer] rows of one sequence (n_ctx_seq, or a ring's) */
+    bool *kv_ring;             /* [n_layer] the layer's rows are rings */
+    size_t *kv_bytes;          /* [n_layer] of the layer's K (or V) cache, every sequence's */
 
     /* CPU side */
     void *cpu_act; /* quantized activations of a product */
@@ -99,17 +105,17 @@ struct tm_exec {
     bool gpu_attn_f32;  /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
     void *gpu_q8x;      /* 8-bit activations of a decode product (cuda_q8x_quantize) */
     int64_t gpu_q8x_k;  /* the longest row it holds (0: products keep f32 activations) */
-    int32_t *step_dev;  /* [2 + 2 n_batch]: position, step number, rows' positions, KV bases */
+    int32_t *step_dev;  /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
     int32_t *step_host; /* pinned, copied to step_dev by each step */
     double upload_s, upload_bytes;
 
     /* the step */
     const int32_t *tokens;
     int64_t n_tok, pos;
-    int32_t *row_pos, *row_kv; /* [n_batch]: each row's position and its sequence's KV base */
-    int64_t kv0;               /* row_kv[0] */
-    int64_t pos_max;           /* the largest row_pos */
-    bool one_seq;              /* the rows are one sequence's: kv0, positions pos.. */
+    int32_t *row_pos, *row_seq; /* [n_batch]: each row's position and sequence */
+    int64_t seq0;               /* row_seq[0] */
+    int64_t pos_max;            /* the largest row_pos */
+    bool one_seq;               /* the rows are one sequence's: seq0, positions pos.. */
     tm_moe_phase phase;
     uint32_t seq;
     bool capturing, capture_failed;
@@ -146,7 +152,7 @@ void exec_cpu_free(tm_exec *e);
 static inline const int32_t *exec_row_pos_dev(const tm_exec *e) {
     return e->step_dev + 2;
 }
-static inline const int32_t *exec_row_kv_dev(const tm_exec *e) {
+static inline const int32_t *exec_row_seq_dev(const tm_exec *e) {
     return e->step_dev + 2 + e->p.n_batch;
 }
 /* Whether the GPU's attention takes the rows one by one (rows of several

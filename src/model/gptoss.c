@@ -49,7 +49,6 @@ typedef struct gptoss_layer {
     tm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, sinks;
     tm_weight ffn_norm, router, router_b, gate_exps, up_exps, down_exps, gate_b, up_b, down_b;
     tm_moe_experts experts;
-    int64_t window; /* 0: full attention */
 } gptoss_layer;
 
 typedef struct gptoss_weights {
@@ -204,13 +203,15 @@ static tm_status gptoss_load(tm_model *m) {
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     m->weights = w;
+    if (!(m->window = calloc(c->n_layer, sizeof(int64_t))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
     if ((st = gptoss_rope_load(m, w))) return st;
     if (!gguf_file_find_tensor(m->file, "output.weight")) /* gpt-oss never ties them */
         return tm_error_set(TM_ERR_FORMAT, "%s: missing tensor 'output.weight'", m->file->path);
     if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) return st;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         if ((st = gptoss_layer_bind(m, l, &w->layers[l]))) return st;
-        w->layers[l].window = l % 2 == 0 ? window : 0;
+        m->window[l] = l % 2 == 0 ? window : 0; /* the KV caches are sized by it, too */
     }
     /* softmax over the k largest logits: the weights sum to 1 already */
     w->router = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX_TOPK, c->n_expert, c->n_expert_used,
@@ -257,7 +258,7 @@ static tm_status gptoss_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok
                                .scale = 1.0f / sqrtf((float)c->head_dim),
                                .rope_base = c->rope_base,
                                .sinks = &L->sinks,
-                               .window = L->window,
+                               .window = ctx->model->window[l],
                                .rope_freq = w->rope_freq,
                                .rope_mscale = w->rope_mscale};
 

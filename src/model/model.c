@@ -58,6 +58,7 @@ tm_status model_load(const char *path, tm_model **out) {
 void model_free(tm_model *m) {
     if (!m) return;
     if (m->arch && m->weights) m->arch->unload(m);
+    free(m->window);
     gguf_file_close(m->file);
     free(m);
 }
@@ -128,9 +129,10 @@ tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32
 /* ---- contexts ---- */
 
 /* What the GPU offers the placement: opened when a flag may want it. An
- * explicit -ngl N > 0 needs it; otherwise its absence means CPU only. */
+ * explicit -ngl N > 0 needs it; otherwise its absence means CPU only.
+ * kv_layer: [n_layer] room for each layer's KV bytes (NULL: every layer's alike). */
 static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_placement_gpu *g,
-                             char *why, size_t why_len) {
+                             size_t *kv_layer, char *why, size_t why_len) {
     const tm_context_params *p = &c->params;
     const tm_model_config *cfg = &c->model->cfg;
     *gpu = NULL;
@@ -156,8 +158,12 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
                   KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
     g->usable = true;
     g->budget = free_b > GPU_RESERVE ? free_b - GPU_RESERVE : 0;
-    g->kv_bytes_per_layer =
-        2 * (size_t)(c->n_ctx * c->n_seq) * (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    const size_t row = (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    g->kv_bytes_per_layer = 2 * (size_t)(c->n_ctx * c->n_seq) * row;
+    for (uint32_t l = 0; kv_layer && l < cfg->n_layer; l++) /* sliding layers' rings */
+        kv_layer[l] = 2 * (size_t)exec_kv_rows(c->n_ctx, B, c->model->window[l], p->kv_full) *
+                      (size_t)c->n_seq * row;
+    g->kv_bytes_layer = kv_layer;
     /* activations and scratch, roughly: a batch of every activation, 64 rows
      * of logits, tensor-core scratch */
     g->fixed_bytes =
@@ -189,16 +195,19 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
                             (long long)n, p->n_seq);
     }
     c->seq_past = calloc((size_t)c->n_seq, sizeof(int64_t));
+    c->seq_hi = calloc((size_t)c->n_seq, sizeof(int64_t));
     c->row_pos = calloc((size_t)c->params.n_batch, sizeof(int32_t));
-    c->row_kv = calloc((size_t)c->params.n_batch, sizeof(int32_t));
-    if (!c->seq_past || !c->row_pos || !c->row_kv) {
-        free(c->seq_past), free(c->row_pos), free(c->row_kv), free(c);
+    c->row_seq = calloc((size_t)c->params.n_batch, sizeof(int32_t));
+    if (!c->seq_past || !c->seq_hi || !c->row_pos || !c->row_seq) {
+        free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq), free(c);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
+    const char *ring = getenv("TIERMOE_KV_RING"); /* 0: full caches, for comparison */
+    if (ring && !strcmp(ring, "0")) c->params.kv_full = true;
     tm_status st =
         cpu_pool_create(p->n_threads > 0 ? p->n_threads : cpu_physical_cores(), &c->pool);
     if (st != TM_OK) {
-        free(c->seq_past), free(c->row_pos), free(c->row_kv), free(c);
+        free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq), free(c);
         return st;
     }
     tm_cuda_device *gpu = NULL;
@@ -206,12 +215,16 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     char why[512];
     const tm_placement_params pp = {c->params.n_gpu_layers, c->params.cpu_moe, c->params.n_cpu_moe,
                                     c->params.override_tensor};
-    if ((st = context_gpu(c, &gpu, &g, why, sizeof(why))) ||
+    size_t *kv_layer = m->window ? calloc(cfg->n_layer, sizeof(size_t)) : NULL;
+    if (m->window && !kv_layer) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    if (st || (st = context_gpu(c, &gpu, &g, kv_layer, why, sizeof(why))) ||
         (st = placement_make(m->file, cfg->n_layer, &pp, &g, &c->placement))) {
+        free(kv_layer);
         cuda_device_close(gpu);
         model_context_free(c);
         return st;
     }
+    free(kv_layer);
     if (!c->placement.any_gpu) { /* nothing landed there: let it go */
         cuda_device_close(gpu);
         gpu = NULL;
@@ -224,6 +237,8 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         .gpu = gpu,
         .n_batch = c->params.n_batch,
         .n_ctx = c->n_ctx * c->n_seq,
+        .n_seq = c->n_seq,
+        .kv_full = c->params.kv_full,
         .kv_type = c->params.kv_type,
         .precise = c->params.precise,
         .profile = c->params.profile,
@@ -246,7 +261,7 @@ void model_context_free(tm_context *c) {
     if (c->state) c->model->arch->state_free(c);
     placement_free(&c->placement);
     cpu_pool_free(c->pool);
-    free(c->seq_past), free(c->row_pos), free(c->row_kv);
+    free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq);
     free(c);
 }
 
@@ -259,16 +274,24 @@ const tm_moe_lane_stats *model_lane_stats(const tm_context *c) {
 }
 
 void model_context_reset(tm_context *c) {
-    for (int i = 0; i < c->n_seq; i++) c->seq_past[i] = 0;
+    for (int i = 0; i < c->n_seq; i++) c->seq_past[i] = c->seq_hi[i] = 0;
 }
 
-void model_seq_rewind(tm_context *c, int seq, int64_t n_keep) {
+int64_t model_seq_keep(const tm_context *c, int seq, int64_t n_keep) {
     TM_ASSERT(n_keep >= 0 && seq >= 0 && seq < c->n_seq);
-    if (n_keep < c->seq_past[seq]) c->seq_past[seq] = n_keep;
+    if (n_keep > c->seq_past[seq]) n_keep = c->seq_past[seq];
+    return exec_kv_keep(c->exec, c->seq_hi[seq], n_keep);
 }
 
-void model_context_rewind(tm_context *c, int64_t n_keep) {
-    model_seq_rewind(c, 0, n_keep);
+int64_t model_seq_rewind(tm_context *c, int seq, int64_t n_keep) {
+    const int64_t keep = model_seq_keep(c, seq, n_keep);
+    c->seq_past[seq] = keep;
+    if (!keep) c->seq_hi[seq] = 0; /* empty: nothing it held matters any more */
+    return keep;
+}
+
+int64_t model_context_rewind(tm_context *c, int64_t n_keep) {
+    return model_seq_rewind(c, 0, n_keep);
 }
 
 typedef struct context_step {
@@ -310,10 +333,11 @@ tm_status model_decode_seq(tm_context *c, int seq, const int32_t *tokens, int64_
     if (st != TM_OK) return st;
     for (int64_t i = 0; i < n_tok; i += c->params.n_batch) {
         const int64_t n = n_tok - i < c->params.n_batch ? n_tok - i : c->params.n_batch;
-        for (int64_t t = 0; t < n; t++)
-            c->row_pos[t] = (int32_t)(*past + t), c->row_kv[t] = (int32_t)(seq * c->n_ctx);
+        for (int64_t t = 0; t < n; t++) c->row_pos[t] = (int32_t)(*past + t), c->row_seq[t] = seq;
+        /* counted before the step: a failed one may have written its rows */
+        if (*past + n > c->seq_hi[seq]) c->seq_hi[seq] = *past + n;
         context_step step = {c, n, all_logits};
-        st = exec_step_rows(c->exec, tokens + i, n, c->row_pos, c->row_kv, phase, context_forward,
+        st = exec_step_rows(c->exec, tokens + i, n, c->row_pos, c->row_seq, phase, context_forward,
                             &step);
         if (st != TM_OK) return st;
         *past += n;
@@ -345,10 +369,13 @@ tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int
         if (c->seq_past[q] >= c->n_ctx)
             return tm_error_set(TM_ERR_ARG, "sequence %d: its context of %lld positions is full", q,
                                 (long long)c->n_ctx);
-        c->row_pos[i] = (int32_t)c->seq_past[q], c->row_kv[i] = (int32_t)(q * c->n_ctx);
+        c->row_pos[i] = (int32_t)c->seq_past[q], c->row_seq[i] = q;
     }
+    for (int64_t i = 0; i < n; i++) /* before the step: a failed one may have written its rows */
+        if (c->seq_past[seqs[i]] + 1 > c->seq_hi[seqs[i]])
+            c->seq_hi[seqs[i]] = c->seq_past[seqs[i]] + 1;
     context_step step = {c, n, true};
-    st = exec_step_rows(c->exec, tokens, n, c->row_pos, c->row_kv, TM_MOE_PHASE_DECODE,
+    st = exec_step_rows(c->exec, tokens, n, c->row_pos, c->row_seq, TM_MOE_PHASE_DECODE,
                         context_forward, &step);
     if (st != TM_OK) return st;
     for (int64_t i = 0; i < n; i++) c->seq_past[seqs[i]]++;
@@ -471,7 +498,8 @@ tm_status model_moe_state_create(tm_context *c, const tm_weight *const *qkv,
                                 .n_head_kv = m->n_head_kv,
                                 .head_dim = m->head_dim,
                                 .rope_freq = rope_freq};
-    if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, &shape)) ||
+    if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, &shape,
+                                   c->model->window)) ||
         (st = exec_finalize(e)))
         return st;
     c->logits = s->logits.host;

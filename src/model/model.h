@@ -53,6 +53,8 @@ struct tm_model {
     const tm_arch *arch;
     tm_model_config cfg;
     void *weights;         /* the architecture's own weight struct */
+    int64_t *window;       /* [n_layer] each layer's sliding attention window, 0: full
+                              attention (NULL: every layer full; set by the architecture) */
     uint64_t n_params;     /* values in all tensors */
     uint64_t weight_bytes; /* bytes of all tensors */
 };
@@ -62,6 +64,8 @@ typedef struct tm_context_params {
     int n_seq;        /* sequences with their own KV range, n_ctx / n_seq positions each
                          (serve --parallel; 0: 1) */
     int64_t n_batch;  /* tokens per forward chunk of a prompt (0: 512) */
+    bool kv_full;     /* sliding-window layers' KV caches n_ctx rows too, not rings of window +
+                         n_batch (for comparison; so does TIERMOE_KV_RING=0) */
     int n_threads;    /* 0: physical cores */
     tm_type kv_type;  /* TM_TYPE_F16 (default) or TM_TYPE_F32 */
     bool precise;     /* double products from dequantized weights (test reference) */
@@ -88,9 +92,11 @@ struct tm_context {
     tm_pool *pool;
     int64_t n_ctx; /* positions of one sequence (params.n_ctx / n_seq) */
     int n_seq;
-    int64_t *seq_past;         /* [n_seq]: positions each sequence has evaluated */
-    int32_t *row_pos, *row_kv; /* [n_batch]: a step's rows (exec_step_rows) */
-    float *logits;             /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
+    int64_t *seq_past;          /* [n_seq]: positions each sequence has evaluated */
+    int64_t *seq_hi;            /* [n_seq]: the most positions each has written since it was
+                                   empty (what its rings may have overwritten: model_seq_keep) */
+    int32_t *row_pos, *row_seq; /* [n_batch]: a step's rows (exec_step_rows) */
+    float *logits;              /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
     int64_t n_logits_rows;
     tm_placement placement;
     tm_exec *exec;
@@ -130,11 +136,17 @@ tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int
 
 /* Forget every sequence (a new conversation). */
 void model_context_reset(tm_context *c);
-/* Keep only the first n_keep positions of sequence 0 (n_keep <= what it
- * holds): a conversation that shares a prefix with what was evaluated reuses it. */
-void model_context_rewind(tm_context *c, int64_t n_keep);
-/* The same for sequence seq. */
-void model_seq_rewind(tm_context *c, int seq, int64_t n_keep);
+/* How many of the first n_keep positions sequence seq can keep: n_keep (at
+ * most what it holds), or 0 when a sliding layer's ring cache no longer has
+ * the keys position n_keep's window needs (the sequence went on more than
+ * about n_batch positions past n_keep: exec_kv_keep). */
+int64_t model_seq_keep(const tm_context *c, int seq, int64_t n_keep);
+/* Keep only the first model_seq_keep(c, seq, n_keep) positions of sequence
+ * seq and return that: a conversation that shares a prefix with what was
+ * evaluated reuses it. */
+int64_t model_seq_rewind(tm_context *c, int seq, int64_t n_keep);
+/* The same for sequence 0. */
+int64_t model_context_rewind(tm_context *c, int64_t n_keep);
 
 /* ---- helpers for architecture files ---- */
 

@@ -36,7 +36,7 @@ void model_session_reset(tm_session *s) {
 int64_t model_session_shared(const tm_session *s, const int32_t *ids, int64_t n) {
     int64_t keep = 0;
     while (keep < s->n && keep < n - 1 && s->ids[keep] == ids[keep]) keep++;
-    return keep;
+    return model_seq_keep(s->ctx, s->seq, keep); /* 0 where rings lost the prefix's last keys */
 }
 
 tm_status model_session_eval(tm_session *s, const int32_t *ids, int64_t n, int64_t *n_eval) {
@@ -45,8 +45,7 @@ tm_status model_session_eval(tm_session *s, const int32_t *ids, int64_t n, int64
     if (n > s->ctx->n_ctx)
         return tm_error_set(TM_ERR_ARG, "%lld tokens do not fit the context of %lld positions (-c)",
                             (long long)n, (long long)s->ctx->n_ctx);
-    const int64_t keep = model_session_shared(s, ids, n);
-    model_seq_rewind(s->ctx, s->seq, keep);
+    const int64_t keep = model_seq_rewind(s->ctx, s->seq, model_session_shared(s, ids, n));
     memcpy(s->ids + keep, ids + keep, (size_t)(n - keep) * sizeof(int32_t));
     s->n = n;
     const tm_status st =

@@ -36,7 +36,9 @@ void model_session_free(tm_session *s);
  * TM_ERR_ARG naming both sizes; after a failed step the sequence is empty. */
 tm_status model_session_eval(tm_session *s, const int32_t *ids, int64_t n, int64_t *n_eval);
 
-/* How many leading tokens of ids[0..n) model_session_eval would keep. */
+/* How many leading tokens of ids[0..n) model_session_eval would keep (the
+ * shared prefix, or 0 when sliding layers' ring caches no longer hold its
+ * last window: model_seq_keep). */
 int64_t model_session_shared(const tm_session *s, const int32_t *ids, int64_t n);
 
 /* Append one token and evaluate it (a decode step). TM_ERR_ARG when the

@@ -288,12 +288,16 @@ static size_t plan_apply(plan *pl, uint32_t n, bool all_gpu, tm_placement *out, 
     return bytes;
 }
 
-/* What the GPU needs with layers < n there: tensors, n KV caches, and the
+/* What the GPU needs with layers < n there: tensors, their KV caches, and the
  * fixed part once anything is there. */
 static size_t plan_need(plan *pl, uint32_t n, const tm_placement_gpu *g, tm_placement *out) {
     size_t need = plan_apply(pl, n, n > 0 && n == pl->n_layer, out, false);
-    size_t kv = g->kv_bytes_per_layer;
-    need = add_sat(need, kv && n > SIZE_MAX / kv ? SIZE_MAX : n * kv);
+    if (g->kv_bytes_layer) {
+        for (uint32_t l = 0; l < n; l++) need = add_sat(need, g->kv_bytes_layer[l]);
+    } else {
+        const size_t kv = g->kv_bytes_per_layer;
+        need = add_sat(need, kv && n > SIZE_MAX / kv ? SIZE_MAX : n * kv);
+    }
     return out->any_gpu ? add_sat(need, g->fixed_bytes) : need;
 }
 

@@ -50,7 +50,9 @@ typedef struct tm_placement_gpu {
     const char *why;    /* when not: why (named in errors and in the CPU-only line) */
     size_t budget;      /* bytes the weights and KV caches may take (free VRAM less a reserve) */
     size_t fixed_bytes; /* bytes any GPU use takes besides (activations, scratch) */
-    size_t kv_bytes_per_layer; /* one layer's K and V caches */
+    size_t kv_bytes_per_layer;    /* one layer's K and V caches */
+    const size_t *kv_bytes_layer; /* [n_layer] each layer's, where they differ (sliding
+                                     layers' rings); NULL: kv_bytes_per_layer each */
 } tm_placement_gpu;
 
 typedef struct tm_placement {

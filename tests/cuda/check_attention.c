@@ -65,7 +65,15 @@
  * logits in the denominator only, and RoPE from a frequency table with cos
  * and sin scaled by mscale (the prepare bound grows by that factor). The
  * reference keeps the same formulas, over the window's keys, with the sink's
- * exp in the sum and in the max (its rise is in the rescale term). */
+ * exp in the sum and in the max (its rise is in the rescale term).
+ *
+ * Ring caches (flag A_RING; a sliding layer's KV: tm_cuda_attn_params.ring):
+ * the case's n_ctx is the ring's rows and position p lives at row p % n_ctx;
+ * the history is written in launches of at most n_ctx - window + 1 tokens
+ * (the contract's most), so it turns over the ring several times, and the
+ * batch's keys wrap inside a 32- or 64-key tile. prepare's rows are checked at
+ * p % n_ctx (nothing else changes), and the reference reads each key of a
+ * query's window from its row: the same bounds. */
 #ifdef TM_HAVE_CUDA
 #include "cuda_check.h"
 
@@ -93,14 +101,17 @@ static const head_cfg k_heads[] = {
 #define ATTN_WINDOW 40
 
 enum {
-    A_CTX = 1,   /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
-    A_NORM = 2,  /* q_norm / k_norm given, else NULL */
-    A_MIS = 4,   /* cache bases 4 bytes off 16-byte alignment: no vector loads */
-    A_WIN = 8,   /* sliding window of ATTN_WINDOW keys */
-    A_SINK = 16, /* sink logits per head */
-    A_YARN = 32, /* RoPE from a frequency table, cos/sin times mscale */
-    A_PREC = 64, /* precise: a prompt stays on the f32 kernel */
+    A_CTX = 1,    /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
+    A_NORM = 2,   /* q_norm / k_norm given, else NULL */
+    A_MIS = 4,    /* cache bases 4 bytes off 16-byte alignment: no vector loads */
+    A_WIN = 8,    /* sliding window of ATTN_WINDOW keys */
+    A_SINK = 16,  /* sink logits per head */
+    A_YARN = 32,  /* RoPE from a frequency table, cos/sin times mscale */
+    A_PREC = 64,  /* precise: a prompt stays on the f32 kernel */
+    A_RING = 128, /* n_ctx rows as a ring (with A_WIN); A_CTX: n_kv_max RING_CTX */
 };
+
+#define RING_CTX 4096 /* the positions a decode graph's launch with a ring covers */
 
 typedef struct attn_case {
     int hc; /* k_heads index */
@@ -165,6 +176,18 @@ static const attn_case k_cases[] = {
     {0, F16, 0, 200, 1024, A_NORM | A_PREC},
     {5, F16, 30, 100, 1024, A_WIN | A_SINK | A_PREC},
     {1, F16, 10, 40, 256, A_NORM | A_MIS},
+    /* ring caches (n_ctx: the ring's rows, at least ATTN_WINDOW + n_tok - 1): decode
+     * (every split path, the smallest ring), prompts on both kernels with a tile that
+     * wraps, a misaligned ring, and a ring the history has not filled yet */
+    {5, F16, 200, 1, 41, A_CTX | A_WIN | A_SINK | A_YARN | A_RING},
+    {5, F32, 333, 8, 47, A_WIN | A_SINK | A_YARN | A_RING},
+    {5, F16, 300, 100, 140, A_WIN | A_SINK | A_YARN | A_RING},
+    {5, F16, 200, 50, 89, A_WIN | A_SINK | A_PREC | A_RING},
+    {7, F16, 77, 61, 100, A_WIN | A_SINK | A_RING},
+    {6, F16, 500, 200, 239, A_WIN | A_NORM | A_RING},
+    {0, F32, 150, 20, 64, A_WIN | A_NORM | A_RING},
+    {2, F16, 90, 7, 50, A_CTX | A_WIN | A_MIS | A_RING},
+    {1, F16, 10, 30, 80, A_WIN | A_NORM | A_RING},
 };
 
 typedef struct attn_state {
@@ -248,10 +271,10 @@ static void prep_check(attn_state *s, tm_rng *r, int32_t pos, int64_t n, float *
                 s->worst_prep = fmax(s->worst_prep, err / tol[i]);
             }
         }
-        const int64_t row = pos + t;
+        const int64_t row = s->p.ring ? (pos + t) % s->p.n_ctx : pos + t;
         if (row >= s->p.n_ctx) continue; /* not stored: the guard row stays NaN */
         for (int64_t g = 0; g < s->p.n_head_kv; g++) {
-            ref_head(s, k + t * kvw + g * d, s->kw, row, y, tol);
+            ref_head(s, k + t * kvw + g * d, s->kw, pos + t, y, tol);
             for (int64_t i = 0; i < d; i++) {
                 const double got = cache_at(s, s->kc2, row * kvw + g * d + i);
                 const double lim = tol[i] + (f16 ? 0x1p-11 * (fabs(y[i]) + tol[i]) + 0x1p-25 : 0);
@@ -305,7 +328,8 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
     const int64_t H = s->p.n_head, G = H / s->p.n_head_kv, d = s->p.head_dim, kvw = s->kvw;
     const bool tc = attn_tc(s, n_tok);
     const double ua = tc ? 2 * U32 : U32, u16 = tc ? 0x1p-11 : 0, a16 = tc ? 0x1p-25 : 0;
-    const int64_t n_kv = pos0 + n_tok, n_kv_max = s->c->flags & A_CTX ? s->p.n_ctx : n_kv;
+    const int64_t n_kv = pos0 + n_tok,
+                  n_kv_max = s->c->flags & A_CTX ? (s->p.ring ? RING_CTX : s->p.n_ctx) : n_kv;
     const int64_t n_out = n_tok * H * d,
                   n_scr = cuda_attention_scratch_floats(&s->p, n_tok, n_kv_max);
     float *scr = NULL;
@@ -320,9 +344,14 @@ static double attn_check(const attn_state *s, const float *q_d, const float *q, 
     CHECK(cuda_device_sync(g_dev));
     CHECK(cuda_copy_to_host(g_dev, out, out_d, (size_t)n_out * 4));
 
+    /* keys by position (a ring's from row p % rows: the windows' keys are still there) */
     double *K = xmalloc((size_t)(n_kv * kvw) * 8), *V = xmalloc((size_t)(n_kv * kvw) * 8);
-    for (int64_t i = 0; i < n_kv * kvw; i++)
-        K[i] = cache_at(s, s->kc, i), V[i] = cache_at(s, s->vc, i);
+    for (int64_t j = 0; j < n_kv; j++) {
+        const int64_t row = s->p.ring ? j % s->p.n_ctx : j;
+        for (int64_t i = 0; i < kvw; i++)
+            K[j * kvw + i] = cache_at(s, s->kc, row * kvw + i),
+                        V[j * kvw + i] = cache_at(s, s->vc, row * kvw + i);
+    }
     double *sc = xmalloc((size_t)n_kv * 8), *E = xmalloc((size_t)n_kv * 8),
            *P = xmalloc((size_t)n_kv * 8);
     const double scale = s->p.scale;
@@ -413,6 +442,7 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[4]) {
     s.pos_d = dev_alloc(4);
     s.p.precise = (c->flags & A_PREC) != 0;
     if (c->flags & A_WIN) s.p.window = ATTN_WINDOW;
+    s.p.ring = (c->flags & A_RING) != 0;
     if (c->flags & A_SINK) { /* of the scores' size: a real share of the softmax */
         s.sinks = xmalloc((size_t)hc->n_head * 4);
         fill_normal(r, s.sinks, hc->n_head, 2.0f);
@@ -427,12 +457,14 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[4]) {
     }
 
     float *q_d, *q;
-    if (c->pos0 > 0) { /* the history, written as one earlier batch */
-        prep_check(&s, r, 0, c->pos0, &q_d, &q);
+    /* the history, written as one earlier batch (a ring's in the largest batches it takes) */
+    const int64_t most = s.p.ring ? c->n_ctx - ATTN_WINDOW + 1 : c->pos0;
+    for (int32_t p0 = 0; p0 < c->pos0; p0 += (int32_t)most) {
+        prep_check(&s, r, p0, c->pos0 - p0 < most ? c->pos0 - p0 : most, &q_d, &q);
         free(q);
     }
     prep_check(&s, r, c->pos0, c->n_tok, &q_d, &q);
-    if (c->pos0 + c->n_tok <= c->n_ctx) {
+    if (s.p.ring || c->pos0 + c->n_tok <= c->n_ctx) {
         const int k = attn_tc(&s, c->n_tok) ? 3 : 0;
         w[k] = fmax(w[k], attn_check(&s, q_d, q, c->pos0, c->n_tok));
     }
@@ -483,6 +515,15 @@ static void attn_bad_args(void) {
     expect_arg(cuda_attention(&ok, b, b, b, pos, 1, 1025, b, b, st), "n_kv_max > n_ctx");
     assert_true(cuda_attention_scratch_floats(&ok, 1, 1024) > 0); /* decode splits the keys */
     expect_arg(cuda_attention(&ok, b, b, b, pos, 1, 1024, b, NULL, st), "no scratch for splits");
+    tm_cuda_attn_params ring = ok;
+    ring.ring = true;
+    expect_arg(cuda_attention(&ring, b, b, b, pos, 2, 2, b, b, st), "a ring without a window");
+    ring.window = 1000, ring.n_ctx = 1024;
+    expect_arg(cuda_attention(&ring, b, b, b, pos, 30, 30, b, b, st), "a ring short of the keys");
+    expect_arg(cuda_attn_prepare(&ring, b, b, b, NULL, NULL, pos, 30, b, b, st),
+               "a ring short of the keys");
+    ring.seq_rows = 2048;
+    expect_arg(cuda_attention(&ring, b, b, b, pos, 1, 1, b, b, st), "seq_rows > n_ctx");
     CHECK(cuda_device_sync(g_dev)); /* nothing was launched that failed */
 }
 

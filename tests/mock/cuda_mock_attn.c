@@ -1,33 +1,23 @@
 /* The attention launchers of the host mock (cuda_mock_ops.c says how a
  * launcher and its closure work): QK-norm, RoPE and the KV store, then causal
  * grouped-query attention on the CPU's reference code (cpu_attention), for one
- * sequence or rows of several (row_pos / row_kv), with a window and sinks. */
+ * sequence or rows of several (row_pos / row_seq), with a window and sinks,
+ * over a row a position or a ring (seq_rows, ring). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cuda/attention_check.h"
 
 #include "cuda_mock.h"
 
 /* ---- attention ---- */
 
-#define TM_MOCK_ATTN_MAX_DIM 256 /* TM_ATTN_MAX_DIM of attention.cu */
-
-static tm_status attn_check(const char *op, const tm_cuda_attn_params *p, int64_t n_tok) {
-    if (!p) return tm_error_set(TM_ERR_ARG, "%s: no params", op);
-    if (p->n_head < 1 || p->n_head_kv < 1 || p->n_head % p->n_head_kv ||
-        p->n_head + 2 * (int64_t)p->n_head_kv > 65535 || p->head_dim < 2 ||
-        p->head_dim > TM_MOCK_ATTN_MAX_DIM || (p->head_dim & 1) || p->n_ctx < 1 ||
-        p->n_ctx > 0x7fffffffLL || (p->kv_type != TM_TYPE_F16 && p->kv_type != TM_TYPE_F32) ||
-        n_tok < 0 || n_tok > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: %d heads / %d kv heads of %d, n_ctx %lld, kv type %d, n_tok %lld "
-                            "(want n_head %% n_head_kv == 0, head_dim even <= %d, kv f16 or f32)",
-                            op, p->n_head, p->n_head_kv, p->head_dim, (long long)p->n_ctx,
-                            (int)p->kv_type, (long long)n_tok, TM_MOCK_ATTN_MAX_DIM);
-    return TM_OK;
+/* Rows of one sequence (the kernels' seq_rows: 0 is n_ctx). */
+static int64_t attn_seq_rows(const tm_cuda_attn_params *p) {
+    return p->seq_rows ? p->seq_rows : p->n_ctx;
 }
 
 typedef struct attn_arg {
@@ -48,14 +38,14 @@ static void norm_rope_head(float *x, const float *w, const tm_cuda_attn_params *
 }
 
 /* Token t's position and the first cache row of its sequence (the kernels'
- * rule: row_pos / row_kv when given, else *pos0 + t and 0); false when the
+ * rule: row_pos / row_seq when given, else *pos0 + t and 0); false when the
  * arrays are not device memory. */
 static bool attn_row(const attn_arg *a, int64_t t, int64_t *pos, int64_t *kv0, char *err,
                      size_t err_size) {
     if (a->p.row_pos) {
         NEED_DEVICE(a->p.row_pos, (size_t)a->n_tok * 4, "row_pos");
-        NEED_DEVICE(a->p.row_kv, (size_t)a->n_tok * 4, "row_kv");
-        *pos = a->p.row_pos[t], *kv0 = a->p.row_kv[t];
+        NEED_DEVICE(a->p.row_seq, (size_t)a->n_tok * 4, "row_seq");
+        *pos = a->p.row_pos[t], *kv0 = (int64_t)a->p.row_seq[t] * attn_seq_rows(&a->p);
         return true;
     }
     NEED_DEVICE(a->pos0, 4, "pos0");
@@ -68,16 +58,19 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     const tm_cuda_attn_params *p = &a->p;
     const int64_t d = p->head_dim, qw = p->n_head * d, kvw = p->n_head_kv * d;
     const size_t esz = p->kv_type == TM_TYPE_F16 ? 2 : 4;
+    const int64_t seq_rows = attn_seq_rows(p);
     int64_t rows_end = 0; /* cache rows written: [.., rows_end) */
     for (int64_t t = 0; t < a->n_tok; t++) {
         int64_t pos = 0, kv0 = 0;
         if (!attn_row(a, t, &pos, &kv0, err, err_size)) return false;
-        if (pos < 0 || kv0 < 0 || kv0 + pos >= p->n_ctx)
+        const int64_t row = kv0 + (p->ring && pos >= 0 ? pos % seq_rows : pos);
+        if (pos < 0 || kv0 < 0 || (!p->ring && pos >= seq_rows) || row >= p->n_ctx)
             return mock_fail(err, err_size,
                              "token %lld: position %lld of the sequence at row %lld is outside "
-                             "the cache's %lld rows",
-                             (long long)t, (long long)pos, (long long)kv0, (long long)p->n_ctx);
-        if (kv0 + pos + 1 > rows_end) rows_end = kv0 + pos + 1;
+                             "its %lld rows%s or the cache's %lld",
+                             (long long)t, (long long)pos, (long long)kv0, (long long)seq_rows,
+                             p->ring ? " (a ring)" : "", (long long)p->n_ctx);
+        if (row + 1 > rows_end) rows_end = row + 1;
     }
     NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
     NEED_DEVICE(a->k, (size_t)(a->n_tok * kvw) * 4, "k");
@@ -102,9 +95,10 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
             norm_rope_head(a->q + t * qw + h * d, a->q_norm, p, cs);
         memcpy(krow, a->k + t * kvw, (size_t)kvw * sizeof(float)); /* k is not written */
         for (int64_t h = 0; h < p->n_head_kv; h++) norm_rope_head(krow + h * d, a->k_norm, p, cs);
-        cpu_store_kv((char *)a->k_cache + (size_t)((kv0 + pos) * kvw) * esz, krow, p->kv_type, kvw);
-        cpu_store_kv((char *)a->v_cache + (size_t)((kv0 + pos) * kvw) * esz, a->v + t * kvw,
-                     p->kv_type, kvw);
+        const int64_t row = kv0 + (p->ring ? pos % seq_rows : pos);
+        cpu_store_kv((char *)a->k_cache + (size_t)(row * kvw) * esz, krow, p->kv_type, kvw);
+        cpu_store_kv((char *)a->v_cache + (size_t)(row * kvw) * esz, a->v + t * kvw, p->kv_type,
+                     kvw);
     }
     free(cs);
     return true;
@@ -113,14 +107,10 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
 tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k, const float *v,
                             const float *q_norm, const float *k_norm, const int32_t *pos0,
                             int64_t n_tok, void *k_cache, void *v_cache, tm_cuda_stream stream) {
-    tm_status st = attn_check("cuda_attn_prepare", p, n_tok);
+    tm_status st = cuda_attn_shape_check("cuda_attn_prepare", p, n_tok);
     if (st != TM_OK) return st;
     if (n_tok == 0) return TM_OK;
-    if (!q || !k || !v || (!pos0 && !p->row_pos) || !k_cache || !v_cache ||
-        !p->row_pos != !p->row_kv)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer, or row_pos "
-                            "without row_kv");
+    if ((st = cuda_attn_prepare_check(p, q, k, v, pos0, k_cache, v_cache)) != TM_OK) return st;
     const attn_arg a = {*p, q, k, v, q_norm, k_norm, pos0, n_tok, 0, k_cache, v_cache, NULL};
     return mock_launch(stream, "cuda_attn_prepare", attn_prepare_run, &a, sizeof(a));
 }
@@ -133,6 +123,7 @@ static bool attention_rows_run(const attn_arg *a, char *err, size_t err_size) {
     NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
     NEED_DEVICE(a->out, (size_t)(a->n_tok * qw) * 4, "out");
     if (p->sinks) NEED_DEVICE(p->sinks, (size_t)p->n_head * 4, "sinks");
+    const int64_t seq_rows = attn_seq_rows(p);
     tm_attention_shape s = {.n_tok = 1,
                             .n_head = p->n_head,
                             .n_head_kv = p->n_head_kv,
@@ -140,24 +131,28 @@ static bool attention_rows_run(const attn_arg *a, char *err, size_t err_size) {
                             .scale = p->scale,
                             .kv_type = p->kv_type,
                             .window = p->window,
-                            .sinks = p->sinks};
+                            .sinks = p->sinks,
+                            .ring = p->ring ? seq_rows : 0};
     float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
     if (!scratch) return mock_fail(err, err_size, "out of host memory");
     for (int64_t t = 0; t < a->n_tok; t++) {
         int64_t pos = 0, kv0 = 0;
         if (!attn_row(a, t, &pos, &kv0, err, err_size)) return free(scratch), false;
-        if (pos < 0 || kv0 < 0 || pos + 1 > a->n_kv_max || kv0 + pos >= p->n_ctx) {
+        /* the rows its keys may be in: up to its position's, or all of a ring's */
+        const int64_t n_rows = p->ring ? seq_rows : pos + 1;
+        if (pos < 0 || kv0 < 0 || pos + 1 > a->n_kv_max || (!p->ring && pos >= seq_rows) ||
+            kv0 + n_rows > p->n_ctx) {
             free(scratch);
             return mock_fail(err, err_size,
                              "token %lld: position %lld of the sequence at row %lld past n_kv_max "
-                             "%lld given at launch or the cache's %lld rows",
+                             "%lld given at launch, its %lld rows or the cache's %lld",
                              (long long)t, (long long)pos, (long long)kv0, (long long)a->n_kv_max,
-                             (long long)p->n_ctx);
+                             (long long)seq_rows, (long long)p->n_ctx);
         }
         const char *k = (const char *)a->k_cache + (size_t)(kv0 * kvw) * esz;
         const char *v = (const char *)a->v_cache + (size_t)(kv0 * kvw) * esz;
-        if (!mock_device_range(k, (size_t)((pos + 1) * kvw) * esz) ||
-            !mock_device_range(v, (size_t)((pos + 1) * kvw) * esz)) {
+        if (!mock_device_range(k, (size_t)(n_rows * kvw) * esz) ||
+            !mock_device_range(v, (size_t)(n_rows * kvw) * esz)) {
             free(scratch);
             return mock_fail(err, err_size, "illegal address: token %lld's cache rows",
                              (long long)t);
@@ -179,8 +174,12 @@ static bool attention_run(void *arg, char *err, size_t err_size) {
     if (pos0 < 0 || pos0 + a->n_tok > a->n_kv_max)
         return mock_fail(err, err_size, "positions %lld..%lld past n_kv_max %lld given at launch",
                          (long long)pos0, (long long)(pos0 + a->n_tok - 1), (long long)a->n_kv_max);
-    const size_t cache_bytes =
-        (size_t)((pos0 + a->n_tok) * kvw) * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    const int64_t seq_rows = attn_seq_rows(p);
+    if (!p->ring && pos0 + a->n_tok > seq_rows)
+        return mock_fail(err, err_size, "positions %lld..%lld past the sequence's %lld rows",
+                         (long long)pos0, (long long)(pos0 + a->n_tok - 1), (long long)seq_rows);
+    const int64_t n_rows = p->ring ? seq_rows : pos0 + a->n_tok; /* rows its keys may be in */
+    const size_t cache_bytes = (size_t)(n_rows * kvw) * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
     NEED_DEVICE(a->q, (size_t)(a->n_tok * qw) * 4, "q");
     NEED_DEVICE(a->out, (size_t)(a->n_tok * qw) * 4, "out");
     NEED_DEVICE(a->k_cache, cache_bytes, "the k cache");
@@ -194,8 +193,10 @@ static bool attention_run(void *arg, char *err, size_t err_size) {
                                   .scale = p->scale,
                                   .kv_type = p->kv_type,
                                   .window = p->window,
-                                  .sinks = p->sinks};
-    float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, p->n_ctx, 1) * sizeof(float));
+                                  .sinks = p->sinks,
+                                  .ring = p->ring ? seq_rows : 0};
+    const int64_t n_kv = pos0 + a->n_tok; /* the decode split's records cover these keys */
+    float *scratch = malloc((size_t)cpu_attention_scratch_floats(&s, n_kv, 1) * sizeof(float));
     if (!scratch) return mock_fail(err, err_size, "out of host memory");
     cpu_attention(NULL, &s, a->q, a->k_cache, a->v_cache, a->out, scratch);
     free(scratch);
@@ -204,7 +205,8 @@ static bool attention_run(void *arg, char *err, size_t err_size) {
 
 int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok,
                                       int64_t n_kv_max) {
-    if (attn_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 || n_kv_max < 1)
+    if (cuda_attn_shape_check("cuda_attention_scratch_floats", p, n_tok) || n_tok < 1 ||
+        n_kv_max < 1)
         return 0;
     return n_tok * p->n_head * (p->head_dim + 2); /* one split's records; the mock uses none */
 }
@@ -212,17 +214,11 @@ int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_to
 tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
                          const void *v_cache, const int32_t *pos0, int64_t n_tok, int64_t n_kv_max,
                          float *out, float *scratch, tm_cuda_stream stream) {
-    tm_status st = attn_check("cuda_attention", p, n_tok);
+    tm_status st = cuda_attn_shape_check("cuda_attention", p, n_tok);
     if (st != TM_OK) return st;
     if (n_tok == 0) return TM_OK;
-    if (n_kv_max < (p->row_pos ? 1 : n_tok) || n_kv_max > p->n_ctx)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_attention: n_kv_max %lld (want n_tok %lld <= n_kv_max <= n_ctx "
-                            "%lld)",
-                            (long long)n_kv_max, (long long)n_tok, (long long)p->n_ctx);
-    if (!q || !k_cache || !v_cache || (!pos0 && !p->row_pos) || !out || !p->row_pos != !p->row_kv)
-        return tm_error_set(TM_ERR_ARG, "cuda_attention: a NULL q/cache/pos0/out pointer, or "
-                                        "row_pos without row_kv");
+    if ((st = cuda_attention_check(p, n_tok, n_kv_max, q, k_cache, v_cache, pos0, out)) != TM_OK)
+        return st;
     const attn_arg a = {*p,
                         (float *)q,
                         NULL,

@@ -21,9 +21,12 @@ test_forward_ref.py:
   TOL_QUANT = 4%, as for qwen3moe.
 - top-k ids exact, except a near tie (the reference's k-th and (k+1)-th
   router logits closer than 4x our router-logit error for that token).
-Also: the prompt as 20 single-token steps gives the same as one batch (the
-window and sinks in the batch path equal those of the decode path), and the
-thread count does not change the result.
+Also: the prompt in batches of 3, so the sliding layers' KV caches are rings
+of window + 3 = 11 rows that the 28 positions turn over twice (precise, every
+intermediate but the logits of tokens inside a batch, which are not computed);
+the prompt as 20 single-token steps gives the same as one batch (the window and
+sinks in the batch path equal those of the decode path; rings of 9 rows), and
+the thread count does not change the result.
 """
 import os
 import sys
@@ -52,6 +55,9 @@ def main():
     n_prompt = int(meta["dump.n_prompt"])
     compare("HF gpt-oss precise", want, ours(model, toks, n_prompt, True, "f32"), TOL_PRECISE, gap_fn(want))
     compare("HF gpt-oss quantized", want, ours(model, toks, n_prompt, False, "f16"), TOL_QUANT, gap_fn(want))
+    inner = {k: v for k, v in want.items() if k != "logits"}  # a batch computes its last token's
+    compare("HF gpt-oss precise, batches of 3 (KV rings of 11 rows)", inner,
+            ours(model, toks, n_prompt, True, "f32", batch=3), TOL_PRECISE, gap_fn(want))
 
     # the whole sequence one token at a time (decode path only) against one batch
     a = ours(model, toks, n_prompt, True, "f32")
