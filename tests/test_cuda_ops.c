@@ -520,9 +520,13 @@ static void test_router(void **state) {
                     int32_t cold = 0, n_cold = 0;
                     for (int32_t j = 0; j < K; j++) n_cold += map[gids[t * K + j]] < 0;
                     int32_t limit = gp.n_mapped;
-                    if (gp.mapped_share_q8) {
-                        const int32_t s = (int32_t)floor(n_cold * gp.mapped_share_q8 / 256.0 + 0.5);
-                        limit = s < limit ? s : limit;
+                    if (gp.mapped_share_q8) { /* the count whose slower lane ends first */
+                        const double p = gp.mapped_share_q8, c = 256 - gp.mapped_share_q8;
+                        int32_t best = 0;
+                        for (int32_t m = 1; m <= n_cold; m++)
+                            if (fmax(m / p, (n_cold - m) / c) < fmax(best / p, (n_cold - best) / c))
+                                best = m;
+                        limit = best < limit ? best : limit;
                     }
                     for (int32_t j = 0; j < K; j++) {
                         const int64_t i = t * K + j;
