@@ -10,6 +10,7 @@
 #      (bench/serve_parallel.py), full GPU and --cpu-moe, both --no-expert-trace (the
 #      tracer's callback would make every decode step eager).
 #   TOKENS (128; --cpu-moe takes half), CPU_MOE_THREADS ("16"; several: "16 14"), NO_CPU_MOE=1,
+#   SERVE_ENVS ("VAR=VALUE ...": full GPU again under each),
 #   NO_CHECKS=1 (bench only), FETCH_MODES ("copy pcie off": --cpu-moe prompts of 16-512
 #   tokens with each --moe-fetch mode), OUT dir. Targets (reported, not asserted):
 #   full GPU 8 streams >= 3x one; --cpu-moe: more streams, more tokens/s.
@@ -55,6 +56,13 @@ if [ -n "${FETCH_MODES:-}" ]; then # short prompts with every expert in RAM: whi
     done
 fi
 par all-gpu "$TOKENS" -ngl all -t 16 --no-expert-trace
+if [ -n "${SERVE_ENVS:-}" ]; then # full GPU again under each VAR=VALUE of SERVE_ENVS
+    for e in $SERVE_ENVS; do
+        export "${e?}"
+        par "all-gpu $e" "$TOKENS" -ngl all -t 16 --no-expert-trace
+        unset "${e%%=*}"
+    done
+fi
 [ "${NO_CPU_MOE:-0}" = 1 ] && CPU_MOE_THREADS=" "
 for t in ${CPU_MOE_THREADS:-16}; do
     par "cpu-moe -t $t" $((TOKENS / 2)) --cpu-moe -t "$t" --no-expert-trace
