@@ -83,7 +83,7 @@ void exec_free(tm_exec *e) {
         for (uint32_t l = 0; l < e->n_layer; l++)
             if (e->layer_dev[l] == TM_DEV_CPU) free(e->k_cache[l]), free(e->v_cache[l]);
     free(e->k_cache), free(e->v_cache), free(e->layer_dev);
-    free(e->window), free(e->kv_rows), free(e->kv_ring), free(e->kv_bytes);
+    free(e->window), free(e->kv_rows), free(e->kv_bytes);
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
     free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_seq);
@@ -131,7 +131,7 @@ static void exec_kv_log(const tm_exec *e, size_t row) {
     int64_t lo = 0, hi = 0; /* the rings' rows */
     for (uint32_t l = 0; l < e->n_layer; l++) {
         bytes += 2 * e->kv_bytes[l], n_win += e->window[l] > 0;
-        if (!e->kv_ring[l]) continue;
+        if (!exec_kv_ring(e, l)) continue;
         lo = n_ring && lo < e->kv_rows[l] ? lo : e->kv_rows[l];
         hi = hi > e->kv_rows[l] ? hi : e->kv_rows[l];
         n_ring++;
@@ -175,10 +175,8 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
     e->v_cache = calloc(nl, sizeof(void *));
     e->window = calloc(nl, sizeof(int64_t));
     e->kv_rows = calloc(nl, sizeof(int64_t));
-    e->kv_ring = calloc(nl, sizeof(bool));
     e->kv_bytes = calloc(nl, sizeof(size_t));
-    if (!e->layer_dev || !e->k_cache || !e->v_cache || !e->window || !e->kv_rows || !e->kv_ring ||
-        !e->kv_bytes)
+    if (!e->layer_dev || !e->k_cache || !e->v_cache || !e->window || !e->kv_rows || !e->kv_bytes)
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     memcpy(e->layer_dev, layer_dev, n_layer);
     const size_t row =
@@ -186,7 +184,6 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
     for (uint32_t l = 0; l < n_layer; l++) {
         e->window[l] = window && window[l] > 0 ? window[l] : 0;
         e->kv_rows[l] = exec_kv_rows(e->n_ctx_seq, e->p.n_batch, e->window[l], e->p.kv_full);
-        e->kv_ring[l] = e->kv_rows[l] < e->n_ctx_seq;
         e->kv_bytes[l] = (size_t)e->kv_rows[l] * (size_t)e->p.n_seq * row;
     }
     exec_kv_log(e, row);
@@ -211,7 +208,7 @@ int64_t exec_kv_rows(int64_t n_ctx_seq, int64_t n_batch, int64_t window, bool kv
 
 int64_t exec_kv_keep(const tm_exec *e, int64_t n_written, int64_t n_keep) {
     for (uint32_t l = 0; l < e->n_layer; l++) {
-        if (!e->kv_ring[l]) continue;
+        if (!exec_kv_ring(e, l)) continue;
         /* position n_keep sees keys from `first` on; the write of position p took the row
          * of p - rows, so they are there while nothing past first + rows - 1 was written */
         const int64_t first = n_keep + 1 - e->window[l];
@@ -221,7 +218,8 @@ int64_t exec_kv_keep(const tm_exec *e, int64_t n_written, int64_t n_keep) {
 }
 
 int64_t exec_kv_ring(const tm_exec *e, uint32_t layer) {
-    return layer < e->n_layer && e->kv_ring[layer] ? e->kv_rows[layer] : 0;
+    /* fewer rows than a sequence's positions: a ring */
+    return layer < e->n_layer && e->kv_rows[layer] < e->n_ctx_seq ? e->kv_rows[layer] : 0;
 }
 
 tm_status exec_finalize(tm_exec *e) {
@@ -714,7 +712,7 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                           e->k_cache[layer],
                           e->v_cache[layer],
                           e->kv_rows[layer],
-                          e->kv_ring[layer]};
+                          exec_kv_ring(e, layer) != 0};
     if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d), exec_at(v, d),
                                           exec_at(out, d), e->n_tok)))
         return st;

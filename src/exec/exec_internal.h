@@ -82,7 +82,6 @@ struct tm_exec {
     int64_t n_ctx_seq;         /* positions of one sequence: n_ctx / n_seq */
     int64_t *window;           /* [n_layer] sliding windows (0: full attention) */
     int64_t *kv_rows;          /* [n_layer] rows of one sequence (n_ctx_seq, or a ring's) */
-    bool *kv_ring;             /* [n_layer] the layer's rows are rings */
     size_t *kv_bytes;          /* [n_layer] of the layer's K (or V) cache, every sequence's */
 
     /* CPU side */
