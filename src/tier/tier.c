@@ -210,8 +210,10 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     const bool automatic = p->pcie == TM_MOE_PCIE_AUTO;
     int32_t n = p->pcie == TM_MOE_PCIE_OFF ? 0 : automatic ? (int32_t)t->k : p->pcie;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
-    if (any) tier_calib_load(t); /* the lanes' shares (prompts' too) */
-    const bool calibrated = t->calib != NULL;
+    /* the shares the profile sets: the decode lane's auto count, and copied-ahead
+       prompts' CPU share (a fixed --moe-pcie N with --moe-fetch off|pcie uses none) */
+    if (any && (automatic || p->fetch == TM_MOE_FETCH_AUTO || p->fetch == TM_MOE_FETCH_COPY))
+        tier_calib_load(t);
     const int32_t share = automatic && any ? tier_pcie_share(t) : 0;
     if (automatic && (!share || !tm_cuda_mapped_count((int32_t)t->k, n, share))) n = 0;
     /* prompts' fetch lane copies from the same pinned pages the decode lane reads */
@@ -260,9 +262,8 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
         tm_log_info("--moe-pcie: the GPU reads %.0f%% of each decode token's experts in RAM (%d "
                     "when all %u are) over PCIe (%s); %.2f GiB of experts pinned in %d spans",
                     100.0 * share / 256, tier_pcie_slots(t), t->k,
-                    calibrated
-                        ? "this machine's calibration"
-                        : "measured on the H100 machine; tiermoe calibrate measures this one",
+                    t->calib ? "this machine's calibration"
+                             : "measured on the H100 machine; tiermoe calibrate measures this one",
                     t->pcie_pinned / 1073741824.0, t->n_pins);
     else
         tm_log_info("--moe-pcie: the GPU reads the first %d of each decode token's experts in RAM "
