@@ -519,15 +519,9 @@ static void test_router(void **state) {
                 for (int64_t t = 0; map && t < T; t++) {
                     int32_t cold = 0, n_cold = 0;
                     for (int32_t j = 0; j < K; j++) n_cold += map[gids[t * K + j]] < 0;
-                    int32_t limit = gp.n_mapped;
-                    if (gp.mapped_share_q8) { /* the count whose slower lane ends first */
-                        const double p = gp.mapped_share_q8, c = 256 - gp.mapped_share_q8;
-                        int32_t best = 0;
-                        for (int32_t m = 1; m <= n_cold; m++)
-                            if (fmax(m / p, (n_cold - m) / c) < fmax(best / p, (n_cold - best) / c))
-                                best = m;
-                        limit = best < limit ? best : limit;
-                    }
+                    /* the token's count (test_calib checks it against every count) */
+                    const int32_t limit =
+                        tm_cuda_mapped_count(n_cold, gp.n_mapped, gp.mapped_share_q8);
                     for (int32_t j = 0; j < K; j++) {
                         const int64_t i = t * K + j;
                         const bool is_cold = map[gids[i]] < 0;

@@ -6,7 +6,6 @@
  * expert's run stays whole), and a decode step's cold slots grouped by expert
  * (tier_worklist_group). The lanes and the merge run end to end in
  * test_mock_placement. */
-#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -121,16 +120,8 @@ static void check_split(tm_rng *r, tm_moe_phase phase, int c) {
                         before[j].token == before[i].token && map[before[j].expert] < 0;
                     before_cold += j < i && c_j, token_cold += c_j;
                 }
-                int64_t limit = n_mapped;
-                if (share) { /* the count whose slower lane ends first, the smallest on a tie */
-                    int64_t best = 0, best_t = INT64_MAX;
-                    for (int64_t m = 0; m <= token_cold; m++) {
-                        const int64_t gpu = m * (256 - share), cpu = (token_cold - m) * share;
-                        const int64_t t = gpu > cpu ? gpu : cpu;
-                        if (t < best_t) best = m, best_t = t;
-                    }
-                    limit = best < limit ? best : limit;
-                }
+                /* the token's count (test_calib checks it against every count) */
+                const int64_t limit = tm_cuda_mapped_count((int32_t)token_cold, n_mapped, share);
                 lane = before_cold < limit ? 1 : 0;
             }
             if (lane != pass) continue;
