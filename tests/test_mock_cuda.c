@@ -164,6 +164,74 @@ static void test_async_in_order(void **state) {
 
 /* ---- graphs ---- */
 
+/* Cross-stream capture: a stream that waits on an event recorded in a capture
+ * joins it; its work replays in the order issued; the capture ends only once
+ * the capturing stream has waited for the joined stream's last work. */
+static void test_graph_fork_join(void **state) {
+    (void)state;
+    enum { N = 8 };
+    gpu g = gpu_open(0);
+    float ha[N], hb[N], hy[N];
+    for (int i = 0; i < N; i++) ha[i] = (float)i, hb[i] = 1.0f;
+    float *a = upload(&g, ha, sizeof(ha)), *b = upload(&g, hb, sizeof(hb));
+    float *side_out = dalloc(&g, sizeof(hy)), *y = dalloc(&g, sizeof(hy));
+    tm_cuda_stream side;
+    tm_cuda_event fork, join;
+    assert_int_equal(cuda_stream_create(&side), TM_OK);
+    assert_int_equal(cuda_event_create(&fork), TM_OK);
+    assert_int_equal(cuda_event_create(&join), TM_OK);
+    tm_cuda_graph *gr = NULL;
+    assert_int_equal(cuda_graph_begin(g.s), TM_OK);
+    assert_int_equal(cuda_add(a, a, b, N, g.s), TM_OK); /* a += 1 */
+    assert_int_equal(cuda_event_record(fork, g.s), TM_OK);
+    assert_int_equal(cuda_stream_wait_event(side, fork), TM_OK);
+    assert_int_equal(cuda_add(side_out, a, a, N, side), TM_OK); /* side_out = 2a */
+    assert_int_equal(cuda_event_record(join, side), TM_OK);
+    assert_int_equal(cuda_stream_sync(side), TM_ERR_DEVICE); /* joined: capturing */
+    assert_int_equal(cuda_stream_wait_event(g.s, join), TM_OK);
+    assert_int_equal(cuda_add(y, side_out, b, N, g.s), TM_OK); /* y = 2a + 1 */
+    /* the sync above invalidated this capture */
+    assert_int_equal(cuda_graph_end(g.s, true, &gr), TM_ERR_DEVICE);
+    assert_int_equal(cuda_stream_sync(side), TM_OK); /* out of the capture again */
+
+    assert_int_equal(cuda_graph_begin(g.s), TM_OK);
+    assert_int_equal(cuda_add(a, a, b, N, g.s), TM_OK);
+    assert_int_equal(cuda_event_record(fork, g.s), TM_OK);
+    assert_int_equal(cuda_stream_wait_event(side, fork), TM_OK);
+    assert_int_equal(cuda_add(side_out, a, a, N, side), TM_OK);
+    assert_int_equal(cuda_event_record(join, side), TM_OK);
+    assert_int_equal(cuda_stream_wait_event(g.s, join), TM_OK);
+    assert_int_equal(cuda_add(y, side_out, b, N, g.s), TM_OK);
+    assert_int_equal(cuda_graph_end(g.s, true, &gr), TM_OK);
+    for (int r = 1; r <= 3; r++) {
+        assert_int_equal(cuda_graph_launch(gr, g.s), TM_OK);
+        assert_int_equal(cuda_stream_sync(g.s), TM_OK);
+        download(&g, hy, y, sizeof(hy));
+        for (int i = 0; i < N; i++) assert_true(hy[i] == 2.0f * (float)(i + r) + 1.0f);
+    }
+    cuda_graph_free(gr);
+
+    /* a joined stream whose last work nobody waited for: the capture fails */
+    tm_cuda_graph *bad = (tm_cuda_graph *)&g;
+    assert_int_equal(cuda_graph_begin(g.s), TM_OK);
+    assert_int_equal(cuda_event_record(fork, g.s), TM_OK);
+    assert_int_equal(cuda_stream_wait_event(side, fork), TM_OK);
+    assert_int_equal(cuda_add(side_out, a, a, N, side), TM_OK);
+    assert_int_equal(cuda_graph_end(g.s, true, &bad), TM_ERR_DEVICE);
+    assert_null(bad);
+    /* and eager again: events order the two streams */
+    assert_int_equal(cuda_add(a, a, b, N, g.s), TM_OK);
+    assert_int_equal(cuda_event_record(fork, g.s), TM_OK);
+    assert_int_equal(cuda_stream_wait_event(side, fork), TM_OK);
+    assert_int_equal(cuda_add(side_out, a, a, N, side), TM_OK);
+    assert_int_equal(cuda_stream_sync(side), TM_OK);
+    download(&g, hy, side_out, sizeof(hy));
+    for (int i = 0; i < N; i++) assert_true(hy[i] == 2.0f * (float)(i + 4));
+    cuda_event_free(fork), cuda_event_free(join);
+    cuda_stream_free(side);
+    gpu_close(&g);
+}
+
 static void test_graph_replay(void **state) {
     (void)state;
     enum { N = 8 };
@@ -478,8 +546,9 @@ int main(void) {
     mock_rng_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_and_pool), cmocka_unit_test(test_async_in_order),
-        cmocka_unit_test(test_graph_replay),    cmocka_unit_test(test_handoff),
-        cmocka_unit_test(test_wait_timeout),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_graph_replay),    cmocka_unit_test(test_graph_fork_join),
+        cmocka_unit_test(test_handoff),         cmocka_unit_test(test_wait_timeout),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

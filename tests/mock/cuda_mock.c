@@ -12,7 +12,12 @@
  *     cuda_stream_query looks without waiting.
  *   - graphs: between cuda_graph_begin and cuda_graph_end closures are
  *     appended to a capture list instead of run; cuda_graph_launch queues a
- *     copy of each. A synchronous call during a capture (sync, query, the
+ *     copy of each. Another stream joins the capture by waiting on an event
+ *     recorded in it (CUDA's cross-stream capture): its closures go to the
+ *     same list in the order the host issues them (a valid order of the
+ *     graph's nodes), and waits on events recorded in the capture add
+ *     nothing; cuda_graph_end fails for a joined stream whose last work the
+ *     capturing stream never waited for (CUDA: unjoined). A synchronous call during a capture (sync, query, the
  *     synchronous copies, an op CUDA cannot capture, a copy of pageable host
  *     memory) fails with TM_ERR_DEVICE and invalidates the capture, as in
  *     CUDA, instead of deadlocking.
@@ -196,6 +201,10 @@ struct CUstream_st {
     bool busy, stop;           /* the worker runs a closure; close asked */
     bool capturing, cap_invalid;
     mock_closure *cap_head, *cap_tail;
+    struct CUstream_st *origin;    /* joined into this stream's capture (NULL: none) */
+    struct CUstream_st *joined[4]; /* capturing: the streams that joined it */
+    int n_joined;
+    bool unjoined;    /* joined: work since the origin last waited for it */
     char cap_why[96]; /* what invalidated the capture */
     bool failed;      /* sticky */
     bool side;        /* made by cuda_stream_create (MOCK_FAIL_SIDE_COPY) */
@@ -258,6 +267,12 @@ static tm_status stream_put(struct CUstream_st *s, mock_closure *first) {
     mock_closure *last = first;
     while (last->next) last = last->next;
     pthread_mutex_lock(&s->mu);
+    if (s->origin) { /* joined: the work goes to the capture it joined */
+        struct CUstream_st *o = s->origin;
+        s->unjoined = true;
+        pthread_mutex_unlock(&s->mu);
+        return stream_put(o, first);
+    }
     if (s->failed) {
         const tm_status st = stream_sticky(s);
         pthread_mutex_unlock(&s->mu);
@@ -302,7 +317,7 @@ tm_status mock_not_in_capture(tm_cuda_stream stream, const char *op) {
     tm_status st = check_stream(stream, op);
     if (st != TM_OK) return st;
     pthread_mutex_lock(&stream->mu);
-    if (stream->capturing) st = capture_break(stream, op);
+    if (stream->capturing || stream->origin) st = capture_break(stream, op);
     pthread_mutex_unlock(&stream->mu);
     return st;
 }
@@ -352,7 +367,7 @@ tm_status cuda_stream_sync(tm_cuda_stream s) {
     tm_status st = check_stream(s, "cuda_stream_sync");
     if (st != TM_OK) return st;
     pthread_mutex_lock(&s->mu);
-    if (s->capturing) {
+    if (s->capturing || s->origin) {
         st = capture_break(s, "cuda_stream_sync");
     } else {
         while (s->head || s->busy) pthread_cond_wait(&s->idle, &s->mu);
@@ -367,7 +382,7 @@ tm_status cuda_stream_query(tm_cuda_stream s, bool *idle) {
     tm_status st = check_stream(s, "cuda_stream_query");
     if (st != TM_OK) return st;
     pthread_mutex_lock(&s->mu);
-    if (s->capturing) {
+    if (s->capturing || s->origin) {
         st = capture_break(s, "cuda_stream_query");
     } else {
         *idle = !s->head && !s->busy;
@@ -708,7 +723,7 @@ tm_status cuda_graph_begin(tm_cuda_stream stream) {
         st = stream_sticky(stream);
     else {
         stream->capturing = true, stream->cap_invalid = false, stream->cap_why[0] = '\0';
-        stream->cap_head = stream->cap_tail = NULL;
+        stream->cap_head = stream->cap_tail = NULL, stream->n_joined = 0;
     }
     pthread_mutex_unlock(&stream->mu);
     return st;
@@ -719,13 +734,30 @@ tm_status cuda_graph_end(tm_cuda_stream stream, bool keep, tm_cuda_graph **out) 
     tm_status st = check_stream(stream, "cuda_graph_end");
     if (st != TM_OK) return st;
     pthread_mutex_lock(&stream->mu);
-    const bool was = stream->capturing, invalid = stream->cap_invalid;
+    const bool was = stream->capturing;
+    bool invalid = stream->cap_invalid;
     char why[sizeof(stream->cap_why)];
     memcpy(why, stream->cap_why, sizeof(why));
     mock_closure *list = stream->cap_head;
     stream->capturing = false, stream->cap_invalid = false;
     stream->cap_head = stream->cap_tail = NULL;
+    bool unjoined = false;
+    for (int i = 0; i < stream->n_joined; i++) { /* the joined streams leave the capture */
+        struct CUstream_st *j = stream->joined[i];
+        pthread_mutex_lock(&j->mu);
+        unjoined |= j->unjoined;
+        if (j->cap_invalid && !invalid) /* a joined stream broke the capture */
+            invalid = true, memcpy(why, j->cap_why, sizeof(why));
+        j->origin = NULL, j->unjoined = false, j->cap_invalid = false;
+        pthread_mutex_unlock(&j->mu);
+    }
+    stream->n_joined = 0;
     pthread_mutex_unlock(&stream->mu);
+    if (was && keep && unjoined && !invalid) {
+        closure_list_free(list);
+        return tm_error_set(TM_ERR_DEVICE, "mock: cuda_graph_end: a stream joined the capture and "
+                                           "was not waited for (CUDA: capture unjoined)");
+    }
     if (!was)
         return tm_error_set(TM_ERR_DEVICE, "mock: cuda_graph_end: the stream is not capturing");
     if (!keep) {
@@ -778,9 +810,11 @@ void cuda_graph_free(tm_cuda_graph *g) {
 struct CUevent_st {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t queued, done; /* records put on a run queue / run or dropped */
-    bool dropped;          /* the last record was dropped: its stream had failed */
-    double t_ms;           /* host monotonic time of the last record that ran */
+    struct CUstream_st *cap;    /* last recorded in this stream's capture (NULL: outside one) */
+    struct CUstream_st *cap_by; /* by this stream (the capturing one or one that joined it) */
+    uint64_t queued, done;      /* records put on a run queue / run or dropped */
+    bool dropped;               /* the last record was dropped: its stream had failed */
+    double t_ms;                /* host monotonic time of the last record that ran */
 };
 
 typedef struct event_arg {
@@ -834,6 +868,13 @@ tm_status cuda_event_record(tm_cuda_event e, tm_cuda_stream stream) {
     tm_status st = check_stream(stream, "cuda_event_record");
     if (st != TM_OK) return st;
     if (!e) return tm_error_set(TM_ERR_ARG, "cuda_event_record: NULL event");
+    pthread_mutex_lock(&stream->mu);
+    struct CUstream_st *cap = stream->origin ? stream->origin : stream->capturing ? stream : NULL;
+    pthread_mutex_unlock(&stream->mu);
+    pthread_mutex_lock(&e->mu);
+    e->cap = cap, e->cap_by = stream;
+    pthread_mutex_unlock(&e->mu);
+    if (cap) return TM_OK; /* a node of the graph: the list's order keeps what it orders */
     const event_arg a = {e};
     mock_closure *c = closure_new("cuda_event_record", event_run, &a, sizeof(a));
     if (!c) return tm_error_set(TM_ERR_NOMEM, "cuda_event_record: out of host memory");
@@ -875,9 +916,44 @@ static bool wait_event_run(void *arg, char *err, size_t err_size) {
 }
 
 tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e) {
-    tm_status st = mock_not_in_capture(stream, "cuda_stream_wait_event");
+    tm_status st = check_stream(stream, "cuda_stream_wait_event");
     if (st != TM_OK) return st;
     if (!e) return tm_error_set(TM_ERR_ARG, "cuda_stream_wait_event: NULL event");
+    pthread_mutex_lock(&e->mu);
+    struct CUstream_st *cap = e->cap, *by = e->cap_by;
+    pthread_mutex_unlock(&e->mu);
+    if (cap) { /* recorded in a capture */
+        pthread_mutex_lock(&cap->mu);
+        const bool live = cap->capturing;
+        pthread_mutex_unlock(&cap->mu);
+        if (!live)
+            return tm_error_set(TM_ERR_DEVICE, "mock: cuda_stream_wait_event: the event was "
+                                               "recorded in a capture that has ended");
+        if (stream == cap) { /* the capturing stream waits for a joined one: joined back */
+            if (by != cap) {
+                pthread_mutex_lock(&by->mu);
+                by->unjoined = false;
+                pthread_mutex_unlock(&by->mu);
+            }
+            return TM_OK;
+        }
+        pthread_mutex_lock(&stream->mu);
+        if (stream->capturing || (stream->origin && stream->origin != cap))
+            st = capture_break(stream, "cuda_stream_wait_event (another capture)");
+        const bool join = st == TM_OK && !stream->origin;
+        if (join) stream->origin = cap;
+        pthread_mutex_unlock(&stream->mu);
+        if (join) {
+            pthread_mutex_lock(&cap->mu);
+            if (cap->n_joined < 4)
+                cap->joined[cap->n_joined++] = stream;
+            else
+                st = capture_break(cap, "a fifth stream joining the capture");
+            pthread_mutex_unlock(&cap->mu);
+        }
+        return st;
+    }
+    if ((st = mock_not_in_capture(stream, "cuda_stream_wait_event"))) return st;
     pthread_mutex_lock(&e->mu);
     const wait_event_arg a = {e, e->queued};
     pthread_mutex_unlock(&e->mu);
