@@ -503,6 +503,17 @@ static void test_router(void **state) {
                 tm_cuda_moe_item *it_d = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
                 tm_cuda_moe_item *its = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
                 tm_cuda_moe_item *mits = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                tm_cuda_moe_item *fits = xmalloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                /* and, every other mapped case, a fetch buffer holding some cold experts */
+                int32_t *fmap = NULL;
+                if (map && ei % 2 == 0) {
+                    fmap = xmalloc((size_t)E * sizeof(int32_t));
+                    for (int32_t e = 0; e < E; e++)
+                        fmap[e] =
+                            map[e] < 0 && tm_rng_u64(&r) % 2 ? (int32_t)(tm_rng_u64(&r) % 16) : -1;
+                    gp.fetch_map = dev_upload(fmap, (size_t)E * sizeof(int32_t));
+                    gp.fetched = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
+                }
                 if (map) { /* and the PCIe lane's list: the first n_mapped cold slots a token */
                     gp.slot_map = map_d = dev_upload(map, (size_t)E * sizeof(int32_t));
                     gp.mapped = dev_alloc((size_t)T * K * sizeof(tm_cuda_moe_item));
@@ -516,15 +527,29 @@ static void test_router(void **state) {
                 CHECK(cuda_copy_to_host(g_dev, its, it_d, (size_t)T * K * sizeof(*its)));
                 if (map)
                     CHECK(cuda_copy_to_host(g_dev, mits, gp.mapped, (size_t)T * K * sizeof(*mits)));
+                if (fmap)
+                    CHECK(
+                        cuda_copy_to_host(g_dev, fits, gp.fetched, (size_t)T * K * sizeof(*fits)));
+                    /* cold: neither in a slot nor in the fetch buffer */
+#define ROUTER_COLD(e) (map[e] < 0 && !(fmap && fmap[e] >= 0))
+                for (int64_t i = 0; fmap && i < T * K; i++) {
+                    const int32_t want = map[gids[i]] < 0 ? fmap[gids[i]] : -1;
+                    if (fits[i].slot != want || fits[i].token != i / K || fits[i].weight != gw[i] ||
+                        fits[i].expert != gids[i])
+                        fail_msg("router fetched item %lld: {%d, %d, %g, %d}, want {%d, %lld, "
+                                 "%g, %d}",
+                                 (long long)i, fits[i].slot, fits[i].token, fits[i].weight,
+                                 fits[i].expert, want, (long long)(i / K), gw[i], gids[i]);
+                }
                 for (int64_t t = 0; map && t < T; t++) {
                     int32_t cold = 0, n_cold = 0;
-                    for (int32_t j = 0; j < K; j++) n_cold += map[gids[t * K + j]] < 0;
+                    for (int32_t j = 0; j < K; j++) n_cold += ROUTER_COLD(gids[t * K + j]);
                     /* the token's count (test_calib checks it against every count) */
                     const int32_t limit =
                         tm_cuda_mapped_count(n_cold, gp.n_mapped, gp.mapped_share_q8);
                     for (int32_t j = 0; j < K; j++) {
                         const int64_t i = t * K + j;
-                        const bool is_cold = map[gids[i]] < 0;
+                        const bool is_cold = ROUTER_COLD(gids[i]);
                         const int32_t want = is_cold && cold++ < limit ? gids[i] : -1;
                         if (mits[i].slot != want || mits[i].token != t || mits[i].weight != gw[i] ||
                             mits[i].expert != gids[i])
@@ -543,8 +568,9 @@ static void test_router(void **state) {
                                  (long long)i, its[i].slot, its[i].token, its[i].weight,
                                  its[i].expert, slot, (long long)(i / K), gw[i], gids[i]);
                 }
+#undef ROUTER_COLD
                 (void)map_d;
-                free(its), free(mits), free(map);
+                free(its), free(mits), free(fits), free(map), free(fmap);
                 for (int64_t t = 0; t < T; t++) {
                     int tie = 0;
                     for (int32_t j = 0; j < K && !tie; j++) {
@@ -573,6 +599,157 @@ static void test_router(void **state) {
                 free(l), free(ids), free(gids), free(w), free(gw);
             }
     printf("router: %d cases ok (%d near ties)\n", n_cases, n_near_ties);
+}
+
+/* ---- copies ahead ---- */
+
+/* cuda_moe_fetch_ahead against a host reference: the experts chosen (cold
+ * items' weights summed in item order, the largest first, ties to the lower
+ * id), the map and list, and the copied bytes (from mapped host memory, as the
+ * decode step reads the pinned file). */
+static void test_fetch_ahead(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    tm_rng r;
+    tm_rng_seed(&r, 0xfe7c);
+    const tm_cuda_stream s = cuda_device_stream(g_dev);
+    static const struct {
+        int32_t E, K, n_slots;
+        int64_t T;
+    } cases[] = {{8, 2, 1, 1}, {128, 8, 2, 1}, {128, 8, 4, 8}, {512, 32, 16, 8}, {60, 4, 3, 300}};
+    const int64_t n_embd = 256, n_ff = 96; /* q8_0 rows: 34 bytes a block */
+    const size_t row_e = (size_t)(n_embd / 32) * 34, row_f = (size_t)(n_ff / 32) * 34;
+    const size_t g_bytes = (size_t)n_ff * row_e, d_bytes = (size_t)n_embd * row_f;
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const int32_t E = cases[ci].E, K = cases[ci].K, n = cases[ci].n_slots;
+        const int64_t T = cases[ci].T, N = T * K;
+        /* strides rounded to 16 bytes, as a GGUF's tensors are aligned */
+        const size_t gs = (g_bytes + 15) & ~(size_t)15, ds = (d_bytes + 15) & ~(size_t)15;
+        void *host, *hdev;
+        const size_t all = (size_t)E * (2 * gs + ds);
+        CHECK(cuda_host_alloc_mapped(all, &host, &hdev));
+        for (size_t i = 0; i < all; i++) ((uint8_t *)host)[i] = (uint8_t)tm_rng_u64(&r);
+        const tm_cuda_moe_params src = {
+            .n_embd = n_embd,
+            .n_ff = n_ff,
+            .n_slots = E,
+            .gate = {hdev, TM_TYPE_Q8_0, gs, row_e},
+            .up = {(uint8_t *)hdev + (size_t)E * gs, TM_TYPE_Q8_0, gs, row_e},
+            .down = {(uint8_t *)hdev + (size_t)E * 2 * gs, TM_TYPE_Q8_0, ds, row_f}};
+        cuda_pool_reset(g_pool);
+        uint8_t *buf = dev_alloc((size_t)n * (2 * gs + ds));
+        CHECK(cuda_fill_bytes(g_dev, buf, 0, (size_t)n * (2 * gs + ds)));
+        tm_cuda_moe_params dst = src;
+        dst.n_slots = n, dst.gate.data = buf, dst.up.data = buf + (size_t)n * gs;
+        dst.down.data = buf + (size_t)n * 2 * gs;
+        /* items: a third hot (slot >= 0), the rest cold; some experts repeat, and two
+           experts tie exactly */
+        tm_cuda_moe_item *it = xmalloc((size_t)N * sizeof(*it));
+        for (int64_t i = 0; i < N; i++) {
+            const int32_t e = (int32_t)(tm_rng_u64(&r) % (uint64_t)(E < 24 ? E : 24));
+            const float w = (float)(tm_rng_u64(&r) % 1000) / 997.0f;
+            it[i] = (tm_cuda_moe_item){tm_rng_u64(&r) % 3 ? -1 : e, (int32_t)(i / K), w, e};
+        }
+        if (N >= 4 && E > 40) {
+            it[0] = (tm_cuda_moe_item){-1, 0, 0.75f, 40};
+            it[1] = (tm_cuda_moe_item){-1, 0, 0.75f, 30};
+        }
+        int32_t *map_d = dev_alloc((size_t)E * 4), *list_d = dev_alloc((size_t)n * 4);
+        const tm_cuda_moe_item *it_d = dev_upload(it, (size_t)N * sizeof(*it));
+        CHECK(cuda_moe_fetch_ahead(&src, &dst, it_d, N, E, n, map_d, list_d, s));
+        CHECK(cuda_device_sync(g_dev));
+        /* the reference */
+        float *sum = xmalloc((size_t)E * 4);
+        bool *seen = xmalloc((size_t)E);
+        int32_t *want_map = xmalloc((size_t)E * 4), *want_list = xmalloc((size_t)n * 4);
+        for (int32_t e = 0; e < E; e++) sum[e] = 0, seen[e] = false, want_map[e] = -1;
+        for (int64_t i = 0; i < N; i++)
+            if (it[i].slot < 0) sum[it[i].expert] += it[i].weight, seen[it[i].expert] = true;
+        for (int32_t k = 0; k < n; k++) {
+            int32_t b = -1;
+            for (int32_t e = 0; e < E; e++)
+                if (seen[e] && (b < 0 || sum[e] > sum[b])) b = e;
+            want_list[k] = b;
+            if (b >= 0) seen[b] = false, want_map[b] = k;
+        }
+        int32_t *map = xmalloc((size_t)E * 4), *list = xmalloc((size_t)n * 4);
+        CHECK(cuda_copy_to_host(g_dev, map, map_d, (size_t)E * 4));
+        CHECK(cuda_copy_to_host(g_dev, list, list_d, (size_t)n * 4));
+        for (int32_t k = 0; k < n; k++)
+            if (list[k] != want_list[k])
+                fail_msg("fetch ahead E %d T %lld: slot %d holds expert %d, want %d", E,
+                         (long long)T, k, list[k], want_list[k]);
+        for (int32_t e = 0; e < E; e++)
+            if (map[e] != want_map[e])
+                fail_msg("fetch ahead E %d T %lld: map[%d] = %d, want %d", E, (long long)T, e,
+                         map[e], want_map[e]);
+        uint8_t *got = xmalloc((size_t)n * (2 * gs + ds));
+        CHECK(cuda_copy_to_host(g_dev, got, buf, (size_t)n * (2 * gs + ds)));
+        int copied = 0;
+        for (int32_t k = 0; k < n; k++) {
+            const uint8_t *zero = NULL;
+            const size_t off[3] = {0, (size_t)n * gs, (size_t)n * 2 * gs}, stride[3] = {gs, gs, ds},
+                         bytes[3] = {g_bytes, g_bytes, d_bytes};
+            const uint8_t *from[3] = {host, (uint8_t *)host + (size_t)E * gs,
+                                      (uint8_t *)host + (size_t)E * 2 * gs};
+            for (int m = 0; m < 3; m++) {
+                const uint8_t *g = got + off[m] + (size_t)k * stride[m];
+                if (want_list[k] < 0) { /* an empty slot is left alone */
+                    for (size_t i = 0; i < bytes[m] && !zero; i++)
+                        if (g[i]) zero = g + i;
+                    if (zero) fail_msg("fetch ahead: empty slot %d was written", k);
+                    continue;
+                }
+                if (memcmp(g, from[m] + (size_t)want_list[k] * stride[m], bytes[m]))
+                    fail_msg("fetch ahead E %d: slot %d matrix %d differs from expert %d", E, k, m,
+                             want_list[k]);
+            }
+            copied += want_list[k] >= 0;
+        }
+        printf("fetch ahead: E %d, %lld items, %d of %d slots filled: ok\n", E, (long long)N,
+               copied, n);
+        free(it), free(sum), free(seen), free(want_map), free(want_list), free(map), free(list);
+        free(got);
+        cuda_host_free(host);
+    }
+    /* the copy rate at 30b-a3b's expert size (q4_K gate and up, q6_K down: ~2.5 MiB),
+       1..4 experts a launch from mapped host memory */
+    const size_t big = 884736, bigd = 1290240;
+    void *host, *hdev;
+    CHECK(cuda_host_alloc_mapped(8 * (2 * big + bigd), &host, &hdev));
+    memset(host, 1, 8 * (2 * big + bigd));
+    const tm_cuda_moe_params src = {
+        .n_embd = 2048,
+        .n_ff = 768,
+        .n_slots = 8,
+        .gate = {hdev, TM_TYPE_Q8_0, big, big / 768},
+        .up = {(uint8_t *)hdev + 8 * big, TM_TYPE_Q8_0, big, big / 768},
+        .down = {(uint8_t *)hdev + 16 * big, TM_TYPE_Q8_0, bigd, bigd / 2048}};
+    cuda_pool_reset(g_pool);
+    uint8_t *buf = dev_alloc(4 * (2 * big + bigd));
+    tm_cuda_moe_params dst = src;
+    dst.n_slots = 4, dst.gate.data = buf, dst.up.data = buf + 4 * big;
+    dst.down.data = buf + 8 * big;
+    tm_cuda_moe_item it[8];
+    for (int i = 0; i < 8; i++) it[i] = (tm_cuda_moe_item){-1, 0, 1.0f - 0.1f * (float)i, i};
+    const tm_cuda_moe_item *it_d = dev_upload(it, sizeof(it));
+    int32_t *map_d = dev_alloc(8 * 4), *list_d = dev_alloc(4 * 4);
+    tm_cuda_timer *tm;
+    CHECK(cuda_timer_create(g_dev, &tm));
+    for (int n = 1; n <= 4; n++) {
+        float ms = 0, best = 1e9f;
+        for (int rep = 0; rep < 5; rep++) {
+            CHECK(cuda_timer_start(tm));
+            CHECK(cuda_moe_fetch_ahead(&src, &dst, it_d, 8, 8, n, map_d, list_d, s));
+            CHECK(cuda_timer_stop(tm, &ms));
+            best = ms < best ? ms : best;
+        }
+        printf(
+            "fetch ahead: %d experts of %.2f MiB from mapped host memory in %.1f us: %.1f GB/s\n",
+            n, (2 * big + bigd) / 1048576.0, best * 1e3, n * (2 * big + bigd) / (best * 1e6));
+    }
+    cuda_timer_free(tm);
+    cuda_host_free(host);
 }
 
 /* ---- RMSNorm, RoPE, add ---- */
@@ -705,15 +882,11 @@ int main(void) {
     if (only && *only) cmocka_set_test_filter(only);
     /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),
-        cmocka_unit_test(test_mmvq_q8x),
-        cmocka_unit_test(test_moe_grouped),
-        cmocka_unit_test(test_router),
-        cmocka_unit_test(test_norm_rope_add),
-        cmocka_unit_test(check_model),
-        cmocka_unit_test(check_gemm),
-        cmocka_unit_test(check_attention),
-        cmocka_unit_test(check_attention_rows),
+        cmocka_unit_test(test_mmvq),        cmocka_unit_test(test_mmvq_q8x),
+        cmocka_unit_test(test_moe_grouped), cmocka_unit_test(test_router),
+        cmocka_unit_test(test_fetch_ahead), cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(check_model),      cmocka_unit_test(check_gemm),
+        cmocka_unit_test(check_attention),  cmocka_unit_test(check_attention_rows),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);

@@ -255,7 +255,28 @@ typedef struct tm_cuda_router_params {
      * needed). */
     tm_cuda_moe_item *mapped;
     int32_t n_mapped, mapped_share_q8;
+    /* Device [n_expert] or NULL: the experts a fetch buffer holds (buffer slot,
+     * or -1), from cuda_moe_fetch_ahead. A slot the slot map calls cold whose
+     * expert the buffer holds is not cold: with fetched (device [n_tok * n_used])
+     * it gets {fetch_map[id], t, w, id} there, every other slot -1, and the
+     * mapped lane counts only the slots left cold. */
+    const int32_t *fetch_map;
+    tm_cuda_moe_item *fetched;
 } tm_cuda_router_params;
+
+/* moe_fetch.cu: copy ahead the experts a layer is predicted to route to.
+ * Of the items[0, n_items) with slot < 0 (cold: predicted routing through the
+ * layer's slot map), the up to n_slots experts with the largest summed weight
+ * (ties to the lower id) get buffer slots 0, 1, ... in that order: list[i] =
+ * expert or -1, map[e] = slot or -1 for each of the n_expert experts; then each
+ * chosen expert's gate, up and down are copied from src (indexed by expert id,
+ * typically host memory mapped for the device) to dst (indexed by buffer slot;
+ * dst's strides and types those of src). The one launch a decode graph keeps
+ * works for any routing: the choice is made on the device. */
+tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_params *dst,
+                               const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
+                               int32_t n_slots, int32_t *map, int32_t *list, tm_cuda_stream stream);
+#define TM_CUDA_FETCH_AHEAD_MAX 16 /* n_slots at most */
 
 #ifdef __CUDACC__
 #define TM_CUDA_HOST_DEVICE __host__ __device__

@@ -208,6 +208,14 @@ tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits
     (void)p, (void)logits, (void)n_tok, (void)ids, (void)weights, (void)items, (void)stream;
     return NONE;
 }
+tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_params *dst,
+                               const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
+                               int32_t n_slots, int32_t *map, int32_t *list,
+                               tm_cuda_stream stream) {
+    (void)src, (void)dst, (void)items, (void)n_items, (void)n_expert, (void)n_slots, (void)map,
+        (void)list, (void)stream;
+    return NONE;
+}
 tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
                        float eps, tm_cuda_stream stream) {
     (void)y, (void)x, (void)w, (void)n_rows, (void)n, (void)eps, (void)stream;

@@ -8,7 +8,8 @@
  * top-k is k rounds of a warp arg-max with a per-lane "taken" bit mask, and
  * lane j keeps the j-th winner, so the k results never touch memory until
  * they are written (with, when asked, the decode work items {slot, t, weight}
- * for cuda_moe_grouped, slot = id or a VRAM cache's slot of it). Sums are float (the CPU's softmax sums in double): the
+ * for cuda_moe_grouped, slot = id or a VRAM cache's slot of it; and the work
+ * lists of the PCIe lane and of the experts copied ahead). Sums are float (the CPU's softmax sums in double): the
  * weights agree to float rounding, ids agree except where two scores are
  * within that rounding of each other. */
 #include <math.h>
@@ -99,11 +100,12 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     if (p.norm_topk) w = w / tm_warp_sum(mine ? w : 0.0f);
     if (p.scale != 1.0f) w *= p.scale;
     /* the mapped lane's share: the first n_mapped cold slots (ballot over the k lanes) */
-    int32_t slot = my_id;
+    int32_t slot = my_id, fslot = -1;
     if (mine && p.slot_map) slot = p.slot_map[my_id];
-    const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0);
+    if (mine && slot < 0 && p.fetch_map) fslot = p.fetch_map[my_id]; /* copied ahead */
+    const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0 && fslot < 0);
     const int n_map = tm_cuda_mapped_count(__popc(cold), p.n_mapped, p.mapped_share_q8);
-    const bool mapped = mine && slot < 0 && __popc(cold & ((1u << lane) - 1u)) < n_map;
+    const bool mapped = mine && slot < 0 && fslot < 0 && __popc(cold & ((1u << lane) - 1u)) < n_map;
     if (mine) {
         ids[t * K + lane] = my_id;
         weights[t * K + lane] = w;
@@ -116,6 +118,11 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
             tm_cuda_moe_item it;
             it.slot = mapped ? my_id : -1, it.token = (int32_t)t, it.weight = w, it.expert = my_id;
             p.mapped[t * K + lane] = it;
+        }
+        if (p.fetched) {
+            tm_cuda_moe_item it;
+            it.slot = fslot, it.token = (int32_t)t, it.weight = w, it.expert = my_id;
+            p.fetched[t * K + lane] = it;
         }
     }
 }
@@ -137,6 +144,9 @@ extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const fl
                             "cuda_router_select: a mapped work list needs a slot map, n_mapped "
                             ">= 0 and a share in [0, 256] (got %d, %d)",
                             p->n_mapped, p->mapped_share_q8);
+    if (p->fetched && !p->fetch_map)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_router_select: a fetched work list needs a fetch map");
     if (n_tok <= 0)
         return n_tok == 0
                    ? TM_OK

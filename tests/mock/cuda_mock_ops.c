@@ -532,6 +532,10 @@ static bool router_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->weights, (size_t)(a->n_tok * K) * 4, "weights");
     if (a->items) NEED_DEVICE(a->items, (size_t)(a->n_tok * K) * sizeof(*a->items), "the items");
     if (a->p.slot_map) NEED_DEVICE(a->p.slot_map, (size_t)E * 4, "the slot map");
+    if (a->p.fetch_map) NEED_DEVICE(a->p.fetch_map, (size_t)E * 4, "the fetch map");
+    if (a->p.fetched)
+        NEED_DEVICE(a->p.fetched, (size_t)(a->n_tok * K) * sizeof(*a->p.fetched),
+                    "the fetched items");
     const tm_moe_router_params mp = {(tm_moe_gating)a->p.gating, (uint32_t)E, (uint32_t)K,
                                      a->p.norm_topk != 0, a->p.scale};
     moe_router_select(NULL, &mp, a->logits, a->n_tok, a->ids, a->weights);
@@ -539,15 +543,20 @@ static bool router_run(void *arg, char *err, size_t err_size) {
         NEED_DEVICE(a->p.mapped, (size_t)(a->n_tok * K) * sizeof(*a->p.mapped), "the mapped items");
     for (int64_t t = 0; t < a->n_tok; t++) {
         int32_t cold_all = 0;
-        for (int64_t j = 0; a->p.slot_map && j < K; j++)
-            cold_all += a->p.slot_map[a->ids[t * K + j]] < 0;
+        for (int64_t j = 0; a->p.slot_map && j < K; j++) {
+            const int32_t id = a->ids[t * K + j];
+            cold_all += a->p.slot_map[id] < 0 && !(a->p.fetch_map && a->p.fetch_map[id] >= 0);
+        }
         const int32_t n_map = tm_cuda_mapped_count(cold_all, a->p.n_mapped, a->p.mapped_share_q8);
         int32_t n_cold = 0; /* the cold slots of the token so far, in rank order */
         for (int64_t j = 0; j < K; j++) {
             const int64_t i = t * K + j;
             const int32_t id = a->ids[i], slot = a->p.slot_map ? a->p.slot_map[id] : id;
+            const int32_t fslot = slot < 0 && a->p.fetch_map ? a->p.fetch_map[id] : -1;
             if (a->items) a->items[i] = (tm_cuda_moe_item){slot, (int32_t)t, a->weights[i], id};
-            const bool mapped = slot < 0 && n_cold++ < n_map;
+            if (a->p.fetched)
+                a->p.fetched[i] = (tm_cuda_moe_item){fslot, (int32_t)t, a->weights[i], id};
+            const bool mapped = slot < 0 && fslot < 0 && n_cold++ < n_map;
             if (a->p.mapped)
                 a->p.mapped[i] =
                     (tm_cuda_moe_item){mapped ? id : -1, (int32_t)t, a->weights[i], id};
@@ -577,8 +586,68 @@ tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits
         return n_tok == 0
                    ? TM_OK
                    : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
+    if (p->fetched && !p->fetch_map)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_router_select: a fetched work list needs a fetch map");
     const router_arg a = {*p, logits, n_tok, ids, weights, items};
     return mock_launch(stream, "cuda_router_select", router_run, &a, sizeof(a));
+}
+
+/* ---- copying experts ahead ---- */
+
+typedef struct fetch_arg {
+    tm_cuda_moe_params src, dst;
+    const tm_cuda_moe_item *items;
+    int64_t n_items;
+    int32_t n_expert, n_slots;
+    int32_t *map, *list;
+} fetch_arg;
+
+static bool fetch_run(void *arg, char *err, size_t err_size) {
+    const fetch_arg *a = arg;
+    NEED_DEVICE(a->items, (size_t)a->n_items * sizeof(*a->items), "the items");
+    NEED_DEVICE(a->map, (size_t)a->n_expert * 4, "the fetch map");
+    NEED_DEVICE(a->list, (size_t)a->n_slots * 4, "the fetch list");
+    float sum[TM_CUDA_ROUTER_MAX_EXPERT];
+    bool seen[TM_CUDA_ROUTER_MAX_EXPERT] = {false};
+    for (int32_t e = 0; e < a->n_expert; e++) sum[e] = 0.0f, a->map[e] = -1;
+    for (int64_t i = 0; i < a->n_items; i++) { /* in item order, as the kernel sums */
+        const tm_cuda_moe_item *it = &a->items[i];
+        if (it->slot < 0 && it->expert >= 0 && it->expert < a->n_expert)
+            sum[it->expert] += it->weight, seen[it->expert] = true;
+    }
+    const tm_cuda_moe_matrix *s[3] = {&a->src.gate, &a->src.up, &a->src.down};
+    const tm_cuda_moe_matrix *d[3] = {&a->dst.gate, &a->dst.up, &a->dst.down};
+    const int64_t rows[3] = {a->src.n_ff, a->src.n_ff, a->src.n_embd};
+    for (int32_t r = 0; r < a->n_slots; r++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < a->n_expert; e++)
+            if (seen[e] && (best < 0 || sum[e] > sum[best])) best = e;
+        a->list[r] = best;
+        if (best < 0) continue;
+        seen[best] = false, a->map[best] = r;
+        for (int m = 0; m < 3; m++) {
+            const size_t bytes = (size_t)rows[m] * s[m]->row_bytes;
+            const uint8_t *from = (const uint8_t *)s[m]->data + (size_t)best * s[m]->expert_stride;
+            uint8_t *to = (uint8_t *)d[m]->data + (size_t)r * d[m]->expert_stride;
+            NEED_DEVICE(to, bytes, "the fetch buffer");
+            NEED_DEVICE(from, bytes, "an expert copied ahead");
+            memcpy(to, from, bytes);
+        }
+    }
+    return true;
+}
+
+tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_params *dst,
+                               const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
+                               int32_t n_slots, int32_t *map, int32_t *list,
+                               tm_cuda_stream stream) {
+    if (n_expert < 1 || n_expert > TM_CUDA_ROUTER_MAX_EXPERT || n_slots < 1 ||
+        n_slots > TM_CUDA_FETCH_AHEAD_MAX || n_items < 0)
+        return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: %d experts, %d slots, %lld items",
+                            n_expert, n_slots, (long long)n_items);
+    const fetch_arg a = {*src, *dst, items, n_items, n_expert, n_slots, map, list};
+    return mock_launch(stream, "cuda_moe_fetch_ahead", fetch_run, &a, sizeof(a));
 }
 
 /* ---- norm, add, rope ---- */
