@@ -17,6 +17,9 @@
 #   6. STAGES calib: tiermoe calibrate, then the auto share of 3 and 4 again;
 #   8. STAGES lanerows (after cache): the CPU lane's decode item rows
 #      (LANE_ROWS) with the cache and with --cpu-moe, calibrated;
+#   9. STAGES ahead: decode steps' copies ahead with the cache (AHEAD: pairs
+#      --moe-pcie:--moe-ahead, default "auto:off auto:1 auto:2") and with
+#      --cpu-moe (AHEAD_ALL, "auto:off auto:2"), then a profile;
 #   7. STAGES fetchcalib: tiermoe calibrate, then --cpu-moe pp512 with the
 #      calibrated CPU share of copied-ahead prompts against fixed ones.
 #   scripts/device_hybrid.sh [OUT]     STAGES ("ssd cache"), REPS (2)
@@ -70,15 +73,17 @@ cpumoe() { # name, --moe-pcie
     M=$U device_bench "cpumoe-$1" -p 512 -n 128 --cpu-moe --moe-pcie "$2"
     grep -E "moe-pcie|steal" /tmp/tm.err | cut -c1-160
 }
-if has cache; then
-    if [ ! -f /tmp/q.json ]; then
-        stamp "learn pass"
-        python3 -c "
+learn_pass() { # /tmp/q.json: the routing of 16 random prompts on $M
+    [ -f /tmp/q.json ] && return
+    stamp "learn pass"
+    python3 -c "
 import random; r=random.Random(1)
 print('\n'.join(','.join(str(r.randrange(151936)) for _ in range(64)) for _ in range(16)))" \
-            > /tmp/prompts.txt
-        $TM trace -m "$M" --prompts /tmp/prompts.txt -n 64 --cpu-moe -o /tmp/q.json > /dev/null 2>&1
-    fi
+        > /tmp/prompts.txt
+    $TM trace -m "$M" --prompts /tmp/prompts.txt -n 64 --cpu-moe -o /tmp/q.json > /dev/null 2>&1
+}
+if has cache; then
+    learn_pass
     stamp "llama.cpp -ncmoe 35"
     timeout 200 /tmp/llamacpp-peer/llama-bench -m "$M" -fa 1 -p 0 -n 128 -r "$REPS" -t 16 \
         -ngl 99 -ncmoe 35 2>&1 | grep -E "^\| qwen" | sed 's/ | [0-9.]* GiB | *[0-9.]* B//'
@@ -130,6 +135,22 @@ if has lanerows; then # the CPU lane's decode item size with a cache (few cold e
         M=$U device_bench "cpumoe-rows-$r" -p 0 -n 128 --cpu-moe
     done
     envs=()
+fi
+if has ahead; then # decode steps' copies ahead: AHEAD counts with the cache, AHEAD_ALL --cpu-moe
+    learn_pass
+    for pa in ${AHEAD:-auto:off auto:1 auto:2}; do # --moe-pcie:--moe-ahead
+        device_bench "cache-pcie-${pa%%:*}-ahead-${pa##*:}" -p 0 -n 128 --cpu-moe --moe-cache 4212 \
+            --moe-learn /tmp/q.json --moe-pcie "${pa%%:*}" --moe-ahead "${pa##*:}"
+        grep -E "VRAM cache, routed|copies ahead|steal" /tmp/tm.err | cut -c1-200
+    done
+    for pa in ${AHEAD_ALL:-auto:off auto:2}; do
+        M=$U device_bench "cpumoe-pcie-${pa%%:*}-ahead-${pa##*:}" -p 0 -n 128 --cpu-moe \
+            --moe-pcie "${pa%%:*}" --moe-ahead "${pa##*:}"
+        grep -E "copies ahead" /tmp/tm.err | cut -c1-200
+    done
+    REPS=1 device_bench "ahead-profile" -p 0 -n 128 --cpu-moe --moe-cache 4212 \
+        --moe-learn /tmp/q.json --profile
+    grep -E "time by part|CPU lane|class|RAM|VRAM cache|copied ahead" /tmp/tm.err | cut -c1-400
 fi
 if has calib; then
     stamp "calibrate"

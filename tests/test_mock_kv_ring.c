@@ -94,6 +94,7 @@ static tm_context_params ring_params(const ring_case *c, int64_t n_ctx, int n_se
                                   the first could pin the experts for the GPU's lanes */
                                .moe_pcie = c->cpu_moe ? TM_MOE_PCIE_OFF : 0,
                                .moe_fetch = c->cpu_moe ? TM_MOE_FETCH_OFF : 0,
+                               .moe_ahead = c->cpu_moe ? TM_MOE_AHEAD_OFF : 0,
                                .kv_full = full};
 }
 

@@ -275,6 +275,7 @@ static void test_profile(void **state) {
     tm_context_params p = params(ALL, true, NULL, 1);
     p.profile = true, p.precise = false;
     p.moe_fetch = TM_MOE_FETCH_COPY; /* auto reads 16 tokens of 4-of-32 routing in place */
+    p.moe_ahead = 2;                 /* and decode steps copy experts ahead */
     tm_context *c, *ref;
     assert_int_equal(model_context_create(m, &p, &c), TM_OK);
     p = params(0, false, NULL, 0);
@@ -295,9 +296,12 @@ static void test_profile(void **state) {
     const tm_tier_stats *s = &tier_stats(c->tier)[TM_TIER_CACHED];
     assert_int_equal(s->layers, 3);
     assert_int_equal(s->calls, 3 * 10); /* two prompt batches of 16 and 8 decode steps a layer */
-    assert_int_equal(s->hot_slots + s->pcie_slots + s->cold_slots + s->fetch_slots,
+    assert_int_equal(s->hot_slots + s->pcie_slots + s->cold_slots + s->fetch_slots + s->ahead_slots,
                      3 * (20 + 8) * m->cfg.n_expert_used);
     assert_true(s->cold_ns > 0 && s->hot_ns > 0 && s->gpu_wait_ns > 0 && s->merge_ns > 0);
+    /* decode steps' copies ahead (the layers after the first) and their time */
+    assert_true(s->ahead_experts > 0 && s->ahead_used <= s->ahead_experts && s->ahead_ns > 0);
+    assert_true(s->ahead_bytes > 0 && s->ahead_slots >= s->ahead_used);
     assert_true(s->pcie_slots > 0 && s->pcie_ns > 0); /* the PCIe lane (auto) and its time */
     /* the prompt's fetch lane (the ring) */
     assert_true(s->fetch_slots > 0 && s->fetch_ns > 0 && s->copy_ns > 0);

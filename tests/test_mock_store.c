@@ -143,6 +143,7 @@ static tm_context_params params(bool gpu, int64_t ram_mib) {
                                   the CPU lane computes every expert in RAM in both */
                                .moe_pcie = gpu ? TM_MOE_PCIE_OFF : 0,
                                .moe_fetch = gpu ? TM_MOE_FETCH_OFF : 0,
+                               .moe_ahead = gpu ? TM_MOE_AHEAD_OFF : 0,
                                .ram_cache_mib = ram_mib};
 }
 

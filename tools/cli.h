@@ -54,6 +54,7 @@ typedef struct cli_place {
     const char *learn_path;
     int pcie;                /* --moe-pcie (TM_MOE_PCIE_AUTO unless given) */
     int fetch;               /* --moe-fetch (TM_MOE_FETCH_AUTO unless given) */
+    int ahead;               /* --moe-ahead (TM_MOE_AHEAD_AUTO unless given) */
     int64_t ram_cache_mib;   /* --ram-cache (0: none, TM_RAM_CACHE_AUTO) */
     const char *plan_path;   /* --moe-cache-plan */
     tm_moe_cache_opts cache; /* --moe-cache-weighting, -curve, -update, -policy, -admit */

@@ -36,6 +36,9 @@ const char cli_place_help[] =
     "                         VRAM ring ahead of routing (copy) or read in place (pcie), while\n"
     "                         the CPU lane takes a balanced share (auto: copy when a batch uses\n"
     "                         nearly every expert, else pcie; off: the CPU computes them)\n"
+    "  --moe-ahead N|auto|off decode: while a layer runs, the GPU predicts the next layer's\n"
+    "                         experts (its router on this layer's input) and copies up to N\n"
+    "                         of the cold ones to VRAM, computing them there (auto: off)\n"
     "  --ram-cache MIB|auto   the SSD tier: experts in RAM are read from the file (O_DIRECT,\n"
     "                         io_uring) into a RAM cache of this size instead of the page cache\n"
     "                         (auto: available RAM less a reserve); the GPU's PCIe and fetch\n"
@@ -47,11 +50,12 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         p->cpu_moe = true;
         return 1;
     }
-    const bool ours =
-        !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
-        !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") || !strcmp(a, "--override-tensor") ||
-        !strcmp(a, "--moe-cache") || !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
-        !strcmp(a, "--moe-fetch") || !strncmp(a, "--moe-cache-", 12) || !strcmp(a, "--ram-cache");
+    const bool ours = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
+                      !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
+                      !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
+                      !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
+                      !strcmp(a, "--moe-fetch") || !strcmp(a, "--moe-ahead") ||
+                      !strncmp(a, "--moe-cache-", 12) || !strcmp(a, "--ram-cache");
     if (!ours) return 0;
     if (i + 1 >= argc) {
         fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
@@ -104,6 +108,17 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
             return -1;
         } else {
             p->pcie = n ? (int)n : TM_MOE_PCIE_OFF;
+        }
+    } else if (!strcmp(a, "--moe-ahead")) {
+        if (!strcmp(v, "auto"))
+            p->ahead = TM_MOE_AHEAD_AUTO;
+        else if (!strcmp(v, "off"))
+            p->ahead = TM_MOE_AHEAD_OFF;
+        else if (cli_parse_i64(a, v, 0, TM_CUDA_FETCH_AHEAD_MAX, &n)) {
+            fprintf(stderr, "tiermoe %s: --moe-ahead: or 'auto' or 'off'\n", cmd);
+            return -1;
+        } else {
+            p->ahead = n ? (int)n : TM_MOE_AHEAD_OFF;
         }
     } else if (!strcmp(a, "--moe-fetch")) {
         static const char *const names[] = {"auto", "copy", "pcie", "off"};
@@ -166,6 +181,7 @@ int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context
     cp->moe_cache_mib = p->cache_mib;
     cp->moe_pcie = p->pcie;
     cp->moe_fetch = p->fetch;
+    cp->moe_ahead = p->ahead;
     cp->ram_cache_mib = p->ram_cache_mib;
     cp->moe_cache = p->cache;
     tm_trace_shape shape;
@@ -227,30 +243,34 @@ void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_mo
     bool any = false;
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) any |= ts[c].layers && ctx->placement.any_gpu;
     if (!any) return;
-    fprintf(out,
-            "  MoE step by layer class, per run: | class | layers | layer steps | hot slots | "
-            "PCIe slots | cold slots | GPU hot lane ms | GPU PCIe lane ms | CPU cold lane ms | "
-            "host waits for GPU ms | GPU waits for CPU ms | merge ms |\n");
+    fprintf(
+        out,
+        "  MoE step by layer class, per run: | class | layers | layer steps | hot slots | "
+        "PCIe slots | cold slots | GPU hot lane ms | GPU PCIe lane ms | CPU cold lane ms (of it "
+        "worklist) | "
+        "host waits for GPU ms | GPU waits for CPU ms | merge ms |\n");
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
         const tm_tier_stats *s = &ts[c], z = {0}, *s0 = tier0 ? &tier0[c] : &z;
         if (!s->layers) continue;
-        fprintf(out,
-                "  | %s | %u | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-                "|\n",
-                tm_tier_class_names[c], s->layers, (double)(s->calls - s0->calls) / runs,
-                (double)(s->hot_slots - s0->hot_slots) / runs,
-                (double)(s->pcie_slots - s0->pcie_slots) / runs,
-                (double)(s->cold_slots - s0->cold_slots) / runs,
-                (s->hot_ns - s0->hot_ns) * 1e-6 / runs, (s->pcie_ns - s0->pcie_ns) * 1e-6 / runs,
-                (s->cold_ns - s0->cold_ns) * 1e-6 / runs, (s->wait_ns - s0->wait_ns) * 1e-6 / runs,
-                (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
-                (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
+        fprintf(
+            out,
+            "  | %s | %u | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f (%.2f) | %.2f | %.2f | "
+            "%.2f |\n",
+            tm_tier_class_names[c], s->layers, (double)(s->calls - s0->calls) / runs,
+            (double)(s->hot_slots - s0->hot_slots) / runs,
+            (double)(s->pcie_slots - s0->pcie_slots) / runs,
+            (double)(s->cold_slots - s0->cold_slots) / runs, (s->hot_ns - s0->hot_ns) * 1e-6 / runs,
+            (s->pcie_ns - s0->pcie_ns) * 1e-6 / runs, (s->cold_ns - s0->cold_ns) * 1e-6 / runs,
+            (s->cold_prep_ns - s0->cold_prep_ns) * 1e-6 / runs,
+            (s->wait_ns - s0->wait_ns) * 1e-6 / runs,
+            (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
+            (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
     }
     const tm_tier_stats *cs = &ts[TM_TIER_CACHED], z = {0},
                         *cs0 = tier0 ? &tier0[TM_TIER_CACHED] : &z;
     const uint64_t hot = cs->hot_slots - cs0->hot_slots,
                    all = hot + cs->cold_slots - cs0->cold_slots + cs->pcie_slots - cs0->pcie_slots +
-                         cs->fetch_slots - cs0->fetch_slots;
+                         cs->fetch_slots - cs0->fetch_slots + cs->ahead_slots - cs0->ahead_slots;
     if (cs->layers)
         fprintf(out,
                 "  VRAM cache: %.1f%% of routed slots hot; per run %.1f experts admitted after "
@@ -258,6 +278,19 @@ void cli_profile_print(const tm_context *ctx, const uint64_t *prof0, const tm_mo
                 all ? 100.0 * hot / all : 0.0, (double)(cs->admits - cs0->admits) / runs,
                 (double)(cs->exchanges - cs0->exchanges) / runs,
                 (cs->upload_bytes - cs0->upload_bytes) * 1e-9 / runs);
+    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
+        const tm_tier_stats *s = &ts[c], *s0 = tier0 ? &tier0[c] : &z;
+        const uint64_t copied = s->ahead_experts - s0->ahead_experts,
+                       used = s->ahead_used - s0->ahead_used;
+        if (!copied) continue;
+        fprintf(out,
+                "  decode, %s: %.1f experts copied ahead per run (%.3f GB, prediction and copies "
+                "%.2f ms of GPU time), %.1f%% of them routed, %.1f slots computed from them\n",
+                tm_tier_class_names[c], (double)copied / runs,
+                (s->ahead_bytes - s0->ahead_bytes) * 1e-9 / runs,
+                (s->ahead_ns - s0->ahead_ns) * 1e-6 / runs, 100.0 * used / copied,
+                (double)(s->ahead_slots - s0->ahead_slots) / runs);
+    }
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
         const tm_tier_stats *s = &ts[c], *s0 = tier0 ? &tier0[c] : &z;
         const uint64_t slots = s->fetch_slots - s0->fetch_slots,

@@ -85,7 +85,10 @@ typedef struct bench_result {
     double mem_gbs;          /* the CPU's read bandwidth (0: not measured) */
     double bound;            /* t/s the CPU's bandwidth allows (0: not measured) */
     double steal;            /* share of CPU time the host took (virtual machines); -1: unknown */
-    double cache_hit; /* routed slots of cached layers served from the VRAM cache; -1: none */
+    double cache_hit;   /* routed slots of cached layers served from the VRAM cache; -1: none */
+    double ahead_share; /* routed slots of layers with experts in RAM computed from copies ahead
+                           (-1: none copied) */
+    double ahead_used;  /* experts copied ahead that the step routed to */
 } bench_result;
 
 /* CPU time counters of /proc/stat's first line: the host's "steal" (time a
@@ -159,7 +162,7 @@ static void bench_tier_bytes(const tm_context *ctx, uint64_t bytes[3]) {
     bytes[0] = bytes[1] = bytes[2] = 0;
     for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
         bytes[0] += ts[c].hot_bytes, bytes[1] += ts[c].cold_bytes,
-            bytes[2] += ts[c].pcie_bytes + ts[c].fetch_bytes;
+            bytes[2] += ts[c].pcie_bytes + ts[c].fetch_bytes + ts[c].ahead_bytes;
 }
 
 /* The share of the cached layers' routed slots the VRAM cache served since
@@ -169,8 +172,26 @@ static double bench_cache_hit(const tm_context *ctx, const tm_tier_stats *tier0)
     if (!s->layers) return -1;
     const uint64_t hot = s->hot_slots - s0->hot_slots,
                    all = hot + (s->cold_slots - s0->cold_slots) + (s->pcie_slots - s0->pcie_slots) +
-                         (s->fetch_slots - s0->fetch_slots);
+                         (s->fetch_slots - s0->fetch_slots) + (s->ahead_slots - s0->ahead_slots);
     return all ? (double)hot / (double)all : 0;
+}
+
+/* Decode steps' copies ahead since the marks: the share of the routed slots of
+ * layers with experts in RAM (cached or not) computed from them, and the share
+ * of the copied experts routed (-1: nothing copied). */
+static void bench_ahead(const tm_context *ctx, const tm_tier_stats *tier0, double *share,
+                        double *used) {
+    uint64_t slots = 0, all = 0, copied = 0, routed = 0;
+    for (int c = TM_TIER_RAM; c <= TM_TIER_CACHED; c++) {
+        const tm_tier_stats *s = &tier_stats(ctx->tier)[c], *s0 = &tier0[c];
+        slots += s->ahead_slots - s0->ahead_slots, copied += s->ahead_experts - s0->ahead_experts;
+        routed += s->ahead_used - s0->ahead_used;
+        all += (s->hot_slots - s0->hot_slots) + (s->cold_slots - s0->cold_slots) +
+               (s->pcie_slots - s0->pcie_slots) + (s->fetch_slots - s0->fetch_slots) +
+               (s->ahead_slots - s0->ahead_slots);
+    }
+    *share = copied && all ? (double)slots / (double)all : -1;
+    *used = copied ? (double)routed / (double)copied : 0;
 }
 
 /* "CPU AVX512", "CUDA", "CUDA 13 + CPU AVX512", "CUDA (experts: 48 layers in RAM, 4.20 GiB cached) + CPU AVX512" */
@@ -330,6 +351,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
                             .mem_gbs = mem,
                             .steal = bench_steal_since(&steal0, &total0, &steal_ok),
                             .cache_hit = bench_cache_hit(ctx, tier0)};
+        bench_ahead(ctx, tier0, &b->ahead_share, &b->ahead_used);
         memcpy(b->backend, backend, sizeof(backend));
         bench_stats(ts, reps, (double)(n * n_par), &b->mean, &b->sd);
         double cpu_b, gpu_b, pcie_b = 0;
@@ -568,6 +590,16 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             char test[32];
             bench_test_name(&res[i], test, sizeof(test));
             fprintf(stderr, "%s %s %.1f%%", sep, test, 100 * res[i].cache_hit);
+            sep = ",";
+        }
+    if (strcmp(sep, ",") == 0) fputc('\n', stderr);
+    sep = "copies ahead (--moe-ahead), routed slots in RAM layers computed from them:";
+    for (int i = 0; i < n_res; i++)
+        if (res[i].ahead_share >= 0) {
+            char test[32];
+            bench_test_name(&res[i], test, sizeof(test));
+            fprintf(stderr, "%s %s %.1f%% (%.0f%% of the copied experts routed)", sep, test,
+                    100 * res[i].ahead_share, 100 * res[i].ahead_used);
             sep = ",";
         }
     if (strcmp(sep, ",") == 0) fputc('\n', stderr);

@@ -508,6 +508,7 @@ tm_status model_moe_state_create(tm_context *c, const tm_weight *const *qkv,
                                .reserve = GPU_RESERVE,
                                .pcie = c->params.moe_pcie,
                                .fetch = c->params.moe_fetch,
+                               .ahead = c->params.moe_ahead,
                                .store = {.budget_mib = c->params.ram_cache_mib,
                                          .path = c->model->file->path,
                                          .map = c->model->file->map}};

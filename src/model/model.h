@@ -79,6 +79,8 @@ typedef struct tm_context_params {
     int moe_pcie;  /* --moe-pcie: cold experts a decode token the GPU reads from RAM over PCIe
                      (0: TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or N) */
     int moe_fetch; /* --moe-fetch: prompts' experts in RAM on the GPU (0: TM_MOE_FETCH_AUTO) */
+    int moe_ahead; /* --moe-ahead: decode experts copied ahead a layer step (0: TM_MOE_AHEAD_AUTO,
+                      TM_MOE_AHEAD_OFF, or N) */
     int64_t ram_cache_mib; /* --ram-cache: RAM for experts read from the file (the SSD tier; 0:
                               none, TM_RAM_CACHE_AUTO) */
     bool profile;          /* time every part (GPU: events and a sync per part, no graph) */

@@ -202,7 +202,9 @@ static tm_status tier_pcie_pin(tm_tier *t, const bool *lane) {
  * the GPU (the decode hand-off's layers). A host that cannot pin loses the
  * lane, with one line. */
 static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_tier_params *p) {
-    if (!t->gpu || (p->pcie == TM_MOE_PCIE_OFF && p->fetch == TM_MOE_FETCH_OFF)) return TM_OK;
+    const bool ahead = p->ahead > 0; /* copies ahead read the pinned pages too */
+    if (!t->gpu || (p->pcie == TM_MOE_PCIE_OFF && p->fetch == TM_MOE_FETCH_OFF && !ahead))
+        return TM_OK;
     bool *lane = calloc(t->n_layer, sizeof(bool)), any = false;
     if (!lane) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < t->n_layer; l++)
@@ -217,7 +219,7 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     const int32_t share = automatic && any ? tier_pcie_share(t) : 0;
     if (automatic && (!share || !tm_cuda_mapped_count((int32_t)t->k, n, share))) n = 0;
     /* prompts' fetch lane copies from the same pinned pages the decode lane reads */
-    if (!any || (n <= 0 && p->fetch == TM_MOE_FETCH_OFF)) {
+    if (!any || (n <= 0 && p->fetch == TM_MOE_FETCH_OFF && !ahead)) {
         free(lane);
         return TM_OK;
     }
@@ -230,11 +232,12 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
         return TM_OK;
     }
     const size_t map_bytes = t->n_expert * sizeof(int32_t);
-    if (n > 0 && ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
-                  (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)) ||
-                  (st = exec_dev_alloc(
-                       t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
-                       (void **)&t->pcie_items)))) {
+    if ((n > 0 || ahead) &&
+        ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
+         (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)) ||
+         (st =
+              exec_dev_alloc(t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
+                             (void **)&t->pcie_items)))) {
         free(lane);
         return st;
     }
@@ -255,8 +258,8 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     free(lane);
     t->n_pcie = n, t->pcie_share_q8 = automatic ? share : 0;
     if (n <= 0)
-        tm_log_info("--moe-pcie off: %.2f GiB of experts pinned in %d spans for prompts' fetch "
-                    "lane",
+        tm_log_info("--moe-pcie off: %.2f GiB of experts pinned in %d spans for the lanes that "
+                    "copy them",
                     t->pcie_pinned / 1073741824.0, t->n_pins);
     else if (automatic)
         tm_log_info("--moe-pcie: the GPU reads %.0f%% of each decode token's experts in RAM (%d "
@@ -295,7 +298,8 @@ static tm_status tier_store_create(tm_tier *t, const tm_tier_layer *layers, tm_t
         (q->pcie != TM_MOE_PCIE_OFF || q->fetch != TM_MOE_FETCH_OFF))
         tm_log_info("--ram-cache: the GPU's PCIe and fetch lanes are off (they read experts in "
                     "place from RAM); the CPU lane computes the experts the VRAM does not hold");
-    if (t->store) q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF;
+    if (t->store)
+        q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF, q->ahead = TM_MOE_AHEAD_OFF;
     return st;
 }
 
@@ -313,10 +317,11 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     }
     tm_status st;
     if (any_cold) {
-        const size_t a[] = {3 * (size_t)t->n_layer * 4, (size_t)(T * E) * 4, (size_t)(T * K) * 4,
-                            (size_t)(T * K) * 4, (size_t)(T * E) * 4};
-        size_t off[5], total = 0;
-        for (int i = 0; i < 5; i++) off[i] = total, total += (a[i] + 63) & ~(size_t)63;
+        const size_t a[] = {3 * (size_t)t->n_layer * 4, (size_t)(T * E) * 4,
+                            (size_t)(T * K) * 4,        (size_t)(T * K) * 4,
+                            (size_t)(T * E) * 4,        (size_t)t->n_expert * 4};
+        size_t off[6], total = 0;
+        for (int i = 0; i < 6; i++) off[i] = total, total += (a[i] + 63) & ~(size_t)63;
         void *dev;
         if ((st = cuda_host_alloc_mapped(total, &t->mb_host_base, &dev))) return st;
         memset(t->mb_host_base, 0, total);
@@ -330,6 +335,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
             mbs[i]->err = mbs[i]->flag_y + t->n_layer;
             mbs[i]->h = (float *)(b + off[1]), mbs[i]->ids = (int32_t *)(b + off[2]);
             mbs[i]->w = (float *)(b + off[3]), mbs[i]->y = (float *)(b + off[4]);
+            mbs[i]->fetched = (int32_t *)(b + off[5]);
         }
     }
     const size_t y_bytes = (size_t)(n_batch * E) * 4;
@@ -471,10 +477,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     if (st == TM_OK) st = tier_cache_create(t, &q);
     if (st == TM_OK) st = tier_pcie_create(t, pl, &q);
     if (st == TM_OK) st = tier_fetch_create(t, &q);
+    if (st == TM_OK) st = tier_ahead_create(t, &q);
     if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
     if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
-    for (int i = 0; i < 6 && st == TM_OK && t->gpu && exec_profiling(e); i++)
+    for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) t->stats[t->layers[l].cls].layers++;
     if (st != TM_OK) {
@@ -494,11 +501,12 @@ void tier_free(tm_tier *t) {
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
     tier_cache_free(t);
     tier_fetch_free(t);
+    tier_ahead_free(t);
     free(t->calib);
     store_free(t->store);
     cuda_stream_free(t->copy);
     cuda_event_free(t->pcie_done);
-    for (int i = 0; i < 6; i++) cuda_event_free(t->ev[i]);
+    for (int i = 0; i < 8; i++) cuda_event_free(t->ev[i]);
     tier_pcie_unpin(t);
     cuda_host_free(t->mb_host_base);
     cuda_host_free(t->y_host);

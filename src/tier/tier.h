@@ -46,6 +46,10 @@ extern "C" {
 #define TM_MOE_FETCH_COPY 1    /* copied into VRAM (the fetch ring), then computed */
 #define TM_MOE_FETCH_PCIE 2    /* the GPU reads the routed ones in place over PCIe */
 
+/* --moe-ahead: experts a decode layer step copies ahead for the next layer. */
+#define TM_MOE_AHEAD_AUTO 0    /* the default count */
+#define TM_MOE_AHEAD_OFF  (-1) /* none */
+
 /* --moe-cache-update: how the VRAM cache follows the routing. */
 #define TM_MOE_UPDATE_BETWEEN 0   /* the updater between requests only (tier_cache_update) */
 #define TM_MOE_UPDATE_FULL    1   /* admissions after every step (the cache policy) + the updater */
@@ -80,6 +84,7 @@ typedef struct tm_tier_params {
     int32_t pcie;          /* --moe-pcie: cold slots per decode token the GPU reads from RAM
                              (TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or 1..k) */
     int32_t fetch;         /* --moe-fetch: TM_MOE_FETCH_* */
+    int32_t ahead;         /* --moe-ahead: TM_MOE_AHEAD_AUTO, TM_MOE_AHEAD_OFF or 1..k */
     tm_store_params store; /* --ram-cache (budget_mib 0: none): the SSD tier (store.h) */
 } tm_tier_params;
 
@@ -101,9 +106,10 @@ typedef struct tm_tier_stats {
     uint64_t hot_ns;                            /* GPU hot lane (--profile) */
     uint64_t pcie_ns;                           /* GPU PCIe lane (--profile) */
     uint64_t cold_ns;                           /* CPU lane, wall time */
-    uint64_t wait_ns;                           /* host waiting for the GPU's hand-off */
-    uint64_t gpu_wait_ns; /* GPU waiting for the CPU lane, and its add (--profile) */
-    uint64_t merge_ns;    /* prompts: the CPU's sum copied in and added (--profile) */
+    uint64_t cold_prep_ns; /* of it, decode: routing to worklist before the lane runs */
+    uint64_t wait_ns;      /* host waiting for the GPU's hand-off */
+    uint64_t gpu_wait_ns;  /* GPU waiting for the CPU lane, and its add (--profile) */
+    uint64_t merge_ns;     /* prompts: the CPU's sum copied in and added (--profile) */
     /* prompts: RAM experts the GPU computed (fetch lane: copied to VRAM first, or read in
        place over PCIe) */
     uint64_t fetch_slots, fetch_experts;
@@ -112,6 +118,12 @@ typedef struct tm_tier_stats {
     uint64_t copy_ns;        /* copy engine time of the fetch ring (--profile) */
     uint64_t copy_wait_ns;   /* compute stream waiting for the ring's copies (--profile) */
     uint64_t fallback_slots; /* slots the CPU lane took because a copy failed */
+    /* decode: the next layer's predicted cold experts copied to VRAM ahead (--moe-ahead) */
+    uint64_t ahead_experts; /* experts copied */
+    uint64_t ahead_used;    /* of those, routed to by the step */
+    uint64_t ahead_slots;   /* routed slots the GPU computed from them */
+    uint64_t ahead_bytes;   /* bytes copied */
+    uint64_t ahead_ns;      /* GPU time of the prediction and the copies (--profile) */
     /* the VRAM cache while running */
     uint64_t admits;       /* experts uploaded after a step's routing (the policy) */
     uint64_t exchanges;    /* experts uploaded by the updater between requests */
@@ -178,6 +190,8 @@ void tier_worklist_group(tm_moe_worklist *wl, int64_t n);
 int32_t tier_pcie_slots(const tm_tier *t);
 /* The bytes the PCIe lane pinned (the RAM experts' spans of the file). */
 size_t tier_pcie_bytes(const tm_tier *t);
+/* VRAM the decode steps' copies ahead hold (0: none). */
+size_t tier_ahead_bytes(const tm_tier *t);
 /* VRAM the fetch ring holds (0: none). */
 size_t tier_fetch_bytes(const tm_tier *t);
 /* The CPU lane's current share of a prompt layer's experts in RAM (0..1). */

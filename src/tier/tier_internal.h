@@ -18,6 +18,8 @@ typedef struct tier_mailbox {
     int32_t *ids;     /* [max_tok][k] */
     float *w;         /* [max_tok][k] */
     float *y;         /* [max_tok][n_embd] */
+    int32_t
+        *fetched; /* [n_expert] GPU → host: the buffer slot of each expert copied ahead, or -1 */
 } tier_mailbox;
 
 /* How a prompt step's cold experts (more than TM_CUDA_MMVQ_MAX_TOK tokens,
@@ -71,6 +73,31 @@ typedef struct tier_fetch {
     bool warned;
 } tier_fetch;
 
+/* Decode steps' experts copied ahead (tier_ahead.c): layer l + 1's are
+ * predicted and copied on a stream of their own while layer l runs, into
+ * buffer (l + 1) % 2 (layer l computes from buffer l % 2 meanwhile). */
+typedef struct tier_ahead {
+    int32_t n_slots;      /* experts a layer step copies ahead */
+    uint8_t *buf[2];      /* device: n_slots experts each (gates, then ups, then downs) */
+    const float **router; /* [n_layer] device f32 [n_expert][n_embd]: the layer's router (NULL:
+                             the layer is not a target) */
+    const float **bias;   /* [n_layer] device [n_expert] or NULL */
+    float *logits;        /* device [max_tok][n_expert]: the predicted routing */
+    int32_t *ids;
+    float *w;
+    tm_cuda_moe_item *pred;  /* device [max_tok * k]: predicted slots through the slot map */
+    tm_cuda_moe_item *items; /* device [max_tok * k]: the fetched lane's work list */
+    int32_t *map[2];         /* device [n_expert]: what buffer i holds (slot or -1) */
+    int32_t *list[2];        /* device [n_slots] */
+    int32_t *split;          /* host [n_expert]: the host split's map, fetched experts hot */
+    tm_cuda_stream stream;   /* the predictions and copies */
+    tm_cuda_event fork;      /* the compute stream's h is ready */
+    tm_cuda_event read;      /* the prediction has read h (the compute stream may overwrite it) */
+    tm_cuda_event done[2];   /* buffer i's copies are done */
+    int64_t for_layer;       /* the layer the queued copies are for (-1: none) */
+    size_t bytes;            /* VRAM held */
+} tier_ahead;
+
 typedef struct tier_layer {
     struct tm_tier *t;
     uint32_t index;
@@ -87,6 +114,8 @@ typedef struct tier_layer {
     tm_cuda_moe_params
         pcie;       /* the RAM experts at their pinned device addresses (n_slots 0: none) */
     int32_t n_pcie; /* the PCIe lane's cold slots per decode token */
+    tm_cuda_moe_params ahead; /* the experts copied ahead, in the buffer (n_slots 0: none) */
+    bool fetched_on;          /* this layer's decode step computes experts copied ahead */
     uint64_t *seen; /* [n_expert]: routed slots so far (the CPU lane takes the least seen) */
 } tier_layer;
 
@@ -123,7 +152,8 @@ struct tm_tier {
     void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */
     size_t *pin_bytes, pcie_pinned;
     int n_pins;
-    tm_cuda_event ev[6]; /* --profile: hot lane, PCIe lane, wait (start, end each) */
+    tm_cuda_event ev[8]; /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end) */
+    tier_ahead *ahead;   /* decode steps' experts copied ahead (NULL: none) */
 
     /* prompt steps' cold experts (tier_fetch.c) */
     int32_t fetch_mode;      /* TM_MOE_FETCH_* */
@@ -199,5 +229,32 @@ tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, cons
 tm_status tier_prompt_balance(tm_tier *t, tier_prompt_mode mode);
 
 enum { TIER_LANE_CPU = 0, TIER_LANE_GPU = 1, TIER_LANE_HOT = 2 };
+
+/* ---- tier_ahead.c ---- */
+
+/* The buffer and the routers for --moe-ahead (after the PCIe lane pinned the
+ * experts in RAM). */
+tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p);
+void tier_ahead_free(tm_tier *t);
+/* At the start of layer L's decode step on stream s: whether copies were
+ * queued for L (by the layer before it); if so, s waits for them (the join).
+ * Copies queued for another layer are stale: waited for and dropped. */
+tm_status tier_ahead_join(tm_tier *t, const tier_layer *L, tm_cuda_stream s, bool *ready);
+/* Before the compute stream s overwrites the h given to tier_ahead_queue:
+ * wait until the prediction has read it (when one was queued). */
+tm_status tier_ahead_release(tm_tier *t, const tier_layer *L, tm_cuda_stream s);
+/* The map of the buffer that holds layer L's copies (device [n_expert]). */
+const int32_t *tier_ahead_map(const tm_tier *t, const tier_layer *L);
+/* Fork from stream s (h of layer L is there: device [n_tok][n_embd]): on the
+ * lane's own stream, predict layer L + 1's experts and copy its chosen cold
+ * ones into the other buffer. Nothing when L + 1 is not a target. */
+tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int64_t n_tok,
+                           tm_cuda_stream s);
+/* The host split's map of a layer step whose experts were copied ahead:
+ * slot_of (NULL: all cold) with the experts fetched (the map the GPU used)
+ * hot; counts the experts copied, routed and their slots into s. */
+const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_t *fetched,
+                                const int32_t *ids, int64_t n_ids, size_t expert_bytes,
+                                tm_tier_stats *s);
 
 #endif

@@ -142,14 +142,22 @@ static tm_status tier_decode_task(void *ud) {
                                 TM_MOE_PHASE_DECODE);
     }
     if (st == TM_OK) st = tier_split_room(t);
+    const int32_t *map = tier_split_map(L);
+    const uint64_t n_ahead0 = t->stats[L->cls].ahead_slots;
+    if (st == TM_OK && L->fetched_on) /* the experts copied ahead are the GPU's */
+        map = tier_ahead_split(t, map, t->mb.fetched, t->mb.ids, n_tok * t->k, L->expert_bytes,
+                               &t->stats[L->cls]);
+    const int64_t n_ahead = (int64_t)(t->stats[L->cls].ahead_slots - n_ahead0);
     if (st == TM_OK)
-        n_cold = tier_worklist_split(&t->wl, tier_split_map(L), L->n_pcie, t->pcie_share_q8,
-                                     t->split_tmp, &n_pcie);
+        n_cold =
+            tier_worklist_split(&t->wl, map, L->n_pcie, t->pcie_share_q8, t->split_tmp, &n_pcie);
     if (n_tok > 1) tier_worklist_group(&t->wl, n_cold); /* rows of several sequences */
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
+    const uint64_t t2 = tm_time_ns();
     if (st == TM_OK && n_cold) st = tier_cpu_lane(t, L, 0, n_cold, t->mb.h, t->mb.y);
+    t->stats[L->cls].cold_prep_ns += t2 - t1;
     if (st == TM_OK) {
-        tier_count(t, L, t->wl.n_slots - n_cold - n_pcie, n_pcie, n_cold);
+        tier_count(t, L, t->wl.n_slots - n_cold - n_pcie - n_ahead, n_pcie, n_cold);
         t->stats[L->cls].cold_ns += tm_time_ns() - t1;
     }
     __atomic_store_n(&t->mb.flag_y[L->index], seq, __ATOMIC_RELEASE);
@@ -164,20 +172,38 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     const uint32_t *seq = exec_step_seq_dev(e);
     const bool hot = L->cls != TM_TIER_RAM, cold = L->cls != TM_TIER_VRAM, pcie = L->n_pcie > 0;
     const bool prof = exec_profiling(e);
+    bool fetched = false; /* copies ahead for this layer: joined before its router reads them */
+    tm_status st = tier_ahead_join(t, L, s, &fetched);
+    if (st != TM_OK) return st;
+    fetched &= cold;
+    /* and the next layer's, on their own stream from here (h is ready) */
+    bool ahead = false;
+    if (t->ahead && ((prof && (st = cuda_event_record(t->ev[6], s))) ||
+                     (st = tier_ahead_queue(t, L, h->dev, n_tok, s))))
+        return st;
+    if (t->ahead && t->ahead->for_layer == (int64_t)l + 1) {
+        ahead = true;
+        if (prof && (st = cuda_event_record(t->ev[7], t->ahead->stream))) return st;
+    }
     tm_cuda_router_params rp = tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev
-                                                  : pcie                   ? t->cold_map_dev
+                                                  : pcie || fetched        ? t->cold_map_dev
                                                                            : NULL);
     if (pcie)
         rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie, rp.mapped_share_q8 = t->pcie_share_q8;
-    tm_status st =
+    if (fetched) rp.fetch_map = tier_ahead_map(t, L), rp.fetched = t->ahead->items;
+    L->fetched_on = fetched; /* a graph replays this step's choice, and so does its host task */
+    st =
         cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, hot ? t->items_dev : NULL, s);
     if (st != TM_OK) return st;
     exec_act_wrote(ids, TM_DEV_GPU), exec_act_wrote(w, TM_DEV_GPU);
     if (cold) {
-        const tm_cuda_span spans[3] = {{t->mb_dev.h, h->dev, n_tok * E * 4},
-                                       {t->mb_dev.ids, ids->dev, n_tok * K * 4},
-                                       {t->mb_dev.w, w->dev, n_tok * K * 4}};
-        if ((st = cuda_signal_host(spans, 3, &t->mb_dev.flag_h[l], seq, s))) return st;
+        const tm_cuda_span spans[4] = {
+            {t->mb_dev.h, h->dev, n_tok * E * 4},
+            {t->mb_dev.ids, ids->dev, n_tok * K * 4},
+            {t->mb_dev.w, w->dev, n_tok * K * 4},
+            {t->mb_dev.fetched, fetched ? tier_ahead_map(t, L) : NULL, (int64_t)t->n_expert * 4}};
+        if ((st = cuda_signal_host(spans, fetched ? 4 : 3, &t->mb_dev.flag_h[l], seq, s)))
+            return st;
     }
     if (hot) {
         if ((prof && (st = cuda_event_record(t->ev[0], s))) ||
@@ -192,6 +218,10 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
                                         t->h_scratch, s)) ||
                  (prof && (st = cuda_event_record(t->ev[5], s)))))
         return st;
+    /* the experts copied ahead for this layer */
+    if (fetched && (st = cuda_moe_grouped(&L->ahead, t->ahead->items, n_tok * K, h->dev, n_tok,
+                                          y->dev, t->h_scratch, s)))
+        return st;
     if (cold) {
         if ((prof && (st = cuda_event_record(t->ev[2], s))) ||
             (st = cuda_wait_host(&t->mb_dev.flag_y[l], seq, t->timeout_ns, &t->mb_dev.err[l],
@@ -200,13 +230,15 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
             (st = exec_host_task(e, tier_decode_task, L)))
             return st;
     }
+    if ((st = tier_ahead_release(t, L, s))) return st; /* h is rewritten after this layer */
     exec_act_wrote(y, TM_DEV_GPU);
     if (!prof) return TM_OK;
-    if ((st = exec_sync(e))) return st;
+    if ((st = exec_sync(e)) || (ahead && (st = cuda_stream_sync(t->ahead->stream)))) return st;
     tm_tier_stats *ts = &t->stats[L->cls];
     if (hot) ts->hot_ns += tier_event_ns(t->ev[0], t->ev[1]);
     if (pcie) ts->pcie_ns += tier_event_ns(t->ev[4], t->ev[5]);
     if (cold) ts->gpu_wait_ns += tier_event_ns(t->ev[2], t->ev[3]);
+    if (ahead) ts->ahead_ns += tier_event_ns(t->ev[6], t->ev[7]);
     return TM_OK;
 }
 

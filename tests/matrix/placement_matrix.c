@@ -180,38 +180,44 @@ typedef struct pm_case {
     const char *env; /* NAME=VALUE[ NAME=VALUE]: set while the case's contexts are made */
     int update;      /* --moe-cache-update (0: between requests only) */
     bool lru;        /* --moe-cache-policy lru --moe-cache-admit 0: an upload per miss */
+    int ahead;       /* --moe-ahead: 0 auto (off) */
 } pm_case;
 
 static const pm_case pm_cases[] = {
-    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false},
-    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false},
-    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false},
-    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL, 0, false},
-    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false},
+    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
+    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
+    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
+    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL, 0, false, 0},
+    {"--cpu-moe --moe-ahead 2", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 2},
+    {"--cpu-moe --moe-cache 1 --moe-ahead 1 (copies ahead into cached layers)", PM_ALL, true, 0,
+     NULL, 1, 0, 0, NULL, 0, false, 1},
+    {"--cpu-moe --moe-ahead 4 --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL,
+     0, false, 4},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
     {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32, 0,
-     NULL, 0, false},
+     NULL, 0, false, 0},
     {"--cpu-moe --moe-fetch pcie (prompts read in place)", PM_ALL, true, 0, NULL, 0, 0,
-     TM_MOE_FETCH_PCIE, NULL, 0, false},
-    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL, 0, false},
+     TM_MOE_FETCH_PCIE, NULL, 0, false, 0},
+    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL, 0, false, 0},
     /* a ring smaller than a layer (it wraps within and across layers) and a
      * fixed CPU share, so every prompt layer has both lanes */
     {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
-     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false},
-    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false},
+     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false, 0},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false, 0},
     {"--cpu-moe --moe-cache 2 --moe-cache-update full (learn file of random counts, adaptive)",
-     PM_ALL, true, 0, NULL, 2, 0, 0, NULL, TM_MOE_UPDATE_FULL, false},
+     PM_ALL, true, 0, NULL, 2, 0, 0, NULL, TM_MOE_UPDATE_FULL, false, 0},
     {"--cpu-moe --moe-cache 2 --moe-cache-update off", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
-     TM_MOE_UPDATE_OFF, false},
+     TM_MOE_UPDATE_OFF, false, 0},
     /* every miss uploaded: slots change every step, uploads in flight overlap */
     {"--cpu-moe --moe-cache 1 --moe-cache-policy lru --moe-cache-admit 0", PM_ALL, true, 0, NULL, 1,
-     0, 0, NULL, TM_MOE_UPDATE_FULL, true},
+     0, 0, NULL, TM_MOE_UPDATE_FULL, true, 0},
     /* layer 0: attention on the GPU, experts in RAM; layer 1: its output
      * projection on the CPU between GPU ops; later layers: attention on the
      * CPU, experts on the GPU */
     {"-ngl 2 -ot mix", 2, false, 0,
      "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
      "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
-     0, 0, 0, NULL, 0, false},
+     0, 0, 0, NULL, 0, false, 0},
 };
 
 /* plan (may be NULL): the cache cases' plan instead of one made from learn and the budget. */
@@ -229,6 +235,7 @@ static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn
                                .moe_cache_mib = c->cache_mib,
                                .moe_pcie = c->pcie,
                                .moe_fetch = c->fetch,
+                               .moe_ahead = c->ahead,
                                .moe_cache = {.learn = c->cache_mib ? learn : NULL,
                                              .plan = c->cache_mib ? plan : NULL,
                                              .update = c->update,
@@ -273,6 +280,16 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     if (ram_on_gpu && !c->cache_mib && (n_pcie < (int32_t)K) != (cold > 0))
         fail_msg("%s: %llu cold slots with %d of %u over PCIe", what, (unsigned long long)cold,
                  n_pcie, K);
+    /* copies ahead: the layers after the first whose experts are in RAM get some, and
+       some of them are routed (the tiny models' residual stream carries the routing) */
+    uint64_t copied = 0, ahead = 0;
+    for (int i = 0; i < TM_TIER_CLASS_COUNT; i++)
+        copied += s[i].ahead_experts, ahead += s[i].ahead_slots;
+    const bool want_ahead = ram_on_gpu && !c->ot && c->ahead > 0;
+    if (want_ahead != (copied > 0) || want_ahead != (ahead > 0))
+        fail_msg("%s: %llu experts copied ahead, %llu slots computed from them, want %s", what,
+                 (unsigned long long)copied, (unsigned long long)ahead,
+                 want_ahead ? "some" : "none");
     if (n_pcie >= (int32_t)K) return;
     uint32_t vram = 0, ram = 0;
     for (uint32_t l = 0; l < L; l++) {
@@ -313,7 +330,8 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
     uint64_t fetch = 0, all = 0, fallback = 0;
     for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) {
         fetch += s[i].fetch_slots, fallback += s[i].fallback_slots;
-        all += s[i].hot_slots + s[i].pcie_slots + s[i].cold_slots + s[i].fetch_slots;
+        all += s[i].hot_slots + s[i].pcie_slots + s[i].cold_slots + s[i].fetch_slots +
+               s[i].ahead_slots;
     }
     const tm_model_config *cfg = &ctx->model->cfg;
     if (all != (uint64_t)(40 + 16) * cfg->n_layer * cfg->n_expert_used)

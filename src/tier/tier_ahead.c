@@ -1,0 +1,221 @@
+/* Decode steps copy ahead the experts the next layer is predicted to route to
+ * (Post-Fetch with next-layer prediction, docs/executor.md).
+ *
+ * As layer l's decode step begins, the compute stream forks to the lane's own
+ * stream, which applies layer l + 1's router to layer l's normed input (the
+ * residual stream changes little from one layer to the next), takes each
+ * token's top k through layer l + 1's slot map, and copies the few cold
+ * experts with the largest summed weight from the pinned file pages into VRAM
+ * buffer (l + 1) % 2 (cuda_moe_fetch_ahead: the choice is made on the device,
+ * so the decode graph keeps one launch for any routing). The copies run while
+ * layer l's lanes, its wait for the CPU and layer l + 1's attention do; layer
+ * l + 1's step joins them before its router, whose kernel then hands the routed
+ * slots of those experts to the fetched lane (the same grouped kernels, over
+ * the buffer) instead of the CPU, and its hand-off carries the buffer's map so
+ * the host leaves them out. Buffer (l + 1) % 2 was last read by layer l - 1,
+ * which the compute stream finished before the fork. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "tier/tier_internal.h"
+
+/* Experts a layer step copies ahead with --moe-ahead auto: none. On the H200
+ * machine (30b-a3b, docs/executor.md) the copies, 99% of them routed, did not
+ * beat the PCIe lane reading the same experts in place once routing is known:
+ * the cached decode ran 154 t/s with one a layer (PCIe lane off), 119 with two,
+ * against 164 with the PCIe lane alone; the CPU lane's cost per layer hardly
+ * falls with fewer experts, and the copies take the link and host memory the
+ * other lanes read. */
+#define TIER_AHEAD_AUTO 0
+
+/* The experts copied ahead per layer step: --moe-ahead N, or auto. */
+static int32_t tier_ahead_count(const tm_tier *t, int32_t asked) {
+    if (asked == TM_MOE_AHEAD_OFF) return 0;
+    int32_t n = asked == TM_MOE_AHEAD_AUTO ? TIER_AHEAD_AUTO : asked;
+    if (n > (int32_t)t->k) n = (int32_t)t->k;
+    return n > TM_CUDA_FETCH_AHEAD_MAX ? TM_CUDA_FETCH_AHEAD_MAX : n;
+}
+
+/* Layer l's experts can be copied ahead: in RAM and pinned for the GPU
+ * (L->pcie), a router to predict with, and a layer before it. */
+static bool tier_ahead_target(const tm_tier *t, uint32_t l) {
+    const tier_layer *L = &t->layers[l];
+    return l > 0 && L->cls != TM_TIER_VRAM && L->pcie.n_slots > 0 && L->host.router;
+}
+
+static size_t tier_align16(size_t n) {
+    return (n + 15) & ~(size_t)15;
+}
+
+tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
+    const int32_t n = t->gpu ? tier_ahead_count(t, p->ahead) : 0;
+    if (n <= 0) return TM_OK;
+    size_t g = 0, u = 0, d = 0; /* the largest slices, one expert */
+    uint32_t targets = 0;
+    bool aligned = true;
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        if (!tier_ahead_target(t, l)) continue;
+        const tm_cuda_moe_params *s = &t->layers[l].pcie;
+        const tm_cuda_moe_matrix *m[3] = {&s->gate, &s->up, &s->down};
+        for (int i = 0; i < 3; i++)
+            aligned &= (((uintptr_t)m[i]->data | m[i]->expert_stride) & 15) == 0;
+        g = s->gate.expert_stride > g ? s->gate.expert_stride : g;
+        u = s->up.expert_stride > u ? s->up.expert_stride : u;
+        d = s->down.expert_stride > d ? s->down.expert_stride : d;
+        targets++;
+    }
+    if (!targets) return TM_OK;
+    if (!aligned) {
+        tm_log_info("--moe-ahead: the experts' slices are not 16-byte aligned in the file; "
+                    "decode steps copy nothing ahead");
+        return TM_OK;
+    }
+    tier_ahead *A = calloc(1, sizeof(*A));
+    if (!A) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    t->ahead = A;
+    A->n_slots = n, A->for_layer = -1;
+    const int64_t T = TM_CUDA_MMVQ_MAX_TOK, E = t->n_expert, K = t->k;
+    const size_t buf = (size_t)n * (g + u + d), router = (size_t)(E * t->n_embd) * sizeof(float);
+    tm_status st = TM_OK;
+    if (!(A->router = calloc(t->n_layer, sizeof(*A->router))) ||
+        !(A->bias = calloc(t->n_layer, sizeof(*A->bias))) ||
+        !(A->split = malloc((size_t)E * sizeof(int32_t))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < 2; i++)
+        if ((st = exec_dev_alloc(t->e, buf, (void **)&A->buf[i])) ||
+            (st = exec_dev_alloc(t->e, tier_align16((size_t)E * 4), (void **)&A->map[i])) ||
+            (st = exec_dev_alloc(t->e, tier_align16((size_t)n * 4), (void **)&A->list[i])) ||
+            (st = cuda_fill_bytes(exec_gpu(t->e), A->map[i], 0xff, (size_t)E * 4)) ||
+            (st = cuda_event_create(&A->done[i])))
+            return st;
+    if ((st = cuda_stream_create(&A->stream)) || (st = cuda_event_create(&A->fork)) ||
+        (st = cuda_event_create(&A->read)) ||
+        (st = exec_dev_alloc(t->e, tier_align16((size_t)(T * E) * 4), (void **)&A->logits)) ||
+        (st = exec_dev_alloc(t->e, tier_align16((size_t)(T * K) * 4), (void **)&A->ids)) ||
+        (st = exec_dev_alloc(t->e, tier_align16((size_t)(T * K) * 4), (void **)&A->w)) ||
+        (st = exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item), (void **)&A->pred)) ||
+        (st = exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item),
+                             (void **)&A->items)))
+        return st;
+    A->bytes = 2 * buf;
+    for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
+        tier_layer *L = &t->layers[l];
+        if (!tier_ahead_target(t, l)) continue;
+        L->ahead = L->pcie; /* the same slices, in slots of buffer l % 2 */
+        L->ahead.n_slots = n;
+        uint8_t *slots = A->buf[l % 2];
+        L->ahead.gate.data = slots, L->ahead.up.data = slots + (size_t)n * g;
+        L->ahead.down.data = slots + (size_t)n * (g + u);
+        void *r; /* through the staging buffers: the router lies beside pinned experts */
+        if ((st = exec_dev_alloc(t->e, router, &r)) ||
+            (st = cuda_upload(exec_gpu(t->e), r, L->host.router, router, NULL)))
+            break;
+        A->router[l] = r, A->bytes += router;
+        if (L->host.router_bias) {
+            void *b;
+            if ((st = exec_dev_alloc(t->e, tier_align16((size_t)E * 4), &b)) ||
+                (st = cuda_upload(exec_gpu(t->e), b, L->host.router_bias, (size_t)E * 4, NULL)))
+                break;
+            A->bias[l] = b;
+        }
+    }
+    if (st != TM_OK) return st;
+    tm_log_info("--moe-ahead: decode steps copy up to %d of the next layer's predicted cold "
+                "experts ahead, for %u layers (%.1f MiB of VRAM: the buffer and the routers)",
+                n, targets, A->bytes / 1048576.0);
+    return TM_OK;
+}
+
+void tier_ahead_free(tm_tier *t) {
+    tier_ahead *A = t->ahead;
+    if (!A) return;
+    if (A->stream) (void)cuda_stream_sync(A->stream);
+    cuda_stream_free(A->stream);
+    cuda_event_free(A->fork), cuda_event_free(A->read);
+    cuda_event_free(A->done[0]), cuda_event_free(A->done[1]);
+    free(A->router), free(A->bias), free(A->split);
+    free(A);
+    t->ahead = NULL;
+}
+
+size_t tier_ahead_bytes(const tm_tier *t) {
+    return t->ahead ? t->ahead->bytes : 0;
+}
+
+tm_status tier_ahead_join(tm_tier *t, const tier_layer *L, tm_cuda_stream s, bool *ready) {
+    tier_ahead *A = t->ahead;
+    *ready = false;
+    if (!A || A->for_layer < 0) return TM_OK;
+    const int64_t l = A->for_layer;
+    A->for_layer = -1;
+    /* a stale fork is joined too: a capture may not end with a stream left out */
+    tm_status st = cuda_stream_wait_event(s, A->done[l % 2]);
+    *ready = st == TM_OK && l == (int64_t)L->index;
+    return st;
+}
+
+tm_status tier_ahead_release(tm_tier *t, const tier_layer *L, tm_cuda_stream s) {
+    const tier_ahead *A = t->ahead;
+    return A && A->for_layer == (int64_t)L->index + 1 ? cuda_stream_wait_event(s, A->read) : TM_OK;
+}
+
+const int32_t *tier_ahead_map(const tm_tier *t, const tier_layer *L) {
+    return t->ahead->map[L->index % 2];
+}
+
+tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int64_t n_tok,
+                           tm_cuda_stream s) {
+    tier_ahead *A = t->ahead;
+    const uint32_t next = L->index + 1;
+    if (!A || next >= t->n_layer || !A->router[next]) return TM_OK;
+    const tier_layer *N = &t->layers[next];
+    const tm_cuda_stream a = A->stream;
+    const int nb = (int)(next % 2);
+    const int64_t E = t->n_expert;
+    tm_cuda_router_params rp = {.gating = (tm_cuda_gating)t->router.gating,
+                                .n_expert = (int32_t)E,
+                                .n_used = (int32_t)t->k,
+                                .norm_topk = t->router.norm_topk,
+                                .scale = t->router.scale,
+                                .slot_map = N->cls == TM_TIER_CACHED ? N->slot_of_dev
+                                                                     : t->cold_map_dev};
+    tm_status st;
+    if ((st = cuda_event_record(A->fork, s)) || (st = cuda_stream_wait_event(a, A->fork)) ||
+        (st = cuda_mmvq(TM_TYPE_F32, A->router[next], (size_t)t->n_embd * sizeof(float), E,
+                        t->n_embd, h, n_tok, A->logits, a)) ||
+        (A->bias[next] && (st = cuda_add_bias(A->logits, A->bias[next], n_tok, E, a))) ||
+        (st = cuda_router_select(&rp, A->logits, n_tok, A->ids, A->w, A->pred, a)) ||
+        (st = cuda_event_record(A->read, a)) ||
+        (st = cuda_moe_fetch_ahead(&N->pcie, &N->ahead, A->pred, n_tok * t->k, (int32_t)E,
+                                   A->n_slots, A->map[nb], A->list[nb], a)) ||
+        (st = cuda_event_record(A->done[nb], a)))
+        return st;
+    A->for_layer = next;
+    return TM_OK;
+}
+
+const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_t *fetched,
+                                const int32_t *ids, int64_t n_ids, size_t expert_bytes,
+                                tm_tier_stats *s) {
+    tier_ahead *A = t->ahead;
+    const int64_t E = t->n_expert;
+    uint64_t copied = 0, used = 0, slots = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const bool hot = slot_of && slot_of[e] >= 0;
+        A->split[e] = hot ? slot_of[e] : fetched[e] >= 0 ? (int32_t)E + fetched[e] : -1;
+        copied += !hot && fetched[e] >= 0;
+    }
+    for (int64_t i = 0; i < n_ids; i++) {
+        const int32_t e = ids[i];
+        if (A->split[e] < E) continue;
+        slots++;
+        used += A->split[e] < 2 * E; /* the first slot of the expert: counted once */
+        A->split[e] += (int32_t)E;
+    }
+    for (int64_t e = 0; e < E; e++)
+        if (A->split[e] >= 2 * E) A->split[e] -= (int32_t)E;
+    s->ahead_experts += copied, s->ahead_used += used, s->ahead_slots += slots;
+    s->ahead_bytes += copied * expert_bytes;
+    return A->split;
+}
