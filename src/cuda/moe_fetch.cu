@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(TM_FETCH_SELECT_THREADS)
     float sum = 0.0f;
     bool seen = false;
     for (int64_t i0 = 0; i0 < n_items; i0 += TM_FETCH_ITEMS_SHARED) {
-        const int64_t n = n_items - i0 < TM_FETCH_ITEMS_SHARED ? n_items - i0 : TM_FETCH_ITEMS_SHARED;
+        const int64_t n =
+            n_items - i0 < TM_FETCH_ITEMS_SHARED ? n_items - i0 : TM_FETCH_ITEMS_SHARED;
         __syncthreads();
         if (e < n) stage[e] = items[i0 + e];
         __syncthreads();
@@ -120,17 +121,19 @@ extern "C" tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src,
                 15 ||
             s[m]->type != d[m]->type || s[m]->row_bytes != d[m]->row_bytes ||
             bytes > d[m]->expert_stride)
-            return tm_error_set(TM_ERR_ARG,
-                                "cuda_moe_fetch_ahead: matrix %d: addresses, strides and sizes must "
-                                "be multiples of 16 bytes and the types and rows alike",
-                                m);
+            return tm_error_set(
+                TM_ERR_ARG,
+                "cuda_moe_fetch_ahead: matrix %d: addresses, strides and sizes must "
+                "be multiples of 16 bytes and the types and rows alike",
+                m);
         a.src[m] = (const uint8_t *)s[m]->data, a.dst[m] = (uint8_t *)d[m]->data;
         a.src_stride[m] = s[m]->expert_stride, a.dst_stride[m] = d[m]->expert_stride;
         a.n16[m] = (int64_t)(bytes / 16);
     }
     tm_fetch_select_kernel<<<1, TM_FETCH_SELECT_THREADS, 0, stream>>>(items, n_items, n_expert,
                                                                       n_slots, map, list);
-    tm_status st = tm_cuda_launch_check("cuda_moe_fetch_ahead (choice)", n_items, n_expert, n_slots);
+    tm_status st =
+        tm_cuda_launch_check("cuda_moe_fetch_ahead (choice)", n_items, n_expert, n_slots);
     if (st != TM_OK) return st;
     tm_fetch_copy_kernel<<<dim3(TM_FETCH_COPY_BLOCKS, (unsigned)n_slots), TM_FETCH_COPY_THREADS, 0,
                            stream>>>(a, list);

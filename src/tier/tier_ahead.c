@@ -94,9 +94,9 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
         (st = exec_dev_alloc(t->e, tier_align16((size_t)(T * E) * 4), (void **)&A->logits)) ||
         (st = exec_dev_alloc(t->e, tier_align16((size_t)(T * K) * 4), (void **)&A->ids)) ||
         (st = exec_dev_alloc(t->e, tier_align16((size_t)(T * K) * 4), (void **)&A->w)) ||
-        (st = exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item), (void **)&A->pred)) ||
-        (st = exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item),
-                             (void **)&A->items)))
+        (st =
+             exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item), (void **)&A->pred)) ||
+        (st = exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item), (void **)&A->items)))
         return st;
     A->bytes = 2 * buf;
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
@@ -178,8 +178,8 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
                                 .n_used = (int32_t)t->k,
                                 .norm_topk = t->router.norm_topk,
                                 .scale = t->router.scale,
-                                .slot_map = N->cls == TM_TIER_CACHED ? N->slot_of_dev
-                                                                     : t->cold_map_dev};
+                                .slot_map =
+                                    N->cls == TM_TIER_CACHED ? N->slot_of_dev : t->cold_map_dev};
     tm_status st;
     if ((st = cuda_event_record(A->fork, s)) || (st = cuda_stream_wait_event(a, A->fork)) ||
         (st = cuda_mmvq(TM_TYPE_F32, A->router[next], (size_t)t->n_embd * sizeof(float), E,
