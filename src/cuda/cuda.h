@@ -262,20 +262,39 @@ typedef struct tm_cuda_router_params {
      * mapped lane counts only the slots left cold. */
     const int32_t *fetch_map;
     tm_cuda_moe_item *fetched;
+    /* Device [n_tok] or NULL: each token's slots left cold (neither in a slot,
+     * nor fetched, nor the mapped lane's): what the CPU computes. */
+    int32_t *cpu_slots;
 } tm_cuda_router_params;
 
 /* moe_fetch.cu: copy ahead the experts a layer is predicted to route to.
  * Of the items[0, n_items) with slot < 0 (cold: predicted routing through the
  * layer's slot map), the up to n_slots experts with the largest summed weight
- * (ties to the lower id) get buffer slots 0, 1, ... in that order: list[i] =
- * expert or -1, map[e] = slot or -1 for each of the n_expert experts; then each
- * chosen expert's gate, up and down are copied from src (indexed by expert id,
- * typically host memory mapped for the device) to dst (indexed by buffer slot;
- * dst's strides and types those of src). The one launch a decode graph keeps
- * works for any routing: the choice is made on the device. */
+ * (ties to the lower id) are chosen, in that order, and each one's gate, up and
+ * down are copied from src (indexed by expert id, typically host memory mapped
+ * for the device) into a slot of dst (dst's strides and types those of src).
+ * list [2 * n_slots] gets {expert, slot} pairs ({-1, -1}: none).
+ *   cache NULL: dst is a buffer; chosen expert i goes to slot i, and map[e] =
+ *     its slot or -1 for each of the n_expert experts.
+ *   cache set: dst is the layer's cache and the chosen experts replace the
+ *     least recently used of its slots (last_use, ties to the lower slot),
+ *     never one the items use (their slot >= 0, whose last_use becomes *seq):
+ *     cache->slot_map and expert_in are updated (the evicted expert -> -1) and
+ *     map is not used. A slot the items reach is never written, so the step's
+ *     predicted hot experts stay; one mispredicted is then cold (the CPU's).
+ * The one launch a decode graph keeps works for any routing: the choice is made
+ * on the device. */
+typedef struct tm_cuda_fetch_cache {
+    int32_t *slot_map;   /* device [n_expert]: the layer's slot of each expert, or -1 */
+    int32_t *expert_in;  /* device [n_slots]: each slot's expert, or -1 */
+    uint32_t *last_use;  /* device [n_slots]: the step that last used or filled it */
+    int32_t n_slots;     /* at most TM_CUDA_ROUTER_MAX_EXPERT */
+    const uint32_t *seq; /* device: this step's number */
+} tm_cuda_fetch_cache;
 tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_params *dst,
                                const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
-                               int32_t n_slots, int32_t *map, int32_t *list, tm_cuda_stream stream);
+                               int32_t n_slots, int32_t *map, int32_t *list,
+                               const tm_cuda_fetch_cache *cache, tm_cuda_stream stream);
 #define TM_CUDA_FETCH_AHEAD_MAX 16 /* n_slots at most */
 
 #ifdef __CUDACC__
@@ -450,7 +469,7 @@ typedef struct tm_cuda_span {
     const void *src; /* device memory */
     int64_t bytes;   /* a multiple of 4 */
 } tm_cuda_span;
-#define TM_CUDA_SIGNAL_SPANS 4
+#define TM_CUDA_SIGNAL_SPANS 5
 
 /* Copy the spans, then, once every byte is visible to the host, write
  * *flag = *seq (flag: mapped host memory, device address). */
@@ -465,6 +484,12 @@ tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *fla
 tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
                          uint32_t *err, float *x, const float *add, int64_t n,
                          tm_cuda_stream stream);
+/* The same, unless need (device [n_need], e.g. the router's cpu_slots) sums to
+ * 0: then nothing is waited for or added (the host has nothing to answer with;
+ * it still answers, later, and no later wait reads that answer). */
+tm_status cuda_wait_host_unless(const int32_t *need, int32_t n_need, const uint32_t *flag,
+                                const uint32_t *seq, uint64_t timeout_ns, uint32_t *err, float *x,
+                                const float *add, int64_t n, tm_cuda_stream stream);
 
 #ifdef __cplusplus
 }

@@ -211,9 +211,9 @@ tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits
 tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_params *dst,
                                const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
                                int32_t n_slots, int32_t *map, int32_t *list,
-                               tm_cuda_stream stream) {
+                               const tm_cuda_fetch_cache *cache, tm_cuda_stream stream) {
     (void)src, (void)dst, (void)items, (void)n_items, (void)n_expert, (void)n_slots, (void)map,
-        (void)list, (void)stream;
+        (void)list, (void)cache, (void)stream;
     return NONE;
 }
 tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t n_rows, int64_t n,
@@ -296,6 +296,13 @@ tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
 tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *flag,
                            const uint32_t *seq, tm_cuda_stream stream) {
     (void)spans, (void)n_spans, (void)flag, (void)seq, (void)stream;
+    return NONE;
+}
+tm_status cuda_wait_host_unless(const int32_t *need, int32_t n_need, const uint32_t *flag,
+                                const uint32_t *seq, uint64_t timeout_ns, uint32_t *err, float *x,
+                                const float *add, int64_t n, tm_cuda_stream stream) {
+    (void)need, (void)n_need, (void)flag, (void)seq, (void)timeout_ns, (void)err, (void)x,
+        (void)add, (void)n, (void)stream;
     return NONE;
 }
 tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,

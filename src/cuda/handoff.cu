@@ -33,9 +33,18 @@ __global__ void __launch_bounds__(TM_HANDOFF_THREADS)
 }
 
 __global__ void __launch_bounds__(TM_HANDOFF_THREADS)
-    tm_wait_host_kernel(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
-                        uint32_t *err, float *x, const float *add, int64_t n) {
+    tm_wait_host_kernel(const int32_t *need, int32_t n_need, const uint32_t *flag,
+                        const uint32_t *seq, uint64_t timeout_ns, uint32_t *err, float *x,
+                        const float *add, int64_t n) {
     __shared__ int ok;
+    if (threadIdx.x == 0) {
+        int32_t needed = need ? 0 : 1;
+        for (int32_t i = 0; i < n_need; i++) needed += need[i];
+        ok = needed > 0;
+    }
+    __syncthreads();
+    if (!ok) return; /* nothing for the host to compute: no wait, nothing to add */
+    __syncthreads(); /* ok read before thread 0 writes it again */
     if (threadIdx.x == 0) {
         const uint32_t want = *seq;
         uint64_t t0, now;
@@ -93,7 +102,17 @@ extern "C" tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, u
                                     tm_cuda_stream stream) {
     if (n < 0 || (n > 0 && (!x || !add)))
         return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add", (long long)n);
-    tm_wait_host_kernel<<<1, TM_HANDOFF_THREADS, 0, stream>>>(flag, seq, timeout_ns, err, x, add,
-                                                              n);
+    return cuda_wait_host_unless(NULL, 0, flag, seq, timeout_ns, err, x, add, n, stream);
+}
+
+extern "C" tm_status cuda_wait_host_unless(const int32_t *need, int32_t n_need,
+                                           const uint32_t *flag, const uint32_t *seq,
+                                           uint64_t timeout_ns, uint32_t *err, float *x,
+                                           const float *add, int64_t n, tm_cuda_stream stream) {
+    if (n < 0 || (n > 0 && (!x || !add)) || n_need < 0 || (n_need > 0 && !need))
+        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add, %d needs",
+                            (long long)n, n_need);
+    tm_wait_host_kernel<<<1, TM_HANDOFF_THREADS, 0, stream>>>(need, n_need, flag, seq, timeout_ns,
+                                                              err, x, add, n);
     return tm_cuda_launch_check("cuda_wait_host", n, 0, 0);
 }

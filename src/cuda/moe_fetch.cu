@@ -19,54 +19,101 @@
 #define TM_FETCH_COPY_UNROLL    4
 #define TM_FETCH_COPY_BLOCKS    64 /* per expert: 2.5 MiB a q4_K expert of 30b-a3b */
 
+/* The block's best (value, index) by v (larger, then lower index); -1 when
+ * every value is -INFINITY. All threads get the answer. */
+static __device__ int tm_fetch_block_best(float v, int i, float *best_v, int *best_i, int *winner) {
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1), warp = threadIdx.x >> 5;
+    float bv = v;
+    int bi = v == -INFINITY ? 0x7fffffff : i;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float wv = best_v[0];
+        int wi = best_i[0];
+        for (int w = 1; w < TM_FETCH_SELECT_THREADS / TM_CUDA_WARP; w++)
+            if (best_v[w] > wv || (best_v[w] == wv && best_i[w] < wi))
+                wv = best_v[w], wi = best_i[w];
+        *winner = wv == -INFINITY ? -1 : wi;
+    }
+    __syncthreads();
+    const int w = *winner;
+    __syncthreads(); /* read before the next call writes it */
+    return w;
+}
+
+/* Thread e sums expert e's cold weights; thread s (cache mode) looks after
+ * slot s. */
 __global__ void __launch_bounds__(TM_FETCH_SELECT_THREADS)
     tm_fetch_select_kernel(const tm_cuda_moe_item *__restrict__ items, int64_t n_items,
                            int32_t n_expert, int32_t n_slots, int32_t *__restrict__ map,
-                           int32_t *__restrict__ list) {
+                           int32_t *__restrict__ list, tm_cuda_fetch_cache c, bool cached) {
     __shared__ tm_cuda_moe_item stage[TM_FETCH_ITEMS_SHARED];
     __shared__ float best_v[TM_FETCH_SELECT_THREADS / TM_CUDA_WARP];
     __shared__ int best_i[TM_FETCH_SELECT_THREADS / TM_CUDA_WARP];
     __shared__ int winner;
-    const int e = threadIdx.x, lane = e & (TM_CUDA_WARP - 1), warp = e >> 5;
+    __shared__ int chosen[TM_CUDA_FETCH_AHEAD_MAX];
+    const int e = threadIdx.x;
     float sum = 0.0f;
-    bool seen = false;
+    bool seen = false, used = false; /* expert e cold in some item; slot e in some item */
     for (int64_t i0 = 0; i0 < n_items; i0 += TM_FETCH_ITEMS_SHARED) {
         const int64_t n =
             n_items - i0 < TM_FETCH_ITEMS_SHARED ? n_items - i0 : TM_FETCH_ITEMS_SHARED;
         __syncthreads();
         if (e < n) stage[e] = items[i0 + e];
         __syncthreads();
-        for (int64_t j = 0; j < n; j++)
+        for (int64_t j = 0; j < n; j++) {
             if (stage[j].slot < 0 && stage[j].expert == e) sum += stage[j].weight, seen = true;
+            used |= stage[j].slot == e;
+        }
     }
-    /* rank: the seen experts by sum (an unseen one never wins) */
+    /* the experts, by their summed weight */
     float v = seen && e < n_expert ? sum : -INFINITY;
-    int my_slot = -1;
+    int n_chosen = 0;
     for (int r = 0; r < n_slots; r++) {
-        float bv = v;
-        int bi = v == -INFINITY ? 0x7fffffff : e;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-        }
-        if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
-        __syncthreads();
-        if (e == 0) {
-            float wv = best_v[0];
-            int wi = best_i[0];
-            for (int w = 1; w < TM_FETCH_SELECT_THREADS / TM_CUDA_WARP; w++)
-                if (best_v[w] > wv || (best_v[w] == wv && best_i[w] < wi))
-                    wv = best_v[w], wi = best_i[w];
-            winner = wv == -INFINITY ? -1 : wi;
-            list[r] = winner;
-        }
-        __syncthreads();
-        if (winner == e) my_slot = r, v = -INFINITY;
-        __syncthreads(); /* winner is read before round r + 1 writes it */
+        const int w = tm_fetch_block_best(v, e, best_v, best_i, &winner);
+        if (w < 0) break;
+        if (e == 0) chosen[r] = w;
+        if (w == e) v = -INFINITY;
+        n_chosen++;
     }
-    if (e < n_expert) map[e] = my_slot;
+    __syncthreads();
+    if (!cached) {
+        int my_slot = -1;
+        for (int r = 0; r < n_chosen; r++)
+            if (chosen[r] == e) my_slot = r;
+        if (e < n_expert) map[e] = my_slot;
+        if (e < n_slots)
+            list[2 * e] = e < n_chosen ? chosen[e] : -1, list[2 * e + 1] = e < n_chosen ? e : -1;
+        return;
+    }
+    /* the slots: those the items use are this step's; the others by age (empty
+       ones first), the oldest taking the first expert */
+    const uint32_t now = *c.seq;
+    float age = -INFINITY;
+    if (e < c.n_slots) {
+        if (used)
+            c.last_use[e] = now;
+        else
+            age = c.expert_in[e] < 0 ? INFINITY : (float)(now - c.last_use[e]);
+    }
+    for (int r = 0; r < n_slots; r++) {
+        const int w = r < n_chosen ? tm_fetch_block_best(age, e, best_v, best_i, &winner) : -1;
+        if (w < 0) {
+            if (e == 0) list[2 * r] = -1, list[2 * r + 1] = -1;
+        } else if (w == e) { /* slot e takes chosen expert r */
+            const int32_t old = c.expert_in[e], ex = chosen[r];
+            if (old >= 0) c.slot_map[old] = -1;
+            c.slot_map[ex] = e, c.expert_in[e] = ex, c.last_use[e] = now;
+            list[2 * r] = ex, list[2 * r + 1] = e;
+            age = -INFINITY;
+        }
+    }
 }
 
 typedef struct tm_fetch_copy_args {
@@ -78,8 +125,8 @@ typedef struct tm_fetch_copy_args {
 
 __global__ void __launch_bounds__(TM_FETCH_COPY_THREADS)
     tm_fetch_copy_kernel(tm_fetch_copy_args a, const int32_t *__restrict__ list) {
-    const int slot = blockIdx.y, e = list[slot];
-    if (e < 0) return;
+    const int e = list[2 * blockIdx.y], slot = list[2 * blockIdx.y + 1];
+    if (e < 0 || slot < 0) return;
     const int64_t step = (int64_t)gridDim.x * TM_FETCH_COPY_THREADS;
     for (int m = 0; m < 3; m++) {
         const uint4 *s = (const uint4 *)(a.src[m] + (size_t)e * a.src_stride[m]);
@@ -102,7 +149,8 @@ extern "C" tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src,
                                           const tm_cuda_moe_params *dst,
                                           const tm_cuda_moe_item *items, int64_t n_items,
                                           int32_t n_expert, int32_t n_slots, int32_t *map,
-                                          int32_t *list, tm_cuda_stream stream) {
+                                          int32_t *list, const tm_cuda_fetch_cache *cache,
+                                          tm_cuda_stream stream) {
     if (n_expert < 1 || n_expert > TM_CUDA_ROUTER_MAX_EXPERT || n_slots < 1 ||
         n_slots > TM_CUDA_FETCH_AHEAD_MAX || n_items < 0)
         return tm_error_set(TM_ERR_ARG,
@@ -110,6 +158,14 @@ extern "C" tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src,
                             "experts, 1..%d slots)",
                             n_expert, n_slots, (long long)n_items, TM_CUDA_ROUTER_MAX_EXPERT,
                             TM_CUDA_FETCH_AHEAD_MAX);
+    if (cache ? cache->n_slots < 1 || cache->n_slots > TM_CUDA_ROUTER_MAX_EXPERT ||
+                    !cache->slot_map || !cache->expert_in || !cache->last_use || !cache->seq
+              : !map)
+        return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: %s",
+                            cache ? "a cache of 1..512 slots "
+                                    "with its map, experts, ages and step"
+                                  : "a buffer needs its map");
+    const tm_cuda_fetch_cache c = cache ? *cache : tm_cuda_fetch_cache{};
     const tm_cuda_moe_matrix *s[3] = {&src->gate, &src->up, &src->down};
     const tm_cuda_moe_matrix *d[3] = {&dst->gate, &dst->up, &dst->down};
     const int64_t rows[3] = {src->n_ff, src->n_ff, src->n_embd};
@@ -130,8 +186,8 @@ extern "C" tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src,
         a.src_stride[m] = s[m]->expert_stride, a.dst_stride[m] = d[m]->expert_stride;
         a.n16[m] = (int64_t)(bytes / 16);
     }
-    tm_fetch_select_kernel<<<1, TM_FETCH_SELECT_THREADS, 0, stream>>>(items, n_items, n_expert,
-                                                                      n_slots, map, list);
+    tm_fetch_select_kernel<<<1, TM_FETCH_SELECT_THREADS, 0, stream>>>(
+        items, n_items, n_expert, n_slots, map, list, c, cache != NULL);
     tm_status st =
         tm_cuda_launch_check("cuda_moe_fetch_ahead (choice)", n_items, n_expert, n_slots);
     if (st != TM_OK) return st;

@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0 && fslot < 0);
     const int n_map = tm_cuda_mapped_count(__popc(cold), p.n_mapped, p.mapped_share_q8);
     const bool mapped = mine && slot < 0 && fslot < 0 && __popc(cold & ((1u << lane) - 1u)) < n_map;
+    if (p.cpu_slots && lane == 0) p.cpu_slots[t] = __popc(cold) - n_map;
     if (mine) {
         ids[t * K + lane] = my_id;
         weights[t * K + lane] = w;

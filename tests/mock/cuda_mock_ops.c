@@ -533,6 +533,7 @@ static bool router_run(void *arg, char *err, size_t err_size) {
     if (a->items) NEED_DEVICE(a->items, (size_t)(a->n_tok * K) * sizeof(*a->items), "the items");
     if (a->p.slot_map) NEED_DEVICE(a->p.slot_map, (size_t)E * 4, "the slot map");
     if (a->p.fetch_map) NEED_DEVICE(a->p.fetch_map, (size_t)E * 4, "the fetch map");
+    if (a->p.cpu_slots) NEED_DEVICE(a->p.cpu_slots, (size_t)a->n_tok * 4, "the CPU's slots");
     if (a->p.fetched)
         NEED_DEVICE(a->p.fetched, (size_t)(a->n_tok * K) * sizeof(*a->p.fetched),
                     "the fetched items");
@@ -548,6 +549,7 @@ static bool router_run(void *arg, char *err, size_t err_size) {
             cold_all += a->p.slot_map[id] < 0 && !(a->p.fetch_map && a->p.fetch_map[id] >= 0);
         }
         const int32_t n_map = tm_cuda_mapped_count(cold_all, a->p.n_mapped, a->p.mapped_share_q8);
+        if (a->p.cpu_slots) a->p.cpu_slots[t] = cold_all - n_map;
         int32_t n_cold = 0; /* the cold slots of the token so far, in rank order */
         for (int64_t j = 0; j < K; j++) {
             const int64_t i = t * K + j;
@@ -601,20 +603,49 @@ typedef struct fetch_arg {
     int64_t n_items;
     int32_t n_expert, n_slots;
     int32_t *map, *list;
+    tm_cuda_fetch_cache cache;
+    bool cached;
 } fetch_arg;
+
+/* The oldest slot not taken (empty ones first, ties to the lower slot), -1: none. */
+static int32_t fetch_victim(const fetch_arg *a, const bool *taken, uint32_t now) {
+    int32_t best = -1;
+    double best_age = -1;
+    for (int32_t s = 0; s < a->cache.n_slots; s++) {
+        if (taken[s]) continue;
+        const double age =
+            a->cache.expert_in[s] < 0 ? INFINITY : (double)(float)(now - a->cache.last_use[s]);
+        if (age > best_age) best = s, best_age = age;
+    }
+    return best;
+}
 
 static bool fetch_run(void *arg, char *err, size_t err_size) {
     const fetch_arg *a = arg;
+    const tm_cuda_fetch_cache *c = &a->cache;
     NEED_DEVICE(a->items, (size_t)a->n_items * sizeof(*a->items), "the items");
-    NEED_DEVICE(a->map, (size_t)a->n_expert * 4, "the fetch map");
-    NEED_DEVICE(a->list, (size_t)a->n_slots * 4, "the fetch list");
+    NEED_DEVICE(a->list, (size_t)a->n_slots * 8, "the fetch list");
+    if (a->cached) {
+        NEED_DEVICE(c->slot_map, (size_t)a->n_expert * 4, "the cache's slot map");
+        NEED_DEVICE(c->expert_in, (size_t)c->n_slots * 4, "the cache's experts");
+        NEED_DEVICE(c->last_use, (size_t)c->n_slots * 4, "the cache's ages");
+        NEED_DEVICE(c->seq, 4, "the step number");
+    } else {
+        NEED_DEVICE(a->map, (size_t)a->n_expert * 4, "the fetch map");
+    }
     float sum[TM_CUDA_ROUTER_MAX_EXPERT];
-    bool seen[TM_CUDA_ROUTER_MAX_EXPERT] = {false};
-    for (int32_t e = 0; e < a->n_expert; e++) sum[e] = 0.0f, a->map[e] = -1;
+    bool seen[TM_CUDA_ROUTER_MAX_EXPERT] = {false}, taken[TM_CUDA_ROUTER_MAX_EXPERT] = {false};
+    for (int32_t e = 0; e < a->n_expert; e++) {
+        sum[e] = 0.0f;
+        if (!a->cached) a->map[e] = -1;
+    }
+    const uint32_t now = a->cached ? *c->seq : 0;
     for (int64_t i = 0; i < a->n_items; i++) { /* in item order, as the kernel sums */
         const tm_cuda_moe_item *it = &a->items[i];
         if (it->slot < 0 && it->expert >= 0 && it->expert < a->n_expert)
             sum[it->expert] += it->weight, seen[it->expert] = true;
+        if (a->cached && it->slot >= 0 && it->slot < c->n_slots) /* this step's: kept */
+            taken[it->slot] = true, c->last_use[it->slot] = now;
     }
     const tm_cuda_moe_matrix *s[3] = {&a->src.gate, &a->src.up, &a->src.down};
     const tm_cuda_moe_matrix *d[3] = {&a->dst.gate, &a->dst.up, &a->dst.down};
@@ -623,13 +654,23 @@ static bool fetch_run(void *arg, char *err, size_t err_size) {
         int32_t best = -1;
         for (int32_t e = 0; e < a->n_expert; e++)
             if (seen[e] && (best < 0 || sum[e] > sum[best])) best = e;
-        a->list[r] = best;
+        int32_t slot = best < 0 ? -1 : r;
+        if (best >= 0 && a->cached && (slot = fetch_victim(a, taken, now)) < 0) best = -1;
+        a->list[2 * r] = best, a->list[2 * r + 1] = best < 0 ? -1 : slot;
         if (best < 0) continue;
-        seen[best] = false, a->map[best] = r;
+        seen[best] = false;
+        if (a->cached) {
+            const int32_t old = c->expert_in[slot];
+            if (old >= 0) c->slot_map[old] = -1;
+            c->slot_map[best] = slot, c->expert_in[slot] = best, c->last_use[slot] = now;
+            taken[slot] = true;
+        } else {
+            a->map[best] = r;
+        }
         for (int m = 0; m < 3; m++) {
             const size_t bytes = (size_t)rows[m] * s[m]->row_bytes;
             const uint8_t *from = (const uint8_t *)s[m]->data + (size_t)best * s[m]->expert_stride;
-            uint8_t *to = (uint8_t *)d[m]->data + (size_t)r * d[m]->expert_stride;
+            uint8_t *to = (uint8_t *)d[m]->data + (size_t)slot * d[m]->expert_stride;
             NEED_DEVICE(to, bytes, "the fetch buffer");
             NEED_DEVICE(from, bytes, "an expert copied ahead");
             memcpy(to, from, bytes);
@@ -641,12 +682,15 @@ static bool fetch_run(void *arg, char *err, size_t err_size) {
 tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_params *dst,
                                const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
                                int32_t n_slots, int32_t *map, int32_t *list,
-                               tm_cuda_stream stream) {
+                               const tm_cuda_fetch_cache *cache, tm_cuda_stream stream) {
     if (n_expert < 1 || n_expert > TM_CUDA_ROUTER_MAX_EXPERT || n_slots < 1 ||
         n_slots > TM_CUDA_FETCH_AHEAD_MAX || n_items < 0)
         return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: %d experts, %d slots, %lld items",
                             n_expert, n_slots, (long long)n_items);
-    const fetch_arg a = {*src, *dst, items, n_items, n_expert, n_slots, map, list};
+    if (cache ? cache->n_slots < 1 || cache->n_slots > TM_CUDA_ROUTER_MAX_EXPERT : !map)
+        return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: a bad cache or no map");
+    fetch_arg a = {*src, *dst, items, n_items, n_expert, n_slots, map, list, {0}, cache != NULL};
+    if (cache) a.cache = *cache;
     return mock_launch(stream, "cuda_moe_fetch_ahead", fetch_run, &a, sizeof(a));
 }
 
@@ -819,6 +863,8 @@ tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *fla
 }
 
 typedef struct wait_arg {
+    const int32_t *need;
+    int32_t n_need;
     const uint32_t *flag, *seq;
     uint64_t timeout_ns;
     uint32_t *err;
@@ -840,6 +886,12 @@ static bool wait_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->err, 4, "err");
     NEED_DEVICE(a->x, (size_t)a->n * 4, "x");
     NEED_DEVICE(a->add, (size_t)a->n * 4, "add");
+    if (a->need) {
+        NEED_DEVICE(a->need, (size_t)a->n_need * 4, "the needs");
+        int64_t needed = 0;
+        for (int32_t i = 0; i < a->n_need; i++) needed += a->need[i];
+        if (!needed) return true; /* nothing for the host: no wait, nothing added */
+    }
     const uint32_t want = *a->seq;
     const uint64_t t0 = now_ns();
     for (unsigned polls = 0; (int32_t)(__atomic_load_n(a->flag, __ATOMIC_ACQUIRE) - want) < 0;
@@ -862,8 +914,15 @@ static bool wait_run(void *arg, char *err, size_t err_size) {
 tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
                          uint32_t *err, float *x, const float *add, int64_t n,
                          tm_cuda_stream stream) {
-    if (n < 0 || (n > 0 && (!x || !add)))
-        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add", (long long)n);
-    const wait_arg a = {flag, seq, timeout_ns, err, x, add, n};
+    return cuda_wait_host_unless(NULL, 0, flag, seq, timeout_ns, err, x, add, n, stream);
+}
+
+tm_status cuda_wait_host_unless(const int32_t *need, int32_t n_need, const uint32_t *flag,
+                                const uint32_t *seq, uint64_t timeout_ns, uint32_t *err, float *x,
+                                const float *add, int64_t n, tm_cuda_stream stream) {
+    if (n < 0 || (n > 0 && (!x || !add)) || n_need < 0 || (n_need > 0 && !need))
+        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add, %d needs",
+                            (long long)n, n_need);
+    const wait_arg a = {need, n_need, flag, seq, timeout_ns, err, x, add, n};
     return mock_launch(stream, "cuda_wait_host", wait_run, &a, sizeof(a));
 }
