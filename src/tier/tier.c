@@ -317,14 +317,24 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     }
     tm_status st;
     if (any_cold) {
-        const size_t a[] = {3 * (size_t)t->n_layer * 4, (size_t)(T * E) * 4,
-                            (size_t)(T * K) * 4,        (size_t)(T * K) * 4,
-                            (size_t)(T * E) * 4,        (size_t)t->n_expert * 4};
-        size_t off[6], total = 0;
-        for (int i = 0; i < 6; i++) off[i] = total, total += (a[i] + 63) & ~(size_t)63;
+        const size_t a[] = {3 * (size_t)t->n_layer * 4,
+                            (size_t)(T * E) * 4,
+                            (size_t)(T * K) * 4,
+                            (size_t)(T * K) * 4,
+                            (size_t)(T * E) * 4,
+                            (size_t)t->n_expert * 4,
+                            (size_t)T * 4};
+        size_t off[7], total = 0;
+        for (int i = 0; i < 7; i++) off[i] = total, total += (a[i] + 63) & ~(size_t)63;
         void *dev;
         if ((st = cuda_host_alloc_mapped(total, &t->mb_host_base, &dev))) return st;
         memset(t->mb_host_base, 0, total);
+        if ((st = exec_dev_alloc(t->e, (size_t)T * 4, (void **)&t->cpu_slots_dev))) return st;
+        const size_t map_bytes = t->n_expert * sizeof(int32_t); /* the router counts cold slots */
+        if (!t->cold_map_dev &&
+            ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
+             (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes))))
+            return st;
         uint8_t *hb = t->mb_host_base, *db = dev;
         tier_mailbox *mbs[2] = {&t->mb, &t->mb_dev};
         uint8_t *bases[2] = {hb, db};
@@ -336,6 +346,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
             mbs[i]->h = (float *)(b + off[1]), mbs[i]->ids = (int32_t *)(b + off[2]);
             mbs[i]->w = (float *)(b + off[3]), mbs[i]->y = (float *)(b + off[4]);
             mbs[i]->fetched = (int32_t *)(b + off[5]);
+            mbs[i]->cpu_slots = (int32_t *)(b + off[6]);
         }
     }
     const size_t y_bytes = (size_t)(n_batch * E) * 4;
@@ -383,7 +394,8 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
  * cache's uploads: those done are used, the step's admissions queued. */
 static tm_status tier_step_check(void *ud) {
     tm_tier *t = ud;
-    tm_status st = tier_cache_apply(t);
+    tm_status st = tier_ahead_refresh(t); /* the GPU moved copies into cache slots */
+    if (st == TM_OK) st = tier_cache_apply(t);
     for (uint32_t l = 0; l < t->n_layer; l++)
         if (__atomic_exchange_n(&t->mb.err[l], 0, __ATOMIC_ACQ_REL) && st == TM_OK)
             st = tm_error_set(TM_ERR_DEVICE,
@@ -474,6 +486,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     }
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
     if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
+    if (q.ahead > 0 && (q.cache_mib || q.cache.plan) && q.cache.update != TM_MOE_UPDATE_OFF) {
+        tm_log_info("--moe-ahead: the VRAM cache's slots take the copies (least recently used "
+                    "first, on the GPU); --moe-cache-update is off");
+        q.cache.update = TM_MOE_UPDATE_OFF;
+    }
     if (st == TM_OK) st = tier_cache_create(t, &q);
     if (st == TM_OK) st = tier_pcie_create(t, pl, &q);
     if (st == TM_OK) st = tier_fetch_create(t, &q);

@@ -85,7 +85,7 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
     for (int i = 0; i < 2; i++)
         if ((st = exec_dev_alloc(t->e, buf, (void **)&A->buf[i])) ||
             (st = exec_dev_alloc(t->e, tier_align16((size_t)E * 4), (void **)&A->map[i])) ||
-            (st = exec_dev_alloc(t->e, tier_align16((size_t)n * 4), (void **)&A->list[i])) ||
+            (st = exec_dev_alloc(t->e, tier_align16((size_t)n * 8), (void **)&A->list[i])) ||
             (st = cuda_fill_bytes(exec_gpu(t->e), A->map[i], 0xff, (size_t)E * 4)) ||
             (st = cuda_event_create(&A->done[i])))
             return st;
@@ -102,11 +102,21 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         tier_layer *L = &t->layers[l];
         if (!tier_ahead_target(t, l)) continue;
-        L->ahead = L->pcie; /* the same slices, in slots of buffer l % 2 */
-        L->ahead.n_slots = n;
-        uint8_t *slots = A->buf[l % 2];
-        L->ahead.gate.data = slots, L->ahead.up.data = slots + (size_t)n * g;
-        L->ahead.down.data = slots + (size_t)n * (g + u);
+        if (L->cls == TM_TIER_CACHED) { /* into the cache's slots, their state on the GPU */
+            const size_t ns = (size_t)L->n_slots * 4;
+            if ((st = exec_dev_alloc(t->e, tier_align16(ns), (void **)&L->expert_in_dev)) ||
+                (st = exec_dev_alloc(t->e, tier_align16(ns), (void **)&L->last_use_dev)) ||
+                (st = cuda_copy_to_device(exec_gpu(t->e), L->expert_in_dev, L->expert_in, ns)) ||
+                (st = cuda_fill_bytes(exec_gpu(t->e), L->last_use_dev, 0, ns)))
+                break;
+            A->lru = true, A->n_cache_slots += L->n_slots;
+        } else {
+            L->ahead = L->pcie; /* the same slices, in slots of buffer l % 2 */
+            L->ahead.n_slots = n;
+            uint8_t *slots = A->buf[l % 2];
+            L->ahead.gate.data = slots, L->ahead.up.data = slots + (size_t)n * g;
+            L->ahead.down.data = slots + (size_t)n * (g + u);
+        }
         void *r; /* through the staging buffers: the router lies beside pinned experts */
         if ((st = exec_dev_alloc(t->e, router, &r)) ||
             (st = cuda_upload(exec_gpu(t->e), r, L->host.router, router, NULL)))
@@ -121,9 +131,12 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
         }
     }
     if (st != TM_OK) return st;
+    if (A->lru && !(A->expert_in_host = malloc((size_t)A->n_cache_slots * sizeof(int32_t))))
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
     tm_log_info("--moe-ahead: decode steps copy up to %d of the next layer's predicted cold "
-                "experts ahead, for %u layers (%.1f MiB of VRAM: the buffer and the routers)",
-                n, targets, A->bytes / 1048576.0);
+                "experts ahead, for %u layers (%.1f MiB of VRAM: the buffer and the routers)%s",
+                n, targets, A->bytes / 1048576.0,
+                A->lru ? "; into a cached layer's least recently used slots" : "");
     return TM_OK;
 }
 
@@ -134,7 +147,7 @@ void tier_ahead_free(tm_tier *t) {
     cuda_stream_free(A->stream);
     cuda_event_free(A->fork), cuda_event_free(A->read);
     cuda_event_free(A->done[0]), cuda_event_free(A->done[1]);
-    free(A->router), free(A->bias), free(A->split);
+    free(A->router), free(A->bias), free(A->split), free(A->expert_in_host);
     free(A);
     t->ahead = NULL;
 }
@@ -180,6 +193,9 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
                                 .scale = t->router.scale,
                                 .slot_map =
                                     N->cls == TM_TIER_CACHED ? N->slot_of_dev : t->cold_map_dev};
+    const bool cached = N->cls == TM_TIER_CACHED;
+    const tm_cuda_fetch_cache fc = {cached ? N->slot_of_dev : NULL, N->expert_in_dev,
+                                    N->last_use_dev, N->n_slots, exec_step_seq_dev(t->e)};
     tm_status st;
     if ((st = cuda_event_record(A->fork, s)) || (st = cuda_stream_wait_event(a, A->fork)) ||
         (st = cuda_mmvq(TM_TYPE_F32, A->router[next], (size_t)t->n_embd * sizeof(float), E,
@@ -187,8 +203,9 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
         (A->bias[next] && (st = cuda_add_bias(A->logits, A->bias[next], n_tok, E, a))) ||
         (st = cuda_router_select(&rp, A->logits, n_tok, A->ids, A->w, A->pred, a)) ||
         (st = cuda_event_record(A->read, a)) ||
-        (st = cuda_moe_fetch_ahead(&N->pcie, &N->ahead, A->pred, n_tok * t->k, (int32_t)E,
-                                   A->n_slots, A->map[nb], A->list[nb], a)) ||
+        (st = cuda_moe_fetch_ahead(&N->pcie, cached ? &N->gpu : &N->ahead, A->pred, n_tok * t->k,
+                                   (int32_t)E, A->n_slots, A->map[nb], A->list[nb],
+                                   cached ? &fc : NULL, a)) ||
         (st = cuda_event_record(A->done[nb], a)))
         return st;
     A->for_layer = next;
@@ -196,15 +213,21 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
 }
 
 const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_t *fetched,
-                                const int32_t *ids, int64_t n_ids, size_t expert_bytes,
+                                bool cached, const int32_t *ids, int64_t n_ids, size_t expert_bytes,
                                 tm_tier_stats *s) {
     tier_ahead *A = t->ahead;
     const int64_t E = t->n_expert;
     uint64_t copied = 0, used = 0, slots = 0;
     for (int64_t e = 0; e < E; e++) {
-        const bool hot = slot_of && slot_of[e] >= 0;
-        A->split[e] = hot ? slot_of[e] : fetched[e] >= 0 ? (int32_t)E + fetched[e] : -1;
-        copied += !hot && fetched[e] >= 0;
+        const int32_t host = slot_of ? slot_of[e] : -1;
+        if (cached) { /* fetched: the GPU's slot map; copied: hot there since the last refresh */
+            const bool now = fetched[e] >= 0, copy = now && host != fetched[e];
+            A->split[e] = !now ? -1 : copy ? (int32_t)E + fetched[e] : fetched[e];
+            copied += copy;
+        } else {
+            A->split[e] = host >= 0 ? host : fetched[e] >= 0 ? (int32_t)E + fetched[e] : -1;
+            copied += host < 0 && fetched[e] >= 0;
+        }
     }
     for (int64_t i = 0; i < n_ids; i++) {
         const int32_t e = ids[i];
@@ -218,4 +241,29 @@ const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_
     s->ahead_experts += copied, s->ahead_used += used, s->ahead_slots += slots;
     s->ahead_bytes += copied * expert_bytes;
     return A->split;
+}
+
+tm_status tier_ahead_refresh(tm_tier *t) {
+    tier_ahead *A = t->ahead;
+    if (!A || !A->lru) return TM_OK;
+    tm_cuda_device *dev = exec_gpu(t->e);
+    tm_status st = cuda_copy_to_host(dev, t->slot_maps, t->slot_maps_dev,
+                                     (size_t)t->n_layer * t->n_expert * sizeof(int32_t));
+    for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
+        tier_layer *L = &t->layers[l];
+        if (!L->expert_in_dev) continue;
+        int32_t *now = A->expert_in_host;
+        if ((st = cuda_copy_to_host(dev, now, L->expert_in_dev, (size_t)L->n_slots * 4))) break;
+        uint64_t changed = 0;
+        for (int32_t i = 0; i < L->n_slots; i++) changed += now[i] != L->expert_in[i];
+        memcpy(L->expert_in, now, (size_t)L->n_slots * sizeof(int32_t));
+        t->stats[L->cls].admits += changed;
+    }
+    return st;
+}
+
+tm_status tier_ahead_push(tm_tier *t, const tier_layer *L) {
+    return L->expert_in_dev ? cuda_copy_to_device(exec_gpu(t->e), L->expert_in_dev, L->expert_in,
+                                                  (size_t)L->n_slots * sizeof(int32_t))
+                            : TM_OK;
 }

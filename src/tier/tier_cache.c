@@ -412,6 +412,7 @@ tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t exper
     if (st != TM_OK) return st;
     if (L->expert_in[slot] >= 0) L->slot_of[L->expert_in[slot]] = -1;
     L->expert_in[slot] = expert, L->slot_of[expert] = slot;
+    if ((st = tier_ahead_push(t, L))) return st; /* copies ahead keep the slots on the GPU */
     /* the policy starts again from the slots as they are now */
     if (L->policy && (st = tier_policy_make(t, L, NULL))) return st;
     if ((st = tier_map_push(t))) return st;

@@ -18,8 +18,12 @@ typedef struct tier_mailbox {
     int32_t *ids;     /* [max_tok][k] */
     float *w;         /* [max_tok][k] */
     float *y;         /* [max_tok][n_embd] */
-    int32_t
-        *fetched; /* [n_expert] GPU → host: the buffer slot of each expert copied ahead, or -1 */
+    /* [n_expert] GPU → host: the fetch buffer's map, or a cached layer's slot map, when the
+       layer has copies ahead */
+    int32_t *fetched;
+    /* [max_tok] GPU → host: each token's slots the GPU left to the CPU (none in the step: the
+       GPU does not wait for the answer) */
+    int32_t *cpu_slots;
 } tier_mailbox;
 
 /* How a prompt step's cold experts (more than TM_CUDA_MMVQ_MAX_TOK tokens,
@@ -88,7 +92,7 @@ typedef struct tier_ahead {
     tm_cuda_moe_item *pred;  /* device [max_tok * k]: predicted slots through the slot map */
     tm_cuda_moe_item *items; /* device [max_tok * k]: the fetched lane's work list */
     int32_t *map[2];         /* device [n_expert]: what buffer i holds (slot or -1) */
-    int32_t *list[2];        /* device [n_slots] */
+    int32_t *list[2];        /* device [2 * n_slots]: {expert, slot} pairs */
     int32_t *split;          /* host [n_expert]: the host split's map, fetched experts hot */
     tm_cuda_stream stream;   /* the predictions and copies */
     tm_cuda_event fork;      /* the compute stream's h is ready */
@@ -96,6 +100,10 @@ typedef struct tier_ahead {
     tm_cuda_event done[2];   /* buffer i's copies are done */
     int64_t for_layer;       /* the layer the queued copies are for (-1: none) */
     size_t bytes;            /* VRAM held */
+    bool lru;                /* some cached layers take copies into their slots: their slot
+                                maps live on the GPU, the host's refreshed after each step */
+    int64_t n_cache_slots;
+    int32_t *expert_in_host; /* scratch for the refresh */
 } tier_ahead;
 
 typedef struct tier_layer {
@@ -116,6 +124,8 @@ typedef struct tier_layer {
     int32_t n_pcie; /* the PCIe lane's cold slots per decode token */
     tm_cuda_moe_params ahead; /* the experts copied ahead, in the buffer (n_slots 0: none) */
     bool fetched_on;          /* this layer's decode step computes experts copied ahead */
+    int32_t *expert_in_dev;   /* cached layers with copies ahead: device [n_slots] */
+    uint32_t *last_use_dev;   /* device [n_slots]: the step that last used or filled a slot */
     uint64_t *seen; /* [n_expert]: routed slots so far (the CPU lane takes the least seen) */
 } tier_layer;
 
@@ -149,6 +159,7 @@ struct tm_tier {
     int32_t pcie_share_q8;        /* and its share of a token's cold slots (0: n_pcie each token) */
     tm_cuda_moe_item *pcie_items; /* device [max_tok * k]: its work list */
     int32_t *cold_map_dev;        /* device [n_expert] of -1: a RAM layer's slot map */
+    int32_t *cpu_slots_dev;       /* device [max_tok]: the router's count of the CPU's slots */
     void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */
     size_t *pin_bytes, pcie_pinned;
     int n_pins;
@@ -251,10 +262,16 @@ const int32_t *tier_ahead_map(const tm_tier *t, const tier_layer *L);
 tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int64_t n_tok,
                            tm_cuda_stream s);
 /* The host split's map of a layer step whose experts were copied ahead:
- * slot_of (NULL: all cold) with the experts fetched (the map the GPU used)
- * hot; counts the experts copied, routed and their slots into s. */
+ * slot_of (NULL: all cold) with the experts fetched (the buffer's map) hot, or
+ * for a cached layer (cached) fetched is the GPU's slot map, the truth; counts
+ * the experts copied, routed and their slots into s. */
 const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_t *fetched,
-                                const int32_t *ids, int64_t n_ids, size_t expert_bytes,
+                                bool cached, const int32_t *ids, int64_t n_ids, size_t expert_bytes,
                                 tm_tier_stats *s);
+/* After a step: the host's slot maps and slot contents from the GPU's (cached
+ * layers whose slots take copies ahead), the changed slots counted as admits. */
+tm_status tier_ahead_refresh(tm_tier *t);
+/* After the host changed layer L's slots: their contents to the GPU's state. */
+tm_status tier_ahead_push(tm_tier *t, const tier_layer *L);
 
 #endif

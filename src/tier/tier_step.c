@@ -121,6 +121,15 @@ static tm_status tier_wait_gpu(tm_tier *t, uint32_t l, uint32_t seq) {
     }
 }
 
+/* Whether the GPU has published a layer after l in step seq: it did not wait
+ * for layer l's answer (no CPU slots there), and may have overwritten the
+ * mailbox while the host read it (what was read is then not layer l's). */
+static bool tier_gpu_moved_on(const tm_tier *t, uint32_t l, uint32_t seq) {
+    for (uint32_t j = l + 1; j < t->n_layer; j++)
+        if (__atomic_load_n(&t->mb.flag_h[j], __ATOMIC_ACQUIRE) == seq) return true;
+    return false;
+}
+
 /* The host's half of a decode layer: the cold slots on the CPU lane. It
  * always answers (flag_y), so a failure here costs the step, never a GPU
  * left waiting. */
@@ -145,12 +154,20 @@ static tm_status tier_decode_task(void *ud) {
     const int32_t *map = tier_split_map(L);
     const uint64_t n_ahead0 = t->stats[L->cls].ahead_slots;
     if (st == TM_OK && L->fetched_on) /* the experts copied ahead are the GPU's */
-        map = tier_ahead_split(t, map, t->mb.fetched, t->mb.ids, n_tok * t->k, L->expert_bytes,
-                               &t->stats[L->cls]);
+        map = tier_ahead_split(t, map, t->mb.fetched, L->cls == TM_TIER_CACHED, t->mb.ids,
+                               n_tok * t->k, L->expert_bytes, &t->stats[L->cls]);
     const int64_t n_ahead = (int64_t)(t->stats[L->cls].ahead_slots - n_ahead0);
     if (st == TM_OK)
         n_cold =
             tier_worklist_split(&t->wl, map, L->n_pcie, t->pcie_share_q8, t->split_tmp, &n_pcie);
+    if (st == TM_OK) { /* the GPU adds the answer only when it left the CPU slots */
+        int64_t gpu_cold = 0;
+        for (int64_t i = 0; i < n_tok; i++) gpu_cold += t->mb.cpu_slots[i];
+        if (gpu_cold != n_cold && !tier_gpu_moved_on(t, L->index, seq))
+            st = tm_error_set(TM_ERR_DEVICE,
+                              "layer %u: the GPU left %lld slots to the CPU, the host's split %lld",
+                              L->index, (long long)gpu_cold, (long long)n_cold);
+    }
     if (n_tok > 1) tier_worklist_group(&t->wl, n_cold); /* rows of several sequences */
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
     const uint64_t t2 = tm_time_ns();
@@ -185,24 +202,32 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
         ahead = true;
         if (prof && (st = cuda_event_record(t->ev[7], t->ahead->stream))) return st;
     }
+    /* a layer in RAM: every slot cold (the router counts them for the CPU) */
     tm_cuda_router_params rp = tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev
-                                                  : pcie || fetched        ? t->cold_map_dev
+                                                  : cold                   ? t->cold_map_dev
                                                                            : NULL);
     if (pcie)
         rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie, rp.mapped_share_q8 = t->pcie_share_q8;
-    if (fetched) rp.fetch_map = tier_ahead_map(t, L), rp.fetched = t->ahead->items;
+    /* a cached layer's copies are in its slots (its map says so); others' in the buffer */
+    const bool buffered = fetched && L->cls != TM_TIER_CACHED;
+    if (buffered) rp.fetch_map = tier_ahead_map(t, L), rp.fetched = t->ahead->items;
+    if (cold) rp.cpu_slots = t->cpu_slots_dev; /* none: the GPU does not wait for the CPU */
     L->fetched_on = fetched; /* a graph replays this step's choice, and so does its host task */
     st =
         cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, hot ? t->items_dev : NULL, s);
     if (st != TM_OK) return st;
     exec_act_wrote(ids, TM_DEV_GPU), exec_act_wrote(w, TM_DEV_GPU);
     if (cold) {
-        const tm_cuda_span spans[4] = {
-            {t->mb_dev.h, h->dev, n_tok * E * 4},
-            {t->mb_dev.ids, ids->dev, n_tok * K * 4},
-            {t->mb_dev.w, w->dev, n_tok * K * 4},
-            {t->mb_dev.fetched, fetched ? tier_ahead_map(t, L) : NULL, (int64_t)t->n_expert * 4}};
-        if ((st = cuda_signal_host(spans, fetched ? 4 : 3, &t->mb_dev.flag_h[l], seq, s)))
+        const tm_cuda_span spans[5] = {{t->mb_dev.cpu_slots, t->cpu_slots_dev, n_tok * 4},
+                                       {t->mb_dev.h, h->dev, n_tok * E * 4},
+                                       {t->mb_dev.ids, ids->dev, n_tok * K * 4},
+                                       {t->mb_dev.w, w->dev, n_tok * K * 4},
+                                       {t->mb_dev.fetched,
+                                        buffered  ? tier_ahead_map(t, L)
+                                        : fetched ? L->slot_of_dev
+                                                  : NULL,
+                                        (int64_t)t->n_expert * 4}};
+        if ((st = cuda_signal_host(spans, fetched ? 5 : 4, &t->mb_dev.flag_h[l], seq, s)))
             return st;
     }
     if (hot) {
@@ -219,13 +244,14 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
                  (prof && (st = cuda_event_record(t->ev[5], s)))))
         return st;
     /* the experts copied ahead for this layer */
-    if (fetched && (st = cuda_moe_grouped(&L->ahead, t->ahead->items, n_tok * K, h->dev, n_tok,
-                                          y->dev, t->h_scratch, s)))
+    if (buffered && (st = cuda_moe_grouped(&L->ahead, t->ahead->items, n_tok * K, h->dev, n_tok,
+                                           y->dev, t->h_scratch, s)))
         return st;
     if (cold) {
         if ((prof && (st = cuda_event_record(t->ev[2], s))) ||
-            (st = cuda_wait_host(&t->mb_dev.flag_y[l], seq, t->timeout_ns, &t->mb_dev.err[l],
-                                 y->dev, t->mb_dev.y, n_tok * E, s)) ||
+            (st = cuda_wait_host_unless(t->cpu_slots_dev, (int32_t)n_tok, &t->mb_dev.flag_y[l], seq,
+                                        t->timeout_ns, &t->mb_dev.err[l], y->dev, t->mb_dev.y,
+                                        n_tok * E, s)) ||
             (prof && (st = cuda_event_record(t->ev[3], s))) ||
             (st = exec_host_task(e, tier_decode_task, L)))
             return st;
