@@ -47,8 +47,10 @@ extern "C" {
 #define TM_MOE_FETCH_PCIE 2    /* the GPU reads the routed ones in place over PCIe */
 
 /* --moe-ahead: experts a decode layer step copies ahead for the next layer. */
-#define TM_MOE_AHEAD_AUTO 0    /* the default count */
-#define TM_MOE_AHEAD_OFF  (-1) /* none */
+#define TM_MOE_AHEAD_AUTO                                                                          \
+    0                         /* one into the slots of a cache that updates between requests;
+                                  else none */
+#define TM_MOE_AHEAD_OFF (-1) /* none */
 
 /* --moe-cache-update: how the VRAM cache follows the routing. */
 #define TM_MOE_UPDATE_BETWEEN 0   /* the updater between requests only (tier_cache_update) */

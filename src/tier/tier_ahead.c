@@ -20,19 +20,10 @@
 #include "core/log.h"
 #include "tier/tier_internal.h"
 
-/* Experts a layer step copies ahead with --moe-ahead auto: none. On the H200
- * machine (30b-a3b, docs/executor.md) the copies, 99% of them routed, did not
- * beat the PCIe lane reading the same experts in place once routing is known:
- * the cached decode ran 154 t/s with one a layer (PCIe lane off), 119 with two,
- * against 164 with the PCIe lane alone; the CPU lane's cost per layer hardly
- * falls with fewer experts, and the copies take the link and host memory the
- * other lanes read. */
-#define TIER_AHEAD_AUTO 0
-
 /* The experts copied ahead per layer step: --moe-ahead N, or auto. */
 static int32_t tier_ahead_count(const tm_tier *t, int32_t asked) {
-    if (asked == TM_MOE_AHEAD_OFF) return 0;
-    int32_t n = asked == TM_MOE_AHEAD_AUTO ? TIER_AHEAD_AUTO : asked;
+    if (asked <= 0) return 0; /* auto is resolved by tier_create */
+    int32_t n = asked;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
     return n > TM_CUDA_FETCH_AHEAD_MAX ? TM_CUDA_FETCH_AHEAD_MAX : n;
 }
@@ -41,7 +32,8 @@ static int32_t tier_ahead_count(const tm_tier *t, int32_t asked) {
  * (L->pcie), a router to predict with, and a layer before it. */
 static bool tier_ahead_target(const tm_tier *t, uint32_t l) {
     const tier_layer *L = &t->layers[l];
-    return l > 0 && L->cls != TM_TIER_VRAM && L->pcie.n_slots > 0 && L->host.router;
+    return l > 0 && L->cls != TM_TIER_VRAM && L->pcie.n_slots > 0 && L->host.router &&
+           (!t->ahead_cached_only || L->cls == TM_TIER_CACHED);
 }
 
 static size_t tier_align16(size_t n) {
@@ -99,17 +91,30 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
         (st = exec_dev_alloc(t->e, (size_t)(T * K) * sizeof(tm_cuda_moe_item), (void **)&A->items)))
         return st;
     A->bytes = 2 * buf;
+    /* cached layers' slot state on the GPU, every layer's in one block (one copy back a step):
+       experts, then ages */
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        if (tier_ahead_target(t, l) && t->layers[l].cls == TM_TIER_CACHED)
+            A->n_cache_slots += t->layers[l].n_slots;
+    if (A->n_cache_slots) {
+        const size_t all = (size_t)A->n_cache_slots * 4;
+        if ((st = exec_dev_alloc(t->e, 2 * all, (void **)&A->cache_state)) ||
+            (st = cuda_fill_bytes(exec_gpu(t->e), A->cache_state, 0, 2 * all)))
+            return st;
+        if (!(A->expert_in_host = malloc(all))) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+        A->lru = true;
+    }
+    int64_t at = 0;
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         tier_layer *L = &t->layers[l];
         if (!tier_ahead_target(t, l)) continue;
-        if (L->cls == TM_TIER_CACHED) { /* into the cache's slots, their state on the GPU */
-            const size_t ns = (size_t)L->n_slots * 4;
-            if ((st = exec_dev_alloc(t->e, tier_align16(ns), (void **)&L->expert_in_dev)) ||
-                (st = exec_dev_alloc(t->e, tier_align16(ns), (void **)&L->last_use_dev)) ||
-                (st = cuda_copy_to_device(exec_gpu(t->e), L->expert_in_dev, L->expert_in, ns)) ||
-                (st = cuda_fill_bytes(exec_gpu(t->e), L->last_use_dev, 0, ns)))
+        if (L->cls == TM_TIER_CACHED) { /* into the cache's slots */
+            L->expert_in_dev = A->cache_state + at;
+            L->last_use_dev = (uint32_t *)(A->cache_state + A->n_cache_slots + at);
+            L->cache_at = at, at += L->n_slots;
+            if ((st = cuda_copy_to_device(exec_gpu(t->e), L->expert_in_dev, L->expert_in,
+                                          (size_t)L->n_slots * 4)))
                 break;
-            A->lru = true, A->n_cache_slots += L->n_slots;
         } else {
             L->ahead = L->pcie; /* the same slices, in slots of buffer l % 2 */
             L->ahead.n_slots = n;
@@ -131,8 +136,6 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
         }
     }
     if (st != TM_OK) return st;
-    if (A->lru && !(A->expert_in_host = malloc((size_t)A->n_cache_slots * sizeof(int32_t))))
-        return tm_error_set(TM_ERR_NOMEM, "out of memory");
     tm_log_info("--moe-ahead: decode steps copy up to %d of the next layer's predicted cold "
                 "experts ahead, for %u layers (%.1f MiB of VRAM: the buffer and the routers)%s",
                 n, targets, A->bytes / 1048576.0,
@@ -249,11 +252,13 @@ tm_status tier_ahead_refresh(tm_tier *t) {
     tm_cuda_device *dev = exec_gpu(t->e);
     tm_status st = cuda_copy_to_host(dev, t->slot_maps, t->slot_maps_dev,
                                      (size_t)t->n_layer * t->n_expert * sizeof(int32_t));
+    if (st == TM_OK)
+        st = cuda_copy_to_host(dev, A->expert_in_host, A->cache_state,
+                               (size_t)A->n_cache_slots * sizeof(int32_t));
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         tier_layer *L = &t->layers[l];
         if (!L->expert_in_dev) continue;
-        int32_t *now = A->expert_in_host;
-        if ((st = cuda_copy_to_host(dev, now, L->expert_in_dev, (size_t)L->n_slots * 4))) break;
+        const int32_t *now = A->expert_in_host + L->cache_at;
         uint64_t changed = 0;
         for (int32_t i = 0; i < L->n_slots; i++) changed += now[i] != L->expert_in[i];
         memcpy(L->expert_in, now, (size_t)L->n_slots * sizeof(int32_t));

@@ -103,6 +103,7 @@ typedef struct tier_ahead {
     bool lru;                /* some cached layers take copies into their slots: their slot
                                 maps live on the GPU, the host's refreshed after each step */
     int64_t n_cache_slots;
+    int32_t *cache_state;    /* device: those layers' expert_in_dev, then their last_use_dev */
     int32_t *expert_in_host; /* scratch for the refresh */
 } tier_ahead;
 
@@ -126,6 +127,7 @@ typedef struct tier_layer {
     bool fetched_on;          /* this layer's decode step computes experts copied ahead */
     int32_t *expert_in_dev;   /* cached layers with copies ahead: device [n_slots] */
     uint32_t *last_use_dev;   /* device [n_slots]: the step that last used or filled a slot */
+    int64_t cache_at;         /* their offset in tier_ahead.cache_state */
     uint64_t *seen; /* [n_expert]: routed slots so far (the CPU lane takes the least seen) */
 } tier_layer;
 
@@ -163,8 +165,9 @@ struct tm_tier {
     void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */
     size_t *pin_bytes, pcie_pinned;
     int n_pins;
-    tm_cuda_event ev[8]; /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end) */
-    tier_ahead *ahead;   /* decode steps' experts copied ahead (NULL: none) */
+    tm_cuda_event ev[8];    /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end) */
+    tier_ahead *ahead;      /* decode steps' experts copied ahead (NULL: none) */
+    bool ahead_cached_only; /* --moe-ahead auto: only into cached layers' slots */
 
     /* prompt steps' cold experts (tier_fetch.c) */
     int32_t fetch_mode;      /* TM_MOE_FETCH_* */

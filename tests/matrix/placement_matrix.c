@@ -191,6 +191,9 @@ static const pm_case pm_cases[] = {
     {"--cpu-moe --moe-ahead 2", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 2},
     {"--cpu-moe --moe-cache 1 --moe-ahead 1 (copies ahead into cached layers)", PM_ALL, true, 0,
      NULL, 1, 0, 0, NULL, 0, false, 1},
+    /* the defaults with a cache: one copy ahead a layer into its slots, the PCIe lane off */
+    {"--cpu-moe --moe-cache 1 (defaults: copies ahead into the cache)", PM_ALL, true, 0, NULL, 1, 0,
+     0, NULL, 0, false, 0},
     {"--cpu-moe --moe-ahead 4 --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL,
      0, false, 4},
     {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
@@ -260,6 +263,12 @@ static void pm_env(const pm_case *c, bool on) {
     }
 }
 
+/* --moe-ahead auto copies into the cache (and turns the PCIe lane's auto share off). */
+static bool pm_auto_ahead(const pm_case *c) {
+    return c->ahead == TM_MOE_AHEAD_AUTO && c->cache_mib && c->update == TM_MOE_UPDATE_BETWEEN &&
+           c->pcie == TM_MOE_PCIE_AUTO;
+}
+
 /* The tier's counters after a run: every layer in the class the placement
  * implies, and the lanes it implies did work. */
 static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *what) {
@@ -270,8 +279,8 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     uint64_t pcie = 0, cold = 0;
     for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) pcie += s[i].pcie_slots, cold += s[i].cold_slots;
     const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
-    /* auto: some but not all of k >= 2 */
-    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF ? n_pcie == 0
+    /* auto: some but not all of k >= 2 (none when copies ahead go into a cache by default) */
+    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) ? n_pcie == 0
                     : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
                                   : K < 2 || (n_pcie >= 1 && n_pcie < (int32_t)K);
     if (!ok || (n_pcie > 0) != (pcie > 0))
@@ -285,7 +294,7 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     uint64_t copied = 0, ahead = 0;
     for (int i = 0; i < TM_TIER_CLASS_COUNT; i++)
         copied += s[i].ahead_experts, ahead += s[i].ahead_slots;
-    const bool want_ahead = ram_on_gpu && !c->ot && c->ahead > 0;
+    const bool want_ahead = ram_on_gpu && !c->ot && (c->ahead > 0 || pm_auto_ahead(c));
     if (want_ahead != (copied > 0) || want_ahead != (ahead > 0))
         fail_msg("%s: %llu experts copied ahead, %llu slots computed from them, want %s", what,
                  (unsigned long long)copied, (unsigned long long)ahead,
