@@ -13,7 +13,13 @@
  * slots of those experts to the fetched lane (the same grouped kernels, over
  * the buffer) instead of the CPU, and its hand-off carries the buffer's map so
  * the host leaves them out. Buffer (l + 1) % 2 was last read by layer l - 1,
- * which the compute stream finished before the fork. */
+ * which the compute stream finished before the fork.
+ *
+ * A cached layer takes the copies into its own slots instead: the least
+ * recently used ones the predicted routing does not use, the slot map updated
+ * on the GPU, so its router finds them hot and its hot lane computes them.
+ * The GPU's map is then the truth: the hand-off carries it for the host's
+ * split, and after each step the host's maps are refreshed from it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,9 +54,10 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
     bool aligned = true;
     for (uint32_t l = 0; l < t->n_layer; l++) {
         if (!tier_ahead_target(t, l)) continue;
-        const tm_cuda_moe_params *s = &t->layers[l].pcie;
-        const tm_cuda_moe_matrix *m[3] = {&s->gate, &s->up, &s->down};
-        for (int i = 0; i < 3; i++)
+        const tier_layer *L = &t->layers[l];
+        const tm_cuda_moe_params *s = &L->pcie, *c = &L->gpu; /* from; into a cache's slots */
+        const tm_cuda_moe_matrix *m[6] = {&s->gate, &s->up, &s->down, &c->gate, &c->up, &c->down};
+        for (int i = 0; i < (L->cls == TM_TIER_CACHED ? 6 : 3); i++)
             aligned &= (((uintptr_t)m[i]->data | m[i]->expert_stride) & 15) == 0;
         g = s->gate.expert_stride > g ? s->gate.expert_stride : g;
         u = s->up.expert_stride > u ? s->up.expert_stride : u;
