@@ -232,13 +232,9 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
         free(lane);
         return TM_OK;
     }
-    const size_t map_bytes = t->n_expert * sizeof(int32_t);
-    if ((n > 0 || ahead) &&
-        ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
-         (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)) ||
-         (st =
-              exec_dev_alloc(t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
-                             (void **)&t->pcie_items)))) {
+    if (n > 0 &&
+        (st = exec_dev_alloc(t->e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(tm_cuda_moe_item),
+                             (void **)&t->pcie_items))) {
         free(lane);
         return st;
     }
@@ -331,9 +327,10 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
         if ((st = cuda_host_alloc_mapped(total, &t->mb_host_base, &dev))) return st;
         memset(t->mb_host_base, 0, total);
         if ((st = exec_dev_alloc(t->e, (size_t)T * 4, (void **)&t->cpu_slots_dev))) return st;
-        const size_t map_bytes = t->n_expert * sizeof(int32_t); /* the router counts cold slots */
-        if (!t->cold_map_dev &&
-            ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
+        /* a RAM layer's slot map, all cold: the router counts them for the CPU (and the PCIe
+           lane and the copies ahead take theirs) */
+        const size_t map_bytes = t->n_expert * sizeof(int32_t);
+        if (((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
              (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes))))
             return st;
         uint8_t *hb = t->mb_host_base, *db = dev;

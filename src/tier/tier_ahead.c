@@ -49,7 +49,7 @@ static size_t tier_align16(size_t n) {
 tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
     const int32_t n = t->gpu ? tier_ahead_count(t, p->ahead) : 0;
     if (n <= 0) return TM_OK;
-    size_t g = 0, u = 0, d = 0; /* the largest slices, one expert */
+    size_t g = 0, u = 0, d = 0; /* the largest slices, one expert, of layers without slots */
     uint32_t targets = 0;
     bool aligned = true;
     for (uint32_t l = 0; l < t->n_layer; l++) {
@@ -59,9 +59,11 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
         const tm_cuda_moe_matrix *m[6] = {&s->gate, &s->up, &s->down, &c->gate, &c->up, &c->down};
         for (int i = 0; i < (L->cls == TM_TIER_CACHED ? 6 : 3); i++)
             aligned &= (((uintptr_t)m[i]->data | m[i]->expert_stride) & 15) == 0;
-        g = s->gate.expert_stride > g ? s->gate.expert_stride : g;
-        u = s->up.expert_stride > u ? s->up.expert_stride : u;
-        d = s->down.expert_stride > d ? s->down.expert_stride : d;
+        if (L->cls != TM_TIER_CACHED) { /* copies into the buffer */
+            g = s->gate.expert_stride > g ? s->gate.expert_stride : g;
+            u = s->up.expert_stride > u ? s->up.expert_stride : u;
+            d = s->down.expert_stride > d ? s->down.expert_stride : d;
+        }
         targets++;
     }
     if (!targets) return TM_OK;
@@ -82,7 +84,7 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
         !(A->split = malloc((size_t)E * sizeof(int32_t))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < 2; i++)
-        if ((st = exec_dev_alloc(t->e, buf, (void **)&A->buf[i])) ||
+        if ((buf && (st = exec_dev_alloc(t->e, buf, (void **)&A->buf[i]))) ||
             (st = exec_dev_alloc(t->e, tier_align16((size_t)E * 4), (void **)&A->map[i])) ||
             (st = exec_dev_alloc(t->e, tier_align16((size_t)n * 8), (void **)&A->list[i])) ||
             (st = cuda_fill_bytes(exec_gpu(t->e), A->map[i], 0xff, (size_t)E * 4)) ||
@@ -196,14 +198,8 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
     const tm_cuda_stream a = A->stream;
     const int nb = (int)(next % 2);
     const int64_t E = t->n_expert;
-    tm_cuda_router_params rp = {.gating = (tm_cuda_gating)t->router.gating,
-                                .n_expert = (int32_t)E,
-                                .n_used = (int32_t)t->k,
-                                .norm_topk = t->router.norm_topk,
-                                .scale = t->router.scale,
-                                .slot_map =
-                                    N->cls == TM_TIER_CACHED ? N->slot_of_dev : t->cold_map_dev};
     const bool cached = N->cls == TM_TIER_CACHED;
+    const tm_cuda_router_params rp = tier_router_gpu(t, cached ? N->slot_of_dev : t->cold_map_dev);
     const tm_cuda_fetch_cache fc = {cached ? N->slot_of_dev : NULL, N->expert_in_dev,
                                     N->last_use_dev, N->n_slots, exec_step_seq_dev(t->e)};
     tm_status st;
@@ -222,11 +218,13 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
     return TM_OK;
 }
 
-const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_t *fetched,
-                                bool cached, const int32_t *ids, int64_t n_ids, size_t expert_bytes,
-                                tm_tier_stats *s) {
+const int32_t *tier_ahead_split(tm_tier *t, const tier_layer *L, const int32_t *slot_of,
+                                const int32_t *fetched, const int32_t *ids, int64_t n_ids,
+                                int64_t *n_slots) {
     tier_ahead *A = t->ahead;
     const int64_t E = t->n_expert;
+    const bool cached = L->cls == TM_TIER_CACHED;
+    tm_tier_stats *s = &t->stats[L->cls];
     uint64_t copied = 0, used = 0, slots = 0;
     for (int64_t e = 0; e < E; e++) {
         const int32_t host = slot_of ? slot_of[e] : -1;
@@ -249,7 +247,8 @@ const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_
     for (int64_t e = 0; e < E; e++)
         if (A->split[e] >= 2 * E) A->split[e] -= (int32_t)E;
     s->ahead_experts += copied, s->ahead_used += used, s->ahead_slots += slots;
-    s->ahead_bytes += copied * expert_bytes;
+    s->ahead_bytes += copied * L->expert_bytes;
+    *n_slots = (int64_t)slots;
     return A->split;
 }
 

@@ -201,6 +201,16 @@ struct tm_tier {
     tm_moe_lane_stats lane_stats;
 };
 
+/* The router kernel's parameters for this tier, items through slot_map. */
+static inline tm_cuda_router_params tier_router_gpu(const tm_tier *t, const int32_t *slot_map) {
+    return (tm_cuda_router_params){.gating = (tm_cuda_gating)t->router.gating,
+                                   .n_expert = (int32_t)t->n_expert,
+                                   .n_used = (int32_t)t->k,
+                                   .norm_topk = t->router.norm_topk,
+                                   .scale = t->router.scale,
+                                   .slot_map = slot_map};
+}
+
 /* ---- tier_cache.c ---- */
 
 /* The slots of every layer whose experts are in RAM, from the plan, filled;
@@ -264,13 +274,14 @@ const int32_t *tier_ahead_map(const tm_tier *t, const tier_layer *L);
  * ones into the other buffer. Nothing when L + 1 is not a target. */
 tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int64_t n_tok,
                            tm_cuda_stream s);
-/* The host split's map of a layer step whose experts were copied ahead:
- * slot_of (NULL: all cold) with the experts fetched (the buffer's map) hot, or
- * for a cached layer (cached) fetched is the GPU's slot map, the truth; counts
- * the experts copied, routed and their slots into s. */
-const int32_t *tier_ahead_split(tm_tier *t, const int32_t *slot_of, const int32_t *fetched,
-                                bool cached, const int32_t *ids, int64_t n_ids, size_t expert_bytes,
-                                tm_tier_stats *s);
+/* The host split's map of layer L's decode step whose experts were copied
+ * ahead: slot_of (NULL: all cold) with the experts fetched (the buffer's map)
+ * hot, or for a cached layer fetched is the GPU's slot map, the truth. Counts
+ * the experts copied, routed and their slots into L's class; *n_slots gets the
+ * routed slots of the experts copied in this step. */
+const int32_t *tier_ahead_split(tm_tier *t, const tier_layer *L, const int32_t *slot_of,
+                                const int32_t *fetched, const int32_t *ids, int64_t n_ids,
+                                int64_t *n_slots);
 /* After a step: the host's slot maps and slot contents from the GPU's (cached
  * layers whose slots take copies ahead), the changed slots counted as admits. */
 tm_status tier_ahead_refresh(tm_tier *t);

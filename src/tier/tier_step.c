@@ -34,15 +34,6 @@
 
 #define TIER_QUERY_NS 1000000 /* how often a waiting host asks whether the stream failed */
 
-static tm_cuda_router_params tier_router_gpu(const tm_tier *t, const int32_t *slot_map) {
-    return (tm_cuda_router_params){.gating = (tm_cuda_gating)t->router.gating,
-                                   .n_expert = (int32_t)t->n_expert,
-                                   .n_used = (int32_t)t->k,
-                                   .norm_topk = t->router.norm_topk,
-                                   .scale = t->router.scale,
-                                   .slot_map = slot_map};
-}
-
 /* The slot map the split goes by: NULL (every slot cold) for a layer in RAM. */
 static const int32_t *tier_split_map(const tier_layer *L) {
     return L->cls == TM_TIER_CACHED ? L->slot_of : NULL;
@@ -152,11 +143,9 @@ static tm_status tier_decode_task(void *ud) {
     }
     if (st == TM_OK) st = tier_split_room(t);
     const int32_t *map = tier_split_map(L);
-    const uint64_t n_ahead0 = t->stats[L->cls].ahead_slots;
+    int64_t n_ahead = 0;              /* slots of experts copied ahead in this step */
     if (st == TM_OK && L->fetched_on) /* the experts copied ahead are the GPU's */
-        map = tier_ahead_split(t, map, t->mb.fetched, L->cls == TM_TIER_CACHED, t->mb.ids,
-                               n_tok * t->k, L->expert_bytes, &t->stats[L->cls]);
-    const int64_t n_ahead = (int64_t)(t->stats[L->cls].ahead_slots - n_ahead0);
+        map = tier_ahead_split(t, L, map, t->mb.fetched, t->mb.ids, n_tok * t->k, &n_ahead);
     if (st == TM_OK)
         n_cold =
             tier_worklist_split(&t->wl, map, L->n_pcie, t->pcie_share_q8, t->split_tmp, &n_pcie);
