@@ -100,8 +100,6 @@ extern "C" tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, ui
 extern "C" tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t timeout_ns,
                                     uint32_t *err, float *x, const float *add, int64_t n,
                                     tm_cuda_stream stream) {
-    if (n < 0 || (n > 0 && (!x || !add)))
-        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add", (long long)n);
     return cuda_wait_host_unless(NULL, 0, flag, seq, timeout_ns, err, x, add, n, stream);
 }
 
