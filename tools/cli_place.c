@@ -47,6 +47,24 @@ const char cli_place_help[] =
     "                         (auto: available RAM less a reserve); the GPU's PCIe and fetch\n"
     "                         lanes are off with it\n";
 
+/* A flag's N|auto|off value (N from 0 to max, 0 meaning off) into *out; -1
+ * after a message naming the flag. */
+static int cli_place_count(const char *cmd, const char *flag, const char *v, int64_t max,
+                           int auto_value, int off_value, int *out) {
+    long long n = 0;
+    if (!strcmp(v, "auto"))
+        *out = auto_value;
+    else if (!strcmp(v, "off"))
+        *out = off_value;
+    else if (cli_parse_i64(flag, v, 0, max, &n)) {
+        fprintf(stderr, "tiermoe %s: %s: or 'auto' or 'off'\n", cmd, flag);
+        return -1;
+    } else {
+        *out = n ? (int)n : off_value;
+    }
+    return 0;
+}
+
 int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i) {
     const char *a = argv[i];
     if (!strcmp(a, "-cmoe") || !strcmp(a, "--cpu-moe")) {
@@ -102,27 +120,13 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
             p->ram_cache_mib = n;
         }
     } else if (!strcmp(a, "--moe-pcie")) {
-        if (!strcmp(v, "auto"))
-            p->pcie = TM_MOE_PCIE_AUTO;
-        else if (!strcmp(v, "off"))
-            p->pcie = TM_MOE_PCIE_OFF;
-        else if (cli_parse_i64(a, v, 0, TM_CUDA_ROUTER_MAX_USED, &n)) {
-            fprintf(stderr, "tiermoe %s: --moe-pcie: or 'auto' or 'off'\n", cmd);
+        if (cli_place_count(cmd, a, v, TM_CUDA_ROUTER_MAX_USED, TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF,
+                            &p->pcie))
             return -1;
-        } else {
-            p->pcie = n ? (int)n : TM_MOE_PCIE_OFF;
-        }
     } else if (!strcmp(a, "--moe-ahead")) {
-        if (!strcmp(v, "auto"))
-            p->ahead = TM_MOE_AHEAD_AUTO;
-        else if (!strcmp(v, "off"))
-            p->ahead = TM_MOE_AHEAD_OFF;
-        else if (cli_parse_i64(a, v, 0, TM_CUDA_FETCH_AHEAD_MAX, &n)) {
-            fprintf(stderr, "tiermoe %s: --moe-ahead: or 'auto' or 'off'\n", cmd);
+        if (cli_place_count(cmd, a, v, TM_CUDA_FETCH_AHEAD_MAX, TM_MOE_AHEAD_AUTO, TM_MOE_AHEAD_OFF,
+                            &p->ahead))
             return -1;
-        } else {
-            p->ahead = n ? (int)n : TM_MOE_AHEAD_OFF;
-        }
     } else if (!strcmp(a, "--moe-fetch")) {
         static const char *const names[] = {"auto", "copy", "pcie", "off"};
         static const int modes[] = {TM_MOE_FETCH_AUTO, TM_MOE_FETCH_COPY, TM_MOE_FETCH_PCIE,
