@@ -68,6 +68,7 @@ double check_swiglu_oai(double g, double u, double *dg, double *du);
 /* The per-op checks of tests/cuda/check_*.c (cmocka tests). */
 void check_attention(void **state);
 void check_attention_rows(void **state);
+void check_fetch_ahead(void **state);
 void check_gemm(void **state);
 void check_model(void **state);
 
