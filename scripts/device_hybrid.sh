@@ -2,9 +2,11 @@
 # One device call for the hybrid decode and the SSD tier:
 #   1. build (Release, sm_90); the 30b-a3b preset with the Qwen3 routing
 #      profile (/tmp/m30q.gguf, made unless there);
-#   2. SSD tier (STAGES ssd): --ram-cache of half the expert bytes, page
-#      cache dropped before each bench, pp512 / tg64, with the store's staging
-#      cap (default) and with greedy chunks (TIERMOE_STORE_STAGE=100000);
+#   2. SSD tier (STAGES ssd): page cache dropped before each bench, pp512 /
+#      tg64, SSD_RUNS pairs BUDGET:FETCH (BUDGET half: half the expert bytes,
+#      all: every expert; FETCH: --moe-fetch, auto copying prompts' routed
+#      experts from the store to the GPU, off leaving them to the CPU lane);
+#      default "half:auto half:off all:auto all:off";
 #   3. VRAM cache decode (STAGES cache): a learn pass, then tg128 with
 #      --cpu-moe --moe-cache 4212 --moe-learn at several PCIe lane shares
 #      (PCIE, default "auto 0 1 2 3"), one of them with --profile; llama.cpp
@@ -51,14 +53,18 @@ if has ssd; then
     half=$(awk -v g="${exp_gib:-15.19}" 'BEGIN {printf "%d", g * 1024 / 2}')
     stamp "drive"
     timeout 60 $TM calibrate -m "$M" --drive --drive-seconds 1 2>&1 | grep -E "^drive|1 MiB" | head -3
-    for stage in default 100000; do
+    all=$(awk -v g="${exp_gib:-15.19}" 'BEGIN {printf "%d", g * 1024 * 1.05 + 64}')
+    for run in ${SSD_RUNS:-half:auto half:off all:auto all:off}; do
+        budget=${run%%:*} fetch=${run#*:}
+        mib=$half
+        [ "$budget" = all ] && mib=$all
         sync
         echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop the page cache)"
-        stamp "ssd: --ram-cache $half, stage $stage"
-        env TIERMOE_STORE_STAGE="${stage/default/0}" timeout 240 $TM bench -m "$M" -p 512 -n 64 -r 1 -t 16 -ngl all --cpu-moe \
-            --ram-cache "$half" > "$OUT/ssd_$stage.md" 2> "$OUT/ssd_$stage.err"
-        grep -E "^\| qwen" "$OUT/ssd_$stage.md" | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-150
-        grep -E "SSD tier" "$OUT/ssd_$stage.err" | cut -c1-260
+        stamp "ssd: --ram-cache $mib ($budget), --moe-fetch $fetch"
+        timeout 300 $TM bench -m "$M" -p 512 -n 64 -r 1 -t 16 -ngl all --cpu-moe --moe-fetch "$fetch" \
+            --ram-cache "$mib" > "$OUT/ssd_${budget}_$fetch.md" 2> "$OUT/ssd_${budget}_$fetch.err"
+        grep -E "^\| qwen" "$OUT/ssd_${budget}_$fetch.md" | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-150
+        grep -E "SSD tier|pinned for|prompts, |error" "$OUT/ssd_${budget}_$fetch.err" | cut -c1-260
     done
 fi
 

@@ -147,6 +147,17 @@ static tm_context_params params(bool gpu, int64_t ram_mib) {
                                .ram_cache_mib = ram_mib};
 }
 
+/* --cpu-moe with prompts' fetch lane copying every cold expert to the GPU
+ * (from the mapping's pinned pages, or with ram_mib from the store's slots);
+ * decode's lanes off, as --ram-cache turns them off. */
+static tm_context_params params_fetch(int64_t ram_mib) {
+    tm_context_params p = params(true, ram_mib);
+    p.moe_fetch = TM_MOE_FETCH_COPY;
+    return p;
+}
+
+static uint64_t fetched_experts; /* the last run_seq's experts the fetch lane copied */
+
 /* A prompt (batches of 16) and N_GEN decode steps; the last logits of each
  * call into out [1 + N_GEN][n_vocab]; the store's counters into *stats. */
 static tm_status run_seq(tm_model *m, const tm_context_params *p, float *out,
@@ -186,6 +197,9 @@ static tm_status run_seq(tm_model *m, const tm_context_params *p, float *out,
             memcpy(out + (1 + i) * V, c->logits, (size_t)V * sizeof(float));
     }
     if (stats) *stats = s ? *s : (tm_store_stats){0};
+    fetched_experts = 0;
+    const tm_tier_stats *ts = tier_stats(c->tier);
+    for (int i = 0; ts && i < TM_TIER_CLASS_COUNT; i++) fetched_experts += ts[i].fetch_experts;
     model_context_free(c);
     return st;
 }
@@ -285,6 +299,52 @@ static void test_same_logits_cpu_moe_mock_gpu(void **state) {
     check_same(true);
 }
 
+/* Prompts' experts in RAM copied to the mock GPU from the store's pinned
+ * slots (TIER_PROMPT_STORE) give the logits of copying them from the
+ * mapping's pinned pages, bit for bit (the same kernels, the same experts in
+ * the same order, only another source of the bytes), at every budget; once
+ * with the mock GPU's streams slow (MOCK_GPU_LATENCY_US), so a copy still
+ * queued when the store reads the next chunk would copy the wrong expert. */
+static void test_same_logits_fetch_from_store(void **state) {
+    (void)state;
+    setenv("TIERMOE_FETCH_CPU_SHARE", "0", 1); /* every cold expert to the GPU, as the store */
+    tm_model *m;
+    assert_int_equal(model_load(model_path, &m), TM_OK);
+    const size_t n = (size_t)(1 + N_GEN) * (size_t)m->cfg.n_vocab;
+    float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    assert_non_null(ref), assert_non_null(got);
+    tm_context_params p = params_fetch(0);
+    assert_int_equal(run_seq(m, &p, ref, NULL), TM_OK);
+    assert_true(fetched_experts > 0);
+    mapping_protect(m->file, PROT_NONE);
+    const int64_t budgets[] = {1, 3, 6, ALL, 3};
+    for (int b = 0; b < 5; b++) {
+        const bool slow = b == 4;
+        if (slow) setenv("MOCK_GPU_LATENCY_US", "300", 1);
+        p = params_fetch(budgets[b]);
+        tm_store_stats s;
+        const tm_status st = run_seq(m, &p, got, &s);
+        unsetenv("MOCK_GPU_LATENCY_US");
+        if (st != TM_OK)
+            fail_msg("--ram-cache %lld: %s", (long long)budgets[b], tm_error_message());
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&got[i], &ref[i], sizeof(float)))
+                fail_msg("--ram-cache %lld%s, experts copied from the store: logit %zu is %.9g, "
+                         "copied from the mapping %.9g",
+                         (long long)budgets[b], slow ? " (slow GPU)" : "", i, got[i], ref[i]);
+        /* the prompt's experts went to the GPU, read once each a batch (run_seq) */
+        assert_true(fetched_experts > 0);
+        assert_true(s.faults > 0);
+        printf("    --ram-cache %lld%s: %llu experts copied from the store, %llu faulted\n",
+               (long long)budgets[b], slow ? " (slow GPU)" : "",
+               (unsigned long long)fetched_experts, (unsigned long long)s.faults);
+    }
+    mapping_protect(m->file, PROT_READ);
+    unsetenv("TIERMOE_FETCH_CPU_SHARE");
+    free(ref), free(got);
+    model_free(m);
+}
+
 static void test_failed_read(void **state) {
     (void)state;
     fixture fx;
@@ -377,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_same_logits_cpu),
         cmocka_unit_test(test_same_logits_cpu_moe_mock_gpu),
+        cmocka_unit_test(test_same_logits_fetch_from_store),
         cmocka_unit_test(test_failed_read),
         cmocka_unit_test(test_truncated),
     };

@@ -44,8 +44,9 @@ const char cli_place_help[] =
     "                         --moe-pcie auto is off; else off)\n"
     "  --ram-cache MIB|auto   the SSD tier: experts in RAM are read from the file (O_DIRECT,\n"
     "                         io_uring) into a RAM cache of this size instead of the page cache\n"
-    "                         (auto: available RAM less a reserve); the GPU's PCIe and fetch\n"
-    "                         lanes are off with it\n";
+    "                         (auto: available RAM less a reserve), pinned when prompts copy\n"
+    "                         their routed experts from it to the GPU (--moe-fetch auto|copy);\n"
+    "                         decode's PCIe lane and copies ahead are off with it\n";
 
 /* A flag's N|auto|off value (N from 0 to max, 0 meaning off) into *out; -1
  * after a message naming the flag. */

@@ -156,12 +156,14 @@ static tm_status store_victim(tm_store *s, store_layer *L, uint64_t running, int
 /* Chunk `id`: slots [i, *end) of sl whose experts are resident or get a slot
  * (reads queued); *ready: the last read they wait for. */
 static tm_status store_form(tm_store *s, store_layer *L, const tm_moe_slot *sl, int64_t i,
-                            int64_t n, uint64_t id, uint64_t running, int64_t *end,
-                            uint64_t *ready) {
+                            int64_t n, uint64_t id, uint64_t running, int32_t max_experts,
+                            int64_t *end, uint64_t *ready) {
     tm_status st;
     int64_t j = i;
+    int32_t n_experts = 0; /* runs of one expert: its experts, in an expert-major worklist */
     for (; j < n; j++) {
         const int32_t e = sl[j].expert;
+        if ((j == i || e != sl[j - 1].expert) && max_experts && ++n_experts > max_experts) break;
         int32_t slot = L->slot_of[e];
         if (slot < 0) {
             bool live;
@@ -263,13 +265,18 @@ static void store_count(tm_store *s, store_layer *L, const tm_moe_slot *sl, int6
     L->n_pred = 0; /* a prediction serves one step */
 }
 
-tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool *pool,
-                         const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
-                         float *y, bool precise) {
+/* A sink's wait (none: its runs read the slots before they return). */
+static tm_status store_settle(const tm_store_sink *k) {
+    return k->settle ? k->settle(k->ud) : TM_OK;
+}
+
+tm_status store_run(tm_store *s, uint32_t l, tm_pool *pool, const tm_moe_worklist *wl, int64_t s0,
+                    int64_t s1, const float *x, const tm_store_sink *k) {
     if (l >= s->n_layer || !s->layers[l].on)
         return tm_error_set(TM_ERR_ARG, "expert store: layer %u is not in the store", l);
     store_layer *L = &s->layers[l];
     const tm_moe_slot *sl = wl->slots;
+    const int32_t max = k->max_experts;
     s->stats.steps++;
     if ((int64_t)l == s->first_layer) s->stats.tokens += (uint64_t)wl->n_tok;
     L->clock += (double)wl->n_tok;
@@ -278,39 +285,66 @@ tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool
     tm_status st;
     uint64_t id = ++s->chunk_id, ready = 0;
     int64_t cur = s0, end = s0;
-    if ((st = store_form(s, L, sl, cur, s1, id, id, &end, &ready))) return st;
+    if ((st = store_form(s, L, sl, cur, s1, id, id, max, &end, &ready))) return st;
     bool prefetched = false;
     while (cur < s1) {
         if (end == cur)
             return tm_error_set(TM_ERR_ARG,
                                 "expert store: layer %u has no free slot (every slot in use)", l);
-        /* the next chunk's reads go out before this one computes */
+        /* the next chunk's reads go out before this one computes; the chunks before
+           this one lose their pins, so what the sink queued for them must be done */
         uint64_t next_id = 0, next_ready = 0;
         int64_t next_end = end;
         if (end < s1) {
             next_id = ++s->chunk_id;
-            if ((st = store_form(s, L, sl, end, s1, next_id, id, &next_end, &next_ready)))
+            if ((st = store_settle(k)) ||
+                (st = store_form(s, L, sl, end, s1, next_id, id, max, &next_end, &next_ready)))
                 return st;
         }
         if ((st = store_io_submit(s->io))) return st;
-        if (!prefetched &&
-            ((st = store_predict(s, l, pool, x, wl->n_tok)) || (st = store_prefetch(s, l + 1))))
+        if (!prefetched && ((x && (st = store_predict(s, l, pool, x, wl->n_tok))) ||
+                            (st = store_prefetch(s, l + 1))))
             return st;
         prefetched = true;
         const uint64_t t0 = tm_time_ns();
         if ((st = store_io_wait(s->io, ready))) return st;
         s->stats.wait_ns += tm_time_ns() - t0;
-        if ((st = moe_cpu_lane_run(lane, pool, &L->ex, wl, cur, end, x, y, precise))) return st;
+        if ((st = k->run(k->ud, &L->ex, cur, end))) return st;
         cur = end;
         if (cur >= s1) break;
         if (next_end > end) {
             id = next_id, end = next_end, ready = next_ready;
         } else { /* the next chunk had no room while this one held its slots */
             id = ++s->chunk_id, ready = 0;
-            if ((st = store_form(s, L, sl, cur, s1, id, id, &end, &ready))) return st;
+            if ((st = store_settle(k)) ||
+                (st = store_form(s, L, sl, cur, s1, id, id, max, &end, &ready)))
+                return st;
         }
     }
-    return TM_OK;
+    /* the next run (of this layer or, reading ahead, of the one before) may evict */
+    return store_settle(k);
+}
+
+typedef struct store_cpu_sink {
+    tm_moe_cpu_lane *lane;
+    tm_pool *pool;
+    const tm_moe_worklist *wl;
+    const float *x;
+    float *y;
+    bool precise;
+} store_cpu_sink;
+
+static tm_status store_cpu_run(void *ud, const tm_moe_experts *ex, int64_t a, int64_t b) {
+    const store_cpu_sink *c = ud;
+    return moe_cpu_lane_run(c->lane, c->pool, ex, c->wl, a, b, c->x, c->y, c->precise);
+}
+
+tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool *pool,
+                         const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
+                         float *y, bool precise) {
+    store_cpu_sink c = {lane, pool, wl, x, y, precise};
+    const tm_store_sink k = {.run = store_cpu_run, .ud = &c};
+    return store_run(s, l, pool, wl, s0, s1, x, &k);
 }
 
 /* RAM the kernel says is available (MemAvailable), 0 when unknown. */
@@ -475,6 +509,10 @@ size_t store_bytes(const tm_store *s) {
 }
 int32_t store_resident(const tm_store *s, uint32_t l) {
     return l < s->n_layer && s->layers[l].on ? s->layers[l].resident : 0;
+}
+void *store_memory(const tm_store *s, size_t *bytes) {
+    *bytes = s->mem_bytes;
+    return s->mem;
 }
 bool store_uring(const tm_store *s) {
     return store_io_uring(s->io);

@@ -86,6 +86,28 @@ tm_status store_lane_run(tm_store *s, uint32_t l, tm_moe_cpu_lane *lane, tm_pool
                          const tm_moe_worklist *wl, int64_t s0, int64_t s1, const float *x,
                          float *y, bool precise);
 
+/* What a run does with each chunk once its experts are resident: the CPU
+ * lane computes it (store_lane_run), or the GPU copies the experts from the
+ * slots and computes it there (the prompt fetch lane, tier_fetch.c). */
+typedef struct tm_store_sink {
+    /* Worklist slots [a, b) of the run's layer; ex: the layer's experts, their
+       expert_at tables pointing at the store's copies. */
+    tm_status (*run)(void *ud, const tm_moe_experts *ex, int64_t a, int64_t b);
+    /* Return once nothing run queued still reads the slots (NULL: run has read
+       them when it returns). Called before any slot a run read may be evicted. */
+    tm_status (*settle)(void *ud);
+    int32_t max_experts; /* experts a chunk holds at most (0: as many as fit) */
+    void *ud;
+} tm_store_sink;
+
+/* The chunked run of store_lane_run with another sink. x: the layer's input
+ * on the host for the next layer's prediction (NULL: none). */
+tm_status store_run(tm_store *s, uint32_t l, tm_pool *pool, const tm_moe_worklist *wl, int64_t s0,
+                    int64_t s1, const float *x, const tm_store_sink *sink);
+
+/* The slots' memory (one span, for cuda_host_register). */
+void *store_memory(const tm_store *s, size_t *bytes);
+
 const tm_store_stats *store_stats(const tm_store *s);
 int32_t store_slots(const tm_store *s); /* a layer's */
 size_t store_bytes(const tm_store *s);  /* RAM the slots hold */

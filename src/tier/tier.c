@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/timing.h"
 #include "tier/calib.h"
 #include "tier/tier_internal.h"
 #include "trace/trace.h"
@@ -204,7 +205,8 @@ static tm_status tier_pcie_pin(tm_tier *t, const bool *lane) {
  * lane, with one line. */
 static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_tier_params *p) {
     const bool ahead = p->ahead > 0; /* copies ahead read the pinned pages too */
-    if (!t->gpu || (p->pcie == TM_MOE_PCIE_OFF && p->fetch == TM_MOE_FETCH_OFF && !ahead))
+    if (!t->gpu || t->store ||       /* the store replaces the mapping */
+        (p->pcie == TM_MOE_PCIE_OFF && p->fetch == TM_MOE_FETCH_OFF && !ahead))
         return TM_OK;
     bool *lane = calloc(t->n_layer, sizeof(bool)), any = false;
     if (!lane) return tm_error_set(TM_ERR_NOMEM, "out of memory");
@@ -272,11 +274,12 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     return TM_OK;
 }
 
-/* --ram-cache: the store for every layer whose experts are in RAM. The GPU
- * lanes that read RAM experts in place or copy them (--moe-pcie,
- * --moe-fetch) read the file's pinned mapping, which the store replaces:
- * they are turned off (one line), and the CPU lane computes the cold
- * experts from the store. */
+/* --ram-cache: the store for every layer whose experts are in RAM. Decode's
+ * GPU lanes that read RAM experts in place or copy them ahead (--moe-pcie,
+ * --moe-ahead) read the file's pinned mapping, which the store replaces:
+ * they are turned off (one line), and the CPU lane computes decode's cold
+ * experts from the store. Prompts' fetch lane copies the routed experts from
+ * the store's slots, pinned for it (a host that cannot pin: the CPU lane). */
 static tm_status tier_store_create(tm_tier *t, const tm_tier_layer *layers, tm_tier_params *q) {
     bool *in = calloc(t->n_layer, sizeof(bool)), any = false;
     tm_moe_experts *ex = calloc(t->n_layer, sizeof(*ex));
@@ -291,13 +294,31 @@ static tm_status tier_store_create(tm_tier *t, const tm_tier_layer *layers, tm_t
     else if (st == TM_OK)
         st = store_create(&q->store, t->n_layer, ex, in, t->n_expert, t->k, &t->store);
     free(in), free(ex);
-    if (st == TM_OK && t->store && t->gpu &&
-        (q->pcie != TM_MOE_PCIE_OFF || q->fetch != TM_MOE_FETCH_OFF))
-        tm_log_info("--ram-cache: the GPU's PCIe and fetch lanes are off (they read experts in "
-                    "place from RAM); the CPU lane computes the experts the VRAM does not hold");
-    if (t->store)
-        q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF, q->ahead = TM_MOE_AHEAD_OFF;
-    return st;
+    if (st != TM_OK || !t->store) return st;
+    if (t->gpu && (q->pcie != TM_MOE_PCIE_OFF || q->ahead > 0))
+        tm_log_info("--ram-cache: decode's PCIe lane and copies ahead are off (they read the "
+                    "file's mapping); the CPU lane computes decode's experts the VRAM does not "
+                    "hold");
+    q->pcie = TM_MOE_PCIE_OFF, q->ahead = TM_MOE_AHEAD_OFF;
+    if (t->gpu && q->fetch == TM_MOE_FETCH_PCIE) {
+        tm_log_info("--ram-cache: --moe-fetch pcie reads the file's mapping in place; prompts' "
+                    "experts in RAM are computed by the CPU lane");
+        q->fetch = TM_MOE_FETCH_OFF;
+    }
+    if (!t->gpu || q->fetch == TM_MOE_FETCH_OFF) return TM_OK;
+    size_t bytes;
+    void *mem = store_memory(t->store, &bytes), *dev;
+    const uint64_t t0 = tm_time_ns();
+    if (cuda_host_register(mem, bytes, false, &dev) != TM_OK) {
+        tm_log_warn("--ram-cache: %s; prompts' experts in RAM are computed by the CPU lane",
+                    tm_error_message());
+        q->fetch = TM_MOE_FETCH_OFF;
+        return TM_OK;
+    }
+    t->store_pin = mem;
+    tm_log_info("--ram-cache: %.2f GiB pinned for prompts' copies to the GPU (%.1f s)",
+                bytes / 1073741824.0, (tm_time_ns() - t0) * 1e-9);
+    return TM_OK;
 }
 
 const tm_store_stats *tier_store_stats(const tm_tier *t) {
@@ -310,7 +331,8 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     bool any_cold = false, any_hot = false;
     for (uint32_t l = 0; l < t->n_layer; l++) {
         any_cold |= t->layers[l].cls != TM_TIER_VRAM;
-        any_hot |= t->layers[l].cls != TM_TIER_RAM || t->layers[l].pcie.n_slots > 0;
+        any_hot |= t->layers[l].cls != TM_TIER_RAM || t->layers[l].pcie.n_slots > 0 ||
+                   (t->store_pin && t->fetch && t->fetch->ring);
     }
     tm_status st;
     if (any_cold) {
@@ -359,12 +381,8 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
         const tier_layer *L = &t->layers[l];
         /* each parameter set the layer's grouped GEMMs may take: its hot
          * experts, its RAM experts in place, a fetch-ring buffer */
-        tm_cuda_moe_params ring = L->pcie;
-        if (f) {
-            ring.n_slots = f->chunk_cap;
-            ring.gate.data = f->ring, ring.up.data = f->ring + f->off_up;
-            ring.down.data = f->ring + f->off_down;
-        }
+        const bool in_ring = tier_ring_layer(t, L);
+        const tm_cuda_moe_params ring = f ? tier_ring_params(t, L, f->ring, f->chunk_cap) : L->pcie;
         const size_t b[3] = {
             L->cls != TM_TIER_RAM
                 ? cuda_moe_grouped_gemm_scratch_bytes(&L->gpu, n_items, (int32_t)t->n_expert)
@@ -372,8 +390,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
             L->pcie.n_slots
                 ? cuda_moe_grouped_gemm_scratch_bytes(&L->pcie, n_items, (int32_t)t->n_expert)
                 : 0,
-            f && L->pcie.n_slots ? cuda_moe_grouped_gemm_scratch_bytes(&ring, n_items, f->chunk_cap)
-                                 : 0};
+            f && in_ring ? cuda_moe_grouped_gemm_scratch_bytes(&ring, n_items, f->chunk_cap) : 0};
         for (int i = 0; i < 3; i++) gemm = b[i] > gemm ? b[i] : gemm;
     }
     t->gemm_scratch_bytes = gemm;
@@ -534,6 +551,7 @@ void tier_free(tm_tier *t) {
     tier_fetch_free(t);
     tier_ahead_free(t);
     free(t->calib);
+    cuda_host_unregister(t->store_pin); /* before the slots are unmapped */
     store_free(t->store);
     cuda_stream_free(t->copy);
     cuda_event_free(t->pcie_done);

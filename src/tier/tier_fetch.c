@@ -93,7 +93,7 @@ static tm_status tier_ring_create(tm_tier *t, int32_t chunk, int32_t bufs) {
     size_t gate = 0, up = 0, down = 0; /* the largest expert of each matrix */
     for (uint32_t l = 0; l < t->n_layer; l++) {
         const tier_layer *L = &t->layers[l];
-        if (!L->pcie.n_slots) continue;
+        if (!tier_ring_layer(t, L)) continue;
         if (L->host.gate.expert_stride > gate) gate = L->host.gate.expert_stride;
         if (L->host.up.expert_stride > up) up = L->host.up.expert_stride;
         if (L->host.down.expert_stride > down) down = L->host.down.expert_stride;
@@ -151,14 +151,18 @@ tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p) {
         !(t->by_count = malloc(t->n_expert * sizeof(*t->by_count))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     bool pinned = false;
-    for (uint32_t l = 0; l < t->n_layer; l++) pinned |= t->layers[l].pcie.n_slots > 0;
+    for (uint32_t l = 0; l < t->n_layer; l++) pinned |= tier_ring_layer(t, &t->layers[l]);
     if (!t->gpu || !pinned || t->fetch_mode == TM_MOE_FETCH_OFF) {
         t->fetch_mode = TM_MOE_FETCH_OFF;
         return TM_OK;
     }
     if (t->fetch_mode == TM_MOE_FETCH_PCIE) return TM_OK;
     if ((st = tier_ring_create(t, chunk, bufs)) != TM_OK) return st;
-    if (t->fetch->ring)
+    if (t->fetch->ring && t->store_pin)
+        tm_log_info("--moe-fetch: prompts copy their routed experts from the RAM cache into a "
+                    "VRAM ring of %d x %d experts (%.1f MiB)",
+                    bufs, t->fetch->chunk_cap, (double)bufs * t->fetch->buf_bytes / 1048576.0);
+    else if (t->fetch->ring)
         tm_log_info("--moe-fetch: prompts copy experts in RAM into a VRAM ring of %d x %d experts "
                     "(%.1f MiB) ahead of routing; the CPU lane takes %s",
                     bufs, t->fetch->chunk_cap, (double)bufs * t->fetch->buf_bytes / 1048576.0,
@@ -189,9 +193,16 @@ double tier_prompt_cpu_share(const tm_tier *t) {
 }
 
 tier_prompt_mode tier_prompt_mode_of(const tm_tier *t, const tier_layer *L, int64_t n_tok) {
-    if (t->fetch_mode == TM_MOE_FETCH_OFF || !L->pcie.n_slots || L->cls == TM_TIER_VRAM)
+    if (t->fetch_mode == TM_MOE_FETCH_OFF || !tier_ring_layer(t, L) || L->cls == TM_TIER_VRAM)
         return TIER_PROMPT_CPU;
     const bool ring = t->fetch && t->fetch->ring;
+    if (t->store_pin) { /* only the routed experts are read and copied, so the tokens an
+                           expert has decide (the same threshold as copies from the file) */
+        if (!ring) return TIER_PROMPT_CPU;
+        if (t->fetch_mode == TM_MOE_FETCH_COPY) return TIER_PROMPT_STORE;
+        return (double)n_tok * t->k / t->n_expert >= TIER_FETCH_TOK_MIN ? TIER_PROMPT_STORE
+                                                                        : TIER_PROMPT_CPU;
+    }
     if (t->fetch_mode == TM_MOE_FETCH_PCIE || !ring) return TIER_PROMPT_PCIE;
     if (t->fetch_mode == TM_MOE_FETCH_COPY) return TIER_PROMPT_FETCH;
     /* experts used against experts in total: copying all ahead wastes little
@@ -349,8 +360,8 @@ static int tier_count_cmp(const void *a, const void *b) {
 void tier_prompt_lanes(tm_tier *t, tier_layer *L, tier_prompt_mode mode,
                        const tm_moe_worklist *wl) {
     const int32_t E = (int32_t)t->n_expert;
-    for (int32_t e = 0; e < E; e++)
-        t->lane_of[e] = tier_is_cold(L, e) ? TIER_LANE_CPU : TIER_LANE_HOT;
+    const int32_t cold = mode == TIER_PROMPT_STORE ? TIER_LANE_GPU : TIER_LANE_CPU;
+    for (int32_t e = 0; e < E; e++) t->lane_of[e] = tier_is_cold(L, e) ? cold : TIER_LANE_HOT;
     if (mode == TIER_PROMPT_FETCH) {
         const tier_fetch *f = t->fetch;
         const int32_t *list = f->list + (size_t)L->index * t->n_expert;
@@ -399,6 +410,21 @@ int32_t tier_groups(tm_tier *t, const tm_cuda_moe_item *items, const tm_moe_slot
     return n;
 }
 
+tm_cuda_moe_params tier_ring_params(const tm_tier *t, const tier_layer *L, uint8_t *buf,
+                                    int32_t n_slots) {
+    const tier_fetch *f = t->fetch;
+    const tm_moe_experts *h = &L->host;
+    return (tm_cuda_moe_params){
+        .n_embd = t->n_embd,
+        .n_ff = t->n_ff,
+        .n_slots = n_slots,
+        .gate = {buf, h->gate.type, h->gate.expert_stride, h->gate.row_bytes},
+        .up = {buf + f->off_up, h->up.type, h->up.expert_stride, h->up.row_bytes},
+        .down = {buf + f->off_down, h->down.type, h->down.expert_stride, h->down.row_bytes},
+        .ext = L->ext,
+    };
+}
+
 static tm_status tier_gemm(tm_tier *t, const tm_cuda_moe_params *p, int32_t n_groups,
                            const tm_cuda_moe_item *items_dev, const float *h, float *y) {
     const tm_cuda_moe_groups g = {n_groups, t->group_slots, t->group_starts, items_dev};
@@ -438,19 +464,7 @@ static tm_status tier_fetch_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl
                 (st = cuda_stream_wait_event(s, f->ready[b])) ||
                 (prof && (st = cuda_event_record(f->prof[4 * pi + 3], s))))
                 return st;
-            uint8_t *buf = tier_ring_buf(f, j);
-            const tm_cuda_moe_params p = {
-                .n_embd = t->n_embd,
-                .n_ff = t->n_ff,
-                .n_slots = c->n,
-                .gate = {buf, L->host.gate.type, L->host.gate.expert_stride,
-                         L->host.gate.row_bytes},
-                .up = {buf + f->off_up, L->host.up.type, L->host.up.expert_stride,
-                       L->host.up.row_bytes},
-                .down = {buf + f->off_down, L->host.down.type, L->host.down.expert_stride,
-                         L->host.down.row_bytes},
-                .ext = L->ext,
-            };
+            const tm_cuda_moe_params p = tier_ring_params(t, L, tier_ring_buf(f, j), c->n);
             const int32_t n_groups = tier_groups(t, f->items_host, sl, a, e_);
             if (n_groups && (st = tier_gemm(t, &p, n_groups, f->items_dev, h, y))) return st;
             ts->fetch_experts += (uint64_t)c->n;
@@ -474,6 +488,85 @@ static tm_status tier_fetch_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl
     return TM_OK;
 }
 
+/* ---- copies from the store (--ram-cache) ---- */
+
+/* A store run's GPU sink: each chunk's experts are copied from the store's
+ * pinned slots into the next ring buffer on the copy stream, and the grouped
+ * GEMM computes the chunk's slots from there. The store evicts a slot only
+ * after settle, which waits for the copies queued so far. */
+typedef struct tier_store_gpu {
+    tm_tier *t;
+    tier_layer *L;
+    const tm_moe_slot *sl; /* the run's slots: the worklist's from s0 */
+    int64_t s0;
+    const float *h;
+    float *y;
+} tier_store_gpu;
+
+static tm_status tier_store_chunk(void *ud, const tm_moe_experts *ex, int64_t a, int64_t b) {
+    tier_store_gpu *g = ud;
+    tm_tier *t = g->t;
+    tier_fetch *f = t->fetch;
+    const tier_layer *L = g->L;
+    const tm_moe_slot *sl = g->sl;
+    const tm_cuda_stream s = exec_stream(t->e);
+    a -= g->s0, b -= g->s0; /* the run's slots, like the items */
+    const int64_t j = t->n_stored++;
+    const int32_t bi = (int32_t)(j % f->n_bufs);
+    uint8_t *buf = tier_ring_buf(f, j);
+    const tm_moe_matrix *m[3] = {&ex->gate, &ex->up, &ex->down};
+    const size_t off[3] = {0, f->off_up, f->off_down};
+    tm_status st = cuda_stream_wait_event(t->copy, f->freed[bi]);
+    /* the chunk's experts, one a run, each into the next position of the buffer */
+    int32_t n = -1;
+    for (int64_t i = a; i < b && st == TM_OK; i++) {
+        const int32_t e = sl[i].expert;
+        if (i == a || e != sl[i - 1].expert) {
+            n++;
+            TM_ASSERT(n < f->chunk_cap); /* the sink's max_experts */
+            for (int p = 0; p < 3 && st == TM_OK; p++)
+                st = cuda_copy_async(buf + off[p] + (size_t)n * m[p]->expert_stride,
+                                     m[p]->expert_at[e], m[p]->expert_stride, t->copy);
+        }
+        f->items_host[i] = (tm_cuda_moe_item){n, sl[i].token, sl[i].weight, e};
+    }
+    if (st == TM_OK) st = cuda_event_record(f->ready[bi], t->copy);
+    if (st == TM_OK)
+        st = cuda_copy_async(f->items_dev + a, f->items_host + a,
+                             (size_t)(b - a) * sizeof(*f->items_host), s);
+    if (st == TM_OK) st = cuda_stream_wait_event(s, f->ready[bi]);
+    if (st == TM_OK) {
+        const tm_cuda_moe_params p = tier_ring_params(t, L, buf, n + 1);
+        const int32_t n_groups = tier_groups(t, f->items_host, sl, a, b);
+        st = tier_gemm(t, &p, n_groups, f->items_dev, g->h, g->y);
+    }
+    if (st == TM_OK) st = cuda_event_record(f->freed[bi], s);
+    if (st != TM_OK)
+        return tm_error_wrap(st, "layer %u, copying experts from the RAM cache: ", L->index);
+    tm_tier_stats *ts = &t->stats[L->cls];
+    ts->fetch_experts += (uint64_t)(n + 1);
+    ts->fetch_bytes += (uint64_t)(n + 1) * L->expert_bytes;
+    return TM_OK;
+}
+
+static tm_status tier_store_settle(void *ud) {
+    const tier_store_gpu *g = ud;
+    return cuda_stream_sync(g->t->copy);
+}
+
+/* y += slots sl[0, n) (the worklist's from s0: cold, expert-major) of layer
+ * L, their experts read into the store as the chunks come and copied from it. */
+static tm_status tier_store_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl, int64_t n,
+                                const float *h, float *y) {
+    const int64_t s0 = sl - t->wl.slots;
+    tier_store_gpu g = {t, L, sl, s0, h, y};
+    const tm_store_sink k = {.run = tier_store_chunk,
+                             .settle = tier_store_settle,
+                             .max_experts = t->fetch->chunk_cap,
+                             .ud = &g};
+    return store_run(t->store, L->index, exec_pool(t->e), &t->wl, s0, s0 + n, NULL, &k);
+}
+
 tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, const tm_moe_slot *sl,
                           int64_t n, const float *h, float *y) {
     tm_tier_stats *ts = &t->stats[L->cls];
@@ -484,6 +577,8 @@ tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, cons
     if (prof && (st = cuda_event_record(t->ev[4], s))) return st;
     if (mode == TIER_PROMPT_FETCH) {
         st = tier_fetch_run(t, L, sl, n, h, y);
+    } else if (mode == TIER_PROMPT_STORE) {
+        st = n ? tier_store_run(t, L, sl, n, h, y) : TM_OK;
     } else { /* in place, slot = expert id, over the pinned file pages; the items go
                 after the hot lane's in the same buffers */
         tm_cuda_moe_item *items = t->items_host + (t->wl.n_slots - n);

@@ -32,6 +32,8 @@ typedef enum tier_prompt_mode {
     TIER_PROMPT_CPU,   /* all on the CPU lane */
     TIER_PROMPT_PCIE,  /* the GPU's grouped GEMM reads the routed ones in place over PCIe */
     TIER_PROMPT_FETCH, /* copied ahead into the fetch ring, then the grouped GEMM */
+    TIER_PROMPT_STORE, /* --ram-cache: the routed ones read into the store, copied from its
+                          pinned slots into the fetch ring, then the grouped GEMM */
 } tier_prompt_mode;
 
 /* One expert upload into a cache slot (decided by the layer's policy). */
@@ -196,7 +198,9 @@ struct tm_tier {
     tm_cuda_event up_done[TIER_UP_BATCHES]; /* batch b's uploads are done: up_done[b % ...] */
     uint32_t up_next, up_used;              /* batches queued; batches used */
 
-    tm_store *store; /* --ram-cache: the CPU lane reads the experts in RAM from it */
+    tm_store *store;  /* --ram-cache: the CPU lane reads the experts in RAM from it */
+    void *store_pin;  /* the store's slots, registered for the fetch ring's copies (NULL: not) */
+    int64_t n_stored; /* prompt chunks copied from the store (their ring buffer: % n_bufs) */
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
     tm_moe_lane_stats lane_stats;
 };
@@ -209,6 +213,12 @@ static inline tm_cuda_router_params tier_router_gpu(const tm_tier *t, const int3
                                    .norm_topk = t->router.norm_topk,
                                    .scale = t->router.scale,
                                    .slot_map = slot_map};
+}
+
+/* Whether prompts may copy layer L's experts in RAM into the fetch ring: from
+ * the pinned file pages (the PCIe lane's), or from the store's pinned slots. */
+static inline bool tier_ring_layer(const tm_tier *t, const tier_layer *L) {
+    return L->pcie.n_slots > 0 || (t->store_pin && L->cls != TM_TIER_VRAM);
 }
 
 /* ---- tier_cache.c ---- */
@@ -230,6 +240,9 @@ tm_status tier_cache_apply(tm_tier *t);
 int32_t tier_groups(tm_tier *t, const tm_cuda_moe_item *items, const tm_moe_slot *sl, int64_t a,
                     int64_t b);
 tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p);
+/* The grouped GEMM's parameters for layer L's experts in ring buffer buf. */
+tm_cuda_moe_params tier_ring_params(const tm_tier *t, const tier_layer *L, uint8_t *buf,
+                                    int32_t n_slots);
 void tier_fetch_free(tm_tier *t);
 /* The mode of this prompt step for layer L (n_tok tokens). */
 tier_prompt_mode tier_prompt_mode_of(const tm_tier *t, const tier_layer *L, int64_t n_tok);
@@ -244,8 +257,9 @@ tm_status tier_fetch_plan_next(tm_tier *t, int64_t next);
  * with the fewest tokens (wl expert-major). */
 void tier_prompt_lanes(tm_tier *t, tier_layer *L, tier_prompt_mode mode, const tm_moe_worklist *wl);
 /* Queue the GPU's part of RAM experts for slots sl[0, n) (lane TIER_LANE_GPU,
- * expert-major, ascending): the ring's chunks or the in-place GEMM (then
- * t->pcie_done is recorded); y += their sums. */
+ * expert-major, ascending; sl inside t->wl.slots): the ring's chunks, the
+ * store's chunks (read, then copied into the ring; the host waits for the
+ * reads) or the in-place GEMM (then t->pcie_done is recorded); y += their sums. */
 tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, const tm_moe_slot *sl,
                           int64_t n, const float *h, float *y);
 /* After the CPU lane's share: move the share toward both finishing together

@@ -181,46 +181,53 @@ typedef struct pm_case {
     int update;      /* --moe-cache-update (0: between requests only) */
     bool lru;        /* --moe-cache-policy lru --moe-cache-admit 0: an upload per miss */
     int ahead;       /* --moe-ahead: 0 auto (off) */
+    int64_t ram_mib; /* --ram-cache (0: none) */
 } pm_case;
 
 static const pm_case pm_cases[] = {
-    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
-    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
-    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
-    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL, 0, false, 0},
-    {"--cpu-moe --moe-ahead 2", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 2},
+    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"--cpu-moe --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL, 0, false, 0,
+     0},
+    {"--cpu-moe --moe-ahead 2", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 2, 0},
     {"--cpu-moe --moe-cache 1 --moe-ahead 1 (copies ahead into cached layers)", PM_ALL, true, 0,
-     NULL, 1, 0, 0, NULL, 0, false, 1},
+     NULL, 1, 0, 0, NULL, 0, false, 1, 0},
     /* the defaults with a cache: one copy ahead a layer into its slots, the PCIe lane off */
     {"--cpu-moe --moe-cache 1 (defaults: copies ahead into the cache)", PM_ALL, true, 0, NULL, 1, 0,
-     0, NULL, 0, false, 0},
+     0, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-ahead 4 --moe-pcie off", PM_ALL, true, 0, NULL, 0, TM_MOE_PCIE_OFF, 0, NULL,
-     0, false, 4},
-    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0},
+     0, false, 4, 0},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32, 0,
-     NULL, 0, false, 0},
+     NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-fetch pcie (prompts read in place)", PM_ALL, true, 0, NULL, 0, 0,
-     TM_MOE_FETCH_PCIE, NULL, 0, false, 0},
-    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL, 0, false, 0},
+     TM_MOE_FETCH_PCIE, NULL, 0, false, 0, 0},
+    {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL, 0, false, 0,
+     0},
     /* a ring smaller than a layer (it wraps within and across layers) and a
      * fixed CPU share, so every prompt layer has both lanes */
     {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
-     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false, 0},
-    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false, 0},
+     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false, 0, 0},
+    /* the SSD tier: prompts' routed experts read into a RAM cache smaller than a
+     * layer's experts and copied from its pinned slots through a small ring */
+    {"--cpu-moe --ram-cache 1 --moe-fetch copy, fetch ring 2x3", PM_ALL, true, 0, NULL, 0,
+     TM_MOE_PCIE_OFF, TM_MOE_FETCH_COPY, "TIERMOE_FETCH_RING=2x3", 0, false, 0, 1},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-cache 2 --moe-cache-update full (learn file of random counts, adaptive)",
-     PM_ALL, true, 0, NULL, 2, 0, 0, NULL, TM_MOE_UPDATE_FULL, false, 0},
+     PM_ALL, true, 0, NULL, 2, 0, 0, NULL, TM_MOE_UPDATE_FULL, false, 0, 0},
     {"--cpu-moe --moe-cache 2 --moe-cache-update off", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
-     TM_MOE_UPDATE_OFF, false, 0},
+     TM_MOE_UPDATE_OFF, false, 0, 0},
     /* every miss uploaded: slots change every step, uploads in flight overlap */
     {"--cpu-moe --moe-cache 1 --moe-cache-policy lru --moe-cache-admit 0", PM_ALL, true, 0, NULL, 1,
-     0, 0, NULL, TM_MOE_UPDATE_FULL, true, 0},
+     0, 0, NULL, TM_MOE_UPDATE_FULL, true, 0, 0},
     /* layer 0: attention on the GPU, experts in RAM; layer 1: its output
      * projection on the CPU between GPU ops; later layers: attention on the
      * CPU, experts on the GPU */
     {"-ngl 2 -ot mix", 2, false, 0,
      "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
      "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
-     0, 0, 0, NULL, 0, false, 0},
+     0, 0, 0, NULL, 0, false, 0, 0},
 };
 
 /* plan (may be NULL): the cache cases' plan instead of one made from learn and the budget. */
@@ -239,6 +246,7 @@ static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn
                                .moe_pcie = c->pcie,
                                .moe_fetch = c->fetch,
                                .moe_ahead = c->ahead,
+                               .ram_cache_mib = c->ram_mib,
                                .moe_cache = {.learn = c->cache_mib ? learn : NULL,
                                              .plan = c->cache_mib ? plan : NULL,
                                              .update = c->update,
@@ -419,8 +427,10 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
 
     printf("  %s: %u layers, %u experts (k %u)\n", path, cfg->n_layer, cfg->n_expert,
            cfg->n_expert_used);
+    const char *only = getenv("TM_PM_ONLY"); /* the cases whose name has it (a rerun) */
     for (size_t ci = 0; ci < sizeof(pm_cases) / sizeof(pm_cases[0]); ci++) {
         const pm_case *c = &pm_cases[ci];
+        if (only && *only && !strstr(c->name, only)) continue;
         char what[160];
         pm_env(c, true);
         /* 40 prompt tokens in batches of 24 and 16, then 16 decode steps */

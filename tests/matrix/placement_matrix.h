@@ -1,6 +1,6 @@
 /* The placement matrix (docs/executor.md, "Tests"): one model under every
  * placement users have (CPU only, -ngl all, -ngl 2, --cpu-moe, --n-cpu-moe 2,
- * --moe-cache with a random hot set, an -ot mix), each against the CPU's
+ * --moe-cache with a random hot set, --ram-cache, an -ot mix), each against the CPU's
  * precise mode (double products from dequantized weights, f32 KV):
  *   - a prompt in two batches, then decode steps: logits after every call
  *     within a tolerance, routing (top-k ids) identical except at near ties;
