@@ -236,7 +236,8 @@ static tm_status gptoss_state_create(tm_context *ctx) {
     for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const gptoss_layer *L = &w->layers[l];
         qkv[3 * l] = &L->wq, qkv[3 * l + 1] = &L->wk, qkv[3 * l + 2] = &L->wv;
-        tl[l] = (tm_tier_layer){L->experts, &L->gate_exps, &L->up_exps, &L->down_exps};
+        tl[l] = (tm_tier_layer){L->experts,    &L->gate_exps, &L->up_exps,
+                                &L->down_exps, &L->router,    &L->router_b};
     }
     if (st == TM_OK) st = model_moe_state_create(ctx, qkv, tl, &w->router, w->rope_freq);
     free(qkv), free(tl);

@@ -486,6 +486,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
                           d->experts.down.expert_stride;
         L->cls = pl->experts_dev[l] == TM_DEV_GPU && t->gpu ? TM_TIER_VRAM : TM_TIER_RAM;
+        if (t->gpu && d->router && d->router->type == TM_TYPE_F32) {
+            L->router_dev = exec_weight_dev(e, d->router);
+            if (L->router_dev && d->router_bias && d->router_bias->type == TM_TYPE_F32)
+                L->router_bias_dev = exec_weight_dev(e, d->router_bias);
+        }
         if ((st = tier_ext_create(t, L, pl)) != TM_OK) break;
         L->gpu.ext = L->ext; /* a cache's slots keep it */
         if (L->cls == TM_TIER_VRAM)

@@ -75,8 +75,10 @@ typedef struct tm_moe_cache_opts {
 
 /* One layer's experts as the architecture bound them. */
 typedef struct tm_tier_layer {
-    tm_moe_experts experts;            /* host view: the mapped file */
-    const tm_weight *gate, *up, *down; /* the tensors (placement, device copies) */
+    tm_moe_experts experts;                /* host view: the mapped file */
+    const tm_weight *gate, *up, *down;     /* the tensors (placement, device copies) */
+    const tm_weight *router, *router_bias; /* the same (NULL: none): an f32 router the
+                                              executor holds in VRAM serves --moe-ahead */
 } tm_tier_layer;
 
 typedef struct tm_tier_params {

@@ -131,6 +131,10 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
             L->ahead.gate.data = slots, L->ahead.up.data = slots + (size_t)n * g;
             L->ahead.down.data = slots + (size_t)n * (g + u);
         }
+        if (L->router_dev && (L->router_bias_dev || !L->host.router_bias)) {
+            A->router[l] = L->router_dev, A->bias[l] = L->router_bias_dev; /* the executor's */
+            continue;
+        }
         void *r; /* through the staging buffers: the router lies beside pinned experts */
         if ((st = exec_dev_alloc(t->e, router, &r)) ||
             (st = cuda_upload(exec_gpu(t->e), r, L->host.router, router, NULL)))
@@ -146,7 +150,8 @@ tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p) {
     }
     if (st != TM_OK) return st;
     tm_log_info("--moe-ahead: decode steps copy up to %d of the next layer's predicted cold "
-                "experts ahead, for %u layers (%.1f MiB of VRAM: the buffer and the routers)%s",
+                "experts ahead, for %u layers (%.1f MiB of VRAM: the buffer, and routers the "
+                "executor does not hold)%s",
                 n, targets, A->bytes / 1048576.0,
                 A->lru ? "; into a cached layer's least recently used slots" : "");
     return TM_OK;

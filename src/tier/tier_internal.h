@@ -131,6 +131,7 @@ typedef struct tier_layer {
     uint32_t *last_use_dev;   /* device [n_slots]: the step that last used or filled a slot */
     int64_t cache_at;         /* their offset in tier_ahead.cache_state */
     uint64_t *seen; /* [n_expert]: routed slots so far (the CPU lane takes the least seen) */
+    const float *router_dev, *router_bias_dev; /* the executor's f32 copies in VRAM (NULL: none) */
 } tier_layer;
 
 struct tm_tier {
