@@ -156,7 +156,8 @@ static tm_context_params params_fetch(int64_t ram_mib) {
     return p;
 }
 
-static uint64_t fetched_experts; /* the last run_seq's experts the fetch lane copied */
+/* the last run_seq's experts the fetch lane copied, and their copies' time (--profile) */
+static uint64_t fetched_experts, copy_ns;
 
 /* A prompt (batches of 16) and N_GEN decode steps; the last logits of each
  * call into out [1 + N_GEN][n_vocab]; the store's counters into *stats. */
@@ -197,9 +198,10 @@ static tm_status run_seq(tm_model *m, const tm_context_params *p, float *out,
             memcpy(out + (1 + i) * V, c->logits, (size_t)V * sizeof(float));
     }
     if (stats) *stats = s ? *s : (tm_store_stats){0};
-    fetched_experts = 0;
+    fetched_experts = copy_ns = 0;
     const tm_tier_stats *ts = tier_stats(c->tier);
-    for (int i = 0; ts && i < TM_TIER_CLASS_COUNT; i++) fetched_experts += ts[i].fetch_experts;
+    for (int i = 0; ts && i < TM_TIER_CLASS_COUNT; i++)
+        fetched_experts += ts[i].fetch_experts, copy_ns += ts[i].copy_ns;
     model_context_free(c);
     return st;
 }
@@ -304,7 +306,8 @@ static void test_same_logits_cpu_moe_mock_gpu(void **state) {
  * mapping's pinned pages, bit for bit (the same kernels, the same experts in
  * the same order, only another source of the bytes), at every budget; once
  * with the mock GPU's streams slow (MOCK_GPU_LATENCY_US), so a copy still
- * queued when the store reads the next chunk would copy the wrong expert. */
+ * queued when the store reads the next chunk would copy the wrong expert,
+ * and --profile (the copies' time is counted). */
 static void test_same_logits_fetch_from_store(void **state) {
     (void)state;
     setenv("TIERMOE_FETCH_CPU_SHARE", "0", 1); /* every cold expert to the GPU, as the store */
@@ -322,6 +325,7 @@ static void test_same_logits_fetch_from_store(void **state) {
         const bool slow = b == 4;
         if (slow) setenv("MOCK_GPU_LATENCY_US", "300", 1);
         p = params_fetch(budgets[b]);
+        p.profile = slow; /* the copies' time counted too */
         tm_store_stats s;
         const tm_status st = run_seq(m, &p, got, &s);
         unsetenv("MOCK_GPU_LATENCY_US");
@@ -335,6 +339,7 @@ static void test_same_logits_fetch_from_store(void **state) {
         /* the prompt's experts went to the GPU, read once each a batch (run_seq) */
         assert_true(fetched_experts > 0);
         assert_true(s.faults > 0);
+        assert_true(slow == (copy_ns > 0));
         printf("    --ram-cache %lld%s: %llu experts copied from the store, %llu faulted\n",
                (long long)budgets[b], slow ? " (slow GPU)" : "",
                (unsigned long long)fetched_experts, (unsigned long long)s.faults);

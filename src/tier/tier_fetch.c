@@ -501,6 +501,7 @@ typedef struct tier_store_gpu {
     int64_t s0;
     const float *h;
     float *y;
+    int64_t unread; /* --profile: the first chunk whose events are not counted yet */
 } tier_store_gpu;
 
 static tm_status tier_store_chunk(void *ud, const tm_moe_experts *ex, int64_t a, int64_t b) {
@@ -513,10 +514,12 @@ static tm_status tier_store_chunk(void *ud, const tm_moe_experts *ex, int64_t a,
     a -= g->s0, b -= g->s0; /* the run's slots, like the items */
     const int64_t j = t->n_stored++;
     const int32_t bi = (int32_t)(j % f->n_bufs);
+    tm_cuda_event *ev = f->prof ? f->prof + 4 * (j % f->n_prof) : NULL; /* settle reads them */
     uint8_t *buf = tier_ring_buf(f, j);
     const tm_moe_matrix *m[3] = {&ex->gate, &ex->up, &ex->down};
     const size_t off[3] = {0, f->off_up, f->off_down};
     tm_status st = cuda_stream_wait_event(t->copy, f->freed[bi]);
+    if (st == TM_OK && ev) st = cuda_event_record(ev[0], t->copy);
     /* the chunk's experts, one a run, each into the next position of the buffer */
     int32_t n = -1;
     for (int64_t i = a; i < b && st == TM_OK; i++) {
@@ -530,11 +533,14 @@ static tm_status tier_store_chunk(void *ud, const tm_moe_experts *ex, int64_t a,
         }
         f->items_host[i] = (tm_cuda_moe_item){n, sl[i].token, sl[i].weight, e};
     }
+    if (st == TM_OK && ev) st = cuda_event_record(ev[1], t->copy);
     if (st == TM_OK) st = cuda_event_record(f->ready[bi], t->copy);
     if (st == TM_OK)
         st = cuda_copy_async(f->items_dev + a, f->items_host + a,
                              (size_t)(b - a) * sizeof(*f->items_host), s);
+    if (st == TM_OK && ev) st = cuda_event_record(ev[2], s);
     if (st == TM_OK) st = cuda_stream_wait_event(s, f->ready[bi]);
+    if (st == TM_OK && ev) st = cuda_event_record(ev[3], s);
     if (st == TM_OK) {
         const tm_cuda_moe_params p = tier_ring_params(t, L, buf, n + 1);
         const int32_t n_groups = tier_groups(t, f->items_host, sl, a, b);
@@ -549,9 +555,20 @@ static tm_status tier_store_chunk(void *ud, const tm_moe_experts *ex, int64_t a,
     return TM_OK;
 }
 
+/* The copies queued so far are done; --profile: their times counted (at most
+ * the two chunks since the last settle, fewer than the profile's events). */
 static tm_status tier_store_settle(void *ud) {
-    const tier_store_gpu *g = ud;
-    return cuda_stream_sync(g->t->copy);
+    tier_store_gpu *g = ud;
+    tm_tier *t = g->t;
+    const tier_fetch *f = t->fetch;
+    tm_status st = cuda_stream_sync(t->copy);
+    tm_tier_stats *ts = &t->stats[g->L->cls];
+    for (; st == TM_OK && f->prof && g->unread < t->n_stored; g->unread++) {
+        const tm_cuda_event *ev = f->prof + 4 * (g->unread % f->n_prof);
+        ts->copy_ns += tier_ev_ns(ev[0], ev[1]);
+        ts->copy_wait_ns += tier_ev_ns(ev[2], ev[3]); /* waits for the compute stream there */
+    }
+    return st;
 }
 
 /* y += slots sl[0, n) (the worklist's from s0: cold, expert-major) of layer
@@ -559,7 +576,7 @@ static tm_status tier_store_settle(void *ud) {
 static tm_status tier_store_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl, int64_t n,
                                 const float *h, float *y) {
     const int64_t s0 = sl - t->wl.slots;
-    tier_store_gpu g = {t, L, sl, s0, h, y};
+    tier_store_gpu g = {t, L, sl, s0, h, y, t->n_stored};
     const tm_store_sink k = {.run = tier_store_chunk,
                              .settle = tier_store_settle,
                              .max_experts = t->fetch->chunk_cap,
