@@ -185,12 +185,12 @@ static void test_mmvq(void **state) {
  * exact, so the error is float32's: nb = k/32 scaled sums (two roundings each)
  * added in any order, within (nb + 2) u Σ_b |d_w d_x Σ w q|, bounded by
  * (nb + 2) u Σ |w x̂|. Rows 4-byte aligned, k a multiple of 64. */
-static double mmvq_q8x_case(tm_rng *r, const mmvq_case *c) {
+static double mmvq_q8x_case(tm_rng *r, tm_type type, const mmvq_case *c) {
     const int64_t rows = c->rows, k = c->k, nt = c->n_tok, nb = k / 32;
-    const size_t row_bytes = quant_row_size(TM_TYPE_Q8_0, k) + c->pad;
-    assert_true(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, row_bytes, k));
+    const size_t row_bytes = quant_row_size(type, k) + c->pad;
+    assert_true(type == TM_TYPE_Q8_0 || type == TM_TYPE_Q4_K);
     float *wd;
-    uint8_t *w = random_matrix(r, TM_TYPE_Q8_0, rows, k, row_bytes, &wd);
+    uint8_t *w = random_matrix(r, type, rows, k, row_bytes, &wd);
     float *x = xmalloc((size_t)nt * k * sizeof(float));
     fill_normal(r, x, nt * k, 1.0f);
     for (int64_t i = 0; i < 32 && i < nt * k; i++) x[i] = 0.0f; /* a block of zeros: d = 0 */
@@ -208,8 +208,7 @@ static double mmvq_q8x_case(tm_rng *r, const mmvq_case *c) {
     float *y_d = dev_alloc((size_t)nt * rows * sizeof(float));
     CHECK(cuda_fill_bytes(g_dev, y_d, 0xff, (size_t)nt * rows * sizeof(float))); /* NaN poison */
     CHECK(cuda_q8x_quantize(x_d, k, nt, q_d, cuda_device_stream(g_dev)));
-    CHECK(cuda_mmvq_q8x(TM_TYPE_Q8_0, w_d, row_bytes, rows, k, q_d, nt, y_d,
-                        cuda_device_stream(g_dev)));
+    CHECK(cuda_mmvq_q8x(type, w_d, row_bytes, rows, k, q_d, nt, y_d, cuda_device_stream(g_dev)));
     CHECK(cuda_device_sync(g_dev));
     CHECK(cuda_copy_to_host(g_dev, qg, q_d, qbytes));
     CHECK(cuda_copy_to_host(g_dev, y, y_d, (size_t)nt * rows * sizeof(float)));
@@ -227,13 +226,15 @@ static double mmvq_q8x_case(tm_rng *r, const mmvq_case *c) {
                 ref += p;
                 mag += fabs(p);
             }
-            const double tol = (double)(nb + 2) * U32 * mag + 1e-30;
+            /* q4_K: a sub-block's d sc Σ q x_q - dmin m Σ x_q cancels as the dequantized
+               weights do, so the f32 path's (k + 2) u bound */
+            const double tol = (double)(type == TM_TYPE_Q4_K ? k + 2 : nb + 2) * U32 * mag + 1e-30;
             const double err = fabs((double)y[t * rows + i] - ref);
             if (!(err <= tol))
-                fail_msg("mmvq_q8x rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, ref "
-                         "%.9g, tol %.3g",
-                         (long long)rows, (long long)k, (long long)nt, c->pad, (long long)t,
-                         (long long)i, y[t * rows + i], ref, tol);
+                fail_msg("mmvq_q8x %s rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, "
+                         "ref %.9g, tol %.3g",
+                         quant_type_name(type), (long long)rows, (long long)k, (long long)nt,
+                         c->pad, (long long)t, (long long)i, y[t * rows + i], ref, tol);
             worst = fmax(worst, err / tol);
         }
     free(w), free(wd), free(x), free(q), free(qg), free(d), free(y);
@@ -252,13 +253,26 @@ static void test_mmvq_q8x(void **state) {
     };
     double worst = 0;
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
-        worst = fmax(worst, mmvq_q8x_case(&r, &cases[ci]));
-    printf("mmvq_q8x: %zu cases ok, quantizer bit-exact, worst |err|/tol %.3g\n",
+        worst = fmax(worst, mmvq_q8x_case(&r, TM_TYPE_Q8_0, &cases[ci]));
+    printf("mmvq_q8x q8_0: %zu cases ok, quantizer bit-exact, worst |err|/tol %.3g\n",
            sizeof(cases) / sizeof(cases[0]), worst);
+    /* q4_K (the grouped experts' 8-bit path): whole blocks, rows 16-byte aligned */
+    static const mmvq_case q4k[] = {
+        {1, 256, 1, 0},      {7, 768, 3, 0},    {33, 2048, 8, 0},  {4096, 2816, 1, 0},
+        {2048, 4096, 2, 16}, {33, 2816, 5, 16}, {1000, 512, 8, 0}, {64, 768, 4, 32},
+    };
+    worst = 0;
+    for (size_t ci = 0; ci < sizeof(q4k) / sizeof(q4k[0]); ci++)
+        worst = fmax(worst, mmvq_q8x_case(&r, TM_TYPE_Q4_K, &q4k[ci]));
+    printf("mmvq_q8x q4_K: %zu cases ok, worst |err|/tol %.3g\n", sizeof(q4k) / sizeof(q4k[0]),
+           worst);
     /* what the integer kernel cannot read is refused */
     assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 34 * 3, 96)); /* odd number of blocks */
     assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 2, 64));      /* rows 2-byte aligned */
-    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 144, 256));
+    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 144, 256));   /* not for the executor's q4_K */
+    assert_int_equal(
+        cuda_mmvq_q8x(TM_TYPE_Q4_K, NULL, 152, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
+        TM_ERR_ARG); /* rows 8-byte aligned */
     assert_int_equal(
         cuda_mmvq_q8x(TM_TYPE_Q8_0, NULL, 102, 1, 96, NULL, 1, NULL, cuda_device_stream(g_dev)),
         TM_ERR_ARG);
@@ -272,6 +286,7 @@ typedef struct moe_case {
     int32_t n_slots, k;
     tm_type tg, tu, td;
     bool oai; /* gpt-oss's experts: biases of expert ids other than the slots, clamped SwiGLU */
+    bool q8x; /* 8-bit activations (q4_K experts): against a reference with x and h quantized */
 } moe_case;
 
 /* Double-precision reference for one matrix row · vector, and Σ|products|. */
@@ -338,6 +353,7 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     p.down.data = dev_upload(d, (size_t)S * E * db), p.down.type = c->td, p.down.row_bytes = db;
     p.down.expert_stride = E * db;
     if (c->oai) p.ext = check_oai_ext(&bias, F, E);
+    p.q8x = c->q8x;
     const tm_cuda_moe_item *items_d = dev_upload(items, (size_t)n_items * sizeof(*items));
     const float *x_d = dev_upload(x, (size_t)NT * E * sizeof(float));
     float *y_d = dev_upload(y0, (size_t)NT * E * sizeof(float));
@@ -355,12 +371,19 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
            *tol = xmalloc((size_t)NT * E * sizeof(double));
     double *xd = xmalloc((size_t)E * sizeof(double)), *h = xmalloc((size_t)F * sizeof(double));
     double *dh = xmalloc((size_t)F * sizeof(double));
+    /* q8x: the activations as the GPU quantizes them (bit for bit), h quantized from
+       the reference's own (rounded to float as the GPU's is) */
+    int8_t *xq = xmalloc((size_t)(NT * E + F)), *hq = xq + NT * E;
+    float *xs = xmalloc((size_t)(NT * E + F) / 32 * sizeof(float)), *hs = xs + NT * E / 32;
+    float *hf = xmalloc((size_t)F * sizeof(float));
+    if (c->q8x) quant_ref_quantize_q8x(x, NT * E, xq, xs);
     for (int64_t i = 0; i < NT * E; i++) ref[i] = y0[i], tol[i] = U32 * fabs(y0[i]);
     const double gE = (double)(E + 2) * U32, gF = (double)(F + 2) * U32;
     for (int64_t it = 0; it < n_items - 1; it++) {
         const int64_t e = items[it].slot, t = items[it].token, id = items[it].expert;
         const double wt = items[it].weight;
-        for (int64_t j = 0; j < E; j++) xd[j] = x[t * E + j];
+        for (int64_t j = 0; j < E; j++)
+            xd[j] = c->q8x ? (double)xs[(t * E + j) / 32] * xq[t * E + j] : x[t * E + j];
         for (int64_t f = 0; f < F; f++) {
             double mg, mu;
             double gv = dot_d(gd + (e * F + f) * E, xd, E, &mg);
@@ -379,6 +402,11 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
                 dh[f] = gE * (1.1 * mg * fabs(uv) + fabs(gv) * mu) + 4 * U32 * fabs(h[f]);
             }
         }
+        if (c->q8x) {
+            for (int64_t f = 0; f < F; f++) hf[f] = (float)h[f];
+            quant_ref_quantize_q8x(hf, F, hq, hs);
+            for (int64_t f = 0; f < F; f++) h[f] = (double)hs[f / 32] * hq[f];
+        }
         for (int64_t o = 0; o < E; o++) {
             double mag, carried = 0;
             const float *dr = dd + (e * E + o) * F;
@@ -391,7 +419,18 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
         }
     }
     double worst = 0;
-    for (int64_t i = 0; i < NT * E; i++) {
+    if (c->q8x) { /* float rounding, and an h value the rounding moved across a quantization
+                     step now and then: the sums against the reference's, in L2 */
+        double e2 = 0, r2 = 0;
+        for (int64_t i = 0; i < NT * E; i++)
+            e2 += ((double)y[i] - ref[i]) * ((double)y[i] - ref[i]),
+                r2 += (ref[i] - y0[i]) * (ref[i] - y0[i]);
+        worst = sqrt(e2 / r2) / 1e-3;
+        if (!(worst <= 1))
+            fail_msg("moe q4_K q8x embd %lld ff %lld tok %lld: |err|/|sum| = %.3g (want < 1e-3)",
+                     (long long)E, (long long)F, (long long)NT, sqrt(e2 / r2));
+    }
+    for (int64_t i = 0; i < NT * E && !c->q8x; i++) {
         const double err = fabs((double)y[i] - ref[i]),
                      lim = 2 * tol[i] + 1e-30; /* 2x: first-order bound */
         worst = fmax(worst, err / lim);
@@ -400,14 +439,15 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
                      quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
                      (long long)E, (long long)F, (long long)NT, (long long)i, y[i], ref[i], lim);
     }
-    printf("moe %s/%s/%s n_embd %lld n_ff %lld%s: %lld tokens x %d experts ok, worst |err|/tol "
-           "%.3g\n",
+    printf("moe %s/%s/%s n_embd %lld n_ff %lld%s%s: %lld tokens x %d experts ok, worst "
+           "|err|/tol %.3g\n",
            quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td), (long long)E,
-           (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "", (long long)NT, c->k, worst);
+           (long long)F, c->oai ? " (biases, clamped SwiGLU)" : "",
+           c->q8x ? " (8-bit activations)" : "", (long long)NT, c->k, worst);
     free(g), free(u), free(d), free(gd), free(ud), free(dd), free(x), free(y0), free(y),
         free(items);
     check_oai_biases_free(&bias);
-    free(ref), free(tol), free(xd), free(h), free(dh);
+    free(ref), free(tol), free(xd), free(h), free(dh), free(xq), free(xs), free(hf);
 }
 
 static void test_moe_grouped(void **state) {
@@ -417,27 +457,31 @@ static void test_moe_grouped(void **state) {
     tm_rng_seed(&r, 0xe4e4);
     static const moe_case cases[] = {
         /* the decode shape of Qwen3-30B-A3B: 1 token x 8 experts, 2048 x 768 */
-        {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false},
+        {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false, false},
         /* a small prompt, expert-major items, mixed types */
-        {512, 96, 5, 12, 4, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_Q8_0, false},
-        {256, 64, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_F16, false},
+        {512, 96, 5, 12, 4, TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_Q8_0, false, false},
+        {256, 64, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_F16, false, false},
         /* gpt-oss's experts (mxfp4, n_embd = n_ff = 2880) scaled down: 18 and 22
          * blocks, rows 2 mod 4 bytes long; decode (1 token x 4 experts) and a few
          * tokens; then mxfp4 gate beside a q8_0 up (the generic gate/up kernel) */
-        {576, 704, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false},
-        {704, 576, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false},
-        {96, 160, 2, 4, 2, TM_TYPE_MXFP4, TM_TYPE_Q8_0, TM_TYPE_MXFP4, false},
-        {256, 256, 2, 4, 4, TM_TYPE_Q5_K, TM_TYPE_BF16, TM_TYPE_F32, false},
+        {576, 704, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false, false},
+        {704, 576, 3, 6, 2, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false, false},
+        {96, 160, 2, 4, 2, TM_TYPE_MXFP4, TM_TYPE_Q8_0, TM_TYPE_MXFP4, false, false},
+        {256, 256, 2, 4, 4, TM_TYPE_Q5_K, TM_TYPE_BF16, TM_TYPE_F32, false, false},
         /* gpt-oss: MXFP4 experts with biases and the clamped SwiGLU, decode and a prompt;
            and the fast path's types with the same epilogues */
-        {576, 576, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
-        {576, 320, 6, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
-        {512, 256, 2, 6, 3, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q8_0, true},
+        {576, 576, 1, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true, false},
+        {576, 320, 6, 8, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true, false},
+        {512, 256, 2, 6, 3, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q8_0, true, false},
         /* decode of 8 sequences: items sharing a slot are computed by one block
            (runs of up to 4 tokens; 8 tokens x 7 of 12 slots: runs of 4 and the rest) */
-        {1024, 512, 8, 12, 7, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false},
-        {576, 576, 8, 6, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true},
-        {512, 256, 5, 9, 3, TM_TYPE_Q8_0, TM_TYPE_Q8_0, TM_TYPE_F16, false},
+        {1024, 512, 8, 12, 7, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, false},
+        {576, 576, 8, 6, 4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, true, false},
+        {512, 256, 5, 9, 3, TM_TYPE_Q8_0, TM_TYPE_Q8_0, TM_TYPE_F16, false, false},
+        /* 8-bit activations: decode of one token and of 8 sequences, and the epilogues */
+        {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, true},
+        {1024, 512, 8, 12, 7, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, true},
+        {512, 256, 2, 6, 3, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, true, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }

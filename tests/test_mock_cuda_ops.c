@@ -137,7 +137,8 @@ static void test_moe(void **state) {
         {upload(&g, c.gate, MS * MF * c.gate_rb), TM_TYPE_Q8_0, MF * c.gate_rb, c.gate_rb},
         {upload(&g, c.up, MS * MF * c.up_rb), TM_TYPE_Q8_0, MF * c.up_rb, c.up_rb},
         {upload(&g, c.down, MS * ME * c.down_rb), TM_TYPE_F32, ME * c.down_rb, c.down_rb},
-        {0}};
+        {0},
+        false};
     /* skipped: slot -1 (not cached), slot MS, token MT */
     const tm_cuda_moe_item items_h[] = {{0, 0, 0.5f, 0},  {2, 0, 0.25f, 2}, {-1, 1, 1.0f, -1},
                                         {3, 1, 0.7f, 3},  {1, 2, 0.3f, 1},  {MS, 2, 9.0f, MS},

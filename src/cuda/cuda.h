@@ -160,7 +160,11 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
  * q = x * id rounded to nearest even, all in float (the host mock and the
  * tests redo it bit for bit). cuda_mmvq_q8x then gives y[t][r] = Σ_b d_w d_x
  * Σ_i w_i q_i over the blocks b of row r; it needs cuda_mmvq_q8x_ok(type,
- * address | row stride, k). */
+ * address | row stride, k), which the executor asks. It also takes q4_K rows
+ * (16-byte aligned, k a multiple of 256: each q8x block is one of its
+ * sub-blocks, Σ (d sc q - dmin m) x = d_x (d sc Σ q x_q - dmin m Σ x_q)), the
+ * product the grouped experts' 8-bit path uses; the executor's dense q4_K
+ * products keep f32 activations. */
 static inline size_t cuda_q8x_bytes(int64_t k, int64_t n_tok) {
     return k > 0 && n_tok > 0 ? (size_t)(n_tok * k) + (size_t)(n_tok * (k / 32)) * sizeof(float)
                               : 0;
@@ -223,9 +227,21 @@ typedef struct tm_cuda_moe_params {
     tm_cuda_moe_matrix gate, up; /* n_ff rows of n_embd */
     tm_cuda_moe_matrix down;     /* n_embd rows of n_ff */
     tm_cuda_moe_ext ext;         /* zeroed: silu(g) u, no biases */
+    /* 8-bit activations (the normal mode's decode): with q4_K gate, up and down
+     * that cuda_mmvq_q8x reads, cuda_moe_grouped quantizes x and the items' h
+     * (cuda_q8x_quantize's rule) and takes integer products; else ignored. */
+    bool q8x;
 } tm_cuda_moe_params;
 
-int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items);
+/* h_scratch floats of cuda_moe_grouped for n_items items (n_tok <= n_items):
+ * h, then with q8x the quantized x and h, 16-byte aligned. */
+static inline int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
+    const int64_t h = n_items * p->n_ff;
+    if (!p->q8x) return h;
+    const int64_t xq = (int64_t)((cuda_q8x_bytes(p->n_embd, n_items) + 15) / 16) * 4,
+                  hq = (int64_t)((cuda_q8x_bytes(p->n_ff, n_items) + 15) / 16) * 4;
+    return ((h + 3) & ~(int64_t)3) + xq + hq;
+}
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                            int64_t n_items, const float *x, int64_t n_tok, float *y,
                            float *h_scratch, tm_cuda_stream stream);

@@ -192,9 +192,6 @@ tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t r
         (void)stream;
     return NONE;
 }
-int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
-    return n_items * p->n_ff;
-}
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                            int64_t n_items, const float *x, int64_t n_tok, float *y,
                            float *h_scratch, tm_cuda_stream stream) {

@@ -1,5 +1,5 @@
-/* q8_0 matrix × 8-bit activations for decode batches (mmvq_q8x.cuh), and the
- * activation quantizer. Launch shape as mmvq.cu's fast path: a warp computes
+/* q8_0 (and q4_K) matrix × 8-bit activations for decode batches
+ * (mmvq_q8x.cuh), and the activation quantizer. Launch shape as mmvq.cu's fast path: a warp computes
  * R = 4 rows (TIERMOE_Q8X_R=2: 2 for 3+ tokens), TM_FAST_WARPS warps a block split rows
  * or the k steps of a row group. */
 #include <stdlib.h>
@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(256)
     if ((threadIdx.x & 31) == 0) d[i / 32] = dv;
 }
 
-template <int NT, int R>
+template <int TYPE, int NT, int R>
 __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
     tm_mmvq_q8x_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, tm_q8x_view x,
                        int n_tok, int ksplit, float *__restrict__ y) {
@@ -32,8 +32,16 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    tm_q8x_rows<NT, R>(acc, rp, x, n_tok, lane, warp % ksplit, ksplit);
+    if (TYPE == TM_TYPE_Q4_K)
+        tm_q4kx_rows<NT, R>(acc, rp, x, n_tok, lane, warp % ksplit, ksplit);
+    else
+        tm_q8x_rows<NT, R>(acc, rp, x, n_tok, lane, warp % ksplit, ksplit);
     tm_fast_store<NT, R>(acc, r0, rows, n_tok, warp, lane, ksplit, y);
+}
+
+tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream) {
+    tm_q8x_quantize_kernel<<<(unsigned)tm_cdiv(n, 256), 256, 0, stream>>>(x, n, q, d);
+    return tm_cuda_launch_check("q8x quantize", n, 1, 1);
 }
 
 extern "C" tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
@@ -46,9 +54,7 @@ extern "C" tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok,
                             (long long)k, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK, xq);
     const int64_t n = n_tok * k;
     int8_t *q = (int8_t *)xq;
-    float *d = (float *)(q + n);
-    tm_q8x_quantize_kernel<<<(unsigned)tm_cdiv(n, 256), 256, 0, stream>>>(x, n, q, d);
-    return tm_cuda_launch_check("cuda_q8x_quantize", k, n_tok, 1);
+    return tm_q8x_quantize_n(x, n, q, (float *)(q + n), stream);
 }
 
 extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows,
@@ -59,14 +65,16 @@ extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes
                             "cuda_mmvq_q8x: rows %lld, n_tok %lld (want 1..2^31-1 rows, 1..%d "
                             "tokens)",
                             (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
-    if (!cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 32 * 34) ||
-        ((uintptr_t)xq & 15))
+    const bool q4k = type == TM_TYPE_Q4_K;
+    if (q4k ? !tm_q4kx_ok((uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 256 * 144)
+            : !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
+                  row_bytes < (size_t)(k / 32 * 34) || ((uintptr_t)xq & 15))
         return tm_error_set(TM_ERR_ARG,
-                            "cuda_mmvq_q8x: %s weights, k %lld, row stride %zu (want q8_0, k a "
-                            "multiple of 64, rows 4-byte aligned and at least %lld bytes; "
+                            "cuda_mmvq_q8x: %s weights, k %lld, row stride %zu (want q8_0 with k "
+                            "a multiple of 64 and rows 4-byte aligned, or q4_K with k a multiple "
+                            "of 256 and rows 16-byte aligned, rows no shorter than the type's; "
                             "activations 16-byte aligned)",
-                            quant_type_name(type), (long long)k, row_bytes,
-                            (long long)(k / 32 * 34));
+                            quant_type_name(type), (long long)k, row_bytes);
     const tm_q8x_view x = tm_q8x_at(xq, k, n_tok);
     const uint8_t *wb = (const uint8_t *)w;
     /* rows a warp computes: with 3 or more tokens the activations are most of
@@ -80,12 +88,15 @@ extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes
     }
     const int nt = (int)n_tok, R = nt <= 2 ? 4 : r_many;
     const int64_t groups = tm_cdiv(rows, R);
-    const int ks = tm_fast_ksplit(groups, tm_q8x_steps(k));
+    const int ks = tm_fast_ksplit(groups, q4k ? tm_q4k::steps(k) : tm_q8x_steps(k));
     const dim3 grid((unsigned)tm_cdiv(groups, TM_FAST_WARPS / ks)),
         block(TM_FAST_WARPS * TM_CUDA_WARP);
     cudaStream_t s = stream;
 #define TM_Q8X_LAUNCH(NT, R)                                                                       \
-    tm_mmvq_q8x_kernel<NT, R><<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y)
+    (q4k ? tm_mmvq_q8x_kernel<TM_TYPE_Q4_K, NT, R>                                                 \
+         <<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y)                                \
+         : tm_mmvq_q8x_kernel<TM_TYPE_Q8_0, NT, R>                                                 \
+         <<<grid, block, 0, s>>>(wb, row_bytes, rows, x, nt, ks, y))
     if (nt == 1)
         TM_Q8X_LAUNCH(1, 4);
     else if (nt == 2)

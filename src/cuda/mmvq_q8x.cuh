@@ -109,4 +109,101 @@ static inline int64_t tm_q8x_steps(int64_t k) {
     return tm_cdiv(k / 32, TM_Q8X_BLOCKS);
 }
 
+/* ---- q4_K weights with 8-bit activations. The lane layout of
+ * tm_fast<TM_TYPE_Q4_K> (half a warp a 256-value block; lane l = 4g + m of
+ * 16 holds qs bytes [8l, 8l+8): values 64g + 8m + i of sub-block 2g in their
+ * low nibbles, 64g + 32 + 8m + i of sub-block 2g + 1 in the high ones), and
+ * its loads. A q8x block of 32 activations is one q4_K sub-block, so a
+ * sub-block's Σ (d·sc·q - dmin·m)·x becomes d_x·(d·sc·Σ q·x_q - dmin·m·Σ x_q):
+ * the nibbles masked into bytes meet the activation bytes in __dp4a, and
+ * Σ x_q is a __dp4a with ones that the warp's rows share. ---- */
+typedef tm_fast<TM_TYPE_Q4_K> tm_q4k;
+
+template <int NT, int R>
+static __device__ __forceinline__ void tm_q4kx_dot(float (&acc)[R][NT], const tm_q4k::ld<R> &L,
+                                                   int64_t s, tm_q8x_view x, int n_tok, int lane) {
+    const int64_t blk = 2 * s + (lane >> 4), nb = x.k / 32;
+    if (blk >= x.k / 256) return;
+    const int l = lane & 15, g = l >> 2, sh = 16 * (g & 1);
+    float dsc0[R], dm0[R], dsc1[R], dm1[R];
+    int lo0[R], lo1[R], hi0[R], hi1[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        /* scales and mins of sub-blocks 2g, 2g+1 (get_scale_min_k4), as byte pairs */
+        const uint4 h = L.h[r];
+        uint32_t scp, mp;
+        if (g < 2) {
+            scp = (h.y >> sh) & 0x3F3Fu;
+            mp = (h.z >> sh) & 0x3F3Fu;
+        } else {
+            const uint32_t t3 = h.w >> sh;
+            scp = (t3 & 0x0F0Fu) | ((h.y >> (sh + 2)) & 0x3030u);
+            mp = ((t3 >> 4) & 0x0F0Fu) | ((h.z >> (sh + 2)) & 0x3030u);
+        }
+        const float d = tm_h2f(h.x), dmin = tm_h2f(h.x >> 16);
+        dsc0[r] = d * (float)(scp & 0xffu), dsc1[r] = d * (float)(scp >> 8);
+        dm0[r] = dmin * (float)(mp & 0xffu), dm1[r] = dmin * (float)(mp >> 8);
+        lo0[r] = (int)(L.q[r].x & 0x0F0F0F0Fu), lo1[r] = (int)(L.q[r].y & 0x0F0F0F0Fu);
+        hi0[r] = (int)((L.q[r].x >> 4) & 0x0F0F0F0Fu),
+        hi1[r] = (int)((L.q[r].y >> 4) & 0x0F0F0F0Fu);
+    }
+    const int64_t b = blk * 8 + 2 * g; /* the q8x block of the low values; b + 1 the high */
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= n_tok) break;
+        const int8_t *xt = x.q + t * x.k + blk * 256 + 64 * g + 8 * (l & 3);
+        const int2 ql = __ldg((const int2 *)xt), qh = __ldg((const int2 *)(xt + 32));
+        const float dl = __ldg(x.d + t * nb + b), dh = __ldg(x.d + t * nb + b + 1);
+        const float sl = (float)__dp4a(0x01010101, ql.y, __dp4a(0x01010101, ql.x, 0));
+        const float shi = (float)__dp4a(0x01010101, qh.y, __dp4a(0x01010101, qh.x, 0));
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int il = __dp4a(lo1[r], ql.y, __dp4a(lo0[r], ql.x, 0));
+            const int ih = __dp4a(hi1[r], qh.y, __dp4a(hi0[r], qh.x, 0));
+            float a = acc[r][t];
+            a = fmaf(dl, fmaf(dsc0[r], (float)il, -dm0[r] * sl), a);
+            acc[r][t] = fmaf(dh, fmaf(dsc1[r], (float)ih, -dm1[r] * shi), a);
+        }
+    }
+}
+
+/* This lane's share of q4_K rows rp[0..R) · x[t], as tm_q8x_rows. */
+template <int NT, int R>
+static __device__ __forceinline__ void tm_q4kx_rows(float (&acc)[R][NT], const uint8_t *const *rp,
+                                                    tm_q8x_view x, int n_tok, int lane, int kpart,
+                                                    int ksplit) {
+    constexpr int U = tm_q4k::U;
+    const int64_t ns = tm_q4k::steps(x.k);
+    for (int64_t s0 = kpart; s0 < ns; s0 += (int64_t)U * ksplit) {
+        tm_q4k::ld<R> L[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) tm_q4k::load<R>(L[u], rp, s0 + (int64_t)u * ksplit, x.k, lane);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            tm_q4kx_dot<NT, R>(acc, L[u], s0 + (int64_t)u * ksplit, x, n_tok, lane);
+    }
+}
+
+/* q4_K rows the integer dot reads: 16-byte aligned (the f32 path's loads), k
+ * a multiple of 256 (whole blocks: q8x blocks are its sub-blocks). */
+static inline bool tm_q4kx_ok(uintptr_t align, int64_t k) {
+    return (align & 15) == 0 && k > 0 && k % 256 == 0;
+}
+
+/* Whether cuda_moe_grouped takes the 8-bit path (shared with tests/emu). */
+static inline bool tm_moe_q8x(const tm_cuda_moe_params *p) {
+    const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
+    bool ok = p->q8x && p->n_embd % 256 == 0 && p->n_ff % 256 == 0;
+    for (int i = 0; i < 3 && ok; i++)
+        ok = m[i]->type == TM_TYPE_Q4_K &&
+             tm_q4kx_ok((uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
+                        i < 2 ? p->n_embd : p->n_ff);
+    return ok;
+}
+
+#ifdef __CUDACC__
+/* Quantize n values (n a multiple of 32) as cuda_q8x_quantize: q [n] int8, d [n/32]. */
+tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream);
+#endif
+
 #endif

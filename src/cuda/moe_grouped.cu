@@ -23,7 +23,7 @@
  * (from L2 when the tokens of an expert are adjacent in the list), which is
  * correct but not the fast prompt path (that is a tiled/tensor-core kernel
  * over expert-major groups, to come). */
-#include "cuda/mmvq_fast.cuh"
+#include "cuda/mmvq_q8x.cuh"
 #include "cuda/moe_ext.cuh"
 
 #define TM_MOE_WARPS 4
@@ -158,6 +158,76 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     }
 }
 
+/* ---- 8-bit activations (q8x), q4_K experts: the fast kernels' row groups with
+ * the integer dot of mmvq_q8x.cuh; x quantized once a step, each item's h once ---- */
+
+__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_BLOCKS)
+    tm_moe_gate_up_q8x_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
+                              const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                              int64_t n_tok, float *__restrict__ h) {
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
+    const int64_t item = blockIdx.x;
+    const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_FF;
+    if (r0 >= p.n_ff) return;
+    const tm_cuda_moe_item it = items[item];
+    float *hr = h + item * p.n_ff;
+    if (!tm_moe_item_ok(it, p, n_tok)) {
+        if (lane < TM_MOE_FAST_FF && r0 + lane < p.n_ff) hr[r0 + lane] = 0.0f;
+        return;
+    }
+    const uint8_t *g = (const uint8_t *)p.gate.data + (size_t)it.slot * p.gate.expert_stride;
+    const uint8_t *u = (const uint8_t *)p.up.data + (size_t)it.slot * p.up.expert_stride;
+    const uint8_t *rp[2 * TM_MOE_FAST_FF];
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_FF; i++) {
+        const int64_t r = r0 + i < p.n_ff ? r0 + i : p.n_ff - 1;
+        rp[i] = g + r * p.gate.row_bytes;
+        rp[TM_MOE_FAST_FF + i] = u + r * p.up.row_bytes;
+    }
+    const tm_q8x_view xv = {xq + (int64_t)it.token * p.n_embd,
+                            xd + (int64_t)it.token * (p.n_embd / 32), p.n_embd};
+    float acc[2 * TM_MOE_FAST_FF][1];
+#pragma unroll
+    for (int i = 0; i < 2 * TM_MOE_FAST_FF; i++) acc[i][0] = 0.0f;
+    tm_q4kx_rows<1, 2 * TM_MOE_FAST_FF>(acc, rp, xv, 1, lane, 0, 1);
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_FF; i++) {
+        const float gs = tm_warp_sum(acc[i][0]), us = tm_warp_sum(acc[TM_MOE_FAST_FF + i][0]);
+        if (lane == 0 && r0 + i < p.n_ff)
+            hr[r0 + i] = tm_moe_ext_h(p.ext, it.expert, r0 + i, p.n_ff, gs, us);
+    }
+}
+
+__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_BLOCKS)
+    tm_moe_down_q8x_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
+                           const int8_t *__restrict__ hq, const float *__restrict__ hd,
+                           int64_t n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
+    const int64_t item = blockIdx.x;
+    const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_E;
+    if (r0 >= p.n_embd) return;
+    const tm_cuda_moe_item it = items[item];
+    if (!tm_moe_item_ok(it, p, n_tok)) return;
+    const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride;
+    const uint8_t *rp[TM_MOE_FAST_E];
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_E; i++)
+        rp[i] = d + (r0 + i < p.n_embd ? r0 + i : p.n_embd - 1) * p.down.row_bytes;
+    const tm_q8x_view hv = {hq + item * p.n_ff, hd + item * (p.n_ff / 32), p.n_ff};
+    float acc[TM_MOE_FAST_E][1];
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_E; i++) acc[i][0] = 0.0f;
+    tm_q4kx_rows<1, TM_MOE_FAST_E>(acc, rp, hv, 1, lane, 0, 1);
+    float *yt = y + (int64_t)it.token * p.n_embd;
+#pragma unroll
+    for (int i = 0; i < TM_MOE_FAST_E; i++) {
+        const float s = tm_warp_sum(acc[i][0]);
+        if (lane == 0 && r0 + i < p.n_embd)
+            atomicAdd(yt + r0 + i,
+                      it.weight * (s + tm_moe_ext_down(p.ext, it.expert, r0 + i, p.n_embd)));
+    }
+}
+
 /* Launch kernel K<type> for a fast-path type (the caller checked tm_fast_ok). */
 #define TM_MOE_FAST_SWITCH(type, K, grid, block, stream, ...)                                      \
     switch (type) {                                                                                \
@@ -180,10 +250,6 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
         K<TM_TYPE_BF16><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
         break;                                                                                     \
     }
-
-extern "C" int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
-    return n_items * p->n_ff;
-}
 
 static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
                               int64_t k, const float *xalign, bool *vec16) {
@@ -229,6 +295,23 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
                             "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
                             (long long)p->n_embd, (long long)p->n_ff);
     const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP), fblock(TM_FAST_WARPS * TM_CUDA_WARP);
+    if (tm_moe_q8x(p)) { /* x, then the items' h, quantized in the scratch after h */
+        int8_t *xq = (int8_t *)(h_scratch + ((n_items * p->n_ff + 3) & ~(int64_t)3));
+        float *xd = (float *)(xq + n_tok * p->n_embd);
+        int8_t *hq = xq + (cuda_q8x_bytes(p->n_embd, n_items) + 15) / 16 * 16;
+        float *hd = (float *)(hq + n_items * p->n_ff);
+        if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, xq, xd, stream)) != TM_OK) return st;
+        const dim3 g1((unsigned)n_items,
+                      (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF)),
+            g2((unsigned)n_items, (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
+        tm_moe_gate_up_q8x_kernel<<<g1, fblock, 0, stream>>>(*p, items, xq, xd, n_tok, h_scratch);
+        if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up (q8x)", n_items, p->n_ff,
+                                       p->n_embd)) != TM_OK ||
+            (st = tm_q8x_quantize_n(h_scratch, n_items * p->n_ff, hq, hd, stream)) != TM_OK)
+            return st;
+        tm_moe_down_q8x_kernel<<<g2, fblock, 0, stream>>>(*p, items, hq, hd, n_tok, y);
+        return tm_cuda_launch_check("cuda_moe_grouped down (q8x)", n_items, p->n_embd, p->n_ff);
+    }
     if (tm_moe_fast_gate_up(p)) {
         const dim3 g1((unsigned)n_items,
                       (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF));

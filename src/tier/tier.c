@@ -394,11 +394,14 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
         for (int i = 0; i < 3; i++) gemm = b[i] > gemm ? b[i] : gemm;
     }
     t->gemm_scratch_bytes = gemm;
+    /* cuda_moe_grouped's scratch, with room for its 8-bit activations */
+    const tm_cuda_moe_params h_probe = {.n_embd = E, .n_ff = t->n_ff, .q8x = true};
     if ((st = exec_dev_alloc(t->e, (size_t)n_items * sizeof(tm_cuda_moe_item),
                              (void **)&t->items_dev)) ||
         (st = cuda_host_alloc((size_t)n_items * sizeof(tm_cuda_moe_item),
                               (void **)&t->items_host)) ||
-        (st = exec_dev_alloc(t->e, (size_t)(T * K * t->n_ff) * 4, (void **)&t->h_scratch)) ||
+        (st = exec_dev_alloc(t->e, (size_t)cuda_moe_scratch_floats(&h_probe, T * K) * 4,
+                             (void **)&t->h_scratch)) ||
         (st = exec_dev_alloc(t->e, gemm, &t->gemm_scratch)))
         return st;
     return TM_OK;
@@ -531,6 +534,15 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     if (st == TM_OK) st = tier_pcie_create(t, pl, &q);
     if (st == TM_OK) st = tier_fetch_create(t, &q);
     if (st == TM_OK) st = tier_ahead_create(t, &q);
+    /* TIERMOE_MOE_Q8X=1: the hot experts' decode products with 8-bit activations in the
+       normal mode (q4_K experts; cuda_moe_grouped's q8x path; not yet measured against the
+       f32 path, so not the default) */
+    const char *q8x = getenv("TIERMOE_MOE_Q8X");
+    if (t->gpu && q8x && !strcmp(q8x, "1") && !exec_precise(e)) {
+        for (uint32_t l = 0; l < n_layer; l++) t->layers[l].gpu.q8x = true;
+        tm_log_info("TIERMOE_MOE_Q8X: the hot experts' decode products take 8-bit activations "
+                    "(q4_K experts)");
+    }
     if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
     if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);

@@ -124,20 +124,26 @@ tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq, 
     return TM_OK;
 }
 } /* extern "C" */
+/* one lane's share of rows rp · x: q8_0 or (q4k) q4_K weights */
+template <int NT, int R>
+static void q8x_lane(bool q4k, float (&acc)[R][NT], const uint8_t *const *rp, tm_q8x_view x, int nt, int lane, int kp, int ks) {
+    if (q4k) tm_q4kx_rows<NT, R>(acc, rp, x, nt, lane, kp, ks);
+    else tm_q8x_rows<NT, R>(acc, rp, x, nt, lane, kp, ks);
+}
 /* the integer kernel's row groups, k split and lanes, summed as the kernel does */
 template <int NT>
-static void q8x_mmvq(const uint8_t *w, size_t rb, int64_t rows, int64_t k, const void *xq, int nt, float *y) {
+static void q8x_mmvq(bool q4k, const uint8_t *w, size_t rb, int64_t rows, int64_t k, const void *xq, int nt, float *y) {
     constexpr int R = 4; /* the kernel's default for every token count */
     const tm_q8x_view x = tm_q8x_at(xq, k, nt);
     const int64_t groups = tm_cdiv(rows, R);
-    const int ks = tm_fast_ksplit(groups, tm_q8x_steps(k));
+    const int ks = tm_fast_ksplit(groups, q4k ? tm_q4k::steps(k) : tm_q8x_steps(k));
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *rp[R];
         for (int r = 0; r < R; r++) rp[r] = w + (g * R + r < rows ? g * R + r : rows - 1) * rb;
         float o[R][NT] = {};
         for (int kp = 0; kp < ks; kp++) {
             float part[R][NT] = {};
-            for (int lane = 0; lane < 32; lane++) { float acc[R][NT] = {}; tm_q8x_rows<NT, R>(acc, rp, x, nt, lane, kp, ks); for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) part[r][t] += acc[r][t]; }
+            for (int lane = 0; lane < 32; lane++) { float acc[R][NT] = {}; q8x_lane<NT, R>(q4k, acc, rp, x, nt, lane, kp, ks); for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) part[r][t] += acc[r][t]; }
             for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) o[r][t] += part[r][t];
         }
         for (int r = 0; r < R; r++) for (int t = 0; t < nt; t++) if (g * R + r < rows) y[t * rows + g * R + r] = o[r][t];
@@ -145,17 +151,19 @@ static void q8x_mmvq(const uint8_t *w, size_t rb, int64_t rows, int64_t k, const
 }
 extern "C" {
 tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const void *xq, int64_t n_tok, float *y, tm_cuda_stream) {
-    if (rows <= 0 || n_tok < 1 || n_tok > 8 || !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 32 * 34) || ((uintptr_t)xq & 15))
+    const bool q4k = type == TM_TYPE_Q4_K;
+    if (rows <= 0 || n_tok < 1 || n_tok > 8 || ((uintptr_t)xq & 15) ||
+        (q4k ? !tm_q4kx_ok((uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 256 * 144)
+             : !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 32 * 34)))
         return tm_error_set(TM_ERR_ARG, "mock mmvq_q8x args");
     if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
     const uint8_t *wb = (const uint8_t *)w; const int nt = (int)n_tok;
-    if (nt == 1) q8x_mmvq<1>(wb, row_bytes, rows, k, xq, nt, y);
-    else if (nt == 2) q8x_mmvq<2>(wb, row_bytes, rows, k, xq, nt, y);
-    else if (nt <= 4) q8x_mmvq<4>(wb, row_bytes, rows, k, xq, nt, y);
-    else q8x_mmvq<8>(wb, row_bytes, rows, k, xq, nt, y);
+    if (nt == 1) q8x_mmvq<1>(q4k, wb, row_bytes, rows, k, xq, nt, y);
+    else if (nt == 2) q8x_mmvq<2>(q4k, wb, row_bytes, rows, k, xq, nt, y);
+    else if (nt <= 4) q8x_mmvq<4>(q4k, wb, row_bytes, rows, k, xq, nt, y);
+    else q8x_mmvq<8>(q4k, wb, row_bytes, rows, k, xq, nt, y);
     return TM_OK;
 }
-int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n) { return n * p->n_ff; }
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items, int64_t n, const float *x, int64_t n_tok, float *y, float *h, tm_cuda_stream) {
     bool a, b, c;
     tm_status st;
@@ -164,6 +172,41 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     if ((st = tm_mmvq_check("d", p->down.type, p->down.data, p->down.row_bytes, p->n_ff, h, &c))) return st;
     if ((st = tm_moe_ext_check("cuda_moe_grouped", &p->ext))) return st;
     if (fast()) return TM_OK;
+    if (tm_moe_q8x(p)) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
+        int8_t *xq = (int8_t *)(h + ((n * p->n_ff + 3) & ~(int64_t)3));
+        float *xd = (float *)(xq + n_tok * p->n_embd);
+        int8_t *hq = xq + (cuda_q8x_bytes(p->n_embd, n) + 15) / 16 * 16;
+        float *hd = (float *)(hq + n * p->n_ff);
+        quant_ref_quantize_q8x(x, n_tok * p->n_embd, xq, xd);
+        constexpr int F = TM_MOE_FAST_FF, E = TM_MOE_FAST_E;
+        for (int64_t i = 0; i < n; i++) {
+            const tm_cuda_moe_item it = items[i];
+            const bool ok = tm_moe_item_valid(it, p->n_slots, n_tok, p->ext);
+            const tm_q8x_view xv = {xq + it.token * p->n_embd, xd + it.token * (p->n_embd / 32), p->n_embd};
+            for (int64_t r0 = 0; r0 < p->n_ff; r0 += F) {
+                if (!ok) { for (int j = 0; j < F && r0 + j < p->n_ff; j++) h[i * p->n_ff + r0 + j] = 0; continue; }
+                const uint8_t *rp[2 * F];
+                for (int j = 0; j < F; j++) { int64_t r = r0 + j < p->n_ff ? r0 + j : p->n_ff - 1; rp[j] = (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride + r * p->gate.row_bytes; rp[F + j] = (const uint8_t *)p->up.data + it.slot * p->up.expert_stride + r * p->up.row_bytes; }
+                float o[2 * F] = {};
+                for (int lane = 0; lane < 32; lane++) { float acc[2 * F][1] = {}; tm_q4kx_rows<1, 2 * F>(acc, rp, xv, 1, lane, 0, 1); for (int j = 0; j < 2 * F; j++) o[j] += acc[j][0]; }
+                for (int j = 0; j < F; j++) if (r0 + j < p->n_ff) h[i * p->n_ff + r0 + j] = tm_moe_ext_h(p->ext, it.expert, r0 + j, p->n_ff, o[j], o[F + j]);
+            }
+        }
+        quant_ref_quantize_q8x(h, n * p->n_ff, hq, hd);
+        for (int64_t i = 0; i < n; i++) {
+            const tm_cuda_moe_item it = items[i];
+            if (!tm_moe_item_valid(it, p->n_slots, n_tok, p->ext)) continue;
+            const tm_q8x_view hv = {hq + i * p->n_ff, hd + i * (p->n_ff / 32), p->n_ff};
+            for (int64_t r0 = 0; r0 < p->n_embd; r0 += E) {
+                const uint8_t *rp[E];
+                for (int j = 0; j < E; j++) rp[j] = (const uint8_t *)p->down.data + it.slot * p->down.expert_stride + (r0 + j < p->n_embd ? r0 + j : p->n_embd - 1) * p->down.row_bytes;
+                float o[E] = {};
+                for (int lane = 0; lane < 32; lane++) { float acc[E][1] = {}; tm_q4kx_rows<1, E>(acc, rp, hv, 1, lane, 0, 1); for (int j = 0; j < E; j++) o[j] += acc[j][0]; }
+                for (int j = 0; j < E; j++) if (r0 + j < p->n_embd) y[it.token * p->n_embd + r0 + j] += it.weight * (o[j] + tm_moe_ext_down(p->ext, it.expert, r0 + j, p->n_embd));
+            }
+        }
+        return TM_OK;
+    }
     const bool fgu = tm_moe_fast_gate_up(p), fd = tm_moe_fast_matrix(&p->down, p->n_ff);
     for (int64_t i = 0; i < n; i++) {
         tm_cuda_moe_item it = items[i];

@@ -367,10 +367,6 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
     return ok;
 }
 
-int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
-    return n_items * p->n_ff;
-}
-
 static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
                               int64_t k, const float *x) {
     tm_status st = check_weights(name, m->type, m->data, m->row_bytes, k, x, true);
