@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call for what was built without a GPU (2026-11-26, late session):
+#   1. build (Release, sm_90): tiermoe and test_cuda_ops;
+#   2. test_cuda_ops: the q4_K x 8-bit activation product (mmvq_q8x q4_K), the grouped
+#      experts' q8x path (moe ... 8-bit activations), and the placement matrix with its
+#      new cases: `--ram-cache 1 --moe-fetch copy` (prompts' experts copied from the
+#      store's pinned slots) and `-ngl all, TIERMOE_MOE_Q8X=1`;
+#   3. bench, 30b-a3b uniform routing (/tmp/m30.gguf), -ngl all: tg64 at 1 and 8
+#      sequences (-np 1,8), f32 against 8-bit expert activations (TIERMOE_MOE_Q8X=1),
+#      alternating, REPS each;
+#   4. STAGES ssd of scripts/device_hybrid.sh when SSD=1 (prompts copied from the store
+#      against the CPU lane; a second call is safer: the drive makes it long).
+#   scripts/device_q8x_store.sh [OUT]     REPS (2), ROUNDS (2), NO_CHECKS=1, SSD=1
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-/tmp/out}}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build/device-hybrid}
+REPS=${REPS:-2}
+. scripts/device_env.sh
+TM=$BUILD/tiermoe
+M=/tmp/m30.gguf
+
+stamp "build"
+if [ "${NO_CHECKS:-0}" != 1 ]; then
+    device_build "$BUILD" tiermoe test_cuda_ops || exit 1
+    stamp "checks: test_cuda_ops"
+    TM_TEST_DATA=$PWD/tests/data timeout 400 "$BUILD/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
+    echo "test_cuda_ops rc=$?"
+    grep -E "mmvq_q8x|8-bit|ram-cache|Q8X|\[  (PASSED|FAILED)|\[  ERROR|ERROR:" "$OUT/checks.log" \
+        | head -40
+else
+    device_build "$BUILD" tiermoe || exit 1
+fi
+stamp "model"
+device_models "$M" "" "$TM" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
+for round in $(seq "${ROUNDS:-2}"); do
+    for q in 0 1; do
+        envs=(TIERMOE_MOE_Q8X=$q)
+        device_bench "round $round, TIERMOE_MOE_Q8X=$q" -ngl all -p 0 -n 64 -np 1,8
+    done
+done
+if [ "${SSD:-0}" = 1 ]; then
+    STAGES=ssd BUILD=$BUILD scripts/device_hybrid.sh "$OUT" # its build is incremental
+fi
+stamp "done"
