@@ -229,7 +229,8 @@ typedef struct tm_cuda_moe_params {
     tm_cuda_moe_ext ext;         /* zeroed: silu(g) u, no biases */
     /* 8-bit activations (the normal mode's decode): with q4_K gate, up and down
      * that cuda_mmvq_q8x reads, cuda_moe_grouped quantizes x and the items' h
-     * (cuda_q8x_quantize's rule) and takes integer products; else ignored. */
+     * (cuda_q8x_quantize's rule) and takes integer products when n_tok <= n_items;
+     * else ignored. */
     bool q8x;
 } tm_cuda_moe_params;
 

@@ -295,7 +295,8 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
                             "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
                             (long long)p->n_embd, (long long)p->n_ff);
     const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP), fblock(TM_FAST_WARPS * TM_CUDA_WARP);
-    if (tm_moe_q8x(p)) { /* x, then the items' h, quantized in the scratch after h */
+    if (tm_moe_q8x(p) && n_tok <= n_items) { /* x, then the items' h, quantized after h
+                                                  (scratch for n_items rows of x) */
         int8_t *xq = (int8_t *)(h_scratch + ((n_items * p->n_ff + 3) & ~(int64_t)3));
         float *xd = (float *)(xq + n_tok * p->n_embd);
         int8_t *hq = xq + (cuda_q8x_bytes(p->n_embd, n_items) + 15) / 16 * 16;

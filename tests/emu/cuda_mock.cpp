@@ -172,7 +172,7 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     if ((st = tm_mmvq_check("d", p->down.type, p->down.data, p->down.row_bytes, p->n_ff, h, &c))) return st;
     if ((st = tm_moe_ext_check("cuda_moe_grouped", &p->ext))) return st;
     if (fast()) return TM_OK;
-    if (tm_moe_q8x(p)) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
+    if (tm_moe_q8x(p) && n_tok <= n) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
         int8_t *xq = (int8_t *)(h + ((n * p->n_ff + 3) & ~(int64_t)3));
         float *xd = (float *)(xq + n_tok * p->n_embd);
         int8_t *hq = xq + (cuda_q8x_bytes(p->n_embd, n) + 15) / 16 * 16;
