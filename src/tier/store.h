@@ -19,7 +19,7 @@
  * Eviction: each expert (counted once, whatever tier holds it) has a score
  * of exponentially decayed uses (recency and frequency in one number, as
  * the VRAM cache's adaptive policy, cache_policy.h), halved every
- * TM_CACHE_TURNOVERS * slots / k tokens; a miss takes an empty slot, else
+ * TM_STORE_TURNOVERS * slots / k tokens; a miss takes an empty slot, else
  * the lowest scored expert that the rest of the step does not use, else
  * (a step with more experts than slots) the one the step uses farthest ahead
  * (Belady: the step's worklist is known), never one a chunk in flight holds.
@@ -47,6 +47,10 @@ extern "C" {
  * step over a budget smaller than its experts): each costs a second read, so
  * a step reads at most this many more than the experts it lacked. */
 #define TM_STORE_STAGE 8
+/* Turnovers of a layer's slots until a use counts half in the eviction score
+ * (the VRAM cache's adaptive policy takes TM_CACHE_TURNOVERS, 8: it must also
+ * decide what to admit; the store reads every miss, and recency serves it best). */
+#define TM_STORE_TURNOVERS 1
 
 typedef struct tm_store_params {
     int64_t budget_mib; /* --ram-cache: MiB, or TM_RAM_CACHE_AUTO (MemAvailable less a reserve) */
