@@ -344,6 +344,17 @@ static void test_same_logits_fetch_from_store(void **state) {
                (long long)budgets[b], slow ? " (slow GPU)" : "",
                (unsigned long long)fetched_experts, (unsigned long long)s.faults);
     }
+    /* a read that fails while a prompt's chunks are copied: retried, or the step fails
+       naming the offset, never a copy of a slot the read did not fill */
+    p = params_fetch(1);
+    setenv("TIERMOE_STORE_FAIL_READ", "5:once", 1);
+    assert_int_equal(run_seq(m, &p, got, NULL), TM_OK);
+    assert_memory_equal(got, ref, n * sizeof(float));
+    setenv("TIERMOE_STORE_FAIL_READ", "5", 1);
+    assert_int_equal(run_seq(m, &p, got, NULL), TM_ERR_IO);
+    if (!strstr(tm_error_message(), "offset"))
+        fail_msg("a failed read while copying should name the offset: %s", tm_error_message());
+    unsetenv("TIERMOE_STORE_FAIL_READ");
     mapping_protect(m->file, PROT_READ);
     unsetenv("TIERMOE_FETCH_CPU_SHARE");
     free(ref), free(got);
