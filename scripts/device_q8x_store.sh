@@ -21,6 +21,15 @@ REPS=${REPS:-2}
 TM=$BUILD/tiermoe
 M=/tmp/m30.gguf
 
+# issue 18's optional CUDA virtual memory: does the driver offer cuMemCreate/cuMemMap here
+python3 -c "
+import ctypes
+c = ctypes.CDLL('libcuda.so.1'); c.cuInit(0)
+d, v, g = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+c.cuDeviceGet(ctypes.byref(d), 0)
+c.cuDeviceGetAttribute(ctypes.byref(v), 102, d)  # VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+c.cuDeviceGetAttribute(ctypes.byref(g), 116, d)  # GPU_DIRECT_RDMA_SUPPORTED
+print('CUDA virtual memory management:', v.value, '| GPUDirect RDMA:', g.value)" 2>&1 | tail -1
 stamp "build"
 if [ "${NO_CHECKS:-0}" != 1 ]; then
     device_build "$BUILD" tiermoe test_cuda_ops || exit 1
