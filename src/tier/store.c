@@ -435,7 +435,7 @@ tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_
                                                              : (uint64_t)budget / per_slot);
         /* a use counts half after one turnover of the layer's slots (slots / k tokens):
            recency more than frequency. Development machine, 8 layers of 128 experts, top 8,
-           bench tg256, experts read a token (faulted + read ahead) at 16 / 33 / 66 slots a
+           bench tg256, experts read a token (faulted + read ahead) at 17 / 33 / 66 slots a
            layer, 8 turnovers (the VRAM cache policy's) against one: Qwen3 routing profile
            22.1 / 12.7 / 4.7 against 19.9 / 10.7 / 4.6; uniform routing 55.2 / 46.7 / 29.8
            against 55.5 / 47.6 / 30.8 (TIERMOE_STORE_HALF_LIFE=T: T tokens) */
