@@ -65,6 +65,22 @@ static __device__ __forceinline__ float tm_dot4(float acc, float4 x, float a, fl
 
 template <int TYPE> struct tm_fast;
 
+/* The scales and mins of sub-blocks 2g and 2g+1 of the q4_K block whose
+ * header is h (get_scale_min_k4), as byte pairs: sub-block 2g's in the low
+ * byte. Shared by the f32 and the 8-bit-activation (mmvq_q8x.cuh) products. */
+static __device__ __forceinline__ void tm_q4k_scale_pairs(uint4 h, int g, uint32_t *scp,
+                                                          uint32_t *mp) {
+    const int sh = 16 * (g & 1);
+    if (g < 2) {
+        *scp = (h.y >> sh) & 0x3F3Fu;
+        *mp = (h.z >> sh) & 0x3F3Fu;
+    } else {
+        const uint32_t t3 = h.w >> sh;
+        *scp = (t3 & 0x0F0Fu) | ((h.y >> (sh + 2)) & 0x3030u);
+        *mp = ((t3 >> 4) & 0x0F0Fu) | ((h.z >> (sh + 2)) & 0x3030u);
+    }
+}
+
 /* ---- q4_K: half a warp per block; lane l = 4g + m (of 16) reads qs bytes
  * [8l, 8l+8): low nibbles are values 64g + 8m + i of sub-block 2g, high
  * nibbles values 64g + 32 + 8m + i of sub-block 2g + 1. ---- */
@@ -93,22 +109,14 @@ template <> struct tm_fast<TM_TYPE_Q4_K> {
                                                int lane) {
         const int64_t blk = 2 * s + (lane >> 4);
         if (blk >= k / 256) return;
-        const int l = lane & 15, g = l >> 2, sh = 16 * (g & 1);
+        const int l = lane & 15, g = l >> 2;
         float a0[R], b0[R], a1[R], b1[R];
         uint32_t lo0[R], lo1[R], hi0[R], hi1[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            /* scales and mins of sub-blocks 2g, 2g+1 (get_scale_min_k4), as byte pairs */
             const uint4 h = L.h[r];
             uint32_t scp, mp;
-            if (g < 2) {
-                scp = (h.y >> sh) & 0x3F3Fu;
-                mp = (h.z >> sh) & 0x3F3Fu;
-            } else {
-                const uint32_t t3 = h.w >> sh;
-                scp = (t3 & 0x0F0Fu) | ((h.y >> (sh + 2)) & 0x3030u);
-                mp = ((t3 >> 4) & 0x0F0Fu) | ((h.z >> (sh + 2)) & 0x3030u);
-            }
+            tm_q4k_scale_pairs(h, g, &scp, &mp);
             const float d = tm_h2f(h.x), dmin = tm_h2f(h.x >> 16);
             const float sc0 = (float)(scp & 0xffu), sc1 = (float)(scp >> 8);
             const float m0 = (float)(mp & 0xffu), m1 = (float)(mp >> 8);

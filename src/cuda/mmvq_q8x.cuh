@@ -124,22 +124,14 @@ static __device__ __forceinline__ void tm_q4kx_dot(float (&acc)[R][NT], const tm
                                                    int64_t s, tm_q8x_view x, int n_tok, int lane) {
     const int64_t blk = 2 * s + (lane >> 4), nb = x.k / 32;
     if (blk >= x.k / 256) return;
-    const int l = lane & 15, g = l >> 2, sh = 16 * (g & 1);
+    const int l = lane & 15, g = l >> 2;
     float dsc0[R], dm0[R], dsc1[R], dm1[R];
     int lo0[R], lo1[R], hi0[R], hi1[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        /* scales and mins of sub-blocks 2g, 2g+1 (get_scale_min_k4), as byte pairs */
         const uint4 h = L.h[r];
         uint32_t scp, mp;
-        if (g < 2) {
-            scp = (h.y >> sh) & 0x3F3Fu;
-            mp = (h.z >> sh) & 0x3F3Fu;
-        } else {
-            const uint32_t t3 = h.w >> sh;
-            scp = (t3 & 0x0F0Fu) | ((h.y >> (sh + 2)) & 0x3030u);
-            mp = ((t3 >> 4) & 0x0F0Fu) | ((h.z >> (sh + 2)) & 0x3030u);
-        }
+        tm_q4k_scale_pairs(h, g, &scp, &mp);
         const float d = tm_h2f(h.x), dmin = tm_h2f(h.x >> 16);
         dsc0[r] = d * (float)(scp & 0xffu), dsc1[r] = d * (float)(scp >> 8);
         dm0[r] = dmin * (float)(mp & 0xffu), dm1[r] = dmin * (float)(mp >> 8);
