@@ -234,14 +234,32 @@ typedef struct tm_cuda_moe_params {
     bool q8x;
 } tm_cuda_moe_params;
 
-/* h_scratch floats of cuda_moe_grouped for n_items items (n_tok <= n_items):
- * h, then with q8x the quantized x and h, 16-byte aligned. */
+/* cuda_moe_grouped's h_scratch for n_items items: h [n_items][n_ff] floats,
+ * then with q8x (n_tok <= n_items) the 8-bit x and the 8-bit h, each in
+ * cuda_q8x_quantize's layout (values, then scales) from a 16-byte boundary. */
+typedef struct tm_cuda_moe_q8x_scratch {
+    int8_t *xq, *hq; /* [n_tok][n_embd], [n_items][n_ff] */
+    float *xd, *hd;  /* their scales, one per 32 values */
+} tm_cuda_moe_q8x_scratch;
+static inline size_t cuda_moe_scratch_part(int64_t k, int64_t rows) { /* 16-byte multiple */
+    return (cuda_q8x_bytes(k, rows) + 15) & ~(size_t)15;
+}
 static inline int64_t cuda_moe_scratch_floats(const tm_cuda_moe_params *p, int64_t n_items) {
     const int64_t h = n_items * p->n_ff;
     if (!p->q8x) return h;
-    const int64_t xq = (int64_t)((cuda_q8x_bytes(p->n_embd, n_items) + 15) / 16) * 4,
-                  hq = (int64_t)((cuda_q8x_bytes(p->n_ff, n_items) + 15) / 16) * 4;
-    return ((h + 3) & ~(int64_t)3) + xq + hq;
+    return ((h + 3) & ~(int64_t)3) + (int64_t)(cuda_moe_scratch_part(p->n_embd, n_items) +
+                                               cuda_moe_scratch_part(p->n_ff, n_items)) /
+                                         4;
+}
+static inline tm_cuda_moe_q8x_scratch cuda_moe_q8x_scratch(const tm_cuda_moe_params *p,
+                                                           int64_t n_items, int64_t n_tok,
+                                                           float *h_scratch) {
+    tm_cuda_moe_q8x_scratch s;
+    s.xq = (int8_t *)(h_scratch + ((n_items * p->n_ff + 3) & ~(int64_t)3));
+    s.xd = (float *)(s.xq + n_tok * p->n_embd);
+    s.hq = s.xq + cuda_moe_scratch_part(p->n_embd, n_items);
+    s.hd = (float *)(s.hq + n_items * p->n_ff);
+    return s;
 }
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                            int64_t n_items, const float *x, int64_t n_tok, float *y,

@@ -15,7 +15,10 @@
  * one and their rows and expert starts are aligned (gate and up also of one
  * type): a gate/up warp computes gate rows r, r+1 and up rows r, r+1 against
  * one load of x (R = 4 rows), a down warp 4 consecutive rows against h; the
- * type is a template parameter chosen once per launch. The generic kernels
+ * type is a template parameter chosen once per launch, and so is Q8X: q4_K
+ * experts with 8-bit activations (tm_cuda_moe_params.q8x), the same row groups
+ * over x and h quantized per 32 values, with the integer dot of
+ * mmvq_q8x.cuh. The generic kernels
  * (one warp per row, per-type code of mmvq.cuh) take the rest.
  *
  * Shapes: this first version is written for decode (1 token x 8 experts: 8
@@ -93,10 +96,31 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
 
 /* ---- fast path ---- */
 
-template <int TYPE>
+/* A fast kernel's input rows (row i of k values): f32 at x + i k, or with Q8X
+ * (8-bit activations, q4_K weights only) cuda_q8x_quantize's values at
+ * q + i k and scales at d + i k/32. */
+struct tm_moe_in {
+    const float *x;
+    const int8_t *q;
+    const float *d;
+};
+
+/* This lane's share of rows rp[0..R) · input row `row` (k values). */
+template <int TYPE, bool Q8X, int R>
+static __device__ __forceinline__ void tm_moe_rows(float (&acc)[R][1], const uint8_t *const *rp,
+                                                   tm_moe_in in, int64_t row, int64_t k, int lane) {
+    if (Q8X) {
+        const tm_q8x_view v = {in.q + row * k, in.d + row * (k / 32), k};
+        tm_q4kx_rows<1, R>(acc, rp, v, 1, lane, 0, 1);
+    } else {
+        tm_fast_rows<TYPE, 1, R>(acc, rp, k, in.x + row * k, k, 1, lane, 0, 1);
+    }
+}
+
+template <int TYPE, bool Q8X>
 __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_BLOCKS)
     tm_moe_gate_up_fast_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
-                               const float *__restrict__ x, int64_t n_tok, float *__restrict__ h) {
+                               tm_moe_in x, int64_t n_tok, float *__restrict__ h) {
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
     const int64_t item = blockIdx.x;
     const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_FF;
@@ -119,8 +143,7 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     float acc[2 * TM_MOE_FAST_FF][1];
 #pragma unroll
     for (int i = 0; i < 2 * TM_MOE_FAST_FF; i++) acc[i][0] = 0.0f;
-    tm_fast_rows<TYPE, 1, 2 * TM_MOE_FAST_FF>(acc, rp, p.n_embd, x + (int64_t)it.token * p.n_embd,
-                                              p.n_embd, 1, lane, 0, 1);
+    tm_moe_rows<TYPE, Q8X, 2 * TM_MOE_FAST_FF>(acc, rp, x, it.token, p.n_embd, lane);
 #pragma unroll
     for (int i = 0; i < TM_MOE_FAST_FF; i++) {
         const float gs = tm_warp_sum(acc[i][0]), us = tm_warp_sum(acc[TM_MOE_FAST_FF + i][0]);
@@ -129,10 +152,10 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     }
 }
 
-template <int TYPE>
+template <int TYPE, bool Q8X>
 __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_BLOCKS)
     tm_moe_down_fast_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
-                            const float *__restrict__ h, int64_t n_tok, float *__restrict__ y) {
+                            tm_moe_in h, int64_t n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
     const int64_t item = blockIdx.x;
     const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_E;
@@ -147,77 +170,7 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
     float acc[TM_MOE_FAST_E][1];
 #pragma unroll
     for (int i = 0; i < TM_MOE_FAST_E; i++) acc[i][0] = 0.0f;
-    tm_fast_rows<TYPE, 1, TM_MOE_FAST_E>(acc, rp, p.n_ff, h + item * p.n_ff, p.n_ff, 1, lane, 0, 1);
-    float *yt = y + (int64_t)it.token * p.n_embd;
-#pragma unroll
-    for (int i = 0; i < TM_MOE_FAST_E; i++) {
-        const float s = tm_warp_sum(acc[i][0]);
-        if (lane == 0 && r0 + i < p.n_embd)
-            atomicAdd(yt + r0 + i,
-                      it.weight * (s + tm_moe_ext_down(p.ext, it.expert, r0 + i, p.n_embd)));
-    }
-}
-
-/* ---- 8-bit activations (q8x), q4_K experts: the fast kernels' row groups with
- * the integer dot of mmvq_q8x.cuh; x quantized once a step, each item's h once ---- */
-
-__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_BLOCKS)
-    tm_moe_gate_up_q8x_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
-                              const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                              int64_t n_tok, float *__restrict__ h) {
-    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
-    const int64_t item = blockIdx.x;
-    const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_FF;
-    if (r0 >= p.n_ff) return;
-    const tm_cuda_moe_item it = items[item];
-    float *hr = h + item * p.n_ff;
-    if (!tm_moe_item_ok(it, p, n_tok)) {
-        if (lane < TM_MOE_FAST_FF && r0 + lane < p.n_ff) hr[r0 + lane] = 0.0f;
-        return;
-    }
-    const uint8_t *g = (const uint8_t *)p.gate.data + (size_t)it.slot * p.gate.expert_stride;
-    const uint8_t *u = (const uint8_t *)p.up.data + (size_t)it.slot * p.up.expert_stride;
-    const uint8_t *rp[2 * TM_MOE_FAST_FF];
-#pragma unroll
-    for (int i = 0; i < TM_MOE_FAST_FF; i++) {
-        const int64_t r = r0 + i < p.n_ff ? r0 + i : p.n_ff - 1;
-        rp[i] = g + r * p.gate.row_bytes;
-        rp[TM_MOE_FAST_FF + i] = u + r * p.up.row_bytes;
-    }
-    const tm_q8x_view xv = {xq + (int64_t)it.token * p.n_embd,
-                            xd + (int64_t)it.token * (p.n_embd / 32), p.n_embd};
-    float acc[2 * TM_MOE_FAST_FF][1];
-#pragma unroll
-    for (int i = 0; i < 2 * TM_MOE_FAST_FF; i++) acc[i][0] = 0.0f;
-    tm_q4kx_rows<1, 2 * TM_MOE_FAST_FF>(acc, rp, xv, 1, lane, 0, 1);
-#pragma unroll
-    for (int i = 0; i < TM_MOE_FAST_FF; i++) {
-        const float gs = tm_warp_sum(acc[i][0]), us = tm_warp_sum(acc[TM_MOE_FAST_FF + i][0]);
-        if (lane == 0 && r0 + i < p.n_ff)
-            hr[r0 + i] = tm_moe_ext_h(p.ext, it.expert, r0 + i, p.n_ff, gs, us);
-    }
-}
-
-__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_BLOCKS)
-    tm_moe_down_q8x_kernel(tm_cuda_moe_params p, const tm_cuda_moe_item *__restrict__ items,
-                           const int8_t *__restrict__ hq, const float *__restrict__ hd,
-                           int64_t n_tok, float *__restrict__ y) {
-    const int lane = threadIdx.x & (TM_CUDA_WARP - 1);
-    const int64_t item = blockIdx.x;
-    const int64_t r0 = ((int64_t)blockIdx.y * TM_FAST_WARPS + (threadIdx.x >> 5)) * TM_MOE_FAST_E;
-    if (r0 >= p.n_embd) return;
-    const tm_cuda_moe_item it = items[item];
-    if (!tm_moe_item_ok(it, p, n_tok)) return;
-    const uint8_t *d = (const uint8_t *)p.down.data + (size_t)it.slot * p.down.expert_stride;
-    const uint8_t *rp[TM_MOE_FAST_E];
-#pragma unroll
-    for (int i = 0; i < TM_MOE_FAST_E; i++)
-        rp[i] = d + (r0 + i < p.n_embd ? r0 + i : p.n_embd - 1) * p.down.row_bytes;
-    const tm_q8x_view hv = {hq + item * p.n_ff, hd + item * (p.n_ff / 32), p.n_ff};
-    float acc[TM_MOE_FAST_E][1];
-#pragma unroll
-    for (int i = 0; i < TM_MOE_FAST_E; i++) acc[i][0] = 0.0f;
-    tm_q4kx_rows<1, TM_MOE_FAST_E>(acc, rp, hv, 1, lane, 0, 1);
+    tm_moe_rows<TYPE, Q8X, TM_MOE_FAST_E>(acc, rp, h, item, p.n_ff, lane);
     float *yt = y + (int64_t)it.token * p.n_embd;
 #pragma unroll
     for (int i = 0; i < TM_MOE_FAST_E; i++) {
@@ -232,22 +185,22 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
 #define TM_MOE_FAST_SWITCH(type, K, grid, block, stream, ...)                                      \
     switch (type) {                                                                                \
     case TM_TYPE_Q4_K:                                                                             \
-        K<TM_TYPE_Q4_K><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
+        K<TM_TYPE_Q4_K, false><<<grid, block, 0, stream>>>(__VA_ARGS__);                           \
         break;                                                                                     \
     case TM_TYPE_Q8_0:                                                                             \
-        K<TM_TYPE_Q8_0><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
+        K<TM_TYPE_Q8_0, false><<<grid, block, 0, stream>>>(__VA_ARGS__);                           \
         break;                                                                                     \
     case TM_TYPE_MXFP4:                                                                            \
-        K<TM_TYPE_MXFP4><<<grid, block, 0, stream>>>(__VA_ARGS__);                                 \
+        K<TM_TYPE_MXFP4, false><<<grid, block, 0, stream>>>(__VA_ARGS__);                          \
         break;                                                                                     \
     case TM_TYPE_F32:                                                                              \
-        K<TM_TYPE_F32><<<grid, block, 0, stream>>>(__VA_ARGS__);                                   \
+        K<TM_TYPE_F32, false><<<grid, block, 0, stream>>>(__VA_ARGS__);                            \
         break;                                                                                     \
     case TM_TYPE_F16:                                                                              \
-        K<TM_TYPE_F16><<<grid, block, 0, stream>>>(__VA_ARGS__);                                   \
+        K<TM_TYPE_F16, false><<<grid, block, 0, stream>>>(__VA_ARGS__);                            \
         break;                                                                                     \
     default:                                                                                       \
-        K<TM_TYPE_BF16><<<grid, block, 0, stream>>>(__VA_ARGS__);                                  \
+        K<TM_TYPE_BF16, false><<<grid, block, 0, stream>>>(__VA_ARGS__);                           \
         break;                                                                                     \
     }
 
@@ -295,29 +248,25 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
                             "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
                             (long long)p->n_embd, (long long)p->n_ff);
     const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP), fblock(TM_FAST_WARPS * TM_CUDA_WARP);
-    if (tm_moe_q8x(p) && n_tok <= n_items) { /* x, then the items' h, quantized after h
-                                                  (scratch for n_items rows of x) */
-        int8_t *xq = (int8_t *)(h_scratch + ((n_items * p->n_ff + 3) & ~(int64_t)3));
-        float *xd = (float *)(xq + n_tok * p->n_embd);
-        int8_t *hq = xq + (cuda_q8x_bytes(p->n_embd, n_items) + 15) / 16 * 16;
-        float *hd = (float *)(hq + n_items * p->n_ff);
-        if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, xq, xd, stream)) != TM_OK) return st;
-        const dim3 g1((unsigned)n_items,
-                      (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF)),
-            g2((unsigned)n_items, (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
-        tm_moe_gate_up_q8x_kernel<<<g1, fblock, 0, stream>>>(*p, items, xq, xd, n_tok, h_scratch);
+    /* the fast kernels' grids: an item and a group of rows a block */
+    const dim3 fg1((unsigned)n_items, (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF)),
+        fg2((unsigned)n_items, (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
+    if (tm_moe_q8x(p) && n_tok <= n_items) { /* x, then the items' h, quantized after h */
+        const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n_items, n_tok, h_scratch);
+        if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, q.xq, q.xd, stream)) != TM_OK) return st;
+        tm_moe_gate_up_fast_kernel<TM_TYPE_Q4_K, true>
+            <<<fg1, fblock, 0, stream>>>(*p, items, tm_moe_in{NULL, q.xq, q.xd}, n_tok, h_scratch);
         if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up (q8x)", n_items, p->n_ff,
                                        p->n_embd)) != TM_OK ||
-            (st = tm_q8x_quantize_n(h_scratch, n_items * p->n_ff, hq, hd, stream)) != TM_OK)
+            (st = tm_q8x_quantize_n(h_scratch, n_items * p->n_ff, q.hq, q.hd, stream)) != TM_OK)
             return st;
-        tm_moe_down_q8x_kernel<<<g2, fblock, 0, stream>>>(*p, items, hq, hd, n_tok, y);
+        tm_moe_down_fast_kernel<TM_TYPE_Q4_K, true>
+            <<<fg2, fblock, 0, stream>>>(*p, items, tm_moe_in{NULL, q.hq, q.hd}, n_tok, y);
         return tm_cuda_launch_check("cuda_moe_grouped down (q8x)", n_items, p->n_embd, p->n_ff);
     }
     if (tm_moe_fast_gate_up(p)) {
-        const dim3 g1((unsigned)n_items,
-                      (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF));
-        TM_MOE_FAST_SWITCH(p->gate.type, tm_moe_gate_up_fast_kernel, g1, fblock, stream, *p, items,
-                           x, n_tok, h_scratch);
+        TM_MOE_FAST_SWITCH(p->gate.type, tm_moe_gate_up_fast_kernel, fg1, fblock, stream, *p, items,
+                           tm_moe_in{x, NULL, NULL}, n_tok, h_scratch);
     } else {
         const dim3 g1((unsigned)n_items, (unsigned)((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
         tm_moe_gate_up_kernel<<<g1, block, 0, stream>>>(*p, gv, uv, items, x, n_tok, h_scratch);
@@ -326,10 +275,8 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
         TM_OK)
         return st;
     if (tm_moe_fast_matrix(&p->down, p->n_ff)) {
-        const dim3 g2((unsigned)n_items,
-                      (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
-        TM_MOE_FAST_SWITCH(p->down.type, tm_moe_down_fast_kernel, g2, fblock, stream, *p, items,
-                           h_scratch, n_tok, y);
+        TM_MOE_FAST_SWITCH(p->down.type, tm_moe_down_fast_kernel, fg2, fblock, stream, *p, items,
+                           tm_moe_in{h_scratch, NULL, NULL}, n_tok, y);
     } else {
         const dim3 g2((unsigned)n_items, (unsigned)((p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
         tm_moe_down_kernel<<<g2, block, 0, stream>>>(*p, dv, items, h_scratch, n_tok, y);

@@ -173,10 +173,9 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     if ((st = tm_moe_ext_check("cuda_moe_grouped", &p->ext))) return st;
     if (fast()) return TM_OK;
     if (tm_moe_q8x(p) && n_tok <= n) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
-        int8_t *xq = (int8_t *)(h + ((n * p->n_ff + 3) & ~(int64_t)3));
-        float *xd = (float *)(xq + n_tok * p->n_embd);
-        int8_t *hq = xq + (cuda_q8x_bytes(p->n_embd, n) + 15) / 16 * 16;
-        float *hd = (float *)(hq + n * p->n_ff);
+        const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n, n_tok, h);
+        int8_t *xq = q.xq, *hq = q.hq;
+        float *xd = q.xd, *hd = q.hd;
         quant_ref_quantize_q8x(x, n_tok * p->n_embd, xq, xd);
         constexpr int F = TM_MOE_FAST_FF, E = TM_MOE_FAST_E;
         for (int64_t i = 0; i < n; i++) {
