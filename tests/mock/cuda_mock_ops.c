@@ -283,24 +283,19 @@ static const char *expert_rows(const tm_cuda_moe_matrix *m, int32_t slot) {
     return (const char *)m->data + (size_t)slot * m->expert_stride;
 }
 
-/* y[token] += weight * (down(act(gate x[token] + gb, up x[token] + ub)) + db)
- * for one valid item (the biases of its expert id, when the extension has
- * them); h (n_ff floats) gets the activation's output. */
-static bool moe_item_run(const tm_cuda_moe_params *p, const tm_cuda_moe_item *it, const float *x,
-                         float *y, moe_bufs *b, char *err, size_t err_size) {
+/* h = act(gate x[token] + gb, up x[token] + ub) for one valid item (the biases
+ * of its expert id, when the extension has them), into b->h (n_ff floats). */
+static bool moe_item_gate_up(const tm_cuda_moe_params *p, const tm_cuda_moe_item *it,
+                             const float *x, moe_bufs *b, char *err, size_t err_size) {
     const int64_t E = p->n_embd, F = p->n_ff;
     const tm_cuda_moe_ext *ext = &p->ext;
     const char *gate = expert_rows(&p->gate, it->slot), *up = expert_rows(&p->up, it->slot);
-    const char *down = expert_rows(&p->down, it->slot);
     NEED_DEVICE(gate, rows_span(p->gate.type, p->gate.row_bytes, F, E), "a gate expert");
     NEED_DEVICE(up, rows_span(p->up.type, p->up.row_bytes, F, E), "an up expert");
-    NEED_DEVICE(down, rows_span(p->down.type, p->down.row_bytes, E, F), "a down expert");
     const float *gb = ext->gate_bias ? ext->gate_bias + (int64_t)it->expert * F : NULL;
     const float *ub = ext->up_bias ? ext->up_bias + (int64_t)it->expert * F : NULL;
-    const float *db = ext->down_bias ? ext->down_bias + (int64_t)it->expert * E : NULL;
     if (gb) NEED_DEVICE(gb, (size_t)F * 4, "a gate bias");
     if (ub) NEED_DEVICE(ub, (size_t)F * 4, "an up bias");
-    if (db) NEED_DEVICE(db, (size_t)E * 4, "a down bias");
     const float *xt = x + (int64_t)it->token * E;
     for (int64_t r = 0; r < F; r++) {
         quant_row_dequantize(p->gate.type, gate + r * p->gate.row_bytes, b->row, E);
@@ -312,10 +307,21 @@ static bool moe_item_run(const tm_cuda_moe_params *p, const tm_cuda_moe_item *it
         cpu_swiglu_oai(b->h, b->g, b->u, F, ext->alpha, ext->limit);
     else
         cpu_swiglu(b->h, b->g, b->u, F);
+    return true;
+}
+
+/* y[token] += weight * (down h + db) for one valid item. */
+static bool moe_item_down(const tm_cuda_moe_params *p, const tm_cuda_moe_item *it, const float *h,
+                          float *y, moe_bufs *b, char *err, size_t err_size) {
+    const int64_t E = p->n_embd, F = p->n_ff;
+    const char *down = expert_rows(&p->down, it->slot);
+    NEED_DEVICE(down, rows_span(p->down.type, p->down.row_bytes, E, F), "a down expert");
+    const float *db = p->ext.down_bias ? p->ext.down_bias + (int64_t)it->expert * E : NULL;
+    if (db) NEED_DEVICE(db, (size_t)E * 4, "a down bias");
     float *yt = y + (int64_t)it->token * E;
     for (int64_t r = 0; r < E; r++) {
         quant_row_dequantize(p->down.type, down + r * p->down.row_bytes, b->row, F);
-        yt[r] += (float)(it->weight * (dot(b->row, b->h, F) + (db ? db[r] : 0.0f)));
+        yt[r] += (float)(it->weight * (dot(b->row, h, F) + (db ? db[r] : 0.0f)));
     }
     return true;
 }
@@ -344,6 +350,57 @@ typedef struct moe_arg {
     float *y, *h;
 } moe_arg;
 
+/* Whether the real launcher takes its 8-bit path (mmvq_q8x.cuh's tm_moe_q8x). */
+static bool moe_q8x(const tm_cuda_moe_params *p, int64_t n_items, int64_t n_tok) {
+    const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
+    bool ok = p->q8x && n_tok <= n_items && p->n_embd % 256 == 0 && p->n_ff % 256 == 0;
+    for (int i = 0; i < 3 && ok; i++)
+        ok = m[i]->type == TM_TYPE_Q4_K &&
+             (((uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride) & 15) == 0;
+    return ok;
+}
+
+/* The values a kernel reads back from 8-bit activations: q d. */
+static void q8x_values(const int8_t *q, const float *d, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = (float)q[i] * d[i / 32];
+}
+
+/* The 8-bit path as the kernels run it: x quantized into the scratch, gate/up
+ * of every item into h, h quantized after it, then down; the products take
+ * the quantized values (in double, as the f32 path here). */
+static bool moe_run_q8x(const moe_arg *a, moe_bufs *b, char *err, size_t err_size) {
+    const tm_cuda_moe_params *p = &a->p;
+    const int64_t E = p->n_embd, F = p->n_ff;
+    NEED_DEVICE(a->h, (size_t)cuda_moe_scratch_floats(p, a->n_items) * 4,
+                "h_scratch with room for the 8-bit activations");
+    const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, a->n_items, a->n_tok, a->h);
+    float *xs = malloc((size_t)(a->n_tok * E) * sizeof(float));
+    float *hs = malloc((size_t)(a->n_items * F) * sizeof(float));
+    bool ok = (xs && hs) || mock_fail(err, err_size, "out of host memory");
+    if (ok) {
+        quant_ref_quantize_q8x(a->x, a->n_tok * E, q.xq, q.xd);
+        q8x_values(q.xq, q.xd, a->n_tok * E, xs);
+    }
+    for (int64_t i = 0; ok && i < a->n_items; i++) {
+        float *h = a->h + i * F;
+        if (!moe_item_ok(&a->items[i], p, a->n_tok)) {
+            memset(h, 0, (size_t)F * sizeof(float));
+            continue;
+        }
+        ok = moe_item_gate_up(p, &a->items[i], xs, b, err, err_size);
+        if (ok) memcpy(h, b->h, (size_t)F * sizeof(float));
+    }
+    if (ok) {
+        quant_ref_quantize_q8x(a->h, a->n_items * F, q.hq, q.hd);
+        q8x_values(q.hq, q.hd, a->n_items * F, hs);
+    }
+    for (int64_t i = 0; ok && i < a->n_items; i++)
+        if (moe_item_ok(&a->items[i], p, a->n_tok))
+            ok = moe_item_down(p, &a->items[i], hs + i * F, a->y, b, err, err_size);
+    free(xs), free(hs);
+    return ok;
+}
+
 static bool moe_run(void *arg, char *err, size_t err_size) {
     const moe_arg *a = arg;
     const tm_cuda_moe_params *p = &a->p;
@@ -353,6 +410,11 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->h, (size_t)(a->n_items * p->n_ff) * 4, "h_scratch");
     moe_bufs b;
     bool ok = moe_bufs_alloc(&b, p) || mock_fail(err, err_size, "out of host memory");
+    if (ok && moe_q8x(p, a->n_items, a->n_tok)) {
+        ok = moe_run_q8x(a, &b, err, err_size);
+        moe_bufs_free(&b);
+        return ok;
+    }
     for (int64_t i = 0; ok && i < a->n_items; i++) {
         const tm_cuda_moe_item it = a->items[i];
         float *h = a->h + i * p->n_ff;
@@ -360,7 +422,8 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
             memset(h, 0, (size_t)p->n_ff * sizeof(float)); /* as the real gate/up kernel */
             continue;
         }
-        ok = moe_item_run(p, &it, a->x, a->y, &b, err, err_size);
+        ok = moe_item_gate_up(p, &it, a->x, &b, err, err_size) &&
+             moe_item_down(p, &it, b.h, a->y, &b, err, err_size);
         if (ok) memcpy(h, b.h, (size_t)p->n_ff * sizeof(float));
     }
     moe_bufs_free(&b);
@@ -440,7 +503,8 @@ static bool moe_gemm_run(void *arg, char *err, size_t err_size) {
                 break;
             }
             if (moe_item_ok(&it, p, a->n_tok))
-                ok = moe_item_run(p, &it, a->x, a->y, &b, err, err_size);
+                ok = moe_item_gate_up(p, &it, a->x, &b, err, err_size) &&
+                     moe_item_down(p, &it, b.h, a->y, &b, err, err_size);
         }
     }
     moe_bufs_free(&b);
