@@ -1,7 +1,7 @@
 /* The expert store (store.h): slots, chunked lane runs, eviction, and reads
- * ahead: the next layer's experts predicted by its router applied to this
- * layer's input (decode steps), then its experts of the previous step
- * (one-token lag). */
+ * ahead: the next layers' experts predicted by their routers applied to this
+ * layer's input (decode steps), then the next layer's experts of the previous
+ * step (one-token lag). */
 #include "tier/store.h"
 
 #include <math.h>
@@ -55,7 +55,8 @@ struct tm_store {
     size_t mem_bytes;
     uint64_t chunk_id;
     uint32_t step;
-    int32_t stage; /* TM_STORE_STAGE (TIERMOE_STORE_STAGE for comparisons) */
+    int32_t stage;    /* TM_STORE_STAGE (TIERMOE_STORE_STAGE for comparisons) */
+    uint32_t predict; /* TM_STORE_PREDICT_LAYERS (TIERMOE_STORE_PREDICT_LAYERS) */
     int64_t first_layer;
     tm_store_stats stats;
     /* the next-layer prediction's scratch (NULL: no layer has a router) */
@@ -217,31 +218,45 @@ static tm_status store_prefetch(tm_store *s, uint32_t l) {
     return TM_OK;
 }
 
-/* Predict layer l + 1's experts of this step from layer l's input x (n_tok
- * rows): the top k of its router's logits for each token (the residual
- * stream changes little from one layer to the next). */
-static tm_status store_predict(tm_store *s, uint32_t l, tm_pool *pool, const float *x,
+/* Predict layer t's experts of this step from the input x (n_tok rows) of a
+ * layer before it: the top k of t's router's logits for each token (the
+ * residual stream changes little from one layer to the next). */
+static tm_status store_predict(tm_store *s, uint32_t t, tm_pool *pool, const float *x,
                                int64_t n_tok) {
-    if (l + 1 >= s->n_layer || !s->pred_logits || n_tok > STORE_PREDICT_TOK) return TM_OK;
-    store_layer *N = &s->layers[l + 1];
+    if (t >= s->n_layer || !s->pred_logits || n_tok > STORE_PREDICT_TOK) return TM_OK;
+    store_layer *N = &s->layers[t];
     N->n_pred = 0;
     if (!N->on || !N->ex.router) return TM_OK;
     const int64_t E = s->n_expert, d = N->ex.n_embd;
     cpu_matmul(pool, TM_TYPE_F32, d, E, N->ex.router, (size_t)d * sizeof(float), x, n_tok,
                s->pred_logits, s->pred_xq);
     N->pred_serial++;
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *r = s->pred_logits + t * E;
+    for (int64_t i = 0; i < n_tok; i++) {
+        float *r = s->pred_logits + i * E;
         if (N->ex.router_bias)
             for (int64_t e = 0; e < E; e++) r[e] += N->ex.router_bias[e];
         cpu_topk(r, E, s->k, s->pred_top);
-        for (uint32_t i = 0; i < s->k; i++) {
-            const int32_t e = s->pred_top[i];
+        for (uint32_t j = 0; j < s->k; j++) {
+            const int32_t e = s->pred_top[j];
             if (N->pred_at[e] != N->pred_serial)
                 N->pred_at[e] = N->pred_serial, N->pred[N->n_pred++] = e;
         }
     }
     return TM_OK;
+}
+
+/* The reads ahead of layer l's step: the next s->predict layers' experts as their
+ * routers name them for this layer's input x (decode steps; layer l + 1's again
+ * from its own input next), then their one-token lag; without x, layer l + 1's lag. */
+static tm_status store_read_ahead(tm_store *s, uint32_t l, tm_pool *pool, int64_t n_tok,
+                                  const float *x) {
+    tm_status st = TM_OK;
+    const uint32_t n = x && n_tok <= STORE_PREDICT_TOK ? s->predict : 1;
+    for (uint32_t j = 1; j <= n && st == TM_OK; j++) {
+        if (x) st = store_predict(s, l + j, pool, x, n_tok);
+        if (st == TM_OK) st = store_prefetch(s, l + j);
+    }
+    return st;
 }
 
 /* Count the step's uses of each expert (scores, hits) and remember the
@@ -302,9 +317,7 @@ tm_status store_run(tm_store *s, uint32_t l, tm_pool *pool, const tm_moe_worklis
                 return st;
         }
         if ((st = store_io_submit(s->io))) return st;
-        if (!prefetched && ((x && (st = store_predict(s, l, pool, x, wl->n_tok))) ||
-                            (st = store_prefetch(s, l + 1))))
-            return st;
+        if (!prefetched && (st = store_read_ahead(s, l, pool, wl->n_tok, x))) return st;
         prefetched = true;
         const uint64_t t0 = tm_time_ns();
         if ((st = store_io_wait(s->io, ready))) return st;
@@ -459,6 +472,8 @@ tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_
     }
     const char *stage = getenv("TIERMOE_STORE_STAGE"); /* a large one: the greedy chunks */
     s->stage = stage && atoi(stage) > 0 ? atoi(stage) : TM_STORE_STAGE;
+    const char *pl = getenv("TIERMOE_STORE_PREDICT_LAYERS");
+    s->predict = pl && atoi(pl) > 0 ? (uint32_t)atoi(pl) : TM_STORE_PREDICT_LAYERS;
     /* a layer after the first with a router: predict its experts (TIERMOE_STORE_PREDICT=0:
        the one-token lag alone, for comparisons) */
     const char *env = getenv("TIERMOE_STORE_PREDICT");
