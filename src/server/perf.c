@@ -8,7 +8,8 @@
  *                          between a read and a reset)
  *   GET  /moe-hot-cache    the VRAM cache: per layer its slots and the expert in each
  *   POST /moe-hot-cache    {"from":"counters"}: each cached layer's most selected experts in
- *                          the live counters; or a plan (docs/plan-format.md, plan_parse_json with the
+ *                          the live counters; {"learn": LEARN, "weighting": MODE}: the same
+ *                          from an uploaded learn file; or a plan (docs/plan-format.md, plan_parse_json with the
  *                          model's shape) applied inside the fixed capacity: per
  *                          layer the plan's first tier_cache_slots(layer) experts;
  *                          experts already resident stay in their slots, newcomers
@@ -226,10 +227,11 @@ static void cache_run(tm_server *s, srv_job *j) {
     srv_job_finish(j, st == TM_OK ? 200 : 500, reply);
 }
 
-/* {"from": "counters"}: per cached layer its most selected experts in the live counters
- * (ties: the lower id), as many as it has slots. With the capacity of every layer fixed, a
- * weighting between layers has nothing to decide: within a layer every mode ranks by share. */
-static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
+/* Per cached layer its most selected experts in obs (ties: the lower id), as many as it
+ * has slots. With the capacity of every layer fixed, a weighting between layers has
+ * nothing to decide: within a layer every mode ranks by share (balanced by rank, the
+ * same order). The caller holds the step lock when obs is the live counters. */
+static tm_status plan_from_stats(tm_server *s, const tm_trace_stats *obs, tm_plan *plan) {
     tm_trace_shape shape;
     trace_shape_of_model(s->m, &shape);
     tm_model_layout lay;
@@ -239,8 +241,6 @@ static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
     int32_t *ids = malloc(E * sizeof(int32_t));
     if (!ids) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
     if (st == TM_OK) st = plan_init(plan, &shape);
-    pthread_mutex_lock(&s->step_mu);
-    const tm_trace_stats *obs = trace_get_stats(s->tr);
     for (uint32_t l = 0; l < shape.n_layer && st == TM_OK; l++) {
         const int32_t slots = tier_cache_slots(s->ctx->tier, l);
         if (slots <= 0) continue;
@@ -256,9 +256,42 @@ static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
         st = plan_set_layer(plan, l, ids, slots,
                             l < lay.n_layer && E ? lay.layer_expert_bytes[l] / E : 1);
     }
-    pthread_mutex_unlock(&s->step_mu);
     free(ids);
     model_layout_free(&lay);
+    return st;
+}
+
+/* {"from": "counters"}: from the live counters. */
+static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
+    pthread_mutex_lock(&s->step_mu);
+    const tm_status st = plan_from_stats(s, trace_get_stats(s->tr), plan);
+    pthread_mutex_unlock(&s->step_mu);
+    return st;
+}
+
+/* {"learn": LEARN, "weighting": MODE}: from a learn file's observations (the format
+ * /moe-layer-perf answers and tiermoe trace writes) of this model's shape; the
+ * weighting, optional, must name a mode (see plan_from_stats). 400 on a bad one. */
+static tm_status plan_from_learn(tm_server *s, const json_t *body, tm_plan *plan) {
+    const json_t *w = json_object_get(body, "weighting");
+    tm_plan_weighting mode = TM_PLAN_FLAT;
+    if (w && !json_is_null(w) &&
+        (!json_is_string(w) || plan_weighting_parse(json_string_value(w), &mode) != TM_OK))
+        return tm_error_set(TM_ERR_ARG,
+                            "weighting: expected flat, pressure, smooth_pressure, time or "
+                            "balanced");
+    tm_trace_shape shape;
+    trace_shape_of_model(s->m, &shape);
+    const json_t *learn = json_object_get(body, "learn");
+    if (!json_is_object(learn))
+        return tm_error_set(TM_ERR_ARG, "learn: expected an object (a learn file, as GET "
+                                        "/moe-layer-perf answers)");
+    tm_trace_stats obs;
+    tm_status st = trace_stats_from_json(learn, "learn", &shape, &obs);
+    if (st != TM_OK) return st;
+    st = plan_from_stats(s, &obs, plan);
+    if (st == TM_OK) plan->mode = mode;
+    trace_stats_free(&obs);
     return st;
 }
 
@@ -272,16 +305,21 @@ enum MHD_Result srv_handle_cache_post(srv_req *r) {
     json_t *body = json_loadb(r->body ? r->body : "", r->body_len, 0, NULL);
     const json_t *from = json_object_get(body, "from");
     const bool counters = json_is_string(from) && !strcmp(json_string_value(from), "counters");
-    json_decref(body);
+    const bool learn = json_object_get(body, "learn") != NULL;
     if (counters && !r->s->tr) {
+        json_decref(body);
         cache_job_release(c);
         return srv_reply_error(r, 409, "the expert counters are off (--no-expert-trace)");
     }
-    if (counters ? plan_from_counters(r->s, &c->plan) != TM_OK
-                 : plan_parse_json(r->body ? r->body : "", r->body_len, "request body", &shape,
-                                   &c->plan) != TM_OK) {
+    const tm_status st = counters ? plan_from_counters(r->s, &c->plan)
+                         : learn  ? plan_from_learn(r->s, body, &c->plan)
+                                  : plan_parse_json(r->body ? r->body : "", r->body_len,
+                                                   "request body", &shape, &c->plan);
+    json_decref(body);
+    if (st != TM_OK) {
         cache_job_release(c);
-        return srv_reply_error(r, counters ? 500 : 400, "%s", tm_error_message());
+        return srv_reply_error(r, st == TM_ERR_NOMEM || counters ? 500 : 400, "%s",
+                               tm_error_message());
     }
     srv_job *j = srv_job_new(cache_run, cache_job_release, c);
     if (!j) {

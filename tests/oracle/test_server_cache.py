@@ -9,6 +9,9 @@ kernels' contracts, the slots are real device-side copies in host memory).
   experts, residents the plan lists stay in their slots, newcomers take the slots of
   the others in slot order; the answer's added/removed equal the before/after diff;
 - a plan made by `tiermoe plan` from the server's own /moe-layer-perf applies too;
+- a learn file uploaded with a weighting ({"learn": ..., "weighting": ...}) puts each
+  cached layer's most selected experts in its slots by the same rule; a bad weighting or
+  learn file (not an object, another shape) is a 400 naming it;
 - a bad plan (an expert out of range, another shape, not JSON) is a 400 naming the
   field and leaves the cache as it was;
 - requests are served before and after, and the hot lane serves slots (/metrics).
@@ -132,10 +135,41 @@ def main():
             check(set(top) <= set(s2[l]) and s2[l] == apply_rule(s1[l], L["experts"]) if top else s2[l] == s1[l],
                   f"layer {l}: planned {L['experts']}, slots {s1[l]} -> {s2[l]}")
         check(status == 200, f"tiermoe plan's plan: {status} {body}")
+        print(f"  tiermoe plan from the served counters applied: {s2}")
+
+        # an uploaded learn file with a weighting: per cached layer its `slots` most selected
+        # experts (ties: the lower id), the residents among them kept in their slots
+        learn_up = {"learn": json.loads(json.dumps(perf)), "weighting": "pressure"}
+        for L in learn_up["learn"]["layers"]:  # another ranking than the cache holds now, all cold
+            want = [(e * 7 + L["layer"]) % 5 for e in range(len(L["experts"]))]
+            check(sum(want) <= L["expert_hits_total"], f"layer {L['layer']}: too few counts to rerank")
+            want[want.index(max(want))] += L["expert_hits_total"] - sum(want)  # counts keep their sum
+            L["experts"] = want
+            L["cold_experts"], L["hot_experts"] = list(L["experts"]), [0] * len(L["experts"])
+            L["cold_slots_total"] = L["expert_hits_total"]
+            L["hot_slots_total"] = 0
+        status, body = srv.request("POST", "/moe-hot-cache", learn_up)
+        check(status == 200 and body.get("applied"), f"learn upload: {status} {body}")
+        s3 = slots(srv)
+        for L in learn_up["learn"]["layers"]:
+            l = L["layer"]
+            if l not in s2:
+                continue
+            top = sorted(range(len(L["experts"])), key=lambda e: (-L["experts"][e], e))[:len(s2[l])]
+            check(s3[l] == apply_rule(s2[l], top), f"layer {l}: learn upload {top}: slots {s2[l]} -> {s3[l]}")
+        check(s3 != s2, "the learn upload changed nothing")
+        for bad, words in (({"learn": perf, "weighting": "sharpest"}, ["weighting", "balanced"]),
+                           ({"learn": [1, 2]}, ["learn", "object"]),
+                           ({"learn": dict(perf, layers=perf["layers"][:1])}, ["learn", "layers"]),
+                           ({"learn": dict(perf, model=dict(perf["model"], n_expert=8))}, ["learn", "n_expert"])):
+            status, body = srv.request("POST", "/moe-hot-cache", bad)
+            msg = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
+            check(status == 400 and all(w in msg for w in words), f"bad learn upload: {status} {body}, want {words}")
+        check(slots(srv) == s3, "a refused learn upload changed the cache")
+        print(f"  learn upload with a weighting applied: {s3}; bad uploads: 400 naming the field")
         r = srv.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                          "max_tokens": 3, "stream": False})
         check(r[0] == 200, f"chat after the applies: {r}")
-        print(f"  tiermoe plan from the served counters applied: {s2}")
     finally:
         rc = srv.stop()
     check(rc == 0, f"exit {rc}\n{srv.log()[-2000:]}")
