@@ -119,7 +119,8 @@ static void ssd_section(text *t, const tm_store_stats *s) {
         {"tiermoe_ssd_hits_total", "... that were resident", s->hits},
         {"tiermoe_ssd_experts_faulted_total",
          "experts read from the file because a step needed them", s->faults},
-        {"tiermoe_ssd_experts_prefetched_total", "experts read ahead (one-token lag)",
+        {"tiermoe_ssd_experts_prefetched_total",
+         "experts read ahead (predicted by the next layers' routers, or one-token lag)",
          s->prefetched},
         {"tiermoe_ssd_bytes_read_total", "bytes read from the file", s->bytes_read},
     };

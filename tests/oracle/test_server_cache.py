@@ -175,7 +175,8 @@ def main():
     check(rc == 0, f"exit {rc}\n{srv.log()[-2000:]}")
     check("ERROR: AddressSanitizer" not in srv.log() and "runtime error" not in srv.log(),
           f"sanitizer report:\n{srv.log()[-3000:]}")
-    return finish("POST /moe-hot-cache applies plans inside the VRAM cache (mock GPU)")
+    return finish("POST /moe-hot-cache applies plans inside the VRAM cache (%s)" %
+                  ("real GPU" if os.environ.get("TM_SERVE_BINARY") else "mock GPU"))
 
 
 if __name__ == "__main__":
