@@ -269,7 +269,9 @@ static void test_mmvq_q8x(void **state) {
     /* what the integer kernel cannot read is refused */
     assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 34 * 3, 96)); /* odd number of blocks */
     assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 2, 64));      /* rows 2-byte aligned */
-    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 144, 256));   /* not for the executor's q4_K */
+    assert_true(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 144, 256));    /* whole q4_K blocks, 16-aligned */
+    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 152, 256));   /* rows 8-byte aligned */
+    assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q4_K, 144, 128));   /* half a block */
     assert_int_equal(
         cuda_mmvq_q8x(TM_TYPE_Q4_K, NULL, 152, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
         TM_ERR_ARG); /* rows 8-byte aligned */

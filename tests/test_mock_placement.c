@@ -47,9 +47,10 @@ static int setup(void **state) {
     const char *group = getenv("TM_TEST_GROUP");
     char name[128];
     snprintf(name, sizeof(name), "mock_tiny%s%s.gguf", group ? "_" : "", group ? group : "");
-    pm_model_write(tiny_path, sizeof(tiny_path), name, 3, 16);
+    pm_model_write(tiny_path, sizeof(tiny_path), name, 3, 16, TM_TYPE_Q8_0);
     snprintf(name, sizeof(name), "mock_4x32%s%s.gguf", group ? "_" : "", group ? group : "");
-    pm_model_write(wide_path, sizeof(wide_path), name, 4, 32);
+    pm_model_write(wide_path, sizeof(wide_path), name, 4, 32,
+                   TM_TYPE_Q4_K); /* q4_K attention, as Q4_K_M files */
     return 0;
 }
 

@@ -162,14 +162,14 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
  * Σ_i w_i q_i over the blocks b of row r; it needs cuda_mmvq_q8x_ok(type,
  * address | row stride, k), which the executor asks. It also takes q4_K rows
  * (16-byte aligned, k a multiple of 256: each q8x block is one of its
- * sub-blocks, Σ (d sc q - dmin m) x = d_x (d sc Σ q x_q - dmin m Σ x_q)), the
- * product the grouped experts' 8-bit path uses; the executor's dense q4_K
- * products keep f32 activations. */
+ * sub-blocks, Σ (d sc q - dmin m) x = d_x (d sc Σ q x_q - dmin m Σ x_q)), for
+ * the executor's dense q4_K products and the grouped experts' 8-bit path. */
 static inline size_t cuda_q8x_bytes(int64_t k, int64_t n_tok) {
     return k > 0 && n_tok > 0 ? (size_t)(n_tok * k) + (size_t)(n_tok * (k / 32)) * sizeof(float)
                               : 0;
 }
 static inline bool cuda_mmvq_q8x_ok(tm_type type, uintptr_t align, int64_t k) {
+    if (type == TM_TYPE_Q4_K) return (align & 15) == 0 && k > 0 && k % 256 == 0;
     return type == TM_TYPE_Q8_0 && (align & 3) == 0 && k > 0 && k % 64 == 0;
 }
 tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,

@@ -66,9 +66,8 @@ extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes
                             "tokens)",
                             (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
     const bool q4k = type == TM_TYPE_Q4_K;
-    if (q4k ? !tm_q4kx_ok((uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 256 * 144)
-            : !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
-                  row_bytes < (size_t)(k / 32 * 34) || ((uintptr_t)xq & 15))
+    if (!cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || ((uintptr_t)xq & 15) ||
+        row_bytes < (q4k ? (size_t)(k / 256 * 144) : (size_t)(k / 32 * 34)))
         return tm_error_set(TM_ERR_ARG,
                             "cuda_mmvq_q8x: %s weights, k %lld, row stride %zu (want q8_0 with k "
                             "a multiple of 64 and rows 4-byte aligned, or q4_K with k a multiple "

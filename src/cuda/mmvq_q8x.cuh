@@ -176,20 +176,15 @@ static __device__ __forceinline__ void tm_q4kx_rows(float (&acc)[R][NT], const u
     }
 }
 
-/* q4_K rows the integer dot reads: 16-byte aligned (the f32 path's loads), k
- * a multiple of 256 (whole blocks: q8x blocks are its sub-blocks). */
-static inline bool tm_q4kx_ok(uintptr_t align, int64_t k) {
-    return (align & 15) == 0 && k > 0 && k % 256 == 0;
-}
-
 /* Whether cuda_moe_grouped takes the 8-bit path (shared with tests/emu). */
 static inline bool tm_moe_q8x(const tm_cuda_moe_params *p) {
     const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
     bool ok = p->q8x && p->n_embd % 256 == 0 && p->n_ff % 256 == 0;
     for (int i = 0; i < 3 && ok; i++)
         ok = m[i]->type == TM_TYPE_Q4_K &&
-             tm_q4kx_ok((uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
-                        i < 2 ? p->n_embd : p->n_ff);
+             cuda_mmvq_q8x_ok(TM_TYPE_Q4_K,
+                              (uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
+                              i < 2 ? p->n_embd : p->n_ff);
     return ok;
 }
 

@@ -66,8 +66,9 @@ void check_model(void **state) {
     (void)state;
     NEED_DEVICE();
     char tiny[512], wide[512];
-    pm_model_write(tiny, sizeof(tiny), "cuda_tiny.gguf", 3, 16);
-    pm_model_write(wide, sizeof(wide), "cuda_4x32.gguf", 4, 32);
+    pm_model_write(tiny, sizeof(tiny), "cuda_tiny.gguf", 3, 16, TM_TYPE_Q8_0);
+    pm_model_write(wide, sizeof(wide), "cuda_4x32.gguf", 4, 32,
+                   TM_TYPE_Q4_K); /* q4_K attention, as Q4_K_M files */
     placement_matrix_run(tiny, &gpu_tol);
     placement_matrix_run(wide, &gpu_tol);
     /* gpt-oss (sinks, windows, biases, YaRN): CPU only and its --cpu-moe placements */

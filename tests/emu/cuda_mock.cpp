@@ -153,8 +153,8 @@ extern "C" {
 tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const void *xq, int64_t n_tok, float *y, tm_cuda_stream) {
     const bool q4k = type == TM_TYPE_Q4_K;
     if (rows <= 0 || n_tok < 1 || n_tok > 8 || ((uintptr_t)xq & 15) ||
-        (q4k ? !tm_q4kx_ok((uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 256 * 144)
-             : !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || row_bytes < (size_t)(k / 32 * 34)))
+        !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
+        row_bytes < (q4k ? (size_t)(k / 256 * 144) : (size_t)(k / 32 * 34)))
         return tm_error_set(TM_ERR_ARG, "mock mmvq_q8x args");
     if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
     const uint8_t *wb = (const uint8_t *)w; const int nt = (int)n_tok;

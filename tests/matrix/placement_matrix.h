@@ -29,9 +29,11 @@ typedef struct pm_tolerance {
     double tie_quant; /* the same with 8-bit activations */
 } pm_tolerance;
 
-/* Write the tiny synthetic qwen3moe with n_layer layers and n_expert experts
- * to $TM_TEST_TMP/name (or /tmp); path gets where. */
-void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, uint32_t n_expert);
+/* Write the tiny synthetic qwen3moe with n_layer layers and n_expert experts,
+ * its attention matrices of type_attn, to $TM_TEST_TMP/name (or /tmp); path
+ * gets where. */
+void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, uint32_t n_expert,
+                    tm_type type_attn);
 
 /* Every placement on the model at path; cmocka failures name the placement,
  * the call and the error. Prints one line a placement. */

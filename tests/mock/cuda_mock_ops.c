@@ -151,6 +151,7 @@ tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
 }
 
 typedef struct matvec_q8x_arg {
+    tm_type type;
     const void *w;
     size_t row_bytes;
     int64_t rows, k, n_tok;
@@ -160,12 +161,27 @@ typedef struct matvec_q8x_arg {
 
 static bool matvec_q8x_run(void *arg, char *err, size_t err_size) {
     const matvec_q8x_arg *a = arg;
-    NEED_DEVICE(a->w, rows_span(TM_TYPE_Q8_0, a->row_bytes, a->rows, a->k), "the weights");
+    NEED_DEVICE(a->w, rows_span(a->type, a->row_bytes, a->rows, a->k), "the weights");
     NEED_DEVICE(a->xq, cuda_q8x_bytes(a->k, a->n_tok), "the quantized activations");
     NEED_DEVICE(a->y, (size_t)(a->n_tok * a->rows) * 4, "y");
     const int64_t nb = a->k / 32;
     const int8_t *q = a->xq;
     const float *d = (const float *)(q + a->n_tok * a->k);
+    if (a->type == TM_TYPE_Q4_K) { /* the dequantized row against the quantized values */
+        float *row = malloc((size_t)a->k * sizeof(float));
+        if (!row) return mock_fail(err, err_size, "out of host memory");
+        for (int64_t r = 0; r < a->rows; r++) {
+            quant_row_dequantize(TM_TYPE_Q4_K, (const uint8_t *)a->w + r * a->row_bytes, row, a->k);
+            for (int64_t t = 0; t < a->n_tok; t++) {
+                double s = 0;
+                for (int64_t i = 0; i < a->k; i++)
+                    s += (double)row[i] * q[t * a->k + i] * d[t * nb + i / 32];
+                a->y[t * a->rows + r] = (float)s;
+            }
+        }
+        free(row);
+        return true;
+    }
     for (int64_t r = 0; r < a->rows; r++) {
         const uint8_t *row = (const uint8_t *)a->w + r * a->row_bytes;
         for (int64_t t = 0; t < a->n_tok; t++) {
@@ -186,10 +202,10 @@ tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t r
                         const void *xq, int64_t n_tok, float *y, tm_cuda_stream stream) {
     if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK ||
         !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
-        row_bytes < quant_row_size(TM_TYPE_Q8_0, k) || ((uintptr_t)xq & 15))
+        row_bytes < quant_row_size(type, k) || ((uintptr_t)xq & 15))
         return tm_error_set(TM_ERR_ARG, "cuda_mmvq_q8x: %s, rows %lld, k %lld, n_tok %lld",
                             quant_type_name(type), (long long)rows, (long long)k, (long long)n_tok);
-    const matvec_q8x_arg a = {w, row_bytes, rows, k, n_tok, xq, y};
+    const matvec_q8x_arg a = {type, w, row_bytes, rows, k, n_tok, xq, y};
     return mock_launch(stream, "cuda_mmvq_q8x", matvec_q8x_run, &a, sizeof(a));
 }
 
@@ -353,10 +369,12 @@ typedef struct moe_arg {
 /* Whether the real launcher takes its 8-bit path (mmvq_q8x.cuh's tm_moe_q8x). */
 static bool moe_q8x(const tm_cuda_moe_params *p, int64_t n_items, int64_t n_tok) {
     const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
-    bool ok = p->q8x && n_tok <= n_items && p->n_embd % 256 == 0 && p->n_ff % 256 == 0;
+    bool ok = p->q8x && n_tok <= n_items;
     for (int i = 0; i < 3 && ok; i++)
         ok = m[i]->type == TM_TYPE_Q4_K &&
-             (((uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride) & 15) == 0;
+             cuda_mmvq_q8x_ok(TM_TYPE_Q4_K,
+                              (uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
+                              i < 2 ? p->n_embd : p->n_ff);
     return ok;
 }
 
