@@ -16,15 +16,7 @@ REPS=${REPS:-2}
 TM=$BUILD/tiermoe
 M=/tmp/m30k.gguf
 stamp "build"
-if [ "${NO_CHECKS:-0}" != 1 ]; then
-    device_build "$BUILD" tiermoe test_cuda_ops || exit 1
-    stamp "checks: test_cuda_ops"
-    TM_TEST_DATA=$PWD/tests/data timeout 400 "$BUILD/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
-    echo "test_cuda_ops rc=$?"
-    grep -E "mmvq_q8x|\[  (PASSED|FAILED)|\[  ERROR|ERROR:" "$OUT/checks.log" | head -20
-else
-    device_build "$BUILD" tiermoe || exit 1
-fi
+device_build_checks "$BUILD" "mmvq_q8x|-ngl all, normal" || exit 1
 stamp "model"
 [ -f "$M" ] || $TM mkmodel --preset 30b-a3b --type-attn q4_K -q -o "$M" || exit 1
 for round in $(seq "${ROUNDS:-2}"); do

@@ -26,6 +26,20 @@ device_build() {
         || { grep -E "error" -A3 /tmp/build.log | head -40; echo "SUMMARY: build FAILED"; return 1; }
 }
 
+# Build tiermoe in $1 and, unless NO_CHECKS=1, test_cuda_ops, then run it (log in
+# $OUT/checks.log) and print its lines that match the pattern $2 and its verdicts.
+device_build_checks() {
+    if [ "${NO_CHECKS:-0}" = 1 ]; then
+        device_build "$1" tiermoe
+        return
+    fi
+    device_build "$1" tiermoe test_cuda_ops || return 1
+    stamp "checks: test_cuda_ops"
+    TM_TEST_DATA=$PWD/tests/data timeout 400 "$1/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
+    echo "test_cuda_ops rc=$?"
+    grep -E "$2|\[  (PASSED|FAILED)|\[  ERROR|ERROR:" "$OUT/checks.log" | head -40
+}
+
 # The 30b-a3b preset, uniform routing ($1) and with the Qwen3 routing profile
 # ($2, optional), made by tiermoe ($3) unless there.
 device_models() {

@@ -31,16 +31,7 @@ c.cuDeviceGetAttribute(ctypes.byref(v), 102, d)  # VIRTUAL_MEMORY_MANAGEMENT_SUP
 c.cuDeviceGetAttribute(ctypes.byref(g), 116, d)  # GPU_DIRECT_RDMA_SUPPORTED
 print('CUDA virtual memory management:', v.value, '| GPUDirect RDMA:', g.value)" 2>&1 | tail -1
 stamp "build"
-if [ "${NO_CHECKS:-0}" != 1 ]; then
-    device_build "$BUILD" tiermoe test_cuda_ops || exit 1
-    stamp "checks: test_cuda_ops"
-    TM_TEST_DATA=$PWD/tests/data timeout 400 "$BUILD/tests/test_cuda_ops" > "$OUT/checks.log" 2>&1
-    echo "test_cuda_ops rc=$?"
-    grep -E "mmvq_q8x|8-bit|ram-cache|Q8X|\[  (PASSED|FAILED)|\[  ERROR|ERROR:" "$OUT/checks.log" \
-        | head -40
-else
-    device_build "$BUILD" tiermoe || exit 1
-fi
+device_build_checks "$BUILD" "mmvq_q8x|8-bit|ram-cache|Q8X" || exit 1
 stamp "model"
 device_models "$M" "" "$TM" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
 for round in $(seq "${ROUNDS:-2}"); do
