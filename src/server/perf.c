@@ -9,7 +9,7 @@
  *   GET  /moe-hot-cache    the VRAM cache: per layer its slots and the expert in each
  *   POST /moe-hot-cache    {"from":"counters"}: each cached layer's most selected experts in
  *                          the live counters; {"learn": LEARN, "weighting": MODE}: the same
- *                          from an uploaded learn file; or a plan (docs/plan-format.md, plan_parse_json with the
+ *                          from an uploaded learn file; or a plan (docs/plan-format.md, plan_from_json with the
  *                          model's shape) applied inside the fixed capacity: per
  *                          layer the plan's first tier_cache_slots(layer) experts;
  *                          experts already resident stay in their slots, newcomers
@@ -298,23 +298,25 @@ static tm_status plan_from_learn(tm_server *s, const json_t *body, tm_plan *plan
 enum MHD_Result srv_handle_cache_post(srv_req *r) {
     enum MHD_Result res;
     if (!cache_on(r, &res)) return res;
-    cache_job *c = calloc(1, sizeof(*c));
-    if (!c) return srv_reply_error(r, 500, "out of memory");
-    tm_trace_shape shape;
-    trace_shape_of_model(r->s->m, &shape);
-    json_t *body = json_loadb(r->body ? r->body : "", r->body_len, 0, NULL);
+    json_t *body = srv_body_object(r, &res); /* parsed once, whichever form it takes */
+    if (!body) return res;
     const json_t *from = json_object_get(body, "from");
     const bool counters = json_is_string(from) && !strcmp(json_string_value(from), "counters");
     const bool learn = json_object_get(body, "learn") != NULL;
     if (counters && !r->s->tr) {
         json_decref(body);
-        cache_job_release(c);
         return srv_reply_error(r, 409, "the expert counters are off (--no-expert-trace)");
     }
+    cache_job *c = calloc(1, sizeof(*c));
+    if (!c) {
+        json_decref(body);
+        return srv_reply_error(r, 500, "out of memory");
+    }
+    tm_trace_shape shape;
+    trace_shape_of_model(r->s->m, &shape);
     const tm_status st = counters ? plan_from_counters(r->s, &c->plan)
                          : learn  ? plan_from_learn(r->s, body, &c->plan)
-                                  : plan_parse_json(r->body ? r->body : "", r->body_len,
-                                                   "request body", &shape, &c->plan);
+                                  : plan_from_json(body, "request body", &shape, &c->plan);
     json_decref(body);
     if (st != TM_OK) {
         cache_job_release(c);
