@@ -261,6 +261,17 @@ static inline tm_cuda_moe_q8x_scratch cuda_moe_q8x_scratch(const tm_cuda_moe_par
     s.hd = (float *)(s.hq + n_items * p->n_ff);
     return s;
 }
+/* Whether cuda_moe_grouped takes its 8-bit path (the launcher and both mocks ask). */
+static inline bool cuda_moe_q8x_ok(const tm_cuda_moe_params *p, int64_t n_items, int64_t n_tok) {
+    const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
+    bool ok = p->q8x && n_tok <= n_items;
+    for (int i = 0; i < 3 && ok; i++)
+        ok = m[i]->type == TM_TYPE_Q4_K &&
+             cuda_mmvq_q8x_ok(TM_TYPE_Q4_K,
+                              (uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
+                              i < 2 ? p->n_embd : p->n_ff);
+    return ok;
+}
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                            int64_t n_items, const float *x, int64_t n_tok, float *y,
                            float *h_scratch, tm_cuda_stream stream);

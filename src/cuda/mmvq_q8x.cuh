@@ -176,18 +176,6 @@ static __device__ __forceinline__ void tm_q4kx_rows(float (&acc)[R][NT], const u
     }
 }
 
-/* Whether cuda_moe_grouped takes the 8-bit path (shared with tests/emu). */
-static inline bool tm_moe_q8x(const tm_cuda_moe_params *p) {
-    const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
-    bool ok = p->q8x && p->n_embd % 256 == 0 && p->n_ff % 256 == 0;
-    for (int i = 0; i < 3 && ok; i++)
-        ok = m[i]->type == TM_TYPE_Q4_K &&
-             cuda_mmvq_q8x_ok(TM_TYPE_Q4_K,
-                              (uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
-                              i < 2 ? p->n_embd : p->n_ff);
-    return ok;
-}
-
 #ifdef __CUDACC__
 /* Quantize n values (n a multiple of 32) as cuda_q8x_quantize: q [n] int8, d [n/32]. */
 tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream);

@@ -251,7 +251,7 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
     /* the fast kernels' grids: an item and a group of rows a block */
     const dim3 fg1((unsigned)n_items, (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF)),
         fg2((unsigned)n_items, (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
-    if (tm_moe_q8x(p) && n_tok <= n_items) { /* x, then the items' h, quantized after h */
+    if (cuda_moe_q8x_ok(p, n_items, n_tok)) { /* x, then the items' h, quantized after h */
         const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n_items, n_tok, h_scratch);
         if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, q.xq, q.xd, stream)) != TM_OK) return st;
         tm_moe_gate_up_fast_kernel<TM_TYPE_Q4_K, true>

@@ -172,7 +172,7 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     if ((st = tm_mmvq_check("d", p->down.type, p->down.data, p->down.row_bytes, p->n_ff, h, &c))) return st;
     if ((st = tm_moe_ext_check("cuda_moe_grouped", &p->ext))) return st;
     if (fast()) return TM_OK;
-    if (tm_moe_q8x(p) && n_tok <= n) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
+    if (cuda_moe_q8x_ok(p, n, n_tok)) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
         const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n, n_tok, h);
         int8_t *xq = q.xq, *hq = q.hq;
         float *xd = q.xd, *hd = q.hd;

@@ -366,18 +366,6 @@ typedef struct moe_arg {
     float *y, *h;
 } moe_arg;
 
-/* Whether the real launcher takes its 8-bit path (mmvq_q8x.cuh's tm_moe_q8x). */
-static bool moe_q8x(const tm_cuda_moe_params *p, int64_t n_items, int64_t n_tok) {
-    const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
-    bool ok = p->q8x && n_tok <= n_items;
-    for (int i = 0; i < 3 && ok; i++)
-        ok = m[i]->type == TM_TYPE_Q4_K &&
-             cuda_mmvq_q8x_ok(TM_TYPE_Q4_K,
-                              (uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
-                              i < 2 ? p->n_embd : p->n_ff);
-    return ok;
-}
-
 /* The values a kernel reads back from 8-bit activations: q d. */
 static void q8x_values(const int8_t *q, const float *d, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = (float)q[i] * d[i / 32];
@@ -428,7 +416,7 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->h, (size_t)(a->n_items * p->n_ff) * 4, "h_scratch");
     moe_bufs b;
     bool ok = moe_bufs_alloc(&b, p) || mock_fail(err, err_size, "out of host memory");
-    if (ok && moe_q8x(p, a->n_items, a->n_tok)) {
+    if (ok && cuda_moe_q8x_ok(p, a->n_items, a->n_tok)) {
         ok = moe_run_q8x(a, &b, err, err_size);
         moe_bufs_free(&b);
         return ok;
