@@ -159,15 +159,17 @@ static bool gpu_q8x_rows(const tm_exec *e, tm_type type, uintptr_t align, int64_
     return (type != TM_TYPE_Q4_K || e->gpu_q8x_q4k) && cuda_mmvq_q8x_ok(type, align, k);
 }
 
-/* The longest row of a GPU matrix whose decode products take 8-bit activations, in
- * the normal mode (the precise mode, a test reference, keeps f32 activations).
+/* Set e->gpu_q8x_q4k and e->gpu_q8x_k, the longest row of a GPU matrix whose decode
+ * products take 8-bit activations, in the normal mode (the precise mode, a test
+ * reference, keeps f32 activations).
  * TIERMOE_MMVQ_Q8X=0 turns them off, =q4_K gives them to q4_K matrices too (both for
  * comparisons: H200, 30b-a3b with q4_K attention, -ngl all, tg64 335.2 t/s with f32
  * activations for its q4_K products against 330.1 with 8-bit ones, x8 985.6 against
  * 988.2). 0: none. */
-static int64_t gpu_q8x_k(tm_exec *e) {
+static void gpu_q8x_setup(tm_exec *e) {
     const char *env = getenv("TIERMOE_MMVQ_Q8X");
-    if (e->p.precise || (env && strcmp(env, "0") == 0)) return 0;
+    e->gpu_q8x_k = 0;
+    if (e->p.precise || (env && strcmp(env, "0") == 0)) return;
     e->gpu_q8x_q4k = env && strcmp(env, "q4_K") == 0;
     const tm_gguf_file *f = e->p.file;
     int64_t most = 0;
@@ -177,7 +179,7 @@ static int64_t gpu_q8x_k(tm_exec *e) {
         const size_t row_bytes = quant_row_size(t->type, t->ne[0]);
         if (gpu_q8x_rows(e, t->type, row_bytes, t->ne[0]) && t->ne[0] > most) most = t->ne[0];
     }
-    return most;
+    e->gpu_q8x_k = most;
 }
 
 tm_status exec_gpu_finalize(tm_exec *e) {
@@ -213,7 +215,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     }
     const size_t rope_bytes =
         e->rope_freq && gpu_attention ? (size_t)(e->attn_shape.head_dim / 2) * sizeof(float) : 0;
-    e->gpu_q8x_k = gpu_q8x_k(e);
+    gpu_q8x_setup(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
     size_t bytes = take_size(step_bytes) + take_size(e->gpu_scratch_bytes) +
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
