@@ -19,10 +19,5 @@ stamp "build"
 device_build_checks "$BUILD" "mmvq_q8x|-ngl all, normal" || exit 1
 stamp "model"
 [ -f "$M" ] || $TM mkmodel --preset 30b-a3b --type-attn q4_K -q -o "$M" || exit 1
-for round in $(seq "${ROUNDS:-2}"); do
-    for q in 1 q4_K; do
-        envs=(TIERMOE_MMVQ_Q8X=$q)
-        device_bench "round $round, TIERMOE_MMVQ_Q8X=$q" -ngl all -p 0 -n 64 -np 1,8
-    done
-done
+device_bench_rounds TIERMOE_MMVQ_Q8X "1 q4_K" -ngl all -p 0 -n 64 -np 1,8
 stamp "done"

@@ -72,3 +72,16 @@ device_bench() {
     { echo "## $name: $*"; cat /tmp/tm.err; } >> "$OUT/tiermoe.err"
     grep -E "^\| qwen" /tmp/tm.md | sed 's/ | [0-9.]* GiB | [0-9.]* B//' | cut -c1-160 || tail -5 /tmp/tm.err
 }
+
+# device_bench under VAR=VALUE for each of VALUES in turn, ROUNDS (2) times over (same-call
+# comparisons): $1 VAR, $2 VALUES, the rest device_bench's options.
+device_bench_rounds() {
+    local var=$1 values=$2 round v
+    shift 2
+    for round in $(seq "${ROUNDS:-2}"); do
+        for v in $values; do
+            envs=("$var=$v")
+            device_bench "round $round, $var=$v" "$@"
+        done
+    done
+}

@@ -34,12 +34,7 @@ stamp "build"
 device_build_checks "$BUILD" "mmvq_q8x|8-bit|ram-cache|Q8X" || exit 1
 stamp "model"
 device_models "$M" "" "$TM" || { echo "SUMMARY: mkmodel FAILED"; exit 1; }
-for round in $(seq "${ROUNDS:-2}"); do
-    for q in 0 1; do
-        envs=(TIERMOE_MOE_Q8X=$q)
-        device_bench "round $round, TIERMOE_MOE_Q8X=$q" -ngl all -p 0 -n 64 -np 1,8
-    done
-done
+device_bench_rounds TIERMOE_MOE_Q8X "0 1" -ngl all -p 0 -n 64 -np 1,8
 if [ "${SSD:-0}" = 1 ]; then
     STAGES=ssd BUILD=$BUILD scripts/device_hybrid.sh "$OUT" # its build is incremental
 fi
