@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Print the tables of bench/results/ (markdown), tiermoe next to llama.cpp.
+
+    python3 bench/tables.py [FILE.jsonl|DIR ...] [--stage S] [--commands]
+
+Reads the records scripts/device.sh writes (bench/record.py: the raw output of
+`tiermoe bench -o jsonl` or `llama-bench -o jsonl` under "result", with the engine,
+stage, case, model, environment, exact command, commit, date, call and machine) from the
+files named, or every *.jsonl of the folders named (default: bench/results/). A table a
+file, call (one harness run) and stage; a row a case, model, environment and test. Where
+both engines ran the same case, model and test at the same thread count in the same call,
+the last column is tiermoe's t/s over llama.cpp's. Repetitions of a case in a call (A/B
+rounds) are averaged; the row then says how many and their range. Standard library only.
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+
+ENGINES = ("llama.cpp", "tiermoe")
+
+
+def fmt(v):
+    """t/s as the docs write them: 6,979 / 290.3."""
+    if v is None:
+        return ""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:,.1f}"
+
+
+def test_name(engine, r):
+    """The test a raw record measured, named as tiermoe's table does (pp512, tg128, tg64 x8)."""
+    if engine == "llama.cpp":
+        p, n, d = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("n_depth", 0)
+        t = f"pp{p}" if not n else (f"tg{n}" if not p else f"pp{p}+tg{n}")
+        return t + (f" @ d{d}" if d else "")
+    return r.get("test", "?")
+
+
+def speed(engine, r):
+    """(mean, stddev) t/s of a raw record."""
+    if engine == "llama.cpp":
+        return r.get("avg_ts"), r.get("stddev_ts")
+    return r.get("ts_mean"), r.get("ts_stddev")
+
+
+def threads(engine, r):
+    return r.get("n_threads") if engine == "llama.cpp" else r.get("threads")
+
+
+def env_str(env):
+    return " ".join(f"{k}={v}" for k, v in sorted((env or {}).items()))
+
+
+def load(paths):
+    """Records by file, in the order read; bad lines are reported and skipped."""
+    files = []
+    for p in paths:
+        files += sorted(glob.glob(os.path.join(p, "*.jsonl"))) if os.path.isdir(p) else [p]
+    out = collections.OrderedDict()
+    for f in files:
+        recs = []
+        for i, line in enumerate(open(f), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if rec["engine"] not in ENGINES or not isinstance(rec["result"], dict):
+                    raise ValueError(f"engine {rec['engine']!r}")
+            except (ValueError, KeyError, TypeError) as e:
+                print(f"tables.py: {f}:{i}: not a bench record ({e}), skipped", file=sys.stderr)
+                continue
+            recs.append(rec)
+        out[f] = recs
+    return out
+
+
+def machine_line(m):
+    if not m:
+        return "machine unknown"
+    gpu = "no GPU"
+    if m.get("gpu"):
+        gpu = m["gpu"] + (f" x{m['gpu_count']}" if (m.get("gpu_count") or 1) > 1 else "")
+        if m.get("gpu_mem_mib"):
+            gpu += f" ({m['gpu_mem_mib']:,} MiB, driver {m.get('driver')})"
+    return f"{gpu}; {m.get('cpu')}, {m.get('cores')} cores, {m.get('ram_gib')} GiB RAM"
+
+
+def cell(vals):
+    """One engine's cell from the (mean, sd) of each repetition of the case."""
+    if not vals:
+        return "", None
+    means = [v[0] for v in vals if v[0] is not None]
+    if not means:
+        return "?", None
+    mean = sum(means) / len(means)
+    if len(means) == 1:
+        sd = vals[0][1]
+        return fmt(mean) + (f" ± {fmt(sd)}" if sd else ""), mean
+    return f"{fmt(mean)} ({len(means)} runs: {fmt(min(means))}-{fmt(max(means))})", mean
+
+
+def stage_table(recs, commands):
+    """The markdown lines of one stage of one call."""
+    thread_counts = {threads(r["engine"], r["result"]) for r in recs}
+    # (case, model, test, threads) -> engine -> env -> [(mean, sd)]
+    rows = collections.OrderedDict()
+    for r in recs:
+        res, eng = r["result"], r["engine"]
+        t = test_name(eng, res)
+        n_thr = threads(eng, res)
+        key = (r.get("case", "?"), r.get("model", "?"), t, n_thr)
+        rows.setdefault(key, {e: collections.OrderedDict() for e in ENGINES})
+        rows[key][eng].setdefault(env_str(r.get("env")), []).append(speed(eng, res))
+    show_env = any(env for v in rows.values() for env in v["tiermoe"] if env)
+    head = ["case", "model"] + (["tiermoe env"] if show_env else []) + \
+        ["test", "llama.cpp t/s", "tiermoe t/s", "tiermoe / llama.cpp"]
+    lines = ["| " + " | ".join(head) + " |",
+             "| " + " | ".join(["---"] * (len(head) - 3) + ["---:"] * 3) + " |"]
+    for (case, model, t, n_thr), by in rows.items():
+        peer_vals = [v for vs in by["llama.cpp"].values() for v in vs]
+        pc, pm = cell(peer_vals)
+        envs = list(by["tiermoe"].items()) or [("", [])]
+        for env, vals in envs:
+            tc, tm = cell(vals)
+            ratio = f"{tm / pm:.2f}" if tm is not None and pm else ""
+            label = t + (f" (-t {n_thr})" if len(thread_counts) > 1 else "")
+            lines.append("| " + " | ".join([case, model] + ([env] if show_env else []) +
+                                           [label, pc, tc, ratio]) + " |")
+    if commands:
+        lines.append("")
+        seen = set()
+        for r in recs:
+            c = (env_str(r.get("env")) + " " + r.get("cmd", "")).strip()
+            if c not in seen:
+                seen.add(c)
+                lines.append(f"- {r['engine']} {r.get('case')}: `{c}`")
+    return lines
+
+
+def tables(by_file, stage=None, commands=False):
+    out = []
+    for f, recs in by_file.items():
+        calls = collections.OrderedDict()
+        for r in recs:
+            if stage and r.get("stage") != stage:
+                continue
+            calls.setdefault(r.get("call", "?"), []).append(r)
+        for call, crecs in calls.items():
+            first = crecs[0]
+            commits = sorted({r.get("commit", "?") for r in crecs})
+            peer_builds = sorted({str(r["result"].get("build_commit")) for r in crecs
+                                  if r["engine"] == "llama.cpp" and r["result"].get("build_commit")})
+            out.append(f"## {os.path.basename(f)}")
+            out.append("")
+            out.append(f"{machine_line(first.get('machine'))}. Call {call}; tiermoe commit "
+                       f"{', '.join(commits)}" +
+                       (f"; llama.cpp build {', '.join(peer_builds)}" if peer_builds else "") + ".")
+            stages = collections.OrderedDict()
+            for r in crecs:
+                stages.setdefault(r.get("stage", "?"), []).append(r)
+            for s, srecs in stages.items():
+                out += ["", f"### {s}", ""] + stage_table(srecs, commands)
+            out.append("")
+    return out
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("paths", nargs="*", default=[os.path.join(here, "results")])
+    ap.add_argument("--stage", help="only this stage's tables")
+    ap.add_argument("--commands", action="store_true", help="the exact command of every case")
+    a = ap.parse_args()
+    by_file = load(a.paths)
+    if not any(by_file.values()):
+        print("tables.py: no records in " + " ".join(a.paths), file=sys.stderr)
+        return 1
+    print("\n".join(tables(by_file, a.stage, a.commands)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
