@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode and prompt speed through `tiermoe serve` (not CI; scripts/device_serve.sh runs it).
+"""Decode and prompt speed through `tiermoe serve` (not CI; scripts/device.sh serve runs it).
 
     python3 bench/serve_bench.py MODEL.gguf [--build build/release] [--reqs 3] [--tokens 128]
         [--apply-plan] [--budget MIB] -- SERVE FLAGS...

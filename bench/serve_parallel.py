@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Aggregate decode speed of `tiermoe serve --parallel P` at 1, 2, 4 ... streams (not CI;
-scripts/device_parallel.sh runs it).
+scripts/device.sh parallel runs it).
 
     python3 bench/serve_parallel.py MODEL.gguf [--build build/release] [--streams 1,2,4,8]
         [--tokens 128] [--label NAME] -- SERVE FLAGS...

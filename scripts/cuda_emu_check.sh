@@ -5,7 +5,7 @@
 # kernels' own device code run on the CPU, then runs the checks and the
 # bench's code paths. Needs nvcc's headers (/usr/local/cuda/include) and a
 # configured build dir (default build). Dev check only: the GPU run is
-# scripts/device_cuda_check.sh.
+# scripts/device.sh checks.
 #   scripts/cuda_emu_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle_common import TIERMOE, TMP, TOOLS, check, finish  # noqa: E402
 from server_harness import Server, error_shape, make_model  # noqa: E402
 
-# TM_SERVE_BINARY: another build's tiermoe (scripts/device_serve.sh runs this test on a real GPU)
+# TM_SERVE_BINARY: another build's tiermoe (scripts/device.sh checks runs this test on a real GPU)
 MOCK = os.environ.get("TM_SERVE_BINARY") or os.path.join(TOOLS, "tiermoe_mockgpu")
 
 
