@@ -389,6 +389,14 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     return rc;
 }
 
+/* A share (0..1) as JSON: null where the test did not measure it (below 0). */
+static void bench_json_share(const char *key, double v) {
+    if (v >= 0)
+        printf(", \"%s\": %.4f", key, v);
+    else
+        printf(", \"%s\": null", key);
+}
+
 /* "pp512", "tg128", "tg128 x8" (8 sequences decoded together). */
 static void bench_test_name(const bench_result *b, char *out, size_t n) {
     if (b->n_par > 1)
@@ -427,16 +435,23 @@ static void bench_print(const bench_result *res, int n_res, const char *fmt, con
                    model, size_gib, params_b, b->backend, b->n_gpu_layers, b->n_cpu_moe, b->threads,
                    b->n_par, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs,
                    b->pcie_gbs);
-        else /* json: an array; jsonl: an object a line */
+        else { /* json: an array; jsonl: an object a line */
             printf("%s{\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
                    "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"threads\": %d, "
                    "\"n_parallel\": %d, \"test\": "
                    "\"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, "
                    "\"mem_gbs\": %.2f, \"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": "
-                   "%.2f}%s\n",
+                   "%.2f",
                    json ? "  " : "", model, size_gib, params_b, b->backend, b->n_gpu_layers,
                    b->n_cpu_moe, b->threads, b->n_par, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs,
-                   b->bound, b->gpu_gbs, b->pcie_gbs, json && i + 1 < n_res ? "," : "");
+                   b->bound, b->gpu_gbs, b->pcie_gbs);
+            /* what the table's readers get on stderr: the host's steal and the VRAM cache's
+               and the copies ahead's shares of the routed slots */
+            bench_json_share("host_steal", b->steal);
+            bench_json_share("vram_cache_hit", b->cache_hit);
+            bench_json_share("ahead_share", b->ahead_share);
+            printf("}%s\n", json && i + 1 < n_res ? "," : "");
+        }
     }
     if (json) printf("]\n");
 }

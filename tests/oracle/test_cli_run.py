@@ -29,7 +29,7 @@ except ImportError:
     print("numpy or gguf not installed: skipping")
     sys.exit(77)
 
-from oracle_common import TIERMOE, TMP, check, finish  # noqa: E402
+from oracle_common import TIERMOE, TMP, TOOLS, check, finish  # noqa: E402
 import qwen3moe_ref as ref  # noqa: E402
 
 
@@ -224,6 +224,24 @@ def main():
     r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "json", "--no-membw")
     arr = json.loads(r.stdout) if r.returncode == 0 else []
     check([o["test"] for o in arr] == ["pp8", "tg2"], f"bench -o json: {r.stdout}")
+    # the shares stderr prints are in the records too (bench/results keeps only stdout):
+    # the host's steal; the VRAM cache's share of routed slots, null without a cache
+    check(all((o["host_steal"] is None or 0 <= o["host_steal"] <= 1)
+              and o["vram_cache_hit"] is None and o["ahead_share"] is None for o in arr),
+          f"bench -o json shares: {r.stdout}")
+    mock = os.path.join(TOOLS, "tiermoe_mockgpu")
+    if os.path.exists(mock):  # a VRAM cache on the host mock of the GPU
+        r = subprocess.run([mock, "bench", "-m", model, "-p", "8", "-n", "4", "-r", "1", "-o",
+                            "jsonl", "--no-membw", "--cpu-moe", "--moe-cache", "1"],
+                           capture_output=True, text=True)
+        objs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+        line = re.search(r"VRAM cache, routed slots served from it: pp8 ([0-9.]+)%, tg4 ([0-9.]+)%",
+                         r.stderr)
+        check(r.returncode == 0 and line is not None and len(objs) == 2
+              and all(o["vram_cache_hit"] is not None
+                      and abs(100 * o["vram_cache_hit"] - float(line.group(i + 1))) <= 0.05
+                      for i, o in enumerate(objs)),
+              f"bench -o jsonl vram_cache_hit against stderr's line: {r.stdout} {r.stderr}")
     r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "csv", "--no-membw")
     lines = r.stdout.splitlines()
     check(r.returncode == 0 and len(lines) == 3 and lines[0].startswith("model,")
