@@ -9,8 +9,9 @@ stage, case, model, environment, exact command, commit, date, call and machine) 
 files named, or every *.jsonl of the folders named (default: bench/results/). A table a
 file, call (one harness run) and stage; a row a case, model, environment and test. Where
 both engines ran the same case, model and test at the same thread count in the same call,
-the last column is tiermoe's t/s over llama.cpp's. Repetitions of a case in a call (A/B
-rounds) are averaged; the row then says how many and their range. Standard library only.
+the ratio column is tiermoe's t/s over llama.cpp's; where tiermoe ran with a VRAM cache, its
+share of routed slots served from it follows. Repetitions of a case in a call (A/B rounds)
+are averaged; the row then says how many and their range. Standard library only.
 """
 import argparse
 import collections
@@ -106,19 +107,26 @@ def stage_table(recs, commands):
     thread_counts = {threads(r["engine"], r["result"]) for r in recs}
     # (case, model, test, threads) -> engine -> env -> [(mean, sd)]
     rows = collections.OrderedDict()
+    hits = collections.defaultdict(list)  # (key, env) -> tiermoe's VRAM cache hit shares
     for r in recs:
         res, eng = r["result"], r["engine"]
         t = test_name(eng, res)
         n_thr = threads(eng, res)
         key = (r.get("case", "?"), r.get("model", "?"), t, n_thr)
+        env = env_str(r.get("env"))
         rows.setdefault(key, {e: collections.OrderedDict() for e in ENGINES})
-        rows[key][eng].setdefault(env_str(r.get("env")), []).append(speed(eng, res))
+        rows[key][eng].setdefault(env, []).append(speed(eng, res))
+        if eng == "tiermoe" and res.get("vram_cache_hit") is not None:
+            hits[(key, env)].append(res["vram_cache_hit"])
     show_env = any(env for v in rows.values() for env in v["tiermoe"] if env)
     head = ["case", "model"] + (["tiermoe env"] if show_env else []) + \
-        ["test", "llama.cpp t/s", "tiermoe t/s", "tiermoe / llama.cpp"]
+        ["test", "llama.cpp t/s", "tiermoe t/s", "tiermoe / llama.cpp"] + \
+        (["VRAM cache hit"] if hits else [])
+    n_num = 4 if hits else 3
     lines = ["| " + " | ".join(head) + " |",
-             "| " + " | ".join(["---"] * (len(head) - 3) + ["---:"] * 3) + " |"]
-    for (case, model, t, n_thr), by in rows.items():
+             "| " + " | ".join(["---"] * (len(head) - n_num) + ["---:"] * n_num) + " |"]
+    for key, by in rows.items():
+        case, model, t, n_thr = key
         peer_vals = [v for vs in by["llama.cpp"].values() for v in vs]
         pc, pm = cell(peer_vals)
         envs = list(by["tiermoe"].items()) or [("", [])]
@@ -126,8 +134,11 @@ def stage_table(recs, commands):
             tc, tm = cell(vals)
             ratio = f"{tm / pm:.2f}" if tm is not None and pm else ""
             label = t + (f" (-t {n_thr})" if len(thread_counts) > 1 else "")
+            h = hits.get((key, env))
             lines.append("| " + " | ".join([case, model] + ([env] if show_env else []) +
-                                           [label, pc, tc, ratio]) + " |")
+                                           [label, pc, tc, ratio] +
+                                           ([f"{100 * sum(h) / len(h):.1f}%" if h else ""]
+                                            if hits else [])) + " |")
     if commands:
         lines.append("")
         seen = set()

@@ -4,7 +4,8 @@ printed from them:
   - tables.py on records with known speeds prints tiermoe / llama.cpp as the ratio of the
     two means computed here; only the same case, model, test and thread count of the same
     call pair (a second call's tiermoe row has no llama.cpp to compare with); A/B rounds
-    are averaged; a case only llama.cpp ran has no ratio; a bad line is reported, skipped;
+    are averaged (and the VRAM cache's hit shares); a case only llama.cpp ran has no ratio;
+    a bad line is reported, skipped;
   - record.py wraps real raw output (`tiermoe bench -o jsonl` of a tiny model, and a line
     of llama-bench's JSONL as it prints one) unchanged under "result", with the command,
     environment, commit and machine, and tables.py reads it back.
@@ -31,11 +32,11 @@ def peer(case, p, n, ts, call="c1", model="m30", thr=16, sd=0.0):
                                            "build_commit": "deadbee"}}
 
 
-def tm(case, test, ts, call="c1", model="m30", thr=16, env=None, rnd=1):
+def tm(case, test, ts, call="c1", model="m30", thr=16, env=None, rnd=1, hit=None):
     return {"engine": "tiermoe", "stage": "s", "case": case, "round": rnd, "model": model,
             "env": env or {}, "cmd": "tiermoe bench", "commit": "abc", "date": "d", "call": call,
             "machine": MACHINE, "result": {"test": test, "threads": thr, "ts_mean": ts,
-                                           "ts_stddev": 1.0}}
+                                           "ts_stddev": 1.0, "vram_cache_hit": hit}}
 
 
 def rows(md):
@@ -60,8 +61,10 @@ def main():
             tm("gpu", "pp512", 1500.0), tm("gpu", "tg128", 250.0),
             peer("pinned", 512, 0, 1234.0),                      # llama.cpp alone
             tm("gpu", "pp512", 3000.0, thr=8),                   # another thread count
-            tm("ab", "tg64", 90.0, env={"X": "0"}, rnd=1), tm("ab", "tg64", 110.0, env={"X": "1"}, rnd=1),
-            tm("ab", "tg64", 100.0, env={"X": "0"}, rnd=2), tm("ab", "tg64", 130.0, env={"X": "1"}, rnd=2),
+            tm("ab", "tg64", 90.0, env={"X": "0"}, rnd=1, hit=0.7),
+            tm("ab", "tg64", 110.0, env={"X": "1"}, rnd=1),
+            tm("ab", "tg64", 100.0, env={"X": "0"}, rnd=2, hit=0.8),
+            tm("ab", "tg64", 130.0, env={"X": "1"}, rnd=2),
             peer("ab", 0, 64, 50.0),
             tm("gpu", "pp512", 999.0, call="c2")]               # a second call: no pair
     f = os.path.join(TMP, "2026-11-27-h100-s.jsonl")
@@ -90,7 +93,11 @@ def main():
         row = got.get(k)
         check(row is not None and row[6] == ratio, f"{k}: ratio {row and row[6]!r}, want {ratio!r}")
     ab = got.get(("ab", "X=1", "tg64 (-t 16)"))
-    check(ab is not None and "2 runs: 110.0-130.0" in ab[5], f"A/B rounds not averaged: {ab}")
+    check(ab is not None and "2 runs: 110.0-130.0" in ab[5] and ab[7] == "",
+          f"A/B rounds not averaged: {ab}")
+    ab0 = got.get(("ab", "X=0", "tg64 (-t 16)"))
+    check(ab0 is not None and ab0[7] == f"{100 * (0.7 + 0.8) / 2:.1f}%",
+          f"VRAM cache hit of the rounds: {ab0}")
     check(got.get(("pinned", "", "pp512 (-t 16)"), [""] * 7)[4] == "1,234",
           f"llama.cpp alone: {got.get(('pinned', '', 'pp512 (-t 16)'))}")
     r2 = rows(part2)
