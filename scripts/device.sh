@@ -2,6 +2,7 @@
 # The device harness: every run on the GPU machine starts here.
 #   scripts/device.sh --list                 the stages, what each runs and its knobs
 #   scripts/device.sh STAGE [STAGE...]       run them in order (headline = a set of them)
+#   scripts/device.sh --prepare              on the development machine: fill .devdeps/ and .peer/
 # Bench stages append their raw results (`tiermoe bench -o jsonl`, llama.cpp's
 # `llama-bench -o jsonl`), one JSON object a test with the engine, case, exact command,
 # environment, commit, date and machine (bench/record.py), to
@@ -12,10 +13,9 @@
 # THREADS (the core count), REPS (2), P (512), N (128), CASES (names: only these cases
 # of each stage), PEER (1; 0 = no llama.cpp), TM_COMMIT (the commit, where there is no
 # .git), SMOKE=1 (tiny models, 1 repetition, short tests: tries the harness anywhere).
-# The GPU machine's image lacks some libraries: carry .devdeps/ (the Debian packages
-# `apt-get download libjansson4 libjansson-dev libpcre2-8-0 libpcre2-dev libutf8proc2
-# libutf8proc-dev libcmocka0 libcmocka-dev libmicrohttpd12 libmicrohttpd-dev liburing2
-# liburing-dev`) and .peer/llama-bench.tar.xz (../shared/peer) with the working tree.
+# The GPU machine's image lacks some libraries and reaches no registry: carry .devdeps/
+# (the Debian packages of DEBS below) and .peer/llama-bench.tar.xz (../shared/peer) with
+# the working tree; --prepare makes both (git ignores them).
 # shellcheck disable=SC2317 # the stages are called by name (need)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -63,6 +63,22 @@ usage() {
     for a in "${!ALIAS[@]}"; do printf '  %-12s %s\n' "$a" "${ALIAS[$a]}"; done
 }
 
+DEBS="libjansson4 libjansson-dev libpcre2-8-0 libpcre2-dev libutf8proc2 libutf8proc-dev libcmocka0
+libcmocka-dev libmicrohttpd12 libmicrohttpd-dev liburing2 liburing-dev"
+
+# .devdeps/ and .peer/ for the GPU machine, made here (apt-get reaches the registry here).
+prepare() {
+    local f
+    mkdir -p .devdeps .peer
+    # shellcheck disable=SC2086 # DEBS: words
+    (cd .devdeps && apt-get download $DEBS) || { echo "--prepare: apt-get download FAILED"; return 1; }
+    for f in "${PEER_TAR:-}" ../shared/peer/llama-bench.tar.xz ../../shared/peer/llama-bench.tar.xz; do
+        [ -n "$f" ] && [ -f "$f" ] && cp "$f" .peer/ && break
+    done
+    [ -f .peer/llama-bench.tar.xz ] || { echo "--prepare: no llama-bench.tar.xz (set PEER_TAR)"; return 1; }
+    du -sh .devdeps .peer
+}
+
 # ---------------------------------------------------------------- settings
 OUT=${OUT:-/tmp/out}
 RESULTS=${RESULTS:-$OUT/results}
@@ -94,7 +110,8 @@ want() { [ -z "${CASES:-}" ] || has "$CASES" "$1"; }
 
 # The libraries the GPU machine's image lacks, from the Debian packages in .devdeps/.
 deps_env() {
-    if ! pkg-config --exists jansson libpcre2-8 libutf8proc 2> /dev/null && ls .devdeps/*.deb > /dev/null 2>&1; then
+    if ! pkg-config --exists jansson libpcre2-8 libutf8proc cmocka libmicrohttpd liburing 2> /dev/null &&
+        ls .devdeps/*.deb > /dev/null 2>&1; then
         mkdir -p /tmp/deps
         for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/deps; done
         # libmicrohttpd's .pc names gnutls for static links only; the image has the library
@@ -697,6 +714,10 @@ PY
 }
 
 # ---------------------------------------------------------------- main
+if [ "${1:-}" = --prepare ]; then
+    prepare
+    exit
+fi
 if [ $# = 0 ] || [ "$1" = -h ] || [ "$1" = --help ] || [ "$1" = --list ]; then
     usage
     [ $# = 0 ] && exit 2
