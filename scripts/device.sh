@@ -35,7 +35,7 @@ declare -A HELP=(
     [models]="make the bench files in MODELS_DIR: MODELS ('m30 m30q'; also m30v m30k gptoss tiny)"
     [full-gpu]="m30 everything on the GPU: llama.cpp -ngl 99 / tiermoe -ngl all, pp512 / tg128"
     [cpu-moe]="m30 experts in RAM: llama.cpp -ncmoe 48 mmap and -lm none / tiermoe --cpu-moe (case cpu-moe); -ncmoe 35 / --n-cpu-moe 35 (case ncmoe35)"
-    [cache]="m30q (Qwen3 routing profile), learn pass first: llama.cpp -ncmoe 35 / tiermoe --cpu-moe --moe-cache CACHE_MIB (4212) --moe-learn (case cache: the same VRAM); -ncmoe 23 / --moe-cache CACHE8_MIB (8100) (cache8); tiermoe --n-cpu-moe 35 (ncmoe35); by name in CASES only: cache-nolearn cache-off cache-full cache-admit4 plan u-cache replay"
+    [cache]="m30q (Qwen3 routing profile), learn pass first: llama.cpp -ncmoe 35 / tiermoe --cpu-moe --moe-cache CACHE_MIB (4212) --moe-learn (case cache: the same VRAM); -ncmoe 23 / --moe-cache CACHE8_MIB (8100) (cache8); by name in CASES only: ncmoe35 (both engines) cache-nolearn cache-off cache-full cache-admit4 plan u-cache replay"
     [cpu]="m30 CPU only: llama.cpp -dev none / tiermoe -ngl 0 (CPU_THREADS for tiermoe, default THREADS)"
     [long]="m30 everything on the GPU, pp2048 / tg512, both engines"
     [fetch]="m30 --cpu-moe prompts (pp P, tg 0) with each --moe-fetch of FETCH_MODES ('auto copy pcie off') and TIERMOE_FETCH_CPU_SHARE of FETCH_SHARES (''); llama.cpp -ncmoe 48 mmap and pinned"
@@ -143,7 +143,7 @@ record() {
     [ "$SMOKE" = 1 ] && model="$model (SMOKE: tiny)"
     python3 bench/record.py wrap --out "$RESULTS/$DAY-$SLUG-$STAGE.jsonl" --engine "$engine" \
         --stage "$STAGE" --case "$case" --model "$model" --model-file "$file" --env "$envs" \
-        --round "${ROUND:-1}" --machine "$RESULTS/machine.json" --commit "$COMMIT" \
+        --round "${ROUND:-1}" --machine "$OUT/machine.json" --commit "$COMMIT" \
         --call "$CALL" -- "$@" < "$TMPD/raw.jsonl"
 }
 
@@ -151,7 +151,7 @@ record() {
 # line that says the stage, commit, call and machine.
 keep() {
     [ -s "$1" ] || return 0
-    { echo "# scripts/device.sh $STAGE | commit $COMMIT | call $CALL | machine $(cat "$RESULTS/machine.json")"
+    { echo "# scripts/device.sh $STAGE | commit $COMMIT | call $CALL | machine $(cat "$OUT/machine.json")"
       cat "$1"; } >> "$RESULTS/$DAY-$SLUG-$STAGE-$2"
 }
 
@@ -453,8 +453,9 @@ stage_cache() {
     tm_case cache m30q "" --cpu-moe --moe-cache "$mib" --moe-learn "$learn"
     peer_case cache8 m30q -ngl 99 -ncmoe 23
     tm_case cache8 m30q "" --cpu-moe --moe-cache "${CACHE8_MIB:-8100}" --moe-learn "$learn"
-    tm_case ncmoe35 m30q "" --n-cpu-moe 35
     if [ -n "${CASES:-}" ]; then # the variants, by name only
+        peer_case ncmoe35 m30q -ngl 99 -ncmoe 35
+        tm_case ncmoe35 m30q "" --n-cpu-moe 35
         tm_case cache-nolearn m30q "" --cpu-moe --moe-cache "$mib"
         tm_case cache-off m30q "" --cpu-moe --moe-cache "$mib" --moe-learn "$learn" --moe-cache-update off
         tm_case cache-full m30q "" --cpu-moe --moe-cache "$mib" --moe-learn "$learn" --moe-cache-update full
@@ -738,10 +739,10 @@ done
 mkdir -p "$OUT/logs" "$RESULTS" "$MODELS_DIR"
 deps_env
 COMMIT=$(commit_id)
-python3 bench/record.py machine > "$RESULTS/machine.json" || exit 1
-SLUG=$(python3 bench/record.py slug "$RESULTS/machine.json")
+python3 bench/record.py machine > "$OUT/machine.json" || exit 1
+SLUG=$(python3 bench/record.py slug "$OUT/machine.json")
 echo "device.sh: ${run[*]} | commit $COMMIT | $(python3 -c "
-import json; m = json.load(open('$RESULTS/machine.json'))
+import json; m = json.load(open('$OUT/machine.json'))
 print(m['gpu'] or 'no GPU', '|', m['cpu'], '|', m['cores'], 'cores |', m['ram_gib'], 'GiB RAM')")"
 summary=()
 for s in "${run[@]}"; do
