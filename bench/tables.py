@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the tables of bench/results/ (markdown), tiermoe next to llama.cpp.
 
-    python3 bench/tables.py [FILE.jsonl|DIR ...] [--stage S] [--commands]
+    python3 bench/tables.py [FILE.jsonl|DIR ...] [--stage S] [--commands] [--wide]
 
 Reads the records scripts/device.sh writes (bench/record.py: the raw output of
 `tiermoe bench -o jsonl` or `llama-bench -o jsonl` under "result", with the engine,
@@ -102,7 +102,46 @@ def cell(vals):
     return f"{fmt(mean)} ({len(means)} runs: {fmt(min(means))}-{fmt(max(means))})", mean
 
 
-def stage_table(recs, commands):
+def table_head(test_col, show_env, show_hits):
+    """A table's header and rule lines: text columns, then the numbers right-aligned."""
+    text = ["case", "model"] + (["tiermoe env"] if show_env else []) + [test_col]
+    nums = ["llama.cpp t/s", "tiermoe t/s", "tiermoe / llama.cpp"] + \
+        (["VRAM cache hit"] if show_hits else [])
+    return ["| " + " | ".join(text + nums) + " |",
+            "| " + " | ".join(["---"] * len(text) + ["---:"] * len(nums)) + " |"]
+
+
+def wide_table(rows, hits, show_env, show_threads):
+    """The rows of one case, model and thread count side by side, as the docs' tables:
+    | case | llama.cpp pp512 / tg128 | tiermoe pp512 / tg128 | ratios |."""
+    groups = collections.OrderedDict()
+    for key, by in rows.items():
+        case, model, t, n_thr = key
+        groups.setdefault((case, model, n_thr), []).append((key, t, by))
+    lines = table_head("tests", show_env, bool(hits))
+    for (case, model, n_thr), tests in groups.items():
+        envs = []
+        for _, _, by in tests:
+            envs += [e for e in by["tiermoe"] if e not in envs]
+        for env in envs or [""]:
+            peer, tier, ratio, hit = [], [], [], []
+            for key, t, by in tests:
+                _, pm = cell([v for vs in by["llama.cpp"].values() for v in vs])
+                _, tm = cell(by["tiermoe"].get(env, []))
+                peer.append(fmt(pm) or "-")
+                tier.append(fmt(tm) or "-")
+                ratio.append(f"{tm / pm:.2f}" if tm is not None and pm else "-")
+                h = hits.get((key, env))
+                hit.append(f"{100 * sum(h) / len(h):.1f}%" if h else "-")
+            label = " / ".join(t for _, t, _ in tests) + (f" (-t {n_thr})" if show_threads else "")
+            lines.append("| " + " | ".join(
+                [case, model] + ([env] if show_env else []) +
+                [label, " / ".join(peer), " / ".join(tier), " / ".join(ratio)] +
+                ([" / ".join(hit)] if hits else [])) + " |")
+    return lines
+
+
+def stage_table(recs, commands, wide=False):
     """The markdown lines of one stage of one call."""
     thread_counts = {threads(r["engine"], r["result"]) for r in recs}
     # (case, model, test, threads) -> engine -> env -> [(mean, sd)]
@@ -119,12 +158,7 @@ def stage_table(recs, commands):
         if eng == "tiermoe" and res.get("vram_cache_hit") is not None:
             hits[(key, env)].append(res["vram_cache_hit"])
     show_env = any(env for v in rows.values() for env in v["tiermoe"] if env)
-    head = ["case", "model"] + (["tiermoe env"] if show_env else []) + \
-        ["test", "llama.cpp t/s", "tiermoe t/s", "tiermoe / llama.cpp"] + \
-        (["VRAM cache hit"] if hits else [])
-    n_num = 4 if hits else 3
-    lines = ["| " + " | ".join(head) + " |",
-             "| " + " | ".join(["---"] * (len(head) - n_num) + ["---:"] * n_num) + " |"]
+    lines = table_head("test", show_env, bool(hits))
     for key, by in rows.items():
         case, model, t, n_thr = key
         peer_vals = [v for vs in by["llama.cpp"].values() for v in vs]
@@ -139,6 +173,8 @@ def stage_table(recs, commands):
                                            [label, pc, tc, ratio] +
                                            ([f"{100 * sum(h) / len(h):.1f}%" if h else ""]
                                             if hits else [])) + " |")
+    if wide:
+        lines = wide_table(rows, hits, show_env, len(thread_counts) > 1)
     if commands:
         lines.append("")
         seen = set()
@@ -150,7 +186,7 @@ def stage_table(recs, commands):
     return lines
 
 
-def tables(by_file, stage=None, commands=False):
+def tables(by_file, stage=None, commands=False, wide=False):
     out = []
     for f, recs in by_file.items():
         calls = collections.OrderedDict()
@@ -172,7 +208,7 @@ def tables(by_file, stage=None, commands=False):
             for r in crecs:
                 stages.setdefault(r.get("stage", "?"), []).append(r)
             for s, srecs in stages.items():
-                out += ["", f"### {s}", ""] + stage_table(srecs, commands)
+                out += ["", f"### {s}", ""] + stage_table(srecs, commands, wide)
             out.append("")
     return out
 
@@ -183,12 +219,14 @@ def main():
     ap.add_argument("paths", nargs="*", default=[os.path.join(here, "results")])
     ap.add_argument("--stage", help="only this stage's tables")
     ap.add_argument("--commands", action="store_true", help="the exact command of every case")
+    ap.add_argument("--wide", action="store_true",
+                    help="a case's tests on one row (pp512 / tg128), as the docs' tables")
     a = ap.parse_args()
     by_file = load(a.paths)
     if not any(by_file.values()):
         print("tables.py: no records in " + " ".join(a.paths), file=sys.stderr)
         return 1
-    print("\n".join(tables(by_file, a.stage, a.commands)))
+    print("\n".join(tables(by_file, a.stage, a.commands, a.wide)))
     return 0
 
 

@@ -5,7 +5,7 @@ printed from them:
     two means computed here; only the same case, model, test and thread count of the same
     call pair (a second call's tiermoe row has no llama.cpp to compare with); A/B rounds
     are averaged (and the VRAM cache's hit shares); a case only llama.cpp ran has no ratio;
-    a bad line is reported, skipped;
+    a bad line is reported, skipped; --wide puts a case's tests on one row;
   - record.py wraps real raw output (`tiermoe bench -o jsonl` of a tiny model, and a line
     of llama-bench's JSONL as it prints one) unchanged under "result", with the command,
     environment, commit and machine, and tables.py reads it back.
@@ -106,6 +106,12 @@ def main():
           f"second call paired with the first call's llama.cpp: {r2}")
     check("H100" in part1 and "llama.cpp build deadbee" in part1 and "`tiermoe bench`" in part1,
           f"machine, llama.cpp build or commands missing:\n{part1}")
+    # --wide: a case's tests on one row, as the docs' tables
+    w = tables(f, "--wide").stdout.split("## 2026-11-27-h100-s.jsonl")[1:2] or [""]
+    gpu = [row for row in rows(w[0]) if row[0] == "gpu" and row[3].startswith("pp512 / tg128")]
+    check(len(gpu) == 1 and gpu[0][4:7] == ["1,000 / 200.0", "1,500 / 250.0",
+                                             f"{1500 / 1000:.2f} / {250 / 200:.2f}"],
+          f"--wide: {gpu}")
     print(f"  tables.py: {len(got)} rows of call 1, ratios as computed here; call 2 unpaired")
 
     # 2. record.py on real raw output
