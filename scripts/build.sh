@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Configure and build one flavour: release (default, for running and benchmarks)
-# or asan (AddressSanitizer + UndefinedBehaviorSanitizer, for tests).
+# Configure and build one flavour: release (default, for running and benchmarks),
+# asan (AddressSanitizer + UndefinedBehaviorSanitizer, for tests) or debug (-O0,
+# for a debugger; intrinsics that want immediates must still compile there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour=${1:-release}
 case "$flavour" in
     release) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
     asan)    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTM_SANITIZE=ON) ;;
-    *) echo "usage: scripts/build.sh [release|asan]" >&2; exit 2 ;;
+    debug)   flags=(-DCMAKE_BUILD_TYPE=Debug) ;;
+    *) echo "usage: scripts/build.sh [release|asan|debug]" >&2; exit 2 ;;
 esac
 py=()
 [ -x .venv/bin/python ] && py=(-DPython3_EXECUTABLE="$PWD/.venv/bin/python")

@@ -202,6 +202,21 @@ TM_AVX512_INLINE __m512i bcast16(char b0, char b1, char b2, char b3, char b4, ch
         _mm_setr_epi8(b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15));
 }
 
+/* 128-bit lane i of v in every lane. The shuffle wants an immediate: the
+ * switch gives one per case, which -O0 needs and an unrolled loop folds away. */
+TM_AVX512_INLINE __m512i lane_broadcast(__m512i v, int i) {
+    switch (i) {
+    case 0:
+        return _mm512_shuffle_i32x4(v, v, 0x00);
+    case 1:
+        return _mm512_shuffle_i32x4(v, v, 0x55);
+    case 2:
+        return _mm512_shuffle_i32x4(v, v, 0xAA);
+    default:
+        return _mm512_shuffle_i32x4(v, v, 0xFF);
+    }
+}
+
 TM_AVX512_INLINE void k45_dec_micro(int nr, const tm_tile_args *a, int64_t r, int q5) {
     enum { Z = -1 }; /* pshufb: a zero byte */
     const int ng = (nr + 3) / 4;
@@ -302,11 +317,7 @@ TM_AVX512_INLINE void k45_dec_micro(int nr, const tm_tile_args *a, int64_t r, in
                                                     _mm512_set1_epi8(16));
                     }
                 }
-                const __m512i scl = _mm512_shuffle_i32x4(sm, sm,
-                                                         i == 0   ? 0x00
-                                                         : i == 1 ? 0x55
-                                                         : i == 2 ? 0xAA
-                                                                  : 0xFF);
+                const __m512i scl = lane_broadcast(sm, i);
                 __m512i acci = _mm512_setzero_si512();
 #pragma GCC unroll 2
                 for (int p = 0; p < 2; p++) {

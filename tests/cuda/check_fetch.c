@@ -1,6 +1,7 @@
 /* cuda_moe_fetch_ahead (src/cuda/moe_fetch.cu): the experts a decode step
  * copies ahead, chosen on the device, into a buffer or a cache's slots, against
  * host references; and the copy rate at 30b-a3b's expert size. */
+#ifdef TM_HAVE_CUDA /* without CUDA nothing calls it: -O0 keeps it, unlinkable */
 #include "cuda_check.h"
 
 #include <stdbool.h>
@@ -254,3 +255,4 @@ void check_fetch_ahead(void **state) {
     cuda_timer_free(tm);
     cuda_host_free(host);
 }
+#endif /* TM_HAVE_CUDA */
