@@ -19,6 +19,8 @@ for f in cpu_gemm_avx512 cpu_gemm_amx cpu_gemm_amx_bf16; do
         -e 's/^int64_t cpu_gemm_amx_min_tokens/int64_t emu_amx_min_tokens/' src/cpu/$f.c > "$T/emu_$f.c"
 done
 CF="-O1 -std=c11 -D_GNU_SOURCE -Isrc -Itests/emu -mavx2 -mfma -mf16c -w"
+# a sanitized build's library needs the sanitizers' runtimes at link time
+grep -q '^TM_SANITIZE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && CF="$CF -fsanitize=address,undefined"
 gcc $CF -c "$T/emu_cpu_gemm_avx512.c" -o "$T/a.o"
 gcc $CF -c "$T/emu_cpu_gemm_amx.c" -o "$T/b.o"
 gcc $CF -c "$T/emu_cpu_gemm_amx_bf16.c" -o "$T/c.o"
