@@ -199,6 +199,10 @@ tm_status gguf_writer_finish(tm_gguf_writer *w);
 
 /* Copy every kv and tensor of a file into a new file (round-trip tests). */
 tm_status gguf_file_copy(const tm_gguf_file *f, const char *path);
+/* The same with one key changed: set to *value (added at the end when the
+ * file lacks it), or left out when value is NULL (tests of bad files). */
+tm_status gguf_file_copy_edit(const tm_gguf_file *f, const char *path, const char *key,
+                              const tm_gguf_value *value);
 
 #ifdef __cplusplus
 }

@@ -545,18 +545,29 @@ tm_status gguf_writer_finish(tm_gguf_writer *w) {
 /* ---- copy ---- */
 
 tm_status gguf_file_copy(const tm_gguf_file *f, const char *path) {
+    return gguf_file_copy_edit(f, path, NULL, NULL);
+}
+
+tm_status gguf_file_copy_edit(const tm_gguf_file *f, const char *path, const char *key,
+                              const tm_gguf_value *value) {
     if (!f || !path) return tm_error_set(TM_ERR_ARG, "gguf_file_copy: file or path is NULL");
     tm_gguf_writer *w;
     tm_status st = gguf_writer_init(&w, f->version, f->alignment);
     if (st) return st;
     char *name = NULL;
+    bool edited = false;
     for (uint64_t i = 0; i < f->n_kv && !st; i++) {
         /* keys hold no NUL bytes (the reader checks), so a C string copy is exact */
         name = strndup(f->kv[i].key.data, (size_t)f->kv[i].key.len);
-        st = name ? gguf_writer_set_value(w, name, &f->kv[i].value)
-                  : tm_error_set(TM_ERR_NOMEM, "gguf_file_copy: out of memory");
+        const bool edit = name && key && !strcmp(name, key);
+        edited |= edit;
+        st = !name   ? tm_error_set(TM_ERR_NOMEM, "gguf_file_copy: out of memory")
+             : !edit ? gguf_writer_set_value(w, name, &f->kv[i].value)
+             : value ? gguf_writer_set_value(w, name, value)
+                     : TM_OK;
         free(name);
     }
+    if (!st && key && value && !edited) st = gguf_writer_set_value(w, key, value);
     for (uint64_t i = 0; i < f->n_tensors && !st; i++) {
         const tm_gguf_tensor *t = &f->tensors[i];
         name = strndup(t->name.data, (size_t)t->name.len);
