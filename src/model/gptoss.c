@@ -42,7 +42,6 @@
 
 #define GPTOSS_SWIGLU_ALPHA 1.702f /* HF GptOssConfig.swiglu_alpha */
 #define GPTOSS_SWIGLU_LIMIT 7.0f   /* HF GptOssConfig.swiglu_limit */
-#define GPTOSS_MAX_HEAD_DIM 512
 #define GPTOSS_PI           3.14159265358979323846
 
 typedef struct gptoss_layer {
@@ -55,19 +54,9 @@ typedef struct gptoss_weights {
     tm_weight token_embd, output_norm, output;
     gptoss_layer *layers;
     tm_moe_router_params router;
-    float rope_freq[GPTOSS_MAX_HEAD_DIM / 2]; /* YaRN inverse frequencies */
+    float rope_freq[TM_MODEL_MAX_HEAD_DIM / 2]; /* YaRN inverse frequencies */
     float rope_mscale;
 } gptoss_weights;
-
-/* An optional key: absent leaves *out; present with another type is an error. */
-static tm_status gptoss_key_opt(const tm_model *m, const char *arch_key, bool is_float, void *out) {
-    char key[128];
-    snprintf(key, sizeof(key), "%s.%s", m->arch->name, arch_key);
-    if (!gguf_file_find_kv(m->file, key)) return TM_OK;
-    tm_status st =
-        is_float ? gguf_file_get_f32(m->file, key, out) : gguf_file_get_u32(m->file, key, out);
-    return st ? tm_error_wrap(st, "%s", m->file->path) : TM_OK;
-}
 
 /* YaRN's inverse frequencies and attention factor (see the header comment). */
 static tm_status gptoss_rope_load(tm_model *m, gptoss_weights *w) {
@@ -76,25 +65,15 @@ static tm_status gptoss_rope_load(tm_model *m, gptoss_weights *w) {
     char key[128];
     snprintf(key, sizeof(key), "%s.rope.scaling.type", m->arch->name);
     tm_gguf_str type = {0};
-    float factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
-    uint32_t orig = c->n_ctx_train;
     tm_status st;
     if ((st = gguf_file_get_str(m->file, key, &type)))
         return tm_error_wrap(st, "%s: gpt-oss needs YaRN RoPE", path);
     if (!gguf_str_eq(type, "yarn"))
         return tm_error_set(TM_ERR_UNSUPPORTED, "%s: key %s is '%.*s', gpt-oss uses 'yarn'", path,
                             key, (int)(type.len > 32 ? 32 : type.len), type.data);
-    if ((st = model_key_f32(m, "rope.scaling.factor", &factor)) ||
-        (st = model_key_u32(m, "rope.scaling.original_context_length", &orig)) ||
-        (st = gptoss_key_opt(m, "rope.scaling.yarn_beta_fast", true, &beta_fast)) ||
-        (st = gptoss_key_opt(m, "rope.scaling.yarn_beta_slow", true, &beta_slow)))
-        return st;
-    if (!(factor >= 1.0f) || !orig || !(beta_fast > beta_slow) || !(beta_slow > 0) ||
-        !(c->rope_base > 1.0f))
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: YaRN keys out of range (factor %g, original context %u, beta "
-                            "%g/%g, base %g)",
-                            path, factor, orig, beta_fast, beta_slow, c->rope_base);
+    /* the numbers were read and checked with the other keys (model_hparams_load) */
+    const double factor = c->rope_factor, orig = c->rope_orig_ctx;
+    const double beta_fast = c->yarn_beta_fast, beta_slow = c->yarn_beta_slow;
     const double d = c->head_dim, base = c->rope_base;
     double lo = d * log(orig / (beta_fast * 2 * GPTOSS_PI)) / (2 * log(base));
     double hi = d * log(orig / (beta_slow * 2 * GPTOSS_PI)) / (2 * log(base));
@@ -105,27 +84,7 @@ static tm_status gptoss_rope_load(tm_model *m, gptoss_weights *w) {
         const double ramp = r < 0 ? 0 : r > 1 ? 1 : r;
         w->rope_freq[i] = (float)(f / factor * ramp + f * (1 - ramp));
     }
-    w->rope_mscale = factor > 1.0f ? (float)(0.1 * log(factor) + 1.0) : 1.0f;
-    return TM_OK;
-}
-
-/* Every layer's window: even layers slide, odd layers see everything. */
-static tm_status gptoss_window_load(tm_model *m, uint32_t *window) {
-    const char *path = m->file->path;
-    tm_status st = model_key_u32(m, "attention.sliding_window", window);
-    if (st) return st;
-    uint32_t pattern = 2;
-    if ((st = gptoss_key_opt(m, "attention.sliding_window_pattern", false, &pattern))) return st;
-    if (!*window)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: key %s.attention.sliding_window is 0, but gpt-oss's even layers "
-                            "use a sliding window",
-                            path, m->arch->name);
-    if (pattern != 2)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: key %s.attention.sliding_window_pattern is %u, but gpt-oss "
-                            "alternates sliding and full layers (2)",
-                            path, m->arch->name, pattern);
+    w->rope_mscale = factor > 1 ? (float)(0.1 * log(factor) + 1.0) : 1.0f;
     return TM_OK;
 }
 
@@ -189,13 +148,8 @@ static tm_status gptoss_layer_bind(tm_model *m, uint32_t l, gptoss_layer *L) {
 
 static tm_status gptoss_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
-    tm_status st = model_moe_config_load(m);
+    tm_status st = model_hparams_load(m); /* the window and YaRN keys, too */
     if (st) return st;
-    uint32_t window = 0;
-    if (c->head_dim > GPTOSS_MAX_HEAD_DIM)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: head_dim %u > %d", m->file->path, c->head_dim,
-                            GPTOSS_MAX_HEAD_DIM);
-    if ((st = gptoss_window_load(m, &window))) return st;
 
     gptoss_weights *w = calloc(1, sizeof(*w));
     if (!w || !(w->layers = calloc(c->n_layer, sizeof(gptoss_layer)))) {
@@ -211,7 +165,7 @@ static tm_status gptoss_load(tm_model *m) {
     if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) return st;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         if ((st = gptoss_layer_bind(m, l, &w->layers[l]))) return st;
-        m->window[l] = l % 2 == 0 ? window : 0; /* the KV caches are sized by it, too */
+        m->window[l] = l % 2 == 0 ? c->window : 0; /* the KV caches are sized by it, too */
     }
     /* softmax over the k largest logits: the weights sum to 1 already */
     w->router = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX_TOPK, c->n_expert, c->n_expert_used,

@@ -63,22 +63,6 @@ void model_free(tm_model *m) {
     free(m);
 }
 
-tm_status model_key_u32(const tm_model *m, const char *arch_key, uint32_t *out) {
-    char key[128];
-    snprintf(key, sizeof(key), "%s.%s", m->arch->name, arch_key);
-    tm_status st = gguf_file_get_u32(m->file, key, out);
-    if (st != TM_OK) return tm_error_wrap(st, "%s", m->file->path);
-    return TM_OK;
-}
-
-tm_status model_key_f32(const tm_model *m, const char *arch_key, float *out) {
-    char key[128];
-    snprintf(key, sizeof(key), "%s.%s", m->arch->name, arch_key);
-    tm_status st = gguf_file_get_f32(m->file, key, out);
-    if (st != TM_OK) return tm_error_wrap(st, "%s", m->file->path);
-    return TM_OK;
-}
-
 static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dims,
                              const int64_t *ne, tm_weight *w, bool optional) {
     memset(w, 0, sizeof(*w));
@@ -385,44 +369,19 @@ tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int
 
 /* ---- what MoE decoders share ---- */
 
-tm_status model_moe_config_load(tm_model *m) {
-    tm_model_config *c = &m->cfg;
-    tm_status st;
-    if ((st = model_key_u32(m, "block_count", &c->n_layer)) ||
-        (st = model_key_u32(m, "embedding_length", &c->n_embd)) ||
-        (st = model_key_u32(m, "attention.head_count", &c->n_head)) ||
-        (st = model_key_u32(m, "attention.head_count_kv", &c->n_head_kv)) ||
-        (st = model_key_u32(m, "context_length", &c->n_ctx_train)) ||
-        (st = model_key_u32(m, "expert_count", &c->n_expert)) ||
-        (st = model_key_u32(m, "expert_used_count", &c->n_expert_used)) ||
-        (st = model_key_u32(m, "expert_feed_forward_length", &c->n_ff_exp)) ||
-        (st = model_key_f32(m, "attention.layer_norm_rms_epsilon", &c->rms_eps)) ||
-        (st = model_key_f32(m, "rope.freq_base", &c->rope_base)))
-        return st;
-    c->head_dim = c->n_embd / (c->n_head ? c->n_head : 1);
-    model_key_u32(m, "attention.key_length", &c->head_dim); /* optional: Qwen3 sets it explicitly */
-    uint32_t v_len = c->head_dim;
-    model_key_u32(m, "attention.value_length", &v_len);
-    const char *path = m->file->path;
-    if (!c->n_layer || !c->n_embd || !c->n_head || !c->n_head_kv || c->n_head % c->n_head_kv ||
-        !c->head_dim || c->head_dim % 2 || v_len != c->head_dim)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: inconsistent attention shape (%u heads, %u kv heads, key length "
-                            "%u, value length %u)",
-                            path, c->n_head, c->n_head_kv, c->head_dim, v_len);
-    if (!c->n_expert || c->n_expert > 1024 || !c->n_expert_used || c->n_expert_used > c->n_expert ||
-        c->n_expert_used > 32 || !c->n_ff_exp)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: not a usable MoE shape (%u experts, %u used, ff %u)", path,
-                            c->n_expert, c->n_expert_used, c->n_ff_exp);
-    return TM_OK;
-}
-
 tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out) {
     tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd;
     const tm_gguf_tensor *te = gguf_file_find_tensor(m->file, "token_embd.weight");
-    c->n_vocab = te && te->n_dims == 2 ? (uint32_t)te->ne[1] : 0;
+    c->n_vocab = 0; /* not 2-d: the binding below names the shape */
+    if (te && te->n_dims == 2) {
+        if (te->ne[1] < 1 || te->ne[1] > INT32_MAX)
+            return tm_error_set(TM_ERR_FORMAT,
+                                "%s: tensor 'token_embd.weight' has %lld rows (the vocabulary), "
+                                "expected 1 to 2^31-1 (token ids are int32)",
+                                m->file->path, (long long)te->ne[1]);
+        c->n_vocab = (uint32_t)te->ne[1];
+    }
     tm_status st;
     if ((st = model_weight_bind(m, "token_embd.weight", 2, (int64_t[]){E, c->n_vocab}, embd)) ||
         (st = model_weight_bind(m, "output_norm.weight", 1, (int64_t[]){E}, norm)) ||

@@ -26,12 +26,20 @@
 extern "C" {
 #endif
 
-/* Hyper-parameters every architecture has. */
+/* Hyper-parameters, read and checked by model_hparams_load (hparams.c). */
 typedef struct tm_model_config {
     uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     uint32_t n_expert, n_expert_used, n_ff_exp;
     float rope_base, rms_eps;
+    uint32_t v_head_dim, n_rot; /* checked equal to head_dim: the kernels assume it */
+    /* gpt-oss: the even layers' sliding window and its layer pattern; YaRN */
+    uint32_t window, window_pattern, rope_orig_ctx;
+    float rope_factor, yarn_beta_fast, yarn_beta_slow;
 } tm_model_config;
+
+#define TM_MODEL_MAX_EXPERTS      1024
+#define TM_MODEL_MAX_EXPERTS_USED 32
+#define TM_MODEL_MAX_HEAD_DIM     512
 
 typedef struct tm_model tm_model;
 typedef struct tm_context tm_context;
@@ -158,12 +166,12 @@ tm_status model_weight_bind(const tm_model *m, const char *name, uint32_t n_dims
 /* Same, but a missing tensor leaves w->data NULL and succeeds. */
 tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32_t n_dims,
                                      const int64_t *ne, tm_weight *w);
-tm_status model_key_u32(const tm_model *m, const char *arch_key, uint32_t *out);
 
-/* The hyper-parameters every MoE decoder has (block_count ... rope.freq_base;
- * head_dim from attention.key_length when present, else n_embd / n_head),
- * read and checked for consistency. */
-tm_status model_moe_config_load(tm_model *m);
+/* Read every numeric key of the model's architecture into m->cfg and check
+ * it (finite, in range, consistent with the others: the tables in
+ * hparams.c). Fails with a message naming the key (e.g.
+ * qwen3moe.rope.freq_base), its value and what was expected. */
+tm_status model_hparams_load(tm_model *m);
 /* token_embd, output_norm (f32) and output (token_embd's when absent: tied);
  * sets cfg.n_vocab from token_embd. */
 tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out);
@@ -195,7 +203,6 @@ tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *n
         tm_status st_ = (call);                                                                    \
         if (st_ != TM_OK) return st_;                                                              \
     } while (0)
-tm_status model_key_f32(const tm_model *m, const char *arch_key, float *out);
 
 #ifdef __cplusplus
 }

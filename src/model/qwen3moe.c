@@ -41,7 +41,7 @@ typedef struct qwen3moe_weights {
 
 static tm_status qwen3moe_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
-    tm_status st = model_moe_config_load(m);
+    tm_status st = model_hparams_load(m);
     if (st) return st;
     const char *path = m->file->path;
 

@@ -8,7 +8,7 @@
 - Timings are printed in llama.cpp's format.
 - Bad input: a prompt longer than the context, -n <= 0, unknown flags, a
   missing or unreadable file, a file that is not GGUF, a non-MoE or unknown
-  architecture, a token id outside the vocabulary: a clear message and a
+  architecture, a NaN RoPE base, a token id outside the vocabulary: a clear message and a
   non-zero exit, never a crash (the ASan build turns a crash into a failure).
 - Placement flags: an -ot pattern that is not a regex or names an unknown
   buffer type, a bad --moe-pcie / --moe-cache / -ngl value: exit 2 naming the
@@ -110,6 +110,14 @@ def main():
     w.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32("qwen3moe.rope.freq_base", 1e4)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    # the tiny model with rope.freq_base NaN (patched in place: the f32 after the key's name
+    # and type), which loaded and printed tokens from NaN logits with exit 0
+    nan_rope = os.path.join(TMP, "nan_rope.gguf")
+    data = bytearray(open(model, "rb").read())
+    at = data.find(b"qwen3moe.rope.freq_base") + len("qwen3moe.rope.freq_base")
+    check(data[at:at + 4] == (6).to_bytes(4, "little"), "rope.freq_base is not an f32 in the tiny model")
+    data[at + 4:at + 8] = np.float32("nan").tobytes()
+    open(nan_rope, "wb").write(data)
     long_prompt = ",".join(["1"] * 40)
     cases = [
         (["run", "-m", model, "--tokens", long_prompt, "-c", "32"], 2, "context"),
@@ -123,7 +131,8 @@ def main():
         (["run", "-m", not_gguf, "--tokens", "1"], 1, "not.gguf"),
         (["run", "-m", unreadable, "--tokens", "1"], 1, "unreadable.gguf"),
         (["run", "-m", dense, "--tokens", "1"], 1, "llama"),
-        (["run", "-m", noexp, "--tokens", "1"], 1, "MoE"),
+        (["run", "-m", noexp, "--tokens", "1"], 1, "qwen3moe.expert_count is 0"),
+        (["run", "-m", nan_rope, "--tokens", "1"], 1, "qwen3moe.rope.freq_base is nan"),
         (["run", "--tokens", "1"], 2, "-m"),
         (["run", "-m", model, "--tokens", "1", "--temp", "abc"], 2, "--temp"),
         (["bench", "-m", model, "-o", "xml"], 2, "-o"),

@@ -1,0 +1,229 @@
+/* The hyper-parameters of a model: every numeric key the architectures read,
+ * its range, and how keys relate, in two tables, so that a file with a NaN
+ * RoPE base or more experts used than it has is refused at load with a
+ * message naming the key, the value and what was expected, instead of
+ * loading and computing NaN logits. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/model.h"
+
+typedef enum hparam_kind { HP_U32, HP_F32 } hparam_kind;
+
+/* One key "<arch>.<key>" and the values it may take: lo <= v <= hi (lo < v
+ * when lo_open); floats must also be finite. An optional key that is absent
+ * takes dflt, or a value derived from others (hparams_derive). */
+typedef struct hparam {
+    const char *arch; /* NULL: every architecture */
+    const char *key;
+    hparam_kind kind;
+    size_t field; /* offsetof(tm_model_config, ...) */
+    bool optional;
+    double dflt;
+    double lo, hi;
+    bool lo_open;
+    bool even;           /* RoPE rotates pairs */
+    const char *what;    /* what the value means, for the message */
+    const char *derived; /* optional and absent: where the value came from (NULL: dflt) */
+} hparam;
+
+#define HP_MAX_DIM ((double)(1 << 20)) /* embedding, heads, ff: far above any model */
+#define HP(arch_, key_, kind_, field_)                                                             \
+    .arch = arch_, .key = key_, .kind = HP_##kind_, .field = offsetof(tm_model_config, field_)
+
+static const hparam hparams[] = {
+    {HP(NULL, "block_count", U32, n_layer), .lo = 1, .hi = 65536, .what = "layers"},
+    {HP(NULL, "embedding_length", U32, n_embd), .lo = 1, .hi = HP_MAX_DIM,
+     .what = "the residual stream's width"},
+    {HP(NULL, "attention.head_count", U32, n_head), .lo = 1, .hi = 65536, .what = "query heads"},
+    {HP(NULL, "attention.head_count_kv", U32, n_head_kv), .lo = 1, .hi = 65536,
+     .what = "key/value heads"},
+    {HP(NULL, "context_length", U32, n_ctx_train), .lo = 1, .hi = INT32_MAX,
+     .what = "the trained context"},
+    {HP(NULL, "expert_count", U32, n_expert), .lo = 1, .hi = TM_MODEL_MAX_EXPERTS,
+     .what = "experts per layer"},
+    {HP(NULL, "expert_used_count", U32, n_expert_used), .lo = 1, .hi = TM_MODEL_MAX_EXPERTS_USED,
+     .what = "experts a token uses"},
+    {HP(NULL, "expert_feed_forward_length", U32, n_ff_exp), .lo = 1, .hi = HP_MAX_DIM,
+     .what = "an expert's hidden width"},
+    {HP(NULL, "attention.layer_norm_rms_epsilon", F32, rms_eps), .lo = 0, .lo_open = true,
+     .hi = 0.01, .what = "RMSNorm's epsilon"},
+    {HP(NULL, "rope.freq_base", F32, rope_base), .lo = 1, .lo_open = true, .hi = INFINITY,
+     .what = "RoPE's base"},
+    /* absent: derived as llama.cpp does */
+    {HP(NULL, "attention.key_length", U32, head_dim), .optional = true, .lo = 2,
+     .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "a head's width",
+     .derived = "embedding_length / head_count"},
+    {HP(NULL, "attention.value_length", U32, v_head_dim), .optional = true, .lo = 2,
+     .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "a value head's width",
+     .derived = "key_length"},
+    {HP(NULL, "rope.dimension_count", U32, n_rot), .optional = true, .lo = 2,
+     .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "the rotated dimensions of a head",
+     .derived = "key_length"},
+    {HP("gpt-oss", "attention.sliding_window", U32, window), .lo = 1, .hi = INT32_MAX,
+     .what = "the window of the even layers"},
+    {HP("gpt-oss", "attention.sliding_window_pattern", U32, window_pattern), .optional = true,
+     .dflt = 2, .lo = 2, .hi = 2, .what = "gpt-oss alternates sliding and full layers"},
+    {HP("gpt-oss", "rope.scaling.factor", F32, rope_factor), .lo = 1, .hi = INFINITY,
+     .what = "YaRN's factor"},
+    {HP("gpt-oss", "rope.scaling.original_context_length", U32, rope_orig_ctx), .lo = 1,
+     .hi = INT32_MAX, .what = "YaRN's original context"},
+    {HP("gpt-oss", "rope.scaling.yarn_beta_fast", F32, yarn_beta_fast), .optional = true,
+     .dflt = 32, .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_fast"},
+    {HP("gpt-oss", "rope.scaling.yarn_beta_slow", F32, yarn_beta_slow), .optional = true, .dflt = 1,
+     .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_slow"},
+};
+
+#define HP_N (sizeof(hparams) / sizeof(hparams[0]))
+
+/* a OP b between two keys of the table (both read for the architecture). */
+typedef enum hparam_op { HP_LE, HP_LT, HP_EQ, HP_MULTIPLE_OF } hparam_op;
+
+typedef struct hparam_rel {
+    const char *a;
+    hparam_op op;
+    const char *b;
+} hparam_rel;
+
+static const hparam_rel relations[] = {
+    {"expert_used_count", HP_LE, "expert_count"},
+    {"attention.head_count", HP_MULTIPLE_OF, "attention.head_count_kv"},
+    {"attention.value_length", HP_EQ, "attention.key_length"}, /* the kernels share one width */
+    {"rope.dimension_count", HP_EQ, "attention.key_length"},   /* RoPE rotates whole heads */
+    {"rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
+};
+
+static bool hparam_applies(const hparam *h, const tm_model *m) {
+    return !h->arch || !strcmp(h->arch, m->arch->name);
+}
+
+static double hparam_value(const hparam *h, const tm_model_config *c) {
+    const char *p = (const char *)c + h->field;
+    return h->kind == HP_U32 ? (double)*(const uint32_t *)p : (double)*(const float *)p;
+}
+
+static void hparam_store(const hparam *h, tm_model_config *c, double v) {
+    char *p = (char *)c + h->field;
+    if (h->kind == HP_U32)
+        *(uint32_t *)p = (uint32_t)v;
+    else
+        *(float *)p = (float)v;
+}
+
+static const hparam *hparam_find(const tm_model *m, const char *key) {
+    for (size_t i = 0; i < HP_N; i++)
+        if (hparam_applies(&hparams[i], m) && !strcmp(hparams[i].key, key)) return &hparams[i];
+    return NULL;
+}
+
+static void hparam_format(const hparam *h, double v, char *buf, size_t n) {
+    if (h->kind == HP_U32)
+        snprintf(buf, n, "%u", (uint32_t)v);
+    else
+        snprintf(buf, n, "%g", v);
+}
+
+/* "<arch>.<key>" */
+static void hparam_name(const tm_model *m, const char *key, char *buf, size_t n) {
+    snprintf(buf, n, "%s.%s", m->arch->name, key);
+}
+
+/* Read every key of the architecture into m->cfg; absent optional keys take
+ * their defaults. *present: bit i set when hparams[i] was in the file. */
+static tm_status hparams_read(tm_model *m, uint64_t *present) {
+    _Static_assert(HP_N <= 64, "the presence mask holds 64 keys");
+    *present = 0;
+    for (size_t i = 0; i < HP_N; i++) {
+        const hparam *h = &hparams[i];
+        if (!hparam_applies(h, m)) continue;
+        char key[128];
+        hparam_name(m, h->key, key, sizeof(key));
+        if (h->optional && !gguf_file_find_kv(m->file, key)) {
+            hparam_store(h, &m->cfg, h->dflt);
+            continue;
+        }
+        char *p = (char *)&m->cfg + h->field;
+        tm_status st = h->kind == HP_U32 ? gguf_file_get_u32(m->file, key, (uint32_t *)p)
+                                         : gguf_file_get_f32(m->file, key, (float *)p);
+        if (st) return st; /* the reader's message names the file and the key */
+        *present |= (uint64_t)1 << i;
+    }
+    return TM_OK;
+}
+
+static bool hparam_present(const tm_model *m, uint64_t present, const char *key) {
+    return present >> (hparam_find(m, key) - hparams) & 1;
+}
+
+/* Absent widths follow from the others. */
+static void hparams_derive(tm_model *m, uint64_t present) {
+    tm_model_config *c = &m->cfg;
+    if (!hparam_present(m, present, "attention.key_length"))
+        c->head_dim = c->n_head ? c->n_embd / c->n_head : 0;
+    if (!hparam_present(m, present, "attention.value_length")) c->v_head_dim = c->head_dim;
+    if (!hparam_present(m, present, "rope.dimension_count")) c->n_rot = c->head_dim;
+}
+
+static tm_status hparams_check_ranges(const tm_model *m, uint64_t present) {
+    for (size_t i = 0; i < HP_N; i++) {
+        const hparam *h = &hparams[i];
+        if (!hparam_applies(h, m)) continue;
+        const double v = hparam_value(h, &m->cfg);
+        if (isfinite(v) && (h->lo_open ? v > h->lo : v >= h->lo) && v <= h->hi &&
+            (!h->even || fmod(v, 2) == 0))
+            continue;
+        char key[128], val[32], want[96], absent[96] = "";
+        hparam_name(m, h->key, key, sizeof(key));
+        hparam_format(h, v, val, sizeof(val));
+        if (h->kind == HP_U32 && h->lo == h->hi)
+            snprintf(want, sizeof(want), "%.0f", h->lo);
+        else if (h->kind == HP_U32)
+            snprintf(want, sizeof(want), "%s integer in [%.0f, %.0f]", h->even ? "an even" : "an",
+                     h->lo, h->hi);
+        else if (isinf(h->hi))
+            snprintf(want, sizeof(want), "a finite number %s %g", h->lo_open ? ">" : ">=", h->lo);
+        else
+            snprintf(want, sizeof(want), "a finite number in %c%g, %g]", h->lo_open ? '(' : '[',
+                     h->lo, h->hi);
+        if (!(present >> i & 1))
+            snprintf(absent, sizeof(absent), " (absent: %s)", h->derived ? h->derived : "default");
+        return tm_error_set(TM_ERR_FORMAT, "%s: key %s is %s%s, expected %s (%s)", m->file->path,
+                            key, val, absent, want, h->what);
+    }
+    return TM_OK;
+}
+
+static tm_status hparams_check_relations(const tm_model *m) {
+    static const char *const op_words[] = {"at most", "less than", "equal to", "a multiple of"};
+    for (size_t i = 0; i < sizeof(relations) / sizeof(relations[0]); i++) {
+        const hparam_rel *r = &relations[i];
+        const hparam *ha = hparam_find(m, r->a), *hb = hparam_find(m, r->b);
+        if (!ha || !hb) continue; /* not this architecture's */
+        const double a = hparam_value(ha, &m->cfg), b = hparam_value(hb, &m->cfg);
+        const bool ok = r->op == HP_LE   ? a <= b
+                        : r->op == HP_LT ? a < b
+                        : r->op == HP_EQ ? a == b
+                                         : b > 0 && fmod(a, b) == 0;
+        if (ok) continue;
+        char ka[128], kb[128], va[32], vb[32];
+        hparam_name(m, r->a, ka, sizeof(ka));
+        hparam_name(m, r->b, kb, sizeof(kb));
+        hparam_format(ha, a, va, sizeof(va));
+        hparam_format(hb, b, vb, sizeof(vb));
+        return tm_error_set(TM_ERR_FORMAT, "%s: key %s is %s, expected %s %s (%s)", m->file->path,
+                            ka, va, op_words[r->op], kb, vb);
+    }
+    return TM_OK;
+}
+
+tm_status model_hparams_load(tm_model *m) {
+    uint64_t present;
+    tm_status st = hparams_read(m, &present);
+    if (st) return st;
+    hparams_derive(m, present);
+    if ((st = hparams_check_ranges(m, present))) return st;
+    return hparams_check_relations(m);
+}
