@@ -36,7 +36,8 @@ def prompt(i):
 
 def client(base, i, n, out):
     body = json.dumps({"prompt": prompt(i), "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                       "stream": True, "cache_prompt": False}).encode()
+                       "stream": True, "cache_prompt": False,
+                       "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(base + "/v1/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     first = last = None
@@ -49,7 +50,7 @@ def client(base, i, n, out):
                 continue
             ch = json.loads(line[6:])
             now = time.perf_counter()
-            if ch["choices"][0].get("text"):
+            if ch["choices"] and ch["choices"][0].get("text"):
                 first = first or now
                 stamps.append(now)
             last = now

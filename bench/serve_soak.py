@@ -38,7 +38,7 @@ def stream_once(port, tokens, i, timeout=600):
                        "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True}).encode()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                       b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
                       b"\r\n\r\n" + body)
             data = b""
@@ -64,7 +64,8 @@ def main():
     os.environ.setdefault("TM_TEST_TMP", "/tmp/serve_soak")
     from server_harness import Server  # noqa: E402 (after TM_BIN_DIR)
 
-    srv = Server(a.model, "--quiet", "--max-connections", str(a.clients + 8), "--max-queue",
+    srv = Server(a.model, "--quiet", "--max-connections", str(a.clients + 8), "--max-connections-per-ip",
+                 str(2 * (a.clients + 8)), "--max-queue",
                  str(a.clients + 8), *flags, binary=os.path.join(a.build, "tiermoe"), timeout=3600)
     try:
         t0 = time.time()

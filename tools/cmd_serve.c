@@ -30,7 +30,9 @@ static void serve_usage(FILE *out) {
         "  --port N               port (default 8080; 0: any free one, printed)\n"
         "  --api-key KEY          require 'Authorization: Bearer KEY' (all but /health);\n"
         "                         also TIERMOE_API_KEY\n"
-        "  -a, --alias NAME       the model's name in /v1/models (default: the file's)\n"
+        "  -a, --alias NAME       a name requests may give as \"model\" (repeat or comma-list;\n"
+        "                         the first is the id in /v1/models). Always accepted: the\n"
+        "                         file's base name (with or without .gguf), general.name\n"
         "  -np, --parallel N      slots: N sequences decoded together in one batch, each with\n"
         "                         -c / N positions of the KV cache (default 1)\n"
         "  -n, --n-predict N      max_tokens of a request that gives none (default: the\n"
@@ -39,7 +41,15 @@ static void serve_usage(FILE *out) {
         "  --max-prompt N         the longest prompt in tokens (default: -c less one)\n"
         "  --max-body BYTES       the largest request body (default 8388608)\n"
         "  --max-queue N          requests that may wait (default 64; more get 503)\n"
-        "  --max-connections N    open connections (default 64)\n"
+        "  --max-connections N    requests served at once (default 64); more get 503 but\n"
+        "                         /health (libmicrohttpd holds up to 2N connections)\n"
+        "  --max-connections-per-ip N  connections from one address (default: half of\n"
+        "                         --max-connections)\n"
+        "  --read-timeout S       seconds a client has to send a request, headers and body,\n"
+        "                         from connecting or its previous reply (default 10)\n"
+        "  --cors-origin ORIGIN   pages of ORIGIN (http://host:port; repeat or comma-list;\n"
+        "                         * for any) may call the API: CORS headers, and their POSTs\n"
+        "                         accepted (else a POST from another page's Origin is 403)\n"
         "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony (default: from the model)\n"
         "  --no-expert-trace      no live expert counters (/moe-layer-perf answers 409; a\n"
         "                         full-GPU decode keeps its CUDA graph)\n"
@@ -51,7 +61,17 @@ static void serve_usage(FILE *out) {
     fputs(trace_config_help, out);
 }
 
-static int serve_main(int argc, char **argv, cli_place *place) {
+/* Append v to the comma-separated *list (a repeated flag); false out of memory. */
+static bool list_append(char **list, const char *v) {
+    const size_t n = *list ? strlen(*list) : 0;
+    char *grown = realloc(*list, n + strlen(v) + 2);
+    if (!grown) return false;
+    snprintf(grown + n, strlen(v) + 2, "%s%s", n ? "," : "", v);
+    *list = grown;
+    return true;
+}
+
+static int serve_main(int argc, char **argv, cli_place *place, char **aliases, char **origins) {
     const char *model_path = NULL;
     tm_server_params sp = {.port = 8080, .parallel = 1, .api_key = getenv("TIERMOE_API_KEY")};
     sample_params_default(&sp.sampling);
@@ -94,9 +114,13 @@ static int serve_main(int argc, char **argv, cli_place *place) {
             sp.host = v;
         else if (!strcmp(a, "--api-key"))
             sp.api_key = v;
-        else if (!strcmp(a, "-a") || !strcmp(a, "--alias"))
-            sp.alias = v;
-        else if (!strcmp(a, "--chat-template"))
+        else if (!strcmp(a, "-a") || !strcmp(a, "--alias") || !strcmp(a, "--cors-origin")) {
+            if (!list_append(!strcmp(a, "--cors-origin") ? origins : aliases, v)) {
+                fprintf(stderr, "tiermoe serve: out of memory\n");
+                return 1;
+            }
+            sp.alias = *aliases, sp.cors_origin = *origins;
+        } else if (!strcmp(a, "--chat-template"))
             sp.chat_template = v;
         else {
             static const struct {
@@ -109,7 +133,9 @@ static int serve_main(int argc, char **argv, cli_place *place) {
                         {"--max-prompt", NULL, 1, 1ll << 32},
                         {"--max-body", NULL, 1024, 1ll << 32},
                         {"--max-queue", NULL, 1, 1 << 20},
-                        {"--max-connections", NULL, 1, 4096}};
+                        {"--max-connections", NULL, 1, 4096},
+                        {"--max-connections-per-ip", NULL, 1, 8192},
+                        {"--read-timeout", NULL, 1, 3600}};
             size_t k = 0;
             while (k < sizeof(nums) / sizeof(nums[0]) && strcmp(a, nums[k].flag) &&
                    !(nums[k].alt && !strcmp(a, nums[k].alt)))
@@ -142,8 +168,14 @@ static int serve_main(int argc, char **argv, cli_place *place) {
             case 6:
                 sp.max_queue = (int)n;
                 break;
-            default:
+            case 7:
                 sp.max_connections = (int)n;
+                break;
+            case 8:
+                sp.max_per_ip = (int)n;
+                break;
+            default:
+                sp.read_timeout = (int)n;
                 break;
             }
         }
@@ -213,8 +245,10 @@ out:
 
 int cmd_serve(int argc, char **argv) {
     cli_place place = {0};
-    const int rc = serve_main(argc, argv, &place);
+    char *aliases = NULL, *origins = NULL; /* the repeated flags' values, comma-joined */
+    const int rc = serve_main(argc, argv, &place, &aliases, &origins);
     cli_place_free(&place);
+    free(aliases), free(origins);
     return rc;
 }
 #endif /* TM_HAVE_SERVER */

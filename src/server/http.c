@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,7 +64,9 @@ static void log_reply(const srv_req *r, unsigned status, const char *what) {
 static enum MHD_Result queue(srv_req *r, unsigned status, struct MHD_Response *resp,
                              const char *content_type) {
     if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (content_type) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, SRV_RETRY_AFTER);
+    srv_guard_cors_headers(r, resp);
     const enum MHD_Result res = MHD_queue_response(r->conn, status, resp);
     MHD_destroy_response(resp);
     srv_metrics_http(&r->s->metrics, status);
@@ -132,6 +136,16 @@ enum MHD_Result srv_reply_error(srv_req *r, unsigned status, const char *fmt, ..
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     return queue(r, status, error_response(status, msg), "application/json; charset=utf-8");
+}
+
+enum MHD_Result srv_reply_error_code(srv_req *r, unsigned status, const char *type,
+                                     const char *code, const char *param, const char *msg) {
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", msg);
+    utf8_sanitize(buf);
+    return srv_reply_json(r, status,
+                          json_pack("{s:{s:s, s:s, s:s, s:s}}", "error", "message", buf, "type",
+                                    type, "param", param, "code", code));
 }
 
 json_t *srv_body_object(srv_req *r, enum MHD_Result *res) {
@@ -277,6 +291,7 @@ enum MHD_Result srv_reply_job(srv_req *r, srv_job *j, bool stream) {
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    srv_guard_cors_headers(r, resp);
     const enum MHD_Result res = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     srv_metrics_http(&r->s->metrics, 200);
@@ -324,6 +339,14 @@ static const srv_route routes[] = {
     {"POST", "/moe-hot-cache", srv_handle_cache_post},
 };
 
+/* "Bearer KEY": the scheme in any case (RFC 9110), then spaces; the key or NULL. */
+static const char *bearer_token(const char *auth) {
+    if (!auth || strncasecmp(auth, "Bearer", 6) || (auth[6] != ' ' && auth[6] != '\t')) return NULL;
+    auth += 6;
+    while (*auth == ' ' || *auth == '\t') auth++;
+    return auth;
+}
+
 /* Constant-time comparison of the bearer token with the key. */
 static bool key_matches(const char *given, const char *key) {
     const size_t n = strlen(key), m = strlen(given);
@@ -347,10 +370,28 @@ static enum MHD_Result route(srv_req *r) {
             routes[i].fn != srv_handle_dashboard) {
             const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                            MHD_HTTP_HEADER_AUTHORIZATION);
-            if (!auth || strncmp(auth, "Bearer ", 7) || !key_matches(auth + 7, r->s->api_key))
+            const char *token = bearer_token(auth);
+            if (!token || !key_matches(token, r->s->api_key))
                 return srv_reply_error(r, 401, "Invalid API Key");
         }
+        enum MHD_Result res;
+        if (strcmp(routes[i].method, "GET") && !srv_guard_post(r, &res)) return res;
         return routes[i].fn(r);
+    }
+    if (*allow && !strcmp(r->method, "OPTIONS") &&
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin")) {
+        if (!srv_guard_cors_origin(r))
+            return srv_reply_error(r, 403,
+                                   "Origin: not allowed to call this server (--cors-origin)");
+        /* a CORS preflight from a page --cors-origin allows */
+        struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+        if (resp) {
+            MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
+            MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                    "Authorization, Content-Type");
+            MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+        }
+        return queue(r, 204, resp, NULL);
     }
     if (*allow) {
         char msg[256];
@@ -377,9 +418,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     srv_req r = {.s = s, .conn = c, .method = method, .path = url};
     srv_conn *sc = *con_cls;
     if (!sc) { /* the headers: say no to a body that is too large before reading it */
-        if (!(sc = calloc(1, sizeof(*sc)))) return MHD_NO;
+        if (!srv_watch_progress(c, false) || !(sc = calloc(1, sizeof(*sc)))) return MHD_NO;
         *con_cls = sc;
-        atomic_fetch_add(&s->in_flight, 1);
+        /* past the work limit only /health is answered, so it answers under any load */
+        if (atomic_fetch_add(&s->in_flight, 1) >= s->p.max_connections && strcmp(url, "/health")) {
+            srv_watch_progress(c, true);
+            return srv_reply_error(&r, 503,
+                                   "the server is busy: %d requests are being served "
+                                   "(--max-connections); retry later",
+                                   s->p.max_connections);
+        }
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -388,6 +436,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
             const unsigned long long n = strtoull(cl, &end, 10);
             if (errno || *end || n > s->p.max_body) {
                 sc->too_large = true;
+                srv_watch_progress(c, true);
                 return srv_reply_error(&r, 413, "request body: more than %zu bytes (--max-body)",
                                        s->p.max_body);
             }
@@ -414,6 +463,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    if (!srv_watch_progress(c, true)) return MHD_NO; /* cut at its deadline */
     if (sc->too_large)
         return srv_reply_error(&r, 413, "request body: more than %zu bytes (--max-body)",
                                s->p.max_body);
@@ -423,17 +473,61 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)c, (void)toe;
+    (void)toe;
     tm_server *s = cls;
     srv_conn *sc = *con_cls;
     if (sc) free(sc->body), free(sc), atomic_fetch_sub(&s->in_flight, 1);
     *con_cls = NULL;
+    srv_watch_next(c); /* a kept-alive connection's next request has its own deadline */
+}
+
+/* libmicrohttpd 0.9.75 (Debian 12) answers requests it cannot parse (an
+ * unparseable Content-Length, no Host, ...) without calling on_access, with an
+ * HTML page whose status line and headers go out twice. It logs why, then
+ * "Error processing request (HTTP response code is N ...)", on the
+ * connection's thread before it writes: there the reply is written once, as
+ * JSON, and the socket's sending side shut, so its own goes nowhere. */
+static _Thread_local int tls_fd = -1;      /* the connection this thread serves */
+static _Thread_local char tls_reason[256]; /* libmicrohttpd's last message about it */
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls, (void)uri;
+    tls_fd = conn_fd(c);
+    return NULL; /* *con_cls stays NULL for on_access's first call */
+}
+
+static void reply_for_mhd(tm_server *s, unsigned status) {
+    char *reason = strstr(tls_reason, ". Closing connection");
+    if (reason) *reason = '\0';
+    char msg[512];
+    snprintf(msg, sizeof(msg), "the HTTP layer refused the request: %s", tls_reason);
+    json_t *j = error_json(status, msg);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!body) return;
+    char head[256];
+    const int n = snprintf(head, sizeof(head),
+                           "HTTP/1.1 %u %s\r\nContent-Type: application/json; charset=utf-8\r\n"
+                           "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+                           status, MHD_get_reason_phrase_for(status), strlen(body));
+    if (send(tls_fd, head, (size_t)n, MSG_NOSIGNAL) == n)
+        (void)!send(tls_fd, body, strlen(body), MSG_NOSIGNAL);
+    free(body);
+    shutdown(tls_fd, SHUT_WR);
+    srv_metrics_http(&s->metrics, status);
+    if (!s->p.quiet) fprintf(stderr, "tiermoe serve: -> %u (%s)\n", status, msg);
 }
 
 static void on_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
-    fprintf(stderr, "tiermoe serve: libmicrohttpd: ");
-    vfprintf(stderr, fmt, ap);
+    char msg[1024];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    fprintf(stderr, "tiermoe serve: libmicrohttpd: %s", msg);
+    unsigned status;
+    if (sscanf(msg, "Error processing request (HTTP response code is %u", &status) == 1) {
+        if (tls_fd >= 0 && status >= 400 && status < 600) reply_for_mhd(cls, status);
+    } else {
+        snprintf(tls_reason, sizeof(tls_reason), "%.255s", msg);
+    }
 }
 
 /* ---- the daemon ---- */
@@ -450,11 +544,22 @@ tm_status srv_http_start(tm_server *s) {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, on_access, s,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_SOCK_ADDR,
-                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    tm_status st = srv_watch_start(&s->watch, s->p.read_timeout);
+    if (st != TM_OK) {
+        freeaddrinfo(ai);
+        return st;
+    }
+    /* Twice the work limit (--max-connections): past it, /health and the 503s still get
+     * through. The idle timeout is for a client that stops reading its reply; a request's
+     * arrival has the read deadline (watch.c). */
+    const unsigned idle = s->p.read_timeout > 60 ? (unsigned)s->p.read_timeout : 60;
+    s->daemon = MHD_start_daemon(
+        flags, (uint16_t)s->p.port, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_NOTIFY_CONNECTION, srv_watch_notify,
+        &s->watch, MHD_OPTION_CONNECTION_LIMIT, 2 * (unsigned)s->p.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->p.max_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
         return tm_error_set(TM_ERR_IO, "cannot listen on %s:%d (in use, or not an address here?)",
@@ -471,6 +576,7 @@ void srv_http_quiesce(tm_server *s) {
 void srv_http_stop(tm_server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
+    srv_watch_stop(&s->watch);                  /* after the daemon: its connections are gone */
     if (s->listen_fd >= 0) close(s->listen_fd); /* after the daemon, as MHD asks */
     s->listen_fd = -1;
 }

@@ -168,6 +168,10 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
         if (m.http[c])
             put(&t, "tiermoe_http_requests_total{code=\"%u\"} %llu\n", c,
                 (unsigned long long)m.http[c]);
+    family(&t, "tiermoe_http_read_timeouts_total", "counter",
+           "connections cut for not sending a request within --read-timeout");
+    put(&t, "tiermoe_http_read_timeouts_total %llu\n",
+        (unsigned long long)srv_watch_cut_count(&s->watch));
     family(&t, "tiermoe_requests_total", "counter",
            "generation requests by outcome (cancelled: the client left or the server stopped)");
     static const char *const outcome[3] = {"ok", "cancelled", "error"};

@@ -6,7 +6,9 @@
  * tokenizes it exactly as `tiermoe run --chat` / `run -p` do, and queues a
  * job; the worker generates and writes the reply: one JSON object, or
  * server-sent events (`chat.completion.chunk` / `text_completion` chunks, the
- * last with finish_reason and usage, then `data: [DONE]`). */
+ * last with finish_reason; with stream_options.include_usage one more with
+ * usage and no choices, as OpenAI sends; then `data: [DONE]`). A "model"
+ * other than the loaded model's names is OpenAI's 404 model_not_found. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +230,7 @@ typedef struct oai_job {
     srv_job *job;
     oai_kind kind;
     bool stream;
+    bool include_usage; /* stream_options.include_usage: a last chunk with usage */
     char id[48];
     int64_t created;
     srv_gen_params g;
@@ -296,6 +299,7 @@ static json_t *chunk_json(const oai_job *o, const char *text, size_t len, const 
     if (c)
         json_object_set_new(c, "choices",
                             json_pack("[o]", choice_json(o, text, len, finish, first)));
+    if (c && o->include_usage) json_object_set_new(c, "usage", json_null()); /* as OpenAI */
     return c;
 }
 
@@ -329,11 +333,16 @@ static void oai_run(tm_server *s, srv_job *j) {
         if (o->stream) sse_send(j, reply), reply = NULL;
     } else if (o->stream) {
         json_t *last = chunk_json(o, NULL, 0, r.finish, false);
-        if (last) {
-            json_object_set_new(last, "usage", usage_json(&r));
-            json_object_set_new(last, "timings", timings_json(&r));
-        }
+        if (last) json_object_set_new(last, "timings", timings_json(&r));
         sse_send(j, last);
+        if (o->include_usage) { /* its own chunk, choices empty */
+            json_t *u = chunk_json(o, NULL, 0, NULL, false);
+            if (u) {
+                json_object_set_new(u, "choices", json_array());
+                json_object_set_new(u, "usage", usage_json(&r));
+            }
+            sse_send(j, u);
+        }
         srv_job_emit(j, "data: [DONE]\n\n", 14);
     } else {
         reply = reply_head(o, o->kind == OAI_CHAT ? "chat.completion" : "text_completion");
@@ -376,12 +385,23 @@ static oai_job *parse_common(srv_req *r, json_t *body, oai_kind kind, enum MHD_R
     o->kind = kind;
     const json_t *model = json_object_get(body, "model"),
                  *so = json_object_get(body, "stream_options");
-    bool usage = true; /* the last chunk always carries usage */
     if (model && !json_is_string(model) && !json_is_null(model)) {
         snprintf(err, ERR_LEN, "model: expected a string");
+    } else if (json_is_string(model) &&
+               (strlen(json_string_value(model)) != json_string_length(model) ||
+                !srv_model_known(r->s, json_string_value(model)))) {
+        char msg[ERR_LEN + 256]; /* the name is cut, the id fits (sizeof model_name) */
+        snprintf(msg, sizeof(msg),
+                 "The model `%.200s` does not exist: this server serves `%.255s` (GET /v1/models; "
+                 "--alias adds names)",
+                 json_string_value(model), r->s->model_name);
+        oai_job_release(o);
+        *res =
+            srv_reply_error_code(r, 404, "invalid_request_error", "model_not_found", "model", msg);
+        return NULL;
     } else if (so && !json_is_object(so) && !json_is_null(so)) {
         snprintf(err, ERR_LEN, "stream_options: expected an object");
-    } else if ((!json_is_object(so) || field_bool(so, "include_usage", &usage, err)) &&
+    } else if ((!json_is_object(so) || field_bool(so, "include_usage", &o->include_usage, err)) &&
                refuse_unsupported(body, err) && field_bool(body, "stream", &o->stream, err) &&
                parse_generation(r->s, body, &o->g, err)) {
         return o;
@@ -565,14 +585,18 @@ enum MHD_Result srv_handle_models(srv_req *r) {
     if (!srv_ready(r, &res)) return res;
     const tm_server *s = r->s;
     const tm_model_config *c = &s->m->cfg;
+    json_t *aliases = json_array(); /* the other names a request's "model" may give */
+    for (int i = 1; aliases && i < s->n_names; i++)
+        json_array_append_new(aliases, json_string(s->names[i]));
     return srv_reply_json(
         r, 200,
-        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:s, s:I, s:I, s:I, s:i, s:i, s:i}}]}",
+        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:o, s:{s:s, s:I, s:I, s:I, s:i, s:i, s:i}}]}",
                   "object", "list", "data", "id", s->model_name, "object", "model", "created",
-                  (json_int_t)s->created, "owned_by", "tiermoe", "meta", "arch", s->m->arch->name,
-                  "n_params", (json_int_t)s->m->n_params, "size", (json_int_t)s->m->weight_bytes,
-                  "n_ctx", (json_int_t)s->n_ctx, "n_vocab", (int)c->n_vocab, "n_expert",
-                  (int)c->n_expert, "n_expert_used", (int)c->n_expert_used));
+                  (json_int_t)s->created, "owned_by", "tiermoe", "aliases", aliases, "meta", "arch",
+                  s->m->arch->name, "n_params", (json_int_t)s->m->n_params, "size",
+                  (json_int_t)s->m->weight_bytes, "n_ctx", (json_int_t)s->n_ctx, "n_vocab",
+                  (int)c->n_vocab, "n_expert", (int)c->n_expert, "n_expert_used",
+                  (int)c->n_expert_used));
 }
 
 /* ---- POST /tokenize, /detokenize ---- */

@@ -29,11 +29,14 @@ tm_status server_create(const tm_server_params *p, tm_server **out) {
     s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
     s->alias = dup_or_null(p->alias);
     s->chat_template = dup_or_null(p->chat_template);
+    s->cors_origin = dup_or_null(p->cors_origin);
     s->p.host = s->host, s->p.api_key = s->api_key, s->p.alias = s->alias;
-    s->p.chat_template = s->chat_template;
+    s->p.chat_template = s->chat_template, s->p.cors_origin = s->cors_origin;
     if (!s->p.max_body) s->p.max_body = 8u << 20;
     if (!s->p.max_queue) s->p.max_queue = 64;
     if (!s->p.max_connections) s->p.max_connections = 64;
+    if (!s->p.max_per_ip) s->p.max_per_ip = (s->p.max_connections + 1) / 2;
+    if (!s->p.read_timeout) s->p.read_timeout = 10;
     s->chat = chat;
     s->listen_fd = -1;
     atomic_init(&s->state, SRV_LOADING);
@@ -59,17 +62,46 @@ int server_port(const tm_server *s) {
     return s->port;
 }
 
-/* The model's name: --alias, else the file's base name less ".gguf". */
-static void model_name(tm_server *s, const char *path) {
-    const char *base = path ? strrchr(path, '/') : NULL;
-    base = s->alias ? s->alias : base ? base + 1 : path ? path : "model";
-    snprintf(s->model_name, sizeof(s->model_name), "%s", base);
-    const size_t n = strlen(s->model_name);
-    if (!s->alias && n > 5 && !strcmp(s->model_name + n - 5, ".gguf")) s->model_name[n - 5] = '\0';
-    /* JSON carries only UTF-8 */
-    json_t *probe = json_string(s->model_name);
-    if (!probe) snprintf(s->model_name, sizeof(s->model_name), "model");
+/* Add a name a request may give (valid UTF-8, not empty, not listed yet). */
+static void name_add(tm_server *s, const char *name, size_t len) {
+    json_t *probe = len ? json_stringn(name, len) : NULL; /* JSON carries only UTF-8 */
     json_decref(probe);
+    if (!probe || len >= sizeof(s->model_name)) return;
+    for (int i = 0; i < s->n_names; i++)
+        if (strlen(s->names[i]) == len && !memcmp(s->names[i], name, len)) return;
+    char **grown = realloc(s->names, (size_t)(s->n_names + 1) * sizeof(*grown));
+    char *copy = grown ? strndup(name, len) : NULL;
+    if (grown) s->names = grown;
+    if (copy) s->names[s->n_names++] = copy;
+}
+
+/* The names a request's "model" may give: each --alias, the file's base name
+ * (less and with ".gguf") and the GGUF's general.name. The first is the id. */
+static void model_names(tm_server *s, const tm_model *m) {
+    for (const char *a = s->alias; a && *a;) {
+        const char *end = strchr(a, ',');
+        const size_t n = end ? (size_t)(end - a) : strlen(a);
+        size_t lo = 0, hi = n;
+        while (lo < hi && a[lo] == ' ') lo++;
+        while (hi > lo && a[hi - 1] == ' ') hi--;
+        name_add(s, a + lo, hi - lo);
+        a = end ? end + 1 : a + n;
+    }
+    const char *path = m->file->path, *slash = path ? strrchr(path, '/') : NULL;
+    const char *base = slash ? slash + 1 : path ? path : "";
+    const size_t n = strlen(base);
+    name_add(s, base, n > 5 && !strcmp(base + n - 5, ".gguf") ? n - 5 : n);
+    name_add(s, base, n);
+    tm_gguf_str gn;
+    if (gguf_file_get_str(m->file, "general.name", &gn) == TM_OK)
+        name_add(s, gn.data, (size_t)gn.len);
+    snprintf(s->model_name, sizeof(s->model_name), "%s", s->n_names ? s->names[0] : "model");
+}
+
+bool srv_model_known(const tm_server *s, const char *name) {
+    for (int i = 0; i < s->n_names; i++)
+        if (!strcmp(s->names[i], name)) return true;
+    return false;
 }
 
 tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
@@ -91,7 +123,7 @@ tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
         return tm_error_set(TM_ERR_ARG, "%s", s->error);
     }
     s->created = (int64_t)time(NULL);
-    model_name(s, m->file->path);
+    model_names(s, m);
     if (!s->p.chat_template)
         s->chat = chat_format_detect(tokenizer_chat_template(tok), &s->chat_system);
     tm_status st = srv_worker_start(s);
@@ -135,6 +167,9 @@ void server_free(tm_server *s) {
     pthread_mutex_destroy(&s->step_mu);
     pthread_cond_destroy(&s->q_cv);
     pthread_mutex_destroy(&s->q_mu);
+    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
+    free(s->names);
     free(s->host), free(s->api_key), free(s->alias), free(s->chat_template);
+    free(s->cors_origin);
     free(s);
 }

@@ -37,7 +37,8 @@ typedef struct tm_server_params {
     int port;               /* 0: any free port (server_port tells which) */
     const char *api_key;    /* NULL: none; else every endpoint but /health needs
                                 "Authorization: Bearer KEY" */
-    const char *alias;      /* the model's name in /v1/models (NULL: the file's base name) */
+    const char *alias;      /* names a request's "model" may give, comma-separated, the first
+                               the id in /v1/models (NULL: the file's base name is the id) */
     int parallel;           /* slots: sequences decoded together, each with n_ctx / parallel
                                positions of the KV cache (0: 1; at most TM_SERVER_MAX_PARALLEL) */
     size_t max_body;        /* request body bytes (0: 8 MiB) */
@@ -45,7 +46,13 @@ typedef struct tm_server_params {
     int64_t max_tokens;     /* the largest max_tokens a request may ask for (0: the context size) */
     int64_t default_tokens; /* max_tokens when a request gives none (0: the context size) */
     int max_queue;          /* requests waiting (0: 64); more get 503 */
-    int max_connections;    /* open connections (0: 64) */
+    int max_connections;    /* requests served at once (0: 64); more get 503 but /health.
+                               libmicrohttpd holds up to twice as many connections */
+    int max_per_ip;         /* connections from one address (0: half of max_connections) */
+    int read_timeout;       /* seconds to receive a request, headers and body, from the
+                               connection's start or the previous reply's end (0: 10) */
+    const char *cors_origin;    /* origins (comma-separated, "*": any) whose pages may send
+                                requests: CORS headers, and POSTs from them accepted */
     tm_sampler_params sampling; /* defaults for what a request does not set */
     bool seed_given;            /* sampling.seed applies to requests without a seed; else each
                                    gets a fresh seed */

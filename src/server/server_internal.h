@@ -20,6 +20,8 @@
 #define SRV_MAX_STOP      4   /* stop strings a request may give (OpenAI's limit) */
 #define SRV_MAX_STOP_LEN  256 /* bytes of one */
 #define SRV_WAIT_MS       100 /* how often a waiting handler looks for a closed connection */
+#define SRV_WATCH_TICK_MS 100 /* how often the read deadlines are looked at */
+#define SRV_RETRY_AFTER   "1" /* seconds a 503 asks the client to wait */
 #define TM_SERVER_VERSION "0.1.0"
 
 typedef enum srv_state { SRV_LOADING, SRV_READY, SRV_ERROR } srv_state;
@@ -138,10 +140,40 @@ void srv_worker_stop(tm_server *s);
 /* Once no handler can read the context: the worker frees it and ends. */
 void srv_worker_release(tm_server *s);
 
+/* ---- read deadlines (watch.c) ---- */
+typedef struct srv_watch_conn srv_watch_conn;
+typedef struct srv_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_watch_conn *head; /* the open connections */
+    int64_t timeout_ms;
+    uint64_t n_cut;  /* connections cut at their deadline */
+    char reply[384]; /* the 408 sent to a client whose headers did not come in time */
+    pthread_t thread;
+    bool inited, started, stop;
+} srv_watch;
+/* Start the thread that cuts connections past their deadline. */
+tm_status srv_watch_start(srv_watch *w, int timeout_s);
+/* After the daemon stopped (no connection left). */
+void srv_watch_stop(srv_watch *w);
+/* libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION callback (cls: the srv_watch). */
+void srv_watch_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                      enum MHD_ConnectionNotificationCode code);
+/* The request's headers are in (whole: all of it; no deadline until the
+ * reply ends); false when the connection was cut at its deadline (then
+ * answer nothing). */
+bool srv_watch_progress(struct MHD_Connection *conn, bool whole);
+/* The reply ended: the next request's deadline starts now. */
+void srv_watch_next(struct MHD_Connection *conn);
+uint64_t srv_watch_cut_count(srv_watch *w);
+
 struct tm_server {
     tm_server_params p;
-    char *host, *api_key, *alias, *chat_template; /* owned copies of the params' strings */
+    char *host, *api_key, *alias, *chat_template, *cors_origin; /* owned copies of the params' */
+    char **names; /* what a request's "model" may be (the first: the id); server_load */
+    int n_names;
     struct MHD_Daemon *daemon;
+    srv_watch watch;
     int port;
     int listen_fd;    /* MHD_quiesce_daemon's socket, closed after the daemon stops (-1: none) */
     atomic_int state; /* srv_state */
@@ -251,6 +283,22 @@ json_t *srv_body_object(srv_req *r, enum MHD_Result *res);
 enum MHD_Result srv_reply_job(srv_req *r, srv_job *j, bool stream);
 /* 503 while the model loads or after it failed; true when it may be used. */
 bool srv_ready(srv_req *r, enum MHD_Result *res);
+/* OpenAI's error shape with a string code and the parameter it is about
+ * ({"error":{"message","type","param","code"}}), e.g. model_not_found. */
+enum MHD_Result srv_reply_error_code(srv_req *r, unsigned status, const char *type,
+                                     const char *code, const char *param, const char *msg);
+/* Whether a request's "model" names the loaded model (server.c). */
+bool srv_model_known(const tm_server *s, const char *name);
+
+/* ---- who may send what (guard.c) ---- */
+/* A state-changing request (not GET or HEAD): its Content-Type is JSON, its
+ * Origin (when sent) this server's or one --cors-origin allows, and on a
+ * loopback address its Host a loopback name. false after replying 403/415. */
+bool srv_guard_post(srv_req *r, enum MHD_Result *res);
+/* The request's Origin when --cors-origin allows it, else NULL. */
+const char *srv_guard_cors_origin(srv_req *r);
+/* The CORS headers of a reply to an origin --cors-origin allows (none else). */
+void srv_guard_cors_headers(srv_req *r, struct MHD_Response *resp);
 
 /* ---- the endpoints ---- */
 enum MHD_Result srv_handle_chat(srv_req *r);        /* POST /v1/chat/completions */

@@ -99,20 +99,55 @@ class Server:
             s.sendall(data)
             if half_close:
                 s.shutdown(socket.SHUT_WR)
-            out = b""
-            try:
-                while chunk := s.recv(65536):
-                    out += chunk
-            except (ConnectionResetError, socket.timeout):
-                pass
-            return out
+            return read_all(s)
 
 
 def error_shape(body):
-    """True when body is {"error": {"code", "message", "type"}}."""
+    """True when body is {"error": {"code", "message", "type"}} (code: the status, or OpenAI's
+    string such as "model_not_found")."""
     e = body.get("error") if isinstance(body, dict) else None
-    return isinstance(e, dict) and isinstance(e.get("code"), int) and isinstance(e.get("message"), str) \
+    return isinstance(e, dict) and isinstance(e.get("code"), (int, str)) and isinstance(e.get("message"), str) \
         and isinstance(e.get("type"), str)
+
+
+def connect(port, src="127.0.0.1", timeout=10):
+    """A connection to the server on 127.0.0.1 from a loopback source address (on Linux all
+    of 127.0.0.0/8 is loopback: another source is another client to a per-address cap)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(src, 0))
+
+
+def read_all(sock):
+    """Bytes until the peer closes (or resets) or the socket's timeout."""
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return out
+
+
+def parse_reply(raw):
+    """(status, {lower-case header: value}, body) of one raw HTTP reply; status None when
+    there is none."""
+    if not raw.startswith(b"HTTP/1."):
+        return None, {}, raw
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if headers.get("transfer-encoding") == "chunked":  # de-chunk
+        out, rest = b"", body
+        while rest:
+            size, _, rest = rest.partition(b"\r\n")
+            n = int(size.split(b";")[0] or b"0", 16)
+            if n == 0:
+                break
+            out, rest = out + rest[:n], rest[n + 2:]
+        body = out
+    return int(lines[0].split(" ", 2)[1]), headers, body
 
 
 def wait_for(cond, timeout=30, step=0.05):

@@ -105,7 +105,7 @@ def main():
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=120)
         req = json.dumps({"prompt": "Stream for a while", "max_tokens": 400, "ignore_eos": True,
                           "stream": True}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(req)).encode() +
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " + str(len(req)).encode() +
                      b"\r\n\r\n" + req)
         got = b""
         while got.count(b"data: ") < 5:

@@ -45,7 +45,7 @@ def status_of(reply):
 
 
 def post(path, body, extra=b""):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " +
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: Bearer " +
             KEY.encode() + b"\r\nContent-Type: application/json\r\n" + extra + b"Content-Length: " +
             str(len(body)).encode() + b"\r\n\r\n" + body)
 
@@ -54,18 +54,18 @@ def malformed(srv):
     chat = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,'
     cases = {
         "garbage request line": b"\x00\xff\xfe GARBAGE\r\n\r\n",
-        "HTTP/9": b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
+        "HTTP/9": b"GET /health HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n",
         "no Host": b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n",
-        "huge header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200000 + b"\r\n\r\n",
-        "bad Content-Length": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-        "Content-Length overflow": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+        "huge header": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 200000 + b"\r\n\r\n",
+        "bad Content-Length": b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+        "Content-Length overflow": b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
                                    b"99999999999999999999999\r\n\r\n",
         "body longer than declared": post("/v1/completions", b'{"prompt":"a","max_tokens":1}')[:-3] +
                                      b'1}  trailing junk',
-        "chunked body": b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " +
-                        KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n" +
+        "chunked body": b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: Bearer " +
+                        KEY.encode() + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n" +
                         b"e\r\ntent\":\"hello\"}\r\n0\r\n\r\n",
-        "bad chunk size": b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: "
+        "bad chunk size": b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nTransfer-Encoding: "
                           b"chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
         "empty body": post("/v1/chat/completions", b""),
         "NUL in body": post("/v1/chat/completions", b'{"messages":\x00[]}'),
@@ -98,9 +98,9 @@ def malformed(srv):
         "perf bad action": post("/moe-layer-perf", b'{"action":["reset"]}'),
         "plan garbage": post("/moe-hot-cache", b'{"format":"tiermoe-moe-plan","version":1}'),
         "wrong key": post("/v1/models", b"").replace(KEY.encode(), b"nope"),
-        "HEAD health": b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        "OPTIONS": b"OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        "path traversal": b"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "HEAD health": b"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        "OPTIONS": b"OPTIONS /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        "path traversal": b"GET /../../etc/passwd HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     }
     statuses = {}
     t0 = time.time()
@@ -126,7 +126,7 @@ def malformed(srv):
               post("/v1/chat/completions", chat + b'"stream":true}'),
               post("/v1/chat/completions", b'{"messages": 5}'),
               post("/tokenize", b'{"content":"abc"}'),
-              b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " + KEY.encode() +
+              b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: Bearer " + KEY.encode() +
               b"\r\n\r\n"]
     seen, lock = [], threading.Lock()
 

@@ -126,12 +126,15 @@ def main():
         greedy = r.choices[0].text
         print(f"  completions: greedy equals run -p ({ntok} tokens, {r.choices[0].finish_reason})")
 
-        # streamed: the chunks add up to the same text, the last has finish_reason and usage
+        # streamed: the chunks add up to the same text, the last has finish_reason; usage asked for
+        # (stream_options.include_usage) comes in a chunk of its own with no choices, as OpenAI's
         chunks = list(c.completions.create(model="serve", prompt=prompt, max_tokens=24, temperature=0,
-                                           stream=True, extra_body=fresh))
+                                           stream=True, stream_options={"include_usage": True}, extra_body=fresh))
+        usage, chunks = chunks[-1], chunks[:-1]
         check("".join(ch.choices[0].text for ch in chunks) == greedy, "streamed completion differs")
-        check(chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason and chunks[-1].usage
-              and chunks[-1].usage.completion_tokens == ntok, f"last completion chunk {chunks[-1]}")
+        check(chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason, f"last completion chunk {chunks[-1]}")
+        check(usage.choices == [] and usage.usage and usage.usage.completion_tokens == ntok and
+              usage.usage.prompt_tokens == r.usage.prompt_tokens, f"the usage chunk {usage}")
         check(all(ch.choices[0].finish_reason is None for ch in chunks[:-1]), "finish_reason before the end")
 
         # seeded sampling equals `run -s` (both start from the same defaults)
@@ -171,17 +174,23 @@ def main():
         print(f"  chat: two turns equal run --chat; the second evaluated {t2.get('prompt_n')} of "
               f"{r2.usage.prompt_tokens} prompt tokens")
 
-        # streamed chat: role first, content deltas, finish_reason + usage last, then [DONE]
+        # streamed chat: role first, content deltas, finish_reason last, the usage chunk, then [DONE]
         s = list(c.chat.completions.create(model="serve", messages=msgs[:1], max_tokens=20, temperature=0,
-                                           stream=True, extra_body=fresh))
+                                           stream=True, stream_options={"include_usage": True}, extra_body=fresh))
+        usage, s = s[-1], s[:-1]
         check(s[0].choices[0].delta.role == "assistant", "first chunk has no role")
         check("".join(ch.choices[0].delta.content or "" for ch in s) == a1, "streamed chat differs")
-        check(s[-1].choices[0].finish_reason == r1.choices[0].finish_reason and s[-1].usage.completion_tokens ==
-              r1.usage.completion_tokens, f"last chat chunk {s[-1]}")
+        check(s[-1].choices[0].finish_reason == r1.choices[0].finish_reason and usage.choices == [] and
+              usage.usage.completion_tokens == r1.usage.completion_tokens, f"last chat chunks {s[-1]} {usage}")
+        s = list(c.chat.completions.create(model="serve", messages=msgs[:1], max_tokens=20, temperature=0,
+                                           stream=True))
+        check(s[-1].choices[0].finish_reason and all(ch.usage is None for ch in s),
+              "usage streamed without stream_options.include_usage")
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
         req = json.dumps({"messages": msgs[:1], "max_tokens": 4, "stream": True}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                     b"\r\nConnection: close\r\nContent-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " +
+                     KEY.encode() + b"\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+                     str(len(req)).encode() + b"\r\n\r\n" + req)
         raw = b""
         while chunk := sock.recv(65536):
             raw += chunk
@@ -306,8 +315,8 @@ def main():
         m0 = metrics(srv)
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
         req = json.dumps({"prompt": "Go on forever", "max_tokens": 500, "ignore_eos": True, "stream": True}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                     b"\r\nContent-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
         got = b""
         while got.count(b"data: ") < 3:
             got += sock.recv(65536)
@@ -322,8 +331,8 @@ def main():
 
         # ---- SIGTERM while a stream runs: the stream ends, the server exits 0 ----
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                     b"\r\nContent-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
         got = sock.recv(65536)
         t0 = time.time()
         rc = srv.stop(signal.SIGTERM)

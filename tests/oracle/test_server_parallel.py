@@ -35,6 +35,7 @@ from oracle_common import check, finish  # noqa: E402
 from server_harness import Server, make_model, wait_for  # noqa: E402
 
 FRESH = {"cache_prompt": False}
+MODEL = "serve_parallel"  # the model file's base name: a name the server answers to
 PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there lived", "1, 2, 3,",
            "Hello", "A long time ago the people of the valley built a great stone bridge and",
            "def main():", "Q: What is the capital of France?\nA:", "In the beginning"]
@@ -55,7 +56,7 @@ def stream_socket(srv, prompt, max_tokens):
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=120)
     req = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                       "stream": True, "temperature": 0}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(req)).encode() +
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " + str(len(req)).encode() +
                  b"\r\n\r\n" + req)
     got = b""
     while got.count(b"data: ") < 2:
@@ -75,7 +76,7 @@ def main():
         # ---- alone: one request at a time, nothing reused ----
         alone = []
         for p, n in zip(PROMPTS, n_tok):
-            r = c.completions.create(model="m", prompt=p, max_tokens=n, temperature=0, extra_body=FRESH)
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=n, temperature=0, extra_body=FRESH)
             alone.append(r.choices[0].text)
 
         # ---- 8 clients at once on 4 slots ----
@@ -88,11 +89,11 @@ def main():
             cl = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0, timeout=300)
             time.sleep(0.02 * i)  # different start steps
             if i % 2:
-                chunks = cl.completions.create(model="m", prompt=PROMPTS[i], max_tokens=n_tok[i], temperature=0,
+                chunks = cl.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=n_tok[i], temperature=0,
                                                stream=True, extra_body=FRESH)
                 got[i] = "".join(ch.choices[0].text for ch in chunks)
             else:
-                r = cl.completions.create(model="m", prompt=PROMPTS[i], max_tokens=n_tok[i], temperature=0,
+                r = cl.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=n_tok[i], temperature=0,
                                           extra_body=FRESH)
                 got[i] = r.choices[0].text
 
@@ -126,12 +127,12 @@ def main():
               f"{seen['deferred']:.0f} waiting; {wall:.1f} s")
 
         # ---- a continuation goes to the slot holding its prefix ----
-        first = c.completions.create(model="m", prompt=PROMPTS[4], max_tokens=12, temperature=0)
+        first = c.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=12, temperature=0)
         for i in range(3):  # other slots get other prompts meanwhile
-            c.completions.create(model="m", prompt=PROMPTS[i], max_tokens=4, temperature=0)
+            c.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=4, temperature=0)
         cont = PROMPTS[4] + first.choices[0].text + " and then"
-        r = c.completions.create(model="m", prompt=cont, max_tokens=16, temperature=0)
-        ref = c.completions.create(model="m", prompt=cont, max_tokens=16, temperature=0, extra_body=FRESH)
+        r = c.completions.create(model=MODEL, prompt=cont, max_tokens=16, temperature=0)
+        ref = c.completions.create(model=MODEL, prompt=cont, max_tokens=16, temperature=0, extra_body=FRESH)
         cache_n = r.model_extra["timings"]["cache_n"]
         check(r.choices[0].text == ref.choices[0].text, "continuation differs from alone")
         check(cache_n >= first.usage.prompt_tokens + first.usage.completion_tokens - 2,
@@ -149,7 +150,7 @@ def main():
         cancelled = "tiermoe_requests_total,outcome=cancelled"
         check(metrics(srv).get(cancelled, 0) == m0.get(cancelled, 0) + 1, "the request was not cancelled")
         t1 = time.time()
-        r = c.completions.create(model="m", prompt="After", max_tokens=4, temperature=0)
+        r = c.completions.create(model=MODEL, prompt="After", max_tokens=4, temperature=0)
         dt = time.time() - t1
         busy = metrics(srv)["tiermoe_slots_busy"]
         check(r.usage.completion_tokens >= 1 and busy >= 3, f"no reply in the freed slot (busy {busy})")
