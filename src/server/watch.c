@@ -4,9 +4,12 @@
  * byte a second never reaches, and a connection holds one of a bounded
  * number of places; a thread here cuts connections past their deadline
  * (shutdown(2): libmicrohttpd's thread for the connection then reads the end
- * and closes it). A client that had not finished its headers first gets a
- * 408 with a JSON error; once the headers are in, libmicrohttpd may answer
- * (100 Continue, its own errors), so the connection is only shut. */
+ * and closes it). A client that had not finished the headers of its first
+ * request gets a 408 with a JSON error first; once the headers are in,
+ * libmicrohttpd may answer (100 Continue, its own errors), and a kept-alive
+ * connection idle between requests may be sending its next one as the 408
+ * goes out (a client would take it for that request's answer), so those are
+ * only shut. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,7 @@ struct srv_watch_conn {
     int64_t deadline_ms; /* CLOCK_MONOTONIC */
     bool reading;        /* receiving a request */
     bool headers_in;     /* its headers are in: libmicrohttpd may write */
+    bool kept_alive;     /* a reply went out: the next request is the client's choice */
     bool cut;            /* past its deadline: shut */
     srv_watch_conn *prev, *next;
 };
@@ -34,7 +38,7 @@ static int64_t now_ms(void) {
 static void cut(srv_watch *w, srv_watch_conn *c) {
     c->cut = true;
     w->n_cut++;
-    if (!c->headers_in) /* nothing of libmicrohttpd's is on the wire yet */
+    if (!c->headers_in && !c->kept_alive) /* nothing else is on the wire */
         (void)!send(c->fd, w->reply, strlen(w->reply), MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(c->fd, SHUT_RDWR);
 }
@@ -147,7 +151,7 @@ void srv_watch_next(struct MHD_Connection *conn) {
     srv_watch_conn *c = conn_of(conn);
     if (!c) return;
     pthread_mutex_lock(&c->w->mu);
-    c->reading = true, c->headers_in = false;
+    c->reading = true, c->headers_in = false, c->kept_alive = true;
     c->deadline_ms = now_ms() + c->w->timeout_ms;
     pthread_mutex_unlock(&c->w->mu);
 }

@@ -112,6 +112,12 @@ def deadlines(srv):
     port = srv.port
     t0 = time.time()
     idle = [connect(port, "127.0.0.2") for _ in range(3)]
+    kept = connect(port, "127.0.4.1")  # one request answered, then idle between requests
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    first = b""
+    while not first.endswith(b"}"):
+        first += kept.recv(65536)
+    t_kept = time.time()
     time.sleep(0.3)
     extra = connect(port, "127.0.0.2")
     dt, got = cut_after(extra, time.time(), 5)
@@ -133,6 +139,11 @@ def deadlines(srv):
               and "--read-timeout" in body["error"]["message"],
               f"idle connection {k}: ended after {dt:.1f} s (--read-timeout {TIMEOUT}) with {got[:200]!r}")
         s.close()
+    dt, got = cut_after(kept, t_kept)
+    check(first.startswith(b"HTTP/1.1 200") and TIMEOUT - 0.5 <= dt <= TIMEOUT + 2.5 and got == b"",
+          f"a kept-alive connection idle after its reply: ended after {dt:.1f} s with {got[:120]!r} (want nothing: "
+          "a client may be sending its next request)")
+    kept.close()
     for t in ts:
         t.join()
     for k in ("header", "body"):
@@ -141,8 +152,9 @@ def deadlines(srv):
         check(TIMEOUT - 0.5 <= dt <= TIMEOUT + 2.5 and (got == b"" or got.startswith(b"HTTP/1.1 408")),
               f"a client trickling its {k}: ended after {dt:.1f} s with {got[:120]!r}")
     n = metric(srv, "tiermoe_http_read_timeouts_total")
-    check(n >= 5, f"tiermoe_http_read_timeouts_total {n}, want 5 or more")
-    print(f"  3 idle connections cut after {TIMEOUT} s with a 408, a 4th from their address refused at once, "
+    check(n >= 6, f"tiermoe_http_read_timeouts_total {n}, want 6 or more")
+    print(f"  3 idle connections cut after {TIMEOUT} s with a 408 (a kept-alive one silently), a 4th from their "
+          "address refused at once, "
           f"/health answered; header and body trickles (a byte every 0.2 s) cut after "
           f"{out['header'][0]:.1f} and {out['body'][0]:.1f} s")
 
