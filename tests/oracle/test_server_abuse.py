@@ -46,7 +46,7 @@ def metric(srv, name):
     return total
 
 
-SOURCES = (f"127.0.{3 + i // 250}.{1 + i % 250}" for i in range(250 * 200))
+SOURCES = (f"127.1.{i // 250}.{1 + i % 250}" for i in range(250 * 250))
 
 
 def reply(raw):
@@ -162,31 +162,35 @@ def deadlines(srv):
 def overload(srv):
     """Past --max-connections (4) requests in flight, and with the queue (1) full: 503s."""
     port = srv.port
-    # 4 requests whose bodies never come hold the 4 places (each from its own address)
-    holders = []
-    for i in range(4):
-        s = connect(port, f"127.0.0.{5 + i}")
-        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-                  "Content-Length: 50\r\n\r\n".encode())
-        holders.append(s)
-    t0 = time.time()
-    time.sleep(0.3)
-    got = [http(port, "GET", "/v1/models", src="127.0.0.9"),
-           http(port, "POST", "/v1/completions", b'{"prompt":"Hi","max_tokens":2}',
-                ["Content-Type: application/json"], src="127.0.0.9"),
-           http(port, "GET", "/metrics", src="127.0.0.9")]
-    health = http(port, "GET", "/health", src="127.0.0.9")
-    elapsed = time.time() - t0
+    # 4 requests whose bodies never come hold the 4 places (each from its own address) until
+    # their read deadline; the checks must fall before it, so on a slow machine they are tried
+    # again (at most 3 times)
+    for attempt in range(3):
+        holders = []
+        for i in range(4):
+            s = connect(port, f"127.0.{5 + attempt}.{1 + i}")
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 50\r\n\r\n".encode())
+            holders.append(s)
+        t0 = time.time()
+        time.sleep(0.3)
+        got = [http(port, "GET", "/v1/models"),
+               http(port, "POST", "/v1/completions", b'{"prompt":"Hi","max_tokens":2}', ["Content-Type: application/json"]),
+               http(port, "GET", "/metrics")]
+        health = http(port, "GET", "/health")
+        elapsed = time.time() - t0
+        for s in holders:
+            cut_after(s, t0)
+            s.close()
+        if elapsed < TIMEOUT - 0.2:
+            break
     for st, hd, body, raw in got:
         check(is_503(st, hd, body) and "--max-connections" in body["error"]["message"],
               f"past --max-connections: {raw[:300]!r}")
     check(health[0] == 200 and health[2] == {"status": "ok"}, f"/health past --max-connections: {health[3][:200]!r}")
-    check(elapsed < TIMEOUT, f"the checks took {elapsed:.1f} s, past the holders' deadline: not conclusive")
-    for s in holders:
-        cut_after(s, t0)
-        s.close()
+    check(elapsed < TIMEOUT - 0.2, f"the checks took {elapsed:.1f} s, past the holders' deadline, 3 times")
     st, _, body, raw = http(port, "POST", "/v1/completions", b'{"prompt":"Hi","max_tokens":2}',
-                            ["Content-Type: application/json"], src="127.0.0.9")
+                            ["Content-Type: application/json"])
     check(st == 200, f"a request once the holders were cut: {raw[:300]!r}")
     print("  4 requests in flight (--max-connections 4): GET, POST and /metrics 503 with Retry-After, "
           "/health 200; served again once they were cut")
