@@ -43,7 +43,7 @@ static void serve_usage(FILE *out) {
         "  --max-queue N          requests that may wait (default 64; more get 503)\n"
         "  --max-connections N    requests served at once (default 64); more get 503 but\n"
         "                         /health (libmicrohttpd holds up to 2N connections)\n"
-        "  --max-connections-per-ip N  connections from one address (default: half of\n"
+        "  --max-connections-per-ip N  connections from one address (default: 1.5 x\n"
         "                         --max-connections)\n"
         "  --read-timeout S       seconds a client has to send a request, headers and body,\n"
         "                         from connecting or its previous reply (default 10)\n"

@@ -35,7 +35,9 @@ tm_status server_create(const tm_server_params *p, tm_server **out) {
     if (!s->p.max_body) s->p.max_body = 8u << 20;
     if (!s->p.max_queue) s->p.max_queue = 64;
     if (!s->p.max_connections) s->p.max_connections = 64;
-    if (!s->p.max_per_ip) s->p.max_per_ip = (s->p.max_connections + 1) / 2;
+    /* one address (all local clients, a reverse proxy) may fill the work limit and get its
+     * 503s; a quarter of libmicrohttpd's connections stays for the other addresses */
+    if (!s->p.max_per_ip) s->p.max_per_ip = s->p.max_connections + (s->p.max_connections + 1) / 2;
     if (!s->p.read_timeout) s->p.read_timeout = 10;
     s->chat = chat;
     s->listen_fd = -1;

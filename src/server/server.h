@@ -48,7 +48,7 @@ typedef struct tm_server_params {
     int max_queue;          /* requests waiting (0: 64); more get 503 */
     int max_connections;    /* requests served at once (0: 64); more get 503 but /health.
                                libmicrohttpd holds up to twice as many connections */
-    int max_per_ip;         /* connections from one address (0: half of max_connections) */
+    int max_per_ip;         /* connections from one address (0: 1.5 x max_connections) */
     int read_timeout;       /* seconds to receive a request, headers and body, from the
                                connection's start or the previous reply's end (0: 10) */
     const char *cors_origin;    /* origins (comma-separated, "*": any) whose pages may send
