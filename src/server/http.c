@@ -550,9 +550,10 @@ tm_status srv_http_start(tm_server *s) {
         return st;
     }
     /* Twice the work limit (--max-connections): past it, /health and the 503s still get
-     * through. The idle timeout is for a client that stops reading its reply; a request's
+     * through. libmicrohttpd's idle timeout stays long: it also cuts a stream whose next
+     * bytes take longer (queued, or a long prompt before the first token); a request's
      * arrival has the read deadline (watch.c). */
-    const unsigned idle = s->p.read_timeout > 60 ? (unsigned)s->p.read_timeout : 60;
+    const unsigned idle = SRV_IDLE_TIMEOUT_S;
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)s->p.port, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,

@@ -17,12 +17,13 @@
 #include "server/server.h"
 #include "tokenizer/chat.h"
 
-#define SRV_MAX_STOP      4   /* stop strings a request may give (OpenAI's limit) */
-#define SRV_MAX_STOP_LEN  256 /* bytes of one */
-#define SRV_WAIT_MS       100 /* how often a waiting handler looks for a closed connection */
-#define SRV_WATCH_TICK_MS 100 /* how often the read deadlines are looked at */
-#define SRV_RETRY_AFTER   "1" /* seconds a 503 asks the client to wait */
-#define TM_SERVER_VERSION "0.1.0"
+#define SRV_MAX_STOP       4   /* stop strings a request may give (OpenAI's limit) */
+#define SRV_MAX_STOP_LEN   256 /* bytes of one */
+#define SRV_WAIT_MS        100 /* how often a waiting handler looks for a closed connection */
+#define SRV_WATCH_TICK_MS  100 /* how often the read deadlines are looked at */
+#define SRV_RETRY_AFTER    "1" /* seconds a 503 asks the client to wait */
+#define SRV_IDLE_TIMEOUT_S 600 /* a connection sending and receiving nothing (a stream's wait) */
+#define TM_SERVER_VERSION  "0.1.0"
 
 typedef enum srv_state { SRV_LOADING, SRV_READY, SRV_ERROR } srv_state;
 

@@ -1,8 +1,9 @@
 /* Read deadlines: a connection sends its whole request, headers and body,
  * within --read-timeout seconds of opening or of its previous reply's end.
- * libmicrohttpd's own timeout counts idle time, which a client trickling a
- * byte a second never reaches, and a connection holds one of a bounded
- * number of places; a thread here cuts connections past their deadline
+ * libmicrohttpd's own timeout (600 s, as a stream may wait that long for its
+ * next bytes) counts idle time, which a client trickling a byte a second
+ * never reaches, and a connection holds one of a bounded number of places;
+ * a thread here cuts connections past their deadline
  * (shutdown(2): libmicrohttpd's thread for the connection then reads the end
  * and closes it). A client that had not finished the headers of its first
  * request gets a 408 with a JSON error first; once the headers are in,

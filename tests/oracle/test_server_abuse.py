@@ -217,7 +217,15 @@ def overload(srv):
         s.close()
     check(wait_for(lambda: metric(srv, "tiermoe_requests_processing") == 0 and
                    metric(srv, "tiermoe_requests_deferred") == 0, timeout=30), "the streams did not end")
-    print("  the queue full (-np 1, --max-queue 1): 503 with Retry-After")
+    # the read deadline ends once a request is in: a reply may take longer
+    t0 = time.time()
+    st, _, body, raw = http(port, "POST", "/v1/completions", json.dumps(
+        {"prompt": "Take your time", "max_tokens": 120, "ignore_eos": True, "stream": True}).encode(),
+        ["Content-Type: application/json"], timeout=120)
+    took = time.time() - t0
+    check(st == 200 and b'"finish_reason":"length"' in body and body.endswith(b"data: [DONE]\n\n"),
+          f"a stream of 120 tokens ({took:.1f} s, --read-timeout {TIMEOUT}): {body[-300:]!r}")
+    print(f"  the queue full (-np 1, --max-queue 1): 503 with Retry-After; a {took:.1f} s stream is not cut")
 
 
 def origins(srv):
