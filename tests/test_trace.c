@@ -104,11 +104,11 @@ static void test_counts_known_ids(void **state) {
     tm_model m = fake_model(L, E, k);
     tm_trace_config cfg = {.stats = true, .window = W};
     tm_trace *tr;
-    assert_int_equal(trace_create(&cfg, &m, &tr), TM_OK);
+    assert_int_equal(model_trace_create(&cfg, &m, &tr), TM_OK);
     inner_log inner = {0};
     tm_context_params p = {.cb = inner_cb, .cb_ud = &inner};
-    trace_attach(tr, &p);
-    trace_attach(tr, &p); /* twice is once */
+    trace_attach(tr, &p.cb, &p.cb_ud);
+    trace_attach(tr, &p.cb, &p.cb_ud); /* twice is once */
     tm_rng r;
     tm_rng_seed(&r, 7);
     /* two sequences: a prompt batch of 13 then 9 single decode steps; then a prompt of 4 and 3
@@ -185,7 +185,7 @@ static void test_reuse_window_known(void **state) {
     tm_model m = fake_model(1, E, k);
     tm_trace_config cfg = {.stats = true};
     tm_trace *tr;
-    assert_int_equal(trace_create(&cfg, &m, &tr), TM_OK);
+    assert_int_equal(model_trace_create(&cfg, &m, &tr), TM_OK);
     int32_t ids[40 * 4];
     /* the same 4 experts every token: every token from the R-th on shares all 4 */
     for (int t = 0; t < 40; t++)
@@ -259,10 +259,10 @@ static void test_counts_real_model(void **state) {
     rc.hist = calloc((size_t)rc.L * rc.E, sizeof(uint64_t));
     tm_trace_config cfg = {.stats = true};
     tm_trace *tr;
-    assert_int_equal(trace_create(&cfg, m, &tr), TM_OK);
+    assert_int_equal(model_trace_create(&cfg, m, &tr), TM_OK);
     tm_context_params cp = {
         .n_ctx = 128, .n_batch = 16, .n_threads = 2, .cb = route_cb, .cb_ud = &rc};
-    trace_attach(tr, &cp);
+    trace_attach(tr, &cp.cb, &cp.cb_ud);
     tm_context *ctx;
     assert_int_equal(model_context_create(m, &cp, &ctx), TM_OK);
     tm_rng r;
@@ -274,6 +274,12 @@ static void test_counts_real_model(void **state) {
     for (int i = 30; i < 40; i++)
         assert_int_equal(model_decode(ctx, toks + i, 1, TM_MOE_PHASE_DECODE, false), TM_OK);
     const tm_trace_stats *st = trace_get_stats(tr);
+    /* model_trace_create handed the tracer the model's shape and its routing label */
+    assert_string_equal(st->shape.arch, m->arch->name);
+    assert_int_equal(st->shape.n_layer, 2);
+    assert_int_equal(st->shape.n_expert, 128);
+    assert_int_equal(st->shape.n_expert_used, 8);
+    if (!strstr(st->routing, "skew 1")) fail_msg("routing label '%s' lacks 'skew 1'", st->routing);
     assert_int_equal(rc.tokens0, 40);
     assert_int_equal(st->tokens, 40);
     uint64_t distinct = 0;
@@ -302,7 +308,7 @@ static void make_stats(tm_trace_stats *out, uint32_t L, uint32_t E, uint32_t k, 
     tm_model m = fake_model(L, E, k);
     tm_trace_config cfg = {.stats = true, .window = 5};
     tm_trace *tr;
-    assert_int_equal(trace_create(&cfg, &m, &tr), TM_OK);
+    assert_int_equal(model_trace_create(&cfg, &m, &tr), TM_OK);
     tm_rng r;
     tm_rng_seed(&r, seed);
     int32_t ids[20 * 8];

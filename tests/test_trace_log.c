@@ -24,7 +24,6 @@
 #include "core/rng.h"
 #include "fuzz_corpus.h"
 #include "routing_test_util.h"
-#include "model/model.h"
 #include "trace/trace.h"
 #include "trace/trace_log.h"
 
@@ -129,10 +128,8 @@ static void test_round_trip(void **state) {
 
 static void test_tracer_writes_log(void **state) {
     (void)state;
-    static const tm_arch arch = {.name = "qwen3moe"};
-    tm_model m = {0};
-    m.arch = &arch;
-    m.cfg.n_layer = 3, m.cfg.n_expert = 24, m.cfg.n_expert_used = 3;
+    const tm_trace_shape shape = {
+        .arch = "qwen3moe", .n_layer = 3, .n_expert = 24, .n_expert_used = 3};
     char path[512];
     tmp_path(path, sizeof(path), "tracer.bin");
     remove(path);
@@ -140,7 +137,7 @@ static void test_tracer_writes_log(void **state) {
     tm_trace_config cfg = {.stats = true, .routing_log = path, .log = sink};
     tm_trace *tr;
     /* freed without trace_finish: no log */
-    assert_int_equal(trace_create(&cfg, &m, &tr), TM_OK);
+    assert_int_equal(trace_create(&cfg, &shape, NULL, &tr), TM_OK);
     trace_sequence_begin(tr);
     int32_t ids[16 * 3];
     tm_rng r;
@@ -151,7 +148,7 @@ static void test_tracer_writes_log(void **state) {
     assert_null(fopen(path, "rb"));
     /* the calls the tracer counts are the calls the log holds */
     log_expect x = {.L = 3, .k = 3};
-    assert_int_equal(trace_create(&cfg, &m, &tr), TM_OK);
+    assert_int_equal(trace_create(&cfg, &shape, NULL, &tr), TM_OK);
     for (int s = 0; s < 3; s++) {
         trace_sequence_begin(tr);
         x.n_seq++;

@@ -193,7 +193,7 @@ int cli_place_apply(cli_place *p, const char *cmd, const tm_model *m, tm_context
     cp->ram_cache_mib = p->ram_cache_mib;
     cp->moe_cache = p->cache;
     tm_trace_shape shape;
-    trace_shape_of_model(m, &shape);
+    model_trace_shape(m, &shape);
     if (p->learn_path) {
         if (!cache)
             fprintf(stderr, "tiermoe %s: --moe-learn is used with --moe-cache; ignored\n", cmd);

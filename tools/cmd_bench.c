@@ -258,13 +258,13 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     cp.n_ctx = ((max_pp > max_tg ? max_pp : max_tg) + 8) * max_np;
     cp.n_batch = o->batch > max_np ? o->batch : max_np;
     cp.profile = o->profile;
-    if (o->tr) trace_attach(o->tr, &cp);
+    if (o->tr) trace_attach(o->tr, &cp.cb, &cp.cb_ud);
     tm_context *ctx;
     if (model_context_create(m, &cp, &ctx) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 1;
     }
-    if (o->tr) trace_set_resident(o->tr, trace_tier_resident, ctx->tier);
+    if (o->tr) trace_set_resident(o->tr, tier_expert_resident, ctx->tier);
     char backend[128];
     bench_backend(ctx, backend, sizeof(backend));
     uint64_t dense_cpu, dense_gpu, exp_cpu, exp_gpu;
@@ -553,7 +553,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 1;
     }
-    if (trace_config_enabled(&tc) && trace_create(&tc, m, &o.tr) != TM_OK) {
+    if (trace_config_enabled(&tc) && model_trace_create(&tc, m, &o.tr) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         model_free(m);
         return 1;

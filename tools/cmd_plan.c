@@ -112,7 +112,7 @@ static int plan_model_bytes(const char *path, tm_trace_shape *shape, uint64_t **
         fprintf(stderr, "tiermoe plan: %s\n", tm_error_message());
         return 1;
     }
-    trace_shape_of_model(m, shape);
+    model_trace_shape(m, shape);
     tm_model_layout lay;
     int rc = 1;
     if (model_layout_scan(m->file, &lay) != TM_OK) {

@@ -362,17 +362,17 @@ static int run_main(int argc, char **argv, cli_place *place) {
         }
     }
     if (trace_config_enabled(&tc)) {
-        if (trace_create(&tc, s.m, &tr) != TM_OK) {
+        if (model_trace_create(&tc, s.m, &tr) != TM_OK) {
             fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
             goto out;
         }
-        trace_attach(tr, &cp);
+        trace_attach(tr, &cp.cb, &cp.cb_ud);
     }
     if (model_context_create(s.m, &cp, &s.ctx) != TM_OK) {
         fprintf(stderr, "tiermoe run: %s\n", tm_error_message());
         goto out;
     }
-    if (tr) trace_set_resident(tr, trace_tier_resident, s.ctx->tier);
+    if (tr) trace_set_resident(tr, tier_expert_resident, s.ctx->tier);
     if (n_prompt >= s.ctx->n_ctx) {
         fprintf(stderr,
                 "tiermoe run: the prompt has %lld tokens, the context only %lld positions (-c)\n",

@@ -295,16 +295,16 @@ static int trace_main(int argc, char **argv, cli_place *place) {
             goto out;
         }
     tc.output = out_path;
-    if (trace_create(&tc, m, &tr) != TM_OK) {
+    if (model_trace_create(&tc, m, &tr) != TM_OK) {
         fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
         goto out;
     }
-    trace_attach(tr, &cp);
+    trace_attach(tr, &cp.cb, &cp.cb_ud);
     if (model_context_create(m, &cp, &ctx) != TM_OK) {
         fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
         goto out;
     }
-    trace_set_resident(tr, trace_tier_resident, ctx->tier);
+    trace_set_resident(tr, tier_expert_resident, ctx->tier);
     const uint64_t t0 = tm_time_ns();
     uint64_t t_shown = 0;
     const int64_t n_vocab = m->cfg.n_vocab;

@@ -21,6 +21,7 @@
 #include "quant/quant.h"
 #include "tier/placement.h"
 #include "tier/tier.h"
+#include "trace/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -203,6 +204,12 @@ tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *n
         tm_status st_ = (call);                                                                    \
         if (st_ != TM_OK) return st_;                                                              \
     } while (0)
+
+/* ---- the expert usage tracer of a loaded model (model_trace.c) ---- */
+/* The tracer's shape of a model: its arch name and expert counts. */
+void model_trace_shape(const tm_model *m, tm_trace_shape *shape);
+/* trace_create with the model's shape and synthetic routing label. */
+tm_status model_trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace **out);
 
 #ifdef __cplusplus
 }

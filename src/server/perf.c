@@ -233,7 +233,7 @@ static void cache_run(tm_server *s, srv_job *j) {
  * same order). The caller holds the step lock when obs is the live counters. */
 static tm_status plan_from_stats(tm_server *s, const tm_trace_stats *obs, tm_plan *plan) {
     tm_trace_shape shape;
-    trace_shape_of_model(s->m, &shape);
+    model_trace_shape(s->m, &shape);
     tm_model_layout lay;
     tm_status st = model_layout_scan(s->m->file, &lay);
     if (st != TM_OK) return st;
@@ -281,7 +281,7 @@ static tm_status plan_from_learn(tm_server *s, const json_t *body, tm_plan *plan
                             "weighting: expected flat, pressure, smooth_pressure, time or "
                             "balanced");
     tm_trace_shape shape;
-    trace_shape_of_model(s->m, &shape);
+    model_trace_shape(s->m, &shape);
     const json_t *learn = json_object_get(body, "learn");
     if (!json_is_object(learn))
         return tm_error_set(TM_ERR_ARG, "learn: expected an object (a learn file, as GET "
@@ -313,7 +313,7 @@ enum MHD_Result srv_handle_cache_post(srv_req *r) {
         return srv_reply_error(r, 500, "out of memory");
     }
     tm_trace_shape shape;
-    trace_shape_of_model(r->s->m, &shape);
+    model_trace_shape(r->s->m, &shape);
     const tm_status st = counters ? plan_from_counters(r->s, &c->plan)
                          : learn  ? plan_from_learn(r->s, body, &c->plan)
                                   : plan_from_json(body, "request body", &shape, &c->plan);

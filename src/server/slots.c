@@ -242,11 +242,11 @@ static tm_status worker_setup(tm_server *s) {
     if (!s->p.no_trace) {
         tm_trace_config tc = s->p.trace;
         tc.stats = true;
-        if ((st = trace_create(&tc, s->m, &s->tr)) != TM_OK) return st;
-        trace_attach(s->tr, &cp);
+        if ((st = model_trace_create(&tc, s->m, &s->tr)) != TM_OK) return st;
+        trace_attach(s->tr, &cp.cb, &cp.cb_ud);
     }
     if ((st = model_context_create(s->m, &cp, &s->ctx)) != TM_OK) return st;
-    if (s->tr) trace_set_resident(s->tr, trace_tier_resident, s->ctx->tier);
+    if (s->tr) trace_set_resident(s->tr, tier_expert_resident, s->ctx->tier);
     for (uint32_t l = 0; l < s->m->cfg.n_layer; l++)
         s->has_cache |= tier_cache_slots(s->ctx->tier, l) > 0;
     s->n_ctx = s->ctx->n_ctx;

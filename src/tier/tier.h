@@ -60,7 +60,7 @@ extern "C" {
 
 /* Which experts the VRAM cache holds, and how it changes while running. */
 typedef struct tm_moe_cache_opts {
-    /* (trace/trace.h and tier/plan.h types, by tag: those headers include this one) */
+    /* (trace/trace.h and tier/plan.h types, by tag: plan.h includes this header) */
     const struct tm_trace_stats *learn; /* --moe-learn: observations to plan from and to seed
                                            the policies (NULL: none; the lowest ids) */
     const struct tm_plan *plan;         /* --moe-cache-plan: the experts of each layer (NULL: plan
@@ -171,6 +171,9 @@ int32_t tier_cache_slots(const tm_tier *t, uint32_t layer);
 /* The slot expert e of layer l is served from: its id for a layer wholly in
  * VRAM, a cache slot, or -1 (cold). */
 int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert);
+/* The tracer's residency callback (tm_trace_resident_fn; tier: a tm_tier *):
+ * whether tier_slot_of finds the expert in VRAM or a cache slot. */
+bool tier_expert_resident(void *tier, uint32_t layer, int32_t expert);
 /* Put expert e of layer l into cache slot s (its old expert becomes cold). */
 tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t expert);
 size_t tier_cache_bytes(const tm_tier *t);

@@ -35,6 +35,10 @@ int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert) {
     return L->slot_of ? L->slot_of[expert] : -1;
 }
 
+bool tier_expert_resident(void *tier, uint32_t layer, int32_t expert) {
+    return tier_slot_of(tier, layer, expert) >= 0;
+}
+
 size_t tier_cache_bytes(const tm_tier *t) {
     return t->cache_bytes;
 }

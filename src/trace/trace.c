@@ -8,8 +8,6 @@
 
 #include "core/log.h"
 #include "core/timing.h"
-#include "model/synth.h"
-#include "tier/tier.h"
 #include "trace/trace.h"
 #include "trace/trace_log.h"
 
@@ -52,14 +50,6 @@ void trace_stats_free(tm_trace_stats *s) {
     memset(s, 0, sizeof(*s));
 }
 
-void trace_shape_of_model(const tm_model *m, tm_trace_shape *shape) {
-    memset(shape, 0, sizeof(*shape));
-    snprintf(shape->arch, sizeof(shape->arch), "%s", m->arch ? m->arch->name : "?");
-    shape->n_layer = m->cfg.n_layer;
-    shape->n_expert = m->cfg.n_expert;
-    shape->n_expert_used = m->cfg.n_expert_used;
-}
-
 bool trace_stats_equal(const tm_trace_stats *a, const tm_trace_stats *b) {
     if (strcmp(a->shape.arch, b->shape.arch) || a->shape.n_layer != b->shape.n_layer ||
         a->shape.n_expert != b->shape.n_expert ||
@@ -100,7 +90,7 @@ struct tm_trace {
     tm_trace_config cfg;
     tm_trace_stats stats;
     trace_window *win; /* [n_layer] */
-    tm_tensor_cb next_cb;
+    tm_trace_tensor_fn next_cb;
     void *next_ud;
     tm_trace_log_writer *rlog; /* cfg.routing_log */
     int t_attn_layer, t_topk_layer;
@@ -113,25 +103,21 @@ void trace_set_resident(tm_trace *t, tm_trace_resident_fn fn, void *ud) {
     t->resident = fn, t->resident_ud = ud;
 }
 
-bool trace_tier_resident(void *tier, uint32_t layer, int32_t expert) {
-    return tier_slot_of(tier, layer, expert) >= 0;
-}
-
-tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace **out) {
+tm_status trace_create(const tm_trace_config *cfg, const tm_trace_shape *shape_in,
+                       const char *routing, tm_trace **out) {
     *out = NULL;
     tm_trace *t = calloc(1, sizeof(*t));
     if (!t) return tm_error_set(TM_ERR_NOMEM, "trace: out of memory");
     t->cfg = *cfg;
     if (!t->cfg.log) t->cfg.log = stderr;
     t->t_attn_layer = t->t_topk_layer = -1;
-    tm_trace_shape shape;
-    trace_shape_of_model(m, &shape);
+    const tm_trace_shape shape = *shape_in;
     tm_status st = trace_stats_init(&t->stats, &shape, cfg->window);
     if (st != TM_OK) {
         free(t);
         return st;
     }
-    synth_routing_label(m->file, t->stats.routing, sizeof(t->stats.routing));
+    snprintf(t->stats.routing, sizeof(t->stats.routing), "%s", routing ? routing : "");
     const uint32_t W = t->stats.window, k = shape.n_expert_used;
     t->win = calloc(shape.n_layer, sizeof(*t->win));
     if (!t->win) goto nomem;
@@ -167,10 +153,10 @@ void trace_free(tm_trace *t) {
     free(t);
 }
 
-void trace_attach(tm_trace *t, tm_context_params *p) {
-    if (p->cb == trace_tensor_cb && p->cb_ud == t) return; /* already attached */
-    t->next_cb = p->cb, t->next_ud = p->cb_ud;
-    p->cb = trace_tensor_cb, p->cb_ud = t;
+void trace_attach(tm_trace *t, tm_trace_tensor_fn *cb, void **cb_ud) {
+    if (*cb == trace_tensor_cb && *cb_ud == t) return; /* already attached */
+    t->next_cb = *cb, t->next_ud = *cb_ud;
+    *cb = trace_tensor_cb, *cb_ud = t;
 }
 
 void trace_reset(tm_trace *t) {

@@ -11,7 +11,10 @@
  * TM_TRACE_REUSE_WINDOW tokens, counted once a sequence has that many).
  *
  * How it is fed: trace_attach() installs trace_tensor_cb as the context's
- * named-intermediate callback (chaining any callback already set). Per layer
+ * named-intermediate callback (chaining any callback already set).
+ * The tracer sits below the model and the tier and knows neither: the caller
+ * hands in the shape, the routing label and (trace_set_resident) who is in
+ * VRAM; model_trace_create (model.h) does it for a loaded model. Per layer
  * the forward emits, in this order, "attn_out", "router_logits", "topk_ids",
  * "topk_weights", "ffn_out"; the tracer counts "topk_ids" (int32 [n_tok][k])
  * and takes timestamps at attn_out / topk_ids / ffn_out:
@@ -34,7 +37,6 @@
 #include <jansson.h>
 
 #include "core/status.h"
-#include "model/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,8 +78,6 @@ typedef struct tm_trace_stats {
 /* Zeroed counters for a shape; window 0 means TM_TRACE_WINDOW_DEFAULT. */
 tm_status trace_stats_init(tm_trace_stats *s, const tm_trace_shape *shape, uint32_t window);
 void trace_stats_free(tm_trace_stats *s);
-/* The shape of a loaded model. */
-void trace_shape_of_model(const tm_model *m, tm_trace_shape *shape);
 /* true when every field and count is equal. */
 bool trace_stats_equal(const tm_trace_stats *a, const tm_trace_stats *b);
 
@@ -152,11 +152,18 @@ extern const char trace_config_help[];
 /* ---- the live tracer (trace.c) ---- */
 typedef struct tm_trace tm_trace;
 
-tm_status trace_create(const tm_trace_config *cfg, const tm_model *m, tm_trace **out);
+/* A tracer of a model of this shape; routing (may be NULL: "") is the label
+ * of its synthetic routing, kept in the stats. */
+tm_status trace_create(const tm_trace_config *cfg, const tm_trace_shape *shape, const char *routing,
+                       tm_trace **out);
 void trace_free(tm_trace *t);
-/* Make the tracer see the context's intermediates; call before
- * model_context_create. Any callback already in p is still called. */
-void trace_attach(tm_trace *t, tm_context_params *p);
+/* A named-intermediate callback: the same type as tm_tensor_cb (exec/exec.h). */
+typedef void (*tm_trace_tensor_fn)(void *ud, const char *name, int layer, const void *data,
+                                   int64_t n_tok, int64_t n, bool is_int);
+/* Make the tracer see a context's intermediates: *cb and *cb_ud are the
+ * context parameters' (&p.cb, &p.cb_ud); call before model_context_create.
+ * Any callback already there is still called. */
+void trace_attach(tm_trace *t, tm_trace_tensor_fn *cb, void **cb_ud);
 /* The callback trace_attach installs (ud = the tracer). */
 void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, int64_t n_tok,
                      int64_t n, bool is_int);
@@ -166,8 +173,6 @@ void trace_tensor_cb(void *ud, const char *name, int layer, const void *data, in
  * layers' hot_slots_total / cold_slots_total); without, neither. */
 typedef bool (*tm_trace_resident_fn)(void *ud, uint32_t layer, int32_t expert);
 void trace_set_resident(tm_trace *t, tm_trace_resident_fn fn, void *ud);
-/* The residency of a context's tier (ud: its tm_tier *): in VRAM or a cache slot. */
-bool trace_tier_resident(void *tier, uint32_t layer, int32_t expert);
 /* A new sequence starts (context reset): working set and reuse forget the past. */
 void trace_sequence_begin(tm_trace *t);
 /* Count one forward call of `layer` routing n_tok tokens to ids [n_tok][n_expert_used]. */

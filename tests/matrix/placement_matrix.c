@@ -378,7 +378,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
     /* a learn file of random counts: it plans the cache and seeds its policies */
     tm_trace_stats learn;
     tm_trace_shape shape;
-    trace_shape_of_model(m, &shape);
+    model_trace_shape(m, &shape);
     PM_CHECK(trace_stats_init(&learn, &shape, 0), "learn");
     for (uint32_t l = 0; l < cfg->n_layer; l++)
         for (uint32_t e = 0; e < cfg->n_expert; e++) {

@@ -72,10 +72,10 @@ int main(int argc, char **argv) {
     }
     tm_trace_config tc = {.stats = true};
     tm_trace *tr;
-    if (trace_create(&tc, m, &tr) != TM_OK) return 1;
+    if (model_trace_create(&tc, m, &tr) != TM_OK) return 1;
     tm_context_params off = {.n_ctx = n + 8, .n_threads = threads};
     tm_context_params on = off;
-    trace_attach(tr, &on);
+    trace_attach(tr, &on.cb, &on.cb_ud);
     timed_cb tcb = {on.cb, on.cb_ud, 0, 0};
     on.cb = timed, on.cb_ud = &tcb;
     tm_context *c_off, *c_on;
