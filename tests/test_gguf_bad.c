@@ -345,7 +345,7 @@ static int feed_dir(const char *dir, int must_fail) {
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         size_t n = 0;
         uint8_t *p = read_all(path, &n);
-        if (!p) continue;
+        if (!p) fail_msg("%s: cannot read it", path); /* every file is fed, none skipped */
         tm_gguf_file *f = NULL;
         tm_status st = open_exact(p, n, e->d_name, &f);
         if (must_fail && st == TM_OK) fail_msg("%s: expected the reader to reject it", path);
