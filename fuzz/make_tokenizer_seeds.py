@@ -19,7 +19,7 @@ os.makedirs(out, exist_ok=True)
 
 
 def save(data):
-    name = hashlib.sha1(data).hexdigest()[:16]
+    name = "seed-" + hashlib.sha1(data).hexdigest()[:16]
     with open(os.path.join(out, name), "wb") as f:
         f.write(data)
 

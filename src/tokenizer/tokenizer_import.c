@@ -23,6 +23,11 @@
 #include "tokenizer/tokenizer_internal.h"
 
 #define MAX_IMPORT_TOKENS (1u << 24) /* far above any real vocabulary; bounds hostile ids */
+/* tokenizer.json numbers its tokens densely (a real vocabulary's holes, filled
+ * with "[PAD<id>]", are a handful of ids): an id must stay below twice the
+ * entries (model.vocab plus added_tokens) plus this slack, so that a small file
+ * cannot make the importer materialise millions of padding tokens. */
+#define IMPORT_ID_SLACK 1024
 
 typedef struct import_state {
     const char *path;
@@ -196,13 +201,17 @@ static int32_t added_id_by_content(const import_state *s, const char *content) {
 static tm_status collect_tokens(import_state *s, const json_t *vocab, const json_t *added,
                                 uint32_t pad_to) {
     uint64_t n = 0;
-    const char *key;
+    const char *key, *max_text = NULL; /* the token of the largest id and its field */
+    char max_field[48] = "";
     json_t *val;
     json_object_foreach((json_t *)vocab, key, val) {
         json_int_t id = json_integer_value(val);
         if (!json_is_integer(val) || id < 0 || id >= MAX_IMPORT_TOKENS)
             return jerr(s, "model.vocab: ids must be integers in [0, 2^24)");
-        if ((uint64_t)id + 1 > n) n = (uint64_t)id + 1;
+        if ((uint64_t)id + 1 > n) {
+            n = (uint64_t)id + 1, max_text = key;
+            snprintf(max_field, sizeof(max_field), "model.vocab");
+        }
     }
     for (size_t i = 0; i < json_array_size(added); i++) {
         const json_t *a = json_array_get(added, i);
@@ -212,9 +221,20 @@ static tm_status collect_tokens(import_state *s, const json_t *vocab, const json
             return jerr(
                 s,
                 "added_tokens: each entry needs an integer id in [0, 2^24) and a string content");
-        if ((uint64_t)id + 1 > n) n = (uint64_t)id + 1;
+        if ((uint64_t)id + 1 > n) {
+            n = (uint64_t)id + 1, max_text = json_string_value(json_object_get(a, "content"));
+            snprintf(max_field, sizeof(max_field), "added_tokens[%zu].id", i);
+        }
     }
     if (n == 0) return jerr(s, "model.vocab: empty");
+    const uint64_t entries = json_object_size(vocab) + json_array_size(added);
+    if (n > 2 * entries + IMPORT_ID_SLACK)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: %s: id %" PRIu64 " ('%.64s') is far past the %" PRIu64
+                            " entries of model.vocab and added_tokens (ids must be below %" PRIu64
+                            ": twice the entries plus %d)",
+                            s->path, max_field, n - 1, max_text, entries,
+                            2 * entries + IMPORT_ID_SLACK, IMPORT_ID_SLACK);
     if (pad_to && pad_to < n)
         return tm_error_set(TM_ERR_ARG,
                             "%s: the tokenizer has %" PRIu64
