@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv zstd xz-utils clang-format
               libcmocka-dev libpcre2-dev libjansson-dev libutf8proc-dev libmicrohttpd-dev liburing-dev
-              chromium)  # chromium: the server dashboard's test (tests/oracle/test_server_dashboard.py)
+              chromium   # chromium: the server dashboard's test (tests/oracle/test_server_dashboard.py)
+              clang-14 libclang-rt-14-dev)  # libFuzzer: scripts/fuzz_smoke.sh
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
