@@ -1,0 +1,82 @@
+/* An independent double-precision forward pass of the two architectures the
+ * placement matrix runs (qwen3moe and gpt-oss), for tests: the reference the
+ * engine's placements are compared with.
+ *
+ * Independent: it shares no code with src/moe, src/cpu, src/exec, src/tier or
+ * src/model. It reads the file with the GGUF reader (src/gguf) and widens the
+ * weights with the scalar dequantizers of src/quant/quant_ref.h (checked bit
+ * for bit against the gguf python package by test_quant_oracle); everything
+ * else (RMSNorm, RoPE and YaRN, attention with sinks and sliding windows, the
+ * routers, top-k, both SwiGLUs) is written here again from the models' math
+ * (tests/ref/qwen3moe_ref.py, HF's modeling_gpt_oss.py; docs/gptoss.md) as
+ * plain loops in double. Weights are kept as floats (a dequantized value is a
+ * float exactly), products and sums are double, the KV cache is double.
+ *
+ * One sequence, one token a step (a causal pass over all tokens gives the
+ * same values as any batching); after each step the sequence's ref_step_out
+ * holds the position's logits and every layer's intermediates under the
+ * golden-dump names (docs/golden-format.md). test_ref_forward checks it
+ * against the HF goldens of tests/data. Test code only. */
+#ifndef TM_TESTS_REF_FORWARD_H
+#define TM_TESTS_REF_FORWARD_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef enum ref_arch { REF_ARCH_QWEN3MOE, REF_ARCH_GPTOSS } ref_arch;
+
+/* One layer's weights, row-major as the file's ne order ([out][in]); NULL
+ * where the architecture has none. */
+typedef struct ref_layer {
+    float *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *bq, *bk, *bv, *bo, *sinks;
+    float *ffn_norm, *router, *router_b;
+    float *gate, *up, *down;       /* [n_expert][n_ff][n_embd], ... [n_expert][n_embd][n_ff] */
+    float *gate_b, *up_b, *down_b; /* [n_expert][n_ff], ... [n_expert][n_embd] */
+    int64_t window;                /* keys a query sees (itself included); 0: all */
+} ref_layer;
+
+typedef struct ref_model {
+    ref_arch arch;
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_vocab, n_expert, n_used, n_ff;
+    double eps;
+    double *inv_freq; /* [head_dim / 2]: RoPE's (YaRN's for gpt-oss) */
+    double mscale;    /* YaRN's factor on cos and sin (1 without) */
+    float *embd, *out_norm, *out;
+    ref_layer *layers;
+} ref_model;
+
+/* What one step computed, for its position. */
+typedef struct ref_step_out {
+    double *logits;        /* [n_vocab] */
+    double *attn_out;      /* [n_layer][n_embd], before the residual add */
+    double *router_logits; /* [n_layer][n_expert] (with gpt-oss's bias) */
+    int32_t *topk_ids;     /* [n_layer][n_used], highest first, ties to the lower id */
+    double *topk_w;        /* [n_layer][n_used] */
+    double *ffn_out;       /* [n_layer][n_embd] */
+    double *x_out;         /* [n_layer][n_embd] */
+} ref_step_out;
+
+typedef struct ref_seq ref_seq;
+
+/* Load a qwen3moe or gpt-oss GGUF: an error names the file and the key,
+ * tensor or type it could not take. */
+tm_status ref_model_load(const char *path, ref_model **out);
+void ref_model_free(ref_model *m);
+
+/* A sequence of at most n_ctx positions, from position 0. */
+tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out);
+void ref_seq_free(ref_seq *s);
+/* Evaluate token at the next position; the results are in ref_seq_out(s). */
+tm_status ref_seq_step(ref_seq *s, int32_t token);
+const ref_step_out *ref_seq_out(const ref_seq *s);
+/* The smallest gap over layers between the step's k-th and (k+1)-th router logits, each
+ * relative to the RMS of its layer's router logits: where it is below twice an
+ * implementation's router-logit error (in the same unit), its routing may differ. */
+double ref_step_route_gap(const ref_model *m, const ref_step_out *o);
+/* The same for one layer's n_expert router logits r and k experts used. */
+double ref_route_gap(const double *r, int n_expert, int k);
+/* Forget the positions from n_past on (the next step evaluates position n_past). */
+void ref_seq_rewind(ref_seq *s, int64_t n_past);
+
+#endif
