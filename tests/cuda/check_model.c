@@ -3,9 +3,10 @@
  * 1. The placement matrix (tests/matrix/placement_matrix.h) on the tiny model
  *    (3 layers, 16 experts) and a 4-layer, 32-expert one: CPU only, -ngl all,
  *    -ngl 2, --cpu-moe (PCIe lane off, auto, every slot), --n-cpu-moe 2,
- *    --moe-cache with a random hot set, an -ot mix; logits after prompt batches and decode steps against the CPU's
- *    precise mode (double products of the dequantized weights, f32 KV),
- *    routing identical except at near ties, 64 greedy tokens identical.
+ *    --moe-cache with a random hot set, an -ot mix; logits after prompt batches
+ *    and decode steps against the double-precision reference forward
+ *    (tests/ref/ref_forward.h), router logits within half the tie, routing
+ *    identical except at near ties, 64 greedy steps as the reference's.
  * 2. -ngl all with an f16 KV cache against the same reference (precise GPU
  *    context: f32 activations, so the f16 rounding of K and V is all that
  *    differs; the normal mode's 8-bit activations are the matrix's TOL_QUANT).
@@ -29,7 +30,12 @@
  *     error derived in tests/oracle/test_forward_ref.py.
  * Routing must match exactly except at a near tie: reference k-th and
  * (k+1)-th router logits closer than TIE (TIE_QUANT where either side runs the
- * CPU's 8-bit activations); such a step is reported and not compared. */
+ * CPU's 8-bit activations); such a step is reported and not compared. In the
+ * matrix (against the f64 reference) the ties are relative to the RMS of the
+ * token's router logits and twice the bound the matrix puts on their error:
+ * REF_TIE = 2 TOL_PROMPT (the precise mode's worst stage, tensor-core prompts),
+ * REF_TIE_QUANT = 0.2 (8-bit activations: test_mock_placement.c derives it);
+ * the greedy steps' tie is 2 TOL_DECODE (placement_matrix.h). */
 #ifdef TM_HAVE_CUDA
 #include "cuda_check.h"
 
@@ -48,7 +54,10 @@
 #define TIE        1e-3
 #define TIE_QUANT  2e-2 /* 8-bit activations move router logits by up to ~1e-2 */
 
-static const pm_tolerance gpu_tol = {TOL_PROMPT, TOL_DECODE, TOL_QUANT, TIE, TIE_QUANT};
+#define REF_TIE       (2 * TOL_PROMPT)
+#define REF_TIE_QUANT 0.2
+
+static const pm_tolerance gpu_tol = {TOL_PROMPT, TOL_DECODE, TOL_QUANT, REF_TIE, REF_TIE_QUANT};
 
 static tm_context_params run_params(int ngl, bool cpu_moe, int n_cpu_moe, bool precise, tm_type kv,
                                     int64_t n_batch, int n_threads) {
