@@ -39,46 +39,6 @@ __global__ void __launch_bounds__(TM_DQ_THREADS)
     if (i < n) out[i] = __float2half_rn(x[i]);
 }
 
-tm_status tm_dequant_check(const char *op, tm_type type, const void *w, size_t row_bytes,
-                           int64_t k) {
-    size_t esz = 1;
-    int64_t bs = 1;
-    switch (type) {
-    case TM_TYPE_F32:
-        esz = 4;
-        break;
-    case TM_TYPE_F16:
-    case TM_TYPE_BF16:
-        esz = 2;
-        break;
-    case TM_TYPE_Q4_K:
-    case TM_TYPE_Q5_K:
-    case TM_TYPE_Q6_K:
-        bs = 256;
-        break;
-    case TM_TYPE_Q8_0:
-    case TM_TYPE_Q4_0:
-    case TM_TYPE_MXFP4:
-        bs = 32;
-        break;
-    default:
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: weight type %s has no CUDA dequantizer", op,
-                            quant_type_name(type));
-    }
-    if (k <= 0 || k % bs)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: k = %lld is not a positive multiple of %s's block of %lld", op,
-                            (long long)k, quant_type_name(type), (long long)bs);
-    if (row_bytes < quant_row_size(type, k))
-        return tm_error_set(TM_ERR_ARG, "%s: row stride %zu bytes < %zu bytes of a %s row of %lld",
-                            op, row_bytes, quant_row_size(type, k), quant_type_name(type),
-                            (long long)k);
-    if (((uintptr_t)w | row_bytes) % esz)
-        return tm_error_set(TM_ERR_ARG, "%s: %s rows must be %zu-byte aligned", op,
-                            quant_type_name(type), esz);
-    return TM_OK;
-}
-
 tm_status tm_dequant_f16_run(const char *op, tm_type type, const void *w, size_t row_bytes,
                              int64_t rows, int64_t k, size_t expert_stride, const int32_t *slots,
                              int32_t n_groups, __half *out, int64_t out_group_stride,
@@ -115,13 +75,8 @@ tm_status tm_f32_to_f16_run(const char *op, const float *x, int64_t n, __half *o
 extern "C" tm_status cuda_dequantize_f16(tm_type type, const void *w, size_t row_bytes,
                                          int64_t rows, int64_t k, void *out_f16,
                                          tm_cuda_stream stream) {
-    if (rows <= 0)
-        return tm_error_set(TM_ERR_ARG, "cuda_dequantize_f16: rows %lld x k %lld (want rows >= 1)",
-                            (long long)rows, (long long)k);
-    tm_status st = tm_dequant_check("cuda_dequantize_f16", type, w, row_bytes, k);
+    tm_status st = cuda_dequantize_f16_args_check(type, w, row_bytes, rows, k, out_f16);
     if (st != TM_OK) return st;
-    if ((uintptr_t)out_f16 & 1)
-        return tm_error_set(TM_ERR_ARG, "cuda_dequantize_f16: output must be 2-byte aligned");
     return tm_dequant_f16_run("cuda_dequantize_f16", type, w, row_bytes, rows, k, 0, NULL, 1,
                               (__half *)out_f16, 0, stream);
 }

@@ -26,6 +26,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "cuda/cuda_args.h"
 #include "cuda/mmvq.cuh"
 
 #define TM_DQ_THREADS 256
@@ -122,16 +123,10 @@ static __device__ __forceinline__ __half tm_dq1_f16(int type, const uint8_t *row
     return __float2half_rn(((const float *)row)[j]);
 }
 
-/* Host check shared by the launchers: a type with a decoder, k a positive
- * multiple of its block, row_bytes holding a row, rows aligned to the element
- * size of float types. `op` names the caller in the message. */
-tm_status tm_dequant_check(const char *op, tm_type type, const void *w, size_t row_bytes,
-                           int64_t k);
-
 /* Dequantize `rows` rows of k values for each of n_groups groups:
  * group g reads rows at w + slots[g]*expert_stride (slots NULL: w itself) and
  * writes out + g*out_group_stride as [rows][k] f16. Arguments checked by the
- * caller (tm_dequant_check); n_groups <= 65535. */
+ * caller (cuda_weights_check); n_groups <= 65535. */
 tm_status tm_dequant_f16_run(const char *op, tm_type type, const void *w, size_t row_bytes,
                              int64_t rows, int64_t k, size_t expert_stride, const int32_t *slots,
                              int32_t n_groups, __half *out, int64_t out_group_stride,

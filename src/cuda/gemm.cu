@@ -83,16 +83,8 @@ extern "C" tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, siz
                                int64_t rows, int64_t k, const float *x, int64_t n_tok, float *y,
                                void *scratch, tm_cuda_stream stream) {
     static const char op[] = "cuda_gemm";
-    if (!b || rows <= 0 || n_tok <= 0 || rows > 0x7fffffffLL || n_tok > 0x7fffffffLL ||
-        k > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: rows %lld, k %lld, n_tok %lld (want 1..2^31-1 each and a handle)",
-                            op, (long long)rows, (long long)k, (long long)n_tok);
-    tm_status st = tm_dequant_check(op, type, w, row_bytes, k);
+    tm_status st = cuda_gemm_args_check(b, type, w, row_bytes, rows, k, x, n_tok, y, scratch);
     if (st != TM_OK) return st;
-    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 15))
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: x and y must be float-aligned, scratch 16-byte aligned", op);
     if ((st = tm_blas_bind(op, b, stream)) != TM_OK) return st;
     if (type == TM_TYPE_F32) { /* f32 weights stay f32 (the router: top-k must match the CPU) */
         if (row_bytes / 4 > 0x7fffffffULL)

@@ -10,6 +10,7 @@
  * with cache-bypassing loads (__ldcv: a line of host memory cached by an
  * earlier step would be stale), the block meets at a barrier, and the add
  * reads the host's data with __ldcv too. */
+#include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
 
 #define TM_HANDOFF_THREADS 512 /* one pass of float4 reads covers 8192 values over PCIe */
@@ -79,20 +80,11 @@ __global__ void __launch_bounds__(TM_HANDOFF_THREADS)
 
 extern "C" tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *flag,
                                       const uint32_t *seq, tm_cuda_stream stream) {
-    if (n_spans < 0 || n_spans > TM_CUDA_SIGNAL_SPANS)
-        return tm_error_set(TM_ERR_ARG, "cuda_signal_host: %d spans (at most %d)", n_spans,
-                            TM_CUDA_SIGNAL_SPANS);
+    tm_status st = cuda_signal_host_args_check(spans, n_spans);
+    if (st != TM_OK) return st;
     tm_signal_args a;
     a.n_spans = n_spans;
-    for (int s = 0; s < n_spans; s++) {
-        if (spans[s].bytes < 0 || spans[s].bytes % 4 || ((uintptr_t)spans[s].dst & 3) ||
-            ((uintptr_t)spans[s].src & 3))
-            return tm_error_set(TM_ERR_ARG,
-                                "cuda_signal_host: span %d of %lld bytes is not whole aligned "
-                                "32-bit words",
-                                s, (long long)spans[s].bytes);
-        a.spans[s] = spans[s];
-    }
+    for (int s = 0; s < n_spans; s++) a.spans[s] = spans[s];
     tm_signal_host_kernel<<<1, TM_HANDOFF_THREADS, 0, stream>>>(a, flag, seq);
     return tm_cuda_launch_check("cuda_signal_host", n_spans, 0, 0);
 }
@@ -107,9 +99,8 @@ extern "C" tm_status cuda_wait_host_unless(const int32_t *need, int32_t n_need,
                                            const uint32_t *flag, const uint32_t *seq,
                                            uint64_t timeout_ns, uint32_t *err, float *x,
                                            const float *add, int64_t n, tm_cuda_stream stream) {
-    if (n < 0 || (n > 0 && (!x || !add)) || n_need < 0 || (n_need > 0 && !need))
-        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add, %d needs",
-                            (long long)n, n_need);
+    tm_status st = cuda_wait_host_args_check(need, n_need, x, add, n);
+    if (st != TM_OK) return st;
     tm_wait_host_kernel<<<1, TM_HANDOFF_THREADS, 0, stream>>>(need, n_need, flag, seq, timeout_ns,
                                                               err, x, add, n);
     return tm_cuda_launch_check("cuda_wait_host", n, 0, 0);

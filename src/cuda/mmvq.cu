@@ -82,17 +82,11 @@ static void tm_mmvq_fast_launch(const uint8_t *w, size_t row_bytes, int64_t rows
 extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
                                int64_t k, const float *x, int64_t n_tok, float *y,
                                tm_cuda_stream stream) {
-    if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_mmvq: rows %lld, n_tok %lld (want rows >= 1, 1..%d tokens)",
-                            (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
-    bool vec16 = false;
-    tm_status st = tm_mmvq_check("cuda_mmvq", type, w, row_bytes, k, x, &vec16);
+    tm_status st = cuda_mmvq_args_check(type, w, row_bytes, rows, k, x, n_tok);
     if (st != TM_OK) return st;
+    const bool vec16 = tm_mmvq_vec16(w, row_bytes);
     const uint8_t *wb = (const uint8_t *)w;
     if (tm_fast_ok(type, (uintptr_t)w | row_bytes, k)) {
-        if (rows > 0x7fffffffLL)
-            return tm_error_set(TM_ERR_ARG, "cuda_mmvq: %lld rows is too many", (long long)rows);
         const int nt = (int)n_tok;
         switch (type) {
         case TM_TYPE_Q4_K:
@@ -117,8 +111,6 @@ extern "C" tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, in
         return tm_cuda_launch_check("cuda_mmvq", rows, k, n_tok);
     }
     const int64_t blocks = (rows + TM_MMVQ_WARPS - 1) / TM_MMVQ_WARPS;
-    if (blocks > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "cuda_mmvq: %lld rows is too many", (long long)rows);
     const dim3 grid((unsigned)blocks), block(TM_MMVQ_WARPS * TM_CUDA_WARP);
     switch (n_tok) {
     case 1:

@@ -28,6 +28,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
 #include "quant/quant.h"
 
@@ -343,44 +344,10 @@ static __device__ __forceinline__ void tm_mmvq_row_partial(int type, const uint8
     }
 }
 
-/* Host checks shared by the launchers: type supported, k fits the block,
- * alignments. Returns TM_OK or TM_ERR_ARG/TM_ERR_UNSUPPORTED with a message;
- * *vec16 says whether 16-byte weight loads are safe. */
-static inline tm_status tm_mmvq_check(const char *op, tm_type type, const void *w, size_t row_bytes,
-                                      int64_t k, const float *x, bool *vec16) {
-    const int64_t bs = (type == TM_TYPE_Q4_K || type == TM_TYPE_Q5_K || type == TM_TYPE_Q6_K) ? 256
-                       : tm_mmvq_parts(type)                                                  ? 32
-                                                                                              : 1;
-    size_t esz = 0;
-    switch (type) {
-    case TM_TYPE_F32:
-        esz = 4;
-        break;
-    case TM_TYPE_F16:
-    case TM_TYPE_BF16:
-        esz = 2;
-        break;
-    default:
-        if (!tm_mmvq_parts(type))
-            return tm_error_set(TM_ERR_UNSUPPORTED, "%s: weight type %s has no CUDA kernel", op,
-                                quant_type_name(type));
-        esz = 1;
-    }
-    if (k <= 0 || k % bs)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: k = %lld is not a positive multiple of %s's block of %lld", op,
-                            (long long)k, quant_type_name(type), (long long)bs);
-    if (row_bytes < quant_row_size(type, k))
-        return tm_error_set(TM_ERR_ARG, "%s: row stride %zu bytes < %zu bytes of a %s row of %lld",
-                            op, row_bytes, quant_row_size(type, k), quant_type_name(type),
-                            (long long)k);
-    if (((uintptr_t)w | row_bytes) % esz)
-        return tm_error_set(TM_ERR_ARG, "%s: %s rows must be %zu-byte aligned", op,
-                            quant_type_name(type), esz);
-    if ((uintptr_t)x & 15)
-        return tm_error_set(TM_ERR_ARG, "%s: activations must be 16-byte aligned", op);
-    *vec16 = (((uintptr_t)w | row_bytes) & 15) == 0;
-    return TM_OK;
+/* Whether 16-byte weight loads are safe for rows at w, row_bytes apart (the
+ * arguments checked by cuda_args.h). */
+static inline bool tm_mmvq_vec16(const void *w, size_t row_bytes) {
+    return (((uintptr_t)w | row_bytes) & 15) == 0;
 }
 
 #endif

@@ -46,12 +46,8 @@ tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cuda
 
 extern "C" tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
                                        tm_cuda_stream stream) {
-    if (k <= 0 || k % 32 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK || !x || !xq ||
-        ((uintptr_t)xq & 15))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_q8x_quantize: k %lld (want a positive multiple of 32), n_tok "
-                            "%lld (want 1..%d), output %p (want 16-byte aligned)",
-                            (long long)k, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK, xq);
+    tm_status st = cuda_q8x_quantize_args_check(x, k, n_tok, xq);
+    if (st != TM_OK) return st;
     const int64_t n = n_tok * k;
     int8_t *q = (int8_t *)xq;
     return tm_q8x_quantize_n(x, n, q, (float *)(q + n), stream);
@@ -60,20 +56,9 @@ extern "C" tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok,
 extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows,
                                    int64_t k, const void *xq, int64_t n_tok, float *y,
                                    tm_cuda_stream stream) {
-    if (rows <= 0 || rows > 0x7fffffffLL || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_mmvq_q8x: rows %lld, n_tok %lld (want 1..2^31-1 rows, 1..%d "
-                            "tokens)",
-                            (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
+    tm_status st = cuda_mmvq_q8x_args_check(type, w, row_bytes, rows, k, xq, n_tok);
+    if (st != TM_OK) return st;
     const bool q4k = type == TM_TYPE_Q4_K;
-    if (!cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) || ((uintptr_t)xq & 15) ||
-        row_bytes < (q4k ? (size_t)(k / 256 * 144) : (size_t)(k / 32 * 34)))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_mmvq_q8x: %s weights, k %lld, row stride %zu (want q8_0 with k "
-                            "a multiple of 64 and rows 4-byte aligned, or q4_K with k a multiple "
-                            "of 256 and rows 16-byte aligned, rows no shorter than the type's; "
-                            "activations 16-byte aligned)",
-                            quant_type_name(type), (long long)k, row_bytes);
     const tm_q8x_view x = tm_q8x_at(xq, k, n_tok);
     const uint8_t *wb = (const uint8_t *)w;
     /* rows a warp computes: with 3 or more tokens the activations are most of

@@ -41,13 +41,4 @@ tm_moe_ext_down(const tm_cuda_moe_ext &x, int32_t expert, int64_t e, int64_t n_e
     return x.down_bias ? x.down_bias[(int64_t)expert * n_embd + e] : 0.0f;
 }
 
-/* Launchers check the extension before queuing anything. */
-static inline tm_status tm_moe_ext_check(const char *op, const tm_cuda_moe_ext *x) {
-    if (x->act != TM_CUDA_MOE_SWIGLU && x->act != TM_CUDA_MOE_SWIGLU_OAI)
-        return tm_error_set(TM_ERR_ARG, "%s: unknown expert activation %d", op, (int)x->act);
-    if (tm_moe_ext_biased(*x) && x->n_expert <= 0)
-        return tm_error_set(TM_ERR_ARG, "%s: expert biases for %d experts", op, x->n_expert);
-    return TM_OK;
-}
-
 #endif

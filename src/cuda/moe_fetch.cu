@@ -11,6 +11,7 @@
  * fill the link. */
 #include <math.h>
 
+#include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
 
 #define TM_FETCH_SELECT_THREADS 512 /* one thread an expert: TM_CUDA_ROUTER_MAX_EXPERT */
@@ -151,45 +152,22 @@ extern "C" tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src,
                                           int32_t n_expert, int32_t n_slots, int32_t *map,
                                           int32_t *list, const tm_cuda_fetch_cache *cache,
                                           tm_cuda_stream stream) {
-    if (n_expert < 1 || n_expert > TM_CUDA_ROUTER_MAX_EXPERT || n_slots < 1 ||
-        n_slots > TM_CUDA_FETCH_AHEAD_MAX || n_items < 0)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_moe_fetch_ahead: %d experts, %d slots, %lld items (want 1..%d "
-                            "experts, 1..%d slots)",
-                            n_expert, n_slots, (long long)n_items, TM_CUDA_ROUTER_MAX_EXPERT,
-                            TM_CUDA_FETCH_AHEAD_MAX);
-    if (cache ? cache->n_slots < 1 || cache->n_slots > TM_CUDA_ROUTER_MAX_EXPERT ||
-                    !cache->slot_map || !cache->expert_in || !cache->last_use || !cache->seq
-              : !map)
-        return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: %s",
-                            cache ? "a cache of 1..512 slots "
-                                    "with its map, experts, ages and step"
-                                  : "a buffer needs its map");
+    tm_status st =
+        cuda_moe_fetch_ahead_args_check(src, dst, n_items, n_expert, n_slots, map, list, cache);
+    if (st != TM_OK) return st;
     const tm_cuda_fetch_cache c = cache ? *cache : tm_cuda_fetch_cache{};
     const tm_cuda_moe_matrix *s[3] = {&src->gate, &src->up, &src->down};
     const tm_cuda_moe_matrix *d[3] = {&dst->gate, &dst->up, &dst->down};
     const int64_t rows[3] = {src->n_ff, src->n_ff, src->n_embd};
     tm_fetch_copy_args a;
     for (int m = 0; m < 3; m++) {
-        const size_t bytes = (size_t)rows[m] * s[m]->row_bytes;
-        if (((uintptr_t)s[m]->data | (uintptr_t)d[m]->data | s[m]->expert_stride |
-             d[m]->expert_stride | bytes) &
-                15 ||
-            s[m]->type != d[m]->type || s[m]->row_bytes != d[m]->row_bytes ||
-            bytes > d[m]->expert_stride)
-            return tm_error_set(
-                TM_ERR_ARG,
-                "cuda_moe_fetch_ahead: matrix %d: addresses, strides and sizes must "
-                "be multiples of 16 bytes and the types and rows alike",
-                m);
         a.src[m] = (const uint8_t *)s[m]->data, a.dst[m] = (uint8_t *)d[m]->data;
         a.src_stride[m] = s[m]->expert_stride, a.dst_stride[m] = d[m]->expert_stride;
-        a.n16[m] = (int64_t)(bytes / 16);
+        a.n16[m] = (int64_t)((size_t)rows[m] * s[m]->row_bytes / 16);
     }
     tm_fetch_select_kernel<<<1, TM_FETCH_SELECT_THREADS, 0, stream>>>(
         items, n_items, n_expert, n_slots, map, list, c, cache != NULL);
-    tm_status st =
-        tm_cuda_launch_check("cuda_moe_fetch_ahead (choice)", n_items, n_expert, n_slots);
+    st = tm_cuda_launch_check("cuda_moe_fetch_ahead (choice)", n_items, n_expert, n_slots);
     if (st != TM_OK) return st;
     tm_fetch_copy_kernel<<<dim3(TM_FETCH_COPY_BLOCKS, (unsigned)n_slots), TM_FETCH_COPY_THREADS, 0,
                            stream>>>(a, list);

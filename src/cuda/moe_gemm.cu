@@ -52,6 +52,7 @@
  * The upload is a pageable host copy, so this op cannot be captured in a CUDA
  * graph (prompts are not). */
 #include "core/log.h"
+#include "cuda/cuda_args.h"
 #include "cuda/dequant.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/moe_ext.cuh"
@@ -177,18 +178,6 @@ extern "C" size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *
     return tm_moe_gemm_layout_of(p, n_items, n_groups, tm_moe_gemm_fused(p)).total;
 }
 
-static tm_status tm_moe_gemm_check_matrix(const char *name, const tm_cuda_moe_matrix *m,
-                                          int64_t rows, int64_t k) {
-    tm_status st = tm_dequant_check(name, m->type, m->data, m->row_bytes, k);
-    if (st != TM_OK) return st;
-    if (m->expert_stride < (size_t)rows * m->row_bytes)
-        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
-                            m->expert_stride, (long long)rows, m->row_bytes);
-    /* every expert's start aligned like the first */
-    return tm_dequant_check(name, m->type, (const char *)m->data + m->expert_stride, m->row_bytes,
-                            k);
-}
-
 typedef struct tm_moe_sorted {
     int32_t padded, group;
 } tm_moe_sorted;
@@ -258,33 +247,9 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
                                            int64_t n_tok, float *y, void *scratch,
                                            tm_cuda_stream stream) {
     static const char op[] = "cuda_moe_grouped_gemm";
-    if (!b || !p || !g || g->n_groups < 0 || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
-        n_tok > 0x7fffffffLL || p->n_slots <= 0 || p->n_embd > 0x7fffffffLL ||
-        p->n_ff > 0x3fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: %d groups, n_embd %lld, n_ff %lld, n_tok %lld, %d slots", op,
-                            g ? g->n_groups : -1, p ? (long long)p->n_embd : -1LL,
-                            p ? (long long)p->n_ff : -1LL, (long long)n_tok, p ? p->n_slots : -1);
-    const int32_t n = g->n_groups;
-    if (n == 0) return TM_OK;
-    tm_status st = tm_moe_ext_check(op, &p->ext);
-    if (st != TM_OK) return st;
-    if ((st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm gate", &p->gate, p->n_ff,
-                                       p->n_embd)) != TM_OK ||
-        (st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm up", &p->up, p->n_ff, p->n_embd)) !=
-            TM_OK ||
-        (st = tm_moe_gemm_check_matrix("cuda_moe_grouped_gemm down", &p->down, p->n_embd,
-                                       p->n_ff)) != TM_OK)
-        return st;
-    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 255))
-        return tm_error_set(TM_ERR_ARG, "%s: x, y must be float-aligned, scratch 256-aligned", op);
-    if (g->starts[0] < 0 || g->starts[n] > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "%s: item range [%lld, %lld) outside [0, 2^31)", op,
-                            (long long)g->starts[0], (long long)g->starts[n]);
-    for (int32_t i = 0; i < n; i++)
-        if (g->starts[i + 1] < g->starts[i])
-            return tm_error_set(TM_ERR_ARG, "%s: group %d: starts %lld > next start %lld", op, i,
-                                (long long)g->starts[i], (long long)g->starts[i + 1]);
+    tm_status st = cuda_moe_grouped_gemm_args_check(b, p, g, x, n_tok, y, scratch);
+    const int32_t n = st == TM_OK ? g->n_groups : 0;
+    if (n == 0) return st;
 
     /* sort the groups that have work by padded size; give each its rows */
     const int64_t n_items = g->starts[n] - g->starts[0];

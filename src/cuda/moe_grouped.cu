@@ -29,7 +29,7 @@
 #include "cuda/mmvq_q8x.cuh"
 #include "cuda/moe_ext.cuh"
 
-#define TM_MOE_WARPS 4
+/* TM_MOE_WARPS: cuda_args.h (the grid bound checks it) */
 /* Blocks a multiprocessor must hold of the fast kernels (registers capped to
  * fit: 96 instead of ~125, no spills): 5 instead of the 4 the registers
  * allowed, for more warps in flight against DRAM latency (Nsight Compute: 20%
@@ -204,49 +204,15 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
         break;                                                                                     \
     }
 
-static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
-                              int64_t k, const float *xalign, bool *vec16) {
-    tm_status st = tm_mmvq_check(name, m->type, m->data, m->row_bytes, k, xalign, vec16);
-    if (st != TM_OK) return st;
-    if (m->expert_stride < (size_t)rows * m->row_bytes)
-        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
-                            m->expert_stride, (long long)rows, m->row_bytes);
-    /* 16-byte loads need every expert's start aligned too */
-    if (m->expert_stride & 15) *vec16 = false;
-    return TM_OK;
-}
-
 extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                                       int64_t n_items, const float *x, int64_t n_tok, float *y,
                                       float *h_scratch, tm_cuda_stream stream) {
-    if (n_items == 0) return TM_OK;
-    if (n_items < 0 || n_items > 0x7fffffffLL || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
-        p->n_slots <= 0)
-        return tm_error_set(
-            TM_ERR_ARG,
-            "cuda_moe_grouped: %lld items, n_embd %lld, n_ff %lld, n_tok %lld, %d slots",
-            (long long)n_items, (long long)p->n_embd, (long long)p->n_ff, (long long)n_tok,
-            p->n_slots);
-    if ((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS > 65535 ||
-        (p->n_embd + TM_MOE_WARPS - 1) / TM_MOE_WARPS > 65535)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
-                            (long long)p->n_embd, (long long)p->n_ff);
-    bool gv = false, uv = false, dv = false;
-    tm_status st = tm_moe_ext_check("cuda_moe_grouped", &p->ext);
-    if (st != TM_OK) return st;
-    if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x, &gv)) != TM_OK)
-        return st;
-    if ((st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x, &uv)) != TM_OK)
-        return st;
-    if ((st = check_matrix("cuda_moe_grouped down", &p->down, p->n_embd, p->n_ff, h_scratch,
-                           &dv)) != TM_OK)
-        return st;
-    /* tm_dot_run reads activations as float4: rows of x and h must stay aligned */
-    if ((p->n_embd & 3) || (p->n_ff & 3))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
-                            (long long)p->n_embd, (long long)p->n_ff);
+    tm_status st = cuda_moe_grouped_args_check(p, n_items, x, n_tok, h_scratch);
+    if (st != TM_OK || n_items == 0) return st;
+    /* 16-byte weight loads need every expert's start aligned too */
+    const bool gv = tm_mmvq_vec16(p->gate.data, p->gate.row_bytes | p->gate.expert_stride),
+               uv = tm_mmvq_vec16(p->up.data, p->up.row_bytes | p->up.expert_stride),
+               dv = tm_mmvq_vec16(p->down.data, p->down.row_bytes | p->down.expert_stride);
     const dim3 block(TM_MOE_WARPS * TM_CUDA_WARP), fblock(TM_FAST_WARPS * TM_CUDA_WARP);
     /* the fast kernels' grids: an item and a group of rows a block */
     const dim3 fg1((unsigned)n_items, (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF)),

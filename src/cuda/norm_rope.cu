@@ -5,6 +5,7 @@
  * simple and bounded, not tuned. */
 #include <math.h>
 
+#include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
 
 #define TM_NORM_THREADS     256
@@ -86,9 +87,8 @@ template <bool ADD>
 static tm_status tm_rmsnorm_launch(const char *op, float *y, float *x, const float *a,
                                    const float *w, int64_t n_rows, int64_t n, float eps,
                                    cudaStream_t stream) {
-    if (n_rows <= 0 || n <= 0 || n_rows > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "%s: %lld rows of %lld", op, (long long)n_rows,
-                            (long long)n);
+    tm_status st = cuda_rmsnorm_args_check(op, n_rows, n);
+    if (st != TM_OK) return st;
     const bool vec = n % 4 == 0 && n <= 4LL * TM_NORM_VEC_THREADS * TM_NORM_VEC_MAX &&
                      (((uintptr_t)y | (uintptr_t)x | (uintptr_t)a | (uintptr_t)w) & 15) == 0;
     if (vec)
@@ -134,10 +134,8 @@ __global__ void tm_rope_neox_kernel(float *x, const int32_t *__restrict__ pos, i
 
 extern "C" tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
                                     int64_t head_dim, float base, tm_cuda_stream stream) {
-    if (n_tok <= 0 || n_head <= 0 || head_dim <= 0 || (head_dim & 1))
-        return tm_error_set(
-            TM_ERR_ARG, "cuda_rope_neox: %lld tokens, %lld heads of %lld (head_dim must be even)",
-            (long long)n_tok, (long long)n_head, (long long)head_dim);
+    tm_status st = cuda_rope_neox_args_check(n_tok, n_head, head_dim);
+    if (st != TM_OK) return st;
     const int64_t total = n_tok * n_head * (head_dim / 2);
     int64_t blocks = (total + 255) / 256;
     if (blocks > 65536) blocks = 65536; /* grid-stride loop covers the rest */
@@ -160,10 +158,8 @@ __global__ void tm_add_bias_kernel(float *y, const float *b, int64_t n_rows, int
 
 extern "C" tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n,
                                    tm_cuda_stream stream) {
-    if (n_rows < 0 || n <= 0)
-        return tm_error_set(TM_ERR_ARG, "cuda_add_bias: %lld rows of %lld", (long long)n_rows,
-                            (long long)n);
-    if (n_rows == 0) return TM_OK;
+    tm_status st = cuda_add_bias_args_check(n_rows, n);
+    if (st != TM_OK || n_rows == 0) return st;
     int64_t blocks = (n_rows * n + 255) / 256;
     if (blocks > 65536) blocks = 65536;
     tm_add_bias_kernel<<<(unsigned)blocks, 256, 0, stream>>>(y, b, n_rows, n);
@@ -172,8 +168,8 @@ extern "C" tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int
 
 extern "C" tm_status cuda_add(float *y, const float *a, const float *b, int64_t n,
                               tm_cuda_stream stream) {
-    if (n <= 0)
-        return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
+    tm_status st = cuda_add_args_check(n);
+    if (st != TM_OK || n == 0) return st;
     int64_t blocks = (n + 255) / 256;
     if (blocks > 65536) blocks = 65536;
     tm_add_kernel<<<(unsigned)blocks, 256, 0, stream>>>(y, a, b, n);

@@ -14,6 +14,7 @@
  * within that rounding of each other. */
 #include <math.h>
 
+#include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
 
 #define TM_ROUTER_WARPS    4
@@ -131,30 +132,9 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
 extern "C" tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits,
                                         int64_t n_tok, int32_t *ids, float *weights,
                                         tm_cuda_moe_item *items, tm_cuda_stream stream) {
-    if (p->n_expert < 1 || p->n_expert > TM_CUDA_ROUTER_MAX_EXPERT || p->n_used < 1 ||
-        p->n_used > TM_CUDA_ROUTER_MAX_USED || p->n_used > p->n_expert)
-        return tm_error_set(
-            TM_ERR_ARG, "cuda_router_select: %d experts, %d used (want 1..%d experts, 1..%d used)",
-            p->n_expert, p->n_used, TM_CUDA_ROUTER_MAX_EXPERT, TM_CUDA_ROUTER_MAX_USED);
-    if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
-        p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
-        return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
-    if (p->mapped &&
-        (!p->slot_map || p->n_mapped < 0 || p->mapped_share_q8 < 0 || p->mapped_share_q8 > 256))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_router_select: a mapped work list needs a slot map, n_mapped "
-                            ">= 0 and a share in [0, 256] (got %d, %d)",
-                            p->n_mapped, p->mapped_share_q8);
-    if (p->fetched && !p->fetch_map)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_router_select: a fetched work list needs a fetch map");
-    if (n_tok <= 0)
-        return n_tok == 0
-                   ? TM_OK
-                   : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
+    tm_status st = cuda_router_select_args_check(p, n_tok);
+    if (st != TM_OK || n_tok == 0) return st;
     const int64_t blocks = (n_tok + TM_ROUTER_WARPS - 1) / TM_ROUTER_WARPS;
-    if (blocks > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "cuda_router_select: too many tokens");
     tm_router_kernel<<<(unsigned)blocks, TM_ROUTER_WARPS * TM_CUDA_WARP, 0, stream>>>(
         *p, logits, n_tok, ids, weights, items);
     return tm_cuda_launch_check("cuda_router_select", n_tok, p->n_expert, p->n_used);

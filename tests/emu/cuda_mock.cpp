@@ -110,15 +110,15 @@ static void fast_down(const tm_cuda_moe_params *p, int32_t ex, const uint8_t *d,
     case TM_TYPE_F32: F<TM_TYPE_F32>(__VA_ARGS__); break; case TM_TYPE_F16: F<TM_TYPE_F16>(__VA_ARGS__); break; default: F<TM_TYPE_BF16>(__VA_ARGS__); break; }
 extern "C" {
 tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const float *x, int64_t n_tok, float *y, tm_cuda_stream) {
-    if (rows <= 0 || n_tok < 1 || n_tok > 8) return tm_error_set(TM_ERR_ARG, "mock mmvq args");
-    bool v16; tm_status st = tm_mmvq_check("cuda_mmvq", type, w, row_bytes, k, x, &v16); if (st) return st;
+    tm_status st = cuda_mmvq_args_check(type, w, row_bytes, rows, k, x, n_tok); if (st) return st;
+    const bool v16 = tm_mmvq_vec16(w, row_bytes);
     if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
     if (tm_fast_ok(type, (uintptr_t)w | row_bytes, k)) { MOCK_FAST_SWITCH(type, fast_mmvq_nt, (const uint8_t *)w, row_bytes, rows, k, x, (int)n_tok, y); return TM_OK; }
     for (int64_t r = 0; r < rows; r++) { float o[8]; row_dot(type, (const uint8_t *)w + r * row_bytes, k, v16, x, k, (int)n_tok, o); for (int t = 0; t < n_tok; t++) y[t * rows + r] = o[t]; }
     return TM_OK;
 }
 tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq, tm_cuda_stream) {
-    if (k <= 0 || k % 32 || n_tok < 1 || n_tok > 8 || ((uintptr_t)xq & 15)) return tm_error_set(TM_ERR_ARG, "mock q8x args");
+    tm_status st = cuda_q8x_quantize_args_check(x, k, n_tok, xq); if (st) return st;
     int8_t *q = (int8_t *)xq;
     quant_ref_quantize_q8x(x, n_tok * k, q, (float *)(q + n_tok * k));
     return TM_OK;
@@ -152,10 +152,7 @@ static void q8x_mmvq(bool q4k, const uint8_t *w, size_t rb, int64_t rows, int64_
 extern "C" {
 tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const void *xq, int64_t n_tok, float *y, tm_cuda_stream) {
     const bool q4k = type == TM_TYPE_Q4_K;
-    if (rows <= 0 || n_tok < 1 || n_tok > 8 || ((uintptr_t)xq & 15) ||
-        !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
-        row_bytes < (q4k ? (size_t)(k / 256 * 144) : (size_t)(k / 32 * 34)))
-        return tm_error_set(TM_ERR_ARG, "mock mmvq_q8x args");
+    tm_status st = cuda_mmvq_q8x_args_check(type, w, row_bytes, rows, k, xq, n_tok); if (st) return st;
     if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
     const uint8_t *wb = (const uint8_t *)w; const int nt = (int)n_tok;
     if (nt == 1) q8x_mmvq<1>(q4k, wb, row_bytes, rows, k, xq, nt, y);
@@ -165,12 +162,9 @@ tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t r
     return TM_OK;
 }
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items, int64_t n, const float *x, int64_t n_tok, float *y, float *h, tm_cuda_stream) {
-    bool a, b, c;
-    tm_status st;
-    if ((st = tm_mmvq_check("g", p->gate.type, p->gate.data, p->gate.row_bytes, p->n_embd, x, &a))) return st;
-    if ((st = tm_mmvq_check("u", p->up.type, p->up.data, p->up.row_bytes, p->n_embd, x, &b))) return st;
-    if ((st = tm_mmvq_check("d", p->down.type, p->down.data, p->down.row_bytes, p->n_ff, h, &c))) return st;
-    if ((st = tm_moe_ext_check("cuda_moe_grouped", &p->ext))) return st;
+    tm_status st = cuda_moe_grouped_args_check(p, n, x, n_tok, h); if (st || !n) return st;
+    const bool a = tm_mmvq_vec16(p->gate.data, p->gate.row_bytes | p->gate.expert_stride), b = tm_mmvq_vec16(p->up.data, p->up.row_bytes | p->up.expert_stride),
+               c = tm_mmvq_vec16(p->down.data, p->down.row_bytes | p->down.expert_stride);
     if (fast()) return TM_OK;
     if (cuda_moe_q8x_ok(p, n, n_tok)) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
         const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n, n_tok, h);
@@ -229,7 +223,7 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     return TM_OK;
 }
 tm_status cuda_router_select(const tm_cuda_router_params *p, const float *l, int64_t T, int32_t *ids, float *w, tm_cuda_moe_item *items, tm_cuda_stream) {
-    if (fast()) return TM_OK;
+    tm_status st = cuda_router_select_args_check(p, T); if (st || fast()) return st;
     for (int64_t t = 0; t < T; t++) emu_warp((unsigned)(t / 4), 0, (int)(t % 4), [&] { tm_router_kernel(*p, l, T, ids, w, items); });
     return TM_OK;
 }

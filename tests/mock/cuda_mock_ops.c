@@ -18,60 +18,10 @@
 #include <time.h>
 
 #include "cpu/cpu_ops.h"
+#include "cuda/cuda_args.h"
 #include "moe/moe.h"
 
 #include "cuda_mock.h"
-
-/* ---- shared checks ---- */
-
-/* The weight types with kernels (mmvq.cuh, dequant.cu), their block size and
- * the alignment their rows need; 0 when the type has none. */
-static int64_t weight_block(tm_type t, size_t *esz) {
-    *esz = 1;
-    switch (t) {
-    case TM_TYPE_F32:
-        *esz = 4;
-        return 1;
-    case TM_TYPE_F16:
-    case TM_TYPE_BF16:
-        *esz = 2;
-        return 1;
-    case TM_TYPE_Q4_K:
-    case TM_TYPE_Q5_K:
-    case TM_TYPE_Q6_K:
-        return 256;
-    case TM_TYPE_Q8_0:
-    case TM_TYPE_Q4_0:
-    case TM_TYPE_MXFP4:
-        return 32;
-    default:
-        return 0;
-    }
-}
-
-/* As tm_mmvq_check / tm_dequant_check; x (when given) must be 16-byte aligned. */
-static tm_status check_weights(const char *op, tm_type type, const void *w, size_t row_bytes,
-                               int64_t k, const float *x, bool check_x) {
-    size_t esz;
-    const int64_t bs = weight_block(type, &esz);
-    if (!bs)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: weight type %s has no CUDA kernel", op,
-                            quant_type_name(type));
-    if (k <= 0 || k % bs)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: k = %lld is not a positive multiple of %s's block of %lld", op,
-                            (long long)k, quant_type_name(type), (long long)bs);
-    if (row_bytes < quant_row_size(type, k))
-        return tm_error_set(TM_ERR_ARG, "%s: row stride %zu bytes < %zu bytes of a %s row of %lld",
-                            op, row_bytes, quant_row_size(type, k), quant_type_name(type),
-                            (long long)k);
-    if (((uintptr_t)w | row_bytes) % esz)
-        return tm_error_set(TM_ERR_ARG, "%s: %s rows must be %zu-byte aligned", op,
-                            quant_type_name(type), esz);
-    if (check_x && ((uintptr_t)x & 15))
-        return tm_error_set(TM_ERR_ARG, "%s: activations must be 16-byte aligned", op);
-    return TM_OK;
-}
 
 /* Bytes spanned by `rows` rows of k values, row_bytes apart. */
 static size_t rows_span(tm_type type, size_t row_bytes, int64_t rows, int64_t k) {
@@ -113,11 +63,7 @@ static bool matvec_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
                     const float *x, int64_t n_tok, float *y, tm_cuda_stream stream) {
-    if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_mmvq: rows %lld, n_tok %lld (want rows >= 1, 1..%d tokens)",
-                            (long long)rows, (long long)n_tok, TM_CUDA_MMVQ_MAX_TOK);
-    tm_status st = check_weights("cuda_mmvq", type, w, row_bytes, k, x, true);
+    tm_status st = cuda_mmvq_args_check(type, w, row_bytes, rows, k, x, n_tok);
     if (st != TM_OK) return st;
     const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y};
     return mock_launch(stream, "cuda_mmvq", matvec_run, &a, sizeof(a));
@@ -142,10 +88,8 @@ static bool q8x_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
                             tm_cuda_stream stream) {
-    if (k <= 0 || k % 32 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK || !x || !xq ||
-        ((uintptr_t)xq & 15))
-        return tm_error_set(TM_ERR_ARG, "cuda_q8x_quantize: k %lld, n_tok %lld, output %p",
-                            (long long)k, (long long)n_tok, xq);
+    tm_status st = cuda_q8x_quantize_args_check(x, k, n_tok, xq);
+    if (st != TM_OK) return st;
     const q8x_arg a = {x, k, n_tok, xq};
     return mock_launch(stream, "cuda_q8x_quantize", q8x_run, &a, sizeof(a));
 }
@@ -200,11 +144,8 @@ static bool matvec_q8x_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k,
                         const void *xq, int64_t n_tok, float *y, tm_cuda_stream stream) {
-    if (rows <= 0 || n_tok < 1 || n_tok > TM_CUDA_MMVQ_MAX_TOK ||
-        !cuda_mmvq_q8x_ok(type, (uintptr_t)w | row_bytes, k) ||
-        row_bytes < quant_row_size(type, k) || ((uintptr_t)xq & 15))
-        return tm_error_set(TM_ERR_ARG, "cuda_mmvq_q8x: %s, rows %lld, k %lld, n_tok %lld",
-                            quant_type_name(type), (long long)rows, (long long)k, (long long)n_tok);
+    tm_status st = cuda_mmvq_q8x_args_check(type, w, row_bytes, rows, k, xq, n_tok);
+    if (st != TM_OK) return st;
     const matvec_q8x_arg a = {type, w, row_bytes, rows, k, n_tok, xq, y};
     return mock_launch(stream, "cuda_mmvq_q8x", matvec_q8x_run, &a, sizeof(a));
 }
@@ -232,17 +173,8 @@ size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok) {
 tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes, int64_t rows,
                     int64_t k, const float *x, int64_t n_tok, float *y, void *scratch,
                     tm_cuda_stream stream) {
-    if (!b || rows <= 0 || n_tok <= 0 || rows > 0x7fffffffLL || n_tok > 0x7fffffffLL ||
-        k > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_gemm: rows %lld, k %lld, n_tok %lld (want 1..2^31-1 each and a "
-                            "handle)",
-                            (long long)rows, (long long)k, (long long)n_tok);
-    tm_status st = check_weights("cuda_gemm", type, w, row_bytes, k, x, false);
+    tm_status st = cuda_gemm_args_check(b, type, w, row_bytes, rows, k, x, n_tok, y, scratch);
     if (st != TM_OK) return st;
-    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 15))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_gemm: x and y must be float-aligned, scratch 16-byte aligned");
     const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y};
     return mock_launch(stream, "cuda_gemm", matvec_run, &a, sizeof(a));
 }
@@ -264,13 +196,8 @@ static bool dequant_f16_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_dequantize_f16(tm_type type, const void *w, size_t row_bytes, int64_t rows,
                               int64_t k, void *out_f16, tm_cuda_stream stream) {
-    if (rows <= 0)
-        return tm_error_set(TM_ERR_ARG, "cuda_dequantize_f16: rows %lld x k %lld (want rows >= 1)",
-                            (long long)rows, (long long)k);
-    tm_status st = check_weights("cuda_dequantize_f16", type, w, row_bytes, k, NULL, false);
+    tm_status st = cuda_dequantize_f16_args_check(type, w, row_bytes, rows, k, out_f16);
     if (st != TM_OK) return st;
-    if ((uintptr_t)out_f16 & 1)
-        return tm_error_set(TM_ERR_ARG, "cuda_dequantize_f16: output must be 2-byte aligned");
     const matvec_arg a = {type, w, row_bytes, rows, k, 0, NULL, out_f16};
     return mock_launch(stream, "cuda_dequantize_f16", dequant_f16_run, &a, sizeof(a));
 }
@@ -347,15 +274,6 @@ static bool moe_item_ok(const tm_cuda_moe_item *it, const tm_cuda_moe_params *p,
     const bool biased = x->gate_bias || x->up_bias || x->down_bias;
     return it->slot >= 0 && it->slot < p->n_slots && it->token >= 0 && it->token < n_tok &&
            (!biased || (it->expert >= 0 && it->expert < x->n_expert));
-}
-
-/* The real launchers' check of the extension (moe_ext.cuh). */
-static tm_status moe_ext_check(const char *op, const tm_cuda_moe_ext *x) {
-    if (x->act != TM_CUDA_MOE_SWIGLU && x->act != TM_CUDA_MOE_SWIGLU_OAI)
-        return tm_error_set(TM_ERR_ARG, "%s: unknown expert activation %d", op, (int)x->act);
-    if ((x->gate_bias || x->up_bias || x->down_bias) && x->n_expert <= 0)
-        return tm_error_set(TM_ERR_ARG, "%s: expert biases for %d experts", op, x->n_expert);
-    return TM_OK;
 }
 
 typedef struct moe_arg {
@@ -436,42 +354,11 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
     return ok;
 }
 
-static tm_status check_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
-                              int64_t k, const float *x) {
-    tm_status st = check_weights(name, m->type, m->data, m->row_bytes, k, x, true);
-    if (st != TM_OK) return st;
-    if (m->expert_stride < (size_t)rows * m->row_bytes)
-        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
-                            m->expert_stride, (long long)rows, m->row_bytes);
-    return TM_OK;
-}
-
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                            int64_t n_items, const float *x, int64_t n_tok, float *y,
                            float *h_scratch, tm_cuda_stream stream) {
-    if (n_items == 0) return TM_OK;
-    if (n_items < 0 || n_items > 0x7fffffffLL || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
-        p->n_slots <= 0)
-        return tm_error_set(
-            TM_ERR_ARG,
-            "cuda_moe_grouped: %lld items, n_embd %lld, n_ff %lld, n_tok %lld, %d slots",
-            (long long)n_items, (long long)p->n_embd, (long long)p->n_ff, (long long)n_tok,
-            p->n_slots);
-    if ((p->n_ff + 3) / 4 > 65535 || (p->n_embd + 3) / 4 > 65535)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_moe_grouped: n_embd %lld / n_ff %lld too large for the grid",
-                            (long long)p->n_embd, (long long)p->n_ff);
-    tm_status st = moe_ext_check("cuda_moe_grouped", &p->ext);
-    if (st != TM_OK) return st;
-    if ((st = check_matrix("cuda_moe_grouped gate", &p->gate, p->n_ff, p->n_embd, x)) != TM_OK ||
-        (st = check_matrix("cuda_moe_grouped up", &p->up, p->n_ff, p->n_embd, x)) != TM_OK ||
-        (st = check_matrix("cuda_moe_grouped down", &p->down, p->n_embd, p->n_ff, h_scratch)) !=
-            TM_OK)
-        return st;
-    if ((p->n_embd & 3) || (p->n_ff & 3))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_moe_grouped: n_embd %lld and n_ff %lld must be multiples of 4",
-                            (long long)p->n_embd, (long long)p->n_ff);
+    tm_status st = cuda_moe_grouped_args_check(p, n_items, x, n_tok, h_scratch);
+    if (st != TM_OK || n_items == 0) return st;
     const moe_arg a = {*p, items, n_items, n_tok, x, y, h_scratch};
     return mock_launch(stream, "cuda_moe_grouped", moe_run, &a, sizeof(a));
 }
@@ -524,48 +411,16 @@ size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t 
     return ((size_t)(rows * p->n_embd) * 2 + 255) & ~(size_t)255;
 }
 
-static tm_status check_gemm_matrix(const char *name, const tm_cuda_moe_matrix *m, int64_t rows,
-                                   int64_t k) {
-    tm_status st = check_weights(name, m->type, m->data, m->row_bytes, k, NULL, false);
-    if (st != TM_OK) return st;
-    if (m->expert_stride < (size_t)rows * m->row_bytes)
-        return tm_error_set(TM_ERR_ARG, "%s: expert stride %zu < %lld rows x %zu bytes", name,
-                            m->expert_stride, (long long)rows, m->row_bytes);
-    return check_weights(name, m->type, (const char *)m->data + m->expert_stride, m->row_bytes, k,
-                         NULL, false);
-}
-
 tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_params *p,
                                 const tm_cuda_moe_groups *g, const float *x, int64_t n_tok,
                                 float *y, void *scratch, tm_cuda_stream stream) {
     static const char op[] = "cuda_moe_grouped_gemm";
-    if (!b || !p || !g || g->n_groups < 0 || p->n_embd <= 0 || p->n_ff <= 0 || n_tok <= 0 ||
-        n_tok > 0x7fffffffLL || p->n_slots <= 0 || p->n_embd > 0x7fffffffLL ||
-        p->n_ff > 0x3fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: %d groups, n_embd %lld, n_ff %lld, n_tok %lld, %d slots", op,
-                            g ? g->n_groups : -1, p ? (long long)p->n_embd : -1LL,
-                            p ? (long long)p->n_ff : -1LL, (long long)n_tok, p ? p->n_slots : -1);
-    const int32_t n = g->n_groups;
-    if (n == 0) return TM_OK;
-    tm_status st = moe_ext_check(op, &p->ext);
-    if (st != TM_OK) return st;
-    if ((st = check_gemm_matrix("cuda_moe_grouped_gemm gate", &p->gate, p->n_ff, p->n_embd)) ||
-        (st = check_gemm_matrix("cuda_moe_grouped_gemm up", &p->up, p->n_ff, p->n_embd)) ||
-        (st = check_gemm_matrix("cuda_moe_grouped_gemm down", &p->down, p->n_embd, p->n_ff)))
-        return st;
-    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 255))
-        return tm_error_set(TM_ERR_ARG, "%s: x, y must be float-aligned, scratch 256-aligned", op);
-    if (g->starts[0] < 0 || g->starts[n] > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "%s: item range [%lld, %lld) outside [0, 2^31)", op,
-                            (long long)g->starts[0], (long long)g->starts[n]);
+    tm_status st = cuda_moe_grouped_gemm_args_check(b, p, g, x, n_tok, y, scratch);
+    const int32_t n = st == TM_OK ? g->n_groups : 0;
+    if (n == 0) return st;
     bool work = false;
-    for (int32_t i = 0; i < n; i++) {
-        if (g->starts[i + 1] < g->starts[i])
-            return tm_error_set(TM_ERR_ARG, "%s: group %d: starts %lld > next start %lld", op, i,
-                                (long long)g->starts[i], (long long)g->starts[i + 1]);
+    for (int32_t i = 0; i < n; i++)
         work |= g->starts[i + 1] > g->starts[i] && g->slots[i] >= 0 && g->slots[i] < p->n_slots;
-    }
     /* the real op uploads its row map from pageable memory: not capturable */
     if (work && (st = mock_not_in_capture(stream, op)) != TM_OK) return st;
     const size_t size = sizeof(moe_gemm_arg) + (size_t)(2 * n + 1) * sizeof(int64_t);
@@ -636,27 +491,8 @@ static bool router_run(void *arg, char *err, size_t err_size) {
 tm_status cuda_router_select(const tm_cuda_router_params *p, const float *logits, int64_t n_tok,
                              int32_t *ids, float *weights, tm_cuda_moe_item *items,
                              tm_cuda_stream stream) {
-    if (p->n_expert < 1 || p->n_expert > TM_CUDA_ROUTER_MAX_EXPERT || p->n_used < 1 ||
-        p->n_used > TM_CUDA_ROUTER_MAX_USED || p->n_used > p->n_expert)
-        return tm_error_set(
-            TM_ERR_ARG, "cuda_router_select: %d experts, %d used (want 1..%d experts, 1..%d used)",
-            p->n_expert, p->n_used, TM_CUDA_ROUTER_MAX_EXPERT, TM_CUDA_ROUTER_MAX_USED);
-    if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
-        p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
-        return tm_error_set(TM_ERR_ARG, "cuda_router_select: unknown gating %d", (int)p->gating);
-    if (p->mapped &&
-        (!p->slot_map || p->n_mapped < 0 || p->mapped_share_q8 < 0 || p->mapped_share_q8 > 256))
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_router_select: a mapped work list needs a slot map, n_mapped "
-                            ">= 0 and a share in [0, 256] (got %d, %d)",
-                            p->n_mapped, p->mapped_share_q8);
-    if (n_tok <= 0)
-        return n_tok == 0
-                   ? TM_OK
-                   : tm_error_set(TM_ERR_ARG, "cuda_router_select: n_tok %lld", (long long)n_tok);
-    if (p->fetched && !p->fetch_map)
-        return tm_error_set(TM_ERR_ARG,
-                            "cuda_router_select: a fetched work list needs a fetch map");
+    tm_status st = cuda_router_select_args_check(p, n_tok);
+    if (st != TM_OK || n_tok == 0) return st;
     const router_arg a = {*p, logits, n_tok, ids, weights, items};
     return mock_launch(stream, "cuda_router_select", router_run, &a, sizeof(a));
 }
@@ -749,12 +585,9 @@ tm_status cuda_moe_fetch_ahead(const tm_cuda_moe_params *src, const tm_cuda_moe_
                                const tm_cuda_moe_item *items, int64_t n_items, int32_t n_expert,
                                int32_t n_slots, int32_t *map, int32_t *list,
                                const tm_cuda_fetch_cache *cache, tm_cuda_stream stream) {
-    if (n_expert < 1 || n_expert > TM_CUDA_ROUTER_MAX_EXPERT || n_slots < 1 ||
-        n_slots > TM_CUDA_FETCH_AHEAD_MAX || n_items < 0)
-        return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: %d experts, %d slots, %lld items",
-                            n_expert, n_slots, (long long)n_items);
-    if (cache ? cache->n_slots < 1 || cache->n_slots > TM_CUDA_ROUTER_MAX_EXPERT : !map)
-        return tm_error_set(TM_ERR_ARG, "cuda_moe_fetch_ahead: a bad cache or no map");
+    tm_status st =
+        cuda_moe_fetch_ahead_args_check(src, dst, n_items, n_expert, n_slots, map, list, cache);
+    if (st != TM_OK) return st;
     fetch_arg a = {*src, *dst, items, n_items, n_expert, n_slots, map, list, {0}, cache != NULL};
     if (cache) a.cache = *cache;
     return mock_launch(stream, "cuda_moe_fetch_ahead", fetch_run, &a, sizeof(a));
@@ -787,9 +620,8 @@ static bool norm_run(void *arg, char *err, size_t err_size) {
 }
 
 static tm_status norm_launch(const char *op, const norm_arg *a, tm_cuda_stream stream) {
-    if (a->n_rows <= 0 || a->n <= 0 || a->n_rows > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG, "%s: %lld rows of %lld", op, (long long)a->n_rows,
-                            (long long)a->n);
+    tm_status st = cuda_rmsnorm_args_check(op, a->n_rows, a->n);
+    if (st != TM_OK) return st;
     return mock_launch(stream, op, norm_run, a, sizeof(*a));
 }
 
@@ -836,17 +668,15 @@ static bool bias_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n,
                         tm_cuda_stream stream) {
-    if (n_rows < 0 || n <= 0)
-        return tm_error_set(TM_ERR_ARG, "cuda_add_bias: %lld rows of %lld", (long long)n_rows,
-                            (long long)n);
-    if (n_rows == 0) return TM_OK;
+    tm_status st = cuda_add_bias_args_check(n_rows, n);
+    if (st != TM_OK || n_rows == 0) return st;
     const bias_arg arg = {y, b, n_rows, n};
     return mock_launch(stream, "cuda_add_bias", bias_run, &arg, sizeof(arg));
 }
 
 tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream stream) {
-    if (n <= 0)
-        return n == 0 ? TM_OK : tm_error_set(TM_ERR_ARG, "cuda_add: n = %lld", (long long)n);
+    tm_status st = cuda_add_args_check(n);
+    if (st != TM_OK || n == 0) return st;
     const add_arg arg = {y, a, b, n};
     return mock_launch(stream, "cuda_add", add_run, &arg, sizeof(arg));
 }
@@ -876,10 +706,8 @@ static bool rope_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head,
                          int64_t head_dim, float base, tm_cuda_stream stream) {
-    if (n_tok <= 0 || n_head <= 0 || head_dim <= 0 || (head_dim & 1))
-        return tm_error_set(
-            TM_ERR_ARG, "cuda_rope_neox: %lld tokens, %lld heads of %lld (head_dim must be even)",
-            (long long)n_tok, (long long)n_head, (long long)head_dim);
+    tm_status st = cuda_rope_neox_args_check(n_tok, n_head, head_dim);
+    if (st != TM_OK) return st;
     const rope_arg a = {x, pos, n_tok, n_head, head_dim, base};
     return mock_launch(stream, "cuda_rope_neox", rope_run, &a, sizeof(a));
 }
@@ -910,21 +738,12 @@ static bool signal_run(void *arg, char *err, size_t err_size) {
 
 tm_status cuda_signal_host(const tm_cuda_span *spans, int n_spans, uint32_t *flag,
                            const uint32_t *seq, tm_cuda_stream stream) {
-    if (n_spans < 0 || n_spans > TM_CUDA_SIGNAL_SPANS)
-        return tm_error_set(TM_ERR_ARG, "cuda_signal_host: %d spans (at most %d)", n_spans,
-                            TM_CUDA_SIGNAL_SPANS);
+    tm_status st = cuda_signal_host_args_check(spans, n_spans);
+    if (st != TM_OK) return st;
     signal_arg a;
     memset(&a, 0, sizeof(a));
     a.n_spans = n_spans, a.flag = flag, a.seq = seq;
-    for (int s = 0; s < n_spans; s++) {
-        if (spans[s].bytes < 0 || spans[s].bytes % 4 || ((uintptr_t)spans[s].dst & 3) ||
-            ((uintptr_t)spans[s].src & 3))
-            return tm_error_set(TM_ERR_ARG,
-                                "cuda_signal_host: span %d of %lld bytes is not whole aligned "
-                                "32-bit words",
-                                s, (long long)spans[s].bytes);
-        a.spans[s] = spans[s];
-    }
+    for (int s = 0; s < n_spans; s++) a.spans[s] = spans[s];
     return mock_launch(stream, "cuda_signal_host", signal_run, &a, sizeof(a));
 }
 
@@ -986,9 +805,8 @@ tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t tim
 tm_status cuda_wait_host_unless(const int32_t *need, int32_t n_need, const uint32_t *flag,
                                 const uint32_t *seq, uint64_t timeout_ns, uint32_t *err, float *x,
                                 const float *add, int64_t n, tm_cuda_stream stream) {
-    if (n < 0 || (n > 0 && (!x || !add)) || n_need < 0 || (n_need > 0 && !need))
-        return tm_error_set(TM_ERR_ARG, "cuda_wait_host: %lld values to add, %d needs",
-                            (long long)n, n_need);
+    tm_status st = cuda_wait_host_args_check(need, n_need, x, add, n);
+    if (st != TM_OK) return st;
     const wait_arg a = {need, n_need, flag, seq, timeout_ns, err, x, add, n};
     return mock_launch(stream, "cuda_wait_host", wait_run, &a, sizeof(a));
 }
