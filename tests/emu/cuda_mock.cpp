@@ -1,14 +1,17 @@
 /* Host mock of the CUDA backend's C API (src/cuda/cuda.h) for
  * scripts/cuda_emu_check.sh: tests/test_cuda_ops.c links against it instead
  * of the real backend, so the harness's plumbing, references and tolerances
- * run on a machine without a GPU. mmvq and the grouped experts call the real
- * device functions of src/cuda/mmvq.cuh and mmvq_fast.cuh lane by lane, with
- * the launchers' path choice, rows per warp and k split (the kernels' loops
- * and warp/block sums are mirrored here); the router runs the real kernel on an emulated warp;
- * RMSNorm/RoPE mirror their kernels. MOCK_FAST=1 skips the arithmetic (for
- * the bench's code paths), MOCK_NODEV=1 makes the device open fail. */
+ * run on a machine without a GPU. The ops of router.cu, norm_rope.cu,
+ * mmvq_q8x.cu and moe_fetch.cu are not here: the script compiles those files themselves,
+ * launchers and kernels, with each launch run on an emulated grid
+ * (cuda_emu_extract.py, cuda_warp_shim.h). mmvq and the grouped experts call
+ * the real device functions of src/cuda/mmvq.cuh and mmvq_fast.cuh lane by
+ * lane, with the launchers' path choice, rows per warp and k split (the
+ * kernels' loops and warp/block sums are mirrored here), the grouped 8-bit
+ * path quantizing with the real quantizer. MOCK_FAST=1 skips the arithmetic
+ * of the ops here (for the bench's code paths), MOCK_NODEV=1 makes the device
+ * open fail. */
 #include "cuda_warp_shim.h"
-#include "router_kernel.cpp" /* extracted by the script: the kernel without its launcher */
 #include "cuda/mmvq_q8x.cuh"
 #include "cuda/moe_ext.cuh"
 #include <chrono>
@@ -18,7 +21,12 @@ struct tm_cuda_device { tm_cuda_device_info info; };
 struct tm_cuda_pool { char *base; size_t size, used; };
 struct tm_cuda_timer { std::chrono::steady_clock::time_point t0; };
 static bool fast() { return getenv("MOCK_FAST") != nullptr; }
+/* the real quantizer (mmvq_q8x.cu, compiled by the script) */
+tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream);
 extern "C" {
+/* the launch checks of the compiled .cu files: an emulated launch cannot fail */
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t) { return "no error"; }
 tm_status cuda_device_open(int index, tm_cuda_device **out) {
     if (getenv("MOCK_NODEV")) return tm_error_set(TM_ERR_DEVICE, "mock: no device");
     *out = (tm_cuda_device *)calloc(1, sizeof(tm_cuda_device)); snprintf((*out)->info.name, 256, "mock"); (*out)->info.cc_major = 9; (*out)->info.l2_bytes = 50 << 20; return TM_OK; }
@@ -33,6 +41,9 @@ tm_status cuda_pool_alloc(tm_cuda_pool *pool, size_t bytes, size_t align, void *
     size_t off = at - base; if (off > pool->size || bytes > pool->size - off) return tm_error_set(TM_ERR_DEVICE, "mock pool full: %zu", bytes);
     pool->used = off + bytes; *out = pool->base + off; return TM_OK; }
 void cuda_pool_reset(tm_cuda_pool *p) { p->used = 0; }
+tm_status cuda_host_alloc_mapped(size_t bytes, void **host, void **dev) {
+    *host = *dev = aligned_alloc(256, (bytes + 255) & ~(size_t)255); return *host ? TM_OK : tm_error_set(TM_ERR_NOMEM, "mock: %zu bytes", bytes); }
+void cuda_host_free(void *p) { free(p); }
 void cuda_pool_free(tm_cuda_pool *p) { if (p) { free(p->base); free(p); } }
 tm_status cuda_copy_to_device(tm_cuda_device *, void *d, const void *s, size_t n) { memcpy(d, s, n); return TM_OK; }
 tm_status cuda_copy_to_host(tm_cuda_device *, void *d, const void *s, size_t n) { memcpy(d, s, n); return TM_OK; }
@@ -117,50 +128,8 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
     for (int64_t r = 0; r < rows; r++) { float o[8]; row_dot(type, (const uint8_t *)w + r * row_bytes, k, v16, x, k, (int)n_tok, o); for (int t = 0; t < n_tok; t++) y[t * rows + r] = o[t]; }
     return TM_OK;
 }
-tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq, tm_cuda_stream) {
-    tm_status st = cuda_q8x_quantize_args_check(x, k, n_tok, xq); if (st) return st;
-    int8_t *q = (int8_t *)xq;
-    quant_ref_quantize_q8x(x, n_tok * k, q, (float *)(q + n_tok * k));
-    return TM_OK;
-}
 } /* extern "C" */
-/* one lane's share of rows rp · x: q8_0 or (q4k) q4_K weights */
-template <int NT, int R>
-static void q8x_lane(bool q4k, float (&acc)[R][NT], const uint8_t *const *rp, tm_q8x_view x, int nt, int lane, int kp, int ks) {
-    if (q4k) tm_q4kx_rows<NT, R>(acc, rp, x, nt, lane, kp, ks);
-    else tm_q8x_rows<NT, R>(acc, rp, x, nt, lane, kp, ks);
-}
-/* the integer kernel's row groups, k split and lanes, summed as the kernel does */
-template <int NT>
-static void q8x_mmvq(bool q4k, const uint8_t *w, size_t rb, int64_t rows, int64_t k, const void *xq, int nt, float *y) {
-    constexpr int R = 4; /* the kernel's default for every token count */
-    const tm_q8x_view x = tm_q8x_at(xq, k, nt);
-    const int64_t groups = tm_cdiv(rows, R);
-    const int ks = tm_fast_ksplit(groups, q4k ? tm_q4k::steps(k) : tm_q8x_steps(k));
-    for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *rp[R];
-        for (int r = 0; r < R; r++) rp[r] = w + (g * R + r < rows ? g * R + r : rows - 1) * rb;
-        float o[R][NT] = {};
-        for (int kp = 0; kp < ks; kp++) {
-            float part[R][NT] = {};
-            for (int lane = 0; lane < 32; lane++) { float acc[R][NT] = {}; q8x_lane<NT, R>(q4k, acc, rp, x, nt, lane, kp, ks); for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) part[r][t] += acc[r][t]; }
-            for (int r = 0; r < R; r++) for (int t = 0; t < NT; t++) o[r][t] += part[r][t];
-        }
-        for (int r = 0; r < R; r++) for (int t = 0; t < nt; t++) if (g * R + r < rows) y[t * rows + g * R + r] = o[r][t];
-    }
-}
 extern "C" {
-tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes, int64_t rows, int64_t k, const void *xq, int64_t n_tok, float *y, tm_cuda_stream) {
-    const bool q4k = type == TM_TYPE_Q4_K;
-    tm_status st = cuda_mmvq_q8x_args_check(type, w, row_bytes, rows, k, xq, n_tok); if (st) return st;
-    if (fast()) { y[0] = 1; y[n_tok * rows - 1] = 1; return TM_OK; }
-    const uint8_t *wb = (const uint8_t *)w; const int nt = (int)n_tok;
-    if (nt == 1) q8x_mmvq<1>(q4k, wb, row_bytes, rows, k, xq, nt, y);
-    else if (nt == 2) q8x_mmvq<2>(q4k, wb, row_bytes, rows, k, xq, nt, y);
-    else if (nt <= 4) q8x_mmvq<4>(q4k, wb, row_bytes, rows, k, xq, nt, y);
-    else q8x_mmvq<8>(q4k, wb, row_bytes, rows, k, xq, nt, y);
-    return TM_OK;
-}
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items, int64_t n, const float *x, int64_t n_tok, float *y, float *h, tm_cuda_stream) {
     tm_status st = cuda_moe_grouped_args_check(p, n, x, n_tok, h); if (st || !n) return st;
     const bool a = tm_mmvq_vec16(p->gate.data, p->gate.row_bytes | p->gate.expert_stride), b = tm_mmvq_vec16(p->up.data, p->up.row_bytes | p->up.expert_stride),
@@ -170,7 +139,7 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
         const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n, n_tok, h);
         int8_t *xq = q.xq, *hq = q.hq;
         float *xd = q.xd, *hd = q.hd;
-        quant_ref_quantize_q8x(x, n_tok * p->n_embd, xq, xd);
+        if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, xq, xd, nullptr))) return st;
         constexpr int F = TM_MOE_FAST_FF, E = TM_MOE_FAST_E;
         for (int64_t i = 0; i < n; i++) {
             const tm_cuda_moe_item it = items[i];
@@ -185,7 +154,7 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
                 for (int j = 0; j < F; j++) if (r0 + j < p->n_ff) h[i * p->n_ff + r0 + j] = tm_moe_ext_h(p->ext, it.expert, r0 + j, p->n_ff, o[j], o[F + j]);
             }
         }
-        quant_ref_quantize_q8x(h, n * p->n_ff, hq, hd);
+        if ((st = tm_q8x_quantize_n(h, n * p->n_ff, hq, hd, nullptr))) return st;
         for (int64_t i = 0; i < n; i++) {
             const tm_cuda_moe_item it = items[i];
             if (!tm_moe_item_valid(it, p->n_slots, n_tok, p->ext)) continue;
@@ -222,35 +191,4 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
     }
     return TM_OK;
 }
-tm_status cuda_router_select(const tm_cuda_router_params *p, const float *l, int64_t T, int32_t *ids, float *w, tm_cuda_moe_item *items, tm_cuda_stream) {
-    tm_status st = cuda_router_select_args_check(p, T); if (st || fast()) return st;
-    for (int64_t t = 0; t < T; t++) emu_warp((unsigned)(t / 4), 0, (int)(t % 4), [&] { tm_router_kernel(*p, l, T, ids, w, items); });
-    return TM_OK;
-}
-tm_status cuda_rmsnorm(float *y, const float *x, const float *w, int64_t R, int64_t n, float eps, tm_cuda_stream) {
-    for (int64_t r = 0; r < R; r++) {
-        float part[256] = {0};
-        for (int th = 0; th < 256; th++) for (int64_t i = th; i < n; i += 256) part[th] += x[r * n + i] * x[r * n + i];
-        float tot = 0; for (int th = 0; th < 256; th++) tot += part[th];
-        float sc = 1.0f / sqrtf(tot / (float)n + eps);
-        for (int64_t i = 0; i < n; i++) y[r * n + i] = w ? x[r * n + i] * sc * w[i] : x[r * n + i] * sc;
-    }
-    return TM_OK;
-}
-tm_status cuda_rope_neox(float *x, const int32_t *pos, int64_t T, int64_t H, int64_t D, float base, tm_cuda_stream) {
-    int64_t half = D / 2;
-    for (int64_t g = 0; g < T * H * half; g++) {
-        int64_t i = g % half, th = g / half, t = th / H;
-        double theta = (double)pos[t] * pow((double)base, -2.0 * (double)i / (double)D);
-        float c = (float)cos(theta), s = (float)sin(theta); float *xh = x + th * D; float a = xh[i], b = xh[i + half];
-        xh[i] = fmaf(a, c, -b * s); xh[i + half] = fmaf(a, s, b * c);
-    }
-    return TM_OK;
-}
-tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, int64_t R, int64_t n, float eps, tm_cuda_stream s) {
-    for (int64_t i = 0; i < R * n; i++) x[i] += a[i];
-    return cuda_rmsnorm(h, x, w, R, n, eps, s);
-}
-tm_status cuda_add(float *y, const float *a, const float *b, int64_t n, tm_cuda_stream) { for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; return TM_OK; }
-tm_status cuda_add_bias(float *y, const float *b, int64_t n_rows, int64_t n, tm_cuda_stream) { for (int64_t r = 0; r < n_rows; r++) for (int64_t i = 0; i < n; i++) y[r * n + i] += b[i]; return TM_OK; }
 }

@@ -1,45 +1,170 @@
-/* Host emulation of CUDA device code for a dev check without a GPU
- * (scripts/cuda_emu_check.sh): g++ compiles the kernels' device functions as
- * host code; one warp is 32 std::threads whose shuffles meet at a barrier.
- * Not a substitute for running tests/test_cuda_ops on a GPU: a misreading of
- * an intrinsic shared by kernel and shim would pass here. */
+/* Host emulation of CUDA device code for a check without a GPU
+ * (scripts/cuda_emu_check.sh): g++ compiles the kernels' device code as host
+ * code. A block's threads are fibers (ucontext) of the calling thread, run
+ * round-robin: a shuffle or __syncthreads is a barrier that yields until every
+ * live thread of the warp or block arrived, and a thread that returns leaves
+ * its barriers. __shared__ variables are static (blocks run one at a time);
+ * emu_launch runs a launch's blocks in order (tests/emu/cuda_emu_extract.py
+ * turns each `kernel<<<...>>>(...)` of a .cu into one). Not a substitute for
+ * running tests/test_cuda_ops on a GPU: a misreading of an intrinsic shared by
+ * kernel and shim would pass here, and races are not found. */
 #include <math.h>
 #include <string.h>
-#include <barrier>
-#include <thread>
-#include <mutex>
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
 #include <functional>
+#include <vector>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
+#undef __shared__
+#define __shared__ static
+#undef __global__
+#define __global__ static
+#define __launch_bounds__(...)
 struct emu_idx {
     unsigned x, y, z;
 };
-thread_local emu_idx tl_tid, tl_bid;
+static emu_idx tl_tid, tl_bid, tl_bdim, tl_gdim;
 #define threadIdx tl_tid
 #define blockIdx  tl_bid
-static std::barrier<> *g_bar;
-static float g_xf[32];
-static int g_xi[32];
+#define blockDim  tl_bdim
+#define gridDim   tl_gdim
+struct emu_bar {
+    int expected, arrived;
+    unsigned gen;
+};
+struct emu_fiber {
+    ucontext_t ctx;
+    emu_idx tid;
+    int warp;
+    bool done;
+};
+static ucontext_t g_sched;
+static std::vector<emu_fiber> g_fib;
+static struct emu_stacks { /* the fibers' stacks, kept for the next block */
+    std::vector<char *> v;
+    ~emu_stacks() {
+        for (char *p : v) free(p);
+    }
+} g_stacks;
+static std::vector<emu_bar> g_warp_bar;
+static emu_bar g_block_bar;
+static int g_cur;
+static const std::function<void()> *g_fn;
+static float g_xf[64][32]; /* a warp's shuffle slots (at most 64 warps a block) */
+static int g_xi[64][32];
+static unsigned char *g_dyn_smem; /* the launch's dynamic shared memory */
+static size_t g_dyn_size;
+#define EMU_STACK (64 << 10)
+static void emu_yield() {
+    swapcontext(&g_fib[g_cur].ctx, &g_sched);
+}
+static void emu_bar_wait(emu_bar &b) {
+    const unsigned g = b.gen;
+    if (++b.arrived >= b.expected) {
+        b.arrived = 0, b.gen++;
+        return;
+    }
+    while (b.gen == g) emu_yield();
+}
+static void emu_bar_leave(emu_bar &b) {
+    if (--b.expected > 0 && b.arrived >= b.expected) b.arrived = 0, b.gen++;
+}
+static void emu_fiber_main() {
+    (*g_fn)();
+    emu_fiber &f = g_fib[g_cur];
+    f.done = true;
+    emu_bar_leave(g_warp_bar[f.warp]);
+    emu_bar_leave(g_block_bar);
+} /* uc_link: back to the scheduler */
+/* Run fn as every thread of block `bid` of a launch (threads first..first+n-1
+ * of a block of bdim). */
+static void emu_block(emu_idx gdim, emu_idx bdim, emu_idx bid, unsigned first, unsigned n,
+                      const std::function<void()> &fn) {
+    const unsigned warps = (first % 32 + n + 31) / 32;
+    if (warps > 64) {
+        fprintf(stderr, "emu: %u warps a block (at most 64)\n", warps);
+        abort();
+    }
+    g_fib.assign(n, emu_fiber{});
+    g_warp_bar.assign(warps, emu_bar{0, 0, 0});
+    g_block_bar = emu_bar{(int)n, 0, 0};
+    while (g_stacks.v.size() < n) g_stacks.v.push_back((char *)malloc(EMU_STACK));
+    g_fn = &fn, tl_gdim = gdim, tl_bdim = bdim, tl_bid = bid;
+    for (unsigned i = 0; i < n; i++) {
+        const unsigned t = first + i;
+        emu_fiber &f = g_fib[i];
+        f.tid = {t % bdim.x, t / bdim.x % bdim.y, t / (bdim.x * bdim.y)};
+        f.warp = (int)(t / 32 - first / 32);
+        g_warp_bar[f.warp].expected++;
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = g_stacks.v[i];
+        f.ctx.uc_stack.ss_size = EMU_STACK;
+        f.ctx.uc_link = &g_sched;
+        makecontext(&f.ctx, emu_fiber_main, 0);
+    }
+    for (bool live = true; live;) {
+        live = false;
+        for (unsigned i = 0; i < n; i++) {
+            if (g_fib[i].done) continue;
+            g_cur = (int)i, tl_tid = g_fib[i].tid;
+            swapcontext(&g_sched, &g_fib[i].ctx);
+            live |= !g_fib[i].done;
+        }
+    }
+}
+/* A launch: every block of grid, in order. */
+static void emu_launch(const std::function<void()> &fn, dim3 grid, dim3 block, size_t smem = 0,
+                       cudaStream_t = 0) {
+    if (getenv("MOCK_FAST")) return; /* the bench's code paths only */
+    std::vector<unsigned char> dyn(smem + 16);
+    g_dyn_smem = dyn.data(), g_dyn_size = smem;
+    const emu_idx gd = {grid.x, grid.y, grid.z}, bd = {block.x, block.y, block.z};
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++)
+                emu_block(gd, bd, {x, y, z}, 0, block.x * block.y * block.z, fn);
+    g_dyn_smem = nullptr;
+}
+/* run fn as warp `warp` of block (bx, by) of 32 * (warp + 1) threads */
+static void emu_warp(unsigned bx, unsigned by, int warp, const std::function<void()> &fn) {
+    const unsigned n = 32 * (unsigned)(warp + 1);
+    emu_block({bx + 1, by + 1, 1}, {n, 1, 1}, {bx, by, 0}, 32 * (unsigned)warp, 32, fn);
+}
 static int lane_now() {
     return (int)(tl_tid.x & 31);
 }
-static inline float __shfl_xor_sync(unsigned, float v, int o) {
-    int l = lane_now();
-    g_bar->arrive_and_wait();
-    g_xf[l] = v;
-    g_bar->arrive_and_wait();
-    float r = g_xf[l ^ o];
-    g_bar->arrive_and_wait();
+static int warp_now() {
+    return g_fib[g_cur].warp;
+}
+/* a warp's exchange: every live lane writes, then reads lane src (or l ^ src) */
+template <class T> static inline T emu_shfl(T (&slots)[64][32], T v, int src, bool by_xor) {
+    const int l = lane_now(), w = warp_now();
+    slots[w][l] = v;
+    emu_bar_wait(g_warp_bar[w]);
+    const T r = slots[w][(by_xor ? l ^ src : src) & 31];
+    emu_bar_wait(g_warp_bar[w]); /* every read done before the next write */
     return r;
 }
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+    return emu_shfl(g_xf, v, o, true);
+}
 static inline int __shfl_xor_sync(unsigned, int v, int o) {
-    int l = lane_now();
-    g_bar->arrive_and_wait();
-    g_xi[l] = v;
-    g_bar->arrive_and_wait();
-    int r = g_xi[l ^ o];
-    g_bar->arrive_and_wait();
-    return r;
+    return emu_shfl(g_xi, v, o, true);
+}
+static inline float __shfl_sync(unsigned, float v, int s) {
+    return emu_shfl(g_xf, v, s, false);
+}
+static inline int __shfl_sync(unsigned, int v, int s) {
+    return emu_shfl(g_xi, v, s, false);
+}
+static inline void __syncthreads() {
+    emu_bar_wait(g_block_bar);
+}
+/* cvt.rni: to the nearest integer, ties to even (the default rounding mode) */
+static inline int __float2int_rn(float x) {
+    return (int)nearbyintf(x);
 }
 template <class T> static inline T __ldg(const T *p) {
     return *p;
@@ -70,20 +195,17 @@ static inline unsigned tm_prmt(unsigned x, unsigned y, unsigned s) {
     return r;
 }
 static inline unsigned __ballot_sync(unsigned, int pred) {
-    int l = lane_now();
-    g_bar->arrive_and_wait();
-    g_xi[l] = pred != 0;
-    g_bar->arrive_and_wait();
+    const int l = lane_now(), w = warp_now();
+    g_xi[w][l] = pred != 0;
+    emu_bar_wait(g_warp_bar[w]);
     unsigned r = 0;
-    for (int i = 0; i < 32; i++) r |= (unsigned)g_xi[i] << i;
-    g_bar->arrive_and_wait();
+    for (int i = 0; i < 32; i++) r |= (unsigned)g_xi[w][i] << i;
+    emu_bar_wait(g_warp_bar[w]);
     return r;
 }
 static inline int __popc(unsigned v) {
     return __builtin_popcount(v);
 }
-/* one warp runs at a time: block-wide barriers have nothing to wait for */
-static inline void __syncthreads() {}
 /* IDP4A: four signed byte products of a and b, plus c */
 static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++)
@@ -95,23 +217,8 @@ static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
     s &= 31;
     return s ? (lo >> s) | (hi << (32 - s)) : lo;
 }
-static std::mutex g_atomic;
-static inline float atomicAdd(float *p, float v) {
-    std::lock_guard<std::mutex> g(g_atomic);
-    float o = *p;
+static inline float atomicAdd(float *p, float v) { /* one thread runs at a time */
+    const float o = *p;
     *p += v;
     return o;
-}
-/* run fn as warp `warp` of block (bx, by) */
-static void emu_warp(unsigned bx, unsigned by, int warp, const std::function<void()> &fn) {
-    std::barrier<> bar(32);
-    g_bar = &bar;
-    std::thread th[32];
-    for (int l = 0; l < 32; l++)
-        th[l] = std::thread([&, l] {
-            tl_tid = {(unsigned)(32 * warp + l), 0, 0};
-            tl_bid = {bx, by, 0};
-            fn();
-        });
-    for (auto &t : th) t.join();
 }
