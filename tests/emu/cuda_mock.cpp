@@ -2,7 +2,7 @@
  * scripts/cuda_emu_check.sh: tests/test_cuda_ops.c links against it instead
  * of the real backend, so the harness's plumbing, references and tolerances
  * run on a machine without a GPU. The ops of router.cu, norm_rope.cu,
- * mmvq_q8x.cu and moe_fetch.cu are not here: the script compiles those files themselves,
+ * mmvq_q8x.cu, moe_fetch.cu and attention.cu are not here: the script compiles those files themselves,
  * launchers and kernels, with each launch run on an emulated grid
  * (cuda_emu_extract.py, cuda_warp_shim.h). mmvq and the grouped experts call
  * the real device functions of src/cuda/mmvq.cuh and mmvq_fast.cuh lane by
@@ -12,6 +12,7 @@
  * of the ops here (for the bench's code paths), MOCK_NODEV=1 makes the device
  * open fail. */
 #include "cuda_warp_shim.h"
+#include "cuda/attention.cuh"
 #include "cuda/mmvq_q8x.cuh"
 #include "cuda/moe_ext.cuh"
 #include <chrono>
@@ -21,6 +22,10 @@ struct tm_cuda_device { tm_cuda_device_info info; };
 struct tm_cuda_pool { char *base; size_t size, used; };
 struct tm_cuda_timer { std::chrono::steady_clock::time_point t0; };
 static bool fast() { return getenv("MOCK_FAST") != nullptr; }
+/* attention_tc.cu's tensor-core prompt path (mma.sync) is not emulated:
+ * attention.cu gives every prompt to its f32 kernel */
+bool tm_attn_tc_ok(const tm_attn_args &, bool) { return false; }
+tm_status tm_attn_tc_launch(const tm_attn_args &, tm_cuda_stream) { return tm_error_set(TM_ERR_UNSUPPORTED, "emu: no tensor cores"); }
 /* the real quantizer (mmvq_q8x.cu, compiled by the script) */
 tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream);
 extern "C" {
