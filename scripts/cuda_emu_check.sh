@@ -9,15 +9,22 @@
 # host C++ with each launch run on an emulated grid (tests/emu/
 # cuda_emu_extract.py, cuda_warp_shim.h); the mock's mmvq and grouped experts
 # call the kernels' device functions lane by lane. Then runs the checks (any
-# failure: exit 1) and the bench's code paths. Needs nvcc's headers
-# (/usr/local/cuda/include) and a configured build dir (default build; an
-# ASan build's library is linked with the sanitizers). The GPU run is
-# scripts/device.sh checks.
+# failure: non-zero exit) and the bench's code paths. Needs the CUDA
+# toolkit's headers (no nvcc, no GPU; without them: exit 77, skipped) and a
+# configured build dir (default build; an ASan build's library is linked with
+# the sanitizers). About 100 s of CPU with build/asan, compiling included. The
+# GPU run is scripts/device.sh checks.
 #   scripts/cuda_emu_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
+for d in "${CUDA_INC:-}" /usr/local/cuda/include /usr/include; do
+    if [ -n "$d" ] && [ -f "$d/cuda_runtime.h" ]; then CUDA_INC=$d && break; fi
+done
+if [ ! -f "${CUDA_INC:-}/cuda_runtime.h" ]; then
+    echo "skipped: no CUDA headers (cuda_runtime.h in /usr/local/cuda/include or /usr/include; or set CUDA_INC)"
+    exit 77
+fi
 SAN=
 if grep -q '^TM_SANITIZE:BOOL=ON' "$BUILD/CMakeCache.txt" 2> /dev/null; then
     SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
