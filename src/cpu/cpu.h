@@ -35,12 +35,14 @@ const tm_cpu_features *cpu_features(void);
 int cpu_physical_cores(void);          /* default thread count */
 const char *cpu_features_string(void); /* "AVX2 FMA AVX512 VNNI AMX" for logs and bench */
 
-/* Force a kernel level for tests and comparisons: "scalar", "avx2", "avx512",
- * "amx" (capped at what the CPU has). Also read from TIERMOE_CPU_LEVEL. */
+/* Force a kernel level for tests and comparisons: "scalar", "avx2", "avx512"
+ * ("vnni" and "avx512vnni" are aliases: the level needs VNNI), "amx" (capped at
+ * what the CPU has). Also read from TIERMOE_CPU_LEVEL. */
 typedef enum tm_cpu_level { TM_CPU_SCALAR, TM_CPU_AVX2, TM_CPU_AVX512, TM_CPU_AMX } tm_cpu_level;
 tm_cpu_level cpu_level_get(void);
 tm_status cpu_level_set(tm_cpu_level level); /* TM_ERR_UNSUPPORTED above the CPU's best */
 const char *cpu_level_name(tm_cpu_level level);
+tm_status cpu_level_parse(const char *name, tm_cpu_level *out); /* a name above; TM_ERR_ARG */
 
 /* ---- thread pool ----
  * A fixed set of workers that run one job at a time; the calling thread takes

@@ -124,6 +124,16 @@ static tm_cpu_level cpu_level_best(void) {
     return TM_CPU_SCALAR;
 }
 
+/* A level's name, or an alias: the avx512 level needs VNNI, so its names are. */
+static bool cpu_level_from_name(const char *name, tm_cpu_level *out) {
+    static const char *const aliases[] = {"vnni", "avx512vnni", "avx512-vnni", "avx512_vnni"};
+    for (int i = TM_CPU_SCALAR; i <= TM_CPU_AMX; i++)
+        if (!strcasecmp(name, cpu_level_name((tm_cpu_level)i))) return *out = (tm_cpu_level)i, true;
+    for (size_t i = 0; i < sizeof aliases / sizeof *aliases; i++)
+        if (!strcasecmp(name, aliases[i])) return *out = TM_CPU_AVX512, true;
+    return false;
+}
+
 static atomic_int g_level = -1;
 
 tm_cpu_level cpu_level_get(void) {
@@ -132,16 +142,12 @@ tm_cpu_level cpu_level_get(void) {
     tm_cpu_level best = cpu_level_best(), want = best;
     const char *env = getenv("TIERMOE_CPU_LEVEL");
     if (env && *env) {
-        bool known = false;
-        for (int i = TM_CPU_SCALAR; i <= TM_CPU_AMX; i++) {
-            if (!strcasecmp(env, cpu_level_name((tm_cpu_level)i))) {
-                want = (tm_cpu_level)i;
-                known = true;
-            }
-        }
-        if (!known)
-            tm_log_warn("TIERMOE_CPU_LEVEL=%s is not one of scalar, avx2, avx512, amx; using %s",
+        if (!cpu_level_from_name(env, &want)) {
+            tm_log_warn("TIERMOE_CPU_LEVEL=%s is not one of scalar, avx2, avx512 (or vnni, "
+                        "avx512vnni), amx; using %s",
                         env, cpu_level_name(best));
+            want = best;
+        }
         if (want > best) {
             tm_log_warn("TIERMOE_CPU_LEVEL=%s is above what this CPU has; using %s", env,
                         cpu_level_name(best));
@@ -151,6 +157,13 @@ tm_cpu_level cpu_level_get(void) {
     int expected = -1;
     atomic_compare_exchange_strong(&g_level, &expected, (int)want);
     return (tm_cpu_level)atomic_load(&g_level);
+}
+
+tm_status cpu_level_parse(const char *name, tm_cpu_level *out) {
+    if (cpu_level_from_name(name, out)) return TM_OK;
+    return tm_error_set(TM_ERR_ARG,
+                        "cpu level '%s': expected scalar, avx2, avx512 (or vnni, avx512vnni), amx",
+                        name);
 }
 
 tm_status cpu_level_set(tm_cpu_level level) {
