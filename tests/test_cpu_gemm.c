@@ -488,6 +488,87 @@ static void test_matmul_multi(void **s) {
     cpu_level_set(TM_CPU_SCALAR);
 }
 
+/* Batch invariance: a token's outputs must not depend on the other tokens of
+ * its call, so a prompt, a decode step and a continuation over a reused prefix
+ * compute the same row the same way. Against a call with all 29 tokens (a
+ * prompt): 1 token (a decode step), 3 (a short continuation: tokens 26..28),
+ * 16 and 13 (29 split at the AMX threshold). Bit for bit wherever both calls
+ * take the same kernel: always at scalar and avx2; at avx512 but for one token
+ * (q4_K, q5_K and mxfp4 have decode kernels of their own, with another float
+ * summation order); at amx where both calls have 16+ tokens or the type has no
+ * AMX kernel. Otherwise within float summation order (1e-5 of the largest
+ * output; measured: 4.4e-7 at avx512, AMX-INT8 in tests/emu 4.2e-7, the
+ * AMX-BF16 kernel 2.4e-3, which has its own bound in run_case). */
+static int same_kernel(tm_cpu_level level, tm_type t, int64_t n) {
+    if (level <= TM_CPU_AVX2) return 1;
+    if (n == 1) return 0;
+    const int amx_type = t == TM_TYPE_Q4_K || t == TM_TYPE_Q5_K || t == TM_TYPE_Q8_0 ||
+                         t == TM_TYPE_Q4_0 || t == TM_TYPE_MXFP4;
+    return level < TM_CPU_AMX || !amx_type || n >= 16;
+}
+
+static void test_batch_invariance(void **s) {
+    (void)s;
+    levels_init();
+    tm_rng r;
+    tm_rng_seed(&r, 77);
+    const tm_type types[] = {TM_TYPE_Q4_K,  TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
+                             TM_TYPE_MXFP4, TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
+    const int64_t k = 512, rows = 43, nt = 29;
+    const int64_t splits[][2] = {{0, 1}, {5, 1}, {28, 1}, {26, 3}, {0, 3}, {0, 16}, {16, 13}};
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        const tm_type t = types[ti];
+        const size_t wrb = quant_row_size(t, k), xrb = cpu_act_row_size(t, k);
+        void *w = make_w(&r, t, rows, k, 0);
+        float *x = malloc(sizeof(float) * (size_t)(k * nt));
+        uint8_t *xq = malloc(xrb * (size_t)nt);
+        float *yall = malloc(sizeof(float) * (size_t)(rows * nt)),
+              *ypart = malloc(sizeof(float) * (size_t)(rows * nt));
+        for (int64_t tk = 0; tk < nt; tk++) {
+            make_x(&r, x + tk * k, k);
+            cpu_act_quantize(t, x + tk * k, xq + xrb * (size_t)tk, k);
+        }
+        for (int l = 0; l < n_levels; l++) {
+            const tm_cpu_level level = level_list[l];
+            cpu_level_set(level);
+            cpu_gemm(t, k, w, wrb, 0, rows, xq, xrb, nt, yall, rows);
+            double ymax = 0, worst = 0;
+            for (int64_t i = 0; i < rows * nt; i++) ymax = fmax(ymax, fabs(yall[i]));
+            for (size_t si = 0; si < sizeof splits / sizeof *splits; si++) {
+                const int64_t t0 = splits[si][0], n = splits[si][1];
+                const int exact = same_kernel(level, t, n);
+                /* the AMX-BF16 kernel has its own bound (run_case) */
+                if (!exact && cpu_gemm_error_rel(t, nt) + cpu_gemm_error_rel(t, n) > 0) continue;
+                cpu_gemm(t, k, w, wrb, 0, rows, xq + xrb * (size_t)t0, xrb, n, ypart + t0 * rows,
+                         rows);
+                for (int64_t i = t0 * rows; i < (t0 + n) * rows; i++) {
+                    const double e = fabs((double)ypart[i] - yall[i]);
+                    worst = fmax(worst, e / ymax);
+                    if (exact ? ypart[i] != yall[i] : !(e <= 1e-5 * ymax))
+                        fail_msg("%s level %s: token %lld row %lld in a call of %lld tokens: %.9g, "
+                                 "in one of %lld: %.9g (%s)",
+                                 quant_type_name(t), cpu_level_name(level), (long long)(i / rows),
+                                 (long long)(i % rows), (long long)n, (long long)nt, ypart[i],
+                                 yall[i],
+                                 exact ? "same kernel: must be equal"
+                                       : "must be within 1e-5 of the largest output");
+                }
+            }
+            if (worst > 0)
+                printf("# %-5s %-6s: calls of another kernel differ from the 29-token one by %.2g "
+                       "of the "
+                       "largest output\n",
+                       quant_type_name(t), cpu_level_name(level), worst);
+        }
+        free(w);
+        free(x);
+        free(xq);
+        free(yall);
+        free(ypart);
+    }
+    cpu_level_set(TM_CPU_SCALAR);
+}
+
 static void test_levels(void **s) {
     (void)s;
     levels_init();
@@ -504,14 +585,21 @@ static void test_levels(void **s) {
 }
 
 int main(void) {
+    /* the copy test_cpu_gemm_amxint8 checks the int8 AMX kernel for K-quants */
+    const char *bf16 = getenv("TIERMOE_AMX_BF16");
+    if (bf16 && !strcmp(bf16, "0") && !(cpu_features()->amx_bf16 && cpu_features()->avx512bf16)) {
+        printf("skipped: TIERMOE_AMX_BF16=0 changes nothing on a CPU without AMX-BF16 (has: %s)\n",
+               cpu_features_string());
+        return 77;
+    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_levels),       cmocka_unit_test(test_act),
-        cmocka_unit_test(test_q4_k),         cmocka_unit_test(test_q5_k),
-        cmocka_unit_test(test_q6_k),         cmocka_unit_test(test_q8_0),
-        cmocka_unit_test(test_q4_0),         cmocka_unit_test(test_mxfp4),
-        cmocka_unit_test(test_f16),          cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_f32),          cmocka_unit_test(test_matmul_pool),
-        cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_levels),      cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_act),         cmocka_unit_test(test_q4_k),
+        cmocka_unit_test(test_q5_k),        cmocka_unit_test(test_q6_k),
+        cmocka_unit_test(test_q8_0),        cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_mxfp4),       cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_bf16),        cmocka_unit_test(test_f32),
+        cmocka_unit_test(test_matmul_pool), cmocka_unit_test(test_matmul_multi),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

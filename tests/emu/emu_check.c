@@ -42,6 +42,13 @@ static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
             p[0] = (uint8_t)(118 + tm_rng_u64(r) % 10);
     }
 }
+/* Tokens of an n-token call that the int8 AMX kernel takes through tiles: the
+ * full 16-token tiles, and a zero-padded one for 2+ leftover tokens
+ * (amx_pad_min); a single leftover token goes to the AVX-512 kernel. */
+static int64_t amx_tokens(int64_t n) {
+    return n % 16 >= 2 ? (n + 15) / 16 * 16 : n / 16 * 16;
+}
+
 int main(void) {
     tm_rng r;
     tm_rng_seed(&r, 3);
@@ -79,6 +86,27 @@ int main(void) {
                     ymax = fmax(ymax, fabs(y0[i]));
                     m1 = fmax(m1, fabs(y1[i] - y0[i]));
                     if (g) m2 = fmax(m2, fabs(y2[i] - y0[i]));
+                }
+                /* the AMX kernels are batch-invariant: a token's outputs are the same bits
+                 * in a call without the first 5 tokens (other tiles, full or zero-padded),
+                 * wherever both calls take it through AMX (not a single leftover token) */
+                if (g && nt > 5) {
+                    float *y4 = calloc(ldy * nt, 4);
+                    g(k, w, wrb, r0, r1, xq + 5 * xrb, xrb, nt - 5, y4 + 5 * ldy, ldy);
+                    for (int64_t j = 5; j < nt; j++) {
+                        if (j >= amx_tokens(nt) || j - 5 >= amx_tokens(nt - 5)) continue;
+                        for (int64_t row = r0; row < r1; row++)
+                            if (y4[j * ldy + row] != y2[j * ldy + row]) {
+                                printf("FAIL %s k=%lld: amx token %lld row %lld: %.9g in a call "
+                                       "of %lld tokens, %.9g in one of %lld\n",
+                                       quant_type_name(t), (long long)k, (long long)j,
+                                       (long long)row, y2[j * ldy + row], (long long)nt,
+                                       y4[j * ldy + row], (long long)nt - 5);
+                                bad++;
+                                row = r1, j = nt;
+                            }
+                    }
+                    free(y4);
                 }
                 /* the bf16 kernel, every row of every token within its own bound */
                 cpu_gemm_fn hb = emu_amxbf_kernel(t);
