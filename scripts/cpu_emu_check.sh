@@ -2,7 +2,9 @@
 # Check the AVX-512 and AMX kernels' logic on a machine without those ISAs:
 # compiles src/cpu/cpu_gemm_avx512.c, cpu_gemm_amx.c and cpu_gemm_amx_bf16.c against scalar
 # emulations of their intrinsics (tests/emu/emu512.h) and compares them with
-# the scalar reference products. Needs a configured build dir (default build).
+# the scalar reference products. Needs a configured build dir (default build;
+# a sanitizer build such as build/asan links with its sanitizers). Exits
+# non-zero on any mismatch; also a CTest test (cpu_emu_check).
 #   scripts/cpu_emu_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +21,9 @@ for f in cpu_gemm_avx512 cpu_gemm_amx cpu_gemm_amx_bf16; do
         -e 's/^int64_t cpu_gemm_amx_min_tokens/int64_t emu_amx_min_tokens/' src/cpu/$f.c > "$T/emu_$f.c"
 done
 CF="-O1 -std=c11 -D_GNU_SOURCE -Isrc -Itests/emu -mavx2 -mfma -mf16c -w"
-# a sanitized build's library needs the sanitizers' runtimes at link time
-grep -q '^TM_SANITIZE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && CF="$CF -fsanitize=address,undefined"
+if grep -q '^TM_SANITIZE:BOOL=ON' "$BUILD/CMakeCache.txt"; then
+    CF="$CF -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+fi
 gcc $CF -c "$T/emu_cpu_gemm_avx512.c" -o "$T/a.o"
 gcc $CF -c "$T/emu_cpu_gemm_amx.c" -o "$T/b.o"
 gcc $CF -c "$T/emu_cpu_gemm_amx_bf16.c" -o "$T/c.o"
