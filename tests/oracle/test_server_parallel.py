@@ -12,7 +12,16 @@ Against independent paths:
   /metrics showed all 4 slots busy with requests waiting in the queue;
 - a request that continues an earlier one (its prompt and reply, then more) is
   given the slot holding that prefix and evaluates only the rest
-  (timings.cache_n), with the same answer as sent alone from scratch;
+  (timings.cache_n), with the same answer as sent alone from scratch where
+  that holds exactly: at scalar and avx2 a row's products are the same bits in
+  any batch (test_cpu_gemm: batch invariance), so the prefix's keys and values,
+  computed by a prompt batch and decode steps, equal those of one batch. At
+  avx512 (decode kernels of their own) and amx (AMX tiles for 16+ tokens, AVX-512
+  below) they differ by float summation order (~1e-7), and greedy tokens may
+  part at a near tie: on an AMX machine this model's continuation parted from
+  scratch after 11 tokens (reproduced here with the AMX kernel emulated,
+  tests/emu). There the first 4 tokens must agree; a wrong prefix reused
+  changes the first ones;
 - a client that leaves mid-stream is cancelled and its slot freed: with the
   other slots still streaming, a new request is served at once.
 """
@@ -31,7 +40,7 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_common import check, finish  # noqa: E402
+from oracle_common import check, cpu_level, failures, finish  # noqa: E402
 from server_harness import Server, make_model, wait_for  # noqa: E402
 
 FRESH = {"cache_prompt": False}
@@ -114,6 +123,7 @@ def main():
         wall = time.time() - t0
         done.set()
         w.join()
+        n_failed = len(failures)
         for i, (a, b) in enumerate(zip(alone, got)):
             check(a == b, f"request {i} ({PROMPTS[i]!r}) with 8 clients: {b!r}, alone {a!r}")
         m1 = metrics(srv)
@@ -122,9 +132,10 @@ def main():
         check(steps > 0 and rows / steps > 2, f"decode steps {steps}, rows {rows}: not batched")
         check(seen["busy"] == 4 and seen["deferred"] >= 1, f"/metrics while 8 clients ran: {seen}")
         check(m1["tiermoe_slots_busy"] == 0 and m1["tiermoe_requests_deferred"] == 0, "slots left busy")
-        print(f"  8 clients on 4 slots: every answer equals alone's; {rows:.0f} rows in {steps:.0f} decode "
-              f"steps ({rows / steps:.2f} a step), up to {seen['busy']:.0f} slots busy and "
-              f"{seen['deferred']:.0f} waiting; {wall:.1f} s")
+        if len(failures) == n_failed:  # print only what held
+            print(f"  8 clients on 4 slots: every answer equals alone's; {rows:.0f} rows in {steps:.0f} decode "
+                  f"steps ({rows / steps:.2f} a step), up to {seen['busy']:.0f} slots busy and "
+                  f"{seen['deferred']:.0f} waiting; {wall:.1f} s")
 
         # ---- a continuation goes to the slot holding its prefix ----
         first = c.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=12, temperature=0)
@@ -133,16 +144,30 @@ def main():
         cont = PROMPTS[4] + first.choices[0].text + " and then"
         r = c.completions.create(model=MODEL, prompt=cont, max_tokens=16, temperature=0)
         ref = c.completions.create(model=MODEL, prompt=cont, max_tokens=16, temperature=0, extra_body=FRESH)
+        ref4 = c.completions.create(model=MODEL, prompt=cont, max_tokens=4, temperature=0, extra_body=FRESH)
         cache_n = r.model_extra["timings"]["cache_n"]
-        check(r.choices[0].text == ref.choices[0].text, "continuation differs from alone")
-        check(cache_n >= first.usage.prompt_tokens + first.usage.completion_tokens - 2,
-              f"continuation reused {cache_n} tokens, the slot held {first.usage.prompt_tokens} + "
-              f"{first.usage.completion_tokens}")
-        print(f"  a continuation reused its slot's {cache_n} cached tokens (of {r.usage.prompt_tokens}); "
-              "same answer as from scratch")
+        level = cpu_level()
+        exact = level in ("scalar", "avx2")  # batch-invariant products: the same bits
+        if exact:
+            same = check(r.choices[0].text == ref.choices[0].text,
+                         f"continuation differs from alone at {level}: {r.choices[0].text!r}, from "
+                         f"scratch {ref.choices[0].text!r}")
+        else:
+            same = check(r.choices[0].text.startswith(ref4.choices[0].text)
+                         and ref.choices[0].text.startswith(ref4.choices[0].text),
+                         f"continuation's first 4 tokens differ from alone at {level}: "
+                         f"{r.choices[0].text!r}, from scratch {ref.choices[0].text!r}")
+        reused = check(cache_n >= first.usage.prompt_tokens + first.usage.completion_tokens - 2,
+                       f"continuation reused {cache_n} tokens, the slot held {first.usage.prompt_tokens} + "
+                       f"{first.usage.completion_tokens}")
+        if reused:  # print only what held
+            print(f"  a continuation reused its slot's {cache_n} cached tokens (of {r.usage.prompt_tokens})"
+                  + (f"; same answer as from scratch ({level}: exact)" if same and exact else
+                     f"; same first 4 tokens as from scratch ({level}: float order differs)" if same else ""))
 
         # ---- a client that leaves frees its slot ----
         m0 = metrics(srv)
+        n_failed = len(failures)
         socks = [stream_socket(srv, PROMPTS[i], 590) for i in range(4)]
         check(wait_for(lambda: metrics(srv)["tiermoe_slots_busy"] == 4), "4 streams not all running")
         socks[0].close()
@@ -157,8 +182,9 @@ def main():
         for s in socks[1:]:
             s.close()
         check(wait_for(lambda: metrics(srv)["tiermoe_slots_busy"] == 0), "slots stay busy after the clients left")
-        print(f"  a client that left freed its slot: a new request was served in {dt:.2f} s beside 3 streams; "
-              f"all slots free after the rest left")
+        if len(failures) == n_failed:
+            print(f"  a client that left freed its slot: a new request was served in {dt:.2f} s beside 3 "
+                  "streams; all slots free after the rest left")
         check(srv.stop() == 0, "serve did not exit 0")
     finally:
         srv.stop()
