@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +159,31 @@ static void check_attention_ring(tm_pool *pool, tm_attention_shape s, int64_t ri
 }
 
 /* ring > 0: also over a ring cache of that many rows (check_attention_ring). */
+/* Batch invariance: the last 3 queries alone (a continuation over a cached
+ * prefix) give the same bits as in the whole batch, at every level and with
+ * windows and rings (measured: always). A single query (a decode step) takes
+ * the split path (key chunks merged in double), whose float order differs even
+ * within one chunk: it is checked against the reference only. */
+static void attention_split_check(tm_pool *pool, const tm_attention_shape *s, const float *q,
+                                  const void *k, const void *v, const float *out, int64_t n_ctx,
+                                  int n_threads) {
+    const int64_t row = s->n_head * s->head_dim, n = 3;
+    if (s->n_tok <= n) return;
+    tm_attention_shape p = *s;
+    p.n_tok = n, p.pos0 = s->pos0 + s->n_tok - n;
+    float *o = malloc(sizeof(float) * (size_t)(n * row));
+    float *scr = malloc(sizeof(float) * (size_t)cpu_attention_scratch_floats(&p, n_ctx, n_threads));
+    cpu_attention(pool, &p, q + (s->n_tok - n) * row, k, v, o, scr);
+    for (int64_t i = 0; i < n * row; i++)
+        if (o[i] != out[(s->n_tok - n) * row + i])
+            fail_msg("attention level %s n_tok %lld pos0 %lld window %lld: query %lld value %lld "
+                     "is %.9g in the batch, %.9g with the last %lld queries alone",
+                     cpu_level_name(cpu_level_get()), (long long)s->n_tok, (long long)s->pos0,
+                     (long long)s->window, (long long)(s->n_tok - n + i / row),
+                     (long long)(i % row), out[(s->n_tok - n) * row + i], o[i], (long long)n);
+    free(o), free(scr);
+}
+
 static void check_attention_ws(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
                                int64_t n_head, int64_t n_head_kv, int64_t d, tm_type kv_type,
                                int64_t window, bool sinks, int64_t ring) {
@@ -202,6 +228,7 @@ static void check_attention_ws(tm_pool *pool, int n_threads, int64_t n_tok, int6
                      (long long)n_tok, (long long)pos0, (long long)d, (int)level);
         free(out2);
     }
+    attention_split_check(pool, &s, q, k, v, out, n_ctx, n_threads);
     attention_ref(&s, q, kf, vf, ref);
     double big = 0, worst = 0;
     for (int64_t i = 0; i < n_tok * n_head * d; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
