@@ -11,6 +11,8 @@ case "$flavour" in
     debug)   flags=(-DCMAKE_BUILD_TYPE=Debug) ;;
     *) echo "usage: scripts/build.sh [release|asan|debug]" >&2; exit 2 ;;
 esac
+# TM_CUDA=OFF in the environment leaves the CUDA backend out (scripts/test.sh's debug build)
+[ -n "${TM_CUDA:-}" ] && flags+=(-DTM_CUDA="$TM_CUDA")
 py=()
 [ -x .venv/bin/python ] && py=(-DPython3_EXECUTABLE="$PWD/.venv/bin/python")
 cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" "${py[@]}" > "build-$flavour.log" 2>&1 \

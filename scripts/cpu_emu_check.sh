@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-cmake --build "$BUILD" --target tiermoe_lib > /dev/null
+# from ctest (TM_EMU_NOBUILD=1) the library is built already, and a second ninja in the
+# build dir beside the tests would race them
+[ -n "${TM_EMU_NOBUILD:-}" ] || cmake --build "$BUILD" --target tiermoe_lib > /dev/null
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 for f in cpu_gemm_avx512 cpu_gemm_amx cpu_gemm_amx_bf16; do
