@@ -68,10 +68,13 @@ tm_status srv_watch_start(srv_watch *w, int timeout_s) {
              "{\"error\":{\"code\":408,\"message\":\"the request did not arrive within %d s "
              "(--read-timeout)\",\"type\":\"invalid_request_error\"}}",
              timeout_s);
-    snprintf(w->reply, sizeof(w->reply),
-             "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json; charset=utf-8\r\n"
-             "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
-             strlen(body), body);
+    const int n =
+        snprintf(w->reply, sizeof(w->reply),
+                 "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json; charset=utf-8\r\n"
+                 "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                 strlen(body), body);
+    if (n < 0 || (size_t)n >= sizeof(w->reply)) /* the buffer is sized for it: a broken edit */
+        return tm_error_set(TM_ERR_ARG, "the 408 reply does not fit its buffer (%d bytes)", n);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
