@@ -25,29 +25,11 @@ def check(cond, msg):
     return cond
 
 
-CPU_LEVELS = ["scalar", "avx2", "avx512", "amx"]
-
-
 def cpu_level():
-    """The CPU kernel level tiermoe runs at here: TIERMOE_CPU_LEVEL capped at
-    the machine's best, or the best (as src/cpu/cpu_features.c decides)."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    best = 0
-    if {"avx2", "fma", "f16c"} <= flags:
-        best = 1
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
-            best = 3 if "amx_int8" in flags else 2
-    want = os.environ.get("TIERMOE_CPU_LEVEL", "").lower()
-    want = "avx512" if want in ("vnni", "avx512vnni", "avx512-vnni", "avx512_vnni") else want
-    return CPU_LEVELS[min(best, CPU_LEVELS.index(want))] if want in CPU_LEVELS else CPU_LEVELS[best]
+    """The CPU kernel level tiermoe runs at here (TIERMOE_CPU_LEVEL capped at the
+    machine's best), as the library decides it: tests/tools/cpu_level_run --print."""
+    tool = os.path.join(os.environ["TM_TOOLS_DIR"], "cpu_level_run")
+    return subprocess.run([tool, "--print"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def run(cmd):

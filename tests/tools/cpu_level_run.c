@@ -7,14 +7,19 @@
  * without a suffix runs there already. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/status.h"
 #include "cpu/cpu.h"
 
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--print")) {
+        printf("%s\n", cpu_level_name(cpu_level_get()));
+        return 0;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: cpu_level_run LEVEL COMMAND [ARGS...]\n");
+        fprintf(stderr, "usage: cpu_level_run LEVEL COMMAND [ARGS...] | --print\n");
         return 2;
     }
     tm_cpu_level level;
