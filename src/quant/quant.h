@@ -117,6 +117,127 @@ typedef struct tm_block_mxfp4 {
     uint8_t qs[TM_QK_MXFP4 / 2];
 } tm_block_mxfp4;
 
+/* ---- the low-bit types (layouts of the GGUF format; grids in quant_grids.h) ---- */
+
+/* Legacy 32-value blocks: q = d * n + m (q4_1, q5_1) or d * (n - 16) (q5_0); the
+ * fifth bit of value i is bit i of qh (little-endian u32). */
+typedef struct tm_block_q4_1 {
+    tm_half d, m;
+    uint8_t qs[TM_QK4_0 / 2];
+} tm_block_q4_1;
+
+typedef struct tm_block_q5_0 {
+    tm_half d;
+    uint8_t qh[4];
+    uint8_t qs[TM_QK4_0 / 2];
+} tm_block_q5_0;
+
+typedef struct tm_block_q5_1 {
+    tm_half d, m;
+    uint8_t qh[4];
+    uint8_t qs[TM_QK4_0 / 2];
+} tm_block_q5_1;
+
+/* 16 sub-blocks of 16: 4-bit scale (low nibble) and min (high nibble) each. */
+typedef struct tm_block_q2_k {
+    uint8_t scales[TM_QK_K / 16];
+    uint8_t qs[TM_QK_K / 4];
+    tm_half d, dmin;
+} tm_block_q2_k;
+
+/* 16 sub-blocks of 16 with 6-bit signed scales (offset 32) packed in 12 bytes;
+ * the third bit of a value is set in hmask when the value is NOT offset by -4. */
+typedef struct tm_block_q3_k {
+    uint8_t hmask[TM_QK_K / 8];
+    uint8_t qs[TM_QK_K / 4];
+    uint8_t scales[12];
+    tm_half d;
+} tm_block_q3_k;
+
+/* Non-linear 4-bit: codes index quant_iq4nl_values. */
+typedef struct tm_block_iq4_nl {
+    tm_half d;
+    uint8_t qs[TM_QK4_0 / 2];
+} tm_block_iq4_nl;
+
+/* 8 sub-blocks of 32, 6-bit scales (offset 32): low 4 bits in scales_l, high 2 in scales_h. */
+typedef struct tm_block_iq4_xs {
+    tm_half d;
+    uint16_t scales_h;
+    uint8_t scales_l[TM_QK_K / 64];
+    uint8_t qs[TM_QK_K / 2];
+} tm_block_iq4_xs;
+
+/* Per 32 values two u32: 4 grid indices (bytes of the first), 4 x 7 sign bits and a
+ * 4-bit scale (top of the second). */
+typedef struct tm_block_iq2_xxs {
+    tm_half d;
+    uint16_t qs[TM_QK_K / 8];
+} tm_block_iq2_xxs;
+
+/* qs: 9-bit grid index | 7 sign bits << 9, per 8 values; 4-bit scales per 16 values. */
+typedef struct tm_block_iq2_xs {
+    tm_half d;
+    uint16_t qs[TM_QK_K / 8];
+    uint8_t scales[TM_QK_K / 32];
+} tm_block_iq2_xs;
+
+/* qs[0..31]: low 8 bits of 10-bit grid indices, qs[32..63]: 8 sign bits per 8 values;
+ * qh: the top 2 bits of 4 indices a byte; 4-bit scales per 16 values. */
+typedef struct tm_block_iq2_s {
+    tm_half d;
+    uint8_t qs[TM_QK_K / 4];
+    uint8_t qh[TM_QK_K / 32];
+    uint8_t scales[TM_QK_K / 32];
+} tm_block_iq2_s;
+
+/* qs[0..63]: grid indices of 4 values; then per 32 values a u32 of 4 x 7 sign bits
+ * and a 4-bit scale. */
+typedef struct tm_block_iq3_xxs {
+    tm_half d;
+    uint8_t qs[3 * TM_QK_K / 8];
+} tm_block_iq3_xxs;
+
+/* 9-bit grid indices of 4 values (low 8 in qs, 9th in qh), 8 sign bits per 8 values,
+ * 4-bit scales per 32 values. */
+typedef struct tm_block_iq3_s {
+    tm_half d;
+    uint8_t qs[TM_QK_K / 4];
+    uint8_t qh[TM_QK_K / 32];
+    uint8_t signs[TM_QK_K / 8];
+    uint8_t scales[TM_QK_K / 64];
+} tm_block_iq3_s;
+
+/* 11-bit indices into the ternary grid per 8 values (low 8 in qs); qh per 32 values:
+ * the top 3 bits of 4 indices, a 3-bit scale (bits 12-14) and the delta sign (bit 15). */
+typedef struct tm_block_iq1_s {
+    tm_half d;
+    uint8_t qs[TM_QK_K / 8];
+    uint16_t qh[TM_QK_K / 32];
+} tm_block_iq1_s;
+
+/* As iq1_s without d: qh holds per 8 values the top 3 index bits and a delta sign
+ * bit (a nibble each); scales holds 3-bit scales per 16 values and, in the top
+ * nibbles of its four u16, the f16 block scale. */
+typedef struct tm_block_iq1_m {
+    uint8_t qs[TM_QK_K / 8];
+    uint8_t qh[TM_QK_K / 16];
+    uint8_t scales[TM_QK_K / 32];
+} tm_block_iq1_m;
+
+/* Ternary: 5 values a byte in base 3 (qs), 4 a byte (qh), then d. */
+typedef struct tm_block_tq1_0 {
+    uint8_t qs[(TM_QK_K - 4 * TM_QK_K / 64) / 5];
+    uint8_t qh[TM_QK_K / 64];
+    tm_half d;
+} tm_block_tq1_0;
+
+/* Ternary in 2 bits: code - 1. */
+typedef struct tm_block_tq2_0 {
+    uint8_t qs[TM_QK_K / 4];
+    tm_half d;
+} tm_block_tq2_0;
+
 TM_STATIC_ASSERT(sizeof(tm_block_q4_0) == 18, "q4_0 block size");
 TM_STATIC_ASSERT(sizeof(tm_block_q8_0) == 34, "q8_0 block size");
 TM_STATIC_ASSERT(sizeof(tm_block_q4_k) == 144, "q4_k block size");
@@ -124,6 +245,22 @@ TM_STATIC_ASSERT(sizeof(tm_block_q5_k) == 176, "q5_k block size");
 TM_STATIC_ASSERT(sizeof(tm_block_q6_k) == 210, "q6_k block size");
 TM_STATIC_ASSERT(sizeof(tm_block_q8_k) == 292, "q8_k block size");
 TM_STATIC_ASSERT(sizeof(tm_block_mxfp4) == 17, "mxfp4 block size");
+TM_STATIC_ASSERT(sizeof(tm_block_q4_1) == 20, "q4_1 block size");
+TM_STATIC_ASSERT(sizeof(tm_block_q5_0) == 22, "q5_0 block size");
+TM_STATIC_ASSERT(sizeof(tm_block_q5_1) == 24, "q5_1 block size");
+TM_STATIC_ASSERT(sizeof(tm_block_q2_k) == 84, "q2_k block size");
+TM_STATIC_ASSERT(sizeof(tm_block_q3_k) == 110, "q3_k block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq4_nl) == 18, "iq4_nl block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq4_xs) == 136, "iq4_xs block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq2_xxs) == 66, "iq2_xxs block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq2_xs) == 74, "iq2_xs block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq2_s) == 82, "iq2_s block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq3_xxs) == 98, "iq3_xxs block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq3_s) == 110, "iq3_s block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq1_s) == 50, "iq1_s block size");
+TM_STATIC_ASSERT(sizeof(tm_block_iq1_m) == 56, "iq1_m block size");
+TM_STATIC_ASSERT(sizeof(tm_block_tq1_0) == 54, "tq1_0 block size");
+TM_STATIC_ASSERT(sizeof(tm_block_tq2_0) == 66, "tq2_0 block size");
 
 /* Dequantize `n` values (a multiple of the block size) from `src` to `dst`. */
 typedef void (*tm_dequantize_fn)(const void *src, float *dst, int64_t n);
