@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile)
+    kernels ab profile quant)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -47,6 +47,7 @@ declare -A HELP=(
     [calibrate]="tiermoe calibrate on m30 (full, saved where the executor looks) and --quick; profiles and tables to \$OUT"
     [kernels]="A/B rounds (ROUNDS 2) of kernel switches: q8x-decode (TIERMOE_MMVQ_Q8X 0/1, -ngl all; llama.cpp -ngl 99), moe-q8x (TIERMOE_MOE_Q8X 0/1, tg64 -np 1,8), dense-q4k (m30k, TIERMOE_MMVQ_Q8X 1/q4_K), attn-tc (TIERMOE_ATTN_TC 1/0, pp512,2048; llama.cpp too), graph and graph-cpu-moe (TIERMOE_CUDA_GRAPH 1/0, tg)"
     [ab]="interleaved A/B of any cases: AB='name|model|flags|VAR=V ...;name|...' ROUNDS (3)"
+    [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -202,7 +203,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-*) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -229,9 +230,10 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
         ;;
     gptoss) args=(--preset gpt-oss-20b) ;;
     tiny) args=(--preset tiny) ;;
+    m30-*) args=(--preset 30b-a3b --mix "${1#m30-}") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
-        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
+        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; m30-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
     fi
     stamp "model $1: mkmodel ${args[*]}"
     if ! "$TM" mkmodel "${args[@]}" -q -o "$f.part"; then
@@ -599,6 +601,21 @@ stage_gptoss() {
         peer_case cpu gptoss -dev none # -ngl 0 still sends prompt products to the GPU
         tm_case cpu gptoss "" -ngl 0
     fi
+}
+
+stage_quant() {
+    local mix m t0
+    for mix in ${QMIXES:-Q2_K IQ4_XS dynamic}; do
+        m=m30-$mix
+        t0=$(date +%s)
+        ensure_model "$m" || { FAILED_CASES+=("quant/$m"); continue; }
+        stamp "model $m: $(($(date +%s) - t0)) s, $(du -h "$(model_path "$m")" | cut -f1)"
+        peer_case "gpu-$mix" "$m" -ngl 99
+        tm_case "gpu-$mix" "$m" "" -ngl all
+        peer_case "cpu-moe-$mix" "$m" -ngl 99 -ncmoe 48
+        tm_case "cpu-moe-$mix" "$m" "" --cpu-moe
+        rm -f "$(model_path "$m")"
+    done
 }
 
 stage_calibrate() {
