@@ -37,6 +37,7 @@
 #include "core/rng.h"
 #include "core/status.h"
 #include "quant/quant.h"
+#include "quant/quant_grids.h"
 
 #define F16_MAX 65504.0
 
@@ -132,12 +133,82 @@ static void test_type_table(void **state) {
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++)
         assert_null(quant_type_traits(unknown[i]));
     /* known but not computable types keep their sizes for file validation */
-    assert_false(quant_type_is_compute(TM_TYPE_Q4_1));
+    assert_false(quant_type_is_compute(TM_TYPE_NVFP4));
+    assert_int_equal(quant_type_traits(TM_TYPE_NVFP4)->type_size, 36);
     assert_int_equal(quant_type_traits(TM_TYPE_Q4_1)->type_size, 20);
     tm_type t;
     assert_int_equal(quant_type_from_name("q4_k_m", &t), TM_ERR_ARG);
     assert_int_equal(quant_type_from_name("", &t), TM_ERR_ARG);
     assert_non_null(strstr(tm_error_message(), "unknown quant type"));
+    /* the message lists the compute types from the table */
+    for (uint32_t k = 0; k < TM_TYPE_COUNT; k++)
+        if (quant_type_is_compute(k) && k != TM_TYPE_Q8_K)
+            assert_non_null(strstr(tm_error_message(), quant_type_name(k)));
+    assert_null(strstr(tm_error_message(), "nvfp4"));
+}
+
+/* Blocks written by hand from the layouts in quant.h decode to the values they
+ * encode (a check of the layouts independent of the gguf package). */
+static void test_lowbit_known_blocks(void **state) {
+    (void)state;
+    const tm_half one = 0x3c00, half = 0x3800, minus_one = 0xbc00;
+    float y[256];
+    /* q4_1: d = 0.5, m = -1; low nibbles 1 (values 0..15), high nibbles 3 (16..31) */
+    tm_block_q4_1 b41 = {.d = half, .m = minus_one};
+    memset(b41.qs, 0x31, sizeof(b41.qs));
+    assert_int_equal(quant_row_dequantize(TM_TYPE_Q4_1, &b41, y, 32), TM_OK);
+    assert_true(y[0] == -0.5f && y[15] == -0.5f && y[16] == 0.5f && y[31] == 0.5f);
+    /* q5_0: value 0 = 15 | fifth bit (qh bit 0) - 16 = 15; value 16 = 0 - 16 */
+    tm_block_q5_0 b50 = {.d = one, .qh = {1, 0, 0, 0}};
+    b50.qs[0] = 0x0f;
+    assert_int_equal(quant_row_dequantize(TM_TYPE_Q5_0, &b50, y, 32), TM_OK);
+    assert_true(y[0] == 15.0f && y[16] == -16.0f && y[1] == -16.0f);
+    /* q3_K: every scale 33 (1 after the offset of 32), all hmask bits set (no -4);
+     * qs[0] = 0b00011011 holds values 0, 32, 64, 96 = 3, 2, 1, 0; value 128 from qs[32] = 0 */
+    tm_block_q3_k b3 = {.d = one};
+    memset(b3.hmask, 0xff, sizeof(b3.hmask));
+    memset(b3.scales, 0x11, 8);
+    memset(b3.scales + 8, 0xaa, 4);
+    b3.qs[0] = 0x1b;
+    assert_int_equal(quant_row_dequantize(TM_TYPE_Q3_K, &b3, y, 256), TM_OK);
+    assert_true(y[0] == 3.0f && y[32] == 2.0f && y[64] == 1.0f && y[96] == 0.0f && y[128] == 0.0f);
+    b3.hmask[0] = 0xfe; /* value 0 loses its third bit: 3 - 4 */
+    assert_int_equal(quant_row_dequantize(TM_TYPE_Q3_K, &b3, y, 256), TM_OK);
+    assert_true(y[0] == -1.0f);
+    /* iq4_xs: sub-block 0 scale 1 | 2 << 4 = 33 -> 1; code 8 is the value 1, code 0 is -127 */
+    tm_block_iq4_xs bx = {.d = one, .scales_h = 2, .scales_l = {0x01}};
+    memset(bx.qs, 0x08, sizeof(bx.qs));
+    bx.qs[1] = 0x80;
+    assert_int_equal(quant_row_dequantize(TM_TYPE_IQ4_XS, &bx, y, 256), TM_OK);
+    assert_true(y[0] == 1.0f && y[1] == -127.0f && y[17] == 1.0f && y[32] == -32.0f);
+    /* tq1_0: trits 2 0 1 1 2 (most significant first) = 176, stored as ceil(176 * 256 / 243) */
+    tm_block_tq1_0 bt = {.d = one};
+    memset(bt.qs, 0, sizeof(bt.qs));
+    memset(bt.qh, 0, sizeof(bt.qh));
+    bt.qs[0] = (uint8_t)((176 * 256 + 242) / 243);
+    assert_int_equal(quant_row_dequantize(TM_TYPE_TQ1_0, &bt, y, 256), TM_OK);
+    assert_true(y[0] == 1.0f && y[32] == -1.0f && y[64] == 0.0f && y[96] == 0.0f && y[128] == 1.0f);
+    /* iq2_xxs: grid index 0 is all 8s; sign field 1 -> ksigns 0x81 (values 0 and 7
+     * negative); scale 0 -> db = 1 * 0.5 * 0.25: values +-1 */
+    tm_block_iq2_xxs b2 = {.d = one};
+    memset(b2.qs, 0, sizeof(b2.qs));
+    b2.qs[2] = 1; /* aux1 of group 0: low 16 bits */
+    assert_int_equal(quant_row_dequantize(TM_TYPE_IQ2_XXS, &b2, y, 256), TM_OK);
+    assert_true(y[0] == -1.0f && y[1] == 1.0f && y[6] == 1.0f && y[7] == -1.0f && y[8] == 1.0f);
+    /* iq1_m: f16 scale 1.0 spread over the top nibbles; scales 0 (dl = 1); index 0 and a
+     * set delta bit give grid - 0.125, a clear one grid + 0.125 */
+    tm_block_iq1_m bm;
+    memset(&bm, 0, sizeof(bm));
+    const uint16_t sc[4] = {(uint16_t)((one & 0xf) << 12), (uint16_t)(((one >> 4) & 0xf) << 12),
+                            (uint16_t)(((one >> 8) & 0xf) << 12), (uint16_t)(one & 0xf000)};
+    memcpy(bm.scales, sc, sizeof(sc));
+    bm.qh[0] = 0x08;
+    assert_int_equal(quant_row_dequantize(TM_TYPE_IQ1_M, &bm, y, 256), TM_OK);
+    for (int k = 0; k < 16; k++) {
+        const float g = (float)(int8_t)(quant_grid_iq1_s[0] >> (8 * (k % 8)));
+        assert_true(y[k] == g + (k < 8 ? -0.125f : 0.125f));
+        assert_true(g == -1.0f || g == 0.0f || g == 1.0f);
+    }
 }
 
 static void test_row_errors(void **state) {
@@ -148,9 +219,9 @@ static void test_row_errors(void **state) {
     assert_non_null(strstr(tm_error_message(), "block size 256"));
     assert_int_equal(quant_row_dequantize(TM_TYPE_Q8_0, q, y, 33), TM_ERR_ARG);
     assert_int_equal(quant_row_dequantize(TM_TYPE_Q8_0, q, y, -32), TM_ERR_ARG);
-    assert_int_equal(quant_row_dequantize(TM_TYPE_Q4_1, q, y, 32), TM_ERR_UNSUPPORTED);
-    assert_non_null(strstr(tm_error_message(), "q4_1"));
-    assert_int_equal(quant_row_quantize(TM_TYPE_IQ2_XXS, x, q, 256), TM_ERR_UNSUPPORTED);
+    assert_int_equal(quant_row_dequantize(TM_TYPE_NVFP4, q, y, 64), TM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(tm_error_message(), "nvfp4"));
+    assert_int_equal(quant_row_quantize(TM_TYPE_NVFP4, x, q, 256), TM_ERR_UNSUPPORTED);
     assert_int_equal(quant_row_dequantize((tm_type)4, q, y, 32), TM_ERR_UNSUPPORTED);
     assert_int_equal(quant_row_dequantize((tm_type)77, q, y, 32), TM_ERR_UNSUPPORTED);
     assert_non_null(strstr(tm_error_message(), "77"));
@@ -584,10 +655,15 @@ static void test_nonfinite_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_type_table),     cmocka_unit_test(test_row_errors),
-        cmocka_unit_test(test_f16_exhaustive), cmocka_unit_test(test_f16_rounding),
-        cmocka_unit_test(test_bf16),           cmocka_unit_test(test_roundtrip_bounds),
-        cmocka_unit_test(test_q8_k_bsums),     cmocka_unit_test(test_nonfinite_input),
+        cmocka_unit_test(test_type_table),
+        cmocka_unit_test(test_row_errors),
+        cmocka_unit_test(test_f16_exhaustive),
+        cmocka_unit_test(test_f16_rounding),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_roundtrip_bounds),
+        cmocka_unit_test(test_q8_k_bsums),
+        cmocka_unit_test(test_nonfinite_input),
+        cmocka_unit_test(test_lowbit_known_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

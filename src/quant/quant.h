@@ -3,8 +3,9 @@
  * A tensor row of n values of type t is n / block_size(t) consecutive blocks
  * of type_size(t) bytes. Type ids are ggml's and append-only (they are stored
  * in GGUF files). Every id a GGUF file may carry has a size entry, so the
- * reader can validate any file; only the types below marked "compute" can be
- * dequantized, quantized and used by the kernels.
+ * reader can validate any file; the types below marked "compute" can be
+ * dequantized, quantized and used by the kernels, and every type with a
+ * dequantizer in the table (quant_type.c) can be read (quant_row_dequantize).
  *
  * The block structs are shared by C and CUDA, so this header sticks to the
  * common subset and checks sizes at compile time. */

@@ -1,6 +1,7 @@
 /* The type table: sizes for every ggml type id, functions for the compute types. */
 #include "quant/quant.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -10,34 +11,34 @@ static const tm_type_traits type_traits[TM_TYPE_COUNT] = {
     [TM_TYPE_F32] = {"f32", 1, 4, quant_ref_dequantize_f32, quant_ref_quantize_f32},
     [TM_TYPE_F16] = {"f16", 1, 2, quant_ref_dequantize_f16, quant_ref_quantize_f16},
     [TM_TYPE_Q4_0] = {"q4_0", 32, 18, quant_ref_dequantize_q4_0, quant_ref_quantize_q4_0},
-    [TM_TYPE_Q4_1] = {"q4_1", 32, 20, NULL, NULL},
-    [TM_TYPE_Q5_0] = {"q5_0", 32, 22, NULL, NULL},
-    [TM_TYPE_Q5_1] = {"q5_1", 32, 24, NULL, NULL},
+    [TM_TYPE_Q4_1] = {"q4_1", 32, 20, quant_ref_dequantize_q4_1, NULL},
+    [TM_TYPE_Q5_0] = {"q5_0", 32, 22, quant_ref_dequantize_q5_0, NULL},
+    [TM_TYPE_Q5_1] = {"q5_1", 32, 24, quant_ref_dequantize_q5_1, NULL},
     [TM_TYPE_Q8_0] = {"q8_0", 32, 34, quant_ref_dequantize_q8_0, quant_ref_quantize_q8_0},
     [TM_TYPE_Q8_1] = {"q8_1", 32, 40, NULL, NULL},
-    [TM_TYPE_Q2_K] = {"q2_K", 256, 84, NULL, NULL},
-    [TM_TYPE_Q3_K] = {"q3_K", 256, 110, NULL, NULL},
+    [TM_TYPE_Q2_K] = {"q2_K", 256, 84, quant_ref_dequantize_q2_k, NULL},
+    [TM_TYPE_Q3_K] = {"q3_K", 256, 110, quant_ref_dequantize_q3_k, NULL},
     [TM_TYPE_Q4_K] = {"q4_K", 256, 144, quant_ref_dequantize_q4_k, quant_ref_quantize_q4_k},
     [TM_TYPE_Q5_K] = {"q5_K", 256, 176, quant_ref_dequantize_q5_k, quant_ref_quantize_q5_k},
     [TM_TYPE_Q6_K] = {"q6_K", 256, 210, quant_ref_dequantize_q6_k, quant_ref_quantize_q6_k},
     [TM_TYPE_Q8_K] = {"q8_K", 256, 292, quant_ref_dequantize_q8_k, quant_ref_quantize_q8_k},
-    [TM_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66, NULL, NULL},
-    [TM_TYPE_IQ2_XS] = {"iq2_xs", 256, 74, NULL, NULL},
-    [TM_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98, NULL, NULL},
-    [TM_TYPE_IQ1_S] = {"iq1_s", 256, 50, NULL, NULL},
-    [TM_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, NULL, NULL},
-    [TM_TYPE_IQ3_S] = {"iq3_s", 256, 110, NULL, NULL},
-    [TM_TYPE_IQ2_S] = {"iq2_s", 256, 82, NULL, NULL},
-    [TM_TYPE_IQ4_XS] = {"iq4_xs", 256, 136, NULL, NULL},
+    [TM_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66, quant_ref_dequantize_iq2_xxs, NULL},
+    [TM_TYPE_IQ2_XS] = {"iq2_xs", 256, 74, quant_ref_dequantize_iq2_xs, NULL},
+    [TM_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98, quant_ref_dequantize_iq3_xxs, NULL},
+    [TM_TYPE_IQ1_S] = {"iq1_s", 256, 50, quant_ref_dequantize_iq1_s, NULL},
+    [TM_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, quant_ref_dequantize_iq4_nl, NULL},
+    [TM_TYPE_IQ3_S] = {"iq3_s", 256, 110, quant_ref_dequantize_iq3_s, NULL},
+    [TM_TYPE_IQ2_S] = {"iq2_s", 256, 82, quant_ref_dequantize_iq2_s, NULL},
+    [TM_TYPE_IQ4_XS] = {"iq4_xs", 256, 136, quant_ref_dequantize_iq4_xs, NULL},
     [TM_TYPE_I8] = {"i8", 1, 1, NULL, NULL},
     [TM_TYPE_I16] = {"i16", 1, 2, NULL, NULL},
     [TM_TYPE_I32] = {"i32", 1, 4, NULL, NULL},
     [TM_TYPE_I64] = {"i64", 1, 8, NULL, NULL},
     [TM_TYPE_F64] = {"f64", 1, 8, NULL, NULL},
-    [TM_TYPE_IQ1_M] = {"iq1_m", 256, 56, NULL, NULL},
+    [TM_TYPE_IQ1_M] = {"iq1_m", 256, 56, quant_ref_dequantize_iq1_m, NULL},
     [TM_TYPE_BF16] = {"bf16", 1, 2, quant_ref_dequantize_bf16, quant_ref_quantize_bf16},
-    [TM_TYPE_TQ1_0] = {"tq1_0", 256, 54, NULL, NULL},
-    [TM_TYPE_TQ2_0] = {"tq2_0", 256, 66, NULL, NULL},
+    [TM_TYPE_TQ1_0] = {"tq1_0", 256, 54, quant_ref_dequantize_tq1_0, NULL},
+    [TM_TYPE_TQ2_0] = {"tq2_0", 256, 66, quant_ref_dequantize_tq2_0, NULL},
     [TM_TYPE_MXFP4] = {"mxfp4", 32, 17, quant_ref_dequantize_mxfp4, quant_ref_quantize_mxfp4},
     [TM_TYPE_NVFP4] = {"nvfp4", 64, 36, NULL, NULL},
     [TM_TYPE_Q1_0] = {"q1_0", 128, 18, NULL, NULL},
@@ -60,10 +61,16 @@ tm_status quant_type_from_name(const char *name, tm_type *out) {
             return TM_OK;
         }
     }
-    return tm_error_set(TM_ERR_ARG,
-                        "unknown quant type '%s' (expected one of f32 f16 bf16 q8_0 q4_0 q4_K "
-                        "q5_K q6_K mxfp4)",
-                        name);
+    /* the list follows the table, so it names every type one can quantize to */
+    char list[256] = "";
+    size_t len = 0;
+    for (uint32_t t = 0; t < TM_TYPE_COUNT && len < sizeof(list); t++) {
+        if (!quant_type_is_compute(t) || t == TM_TYPE_Q8_K) continue; /* q8_K: activations only */
+        int w =
+            snprintf(list + len, sizeof(list) - len, "%s%s", len ? " " : "", type_traits[t].name);
+        if (w > 0) len += (size_t)w;
+    }
+    return tm_error_set(TM_ERR_ARG, "unknown quant type '%s' (expected one of %s)", name, list);
 }
 
 static tm_status quant_row_check(tm_type t, int64_t n, int want_quantize) {

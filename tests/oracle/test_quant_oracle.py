@@ -9,6 +9,12 @@
    0..255) go through `quant_tool dequant` and must equal
    gguf.quants.dequantize bit for bit (+0.0 and -0.0 count as equal).
    f16: all 65536 halves; bf16: all 65536 values; f32: random bit patterns.
+   The low-bit types (q4_1 ... tq2_0, LOWBIT) likewise on random blocks, and on
+   adversarial ones: special scales (zero, -0, subnormal, max, negative) with
+   codes all-0x00 / all-0xFF / random, all-0x00 and all-0xFF blocks, inf and
+   NaN scales (NaNs compared bit for bit too: payload and sign match), and for
+   the grid types blocks that use every grid index, sign pattern, sub-scale
+   and delta sign.
 3. Quantization, bit-exact where the package can quantize: f16 (numpy
    astype), bf16, q8_0, q4_0, mxfp4. Our documented deviations are checked
    separately: finite inputs that would give an infinite f16/bf16 or an
@@ -40,7 +46,18 @@ RNG = np.random.default_rng(20240601)
 failures = []
 
 NAMES = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q8_0: "q8_0", T.Q4_0: "q4_0",
-         T.Q4_K: "q4_K", T.Q5_K: "q5_K", T.Q6_K: "q6_K", T.MXFP4: "mxfp4"}
+         T.Q4_K: "q4_K", T.Q5_K: "q5_K", T.Q6_K: "q6_K", T.MXFP4: "mxfp4",
+         T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q2_K: "q2_K", T.Q3_K: "q3_K",
+         T.IQ4_NL: "iq4_nl", T.IQ4_XS: "iq4_xs", T.IQ2_XXS: "iq2_xxs", T.IQ2_XS: "iq2_xs",
+         T.IQ2_S: "iq2_s", T.IQ3_XXS: "iq3_xxs", T.IQ3_S: "iq3_s", T.IQ1_S: "iq1_s",
+         T.IQ1_M: "iq1_m", T.TQ1_0: "tq1_0", T.TQ2_0: "tq2_0"}
+
+# The low-bit types: dequantized bit-exactly; (block size, offsets of their f16 scale fields).
+# iq1_m keeps its f16 scale in the top nibbles of four u16 (see put_scale).
+LOWBIT = {T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q2_K: (80, 82), T.Q3_K: (108,),
+          T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,),
+          T.IQ3_XXS: (0,), T.IQ3_S: (0,), T.IQ1_S: (0,), T.IQ1_M: ("iq1_m",), T.TQ1_0: (52,),
+          T.TQ2_0: (64,)}
 
 
 def check(ok, msg):
@@ -148,6 +165,152 @@ def test_dequant():
         zb = np.zeros_like(blocks[:16])
         report_equal(f"dequant {NAMES[qtype]} zero blocks", tool("dequant", qtype, zb.reshape(-1)),
                      quants.dequantize(zb, qtype))
+
+
+# ---------------------------------------------------------------- low-bit dequantization
+
+def put_scale(b, qtype, halves):
+    """Write f16 scale bit patterns (one per block and field: shape (nb,) or (nb, fields))."""
+    halves = np.asarray(halves, dtype=np.uint16).reshape(b.shape[0], -1)
+    for k, off in enumerate(LOWBIT[qtype]):
+        h = halves[:, k % halves.shape[1]]
+        if off == "iq1_m":  # nibble j of d is the top nibble of u16 scales[j] (byte 49 + 2j)
+            for j in range(4):
+                b[:, 49 + 2 * j] = (b[:, 49 + 2 * j] & 0x0F) | (((h >> (4 * j)) & 0xF) << 4).astype(np.uint8)
+        else:
+            b[:, off:off + 2] = h.astype(np.uint16).view(np.uint8).reshape(-1, 2)
+
+
+def u16_bytes(v):
+    return np.asarray(v, dtype=np.uint16).view(np.uint8)
+
+
+def u32_bytes(v):
+    return np.asarray(v, dtype=np.uint32).view(np.uint8)
+
+
+def grid_blocks(qtype):
+    """Blocks that use every grid index, every sign pattern, every sub-scale and both delta
+    signs at least once (the rest of each block random). Returns (blocks, coverage text)."""
+    ts = GGML_QUANT_SIZES[qtype][1]
+    if qtype == T.IQ2_XXS:  # per 32 values: 4 index bytes, u32 of 4 x 7 sign bits | scale << 28
+        nb = 32
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        k = np.arange(nb * 32)
+        grp = np.arange(nb * 8)
+        sg = [(4 * grp + l) % 128 for l in range(4)]
+        aux1 = sg[0] | sg[1] << 7 | sg[2] << 14 | sg[3] << 21 | (grp % 16) << 28
+        q = b[:, 2:].reshape(nb, 8, 8)
+        q[:, :, :4] = (k % 256).reshape(nb, 8, 4)
+        q[:, :, 4:] = u32_bytes(aux1).reshape(nb, 8, 4)
+        return b, "256 indices, 128 signs, 16 scales"
+    if qtype == T.IQ2_XS:  # u16: 9-bit index | 7 sign bits << 9
+        nb = 16
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        k = np.arange(nb * 32)
+        b[:, 2:66] = u16_bytes(k % 512 | ((k * 5) % 128) << 9).reshape(nb, 64)
+        b[:, 66:74] = (np.arange(nb * 8) * 17 % 256).reshape(nb, 8)  # nibbles cycle 0..15
+        return b, "512 indices, 128 signs, 16 scales"
+    if qtype == T.IQ2_S:  # qs[32] low index bits, signs[32], qh[8] (2 bits each), scales[8]
+        nb = 32
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        k = np.arange(nb * 32)
+        idx = k % 1024
+        b[:, 2:34] = (idx & 255).reshape(nb, 32)
+        b[:, 34:66] = ((k * 3) % 256).reshape(nb, 32)
+        hi = (idx >> 8).reshape(nb, 8, 4) << np.array([0, 2, 4, 6])
+        b[:, 66:74] = hi.sum(axis=2)
+        b[:, 74:82] = (np.arange(nb * 8) * 17 % 256).reshape(nb, 8)
+        return b, "1024 indices, 256 sign bytes, 16 scales"
+    if qtype == T.IQ3_XXS:  # qs[64] indices, then per 32 values u32 of 4 x 7 signs | scale << 28
+        nb = 8
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        b[:, 2:66] = (np.arange(nb * 64) % 256).reshape(nb, 64)
+        grp = np.arange(nb * 8)
+        sg = [(4 * grp + l) % 128 for l in range(4)]
+        aux = sg[0] | sg[1] << 7 | sg[2] << 14 | sg[3] << 21 | (grp % 16) << 28
+        b[:, 66:98] = u32_bytes(aux).reshape(nb, 32)
+        return b, "256 indices, 128 signs, 16 scales"
+    if qtype == T.IQ3_S:  # qs[64] low index bits, qh[8], signs[32], scales[4]
+        nb = 8
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        idx = np.arange(nb * 64) % 512
+        b[:, 2:66] = (idx & 255).reshape(nb, 64)
+        b[:, 66:74] = ((idx >> 8).reshape(nb, 8, 8) << np.arange(8)).sum(axis=2)
+        b[:, 74:106] = (np.arange(nb * 32) % 256).reshape(nb, 32)
+        b[:, 106:110] = (np.arange(nb * 4) * 17 % 256).reshape(nb, 4)
+        return b, "512 indices, 256 sign bytes, 16 scales"
+    if qtype == T.IQ1_S:  # qs[32] low index bits; u16 qh per 32: 4 x 3 index bits, scale, delta
+        nb = 64
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        idx = np.arange(nb * 32) % 2048
+        b[:, 2:34] = (idx & 255).reshape(nb, 32)
+        grp = np.arange(nb * 8)
+        hi = ((idx >> 8).reshape(nb * 8, 4) << np.array([0, 3, 6, 9])).sum(axis=1)
+        qh = hi | (grp % 8) << 12 | ((grp // 8) % 2) << 15
+        b[:, 34:50] = u16_bytes(qh).reshape(nb, 16)
+        return b, "2048 indices, 8 scales, both delta signs"
+    if qtype == T.IQ1_M:  # qs[32]; qh[16]: nibble per 8 values = 3 index bits | delta << 3
+        nb = 64
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        k = np.arange(nb * 32)
+        idx = k % 2048
+        b[:, 0:32] = (idx & 255).reshape(nb, 32)
+        nib = (idx >> 8) | ((k // 2048 + k) % 2) << 3
+        b[:, 32:48] = (nib.reshape(nb, 16, 2) << np.array([0, 4])).sum(axis=2)
+        sc = (np.arange(nb * 16) % 8).reshape(nb, 4, 4) << np.array([0, 3, 6, 9])
+        b[:, 48:56] = u16_bytes(sc.sum(axis=2)).reshape(nb, 8)
+        return b, "2048 indices, 8 scales, both delta signs"
+    raise ValueError(qtype)
+
+
+SPECIAL_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x7BFF, 0xFBFF,
+                           0x3C00, 0xBC00, 0x3555], dtype=np.uint16)
+NONFINITE_HALVES = np.array([0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0x7FFF, 0xFFFF], dtype=np.uint16)
+
+
+def compare_dequant(qtype, what, blocks):
+    ours = tool("dequant", qtype, blocks.reshape(-1))
+    with np.errstate(all="ignore"):  # inf * 0 and NaN scales give NaN on both sides
+        ref = quants.dequantize(blocks, qtype).reshape(-1)
+    report_equal(what, ours, ref)  # NaNs too: same payload and sign bit
+
+
+def test_dequant_lowbit():
+    for qtype in LOWBIT:
+        name = NAMES[qtype]
+        ts = GGML_QUANT_SIZES[qtype][1]
+        nfields = len(LOWBIT[qtype])
+        # (a) random bytes, scale fields finite halves across the whole range
+        nb = 20000 if GGML_QUANT_SIZES[qtype][0] == 32 else 4000
+        b = RNG.integers(0, 256, (nb, ts), dtype=np.uint8)
+        put_scale(b, qtype, finite_halves(nb * nfields).reshape(nb, nfields))
+        compare_dequant(qtype, f"dequant {name} {nb} random blocks", b)
+        # (b) adversarial: special scales x codes all-0x00 / all-0xFF / random
+        sp = np.array(np.meshgrid(*[SPECIAL_HALVES] * nfields)).reshape(nfields, -1).T
+        blocks = []
+        for fill in (0x00, 0xFF, None):
+            b = (RNG.integers(0, 256, (sp.shape[0], ts), dtype=np.uint8) if fill is None
+                 else np.full((sp.shape[0], ts), fill, dtype=np.uint8))
+            put_scale(b, qtype, sp)
+            blocks.append(b)
+        compare_dequant(qtype, f"dequant {name} special scales (zero, subnormal, max, negative)"
+                               f" x codes 0x00/0xFF/random", np.concatenate(blocks))
+        # all-0x00 and all-0xFF blocks as they are (0xFF scales are NaN halves)
+        compare_dequant(qtype, f"dequant {name} all-0x00 blocks", np.zeros((4, ts), np.uint8))
+        compare_dequant(qtype, f"dequant {name} all-0xFF blocks (NaN scale)",
+                        np.full((4, ts), 0xFF, np.uint8))
+        # non-finite scales (inf, -inf, quiet and signalling NaNs) on random codes
+        nf = np.array(np.meshgrid(*[np.concatenate([NONFINITE_HALVES, [0x3C00, 0x0000]])]
+                                  * nfields)).reshape(nfields, -1).T
+        b = RNG.integers(0, 256, (nf.shape[0] * 8, ts), dtype=np.uint8)
+        put_scale(b, qtype, np.repeat(nf, 8, axis=0))
+        compare_dequant(qtype, f"dequant {name} inf/NaN scales", b)
+        # the grid types: every index, sign pattern, sub-scale and delta sign
+        if qtype in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M):
+            b, what = grid_blocks(qtype)
+            put_scale(b, qtype, finite_halves(b.shape[0]))
+            compare_dequant(qtype, f"dequant {name} grid coverage ({what})", b)
 
 
 # ---------------------------------------------------------------- quantization data
@@ -295,6 +458,7 @@ def main():
         return 1
     test_table()
     test_dequant()
+    test_dequant_lowbit()
     data = datasets()
     test_quant_exact(data)
     test_quant_bounds(data)
