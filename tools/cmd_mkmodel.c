@@ -27,10 +27,25 @@ static void mkmodel_usage(FILE *out) {
         "                       not with --skew, --skew-offset, --locality or --locality-span;\n"
         "                       gpt-oss: skew only (locality is not calibrated for it yet)\n"
         "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
+        "  --type-gate-exps T --type-up-exps T --type-down-exps T\n"
+        "                       one projection of the experts (over --type-experts)\n"
         "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
         "  --type-embd T        token_embd (default q4_K)\n"
         "  --type-output T      output (default q8_0); norms and router are always f32\n"
-        "                       types: f32 f16 bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4\n"
+        "  --tensor-type P=T    tensors whose name the regular expression P matches get T\n"
+        "                       (repeatable; the first matching rule wins, over every other\n"
+        "                       flag), e.g. --tensor-type 'blk\\.[0-3]\\.ffn_down_exps=q6_K'\n"
+        "  --mix NAME           types per tensor by a recipe like llama-quantize's\n"
+        "                       (docs/quant.md); --type-* flags override it for their class:\n");
+    size_t n_mix;
+    const tm_synth_mix_info *mix = synth_mix_list(&n_mix);
+    for (size_t i = 0; i < n_mix; i++) fprintf(out, "      %-8s %s\n", mix[i].name, mix[i].summary);
+    fprintf(out, "  types mkmodel can write in this build:");
+    for (uint32_t t = 0; t < TM_TYPE_COUNT; t++)
+        if (t != TM_TYPE_Q8_K && quant_type_is_compute(t)) fprintf(out, " %s", quant_type_name(t));
+    fprintf(out, "\n");
+    fprintf(
+        out,
         "  --n-layer N --n-embd N --n-head N --n-head-kv N --head-dim N --n-expert N\n"
         "  --n-expert-used N --n-ff-exp N --n-ff N --n-vocab N --n-ctx N\n"
         "  --rope-base F --rms-eps F    override any dimension of the preset\n"
@@ -40,14 +55,27 @@ static void mkmodel_usage(FILE *out) {
         "  -q, --quiet          no progress\n");
 }
 
+/* A class's type for the progress line: "recipe" where --mix decides. */
+static const char *mkmodel_type_name(tm_type t) {
+    return t == TM_TYPE_COUNT ? "recipe" : quant_type_name(t);
+}
+
 int cmd_mkmodel(int argc, char **argv) {
     tm_synth_config cfg;
     const char *preset = "tiny", *out = NULL, *routing_knob = NULL;
     /* The preset comes first so that other flags override it, wherever they stand. */
-    for (int i = 1; i + 1 < argc; i++)
+    const char *mix = NULL;
+    for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
+        if (!strcmp(argv[i], "--mix")) mix = argv[i + 1];
+    }
     if (synth_config_preset(&cfg, preset) != TM_OK) {
         fprintf(stderr, "tiermoe mkmodel: --preset: %s\n", tm_error_message());
+        return 2;
+    }
+    /* then the recipe, so that --type-* flags anywhere override it */
+    if (mix && synth_config_mix(&cfg, mix) != TM_OK) {
+        fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
         return 2;
     }
     cfg.progress = 1;
@@ -71,10 +99,10 @@ int cmd_mkmodel(int argc, char **argv) {
         const char *flag;
         tm_type *dst;
     } types[] = {
-        {"--type-experts", &cfg.type_experts},
-        {"--type-attn", &cfg.type_attn},
-        {"--type-embd", &cfg.type_embd},
-        {"--type-output", &cfg.type_output},
+        {"--type-experts", &cfg.type_experts},     {"--type-attn", &cfg.type_attn},
+        {"--type-embd", &cfg.type_embd},           {"--type-output", &cfg.type_output},
+        {"--type-gate-exps", &cfg.type_gate_exps}, {"--type-up-exps", &cfg.type_up_exps},
+        {"--type-down-exps", &cfg.type_down_exps},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -103,19 +131,22 @@ int cmd_mkmodel(int argc, char **argv) {
         for (size_t k = 0; !done && k < sizeof(types) / sizeof(types[0]); k++)
             if (!strcmp(a, types[k].flag)) {
                 done = 1;
-                if (quant_type_from_name(v, types[k].dst) != TM_OK ||
-                    !quant_type_is_compute(*types[k].dst)) {
-                    fprintf(stderr,
-                            "tiermoe mkmodel: %s: unsupported type '%s' (expected f32 f16 "
-                            "bf16 q8_0 q4_0 q4_K q5_K q6_K mxfp4)\n",
-                            a, v);
+                /* a known type without a quantizer is refused by synth_config_validate,
+                   naming the tensors */
+                if (quant_type_from_name(v, types[k].dst) != TM_OK) {
+                    fprintf(stderr, "tiermoe mkmodel: %s: unknown type '%s'\n", a, v);
                     rc = 2;
                 }
             }
         if (done) {
             if (rc) return rc;
-        } else if (!strcmp(a, "--preset")) {
+        } else if (!strcmp(a, "--preset") || !strcmp(a, "--mix")) {
             /* handled above */
+        } else if (!strcmp(a, "--tensor-type")) {
+            if (synth_config_tensor_type(&cfg, v) != TM_OK) {
+                fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
+                return 2;
+            }
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = v;
         } else if (!strcmp(a, "--vocab")) {
@@ -174,13 +205,14 @@ int cmd_mkmodel(int argc, char **argv) {
     if (cfg.progress)
         fprintf(stderr,
                 "mkmodel: %s %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "
-                "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s, skew %g "
+                "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s%s%s, skew %g "
                 "(offset %g), locality %g (span %g)%s%s, seed %llu -> %s (%.2f GiB)\n",
                 cfg.arch ? cfg.arch : "qwen3moe", cfg.n_layer, cfg.n_embd, cfg.n_head,
                 cfg.n_head_kv, cfg.head_dim, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp,
-                cfg.n_vocab, quant_type_name(cfg.type_experts), quant_type_name(cfg.type_attn),
-                quant_type_name(cfg.type_embd), quant_type_name(cfg.type_output), cfg.skew,
-                cfg.skew_offset, cfg.locality, cfg.locality_span, cfg.routing ? ", profile " : "",
+                cfg.n_vocab, mkmodel_type_name(cfg.type_experts), mkmodel_type_name(cfg.type_attn),
+                mkmodel_type_name(cfg.type_embd), mkmodel_type_name(cfg.type_output),
+                cfg.mix ? ", mix " : "", cfg.mix ? cfg.mix : "", cfg.skew, cfg.skew_offset,
+                cfg.locality, cfg.locality_span, cfg.routing ? ", profile " : "",
                 cfg.routing ? cfg.routing : "", (unsigned long long)cfg.seed, out,
                 synth_config_tensor_bytes(&cfg) / 1073741824.0);
     if (synth_model_write(&cfg, out) != TM_OK) {

@@ -16,6 +16,7 @@
 #include "cpu/cpu_ops.h"
 #include "gguf/gguf.h"
 #include "model/synth_consts.h"
+#include "model/synth_mix.h"
 #include "tokenizer/tokenizer.h"
 
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
@@ -28,6 +29,7 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     cfg->type_attn = TM_TYPE_Q8_0;
     cfg->type_embd = TM_TYPE_Q4_K;
     cfg->type_output = TM_TYPE_Q8_0;
+    cfg->type_gate_exps = cfg->type_up_exps = cfg->type_down_exps = TM_TYPE_COUNT;
     if (!strcmp(preset, "tiny")) {
         /* Smallest shape that still takes K-quants (rows of 256) and GQA. */
         cfg->n_layer = 3, cfg->n_embd = 256, cfg->n_head = 4, cfg->n_head_kv = 2;
@@ -80,19 +82,7 @@ static bool synth_gptoss(const tm_synth_config *c) {
     return c->arch && !strcmp(c->arch, "gpt-oss");
 }
 
-static tm_status synth_check_rows(const char *what, tm_type type, uint32_t row_len) {
-    const tm_type_traits *tr = quant_type_traits((uint32_t)type);
-    if (!tr || !tr->quantize)
-        return tm_error_set(TM_ERR_UNSUPPORTED, "%s: type %s cannot be generated", what,
-                            quant_type_name((uint32_t)type));
-    if (row_len % tr->block_size)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: rows of %u values do not fit type %s (block size %lld); choose "
-                            "dimensions that are multiples of %lld or another type",
-                            what, row_len, tr->name, (long long)tr->block_size,
-                            (long long)tr->block_size);
-    return TM_OK;
-}
+static tm_status synth_types_check(const tm_synth_config *c);
 
 tm_status synth_config_validate(const tm_synth_config *c) {
     struct {
@@ -152,15 +142,7 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                             c->rope_factor, c->rope_orig_ctx);
     if (!(c->rope_base > 0) || !(c->rms_eps > 0))
         return tm_error_set(TM_ERR_ARG, "rope base and rms epsilon must be positive");
-    tm_status st;
-    if ((st = synth_check_rows("token_embd", c->type_embd, c->n_embd)) ||
-        (st = synth_check_rows("output", c->type_output, c->n_embd)) ||
-        (st = synth_check_rows("attn_q/k/v", c->type_attn, c->n_embd)) ||
-        (st = synth_check_rows("attn_output", c->type_attn, c->n_head * c->head_dim)) ||
-        (st = synth_check_rows("ffn_gate/up_exps", c->type_experts, c->n_embd)) ||
-        (st = synth_check_rows("ffn_down_exps", c->type_experts, c->n_ff_exp)))
-        return st;
-    return TM_OK;
+    return synth_types_check(c);
 }
 
 /* ---- tensors ---- */
@@ -182,6 +164,7 @@ typedef enum synth_role {
 
 typedef struct synth_tensor {
     char name[64];
+    tm_synth_kind kind; /* what picks its type (synth_types_pick) */
     tm_type type;
     uint32_t n_dims;
     int64_t ne[3];
@@ -193,10 +176,11 @@ typedef struct synth_tensor {
     const tm_synth_locality *loc; /* NULL: locality 0, the tensor is as it always was */
 } synth_tensor;
 
-static void synth_tensor_set(synth_tensor *t, const char *name, tm_type type, synth_init init,
+static void synth_tensor_set(synth_tensor *t, const char *name, tm_synth_kind kind, synth_init init,
                              float std, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2) {
     snprintf(t->name, sizeof(t->name), "%s", name);
-    t->type = type, t->init = init, t->std = std, t->n_dims = n_dims, t->bias = NULL;
+    t->kind = kind, t->type = TM_TYPE_F32, t->init = init, t->std = std, t->n_dims = n_dims,
+    t->bias = NULL;
     t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = ne2;
     t->role = ROLE_OTHER, t->layer = 0, t->loc = NULL;
 }
@@ -218,106 +202,161 @@ static uint32_t synth_tensors_build_gptoss(const tm_synth_config *c, const float
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff_exp, X = c->n_expert;
     const float in_std = 1.0f / sqrtf((float)E);
-    synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
+    synth_tensor_set(&t[n++], "token_embd.weight", TM_SYNTH_EMBD, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
                      c->n_vocab, 1);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         char nm[64];
 #define SYNTH_T(suffix, ...)                                                                       \
-    (snprintf(nm, sizeof(nm), "blk.%u." suffix, l), synth_tensor_set(&t[n++], nm, __VA_ARGS__))
-        SYNTH_T("attn_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-        SYNTH_T("attn_q.weight", c->type_attn, INIT_NORMAL, in_std, 2, E, Q, 1);
-        SYNTH_T("attn_q.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, Q, 1, 1);
-        SYNTH_T("attn_k.weight", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
-        SYNTH_T("attn_k.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, KV, 1, 1);
-        SYNTH_T("attn_v.weight", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
-        SYNTH_T("attn_v.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, KV, 1, 1);
-        SYNTH_T("attn_output.weight", c->type_attn, INIT_NORMAL,
+    (snprintf(nm, sizeof(nm), "blk.%u." suffix, l), synth_tensor_set(&t[n++], nm, __VA_ARGS__),    \
+     t[n - 1].layer = l)
+        SYNTH_T("attn_norm.weight", TM_SYNTH_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("attn_q.weight", TM_SYNTH_ATTN_Q, INIT_NORMAL, in_std, 2, E, Q, 1);
+        SYNTH_T("attn_q.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, Q, 1, 1);
+        SYNTH_T("attn_k.weight", TM_SYNTH_ATTN_K, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_k.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, KV, 1, 1);
+        SYNTH_T("attn_v.weight", TM_SYNTH_ATTN_V, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_v.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, KV, 1, 1);
+        SYNTH_T("attn_output.weight", TM_SYNTH_ATTN_O, INIT_NORMAL,
                 SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2, Q, E, 1);
-        SYNTH_T("attn_output.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, E, 1, 1);
-        SYNTH_T("attn_sinks.weight", TM_TYPE_F32, INIT_NORMAL, SYNTH_SINK_STD, 1, c->n_head, 1, 1);
-        SYNTH_T("post_attention_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-        SYNTH_T("ffn_gate_inp.weight", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
+        SYNTH_T("attn_output.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, E, 1, 1);
+        SYNTH_T("attn_sinks.weight", TM_SYNTH_F32, INIT_NORMAL, SYNTH_SINK_STD, 1, c->n_head, 1, 1);
+        SYNTH_T("post_attention_norm.weight", TM_SYNTH_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("ffn_gate_inp.weight", TM_SYNTH_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
                 X, 1);
         t[n - 1].bias = bias + (size_t)l * X;
-        SYNTH_T("ffn_gate_inp.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, X, 1, 1);
-        SYNTH_T("ffn_gate_exps.weight", c->type_experts, INIT_NORMAL, in_std, 3, E, F, X);
-        SYNTH_T("ffn_up_exps.weight", c->type_experts, INIT_NORMAL, in_std, 3, E, F, X);
-        SYNTH_T("ffn_down_exps.weight", c->type_experts, INIT_NORMAL,
+        SYNTH_T("ffn_gate_inp.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, X, 1, 1);
+        SYNTH_T("ffn_gate_exps.weight", TM_SYNTH_GATE_EXPS, INIT_NORMAL, in_std, 3, E, F, X);
+        SYNTH_T("ffn_up_exps.weight", TM_SYNTH_UP_EXPS, INIT_NORMAL, in_std, 3, E, F, X);
+        SYNTH_T("ffn_down_exps.weight", TM_SYNTH_DOWN_EXPS, INIT_NORMAL,
                 SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_OAI_RMS * sqrtf((float)F)), 3, F, E, X);
-        SYNTH_T("ffn_gate_exps.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, F, X, 1);
-        SYNTH_T("ffn_up_exps.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, F, X, 1);
-        SYNTH_T("ffn_down_exps.bias", TM_TYPE_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, E, X, 1);
+        SYNTH_T("ffn_gate_exps.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, F, X, 1);
+        SYNTH_T("ffn_up_exps.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, F, X, 1);
+        SYNTH_T("ffn_down_exps.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 2, E, X, 1);
 #undef SYNTH_T
     }
-    synth_tensor_set(&t[n++], "output_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-    synth_tensor_set(&t[n++], "output.weight", c->type_output, INIT_NORMAL, in_std, 2, E,
+    synth_tensor_set(&t[n++], "output_norm.weight", TM_SYNTH_F32, INIT_ONES, 0, 1, E, 1, 1);
+    synth_tensor_set(&t[n++], "output.weight", TM_SYNTH_OUTPUT, INIT_NORMAL, in_std, 2, E,
                      c->n_vocab, 1);
     return n;
 }
 
 /* The tensor list llama.cpp's converter writes for qwen3moe, in its order;
  * loc (NULL when locality is 0) is attached to the tensors it changes. */
-static uint32_t synth_tensors_build(const tm_synth_config *c, const float *bias,
-                                    const tm_synth_locality *loc, synth_tensor *t) {
+static uint32_t synth_tensors_list(const tm_synth_config *c, const float *bias,
+                                   const tm_synth_locality *loc, synth_tensor *t) {
     if (synth_gptoss(c)) return synth_tensors_build_gptoss(c, bias, t);
     uint32_t n = 0;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
     const float in_std = 1.0f / sqrtf((float)E);
-    synth_tensor_set(&t[n++], "token_embd.weight", c->type_embd, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
+    synth_tensor_set(&t[n++], "token_embd.weight", TM_SYNTH_EMBD, INIT_EMBD, SYNTH_EMBD_STD, 2, E,
                      c->n_vocab, 1);
     t[n - 1].role = ROLE_EMBD, t[n - 1].loc = loc;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         char nm[64];
 #define SYNTH_T(suffix, ...)                                                                       \
     (snprintf(nm, sizeof(nm), "blk.%u." suffix ".weight", l),                                      \
-     synth_tensor_set(&t[n++], nm, __VA_ARGS__))
+     synth_tensor_set(&t[n++], nm, __VA_ARGS__), t[n - 1].layer = l)
 #define SYNTH_ROLE(r) (t[n - 1].role = (r), t[n - 1].layer = l, t[n - 1].loc = loc)
-        SYNTH_T("attn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-        SYNTH_T("attn_q", c->type_attn, INIT_NORMAL, in_std, 2, E, Q, 1);
+        SYNTH_T("attn_norm", TM_SYNTH_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("attn_q", TM_SYNTH_ATTN_Q, INIT_NORMAL, in_std, 2, E, Q, 1);
         SYNTH_ROLE(ROLE_Q);
-        SYNTH_T("attn_k", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_k", TM_SYNTH_ATTN_K, INIT_NORMAL, in_std, 2, E, KV, 1);
         SYNTH_ROLE(ROLE_K);
-        SYNTH_T("attn_v", c->type_attn, INIT_NORMAL, in_std, 2, E, KV, 1);
+        SYNTH_T("attn_v", TM_SYNTH_ATTN_V, INIT_NORMAL, in_std, 2, E, KV, 1);
         SYNTH_ROLE(ROLE_V);
-        SYNTH_T("attn_output", c->type_attn, INIT_NORMAL, SYNTH_ATTN_OUT_STD / sqrtf((float)Q), 2,
-                Q, E, 1);
+        SYNTH_T("attn_output", TM_SYNTH_ATTN_O, INIT_NORMAL, SYNTH_ATTN_OUT_STD / sqrtf((float)Q),
+                2, Q, E, 1);
         SYNTH_ROLE(ROLE_O);
-        SYNTH_T("attn_q_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
+        SYNTH_T("attn_q_norm", TM_SYNTH_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
         SYNTH_ROLE(ROLE_QK_NORM);
-        SYNTH_T("attn_k_norm", TM_TYPE_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
+        SYNTH_T("attn_k_norm", TM_SYNTH_F32, INIT_ONES, 0, 1, c->head_dim, 1, 1);
         SYNTH_ROLE(ROLE_QK_NORM);
-        SYNTH_T("ffn_norm", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-        SYNTH_T("ffn_gate_inp", TM_TYPE_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
+        SYNTH_T("ffn_norm", TM_SYNTH_F32, INIT_ONES, 0, 1, E, 1, 1);
+        SYNTH_T("ffn_gate_inp", TM_SYNTH_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std, 2, E,
                 c->n_expert, 1);
         t[n - 1].bias = bias + (size_t)l * c->n_expert;
         SYNTH_ROLE(ROLE_ROUTER);
-        SYNTH_T("ffn_gate_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
+        SYNTH_T("ffn_gate_exps", TM_SYNTH_GATE_EXPS, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
                 c->n_expert);
-        SYNTH_T("ffn_up_exps", c->type_experts, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
+        SYNTH_T("ffn_up_exps", TM_SYNTH_UP_EXPS, INIT_NORMAL, in_std, 3, E, c->n_ff_exp,
                 c->n_expert);
-        SYNTH_T("ffn_down_exps", c->type_experts, INIT_NORMAL,
+        SYNTH_T("ffn_down_exps", TM_SYNTH_DOWN_EXPS, INIT_NORMAL,
                 SYNTH_FFN_OUT_STD / (SYNTH_SWIGLU_STD * sqrtf((float)c->n_ff_exp)), 3, c->n_ff_exp,
                 E, c->n_expert);
         SYNTH_ROLE(ROLE_DOWN);
 #undef SYNTH_ROLE
 #undef SYNTH_T
     }
-    synth_tensor_set(&t[n++], "output_norm.weight", TM_TYPE_F32, INIT_ONES, 0, 1, E, 1, 1);
-    synth_tensor_set(&t[n++], "output.weight", c->type_output, INIT_NORMAL, in_std, 2, E,
+    synth_tensor_set(&t[n++], "output_norm.weight", TM_SYNTH_F32, INIT_ONES, 0, 1, E, 1, 1);
+    synth_tensor_set(&t[n++], "output.weight", TM_SYNTH_OUTPUT, INIT_NORMAL, in_std, 2, E,
                      c->n_vocab, 1);
     return n;
+}
+
+/* The tensor list with each tensor's type (synth_mix.c); *why_out (NULL: not
+ * wanted) gets, per tensor, what chose its type. */
+static tm_status synth_tensors_build(const tm_synth_config *c, const float *bias,
+                                     const tm_synth_locality *loc, synth_tensor *t, uint32_t *n_out,
+                                     const char **why_out, synth_types **types_out) {
+    synth_types *types;
+    tm_status st = synth_types_open(c, &types);
+    if (st != TM_OK) return st;
+    const uint32_t n = synth_tensors_list(c, bias, loc, t);
+    for (uint32_t i = 0; i < n; i++) {
+        const char *why;
+        t[i].type = synth_types_pick(types, t[i].kind, t[i].layer, t[i].name, &why);
+        if (why_out) why_out[i] = why;
+    }
+    *n_out = n;
+    if (types_out)
+        *types_out = types; /* the reasons live in it */
+    else
+        synth_types_close(types);
+    return TM_OK;
+}
+
+/* Every tensor's type is set, can be written, and fits its rows: else an
+ * error naming the tensor, its type and the flag or recipe that chose it. */
+static tm_status synth_types_check(const tm_synth_config *c) {
+    synth_tensor *t = malloc(SYNTH_MAX_TENSORS(c) * sizeof(*t));
+    const char **why = malloc(SYNTH_MAX_TENSORS(c) * sizeof(*why));
+    float *bias = calloc((size_t)c->n_layer * c->n_expert, sizeof(float));
+    synth_types *types = NULL;
+    uint32_t n = 0;
+    tm_status st = t && why && bias ? synth_tensors_build(c, bias, NULL, t, &n, why, &types)
+                                    : tm_error_set(TM_ERR_NOMEM, "mkmodel: out of memory");
+    for (uint32_t i = 0; i < n && st == TM_OK; i++) {
+        const tm_type_traits *tr = quant_type_traits((uint32_t)t[i].type);
+        if (!tr)
+            st = tm_error_set(TM_ERR_ARG, "%s: no quant type given (%s, or a --mix recipe)",
+                              t[i].name, why[i]);
+        else if (!tr->quantize)
+            st = tm_error_set(TM_ERR_UNSUPPORTED,
+                              "%s: type %s (%s) has no quantizer in this build: mkmodel cannot "
+                              "write it yet",
+                              t[i].name, tr->name, why[i]);
+        else if (t[i].ne[0] % tr->block_size)
+            st = tm_error_set(TM_ERR_ARG,
+                              "%s: rows of %lld values do not fit type %s (%s; block size %lld); "
+                              "choose dimensions that are multiples of %lld or another type",
+                              t[i].name, (long long)t[i].ne[0], tr->name, why[i],
+                              (long long)tr->block_size, (long long)tr->block_size);
+    }
+    synth_types_close(types);
+    free(t), free(why), free(bias);
+    return st;
 }
 
 uint64_t synth_config_tensor_bytes(const tm_synth_config *c) {
     synth_tensor *t = malloc(SYNTH_MAX_TENSORS(c) * sizeof(*t));
     float *bias = calloc((size_t)c->n_layer * c->n_expert, sizeof(float));
     uint64_t total = 0;
-    if (t && bias) {
-        uint32_t nt = synth_tensors_build(c, bias, NULL, t);
+    uint32_t nt = 0;
+    if (t && bias && synth_tensors_build(c, bias, NULL, t, &nt, NULL, NULL) == TM_OK)
         for (uint32_t i = 0; i < nt; i++)
-            total += quant_row_size(t[i].type, t[i].ne[0]) * (uint64_t)synth_tensor_rows(&t[i]);
-    }
+            if (quant_type_is_known((uint32_t)t[i].type))
+                total += quant_row_size(t[i].type, t[i].ne[0]) * (uint64_t)synth_tensor_rows(&t[i]);
     free(t), free(bias);
     return total;
 }
@@ -449,18 +488,7 @@ static void *synth_write_thread(void *arg) {
 }
 
 static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *w) {
-    static const struct {
-        tm_type experts;
-        uint32_t ftype;
-    } ftypes[] = {
-        /* llama_ftype of the dominant (expert) type, as llama.cpp's quantizer labels the mix */
-        {TM_TYPE_F32, 0},   {TM_TYPE_F16, 1},   {TM_TYPE_Q4_0, 2},
-        {TM_TYPE_Q8_0, 7},  {TM_TYPE_Q4_K, 15}, {TM_TYPE_Q5_K, 17},
-        {TM_TYPE_Q6_K, 18}, {TM_TYPE_BF16, 32}, {TM_TYPE_MXFP4, 38},
-    };
-    uint32_t ftype = 0;
-    for (size_t i = 0; i < sizeof(ftypes) / sizeof(ftypes[0]); i++)
-        if (ftypes[i].experts == c->type_experts) ftype = ftypes[i].ftype;
+    const uint32_t ftype = synth_mix_ftype(c);
     tm_status st;
 #define SYNTH_KV(call)                                                                             \
     if ((st = (call)) != TM_OK) return st
@@ -575,7 +603,8 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
         }
         synth_locality_plan(c, loc);
     }
-    uint32_t n = synth_tensors_build(c, bias, loc, t);
+    uint32_t n = 0;
+    if ((st = synth_tensors_build(c, bias, loc, t, &n, NULL, NULL)) != TM_OK) goto done;
 
     if ((st = gguf_writer_init(&w, 3, TM_GGUF_DEFAULT_ALIGNMENT)) != TM_OK) goto done;
     if ((st = synth_metadata_write(c, w)) != TM_OK) goto done;

@@ -50,6 +50,29 @@
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 
+/* What a tensor is to the choice of its quant type (synth_mix.c). */
+typedef enum tm_synth_kind {
+    TM_SYNTH_F32, /* norms, router, biases, sinks: always f32 */
+    TM_SYNTH_EMBD,
+    TM_SYNTH_OUTPUT,
+    TM_SYNTH_ATTN_Q,
+    TM_SYNTH_ATTN_K,
+    TM_SYNTH_ATTN_V,
+    TM_SYNTH_ATTN_O,
+    TM_SYNTH_GATE_EXPS,
+    TM_SYNTH_UP_EXPS,
+    TM_SYNTH_DOWN_EXPS,
+} tm_synth_kind;
+
+/* --tensor-type PATTERN=TYPE: tensors whose name the PCRE2 pattern matches
+ * (anywhere, as llama-quantize's --tensor-type) get TYPE; the first rule that
+ * matches wins. */
+typedef struct tm_synth_tensor_type {
+    const char *pattern;
+    tm_type type;
+} tm_synth_tensor_type;
+#define TM_SYNTH_MAX_TENSOR_TYPES 32
+
 typedef struct tm_synth_config {
     const char *arch;       /* general.architecture: "qwen3moe" (NULL) or "gpt-oss" */
     uint32_t window;        /* gpt-oss: attention.sliding_window of the even layers */
@@ -59,7 +82,15 @@ typedef struct tm_synth_config {
     uint32_t n_expert, n_expert_used, n_ff_exp, n_ff; /* n_ff: dense FFN length (metadata only) */
     uint32_t n_vocab, n_ctx;
     float rope_base, rms_eps;
-    tm_type type_experts, type_attn, type_embd, type_output; /* norms and router are f32 */
+    /* Each tensor's type, first match: a tensor_types rule; the gate/up/down
+     * field of its kind; its class (experts, attn, embd, output); the recipe
+     * (mix). TM_TYPE_COUNT: unset (a preset sets the classes, synth_config_mix
+     * unsets them). Norms and router are f32. */
+    tm_type type_experts, type_attn, type_embd, type_output;
+    tm_type type_gate_exps, type_up_exps, type_down_exps;
+    const char *mix; /* --mix: a recipe of synth_mix_list (NULL: none) */
+    tm_synth_tensor_type tensor_types[TM_SYNTH_MAX_TENSOR_TYPES];
+    uint32_t n_tensor_types;
     uint64_t seed;
     double skew;            /* Zipf exponent of expert popularity; 0 = uniform */
     double skew_offset;     /* Zipf–Mandelbrot offset q: popularity ∝ (rank + q)^-skew */
@@ -75,6 +106,23 @@ typedef struct tm_synth_config {
 /* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b" or
  * "tiny-gpt-oss". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
+
+/* ---- quant types per tensor (synth_mix.c) ---- */
+
+/* A named recipe, like llama-quantize's ftypes (docs/quant.md has the tables). */
+typedef struct tm_synth_mix_info {
+    const char *name;    /* "Q4_K_M", "dynamic", ... */
+    const char *summary; /* one line for --help */
+} tm_synth_mix_info;
+/* The recipes; *n gets how many. */
+const tm_synth_mix_info *synth_mix_list(size_t *n);
+/* --mix NAME (case-insensitive): the recipe picks every tensor's type, the
+ * class types are unset so that --type-* flags given after it override the
+ * recipe for their class. Fails naming the recipes otherwise. */
+tm_status synth_config_mix(tm_synth_config *cfg, const char *name);
+/* --tensor-type PATTERN=TYPE (split at the last '='): appends a rule; the
+ * pattern is compiled when the model is checked (synth_config_validate). */
+tm_status synth_config_tensor_type(tm_synth_config *cfg, const char *spec);
 
 /* Check dimensions against each other and the quant types' block sizes. */
 tm_status synth_config_validate(const tm_synth_config *cfg);
