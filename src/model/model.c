@@ -87,10 +87,13 @@ static tm_status weight_bind(const tm_model *m, const char *name, uint32_t n_dim
     if (!ok)
         return tm_error_set(TM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], expected [%s]",
                             m->file->path, name, got, want);
-    if (!quant_type_is_compute(t->type) || !cpu_gemm_supports((tm_type)t->type))
+    /* per tensor: any type the CPU can compute (a dequantizer for the reference
+       paths and embedding rows, a product kernel), whatever its neighbours' */
+    const tm_type_traits *tr = quant_type_traits(t->type);
+    if (!tr || !tr->dequantize || !cpu_gemm_supports((tm_type)t->type))
         return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "%s: tensor '%s' has type %s, which tiermoe cannot compute yet",
-                            m->file->path, name, quant_type_name(t->type));
+                            "%s: tensor '%s' has type %s (id %u), which tiermoe cannot compute yet",
+                            m->file->path, name, quant_type_name(t->type), (unsigned)t->type);
     w->name = t->name.data, w->name_len = (uint32_t)t->name.len;
     w->id = (int32_t)(t - m->file->tensors);
     w->type = (tm_type)t->type, w->n_dims = t->n_dims;

@@ -16,6 +16,7 @@
  * earlier upload is still in flight supersedes it: the earlier expert is never
  * mapped. Between requests, tier_cache_update exchanges the weakest slots for
  * the best experts by the policies' decayed scores, the same way. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,19 +183,23 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     }
     tm_plan plan = {0};
     tm_status st = tier_cache_plan(t, p, &plan);
-    size_t total = 0;
+    size_t total = 0, n_cached = 0, smallest = SIZE_MAX; /* layers' experts may differ in size */
     uint32_t n_layers = 0;
     int32_t lo = (int32_t)t->n_expert, hi = 0;
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         if (!plan.n_slots[l]) continue;
         total += (size_t)plan.n_slots[l] * t->layers[l].expert_bytes + 3 * 256;
+        n_cached += (size_t)plan.n_slots[l];
         n_layers++;
         if (plan.n_slots[l] < lo) lo = plan.n_slots[l];
         if (plan.n_slots[l] > hi) hi = plan.n_slots[l];
     }
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        if (t->layers[l].expert_bytes && t->layers[l].expert_bytes < smallest)
+            smallest = t->layers[l].expert_bytes;
     if (st == TM_OK && !n_layers) {
-        tm_log_warn("--moe-cache: the budget holds no expert (%.2f MiB each): no cache",
-                    t->layers[0].expert_bytes / 1048576.0);
+        tm_log_warn("--moe-cache: the budget holds no expert (the smallest: %.2f MiB): no cache",
+                    smallest == SIZE_MAX ? 0.0 : smallest / 1048576.0);
         plan_free(&plan);
         return TM_OK;
     }
@@ -243,8 +248,7 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
                                           "fixed"};
         tm_log_info("--moe-cache: %zu experts in VRAM over %u layers (%d..%d a layer, %.2f GiB; "
                     "%s); %s",
-                    (size_t)(t->cache_bytes / t->layers[0].expert_bytes), n_layers, lo, hi,
-                    t->cache_bytes / 1073741824.0,
+                    n_cached, n_layers, lo, hi, t->cache_bytes / 1073741824.0,
                     p->cache.plan    ? "the plan file's"
                     : p->cache.learn ? "planned from the learn file"
                                      : "no learn file: the lowest ids",
