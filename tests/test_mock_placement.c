@@ -5,6 +5,16 @@
  *
  *   - the placement matrix (tests/matrix/) on the tiny model (3 layers, 16
  *     experts) and on a 4-layer, 32-expert one;
+ *   - the matrix on a mixed-type tiny model (matrix_mixed): every layer's
+ *     gate, up and down of another type than each other and than the next
+ *     layer's, attention and embeddings of several types, with the types
+ *     that have kernels (q4_K q5_K q6_K q8_0 q4_0 mxfp4 f16 bf16), chosen by
+ *     all of mkmodel's means (--tensor-type rules, --type-up/down-exps, the
+ *     classes);
+ *   - the matrix on the tiny model in mkmodel's dynamic mix (matrix_dynamic:
+ *     iq1_m / iq2_xxs experts, the first layer q4_K, q8_0 attention, q6_K
+ *     embeddings and output); skipped (77) while a type of it has no quantizer,
+ *     CPU kernel or CUDA kernel (the mock runs the launchers' argument checks);
  *   - bad input: a --moe-cache above the free VRAM (needed and free named), an
  *     explicit -ngl without a GPU (an error), --cpu-moe without one (CPU only),
  *     -ot errors naming the flag;
@@ -43,6 +53,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "cuda/cuda_args.h"
 #include "matrix/placement_matrix.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -87,6 +98,124 @@ static void test_matrix_4x32(void **state) {
 static void gptoss_path(char *path, size_t len) {
     const char *data = getenv("TM_TEST_DATA");
     snprintf(path, len, "%s/hf_gptoss/tiny-mxfp4.gguf", data ? data : "tests/data");
+}
+
+/* ---- mixed types ---- */
+
+static char mixed_path[512], dynamic_path[512];
+static char dynamic_skip[512]; /* why the dynamic mix cannot run yet ("" : it can) */
+
+/* Layer 0: gate q4_K, up q5_K, down q6_K, attention q6_K; layer 1: gate q8_0,
+ * up mxfp4, down q4_0, q and k q4_0 (v and output q8_0: not stackable with
+ * them); layer 2: gate f16, up q8_0, down q5_K, attn_output bf16. Embeddings
+ * q5_K, output q6_K. */
+static void mixed_config(tm_synth_config *sc) {
+    pm_model_config(sc, 3, 16, TM_TYPE_Q8_0);
+    static const char *const rules[] = {
+        "blk\\.0\\.ffn_gate=q4_K",    "blk\\.0\\.ffn_up=q5_K",       "blk\\.0\\.ffn_down=q6_K",
+        "blk\\.0\\.attn=q6_K",        "blk\\.1\\.ffn_gate=q8_0",     "blk\\.1\\.ffn_up=mxfp4",
+        "blk\\.1\\.ffn_down=q4_0",    "blk\\.1\\.attn_[qk]\\.=q4_0", "blk\\.2\\.ffn_gate=f16",
+        "blk\\.2\\.attn_output=bf16",
+    };
+    for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+        if (synth_config_tensor_type(sc, rules[i]) != TM_OK) fail_msg("%s", tm_error_message());
+    sc->type_up_exps = TM_TYPE_Q8_0, sc->type_down_exps = TM_TYPE_Q5_K; /* layer 2's */
+    sc->type_embd = TM_TYPE_Q5_K, sc->type_output = TM_TYPE_Q6_K;
+}
+
+/* The file's tensor types, as they must be: what the matrix runs on. */
+static void mixed_check_types(const char *path) {
+    static const struct {
+        const char *name;
+        tm_type type;
+    } want[] = {
+        {"blk.0.ffn_gate_exps.weight", TM_TYPE_Q4_K}, {"blk.0.ffn_up_exps.weight", TM_TYPE_Q5_K},
+        {"blk.0.ffn_down_exps.weight", TM_TYPE_Q6_K}, {"blk.0.attn_v.weight", TM_TYPE_Q6_K},
+        {"blk.1.ffn_gate_exps.weight", TM_TYPE_Q8_0}, {"blk.1.ffn_up_exps.weight", TM_TYPE_MXFP4},
+        {"blk.1.ffn_down_exps.weight", TM_TYPE_Q4_0}, {"blk.1.attn_k.weight", TM_TYPE_Q4_0},
+        {"blk.1.attn_v.weight", TM_TYPE_Q8_0},        {"blk.2.ffn_gate_exps.weight", TM_TYPE_F16},
+        {"blk.2.ffn_up_exps.weight", TM_TYPE_Q8_0},   {"blk.2.ffn_down_exps.weight", TM_TYPE_Q5_K},
+        {"blk.2.attn_output.weight", TM_TYPE_BF16},   {"blk.2.attn_q.weight", TM_TYPE_Q8_0},
+        {"token_embd.weight", TM_TYPE_Q5_K},          {"output.weight", TM_TYPE_Q6_K},
+    };
+    tm_gguf_file *f;
+    if (gguf_file_open(path, &f) != TM_OK) fail_msg("%s", tm_error_message());
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        const tm_gguf_tensor *t = gguf_file_find_tensor(f, want[i].name);
+        if (!t || t->type != (uint32_t)want[i].type)
+            fail_msg("%s: %s has type %s, want %s", path, want[i].name,
+                     t ? quant_type_name(t->type) : "(missing)", quant_type_name(want[i].type));
+    }
+    gguf_file_close(f);
+}
+
+static int setup_mixed(void **state) {
+    (void)state;
+    tm_synth_config sc;
+    mixed_config(&sc);
+    if (pm_model_write_config(mixed_path, sizeof(mixed_path), "mock_mixed.gguf", &sc) != TM_OK)
+        fail_msg("mkmodel: %s", tm_error_message());
+    return 0;
+}
+
+static int teardown_mixed(void **state) {
+    (void)state;
+    remove(mixed_path);
+    return 0;
+}
+
+static void test_matrix_mixed(void **state) {
+    (void)state;
+    mixed_check_types(mixed_path);
+    placement_matrix_run(mixed_path, &mock_tol);
+}
+
+/* Why the tiny dynamic-mix model cannot run here ("" when it can): a type
+ * without a quantizer (mkmodel refuses it), a CPU kernel (the loader) or a
+ * CUDA kernel (the mock's launchers check the types as the real ones do). */
+static int setup_dynamic(void **state) {
+    (void)state;
+    tm_synth_config sc;
+    pm_model_config(&sc, 3, 16, TM_TYPE_Q8_0);
+    if (synth_config_mix(&sc, "dynamic") != TM_OK) fail_msg("%s", tm_error_message());
+    tm_status st =
+        pm_model_write_config(dynamic_path, sizeof(dynamic_path), "mock_dynamic.gguf", &sc);
+    if (st == TM_ERR_UNSUPPORTED) {
+        snprintf(dynamic_skip, sizeof(dynamic_skip), "mkmodel: %s", tm_error_message());
+        return 0;
+    }
+    if (st != TM_OK) fail_msg("mkmodel: %s", tm_error_message());
+    tm_model *m;
+    st = model_load(dynamic_path, &m);
+    if (st == TM_ERR_UNSUPPORTED) {
+        snprintf(dynamic_skip, sizeof(dynamic_skip), "load: %s", tm_error_message());
+        return 0;
+    }
+    if (st != TM_OK) fail_msg("load: %s", tm_error_message());
+    for (uint64_t i = 0; i < m->file->n_tensors && !dynamic_skip[0]; i++) {
+        const tm_gguf_tensor *t = &m->file->tensors[i];
+        size_t esz;
+        if (t->n_dims >= 2 && !cuda_weight_block((tm_type)t->type, &esz))
+            snprintf(dynamic_skip, sizeof(dynamic_skip), "%.*s: type %s has no CUDA kernel yet",
+                     (int)t->name.len, t->name.data, quant_type_name(t->type));
+    }
+    model_free(m);
+    return 0;
+}
+
+static int teardown_dynamic(void **state) {
+    (void)state;
+    remove(dynamic_path);
+    return 0;
+}
+
+static void test_matrix_dynamic(void **state) {
+    (void)state;
+    if (dynamic_skip[0]) {
+        printf("  the dynamic mix cannot run yet: %s\n", dynamic_skip);
+        skip();
+    }
+    placement_matrix_run(dynamic_path, &mock_tol);
 }
 
 static void test_matrix_gptoss(void **state) {
@@ -377,12 +506,15 @@ static void test_handoff_timeout(void **state) {
     model_free(m);
 }
 
-/* TM_TEST_GROUP=matrix_tiny|matrix_4x32|matrix_gptoss|rest runs one part (CTest runs
+/* TM_TEST_GROUP=matrix_tiny|matrix_4x32|matrix_gptoss|matrix_mixed|matrix_dynamic|rest runs
+ * one part (CTest runs
  * the parts as tests of their own, in parallel); unset: everything. */
 int main(void) {
     const struct CMUnitTest matrix_tiny[] = {cmocka_unit_test(test_matrix_tiny)};
     const struct CMUnitTest matrix_4x32[] = {cmocka_unit_test(test_matrix_4x32)};
     const struct CMUnitTest matrix_gptoss[] = {cmocka_unit_test(test_matrix_gptoss)};
+    const struct CMUnitTest matrix_mixed[] = {cmocka_unit_test(test_matrix_mixed)};
+    const struct CMUnitTest matrix_dynamic[] = {cmocka_unit_test(test_matrix_dynamic)};
     const struct CMUnitTest rest[] = {
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_cache_set),
         cmocka_unit_test(test_profile),        cmocka_unit_test(test_handoff_timeout),
@@ -397,6 +529,12 @@ int main(void) {
         failed += cmocka_run_group_tests(matrix_4x32, setup, teardown);
     if (all || !strcmp(group, "matrix_gptoss"))
         failed += cmocka_run_group_tests(matrix_gptoss, setup, teardown);
+    if (all || !strcmp(group, "matrix_mixed"))
+        failed += cmocka_run_group_tests(matrix_mixed, setup_mixed, teardown_mixed);
+    if (all || !strcmp(group, "matrix_dynamic"))
+        failed += cmocka_run_group_tests(matrix_dynamic, setup_dynamic, teardown_dynamic);
     if (all || !strcmp(group, "rest")) failed += cmocka_run_group_tests(rest, setup, teardown);
+    /* the dynamic mix's group alone, while it cannot run: skipped, not passed */
+    if (!failed && !all && !strcmp(group, "matrix_dynamic") && dynamic_skip[0]) return 77;
     return failed;
 }

@@ -13,7 +13,9 @@
  *     expert tensors' pages of the mapping made unreadable (so the lane reads
  *     the store's copies, never the page cache); on the
  *     CPU and with --cpu-moe on the mock GPU (the decode hand-off's host
- *     task reads from the store);
+ *     task reads from the store); and all of it again on a file whose
+ *     layers' gate, up and down have other types than each other and than
+ *     the next layer's (each projection's piece of a slot follows its type);
  *   - a failed read (TIERMOE_STORE_FAIL_READ) that a retry fixes gives the
  *     same logits; one that keeps failing, and a file truncated under a
  *     running context, fail the step with a message naming the offset,
@@ -42,7 +44,7 @@
 #define N_PROMPT 40
 #define N_GEN    6
 
-static char model_path[512];
+static char model_path[512], mixed_path[512];
 
 static void tmp_path(char *out, size_t len, const char *name) {
     const char *tmp = getenv("TM_TEST_TMP");
@@ -56,12 +58,23 @@ static int setup(void **state) {
     if (synth_config_preset(&sc, "tiny") != TM_OK) fail_msg("%s", tm_error_message());
     sc.n_layer = 3, sc.n_expert = 32, sc.n_threads = 2, sc.seed = 5;
     if (synth_model_write(&sc, model_path) != TM_OK) fail_msg("mkmodel: %s", tm_error_message());
+    /* the same with every layer's gate, up and down of other types than each other and than
+       the next layer's: each projection's slot piece follows its own type */
+    tmp_path(mixed_path, sizeof(mixed_path), "store_mixed.gguf");
+    static const char *const rules[] = {
+        "blk\\.0\\.ffn_gate=q5_K",  "blk\\.0\\.ffn_up=q8_0", "blk\\.0\\.ffn_down=q4_0",
+        "blk\\.1\\.ffn_gate=mxfp4", "blk\\.1\\.ffn_up=q6_K", "blk\\.1\\.ffn_down=q4_K",
+        "blk\\.2\\.ffn_gate=q4_0",  "blk\\.2\\.ffn_up=q4_K", "blk\\.2\\.ffn_down=q8_0",
+    };
+    for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+        if (synth_config_tensor_type(&sc, rules[i]) != TM_OK) fail_msg("%s", tm_error_message());
+    if (synth_model_write(&sc, mixed_path) != TM_OK) fail_msg("mkmodel: %s", tm_error_message());
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    remove(model_path);
+    remove(model_path), remove(mixed_path);
     return 0;
 }
 
@@ -227,8 +240,8 @@ typedef struct fixture {
     float *ref, *got;
 } fixture;
 
-static void fixture_open(fixture *f, bool gpu) {
-    assert_int_equal(model_load(model_path, &f->m), TM_OK);
+static void fixture_open(fixture *f, const char *path, bool gpu) {
+    assert_int_equal(model_load(path, &f->m), TM_OK);
     f->n = (size_t)(1 + N_GEN) * (size_t)f->m->cfg.n_vocab;
     f->ref = malloc(f->n * sizeof(float)), f->got = malloc(f->n * sizeof(float));
     assert_non_null(f->ref), assert_non_null(f->got);
@@ -241,9 +254,9 @@ static void fixture_close(fixture *f) {
     model_free(f->m);
 }
 
-static void check_same(bool gpu) {
+static void check_same(const char *path, bool gpu) {
     fixture fx;
-    fixture_open(&fx, gpu);
+    fixture_open(&fx, path, gpu);
     tm_model *m = fx.m;
     const size_t n = fx.n;
     float *ref = fx.ref, *got = fx.got;
@@ -293,12 +306,19 @@ static void check_same(bool gpu) {
 
 static void test_same_logits_cpu(void **state) {
     (void)state;
-    check_same(false);
+    check_same(model_path, false);
 }
 
 static void test_same_logits_cpu_moe_mock_gpu(void **state) {
     (void)state;
-    check_same(true);
+    check_same(model_path, true);
+}
+
+/* The same on the mixed-type file, CPU and --cpu-moe. */
+static void test_same_logits_mixed(void **state) {
+    (void)state;
+    check_same(mixed_path, false);
+    check_same(mixed_path, true);
 }
 
 /* Prompts' experts in RAM copied to the mock GPU from the store's pinned
@@ -367,7 +387,7 @@ static void test_same_logits_fetch_from_store(void **state) {
 static void test_failed_read(void **state) {
     (void)state;
     fixture fx;
-    fixture_open(&fx, false);
+    fixture_open(&fx, model_path, false);
     const tm_context_params p = params(false, 1);
     setenv("TIERMOE_STORE_FAIL_READ", "7:once", 1); /* the retry reads it */
     assert_int_equal(run_seq(fx.m, &p, fx.got, NULL), TM_OK);
@@ -456,6 +476,7 @@ int main(void) {
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_same_logits_cpu),
         cmocka_unit_test(test_same_logits_cpu_moe_mock_gpu),
+        cmocka_unit_test(test_same_logits_mixed),
         cmocka_unit_test(test_same_logits_fetch_from_store),
         cmocka_unit_test(test_failed_read),
         cmocka_unit_test(test_truncated),

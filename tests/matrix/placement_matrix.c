@@ -24,15 +24,25 @@
         if (st_ != TM_OK) fail_msg("%s: %s: %s", what, #call, tm_error_message());                 \
     } while (0)
 
-void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, uint32_t n_expert,
-                    tm_type type_attn) {
+void pm_model_config(tm_synth_config *sc, uint32_t n_layer, uint32_t n_expert, tm_type type_attn) {
+    if (synth_config_preset(sc, "tiny") != TM_OK) fail_msg("%s", tm_error_message());
+    sc->n_layer = n_layer, sc->n_expert = n_expert, sc->n_threads = 2, sc->seed = 11;
+    sc->type_attn = type_attn;
+}
+
+tm_status pm_model_write_config(char *path, size_t len, const char *name,
+                                const tm_synth_config *sc) {
     const char *tmp = getenv("TM_TEST_TMP");
     snprintf(path, len, "%s/%s", tmp ? tmp : "/tmp", name);
+    return synth_model_write(sc, path);
+}
+
+void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, uint32_t n_expert,
+                    tm_type type_attn) {
     tm_synth_config sc;
-    if (synth_config_preset(&sc, "tiny") != TM_OK) fail_msg("%s", tm_error_message());
-    sc.n_layer = n_layer, sc.n_expert = n_expert, sc.n_threads = 2, sc.seed = 11;
-    sc.type_attn = type_attn;
-    if (synth_model_write(&sc, path) != TM_OK) fail_msg("mkmodel: %s", tm_error_message());
+    pm_model_config(&sc, n_layer, n_expert, type_attn);
+    if (pm_model_write_config(path, len, name, &sc) != TM_OK)
+        fail_msg("mkmodel: %s", tm_error_message());
 }
 
 static void *pm_alloc(size_t n) {

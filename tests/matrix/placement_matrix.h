@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "model/synth.h"
 
 typedef struct pm_tolerance {
     double prompt; /* relative L2 of logits after a prompt batch, precise CPU ops */
@@ -54,6 +55,12 @@ typedef struct pm_tolerance {
  * gets where. */
 void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, uint32_t n_expert,
                     tm_type type_attn);
+/* The same model's config (tiny preset, seed 11, 2 threads), for a test to change its types. */
+void pm_model_config(tm_synth_config *sc, uint32_t n_layer, uint32_t n_expert, tm_type type_attn);
+/* Write sc to $TM_TEST_TMP/name (or /tmp); returns synth_model_write's status
+ * (a type without a quantizer: TM_ERR_UNSUPPORTED) for the caller to skip on. */
+tm_status pm_model_write_config(char *path, size_t len, const char *name,
+                                const tm_synth_config *sc);
 
 /* Every placement on the model at path; cmocka failures name the placement,
  * the call and the error. Prints one line a placement. */
