@@ -126,13 +126,8 @@ void quant_ref_quantize_q4_0(const float *src, void *dst, int64_t n) {
     tm_block_q4_0 *b = dst;
     for (int64_t i = 0; i < n / TM_QK4_0; i++) {
         const float *x = src + i * TM_QK4_0;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < TM_QK4_0; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
+        float amax;
+        const float max = quant_signed_absmax(x, TM_QK4_0, &amax);
         float d = quant_clampf(max / -8, -TM_HALF_MAX, TM_HALF_MAX);
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         if (!isfinite(id)) id = 0.0f;
@@ -164,13 +159,8 @@ void quant_ref_quantize_q8_k(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n / TM_QK_K; i++) {
         const float *x = src + i * TM_QK_K;
         tm_block_q8_k *y = &b[i];
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < TM_QK_K; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
+        float amax;
+        const float max = quant_signed_absmax(x, TM_QK_K, &amax);
         if (amax == 0.0f || !isfinite(amax)) {
             /* zeros, or an infinite value nothing can scale: store zeros */
             memset(y, 0, sizeof(*y));

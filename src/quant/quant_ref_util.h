@@ -6,6 +6,7 @@
 #ifndef TM_QUANT_QUANT_REF_UTIL_H
 #define TM_QUANT_QUANT_REF_UTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -53,6 +54,20 @@ static inline tm_half quant_f16_ceil(float x) {
     tm_half h = quant_f32_to_f16(x);
     if (quant_f16_to_f32(h) < x) h++; /* positive halves are ordered like their bits */
     return h;
+}
+
+/* The first of n values of largest magnitude (0 when all are 0; NaNs are
+ * skipped); its magnitude in *amax. */
+static inline float quant_signed_absmax(const float *x, int n, float *amax) {
+    float a = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (a < fabsf(x[j])) {
+            a = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    *amax = a;
+    return max;
 }
 
 /* Half nearest to x, saturating at +-65504 instead of becoming infinite. */

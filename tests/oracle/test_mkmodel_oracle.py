@@ -123,7 +123,7 @@ def main():
 
     # bad input
     for flags, word in [(["--preset", "huge"], "preset"), (["--n-embd", "100"], "block size"),
-                        (["--type-experts", "q2_K"], "--type-experts"), (["--skew", "-1"], "--skew"),
+                        (["--type-experts", "nvfp4"], "--type-experts"), (["--skew", "-1"], "--skew"),
                         (["--n-expert-used", "99"], "n-expert-used"), (["--bogus", "1"], "--bogus"),
                         (["--n-head", "3"], "n-head")]:
         _, res = mk("bad", *flags, expect=2)

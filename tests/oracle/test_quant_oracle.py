@@ -19,10 +19,16 @@
    astype), bf16, q8_0, q4_0, mxfp4. Our documented deviations are checked
    separately: finite inputs that would give an infinite f16/bf16 or an
    infinite q8_0/q4_0 scale saturate instead.
+   Low-bit: q4_1 q5_0 q5_1 tq1_0 tq2_0 likewise (EXACT_LOWBIT).
 4. Quantization where the package cannot (q4_K, q5_K, q6_K): our blocks,
    dequantized by the PACKAGE, stay within the per-value bounds of
    docs/quant.md (re-derived here in float64). q8_K has no dequantizer in
    the package; tests/test_quant.c covers it.
+5. The searched low-bit quantizers (iq4_nl iq4_xs q2_K q3_K): round trip on
+   N(0, 1) rows through the package's dequantizer must beat plain min/max
+   (max-magnitude) rounding written here in numpy and packed into the same
+   format; zeros give zeros, constant rows come back within 2^-10, inf/NaN and
+   1e30-scale inputs give finite blocks (for every low-bit quantizer).
 
 Exit 77 (skipped) when numpy or gguf is missing.
 """
@@ -397,6 +403,173 @@ def test_quant_exact(data):
         check(bool(np.all(np.isfinite(y))), f"quant {NAMES[qtype]} of 1e30-scale data: finite blocks")
 
 
+# ---------------------------------------------------------------- low-bit quantization
+
+# q4_1 q5_0 q5_1 tq1_0 tq2_0: the package quantizes them; ours must match it bit for bit
+# where ggml's math stays finite: (block size, validity of a block of float64 values).
+def _affine_ok(nmax):
+    def ok(x):
+        r = x.max(axis=1) - x.min(axis=1)
+        return (r / nmax <= 65504) & (np.abs(x.min(axis=1)) <= 65504) & ((r == 0) | (r >= 2.0 ** -100))
+    return ok
+
+
+def _absmax_ok(limit):
+    def ok(x):
+        a = np.abs(x).max(axis=1)
+        return (a <= limit) & ((a == 0) | (a >= 2.0 ** -100))
+    return ok
+
+
+EXACT_LOWBIT = {T.Q4_1: (32, _affine_ok(15)), T.Q5_0: (32, _absmax_ok(16 * 65504.0)),
+                T.Q5_1: (32, _affine_ok(31)), T.TQ1_0: (256, _absmax_ok(65504.0)),
+                T.TQ2_0: (256, _absmax_ok(65504.0))}
+SEARCHED_LOWBIT = (T.IQ4_NL, T.IQ4_XS, T.Q2_K, T.Q3_K)
+
+
+def ternary_ties(n):
+    """Rows whose x / max|x| hit 0, +-0.5 (ties), +-1 and their float neighbours."""
+    v = RNG.choice(np.array([0, 0.5, -0.5, 1, -1, 0.25, 0.75, -0.75], np.float32), n)
+    v = np.where(RNG.random(n) < 0.2, np.nextafter(v, np.float32(2) * RNG.choice([-1, 1], n)), v)
+    v = v.reshape(-1, 256)
+    v[:, 0] = 1.0  # the block's max|x| is exactly 1 times the scale
+    return (v * np.repeat(10.0 ** RNG.uniform(-3, 3, v.shape[0]), 256).reshape(v.shape)).reshape(-1)
+
+
+def test_quant_lowbit_exact(data):
+    data = dict(data)
+    data["ternary ties"] = ternary_ties(256 * 256).astype(np.float32)
+    for qtype, (bs, valid_of) in EXACT_LOWBIT.items():
+        for name, x in data.items():
+            ts = GGML_QUANT_SIZES[qtype][1]
+            ours = tool("quant", qtype, x).reshape(-1, ts)
+            with np.errstate(all="ignore"):
+                ref = quants.quantize(x, qtype).reshape(ours.shape)
+            valid = valid_of(x.astype(np.float64).reshape(-1, bs))
+            bad = np.flatnonzero(valid & ~np.all(ours == ref, axis=1))
+            check(bad.size == 0, f"quant {NAMES[qtype]} == gguf.quants.quantize on {name}: "
+                                 f"{valid.sum()}/{valid.size} blocks compared, {bad.size} differ")
+
+
+def _f16(v):
+    with np.errstate(all="ignore"):
+        return np.asarray(v, np.float32).astype(np.float16)
+
+
+def _div0(a, b):
+    with np.errstate(all="ignore"):
+        return np.where(b != 0, a / np.where(b != 0, b, 1), 0)
+
+
+def _signed_absmax(x):
+    return np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+
+
+def _pack2(q):
+    """256 two-bit codes per block -> 64 bytes (byte 32h + l: values 128h + 32j + l at bits 2j)."""
+    q = q.reshape(-1, 2, 4, 32).astype(np.uint8) << np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    return np.bitwise_or.reduce(q, axis=2).reshape(-1, 64)
+
+
+KV = np.array(quants.IQ4_NL.kvalues, np.float32)
+
+
+def _nearest_kv(t):
+    return np.abs(t[..., None] - KV).argmin(axis=-1).astype(np.uint8)
+
+
+def naive_encode(qtype, x):
+    """Plain min/max (or max-magnitude) rounding in numpy, packed into real blocks: the
+    bound our searched quantizers must beat (both dequantized by the package)."""
+    if qtype == T.Q2_K:
+        s = x.reshape(-1, 16, 16)
+        mn = np.minimum(s.min(axis=2), 0)
+        S, M = (s.max(axis=2) - mn) / 3, -mn
+        d, dm = _f16(S.max(axis=1) / 15), _f16(M.max(axis=1) / 15)
+        sc = np.clip(np.rint(_div0(S, d.astype(np.float32)[:, None])), 0, 15)
+        m = np.clip(np.rint(_div0(M, dm.astype(np.float32)[:, None])), 0, 15)
+        dl = d.astype(np.float32)[:, None] * sc
+        ml = dm.astype(np.float32)[:, None] * m
+        q = np.clip(np.rint(_div0(s + ml[:, :, None], dl[:, :, None])), 0, 3)
+        return np.concatenate([(sc + 16 * m).astype(np.uint8), _pack2(q),
+                               d.view(np.uint8).reshape(-1, 2), dm.view(np.uint8).reshape(-1, 2)], axis=1)
+    if qtype == T.Q3_K:
+        s = x.reshape(-1, 16, 16)
+        S = _signed_absmax(s) / -4
+        d = _f16(_signed_absmax(S) / -32)
+        sc = np.clip(np.rint(_div0(S, d.astype(np.float32)[:, None])), -32, 31)
+        dl = d.astype(np.float32)[:, None] * sc
+        q = (np.clip(np.rint(_div0(s, dl[:, :, None])), -4, 3) + 4).astype(np.uint8).reshape(-1, 256)
+        u = (sc + 32).astype(np.uint8)
+        low = (u[:, :8] & 15) | ((u[:, 8:] & 15) << 4)
+        high = np.bitwise_or.reduce((u.reshape(-1, 4, 4) >> 4) << np.array([0, 2, 4, 6], np.uint8)
+                                    .reshape(1, 4, 1), axis=1)
+        hmask = np.bitwise_or.reduce((q.reshape(-1, 8, 32) >> 2) << np.arange(8, dtype=np.uint8)
+                                     .reshape(1, 8, 1), axis=1)
+        return np.concatenate([hmask, _pack2(q & 3), low, high, d.view(np.uint8).reshape(-1, 2)], axis=1)
+    if qtype == T.IQ4_NL:
+        s = x.reshape(-1, 32)
+        d = _f16(_signed_absmax(s) / -127)
+        c = _nearest_kv(_div0(s, d.astype(np.float32)[:, None]))
+        return np.concatenate([d.view(np.uint8).reshape(-1, 2), c[:, :16] | (c[:, 16:] << 4)], axis=1)
+    if qtype == T.IQ4_XS:
+        s = x.reshape(-1, 8, 32)
+        S = _signed_absmax(s) / -127
+        d = _f16(_signed_absmax(S) / -32)
+        ls = np.clip(np.rint(_div0(S, d.astype(np.float32)[:, None])), -32, 31)
+        dl = d.astype(np.float32)[:, None] * ls
+        c = _nearest_kv(_div0(s, dl[:, :, None]))
+        u = (ls + 32).astype(np.uint16)
+        sh = np.bitwise_or.reduce((u >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1).astype(np.uint16)
+        sl = ((u[:, 0::2] & 15) | ((u[:, 1::2] & 15) << 4)).astype(np.uint8)
+        qs = (c[:, :, :16] | (c[:, :, 16:] << 4)).reshape(-1, 128)
+        return np.concatenate([d.view(np.uint8).reshape(-1, 2), sh.view(np.uint8).reshape(-1, 2), sl, qs],
+                              axis=1)
+    raise ValueError(qtype)
+
+
+def rel_rmse(x, y):
+    x = x.astype(np.float64)
+    return float(np.sqrt(np.mean((x - y.astype(np.float64).reshape(-1)) ** 2) / np.mean(x ** 2)))
+
+
+def test_quant_lowbit_searched():
+    """Round trip through the package's dequantizer on N(0, 1) rows of 4096: our searched
+    scales must beat naive min/max rounding packed into the same format."""
+    x = RNG.standard_normal(4096 * 64).astype(np.float32)
+    for qtype in SEARCHED_LOWBIT:
+        ours = rel_rmse(x, quants.dequantize(tool("quant", qtype, x), qtype))
+        with np.errstate(all="ignore"):
+            naive = rel_rmse(x, quants.dequantize(naive_encode(qtype, x), qtype))
+        check(ours < naive, f"{NAMES[qtype]} on N(0,1): rmse/rms {ours:.5f} below naive "
+                            f"min/max rounding's {naive:.5f}")
+
+
+def test_quant_lowbit_properties():
+    for qtype in list(EXACT_LOWBIT) + list(SEARCHED_LOWBIT):
+        name = NAMES[qtype]
+        n = 256 * 8
+        y = quants.dequantize(tool("quant", qtype, np.zeros(n, np.float32)), qtype)
+        check(bool(np.all(y == 0)), f"quant {name}: zeros dequantize to zeros")
+        # a constant row is one scale times one code: it comes back within the f16
+        # rounding of the scale(s), for constants whose scales are normal halves
+        # (iq4_xs stores c / (32 * 127): c = 1e-3 gives a subnormal half, 2^-24 steps)
+        worst = 0.0
+        for c in (0.7, -3.25, -0.3, 1000.0):
+            y = quants.dequantize(tool("quant", qtype, np.full(n, c, np.float32)), qtype)
+            worst = max(worst, float(np.max(np.abs(y.astype(np.float64) - np.float32(c)) / abs(c))))
+        check(worst <= 2.0 ** -10, f"quant {name}: constant rows come back within 2^-10 "
+                                   f"relative (worst {worst:.2e})")
+        # non-finite and huge inputs give finite blocks (scales saturate, NaN codes clamp)
+        x = (RNG.standard_normal(n) * 1e30).astype(np.float32)
+        x[::97] = np.inf
+        x[5::89] = -np.inf
+        x[7::61] = np.nan
+        with np.errstate(all="ignore"):
+            y = quants.dequantize(tool("quant", qtype, x), qtype)
+        check(bool(np.all(np.isfinite(y))), f"quant {name} of 1e30-scale data with inf/NaN: finite")
+
+
 # ---------------------------------------------------------------- error bounds
 
 def ceil_h(v):
@@ -462,6 +635,9 @@ def main():
     data = datasets()
     test_quant_exact(data)
     test_quant_bounds(data)
+    test_quant_lowbit_exact(data)
+    test_quant_lowbit_searched()
+    test_quant_lowbit_properties()
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -104,17 +104,21 @@ static int bench(int argc, char **argv) {
         first = 1;
     }
     n -= n % 256;
-    static const char *defaults[] = {"q4_K",  "q5_K", "q6_K", "q8_0", "q4_0",
-                                     "mxfp4", "q8_K", "f16",  "bf16"};
+    /* default: every compute type of the table */
+    const char *defaults[TM_TYPE_COUNT];
+    int ndefaults = 0;
+    for (uint32_t t = 0; t < TM_TYPE_COUNT; t++)
+        if (quant_type_is_compute(t) && t != TM_TYPE_F32)
+            defaults[ndefaults++] = quant_type_name(t);
     const char **names = argc > first ? (const char **)argv + first : defaults;
-    int count = argc > first ? argc - first : (int)(sizeof(defaults) / sizeof(defaults[0]));
+    int count = argc > first ? argc - first : ndefaults;
     float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
     void *q = malloc((size_t)n * sizeof(float)); /* larger than any quantized row */
     if (!x || !y || !q) return 1;
     tm_rng rng;
     tm_rng_seed(&rng, 1);
     for (int64_t i = 0; i < n; i++) x[i] = tm_rng_normal(&rng) * 0.02f;
-    printf("%-6s %12s %12s %10s   (%lld values, best of 3, one thread)\n", "type", "quant Mv/s",
+    printf("%-7s %12s %12s %10s   (%lld values, best of 3, one thread)\n", "type", "quant Mv/s",
            "dequant Mv/s", "rmse/std", (long long)n);
     for (int k = 0; k < count; k++) {
         tm_type t;
@@ -134,7 +138,7 @@ static int bench(int argc, char **argv) {
         }
         double se = 0;
         for (int64_t i = 0; i < n; i++) se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
-        printf("%-6s %12.1f %12.1f %10.5f\n", quant_type_name(t), (double)n / best_q * 1e-6,
+        printf("%-7s %12.1f %12.1f %10.5f\n", quant_type_name(t), (double)n / best_q * 1e-6,
                (double)n / best_d * 1e-6, sqrt(se / (double)n) / 0.02);
     }
     free(x);
