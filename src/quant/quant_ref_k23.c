@@ -40,12 +40,12 @@ void quant_ref_dequantize_q2_k(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n / TM_QK_K; i++) {
         const float d = quant_f16_to_f32(b[i].d), dmin = quant_f16_to_f32(b[i].dmin);
         float *y = dst + i * TM_QK_K;
-        for (int v = 0; v < TM_QK_K; v++) {
-            const int s = v / 16, h = v / 128, j = (v / 32) % 4, l = v % 32;
+        for (int s = 0; s < 16; s++) { /* sub-block s: values 16s .. 16s+15 */
             const float dl = d * (float)(b[i].scales[s] & 0x0f);
             const float ml = dmin * (float)(b[i].scales[s] >> 4);
-            const int q = (b[i].qs[32 * h + l] >> (2 * j)) & 3;
-            y[v] = dl * (float)q - ml;
+            const uint8_t *q = b[i].qs + 32 * (s / 8) + 16 * (s % 2);
+            const int shift = 2 * ((s / 2) % 4);
+            for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)((q[l] >> shift) & 3) - ml;
         }
     }
 }
@@ -64,12 +64,15 @@ void quant_ref_dequantize_q3_k(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n / TM_QK_K; i++) {
         const float d = quant_f16_to_f32(b[i].d);
         float *y = dst + i * TM_QK_K;
-        for (int v = 0; v < TM_QK_K; v++) {
-            const int s = v / 16, h = v / 128, j = (v / 32) % 4, l = v % 32;
+        for (int s = 0; s < 16; s++) {
             const float dl = d * (float)q3_k_scale(b[i].scales, s);
-            const int lo = (b[i].qs[32 * h + l] >> (2 * j)) & 3;
-            const int hbit = (b[i].hmask[l] >> (v / 32)) & 1;
-            y[v] = dl * (float)(lo - (hbit ? 0 : 4));
+            const uint8_t *q = b[i].qs + 32 * (s / 8) + 16 * (s % 2);
+            const uint8_t *hm = b[i].hmask + 16 * (s % 2);
+            const int shift = 2 * ((s / 2) % 4), hbit = s / 2; /* bit (v / 32) of hmask[v % 32] */
+            for (int l = 0; l < 16; l++) {
+                const int lo = (q[l] >> shift) & 3;
+                y[16 * s + l] = dl * (float)(lo - ((hm[l] >> hbit) & 1 ? 0 : 4));
+            }
         }
     }
 }
