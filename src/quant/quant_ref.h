@@ -51,6 +51,15 @@ TM_QUANT_REF_DECLARE(tq2_0)
 #undef TM_QUANT_REF_DECLARE
 #undef TM_QUANT_REF_DECLARE_DEQUANT
 
+/* Quantizers of the grid i-quants (quant_iq_quantize.c): no importance matrix. */
+void quant_ref_quantize_iq2_xxs(const float *src, void *dst, int64_t n);
+void quant_ref_quantize_iq2_xs(const float *src, void *dst, int64_t n);
+void quant_ref_quantize_iq2_s(const float *src, void *dst, int64_t n);
+void quant_ref_quantize_iq3_xxs(const float *src, void *dst, int64_t n);
+void quant_ref_quantize_iq3_s(const float *src, void *dst, int64_t n);
+void quant_ref_quantize_iq1_s(const float *src, void *dst, int64_t n);
+void quant_ref_quantize_iq1_m(const float *src, void *dst, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif
