@@ -4,10 +4,11 @@
  * Products are y = W·x where W is a row-major quantized matrix (rows of `k`
  * values of type wtype, `w_row_bytes` apart; ne[0] of the GGUF tensor is k)
  * and x is a batch of activation rows. Activations are first quantized per
- * row into the weight type's partner type (cpu_act_type: q8_K for K-quants,
- * q8_0 for q8_0/q4_0/mxfp4, f32 for float weights) so the inner loops are
- * integer dot products. Kernels know nothing of models; the caller splits
- * work over threads (rows for decode, token x row tiles for prompts). */
+ * row into the weight type's partner type (cpu_act_type: q8_K for K-quants
+ * and the grid i-quants, q8_0 for q8_0/q4_0/mxfp4, f32 for float weights) so
+ * the inner loops are integer dot products. Kernels know nothing of models;
+ * the caller splits work over threads (rows for decode, token x row tiles for
+ * prompts). */
 #ifndef TM_CPU_CPU_H
 #define TM_CPU_CPU_H
 

@@ -1,7 +1,8 @@
 /* Activation quantization for the integer dot products.
  *
- * q8_K (partner of q4_K/q5_K/q6_K): per 256 values d = amax/127 (f32),
- *   q = round_half_even(x * (127/amax)), bsums[j] = sum of q[16j..16j+15].
+ * q8_K (partner of q4_K/q5_K/q6_K and the grid i-quants iq2_xxs ... iq1_m):
+ *   per 256 values d = amax/127 (f32), q = round_half_even(x * (127/amax)),
+ *   bsums[j] = sum of q[16j..16j+15].
  * q8_0 (partner of q8_0/q4_0/mxfp4): per 32 values d = amax/127, stored as
  *   f16; q = round_half_even(x * (1/d)) with d before f16 rounding.
  * f32 (partner of f32/f16/bf16): a copy.
@@ -186,6 +187,13 @@ tm_type cpu_act_type(tm_type wtype) {
     case TM_TYPE_Q4_K:
     case TM_TYPE_Q5_K:
     case TM_TYPE_Q6_K:
+    case TM_TYPE_IQ2_XXS:
+    case TM_TYPE_IQ2_XS:
+    case TM_TYPE_IQ2_S:
+    case TM_TYPE_IQ3_XXS:
+    case TM_TYPE_IQ3_S:
+    case TM_TYPE_IQ1_S:
+    case TM_TYPE_IQ1_M:
         return TM_TYPE_Q8_K;
     case TM_TYPE_Q8_0:
     case TM_TYPE_Q4_0:

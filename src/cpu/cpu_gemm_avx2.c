@@ -375,7 +375,7 @@ cpu_gemm_fn cpu_gemm_avx2_get(tm_type wtype) {
     case TM_TYPE_BF16:
         return bf16_gemm;
     default:
-        return NULL;
+        return cpu_gemm_iq_avx2_get(wtype);
     }
 }
 #else

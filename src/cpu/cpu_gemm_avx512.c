@@ -738,7 +738,7 @@ cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
     case TM_TYPE_MXFP4:
         return mxfp4_auto;
     default:
-        return NULL;
+        return cpu_gemm_iq_avx512_get(wtype);
     }
 }
 #else

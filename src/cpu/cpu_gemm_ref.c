@@ -196,6 +196,6 @@ cpu_gemm_fn cpu_gemm_ref_get(tm_type wtype) {
     case TM_TYPE_BF16:
         return gemm_ref_bf16;
     default:
-        return NULL;
+        return cpu_gemm_ref_iq_get(wtype);
     }
 }

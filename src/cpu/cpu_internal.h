@@ -21,6 +21,10 @@ cpu_gemm_fn cpu_gemm_ref_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_avx2_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype);
+/* The grid i-quants (iq2_xxs ... iq1_m), reached from the getters above. */
+cpu_gemm_fn cpu_gemm_ref_iq_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_iq_avx2_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_iq_avx512_get(tm_type wtype);
 /* The AMX-BF16 kernel for q4_K/q5_K (NULL for other types, without AMX-BF16
  * and AVX512-BF16, or with TIERMOE_AMX_BF16=0); cpu_gemm_amx_get prefers it. */
 cpu_gemm_fn cpu_gemm_amx_bf16_get(tm_type wtype);
