@@ -87,6 +87,14 @@ void quant_ref_dequantize_q3_k(const void *src, float *dst, int64_t n) {
 #define K_STEPS_Q2 6
 #define K_STEPS_Q3 4
 
+/* sum x[j] q[j] over a sub-block, in 8 lanes (a vector's worth, no serial chain). */
+static inline float k_dot16(const float *x, const int *q) {
+    float acc[8] = {0};
+    for (int j = 0; j < K_SUB; j += 8)
+        for (int l = 0; l < 8; l++) acc[l] += x[j + l] * (float)q[j + l];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 /* Affine fit x ~ S q - M with codes 0..nmax, M >= 0 (the format subtracts a
  * non-negative min). For each candidate the codes are the nearest under that
  * candidate; S and M are then refitted by least squares on those codes (M
@@ -102,34 +110,35 @@ static float k_fit_affine(const float *x, int nmax, float *out_s, float *out_m) 
     float best = 0.0f;
     for (int j = 0; j < K_SUB; j++) best += (x[j] - mn) * (x[j] - mn);
     if (!(mx > mn) || !isfinite(mx - mn)) return best;
+    float sx = 0.0f, sxx = 0.0f;
+    for (int j = 0; j < K_SUB; j++) {
+        sx += x[j];
+        sxx += x[j] * x[j];
+    }
     for (int k = -K_STEPS_Q2; k <= K_STEPS_Q2; k++) {
         const float is = ((float)nmax + 0.1f * (float)k) / (mx - mn);
-        float sl = 0, sll = 0, sx = 0, sxl = 0;
-        uint8_t q[K_SUB];
+        int q[K_SUB], sl = 0, sll = 0;
         for (int j = 0; j < K_SUB; j++) {
-            q[j] = (uint8_t)quant_nearest_int(quant_clampf((x[j] - mn) * is, 0.0f, (float)nmax));
+            q[j] = quant_nearest_int(quant_clampf((x[j] - mn) * is, 0.0f, (float)nmax));
             sl += q[j];
-            sll += (float)(q[j] * q[j]);
-            sx += x[j];
-            sxl += x[j] * q[j];
+            sll += q[j] * q[j];
         }
-        if (!(sll > 0.0f)) continue; /* all codes 0: the min/max start covers it */
-        const float det = K_SUB * sll - sl * sl;
+        const float sxl = k_dot16(x, q);
+        if (sll == 0) continue; /* all codes 0: the min/max start covers it */
+        const float det = (float)(K_SUB * sll - sl * sl);
         float S = 0.0f, b = 1.0f;
         if (det > 0.0f) {
-            S = (K_SUB * sxl - sl * sx) / det;
-            b = (sll * sx - sl * sxl) / det;
+            S = (K_SUB * sxl - (float)sl * sx) / det;
+            b = ((float)sll * sx - (float)sl * sxl) / det;
         }
         if (b > 0.0f) { /* a min above zero is not representable (or all codes are equal):
                          * fit the scale alone */
             b = 0.0f;
-            S = sxl / sll;
+            S = sxl / (float)sll;
         }
-        float e = 0.0f;
-        for (int j = 0; j < K_SUB; j++) {
-            const float r = S * q[j] + b - x[j];
-            e += r * r;
-        }
+        /* sum (S q + b - x)^2, expanded */
+        const float e = sxx - 2 * S * sxl - 2 * b * sx + S * S * (float)sll +
+                        2 * S * b * (float)sl + K_SUB * b * b;
         if (e < best && S > 0.0f) {
             best = e;
             *out_s = S;
@@ -151,12 +160,12 @@ static float k_fit_q3(const float *x) {
         const float base = end ? max / 3.0f : max / -4.0f;
         for (int k = -K_STEPS_Q3; k <= K_STEPS_Q3; k++) {
             const float is = 1.0f / (base * (1.0f + (float)k / 16.0f));
-            float sxq = 0.0f, sqq = 0.0f;
+            int q[K_SUB], iqq = 0;
             for (int j = 0; j < K_SUB; j++) {
-                const int q = quant_nearest_int(quant_clampf(x[j] * is, -4.0f, 3.0f));
-                sxq += x[j] * (float)q;
-                sqq += (float)(q * q);
+                q[j] = quant_nearest_int(quant_clampf(x[j] * is, -4.0f, 3.0f));
+                iqq += q[j] * q[j];
             }
+            const float sxq = k_dot16(x, q), sqq = (float)iqq;
             if (sqq > 0.0f && sxq * sxq / sqq > best) { /* error = sum x^2 - sxq^2 / sqq */
                 best = sxq * sxq / sqq;
                 best_s = sxq / sqq;
