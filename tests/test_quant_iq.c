@@ -10,6 +10,7 @@
  *
  * tests/oracle/test_iq_quantize_oracle.py checks the blocks themselves
  * through the gguf package's dequantizers. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,7 +116,16 @@ static void test_search_vs_brute_force(void **state) {
             const int modes[3] = {IQ_WANT_PLAIN, IQ_WANT_FLIP, IQ_WANT_BOTH};
             for (int m = 0; m < (gc->id == IQ_GRID_1S ? 1 : 3); m++) {
                 iq_search_result r;
-                quant_iq_grid_search(g, c, m ? f : NULL, modes[m], &r);
+                quant_iq_grid_search(g, c, m ? f : NULL, modes[m], FLT_MAX, &r);
+                if (m == 0) { /* a bound at the least cost finds nothing; just above, the same */
+                    iq_search_result rb;
+                    const float lo = (float)want[0] * 0.9999f,
+                                hi = (float)want[0] * 1.0001f + 1e-6f;
+                    quant_iq_grid_search(g, c, NULL, IQ_WANT_PLAIN, lo, &rb);
+                    assert_true(rb.cost[0] == lo && rb.index[0] == 0);
+                    quant_iq_grid_search(g, c, NULL, IQ_WANT_PLAIN, hi, &rb);
+                    assert_true(rb.cost[0] < hi && rb.index[0] == r.index[0]);
+                }
                 for (int w = 0; w < 2; w++) {
                     if (!(modes[m] & (1 << w))) continue;
                     const double got = point_cost(gc, cd, fd, r.index[w], w);

@@ -48,9 +48,10 @@ float quant_iq_step(iq_kind_id kind, float d, int sc) {
 /* ---- one group of 8 values at a given step ---- */
 
 /* Signed grids: magnitudes from the grid, signs from x (one flipped where parity
- * needs it, where that costs least). Returns the squared error. */
+ * needs it, where that costs least). Returns the squared error, or INFINITY when
+ * it cannot be below `bound` (then u is not valid). */
 static float unit_fit_signed(const iq_kind *k, const iq_grid *g, const float *x, float s,
-                             iq_unit *u) {
+                             float bound, iq_unit *u) {
     const int L = g->levels;
     float a[8], c[8 * IQ_MAX_LEVELS], f[8 * IQ_MAX_LEVELS];
     unsigned neg = 0;
@@ -69,7 +70,8 @@ static float unit_fit_signed(const iq_kind *k, const iq_grid *g, const float *x,
     int flip_part = -1;
     if (g->dims == 8) {
         iq_search_result r;
-        quant_iq_grid_search(g, c, odd ? f : NULL, odd ? IQ_WANT_FLIP : IQ_WANT_PLAIN, &r);
+        quant_iq_grid_search(g, c, odd ? f : NULL, odd ? IQ_WANT_FLIP : IQ_WANT_PLAIN, bound, &r);
+        if (!(r.cost[odd] < bound)) return INFINITY;
         u->idx[0] = (uint16_t)r.index[odd];
         cost = r.cost[odd];
         u->idx[1] = 0;
@@ -79,7 +81,8 @@ static float unit_fit_signed(const iq_kind *k, const iq_grid *g, const float *x,
         int ie[2], io[2] = {0, 0};
         for (int p = 0; p < 2; p++) {
             iq_search_result r;
-            quant_iq_grid_search(g, c + 4 * p * L, odd ? f + 4 * p * L : NULL, IQ_WANT_BOTH, &r);
+            quant_iq_grid_search(g, c + 4 * p * L, odd ? f + 4 * p * L : NULL, IQ_WANT_BOTH,
+                                 FLT_MAX, &r);
             ie[p] = r.index[0];
             ce[p] = r.cost[0];
             io[p] = r.index[1];
@@ -112,8 +115,10 @@ static float unit_fit_signed(const iq_kind *k, const iq_grid *g, const float *x,
     return cost;
 }
 
-/* iq1: values step * (grid + delta); returns the squared error. */
-static float unit_fit_ternary(const iq_grid *g, const float *x, float s, float delta, iq_unit *u) {
+/* iq1: values step * (grid + delta); returns the squared error, or INFINITY when it
+ * cannot be below `bound`. */
+static float unit_fit_ternary(const iq_grid *g, const float *x, float s, float delta, float bound,
+                              iq_unit *u) {
     float c[8 * 3];
     for (int i = 0; i < 8; i++)
         for (int l = 0; l < 3; l++) {
@@ -121,40 +126,47 @@ static float unit_fit_ternary(const iq_grid *g, const float *x, float s, float d
             c[i * 3 + l] = e * e;
         }
     iq_search_result r;
-    quant_iq_grid_search(g, c, NULL, IQ_WANT_PLAIN, &r);
+    quant_iq_grid_search(g, c, NULL, IQ_WANT_PLAIN, bound, &r);
     u->idx[0] = (uint16_t)r.index[0];
     u->idx[1] = 0;
     u->signs = 0;
     u->neg_delta = delta < 0;
-    return r.cost[0];
+    return r.cost[0] < bound ? r.cost[0] : INFINITY;
 }
 
 /* ---- a sub-block at a given step ---- */
 
-static float sub_fit_at(const iq_kind *k, const iq_grid *g, const float *x, float s, iq_unit *u) {
+/* The squared error of a sub-block at step s, or INFINITY when it cannot be below
+ * `bound` (then u is not valid): each group gets what is left of the bound, which
+ * cuts most of its search when an alternative is already known. */
+static float sub_fit_at(const iq_kind *k, const iq_grid *g, const float *x, float s, float bound,
+                        iq_unit *u) {
     const int nu = k->sub / 8;
     float err = 0;
     if (!k->ternary) {
-        for (int j = 0; j < nu; j++) err += unit_fit_signed(k, g, x + 8 * j, s, &u[j]);
+        for (int j = 0; j < nu && err < bound; j++)
+            err += unit_fit_signed(k, g, x + 8 * j, s, bound - err, &u[j]);
     } else if (k->unit_delta) {
-        for (int j = 0; j < nu; j++) {
+        for (int j = 0; j < nu && err < bound; j++) {
             iq_unit alt;
-            float ep = unit_fit_ternary(g, x + 8 * j, s, TM_IQ1_DELTA, &u[j]);
-            float em = unit_fit_ternary(g, x + 8 * j, s, -TM_IQ1_DELTA, &alt);
+            const float ep = unit_fit_ternary(g, x + 8 * j, s, TM_IQ1_DELTA, bound - err, &u[j]);
+            const float em =
+                unit_fit_ternary(g, x + 8 * j, s, -TM_IQ1_DELTA, fminf(ep, bound - err), &alt);
             if (em < ep) u[j] = alt;
             err += em < ep ? em : ep;
         }
-    } else {
+    } else { /* one delta for the sub-block: the second must beat the first in total */
         iq_unit alt[4];
         float ep = 0, em = 0;
-        for (int j = 0; j < nu; j++) {
-            ep += unit_fit_ternary(g, x + 8 * j, s, TM_IQ1_DELTA, &u[j]);
-            em += unit_fit_ternary(g, x + 8 * j, s, -TM_IQ1_DELTA, &alt[j]);
-        }
+        for (int j = 0; j < nu && ep < bound; j++)
+            ep += unit_fit_ternary(g, x + 8 * j, s, TM_IQ1_DELTA, bound - ep, &u[j]);
+        const float bm = fminf(ep, bound);
+        for (int j = 0; j < nu && em < bm; j++)
+            em += unit_fit_ternary(g, x + 8 * j, s, -TM_IQ1_DELTA, bm - em, &alt[j]);
         if (em < ep) memcpy(u, alt, (size_t)nu * sizeof(*u));
         err = em < ep ? em : ep;
     }
-    return err;
+    return err < bound ? err : INFINITY;
 }
 
 /* Least-squares step for the chosen points: num / den with num = sum x v, den = sum v^2
@@ -189,11 +201,11 @@ static void sub_fit_free(const iq_kind *k, const iq_grid *g, const float *x, flo
     iq_unit u[4];
     for (int r = 0; r < k->nratio; r++) {
         float s = amax / (k->top * k->ratio[r]), num, den;
-        float err = sub_fit_at(k, g, x, s, u);
+        float err = sub_fit_at(k, g, x, s, FLT_MAX, u);
         sub_dot(k, g, x, u, &num, &den);
         const float w = den;
         for (int it = 0; it < k->refine && num > 0 && den > 0; it++) {
-            const float s2 = num / den, err2 = sub_fit_at(k, g, x, s2, u);
+            const float s2 = num / den, err2 = sub_fit_at(k, g, x, s2, err, u);
             if (!(err2 < err)) break; /* a fixed point: the least-squares step of its own points */
             err = err2;
             s = s2;
@@ -253,9 +265,10 @@ void quant_iq_fit_block(iq_kind_id kind, const float *x_in, iq_block_fit *out) {
     for (int j = 0; j < nsub; j++) {
         const int lo = sc_floor(k, s[j] / d), hi = lo < k->sc_max ? lo + 1 : lo;
         iq_unit *u = &out->u[j * k->sub / 8], alt[4];
-        float err = sub_fit_at(k, g, x + j * k->sub, quant_iq_step(kind, d, lo), u);
+        float err = sub_fit_at(k, g, x + j * k->sub, quant_iq_step(kind, d, lo), FLT_MAX, u);
         out->sc[j] = (uint8_t)lo;
-        if (hi != lo && sub_fit_at(k, g, x + j * k->sub, quant_iq_step(kind, d, hi), alt) < err) {
+        if (hi != lo &&
+            sub_fit_at(k, g, x + j * k->sub, quant_iq_step(kind, d, hi), err, alt) < err) {
             memcpy(u, alt, (size_t)(k->sub / 8) * sizeof(*u));
             out->sc[j] = (uint8_t)hi;
         }

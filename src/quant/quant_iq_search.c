@@ -108,21 +108,43 @@ static inline float search_bar(const search_state *st) {
 
 static void search_leaf(search_state *st, int combo, float partial, float fmin) {
     const iq_grid *g = st->g;
-    for (int k = g->start[combo]; k < g->start[combo + 1]; k++) {
-        const int a = g->ha[k], b = g->hb[k];
-        const float v = partial + st->pa[a] + st->pb[b];
-        if ((st->want & IQ_WANT_PLAIN) && v < st->best[0]) {
-            st->best[0] = v;
-            st->best_k[0] = k;
-        }
-        if (st->want & IQ_WANT_FLIP) {
-            const float w = v + minf(fmin, minf(st->fa[a], st->fb[b]));
-            if (w < st->best[1]) {
-                st->best[1] = w;
-                st->best_k[1] = k;
+    const float *pa = st->pa, *pb = st->pb;
+    const int k0 = g->start[combo], k1 = g->start[combo + 1];
+    float best = st->best[0];
+    int best_k = st->best_k[0];
+    if (st->want == IQ_WANT_PLAIN) { /* the common case, kept in registers */
+        for (int k = k0; k < k1; k++) {
+            const float v = partial + pa[g->ha[k]] + pb[g->hb[k]];
+            if (v < best) {
+                best = v;
+                best_k = k;
             }
         }
+        st->best[0] = best;
+        st->best_k[0] = best_k;
+        return;
     }
+    const float *fa = st->fa, *fb = st->fb;
+    float best_f = st->best[1];
+    int best_fk = st->best_k[1];
+    for (int k = k0; k < k1; k++) {
+        const int a = g->ha[k], b = g->hb[k];
+        const float v = partial + pa[a] + pb[b], w = v + minf(fmin, minf(fa[a], fb[b]));
+        if (v < best) {
+            best = v;
+            best_k = k;
+        }
+        if (w < best_f) {
+            best_f = w;
+            best_fk = k;
+        }
+    }
+    if (st->want & IQ_WANT_PLAIN) {
+        st->best[0] = best;
+        st->best_k[0] = best_k;
+    }
+    st->best[1] = best_f;
+    st->best_k[1] = best_fk;
 }
 
 static void search_node(search_state *st, int depth, int combo, int mul, float partial, float fmin);
@@ -152,7 +174,7 @@ static void search_node(search_state *st, int depth, int combo, int mul, float p
         if (!search_child(st, depth, combo, mul, partial, fmin, l)) break;
 }
 
-void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int want,
+void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int want, float bound,
                           iq_search_result *r) {
     search_state st;
     const int L = g->levels, half = g->dims / 2;
@@ -164,7 +186,7 @@ void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int 
     st.L = L;
     st.half = half;
     st.want = f ? want : IQ_WANT_PLAIN;
-    st.best[0] = st.best[1] = FLT_MAX;
+    st.best[0] = st.best[1] = bound;
     st.best_k[0] = st.best_k[1] = -1;
     st.flip_lb = 0;
     float minc[IQ_MAX_DIMS];
@@ -204,7 +226,7 @@ void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int 
         st.fb = f ? f + 3 * L : NULL;
     }
     search_node(&st, 0, 0, 1, 0.0f, FLT_MAX);
-    for (int w = 0; w < 2; w++) { /* -1 only with non-finite costs, which callers rule out */
+    for (int w = 0; w < 2; w++) { /* none below the bound: index 0 at cost `bound` */
         r->cost[w] = st.best[w];
         r->index[w] = st.best_k[w] < 0 ? 0 : g->index[st.best_k[w]];
     }

@@ -56,8 +56,10 @@ typedef struct iq_search_result {
 } iq_search_result;
 
 /* Least-cost grid points for per-coordinate costs c[i * levels + l]; f (same layout,
- * NULL when no flip is wanted) prices each value stored with the wrong sign. */
-void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int want,
+ * NULL when no flip is wanted) prices each value stored with the wrong sign. Only
+ * points cheaper than `bound` count (FLT_MAX: any); where none is, the result is
+ * index 0 at cost `bound`. */
+void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int want, float bound,
                           iq_search_result *r);
 
 #endif
