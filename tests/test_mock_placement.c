@@ -13,8 +13,9 @@
  *     classes);
  *   - the matrix on the tiny model in mkmodel's dynamic mix (matrix_dynamic:
  *     iq1_m / iq2_xxs experts, the first layer q4_K, q8_0 attention, q6_K
- *     embeddings and output); skipped (77) while a type of it has no quantizer,
- *     CPU kernel or CUDA kernel (the mock runs the launchers' argument checks);
+ *     embeddings and output); skipped (77) while a type of it has no quantizer
+ *     or CPU kernel, the CPU-only case alone while one has no CUDA kernel (the
+ *     mock runs the launchers' argument checks);
  *   - bad input: a --moe-cache above the free VRAM (needed and free named), an
  *     explicit -ngl without a GPU (an error), --cpu-moe without one (CPU only),
  *     -ot errors naming the flag;
@@ -103,7 +104,8 @@ static void gptoss_path(char *path, size_t len) {
 /* ---- mixed types ---- */
 
 static char mixed_path[512], dynamic_path[512];
-static char dynamic_skip[512]; /* why the dynamic mix cannot run yet ("" : it can) */
+static char dynamic_skip[512];     /* why the dynamic mix cannot run yet ("" : it can) */
+static char dynamic_cpu_only[512]; /* why it runs on the CPU only ("": every placement) */
 
 /* Layer 0: gate q4_K, up q5_K, down q6_K, attention q6_K; layer 1: gate q8_0,
  * up mxfp4, down q4_0, q and k q4_0 (v and output q8_0: not stackable with
@@ -192,12 +194,13 @@ static int setup_dynamic(void **state) {
         return 0;
     }
     if (st != TM_OK) fail_msg("load: %s", tm_error_message());
-    for (uint64_t i = 0; i < m->file->n_tensors && !dynamic_skip[0]; i++) {
+    for (uint64_t i = 0; i < m->file->n_tensors && !dynamic_cpu_only[0]; i++) {
         const tm_gguf_tensor *t = &m->file->tensors[i];
         size_t esz;
         if (t->n_dims >= 2 && !cuda_weight_block((tm_type)t->type, &esz))
-            snprintf(dynamic_skip, sizeof(dynamic_skip), "%.*s: type %s has no CUDA kernel yet",
-                     (int)t->name.len, t->name.data, quant_type_name(t->type));
+            snprintf(dynamic_cpu_only, sizeof(dynamic_cpu_only),
+                     "%.*s: type %s has no CUDA kernel yet", (int)t->name.len, t->name.data,
+                     quant_type_name(t->type));
     }
     model_free(m);
     return 0;
@@ -215,7 +218,14 @@ static void test_matrix_dynamic(void **state) {
         printf("  the dynamic mix cannot run yet: %s\n", dynamic_skip);
         skip();
     }
+    /* the CPU's kernels before the GPU's: the CPU-only case against the reference meanwhile */
+    const bool narrow = dynamic_cpu_only[0] && !getenv("TM_PM_ONLY");
+    if (narrow) {
+        printf("  the dynamic mix on the CPU only: %s\n", dynamic_cpu_only);
+        setenv("TM_PM_ONLY", "CPU only", 1);
+    }
     placement_matrix_run(dynamic_path, &mock_tol);
+    if (narrow) unsetenv("TM_PM_ONLY");
 }
 
 static void test_matrix_gptoss(void **state) {
