@@ -606,6 +606,57 @@ static void test_roundtrip_bounds(void **state) {
 }
 
 /* q8_K: bsums are the sums the K-quant dot products rely on; d * qs is the value. */
+/* The low-bit quantizers through our dequantizers: every distribution gives
+ * finite values, zeros give zeros, and N(0, 1) rows stay under a relative RMSE
+ * ceiling (scripts/quant_rmse.py's table, about 2% above it; the gguf-based
+ * oracle test holds the bit-exact and "beats naive rounding" checks). */
+static void test_lowbit_roundtrip(void **state) {
+    (void)state;
+    static const struct {
+        tm_type t;
+        double rmse; /* ceiling of rmse / rms on N(0, 1) */
+    } want[] = {
+        {TM_TYPE_Q4_1, 0.080},   {TM_TYPE_Q5_0, 0.044},   {TM_TYPE_Q5_1, 0.039},
+        {TM_TYPE_IQ4_NL, 0.075}, {TM_TYPE_IQ4_XS, 0.076}, {TM_TYPE_Q2_K, 0.276},
+        {TM_TYPE_Q3_K, 0.147},   {TM_TYPE_TQ1_0, 0.83},   {TM_TYPE_TQ2_0, 0.83},
+    };
+    const int64_t n = 256 * 64;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    void *q = malloc(n * sizeof(float));
+    assert_true(x && y && q);
+    tm_rng r;
+    tm_rng_seed(&r, 77);
+    for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
+        const tm_type t = want[k].t;
+        assert_true(quant_type_is_compute(t));
+        for (int dist = 0; dist < DIST_COUNT; dist++) {
+            fill(dist, x, n, &r);
+            assert_int_equal(quant_row_quantize(t, x, q, n), TM_OK);
+            assert_int_equal(quant_row_dequantize(t, q, y, n), TM_OK);
+            for (int64_t i = 0; i < n; i++) {
+                if (!isfinite(y[i]) || (dist == DIST_ZEROS && y[i] != 0.0f))
+                    fail_msg("%s %s: value %lld is %g", quant_type_name(t), dist_names[dist],
+                             (long long)i, (double)y[i]);
+            }
+        }
+        double se = 0, ss = 0;
+        for (int64_t i = 0; i < n; i++) x[i] = tm_rng_normal(&r);
+        assert_int_equal(quant_row_quantize(t, x, q, n), TM_OK);
+        assert_int_equal(quant_row_dequantize(t, q, y, n), TM_OK);
+        for (int64_t i = 0; i < n; i++) {
+            se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            ss += (double)x[i] * x[i];
+        }
+        const double rel = sqrt(se / ss);
+        if (!(rel < want[k].rmse))
+            fail_msg("%s: rmse/rms %.5f on N(0,1), ceiling %.3f", quant_type_name(t), rel,
+                     want[k].rmse);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
 static void test_q8_k_bsums(void **state) {
     (void)state;
     const int nb = 64;
@@ -664,6 +715,7 @@ int main(void) {
         cmocka_unit_test(test_q8_k_bsums),
         cmocka_unit_test(test_nonfinite_input),
         cmocka_unit_test(test_lowbit_known_blocks),
+        cmocka_unit_test(test_lowbit_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
