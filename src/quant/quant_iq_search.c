@@ -2,6 +2,7 @@
 #include "quant/quant_iq_search.h"
 
 #include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -88,121 +89,134 @@ static inline float minf(float a, float b) {
     return a < b ? a : b;
 }
 
-typedef struct search_state {
+/* What one search works with: the group's costs and the tables built from them. */
+typedef struct search_tables {
     const iq_grid *g;
-    const float *c, *f;
-    int L, half, want;
+    const float *c, *f;              /* per-coordinate costs and flip extras (or NULL) */
+    const float *pa, *pb, *fa, *fb;  /* second-half pair tables */
     float rest[IQ_MAX_DIMS / 2 + 1]; /* least cost of coordinates depth.. and the second half */
     float flip_lb;                   /* least flip anywhere (0 without flips) */
-    int near[IQ_MAX_DIMS / 2];       /* cheapest level of each first-half coordinate */
-    const float *pa, *pb, *fa, *fb;  /* second-half pair tables */
-    float best[2];                   /* no flip, one flip */
-    int best_k[2];
-} search_state;
+    uint8_t ord[IQ_MAX_DIMS / 2][IQ_MAX_LEVELS]; /* first-half levels, cheapest first */
+} search_tables;
 
-/* A node's children are cut once its cost reaches this. */
-static inline float search_bar(const search_state *st) {
-    const float e = st->best[0], o = st->best[1] - st->flip_lb;
-    return st->want == IQ_WANT_PLAIN ? e : st->want == IQ_WANT_FLIP ? o : (e > o ? e : o);
+#define IQ_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* A node is cut once its least possible cost reaches this (want is a constant at each
+ * call site, so this folds to one comparison). */
+static IQ_ALWAYS_INLINE float search_bar(int want, const float *best, float flip_lb) {
+    const float o = best[1] - flip_lb;
+    return want == IQ_WANT_PLAIN ? best[0] : want == IQ_WANT_FLIP ? o : fmaxf(best[0], o);
 }
 
-static void search_leaf(search_state *st, int combo, float partial, float fmin) {
-    const iq_grid *g = st->g;
-    const float *pa = st->pa, *pb = st->pb;
-    const int k0 = g->start[combo], k1 = g->start[combo + 1];
-    float best = st->best[0];
-    int best_k = st->best_k[0];
-    if (st->want == IQ_WANT_PLAIN) { /* the common case, kept in registers */
-        for (int k = k0; k < k1; k++) {
-            const float v = partial + pa[g->ha[k]] + pb[g->hb[k]];
-            if (v < best) {
-                best = v;
-                best_k = k;
+/* The grid points whose first half is `combo`, at first-half cost `partial` (fmin: the
+ * least flip among those coordinates). */
+static IQ_ALWAYS_INLINE void search_leaf(const search_tables *t, int want, int combo, float partial,
+                                         float fmin, float *best, int *best_k) {
+    const iq_grid *g = t->g;
+    const int k1 = g->start[combo + 1];
+    for (int k = g->start[combo]; k < k1; k++) {
+        const int a = g->ha[k], b = g->hb[k];
+        const float v = partial + t->pa[a] + t->pb[b];
+        if ((want & IQ_WANT_PLAIN) && v < best[0]) {
+            best[0] = v;
+            best_k[0] = k;
+        }
+        if (want & IQ_WANT_FLIP) {
+            const float w = v + minf(fmin, minf(t->fa[a], t->fb[b]));
+            if (w < best[1]) {
+                best[1] = w;
+                best_k[1] = k;
             }
         }
-        st->best[0] = best;
-        st->best_k[0] = best_k;
-        return;
     }
-    const float *fa = st->fa, *fb = st->fb;
-    float best_f = st->best[1];
-    int best_fk = st->best_k[1];
-    for (int k = k0; k < k1; k++) {
-        const int a = g->ha[k], b = g->hb[k];
-        const float v = partial + pa[a] + pb[b], w = v + minf(fmin, minf(fa[a], fb[b]));
-        if (v < best) {
-            best = v;
-            best_k = k;
-        }
-        if (w < best_f) {
-            best_f = w;
-            best_fk = k;
-        }
-    }
-    if (st->want & IQ_WANT_PLAIN) {
-        st->best[0] = best;
-        st->best_k[0] = best_k;
-    }
-    st->best[1] = best_f;
-    st->best_k[1] = best_fk;
 }
 
-static void search_node(search_state *st, int depth, int combo, int mul, float partial, float fmin);
-
-/* Level l of coordinate `depth`; 0 when it is cut (and so is every level further out). */
-static inline int search_child(search_state *st, int depth, int combo, int mul, float partial,
-                               float fmin, int l) {
-    const float v = partial + st->c[depth * st->L + l];
-    if (!(v + st->rest[depth + 1] < search_bar(st))) return 0;
-    search_node(st, depth + 1, combo + l * mul, mul * st->L, v,
-                st->f ? minf(fmin, st->f[depth * st->L + l]) : 0.0f);
-    return 1;
+/* Branch and bound over the first half's levels, cheapest first: once a level is cut,
+ * every later one is too. 8-value grids: 4 coordinates of 3 levels. */
+static IQ_ALWAYS_INLINE void search_dfs8(const search_tables *t, int want, float *best,
+                                         int *best_k) {
+    const float *c = t->c, *f = t->f;
+    for (int j0 = 0; j0 < 3; j0++) {
+        const int l0 = t->ord[0][j0];
+        const float v0 = c[l0];
+        if (!(v0 + t->rest[1] < search_bar(want, best, t->flip_lb))) break;
+        const float f0 = want & IQ_WANT_FLIP ? f[l0] : 0.0f;
+        for (int j1 = 0; j1 < 3; j1++) {
+            const int l1 = t->ord[1][j1];
+            const float v1 = v0 + c[3 + l1];
+            if (!(v1 + t->rest[2] < search_bar(want, best, t->flip_lb))) break;
+            const float f1 = want & IQ_WANT_FLIP ? minf(f0, f[3 + l1]) : 0.0f;
+            for (int j2 = 0; j2 < 3; j2++) {
+                const int l2 = t->ord[2][j2];
+                const float v2 = v1 + c[6 + l2];
+                if (!(v2 + t->rest[3] < search_bar(want, best, t->flip_lb))) break;
+                const float f2 = want & IQ_WANT_FLIP ? minf(f1, f[6 + l2]) : 0.0f;
+                for (int j3 = 0; j3 < 3; j3++) {
+                    const int l3 = t->ord[3][j3];
+                    const float v3 = v2 + c[9 + l3];
+                    if (!(v3 + t->rest[4] < search_bar(want, best, t->flip_lb))) break;
+                    const float f3 = want & IQ_WANT_FLIP ? minf(f2, f[9 + l3]) : 0.0f;
+                    search_leaf(t, want, l0 + 3 * l1 + 9 * l2 + 27 * l3, v3, f3, best, best_k);
+                }
+            }
+        }
+    }
 }
 
-static void search_node(search_state *st, int depth, int combo, int mul, float partial,
-                        float fmin) {
-    if (depth >= st->half || depth >= IQ_MAX_DIMS / 2) {
-        search_leaf(st, combo, partial, fmin);
-        return;
+/* 4-value grids: 2 coordinates of 8 levels. */
+static IQ_ALWAYS_INLINE void search_dfs4(const search_tables *t, int want, float *best,
+                                         int *best_k) {
+    const float *c = t->c, *f = t->f;
+    for (int j0 = 0; j0 < 8; j0++) {
+        const int l0 = t->ord[0][j0];
+        const float v0 = c[l0];
+        if (!(v0 + t->rest[1] < search_bar(want, best, t->flip_lb))) break;
+        const float f0 = want & IQ_WANT_FLIP ? f[l0] : 0.0f;
+        for (int j1 = 0; j1 < 8; j1++) {
+            const int l1 = t->ord[1][j1];
+            const float v1 = v0 + c[8 + l1];
+            if (!(v1 + t->rest[2] < search_bar(want, best, t->flip_lb))) break;
+            const float f1 = want & IQ_WANT_FLIP ? minf(f0, f[8 + l1]) : 0.0f;
+            search_leaf(t, want, l0 + 8 * l1, v1, f1, best, best_k);
+        }
     }
-    /* a coordinate's cost (x - step * level)^2 grows on both sides of its cheapest level, so
-     * each side is walked outwards until a level is cut */
-    const int m = st->near[depth];
-    for (int l = m; l < st->L; l++)
-        if (!search_child(st, depth, combo, mul, partial, fmin, l)) break;
-    for (int l = m - 1; l >= 0; l--)
-        if (!search_child(st, depth, combo, mul, partial, fmin, l)) break;
 }
 
 void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int want, float bound,
                           iq_search_result *r) {
-    search_state st;
+    search_tables t;
     const int L = g->levels, half = g->dims / 2;
     float pa[IQ_MAX_LEVELS * IQ_MAX_LEVELS], pb[IQ_MAX_LEVELS * IQ_MAX_LEVELS];
     float fa[IQ_MAX_LEVELS * IQ_MAX_LEVELS], fb[IQ_MAX_LEVELS * IQ_MAX_LEVELS];
-    st.g = g;
-    st.c = c;
-    st.f = f;
-    st.L = L;
-    st.half = half;
-    st.want = f ? want : IQ_WANT_PLAIN;
-    st.best[0] = st.best[1] = bound;
-    st.best_k[0] = st.best_k[1] = -1;
-    st.flip_lb = 0;
+    t.g = g;
+    t.c = c;
+    t.f = f;
+    if (!f) want = IQ_WANT_PLAIN;
+    float best[2] = {bound, bound};
+    int best_k[2] = {-1, -1};
+    t.flip_lb = 0;
     float minc[IQ_MAX_DIMS];
     for (int i = 0; i < g->dims; i++) {
+        const float *ci = c + i * L;
         int m = 0;
         for (int l = 1; l < L; l++)
-            if (c[i * L + l] < c[i * L + m]) m = l;
-        minc[i] = c[i * L + m];
-        if (i < half) st.near[i] = m;
+            if (ci[l] < ci[m]) m = l;
+        minc[i] = ci[m];
+        if (i < half) {
+            /* (x - step * level)^2 grows on both sides of its cheapest level: merge the sides */
+            uint8_t *o = t.ord[i];
+            int lo = m - 1, hi = m + 1;
+            o[0] = (uint8_t)m;
+            for (int j = 1; j < L; j++)
+                o[j] = (uint8_t)(hi < L && (lo < 0 || ci[hi] <= ci[lo]) ? hi++ : lo--);
+        }
     }
-    st.rest[half] = 0;
-    for (int i = half; i < g->dims; i++) st.rest[half] += minc[i];
-    for (int i = half - 1; i >= 0; i--) st.rest[i] = st.rest[i + 1] + minc[i];
+    t.rest[half] = 0;
+    for (int i = half; i < g->dims; i++) t.rest[half] += minc[i];
+    for (int i = half - 1; i >= 0; i--) t.rest[i] = t.rest[i + 1] + minc[i];
     if (f) {
-        st.flip_lb = FLT_MAX;
-        for (int i = 0; i < g->dims * L; i++) st.flip_lb = minf(st.flip_lb, f[i]);
+        t.flip_lb = FLT_MAX;
+        for (int i = 0; i < g->dims * L; i++) t.flip_lb = minf(t.flip_lb, f[i]);
     }
     if (g->dims == 8) { /* the second half as two pairs of coordinates */
         for (int l1 = 0; l1 < L; l1++)
@@ -215,19 +229,30 @@ void quant_iq_grid_search(const iq_grid *g, const float *c, const float *f, int 
                     fb[q] = minf(f[6 * L + l0], f[7 * L + l1]);
                 }
             }
-        st.pa = pa;
-        st.pb = pb;
-        st.fa = fa;
-        st.fb = fb;
+        t.pa = pa;
+        t.pb = pb;
+        t.fa = fa;
+        t.fb = fb;
+        if (want == IQ_WANT_PLAIN)
+            search_dfs8(&t, IQ_WANT_PLAIN, best, best_k);
+        else if (want == IQ_WANT_FLIP)
+            search_dfs8(&t, IQ_WANT_FLIP, best, best_k);
+        else
+            search_dfs8(&t, IQ_WANT_BOTH, best, best_k);
     } else { /* dims 4: the second half is two coordinates */
-        st.pa = c + 2 * L;
-        st.pb = c + 3 * L;
-        st.fa = f ? f + 2 * L : NULL;
-        st.fb = f ? f + 3 * L : NULL;
+        t.pa = c + 2 * L;
+        t.pb = c + 3 * L;
+        t.fa = f ? f + 2 * L : NULL;
+        t.fb = f ? f + 3 * L : NULL;
+        if (want == IQ_WANT_PLAIN)
+            search_dfs4(&t, IQ_WANT_PLAIN, best, best_k);
+        else if (want == IQ_WANT_FLIP)
+            search_dfs4(&t, IQ_WANT_FLIP, best, best_k);
+        else
+            search_dfs4(&t, IQ_WANT_BOTH, best, best_k);
     }
-    search_node(&st, 0, 0, 1, 0.0f, FLT_MAX);
     for (int w = 0; w < 2; w++) { /* none below the bound: index 0 at cost `bound` */
-        r->cost[w] = st.best[w];
-        r->index[w] = st.best_k[w] < 0 ? 0 : g->index[st.best_k[w]];
+        r->cost[w] = best[w];
+        r->index[w] = best_k[w] < 0 ? 0 : g->index[best_k[w]];
     }
 }
