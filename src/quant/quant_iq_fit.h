@@ -16,7 +16,8 @@
  *     step as the decoder computes it from the f16 d, and the better kept.
  *
  * So every group's stored grid point and signs are the best ones for the step
- * the decoder will use. All-zero blocks give d = 0 (decode to zeros); inputs
+ * the decoder will use. TIERMOE_IQ_SEARCH=fast ranks step 1's candidates by a
+ * proxy (nearest level per value, no grid) instead: faster, a little worse. All-zero blocks give d = 0 (decode to zeros); inputs
  * are clamped to +-1e15 and NaN read as 0, so no input gives NaN scales. */
 #ifndef TM_QUANT_QUANT_IQ_FIT_H
 #define TM_QUANT_QUANT_IQ_FIT_H
