@@ -80,16 +80,18 @@ static float unit_fit_signed(const iq_kind *k, const iq_grid *g, const float *x,
         u->idx[1] = 0;
         flip_part = odd ? 0 : -1;
     } else { /* two 4-value grid points share the 8 signs */
-        float ce[2], co[2] = {FLT_MAX, FLT_MAX};
-        int ie[2], io[2] = {0, 0};
+        float ce[2], co[2], bp = bound;
+        int ie[2], io[2];
         for (int p = 0; p < 2; p++) {
             iq_search_result r;
-            quant_iq_grid_search(g, c + 4 * p * L, odd ? f + 4 * p * L : NULL, IQ_WANT_BOTH,
-                                 FLT_MAX, &r);
+            quant_iq_grid_search(g, c + 4 * p * L, odd ? f + 4 * p * L : NULL, IQ_WANT_BOTH, bp,
+                                 &r);
             ie[p] = r.index[0];
-            ce[p] = r.cost[0];
+            ce[p] = r.cost[0] < bp ? r.cost[0] : INFINITY; /* INFINITY: none below bp */
             io[p] = r.index[1];
-            co[p] = r.cost[1];
+            co[p] = odd && r.cost[1] < bp ? r.cost[1] : INFINITY;
+            if (!(ce[0] < bound)) return INFINITY;
+            bp = bound - ce[0]; /* what the second point may cost, flipped or not */
         }
         if (!odd) {
             cost = ce[0] + ce[1];
@@ -102,6 +104,7 @@ static float unit_fit_signed(const iq_kind *k, const iq_grid *g, const float *x,
             ie[0] = io[0];
             flip_part = 0;
         }
+        if (!(cost < bound)) return INFINITY;
         u->idx[0] = (uint16_t)ie[0];
         u->idx[1] = (uint16_t)ie[1];
     }

@@ -105,7 +105,7 @@ typedef struct search_tables {
  * call site, so this folds to one comparison). */
 static IQ_ALWAYS_INLINE float search_bar(int want, const float *best, float flip_lb) {
     const float o = best[1] - flip_lb;
-    return want == IQ_WANT_PLAIN ? best[0] : want == IQ_WANT_FLIP ? o : fmaxf(best[0], o);
+    return want == IQ_WANT_PLAIN ? best[0] : want == IQ_WANT_FLIP ? o : best[0] > o ? best[0] : o;
 }
 
 /* The grid points whose first half is `combo`, at first-half cost `partial` (fmin: the
