@@ -8,8 +8,8 @@
  * (u = 2^-24; 400u covers x*id and id = 127/amax differing from 1/d).
  *
  * Products, per output, with M_i the magnitude of weight i's parts (for
- * q4_K/q5_K |d sc q| + |dmin m|, from dequantizing copies with dmin or d
- * zeroed; otherwise |w_i|) and S = sum_i M_i max(|x_i|, |xq_i|):
+ * q4_K/q5_K/q2_K |d sc q| + |dmin m|, q4_1/q5_1 |d q| + |m|, from dequantizing
+ * copies with dmin (m) or d zeroed; otherwise |w_i|) and S = sum_i M_i max(|x_i|, |xq_i|):
  *  (a) level vs scalar reference, same quantized activations: the integer
  *      block sums are exact, only float scaling and summation order differ,
  *      each computation errs by at most (n + 24) u S with n = k/16 partial
@@ -61,6 +61,29 @@ static tm_half rand_scale(tm_rng *r) {
     return quant_f32_to_f16((0.2f + tm_rng_f32(r)) * 0.01f);
 }
 
+/* q4_1/q5_1 mins: mostly negative (a block's minimum), sometimes positive. */
+static tm_half rand_min(tm_rng *r) {
+    return quant_f32_to_f16((tm_rng_f32(r) - 0.8f) * 0.1f);
+}
+
+/* Types whose values are d * q - dmin * m (or d * q + m): the byte offsets of
+ * their two f16 scales in a block; false for the others. */
+static bool two_scales(tm_type t, size_t *off_d, size_t *off_m) {
+    switch (t) {
+    case TM_TYPE_Q4_K:
+    case TM_TYPE_Q5_K:
+    case TM_TYPE_Q4_1:
+    case TM_TYPE_Q5_1:
+        *off_d = 0, *off_m = 2;
+        return true;
+    case TM_TYPE_Q2_K:
+        *off_d = offsetof(tm_block_q2_k, d), *off_m = offsetof(tm_block_q2_k, dmin);
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Random activations: normal, with a zero block and an outlier now and then. */
 static void make_x(tm_rng *r, float *x, int64_t k) {
     for (int64_t i = 0; i < k; i++) x[i] = tm_rng_normal(r);
@@ -108,6 +131,36 @@ static void *make_w(tm_rng *r, tm_type t, int64_t rows, int64_t k, int from_floa
         case TM_TYPE_MXFP4:
             ((tm_block_mxfp4 *)w)[b].e = (uint8_t)(118 + tm_rng_u64(r) % 10);
             break;
+        case TM_TYPE_Q4_1:
+            ((tm_block_q4_1 *)w)[b].d = rand_scale(r);
+            ((tm_block_q4_1 *)w)[b].m = rand_min(r);
+            break;
+        case TM_TYPE_Q5_0:
+            ((tm_block_q5_0 *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_Q5_1:
+            ((tm_block_q5_1 *)w)[b].d = rand_scale(r);
+            ((tm_block_q5_1 *)w)[b].m = rand_min(r);
+            break;
+        case TM_TYPE_IQ4_NL:
+            ((tm_block_iq4_nl *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_Q2_K:
+            ((tm_block_q2_k *)w)[b].d = rand_scale(r);
+            ((tm_block_q2_k *)w)[b].dmin = rand_scale(r);
+            break;
+        case TM_TYPE_Q3_K:
+            ((tm_block_q3_k *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_IQ4_XS:
+            ((tm_block_iq4_xs *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_TQ1_0: /* every byte decodes (to 5 trits of byte * 3^p) */
+            ((tm_block_tq1_0 *)w)[b].d = rand_scale(r);
+            break;
+        case TM_TYPE_TQ2_0: /* code 3 (value 2) too: the format does not forbid it */
+            ((tm_block_tq2_0 *)w)[b].d = rand_scale(r);
+            break;
         default:
             fail_msg("no random layout for %s", quant_type_name(t));
         }
@@ -120,13 +173,14 @@ static void magnitudes(tm_type t, const void *w, int64_t k, float *m) {
     size_t rb = quant_row_size(t, k);
     assert_int_equal(quant_row_dequantize(t, w, m, k), TM_OK);
     for (int64_t i = 0; i < k; i++) m[i] = fabsf(m[i]);
-    if (t != TM_TYPE_Q4_K && t != TM_TYPE_Q5_K) return;
+    size_t off[2];
+    if (!two_scales(t, &off[0], &off[1])) return;
     uint8_t *c = malloc(rb);
     float *part = malloc(sizeof(float) * (size_t)k);
     size_t bs = quant_type_traits(t)->type_size;
     for (int pass = 0; pass < 2; pass++) { /* pass 0: dmin = 0; pass 1: d = 0 */
         memcpy(c, w, rb);
-        for (size_t b = 0; b < rb / bs; b++) memset(c + b * bs + (pass ? 0 : 2), 0, 2);
+        for (size_t b = 0; b < rb / bs; b++) memset(c + b * bs + off[!pass], 0, 2);
         assert_int_equal(quant_row_dequantize(t, c, part, k), TM_OK);
         for (int64_t i = 0; i < k; i++) m[i] = pass ? m[i] + fabsf(part[i]) : fabsf(part[i]);
     }
@@ -330,15 +384,15 @@ static void run_type(tm_type t) {
             n_cases++;
         }
         gemm_case q = {ks[ki], 19, 2, 19, 5, 1}; /* realistic blocks from the quantizer */
-        run_case(&r, t, &q);
-        n_cases++;
+        if (quant_type_traits(t)->quantize || bs == 1) run_case(&r, t, &q), n_cases++;
     }
     /* many rows: several row chunks and AMX passes of 64 rows, a partial last one */
     gemm_case big = {bs == 1 ? 96 : 512, 150, 5, 147, 33, 0};
     run_case(&r, t, &big);
     n_cases++;
-    printf("# %-5s %2d cases x %d levels: worst |y-ref|/bound %.3f, |y-dbl|/bound %.3f\n",
-           quant_type_name(t), n_cases, n_levels, worst_a, worst_b);
+    printf("# %-6s %2d cases x %d levels: worst |y-ref|/bound %.3f, |y-dbl|/bound %.3f%s\n",
+           quant_type_name(t), n_cases, n_levels, worst_a, worst_b,
+           quant_type_traits(t)->quantize || bs == 1 ? "" : " (no quantizer: random blocks only)");
     if (worst_bf16 > 0)
         printf("# %-5s AMX-BF16 kernel: worst |y-ref| / (2^-8 |w||x| sum) %.4f\n",
                quant_type_name(t), worst_bf16);
@@ -372,6 +426,22 @@ static void test_f16(void **s) {
     (void)s;
     run_type(TM_TYPE_F16);
 }
+/* the low-bit types (cpu_gemm_ref_lowbit.c, cpu_gemm_lowbit_*.c) */
+#define LOWBIT_TEST(name, type)                                                                    \
+    static void test_##name(void **s) {                                                            \
+        (void)s;                                                                                   \
+        run_type(type);                                                                            \
+    }
+LOWBIT_TEST(q4_1, TM_TYPE_Q4_1)
+LOWBIT_TEST(q5_0, TM_TYPE_Q5_0)
+LOWBIT_TEST(q5_1, TM_TYPE_Q5_1)
+LOWBIT_TEST(iq4_nl, TM_TYPE_IQ4_NL)
+LOWBIT_TEST(q2_k, TM_TYPE_Q2_K)
+LOWBIT_TEST(q3_k, TM_TYPE_Q3_K)
+LOWBIT_TEST(iq4_xs, TM_TYPE_IQ4_XS)
+LOWBIT_TEST(tq1_0, TM_TYPE_TQ1_0)
+LOWBIT_TEST(tq2_0, TM_TYPE_TQ2_0)
+#undef LOWBIT_TEST
 static void test_bf16(void **s) {
     (void)s;
     run_type(TM_TYPE_BF16);
@@ -512,8 +582,10 @@ static void test_batch_invariance(void **s) {
     levels_init();
     tm_rng r;
     tm_rng_seed(&r, 77);
-    const tm_type types[] = {TM_TYPE_Q4_K,  TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
-                             TM_TYPE_MXFP4, TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
+    const tm_type types[] = {
+        TM_TYPE_Q4_K,   TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0,   TM_TYPE_Q4_0,  TM_TYPE_MXFP4,
+        TM_TYPE_F16,    TM_TYPE_BF16, TM_TYPE_F32,  TM_TYPE_Q4_1,   TM_TYPE_Q5_0,  TM_TYPE_Q5_1,
+        TM_TYPE_IQ4_NL, TM_TYPE_Q2_K, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0};
     const int64_t k = 512, rows = 43, nt = 29;
     const int64_t splits[][2] = {{0, 1}, {5, 1}, {28, 1}, {26, 3}, {0, 3}, {0, 16}, {16, 13}};
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
@@ -577,10 +649,12 @@ static void test_levels(void **s) {
     for (int l = 0; l < n_levels; l++) printf(" %s", cpu_level_name(level_list[l]));
     printf("\n");
     assert_int_equal(cpu_level_set((tm_cpu_level)7), TM_ERR_ARG);
-    const tm_type all[] = {TM_TYPE_Q4_K,  TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0, TM_TYPE_Q4_0,
-                           TM_TYPE_MXFP4, TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
-    for (size_t i = 0; i < 9; i++) assert_true(cpu_gemm_supports(all[i]));
-    assert_false(cpu_gemm_supports(TM_TYPE_Q2_K));
+    const tm_type all[] = {
+        TM_TYPE_Q4_K,   TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0,   TM_TYPE_Q4_0,  TM_TYPE_MXFP4,
+        TM_TYPE_F16,    TM_TYPE_BF16, TM_TYPE_F32,  TM_TYPE_Q4_1,   TM_TYPE_Q5_0,  TM_TYPE_Q5_1,
+        TM_TYPE_IQ4_NL, TM_TYPE_Q2_K, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) assert_true(cpu_gemm_supports(all[i]));
+    assert_false(cpu_gemm_supports(TM_TYPE_Q8_1)); /* activations only, never weights */
     assert_true(cpu_physical_cores() >= 1);
 }
 
@@ -593,13 +667,18 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_levels),      cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_act),         cmocka_unit_test(test_q4_k),
-        cmocka_unit_test(test_q5_k),        cmocka_unit_test(test_q6_k),
-        cmocka_unit_test(test_q8_0),        cmocka_unit_test(test_q4_0),
-        cmocka_unit_test(test_mxfp4),       cmocka_unit_test(test_f16),
-        cmocka_unit_test(test_bf16),        cmocka_unit_test(test_f32),
-        cmocka_unit_test(test_matmul_pool), cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_levels),       cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_act),          cmocka_unit_test(test_q4_k),
+        cmocka_unit_test(test_q5_k),         cmocka_unit_test(test_q6_k),
+        cmocka_unit_test(test_q8_0),         cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_mxfp4),        cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_bf16),         cmocka_unit_test(test_f32),
+        cmocka_unit_test(test_q4_1),         cmocka_unit_test(test_q5_0),
+        cmocka_unit_test(test_q5_1),         cmocka_unit_test(test_iq4_nl),
+        cmocka_unit_test(test_q2_k),         cmocka_unit_test(test_q3_k),
+        cmocka_unit_test(test_iq4_xs),       cmocka_unit_test(test_tq1_0),
+        cmocka_unit_test(test_tq2_0),        cmocka_unit_test(test_matmul_pool),
+        cmocka_unit_test(test_matmul_multi),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,9 @@
 /* Activation quantization for the integer dot products.
  *
- * q8_K (partner of q4_K/q5_K/q6_K and the grid i-quants iq2_xxs ... iq1_m):
- *   per 256 values d = amax/127 (f32), q = round_half_even(x * (127/amax)),
- *   bsums[j] = sum of q[16j..16j+15].
- * q8_0 (partner of q8_0/q4_0/mxfp4): per 32 values d = amax/127, stored as
+ * q8_K (partner of q4_K/q5_K/q6_K/q2_K/q3_K/iq4_xs/tq1_0/tq2_0 and the grid i-quants
+ *   iq2_xxs ... iq1_m): per 256 values d = amax/127 (f32),
+ *   q = round_half_even(x * (127/amax)), bsums[j] = sum of q[16j..16j+15].
+ * q8_0 (partner of q8_0/q4_0/mxfp4/q4_1/q5_0/q5_1/iq4_nl): per 32 values d = amax/127, stored as
  *   f16; q = round_half_even(x * (1/d)) with d before f16 rounding.
  * f32 (partner of f32/f16/bf16): a copy.
  * The SIMD versions compute the same float expressions in the same order
@@ -194,10 +194,19 @@ tm_type cpu_act_type(tm_type wtype) {
     case TM_TYPE_IQ3_S:
     case TM_TYPE_IQ1_S:
     case TM_TYPE_IQ1_M:
+    case TM_TYPE_Q2_K:
+    case TM_TYPE_Q3_K:
+    case TM_TYPE_IQ4_XS:
+    case TM_TYPE_TQ1_0:
+    case TM_TYPE_TQ2_0:
         return TM_TYPE_Q8_K;
     case TM_TYPE_Q8_0:
     case TM_TYPE_Q4_0:
     case TM_TYPE_MXFP4:
+    case TM_TYPE_Q4_1: /* the min term m * d_x * sum(q_x) is summed in the kernels */
+    case TM_TYPE_Q5_0:
+    case TM_TYPE_Q5_1:
+    case TM_TYPE_IQ4_NL:
         return TM_TYPE_Q8_0;
     case TM_TYPE_F32:
     case TM_TYPE_F16:

@@ -374,8 +374,10 @@ cpu_gemm_fn cpu_gemm_avx2_get(tm_type wtype) {
         return f16_gemm;
     case TM_TYPE_BF16:
         return bf16_gemm;
-    default:
-        return cpu_gemm_iq_avx2_get(wtype);
+    default: {
+        cpu_gemm_fn fn = cpu_gemm_iq_avx2_get(wtype);
+        return fn ? fn : cpu_gemm_lowbit_avx2_get(wtype);
+    }
     }
 }
 #else

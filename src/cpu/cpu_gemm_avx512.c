@@ -737,8 +737,10 @@ cpu_gemm_fn cpu_gemm_avx512_get(tm_type wtype) {
         return q40_auto;
     case TM_TYPE_MXFP4:
         return mxfp4_auto;
-    default:
-        return cpu_gemm_iq_avx512_get(wtype);
+    default: {
+        cpu_gemm_fn fn = cpu_gemm_iq_avx512_get(wtype);
+        return fn ? fn : cpu_gemm_lowbit_avx512_get(wtype);
+    }
     }
 }
 #else

@@ -195,7 +195,9 @@ cpu_gemm_fn cpu_gemm_ref_get(tm_type wtype) {
         return gemm_ref_f16;
     case TM_TYPE_BF16:
         return gemm_ref_bf16;
-    default:
-        return cpu_gemm_ref_iq_get(wtype);
+    default: {
+        cpu_gemm_fn fn = cpu_gemm_ref_iq_get(wtype);
+        return fn ? fn : cpu_gemm_ref_lowbit_get(wtype);
+    }
     }
 }

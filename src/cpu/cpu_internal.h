@@ -25,6 +25,12 @@ cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_ref_iq_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_iq_avx2_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_iq_avx512_get(tm_type wtype);
+/* The low-bit types q4_1 q5_0 q5_1 iq4_nl q2_K q3_K iq4_xs tq1_0 tq2_0, reached
+ * from the getters above (cpu_gemm_ref_lowbit.c, cpu_gemm_lowbit_avx2.c,
+ * cpu_gemm_lowbit_avx512.c); NULL for other types. */
+cpu_gemm_fn cpu_gemm_ref_lowbit_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_lowbit_avx2_get(tm_type wtype);
+cpu_gemm_fn cpu_gemm_lowbit_avx512_get(tm_type wtype);
 /* The AMX-BF16 kernel for q4_K/q5_K (NULL for other types, without AMX-BF16
  * and AVX512-BF16, or with TIERMOE_AMX_BF16=0); cpu_gemm_amx_get prefers it. */
 cpu_gemm_fn cpu_gemm_amx_bf16_get(tm_type wtype);
