@@ -1,6 +1,7 @@
 /* cpu_gemm_bench: speed of cpu_gemm on the shapes the models need.
  *
  *   cpu_gemm_bench [-t THREADS] [-l scalar|avx2|avx512|amx] [-m MIB] [-s SECONDS] [-q]
+ *                  [-y TYPE,TYPE,...]
  *
  * Each case is a "job" of n_mat distinct weight matrices (rows x k) run over
  * the pool in row chunks, the way a layer runs (e.g. decode: 8 routed experts'
@@ -8,7 +9,9 @@
  * 2048, larger than the last-level cache) so decode reads them from memory.
  * Activations are quantized once, outside the timing.
  * Reported: GB/s of weight bytes read (what bounds decode) and GOP/s
- * (2 * rows * k * n_tok per matrix). -q runs only the Qwen3-30B-A3B cases. */
+ * (2 * rows * k * n_tok per matrix). -q runs only the Qwen3-30B-A3B cases;
+ * -y only a 4096 x 4096 matrix of each type named (e.g. q2_K,iq4_xs), one
+ * token (decode) and 64 (a prompt). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +76,25 @@ static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
         case TM_TYPE_MXFP4:
             p[0] = 120;
             break;
+        case TM_TYPE_Q4_1: /* d, m */
+        case TM_TYPE_Q5_1:
+            memcpy(p, &d, 2);
+            memcpy(p + 2, &d, 2);
+            break;
+        case TM_TYPE_Q5_0: /* d first */
+        case TM_TYPE_IQ4_NL:
+        case TM_TYPE_IQ4_XS:
+            memcpy(p, &d, 2);
+            break;
+        case TM_TYPE_Q2_K: /* d, dmin last */
+            memcpy(p + bs - 4, &d, 2);
+            memcpy(p + bs - 2, &d, 2);
+            break;
+        case TM_TYPE_Q3_K: /* d last */
+        case TM_TYPE_TQ1_0:
+        case TM_TYPE_TQ2_0:
+            memcpy(p + bs - 2, &d, 2);
+            break;
         case TM_TYPE_F16: {
             tm_half h = quant_f32_to_f16(((float)(p[0] & 0x7f) - 64) / 64);
             memcpy(p, &h, 2);
@@ -95,6 +117,9 @@ static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
 int main(int argc, char **argv) {
     int threads = cpu_physical_cores(), quick = 0;
     double seconds = 0.5, mib = 2048;
+    enum { MAX_TYPES = 32 };
+    bench_case type_cases[2 * MAX_TYPES];
+    size_t n_type_cases = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -104,7 +129,22 @@ int main(int argc, char **argv) {
             seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "-q"))
             quick = 1;
-        else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "-y") && i + 1 < argc) {
+            char list[256];
+            snprintf(list, sizeof list, "%s", argv[++i]);
+            for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
+                tm_type t;
+                if (quant_type_from_name(name, &t) != TM_OK || !cpu_gemm_supports(t) ||
+                    n_type_cases >= 2 * MAX_TYPES) {
+                    fprintf(stderr,
+                            "cpu_gemm_bench: -y: type '%s' is unknown or has no CPU kernel\n",
+                            name);
+                    return 1;
+                }
+                type_cases[n_type_cases++] = (bench_case){"square", t, 4096, 4096, 1, 1};
+                type_cases[n_type_cases++] = (bench_case){"square", t, 4096, 4096, 1, 64};
+            }
+        } else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
             int ok = 0;
             for (int v = TM_CPU_SCALAR; v <= TM_CPU_AMX; v++)
@@ -117,7 +157,8 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr,
-                    "usage: cpu_gemm_bench [-t THREADS] [-l LEVEL] [-m MIB] [-s SECONDS] [-q]\n");
+                    "usage: cpu_gemm_bench [-t THREADS] [-l LEVEL] [-m MIB] [-s SECONDS] [-q] "
+                    "[-y TYPE,...]\n");
             return 2;
         }
     }
@@ -156,6 +197,8 @@ int main(int argc, char **argv) {
         {"square", TM_TYPE_F32, 4096, 4096, 1, 32},
     };
     size_t n_cases = quick ? 14 : sizeof cases / sizeof cases[0];
+    const bench_case *list = cases;
+    if (n_type_cases) list = type_cases, n_cases = n_type_cases;
     tm_pool *pool;
     if (cpu_pool_create(threads, &pool) != TM_OK) {
         fprintf(stderr, "cpu_gemm_bench: %s\n", tm_error_message());
@@ -166,7 +209,7 @@ int main(int argc, char **argv) {
     printf("| case | type | rows x k | mats | n_tok | us/job | GB/s | GOP/s |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t ci = 0; ci < n_cases; ci++) {
-        const bench_case *c = &cases[ci];
+        const bench_case *c = &list[ci];
         bench_job j = {.type = c->type, .rows = c->rows, .k = c->k, .n_tok = c->n_tok};
         j.wrb = quant_row_size(c->type, c->k);
         j.xrb = cpu_act_row_size(c->type, c->k);
