@@ -161,6 +161,23 @@ static void *make_w(tm_rng *r, tm_type t, int64_t rows, int64_t k, int from_floa
         case TM_TYPE_TQ2_0: /* code 3 (value 2) too: the format does not forbid it */
             ((tm_block_tq2_0 *)w)[b].d = rand_scale(r);
             break;
+        case TM_TYPE_IQ2_XXS: /* the grid i-quants but iq1_m start with d */
+        case TM_TYPE_IQ2_XS:
+        case TM_TYPE_IQ2_S:
+        case TM_TYPE_IQ3_XXS:
+        case TM_TYPE_IQ3_S:
+        case TM_TYPE_IQ1_S: {
+            tm_half d = rand_scale(r);
+            memcpy(w + (size_t)b * quant_type_traits(t)->type_size, &d, 2);
+            break;
+        }
+        case TM_TYPE_IQ1_M: { /* d in the top nibbles of the four u16 scale words */
+            tm_half d = rand_scale(r);
+            uint8_t *sc = ((tm_block_iq1_m *)w)[b].scales;
+            for (int i = 0; i < 4; i++)
+                sc[2 * i + 1] = (uint8_t)((sc[2 * i + 1] & 0x0F) | (d >> 4 * i & 0xF) << 4);
+            break;
+        }
         default:
             fail_msg("no random layout for %s", quant_type_name(t));
         }
@@ -450,6 +467,34 @@ static void test_f32(void **s) {
     (void)s;
     run_type(TM_TYPE_F32);
 }
+static void test_iq2_xxs(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ2_XXS);
+}
+static void test_iq2_xs(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ2_XS);
+}
+static void test_iq2_s(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ2_S);
+}
+static void test_iq3_xxs(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ3_XXS);
+}
+static void test_iq3_s(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ3_S);
+}
+static void test_iq1_s(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ1_S);
+}
+static void test_iq1_m(void **s) {
+    (void)s;
+    run_type(TM_TYPE_IQ1_M);
+}
 
 /* cpu_matmul over a pool equals the single-threaded product bit for bit
  * (same kernel, rows split only), and quantizes x itself. */
@@ -583,9 +628,11 @@ static void test_batch_invariance(void **s) {
     tm_rng r;
     tm_rng_seed(&r, 77);
     const tm_type types[] = {
-        TM_TYPE_Q4_K,   TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0,   TM_TYPE_Q4_0,  TM_TYPE_MXFP4,
-        TM_TYPE_F16,    TM_TYPE_BF16, TM_TYPE_F32,  TM_TYPE_Q4_1,   TM_TYPE_Q5_0,  TM_TYPE_Q5_1,
-        TM_TYPE_IQ4_NL, TM_TYPE_Q2_K, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0};
+        TM_TYPE_Q4_K,   TM_TYPE_Q5_K,    TM_TYPE_Q6_K,   TM_TYPE_Q8_0,    TM_TYPE_Q4_0,
+        TM_TYPE_MXFP4,  TM_TYPE_F16,     TM_TYPE_BF16,   TM_TYPE_F32,     TM_TYPE_Q4_1,
+        TM_TYPE_Q5_0,   TM_TYPE_Q5_1,    TM_TYPE_IQ4_NL, TM_TYPE_Q2_K,    TM_TYPE_Q3_K,
+        TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0,   TM_TYPE_TQ2_0,  TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XS,
+        TM_TYPE_IQ2_S,  TM_TYPE_IQ3_XXS, TM_TYPE_IQ3_S,  TM_TYPE_IQ1_S,   TM_TYPE_IQ1_M};
     const int64_t k = 512, rows = 43, nt = 29;
     const int64_t splits[][2] = {{0, 1}, {5, 1}, {28, 1}, {26, 3}, {0, 3}, {0, 16}, {16, 13}};
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
@@ -650,9 +697,11 @@ static void test_levels(void **s) {
     printf("\n");
     assert_int_equal(cpu_level_set((tm_cpu_level)7), TM_ERR_ARG);
     const tm_type all[] = {
-        TM_TYPE_Q4_K,   TM_TYPE_Q5_K, TM_TYPE_Q6_K, TM_TYPE_Q8_0,   TM_TYPE_Q4_0,  TM_TYPE_MXFP4,
-        TM_TYPE_F16,    TM_TYPE_BF16, TM_TYPE_F32,  TM_TYPE_Q4_1,   TM_TYPE_Q5_0,  TM_TYPE_Q5_1,
-        TM_TYPE_IQ4_NL, TM_TYPE_Q2_K, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0};
+        TM_TYPE_Q4_K,   TM_TYPE_Q5_K,    TM_TYPE_Q6_K,   TM_TYPE_Q8_0,    TM_TYPE_Q4_0,
+        TM_TYPE_MXFP4,  TM_TYPE_F16,     TM_TYPE_BF16,   TM_TYPE_F32,     TM_TYPE_Q4_1,
+        TM_TYPE_Q5_0,   TM_TYPE_Q5_1,    TM_TYPE_IQ4_NL, TM_TYPE_Q2_K,    TM_TYPE_Q3_K,
+        TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0,   TM_TYPE_TQ2_0,  TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XS,
+        TM_TYPE_IQ2_S,  TM_TYPE_IQ3_XXS, TM_TYPE_IQ3_S,  TM_TYPE_IQ1_S,   TM_TYPE_IQ1_M};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) assert_true(cpu_gemm_supports(all[i]));
     assert_false(cpu_gemm_supports(TM_TYPE_Q8_1)); /* activations only, never weights */
     assert_true(cpu_physical_cores() >= 1);
@@ -667,18 +716,21 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_levels),       cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_act),          cmocka_unit_test(test_q4_k),
-        cmocka_unit_test(test_q5_k),         cmocka_unit_test(test_q6_k),
-        cmocka_unit_test(test_q8_0),         cmocka_unit_test(test_q4_0),
-        cmocka_unit_test(test_mxfp4),        cmocka_unit_test(test_f16),
-        cmocka_unit_test(test_bf16),         cmocka_unit_test(test_f32),
-        cmocka_unit_test(test_q4_1),         cmocka_unit_test(test_q5_0),
-        cmocka_unit_test(test_q5_1),         cmocka_unit_test(test_iq4_nl),
-        cmocka_unit_test(test_q2_k),         cmocka_unit_test(test_q3_k),
-        cmocka_unit_test(test_iq4_xs),       cmocka_unit_test(test_tq1_0),
-        cmocka_unit_test(test_tq2_0),        cmocka_unit_test(test_matmul_pool),
-        cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_levels),      cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_act),         cmocka_unit_test(test_q4_k),
+        cmocka_unit_test(test_q5_k),        cmocka_unit_test(test_q6_k),
+        cmocka_unit_test(test_q8_0),        cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_mxfp4),       cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_bf16),        cmocka_unit_test(test_f32),
+        cmocka_unit_test(test_q4_1),        cmocka_unit_test(test_q5_0),
+        cmocka_unit_test(test_q5_1),        cmocka_unit_test(test_iq4_nl),
+        cmocka_unit_test(test_q2_k),        cmocka_unit_test(test_q3_k),
+        cmocka_unit_test(test_iq4_xs),      cmocka_unit_test(test_tq1_0),
+        cmocka_unit_test(test_tq2_0),       cmocka_unit_test(test_iq2_xxs),
+        cmocka_unit_test(test_iq2_xs),      cmocka_unit_test(test_iq2_s),
+        cmocka_unit_test(test_iq3_xxs),     cmocka_unit_test(test_iq3_s),
+        cmocka_unit_test(test_iq1_s),       cmocka_unit_test(test_iq1_m),
+        cmocka_unit_test(test_matmul_pool), cmocka_unit_test(test_matmul_multi),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
