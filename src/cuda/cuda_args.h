@@ -31,10 +31,27 @@ static inline int64_t cuda_weight_block(tm_type type, size_t *esz) {
     case TM_TYPE_Q4_K:
     case TM_TYPE_Q5_K:
     case TM_TYPE_Q6_K:
+    /* the low-bit types of dequant_lowbit.cuh */
+    case TM_TYPE_Q2_K:
+    case TM_TYPE_Q3_K:
+    case TM_TYPE_IQ4_XS:
+    case TM_TYPE_IQ2_XXS:
+    case TM_TYPE_IQ2_XS:
+    case TM_TYPE_IQ2_S:
+    case TM_TYPE_IQ3_XXS:
+    case TM_TYPE_IQ3_S:
+    case TM_TYPE_IQ1_S:
+    case TM_TYPE_IQ1_M:
+    case TM_TYPE_TQ1_0:
+    case TM_TYPE_TQ2_0:
         return 256;
     case TM_TYPE_Q8_0:
     case TM_TYPE_Q4_0:
     case TM_TYPE_MXFP4:
+    case TM_TYPE_Q4_1:
+    case TM_TYPE_Q5_0:
+    case TM_TYPE_Q5_1:
+    case TM_TYPE_IQ4_NL:
         return 32;
     default:
         return 0;

@@ -4,6 +4,7 @@
 #ifndef TM_CUDA_CUDA_COMMON_CUH
 #define TM_CUDA_CUDA_COMMON_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -33,6 +34,13 @@ static inline tm_status tm_cuda_launch_check(const char *op, int64_t a, int64_t 
 }
 
 #define TM_CUDA_WARP 32
+
+/* An f16 at p as f32; byte loads: scales of odd-sized blocks (q8_0, q6_K, the
+ * low-bit types) are at most 2-byte aligned. */
+static __device__ __forceinline__ float tm_ld_f16(const uint8_t *p) {
+    unsigned short h = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__ushort_as_half(h));
+}
 
 static __device__ __forceinline__ float tm_warp_sum(float v) {
 #pragma unroll

@@ -13,8 +13,10 @@
  *   q8_0 q4_0 mxfp4  32  values off..off+8 of the block (q4_0/mxfp4: low
  *                 nibbles hold 0..15, high nibbles 16..31)
  *   f16 bf16 f32  -   values j..j+8 (k not a multiple of 8: one value a thread)
+ *   the low-bit types (q4_1 ... iq1_m, tq1_0, tq2_0): dequant_lowbit.cuh
  * (off = j % block). The block structs are those of src/quant/quant.h; the
- * scalar helpers (tm_ld_f16, tm_scale_min_k4, tm_e8m0_half) are mmvq.cuh's.
+ * scalar helpers are cuda_common.cuh's (tm_ld_f16) and mmvq.cuh's
+ * (tm_scale_min_k4, tm_e8m0_half).
  *
  * Bit-exactness with quant_row_dequantize + round-to-nearest-even f16: the
  * float operations are those of src/quant/quant_ref*.c in the same order,
@@ -108,6 +110,15 @@ static __device__ __forceinline__ void tm_dq8_f16(int type, const uint8_t *row, 
         for (int i = 0; i < 8; i++)
             o[i] = __float2half_rn(tm_bf16_to_f32(((const unsigned short *)row)[j + i]));
         break;
+#define TM_DQ_LB_CASE(T, BS)                                                                       \
+    case T: {                                                                                      \
+        float f[8];                                                                                \
+        tm_lb_dq8<T, BS>(row, j, f);                                                               \
+        _Pragma("unroll") for (int i = 0; i < 8; i++) o[i] = __float2half_rn(f[i]);                \
+        break;                                                                                     \
+    }
+        TM_LOWBIT_TYPES(TM_DQ_LB_CASE)
+#undef TM_DQ_LB_CASE
     default: /* TM_TYPE_F32: the launchers reject every other type */
 #pragma unroll
         for (int i = 0; i < 8; i++) o[i] = __float2half_rn(((const float *)row)[j + i]);

@@ -14,12 +14,14 @@
  *   mxfp4  32            1            32           16
  *   f16/bf16 (8 values)  -            8            16
  *   f32    (8 values)    -            8            32
+ *   the low-bit types (dequant_lowbit.cuh): units of 8 values, see tm_lb_row
  * Lanes take consecutive parts, so a warp reads consecutive bytes of the row
  * (coalesced), and each lane has several independent parts in flight.
  *
  * The dequantization is the reference math of src/quant/quant_ref.c and
  * quant_ref_k.c (same scale products); the compiler may fuse d*q - m into an
- * FMA, which moves the last bit of a weight, well inside the f32 tolerance.
+ * FMA, which moves the last bit of a weight, well inside the f32 tolerance
+ * (the low-bit decoders are exact: no FMA).
  * Activations are not requantised: the result is an f32 dot of the
  * dequantized weights. */
 #ifndef TM_CUDA_MMVQ_CUH
@@ -30,15 +32,10 @@
 
 #include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/dequant_lowbit.cuh"
 #include "quant/quant.h"
 
 /* ---- small loads ---- */
-
-static __device__ __forceinline__ float tm_ld_f16(const uint8_t *p) {
-    /* byte loads: scales of odd-sized blocks (q8_0, q6_K) are only 2-byte aligned */
-    unsigned short h = (unsigned short)(p[0] | (p[1] << 8));
-    return __half2float(__ushort_as_half(h));
-}
 
 static __device__ __forceinline__ float tm_bf16_to_f32(uint32_t bits) {
     return __uint_as_float(bits << 16);
@@ -285,6 +282,20 @@ static __host__ __device__ __forceinline__ int tm_mmvq_parts(int type) {
     }
 }
 
+/* A row of low-bit type TYPE (dequant_lowbit.cuh): lane l takes the units of
+ * 8 values l, l + 32, ..., decoded to f32 and dotted with x. Generic and not
+ * tuned: a lane reads 2-5 weight bytes a unit, byte by byte. */
+template <int TYPE, int BS>
+static __device__ __forceinline__ void tm_lb_row(float *acc, const uint8_t *row, int64_t k,
+                                                 const float *x, int64_t xs, int n_tok, int lane) {
+#pragma unroll 2
+    for (int64_t u = lane; u < k / 8; u += TM_CUDA_WARP) {
+        float v[8];
+        tm_lb_dq8<TYPE, BS>(row, 8 * u, v);
+        tm_dot_run(acc, v, 8, x + 8 * u, xs, n_tok);
+    }
+}
+
 /* This lane's share of row · x[t] for t < n_tok, added to acc[t]; the caller
  * sums acc over the warp. x: [n_tok][xs] floats, 16-byte aligned, xs % 4 == 0
  * for the quantized types. vec16: row and row stride are 16-byte aligned. */
@@ -294,6 +305,16 @@ static __device__ __forceinline__ void tm_mmvq_row_partial(int type, const uint8
     if (type == TM_TYPE_F32 || type == TM_TYPE_F16 || type == TM_TYPE_BF16) {
         tm_float_row(acc, type, row, k, vec16, x, xs, n_tok, lane);
         return;
+    }
+    switch (type) {
+#define TM_MMVQ_LB_CASE(T, BS)                                                                     \
+    case T:                                                                                        \
+        tm_lb_row<T, BS>(acc, row, k, x, xs, n_tok, lane);                                         \
+        return;
+        TM_LOWBIT_TYPES(TM_MMVQ_LB_CASE)
+#undef TM_MMVQ_LB_CASE
+    default:
+        break;
     }
     const int P = tm_mmvq_parts(type);
     const int64_t bs =

@@ -307,19 +307,18 @@ __global__ void __launch_bounds__(TM_MMA_THREADS, 3)
 static bool tm_mma_src_make(const tm_cuda_moe_matrix *m, int64_t rows, int64_t k, int32_t n_slots,
                             tm_mma_src *o) {
     int64_t need;
+    size_t esz;
     switch (m->type) {
-    case TM_TYPE_Q4_K:
-    case TM_TYPE_Q5_K:
-    case TM_TYPE_Q6_K:
-        need = 256;
-        break;
-    case TM_TYPE_Q8_0:
-    case TM_TYPE_Q4_0:
-    case TM_TYPE_MXFP4:
-        need = 32;
-        break;
-    default:
+    case TM_TYPE_F32:
+    case TM_TYPE_F16:
+    case TM_TYPE_BF16:
         return false; /* float rows: a 256-value chunk would need 64-128 KiB of raw rows */
+    default:
+        /* the block types tm_dq8_f16 decodes (cuda_args.h), q4_K ... iq1_m: at most
+           272 raw bytes (q8_0) a 256-value chunk */
+        need = cuda_weight_block(m->type, &esz);
+        if (need != 32 && need != 256) return false;
+        break;
     }
     if (k <= 0 || k % need || k % TM_MMA_KS || rows <= 0 || rows % 32 || n_slots <= 0) return false;
     const tm_type_traits *tr = quant_type_traits((uint32_t)m->type);

@@ -31,8 +31,9 @@ typedef struct tm_moe_mma_work {
 } tm_moe_mma_work;
 
 /* True when all three matrices are of a block type the kernels stage
- * (q4_K q5_K q6_K q8_0 q4_0 mxfp4), their k is a multiple of 256 (K-quants)
- * or 32, and their rows can be copied in whole aligned 4-byte words without
+ * (every quantized type of cuda_weight_block: q4_K q5_K q6_K q8_0 q4_0 mxfp4
+ * and the low-bit types), their k is a multiple of their block (256 or 32),
+ * and their rows can be copied in whole aligned 4-byte words without
  * leaving [data, data + (n_slots - 1) expert_stride + rows row_bytes).
  * The matrices are assumed checked by cuda_args.h already. */
 bool tm_moe_mma_supported(const tm_cuda_moe_params *p);
