@@ -1,7 +1,8 @@
 /* CUDA op harness: every kernel of src/cuda against an independent CPU
  * reference on random shapes (odd sizes included), plus a perf mode.
  *
- *   mmvq     vs a double-precision dot of quant_row_dequantize'd rows
+ *   mmvq     vs a double-precision dot of quant_row_dequantize'd rows, every
+ *            weight type (check_types: the low-bit ones on raw random blocks)
  *   mmvq_q8x the activation quantizer bit for bit against the host's, and the
  *            q8_0 integer product vs a double dot with the quantized activations
  *   moe      vs a double-precision loop over the same items (dequantized
@@ -50,10 +51,6 @@ typedef struct mmvq_case {
     int64_t rows, k, n_tok;
     size_t pad; /* extra bytes per row */
 } mmvq_case;
-
-static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
-                                  TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4,
-                                  TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
 
 /* mxfp4 rows of random bytes, so every nibble (-0 included) appears, with
  * one exponent per row: 0, 1, 2 (the subnormal scales), then spread up to 150.
@@ -136,8 +133,8 @@ static void test_mmvq(void **state) {
         {4096, 2048, 8, 0}, {33, 2816, 3, 0}, {7, 256, 8, 0},   {1, 2816, 8, 0},
         {4096, 768, 3, 0},  {33, 768, 1, 4},  {7, 2048, 3, 12}, {33, 256, 8, 2},
     };
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const tm_type type = k_types[ti];
+    for (size_t ti = 0; ti < CHECK_N_TYPES; ti++) {
+        const tm_type type = check_types[ti];
         double worst = 0;
         size_t n_run = 0;
         for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++, n_run++) {
@@ -151,6 +148,12 @@ static void test_mmvq(void **state) {
             static const mmvq_case odd[] = {{5, 100, 3, 0}, {3, 36, 8, 0}, {33, 1, 1, 0}};
             for (size_t ci = 0; ci < sizeof(odd) / sizeof(odd[0]); ci++, n_run++)
                 worst = fmax(worst, mmvq_run_case(&r, type, &odd[ci], false));
+        }
+        if (quant_type_traits((uint32_t)type)->block_size == 32 && check_lowbit_type(type)) {
+            /* q4_1 q5_0 q5_1 iq4_nl: k of 3 and 5 blocks, rows at every offset mod 4 */
+            static const mmvq_case b32[] = {{5, 96, 3, 1}, {9, 160, 8, 2}, {33, 32, 1, 3}};
+            for (size_t ci = 0; ci < sizeof(b32) / sizeof(b32[0]); ci++, n_run++)
+                worst = fmax(worst, mmvq_run_case(&r, type, &b32[ci], false));
         }
         if (type == TM_TYPE_MXFP4) {
             /* gpt-oss's k = 2880 (90 blocks: a partial last step of 16), k not a
@@ -166,7 +169,7 @@ static void test_mmvq(void **state) {
             for (size_t ci = 0; ci < n_mx; ci++, n_run++) /* the last two raw */
                 worst = fmax(worst, mmvq_run_case(&r, type, &mx[ci], ci + 2 >= n_mx));
         }
-        printf("mmvq %-5s: %zu cases ok, worst |err|/tol %.3g\n", quant_type_name(type), n_run,
+        printf("mmvq %-7s: %zu cases ok, worst |err|/tol %.3g\n", quant_type_name(type), n_run,
                worst);
     }
     /* the launcher refuses what it cannot do, with a message */
@@ -174,7 +177,7 @@ static void test_mmvq(void **state) {
         cuda_mmvq(TM_TYPE_Q4_K, NULL, 144, 1, 200, NULL, 1, NULL, cuda_device_stream(g_dev)),
         TM_ERR_ARG);
     assert_int_equal(
-        cuda_mmvq(TM_TYPE_Q2_K, NULL, 84, 1, 256, NULL, 1, NULL, cuda_device_stream(g_dev)),
+        cuda_mmvq(TM_TYPE_NVFP4, NULL, 36, 1, 64, NULL, 1, NULL, cuda_device_stream(g_dev)),
         TM_ERR_UNSUPPORTED);
 }
 
@@ -484,6 +487,15 @@ static void test_moe_grouped(void **state) {
         {2048, 768, 1, 16, 8, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, true},
         {1024, 512, 8, 12, 7, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, true},
         {512, 256, 2, 6, 3, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, true, true},
+        /* the low-bit types (generic kernels, dequant_lowbit.cuh): a dynamic mix's
+           experts at decode, then every type in mixed triples, the epilogues too */
+        {512, 256, 1, 8, 4, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XXS, TM_TYPE_Q2_K, false, false},
+        {256, 512, 3, 6, 2, TM_TYPE_IQ1_M, TM_TYPE_IQ1_S, TM_TYPE_IQ3_XXS, false, false},
+        {256, 256, 2, 4, 2, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_Q4_1, false, false},
+        {512, 256, 2, 4, 2, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_S, TM_TYPE_IQ3_S, false, false},
+        {256, 256, 2, 4, 2, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0, TM_TYPE_Q5_0, false, false},
+        {96, 160, 2, 4, 2, TM_TYPE_Q5_1, TM_TYPE_IQ4_NL, TM_TYPE_Q4_1, false, false},
+        {256, 512, 1, 6, 3, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XXS, TM_TYPE_IQ1_M, true, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }
@@ -782,6 +794,7 @@ int main(void) {
         cmocka_unit_test(check_fetch_ahead), cmocka_unit_test(test_norm_rope_add),
         cmocka_unit_test(check_model),       cmocka_unit_test(check_gemm),
         cmocka_unit_test(check_attention),   cmocka_unit_test(check_attention_rows),
+        cmocka_unit_test(check_dequant),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);

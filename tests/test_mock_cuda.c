@@ -484,7 +484,7 @@ static void test_errors(void **state) {
     assert_int_equal(cuda_signal_host(&span, 5, flag, (uint32_t *)x, g.s), TM_ERR_ARG);
     assert_int_equal(cuda_mmvq(TM_TYPE_F32, wd, 64 * 4, 1, 64, x, 9, y, g.s), TM_ERR_ARG);
     assert_int_equal(cuda_mmvq(TM_TYPE_F32, wd, 64 * 4, 1, 64, x + 1, 1, y, g.s), TM_ERR_ARG);
-    assert_int_equal(cuda_mmvq(TM_TYPE_Q4_1, wd, 40, 1, 32, x, 1, y, g.s), TM_ERR_UNSUPPORTED);
+    assert_int_equal(cuda_mmvq(TM_TYPE_NVFP4, wd, 36, 1, 64, x, 1, y, g.s), TM_ERR_UNSUPPORTED);
     assert_int_equal(cuda_wait_host(flag, flag, 1, flag, x, NULL, 4, g.s), TM_ERR_ARG);
     const tm_cuda_attn_params ap = {.n_head = 4,
                                     .n_head_kv = 2,

@@ -75,7 +75,7 @@ static void test_product_args(void **state) {
     EXPECT_ARG(cuda_mmvq(TM_TYPE_Q8_0, w, rb - 1, 4, k, x, 1, y, g.s), "row stride");
     EXPECT_ARG(cuda_mmvq(TM_TYPE_Q8_0, w, rb, 4, 48, x, 1, y, g.s), "k = 48");
     EXPECT_ARG(cuda_mmvq(TM_TYPE_F32, w + 2, 1024, 4, k, x, 1, y, g.s), "aligned");
-    EXPECT_UNSUPPORTED(cuda_mmvq(TM_TYPE_Q2_K, w, rb, 4, k, x, 1, y, g.s), "no CUDA kernel");
+    EXPECT_UNSUPPORTED(cuda_mmvq(TM_TYPE_NVFP4, w, rb, 4, k, x, 1, y, g.s), "no CUDA kernel");
     EXPECT_ARG(cuda_q8x_quantize(x, 48, 1, xq, g.s), "k 48");
     EXPECT_ARG(cuda_q8x_quantize(x, k, 1, (char *)xq + 4, g.s), "xq");
     EXPECT_ARG(cuda_q8x_quantize(NULL, k, 1, xq, g.s), "x (nil)");

@@ -1,10 +1,7 @@
-/* The prompt-path kernels (src/cuda/dequant.cu, gemm.cu, moe_gemm.cu)
- * against double-precision CPU references.
+/* The prompt-path kernels (src/cuda/gemm.cu, moe_gemm.cu, moe_mma.cu)
+ * against double-precision CPU references (their dequantization:
+ * check_dequant.c).
  *
- *   dequant   cuda_dequantize_f16 equals quant_row_dequantize rounded to f16
- *             (round to nearest even, written here) bit for bit: every type it
- *             decodes, odd row counts, padded rows, an unaligned output, and
- *             nothing written past the end.
  *   gemm      cuda_gemm vs a double dot over the f16-rounded weights and x
  *             (f32 weights: over the exact weights and x, as cuda_gemm keeps
  *             them f32 for the router).
@@ -40,123 +37,25 @@ static double gamma_tc(int64_t n) {
     return 4.0 * (double)(n + 2) * U32;
 }
 
-/* f32 -> f16 bits, round to nearest even, past 65504 to inf (as __float2half_rn). */
-static uint16_t half_bits(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: inf */
-    if (ax < 0x38800000u) /* below 2^-14: steps of 2^-24; the scaling is exact */
-        return (uint16_t)(sign | (uint32_t)nearbyintf(fabsf(f) * 16777216.0f));
-    uint32_t h = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ffu);
-    const uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
-    return (uint16_t)(sign | h);
-}
-
 static float half_round(float f) {
-    return quant_f16_to_f32(half_bits(f));
+    return quant_f16_to_f32(check_half_bits(f));
 }
 
 static void round_f16(float *v, int64_t n) {
     for (int64_t i = 0; i < n; i++) v[i] = half_round(v[i]);
 }
 
-static void half_selftest(void) {
-    static const struct {
-        float f;
-        uint16_t h;
-    } t[] = {
-        {1.0f, 0x3c00},       {-2.0f, 0xc000},       {0x1.002p0f, 0x3c00}, /* tie: to even */
-        {0x1.006p0f, 0x3c02}, {0x1.0021p0f, 0x3c01}, {65519.0f, 0x7bff},
-        {65520.0f, 0x7c00},   {0x1p-24f, 0x0001},    {0x1p-25f, 0x0000},     /* tie: to even */
-        {0x1.8p-24f, 0x0002}, {0x1p-14f, 0x0400},    {0x1.ffcp-15f, 0x0400}, /* tie up to normal */
-        {-0.0f, 0x8000},
-    };
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
-        if (half_bits(t[i].f) != t[i].h)
-            fail_msg("half_bits(%a) = 0x%04x, want 0x%04x", (double)t[i].f, half_bits(t[i].f),
-                     t[i].h);
-}
-
 typedef struct shape {
-    int64_t rows, k, n_tok; /* dequant: n_tok 1 puts the output 2 bytes off alignment */
-    size_t pad;             /* extra bytes per weight row */
+    int64_t rows, k, n_tok;
+    size_t pad; /* extra bytes per weight row */
 } shape;
-
-static const tm_type k_types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
-                                  TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4,
-                                  TM_TYPE_F16,  TM_TYPE_BF16, TM_TYPE_F32};
-
-static bool is_float(tm_type t) {
-    return t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16;
-}
-
-/* Row stride with at least `pad` extra bytes, a multiple of a float type's element. */
-static size_t row_stride(tm_type t, int64_t k, size_t pad) {
-    const size_t e = t == TM_TYPE_F32 ? 4 : is_float(t) ? 2 : 1;
-    return quant_row_size(t, k) + (pad + e - 1) / e * e;
-}
-
-/* ---- dequantize to f16 ---- */
-
-static int64_t dequant_case(tm_rng *r, tm_type type, const shape *c) {
-    const int64_t rows = c->rows, k = c->k, n = rows * k;
-    const size_t rb = row_stride(type, k, c->pad);
-    float *deq;
-    uint8_t *w = random_matrix(r, type, rows, k, rb, &deq);
-    uint16_t *got = xmalloc((size_t)(n + 8) * 2);
-    cuda_pool_reset(g_pool);
-    const void *w_d = dev_upload(w, (size_t)rows * rb);
-    uint16_t *o_d = (uint16_t *)dev_alloc((size_t)(n + 9) * 2) + c->n_tok;
-    /* NaN poison (0xffff), with 8 guard values past the end */
-    CHECK(cuda_fill_bytes(g_dev, o_d, 0xff, (size_t)(n + 8) * 2));
-    CHECK(cuda_dequantize_f16(type, w_d, rb, rows, k, o_d, cuda_device_stream(g_dev)));
-    CHECK(cuda_device_sync(g_dev));
-    CHECK(cuda_copy_to_host(g_dev, got, o_d, (size_t)(n + 8) * 2));
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n + 8; i++)
-        if (got[i] != (i < n ? half_bits(deq[i]) : 0xffff)) {
-            if (first < 0) first = i;
-            bad++;
-        }
-    if (bad)
-        fail_msg("dequant %s rows %lld k %lld pad %zu out+%lld: %lld of %lld values differ; "
-                 "first %lld (row %lld col %lld): gpu 0x%04x, want 0x%04x (cpu %.9g)%s",
-                 quant_type_name(type), (long long)rows, (long long)k, c->pad, (long long)c->n_tok,
-                 (long long)bad, (long long)n, (long long)first, (long long)(first / k),
-                 (long long)(first % k), got[first], first < n ? half_bits(deq[first]) : 0xffff,
-                 first < n ? deq[first] : 0.0, first < n ? "" : " (past the end)");
-    free(w), free(deq), free(got);
-    return n;
-}
-
-static void check_dequant(tm_rng *r) {
-    half_selftest();
-    static const shape cases[] = {
-        {1, 256, 0, 0}, {7, 512, 0, 3}, {33, 2048, 1, 0}, {1001, 768, 0, 5}, {3, 256, 1, 1},
-    };
-    static const shape odd[] = {{5, 6, 0, 0}, {9, 100, 1, 2}, {1, 1, 0, 0}}; /* k % 8 != 0 */
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const tm_type type = k_types[ti];
-        int64_t values = 0;
-        int n = 0;
-        for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++, n++)
-            values += dequant_case(r, type, &cases[ci]);
-        for (size_t ci = 0; is_float(type) && ci < sizeof(odd) / sizeof(odd[0]); ci++, n++)
-            values += dequant_case(r, type, &odd[ci]);
-        printf("dequant %-5s: %d cases ok, %lld values bit-exact\n", quant_type_name(type), n,
-               (long long)values);
-    }
-}
 
 /* ---- dense products ---- */
 
 /* Runs one case; returns the worst |err| / tol (<= 1). */
 static double gemm_case(tm_rng *r, tm_cuda_blas *b, tm_type type, const shape *c) {
     const int64_t rows = c->rows, k = c->k, nt = c->n_tok;
-    const size_t rb = row_stride(type, k, c->pad);
+    const size_t rb = check_row_stride(type, k, c->pad);
     float *wd;
     uint8_t *w = random_matrix(r, type, rows, k, rb, &wd);
     float *x = xmalloc((size_t)nt * k * 4), *xh = xmalloc((size_t)nt * k * 4);
@@ -217,13 +116,13 @@ static void check_gemm_types(tm_rng *r, tm_cuda_blas *b) {
     };
     /* float rows with k % 8 != 0: the one-value dequantize path (f16, bf16) */
     static const shape odd[] = {{7, 6, 9, 0}, {96, 12, 300, 2}, {1000, 6, 64, 0}, {1, 12, 1, 0}};
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const tm_type type = k_types[ti];
+    for (size_t ti = 0; ti < CHECK_N_TYPES; ti++) {
+        const tm_type type = check_types[ti];
         double worst = 0;
         int n = 0;
         for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++, n++)
             worst = fmax(worst, gemm_case(r, b, type, &cases[ci]));
-        for (size_t ci = 0; is_float(type) && ci < sizeof(odd) / sizeof(odd[0]); ci++, n++)
+        for (size_t ci = 0; check_is_float(type) && ci < sizeof(odd) / sizeof(odd[0]); ci++, n++)
             worst = fmax(worst, gemm_case(r, b, type, &odd[ci]));
         printf("gemm %-5s: %d cases ok, worst |err|/tol %.3g\n", quant_type_name(type), n, worst);
     }
@@ -449,8 +348,21 @@ static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
            SwiGLU; float rows with the same */
         {576, 320, 128, 16, TM_TYPE_MXFP4, TM_TYPE_MXFP4, TM_TYPE_MXFP4, false, true},
         {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false, true},
+        /* the low-bit types (fused path; 110-byte q3_K/iq3_s blocks staged in 4-byte
+           windows): a dynamic mix's experts, then every type in mixed triples */
+        {512, 256, 128, 16, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XXS, TM_TYPE_Q2_K, false, false},
+        {256, 512, 128, 16, TM_TYPE_IQ1_M, TM_TYPE_IQ1_S, TM_TYPE_IQ3_XXS, false, false},
+        {512, 256, 128, 16, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_IQ3_S, false, false},
+        {256, 256, 128, 16, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_S, TM_TYPE_TQ1_0, false, false},
+        {256, 256, 128, 16, TM_TYPE_TQ2_0, TM_TYPE_Q5_0, TM_TYPE_Q4_1, false, true},
+        {96, 160, 128, 16, TM_TYPE_Q5_1, TM_TYPE_IQ4_NL, TM_TYPE_Q4_1, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_case_run(r, b, &cases[i]);
+    /* the dequantize path with the low-bit types */
+    setenv("TIERMOE_MOE_GEMM", "dequant", 1);
+    printf("TIERMOE_MOE_GEMM=dequant:\n");
+    moe_case_run(r, b, &cases[6]), moe_case_run(r, b, &cases[8]);
+    unsetenv("TIERMOE_MOE_GEMM");
     /* MXFP4 takes the dequantize path by default: its fused path too */
     setenv("TIERMOE_MOE_GEMM", "fused", 1);
     printf("TIERMOE_MOE_GEMM=fused:\n");
@@ -465,15 +377,15 @@ static void check_args(tm_cuda_blas *b) {
     cuda_pool_reset(g_pool);
     char *buf = dev_alloc(1 << 20);
     float *fb = (float *)buf;
-    assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q2_K, buf, 84, 1, 256, buf, s),
+    assert_int_equal(cuda_dequantize_f16(TM_TYPE_NVFP4, buf, 36, 1, 64, buf, s),
                      TM_ERR_UNSUPPORTED);
-    assert_non_null(strstr(tm_error_message(), "q2_K"));
+    assert_non_null(strstr(tm_error_message(), "nvfp4"));
     assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q4_K, buf, 144, 1, 200, buf, s), TM_ERR_ARG);
     assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q8_0, buf, 34, 0, 32, buf, s), TM_ERR_ARG);
     assert_int_equal(cuda_dequantize_f16(TM_TYPE_Q8_0, buf, 33, 1, 32, buf, s), TM_ERR_ARG);
     assert_int_equal(cuda_dequantize_f16(TM_TYPE_F32, buf + 2, 16, 1, 4, buf, s), TM_ERR_ARG);
     assert_int_equal(cuda_gemm(NULL, TM_TYPE_Q8_0, buf, 34, 1, 32, fb, 1, fb, buf, s), TM_ERR_ARG);
-    assert_int_equal(cuda_gemm(b, TM_TYPE_Q2_K, buf, 84, 1, 256, fb, 1, fb, buf, s),
+    assert_int_equal(cuda_gemm(b, TM_TYPE_NVFP4, buf, 36, 1, 64, fb, 1, fb, buf, s),
                      TM_ERR_UNSUPPORTED);
     assert_int_equal(cuda_gemm(b, TM_TYPE_Q6_K, buf, 210, 1, 100, fb, 1, fb, buf, s), TM_ERR_ARG);
     assert_int_equal(cuda_gemm(b, TM_TYPE_Q8_0, buf, 34, 1, 32, (float *)(buf + 2), 1, fb, buf, s),
@@ -484,7 +396,7 @@ static void check_args(tm_cuda_blas *b) {
     int64_t starts[3] = {0, 1, 2};
     const tm_cuda_moe_groups g = {2, slots, starts, (const tm_cuda_moe_item *)buf};
     assert_int_equal(cuda_moe_grouped_gemm(NULL, &p, &g, fb, 1, fb, buf, s), TM_ERR_ARG);
-    p.gate.type = TM_TYPE_Q2_K;
+    p.gate.type = TM_TYPE_NVFP4;
     assert_int_equal(cuda_moe_grouped_gemm(b, &p, &g, fb, 1, fb, buf, s), TM_ERR_UNSUPPORTED);
     p.gate.type = TM_TYPE_Q8_0, p.down.type = TM_TYPE_Q4_K; /* down's k = n_ff = 32 */
     assert_int_equal(cuda_moe_grouped_gemm(b, &p, &g, fb, 1, fb, buf, s), TM_ERR_ARG);
@@ -512,7 +424,6 @@ void check_gemm(void **state) {
     tm_rng_seed(&r, 0x6e33);
     tm_cuda_blas *b = NULL;
     CHECK(cuda_blas_create(g_dev, &b));
-    check_dequant(&r);
     check_gemm_types(&r, b);
     check_moe_gemm(&r, b);
     check_args(b);

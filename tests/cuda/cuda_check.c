@@ -90,18 +90,143 @@ double check_swiglu_oai(double g, double u, double *dg, double *du) {
     return gc / (1.0 + exp(-a * gc)) * (uc + 1);
 }
 
+const tm_type check_types[CHECK_N_TYPES] = {
+    TM_TYPE_Q4_K,   TM_TYPE_Q5_K,    TM_TYPE_Q6_K,   TM_TYPE_Q8_0,  TM_TYPE_Q4_0,
+    TM_TYPE_MXFP4,  TM_TYPE_F16,     TM_TYPE_BF16,   TM_TYPE_F32,   TM_TYPE_Q4_1,
+    TM_TYPE_Q5_0,   TM_TYPE_Q5_1,    TM_TYPE_IQ4_NL, TM_TYPE_Q2_K,  TM_TYPE_Q3_K,
+    TM_TYPE_IQ4_XS, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_S, TM_TYPE_IQ3_XXS,
+    TM_TYPE_IQ3_S,  TM_TYPE_IQ1_S,   TM_TYPE_IQ1_M,  TM_TYPE_TQ1_0, TM_TYPE_TQ2_0,
+};
+
+bool check_is_float(tm_type t) {
+    return t == TM_TYPE_F32 || t == TM_TYPE_F16 || t == TM_TYPE_BF16;
+}
+
+size_t check_row_stride(tm_type t, int64_t k, size_t pad) {
+    const size_t e = t == TM_TYPE_F32 ? 4 : check_is_float(t) ? 2 : 1;
+    return quant_row_size(t, k) + (pad + e - 1) / e * e;
+}
+
+uint16_t check_half_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: inf */
+    if (ax < 0x38800000u) /* below 2^-14: steps of 2^-24; the scaling is exact */
+        return (uint16_t)(sign | (uint32_t)nearbyintf(fabsf(f) * 16777216.0f));
+    uint32_t h = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ffu);
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
+void check_half_selftest(void) {
+    static const struct {
+        float f;
+        uint16_t h;
+    } t[] = {
+        {1.0f, 0x3c00},       {-2.0f, 0xc000},       {0x1.002p0f, 0x3c00}, /* tie: to even */
+        {0x1.006p0f, 0x3c02}, {0x1.0021p0f, 0x3c01}, {65519.0f, 0x7bff},
+        {65520.0f, 0x7c00},   {0x1p-24f, 0x0001},    {0x1p-25f, 0x0000},     /* tie: to even */
+        {0x1.8p-24f, 0x0002}, {0x1p-14f, 0x0400},    {0x1.ffcp-15f, 0x0400}, /* tie up to normal */
+        {-0.0f, 0x8000},
+    };
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (check_half_bits(t[i].f) != t[i].h)
+            fail_msg("check_half_bits(%a) = 0x%04x, want 0x%04x", (double)t[i].f,
+                     check_half_bits(t[i].f), t[i].h);
+}
+
+/* Byte offsets of the f16 fields (scales, mins) in a block of a low-bit type,
+ * -1 after the last; NULL: not a low-bit type. iq1_m's scale is spread over
+ * the top nibbles of its last four u16 (written apart). */
+static const int *lowbit_f16_fields(tm_type t) {
+    static const int at0[] = {0, -1}, at02[] = {0, 2, -1}, q2k[] = {80, 82, -1}, q3k[] = {108, -1},
+                     tq1[] = {52, -1}, tq2[] = {64, -1}, none[] = {-1};
+    switch (t) {
+    case TM_TYPE_Q4_1:
+    case TM_TYPE_Q5_1:
+        return at02;
+    case TM_TYPE_Q5_0:
+    case TM_TYPE_IQ4_NL:
+    case TM_TYPE_IQ4_XS:
+    case TM_TYPE_IQ2_XXS:
+    case TM_TYPE_IQ2_XS:
+    case TM_TYPE_IQ2_S:
+    case TM_TYPE_IQ3_XXS:
+    case TM_TYPE_IQ3_S:
+    case TM_TYPE_IQ1_S:
+        return at0;
+    case TM_TYPE_Q2_K:
+        return q2k;
+    case TM_TYPE_Q3_K:
+        return q3k;
+    case TM_TYPE_TQ1_0:
+        return tq1;
+    case TM_TYPE_TQ2_0:
+        return tq2;
+    case TM_TYPE_IQ1_M:
+        return none;
+    default:
+        return NULL;
+    }
+}
+
+bool check_lowbit_type(tm_type t) {
+    return lowbit_f16_fields(t) != NULL;
+}
+
+/* A random finite f16: random sign and mantissa, exponent field 0..max_exp. */
+static uint16_t random_f16(tm_rng *r, int max_exp) {
+    const uint64_t u = tm_rng_u64(r);
+    return (uint16_t)((u & 0x83ffu) | (uint32_t)((u >> 16) % (uint64_t)(max_exp + 1)) << 10);
+}
+
+void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int max_exp) {
+    const tm_type_traits *tr = quant_type_traits((uint32_t)type);
+    const int *f16 = lowbit_f16_fields(type);
+    assert_non_null(f16);
+    const size_t bsz = tr->type_size;
+    for (int64_t b = 0; b < k / tr->block_size; b++) {
+        uint8_t *bp = row + (size_t)b * bsz;
+        for (size_t i = 0; i < bsz; i++) bp[i] = (uint8_t)tm_rng_u64(r);
+        for (const int *o = f16; *o >= 0; o++) {
+            const uint16_t h = random_f16(r, max_exp);
+            bp[*o] = (uint8_t)h, bp[*o + 1] = (uint8_t)(h >> 8);
+        }
+        if (type == TM_TYPE_IQ1_M) /* nibble i of the scale: top nibble of u16 i at 48 */
+            for (int i = 0, h = random_f16(r, max_exp); i < 4; i++)
+                bp[49 + 2 * i] = (uint8_t)((bp[49 + 2 * i] & 0x0f) | ((h >> (4 * i)) & 0x0f) << 4);
+    }
+}
+
+void check_dequantize_row(tm_type type, const uint8_t *row, float *out, int64_t k) {
+    const size_t bytes = quant_row_size(type, k);
+    void *copy = xmalloc(bytes);
+    memcpy(copy, row, bytes);
+    CHECK(quant_row_dequantize(type, copy, out, k));
+    free(copy);
+}
+
 uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
                        float **deq) {
     uint8_t *w = xmalloc((size_t)rows * row_bytes);
     memset(w, 0x5a, (size_t)rows * row_bytes);
     float *src = xmalloc((size_t)k * sizeof(float));
     float *d = xmalloc((size_t)rows * k * sizeof(float));
+    void *q = xmalloc(quant_row_size(type, k));
     for (int64_t i = 0; i < rows; i++) {
-        fill_normal(r, src, k, 0.5f);
-        CHECK(quant_row_quantize(type, src, w + i * row_bytes, k));
-        CHECK(quant_row_dequantize(type, w + i * row_bytes, d + i * k, k));
+        if (check_lowbit_type(type)) {
+            random_lowbit_row(r, type, w + i * row_bytes, k, CHECK_LOWBIT_EXP);
+        } else {
+            fill_normal(r, src, k, 0.5f);
+            CHECK(quant_row_quantize(type, src, q, k)); /* aligned, then to any address */
+            memcpy(w + i * row_bytes, q, quant_row_size(type, k));
+        }
+        check_dequantize_row(type, w + i * row_bytes, d + i * k, k);
     }
-    free(src);
+    free(src), free(q);
     *deq = d;
     return w;
 }

@@ -7,6 +7,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,9 +46,39 @@ void *dev_upload(const void *host, size_t bytes); /* dev_alloc + copy */
 void *xmalloc(size_t n);                          /* malloc that fails the test */
 void fill_normal(tm_rng *r, float *x, int64_t n, float scale);
 /* `rows` random rows of `type` and k values, row_bytes apart (>= the row size:
- * padding exercises the unaligned-load paths); *deq gets the dequantized rows. */
+ * padding exercises the unaligned-load paths); *deq gets the dequantized rows.
+ * Quantized from normal values, except the low-bit types (check_lowbit_type):
+ * random_lowbit_row's raw blocks with f16 scale exponents up to
+ * CHECK_LOWBIT_EXP, which keeps every value finite in f16 (the largest
+ * multiple of a scale is iq4_xs's 32 * 127 = 4064, and 4064 * 2^4 < 65504). */
 uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
                        float **deq);
+
+/* Every weight type the kernels read (src/cuda/cuda_args.h): the compute
+ * types, then the low-bit ones. */
+#define CHECK_N_TYPES 25
+extern const tm_type check_types[CHECK_N_TYPES];
+bool check_is_float(tm_type t); /* f32 f16 bf16 */
+/* Row stride with at least `pad` extra bytes, a multiple of a float type's element. */
+size_t check_row_stride(tm_type t, int64_t k, size_t pad);
+/* f32 -> f16 bits, round to nearest even, past 65504 to inf (as __float2half_rn),
+ * and its self-test (fails the test on a wrong answer). */
+uint16_t check_half_bits(float f);
+void check_half_selftest(void);
+
+/* quant_row_dequantize of a row at any address (through an aligned copy: the
+ * C dequantizers read the block structs, which need their alignment). */
+void check_dequantize_row(tm_type type, const uint8_t *row, float *out, int64_t k);
+
+/* q4_1 q5_0 q5_1 iq4_nl q2_K q3_K iq4_xs iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s
+ * iq1_s iq1_m tq1_0 tq2_0: the types of src/cuda/dequant_lowbit.cuh. */
+bool check_lowbit_type(tm_type t);
+#define CHECK_LOWBIT_EXP 18 /* f16 exponent field: scales below 2^4 */
+/* k values (whole blocks) of random bytes, with the blocks' f16 scales and mins
+ * replaced by random finite f16 of exponent field 0..max_exp (0: subnormal;
+ * 30: up to 65504, where the values overflow f16): every code, index and sign
+ * pattern appears. */
+void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int max_exp);
 
 /* gpt-oss's experts for the grouped-expert checks: host biases of n_expert
  * experts (gate and up of std 4, so the clamps bite; down of std 1), the
@@ -68,6 +99,7 @@ double check_swiglu_oai(double g, double u, double *dg, double *du);
 /* The per-op checks of tests/cuda/check_*.c (cmocka tests). */
 void check_attention(void **state);
 void check_attention_rows(void **state);
+void check_dequant(void **state);
 void check_fetch_ahead(void **state);
 void check_gemm(void **state);
 void check_model(void **state);

@@ -177,6 +177,17 @@ static inline void __syncthreads() {
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute, int) {
     return cudaSuccess;
 }
+/* single IEEE operations, rounded to nearest (never contracted: the script's
+ * g++ targets x86-64 without FMA) */
+static inline float __fmul_rn(float a, float b) {
+    return a * b;
+}
+static inline float __fadd_rn(float a, float b) {
+    return a + b;
+}
+static inline float __fsub_rn(float a, float b) {
+    return a - b;
+}
 /* cvt.rni: to the nearest integer, ties to even (the default rounding mode) */
 static inline int __float2int_rn(float x) {
     return (int)nearbyintf(x);
