@@ -9,6 +9,8 @@
   table gives that type, the type and the recipe (exit 2, no file).
 - Precedence: --tensor-type rules (first match wins) over --type-gate/up/down-exps
   over the class flags over the recipe; norms and routers stay f32.
+- A file whose down experts are of a type the CPU cannot compute yet is refused
+  at load naming the tensor and the type (exit 1); one it can compute runs.
 - Bad flags: an unknown recipe, a rule without '=', an unknown type, a pattern
   that does not compile: exit 2 naming the flag.
 """
@@ -144,6 +146,19 @@ def main():
                 t = f"blk.{l}.ffn_{kind}_exps.weight"
                 check(got.get(t) == w.lower(), f"projection flags: {t} is {got.get(t)}, want {w}")
         check(ft == 2, f"projection flags: general.file_type {ft}, want 2 (q4_0)")
+
+    # a file of a type the CPU cannot compute yet is refused at load, naming the tensor and the
+    # type; one it can compute runs (whichever this build has)
+    for ty in ("q2_K", "iq2_xxs", "q4_1"):
+        path, r = mk(f"load_{ty}", "--n-layer", "1", "--type-down-exps", ty)
+        check(r.returncode == 0, f"--type-down-exps {ty}: {r.stderr}")
+        r = subprocess.run([TIERMOE, "run", "-m", path, "--tokens", "1,2", "-n", "1", "-t", "2"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            check("blk.0.ffn_down_exps.weight" in r.stderr and ty in r.stderr
+                  and "cannot compute" in r.stderr and r.returncode == 1,
+                  f"run on {ty} down experts: exit {r.returncode}, message {r.stderr!r}")
+        print(f"  ffn_down_exps in {ty}: " + ("runs" if r.returncode == 0 else r.stderr.strip()))
 
     # bad flags: exit 2 naming the flag
     for flags, words in ((["--mix", "Q9_K"], ["--mix", "Q9_K", "Q4_K_M"]),
