@@ -16,7 +16,7 @@ typedef struct dequant_shape {
     int64_t rows, k;
     int64_t out_off; /* 1: the output 2 bytes off 16-byte alignment (scalar stores) */
     size_t pad;      /* extra bytes per weight row */
-    int max_exp;     /* low-bit types: random_lowbit_row's scale exponents; 0: random_matrix */
+    int max_exp;     /* low-bit types: raw blocks of scale exponents 0..max_exp; 0: random_matrix */
 } dequant_shape;
 
 static int64_t dequant_case(tm_rng *r, tm_type type, const dequant_shape *c) {
@@ -27,7 +27,7 @@ static int64_t dequant_case(tm_rng *r, tm_type type, const dequant_shape *c) {
     if (c->max_exp) {
         w = xmalloc((size_t)rows * rb), deq = xmalloc((size_t)n * sizeof(float));
         for (int64_t i = 0; i < rows; i++) {
-            random_lowbit_row(r, type, w + i * rb, k, c->max_exp);
+            random_lowbit_row(r, type, w + i * rb, k, 0, c->max_exp);
             check_dequantize_row(type, w + i * rb, deq + i * k, k);
         }
     } else {

@@ -177,13 +177,60 @@ bool check_lowbit_type(tm_type t) {
     return lowbit_f16_fields(t) != NULL;
 }
 
-/* A random finite f16: random sign and mantissa, exponent field 0..max_exp. */
-static uint16_t random_f16(tm_rng *r, int max_exp) {
-    const uint64_t u = tm_rng_u64(r);
-    return (uint16_t)((u & 0x83ffu) | (uint32_t)((u >> 16) % (uint64_t)(max_exp + 1)) << 10);
+/* A random finite f16: random sign and mantissa, exponent field min_exp..max_exp. */
+static uint16_t random_f16(tm_rng *r, int min_exp, int max_exp) {
+    const uint64_t u = tm_rng_u64(r), span = (uint64_t)(max_exp - min_exp + 1);
+    return (uint16_t)((u & 0x83ffu) | (uint32_t)(min_exp + (int)((u >> 16) % span)) << 10);
 }
 
-void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int max_exp) {
+/* The exponent field below which a scale keeps the type's values under 2 in
+ * magnitude: |value| <= M |d| with M the type's largest multiple of its scale
+ * (mins counted: q4_1 15 + 15, q2_K 3 * 15 + 15; iq4_xs 32 * 127; iq2 15.5 / 4 * 43;
+ * iq3_xxs 15.5 / 2 * 62; iq3_s 31 * 15; iq1 15 * 1.125), and |d| < 2^(field - 14). */
+static int lowbit_exp_moderate(tm_type t) {
+    int m;
+    switch (t) {
+    case TM_TYPE_TQ1_0:
+    case TM_TYPE_TQ2_0:
+        m = 1;
+        break;
+    case TM_TYPE_Q5_0:
+    case TM_TYPE_IQ1_S:
+    case TM_TYPE_IQ1_M:
+        m = 17;
+        break;
+    case TM_TYPE_Q4_1:
+        m = 30;
+        break;
+    case TM_TYPE_Q5_1:
+        m = 46;
+        break;
+    case TM_TYPE_Q2_K:
+        m = 60;
+        break;
+    case TM_TYPE_IQ4_NL:
+    case TM_TYPE_Q3_K:
+        m = 128;
+        break;
+    case TM_TYPE_IQ2_XXS:
+    case TM_TYPE_IQ2_XS:
+    case TM_TYPE_IQ2_S:
+        m = 167;
+        break;
+    case TM_TYPE_IQ3_XXS:
+    case TM_TYPE_IQ3_S:
+        m = 480;
+        break;
+    default: /* iq4_xs */
+        m = 4064;
+        break;
+    }
+    int e = 15; /* 2^(e - 14) * m <= 2 */
+    while ((1 << (15 - e)) < m) e--;
+    return e;
+}
+
+void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int min_exp, int max_exp) {
     const tm_type_traits *tr = quant_type_traits((uint32_t)type);
     const int *f16 = lowbit_f16_fields(type);
     assert_non_null(f16);
@@ -192,11 +239,11 @@ void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int max
         uint8_t *bp = row + (size_t)b * bsz;
         for (size_t i = 0; i < bsz; i++) bp[i] = (uint8_t)tm_rng_u64(r);
         for (const int *o = f16; *o >= 0; o++) {
-            const uint16_t h = random_f16(r, max_exp);
+            const uint16_t h = random_f16(r, min_exp, max_exp);
             bp[*o] = (uint8_t)h, bp[*o + 1] = (uint8_t)(h >> 8);
         }
         if (type == TM_TYPE_IQ1_M) /* nibble i of the scale: top nibble of u16 i at 48 */
-            for (int i = 0, h = random_f16(r, max_exp); i < 4; i++)
+            for (int i = 0, h = random_f16(r, min_exp, max_exp); i < 4; i++)
                 bp[49 + 2 * i] = (uint8_t)((bp[49 + 2 * i] & 0x0f) | ((h >> (4 * i)) & 0x0f) << 4);
     }
 }
@@ -218,7 +265,8 @@ uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t 
     void *q = xmalloc(quant_row_size(type, k));
     for (int64_t i = 0; i < rows; i++) {
         if (check_lowbit_type(type)) {
-            random_lowbit_row(r, type, w + i * row_bytes, k, CHECK_LOWBIT_EXP);
+            const int e = lowbit_exp_moderate(type);
+            random_lowbit_row(r, type, w + i * row_bytes, k, e > 6 ? e - 6 : 0, e);
         } else {
             fill_normal(r, src, k, 0.5f);
             CHECK(quant_row_quantize(type, src, q, k)); /* aligned, then to any address */

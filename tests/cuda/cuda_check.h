@@ -48,9 +48,9 @@ void fill_normal(tm_rng *r, float *x, int64_t n, float scale);
 /* `rows` random rows of `type` and k values, row_bytes apart (>= the row size:
  * padding exercises the unaligned-load paths); *deq gets the dequantized rows.
  * Quantized from normal values, except the low-bit types (check_lowbit_type):
- * random_lowbit_row's raw blocks with f16 scale exponents up to
- * CHECK_LOWBIT_EXP, which keeps every value finite in f16 (the largest
- * multiple of a scale is iq4_xs's 32 * 127 = 4064, and 4064 * 2^4 < 65504). */
+ * random_lowbit_row's raw blocks with scales in a 64x range that keeps every
+ * value under 2 in magnitude (like the quantized normal rows; the grouped
+ * tensor-core products round h to f16, which must not overflow). */
 uint8_t *random_matrix(tm_rng *r, tm_type type, int64_t rows, int64_t k, size_t row_bytes,
                        float **deq);
 
@@ -73,12 +73,11 @@ void check_dequantize_row(tm_type type, const uint8_t *row, float *out, int64_t 
 /* q4_1 q5_0 q5_1 iq4_nl q2_K q3_K iq4_xs iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s
  * iq1_s iq1_m tq1_0 tq2_0: the types of src/cuda/dequant_lowbit.cuh. */
 bool check_lowbit_type(tm_type t);
-#define CHECK_LOWBIT_EXP 18 /* f16 exponent field: scales below 2^4 */
 /* k values (whole blocks) of random bytes, with the blocks' f16 scales and mins
- * replaced by random finite f16 of exponent field 0..max_exp (0: subnormal;
- * 30: up to 65504, where the values overflow f16): every code, index and sign
- * pattern appears. */
-void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int max_exp);
+ * replaced by random finite f16 of exponent field min_exp..max_exp (0:
+ * subnormal; 30: up to 65504, where most types' values overflow f16): every
+ * code, index and sign pattern appears. */
+void random_lowbit_row(tm_rng *r, tm_type type, uint8_t *row, int64_t k, int min_exp, int max_exp);
 
 /* gpt-oss's experts for the grouped-expert checks: host biases of n_expert
  * experts (gate and up of std 4, so the clamps bite; down of std 1), the
