@@ -95,6 +95,18 @@ static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
         case TM_TYPE_TQ2_0:
             memcpy(p + bs - 2, &d, 2);
             break;
+        case TM_TYPE_IQ2_XXS: /* the grid i-quants but iq1_m start with d */
+        case TM_TYPE_IQ2_XS:
+        case TM_TYPE_IQ2_S:
+        case TM_TYPE_IQ3_XXS:
+        case TM_TYPE_IQ3_S:
+        case TM_TYPE_IQ1_S:
+            memcpy(p, &d, 2);
+            break;
+        case TM_TYPE_IQ1_M: /* d in the top nibbles of the four u16 scale words (bytes 48..55) */
+            for (int i = 0; i < 4; i++)
+                p[49 + 2 * i] = (uint8_t)((p[49 + 2 * i] & 0x0F) | (d >> 4 * i & 0xF) << 4);
+            break;
         case TM_TYPE_F16: {
             tm_half h = quant_f32_to_f16(((float)(p[0] & 0x7f) - 64) / 64);
             memcpy(p, &h, 2);
@@ -195,6 +207,21 @@ int main(int argc, char **argv) {
         {"square", TM_TYPE_F16, 4096, 4096, 1, 32},
         {"square", TM_TYPE_BF16, 4096, 4096, 1, 32},
         {"square", TM_TYPE_F32, 4096, 4096, 1, 32},
+        /* the grid i-quants: decode and a 64-token prompt */
+        {"square", TM_TYPE_IQ2_XXS, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ2_XS, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ2_S, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ3_XXS, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ3_S, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ1_S, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ1_M, 4096, 4096, 1, 1},
+        {"square", TM_TYPE_IQ2_XXS, 4096, 4096, 1, 64},
+        {"square", TM_TYPE_IQ2_XS, 4096, 4096, 1, 64},
+        {"square", TM_TYPE_IQ2_S, 4096, 4096, 1, 64},
+        {"square", TM_TYPE_IQ3_XXS, 4096, 4096, 1, 64},
+        {"square", TM_TYPE_IQ3_S, 4096, 4096, 1, 64},
+        {"square", TM_TYPE_IQ1_S, 4096, 4096, 1, 64},
+        {"square", TM_TYPE_IQ1_M, 4096, 4096, 1, 64},
     };
     size_t n_cases = quick ? 14 : sizeof cases / sizeof cases[0];
     const bench_case *list = cases;
