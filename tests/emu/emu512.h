@@ -519,3 +519,22 @@ cpu_gemm_fn emu_avx512_get(tm_type wtype);
                         e_bf16f(A_[32 * m_ + 2 * k_]) * e_bf16f(B_[32 * k_ + 2 * n_]) +            \
                         e_bf16f(A_[32 * m_ + 2 * k_ + 1]) * e_bf16f(B_[32 * k_ + 2 * n_ + 1]);     \
     } while (0)
+/* the low-bit kernels (cpu_gemm_lowbit_avx512.c) */
+EI uint64_t e_movepi8(E512 a) {
+    uint64_t k = 0;
+    for (int i = 0; i < 64; i++) k |= (uint64_t)(a.b[i] < 0) << i;
+    return k;
+}
+#define _mm512_movepi8_mask e_movepi8
+EI E512 e_abs8(E512 a) { /* -128 stays 0x80, as the hardware */
+    for (int i = 0; i < 64; i++) a.ub[i] = (uint8_t)(a.b[i] < 0 ? -a.b[i] : a.b[i]);
+    return a;
+}
+#define _mm512_abs_epi8 e_abs8
+EI E512 e_masksub8(E512 src, uint64_t k, E512 a, E512 b) {
+    for (int i = 0; i < 64; i++)
+        if ((k >> i) & 1) src.b[i] = (int8_t)(a.b[i] - b.b[i]);
+    return src;
+}
+#define _mm512_mask_sub_epi8   e_masksub8
+#define _mm512_zextsi256_si512 e_c256

@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "cpu/cpu_internal.h"
 cpu_gemm_fn emu_avx512_get(tm_type wtype);
+cpu_gemm_fn emu_lowbit_avx512_get(tm_type wtype);
 cpu_gemm_fn emu_amx_get(tm_type wtype);
 cpu_gemm_fn emu_amxbf_kernel(tm_type wtype);
 
@@ -40,6 +41,16 @@ static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
             memcpy(p + bs - 2, &d, 2);
         else if (t == TM_TYPE_MXFP4)
             p[0] = (uint8_t)(118 + tm_rng_u64(r) % 10);
+        else if (t == TM_TYPE_Q4_1 || t == TM_TYPE_Q5_1) { /* d, m */
+            memcpy(p, &d, 2);
+            memcpy(p + 2, &d2, 2);
+        } else if (t == TM_TYPE_Q5_0 || t == TM_TYPE_IQ4_NL || t == TM_TYPE_IQ4_XS)
+            memcpy(p, &d, 2);
+        else if (t == TM_TYPE_Q2_K) { /* d, dmin last */
+            memcpy(p + bs - 4, &d, 2);
+            memcpy(p + bs - 2, &d2, 2);
+        } else if (t == TM_TYPE_Q3_K || t == TM_TYPE_TQ1_0 || t == TM_TYPE_TQ2_0)
+            memcpy(p + bs - 2, &d, 2);
     }
 }
 /* Tokens of an n-token call that the int8 AMX kernel takes through tiles: the
@@ -52,12 +63,15 @@ static int64_t amx_tokens(int64_t n) {
 int main(void) {
     tm_rng r;
     tm_rng_seed(&r, 3);
-    tm_type types[] = {TM_TYPE_Q4_K, TM_TYPE_Q5_K, TM_TYPE_Q6_K,
-                       TM_TYPE_Q8_0, TM_TYPE_Q4_0, TM_TYPE_MXFP4};
+    /* then the low-bit types (cpu_gemm_lowbit_avx512.c, reached through emu_avx512_get) */
+    tm_type types[] = {TM_TYPE_Q4_K,  TM_TYPE_Q5_K, TM_TYPE_Q6_K,   TM_TYPE_Q8_0,  TM_TYPE_Q4_0,
+                       TM_TYPE_MXFP4, TM_TYPE_Q4_1, TM_TYPE_Q5_0,   TM_TYPE_Q5_1,  TM_TYPE_IQ4_NL,
+                       TM_TYPE_Q2_K,  TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0};
+    const int n_types = (int)(sizeof types / sizeof *types);
     int64_t ks[] = {32, 96, 256, 768, 2816};
     int64_t toks[] = {1, 3, 7, 16, 33, 50, 150}; /* 150: two token blocks of the bf16 kernel */
     int bad = 0;
-    for (int ti = 0; ti < 6; ti++)
+    for (int ti = 0; ti < n_types; ti++)
         for (int ki = 0; ki < 5; ki++)
             for (int nti = 0; nti < 7; nti++) {
                 tm_type t = types[ti];
