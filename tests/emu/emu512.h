@@ -519,22 +519,45 @@ cpu_gemm_fn emu_avx512_get(tm_type wtype);
                         e_bf16f(A_[32 * m_ + 2 * k_]) * e_bf16f(B_[32 * k_ + 2 * n_]) +            \
                         e_bf16f(A_[32 * m_ + 2 * k_ + 1]) * e_bf16f(B_[32 * k_ + 2 * n_ + 1]);     \
     } while (0)
-/* the low-bit kernels (cpu_gemm_lowbit_avx512.c) */
-EI uint64_t e_movepi8(E512 a) {
-    uint64_t k = 0;
-    for (int i = 0; i < 64; i++) k |= (uint64_t)(a.b[i] < 0) << i;
+/* the low-bit kernels (cpu_gemm_lowbit_avx512.c, cpu_gemm_iq_avx512.c) */
+EI E512 e_setq(long long a7, long long a6, long long a5, long long a4, long long a3, long long a2,
+               long long a1, long long a0) {
+    return e_setrq(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+#define _mm512_set_epi64 e_setq
+EI E512 e_s1q(long long v) {
+    return e_setrq(v, v, v, v, v, v, v, v);
+}
+#define _mm512_set1_epi64 e_s1q
+EI E512 e_add8(E512 a, E512 b) {
+    for (int i = 0; i < 64; i++) a.b[i] = (int8_t)(a.b[i] + b.b[i]);
+    return a;
+}
+#define _mm512_add_epi8 e_add8
+EI E512 e_masksub8(E512 src, __mmask64 k, E512 a, E512 b) {
+    for (int i = 0; i < 64; i++) b.b[i] = (int8_t)-b.b[i];
+    return e_maskadd8(src, k, a, b);
+}
+#define _mm512_mask_sub_epi8 e_masksub8
+EI E512 e_blend8(__mmask64 k, E512 a, E512 b) {
+    return e_maskmov8(a, k, b);
+}
+#define _mm512_mask_blend_epi8 e_blend8
+EI __mmask64 e_movepi8(E512 a) {
+    __mmask64 k = 0;
+    for (int i = 0; i < 64; i++)
+        if (a.b[i] < 0) k |= (__mmask64)1 << i;
     return k;
 }
 #define _mm512_movepi8_mask e_movepi8
-EI E512 e_abs8(E512 a) { /* -128 stays 0x80, as the hardware */
-    for (int i = 0; i < 64; i++) a.ub[i] = (uint8_t)(a.b[i] < 0 ? -a.b[i] : a.b[i]);
+EI E512 e_abs8(E512 a) { /* -128 stays -128 (0x80 as unsigned: 128) */
+    for (int i = 0; i < 64; i++) a.b[i] = (int8_t)(a.b[i] < 0 ? -a.b[i] : a.b[i]);
     return a;
 }
 #define _mm512_abs_epi8 e_abs8
-EI E512 e_masksub8(E512 src, uint64_t k, E512 a, E512 b) {
-    for (int i = 0; i < 64; i++)
-        if ((k >> i) & 1) src.b[i] = (int8_t)(a.b[i] - b.b[i]);
-    return src;
+EI E512 e_slli16(E512 a, unsigned n) {
+    for (int i = 0; i < 32; i++) a.w[i] = n > 15 ? 0 : (int16_t)((uint16_t)a.w[i] << n);
+    return a;
 }
-#define _mm512_mask_sub_epi8   e_masksub8
+#define _mm512_slli_epi16      e_slli16
 #define _mm512_zextsi256_si512 e_c256

@@ -51,6 +51,12 @@ static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
             memcpy(p + bs - 2, &d2, 2);
         } else if (t == TM_TYPE_Q3_K || t == TM_TYPE_TQ1_0 || t == TM_TYPE_TQ2_0)
             memcpy(p + bs - 2, &d, 2);
+        else if (t == TM_TYPE_IQ1_M) /* d in the top nibbles of the four u16 scale words */
+            for (int i = 0; i < 4; i++)
+                p[49 + 2 * i] = (uint8_t)((p[49 + 2 * i] & 0x0F) | (d >> 4 * i & 0xF) << 4);
+        else if (t == TM_TYPE_IQ2_XXS || t == TM_TYPE_IQ2_XS || t == TM_TYPE_IQ2_S ||
+                 t == TM_TYPE_IQ3_XXS || t == TM_TYPE_IQ3_S || t == TM_TYPE_IQ1_S)
+            memcpy(p, &d, 2); /* the other grid i-quants start with d */
     }
 }
 /* Tokens of an n-token call that the int8 AMX kernel takes through tiles: the
@@ -63,10 +69,14 @@ static int64_t amx_tokens(int64_t n) {
 int main(void) {
     tm_rng r;
     tm_rng_seed(&r, 3);
-    /* then the low-bit types (cpu_gemm_lowbit_avx512.c, reached through emu_avx512_get) */
-    tm_type types[] = {TM_TYPE_Q4_K,  TM_TYPE_Q5_K, TM_TYPE_Q6_K,   TM_TYPE_Q8_0,  TM_TYPE_Q4_0,
-                       TM_TYPE_MXFP4, TM_TYPE_Q4_1, TM_TYPE_Q5_0,   TM_TYPE_Q5_1,  TM_TYPE_IQ4_NL,
-                       TM_TYPE_Q2_K,  TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0};
+    /* then the low-bit types (cpu_gemm_lowbit_avx512.c and cpu_gemm_iq_avx512.c, reached
+     * through emu_avx512_get) */
+    tm_type types[] = {TM_TYPE_Q4_K,   TM_TYPE_Q5_K,   TM_TYPE_Q6_K,    TM_TYPE_Q8_0,
+                       TM_TYPE_Q4_0,   TM_TYPE_MXFP4,  TM_TYPE_Q4_1,    TM_TYPE_Q5_0,
+                       TM_TYPE_Q5_1,   TM_TYPE_IQ4_NL, TM_TYPE_Q2_K,    TM_TYPE_Q3_K,
+                       TM_TYPE_IQ4_XS, TM_TYPE_TQ1_0,  TM_TYPE_TQ2_0,   TM_TYPE_IQ2_XXS,
+                       TM_TYPE_IQ2_XS, TM_TYPE_IQ2_S,  TM_TYPE_IQ3_XXS, TM_TYPE_IQ3_S,
+                       TM_TYPE_IQ1_S,  TM_TYPE_IQ1_M};
     const int n_types = (int)(sizeof types / sizeof *types);
     int64_t ks[] = {32, 96, 256, 768, 2816};
     int64_t toks[] = {1, 3, 7, 16, 33, 50, 150}; /* 150: two token blocks of the bf16 kernel */
