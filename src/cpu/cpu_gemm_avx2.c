@@ -20,14 +20,6 @@ TM_AVX2_INLINE float h2f(tm_half h) {
     return _cvtsh_ss(h);
 }
 
-TM_AVX2_INLINE void store_tile(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
-                               __m256 acc[4][4]) {
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = cpu_hsum8_avx2(acc[i][j]);
-}
-
 #define ROW(type, i, b) ((const type *)(a->w + (size_t)(r + (i)) * a->wrb) + (b))
 #define TOK(type, j, b) ((const type *)(a->x + (size_t)(t + (j)) * a->xrb) + (b))
 
@@ -118,7 +110,7 @@ TM_AVX2_INLINE void k45_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
             }
         }
     }
-    store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx2(nr, nt, a, r, t, acc);
 }
 
 #define q4k_micro(R, T, a, r, t) k45_micro(R, T, a, r, t, 0)
@@ -207,7 +199,7 @@ TM_AVX2_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
                                             _mm256_cvtepi32_ps(acci[i][j]), acc[i][j]);
         }
     }
-    store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx2(nr, nt, a, r, t, acc);
 }
 
 /* ---- blocks of 32 signed values with one scale, times q8_0 ---- */
@@ -266,7 +258,7 @@ TM_AVX2_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r, 
             }
         }
     }
-    store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx2(nr, nt, a, r, t, acc);
 }
 
 #define q80_micro(R, T, a, r, t)   b32_micro(R, T, a, r, t, B32_Q8_0, sizeof(tm_block_q8_0))

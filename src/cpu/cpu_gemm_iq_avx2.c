@@ -52,14 +52,6 @@ IQ_AVX2_INLINE void iq_group_avx2(tm_type t, const void *blk, int g, __m256i *m,
     *sc = _mm256_inserti128_si256(_mm256_set1_epi16((short)lo), _mm_set1_epi16((short)hi), 1);
 }
 
-IQ_AVX2_INLINE void iq_store_tile(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
-                                  __m256 acc[4][4]) {
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = cpu_hsum8_avx2(acc[i][j]);
-}
-
 IQ_AVX2_INLINE void iq_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
                              tm_type type) {
     const size_t bsize = iq_block_bytes(type);
@@ -107,7 +99,7 @@ IQ_AVX2_INLINE void iq_micro(int nr, int nt, const tm_tile_args *a, int64_t r, i
                                             _mm256_cvtepi32_ps(acci[i][j]), acc[i][j]);
         }
     }
-    iq_store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx2(nr, nt, a, r, t, acc);
 }
 
 /* Decode: 4 rows a tile (each group's x loaded once for 4 rows); prompts 2 x 2. */

@@ -16,14 +16,6 @@
 
 #define TOK(type, j, b) ((const type *)(a->x + (size_t)(t + (j)) * a->xrb) + (b))
 
-TM_AVX2_INLINE void lb_store_tile(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
-                                  __m256 acc[4][4]) {
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = cpu_hsum8_avx2(acc[i][j]);
-}
-
 /* ---- 256-value blocks times q8_K ---- */
 
 TM_AVX2_INLINE void lb256_micro(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
@@ -83,7 +75,7 @@ TM_AVX2_INLINE void lb256_micro(int nr, int nt, const tm_tile_args *a, int64_t r
                 }
             }
     }
-    lb_store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx2(nr, nt, a, r, t, acc);
 }
 
 /* ---- 32-value blocks times q8_0 ---- */
@@ -128,7 +120,7 @@ TM_AVX2_INLINE void lb32_micro(int nr, int nt, const tm_tile_args *a, int64_t r,
             }
         }
     }
-    lb_store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx2(nr, nt, a, r, t, acc);
 }
 
 /* decode 4 rows x 1 token, prompts 2 x 2 (256-value blocks) or 4 x 2 (32-value) */

@@ -72,4 +72,16 @@ typedef struct tm_tile_args {
         if (r1 - r >= 1) micro(1, &args, r);                                                       \
     }
 
+#if defined(__x86_64__)
+/* Store an nr x nt tile of 8-lane accumulators: y[t + j][r + i] = sum of acc[i][j]
+ * (every AVX2 tile kernel ends with it). */
+TM_AVX2 static inline __attribute__((always_inline)) void
+cpu_tile_store_avx2(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t, __m256 acc[4][4]) {
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = cpu_hsum8_avx2(acc[i][j]);
+}
+#endif
+
 #endif
