@@ -2,7 +2,7 @@
 # Check the CUDA kernels' arithmetic and the op harness on a machine without
 # a GPU: builds tests/test_cuda_ops.c against a host mock of src/cuda/cuda.h
 # (tests/emu/cuda_mock.cpp) and against the launchers and kernels of
-# src/cuda/router.cu, norm_rope.cu, mmvq_q8x.cu, moe_fetch.cu, attention.cu and
+# src/cuda/router.cu, norm_rope.cu, mmvq_q8x.cu, mmvq_lbx.cu, moe_fetch.cu, attention.cu and
 # dequant.cu themselves (tests/cuda/check_fetch.c, check_attention.c and
 # check_dequant.c run on them too: attention's cases up to TM_CUDA_ATTN_WORK
 # query-key pairs, prompts on its f32 kernel, as the tensor-core one is not
@@ -44,7 +44,7 @@ sed -n 's/^void \(check_[a-z0-9_]*\)(void \*\*state);$/\1/p' tests/cuda/cuda_che
 CXX="g++ -std=c++20 -O2 -w -Isrc -Itests/emu -I$CUDA_INC"
 CC="gcc -std=c11 -O1 -D_GNU_SOURCE -DTM_HAVE_CUDA=1 -Isrc -Iinclude -Itests -Wall -Wextra -Werror -Wno-unused-parameter $SAN"
 pids=()
-for f in router norm_rope mmvq_q8x moe_fetch attention dequant; do
+for f in router norm_rope mmvq_q8x mmvq_lbx moe_fetch attention dequant; do
     python3 tests/emu/cuda_emu_extract.py src/cuda/$f.cu > "$T/$f.cpp"
     $CXX -include cuda_warp_shim.h -c "$T/$f.cpp" -o "$T/$f.o" & pids+=($!)
 done

@@ -4,7 +4,8 @@
  *   mmvq     vs a double-precision dot of quant_row_dequantize'd rows, every
  *            weight type (check_types: the low-bit ones on raw random blocks)
  *   mmvq_q8x the activation quantizer bit for bit against the host's, and the
- *            q8_0 integer product vs a double dot with the quantized activations
+ *            q8_0, q4_K and low-bit (TM_CUDA_LBX_TYPES) integer products vs a double
+ *            dot with the quantized activations
  *   moe      vs a double-precision loop over the same items (dequantized
  *            experts, SwiGLU, weighted scatter-add)
  *   router   vs moe_router_select (src/moe/router.c)
@@ -188,10 +189,29 @@ static void test_mmvq(void **state) {
  * exact, so the error is float32's: nb = k/32 scaled sums (two roundings each)
  * added in any order, within (nb + 2) u Σ_b |d_w d_x Σ w q|, bounded by
  * (nb + 2) u Σ |w x̂|. Rows 4-byte aligned, k a multiple of 64. */
+/* |m_h| of value j of a low-bit row (lbx_unit.cuh's offsets: 0 but for the types with
+ * a min), for the tolerance below. */
+static double lbx_min_abs(tm_type type, const uint8_t *row, int64_t j) {
+    switch (type) {
+    case TM_TYPE_Q2_K: { /* dmin times the scale byte's high nibble */
+        const uint8_t *b = row + 84 * (j / 256);
+        return fabs(quant_f16_to_f32((uint16_t)(b[82] | b[83] << 8))) * (b[j % 256 / 16] >> 4);
+    }
+    case TM_TYPE_Q4_1:
+    case TM_TYPE_Q5_1: { /* the block's m */
+        const uint8_t *b = row + (type == TM_TYPE_Q4_1 ? 20 : 24) * (j / 32);
+        return fabs(quant_f16_to_f32((uint16_t)(b[2] | b[3] << 8)));
+    }
+    default:
+        return 0.0;
+    }
+}
+
 static double mmvq_q8x_case(tm_rng *r, tm_type type, const mmvq_case *c) {
     const int64_t rows = c->rows, k = c->k, nt = c->n_tok, nb = k / 32;
     const size_t row_bytes = quant_row_size(type, k) + c->pad;
-    assert_true(type == TM_TYPE_Q8_0 || type == TM_TYPE_Q4_K);
+    const bool lbx = cuda_lbx_type(type);
+    assert_true(type == TM_TYPE_Q8_0 || type == TM_TYPE_Q4_K || lbx);
     float *wd;
     uint8_t *w = random_matrix(r, type, rows, k, row_bytes, &wd);
     float *x = xmalloc((size_t)nt * k * sizeof(float));
@@ -222,16 +242,28 @@ static double mmvq_q8x_case(tm_rng *r, tm_type type, const mmvq_case *c) {
     double worst = 0;
     for (int64_t t = 0; t < nt; t++)
         for (int64_t i = 0; i < rows; i++) {
-            double ref = 0, mag = 0;
+            double ref = 0, mag = 0, mag_lbx = 0;
             for (int64_t j = 0; j < k; j++) {
-                const double p =
-                    (double)wd[i * k + j] * ((double)d[t * nb + j / 32] * q[t * k + j]);
+                const double xj = (double)d[t * nb + j / 32] * q[t * k + j];
+                const double p = (double)wd[i * k + j] * xj;
                 ref += p;
                 mag += fabs(p);
+                if (lbx)
+                    mag_lbx += (fabs(wd[i * k + j]) + 2 * lbx_min_abs(type, w + i * row_bytes, j)) *
+                               fabs(xj);
             }
             /* q4_K: a sub-block's d sc Σ q x_q - dmin m Σ x_q cancels as the dequantized
-               weights do, so the f32 path's (k + 2) u bound */
-            const double tol = (double)(type == TM_TYPE_Q4_K ? k + 2 : nb + 2) * U32 * mag + 1e-30;
+               weights do, so the f32 path's (k + 2) u bound.
+               Low-bit (mmvq_lbx.cuh): per unit the integer sums are exact; d_0 S_0, d_1 S_1,
+               the two m_h X_h terms and the scale by d_x round 5 times, each within u of a
+               partial sum bounded by M_unit = Σ (|d_h q| + |m_h|) |x̂|; a lane adds its
+               units in sequence, the warp (5 levels) and the k split (2 levels) add the
+               lanes: nb + 7 more roundings at most; the reference's weights carry one
+               rounding of d_h q - m_h. So |err| <= (nb + 13) u M with M = Σ M_unit <=
+               Σ (|w| + 2 |m_h|) |x̂| (|d_h q| <= |w| + |m_h|). */
+            const double tol = (lbx ? (double)(nb + 13) * U32 * mag_lbx
+                                    : (double)(type == TM_TYPE_Q4_K ? k + 2 : nb + 2) * U32 * mag) +
+                               1e-30;
             const double err = fabs((double)y[t * rows + i] - ref);
             if (!(err <= tol))
                 fail_msg("mmvq_q8x %s rows %lld k %lld n_tok %lld pad %zu: y[%lld][%lld] = %.9g, "
@@ -269,6 +301,32 @@ static void test_mmvq_q8x(void **state) {
         worst = fmax(worst, mmvq_q8x_case(&r, TM_TYPE_Q4_K, &q4k[ci]));
     printf("mmvq_q8x q4_K: %zu cases ok, worst |err|/tol %.3g\n", sizeof(q4k) / sizeof(q4k[0]),
            worst);
+    /* the low-bit types: whole blocks, rows at every alignment their blocks allow (pad 2:
+       odd rows 2 mod 4 where the block size is 2 mod 4), k with a partial last step of 32
+       units, every k split (4096 and 8192 rows: 2 and 1 warps a row group), 1 to 8 tokens */
+    for (size_t ti = 0; ti < CHECK_N_TYPES; ti++) {
+        const tm_type type = check_types[ti];
+        if (!cuda_lbx_type(type)) continue;
+        const tm_type_traits *tr = quant_type_traits((uint32_t)type);
+        const size_t pad = tr->type_size % 4 ? 2 : 4;
+        const mmvq_case c256[] = {
+            {1, 256, 1, 0},    {7, 768, 2, pad},   {33, 2816, 5, 0},    {1000, 2048, 8, pad},
+            {64, 512, 1, pad}, {4096, 1024, 2, 0}, {8192, 256, 1, pad}, {5, 3072, 8, 0},
+        };
+        const mmvq_case c32[] = {
+            {1, 32, 1, 0},     {7, 96, 2, pad},    {33, 1056, 5, 0},   {1000, 2048, 8, pad},
+            {64, 160, 1, pad}, {4096, 1024, 2, 0}, {8192, 64, 1, pad}, {5, 1120, 8, 0},
+        };
+        const mmvq_case *cs = tr->block_size == 256 ? c256 : c32;
+        worst = 0;
+        for (size_t ci = 0; ci < sizeof(c256) / sizeof(c256[0]); ci++)
+            worst = fmax(worst, mmvq_q8x_case(&r, type, &cs[ci]));
+        printf("mmvq_q8x %-7s: %zu cases ok, worst |err|/tol %.3g\n", quant_type_name(type),
+               sizeof(c256) / sizeof(c256[0]), worst);
+        assert_false(cuda_mmvq_q8x_ok(type, 4 * tr->type_size, 3 * tr->block_size / 2)); /* part */
+        assert_true(cuda_mmvq_q8x_ok(type, 2 * pad, tr->block_size));
+        assert_int_equal(cuda_mmvq_q8x_ok(type, 2, tr->block_size), tr->type_size % 4 != 0);
+    }
     /* what the integer kernel cannot read is refused */
     assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 34 * 3, 96)); /* odd number of blocks */
     assert_false(cuda_mmvq_q8x_ok(TM_TYPE_Q8_0, 2, 64));      /* rows 2-byte aligned */
@@ -377,18 +435,20 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
     double *xd = xmalloc((size_t)E * sizeof(double)), *h = xmalloc((size_t)F * sizeof(double));
     double *dh = xmalloc((size_t)F * sizeof(double));
     /* q8x: the activations as the GPU quantizes them (bit for bit), h quantized from
-       the reference's own (rounded to float as the GPU's is) */
+       the reference's own (rounded to float as the GPU's is); each where its kernel takes
+       8-bit activations (gate/up: gate and up of one type it reads; down: its type) */
+    const bool qgu = cuda_moe_q8x_gate_up(&p, n_items, NT), qd = cuda_moe_q8x_down(&p, n_items, NT);
     int8_t *xq = xmalloc((size_t)(NT * E + F)), *hq = xq + NT * E;
     float *xs = xmalloc((size_t)(NT * E + F) / 32 * sizeof(float)), *hs = xs + NT * E / 32;
     float *hf = xmalloc((size_t)F * sizeof(float));
-    if (c->q8x) quant_ref_quantize_q8x(x, NT * E, xq, xs);
+    if (qgu) quant_ref_quantize_q8x(x, NT * E, xq, xs);
     for (int64_t i = 0; i < NT * E; i++) ref[i] = y0[i], tol[i] = U32 * fabs(y0[i]);
     const double gE = (double)(E + 2) * U32, gF = (double)(F + 2) * U32;
     for (int64_t it = 0; it < n_items - 1; it++) {
         const int64_t e = items[it].slot, t = items[it].token, id = items[it].expert;
         const double wt = items[it].weight;
         for (int64_t j = 0; j < E; j++)
-            xd[j] = c->q8x ? (double)xs[(t * E + j) / 32] * xq[t * E + j] : x[t * E + j];
+            xd[j] = qgu ? (double)xs[(t * E + j) / 32] * xq[t * E + j] : x[t * E + j];
         for (int64_t f = 0; f < F; f++) {
             double mg, mu;
             double gv = dot_d(gd + (e * F + f) * E, xd, E, &mg);
@@ -407,7 +467,7 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
                 dh[f] = gE * (1.1 * mg * fabs(uv) + fabs(gv) * mu) + 4 * U32 * fabs(h[f]);
             }
         }
-        if (c->q8x) {
+        if (qd) {
             for (int64_t f = 0; f < F; f++) hf[f] = (float)h[f];
             quant_ref_quantize_q8x(hf, F, hq, hs);
             for (int64_t f = 0; f < F; f++) h[f] = (double)hs[f / 32] * hq[f];
@@ -432,7 +492,9 @@ static void moe_run_case(tm_rng *r, const moe_case *c) {
                 r2 += (ref[i] - y0[i]) * (ref[i] - y0[i]);
         worst = sqrt(e2 / r2) / 1e-3;
         if (!(worst <= 1))
-            fail_msg("moe q4_K q8x embd %lld ff %lld tok %lld: |err|/|sum| = %.3g (want < 1e-3)",
+            fail_msg("moe %s/%s/%s q8x embd %lld ff %lld tok %lld: |err|/|sum| = %.3g (want "
+                     "< 1e-3)",
+                     quant_type_name(c->tg), quant_type_name(c->tu), quant_type_name(c->td),
                      (long long)E, (long long)F, (long long)NT, sqrt(e2 / r2));
     }
     for (int64_t i = 0; i < NT * E && !c->q8x; i++) {
@@ -496,6 +558,15 @@ static void test_moe_grouped(void **state) {
         {256, 256, 2, 4, 2, TM_TYPE_TQ1_0, TM_TYPE_TQ2_0, TM_TYPE_Q5_0, false, false},
         {96, 160, 2, 4, 2, TM_TYPE_Q5_1, TM_TYPE_IQ4_NL, TM_TYPE_Q4_1, false, false},
         {256, 512, 1, 6, 3, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XXS, TM_TYPE_IQ1_M, true, false},
+        /* the low-bit types with 8-bit activations: decode of one token and of 8
+           sequences, the epilogues; mixed layers: gate/up and down of different types,
+           an up unlike gate (gate/up on f32, down 8-bit), a down without an 8-bit path */
+        {512, 256, 1, 8, 4, TM_TYPE_Q2_K, TM_TYPE_Q2_K, TM_TYPE_Q3_K, false, true},
+        {768, 512, 8, 12, 7, TM_TYPE_IQ4_XS, TM_TYPE_IQ4_XS, TM_TYPE_Q2_K, false, true},
+        {512, 256, 2, 6, 3, TM_TYPE_Q3_K, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, true, true},
+        {256, 256, 2, 4, 2, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_Q3_K, false, true},
+        {256, 512, 3, 6, 2, TM_TYPE_Q2_K, TM_TYPE_Q2_K, TM_TYPE_Q6_K, false, true},
+        {512, 256, 1, 8, 4, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q2_K, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }

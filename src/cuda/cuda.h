@@ -163,13 +163,44 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
  * address | row stride, k), which the executor asks. It also takes q4_K rows
  * (16-byte aligned, k a multiple of 256: each q8x block is one of its
  * sub-blocks, Σ (d sc q - dmin m) x = d_x (d sc Σ q x_q - dmin m Σ x_q)), for
- * the executor's dense q4_K products and the grouped experts' 8-bit path. */
+ * the executor's dense q4_K products and the grouped experts' 8-bit path, and
+ * rows of the low-bit types of TM_CUDA_LBX_TYPES (mmvq_lbx.cu: per 32 values,
+ * d_x (d_0 Σ q x_q - m_0 Σ x_q + the same for the second 16) with the
+ * dequantizer's scales d_h and offsets m_h, lbx_unit.cuh). */
 static inline size_t cuda_q8x_bytes(int64_t k, int64_t n_tok) {
     return k > 0 && n_tok > 0 ? (size_t)(n_tok * k) + (size_t)(n_tok * (k / 32)) * sizeof(float)
                               : 0;
 }
+/* The low-bit types with an 8-bit path too (an unpacker each, src/cuda/lbx_unit*.cuh;
+ * adding a type: its unpacker and a line here). Their rows need whole blocks and the
+ * alignment their blocks allow: 4 bytes where the block size is a multiple of 4 (the
+ * unpackers read those blocks with plain aligned words), else 2. */
+#define TM_CUDA_LBX_TYPES(X)                                                                       \
+    X(TM_TYPE_Q2_K)                                                                                \
+    X(TM_TYPE_Q3_K)                                                                                \
+    X(TM_TYPE_IQ4_XS)                                                                              \
+    X(TM_TYPE_Q4_1)                                                                                \
+    X(TM_TYPE_Q5_0)                                                                                \
+    X(TM_TYPE_Q5_1)                                                                                \
+    X(TM_TYPE_IQ4_NL)                                                                              \
+    X(TM_TYPE_TQ1_0)                                                                               \
+    X(TM_TYPE_TQ2_0)
+static inline bool cuda_lbx_type(tm_type type) {
+    switch (type) {
+#define TM_CUDA_LBX_CASE(T) case T:
+        TM_CUDA_LBX_TYPES(TM_CUDA_LBX_CASE)
+#undef TM_CUDA_LBX_CASE
+        return true;
+    default:
+        return false;
+    }
+}
 static inline bool cuda_mmvq_q8x_ok(tm_type type, uintptr_t align, int64_t k) {
     if (type == TM_TYPE_Q4_K) return (align & 15) == 0 && k > 0 && k % 256 == 0;
+    if (cuda_lbx_type(type)) {
+        const tm_type_traits *tr = quant_type_traits((uint32_t)type);
+        return (align & (tr->type_size % 4 == 0 ? 3 : 1)) == 0 && k > 0 && k % tr->block_size == 0;
+    }
     return type == TM_TYPE_Q8_0 && (align & 3) == 0 && k > 0 && k % 64 == 0;
 }
 tm_status cuda_q8x_quantize(const float *x, int64_t k, int64_t n_tok, void *xq,
@@ -227,10 +258,11 @@ typedef struct tm_cuda_moe_params {
     tm_cuda_moe_matrix gate, up; /* n_ff rows of n_embd */
     tm_cuda_moe_matrix down;     /* n_embd rows of n_ff */
     tm_cuda_moe_ext ext;         /* zeroed: silu(g) u, no biases */
-    /* 8-bit activations (the normal mode's decode): with q4_K gate, up and down
-     * that cuda_mmvq_q8x reads, cuda_moe_grouped quantizes x and the items' h
-     * (cuda_q8x_quantize's rule) and takes integer products when n_tok <= n_items;
-     * else ignored. */
+    /* 8-bit activations (the normal mode's decode): when n_tok <= n_items, the
+     * kernels whose matrices cuda_moe_q8x_gate_up / cuda_moe_q8x_down accept
+     * (q4_K or low-bit experts that cuda_mmvq_q8x reads) take integer products
+     * with x, or the items' h, quantized by cuda_q8x_quantize's rule; the other
+     * kernel keeps f32. Ignored otherwise. */
     bool q8x;
 } tm_cuda_moe_params;
 
@@ -261,16 +293,20 @@ static inline tm_cuda_moe_q8x_scratch cuda_moe_q8x_scratch(const tm_cuda_moe_par
     s.hd = (float *)(s.hq + n_items * p->n_ff);
     return s;
 }
-/* Whether cuda_moe_grouped takes its 8-bit path (the launcher and both mocks ask). */
-static inline bool cuda_moe_q8x_ok(const tm_cuda_moe_params *p, int64_t n_items, int64_t n_tok) {
-    const tm_cuda_moe_matrix *m[3] = {&p->gate, &p->up, &p->down};
-    bool ok = p->q8x && n_tok <= n_items;
-    for (int i = 0; i < 3 && ok; i++)
-        ok = m[i]->type == TM_TYPE_Q4_K &&
-             cuda_mmvq_q8x_ok(TM_TYPE_Q4_K,
-                              (uintptr_t)m[i]->data | m[i]->row_bytes | m[i]->expert_stride,
-                              i < 2 ? p->n_embd : p->n_ff);
-    return ok;
+/* Which of cuda_moe_grouped's two kernels take 8-bit activations (the launcher and both
+ * mocks ask): gate/up where gate and up have one type that cuda_mmvq_q8x reads (q4_K or
+ * TM_CUDA_LBX_TYPES: q8_0 experts keep f32), down where down has; each independently. */
+static inline bool cuda_moe_q8x_matrix(const tm_cuda_moe_matrix *m, int64_t k) {
+    return (m->type == TM_TYPE_Q4_K || cuda_lbx_type(m->type)) &&
+           cuda_mmvq_q8x_ok(m->type, (uintptr_t)m->data | m->row_bytes | m->expert_stride, k);
+}
+static inline bool cuda_moe_q8x_gate_up(const tm_cuda_moe_params *p, int64_t n_items,
+                                        int64_t n_tok) {
+    return p->q8x && n_tok <= n_items && p->gate.type == p->up.type &&
+           cuda_moe_q8x_matrix(&p->gate, p->n_embd) && cuda_moe_q8x_matrix(&p->up, p->n_embd);
+}
+static inline bool cuda_moe_q8x_down(const tm_cuda_moe_params *p, int64_t n_items, int64_t n_tok) {
+    return p->q8x && n_tok <= n_items && cuda_moe_q8x_matrix(&p->down, p->n_ff);
 }
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                            int64_t n_items, const float *x, int64_t n_tok, float *y,

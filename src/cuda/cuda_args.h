@@ -131,9 +131,11 @@ static inline tm_status cuda_mmvq_q8x_args_check(tm_type type, const void *w, si
         row_bytes < quant_row_size(type, k))
         return tm_error_set(TM_ERR_ARG,
                             "cuda_mmvq_q8x: %s weights, k %lld, row stride %zu (want q8_0 with k "
-                            "a multiple of 64 and rows 4-byte aligned, or q4_K with k a multiple "
-                            "of 256 and rows 16-byte aligned, rows no shorter than the type's; "
-                            "activations xq 16-byte aligned)",
+                            "a multiple of 64 and rows 4-byte aligned, q4_K with k a multiple "
+                            "of 256 and rows 16-byte aligned, or a low-bit type of "
+                            "TM_CUDA_LBX_TYPES with whole blocks and rows aligned to 4 bytes "
+                            "(2 where its block size is not a multiple of 4); rows no shorter "
+                            "than the type's; activations xq 16-byte aligned)",
                             quant_type_name(type), (long long)k, row_bytes);
     return TM_OK;
 }

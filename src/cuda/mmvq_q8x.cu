@@ -1,10 +1,10 @@
 /* q8_0 (and q4_K) matrix × 8-bit activations for decode batches
- * (mmvq_q8x.cuh), and the activation quantizer. Launch shape as mmvq.cu's fast path: a warp computes
+ * (mmvq_q8x.cuh; the low-bit types go to mmvq_lbx.cu), and the activation quantizer. Launch shape as mmvq.cu's fast path: a warp computes
  * R = 4 rows (TIERMOE_Q8X_R=2: 2 for 3+ tokens), TM_FAST_WARPS warps a block split rows
  * or the k steps of a row group. */
 #include <stdlib.h>
 
-#include "cuda/mmvq_q8x.cuh"
+#include "cuda/mmvq_lbx.cuh"
 
 /* One warp per 32 values: n_tok * k is a multiple of 32, so a warp is one
  * block of one token. */
@@ -18,25 +18,6 @@ __global__ void __launch_bounds__(256)
     const float dv = amax / 127.0f, id = dv != 0.0f ? 1.0f / dv : 0.0f;
     q[i] = (int8_t)__float2int_rn(v * id);
     if ((threadIdx.x & 31) == 0) d[i / 32] = dv;
-}
-
-template <int TYPE, int NT, int R>
-__global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP)
-    tm_mmvq_q8x_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, tm_q8x_view x,
-                       int n_tok, int ksplit, float *__restrict__ y) {
-    const int lane = threadIdx.x & (TM_CUDA_WARP - 1), warp = threadIdx.x >> 5;
-    const uint8_t *rp[R];
-    const int64_t r0 = tm_fast_group<R>(rp, w, row_bytes, rows, warp, ksplit);
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    if (TYPE == TM_TYPE_Q4_K)
-        tm_q4kx_rows<NT, R>(acc, rp, x, n_tok, lane, warp % ksplit, ksplit);
-    else
-        tm_q8x_rows<NT, R>(acc, rp, x, n_tok, lane, warp % ksplit, ksplit);
-    tm_fast_store<NT, R>(acc, r0, rows, n_tok, warp, lane, ksplit, y);
 }
 
 tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream) {
@@ -61,6 +42,8 @@ extern "C" tm_status cuda_mmvq_q8x(tm_type type, const void *w, size_t row_bytes
     const bool q4k = type == TM_TYPE_Q4_K;
     const tm_q8x_view x = tm_q8x_at(xq, k, n_tok);
     const uint8_t *wb = (const uint8_t *)w;
+    if (!q4k && type != TM_TYPE_Q8_0)
+        return tm_mmvq_lbx(type, wb, row_bytes, rows, k, x, (int)n_tok, y, stream);
     /* rows a warp computes: with 3 or more tokens the activations are most of
      * what a warp loads, and each activation load serves R rows. H200, 30b-a3b
      * -ngl all, 8 sequences: tg64 x8 854 t/s with R = 2, 910 with 4 (2 for 3+

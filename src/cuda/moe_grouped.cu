@@ -15,10 +15,11 @@
  * one and their rows and expert starts are aligned (gate and up also of one
  * type): a gate/up warp computes gate rows r, r+1 and up rows r, r+1 against
  * one load of x (R = 4 rows), a down warp 4 consecutive rows against h; the
- * type is a template parameter chosen once per launch, and so is Q8X: q4_K
- * experts with 8-bit activations (tm_cuda_moe_params.q8x), the same row groups
- * over x and h quantized per 32 values, with the integer dot of
- * mmvq_q8x.cuh. The generic kernels
+ * type is a template parameter chosen once per launch, and so is Q8X: q4_K or
+ * low-bit experts with 8-bit activations (tm_cuda_moe_params.q8x), the same
+ * row groups over x or h quantized per 32 values, with the integer dots of
+ * mmvq_q8x.cuh and mmvq_lbx.cuh; chosen per kernel (cuda_moe_q8x_gate_up,
+ * cuda_moe_q8x_down: gate/up on gate's type, down on down's). The generic kernels
  * (one warp per row, per-type code of mmvq.cuh) take the rest.
  *
  * Shapes: this first version is written for decode (1 token x 8 experts: 8
@@ -26,7 +27,7 @@
  * (from L2 when the tokens of an expert are adjacent in the list), which is
  * correct but not the fast prompt path (that is a tiled/tensor-core kernel
  * over expert-major groups, to come). */
-#include "cuda/mmvq_q8x.cuh"
+#include "cuda/mmvq_lbx.cuh"
 #include "cuda/moe_ext.cuh"
 
 /* TM_MOE_WARPS: cuda_args.h (the grid bound checks it) */
@@ -97,8 +98,8 @@ __global__ void __launch_bounds__(TM_MOE_WARPS *TM_CUDA_WARP)
 /* ---- fast path ---- */
 
 /* A fast kernel's input rows (row i of k values): f32 at x + i k, or with Q8X
- * (8-bit activations, q4_K weights only) cuda_q8x_quantize's values at
- * q + i k and scales at d + i k/32. */
+ * (8-bit activations) cuda_q8x_quantize's values at q + i k and scales at
+ * d + i k/32. */
 struct tm_moe_in {
     const float *x;
     const int8_t *q;
@@ -109,9 +110,9 @@ struct tm_moe_in {
 template <int TYPE, bool Q8X, int R>
 static __device__ __forceinline__ void tm_moe_rows(float (&acc)[R][1], const uint8_t *const *rp,
                                                    tm_moe_in in, int64_t row, int64_t k, int lane) {
-    if (Q8X) {
+    if constexpr (Q8X) {
         const tm_q8x_view v = {in.q + row * k, in.d + row * (k / 32), k};
-        tm_q4kx_rows<1, R>(acc, rp, v, 1, lane, 0, 1);
+        tm_q8x_type_rows<TYPE, 1, R>(acc, rp, v, 1, lane, 0, 1);
     } else {
         tm_fast_rows<TYPE, 1, R>(acc, rp, k, in.x + row * k, k, 1, lane, 0, 1);
     }
@@ -204,6 +205,36 @@ __global__ void __launch_bounds__(TM_FAST_WARPS *TM_CUDA_WARP, TM_MOE_FAST_MIN_B
         break;                                                                                     \
     }
 
+/* Launch the gate/up (down: the down) fast kernel with 8-bit activations for experts
+ * of type `type` (q4_K or TM_CUDA_LBX_TYPES; the caller checked cuda_moe_q8x_*). */
+template <int TYPE>
+static void tm_moe_q8x_kernel(bool down, dim3 grid, dim3 block, cudaStream_t s,
+                              const tm_cuda_moe_params &p, const tm_cuda_moe_item *items,
+                              tm_moe_in in, int64_t n_tok, float *out) {
+    if (down)
+        tm_moe_down_fast_kernel<TYPE, true><<<grid, block, 0, s>>>(p, items, in, n_tok, out);
+    else
+        tm_moe_gate_up_fast_kernel<TYPE, true><<<grid, block, 0, s>>>(p, items, in, n_tok, out);
+}
+static tm_status tm_moe_q8x_launch(tm_type type, bool down, dim3 grid, dim3 block, cudaStream_t s,
+                                   const tm_cuda_moe_params &p, const tm_cuda_moe_item *items,
+                                   tm_moe_in in, int64_t n_tok, float *out) {
+    switch (type) {
+    case TM_TYPE_Q4_K:
+        tm_moe_q8x_kernel<TM_TYPE_Q4_K>(down, grid, block, s, p, items, in, n_tok, out);
+        return TM_OK;
+#define TM_MOE_LBX_CASE(T)                                                                         \
+    case T:                                                                                        \
+        tm_moe_q8x_kernel<T>(down, grid, block, s, p, items, in, n_tok, out);                      \
+        return TM_OK;
+        TM_CUDA_LBX_TYPES(TM_MOE_LBX_CASE)
+#undef TM_MOE_LBX_CASE
+    default:
+        return tm_error_set(TM_ERR_UNSUPPORTED, "cuda_moe_grouped: no 8-bit path for %s experts",
+                            quant_type_name(type));
+    }
+}
+
 extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items,
                                       int64_t n_items, const float *x, int64_t n_tok, float *y,
                                       float *h_scratch, tm_cuda_stream stream) {
@@ -217,30 +248,29 @@ extern "C" tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda
     /* the fast kernels' grids: an item and a group of rows a block */
     const dim3 fg1((unsigned)n_items, (unsigned)tm_cdiv(p->n_ff, TM_FAST_WARPS * TM_MOE_FAST_FF)),
         fg2((unsigned)n_items, (unsigned)tm_cdiv(p->n_embd, TM_FAST_WARPS * TM_MOE_FAST_E));
-    if (cuda_moe_q8x_ok(p, n_items, n_tok)) { /* x, then the items' h, quantized after h */
-        const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n_items, n_tok, h_scratch);
+    const bool qgu = cuda_moe_q8x_gate_up(p, n_items, n_tok),
+               qd = cuda_moe_q8x_down(p, n_items, n_tok);
+    const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n_items, n_tok, h_scratch);
+    if (qgu) { /* x quantized into the scratch, past h */
         if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, q.xq, q.xd, stream)) != TM_OK) return st;
-        tm_moe_gate_up_fast_kernel<TM_TYPE_Q4_K, true>
-            <<<fg1, fblock, 0, stream>>>(*p, items, tm_moe_in{NULL, q.xq, q.xd}, n_tok, h_scratch);
-        if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up (q8x)", n_items, p->n_ff,
-                                       p->n_embd)) != TM_OK ||
-            (st = tm_q8x_quantize_n(h_scratch, n_items * p->n_ff, q.hq, q.hd, stream)) != TM_OK)
-            return st;
-        tm_moe_down_fast_kernel<TM_TYPE_Q4_K, true>
-            <<<fg2, fblock, 0, stream>>>(*p, items, tm_moe_in{NULL, q.hq, q.hd}, n_tok, y);
-        return tm_cuda_launch_check("cuda_moe_grouped down (q8x)", n_items, p->n_embd, p->n_ff);
-    }
-    if (tm_moe_fast_gate_up(p)) {
+        st = tm_moe_q8x_launch(p->gate.type, false, fg1, fblock, stream, *p, items,
+                               tm_moe_in{NULL, q.xq, q.xd}, n_tok, h_scratch);
+    } else if (tm_moe_fast_gate_up(p)) {
         TM_MOE_FAST_SWITCH(p->gate.type, tm_moe_gate_up_fast_kernel, fg1, fblock, stream, *p, items,
                            tm_moe_in{x, NULL, NULL}, n_tok, h_scratch);
     } else {
         const dim3 g1((unsigned)n_items, (unsigned)((p->n_ff + TM_MOE_WARPS - 1) / TM_MOE_WARPS));
         tm_moe_gate_up_kernel<<<g1, block, 0, stream>>>(*p, gv, uv, items, x, n_tok, h_scratch);
     }
-    if ((st = tm_cuda_launch_check("cuda_moe_grouped gate/up", n_items, p->n_ff, p->n_embd)) !=
-        TM_OK)
+    if (st != TM_OK || (st = tm_cuda_launch_check("cuda_moe_grouped gate/up", n_items, p->n_ff,
+                                                  p->n_embd)) != TM_OK)
         return st;
-    if (tm_moe_fast_matrix(&p->down, p->n_ff)) {
+    if (qd) { /* the items' h quantized after them */
+        if ((st = tm_q8x_quantize_n(h_scratch, n_items * p->n_ff, q.hq, q.hd, stream)) != TM_OK ||
+            (st = tm_moe_q8x_launch(p->down.type, true, fg2, fblock, stream, *p, items,
+                                    tm_moe_in{NULL, q.hq, q.hd}, n_tok, y)) != TM_OK)
+            return st;
+    } else if (tm_moe_fast_matrix(&p->down, p->n_ff)) {
         TM_MOE_FAST_SWITCH(p->down.type, tm_moe_down_fast_kernel, fg2, fblock, stream, *p, items,
                            tm_moe_in{h_scratch, NULL, NULL}, n_tok, y);
     } else {

@@ -153,24 +153,28 @@ static size_t gpu_gemm_scratch(const tm_exec *e) {
     return most;
 }
 
-/* Whether rows of this type, alignment and length take 8-bit activations: q8_0 rows
- * the integer kernel reads, and q4_K ones when e->gpu_q8x_q4k is on. */
+/* Whether rows of this type, alignment and length take 8-bit activations: q8_0 and
+ * low-bit rows the integer kernels read (the low-bit ones unless e->gpu_q8x_q8_0_only),
+ * and q4_K ones when e->gpu_q8x_q4k is on. */
 static bool gpu_q8x_rows(const tm_exec *e, tm_type type, uintptr_t align, int64_t k) {
-    return (type != TM_TYPE_Q4_K || e->gpu_q8x_q4k) && cuda_mmvq_q8x_ok(type, align, k);
+    if (type == TM_TYPE_Q4_K && !e->gpu_q8x_q4k) return false;
+    if (cuda_lbx_type(type) && e->gpu_q8x_q8_0_only) return false;
+    return cuda_mmvq_q8x_ok(type, align, k);
 }
 
-/* Set e->gpu_q8x_q4k and e->gpu_q8x_k, the longest row of a GPU matrix whose decode
- * products take 8-bit activations, in the normal mode (the precise mode, a test
- * reference, keeps f32 activations).
- * TIERMOE_MMVQ_Q8X=0 turns them off, =q4_K gives them to q4_K matrices too (both for
- * comparisons: H200, 30b-a3b with q4_K attention, -ngl all, tg64 335.2 t/s with f32
- * activations for its q4_K products against 330.1 with 8-bit ones, x8 985.6 against
- * 988.2). 0: none. */
+/* Set e->gpu_q8x_q4k, e->gpu_q8x_q8_0_only and e->gpu_q8x_k, the longest row of a GPU
+ * matrix whose decode products take 8-bit activations, in the normal mode (the precise
+ * mode, a test reference, keeps f32 activations).
+ * TIERMOE_MMVQ_Q8X=0 turns them off, =q4_K gives them to q4_K matrices too, =q8_0 keeps
+ * them to q8_0 matrices (low-bit ones back on f32) (all for comparisons: H200, 30b-a3b
+ * with q4_K attention, -ngl all, tg64 335.2 t/s with f32 activations for its q4_K
+ * products against 330.1 with 8-bit ones, x8 985.6 against 988.2). 0: none. */
 static void gpu_q8x_setup(tm_exec *e) {
     const char *env = getenv("TIERMOE_MMVQ_Q8X");
     e->gpu_q8x_k = 0;
     if (e->p.precise || (env && strcmp(env, "0") == 0)) return;
     e->gpu_q8x_q4k = env && strcmp(env, "q4_K") == 0;
+    e->gpu_q8x_q8_0_only = env && strcmp(env, "q8_0") == 0;
     const tm_gguf_file *f = e->p.file;
     int64_t most = 0;
     for (uint32_t i = 0; i < e->n_tensors; i++) {

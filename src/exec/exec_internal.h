@@ -100,13 +100,14 @@ struct tm_exec {
     const void **wdev; /* [n_tensors]: device copy (NULL: none) */
     void *gpu_scratch; /* products on tensor cores */
     size_t gpu_scratch_bytes;
-    float *gpu_attn;    /* attention scratch */
-    bool gpu_attn_f32;  /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
-    void *gpu_q8x;      /* 8-bit activations of a decode product (cuda_q8x_quantize) */
-    int64_t gpu_q8x_k;  /* the longest row it holds (0: products keep f32 activations) */
-    bool gpu_q8x_q4k;   /* q4_K matrices take them too (TIERMOE_MMVQ_Q8X=q4_K) */
-    int32_t *step_dev;  /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
-    int32_t *step_host; /* pinned, copied to step_dev by each step */
+    float *gpu_attn;        /* attention scratch */
+    bool gpu_attn_f32;      /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
+    void *gpu_q8x;          /* 8-bit activations of a decode product (cuda_q8x_quantize) */
+    int64_t gpu_q8x_k;      /* the longest row it holds (0: products keep f32 activations) */
+    bool gpu_q8x_q4k;       /* q4_K matrices take them too (TIERMOE_MMVQ_Q8X=q4_K) */
+    bool gpu_q8x_q8_0_only; /* low-bit matrices keep f32 (TIERMOE_MMVQ_Q8X=q8_0) */
+    int32_t *step_dev;      /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
+    int32_t *step_host;     /* pinned, copied to step_dev by each step */
     double upload_s, upload_bytes;
 
     /* the step */

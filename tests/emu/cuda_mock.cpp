@@ -2,7 +2,7 @@
  * scripts/cuda_emu_check.sh: tests/test_cuda_ops.c links against it instead
  * of the real backend, so the harness's plumbing, references and tolerances
  * run on a machine without a GPU. The ops of router.cu, norm_rope.cu,
- * mmvq_q8x.cu, moe_fetch.cu and attention.cu are not here: the script compiles those files themselves,
+ * mmvq_q8x.cu, mmvq_lbx.cu, moe_fetch.cu and attention.cu are not here: the script compiles those files themselves,
  * launchers and kernels, with each launch run on an emulated grid
  * (cuda_emu_extract.py, cuda_warp_shim.h). mmvq and the grouped experts call
  * the real device functions of src/cuda/mmvq.cuh and mmvq_fast.cuh lane by
@@ -13,7 +13,7 @@
  * open fail. */
 #include "cuda_warp_shim.h"
 #include "cuda/attention.cuh"
-#include "cuda/mmvq_q8x.cuh"
+#include "cuda/mmvq_lbx.cuh"
 #include "cuda/moe_ext.cuh"
 #include <chrono>
 #include <stdlib.h>
@@ -134,64 +134,82 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
     return TM_OK;
 }
 } /* extern "C" */
+/* Call f.operator()<T>() for an 8-bit path type T of the grouped experts (q4_K, TM_CUDA_LBX_TYPES). */
+template <class F> static void q8x_type_call(int type, F &&f) {
+    switch (type) {
+    case TM_TYPE_Q4_K: f.template operator()<TM_TYPE_Q4_K>(); break;
+#define MOCK_LBX_CASE(T) case T: f.template operator()<T>(); break;
+    TM_CUDA_LBX_TYPES(MOCK_LBX_CASE)
+#undef MOCK_LBX_CASE
+    default: abort();
+    }
+}
+/* The fast kernels' 8-bit rows rp[0..R) · v, one warp, summed over lanes as tm_warp_sum. */
+template <int TYPE, int R>
+static void q8x_warp_rows(const uint8_t *const *rp, tm_q8x_view v, float (&o)[R]) {
+    for (int j = 0; j < R; j++) o[j] = 0;
+    for (int lane = 0; lane < 32; lane++) { float acc[R][1] = {}; tm_q8x_type_rows<TYPE, 1, R>(acc, rp, v, 1, lane, 0, 1); for (int j = 0; j < R; j++) o[j] += acc[j][0]; }
+}
 extern "C" {
+/* The launcher's kernels one after the other: gate/up of every item into h (8-bit where
+ * cuda_moe_q8x_gate_up says, x quantized with the real quantizer), h quantized where
+ * cuda_moe_q8x_down says, then down of every item. */
 tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *items, int64_t n, const float *x, int64_t n_tok, float *y, float *h, tm_cuda_stream) {
     tm_status st = cuda_moe_grouped_args_check(p, n, x, n_tok, h); if (st || !n) return st;
     const bool a = tm_mmvq_vec16(p->gate.data, p->gate.row_bytes | p->gate.expert_stride), b = tm_mmvq_vec16(p->up.data, p->up.row_bytes | p->up.expert_stride),
                c = tm_mmvq_vec16(p->down.data, p->down.row_bytes | p->down.expert_stride);
     if (fast()) return TM_OK;
-    if (cuda_moe_q8x_ok(p, n, n_tok)) { /* the kernels' 8-bit path: x quantized, gate/up, h quantized, down */
-        const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n, n_tok, h);
-        int8_t *xq = q.xq, *hq = q.hq;
-        float *xd = q.xd, *hd = q.hd;
-        if ((st = tm_q8x_quantize_n(x, n_tok * p->n_embd, xq, xd, nullptr))) return st;
-        constexpr int F = TM_MOE_FAST_FF, E = TM_MOE_FAST_E;
-        for (int64_t i = 0; i < n; i++) {
-            const tm_cuda_moe_item it = items[i];
-            const bool ok = tm_moe_item_valid(it, p->n_slots, n_tok, p->ext);
-            const tm_q8x_view xv = {xq + it.token * p->n_embd, xd + it.token * (p->n_embd / 32), p->n_embd};
-            for (int64_t r0 = 0; r0 < p->n_ff; r0 += F) {
-                if (!ok) { for (int j = 0; j < F && r0 + j < p->n_ff; j++) h[i * p->n_ff + r0 + j] = 0; continue; }
-                const uint8_t *rp[2 * F];
-                for (int j = 0; j < F; j++) { int64_t r = r0 + j < p->n_ff ? r0 + j : p->n_ff - 1; rp[j] = (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride + r * p->gate.row_bytes; rp[F + j] = (const uint8_t *)p->up.data + it.slot * p->up.expert_stride + r * p->up.row_bytes; }
-                float o[2 * F] = {};
-                for (int lane = 0; lane < 32; lane++) { float acc[2 * F][1] = {}; tm_q4kx_rows<1, 2 * F>(acc, rp, xv, 1, lane, 0, 1); for (int j = 0; j < 2 * F; j++) o[j] += acc[j][0]; }
-                for (int j = 0; j < F; j++) if (r0 + j < p->n_ff) h[i * p->n_ff + r0 + j] = tm_moe_ext_h(p->ext, it.expert, r0 + j, p->n_ff, o[j], o[F + j]);
-            }
-        }
-        if ((st = tm_q8x_quantize_n(h, n * p->n_ff, hq, hd, nullptr))) return st;
-        for (int64_t i = 0; i < n; i++) {
-            const tm_cuda_moe_item it = items[i];
-            if (!tm_moe_item_valid(it, p->n_slots, n_tok, p->ext)) continue;
-            const tm_q8x_view hv = {hq + i * p->n_ff, hd + i * (p->n_ff / 32), p->n_ff};
-            for (int64_t r0 = 0; r0 < p->n_embd; r0 += E) {
-                const uint8_t *rp[E];
-                for (int j = 0; j < E; j++) rp[j] = (const uint8_t *)p->down.data + it.slot * p->down.expert_stride + (r0 + j < p->n_embd ? r0 + j : p->n_embd - 1) * p->down.row_bytes;
-                float o[E] = {};
-                for (int lane = 0; lane < 32; lane++) { float acc[E][1] = {}; tm_q4kx_rows<1, E>(acc, rp, hv, 1, lane, 0, 1); for (int j = 0; j < E; j++) o[j] += acc[j][0]; }
-                for (int j = 0; j < E; j++) if (r0 + j < p->n_embd) y[it.token * p->n_embd + r0 + j] += it.weight * (o[j] + tm_moe_ext_down(p->ext, it.expert, r0 + j, p->n_embd));
-            }
-        }
-        return TM_OK;
-    }
+    const bool qgu = cuda_moe_q8x_gate_up(p, n, n_tok), qd = cuda_moe_q8x_down(p, n, n_tok);
+    const tm_cuda_moe_q8x_scratch q = cuda_moe_q8x_scratch(p, n, n_tok, h);
+    if (qgu && (st = tm_q8x_quantize_n(x, n_tok * p->n_embd, q.xq, q.xd, nullptr))) return st;
+    constexpr int F = TM_MOE_FAST_FF, E = TM_MOE_FAST_E;
     const bool fgu = tm_moe_fast_gate_up(p), fd = tm_moe_fast_matrix(&p->down, p->n_ff);
     for (int64_t i = 0; i < n; i++) {
-        tm_cuda_moe_item it = items[i];
-        bool ok = tm_moe_item_valid(it, p->n_slots, n_tok, p->ext);
-        if (ok && fgu) MOCK_FAST_SWITCH(p->gate.type, fast_gate_up, p, it.expert, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride, (const uint8_t *)p->up.data + it.slot * p->up.expert_stride, x + it.token * p->n_embd, h + i * p->n_ff)
-        for (int64_t r = 0; r < p->n_ff && !(ok && fgu); r++) {
-            if (!ok) { h[i * p->n_ff + r] = 0; continue; }
+        const tm_cuda_moe_item it = items[i];
+        const bool ok = tm_moe_item_valid(it, p->n_slots, n_tok, p->ext);
+        const uint8_t *gb = (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride, *ub = (const uint8_t *)p->up.data + it.slot * p->up.expert_stride;
+        if (!ok) { for (int64_t r = 0; r < p->n_ff; r++) h[i * p->n_ff + r] = 0; continue; }
+        if (qgu) {
+            const tm_q8x_view xv = {q.xq + it.token * p->n_embd, q.xd + it.token * (p->n_embd / 32), p->n_embd};
+            for (int64_t r0 = 0; r0 < p->n_ff; r0 += F) {
+                const uint8_t *rp[2 * F];
+                for (int j = 0; j < F; j++) { int64_t r = r0 + j < p->n_ff ? r0 + j : p->n_ff - 1; rp[j] = gb + r * p->gate.row_bytes; rp[F + j] = ub + r * p->up.row_bytes; }
+                float o[2 * F];
+                q8x_type_call(p->gate.type, [&]<int T>() { q8x_warp_rows<T, 2 * F>(rp, xv, o); });
+                for (int j = 0; j < F; j++) if (r0 + j < p->n_ff) h[i * p->n_ff + r0 + j] = tm_moe_ext_h(p->ext, it.expert, r0 + j, p->n_ff, o[j], o[F + j]);
+            }
+            continue;
+        }
+        if (fgu) { MOCK_FAST_SWITCH(p->gate.type, fast_gate_up, p, it.expert, gb, ub, x + it.token * p->n_embd, h + i * p->n_ff) continue; }
+        for (int64_t r = 0; r < p->n_ff; r++) {
             float g, u;
-            row_dot(p->gate.type, (const uint8_t *)p->gate.data + it.slot * p->gate.expert_stride + r * p->gate.row_bytes, p->n_embd, a, x + it.token * p->n_embd, p->n_embd, 1, &g);
-            row_dot(p->up.type, (const uint8_t *)p->up.data + it.slot * p->up.expert_stride + r * p->up.row_bytes, p->n_embd, b, x + it.token * p->n_embd, p->n_embd, 1, &u);
+            row_dot(p->gate.type, gb + r * p->gate.row_bytes, p->n_embd, a, x + it.token * p->n_embd, p->n_embd, 1, &g);
+            row_dot(p->up.type, ub + r * p->up.row_bytes, p->n_embd, b, x + it.token * p->n_embd, p->n_embd, 1, &u);
             h[i * p->n_ff + r] = tm_moe_ext_h(p->ext, it.expert, r, p->n_ff, g, u);
         }
-        if (!ok) continue;
-        if (fd) { MOCK_FAST_SWITCH(p->down.type, fast_down, p, it.expert, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride, h + i * p->n_ff, it.weight, y + it.token * p->n_embd); continue; }
+    }
+    if (qd && (st = tm_q8x_quantize_n(h, n * p->n_ff, q.hq, q.hd, nullptr))) return st;
+    for (int64_t i = 0; i < n; i++) {
+        const tm_cuda_moe_item it = items[i];
+        if (!tm_moe_item_valid(it, p->n_slots, n_tok, p->ext)) continue;
+        const uint8_t *db = (const uint8_t *)p->down.data + it.slot * p->down.expert_stride;
+        float *yt = y + it.token * p->n_embd;
+        if (qd) {
+            const tm_q8x_view hv = {q.hq + i * p->n_ff, q.hd + i * (p->n_ff / 32), p->n_ff};
+            for (int64_t r0 = 0; r0 < p->n_embd; r0 += E) {
+                const uint8_t *rp[E];
+                for (int j = 0; j < E; j++) rp[j] = db + (r0 + j < p->n_embd ? r0 + j : p->n_embd - 1) * p->down.row_bytes;
+                float o[E];
+                q8x_type_call(p->down.type, [&]<int T>() { q8x_warp_rows<T, E>(rp, hv, o); });
+                for (int j = 0; j < E; j++) if (r0 + j < p->n_embd) yt[r0 + j] += it.weight * (o[j] + tm_moe_ext_down(p->ext, it.expert, r0 + j, p->n_embd));
+            }
+            continue;
+        }
+        if (fd) { MOCK_FAST_SWITCH(p->down.type, fast_down, p, it.expert, db, h + i * p->n_ff, it.weight, yt); continue; }
         for (int64_t r = 0; r < p->n_embd; r++) {
             float o;
-            row_dot(p->down.type, (const uint8_t *)p->down.data + it.slot * p->down.expert_stride + r * p->down.row_bytes, p->n_ff, c, h + i * p->n_ff, p->n_ff, 1, &o);
-            y[it.token * p->n_embd + r] += it.weight * (o + tm_moe_ext_down(p->ext, it.expert, r, p->n_embd));
+            row_dot(p->down.type, db + r * p->down.row_bytes, p->n_ff, c, h + i * p->n_ff, p->n_ff, 1, &o);
+            yt[r] += it.weight * (o + tm_moe_ext_down(p->ext, it.expert, r, p->n_embd));
         }
     }
     return TM_OK;

@@ -111,11 +111,11 @@ static bool matvec_q8x_run(void *arg, char *err, size_t err_size) {
     const int64_t nb = a->k / 32;
     const int8_t *q = a->xq;
     const float *d = (const float *)(q + a->n_tok * a->k);
-    if (a->type == TM_TYPE_Q4_K) { /* the dequantized row against the quantized values */
+    if (a->type != TM_TYPE_Q8_0) { /* q4_K, low-bit: the dequantized row against the values */
         float *row = malloc((size_t)a->k * sizeof(float));
         if (!row) return mock_fail(err, err_size, "out of host memory");
         for (int64_t r = 0; r < a->rows; r++) {
-            quant_row_dequantize(TM_TYPE_Q4_K, (const uint8_t *)a->w + r * a->row_bytes, row, a->k);
+            quant_row_dequantize(a->type, (const uint8_t *)a->w + r * a->row_bytes, row, a->k);
             for (int64_t t = 0; t < a->n_tok; t++) {
                 double s = 0;
                 for (int64_t i = 0; i < a->k; i++)
@@ -289,8 +289,9 @@ static void q8x_values(const int8_t *q, const float *d, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = (float)q[i] * d[i / 32];
 }
 
-/* The 8-bit path as the kernels run it: x quantized into the scratch, gate/up
- * of every item into h, h quantized after it, then down; the products take
+/* The 8-bit path as the kernels run it: x quantized into the scratch where
+ * gate/up takes 8-bit activations (cuda_moe_q8x_gate_up), gate/up of every item
+ * into h, h quantized after it where down does, then down; the products take
  * the quantized values (in double, as the f32 path here). */
 static bool moe_run_q8x(const moe_arg *a, moe_bufs *b, char *err, size_t err_size) {
     const tm_cuda_moe_params *p = &a->p;
@@ -301,9 +302,13 @@ static bool moe_run_q8x(const moe_arg *a, moe_bufs *b, char *err, size_t err_siz
     float *xs = malloc((size_t)(a->n_tok * E) * sizeof(float));
     float *hs = malloc((size_t)(a->n_items * F) * sizeof(float));
     bool ok = (xs && hs) || mock_fail(err, err_size, "out of host memory");
-    if (ok) {
+    const bool qgu = cuda_moe_q8x_gate_up(p, a->n_items, a->n_tok),
+               qd = cuda_moe_q8x_down(p, a->n_items, a->n_tok);
+    if (ok && qgu) {
         quant_ref_quantize_q8x(a->x, a->n_tok * E, q.xq, q.xd);
         q8x_values(q.xq, q.xd, a->n_tok * E, xs);
+    } else if (ok) {
+        memcpy(xs, a->x, (size_t)(a->n_tok * E) * sizeof(float));
     }
     for (int64_t i = 0; ok && i < a->n_items; i++) {
         float *h = a->h + i * F;
@@ -314,9 +319,11 @@ static bool moe_run_q8x(const moe_arg *a, moe_bufs *b, char *err, size_t err_siz
         ok = moe_item_gate_up(p, &a->items[i], xs, b, err, err_size);
         if (ok) memcpy(h, b->h, (size_t)F * sizeof(float));
     }
-    if (ok) {
+    if (ok && qd) {
         quant_ref_quantize_q8x(a->h, a->n_items * F, q.hq, q.hd);
         q8x_values(q.hq, q.hd, a->n_items * F, hs);
+    } else if (ok) {
+        memcpy(hs, a->h, (size_t)(a->n_items * F) * sizeof(float));
     }
     for (int64_t i = 0; ok && i < a->n_items; i++)
         if (moe_item_ok(&a->items[i], p, a->n_tok))
@@ -334,7 +341,8 @@ static bool moe_run(void *arg, char *err, size_t err_size) {
     NEED_DEVICE(a->h, (size_t)(a->n_items * p->n_ff) * 4, "h_scratch");
     moe_bufs b;
     bool ok = moe_bufs_alloc(&b, p) || mock_fail(err, err_size, "out of host memory");
-    if (ok && cuda_moe_q8x_ok(p, a->n_items, a->n_tok)) {
+    if (ok && (cuda_moe_q8x_gate_up(p, a->n_items, a->n_tok) ||
+               cuda_moe_q8x_down(p, a->n_items, a->n_tok))) {
         ok = moe_run_q8x(a, &b, err, err_size);
         moe_bufs_free(&b);
         return ok;
