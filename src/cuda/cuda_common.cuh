@@ -42,6 +42,17 @@ static __device__ __forceinline__ float tm_ld_f16(const uint8_t *p) {
     return __half2float(__ushort_as_half(h));
 }
 
+/* PRMT as the hardware does it: unlike __byte_perm, bit 3 of a selector
+ * nibble is kept and gives the sign of the selected byte replicated (0x00 or
+ * 0xff) instead of the byte. The host emulation (tests/emu/cuda_warp_shim.h) brings its own. */
+#ifndef TM_CUDA_EMU_PRMT
+static __device__ __forceinline__ uint32_t tm_prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
+    return d;
+}
+#endif
+
 static __device__ __forceinline__ float tm_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

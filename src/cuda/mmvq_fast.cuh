@@ -200,17 +200,6 @@ template <> struct tm_fast<TM_TYPE_Q8_0> {
     }
 };
 
-/* PRMT as the hardware does it: unlike __byte_perm, bit 3 of a selector
- * nibble is kept and gives the sign of the selected byte replicated (0x00 or
- * 0xff) instead of the byte. The host mock (tests/emu) brings its own. */
-#ifndef TM_CUDA_EMU_PRMT
-static __device__ __forceinline__ uint32_t tm_prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
-    return d;
-}
-#endif
-
 /* ---- mxfp4: a warp step is 16 blocks; lane l reads qs bytes [8h, 8h+8) of
  * block l/2 (h = l%2): low nibbles are values 8h + i, high nibbles values
  * 16 + 8h + i. 17-byte blocks are only byte-aligned: a lane loads the 4-byte
