@@ -6,7 +6,8 @@
 # dequant.cu themselves (tests/cuda/check_fetch.c, check_attention.c and
 # check_dequant.c run on them too: attention's cases up to TM_CUDA_ATTN_WORK
 # query-key pairs, prompts on its f32 kernel, as the tensor-core one is not
-# emulated; every weight type's decoder bit for bit), compiled as
+# emulated; every weight type's decoder bit for bit; check_lbx.c with its test
+# kernels tests/cuda/check_lbx.cu: the 8-bit unpackers), compiled as
 # host C++ with each launch run on an emulated grid (tests/emu/
 # cuda_emu_extract.py, cuda_warp_shim.h); the mock's mmvq and grouped experts
 # call the kernels' device functions lane by lane. Then runs the checks (any
@@ -38,7 +39,7 @@ trap 'rm -rf "$T"' EXIT
 # The other checks in tests/cuda/check_*.c need what the mock lacks (cuBLAS,
 # rows of several sequences, whole models): skipped here, through stubs.
 sed -n 's/^void \(check_[a-z0-9_]*\)(void \*\*state);$/\1/p' tests/cuda/cuda_check.h \
-    | grep -v '^check_fetch_ahead$\|^check_attention$\|^check_dequant$' \
+    | grep -v '^check_fetch_ahead$\|^check_attention$\|^check_dequant$\|^check_lbx$' \
     | awk 'BEGIN { print "#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>" }
            { print "void " $1 "(void **state);\nvoid " $1 "(void **state) { (void)state; skip(); }" }' > "$T/stubs.c"
 CXX="g++ -std=c++20 -O2 -w -Isrc -Itests/emu -I$CUDA_INC"
@@ -48,12 +49,15 @@ for f in router norm_rope mmvq_q8x mmvq_lbx moe_fetch attention dequant; do
     python3 tests/emu/cuda_emu_extract.py src/cuda/$f.cu > "$T/$f.cpp"
     $CXX -include cuda_warp_shim.h -c "$T/$f.cpp" -o "$T/$f.o" & pids+=($!)
 done
+python3 tests/emu/cuda_emu_extract.py tests/cuda/check_lbx.cu > "$T/check_lbx_cu.cpp"
+$CXX -Itests/cuda -include cuda_warp_shim.h -c "$T/check_lbx_cu.cpp" -o "$T/check_lbx_cu.o" & pids+=($!)
 $CXX -c tests/emu/cuda_mock.cpp -o "$T/mock.o" & pids+=($!)
 $CC -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wvla -c tests/test_cuda_ops.c -o "$T/test.o" & pids+=($!)
 $CC -c tests/cuda/cuda_check.c -o "$T/check.o" & pids+=($!)
 $CC -c tests/cuda/check_fetch.c -o "$T/check_fetch.o" & pids+=($!)
 $CC -c tests/cuda/check_attention.c -o "$T/check_attention.o" & pids+=($!)
 $CC -c tests/cuda/check_dequant.c -o "$T/check_dequant.o" & pids+=($!)
+$CC -c tests/cuda/check_lbx.c -o "$T/check_lbx.o" & pids+=($!)
 $CC -c "$T/stubs.c" -o "$T/stubs.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 g++ $SAN "$T"/*.o "$BUILD/libtiermoe_lib.a" $(pkg-config --libs cmocka jansson libpcre2-8 libutf8proc) \

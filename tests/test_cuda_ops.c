@@ -865,7 +865,7 @@ int main(void) {
         cmocka_unit_test(check_fetch_ahead), cmocka_unit_test(test_norm_rope_add),
         cmocka_unit_test(check_model),       cmocka_unit_test(check_gemm),
         cmocka_unit_test(check_attention),   cmocka_unit_test(check_attention_rows),
-        cmocka_unit_test(check_dequant),
+        cmocka_unit_test(check_dequant),     cmocka_unit_test(check_lbx),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);
