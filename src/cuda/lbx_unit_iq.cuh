@@ -21,8 +21,10 @@
  * 0x01010100 - g (exact per byte: every magnitude is 1..62, so each byte
  * borrows exactly the 1 its neighbour gives). The 7-bit sign fields of
  * iq2_xxs, iq2_xs and iq3_xxs get their 8th bit (even parity, the ksigns
- * table) by POPC. Small integers become floats as 2^23 + n - 2^23 (a LOP and
- * an FADD rather than the quarter-rate I2F). */
+ * table) by POPC. iq1's entries come from a table of PRMT selectors derived
+ * from its grid at compile time (4 bytes an entry instead of 8; one PRMT
+ * gives 4 values 8g ± 1). Small integers become floats as 2^23 + n - 2^23 (a
+ * LOP and an FADD rather than the quarter-rate I2F). */
 #ifndef TM_CUDA_LBX_UNIT_IQ_CUH
 #define TM_CUDA_LBX_UNIT_IQ_CUH
 
@@ -217,20 +219,44 @@ template <> struct tm_lbx<TM_TYPE_IQ3_S> : tm_lbx_grid<110> {
     }
 };
 
-/* iq1: 4 signed grid values g (bytes -1, 0, 1) as 8g + 1, or 8g - 1 where
- * neg is all ones. 8g is the word shifted by 3 with each byte's low 3 bits
- * cleared; it is XORed with 0x01 per byte (+1: the low bits are 0) or with
- * 0xff - 0xf0 * |g| per byte (-1: 0xf8 ^ 0x0f = 0xf7, 0x00 ^ 0xff = 0xff,
- * 0x08 ^ 0x0f = 0x07). The second is (g & 0x01010101) * -0xf0 - 1 in one
- * multiply-add: each byte stays in 0x0f..0xff, so the word is the bytes. */
-static __device__ __forceinline__ uint32_t tm_lbx_iq1_word(uint32_t g, uint32_t neg) {
-    return ((g << 3) & 0xf8f8f8f8u) ^
-           ((g & 0x01010101u) * (neg & 0xffffff10u) + (neg | 0x01010101u));
-}
+/* iq1's grid as PRMT selectors: nibble k of entry i is byte k of
+ * quant_grid_iq1_s[i] & 3 (0, 1, or 3 for -1), so __byte_perm of a word
+ * holding the values for g = 0, 1 and -1 in bytes 0, 1 and 3 gives 4 values
+ * at once: half the table's bytes and 3 instructions a group. Derived at
+ * compile time from the same generated grid text (quant_grids.c), here read
+ * as constexpr tables. */
+namespace tm_lbx_src {
+#define uint64_t constexpr uint64_t
+#define uint32_t constexpr uint32_t
+#define uint8_t  constexpr uint8_t
+#define int8_t   constexpr int8_t
+#include "quant/quant_grids.c"
+#undef uint64_t
+#undef uint32_t
+#undef uint8_t
+#undef int8_t
+} // namespace tm_lbx_src
 
-static __device__ __forceinline__ void tm_lbx_iq1_group(int *q, uint64_t g, uint32_t neg) {
-    q[0] = (int)tm_lbx_iq1_word((uint32_t)g, neg);
-    q[1] = (int)tm_lbx_iq1_word((uint32_t)(g >> 32), neg);
+struct tm_lbx_iq1_table {
+    uint32_t sel[2048];
+};
+static constexpr tm_lbx_iq1_table tm_lbx_iq1_table_make() {
+    tm_lbx_iq1_table t{};
+    for (int i = 0; i < 2048; i++)
+        for (int k = 0; k < 8; k++)
+            t.sel[i] |= (uint32_t)((tm_lbx_src::quant_grid_iq1_s[i] >> (8 * k)) & 3u) << (4 * k);
+    return t;
+}
+static __device__ const tm_lbx_iq1_table tm_lbx_iq1_sel = tm_lbx_iq1_table_make();
+
+/* The bytes 8g + 1 (g = 0, 1, -1 in bytes 0, 1, 3), or 8g - 1 where neg. */
+#define TM_LBX_IQ1_POS 0xf9000901u
+#define TM_LBX_IQ1_NEG 0xf70007ffu
+
+static __device__ __forceinline__ void tm_lbx_iq1_group(int *q, uint32_t idx, uint32_t vals) {
+    const uint32_t sel = tm_lbx_iq1_sel.sel[idx];
+    q[0] = (int)__byte_perm(vals, 0u, sel);
+    q[1] = (int)__byte_perm(vals, 0u, sel >> 16);
 }
 
 /* iq1_s: per unit 4 low index bytes at 2 + 4j and the u16 at 34 + 2j: 3 top
@@ -241,11 +267,11 @@ template <> struct tm_lbx<TM_TYPE_IQ1_S> : tm_lbx_grid<50> {
         const float dl =
             __fmul_rn(tm_lbx_h2f(tm_lbx_u16(b)), tm_lbx_i2f(((qh >> 11) & 0x0eu) | 1u));
         scales(w, __fmul_rn(dl, 0.125f), __fmul_rn(dl, 0.125f));
-        const uint32_t neg = (uint32_t)((int32_t)(qh << 16) >> 31);
+        const uint32_t vals = qh & 0x8000u ? TM_LBX_IQ1_NEG : TM_LBX_IQ1_POS;
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             const uint32_t idx = ((lo >> (8 * g)) & 0xffu) | (((qh >> (3 * g)) & 7u) << 8);
-            tm_lbx_iq1_group(w.q + 2 * g, tm_grid::quant_grid_iq1_s[idx], neg);
+            tm_lbx_iq1_group(w.q + 2 * g, idx, vals);
         }
     }
 };
@@ -267,8 +293,7 @@ template <> struct tm_lbx<TM_TYPE_IQ1_M> : tm_lbx_grid<56> {
         for (int g = 0; g < 4; g++) {
             const uint32_t nib = qh >> (4 * g);
             const uint32_t idx = ((lo >> (8 * g)) & 0xffu) | ((nib & 7u) << 8);
-            tm_lbx_iq1_group(w.q + 2 * g, tm_grid::quant_grid_iq1_s[idx],
-                             (uint32_t)((int32_t)(nib << 28) >> 31));
+            tm_lbx_iq1_group(w.q + 2 * g, idx, nib & 8u ? TM_LBX_IQ1_NEG : TM_LBX_IQ1_POS);
         }
     }
 };
