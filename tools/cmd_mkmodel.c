@@ -51,8 +51,20 @@ static void mkmodel_usage(FILE *out) {
         "  --rope-base F --rms-eps F    override any dimension of the preset\n"
         "  --vocab FILE         embed a HuggingFace tokenizer.json (and the tokenizer_config.json\n"
         "                       beside it); n_vocab grows to the vocabulary's size\n"
+        "  --fill MODE          random (default): every row of every matrix its own random\n"
+        "                       values; repeat: for speed benches only, each weight matrix\n"
+        "                       (attention, experts, output) gets --fill-rows distinct random\n"
+        "                       rows, quantized once and repeated through it: the weights\n"
+        "                       repeat; the file's tensors, types and sizes, the bytes a\n"
+        "                       token reads and the kernels' work are those of a normal file;\n"
+        "                       token embeddings, norms and routers are made in full, so\n"
+        "                       routing stays random (the file says fill_rows). Low-bit\n"
+        "                       types quantize at ~1-5 M values/s a thread: a 30b-a3b file\n"
+        "                       takes minutes in full, seconds this way\n"
+        "  --fill-rows N        distinct rows a matrix with --fill repeat (default %d)\n"
         "  -t, --threads N      generation threads (default: physical cores)\n"
-        "  -q, --quiet          no progress\n");
+        "  -q, --quiet          no progress\n",
+        SYNTH_FILL_ROWS_DEFAULT);
 }
 
 /* A class's type for the progress line: "recipe" where --mix decides. */
@@ -62,7 +74,8 @@ static const char *mkmodel_type_name(tm_type t) {
 
 int cmd_mkmodel(int argc, char **argv) {
     tm_synth_config cfg;
-    const char *preset = "tiny", *out = NULL, *routing_knob = NULL;
+    const char *preset = "tiny", *out = NULL, *routing_knob = NULL, *fill = "random";
+    long long fill_rows = 0;
     /* The preset comes first so that other flags override it, wherever they stand. */
     const char *mix = NULL;
     for (int i = 1; i + 1 < argc; i++) {
@@ -149,6 +162,14 @@ int cmd_mkmodel(int argc, char **argv) {
             }
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = v;
+        } else if (!strcmp(a, "--fill")) {
+            if (strcmp(v, "random") && strcmp(v, "repeat")) {
+                fprintf(stderr, "tiermoe mkmodel: --fill: '%s': expected random or repeat\n", v);
+                return 2;
+            }
+            fill = v;
+        } else if (!strcmp(a, "--fill-rows")) {
+            if (cli_parse_i64(a, v, 1, 1 << 20, &fill_rows)) return 2;
         } else if (!strcmp(a, "--vocab")) {
             cfg.vocab_json = v;
         } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
@@ -189,6 +210,12 @@ int cmd_mkmodel(int argc, char **argv) {
                 cfg.routing, routing_knob);
         return 2;
     }
+    if (fill_rows && strcmp(fill, "repeat")) {
+        fprintf(stderr, "tiermoe mkmodel: --fill-rows needs --fill repeat\n");
+        return 2;
+    }
+    if (!strcmp(fill, "repeat"))
+        cfg.fill_rows = fill_rows ? (uint32_t)fill_rows : SYNTH_FILL_ROWS_DEFAULT;
     if (!out) {
         fprintf(stderr, "tiermoe mkmodel: missing -o FILE.gguf\n");
         mkmodel_usage(stderr);
@@ -206,14 +233,15 @@ int cmd_mkmodel(int argc, char **argv) {
         fprintf(stderr,
                 "mkmodel: %s %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "
                 "used) of %u, vocab %u, experts %s, attention %s, embd %s, output %s%s%s, skew %g "
-                "(offset %g), locality %g (span %g)%s%s, seed %llu -> %s (%.2f GiB)\n",
+                "(offset %g), locality %g (span %g)%s%s, seed %llu%s -> %s (%.2f GiB)\n",
                 cfg.arch ? cfg.arch : "qwen3moe", cfg.n_layer, cfg.n_embd, cfg.n_head,
                 cfg.n_head_kv, cfg.head_dim, cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp,
                 cfg.n_vocab, mkmodel_type_name(cfg.type_experts), mkmodel_type_name(cfg.type_attn),
                 mkmodel_type_name(cfg.type_embd), mkmodel_type_name(cfg.type_output),
                 cfg.mix ? ", mix " : "", cfg.mix ? cfg.mix : "", cfg.skew, cfg.skew_offset,
                 cfg.locality, cfg.locality_span, cfg.routing ? ", profile " : "",
-                cfg.routing ? cfg.routing : "", (unsigned long long)cfg.seed, out,
+                cfg.routing ? cfg.routing : "", (unsigned long long)cfg.seed,
+                cfg.fill_rows ? ", fill repeat (weights repeat: speed benches only)" : "", out,
                 synth_config_tensor_bytes(&cfg) / 1073741824.0);
     if (synth_model_write(&cfg, out) != TM_OK) {
         fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());

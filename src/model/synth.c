@@ -140,6 +140,9 @@ tm_status synth_config_validate(const tm_synth_config *c) {
     if (synth_gptoss(c) && (!c->window || !(c->rope_factor >= 1) || !c->rope_orig_ctx))
         return tm_error_set(TM_ERR_ARG, "gpt-oss: window %u, YaRN factor %g over %u", c->window,
                             c->rope_factor, c->rope_orig_ctx);
+    if (c->fill_rows > (1u << 20))
+        return tm_error_set(TM_ERR_ARG, "--fill-rows %u is outside [1, %u]", c->fill_rows,
+                            1u << 20);
     if (!(c->rope_base > 0) || !(c->rms_eps > 0))
         return tm_error_set(TM_ERR_ARG, "rope base and rms epsilon must be positive");
     return synth_types_check(c);
@@ -428,8 +431,32 @@ static void synth_row_locality(const synth_tensor *t, int64_t row, float *x) {
     }
 }
 
-static void synth_row_generate(const synth_tensor *t, uint64_t seed, uint32_t tensor_index,
-                               int64_t row, float *tmp) {
+/* Whether the locality layout sets row `row` of t (synth_row_locality changes
+ * it): such rows are made in full under --fill repeat. Follows that switch. */
+static bool synth_row_locality_touches(const synth_tensor *t, int64_t row) {
+    const tm_synth_locality *L = t->loc;
+    if (!L) return false;
+    const bool head_layer = t->layer == L->layer;
+    switch (t->role) {
+    case ROLE_Q:
+    case ROLE_K:
+        return head_layer && row < (t->role == ROLE_Q ? (int64_t)L->n_q_heads : 1) * L->t_len;
+    case ROLE_V:
+        return head_layer && row < L->t_len;
+    case ROLE_O:
+        return head_layer || synth_in_topic(L, row);
+    case ROLE_DOWN:
+        return synth_in_topic(L, row % t->ne[1]);
+    case ROLE_OTHER:
+        return false;
+    default: /* embeddings, QK norms, routers: never pooled */
+        return true;
+    }
+}
+
+/* The row's values before locality's changes. */
+static void synth_row_values(const synth_tensor *t, uint64_t seed, uint32_t tensor_index,
+                             int64_t row, float *tmp) {
     tm_rng rng;
     uint64_t h = seed ^ ((uint64_t)tensor_index << 48);
     tm_rng_seed(&rng, tm_splitmix64(&h) ^ (uint64_t)row * 0xd1b54a32d192ed03ull);
@@ -451,7 +478,40 @@ static void synth_row_generate(const synth_tensor *t, uint64_t seed, uint32_t te
         tmp[SYNTH_BIAS_CHANNEL] = t->bias[row] / SYNTH_BIAS_BETA;
         break;
     }
+}
+
+static void synth_row_generate(const synth_tensor *t, uint64_t seed, uint32_t tensor_index,
+                               int64_t row, float *tmp) {
+    synth_row_values(t, seed, tensor_index, row, tmp);
     if (t->loc) synth_row_locality(t, row, tmp);
+}
+
+/* --fill repeat: whether t's rows come from a pool of n distinct rows. The
+ * matrices only: token embeddings carry each token's identity (routing follows
+ * it), norms and routers are small and f32. */
+static bool synth_tensor_pooled(const synth_tensor *t, uint32_t n) {
+    switch (t->kind) {
+    case TM_SYNTH_OUTPUT:
+    case TM_SYNTH_ATTN_Q:
+    case TM_SYNTH_ATTN_K:
+    case TM_SYNTH_ATTN_V:
+    case TM_SYNTH_ATTN_O:
+    case TM_SYNTH_GATE_EXPS:
+    case TM_SYNTH_UP_EXPS:
+    case TM_SYNTH_DOWN_EXPS:
+        return n && t->init == INIT_NORMAL && synth_tensor_rows(t) > (int64_t)n;
+    default:
+        return false;
+    }
+}
+
+/* The pool row that row `row` repeats: itself for the first n (they are the
+ * normal file's), then a pseudo-random one, so that no two experts hold the
+ * same rows in the same order. */
+static int64_t synth_pool_slot(uint64_t seed, uint32_t tensor_index, int64_t row, uint32_t n) {
+    if (row < (int64_t)n) return row;
+    uint64_t h = seed ^ ((uint64_t)tensor_index << 40) ^ (uint64_t)row * 0xd1b54a32d192ed03ull;
+    return (int64_t)(tm_splitmix64(&h) % n);
 }
 
 typedef struct synth_slab_job {
@@ -461,13 +521,32 @@ typedef struct synth_slab_job {
     int64_t row0;
     size_t row_bytes;
     uint8_t *out;
-    float **tmp; /* one row buffer per thread */
+    float **tmp;         /* one row buffer per thread */
+    const uint8_t *pool; /* --fill repeat: n_pool quantized rows (NULL: every row made) */
+    uint32_t n_pool;
 } synth_slab_job;
 
 static void synth_slab_rows(void *ctx, int64_t begin, int64_t end, int ith) {
     synth_slab_job *job = ctx;
     for (int64_t r = begin; r < end; r++) {
-        synth_row_generate(job->t, job->seed, job->tensor_index, job->row0 + r, job->tmp[ith]);
+        const int64_t row = job->row0 + r;
+        uint8_t *dst = job->out + (size_t)r * job->row_bytes;
+        if (job->pool && !synth_row_locality_touches(job->t, row)) {
+            const int64_t slot = synth_pool_slot(job->seed, job->tensor_index, row, job->n_pool);
+            memcpy(dst, job->pool + (size_t)slot * job->row_bytes, job->row_bytes);
+            continue;
+        }
+        synth_row_generate(job->t, job->seed, job->tensor_index, row, job->tmp[ith]);
+        quant_row_quantize(job->t->type, job->tmp[ith], dst, job->t->ne[0]);
+    }
+}
+
+/* --fill repeat: the pool's rows, quantized from the values of the tensor's
+ * first rows (before locality, which sets its rows in full). */
+static void synth_pool_rows(void *ctx, int64_t begin, int64_t end, int ith) {
+    synth_slab_job *job = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        synth_row_values(job->t, job->seed, job->tensor_index, r, job->tmp[ith]);
         quant_row_quantize(job->t->type, job->tmp[ith], job->out + (size_t)r * job->row_bytes,
                            job->t->ne[0]);
     }
@@ -540,6 +619,8 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
         SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.locality_span", (float)c->locality_span));
     }
     if (c->routing) SYNTH_KV(gguf_writer_set_str(w, "tiermoe.synth.routing", c->routing));
+    if (c->fill_rows) /* --fill repeat: the weights repeat (speed benches only) */
+        SYNTH_KV(gguf_writer_set_u32(w, "tiermoe.synth.fill_rows", c->fill_rows));
     if (c->vocab_json) {
         /* pad to n_vocab as llama.cpp's converter pads to config.json's vocab_size */
         tm_tokenizer_import_opts o = {.pad_to_n_vocab = c->n_vocab};
@@ -587,7 +668,7 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
     float *bias = malloc((size_t)c->n_layer * c->n_expert * sizeof(float));
     tm_pool *pool = NULL;
     tm_gguf_writer *w = NULL;
-    uint8_t *slab[2] = {NULL, NULL};
+    uint8_t *slab[2] = {NULL, NULL}, *pool_rows = NULL;
     float **tmp = NULL;
     tm_synth_locality *loc = NULL;
     int n_threads = c->n_threads > 0 ? c->n_threads : cpu_physical_cores();
@@ -627,9 +708,10 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
     const size_t slab_bytes = (size_t)32 << 20 > max_row_bytes ? (size_t)32 << 20 : max_row_bytes;
     if ((st = cpu_pool_create(n_threads, &pool)) != TM_OK) goto done;
     slab[0] = malloc(slab_bytes), slab[1] = malloc(slab_bytes);
+    if (c->fill_rows) pool_rows = malloc((size_t)c->fill_rows * max_row_bytes);
     tmp = calloc((size_t)n_threads, sizeof(float *));
     for (int i = 0; tmp && i < n_threads; i++) tmp[i] = malloc((size_t)max_ne0 * sizeof(float));
-    if (!slab[0] || !slab[1] || !tmp || !tmp[n_threads - 1]) {
+    if (!slab[0] || !slab[1] || !tmp || !tmp[n_threads - 1] || (c->fill_rows && !pool_rows)) {
         st = tm_error_set(TM_ERR_NOMEM, "mkmodel: out of memory for %zu-byte slabs", slab_bytes);
         goto done;
     }
@@ -639,10 +721,16 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
     for (uint32_t i = 0; i < n && st == TM_OK; i++) {
         const size_t rb = quant_row_size(t[i].type, t[i].ne[0]);
         const int64_t rows = synth_tensor_rows(&t[i]), per_slab = (int64_t)(slab_bytes / rb);
+        const bool pooled = synth_tensor_pooled(&t[i], c->fill_rows);
+        if (pooled) {
+            synth_slab_job pj = {&t[i], i, c->seed, 0, rb, pool_rows, tmp, NULL, 0};
+            cpu_pool_for(pool, c->fill_rows, 4, synth_pool_rows, &pj);
+        }
         for (int64_t r0 = 0; r0 < rows && st == TM_OK; r0 += per_slab) {
             int64_t nr = rows - r0 < per_slab ? rows - r0 : per_slab;
-            synth_slab_job job = {&t[i], i, c->seed, r0, rb, slab[cur], tmp};
-            cpu_pool_for(pool, nr, 16, synth_slab_rows, &job);
+            synth_slab_job job = {
+                &t[i], i, c->seed, r0, rb, slab[cur], tmp, pooled ? pool_rows : NULL, c->fill_rows};
+            cpu_pool_for(pool, nr, pooled ? 256 : 16, synth_slab_rows, &job);
             if (writing) {
                 pthread_join(writer, NULL);
                 writing = 0;
@@ -668,7 +756,7 @@ tm_status synth_model_write(const tm_synth_config *c, const char *path) {
 done:
     if (tmp)
         for (int i = 0; i < n_threads; i++) free(tmp[i]);
-    free(tmp), free(slab[0]), free(slab[1]);
+    free(tmp), free(slab[0]), free(slab[1]), free(pool_rows);
     if (pool) cpu_pool_free(pool);
     if (w) gguf_writer_free(w);
     free(t), free(bias), free(loc);

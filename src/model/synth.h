@@ -92,16 +92,27 @@ typedef struct tm_synth_config {
     tm_synth_tensor_type tensor_types[TM_SYNTH_MAX_TENSOR_TYPES];
     uint32_t n_tensor_types;
     uint64_t seed;
-    double skew;            /* Zipf exponent of expert popularity; 0 = uniform */
-    double skew_offset;     /* Zipf–Mandelbrot offset q: popularity ∝ (rank + q)^-skew */
-    double locality;        /* share of router-logit variance that is the recent-token average */
-    double locality_span;   /* e-folding distance of the recency head's attention (tokens) */
-    const char *routing;    /* routing profile named by --routing (metadata), or NULL */
+    double skew;          /* Zipf exponent of expert popularity; 0 = uniform */
+    double skew_offset;   /* Zipf–Mandelbrot offset q: popularity ∝ (rank + q)^-skew */
+    double locality;      /* share of router-logit variance that is the recent-token average */
+    double locality_span; /* e-folding distance of the recency head's attention (tokens) */
+    const char *routing;  /* routing profile named by --routing (metadata), or NULL */
+    /* --fill repeat (speed benches only): each weight matrix (attention, experts,
+     * output) holds fill_rows distinct random rows, quantized once and repeated
+     * through it in a pseudo-random order; its first fill_rows rows are the ones
+     * a normal file has. Token embeddings, norms, routers and the rows the
+     * locality layout sets are made in full, so routing stays random. Same
+     * tensors, types and sizes as a normal file; the weights repeat. 0: every
+     * row its own (the default). */
+    uint32_t fill_rows;
     int n_threads;          /* generation threads (0 = all cores) */
     const char *name;       /* general.name */
     const char *vocab_json; /* HF tokenizer.json to embed, or NULL for no vocabulary */
     int progress;           /* print progress and rate to stderr */
 } tm_synth_config;
+
+/* --fill repeat's distinct rows per matrix unless --fill-rows says otherwise. */
+#define SYNTH_FILL_ROWS_DEFAULT 256
 
 /* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b" or
  * "tiny-gpt-oss". */
