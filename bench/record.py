@@ -5,12 +5,14 @@
     python3 bench/record.py slug machine.json            # h100, h200, ... or cpu
     python3 bench/record.py wrap --out FILE --engine tiermoe|llama.cpp --stage S --case C
         --model NAME --model-file PATH --machine machine.json --commit C --call ID
-        [--env 'VAR=V ...'] [--round N] -- COMMAND... < raw.jsonl
+        [--env 'VAR=V ...'] [--round N] [--info KEY=VALUE ...] -- COMMAND... < raw.jsonl
 
 `wrap` reads the JSONL a bench printed (`tiermoe bench -o jsonl` or llama.cpp's
 `llama-bench -o jsonl`: one object a test) and appends one line a test to FILE:
 the object unchanged under "result", beside the engine, stage, case, model, the exact
-command and environment, the commit, the date, the call and the machine. It prints one
+command and environment, the commit, the date, the call and the machine, and what the
+harness knows of the model file (--info KEY=VALUE, repeatable: "info", numbers as
+numbers; e.g. expert_token_bytes, the expert bytes a token reads). It prints one
 short line a test and exits 1 when the input held no result. Standard library only (the
 GPU machine's Python).
 """
@@ -79,8 +81,26 @@ def env_dict(s):
     return out
 
 
+def info_dict(items):
+    """--info KEY=VALUE words as a dict, numbers as numbers."""
+    out = {}
+    for kv in items or []:
+        if "=" not in kv:
+            raise SystemExit(f"record.py: --info: expected KEY=VALUE, got '{kv}'")
+        k, v = kv.split("=", 1)
+        for conv in (int, float):
+            try:
+                v = conv(v)
+                break
+            except ValueError:
+                pass
+        out[k] = v
+    return out
+
+
 def wrap(a):
     meta = json.load(open(a.machine))
+    info = info_dict(a.info)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     recs = []
@@ -97,6 +117,8 @@ def wrap(a):
                "model": a.model, "model_file": a.model_file, "env": env_dict(a.env),
                "cmd": shlex.join(cmd), "commit": a.commit, "date": date, "call": a.call,
                "machine": meta, "result": r}
+        if info:
+            rec["info"] = info
         recs.append(json.dumps(rec) + "\n")
         ts, sd = speed(a.engine, r)
         print(f"  {a.engine:9} {a.case:22} {test_name(a.engine, r):12} "
@@ -119,6 +141,7 @@ def main():
     w.add_argument("--model-file", default="")
     w.add_argument("--env", default="")
     w.add_argument("--round", type=int, default=1)
+    w.add_argument("--info", action="append", help="KEY=VALUE about the model file (repeatable)")
     w.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.what == "machine":

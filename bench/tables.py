@@ -11,7 +11,15 @@ file, call (one harness run) and stage; a row a case, model, environment and tes
 both engines ran the same case, model and test at the same thread count in the same call,
 the ratio column is tiermoe's t/s over llama.cpp's; where tiermoe ran with a VRAM cache, its
 share of routed slots served from it follows. Repetitions of a case in a call (A/B rounds)
-are averaged; the row then says how many and their range. Standard library only.
+are averaged; the row then says how many and their range.
+
+Records that carry the expert type of their file (scripts/device.sh qtypes: info
+expert_type and expert_token_bytes, the routed experts' bytes a token reads) get one more
+table a file, over all its calls: a row a type with one-sequence decode (tg) everything
+on the GPU (cases gpu-T) and with the experts in RAM (cpu-moe-T) for both engines, the
+RAM bound of --cpu-moe decode (tiermoe's probed CPU read bandwidth before the test, mem_gbs,
+over the expert bytes a token), each engine's share of it, and tiermoe's --cpu-moe decode
+over that of the Q4_K file. Standard library only.
 """
 import argparse
 import collections
@@ -186,6 +194,49 @@ def stage_table(recs, commands, wide=False):
     return lines
 
 
+def qtypes_table(recs):
+    """The expert types' table (see the module's help), or [] without such records."""
+    by = collections.OrderedDict()  # type -> what its records measured
+    for r in recs:
+        info, res, eng = r.get("info") or {}, r["result"], r["engine"]
+        ty, t = info.get("expert_type"), test_name(r["engine"], r["result"])
+        if not ty or not t.startswith("tg") or " " in t:  # one-sequence decode only
+            continue
+        where = "cpu-moe" if r.get("case", "").startswith("cpu-moe") else "gpu"
+        d = by.setdefault(ty, {"ts": collections.defaultdict(list), "mem": [], "bytes": None,
+                               "test": t})
+        mean = speed(eng, res)[0]
+        if t != d["test"]:  # one decode length a type (the first seen)
+            continue
+        if mean is not None:
+            d["ts"][(eng, where)].append(mean)
+        d["bytes"] = info.get("expert_token_bytes") or d["bytes"]
+        if eng == "tiermoe" and where == "cpu-moe" and res.get("mem_gbs"):
+            d["mem"].append(res["mem_gbs"])
+    if not by:
+        return []
+    avg = lambda v: sum(v) / len(v) if v else None
+    ratio = lambda a, b: f"{a / b:.2f}" if a is not None and b else "-"
+    share = lambda a, b: f"{100 * a / b:.0f}%" if a is not None and b else "-"
+    base = by.get("Q4_K") or by.get("q4_K")
+    base_cpu = avg(base["ts"][("tiermoe", "cpu-moe")]) if base else None
+    lines = ["| experts | MiB a token | test | GPU llama.cpp | GPU tiermoe | GPU tiermoe / llama.cpp "
+             "| --cpu-moe llama.cpp | --cpu-moe tiermoe | --cpu-moe tiermoe / llama.cpp | RAM GB/s "
+             "| RAM bound t/s | tiermoe of bound | llama.cpp of bound | tiermoe / Q4_K's --cpu-moe |",
+             "| --- | ---: | --- |" + " ---: |" * 11]
+    for ty, d in by.items():
+        g_p, g_t = avg(d["ts"][("llama.cpp", "gpu")]), avg(d["ts"][("tiermoe", "gpu")])
+        c_p, c_t = avg(d["ts"][("llama.cpp", "cpu-moe")]), avg(d["ts"][("tiermoe", "cpu-moe")])
+        mem = avg(d["mem"])
+        bound = mem * 1e9 / d["bytes"] if mem and d["bytes"] else None
+        lines.append("| " + " | ".join([
+            ty, f"{d['bytes'] / 1048576:.1f}" if d["bytes"] else "-", d["test"],
+            fmt(g_p) or "-", fmt(g_t) or "-", ratio(g_t, g_p), fmt(c_p) or "-", fmt(c_t) or "-",
+            ratio(c_t, c_p), f"{mem:.1f}" if mem else "-", fmt(bound) or "-", share(c_t, bound),
+            share(c_p, bound), ratio(c_t, base_cpu)]) + " |")
+    return lines
+
+
 def tables(by_file, stage=None, commands=False, wide=False):
     out = []
     for f, recs in by_file.items():
@@ -210,6 +261,11 @@ def tables(by_file, stage=None, commands=False, wide=False):
             for s, srecs in stages.items():
                 out += ["", f"### {s}", ""] + stage_table(srecs, commands, wide)
             out.append("")
+        qt = qtypes_table([r for r in recs if not stage or r.get("stage") == stage])
+        if qt:
+            out += [f"### {os.path.basename(f)}: expert types (every call of the file; the "
+                    "RAM bound: tiermoe's probed read GB/s over the expert bytes a token)", ""]
+            out += qt + [""]
     return out
 
 

@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile quant)
+    kernels ab profile quant qtypes)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -48,6 +48,7 @@ declare -A HELP=(
     [kernels]="A/B rounds (ROUNDS 2) of kernel switches: q8x-decode (TIERMOE_MMVQ_Q8X 0/1, -ngl all; llama.cpp -ngl 99), moe-q8x (TIERMOE_MOE_Q8X 0/1, tg64 -np 1,8), dense-q4k (m30k, TIERMOE_MMVQ_Q8X 1/q4_K), attn-tc (TIERMOE_ATTN_TC 1/0, pp512,2048; llama.cpp too), graph and graph-cpu-moe (TIERMOE_CUDA_GRAPH 1/0, tg)"
     [ab]="interleaved A/B of any cases: AB='name|model|flags|VAR=V ...;name|...' ROUNDS (3)"
     [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
+    [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill repeat: the rest as the preset, the weights repeat; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk)"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -142,10 +143,12 @@ record() {
     local engine=$1 case=$2 model=$3 file=$4 envs=$5
     shift 5
     [ "$SMOKE" = 1 ] && model="$model (SMOKE: tiny)"
+    local info=() kv
+    for kv in ${REC_INFO:-}; do info+=(--info "$kv"); done
     python3 bench/record.py wrap --out "$RESULTS/$DAY-$SLUG-$STAGE.jsonl" --engine "$engine" \
         --stage "$STAGE" --case "$case" --model "$model" --model-file "$file" --env "$envs" \
         --round "${ROUND:-1}" --machine "$OUT/machine.json" --commit "$COMMIT" \
-        --call "$CALL" -- "$@" < "$TMPD/raw.jsonl"
+        --call "$CALL" "${info[@]}" -- "$@" < "$TMPD/raw.jsonl"
 }
 
 # Keep a text output the docs quote ($1) as $RESULTS/<date>-<machine>-<stage>-$2, under a
@@ -203,7 +206,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k | m30-*) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-* | m30x-*) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -231,9 +234,10 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     gptoss) args=(--preset gpt-oss-20b) ;;
     tiny) args=(--preset tiny) ;;
     m30-*) args=(--preset 30b-a3b --mix "${1#m30-}") ;;
+    m30x-*) args=(--preset 30b-a3b --type-experts "${1#m30x-}" --fill repeat) ;;
     esac
     if [ "$SMOKE" = 1 ]; then
-        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; m30-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
+        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
     fi
     stamp "model $1: mkmodel ${args[*]}"
     if ! "$TM" mkmodel "${args[@]}" -q -o "$f.part"; then
@@ -615,6 +619,39 @@ stage_quant() {
         peer_case "cpu-moe-$mix" "$m" -ngl 99 -ncmoe 48
         tm_case "cpu-moe-$mix" "$m" "" --cpu-moe
         rm -f "$(model_path "$m")"
+    done
+}
+
+# The routed experts' bytes one token reads from model file $1: the bytes of its
+# ffn_{gate,up,down}_exps tensors x expert_used_count / expert_count (tiermoe inspect).
+expert_token_bytes() {
+    "$TM" inspect "$1" 2> /dev/null | awk '
+        $1 ~ /^expert_used_count$/ {used = $2}
+        $1 ~ /^expert_count$/ {n = $2}
+        $1 ~ /ffn_(gate|up|down)_exps\.weight$/ {b += $(NF - 1)}
+        END {if (n && used && b) printf "%.0f\n", b * used / n}'
+}
+
+stage_qtypes() {
+    local ty m f t0 made bytes
+    need build || return 1
+    for ty in ${QTYPES:-Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M}; do
+        m=m30x-$ty
+        f=$(model_path "$m")
+        made=
+        [ -f "$f" ] || made=1
+        t0=$(date +%s)
+        ensure_model "$m" || { FAILED_CASES+=("qtypes/$m"); continue; }
+        [ -n "$made" ] && made=$(($(date +%s) - t0))
+        bytes=$(expert_token_bytes "$f")
+        stamp "model $m: ${made:+mkmodel $made s, }$(du -h "$f" | cut -f1), expert bytes a token ${bytes:-?}"
+        REC_INFO="expert_type=$ty${bytes:+ expert_token_bytes=$bytes}${made:+ mkmodel_s=$made}"
+        peer_case "gpu-$ty" "$m" -ngl 99
+        [ "$TM_CUDA" = ON ] && tm_case "gpu-$ty" "$m" "" -ngl all
+        peer_case "cpu-moe-$ty" "$m" -ngl 99 -ncmoe 48
+        tm_case "cpu-moe-$ty" "$m" "" --cpu-moe
+        REC_INFO=
+        rm -f "$f"
     done
 }
 

@@ -8,7 +8,13 @@ printed from them:
     a bad line is reported, skipped; --wide puts a case's tests on one row;
   - record.py wraps real raw output (`tiermoe bench -o jsonl` of a tiny model, and a line
     of llama-bench's JSONL as it prints one) unchanged under "result", with the command,
-    environment, commit and machine, and tables.py reads it back.
+    environment, commit and machine (and --info KEY=VALUE as "info", numbers as numbers),
+    and tables.py reads it back;
+  - the expert types' table (records with info expert_type, as device.sh qtypes writes
+    them) over two calls of a file: each engine's decode full GPU and --cpu-moe and their
+    ratios, the RAM bound (tiermoe's mem_gbs over the expert bytes a token) and each
+    engine's share of it, tiermoe's --cpu-moe over the Q4_K file's (from the other call),
+    all as computed here; prompt tests and records without a type stay out of it.
 """
 import json
 import os
@@ -114,7 +120,45 @@ def main():
           f"--wide: {gpu}")
     print(f"  tables.py: {len(got)} rows of call 1, ratios as computed here; call 2 unpaired")
 
-    # 2. record.py on real raw output
+    # 2. the expert types' table: Q4_K in call c1, IQ2_XXS in c2, as device.sh qtypes splits them
+    def q(rec, ty, nbytes, mem=None):
+        rec["stage"], rec["info"] = "qtypes", {"expert_type": ty, "expert_token_bytes": nbytes}
+        if mem is not None:
+            rec["result"]["mem_gbs"] = mem
+        return rec
+    b4, b2 = 1_019_215_872, 465_567_744  # 30b-a3b: 48 x 8 x one expert's bytes
+    speeds = {  # type -> (call, gpu llama.cpp, gpu tiermoe, cpu-moe llama.cpp, cpu-moe tiermoe, mem)
+        "Q4_K": ("c1", 290.0, 320.0, 43.0, 92.0, 104.0),
+        "IQ2_XXS": ("c2", 250.0, 280.0, 40.0, 170.0, 100.0)}
+    recs = []
+    for ty, (call, gp, gt, cp, ct, mem) in speeds.items():
+        nb = b4 if ty == "Q4_K" else b2
+        recs += [q(tm(f"cpu-moe-{ty}", "pp512", 9999.0, call=call), ty, nb, mem=1.0),
+                 q(peer(f"gpu-{ty}", 0, 128, gp, call=call), ty, nb),
+                 q(tm(f"gpu-{ty}", "tg128", gt, call=call), ty, nb, mem=0.0),
+                 q(peer(f"cpu-moe-{ty}", 0, 128, cp, call=call), ty, nb),
+                 q(tm(f"cpu-moe-{ty}", "tg128", ct, call=call), ty, nb, mem=mem),
+                 q(tm(f"cpu-moe-{ty}", "tg128 x8", 999.0, call=call), ty, nb, mem=mem)]
+    recs.append(tm("cpu-moe", "tg128", 1.0, call="c2"))  # no type: not in the table
+    fq = os.path.join(TMP, "2026-11-27-h100-qtypes.jsonl")
+    with open(fq, "w") as out:
+        out.writelines(json.dumps(r) + "\n" for r in recs)
+    r = tables(fq)
+    part = r.stdout.split("expert types")[1:2] or [""]
+    qt = {row[0]: row for row in rows(part[0]) if row[0] != "experts"}
+    check(set(qt) == set(speeds), f"expert types' rows {sorted(qt)}, want {sorted(speeds)}:\n{r.stdout}")
+    _, _, _, _, ct4, _ = speeds["Q4_K"]
+    for ty, (call, gp, gt, cp, ct, mem) in speeds.items():
+        nb = b4 if ty == "Q4_K" else b2
+        bound = mem * 1e9 / nb
+        want = [ty, f"{nb / 1048576:.1f}", "tg128", f"{gp:,.1f}", f"{gt:,.1f}", f"{gt / gp:.2f}",
+                f"{cp:,.1f}", f"{ct:,.1f}", f"{ct / cp:.2f}", f"{mem:.1f}", f"{bound:,.1f}",
+                f"{100 * ct / bound:.0f}%", f"{100 * cp / bound:.0f}%", f"{ct / ct4:.2f}"]
+        check(qt.get(ty) == want, f"expert types, {ty}: {qt.get(ty)}, want {want}")
+    print(f"  tables.py: expert types' table over two calls as computed here "
+          f"(IQ2_XXS / Q4_K --cpu-moe {qt.get('IQ2_XXS', ['?'] * 14)[13]})")
+
+    # 3. record.py on real raw output
     machine = os.path.join(TMP, "machine.json")
     with open(machine, "w") as out:
         json.dump(MACHINE, out)
@@ -137,11 +181,14 @@ def main():
         cmd = ["tiermoe", "bench", "-p", "16", "-n", "0", "-t", "2", "-o", "jsonl"]
         raw_tm = json.dumps({"model": "qwen3moe 0.0B q4_K", "test": "pp16", "threads": 2,
                              "n_parallel": 1, "ts_mean": 600.0, "ts_stddev": 0.0}) + "\n"
-    for eng, raw, c, env in (("llama.cpp", raw_peer + "\n", ["llama-bench", "-p", "16", "-m", "a b"], ""),
-                             ("tiermoe", raw_tm, cmd, "TIERMOE_X=1 TIERMOE_Y='a b'")):
+    info = ["--info", "expert_type=IQ2_XXS", "--info", "expert_token_bytes=465567744",
+            "--info", "x=1.5"]
+    for eng, raw, c, env, inf in (("llama.cpp", raw_peer + "\n", ["llama-bench", "-p", "16", "-m", "a b"], "", []),
+                                  ("tiermoe", raw_tm, cmd, "TIERMOE_X=1 TIERMOE_Y='a b'", info)):
         r = subprocess.run([sys.executable, RECORD, "wrap", "--out", res, "--engine", eng,
                             "--stage", "cpu", "--case", "cpu", "--model", "tiny", "--machine",
-                            machine, "--commit", "abc123", "--call", "c9", "--env", env, "--", *c],
+                            machine, "--commit", "abc123", "--call", "c9", "--env", env, *inf,
+                            "--", *c],
                            input=raw, capture_output=True, text=True)
         check(r.returncode == 0 and "cpu" in r.stdout, f"record.py wrap {eng}: {r.stdout} {r.stderr}")
     r = subprocess.run([sys.executable, RECORD, "wrap", "--out", res, "--engine", "tiermoe",
@@ -158,6 +205,9 @@ def main():
         check(wt["env"] == {"TIERMOE_X": "1", "TIERMOE_Y": "a b"} and wp["cmd"] == "llama-bench -p 16 -m 'a b'"
               and wt["commit"] == "abc123" and wt["machine"] == MACHINE and wt["call"] == "c9",
               f"meta: {wt['env']} {wp['cmd']!r} {wt['commit']}")
+        check("info" not in wp and wt.get("info") == {"expert_type": "IQ2_XXS",
+                                                       "expert_token_bytes": 465567744, "x": 1.5},
+              f"--info: {wp.get('info')} / {wt.get('info')}")
         r = tables(res)
         tr = [row for row in rows(r.stdout) if row[3] == "pp16"]
         want = f"{json.loads(raw_tm.splitlines()[0])['ts_mean'] / 400.0:.2f}"
