@@ -11,8 +11,10 @@
 # Knobs (environment): OUT (/tmp/out), RESULTS ($OUT/results), BUILD (build/device),
 # TM_CUDA (ON; OFF builds without CUDA), CUDA_ARCH (90-real), MODELS_DIR (/tmp),
 # THREADS (the core count), REPS (2), P (512), N (128), CASES (names: only these cases
-# of each stage), PEER (1; 0 = no llama.cpp), TM_COMMIT (the commit, where there is no
-# .git), SMOKE=1 (tiny models, 1 repetition, short tests: tries the harness anywhere).
+# of each stage), PEER (1; 0 = no llama.cpp), FILL (repeat: mkmodel --fill of the quant
+# and qtypes files, whose weights then repeat; random: in full), TM_COMMIT (the commit,
+# where there is no .git), SMOKE=1 (tiny models, 1 repetition, short tests: tries the
+# harness anywhere).
 # The GPU machine's image lacks some libraries and reaches no registry: carry .devdeps/
 # (the Debian packages of DEBS below) and .peer/llama-bench.tar.xz (../shared/peer) with
 # the working tree; --prepare makes both (git ignores them).
@@ -47,8 +49,8 @@ declare -A HELP=(
     [calibrate]="tiermoe calibrate on m30 (full, saved where the executor looks) and --quick; profiles and tables to \$OUT"
     [kernels]="A/B rounds (ROUNDS 2) of kernel switches: q8x-decode (TIERMOE_MMVQ_Q8X 0/1, -ngl all; llama.cpp -ngl 99), moe-q8x (TIERMOE_MOE_Q8X 0/1, tg64 -np 1,8), dense-q4k (m30k, TIERMOE_MMVQ_Q8X 1/q4_K), attn-tc (TIERMOE_ATTN_TC 1/0, pp512,2048; llama.cpp too), graph and graph-cpu-moe (TIERMOE_CUDA_GRAPH 1/0, tg)"
     [ab]="interleaved A/B of any cases: AB='name|model|flags|VAR=V ...;name|...' ROUNDS (3)"
-    [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
-    [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill repeat: the rest as the preset, the weights repeat; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk)"
+    [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX --fill FILL; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
+    [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill FILL: the rest as the preset; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk). Estimate on the H200 machine: about a minute a type (file I/O-bound, ~4 bench runs): split QTYPES over calls, e.g. 'Q4_K IQ2_XXS Q2_K IQ1_M' then 'Q3_K IQ4_XS IQ3_XXS' (the IQ2_XXS / Q4_K ratio from one call)"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -57,7 +59,7 @@ declare -A ALIAS=(
 )
 
 usage() {
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "Stages:"
     for s in "${STAGES_ORDER[@]}"; do printf '  %-12s %s\n' "$s" "${HELP[$s]}"; done
@@ -93,6 +95,7 @@ REPS=${REPS:-2}
 P=${P:-512}
 N=${N:-128}
 PEER=${PEER:-1}
+FILL=${FILL:-repeat}
 SMOKE=${SMOKE:-0}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
 if [ "$SMOKE" = 1 ]; then REPS=1 P=16 N=8; fi
@@ -233,8 +236,8 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
         ;;
     gptoss) args=(--preset gpt-oss-20b) ;;
     tiny) args=(--preset tiny) ;;
-    m30-*) args=(--preset 30b-a3b --mix "${1#m30-}") ;;
-    m30x-*) args=(--preset 30b-a3b --type-experts "${1#m30x-}" --fill repeat) ;;
+    m30-*) args=(--preset 30b-a3b --mix "${1#m30-}" --fill "$FILL") ;;
+    m30x-*) args=(--preset 30b-a3b --type-experts "${1#m30x-}" --fill "$FILL") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
         case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
@@ -615,7 +618,7 @@ stage_quant() {
         ensure_model "$m" || { FAILED_CASES+=("quant/$m"); continue; }
         stamp "model $m: $(($(date +%s) - t0)) s, $(du -h "$(model_path "$m")" | cut -f1)"
         peer_case "gpu-$mix" "$m" -ngl 99
-        tm_case "gpu-$mix" "$m" "" -ngl all
+        [ "$TM_CUDA" = ON ] && tm_case "gpu-$mix" "$m" "" -ngl all
         peer_case "cpu-moe-$mix" "$m" -ngl 99 -ncmoe 48
         tm_case "cpu-moe-$mix" "$m" "" --cpu-moe
         rm -f "$(model_path "$m")"
