@@ -59,8 +59,8 @@ static void mkmodel_usage(FILE *out) {
         "                       token reads and the kernels' work are those of a normal file;\n"
         "                       token embeddings, norms and routers are made in full, so\n"
         "                       routing stays random (the file says fill_rows). Low-bit\n"
-        "                       types quantize at ~1-5 M values/s a thread: a 30b-a3b file\n"
-        "                       takes minutes in full, seconds this way\n"
+        "                       types quantize at 3-18 M values/s a thread: a 30b-a3b file\n"
+        "                       takes 2-10 minutes on 16 cores in full, seconds this way\n"
         "  --fill-rows N        distinct rows a matrix with --fill repeat (default %d)\n"
         "  -t, --threads N      generation threads (default: physical cores)\n"
         "  -q, --quiet          no progress\n",
