@@ -3,7 +3,7 @@
 
 usage: python3 fuzz/make_seeds.py OUTDIR
 Seeds cover every value type, string arrays, nested arrays, custom alignment,
-version 2, and tensors of types F32/F16/Q8_0/Q4_K/I32."""
+version 2, and tensors of types F32/F16/Q8_0/Q4_K/I32 and one block of each low-bit type."""
 import os
 import sys
 
@@ -62,6 +62,16 @@ def q4k(w):
     w.add_uint32("general.quantization_version", 2)
 
 
+def lowbit(w):
+    """One block of each low-bit type (issue 33), random bytes: the reader's size
+    rules for block sizes 32 and 256 and every type size."""
+    rng = np.random.default_rng(33)
+    for qt in (QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.IQ4_NL, QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.IQ3_XXS,
+               QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M, QT.TQ1_0, QT.TQ2_0):
+        _, type_size = gguf.GGML_QUANT_SIZES[qt]
+        w.add_tensor(qt.name.lower(), rng.integers(0, 256, type_size, dtype=np.uint8), raw_dtype=qt)
+
+
 def kv_only(w):
     w.add_key_value("tokenizer.ggml.tokens", ["<s>", "</s>", "hi"], VT.ARRAY, VT.STRING)
     w.add_key_value("tokenizer.ggml.scores", [0.0, -1.0, -2.0], VT.ARRAY, VT.FLOAT32)
@@ -76,6 +86,7 @@ def main():
     write(os.path.join(out, "v2.gguf"), minimal, version=2)
     write(os.path.join(out, "q4k.gguf"), q4k)
     write(os.path.join(out, "kv_only.gguf"), kv_only)
+    write(os.path.join(out, "lowbit.gguf"), lowbit)
 
 
 if __name__ == "__main__":

@@ -284,6 +284,87 @@ static void test_bad_tensors(void **state) {
     expect_bad_at(&b, "tensor_offset_misaligned_64", TM_ERR_FORMAT, "offset", "alignment 64");
 }
 
+/* expect_bad_at plus a third needle (the tensor, the type and the field). */
+static void expect_bad3(bb *b, const char *name, tm_status want, const char *n1, const char *n2,
+                        const char *n3) {
+    tm_gguf_file *f = (tm_gguf_file *)1;
+    tm_status st = open_exact(b->p, b->n, name, &f);
+    const char *msg = tm_error_message();
+    if (st == want && f == NULL && !strstr(msg, n3))
+        fail_msg("%s: message \"%s\" does not mention '%s'", name, msg, n3);
+    if (st == TM_OK && f) gguf_file_close(f);
+    expect_bad_at(b, name, want, n1, n2); /* exports the buffer, checks the rest, frees it */
+}
+
+/* The low-bit types (issue 33): a row length that is not a multiple of the
+   type's block (32 and 256), data shorter than the type needs, tensors laid out
+   for another type's block size, unknown ids between and after the known ones;
+   each error names the tensor, the type and the field. */
+static void test_bad_lowbit_tensors(void **state) {
+    (void)state;
+    static const tm_type lowbit[] = {
+        TM_TYPE_Q4_1,  TM_TYPE_Q5_0,    TM_TYPE_Q5_1,   TM_TYPE_IQ4_NL,
+        TM_TYPE_Q2_K,  TM_TYPE_Q3_K,    TM_TYPE_IQ4_XS, TM_TYPE_IQ3_XXS,
+        TM_TYPE_IQ3_S, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_S,
+        TM_TYPE_IQ1_S, TM_TYPE_IQ1_M,   TM_TYPE_TQ1_0,  TM_TYPE_TQ2_0};
+    const char *tname = "blk.0.ffn_up_exps.weight";
+    char name[96], blk[64];
+    for (size_t i = 0; i < sizeof(lowbit) / sizeof(lowbit[0]); i++) {
+        const tm_type_traits *tr = quant_type_traits(lowbit[i]);
+        assert_non_null(tr);
+        assert_true(tr->block_size == 32 || tr->block_size == 256);
+        snprintf(blk, sizeof(blk), "%s's block size %lld", tr->name, (long long)tr->block_size);
+        /* half a block more than one block: a multiple of 16, never of the block */
+        int64_t odd[3] = {tr->block_size * 3 / 2, 2, 4};
+        bb b = {0};
+        bb_start_tensors(&b, 1);
+        bb_tensor(&b, tname, 3, odd, lowbit[i], 0);
+        bb_pad(&b, 32);
+        bb_zeros(&b, 4096);
+        snprintf(name, sizeof(name), "lowbit_ne0_not_block_multiple_%s", tr->name);
+        expect_bad3(&b, name, TM_ERR_FORMAT, "ne[0]", blk, tname);
+
+        /* one byte short of the data the type needs */
+        int64_t ne[3] = {tr->block_size * 2, 2, 1};
+        uint64_t need = quant_row_size(lowbit[i], ne[0]) * 2;
+        bb_start_tensors(&b, 1);
+        bb_tensor(&b, tname, 2, ne, lowbit[i], 0);
+        bb_pad(&b, 32);
+        bb_zeros(&b, need - 1);
+        snprintf(name, sizeof(name), "lowbit_data_short_%s", tr->name);
+        char what[64];
+        snprintf(what, sizeof(what), "%s data of %llu bytes", tr->name, (unsigned long long)need);
+        expect_bad3(&b, name, TM_ERR_FORMAT, "past the end", what, tname);
+    }
+
+    /* offsets laid out for q4_0 (18-byte blocks) in a file that says q4_1 (20):
+       the first tensor's data runs into the second's */
+    int64_t ne[2] = {256, 4}; /* 32 blocks: 576 bytes as q4_0, 640 as q4_1 */
+    bb b = {0};
+    bb_start_tensors(&b, 2);
+    bb_tensor(&b, "blk.0.ffn_gate_exps.weight", 2, ne, TM_TYPE_Q4_1, 0);
+    bb_tensor(&b, "blk.0.ffn_up_exps.weight", 2, ne, TM_TYPE_Q4_1, 576);
+    bb_pad(&b, 32);
+    bb_zeros(&b, 1280);
+    expect_bad3(&b, "lowbit_sizes_of_another_type", TM_ERR_FORMAT, "overlaps", "q4_1 data",
+                "'blk.0.ffn_gate_exps.weight' (q4_1)");
+
+    /* ids ggml removed (4, 5, 31-33, 36-38) and ids past the table */
+    static const uint32_t unknown[] = {4, 5, 31, 32, 33, 36, 37, 38, TM_TYPE_COUNT, 0xffffffffu};
+    for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+        char got[32];
+        snprintf(got, sizeof(got), "got %u", unknown[i]);
+        snprintf(name, sizeof(name), "lowbit_type_unknown_%u", unknown[i]);
+        int64_t ne2[2] = {256, 2};
+        bb_start_tensors(&b, 1);
+        bb_tensor(&b, tname, 2, ne2, unknown[i], 0);
+        bb_pad(&b, 32);
+        bb_zeros(&b, 2048);
+        expect_bad3(&b, name, TM_ERR_UNSUPPORTED, "type: expected a known ggml type id", got,
+                    tname);
+    }
+}
+
 /* Every proper prefix of a valid file that cuts into needed bytes fails cleanly. */
 static void test_truncation_anywhere(void **state) {
     (void)state;
@@ -384,9 +465,10 @@ static void test_regression_inputs(void **state) {
 int main(void) {
     gguf_test_tmp_init();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_kv),
-        cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncation_anywhere),
-        cmocka_unit_test(test_open_errors), cmocka_unit_test(test_regression_inputs),
+        cmocka_unit_test(test_bad_header),          cmocka_unit_test(test_bad_kv),
+        cmocka_unit_test(test_bad_tensors),         cmocka_unit_test(test_bad_lowbit_tensors),
+        cmocka_unit_test(test_truncation_anywhere), cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_regression_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

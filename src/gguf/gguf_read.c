@@ -23,6 +23,7 @@
 #include "core/status.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_internal.h"
+#include "quant/quant.h"
 
 /* Smallest encodings, used to bound counts before allocating:
  * kv = key length u64 + ≥1 key byte + type u32 + ≥1 value byte;
@@ -454,10 +455,10 @@ static tm_status parse_tensors(parser *ps) {
             quote_name(q, sizeof(q), t->name.data, t->name.len);
             snprintf(ps->what, sizeof(ps->what), "tensor %" PRIu64 " '%s'", i, q);
             st = perr(ps, TM_ERR_FORMAT, record_at[i],
-                      "offset: data of %" PRIu64 " bytes at relative offset %" PRIu64
+                      "offset: %s data of %" PRIu64 " bytes at relative offset %" PRIu64
                       " runs past the end of the file (data section at %" PRIu64
                       ", file size %" PRIu64 ")",
-                      t->n_bytes, t->offset, f->data_offset, ps->size);
+                      quant_type_name(t->type), t->n_bytes, t->offset, f->data_offset, ps->size);
             goto done;
         }
         t->data = ps->p + t->file_offset;
@@ -473,9 +474,10 @@ static tm_status parse_tensors(parser *ps) {
             quote_name(qb, sizeof(qb), b->name.data, b->name.len);
             snprintf(ps->what, sizeof(ps->what), "tensor %" PRIu64 " '%s'", spans[i].index, qb);
             st = perr(ps, TM_ERR_FORMAT, record_at[spans[i].index],
-                      "offset: data [%" PRIu64 ", %" PRIu64 ") overlaps tensor %" PRIu64
-                      " '%s' at [%" PRIu64 ", %" PRIu64 ")",
-                      b->offset, b->offset + b->n_bytes, spans[i - 1].index, qa, a->offset,
+                      "offset: %s data [%" PRIu64 ", %" PRIu64 ") overlaps tensor %" PRIu64
+                      " '%s' (%s) at [%" PRIu64 ", %" PRIu64 ")",
+                      quant_type_name(b->type), b->offset, b->offset + b->n_bytes,
+                      spans[i - 1].index, qa, quant_type_name(a->type), a->offset,
                       a->offset + a->n_bytes);
             goto done;
         }

@@ -144,7 +144,10 @@ tm_status gguf_tensor_shape_check(uint32_t type, uint32_t n_dims, const int64_t 
     const tm_type_traits *tr = quant_type_traits(type);
     if (!tr) {
         snprintf(field, field_cap, "type");
-        snprintf(why, why_cap, "expected a known ggml type id, got %" PRIu32, type);
+        snprintf(why, why_cap,
+                 "expected a known ggml type id (the highest this build knows is %d, %s), got "
+                 "%" PRIu32,
+                 TM_TYPE_COUNT - 1, quant_type_name(TM_TYPE_COUNT - 1), type);
         return TM_ERR_UNSUPPORTED;
     }
     if (n_dims < 1 || n_dims > TM_GGUF_MAX_DIMS) {
