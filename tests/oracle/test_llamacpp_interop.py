@@ -19,6 +19,11 @@ llama.cpp's CPU build (manifest.json names the version).
 3. for every file of 1 and 2, logits at every position (a prompt batch, then
    llama.cpp's greedy tokens teacher-forced one at a time through the KV
    cache) against llama.cpp's logits and the float64 reference's.
+4. Bad input: lq-a with one field broken (an unknown type id, a type whose
+   blocks are larger than the data llama.cpp wrote, a type whose block does
+   not divide the row, a row length that is not a multiple of the block) is
+   refused by `tiermoe inspect` and by the loader (forward_dump) with exit 1,
+   no sanitizer report, and a message naming the tensor and the type.
 
 Tolerances (relative L2 error of a position's logits):
 - llama.cpp's CPU backend, like our normal mode, multiplies with activations
@@ -134,6 +139,48 @@ def check_model(label, path, tokens, llama_logits, n_prompt):
           f" token {agree}/{len(tokens) - n_prompt}")
 
 
+def tensor_info_at(path, name):
+    """Byte offsets of a tensor's ne[0] and type fields in its info record."""
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name == name:
+            ne_at = t.field.offset + 8 + len(name.encode()) + 4
+            return ne_at, ne_at + 8 * len(t.shape)
+    raise SystemExit(f"{path}: no tensor {name}")
+
+
+def check_bad_variants(path):
+    """A llama.cpp file with one field broken must be refused with an error that
+    names the tensor and the type (exit 1, no crash) by the reader and the loader."""
+    src = open(path, "rb").read()
+    down, knorm = "blk.0.ffn_down_exps.weight", "blk.0.attn_k_norm.weight"  # iq1_s [256, 256, 4]; f32 [64]
+    cases = [  # (what, tensor, field, new value, words the message must have)
+        ("unknown type id 42", down, "type", 42, [down, "type", "got 42"]),
+        ("iq1_s data read as iq2_xxs (66-byte blocks, not 50)", down, "type", 16, [down, "iq2_xxs", "overlaps"]),
+        ("iq1_s data read as q4_1 (blocks of 32)", down, "type", 3, [down, "q4_1", "overlaps"]),
+        ("a row of 64 as q2_K (blocks of 256)", knorm, "type", 10, [knorm, "q2_K's block size 256", "ne[0]"]),
+        ("a row of 288 iq1_s values", down, "ne0", 288, [down, "iq1_s's block size 256", "ne[0]"]),
+    ]
+    for what, name, field, value, words in cases:
+        ne_at, type_at = tensor_info_at(path, name)
+        b = bytearray(src)
+        if field == "type":
+            b[type_at:type_at + 4] = value.to_bytes(4, "little")
+        else:
+            b[ne_at:ne_at + 8] = value.to_bytes(8, "little")
+        bad = os.path.join(TMP, "lc_bad.gguf")
+        with open(bad, "wb") as f:
+            f.write(b)
+        for cmd in ([TIERMOE, "inspect", bad],
+                    [os.path.join(TOOLS, "forward_dump"), bad, "--tokens", "1,2", "-o", bad + ".dump"]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            tool = os.path.basename(cmd[0])
+            if check(r.returncode == 1 and "Sanitizer" not in r.stderr,
+                     f"bad input ({what}), {tool}: exit {r.returncode}, expected 1: {r.stderr[-300:]}"):
+                missing = [w for w in words if w not in r.stderr]
+                check(not missing, f"bad input ({what}), {tool}: message lacks {missing}: {r.stderr.strip()}")
+    print(f"  {len(cases)} broken variants of a llama.cpp file refused, naming the tensor and the type")
+
+
 def main():
     mpath = os.path.join(LC, "manifest.json")
     if not os.path.exists(mpath):
@@ -151,6 +198,7 @@ def main():
         seen |= check_reader_and_dequant(name, path)
         check_model(f"llama-quantize {name}", path, gold[name + ".tokens"].tolist(),
                     gold[name + ".logits"], n_prompt)
+    check_bad_variants(os.path.join(LC, "lq-a.gguf"))
     missing = {t.lower() for t in man["mkmodel"]} - seen
     check(not missing, f"llama-quantize's files lack types {sorted(missing)}")
 
