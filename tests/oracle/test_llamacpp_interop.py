@@ -36,6 +36,7 @@ Tolerances (relative L2 error of a position's logits):
   k-th and k+1-th logits closer than 4x our normal mode's router error there)
   may route differently in llama.cpp: it is reported, not compared.
 Argmax agreement with llama.cpp's greedy tokens is reported."""
+import hashlib
 import json
 import os
 import subprocess
@@ -206,7 +207,8 @@ def main():
     for ty, info in man["mkmodel"].items():
         path = os.path.join(TMP, f"lc-mk-{ty}.gguf")
         run([TIERMOE, "mkmodel", "-q", "-o", path, *info["flags"]])
-        digest = subprocess.run(["sha256sum", path], capture_output=True, text=True).stdout.split()[0]
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
         if not check(digest == info["sha256"],
                      f"mkmodel {ty}: the file differs from the one llama.cpp read (sha256 {digest[:12]} != "
                      f"{info['sha256'][:12]}); if mkmodel's quantizer changed on purpose, rerun "
