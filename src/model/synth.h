@@ -207,7 +207,8 @@ double synth_locality_score(const tm_synth_config *cfg, const tm_synth_locality 
 bool synth_routing_label(const tm_gguf_file *f, char *out, size_t n);
 
 /* Print "synthetic routing: LABEL" to out when f was made by mkmodel, so
- * numbers measured on it are not mistaken for a trained model's. */
+ * numbers measured on it are not mistaken for a trained model's, and a line
+ * saying its weights repeat when it was made with --fill repeat. */
 void synth_routing_print(const tm_gguf_file *f, FILE *out);
 
 #endif

@@ -220,6 +220,14 @@ bool synth_routing_label(const tm_gguf_file *f, char *out, size_t n) {
 
 void synth_routing_print(const tm_gguf_file *f, FILE *out) {
     char label[128];
-    if (synth_routing_label(f, label, sizeof(label)))
-        fprintf(out, "synthetic routing: %s\n", label);
+    if (!synth_routing_label(f, label, sizeof(label))) return;
+    fprintf(out, "synthetic routing: %s\n", label);
+    uint32_t rows = 0;
+    if (gguf_file_find_kv(f, "tiermoe.synth.fill_rows") &&
+        gguf_file_get_u32(f, "tiermoe.synth.fill_rows", &rows) == TM_OK)
+        fprintf(out,
+                "synthetic weights: %u distinct rows a matrix, repeated (mkmodel --fill "
+                "repeat: for speed only)\n",
+                rows);
+    tm_error_clear();
 }

@@ -14,7 +14,8 @@
   first N rows of the normal file without locality: at most N distinct rows a
   tensor, all N of them used, and the first N rows are those rows themselves.
 - Rows are repeated in a different order in each expert (not one block copied).
-- The file loads and runs; bad --fill / --fill-rows values exit 2 naming the flag.
+- The file loads and runs, and bench says its weights repeat (not for a normal file);
+  bad --fill / --fill-rows values exit 2 naming the flag.
 """
 import hashlib
 import os
@@ -147,11 +148,18 @@ def main():
     rep_g = compare("tiny-gpt-oss", mk("oss", *g)[0],
                     mk("oss_rep", *g, "--fill", "repeat", "--fill-rows", str(N))[0])
 
-    # the files load and run
+    # the files load and run; bench says the weights repeat, and only for such files
     for p in (rep, rep_g):
         r = subprocess.run([TIERMOE, "run", "-m", p, "--tokens", "1,2,3", "-n", "2", "-t", "2"],
                            capture_output=True, text=True)
         check(r.returncode == 0, f"run on {os.path.basename(p)}: exit {r.returncode}: {r.stderr[-300:]}")
+    for p, says in ((rep, True), (plain, False)):
+        r = subprocess.run([TIERMOE, "bench", "-m", p, "-p", "8", "-n", "2", "-r", "1", "-t", "2",
+                            "--no-membw"], capture_output=True, text=True)
+        line = f"synthetic weights: {N} distinct rows a matrix, repeated"
+        check(r.returncode == 0 and (line in r.stderr) == says,
+              f"bench on {os.path.basename(p)}: exit {r.returncode}, says the weights repeat: "
+              f"{line in r.stderr}, want {says}")
 
     # bad flags: exit 2 naming the flag, no file
     for flags, words in ((["--fill", "zeros"], ["--fill", "zeros", "random or repeat"]),
