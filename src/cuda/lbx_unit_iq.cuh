@@ -40,15 +40,10 @@
     X(TM_TYPE_IQ1_S)                                                                               \
     X(TM_TYPE_IQ1_M)
 
-/* ---- loads: p 2-byte aligned ---- */
+/* ---- loads (read-only path): p 2-byte aligned ---- */
 
-static __device__ __forceinline__ uint32_t tm_lbx_u16(const uint8_t *p) {
-    return *(const uint16_t *)p;
-}
-
-/* f16 bits to float */
-static __device__ __forceinline__ float tm_lbx_h2f(uint32_t bits) {
-    return __half2float(__ushort_as_half((unsigned short)bits));
+static __device__ __forceinline__ uint32_t tm_lbx_ld2(const uint8_t *p) {
+    return __ldg((const unsigned short *)p);
 }
 
 /* n < 2^23 as a float, exactly */
@@ -58,27 +53,27 @@ static __device__ __forceinline__ float tm_lbx_i2f(uint32_t n) {
 
 /* The aligned word holding p and the shift that brings p's byte to the bottom:
  * bytes [p + 4i, p + 4i + 4) are __funnelshift_r(w[i], w[i + 1], s). */
-struct tm_lbx_words {
+struct tm_lbx_aligned {
     const uint32_t *w;
     uint32_t s;
 };
-static __device__ __forceinline__ tm_lbx_words tm_lbx_at(const uint8_t *p) {
+static __device__ __forceinline__ tm_lbx_aligned tm_lbx_at(const uint8_t *p) {
     const uintptr_t a = (uintptr_t)p;
     return {(const uint32_t *)(a & ~(uintptr_t)3), ((uint32_t)a & 2u) * 8u};
 }
 
 /* Bytes [p, p + 4) (reads [p - 2, p + 4)). */
 static __device__ __forceinline__ uint32_t tm_lbx_ld4(const uint8_t *p) {
-    const tm_lbx_words a = tm_lbx_at(p);
-    return __funnelshift_r(a.w[0], tm_lbx_u16(p + 2), a.s);
+    const tm_lbx_aligned a = tm_lbx_at(p);
+    return __funnelshift_r(__ldg(a.w), tm_lbx_ld2(p + 2), a.s);
 }
 
 /* Bytes [p, p + 8) (reads [p - 2, p + 8)). */
 static __device__ __forceinline__ void tm_lbx_ld8(const uint8_t *p, uint32_t &v0, uint32_t &v1) {
-    const tm_lbx_words a = tm_lbx_at(p);
-    const uint32_t x1 = a.w[1];
-    v0 = __funnelshift_r(a.w[0], x1, a.s);
-    v1 = __funnelshift_r(x1, tm_lbx_u16(p + 6), a.s);
+    const tm_lbx_aligned a = tm_lbx_at(p);
+    const uint32_t x1 = __ldg(a.w + 1);
+    v0 = __funnelshift_r(__ldg(a.w), x1, a.s);
+    v1 = __funnelshift_r(x1, tm_lbx_ld2(p + 6), a.s);
 }
 
 /* ---- signs ---- */
@@ -136,7 +131,7 @@ template <> struct tm_lbx<TM_TYPE_IQ2_XXS> : tm_lbx_grid<66> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
         uint32_t idx, aux;
         tm_lbx_ld8(b + 2 + 8 * j, idx, aux);
-        const float d = tm_lbx_iq2_d(tm_lbx_h2f(tm_lbx_u16(b)), aux >> 28);
+        const float d = tm_lbx_iq2_d(tm_lb_f16(tm_lbx_ld2(b)), aux >> 28);
         scales(w, d, d);
 #pragma unroll
         for (int g = 0; g < 4; g++)
@@ -151,8 +146,8 @@ template <> struct tm_lbx<TM_TYPE_IQ2_XS> : tm_lbx_grid<74> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
         uint32_t v[2];
         tm_lbx_ld8(b + 2 + 8 * j, v[0], v[1]);
-        const float d = tm_lbx_h2f(tm_lbx_u16(b));
-        const uint32_t sc = b[66 + j];
+        const float d = tm_lb_f16(tm_lbx_ld2(b));
+        const uint32_t sc = __ldg(b + 66 + j);
         scales(w, tm_lbx_iq2_d(d, sc & 0x0fu), tm_lbx_iq2_d(d, sc >> 4));
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -167,8 +162,8 @@ template <> struct tm_lbx<TM_TYPE_IQ2_XS> : tm_lbx_grid<74> {
 template <> struct tm_lbx<TM_TYPE_IQ2_S> : tm_lbx_grid<82> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
         const uint32_t lo = tm_lbx_ld4(b + 2 + 4 * j), sg = tm_lbx_ld4(b + 34 + 4 * j);
-        const uint32_t qh = b[66 + j], sc = b[74 + j];
-        const float d = tm_lbx_h2f(tm_lbx_u16(b));
+        const uint32_t qh = __ldg(b + 66 + j), sc = __ldg(b + 74 + j);
+        const float d = tm_lb_f16(tm_lbx_ld2(b));
         scales(w, tm_lbx_iq2_d(d, sc & 0x0fu), tm_lbx_iq2_d(d, sc >> 4));
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -186,7 +181,7 @@ template <> struct tm_lbx<TM_TYPE_IQ3_XXS> : tm_lbx_grid<98> {
         tm_lbx_ld8(b + 2 + 8 * j, v[0], v[1]);
         const uint32_t aux = tm_lbx_ld4(b + 66 + 4 * j);
         const float d =
-            __fmul_rn(__fmul_rn(tm_lbx_h2f(tm_lbx_u16(b)), tm_lbx_half(aux >> 28)), 0.5f);
+            __fmul_rn(__fmul_rn(tm_lb_f16(tm_lbx_ld2(b)), tm_lbx_half(aux >> 28)), 0.5f);
         scales(w, d, d);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -204,9 +199,9 @@ template <> struct tm_lbx<TM_TYPE_IQ3_S> : tm_lbx_grid<110> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
         uint32_t v[2];
         tm_lbx_ld8(b + 2 + 8 * j, v[0], v[1]);
-        const uint32_t qh = b[66 + j], sg = tm_lbx_ld4(b + 74 + 4 * j);
-        const uint32_t s = (b[106 + (j >> 1)] >> (4 * (j & 1))) & 0x0fu;
-        const float d = __fmul_rn(tm_lbx_h2f(tm_lbx_u16(b)), tm_lbx_i2f(2u * s + 1u));
+        const uint32_t qh = __ldg(b + 66 + j), sg = tm_lbx_ld4(b + 74 + 4 * j);
+        const uint32_t s = (__ldg(b + 106 + (j >> 1)) >> (4 * (j & 1))) & 0x0fu;
+        const float d = __fmul_rn(tm_lb_f16(tm_lbx_ld2(b)), tm_lbx_i2f(2u * s + 1u));
         scales(w, d, d);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -263,9 +258,8 @@ static __device__ __forceinline__ void tm_lbx_iq1_group(int *q, uint32_t idx, ui
  * index bits a group, the scale (bits 12-14), the delta's sign (bit 15). */
 template <> struct tm_lbx<TM_TYPE_IQ1_S> : tm_lbx_grid<50> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
-        const uint32_t lo = tm_lbx_ld4(b + 2 + 4 * j), qh = tm_lbx_u16(b + 34 + 2 * j);
-        const float dl =
-            __fmul_rn(tm_lbx_h2f(tm_lbx_u16(b)), tm_lbx_i2f(((qh >> 11) & 0x0eu) | 1u));
+        const uint32_t lo = tm_lbx_ld4(b + 2 + 4 * j), qh = tm_lbx_ld2(b + 34 + 2 * j);
+        const float dl = __fmul_rn(tm_lb_f16(tm_lbx_ld2(b)), tm_lbx_i2f(((qh >> 11) & 0x0eu) | 1u));
         scales(w, __fmul_rn(dl, 0.125f), __fmul_rn(dl, 0.125f));
         const uint32_t vals = qh & 0x8000u ? TM_LBX_IQ1_NEG : TM_LBX_IQ1_POS;
 #pragma unroll
@@ -281,12 +275,12 @@ template <> struct tm_lbx<TM_TYPE_IQ1_S> : tm_lbx_grid<50> {
  * 48 + 2 (j / 2); the block's f16 scale is the top nibbles of the 4 u16 at 48. */
 template <> struct tm_lbx<TM_TYPE_IQ1_M> : tm_lbx_grid<56> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
-        const uint32_t lo = tm_lbx_ld4(b + 4 * j), qh = tm_lbx_u16(b + 32 + 2 * j);
+        const uint32_t lo = tm_lbx_ld4(b + 4 * j), qh = tm_lbx_ld2(b + 32 + 2 * j);
         uint32_t s0, s1;
         tm_lbx_ld8(b + 48, s0, s1);
-        const float d = tm_lbx_h2f(((s0 >> 12) & 0x000fu) | ((s0 >> 24) & 0x00f0u) |
-                                   ((s1 >> 4) & 0x0f00u) | ((s1 >> 16) & 0xf000u));
-        const uint32_t sc = tm_lbx_u16(b + 48 + 2 * (j >> 1)) >> (6 * (j & 1));
+        const float d = tm_lb_f16(((s0 >> 12) & 0x000fu) | ((s0 >> 24) & 0x00f0u) |
+                                  ((s1 >> 4) & 0x0f00u) | ((s1 >> 16) & 0xf000u));
+        const uint32_t sc = tm_lbx_ld2(b + 48 + 2 * (j >> 1)) >> (6 * (j & 1));
         scales(w, __fmul_rn(__fmul_rn(d, tm_lbx_i2f(((sc << 1) & 0x0eu) | 1u)), 0.125f),
                __fmul_rn(__fmul_rn(d, tm_lbx_i2f(((sc >> 2) & 0x0eu) | 1u)), 0.125f));
 #pragma unroll
