@@ -567,6 +567,13 @@ static void test_moe_grouped(void **state) {
         {256, 256, 2, 4, 2, TM_TYPE_Q3_K, TM_TYPE_IQ4_XS, TM_TYPE_Q3_K, false, true},
         {256, 512, 3, 6, 2, TM_TYPE_Q2_K, TM_TYPE_Q2_K, TM_TYPE_Q6_K, false, true},
         {512, 256, 1, 8, 4, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q2_K, false, true},
+        /* the grid i-quants with 8-bit activations (lbx_unit_iq.cuh): a dynamic mix's
+           experts at decode, every type, 8 sequences, the epilogues */
+        {512, 256, 1, 8, 4, TM_TYPE_IQ1_M, TM_TYPE_IQ1_M, TM_TYPE_IQ2_XXS, false, true},
+        {768, 512, 8, 12, 7, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XXS, TM_TYPE_IQ3_XXS, false, true},
+        {512, 256, 2, 6, 3, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_XS, TM_TYPE_IQ3_S, true, true},
+        {256, 512, 3, 6, 2, TM_TYPE_IQ2_S, TM_TYPE_IQ2_S, TM_TYPE_IQ1_S, false, true},
+        {256, 256, 2, 4, 2, TM_TYPE_IQ3_S, TM_TYPE_IQ1_S, TM_TYPE_IQ2_S, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }

@@ -184,7 +184,14 @@ static inline size_t cuda_q8x_bytes(int64_t k, int64_t n_tok) {
     X(TM_TYPE_Q5_1)                                                                                \
     X(TM_TYPE_IQ4_NL)                                                                              \
     X(TM_TYPE_TQ1_0)                                                                               \
-    X(TM_TYPE_TQ2_0)
+    X(TM_TYPE_TQ2_0)                                                                               \
+    X(TM_TYPE_IQ2_XXS)                                                                             \
+    X(TM_TYPE_IQ2_XS)                                                                              \
+    X(TM_TYPE_IQ2_S)                                                                               \
+    X(TM_TYPE_IQ3_XXS)                                                                             \
+    X(TM_TYPE_IQ3_S)                                                                               \
+    X(TM_TYPE_IQ1_S)                                                                               \
+    X(TM_TYPE_IQ1_M)
 static inline bool cuda_lbx_type(tm_type type) {
     switch (type) {
 #define TM_CUDA_LBX_CASE(T) case T:

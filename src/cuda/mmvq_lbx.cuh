@@ -14,6 +14,7 @@
 #ifndef TM_CUDA_MMVQ_LBX_CUH
 #define TM_CUDA_MMVQ_LBX_CUH
 
+#include "cuda/lbx_unit_iq.cuh"
 #include "cuda/lbx_unit_k.cuh"
 #include "cuda/mmvq_q8x.cuh"
 
