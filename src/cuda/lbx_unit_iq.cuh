@@ -30,16 +30,6 @@
 
 #include "cuda/lbx_unit.cuh"
 
-/* The types of this file, for type lists: X(type) */
-#define TM_LBX_IQ_TYPES(X)                                                                         \
-    X(TM_TYPE_IQ2_XXS)                                                                             \
-    X(TM_TYPE_IQ2_XS)                                                                              \
-    X(TM_TYPE_IQ2_S)                                                                               \
-    X(TM_TYPE_IQ3_XXS)                                                                             \
-    X(TM_TYPE_IQ3_S)                                                                               \
-    X(TM_TYPE_IQ1_S)                                                                               \
-    X(TM_TYPE_IQ1_M)
-
 /* ---- loads (read-only path): p 2-byte aligned ---- */
 
 static __device__ __forceinline__ uint32_t tm_lbx_ld2(const uint8_t *p) {

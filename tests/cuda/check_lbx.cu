@@ -1,8 +1,9 @@
 /* Test kernels for check_lbx.c: each thread unpacks one unit with
- * tm_lbx<TYPE>::unit (lbx_unit.cuh's types) and decodes the same 32 values
+ * tm_lbx<TYPE>::unit (every type of TM_CUDA_LBX_TYPES) and decodes the same 32 values
  * with tm_lb<TYPE>::dq8, the f32 decoders check_dequant proves bit-exact. */
 #include "cuda/cuda_common.cuh"
 #include "cuda/lbx_unit_iq.cuh"
+#include "cuda/lbx_unit_k.cuh"
 
 #include "check_lbx.h"
 
@@ -27,12 +28,14 @@ __global__ void __launch_bounds__(CHECK_LBX_THREADS)
     for (int g = 0; g < 4; g++) tm_lb<TYPE>::dq8(bp, 32 * j + 8 * g, dq + 32 * u + 8 * g);
 }
 
-extern "C" bool check_lbx_has(tm_type type) {
+extern "C" bool check_lbx_has(tm_type type, bool *min) {
     switch (type) {
-#define CHECK_LBX_HAS(T) case T:
-        TM_LBX_IQ_TYPES(CHECK_LBX_HAS)
-#undef CHECK_LBX_HAS
+#define CHECK_LBX_HAS(T)                                                                           \
+    case T:                                                                                        \
+        *min = tm_lbx<T>::MIN;                                                                     \
         return true;
+        TM_CUDA_LBX_TYPES(CHECK_LBX_HAS)
+#undef CHECK_LBX_HAS
     default:
         return false;
     }
@@ -55,7 +58,7 @@ extern "C" tm_status check_lbx_units(tm_type type, const void *w, size_t stride,
 #define CHECK_LBX_RUN(T)                                                                           \
     case T:                                                                                        \
         return check_lbx_run<T>(wb, stride, n_blocks, units, dq, stream);
-        TM_LBX_IQ_TYPES(CHECK_LBX_RUN)
+        TM_CUDA_LBX_TYPES(CHECK_LBX_RUN)
 #undef CHECK_LBX_RUN
     default:
         return tm_error_set(TM_ERR_ARG, "check_lbx_units: type %d has no 8-bit unpacker",

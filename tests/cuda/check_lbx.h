@@ -1,6 +1,7 @@
 /* The launcher of tests/cuda/check_lbx.cu for check_lbx.c: every unit of
  * n_blocks blocks of a low-bit type with an 8-bit unpacker (lbx_unit.cuh),
- * the blocks `stride` bytes apart from w (device memory, 2-byte aligned). */
+ * the blocks `stride` bytes apart from w (device memory, aligned as
+ * cuda_mmvq_q8x_ok asks of the type's rows). */
 #ifndef TM_TESTS_CUDA_CHECK_LBX_H
 #define TM_TESTS_CUDA_CHECK_LBX_H
 
@@ -21,8 +22,8 @@ typedef struct check_lbx_unit {
     float d[2], m[2];
 } check_lbx_unit;
 
-/* Whether `type` has an unpacker. */
-bool check_lbx_has(tm_type type);
+/* Whether `type` has an unpacker; *min: whether its m can be non-zero (tm_lbx::MIN). */
+bool check_lbx_has(tm_type type, bool *min);
 /* units[b * (BS/32) + j] = unit j of block b; dq[b * BS + i] = value i of block
  * b as tm_lb<type>::dq8 gives it (the f32 decoders of dequant_lowbit.cuh). */
 tm_status check_lbx_units(tm_type type, const void *w, size_t stride, int64_t n_blocks,
