@@ -31,6 +31,7 @@
 
 #include "core/rng.h"
 #include "cpu/cpu.h"
+#include "quant_test_util.h"
 
 #define U_F32    (1.0 / 16777216.0)
 #define SENTINEL 12345.0f
@@ -171,13 +172,9 @@ static void *make_w(tm_rng *r, tm_type t, int64_t rows, int64_t k, int from_floa
             memcpy(w + (size_t)b * quant_type_traits(t)->type_size, &d, 2);
             break;
         }
-        case TM_TYPE_IQ1_M: { /* d in the top nibbles of the four u16 scale words */
-            tm_half d = rand_scale(r);
-            uint8_t *sc = ((tm_block_iq1_m *)w)[b].scales;
-            for (int i = 0; i < 4; i++)
-                sc[2 * i + 1] = (uint8_t)((sc[2 * i + 1] & 0x0F) | (d >> 4 * i & 0xF) << 4);
+        case TM_TYPE_IQ1_M:
+            quant_test_iq1m_set_d(&((tm_block_iq1_m *)w)[b], rand_scale(r));
             break;
-        }
         default:
             fail_msg("no random layout for %s", quant_type_name(t));
         }

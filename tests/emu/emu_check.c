@@ -8,6 +8,7 @@
 #include <string.h>
 #include "core/rng.h"
 #include "cpu/cpu_internal.h"
+#include "../quant_test_util.h"
 cpu_gemm_fn emu_avx512_get(tm_type wtype);
 cpu_gemm_fn emu_lowbit_avx512_get(tm_type wtype);
 cpu_gemm_fn emu_amx_get(tm_type wtype);
@@ -51,9 +52,8 @@ static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
             memcpy(p + bs - 2, &d2, 2);
         } else if (t == TM_TYPE_Q3_K || t == TM_TYPE_TQ1_0 || t == TM_TYPE_TQ2_0)
             memcpy(p + bs - 2, &d, 2);
-        else if (t == TM_TYPE_IQ1_M) /* d in the top nibbles of the four u16 scale words */
-            for (int i = 0; i < 4; i++)
-                p[49 + 2 * i] = (uint8_t)((p[49 + 2 * i] & 0x0F) | (d >> 4 * i & 0xF) << 4);
+        else if (t == TM_TYPE_IQ1_M)
+            quant_test_iq1m_set_d((tm_block_iq1_m *)p, d);
         else if (t == TM_TYPE_IQ2_XXS || t == TM_TYPE_IQ2_XS || t == TM_TYPE_IQ2_S ||
                  t == TM_TYPE_IQ3_XXS || t == TM_TYPE_IQ3_S || t == TM_TYPE_IQ1_S)
             memcpy(p, &d, 2); /* the other grid i-quants start with d */

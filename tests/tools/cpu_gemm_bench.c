@@ -1,7 +1,7 @@
 /* cpu_gemm_bench: speed of cpu_gemm on the shapes the models need.
  *
  *   cpu_gemm_bench [-t THREADS] [-l scalar|avx2|avx512|amx] [-m MIB] [-s SECONDS] [-q]
- *                  [-y TYPE,TYPE,...]
+ *                  [-y TYPE,TYPE,...] [-e]
  *
  * Each case is a "job" of n_mat distinct weight matrices (rows x k) run over
  * the pool in row chunks, the way a layer runs (e.g. decode: 8 routed experts'
@@ -9,16 +9,22 @@
  * 2048, larger than the last-level cache) so decode reads them from memory.
  * Activations are quantized once, outside the timing.
  * Reported: GB/s of weight bytes read (what bounds decode) and GOP/s
- * (2 * rows * k * n_tok per matrix). -q runs only the Qwen3-30B-A3B cases;
+ * (2 * rows * k * n_tok per matrix); "GB/s/cpu" divides by the process's CPU
+ * time instead of wall time (with -t 1, the per-core speed even while other
+ * work shares the machine). -q runs only the Qwen3-30B-A3B cases;
  * -y only a 4096 x 4096 matrix of each type named (e.g. q2_K,iq4_xs), one
- * token (decode) and 64 (a prompt). */
+ * token (decode) and 64 (a prompt); with -e instead the Qwen3-30B-A3B expert
+ * shapes (768 x 2048 gate/up, 2048 x 768 down) at 1 and 4 tokens. -m 1 keeps the
+ * weights in cache (the kernels' compute speed), the default reads memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/rng.h"
 #include "core/timing.h"
 #include "cpu/cpu.h"
+#include "../quant_test_util.h"
 
 typedef struct bench_case {
     const char *name;
@@ -46,6 +52,12 @@ static void bench_item(void *ctx, int64_t b, int64_t e, int ith) {
         cpu_gemm(j->type, j->k, w, j->wrb, r0, r1, j->xq, j->xrb, j->n_tok,
                  j->y + m * j->n_tok * j->rows, j->rows);
     }
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
@@ -103,9 +115,8 @@ static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
         case TM_TYPE_IQ1_S:
             memcpy(p, &d, 2);
             break;
-        case TM_TYPE_IQ1_M: /* d in the top nibbles of the four u16 scale words (bytes 48..55) */
-            for (int i = 0; i < 4; i++)
-                p[49 + 2 * i] = (uint8_t)((p[49 + 2 * i] & 0x0F) | (d >> 4 * i & 0xF) << 4);
+        case TM_TYPE_IQ1_M:
+            quant_test_iq1m_set_d((tm_block_iq1_m *)p, d);
             break;
         case TM_TYPE_F16: {
             tm_half h = quant_f32_to_f16(((float)(p[0] & 0x7f) - 64) / 64);
@@ -127,10 +138,10 @@ static void fill_weights(tm_type t, uint8_t *w, size_t bytes, uint64_t seed) {
 }
 
 int main(int argc, char **argv) {
-    int threads = cpu_physical_cores(), quick = 0;
+    int threads = cpu_physical_cores(), quick = 0, experts = 0;
     double seconds = 0.5, mib = 2048;
     enum { MAX_TYPES = 32 };
-    bench_case type_cases[2 * MAX_TYPES];
+    bench_case type_cases[4 * MAX_TYPES];
     size_t n_type_cases = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc)
@@ -141,13 +152,15 @@ int main(int argc, char **argv) {
             seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "-q"))
             quick = 1;
+        else if (!strcmp(argv[i], "-e"))
+            experts = 1;
         else if (!strcmp(argv[i], "-y") && i + 1 < argc) {
             char list[256];
             snprintf(list, sizeof list, "%s", argv[++i]);
             for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
                 tm_type t;
                 if (quant_type_from_name(name, &t) != TM_OK || !cpu_gemm_supports(t) ||
-                    n_type_cases >= 2 * MAX_TYPES) {
+                    n_type_cases >= 4 * MAX_TYPES) {
                     fprintf(stderr,
                             "cpu_gemm_bench: -y: type '%s' is unknown or has no CPU kernel\n",
                             name);
@@ -155,6 +168,10 @@ int main(int argc, char **argv) {
                 }
                 type_cases[n_type_cases++] = (bench_case){"square", t, 4096, 4096, 1, 1};
                 type_cases[n_type_cases++] = (bench_case){"square", t, 4096, 4096, 1, 64};
+                type_cases[n_type_cases++] = (bench_case){"gate/up", t, 768, 2048, 1, 1};
+                type_cases[n_type_cases++] = (bench_case){"down", t, 2048, 768, 1, 1};
+                type_cases[n_type_cases++] = (bench_case){"gate/up", t, 768, 2048, 1, 4};
+                type_cases[n_type_cases++] = (bench_case){"down", t, 2048, 768, 1, 4};
             }
         } else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
@@ -170,7 +187,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: cpu_gemm_bench [-t THREADS] [-l LEVEL] [-m MIB] [-s SECONDS] [-q] "
-                    "[-y TYPE,...]\n");
+                    "[-y TYPE,...] [-e]\n");
             return 2;
         }
     }
@@ -225,7 +242,11 @@ int main(int argc, char **argv) {
     };
     size_t n_cases = quick ? 14 : sizeof cases / sizeof cases[0];
     const bench_case *list = cases;
-    if (n_type_cases) list = type_cases, n_cases = n_type_cases;
+    /* -e keeps the expert cases (the last four of each type's six), else the squares */
+    size_t n_kept = 0;
+    for (size_t i = 0; i < n_type_cases; i++)
+        if ((i % 6 >= 2) == experts) type_cases[n_kept++] = type_cases[i];
+    if (n_kept) list = type_cases, n_cases = n_kept;
     tm_pool *pool;
     if (cpu_pool_create(threads, &pool) != TM_OK) {
         fprintf(stderr, "cpu_gemm_bench: %s\n", tm_error_message());
@@ -233,8 +254,8 @@ int main(int argc, char **argv) {
     }
     printf("cpu: %s | level %s | %d threads | weights rotate through %.0f MiB\n\n",
            cpu_features_string(), cpu_level_name(cpu_level_get()), threads, mib);
-    printf("| case | type | rows x k | mats | n_tok | us/job | GB/s | GOP/s |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| case | type | rows x k | mats | n_tok | us/job | GB/s | GOP/s | GB/s/cpu |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t ci = 0; ci < n_cases; ci++) {
         const bench_case *c = &list[ci];
         bench_job j = {.type = c->type, .rows = c->rows, .k = c->k, .n_tok = c->n_tok};
@@ -268,6 +289,7 @@ int main(int argc, char **argv) {
         cpu_pool_for(pool, items, 1, bench_item, &j);
         j.base += c->n_mat;
         int64_t jobs = 0;
+        const double c0 = cpu_seconds();
         uint64_t t0 = tm_time_ns(), t1;
         do {
             cpu_pool_for(pool, items, 1, bench_item, &j);
@@ -276,11 +298,12 @@ int main(int argc, char **argv) {
             t1 = tm_time_ns();
         } while ((double)(t1 - t0) * 1e-9 < seconds);
         double s = (double)(t1 - t0) * 1e-9 / (double)jobs;
+        const double cs = (cpu_seconds() - c0) / (double)jobs;
         double bytes = (double)j.mat_bytes * (double)c->n_mat;
         double ops = 2.0 * (double)c->rows * (double)c->k * (double)c->n_tok * (double)c->n_mat;
-        printf("| %s | %s | %lld x %lld | %lld | %lld | %.1f | %.1f | %.0f |\n", c->name,
+        printf("| %s | %s | %lld x %lld | %lld | %lld | %.1f | %.1f | %.0f | %.1f |\n", c->name,
                quant_type_name(c->type), (long long)c->rows, (long long)c->k, (long long)c->n_mat,
-               (long long)c->n_tok, s * 1e6, bytes / s * 1e-9, ops / s * 1e-9);
+               (long long)c->n_tok, s * 1e6, bytes / s * 1e-9, ops / s * 1e-9, bytes / cs * 1e-9);
         fflush(stdout);
         free(w);
         free(x);
