@@ -27,8 +27,6 @@
 
 #include "cpu/cpu_gemm_tile.h"
 
-#define TM_AVX512                                                                                  \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define TM_AVX512_INLINE TM_AVX512 static inline __attribute__((always_inline))
 
 TM_AVX512_INLINE float h2f(tm_half h) {
@@ -419,11 +417,7 @@ TM_AVX512_INLINE void q6k_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             }
         }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
-            a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+    cpu_tile_store_avx512(nr, nt, a, r, t, acc);
 }
 
 /* ---- blocks of 32 times q8_0, two blocks per vector ---- */
@@ -510,11 +504,7 @@ TM_AVX512_INLINE void b32_micro(int nr, int nt, const tm_tile_args *a, int64_t r
             }
         }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
-            a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+    cpu_tile_store_avx512(nr, nt, a, r, t, acc);
 }
 
 /* ---- q8_0 / mxfp4 decode (one token) ----

@@ -6,7 +6,8 @@
  * into int32; no pair can saturate: 2*7*127 (q3_K), 2*31*127 (q5), 2*127*127
  * (iq4). The block's int32 sums are exact, as in the scalar reference; floats
  * enter once per block and row/token (d_w*d_x, and dmin (q2_K) or m (q4_1/q5_1)
- * times their integer sums), in another order than the reference's. */
+ * times their integer sums), in another order than the reference's. Every tile
+ * prefetches the next row tile's blocks. */
 #include "cpu/cpu_gemm_lowbit.h"
 
 #if defined(__x86_64__)
@@ -31,9 +32,11 @@ TM_AVX2_INLINE void lb256_micro(int nr, int nt, const tm_tile_args *a, int64_t r
         lb_row w[4];
         const tm_block_q8_k *x[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
+        for (int i = 0; i < nr; i++) {
+            cpu_tile_prefetch(a, r, nr, i, (size_t)b * bsize, bsize);
             lb_row_load(kind, (const uint8_t *)a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize,
                         &w[i]);
+        }
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++) x[j] = TOK(tm_block_q8_k, j, b);
         __m256i acci[4][4];
@@ -95,6 +98,7 @@ TM_AVX2_INLINE void lb32_micro(int nr, int nt, const tm_tile_args *a, int64_t r,
         float wd[4], wm[4];
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
+            cpu_tile_prefetch(a, r, nr, i, (size_t)b * bsize, bsize);
             wv[i] = lb32_load(kind,
                               (const uint8_t *)a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize,
                               &wd[i], &wm[i]);

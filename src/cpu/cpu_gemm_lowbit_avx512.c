@@ -11,14 +11,12 @@
  *   starts from -offset * sum(x) so the block sums come out exact; q4_1/q5_1
  *   add m*d_x*sum(x) with sum(x) from vpdpbusd of ones.
  * Block sums are exact int32 as in the scalar reference; the float scaling and
- * summation order differ. Decode (one token) prefetches the next row tile. */
+ * summation order differ. Every tile prefetches the next row tile's blocks. */
 #include "cpu/cpu_gemm_lowbit.h"
 
 #if defined(__x86_64__)
 #include "cpu/cpu_gemm_tile.h"
 
-#define TM_AVX512                                                                                  \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define TM_AVX512_INLINE TM_AVX512 static inline __attribute__((always_inline))
 
 #define TOK(type, j, b) ((const type *)(a->x + (size_t)(t + (j)) * a->xrb) + (b))
@@ -29,21 +27,6 @@ TM_AVX512_INLINE __m512i lb_join(__m256i lo, __m256i hi) {
 
 TM_AVX512_INLINE __m512 lb_join_ps(float lo, float hi) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
-}
-
-TM_AVX512_INLINE void lb_prefetch(const tm_tile_args *a, int64_t r, int nr, int i, size_t off,
-                                  size_t bytes) {
-    const char *p = a->w + (size_t)(r + nr + i) * a->wrb + off;
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-}
-
-TM_AVX512_INLINE void lb_store_tile(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
-                                    __m512 acc[4][4]) {
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
-            a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
 /* ---- 256-value blocks times q8_K ---- */
@@ -62,7 +45,7 @@ TM_AVX512_INLINE void lb256_micro(int nr, int nt, const tm_tile_args *a, int64_t
         const tm_block_q8_k *x[4];
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            if (nt == 1) lb_prefetch(a, r, nr, i, (size_t)b * bsize, bsize);
+            cpu_tile_prefetch(a, r, nr, i, (size_t)b * bsize, bsize);
             lb_row_load(kind, (const uint8_t *)a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize,
                         &w[i]);
         }
@@ -117,7 +100,7 @@ TM_AVX512_INLINE void lb256_micro(int nr, int nt, const tm_tile_args *a, int64_t
                 }
             }
     }
-    lb_store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx512(nr, nt, a, r, t, acc);
 }
 
 /* ---- 32-value blocks times q8_0, two blocks per vector ---- */
@@ -154,7 +137,7 @@ TM_AVX512_INLINE void lb32_micro(int nr, int nt, const tm_tile_args *a, int64_t 
         for (int i = 0; i < nr; i++) {
             const uint8_t *blk =
                 (const uint8_t *)a->w + (size_t)(r + i) * a->wrb + (size_t)b * bsize;
-            if (nt == 1) lb_prefetch(a, r, nr, i, (size_t)b * bsize, 2 * bsize);
+            cpu_tile_prefetch(a, r, nr, i, (size_t)b * bsize, (two ? 2 : 1) * bsize);
             float d0, m0, d1 = 0, m1 = 0;
             const __m256i lo = lb32_load(kind, blk, &d0, &m0);
             const __m256i hi =
@@ -173,7 +156,7 @@ TM_AVX512_INLINE void lb32_micro(int nr, int nt, const tm_tile_args *a, int64_t 
             }
         }
     }
-    lb_store_tile(nr, nt, a, r, t, acc);
+    cpu_tile_store_avx512(nr, nt, a, r, t, acc);
 }
 
 /* decode 4 rows x 1 token; prompts 3 x 4 (256-value blocks) or 4 x 4 (32-value) */

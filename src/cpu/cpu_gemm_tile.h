@@ -73,6 +73,16 @@ typedef struct tm_tile_args {
     }
 
 #if defined(__x86_64__)
+/* Prefetch bytes [off, off + bytes) of row r + nr + i, the same row of the next
+ * row tile: a tile reads nr rows at once, more streams than the hardware
+ * prefetcher follows well when they come from RAM (experts in RAM). */
+TM_AVX2 static inline __attribute__((always_inline)) void
+cpu_tile_prefetch(const tm_tile_args *a, int64_t r, int nr, int i, size_t off, size_t bytes) {
+    const char *p = a->w + (size_t)(r + nr + i) * a->wrb + off;
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+}
+
 /* Store an nr x nt tile of 8-lane accumulators: y[t + j][r + i] = sum of acc[i][j]
  * (every AVX2 tile kernel ends with it). */
 TM_AVX2 static inline __attribute__((always_inline)) void
@@ -81,6 +91,26 @@ cpu_tile_store_avx2(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
     for (int j = 0; j < nt; j++)
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) a->y[(t + j) * a->ldy + r + i] = cpu_hsum8_avx2(acc[i][j]);
+}
+
+/* The AVX-512 level of the gemm kernels (F, BW, VL, DQ, VNNI); none where
+ * tests/emu/emu512.h stands in for the intrinsics (scripts/cpu_emu_check.sh). */
+#ifdef TM_EMU512
+#define TM_AVX512 TM_AVX2
+#else
+#define TM_AVX512                                                                                  \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#endif
+
+/* The same for 16-lane accumulators (every AVX-512 tile kernel ends with it). */
+TM_AVX512 static inline __attribute__((always_inline)) void
+cpu_tile_store_avx512(int nr, int nt, const tm_tile_args *a, int64_t r, int64_t t,
+                      __m512 acc[4][4]) {
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++)
+            a->y[(t + j) * a->ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 #endif
 

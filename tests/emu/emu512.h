@@ -17,6 +17,8 @@ typedef union {
 #define __m512i E512
 #define __m512  E512
 #define EI      static inline
+/* cpu_gemm_tile.h: no AVX-512 target attribute on the shared helpers */
+#define TM_EMU512 1
 EI E512 e_zero(void) {
     E512 r;
     memset(&r, 0, 64);
@@ -534,6 +536,11 @@ EI E512 e_add8(E512 a, E512 b) {
     return a;
 }
 #define _mm512_add_epi8 e_add8
+EI E512 e_sub8(E512 a, E512 b) { /* vpsubb: wraps */
+    for (int i = 0; i < 64; i++) a.b[i] = (int8_t)(a.b[i] - b.b[i]);
+    return a;
+}
+#define _mm512_sub_epi8 e_sub8
 EI E512 e_masksub8(E512 src, __mmask64 k, E512 a, E512 b) {
     for (int i = 0; i < 64; i++) b.b[i] = (int8_t)-b.b[i];
     return e_maskadd8(src, k, a, b);
