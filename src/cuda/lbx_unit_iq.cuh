@@ -13,8 +13,9 @@
  *
  * Speed: one lane unpacks one unit in every decode step, so everything is
  * word-wide. Fields are read as aligned 4-byte words funnel-shifted by the
- * block's misalignment (blocks are 2-byte aligned), the last 2 bytes of a
- * field as a u16 (tm_lbx_ld8: never a byte past the field). A grid entry is
+ * block's misalignment (blocks of 2 mod 4 bytes are 2-byte aligned; iq1_m's
+ * are 4-byte aligned and read as plain words), the last 2 bytes of a field as
+ * a u16 (tm_lbx_ld8: never a byte past the field). A grid entry is
  * 8 (or 4) magnitudes in bytes; its signs are applied 4 at a time: sign bit i
  * of a nibble goes to the top of byte i by one multiply, PRMT's sign mode
  * widens it to a 0x00/0xff byte mask, and the masked bytes take -g from
@@ -262,12 +263,14 @@ template <> struct tm_lbx<TM_TYPE_IQ1_S> : tm_lbx_grid<50> {
 
 /* iq1_m: per unit 4 low index bytes at 4j, at 32 + 2j a nibble a group (3 top
  * index bits, the delta's sign), 3-bit scales per half in the u16 at
- * 48 + 2 (j / 2); the block's f16 scale is the top nibbles of the 4 u16 at 48. */
+ * 48 + 2 (j / 2); the block's f16 scale is the top nibbles of the 4 u16 at 48.
+ * 56-byte blocks: rows of this type are 4-byte aligned (cuda_mmvq_q8x_ok), so
+ * its words are plain aligned loads. */
 template <> struct tm_lbx<TM_TYPE_IQ1_M> : tm_lbx_grid<56> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *b, int j) {
-        const uint32_t lo = tm_lbx_ld4(b + 4 * j), qh = tm_lbx_ld2(b + 32 + 2 * j);
-        uint32_t s0, s1;
-        tm_lbx_ld8(b + 48, s0, s1);
+        const uint32_t *bw = (const uint32_t *)b;
+        const uint32_t lo = __ldg(bw + j), qh = tm_lbx_ld2(b + 32 + 2 * j);
+        const uint32_t s0 = __ldg(bw + 12), s1 = __ldg(bw + 13);
         const float d = tm_lb_f16(((s0 >> 12) & 0x000fu) | ((s0 >> 24) & 0x00f0u) |
                                   ((s1 >> 4) & 0x0f00u) | ((s1 >> 16) & 0xf000u));
         const uint32_t sc = tm_lbx_ld2(b + 48 + 2 * (j >> 1)) >> (6 * (j & 1));
