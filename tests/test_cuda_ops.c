@@ -574,6 +574,13 @@ static void test_moe_grouped(void **state) {
         {512, 256, 2, 6, 3, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_XS, TM_TYPE_IQ3_S, true, true},
         {256, 512, 3, 6, 2, TM_TYPE_IQ2_S, TM_TYPE_IQ2_S, TM_TYPE_IQ1_S, false, true},
         {256, 256, 2, 4, 2, TM_TYPE_IQ3_S, TM_TYPE_IQ1_S, TM_TYPE_IQ2_S, false, true},
+        {512, 256, 1, 8, 4, TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XXS, TM_TYPE_IQ3_S, false, true},
+        {256, 512, 3, 6, 2, TM_TYPE_IQ1_M, TM_TYPE_IQ1_M, TM_TYPE_IQ2_S, false, true},
+        {256, 256, 2, 4, 2, TM_TYPE_IQ2_XS, TM_TYPE_IQ2_XS, TM_TYPE_IQ1_S, false, true},
+        {512, 256, 2, 6, 3, TM_TYPE_IQ3_XXS, TM_TYPE_IQ3_XXS, TM_TYPE_TQ1_0, true, true},
+        {96, 160, 2, 4, 2, TM_TYPE_Q5_1, TM_TYPE_Q5_1, TM_TYPE_Q4_1, false, true},
+        {256, 256, 2, 4, 2, TM_TYPE_TQ2_0, TM_TYPE_TQ2_0, TM_TYPE_Q5_0, false, true},
+        {160, 96, 1, 4, 2, TM_TYPE_IQ4_NL, TM_TYPE_IQ4_NL, TM_TYPE_IQ4_NL, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_run_case(&r, &cases[i]);
 }

@@ -14,7 +14,7 @@
 /* ---- loads: p is even; A4: p is 4-byte aligned ---- */
 
 /* The u16 at p: the aligned word that holds it. */
-static __device__ __forceinline__ uint32_t tm_lbx_u16(const uint8_t *p) {
+static __device__ __forceinline__ uint32_t tm_lbx_ld16(const uint8_t *p) {
     const uintptr_t a = (uintptr_t)p;
     return (__ldg((const uint32_t *)(a & ~(uintptr_t)3)) >> ((a & 2) * 8)) & 0xffffu;
 }
@@ -22,7 +22,7 @@ static __device__ __forceinline__ uint32_t tm_lbx_u16(const uint8_t *p) {
 /* w[i] = bytes [p + 4i, p + 4i + 4): the aligned words around them (one more
  * where p is 2 mod 4, every word read holding some of them), funnel-shifted. */
 template <int N, bool A4>
-static __device__ __forceinline__ void tm_lbx_words(uint32_t (&w)[N], const uint8_t *p) {
+static __device__ __forceinline__ void tm_lbx_run(uint32_t (&w)[N], const uint8_t *p) {
     if (A4) {
 #pragma unroll
         for (int i = 0; i < N; i++) w[i] = __ldg((const uint32_t *)p + i);
@@ -42,7 +42,7 @@ static __device__ __forceinline__ void tm_lbx_words(uint32_t (&w)[N], const uint
 /* The same for bytes [p, p + 4N - 2) (a block of 4N - 2 bytes: the last
  * word's upper half is unspecified): N loads at either alignment. */
 template <int N>
-static __device__ __forceinline__ void tm_lbx_words_m2(uint32_t (&w)[N], const uint8_t *p) {
+static __device__ __forceinline__ void tm_lbx_run_m2(uint32_t (&w)[N], const uint8_t *p) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *wp = (const uint32_t *)(a & ~(uintptr_t)3);
     const unsigned sh = (unsigned)(a & 2) * 8;
@@ -100,8 +100,8 @@ template <> struct tm_lbx<TM_TYPE_Q2_K> {
     static constexpr bool MIN = true;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int j) {
         uint32_t qs[8];
-        tm_lbx_words<8, true>(qs, bp + 16 + 32 * (j >> 2));
-        const uint32_t sc = tm_lbx_u16(bp + 2 * j);
+        tm_lbx_run<8, true>(qs, bp + 16 + 32 * (j >> 2));
+        const uint32_t sc = tm_lbx_ld16(bp + 2 * j);
         const uint32_t dm = __ldg((const uint32_t *)(bp + 80));
         const int s = 2 * (j & 3);
 #pragma unroll
@@ -126,11 +126,11 @@ template <> struct tm_lbx<TM_TYPE_Q3_K> {
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int j) {
         uint32_t qs[8], hm[8];
-        tm_lbx_words<8, false>(qs, bp + 32 + 32 * (j >> 2));
-        tm_lbx_words<8, false>(hm, bp);
-        const uint32_t lo = tm_lbx_u16(bp + 96 + 2 * (j & 3)) >> (4 * (j >> 2));
-        const uint32_t hi = tm_lbx_u16(bp + 104 + 2 * (j & 1)) >> (2 * (j >> 1));
-        const float d = tm_lb_f16(tm_lbx_u16(bp + 108));
+        tm_lbx_run<8, false>(qs, bp + 32 + 32 * (j >> 2));
+        tm_lbx_run<8, false>(hm, bp);
+        const uint32_t lo = tm_lbx_ld16(bp + 96 + 2 * (j & 3)) >> (4 * (j >> 2));
+        const uint32_t hi = tm_lbx_ld16(bp + 104 + 2 * (j & 1)) >> (2 * (j >> 1));
+        const float d = tm_lb_f16(tm_lbx_ld16(bp + 108));
         const int s = 2 * (j & 3);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -153,7 +153,7 @@ template <> struct tm_lbx<TM_TYPE_IQ4_XS> {
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int j) {
         uint32_t qs[4];
-        tm_lbx_words<4, true>(qs, bp + 8 + 16 * j);
+        tm_lbx_run<4, true>(qs, bp + 8 + 16 * j);
         const uint32_t h0 = __ldg((const uint32_t *)bp), sl = __ldg((const uint32_t *)bp + 1);
         const uint32_t ls = ((sl >> (4 * j)) & 15u) | (((h0 >> (16 + 2 * j)) & 3u) << 4);
 #pragma unroll
@@ -191,8 +191,8 @@ template <> struct tm_lbx<TM_TYPE_Q4_1> {
     static constexpr bool MIN = true;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int) {
         uint32_t dm[1], qs[4];
-        tm_lbx_words<1, true>(dm, bp);
-        tm_lbx_words<4, true>(qs, bp + 4);
+        tm_lbx_run<1, true>(dm, bp);
+        tm_lbx_run<4, true>(qs, bp + 4);
         tm_lbx_legacy<false>(w, qs, 0u, 0u);
         w.d[0] = w.d[1] = tm_lb_f16(dm[0]);
         w.m[0] = w.m[1] = -tm_lb_f16(dm[0] >> 16);
@@ -205,7 +205,7 @@ template <> struct tm_lbx<TM_TYPE_Q5_0> {
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int) {
         uint32_t b[6], qs[4];
-        tm_lbx_words_m2<6>(b, bp);
+        tm_lbx_run_m2<6>(b, bp);
 #pragma unroll
         for (int i = 0; i < 4; i++) qs[i] = __funnelshift_r(b[1 + i], b[2 + i], 16);
         tm_lbx_legacy<true>(w, qs, (b[0] >> 16) | (b[1] << 16), 16u);
@@ -220,8 +220,8 @@ template <> struct tm_lbx<TM_TYPE_Q5_1> {
     static constexpr bool MIN = true;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int) {
         uint32_t b[2], qs[4];
-        tm_lbx_words<2, true>(b, bp);
-        tm_lbx_words<4, true>(qs, bp + 8);
+        tm_lbx_run<2, true>(b, bp);
+        tm_lbx_run<4, true>(qs, bp + 8);
         tm_lbx_legacy<true>(w, qs, b[1], 0u);
         w.d[0] = w.d[1] = tm_lb_f16(b[0]);
         w.m[0] = w.m[1] = -tm_lb_f16(b[0] >> 16);
@@ -234,7 +234,7 @@ template <> struct tm_lbx<TM_TYPE_IQ4_NL> {
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int) {
         uint32_t b[5];
-        tm_lbx_words_m2<5>(b, bp);
+        tm_lbx_run_m2<5>(b, bp);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             uint32_t lo, hi;
@@ -254,11 +254,11 @@ template <> struct tm_lbx<TM_TYPE_TQ2_0> {
     static constexpr bool MIN = false;
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int j) {
         uint32_t qs[8];
-        tm_lbx_words<8, false>(qs, bp + 32 * (j >> 2));
+        tm_lbx_run<8, false>(qs, bp + 32 * (j >> 2));
         const int s = 2 * (j & 3);
 #pragma unroll
         for (int i = 0; i < 8; i++) w.q[i] = (int)tm_lbx_sub((qs[i] >> s) & 0x03030303u, 1);
-        w.d[0] = w.d[1] = tm_lb_f16(tm_lbx_u16(bp + 64));
+        w.d[0] = w.d[1] = tm_lb_f16(tm_lbx_ld16(bp + 64));
         w.m[0] = w.m[1] = 0.0f;
     }
 };
@@ -286,9 +286,9 @@ template <> struct tm_lbx<TM_TYPE_TQ1_0> {
     static __device__ __forceinline__ void unit(tm_lbx_unit &w, const uint8_t *bp, int j) {
         const bool lo = j < 5;
         uint32_t a[4], b[4], qh[1];
-        tm_lbx_words<4, false>(a, bp + (lo ? 0 : 32));
-        tm_lbx_words<4, false>(b, bp + (lo ? 16 : 32));
-        tm_lbx_words<1, false>(qh, bp + 48);
+        tm_lbx_run<4, false>(a, bp + (lo ? 0 : 32));
+        tm_lbx_run<4, false>(b, bp + (lo ? 16 : 32));
+        tm_lbx_run<1, false>(qh, bp + 48);
         const uint32_t pa = tm_lbx_pow3(lo ? j : 2 * (j - 5)),
                        pb = tm_lbx_pow3(lo ? j : 2 * (j - 5) + 1);
 #pragma unroll
@@ -297,7 +297,7 @@ template <> struct tm_lbx<TM_TYPE_TQ1_0> {
             w.q[4 + i] =
                 (int)(j == 7 ? tm_lbx_trits(qh[0], tm_lbx_pow3(i)) : tm_lbx_trits(b[i], pb));
         }
-        w.d[0] = w.d[1] = tm_lb_f16(tm_lbx_u16(bp + 52));
+        w.d[0] = w.d[1] = tm_lb_f16(tm_lbx_ld16(bp + 52));
         w.m[0] = w.m[1] = 0.0f;
     }
 };
