@@ -31,6 +31,12 @@ IQ_INLINE uint32_t iq_u32(const void *p) {
     return v;
 }
 
+IQ_INLINE uint64_t iq_u64(const void *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
 IQ_INLINE uint16_t iq_u16(const void *p) {
     uint16_t v;
     memcpy(&v, p, 2);
@@ -188,7 +194,7 @@ IQ_AVX2_INLINE __m128i iq_load4x32_16(const uint32_t *grid, const uint16_t *idx)
 }
 
 /* The group's 32 grid bytes (values 32g..32g+31): magnitudes for iq2/iq3,
- * int8 -1/0/1 for iq1; idx from iq_block_idx (unused for iq2_xxs / iq3_xxs,
+ * for iq1 the unsigned 8 (g + 1) + 2 of cpu_iq1_grid_u; idx from iq_block_idx (unused for iq2_xxs / iq3_xxs,
  * whose indices are bytes of the block). */
 IQ_AVX2_INLINE __m256i iq_group_grid(tm_type t, const void *blk, const uint16_t *idx, int g) {
     __m128i lo, hi;
@@ -212,7 +218,7 @@ IQ_AVX2_INLINE __m256i iq_group_grid(tm_type t, const void *blk, const uint16_t 
     default: {
         const uint64_t *grid = t == TM_TYPE_IQ2_XS  ? quant_grid_iq2_xs
                                : t == TM_TYPE_IQ2_S ? quant_grid_iq2_s
-                                                    : quant_grid_iq1_s;
+                                                    : cpu_iq1_grid_u;
         lo = iq_load2x64(grid, idx[4 * g], idx[4 * g + 1]);
         hi = iq_load2x64(grid, idx[4 * g + 2], idx[4 * g + 3]);
         break;
@@ -310,11 +316,12 @@ IQ_AVX2_INLINE __m256i iq_block_mults(tm_type t, const void *blk) {
         break;
     }
     default: { /* iq1_m: 3 bits each, 4 to a u16 (the top nibble is d's) */
-        const uint8_t *sc = ((const tm_block_iq1_m *)blk)->scales;
         /* dword i holds u16 i/2: word 2i is its field 2 (i % 2), word 2i+1 the next */
-        const __m256i u =
-            _mm256_setr_epi32(iq_u16(sc), iq_u16(sc), iq_u16(sc + 2), iq_u16(sc + 2),
-                              iq_u16(sc + 4), iq_u16(sc + 4), iq_u16(sc + 6), iq_u16(sc + 6));
+        const char z = (char)0x80;
+        const __m256i u = _mm256_shuffle_epi8(
+            _mm256_set1_epi64x((long long)iq_u64(((const tm_block_iq1_m *)blk)->scales)),
+            _mm256_setr_epi8(0, 1, z, z, 0, 1, z, z, 2, 3, z, z, 2, 3, z, z, 4, 5, z, z, 4, 5, z, z,
+                             6, 7, z, z, 6, 7, z, z));
         const __m256i lo = _mm256_srlv_epi32(u, _mm256_setr_epi32(0, 6, 0, 6, 0, 6, 0, 6));
         const __m256i hi = _mm256_srlv_epi32(u, _mm256_setr_epi32(3, 9, 3, 9, 3, 9, 3, 9));
         s = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(7)),
@@ -326,14 +333,9 @@ IQ_AVX2_INLINE __m256i iq_block_mults(tm_type t, const void *blk) {
 }
 
 /* iq1: the weights in the unsigned form u = 8 g + delta + 9 = 8 (g + 1) + 2 - dd, in
- * 0..18 (g from the grid bytes v; dd = 2 where delta is -1, else 0, by byte from
- * iq1_block_delta): the kernels multiply u with x and take the 9 back out per 16
- * values through the activations' bsums. This is 8 (g + 1) + 2. */
-IQ_AVX2_INLINE __m256i iq1_u(__m256i v) {
-    return _mm256_add_epi8(_mm256_slli_epi16(_mm256_add_epi8(v, _mm256_set1_epi8(1)), 3),
-                           _mm256_set1_epi8(2));
-}
-
+ * 0..18 (8 (g + 1) + 2 from cpu_iq1_grid_u; dd = 2 where delta is -1, else 0, by
+ * byte from iq1_block_delta): the kernels multiply u with x and take the 9 back
+ * out per 16 values through the activations' bsums. */
 /* iq1: byte r is dd of run r (values 8r..8r+7): 2 where its delta is -1, else 0.
  * The delta sign is iq1_s bit 15 of each group's qh u16, iq1_m bit 3 of each
  * run's qh nibble. */

@@ -58,7 +58,7 @@ IQ_AVX2_INLINE void iq_group_avx2(tm_type t, const iq_blk256 *b, int g, __m256i 
                         _mm256_set1_epi8((char)(4 * c)));
     const __m256i v = _mm256_shuffle_epi8(b->signs[h], spread);
     if (IQ1(t)) {
-        *m = _mm256_sub_epi8(iq1_u(*m), v);
+        *m = _mm256_sub_epi8(*m, v);
         *s = _mm256_setzero_si256();
     } else {
         const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
@@ -145,6 +145,7 @@ IQ_AVX2_INLINE void iq_micro(int nr, int nt, const tm_tile_args *a, int64_t r, i
 IQ_TYPES(IQ_GEMMS)
 
 cpu_gemm_fn cpu_gemm_iq_avx2_get(tm_type wtype) {
+    if (wtype == TM_TYPE_IQ1_S || wtype == TM_TYPE_IQ1_M) cpu_iq1_grid_init();
     switch (wtype) {
         IQ_TYPES(IQ_GET_CASE)
     default:

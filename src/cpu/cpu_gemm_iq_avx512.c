@@ -53,13 +53,7 @@ IQ_AVX512_INLINE void iq_pair_avx512(tm_type t, const iq_blk512 *b, int p, __m51
                                      __mmask64 *neg, __m512i *sc) {
     __m256i g0 = iq_group_grid(t, b->p, b->idx, 2 * p),
             g1 = iq_group_grid(t, b->p, b->idx, 2 * p + 1);
-    if (IQ1(t)) {
-        g0 = iq1_u(g0);
-        g1 = iq1_u(g1);
-        *neg = 0;
-    } else {
-        *neg = (__mmask64)b->signs[p];
-    }
+    *neg = IQ1(t) ? 0 : (__mmask64)b->signs[p];
     *m = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
     if (IQ1(t)) { /* byte 2L + e of the pair's dd to the 8 values of run e of lane L */
         const __m512i spread = _mm512_set_epi64(
@@ -153,6 +147,7 @@ IQ_AVX512_INLINE void iq_micro(int nr, int nt, const tm_tile_args *a, int64_t r,
 IQ_TYPES(IQ_GEMMS)
 
 cpu_gemm_fn cpu_gemm_iq_avx512_get(tm_type wtype) {
+    if (wtype == TM_TYPE_IQ1_S || wtype == TM_TYPE_IQ1_M) cpu_iq1_grid_init();
     switch (wtype) {
         IQ_TYPES(IQ_GET_CASE)
     default:

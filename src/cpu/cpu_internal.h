@@ -25,6 +25,10 @@ cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_ref_iq_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_iq_avx2_get(tm_type wtype);
 cpu_gemm_fn cpu_gemm_iq_avx512_get(tm_type wtype);
+/* The iq1 grid as the SIMD kernels' unsigned bytes 8 (g + 1) + 2 (cpu_gemm_iq_grid.c);
+ * cpu_iq1_grid_init fills it once (the iq kernel getters call it). */
+extern uint64_t cpu_iq1_grid_u[2048];
+void cpu_iq1_grid_init(void);
 /* The low-bit types q4_1 q5_0 q5_1 iq4_nl q2_K q3_K iq4_xs tq1_0 tq2_0, reached
  * from the getters above (cpu_gemm_ref_lowbit.c, cpu_gemm_lowbit_avx2.c,
  * cpu_gemm_lowbit_avx512.c); NULL for other types. */
