@@ -78,6 +78,7 @@ void exec_free(tm_exec *e) {
     if (e->gpu) cuda_stream_sync(e->stream); /* nothing in flight may outlive its buffers */
     for (int i = 0; i < e->n_acts; i++) exec_act_release(e, e->acts[i]);
     exec_cpu_free(e);
+    exec_ssm_free(e);
     exec_gpu_free(e);
     if (e->k_cache)
         for (uint32_t l = 0; l < e->n_layer; l++)
@@ -127,24 +128,29 @@ tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws) {
 /* The caches' bytes in a log line: with rings, what they saved. */
 static void exec_kv_log(const tm_exec *e, size_t row) {
     size_t bytes = 0;
-    uint32_t n_ring = 0, n_win = 0;
+    uint32_t n_ring = 0, n_win = 0, n_kv = 0;
     int64_t lo = 0, hi = 0; /* the rings' rows */
     for (uint32_t l = 0; l < e->n_layer; l++) {
-        bytes += 2 * e->kv_bytes[l], n_win += e->window[l] > 0;
+        bytes += 2 * e->kv_bytes[l], n_win += e->window[l] > 0, n_kv += e->kv_bytes[l] > 0;
         if (!exec_kv_ring(e, l)) continue;
         lo = n_ring && lo < e->kv_rows[l] ? lo : e->kv_rows[l];
         hi = hi > e->kv_rows[l] ? hi : e->kv_rows[l];
         n_ring++;
     }
-    const size_t full = 2 * (size_t)e->n_layer * (size_t)e->p.n_ctx * row;
+    const size_t full = 2 * (size_t)n_kv * (size_t)e->p.n_ctx * row;
     const bool big = full >= (size_t)1 << 30; /* GiB, else MiB */
     const double unit = big ? 1073741824.0 : 1048576.0;
     const char *u = big ? "GiB" : "MiB";
     char seqs[48] = "";
     if (e->p.n_seq > 1) snprintf(seqs, sizeof(seqs), " x %d sequences", e->p.n_seq);
     const char *type = e->p.kv_type == TM_TYPE_F16 ? "f16" : "f32";
+    char layers[64];
+    if (n_kv < e->n_layer) /* the others are linear attention's: no KV */
+        snprintf(layers, sizeof(layers), "%u of %u layers", n_kv, e->n_layer);
+    else
+        snprintf(layers, sizeof(layers), "%u layers", n_kv);
     if (!n_ring) {
-        tm_log_info("KV cache: %u layers of %lld positions%s (%s): %.2f %s%s", e->n_layer,
+        tm_log_info("KV cache: %s of %lld positions%s (%s): %.2f %s%s", layers,
                     (long long)e->n_ctx_seq, seqs, type, bytes / unit, u,
                     n_win && e->p.kv_full ? " (sliding layers without rings: TIERMOE_KV_RING=0)"
                                           : "");
@@ -152,9 +158,9 @@ static void exec_kv_log(const tm_exec *e, size_t row) {
     }
     char rows[48];
     snprintf(rows, sizeof(rows), lo == hi ? "%lld" : "%lld-%lld", (long long)lo, (long long)hi);
-    tm_log_info("KV cache: %u layers of %lld positions%s (%s), %u of them rings of %s rows: %.2f "
+    tm_log_info("KV cache: %s of %lld positions%s (%s), %u of them rings of %s rows: %.2f "
                 "%s (%.2f %s without rings)",
-                e->n_layer, (long long)e->n_ctx_seq, seqs, type, n_ring, rows, bytes / unit, u,
+                layers, (long long)e->n_ctx_seq, seqs, type, n_ring, rows, bytes / unit, u,
                 full / unit, u);
 }
 
@@ -182,7 +188,7 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
     const size_t row =
         (size_t)(shape->n_head_kv * shape->head_dim) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (uint32_t l = 0; l < n_layer; l++) {
-        e->window[l] = window && window[l] > 0 ? window[l] : 0;
+        e->window[l] = window && (window[l] > 0 || window[l] == EXEC_NO_ATTENTION) ? window[l] : 0;
         e->kv_rows[l] = exec_kv_rows(e->n_ctx_seq, e->p.n_batch, e->window[l], e->p.kv_full);
         e->kv_bytes[l] = (size_t)e->kv_rows[l] * (size_t)e->p.n_seq * row;
     }
@@ -191,7 +197,7 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
         if (layer_dev[l] == TM_DEV_GPU && !e->gpu)
             return tm_error_set(TM_ERR_ARG, "layer %u placed on a GPU the context does not have",
                                 l);
-        if (layer_dev[l] != TM_DEV_CPU) continue; /* the GPU's at exec_finalize */
+        if (layer_dev[l] != TM_DEV_CPU || !e->kv_bytes[l]) continue; /* the GPU's at finalize */
         if (!(e->k_cache[l] = malloc(e->kv_bytes[l])) || !(e->v_cache[l] = malloc(e->kv_bytes[l])))
             return tm_error_set(TM_ERR_NOMEM,
                                 "out of memory for the KV cache of layer %u (%.1f MiB)", l,
@@ -201,6 +207,7 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
 }
 
 int64_t exec_kv_rows(int64_t n_ctx_seq, int64_t n_batch, int64_t window, bool kv_full) {
+    if (window < 0) return 0; /* EXEC_NO_ATTENTION */
     /* a ring: the window before a step's first token, and the step */
     const int64_t ring = window + n_batch;
     return window > 0 && !kv_full && ring < n_ctx_seq ? ring : n_ctx_seq;
@@ -229,10 +236,6 @@ tm_status exec_finalize(tm_exec *e) {
 }
 
 /* ---- residency ---- */
-
-static void *exec_at(const tm_act *a, tm_dev d) {
-    return d == TM_DEV_GPU ? a->dev : a->host;
-}
 
 void exec_act_wrote(tm_act *a, tm_dev d) {
     a->valid = 1u << d;
@@ -268,8 +271,7 @@ tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
     return TM_OK;
 }
 
-/* Check that side d can run an op now. */
-static tm_status exec_side(tm_exec *e, tm_dev d) {
+tm_status exec_side(tm_exec *e, tm_dev d) {
     if (d == TM_DEV_CPU && e->capturing) return exec_not_capturable(e, "run a CPU op");
     if (d == TM_DEV_GPU && !e->gpu)
         return tm_error_set(TM_ERR_ARG, "an op is placed on a GPU the context does not have");
@@ -289,7 +291,7 @@ exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d) {
                          w->ne[0], w->ne[1] * w->ne[2] * w->ne[3]};
 }
 
-static const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d) {
+const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d) {
     if (!w) return NULL;
     return d == TM_DEV_GPU ? e->wdev[w->id] : (const float *)w->data;
 }
@@ -700,6 +702,16 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                             "exec_attention: layer %u's RoPE table differs from the one given "
                             "at exec_attention_setup",
                             layer);
+    if (d == TM_DEV_GPU && a->n_rot && a->n_rot != a->head_dim)
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "layer %u: RoPE over %lld of a head's %lld values on the GPU: not "
+                            "yet (place the layer on the CPU: -ngl, -ot)",
+                            layer, (long long)a->n_rot, (long long)a->head_dim);
+    if (a->n_rot < 0 || a->n_rot > a->head_dim || a->n_rot % 2 || (a->n_rot && a->rope_freq))
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_attention: layer %u rotates %lld of %lld values (even, at most "
+                            "all; a scaled RoPE rotates all)",
+                            layer, (long long)a->n_rot, (long long)a->head_dim);
     if (a->window != e->window[layer])
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u's window %lld differs from the %lld given "

@@ -97,7 +97,25 @@ typedef struct tm_attn_desc {
                                          (YaRN; NULL: rope_base^(-2i/head_dim)), the same in
                                          every layer */
     float rope_mscale;                /* cos and sin multiplied by it (YaRN; 0: 1) */
+    int64_t n_rot;                    /* RoPE turns a head's first n_rot values (pairs i,
+                                         i + n_rot/2; angles of width n_rot); 0: head_dim */
 } tm_attn_desc;
+
+/* A layer without attention (exec_attention_setup's window): no KV cache. */
+#define EXEC_NO_ATTENTION (-1)
+
+/* Linear attention of one layer (Gated DeltaNet: exec_ssm_conv, exec_delta_rule).
+ * The convolution runs over the C = 2 n_k_head k_dim + n_v_head v_dim channels
+ * of q, k and v, in that order. */
+typedef struct tm_ssm_desc {
+    int64_t conv_k;               /* the convolution's width (2 .. 16) */
+    int64_t n_k_head, n_v_head;   /* query/key heads, value heads (a multiple of n_k_head) */
+    int64_t k_dim, v_dim;         /* their widths */
+    bool v_tiled;                 /* value head h reads key head h % n_k_head (else h / (n_v_head
+                                      / n_k_head), the heads grouped) */
+    const tm_weight *conv;        /* [conv_k, C] f32 */
+    const tm_weight *a, *dt_bias; /* [n_v_head] f32: A (= -exp(A_log)) and the step's bias */
+} tm_ssm_desc;
 
 typedef struct tm_exec tm_exec;
 
@@ -136,7 +154,7 @@ tm_status exec_act_create(tm_exec *e, tm_act *a, const char *name, int64_t n, bo
 tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws);
 /* Attention's shape (every layer's: sizes the KV caches and the scratch), where
  * each layer's KV cache lives and each layer's sliding window (window: [n_layer],
- * 0 or NULL: full attention). A sequence's cache has rows of n_head_kv * head_dim
+ * 0 or NULL: full attention; EXEC_NO_ATTENTION: none, no cache). A sequence's cache has rows of n_head_kv * head_dim
  * values: n_ctx / n_seq of them, one a position; a sliding layer's is a ring of
  * window + n_batch rows instead (position p at row p % rows: a step of up to
  * n_batch tokens is stored before its attention runs, and its first query still
@@ -157,6 +175,29 @@ int64_t exec_kv_rows(int64_t n_ctx_seq, int64_t n_batch, int64_t window, bool kv
 int64_t exec_kv_keep(const tm_exec *e, int64_t n_written, int64_t n_keep);
 /* Rows of one sequence's ring in layer's KV cache (0: not a ring). */
 int64_t exec_kv_ring(const tm_exec *e, uint32_t layer);
+/* Linear attention's per-sequence state for the layers with ssm[l] set
+ * (NULL: none): a conv state [conv_k - 1][C] and a delta-rule state [n_v_head]
+ * [k_dim][v_dim] of f32 for each of the n_seq sequences, and as much again for
+ * each sequence's checkpoint (exec_ssm_checkpoint). The states live on the CPU
+ * (the GPU has no linear-attention kernels yet: those layers' recurrent ops
+ * run there whatever the placement). Logs the bytes. */
+tm_status exec_ssm_setup(tm_exec *e, uint32_t n_layer, const bool *ssm, const tm_ssm_desc *shape);
+/* Bytes of one sequence's linear-attention state (0: none). */
+size_t exec_ssm_seq_bytes(const tm_exec *e);
+/* Copy sequence seq's states into its checkpoint, which then stands for
+ * position pos (the end of a prompt). */
+void exec_ssm_checkpoint(tm_exec *e, int seq, int64_t pos);
+/* How many of the first n_keep of the n_past positions of sequence seq the
+ * states can stand for: n_past when n_keep >= n_past (all of them), else its
+ * checkpoint's position when that is <= n_keep, else 0 (a recurrent state
+ * cannot be cut back: evaluate from the start). n_keep without linear
+ * attention. */
+int64_t exec_ssm_keep(const tm_exec *e, int seq, int64_t n_past, int64_t n_keep);
+/* Make sequence seq's states stand for position keep (a result of
+ * exec_ssm_keep): its checkpoint's copied back when keep is its position and
+ * below n_past; nothing else (a step at position 0 clears them). */
+void exec_ssm_rewind(tm_exec *e, int seq, int64_t n_past, int64_t keep);
+
 /* Upload what the GPU holds (its weights, every vector weight, the KV caches
  * and device activations) and size the scratch. Logs the upload. */
 tm_status exec_finalize(tm_exec *e);
@@ -222,6 +263,36 @@ tm_status exec_add_bias(tm_exec *e, tm_act *y, const tm_weight *b);
  * layer's window, with its sinks, when the desc has them). */
 tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
                          tm_act *v, tm_act *out);
+
+/* ---- linear attention and the gates around it (exec_ssm.c) ---- */
+
+/* For layer l (exec_ssm_setup): qkv [rows][C] = silu(causal depthwise conv of
+ * width conv_k over each sequence's positions, the rows before a step's from
+ * its conv state), in place; the state takes the last conv_k - 1 inputs. A
+ * sequence's state starts at zero at position 0. */
+tm_status exec_ssm_conv(tm_exec *e, uint32_t layer, const tm_ssm_desc *d, tm_act *qkv);
+/* For layer l, after exec_ssm_conv: q and k of qkv L2-normalised per head (q
+ * also times 1/sqrt(k_dim)), β = sigmoid(b), g = A · softplus(a + dt_bias),
+ * then the gated delta rule (cpu_ssm.h) of each value head from its
+ * sequence's state into out [rows][n_v_head v_dim]. b and a: [rows][n_v_head]
+ * each, or (ba_grouped, b == a) one [rows][2 n_v_head] in HF Qwen3-Next's
+ * in_proj_ba order: per key head, its value heads' b, then their a. Prompts
+ * run in chunks of matrix products, decode token by token. */
+tm_status exec_delta_rule(tm_exec *e, uint32_t layer, const tm_ssm_desc *d, tm_act *qkv, tm_act *b,
+                          tm_act *a, bool ba_grouped, tm_act *out);
+/* x = rmsnorm(x) * w * silu(z) per group of w's n values, at w's home (CPU
+ * when that side has no such op). */
+tm_status exec_rmsnorm_gated(tm_exec *e, tm_act *x, tm_act *z, const tm_weight *w, float eps);
+/* Split the rows of src, groups of a's then b's values (n_group groups each
+ * way), into a and b: a[t][g] = src[t][g (na + nb) ..], b[t][g] likewise after it. */
+tm_status exec_unzip(tm_exec *e, tm_act *src, int64_t n_group, tm_act *a, tm_act *b);
+/* y = silu(g) * u. */
+tm_status exec_swiglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u);
+/* y *= sigmoid(g), value by value. */
+tm_status exec_gate_mul(tm_exec *e, tm_act *y, tm_act *g);
+/* y[t] *= sigmoid(s[t][0]), then x[t] += y[t] (a gated residual add; s has one
+ * value a row). */
+tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s);
 
 /* The part of the architecture the next ops belong to (--profile). */
 tm_status exec_part(tm_exec *e, tm_prof_part part);

@@ -123,19 +123,20 @@ static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
     const tm_attn_desc *d = j->a->d;
     const tm_exec *e = j->e;
     const int64_t D = d->head_dim, Q = d->n_head * D, KV = d->n_head_kv * D;
+    const int64_t R = d->n_rot ? d->n_rot : D; /* the rotated values of a head */
     const size_t kv_row = (size_t)KV * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t = begin; t < end; t++) {
         const float *cs = e->rope_cos + t * (D / 2), *sn = e->rope_sin + t * (D / 2);
         for (int64_t h = 0; h < d->n_head; h++) {
             float *q = j->q + t * Q + h * D;
             if (j->a->q_norm) cpu_rmsnorm(q, q, j->a->q_norm, D, d->rms_eps);
-            cpu_rope_neox_table(q, D, cs, sn);
+            cpu_rope_neox_table(q, R, cs, sn);
         }
         float *krow = j->k + t * KV; /* consumed: normed and rotated in place */
         for (int64_t h = 0; h < d->n_head_kv; h++) {
             float *k = krow + h * D;
             if (j->a->k_norm) cpu_rmsnorm(k, k, j->a->k_norm, D, d->rms_eps);
-            cpu_rope_neox_table(k, D, cs, sn);
+            cpu_rope_neox_table(k, R, cs, sn);
         }
         const int64_t p = e->row_pos[t], seq_rows = j->a->seq_rows; /* its sequence's rows */
         const int64_t row = e->row_seq[t] * seq_rows + (j->a->ring ? p % seq_rows : p);
@@ -160,8 +161,8 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                                     e->row_pos[t], d->rope_freq,
                                     d->rope_mscale ? d->rope_mscale : 1.0f);
             else
-                cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D,
-                               e->row_pos[t], d->rope_base);
+                cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2),
+                               d->n_rot ? d->n_rot : D, e->row_pos[t], d->rope_base);
         e->rope_seq = e->seq;
     }
     cpu_qk_job j = {e, a, q, k, v};

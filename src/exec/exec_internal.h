@@ -134,6 +134,16 @@ struct tm_exec {
     exec_graph graphs[TM_CUDA_MMVQ_MAX_TOK + 1];
     bool graph_off;
 
+    /* linear attention (exec_ssm.c): per layer, every sequence's states back to back */
+    bool *ssm_layer;                   /* [n_layer] (NULL: no linear attention) */
+    tm_ssm_desc ssm_shape;             /* its weights unset */
+    int64_t ssm_channels;              /* C of the convolution */
+    float **conv_state, **delta_state; /* [n_layer] [n_seq][conv_k - 1][C], [n_seq][n_v][dk][dv] */
+    float **conv_ckpt, **delta_ckpt;   /* the same at each sequence's checkpoint */
+    int64_t *ckpt_pos;                 /* [n_seq] the checkpoints' positions (-1: none) */
+    float *ssm_gates;                  /* [2][n_batch][n_v]: g, then beta */
+    float *ssm_scratch;                /* cpu_delta_rule's */
+
     /* profiling */
     tm_prof_part part;
     uint64_t part_t0;
@@ -161,6 +171,16 @@ static inline const int32_t *exec_row_seq_dev(const tm_exec *e) {
 static inline bool exec_rows_apart(const tm_exec *e) {
     return !e->one_seq || e->phase == TM_MOE_PHASE_DECODE;
 }
+/* a's values on side d. */
+static inline void *exec_at(const tm_act *a, tm_dev d) {
+    return d == TM_DEV_GPU ? a->dev : a->host;
+}
+/* Check that side d can run an op now. */
+tm_status exec_side(tm_exec *e, tm_dev d);
+/* A vector weight (f32) on side d (NULL for NULL). */
+const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d);
+/* exec_ssm.c */
+void exec_ssm_free(tm_exec *e);
 /* The matrix of weight w (or of a group) on side d. */
 exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d);
 

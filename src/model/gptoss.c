@@ -126,23 +126,13 @@ static tm_status gptoss_layer_bind(tm_model *m, uint32_t l, gptoss_layer *L) {
                                   &L->gate_b,    &L->up_b,  &L->down_b};
     for (size_t i = 0; i < sizeof(vectors) / sizeof(vectors[0]); i++)
         if ((st = gptoss_f32(m, vectors[i]))) return st;
-    L->experts = (tm_moe_experts){
-        .n_embd = E,
-        .n_ff = F,
-        .act = TM_MOE_ACT_SWIGLU_OAI,
-        .act_alpha = GPTOSS_SWIGLU_ALPHA,
-        .act_limit = GPTOSS_SWIGLU_LIMIT,
-        .gate = {L->gate_exps.data, L->gate_exps.type, L->gate_exps.row_bytes * F,
-                 L->gate_exps.row_bytes},
-        .up = {L->up_exps.data, L->up_exps.type, L->up_exps.row_bytes * F, L->up_exps.row_bytes},
-        .down = {L->down_exps.data, L->down_exps.type, L->down_exps.row_bytes * (size_t)E,
-                 L->down_exps.row_bytes},
-        .gate_bias = (const float *)L->gate_b.data,
-        .up_bias = (const float *)L->up_b.data,
-        .down_bias = (const float *)L->down_b.data,
-        .router = L->router.type == TM_TYPE_F32 ? (const float *)L->router.data : NULL,
-        .router_bias = (const float *)L->router_b.data,
-    };
+    L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
+    L->experts.act = TM_MOE_ACT_SWIGLU_OAI;
+    L->experts.act_alpha = GPTOSS_SWIGLU_ALPHA, L->experts.act_limit = GPTOSS_SWIGLU_LIMIT;
+    L->experts.gate_bias = (const float *)L->gate_b.data;
+    L->experts.up_bias = (const float *)L->up_b.data;
+    L->experts.down_bias = (const float *)L->down_b.data;
+    L->experts.router_bias = (const float *)L->router_b.data;
     return TM_OK;
 }
 

@@ -75,6 +75,21 @@ static const hparam hparams[] = {
      .dflt = 32, .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_fast"},
     {HP("gpt-oss", "rope.scaling.yarn_beta_slow", F32, yarn_beta_slow), .optional = true, .dflt = 1,
      .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_slow"},
+#define HP_QNEXT "qwen3next qwen35moe"
+    {HP(HP_QNEXT, "ssm.conv_kernel", U32, ssm_conv), .lo = 2, .hi = 16,
+     .what = "linear attention's convolution width"},
+    {HP(HP_QNEXT, "ssm.state_size", U32, ssm_state), .lo = 1, .hi = TM_MODEL_MAX_HEAD_DIM,
+     .what = "a linear-attention key head's width"},
+    {HP(HP_QNEXT, "ssm.group_count", U32, ssm_group), .lo = 1, .hi = 65536,
+     .what = "linear attention's key heads"},
+    {HP(HP_QNEXT, "ssm.time_step_rank", U32, ssm_dt_rank), .lo = 1, .hi = 65536,
+     .what = "linear attention's value heads"},
+    {HP(HP_QNEXT, "ssm.inner_size", U32, ssm_inner), .lo = 1, .hi = HP_MAX_DIM,
+     .what = "linear attention's value heads times their width"},
+    {HP(HP_QNEXT, "full_attention_interval", U32, full_attn_interval), .optional = true, .dflt = 4,
+     .lo = 1, .hi = 65536, .what = "every n-th layer is full attention"},
+    {HP(HP_QNEXT, "expert_shared_feed_forward_length", U32, n_ff_shexp), .lo = 1, .hi = HP_MAX_DIM,
+     .what = "the shared expert's hidden width"},
 };
 
 #define HP_N (sizeof(hparams) / sizeof(hparams[0]))
@@ -83,21 +98,38 @@ static const hparam hparams[] = {
 typedef enum hparam_op { HP_LE, HP_LT, HP_EQ, HP_MULTIPLE_OF } hparam_op;
 
 typedef struct hparam_rel {
+    const char *arch; /* as hparam's */
     const char *a;
     hparam_op op;
     const char *b;
 } hparam_rel;
 
 static const hparam_rel relations[] = {
-    {"expert_used_count", HP_LE, "expert_count"},
-    {"attention.head_count", HP_MULTIPLE_OF, "attention.head_count_kv"},
-    {"attention.value_length", HP_EQ, "attention.key_length"}, /* the kernels share one width */
-    {"rope.dimension_count", HP_EQ, "attention.key_length"},   /* RoPE rotates whole heads */
-    {"rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
+    {NULL, "expert_used_count", HP_LE, "expert_count"},
+    {NULL, "attention.head_count", HP_MULTIPLE_OF, "attention.head_count_kv"},
+    {NULL, "attention.value_length", HP_EQ, "attention.key_length"}, /* one width: the kernels */
+    {"qwen3moe gpt-oss", "rope.dimension_count", HP_EQ, "attention.key_length"}, /* whole heads */
+    {HP_QNEXT, "rope.dimension_count", HP_LE, "attention.key_length"}, /* a head's first part */
+    {NULL, "rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
+    {HP_QNEXT, "ssm.time_step_rank", HP_MULTIPLE_OF, "ssm.group_count"},
+    {HP_QNEXT, "ssm.inner_size", HP_MULTIPLE_OF, "ssm.time_step_rank"},
 };
 
+/* Whether name is one of the space-separated words of list (NULL: every name). */
+static bool hparam_arch_in(const char *list, const char *name) {
+    if (!list) return true;
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const size_t w = strcspn(p, " ");
+        if (w == n && !strncmp(p, name, n)) return true;
+        p += w;
+        p += *p == ' ';
+    }
+    return false;
+}
+
 static bool hparam_applies(const hparam *h, const tm_model *m) {
-    return !h->arch || !strcmp(h->arch, m->arch->name);
+    return hparam_arch_in(h->arch, m->arch->name);
 }
 
 static double hparam_value(const hparam *h, const tm_model_config *c) {
@@ -200,6 +232,7 @@ static tm_status hparams_check_relations(const tm_model *m) {
     static const char *const op_words[] = {"at most", "less than", "equal to", "a multiple of"};
     for (size_t i = 0; i < sizeof(relations) / sizeof(relations[0]); i++) {
         const hparam_rel *r = &relations[i];
+        if (!hparam_arch_in(r->arch, m->arch->name)) continue;
         const hparam *ha = hparam_find(m, r->a), *hb = hparam_find(m, r->b);
         if (!ha || !hb) continue; /* not this architecture's */
         const double a = hparam_value(ha, &m->cfg), b = hparam_value(hb, &m->cfg);

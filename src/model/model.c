@@ -9,9 +9,10 @@
 #include "core/log.h"
 #include "cpu/cpu_ops.h"
 
-extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss;
+extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss, tm_arch_qwen3next, tm_arch_qwen35moe;
 
-static const tm_arch *const archs[] = {&tm_arch_qwen3moe, &tm_arch_gptoss};
+static const tm_arch *const archs[] = {&tm_arch_qwen3moe, &tm_arch_gptoss, &tm_arch_qwen3next,
+                                       &tm_arch_qwen35moe};
 
 /* VRAM left free when sizing -ngl auto and --moe-cache auto: cuBLAS's
  * workspace and handles, the CUDA context, other programs' small needs. */
@@ -31,9 +32,11 @@ tm_status model_load(const char *path, tm_model **out) {
     for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
         if (gguf_str_eq(arch, archs[i]->name)) a = archs[i];
     if (!a) {
-        tm_error_set(TM_ERR_UNSUPPORTED,
-                     "%s: architecture '%.*s' is not supported (supported: qwen3moe, gpt-oss)",
-                     path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+        tm_error_set(
+            TM_ERR_UNSUPPORTED,
+            "%s: architecture '%.*s' is not supported (supported: qwen3moe, gpt-oss, qwen3next, "
+            "qwen35moe)",
+            path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
         gguf_file_close(f);
         return TM_ERR_UNSUPPORTED;
     }
@@ -261,17 +264,23 @@ const tm_moe_lane_stats *model_lane_stats(const tm_context *c) {
 }
 
 void model_context_reset(tm_context *c) {
-    for (int i = 0; i < c->n_seq; i++) c->seq_past[i] = c->seq_hi[i] = 0;
+    for (int i = 0; i < c->n_seq; i++) {
+        exec_ssm_rewind(c->exec, i, c->seq_past[i], 0);
+        c->seq_past[i] = c->seq_hi[i] = 0;
+    }
 }
 
 int64_t model_seq_keep(const tm_context *c, int seq, int64_t n_keep) {
     TM_ASSERT(n_keep >= 0 && seq >= 0 && seq < c->n_seq);
     if (n_keep > c->seq_past[seq]) n_keep = c->seq_past[seq];
+    /* linear attention's state stands for all positions, its checkpoint's, or none */
+    n_keep = exec_ssm_keep(c->exec, seq, c->seq_past[seq], n_keep);
     return exec_kv_keep(c->exec, c->seq_hi[seq], n_keep);
 }
 
 int64_t model_seq_rewind(tm_context *c, int seq, int64_t n_keep) {
     const int64_t keep = model_seq_keep(c, seq, n_keep);
+    exec_ssm_rewind(c->exec, seq, c->seq_past[seq], keep);
     c->seq_past[seq] = keep;
     if (!keep) c->seq_hi[seq] = 0; /* empty: nothing it held matters any more */
     return keep;
@@ -329,6 +338,8 @@ tm_status model_decode_seq(tm_context *c, int seq, const int32_t *tokens, int64_
         if (st != TM_OK) return st;
         *past += n;
     }
+    /* a prompt's end: where a continuation of the conversation starts from */
+    if (phase == TM_MOE_PHASE_PROMPT) exec_ssm_checkpoint(c->exec, seq, *past);
     c->n_logits_rows = all_logits ? n_tok : 1;
     return TM_OK;
 }
@@ -396,10 +407,24 @@ tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight
     return TM_OK;
 }
 
+tm_moe_experts model_moe_experts(const tm_weight *gate, const tm_weight *up, const tm_weight *down,
+                                 const tm_weight *router) {
+    const int64_t E = gate->ne[0], F = gate->ne[1];
+    return (tm_moe_experts){
+        .n_embd = E,
+        .n_ff = F,
+        .act = TM_MOE_ACT_SWIGLU,
+        .gate = {gate->data, gate->type, gate->row_bytes * (size_t)F, gate->row_bytes},
+        .up = {up->data, up->type, up->row_bytes * (size_t)F, up->row_bytes},
+        .down = {down->data, down->type, down->row_bytes * (size_t)E, down->row_bytes},
+        .router = router->type == TM_TYPE_F32 ? (const float *)router->data : NULL,
+    };
+}
+
 /* Logits rows the GPU holds at a time (a whole batch's would be n_batch x n_vocab). */
 #define MODEL_LOGIT_ROWS 64
 
-static tm_status model_moe_acts_create(tm_context *c, tm_moe_acts *s) {
+tm_status model_moe_acts_create(tm_context *c, tm_moe_acts *s) {
     const tm_model_config *m = &c->model->cfg;
     tm_exec *e = c->exec;
     const int64_t E = m->n_embd, Q = (int64_t)m->n_head * m->head_dim,
@@ -448,21 +473,30 @@ tm_status model_moe_state_create(tm_context *c, const tm_weight *const *qkv,
                                  const tm_tier_layer *tl, const tm_moe_router_params *router,
                                  const float *rope_freq) {
     const tm_model_config *m = &c->model->cfg;
-    tm_exec *e = c->exec;
     tm_moe_acts *s = calloc(1, sizeof(*s));
     if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     c->state = s;
     tm_status st;
     if ((st = model_moe_acts_create(c, s))) return st;
     for (uint32_t l = 0; l < m->n_layer; l++) /* q, k and v share their input */
-        if ((st = exec_weight_group(e, 3, qkv + 3 * l))) return st;
+        if ((st = exec_weight_group(c->exec, 3, qkv + 3 * l))) return st;
+    return model_moe_state_finish(c, tl, router, rope_freq, NULL, NULL);
+}
+
+tm_status model_moe_state_finish(tm_context *c, const tm_tier_layer *tl,
+                                 const tm_moe_router_params *router, const float *rope_freq,
+                                 const bool *ssm, const tm_ssm_desc *ssm_shape) {
+    const tm_model_config *m = &c->model->cfg;
+    tm_exec *e = c->exec;
+    const tm_moe_acts *s = c->state;
     const tm_attn_desc shape = {.n_head = m->n_head,
                                 .n_head_kv = m->n_head_kv,
                                 .head_dim = m->head_dim,
                                 .rope_freq = rope_freq};
+    tm_status st;
     if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, &shape,
                                    c->model->window)) ||
-        (st = exec_finalize(e)))
+        (ssm && (st = exec_ssm_setup(e, m->n_layer, ssm, ssm_shape))) || (st = exec_finalize(e)))
         return st;
     c->logits = s->logits.host;
     const tm_tier_params tp = {.cache_mib = c->params.moe_cache_mib,

@@ -36,6 +36,14 @@ typedef struct tm_model_config {
     /* gpt-oss: the even layers' sliding window and its layer pattern; YaRN */
     uint32_t window, window_pattern, rope_orig_ctx;
     float rope_factor, yarn_beta_fast, yarn_beta_slow;
+    /* qwen3next, qwen35moe: linear attention (Gated DeltaNet) and the shared expert */
+    uint32_t ssm_conv;           /* the convolution's width */
+    uint32_t ssm_state;          /* a key head's width (ssm.state_size) */
+    uint32_t ssm_group;          /* key heads (ssm.group_count) */
+    uint32_t ssm_dt_rank;        /* value heads (ssm.time_step_rank) */
+    uint32_t ssm_inner;          /* value heads x their width (ssm.inner_size) */
+    uint32_t full_attn_interval; /* every n-th layer is full attention */
+    uint32_t n_ff_shexp;         /* the shared expert's hidden width */
 } tm_model_config;
 
 #define TM_MODEL_MAX_EXPERTS      1024
@@ -168,6 +176,12 @@ tm_status model_weight_bind(const tm_model *m, const char *name, uint32_t n_dims
 tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32_t n_dims,
                                      const int64_t *ne, tm_weight *w);
 
+/* A layer's experts as the tier takes them: the three stacked tensors
+ * (gate, up [n_embd, n_ff, n_expert], down [n_ff, n_embd, n_expert]) in the
+ * mapped file, SwiGLU, the router's rows when they are f32. */
+tm_moe_experts model_moe_experts(const tm_weight *gate, const tm_weight *up, const tm_weight *down,
+                                 const tm_weight *router);
+
 /* Read every numeric key of the model's architecture into m->cfg and check
  * it (finite, in range, consistent with the others: the tables in
  * hparams.c). Fails with a message naming the key (e.g.
@@ -191,6 +205,15 @@ typedef struct tm_moe_acts {
 tm_status model_moe_state_create(tm_context *c, const tm_weight *const *qkv,
                                  const tm_tier_layer *tl, const tm_moe_router_params *router,
                                  const float *rope_freq);
+/* The same in steps, for an architecture with activations of its own: its
+ * state struct begins with a tm_moe_acts (c->state = s, made here); then it
+ * creates its acts and weight groups; then the rest (attention setup with
+ * the model's windows, linear attention's state when ssm is not NULL:
+ * exec_ssm_setup, finalize, tier). */
+tm_status model_moe_acts_create(tm_context *c, tm_moe_acts *s);
+tm_status model_moe_state_finish(tm_context *c, const tm_tier_layer *tl,
+                                 const tm_moe_router_params *router, const float *rope_freq,
+                                 const bool *ssm, const tm_ssm_desc *ssm_shape);
 void model_moe_state_free(tm_context *c);
 /* Hand layer l's MoE intermediates to the callback (router_logits, topk_ids,
  * topk_weights, ffn_out, x_out). */

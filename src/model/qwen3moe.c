@@ -79,18 +79,7 @@ static tm_status qwen3moe_load(tm_model *m) {
                 return tm_error_set(TM_ERR_UNSUPPORTED, "%s: norm tensor '%.*s' must be f32, is %s",
                                     path, (int)norms[i]->name_len, norms[i]->name,
                                     quant_type_name(norms[i]->type));
-        L->experts = (tm_moe_experts){
-            .n_embd = E,
-            .n_ff = c->n_ff_exp,
-            .act = TM_MOE_ACT_SWIGLU,
-            .gate = {L->gate_exps.data, L->gate_exps.type, L->gate_exps.row_bytes * c->n_ff_exp,
-                     L->gate_exps.row_bytes},
-            .up = {L->up_exps.data, L->up_exps.type, L->up_exps.row_bytes * c->n_ff_exp,
-                   L->up_exps.row_bytes},
-            .down = {L->down_exps.data, L->down_exps.type, L->down_exps.row_bytes * (size_t)E,
-                     L->down_exps.row_bytes},
-            .router = L->router.type == TM_TYPE_F32 ? (const float *)L->router.data : NULL,
-        };
+        L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
     }
     w->router =
         (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, c->n_expert, c->n_expert_used, true, 1.0f};
