@@ -4,7 +4,8 @@
  * token and in chunks of matrix products (one chunk, a partial last chunk,
  * several chunks, grouped and tiled value heads, more value heads than key
  * heads), a prompt split into calls whose state carries over, and the gated
- * RMSNorm; with 1 and 3 threads.
+ * RMSNorm; with 1 and 3 threads, at every CPU level the machine has (the
+ * delta rule has a function per level; TIERMOE_CPU_LEVEL picks it too).
  *
  * Tolerances: float32 arithmetic. The recurrence sums d_k products a step
  * over up to 200 steps of a contracting state (|e^g| < 1, β ≤ 1, unit keys):
@@ -136,29 +137,35 @@ static void check_delta(tm_pool *pool, int64_t T, int64_t Hk, int64_t Hv, int64_
         for (int64_t i = 0; i < T * Hv * dv; i++) eo = fmax(eo, fabs(out[i] - ref[i]));
         for (size_t i = 0; i < ns; i++) es = fmax(es, fabs(S[i] - Sr[i]));
         if (eo > tol_o || es > tol_s)
-            fail_msg("delta rule T=%lld Hk=%lld Hv=%lld dk=%lld dv=%lld %s split %lld %s: output "
+            fail_msg("delta rule level %s T=%lld Hk=%lld Hv=%lld dk=%lld dv=%lld %s split %lld %s: "
+                     "output "
                      "error %.3g (tol %.3g), state %.3g (tol %.3g)",
-                     (long long)T, (long long)Hk, (long long)Hv, (long long)dk, (long long)dv,
-                     tiled ? "tiled" : "grouped", (long long)split, chunked ? "chunked" : "serial",
-                     eo, tol_o, es, tol_s);
+                     cpu_level_name(cpu_level_get()), (long long)T, (long long)Hk, (long long)Hv,
+                     (long long)dk, (long long)dv, tiled ? "tiled" : "grouped", (long long)split,
+                     chunked ? "chunked" : "serial", eo, tol_o, es, tol_s);
     }
     free(x), free(g), free(beta), free(S0), free(S), free(out), free(Sr), free(ref), free(scratch);
 }
 
 static void test_delta_rule(void **state) {
     (void)state;
-    for (int nt = 1; nt <= 3; nt += 2) {
-        tm_pool *pool;
-        assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
-        check_delta(pool, 1, 1, 1, 8, 8, false, 1);
-        check_delta(pool, 40, 2, 4, 16, 16, false, 40);   /* one partial chunk */
-        check_delta(pool, 40, 2, 4, 16, 16, true, 40);    /* tiled value heads */
-        check_delta(pool, 200, 2, 6, 32, 24, false, 200); /* 4 chunks, the last partial */
-        check_delta(pool, 200, 3, 6, 16, 32, true, 7);    /* calls of 7 tokens */
-        check_delta(pool, 130, 1, 2, 64, 64, false, 64);  /* whole chunks, calls of 64 */
-        check_delta(pool, 150, 2, 4, 16, 16, true, 1);    /* token by token */
-        cpu_pool_free(pool);
-    }
+    const tm_cpu_level best = cpu_level_get();
+    for (int lv = TM_CPU_SCALAR; lv <= (int)best; lv++) /* every level this machine has */
+        for (int nt = 1; nt <= 3; nt += 2) {
+            if (cpu_level_set((tm_cpu_level)lv) != TM_OK) continue;
+            tm_pool *pool;
+            assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
+            check_delta(pool, 1, 1, 1, 8, 8, false, 1);
+            check_delta(pool, 40, 2, 4, 16, 16, false, 40);   /* one partial chunk */
+            check_delta(pool, 40, 2, 4, 16, 16, true, 40);    /* tiled value heads */
+            check_delta(pool, 200, 2, 6, 32, 24, false, 200); /* 4 chunks, the last partial */
+            check_delta(pool, 200, 3, 6, 16, 32, true, 7);    /* calls of 7 tokens */
+            check_delta(pool, 130, 1, 2, 64, 64, false, 64);  /* whole chunks, calls of 64 */
+            check_delta(pool, 150, 2, 4, 16, 16, true, 1);    /* token by token */
+            check_delta(pool, 70, 2, 4, 128, 128, false, 70); /* the real models' head widths */
+            cpu_pool_free(pool);
+        }
+    cpu_level_set(best);
 }
 
 static void test_rmsnorm_gated(void **state) {

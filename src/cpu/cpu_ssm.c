@@ -1,10 +1,21 @@
 /* Linear attention on the CPU (cpu_ssm.h): the convolution, the delta rule
  * token by token and in chunks, the gated RMSNorm. Plain C written so that
- * the compiler vectorises the inner loops over v_dim. */
+ * the compiler vectorises the inner loops over v_dim and k_dim; the delta
+ * rule's bodies are inlined into one function per CPU level (scalar, AVX2 +
+ * FMA, AVX-512 with 512-bit vectors), chosen at run time like the other
+ * kernels. */
 #include "cpu/cpu_ssm.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "cpu/cpu_internal.h"
+
+#if defined(__x86_64__)
+#define TM_X86 1
+#endif
+
+#define SSM_INLINE static inline __attribute__((always_inline))
 
 static inline float ssm_silu(float x) {
     return x / (1.0f + expf(-x));
@@ -57,9 +68,9 @@ void cpu_l2norm(float *x, int64_t n, float eps) {
 /* ---- the delta rule ---- */
 
 /* Token by token for one value head: S [dk][dv]. */
-static void delta_serial(const tm_delta_shape *s, int64_t h, int64_t kh, const float *qk,
-                         const float *v, const float *g, const float *beta, float *S, float *out,
-                         float *kv) {
+SSM_INLINE void delta_serial(const tm_delta_shape *s, int64_t h, int64_t kh, const float *qk,
+                             const float *v, const float *g, const float *beta, float *S,
+                             float *out, float *kv) {
     const int64_t dk = s->k_dim, dv = s->v_dim;
     for (int64_t t = 0; t < s->n_tok; t++) {
         const float *q = qk + t * s->qk_stride + kh * dk;
@@ -95,9 +106,9 @@ static void delta_serial(const tm_delta_shape *s, int64_t h, int64_t kh, const f
  *   S = e^{γ_L} S + Σ_j e^{γ_L-γ_j} k_j ⊗ V'_j
  * (the same algebra as HF transformers' torch_chunk_gated_delta_rule).
  * scratch: L (2 L + dk + 2 dv) + L + dv floats. */
-static void delta_chunk(const tm_delta_shape *s, int64_t h, int64_t kh, int64_t t0, int64_t L,
-                        const float *qk, const float *v, const float *g, const float *beta,
-                        float *S, float *out, float *scratch) {
+SSM_INLINE void delta_chunk(const tm_delta_shape *s, int64_t h, int64_t kh, int64_t t0, int64_t L,
+                            const float *qk, const float *v, const float *g, const float *beta,
+                            float *S, float *out, float *scratch) {
     const int64_t dk = s->k_dim, dv = s->v_dim, C = CPU_DELTA_CHUNK;
     float *A = scratch;      /* [C][C]: A, then the causal q·k weights */
     float *U = A + C * C;    /* [C][dv]: U, then V' */
@@ -198,10 +209,9 @@ typedef struct delta_job {
     bool chunked;
 } delta_job;
 
-static void delta_task(void *ud, int64_t begin, int64_t end, int ith) {
-    const delta_job *j = ud;
+/* Value heads [begin, end) of a job: the body each level's function inlines. */
+SSM_INLINE void delta_heads(const delta_job *j, int64_t begin, int64_t end, float *scratch) {
     const tm_delta_shape *s = j->s;
-    float *scratch = j->scratch + ith * delta_scratch_per_thread(s);
     const int64_t per_k = s->n_v_head / s->n_k_head;
     for (int64_t h = begin; h < end; h++) {
         const int64_t kh = s->v_tiled ? h % s->n_k_head : h / per_k;
@@ -215,6 +225,40 @@ static void delta_task(void *ud, int64_t begin, int64_t end, int ith) {
             delta_chunk(s, h, kh, t0, L, j->qk, j->v, j->g, j->beta, S, j->out, scratch);
         }
     }
+}
+
+static void delta_heads_scalar(const delta_job *j, int64_t begin, int64_t end, float *scratch) {
+    delta_heads(j, begin, end, scratch);
+}
+
+#ifdef TM_X86
+TM_AVX2 static void delta_heads_avx2(const delta_job *j, int64_t begin, int64_t end,
+                                     float *scratch) {
+    delta_heads(j, begin, end, scratch);
+}
+
+__attribute__((target("avx2,fma,avx512f,avx512vl,prefer-vector-width=512"))) static void
+delta_heads_avx512(const delta_job *j, int64_t begin, int64_t end, float *scratch) {
+    delta_heads(j, begin, end, scratch);
+}
+#endif
+
+typedef void (*delta_heads_fn)(const delta_job *j, int64_t begin, int64_t end, float *scratch);
+
+/* The level's function (TIERMOE_CPU_LEVEL, or the machine's best). */
+static delta_heads_fn delta_heads_for_level(void) {
+#ifdef TM_X86
+    const tm_cpu_features *f = cpu_features();
+    const tm_cpu_level lv = cpu_level_get();
+    if (lv >= TM_CPU_AVX512 && f->avx512f && f->avx512vl) return delta_heads_avx512;
+    if (lv >= TM_CPU_AVX2 && f->avx2 && f->fma) return delta_heads_avx2;
+#endif
+    return delta_heads_scalar;
+}
+
+static void delta_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const delta_job *j = ud;
+    delta_heads_for_level()(j, begin, end, j->scratch + ith * delta_scratch_per_thread(j->s));
 }
 
 void cpu_delta_rule(tm_pool *pool, const tm_delta_shape *s, const float *qk, const float *v,
