@@ -28,6 +28,11 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                               \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Qwen3.5 / 3.6: Qwen2's with combining marks inside words and kept out of punctuation. */
+#define RE_QWEN35                                                                                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "                  \
+    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"                                                         \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* o200k_base (gpt-4o, gpt-oss): case-aware words, contractions attached. */
 #define RE_O200K                                                                                   \
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"    \
@@ -59,6 +64,7 @@ static const pretok_family families[] = {
     {"llama3|llama-v3|llama-bpe", {RE_LLAMA3}, false, true},
     {"dbrx|smaug-bpe", {RE_LLAMA3}, false, false},
     {"qwen2", {RE_QWEN2}, true, false},
+    {"qwen35", {RE_QWEN35}, true, false},
     {"stablelm2", {RE_QWEN2}, false, false},
     {"gpt-4o|o200k", {RE_O200K}, false, false},
     {"tekken", {RE_TEKKEN}, false, true},
@@ -78,8 +84,7 @@ static bool name_in_list(const char *name, const char *list) {
 
 const char *pretok_known_names(void) {
     return "default, gpt2, gpt-2, mpt, olmo, jais, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, "
-           "qwen2, "
-           "stablelm2, gpt-4o, o200k, tekken";
+           "qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken";
 }
 
 tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges) {
@@ -216,8 +221,8 @@ const char *pretok_name_for_regex(const char *re) {
     static const struct {
         const char *re, *name;
     } known[] = {
-        {RE_QWEN2, "qwen2"},   {RE_LLAMA3, "llama-bpe"}, {RE_O200K, "gpt-4o"},
-        {RE_TEKKEN, "tekken"}, {RE_GPT2, "gpt2"},
+        {RE_QWEN2, "qwen2"},  {RE_QWEN35, "qwen35"}, {RE_LLAMA3, "llama-bpe"},
+        {RE_O200K, "gpt-4o"}, {RE_TEKKEN, "tekken"}, {RE_GPT2, "gpt2"},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (!strcmp(re, known[i].re)) return known[i].name;

@@ -64,6 +64,9 @@ RE_O200K = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}
             "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
             "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|"
             "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+# Qwen3.5 / 3.6 (llama.cpp's QWEN35 pre-tokenizer: the regex of their tokenizer.json)
+RE_QWEN35 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+             "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 RE_TEKKEN = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
              "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"
              " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
@@ -322,7 +325,7 @@ def vocab_llama3():
     test_hf_bytelevel("llama3", d, "llama-bpe")
 
 
-def tiktoken_to_tokenizer_json(ranks, specials, regex, ignore_merges, merges_cache):
+def tiktoken_to_tokenizer_json(ranks, specials, regex, ignore_merges, merges_cache, nfc=False):
     """What transformers' TikTokenConverter builds: byte-level vocab, merges
     recovered by replaying BPE on each token below its own rank."""
     def enc(b):
@@ -344,7 +347,7 @@ def tiktoken_to_tokenizer_json(ranks, specials, regex, ignore_merges, merges_cac
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": True} for c, i in specials.items()],
-        "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
+        "normalizer": {"type": "NFC"} if nfc else None, "pre_tokenizer": pre, "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
@@ -370,14 +373,16 @@ def vocab_cl100k():
     specials = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
                 "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
     # one real vocabulary, every pre-tokenizer regex (ignore_merges as llama.cpp sets it per family)
-    for pre, regex, im in (("llama-bpe", RE_LLAMA3, True), ("gpt-4o", RE_O200K, False), ("gpt2", None, False),
-                           ("tekken", RE_TEKKEN, True)):
+    # (qwen35: Qwen3.5's regex with the NFC normalizer of the Qwen tokenizers)
+    for pre, regex, im, nfc in (("llama-bpe", RE_LLAMA3, True, False), ("gpt-4o", RE_O200K, False, False),
+                                ("gpt2", None, False, False), ("tekken", RE_TEKKEN, True, False),
+                                ("qwen35", RE_QWEN35, False, True)):
         d = os.path.join(TMP, "cl100k-" + pre)
         os.makedirs(d, exist_ok=True)
-        tj = tiktoken_to_tokenizer_json(ranks, specials, regex, im, os.path.join(TMP, "cl100k.merges.json"))
+        tj = tiktoken_to_tokenizer_json(ranks, specials, regex, im, os.path.join(TMP, "cl100k.merges.json"), nfc)
         with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
             json.dump(tj, f, ensure_ascii=False)
-        test_hf_bytelevel("cl100k/" + pre, d, pre)
+        test_hf_bytelevel("cl100k/" + pre, d, pre, nfc=nfc)
 
 
 def vocab_tekken():
