@@ -63,7 +63,7 @@ pm_ref *pm_ref_make(const char *path, int32_t *toks, int64_t n_pos, int n_greedy
             if (tries == PM_REF_TRIES)
                 fail_msg("reference: no token at position %lld routes with gaps >= %g",
                          (long long)p, tie);
-            ref_seq_rewind(s, p);
+            if (ref_seq_rewind(s, p) != TM_OK) fail_msg("reference: %s", tm_error_message());
             toks[p] = (int32_t)(tm_rng_u64(&rng) % (uint64_t)V);
             r->redrawn++;
         }

@@ -1,6 +1,8 @@
-/* The double-precision reference forward: see ref_forward.h.
+/* The double-precision reference forward: see ref_forward.h. qwen3next and
+ * qwen35moe's layers are ref_qwen3next.c's; their full-attention layers and
+ * routed experts use the attention, RoPE (over n_rot values) and experts here.
  *
- * Per position p, x the residual stream (both architectures; gpt-oss's
+ * Per position p, x the residual stream (qwen3moe and gpt-oss; gpt-oss's
  * additions in brackets):
  *   x = token_embd[tok]
  *   per layer:
@@ -26,6 +28,7 @@
  * d - 1), ramp_i = clamp((i - lo) / (hi - lo), 0, 1), inv_freq_i = f_i / factor · ramp_i +
  * f_i · (1 - ramp_i), mscale = 0.1 ln(factor) + 1. */
 #include "ref_forward.h"
+#include "ref_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -37,14 +40,6 @@
 #include "quant/quant.h"
 
 #define REF_PI 3.14159265358979323846
-
-struct ref_seq {
-    const ref_model *m;
-    int64_t n_ctx, n_past;
-    double *k, *v; /* [n_layer][n_ctx][n_head_kv * head_dim] */
-    double *x, *h, *q, *kk, *vv, *att, *score, *ff_g, *ff_u, *tmp;
-    ref_step_out out;
-};
 
 /* ---- loading ---- */
 
@@ -61,12 +56,8 @@ static tm_status ref_dequantize(const tm_gguf_tensor *t, float *dst, const char 
     return TM_OK;
 }
 
-/* Tensor name (printf-style) with n elements, widened to floats; *out NULL when it is
- * absent and optional. */
-static tm_status ref_tensor(const tm_gguf_file *f, float **out, int64_t n, int optional,
-                            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static tm_status ref_tensor(const tm_gguf_file *f, float **out, int64_t n, int optional,
-                            const char *fmt, ...) {
+tm_status ref_tensor(const tm_gguf_file *f, float **out, int64_t n, int optional, const char *fmt,
+                     ...) {
     char name[128];
     va_list ap;
     va_start(ap, fmt);
@@ -85,9 +76,8 @@ static tm_status ref_tensor(const tm_gguf_file *f, float **out, int64_t n, int o
     return ref_dequantize(t, *out, f->path);
 }
 
-/* Key arch.key into *iout (a count) or *fout (a float); absent and optional: left alone. */
-static tm_status ref_key(const tm_gguf_file *f, const char *arch, const char *key, int *iout,
-                         double *fout, int optional) {
+tm_status ref_key(const tm_gguf_file *f, const char *arch, const char *key, int *iout, double *fout,
+                  int optional) {
     char full[128];
     snprintf(full, sizeof(full), "%s.%s", arch, key);
     if (optional && !gguf_file_find_kv(f, full)) return TM_OK;
@@ -99,6 +89,19 @@ static tm_status ref_key(const tm_gguf_file *f, const char *arch, const char *ke
     if (iout) *iout = (int)u;
     if (fout) *fout = v;
     return TM_OK;
+}
+
+/* The decimal a float was rounded from, assuming the shortest one: the file holds the RMS eps
+ * as a float, HF's config the decimal (1e-6, stored as 9.99999997e-07). Where a norm's mean
+ * square is small (qwen3next's gated RMSNorm per value head) the float's 2.5e-15 shifts the
+ * result by up to 1e-10 relative. */
+static double ref_float_decimal(double v) {
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, sizeof(buf), "%.*g", digits, v);
+        if (strtof(buf, NULL) == (float)v) return strtod(buf, NULL);
+    }
+    return v;
 }
 
 /* The hyper-parameters, RoPE's frequencies (YaRN's for gpt-oss) and the windows. */
@@ -118,15 +121,24 @@ static tm_status ref_config_load(const tm_gguf_file *f, ref_model *m, const char
     if (!m->n_head || !m->n_head_kv || m->n_head % m->n_head_kv || !m->n_layer || !m->n_embd ||
         !m->n_used || m->n_used > m->n_expert || !m->n_ff)
         return tm_error_set(TM_ERR_FORMAT, "%s: inconsistent hyper-parameters", f->path);
+    m->eps = ref_float_decimal(m->eps);
     m->head_dim = m->n_embd / m->n_head;
     if ((st = ref_key(f, a, "attention.key_length", &m->head_dim, NULL, 1))) return st;
-    if (m->head_dim % 2) return tm_error_set(TM_ERR_FORMAT, "%s: odd head_dim", f->path);
-    const int half = m->head_dim / 2;
+    m->n_rot = m->head_dim; /* qwen3next: partial RoPE over its first dimension_count values */
+    if (ref_arch_hybrid(m->arch) &&
+        (st = ref_key(f, a, "rope.dimension_count", &m->n_rot, NULL, 0)))
+        return st;
+    if (m->n_rot % 2 || m->n_rot < 2 || m->n_rot > m->head_dim)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: %d values rotated of a head of %d, want an even count <= the head",
+                            f->path, m->n_rot, m->head_dim);
+    const int half = m->n_rot / 2;
     if (!(m->inv_freq = malloc((size_t)half * sizeof(double))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
-    const double d = m->head_dim;
+    const double d = m->n_rot;
     for (int i = 0; i < half; i++) m->inv_freq[i] = pow(base, -2.0 * i / d);
     m->mscale = 1.0;
+    if (ref_arch_hybrid(m->arch)) return ref_qnext_config_load(f, m, a);
     if (m->arch != REF_ARCH_GPTOSS) return TM_OK;
     double factor = 1, beta_fast = 32, beta_slow = 1;
     int orig = 0, window = 0;
@@ -156,6 +168,7 @@ static tm_status ref_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
                   KV = (int64_t)m->n_head_kv * m->head_dim, X = m->n_expert, F = m->n_ff;
     const int oss = m->arch == REF_ARCH_GPTOSS;
     tm_status st;
+    if (ref_arch_hybrid(m->arch)) return ref_qnext_layer_load(f, m, l);
     if ((st = ref_tensor(f, &L->attn_norm, E, 0, "blk.%d.attn_norm.weight", l)) ||
         (st = ref_tensor(f, &L->wq, E * Q, 0, "blk.%d.attn_q.weight", l)) ||
         (st = ref_tensor(f, &L->wk, E * KV, 0, "blk.%d.attn_k.weight", l)) ||
@@ -199,17 +212,19 @@ tm_status ref_model_load(const char *path, ref_model **out) {
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     if ((st = gguf_file_get_str(f, "general.architecture", &arch))) goto done;
-    const char *a = gguf_str_eq(arch, "qwen3moe")  ? "qwen3moe"
-                    : gguf_str_eq(arch, "gpt-oss") ? "gpt-oss"
-                                                   : NULL;
+    static const char *const names[] = {"qwen3moe", "gpt-oss", "qwen3next", "qwen35moe"};
+    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE, REF_ARCH_GPTOSS, REF_ARCH_QWEN3NEXT,
+                                     REF_ARCH_QWEN35MOE};
+    const char *a = NULL;
+    for (int i = 0; i < 4 && !a; i++)
+        if (gguf_str_eq(arch, names[i])) a = names[i], m->arch = archs[i];
     if (!a) {
         st = tm_error_set(TM_ERR_UNSUPPORTED,
                           "%s: architecture '%.*s': the reference has "
-                          "qwen3moe and gpt-oss",
+                          "qwen3moe, gpt-oss, qwen3next and qwen35moe",
                           path, (int)(arch.len > 32 ? 32 : arch.len), arch.data);
         goto done;
     }
-    m->arch = a[0] == 'g' ? REF_ARCH_GPTOSS : REF_ARCH_QWEN3MOE;
     int layers = 0;
     if ((st = ref_key(f, a, "block_count", &layers, NULL, 0))) goto done;
     if (!(m->layers = calloc((size_t)layers ? (size_t)layers : 1, sizeof(ref_layer)))) {
@@ -227,7 +242,7 @@ tm_status ref_model_load(const char *path, ref_model **out) {
     const int64_t EV = (int64_t)m->n_embd * m->n_vocab;
     if ((st = ref_tensor(f, &m->embd, EV, 0, "token_embd.weight")) ||
         (st = ref_tensor(f, &m->out_norm, m->n_embd, 0, "output_norm.weight")) ||
-        (st = ref_tensor(f, &m->out, EV, m->arch == REF_ARCH_QWEN3MOE, "output.weight")))
+        (st = ref_tensor(f, &m->out, EV, m->arch != REF_ARCH_GPTOSS, "output.weight")))
         goto done;
     for (int l = 0; l < m->n_layer && !st; l++) st = ref_layer_load(f, m, l);
 done:
@@ -247,6 +262,7 @@ void ref_model_free(ref_model *m) {
                         L->bq,        L->bk,   L->bv, L->bo,   L->sinks,  L->ffn_norm, L->router,
                         L->router_b,  L->gate, L->up, L->down, L->gate_b, L->up_b,     L->down_b};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
+        ref_qnext_layer_free(L);
     }
     free(m->layers), free(m->inv_freq), free(m->embd), free(m->out_norm), free(m->out);
     free(m);
@@ -254,9 +270,8 @@ void ref_model_free(ref_model *m) {
 
 /* ---- the math ---- */
 
-/* y[o] = Σ_i w[o][i] x[i] (+ b[o]) */
-static void ref_matvec(double *y, const float *w, const float *b, const double *x, int64_t n_out,
-                       int64_t n_in) {
+void ref_matvec(double *y, const float *w, const float *b, const double *x, int64_t n_out,
+                int64_t n_in) {
     for (int64_t o = 0; o < n_out; o++) {
         double s = 0;
         const float *row = w + o * n_in;
@@ -265,16 +280,15 @@ static void ref_matvec(double *y, const float *w, const float *b, const double *
     }
 }
 
-static void ref_rmsnorm(double *y, const double *x, const float *w, int64_t n, double eps) {
+void ref_rmsnorm(double *y, const double *x, const float *w, int64_t n, double eps) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
     const double r = 1.0 / sqrt(ss / (double)n + eps);
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
 }
 
-/* NeoX pairs (i, i + d/2) at position p. */
-static void ref_rope(const ref_model *m, double *x, int64_t p) {
-    const int half = m->head_dim / 2;
+void ref_rope(const ref_model *m, double *x, int64_t p) {
+    const int half = m->n_rot / 2;
     for (int i = 0; i < half; i++) {
         const double ang = (double)p * m->inv_freq[i];
         const double c = cos(ang) * m->mscale, s = sin(ang) * m->mscale;
@@ -296,7 +310,7 @@ static void ref_topk(const double *v, int n, int k, int32_t *ids) {
     }
 }
 
-static void ref_attention(ref_seq *s, int l) {
+void ref_attention(ref_seq *s, int l) {
     const ref_model *m = s->m;
     const ref_layer *L = &m->layers[l];
     const int d = m->head_dim, group = m->n_head / m->n_head_kv;
@@ -322,8 +336,7 @@ static void ref_attention(ref_seq *s, int l) {
     }
 }
 
-/* ffn_out = Σ_k w_k e_k(h) for the layer's routing of h. */
-static void ref_experts(ref_seq *s, int l, double *ffn) {
+void ref_experts(ref_seq *s, int l, double *ffn) {
     const ref_model *m = s->m;
     const ref_layer *L = &m->layers[l];
     const int64_t E = m->n_embd, F = m->n_ff;
@@ -397,7 +410,11 @@ tm_status ref_seq_step(ref_seq *s, int32_t token) {
                             (long long)s->n_ctx);
     const int64_t E = m->n_embd;
     for (int64_t i = 0; i < E; i++) s->x[i] = m->embd[(int64_t)token * E + i];
-    for (int l = 0; l < m->n_layer; l++) ref_layer_step(s, l);
+    for (int l = 0; l < m->n_layer; l++)
+        if (ref_arch_hybrid(m->arch))
+            ref_qnext_layer_step(s, l);
+        else
+            ref_layer_step(s, l);
     ref_rmsnorm(s->h, s->x, m->out_norm, E, m->eps);
     ref_matvec(s->out.logits, m->out ? m->out : m->embd, NULL, s->h, m->n_vocab, E);
     s->n_past++;
@@ -410,7 +427,9 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
     if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     s->m = m, s->n_ctx = n_ctx;
     const int64_t L = m->n_layer, E = m->n_embd, Q = (int64_t)m->n_head * m->head_dim,
-                  KV = (int64_t)m->n_head_kv * m->head_dim, big = E > m->n_ff ? E : m->n_ff;
+                  KV = (int64_t)m->n_head_kv * m->head_dim,
+                  big = E > m->n_ff ? (E > m->n_ff_shexp ? E : m->n_ff_shexp)
+                                    : (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp);
     double **bufs[] = {&s->k,
                        &s->v,
                        &s->x,
@@ -456,6 +475,11 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
         ref_seq_free(s);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
+    tm_status st = ref_arch_hybrid(m->arch) ? ref_qnext_seq_init(s) : TM_OK;
+    if (st) {
+        ref_seq_free(s);
+        return st;
+    }
     *out = s;
     return TM_OK;
 }
@@ -482,6 +506,7 @@ void ref_seq_free(ref_seq *s) {
                       s->out.x_out};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
     free(s->out.topk_ids);
+    ref_qnext_seq_free(s);
     free(s);
 }
 
@@ -489,8 +514,22 @@ const ref_step_out *ref_seq_out(const ref_seq *s) {
     return &s->out;
 }
 
-void ref_seq_rewind(ref_seq *s, int64_t n_past) {
-    if (n_past >= 0 && n_past < s->n_past) s->n_past = n_past;
+tm_status ref_seq_rewind(ref_seq *s, int64_t n_past) {
+    if (n_past < 0)
+        return tm_error_set(TM_ERR_ARG, "reference: rewind to position %lld", (long long)n_past);
+    if (n_past >= s->n_past) return TM_OK;
+    if (ref_arch_hybrid(s->m->arch)) {
+        /* S_p folds every position before p in: no S_p for p < n_past is kept */
+        if (n_past)
+            return tm_error_set(TM_ERR_UNSUPPORTED,
+                                "reference: rewind to position %lld of %lld: a linear-attention "
+                                "state holds only the latest position; only a rewind to 0 "
+                                "(a cleared state) is possible",
+                                (long long)n_past, (long long)s->n_past);
+        ref_qnext_seq_clear(s);
+    }
+    s->n_past = n_past;
+    return TM_OK;
 }
 
 double ref_route_gap(const double *r, int n_expert, int k) {

@@ -1,6 +1,8 @@
 /* An independent double-precision forward pass of the two architectures the
  * placement matrix runs (qwen3moe and gpt-oss), for tests: the reference the
- * engine's placements are compared with.
+ * engine's placements are compared with; and of the hybrid qwen3next and
+ * qwen35moe (Gated DeltaNet linear attention and gated full attention, a
+ * sigmoid-gated shared expert: tests/ref/ref_qwen3next.c).
  *
  * Independent: it shares no code with src/moe, src/cpu, src/exec, src/tier or
  * src/model. It reads the file with the GGUF reader (src/gguf) and widens the
@@ -8,9 +10,11 @@
  * for bit against the gguf python package by test_quant_oracle); everything
  * else (RMSNorm, RoPE and YaRN, attention with sinks and sliding windows, the
  * routers, top-k, both SwiGLUs) is written here again from the models' math
- * (tests/ref/qwen3moe_ref.py, HF's modeling_gpt_oss.py; docs/gptoss.md) as
+ * (tests/ref/qwen3moe_ref.py, HF's modeling_gpt_oss.py; docs/gptoss.md;
+ * HF's modeling_qwen3_next.py and modeling_qwen3_5_moe.py) as
  * plain loops in double. Weights are kept as floats (a dequantized value is a
- * float exactly), products and sums are double, the KV cache is double.
+ * float exactly), products and sums are double, the KV cache and the linear
+ * layers' conv and delta-rule states are double.
  *
  * One sequence, one token a step (a causal pass over all tokens gives the
  * same values as any batching); after each step the sequence's ref_step_out
@@ -24,23 +28,42 @@
 
 #include "core/status.h"
 
-typedef enum ref_arch { REF_ARCH_QWEN3MOE, REF_ARCH_GPTOSS } ref_arch;
+typedef enum ref_arch {
+    REF_ARCH_QWEN3MOE,
+    REF_ARCH_GPTOSS,
+    REF_ARCH_QWEN3NEXT, /* value heads grouped: head h uses key head h / (n_v / n_k) */
+    REF_ARCH_QWEN35MOE, /* value heads tiled: head h uses key head h % n_k */
+} ref_arch;
 
 /* One layer's weights, row-major as the file's ne order ([out][in]); NULL
  * where the architecture has none. */
 typedef struct ref_layer {
     float *attn_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *bq, *bk, *bv, *bo, *sinks;
-    float *ffn_norm, *router, *router_b;
+    float *ffn_norm, *router, *router_b; /* ffn_norm: qwen3next's post_attention_norm */
     float *gate, *up, *down;       /* [n_expert][n_ff][n_embd], ... [n_expert][n_embd][n_ff] */
     float *gate_b, *up_b, *down_b; /* [n_expert][n_ff], ... [n_expert][n_embd] */
     int64_t window;                /* keys a query sees (itself included); 0: all */
+    /* qwen3next / qwen35moe: linear attention (Gated DeltaNet) on the layers marked linear
+       (wq then holds per head its q and its gate), and the shared expert on all */
+    int linear;
+    float *wqkv, *wz;          /* [C][n_embd], [n_v * v_dim][n_embd]; C = 2 n_k k_dim + n_v v_dim */
+    float *wba;                /* qwen3next: [n_k][b of its n_v/n_k value heads, then a][n_embd] */
+    float *wbeta, *walpha;     /* qwen35moe: [n_v][n_embd] each */
+    float *conv;               /* [C][conv_k] */
+    float *ssm_a, *ssm_dt;     /* [n_v]: -exp(A_log) and dt_bias */
+    float *ssm_norm, *ssm_out; /* [v_dim], [n_embd][n_v * v_dim] */
+    float *sh_gate_inp;        /* [n_embd] */
+    float *sh_gate, *sh_up, *sh_down; /* [n_ff_shexp][n_embd] twice, [n_embd][n_ff_shexp] */
 } ref_layer;
 
 typedef struct ref_model {
     ref_arch arch;
     int n_layer, n_embd, n_head, n_head_kv, head_dim, n_vocab, n_expert, n_used, n_ff;
+    int n_rot; /* the first n_rot values of a head are rotated (head_dim but for qwen3next) */
+    /* qwen3next / qwen35moe: linear attention's sizes and the shared expert's width */
+    int conv_k, n_k_head, n_v_head, k_dim, v_dim, n_ff_shexp;
     double eps;
-    double *inv_freq; /* [head_dim / 2]: RoPE's (YaRN's for gpt-oss) */
+    double *inv_freq; /* [n_rot / 2]: RoPE's (YaRN's for gpt-oss) */
     double mscale;    /* YaRN's factor on cos and sin (1 without) */
     float *embd, *out_norm, *out;
     ref_layer *layers;
@@ -55,12 +78,16 @@ typedef struct ref_step_out {
     double *topk_w;        /* [n_layer][n_used] */
     double *ffn_out;       /* [n_layer][n_embd] */
     double *x_out;         /* [n_layer][n_embd] */
+    /* qwen3next / qwen35moe only (NULL for the others): */
+    double *lin_core;  /* [n_layer][n_v * v_dim]: the delta rule's output before the gated
+                          RMSNorm, in the file's value-head order; 0 on full-attention layers */
+    double *shexp_out; /* [n_layer][n_embd]: the shared expert times its sigmoid gate */
 } ref_step_out;
 
 typedef struct ref_seq ref_seq;
 
-/* Load a qwen3moe or gpt-oss GGUF: an error names the file and the key,
- * tensor or type it could not take. */
+/* Load a qwen3moe, gpt-oss, qwen3next or qwen35moe GGUF: an error names the
+ * file and the key, tensor or type it could not take. */
 tm_status ref_model_load(const char *path, ref_model **out);
 void ref_model_free(ref_model *m);
 
@@ -76,7 +103,11 @@ const ref_step_out *ref_seq_out(const ref_seq *s);
 double ref_step_route_gap(const ref_model *m, const ref_step_out *o);
 /* The same for one layer's n_expert router logits r and k experts used. */
 double ref_route_gap(const double *r, int n_expert, int k);
-/* Forget the positions from n_past on (the next step evaluates position n_past). */
-void ref_seq_rewind(ref_seq *s, int64_t n_past);
+/* Forget the positions from n_past on (the next step evaluates position n_past); n_past at or
+ * past the sequence's end leaves it alone. A linear-attention layer's state (qwen3next,
+ * qwen35moe) holds only the latest position, folded into it: such a sequence can go back to 0
+ * (the states cleared) but to no other position, which is an error (TM_ERR_UNSUPPORTED) that
+ * leaves the sequence as it was. */
+tm_status ref_seq_rewind(ref_seq *s, int64_t n_past);
 
 #endif
