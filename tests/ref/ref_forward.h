@@ -59,7 +59,7 @@ typedef struct ref_layer {
 typedef struct ref_model {
     ref_arch arch;
     int n_layer, n_embd, n_head, n_head_kv, head_dim, n_vocab, n_expert, n_used, n_ff;
-    int n_rot; /* the first n_rot values of a head are rotated (head_dim but for qwen3next) */
+    int n_rot; /* the first n_rot values of a head are rotated (head_dim but for the hybrids) */
     /* qwen3next / qwen35moe: linear attention's sizes and the shared expert's width */
     int conv_k, n_k_head, n_v_head, k_dim, v_dim, n_ff_shexp;
     double eps;
