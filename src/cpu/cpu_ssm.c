@@ -96,6 +96,61 @@ SSM_INLINE void delta_serial(const tm_delta_shape *s, int64_t h, int64_t kh, con
     }
 }
 
+/* Y[i][:] += Σ_c X[i][c] B[c][:] for i < m (B: k rows of n, stride ldb), in
+ * tiles of 4 rows x 2 vectors held in registers across the k sum: 8
+ * independent accumulators (FMA latency x ports). One function per vector
+ * width (GCC's vector extension: 4 floats for SSE, 8 for AVX2, 16 for
+ * AVX-512), each inlined into its level's delta rule. */
+#define SSM_GEMM(NAME, VW)                                                                         \
+    typedef float NAME##_v __attribute__((vector_size(4 * (VW))));                                 \
+    SSM_INLINE void NAME(int64_t m, int64_t n, int64_t k, const float *X, int64_t ldx,             \
+                         const float *B, int64_t ldb, float *Y, int64_t ldy) {                     \
+        int64_t i = 0;                                                                             \
+        for (; i + 4 <= m; i += 4) {                                                               \
+            int64_t j = 0;                                                                         \
+            for (; j + 2 * (VW) <= n; j += 2 * (VW)) {                                             \
+                NAME##_v a[4][2] = {{{0}}};                                                        \
+                const float *x = X + i * ldx;                                                      \
+                for (int64_t c = 0; c < k; c++) {                                                  \
+                    NAME##_v b0, b1;                                                               \
+                    memcpy(&b0, B + c * ldb + j, sizeof(b0));                                      \
+                    memcpy(&b1, B + c * ldb + j + (VW), sizeof(b1));                               \
+                    for (int r = 0; r < 4; r++) {                                                  \
+                        const float xr = x[r * ldx + c];                                           \
+                        a[r][0] += xr * b0, a[r][1] += xr * b1;                                    \
+                    }                                                                              \
+                }                                                                                  \
+                for (int r = 0; r < 4; r++)                                                        \
+                    for (int h = 0; h < 2; h++) {                                                  \
+                        float *y = Y + (i + r) * ldy + j + h * (VW);                               \
+                        NAME##_v t;                                                                \
+                        memcpy(&t, y, sizeof(t));                                                  \
+                        t += a[r][h];                                                              \
+                        memcpy(y, &t, sizeof(t));                                                  \
+                    }                                                                              \
+            }                                                                                      \
+            for (; j < n; j++)                                                                     \
+                for (int r = 0; r < 4; r++) {                                                      \
+                    float acc = 0;                                                                 \
+                    for (int64_t c = 0; c < k; c++) acc += X[(i + r) * ldx + c] * B[c * ldb + j];  \
+                    Y[(i + r) * ldy + j] += acc;                                                   \
+                }                                                                                  \
+        }                                                                                          \
+        for (; i < m; i++)                                                                         \
+            for (int64_t c = 0; c < k; c++) {                                                      \
+                const float xv = X[i * ldx + c];                                                   \
+                for (int64_t j = 0; j < n; j++) Y[i * ldy + j] += xv * B[c * ldb + j];             \
+            }                                                                                      \
+    }
+
+SSM_GEMM(ssm_gemm4, 4)
+SSM_GEMM(ssm_gemm8, 8)
+SSM_GEMM(ssm_gemm16, 16)
+
+/* The product at a level's width (lv a constant where the body is inlined). */
+#define ssm_gemm_acc(...)                                                                          \
+    (lv == 2 ? ssm_gemm16(__VA_ARGS__) : lv == 1 ? ssm_gemm8(__VA_ARGS__) : ssm_gemm4(__VA_ARGS__))
+
 /* One chunk of L <= CPU_DELTA_CHUNK tokens for one value head, in matrix
  * products (the WY/UT form of the delta rule). With γ_t = Σ_{s<=t} g_s inside
  * the chunk, A[i][j] = β_i (k_i·k_j) e^{γ_i-γ_j} for j < i, T = (I + A)^-1:
@@ -105,29 +160,38 @@ SSM_INLINE void delta_serial(const tm_delta_shape *s, int64_t h, int64_t kh, con
  *   o_i = e^{γ_i} q_i S + Σ_{j<=i} (q_i·k_j) e^{γ_i-γ_j} V'_j
  *   S = e^{γ_L} S + Σ_j e^{γ_L-γ_j} k_j ⊗ V'_j
  * (the same algebra as HF transformers' torch_chunk_gated_delta_rule).
- * scratch: L (2 L + dk + 2 dv) + L + dv floats. */
+ * scratch: C (2 C + dk + dv) + C floats (C = CPU_DELTA_CHUNK). */
 SSM_INLINE void delta_chunk(const tm_delta_shape *s, int64_t h, int64_t kh, int64_t t0, int64_t L,
                             const float *qk, const float *v, const float *g, const float *beta,
-                            float *S, float *out, float *scratch) {
+                            float *S, float *out, float *scratch, int lv) {
     const int64_t dk = s->k_dim, dv = s->v_dim, C = CPU_DELTA_CHUNK;
-    float *A = scratch;      /* [C][C]: A, then the causal q·k weights */
-    float *U = A + C * C;    /* [C][dv]: U, then V' */
-    float *W = U + C * dv;   /* [C][dk] */
+    float *A = scratch;      /* [C][C]: A */
+    float *QK = A + C * C;   /* [C][C]: the causal q·k weights */
+    float *U = QK + C * C;   /* [C][dv]: U, then V' */
+    float *W = U + C * dv;   /* [C][dk]: the keys transposed ([dk][L]), then W, then ... */
     float *gam = W + C * dk; /* [C] */
-    float *row = gam + C;    /* [dv] */
 #define Q_(i) (qk + (t0 + (i)) * s->qk_stride + kh * dk)
 #define K_(i) (Q_(i) + s->k_off)
 #define B_(i) beta[(t0 + (i)) * s->n_v_head + h]
     float acc = 0;
     for (int64_t i = 0; i < L; i++) acc += g[(t0 + i) * s->n_v_head + h], gam[i] = acc;
 
-    /* A and the forward substitution: row i of T(·) = x_i - Σ_{j<i} A[i][j] row j */
+    /* k_i·k_j and q_i·k_j as products with the keys transposed; then A's and the
+     * causal weights' decays: A[i][j] = β_i (k_i·k_j) e^{γ_i-γ_j} for j < i,
+     * QK[i][j] = (q_i·k_j) e^{γ_i-γ_j} for j <= i, 0 above */
+    for (int64_t m = 0; m < L; m++)
+        for (int64_t c = 0; c < dk; c++) W[c * L + m] = K_(m)[c];
     for (int64_t i = 0; i < L; i++)
-        for (int64_t j = 0; j < i; j++) {
-            float d = 0;
-            for (int64_t c = 0; c < dk; c++) d += K_(i)[c] * K_(j)[c];
-            A[i * C + j] = B_(i) * d * expf(gam[i] - gam[j]);
+        for (int64_t j = 0; j < L; j++) A[i * C + j] = QK[i * C + j] = 0;
+    ssm_gemm_acc(L, L, dk, K_(0), s->qk_stride, W, L, A, C);
+    ssm_gemm_acc(L, L, dk, Q_(0), s->qk_stride, W, L, QK, C);
+    for (int64_t i = 0; i < L; i++)
+        for (int64_t j = 0; j < L; j++) {
+            const float e = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
+            A[i * C + j] *= j < i ? B_(i) * e : 0.0f;
+            QK[i * C + j] *= e;
         }
+    /* the forward substitution: row i of T(·) = x_i - Σ_{j<i} A[i][j] row j */
     for (int64_t i = 0; i < L; i++) {
         float *u = U + i * dv, *w = W + i * dk;
         const float *vi = v + (t0 + i) * s->v_stride + h * dv, *ki = K_(i);
@@ -141,53 +205,28 @@ SSM_INLINE void delta_chunk(const tm_delta_shape *s, int64_t h, int64_t kh, int6
             for (int64_t c = 0; c < dk; c++) w[c] -= a * wj[c];
         }
     }
-    /* V' = U - W S (in U) */
+    /* V' = U - W S (in U: W negated, then a product) */
+    for (int64_t c = 0; c < L * dk; c++) W[c] = -W[c];
+    ssm_gemm_acc(L, dv, dk, W, dk, S, dv, U, dv);
+    /* o_i = e^{γ_i} q_i S + Σ_j A[i][j] V'_j: the q rows times e^γ (in W), two products */
+    const int64_t ldo = s->n_v_head * dv;
+    float *o = out + t0 * ldo + h * dv;
     for (int64_t i = 0; i < L; i++) {
-        float *u = U + i * dv;
-        const float *w = W + i * dk;
-        for (int64_t c = 0; c < dk; c++) {
-            const float wc = w[c];
-            const float *Sc = S + c * dv;
-            for (int64_t j = 0; j < dv; j++) u[j] -= wc * Sc[j];
-        }
-    }
-    /* the causal weights (q_i·k_j) e^{γ_i-γ_j}, j <= i (in A) */
-    for (int64_t i = 0; i < L; i++)
-        for (int64_t j = 0; j <= i; j++) {
-            float d = 0;
-            for (int64_t c = 0; c < dk; c++) d += Q_(i)[c] * K_(j)[c];
-            A[i * C + j] = d * expf(gam[i] - gam[j]);
-        }
-    /* o_i = e^{γ_i} q_i S + Σ_j A[i][j] V'_j */
-    for (int64_t i = 0; i < L; i++) {
-        float *o = out + (t0 + i) * s->n_v_head * dv + h * dv;
-        for (int64_t j = 0; j < dv; j++) row[j] = 0;
-        const float *q = Q_(i);
-        for (int64_t c = 0; c < dk; c++) {
-            const float qc = q[c];
-            const float *Sc = S + c * dv;
-            for (int64_t j = 0; j < dv; j++) row[j] += qc * Sc[j];
-        }
         const float eg = expf(gam[i]);
-        for (int64_t j = 0; j < dv; j++) o[j] = eg * row[j];
-        for (int64_t m = 0; m <= i; m++) {
-            const float a = A[i * C + m];
-            const float *um = U + m * dv;
-            for (int64_t j = 0; j < dv; j++) o[j] += a * um[j];
-        }
+        for (int64_t c = 0; c < dk; c++) W[i * dk + c] = eg * Q_(i)[c];
+        for (int64_t j = 0; j < dv; j++) o[i * ldo + j] = 0;
     }
-    /* S = e^{γ_L} S + Σ_j e^{γ_L-γ_j} k_j ⊗ V'_j */
+    ssm_gemm_acc(L, dv, dk, W, dk, S, dv, o, ldo);
+    ssm_gemm_acc(L, dv, L, QK, C, U, dv, o, ldo);
+    /* S = e^{γ_L} S + Σ_m e^{γ_L-γ_m} k_m ⊗ V'_m: the keys transposed and decayed (in
+     * W as [dk][L]), a product */
     const float gl = gam[L - 1], el = expf(gl);
     for (int64_t c = 0; c < dk * dv; c++) S[c] *= el;
     for (int64_t m = 0; m < L; m++) {
-        const float *km = K_(m), *um = U + m * dv;
         const float e = expf(gl - gam[m]);
-        for (int64_t c = 0; c < dk; c++) {
-            const float kc = e * km[c];
-            float *Sc = S + c * dv;
-            for (int64_t j = 0; j < dv; j++) Sc[j] += kc * um[j];
-        }
+        for (int64_t c = 0; c < dk; c++) W[c * L + m] = e * K_(m)[c];
     }
+    ssm_gemm_acc(dk, dv, L, W, L, U, dv, S, dv);
 #undef Q_
 #undef K_
 #undef B_
@@ -195,7 +234,7 @@ SSM_INLINE void delta_chunk(const tm_delta_shape *s, int64_t h, int64_t kh, int6
 
 static int64_t delta_scratch_per_thread(const tm_delta_shape *s) {
     const int64_t C = CPU_DELTA_CHUNK;
-    return C * (C + s->v_dim + s->k_dim) + C + s->v_dim;
+    return C * (2 * C + s->v_dim + s->k_dim) + C;
 }
 
 int64_t cpu_delta_scratch_floats(const tm_delta_shape *s, int n_threads) {
@@ -210,7 +249,8 @@ typedef struct delta_job {
 } delta_job;
 
 /* Value heads [begin, end) of a job: the body each level's function inlines. */
-SSM_INLINE void delta_heads(const delta_job *j, int64_t begin, int64_t end, float *scratch) {
+SSM_INLINE void delta_heads(const delta_job *j, int64_t begin, int64_t end, float *scratch,
+                            int lv) {
     const tm_delta_shape *s = j->s;
     const int64_t per_k = s->n_v_head / s->n_k_head;
     for (int64_t h = begin; h < end; h++) {
@@ -222,24 +262,24 @@ SSM_INLINE void delta_heads(const delta_job *j, int64_t begin, int64_t end, floa
         }
         for (int64_t t0 = 0; t0 < s->n_tok; t0 += CPU_DELTA_CHUNK) {
             const int64_t L = s->n_tok - t0 < CPU_DELTA_CHUNK ? s->n_tok - t0 : CPU_DELTA_CHUNK;
-            delta_chunk(s, h, kh, t0, L, j->qk, j->v, j->g, j->beta, S, j->out, scratch);
+            delta_chunk(s, h, kh, t0, L, j->qk, j->v, j->g, j->beta, S, j->out, scratch, lv);
         }
     }
 }
 
 static void delta_heads_scalar(const delta_job *j, int64_t begin, int64_t end, float *scratch) {
-    delta_heads(j, begin, end, scratch);
+    delta_heads(j, begin, end, scratch, 0);
 }
 
 #ifdef TM_X86
 TM_AVX2 static void delta_heads_avx2(const delta_job *j, int64_t begin, int64_t end,
                                      float *scratch) {
-    delta_heads(j, begin, end, scratch);
+    delta_heads(j, begin, end, scratch, 1);
 }
 
 __attribute__((target("avx2,fma,avx512f,avx512vl,prefer-vector-width=512"))) static void
 delta_heads_avx512(const delta_job *j, int64_t begin, int64_t end, float *scratch) {
-    delta_heads(j, begin, end, scratch);
+    delta_heads(j, begin, end, scratch, 2);
 }
 #endif
 
