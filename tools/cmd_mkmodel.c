@@ -1,4 +1,5 @@
-/* tiermoe mkmodel: write a synthetic random-weight qwen3moe GGUF (src/model/synth.c). */
+/* tiermoe mkmodel: write a synthetic random-weight qwen3moe, gpt-oss, qwen3next or
+ * qwen35moe GGUF (src/model/synth.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,11 @@ static void mkmodel_usage(FILE *out) {
         "usage: tiermoe mkmodel [--preset NAME] -o FILE.gguf [options]\n"
         "  --preset NAME        tiny (default; tests), 30b-a3b (Qwen3-30B-A3B shape),\n"
         "                       gpt-oss-20b, gpt-oss-120b (their shapes and llama.cpp's types:\n"
-        "                       MXFP4 experts, Q8_0 matrices) or tiny-gpt-oss (tests)\n"
+        "                       MXFP4 experts, Q8_0 matrices) or tiny-gpt-oss (tests);\n"
+        "                       qwen3-next-80b-a3b (qwen3next), qwen3.5-35b-a3b = qwen3.6-35b-a3b\n"
+        "                       (qwen35moe): hybrid linear/full attention, shared expert; or\n"
+        "                       tiny-qwen3next, tiny-qwen35moe (tests: the shapes and f16 types\n"
+        "                       of tests/data/hf_*/tiny-f16.gguf)\n"
         "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
         "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
         "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
@@ -29,7 +34,10 @@ static void mkmodel_usage(FILE *out) {
         "  --type-experts T     quant type of ffn_{gate,up,down}_exps (default q4_K)\n"
         "  --type-gate-exps T --type-up-exps T --type-down-exps T\n"
         "                       one projection of the experts (over --type-experts)\n"
-        "  --type-attn T        attn_q/k/v/output (default q8_0)\n"
+        "  --type-attn T        attn_q/k/v/output, and linear attention's attn_qkv, attn_gate,\n"
+        "                       ssm_ba (ssm_alpha, ssm_beta), ssm_out (default q8_0; ssm_conv1d,\n"
+        "                       ssm_a, ssm_dt, ssm_norm are always f32)\n"
+        "  --type-shexp T       the shared expert's ffn_{gate,up,down}_shexp (default q8_0)\n"
         "  --type-embd T        token_embd (default q4_K)\n"
         "  --type-output T      output (default q8_0); norms and router are always f32\n"
         "  --tensor-type P=T    tensors whose name the regular expression P matches get T\n"
@@ -49,6 +57,8 @@ static void mkmodel_usage(FILE *out) {
         "  --n-layer N --n-embd N --n-head N --n-head-kv N --head-dim N --n-expert N\n"
         "  --n-expert-used N --n-ff-exp N --n-ff N --n-vocab N --n-ctx N\n"
         "  --rope-base F --rms-eps F    override any dimension of the preset\n"
+        "  --full-attn-interval N --rope-dim N --ssm-conv N --ssm-k-heads N --ssm-v-heads N\n"
+        "  --ssm-k-dim N --ssm-v-dim N --n-ff-shexp N   the hybrid presets' own dimensions\n"
         "  --vocab FILE         embed a HuggingFace tokenizer.json (and the tokenizer_config.json\n"
         "                       beside it); n_vocab grows to the vocabulary's size\n"
         "  --fill MODE          random (default): every row of every matrix its own random\n"
@@ -107,7 +117,18 @@ int cmd_mkmodel(int argc, char **argv) {
         {"--n-ff", &cfg.n_ff},
         {"--n-vocab", &cfg.n_vocab},
         {"--n-ctx", &cfg.n_ctx},
+        /* qwen3next / qwen35moe only (from here on: hybrid_dims) */
+        {"--full-attn-interval", &cfg.full_attn_interval},
+        {"--rope-dim", &cfg.n_rot},
+        {"--ssm-conv", &cfg.ssm_conv},
+        {"--ssm-k-heads", &cfg.ssm_k_heads},
+        {"--ssm-v-heads", &cfg.ssm_v_heads},
+        {"--ssm-k-dim", &cfg.ssm_k_dim},
+        {"--ssm-v-dim", &cfg.ssm_v_dim},
+        {"--n-ff-shexp", &cfg.n_ff_shexp},
     };
+    const size_t hybrid_dims = 11;
+    const char *hybrid_flag = NULL; /* one given, refused for the other architectures */
     struct {
         const char *flag;
         tm_type *dst;
@@ -115,7 +136,7 @@ int cmd_mkmodel(int argc, char **argv) {
         {"--type-experts", &cfg.type_experts},     {"--type-attn", &cfg.type_attn},
         {"--type-embd", &cfg.type_embd},           {"--type-output", &cfg.type_output},
         {"--type-gate-exps", &cfg.type_gate_exps}, {"--type-up-exps", &cfg.type_up_exps},
-        {"--type-down-exps", &cfg.type_down_exps},
+        {"--type-down-exps", &cfg.type_down_exps}, {"--type-shexp", &cfg.type_shexp},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -139,6 +160,7 @@ int cmd_mkmodel(int argc, char **argv) {
         for (size_t k = 0; !done && k < sizeof(dims) / sizeof(dims[0]); k++)
             if (!strcmp(a, dims[k].flag)) {
                 done = 1;
+                if (k >= hybrid_dims) hybrid_flag = a;
                 if (!(rc = cli_parse_i64(a, v, 1, 1 << 24, &n))) *dims[k].dst = (uint32_t)n;
             }
         for (size_t k = 0; !done && k < sizeof(types) / sizeof(types[0]); k++)
@@ -204,6 +226,12 @@ int cmd_mkmodel(int argc, char **argv) {
             return 2;
         }
     }
+    if (hybrid_flag &&
+        !(cfg.arch && (!strcmp(cfg.arch, "qwen3next") || !strcmp(cfg.arch, "qwen35moe")))) {
+        fprintf(stderr, "tiermoe mkmodel: %s is for the qwen3next / qwen35moe presets, not %s\n",
+                hybrid_flag, cfg.arch ? cfg.arch : "qwen3moe");
+        return 2;
+    }
     if (cfg.routing && routing_knob) {
         fprintf(stderr,
                 "tiermoe mkmodel: --routing %s sets the routing knobs; give it or %s, not both\n",
@@ -229,6 +257,13 @@ int cmd_mkmodel(int argc, char **argv) {
         fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
         return 2;
     }
+    if (cfg.progress && cfg.full_attn_interval)
+        fprintf(stderr,
+                "mkmodel: %s: every %u-th layer full attention (RoPE on %u of %u), the others "
+                "linear: %u key / %u value heads of %u / %u, conv %u; shared expert %u (%s)\n",
+                cfg.arch, cfg.full_attn_interval, cfg.n_rot, cfg.head_dim, cfg.ssm_k_heads,
+                cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim, cfg.ssm_conv, cfg.n_ff_shexp,
+                mkmodel_type_name(cfg.type_shexp));
     if (cfg.progress)
         fprintf(stderr,
                 "mkmodel: %s %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "

@@ -17,6 +17,7 @@
 #include "gguf/gguf.h"
 #include "model/synth_consts.h"
 #include "model/synth_mix.h"
+#include "model/synth_tensor.h"
 #include "tokenizer/tokenizer.h"
 
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
@@ -29,7 +30,9 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     cfg->type_attn = TM_TYPE_Q8_0;
     cfg->type_embd = TM_TYPE_Q4_K;
     cfg->type_output = TM_TYPE_Q8_0;
+    cfg->type_shexp = TM_TYPE_Q8_0; /* the hybrid presets' shared expert */
     cfg->type_gate_exps = cfg->type_up_exps = cfg->type_down_exps = TM_TYPE_COUNT;
+    if (synth_hybrid_preset(cfg, preset)) return TM_OK;
     if (!strcmp(preset, "tiny")) {
         /* Smallest shape that still takes K-quants (rows of 256) and GQA. */
         cfg->n_layer = 3, cfg->n_embd = 256, cfg->n_head = 4, cfg->n_head_kv = 2;
@@ -73,8 +76,9 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
         }
     }
     return tm_error_set(TM_ERR_ARG,
-                        "unknown preset '%s' (expected tiny, 30b-a3b, gpt-oss-20b, gpt-oss-120b or "
-                        "tiny-gpt-oss)",
+                        "unknown preset '%s' (expected tiny, 30b-a3b, gpt-oss-20b, gpt-oss-120b, "
+                        "tiny-gpt-oss, qwen3-next-80b-a3b, qwen3.5-35b-a3b, qwen3.6-35b-a3b, "
+                        "tiny-qwen3next or tiny-qwen35moe)",
                         preset);
 }
 
@@ -130,8 +134,12 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                                 "n-embd %u, head-dim %u",
                                 SYNTH_LOC_MAX_HEAD_DIM, c->n_embd, c->head_dim);
     }
-    if (c->arch && strcmp(c->arch, "qwen3moe") && !synth_gptoss(c))
-        return tm_error_set(TM_ERR_ARG, "architecture '%s': expected qwen3moe or gpt-oss", c->arch);
+    if (c->arch && strcmp(c->arch, "qwen3moe") && !synth_gptoss(c) && !synth_is_hybrid(c))
+        return tm_error_set(TM_ERR_ARG,
+                            "architecture '%s': expected qwen3moe, gpt-oss, qwen3next or qwen35moe",
+                            c->arch);
+    tm_status st;
+    if (synth_is_hybrid(c) && (st = synth_hybrid_validate(c)) != TM_OK) return st;
     if (synth_gptoss(c) && c->locality > 0)
         return tm_error_set(TM_ERR_UNSUPPORTED,
                             "--locality %g: the recency head is calibrated for qwen3moe's "
@@ -150,50 +158,9 @@ tm_status synth_config_validate(const tm_synth_config *c) {
 
 /* ---- tensors ---- */
 
-typedef enum synth_init { INIT_ONES, INIT_NORMAL, INIT_EMBD, INIT_ROUTER } synth_init;
-
-/* What a tensor is to the locality layout (synth_row_locality). */
-typedef enum synth_role {
-    ROLE_OTHER,
-    ROLE_EMBD,
-    ROLE_Q,
-    ROLE_K,
-    ROLE_V,
-    ROLE_O,
-    ROLE_QK_NORM,
-    ROLE_ROUTER,
-    ROLE_DOWN
-} synth_role;
-
-typedef struct synth_tensor {
-    char name[64];
-    tm_synth_kind kind; /* what picks its type (synth_types_pick) */
-    tm_type type;
-    uint32_t n_dims;
-    int64_t ne[3];
-    synth_init init;
-    float std;
-    const float *bias; /* INIT_ROUTER: this layer's n_expert biases */
-    synth_role role;
-    uint32_t layer;
-    const tm_synth_locality *loc; /* NULL: locality 0, the tensor is as it always was */
-} synth_tensor;
-
-static void synth_tensor_set(synth_tensor *t, const char *name, tm_synth_kind kind, synth_init init,
-                             float std, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2) {
-    snprintf(t->name, sizeof(t->name), "%s", name);
-    t->kind = kind, t->type = TM_TYPE_F32, t->init = init, t->std = std, t->n_dims = n_dims,
-    t->bias = NULL;
-    t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = ne2;
-    t->role = ROLE_OTHER, t->layer = 0, t->loc = NULL;
-}
-
 static int64_t synth_tensor_rows(const synth_tensor *t) {
     return t->ne[1] * t->ne[2];
 }
-
-/* Tensors a layer has at most (gpt-oss's 19), and the three outside the layers. */
-#define SYNTH_MAX_TENSORS(c) (3 + 19 * (size_t)(c)->n_layer)
 
 /* The tensor list llama.cpp's converter writes for gpt-oss, in its order (biases
  * after their weights, sinks after the attention). Biases and sinks are small
@@ -248,6 +215,7 @@ static uint32_t synth_tensors_build_gptoss(const tm_synth_config *c, const float
 static uint32_t synth_tensors_list(const tm_synth_config *c, const float *bias,
                                    const tm_synth_locality *loc, synth_tensor *t) {
     if (synth_gptoss(c)) return synth_tensors_build_gptoss(c, bias, t);
+    if (synth_is_hybrid(c)) return synth_hybrid_tensors(c, bias, loc, t);
     uint32_t n = 0;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
@@ -418,11 +386,22 @@ static void synth_row_locality(const synth_tensor *t, int64_t row, float *x) {
         if (head_layer)
             for (int64_t i = 0; i < n; i++) x[i] = L->qk_gain;
         break;
-    case ROLE_ROUTER:
+    case ROLE_QG: /* rows: query heads x (head_dim of q, head_dim of the gate) */
+        if (head_layer && row < (int64_t)L->n_q_heads * 2 * hd) {
+            memset(x, 0, (size_t)n * sizeof(float));
+            /* the gate reads the bias channel alone too: held open, sigmoid ~ 1 */
+            x[SYNTH_BIAS_CHANNEL] = row % (2 * hd) < hd ? L->qk[row % hd] : SYNTH_LOC_GATE_W;
+        }
+        break;
+    case ROLE_ROUTER: {
+        /* layers before the head's (hybrid models) read an empty T: their token
+         * dims keep the whole variance */
+        const float tok_std = t->layer < L->layer ? L->router_full_std : L->router_tok_std;
         for (int64_t i = 0; i < n; i++)
             if (i != SYNTH_BIAS_CHANNEL)
-                x[i] *= (synth_in_topic(L, i) ? L->router_topic_std : L->router_tok_std) / t->std;
+                x[i] *= (synth_in_topic(L, i) ? L->router_topic_std : tok_std) / t->std;
         break;
+    }
     case ROLE_DOWN: /* rows: experts x residual dims */
         if (synth_in_topic(L, row % t->ne[1])) memset(x, 0, (size_t)n * sizeof(float));
         break;
@@ -441,6 +420,8 @@ static bool synth_row_locality_touches(const synth_tensor *t, int64_t row) {
     case ROLE_Q:
     case ROLE_K:
         return head_layer && row < (t->role == ROLE_Q ? (int64_t)L->n_q_heads : 1) * L->t_len;
+    case ROLE_QG:
+        return head_layer && row < (int64_t)L->n_q_heads * 2 * L->t_len;
     case ROLE_V:
         return head_layer && row < L->t_len;
     case ROLE_O:
@@ -477,6 +458,11 @@ static void synth_row_values(const synth_tensor *t, uint64_t seed, uint32_t tens
         /* rmsnorm(x)[channel] ≈ beta (the embedding's rms is ≈ 1), so this adds bias[row]. */
         tmp[SYNTH_BIAS_CHANNEL] = t->bias[row] / SYNTH_BIAS_BETA;
         break;
+    case INIT_SSM_A: /* per head: decay rates log-uniform over [lo, hi] (synth_consts.h) */
+        for (int64_t i = 0; i < n; i++)
+            tmp[i] = -expf(logf(SYNTH_SSM_A_LO) +
+                           tm_rng_f32(&rng) * (logf(SYNTH_SSM_A_HI) - logf(SYNTH_SSM_A_LO)));
+        break;
     }
 }
 
@@ -496,9 +482,14 @@ static bool synth_tensor_pooled(const synth_tensor *t, uint32_t n) {
     case TM_SYNTH_ATTN_K:
     case TM_SYNTH_ATTN_V:
     case TM_SYNTH_ATTN_O:
+    case TM_SYNTH_ATTN_QKV:
+    case TM_SYNTH_ATTN_LIN:
     case TM_SYNTH_GATE_EXPS:
     case TM_SYNTH_UP_EXPS:
     case TM_SYNTH_DOWN_EXPS:
+    case TM_SYNTH_GATE_SHEXP:
+    case TM_SYNTH_UP_SHEXP:
+    case TM_SYNTH_DOWN_SHEXP:
         return n && t->init == INIT_NORMAL && synth_tensor_rows(t) > (int64_t)n;
     default:
         return false;
@@ -566,7 +557,8 @@ static void *synth_write_thread(void *arg) {
     return NULL;
 }
 
-static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *w) {
+/* general.* and the architecture's keys of qwen3moe and gpt-oss. */
+static tm_status synth_arch_keys_write(const tm_synth_config *c, tm_gguf_writer *w) {
     const uint32_t ftype = synth_mix_ftype(c);
     tm_status st;
 #define SYNTH_KV(call)                                                                             \
@@ -608,6 +600,12 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
     if (!synth_gptoss(c) || !c->vocab_json)
         SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
 #undef SYNTH_ARCH
+    return TM_OK;
+}
+
+static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *w) {
+    tm_status st = synth_is_hybrid(c) ? synth_hybrid_metadata(c, w) : synth_arch_keys_write(c, w);
+    if (st != TM_OK) return st;
     /* How the weights were made, so tests can check the routing law. */
     SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));
     SYNTH_KV(gguf_writer_set_f32(w, "tiermoe.synth.skew", (float)c->skew));

@@ -37,7 +37,21 @@
  * window and YaRN keys; the same scaling (the expert down projection scaled
  * for the clamped SwiGLU's output) and the same router-bias channel for the
  * skew. Locality is not calibrated for it (no QK norm, YaRN, sinks, windows):
- * refused. */
+ * refused.
+ *
+ * qwen3next and qwen35moe (presets qwen3-next-80b-a3b, qwen3.5-35b-a3b,
+ * tiny-qwen3next, tiny-qwen35moe; synth_hybrid.c) write the layout of
+ * llama.cpp's converter for Qwen3-Next and Qwen3.5/3.6 MoE: linear-attention
+ * layers (attn_qkv, attn_gate, ssm_conv1d, ssm_a, ssm_dt, ssm_ba or
+ * ssm_beta + ssm_alpha, ssm_norm, ssm_out) and every full_attn_interval-th
+ * layer gated attention (attn_q of q and gate per head, QK norm, partial
+ * RoPE), each with a sigmoid-gated shared expert beside the routed experts.
+ * The linear attention's decay e^g, g = ssm_a softplus(alpha + dt), is
+ * drawn in [0.3, 0.99] and beta = sigmoid(b) mostly in [0.25, 0.75], as in
+ * trained models. Skew as for qwen3moe; the recency head of --locality is
+ * the first KV group of the first full-attention layer (its gate held
+ * open), and every writer of the residual (ssm_out, the shared expert's down
+ * projection too) leaves the topic subspace empty. */
 #ifndef TM_MODEL_SYNTH_H
 #define TM_MODEL_SYNTH_H
 
@@ -59,9 +73,14 @@ typedef enum tm_synth_kind {
     TM_SYNTH_ATTN_K,
     TM_SYNTH_ATTN_V,
     TM_SYNTH_ATTN_O,
+    TM_SYNTH_ATTN_QKV, /* linear attention's fused q, k, v (attn_qkv) */
+    TM_SYNTH_ATTN_LIN, /* its other matrices: attn_gate, ssm_ba / ssm_beta / ssm_alpha, ssm_out */
     TM_SYNTH_GATE_EXPS,
     TM_SYNTH_UP_EXPS,
     TM_SYNTH_DOWN_EXPS,
+    TM_SYNTH_GATE_SHEXP, /* the shared expert (qwen3next, qwen35moe) */
+    TM_SYNTH_UP_SHEXP,
+    TM_SYNTH_DOWN_SHEXP,
 } tm_synth_kind;
 
 /* --tensor-type PATTERN=TYPE: tensors whose name the PCRE2 pattern matches
@@ -74,7 +93,8 @@ typedef struct tm_synth_tensor_type {
 #define TM_SYNTH_MAX_TENSOR_TYPES 32
 
 typedef struct tm_synth_config {
-    const char *arch;       /* general.architecture: "qwen3moe" (NULL) or "gpt-oss" */
+    /* general.architecture: "qwen3moe" (NULL), "gpt-oss", "qwen3next" or "qwen35moe" */
+    const char *arch;
     uint32_t window;        /* gpt-oss: attention.sliding_window of the even layers */
     float rope_factor;      /* gpt-oss: YaRN factor */
     uint32_t rope_orig_ctx; /* gpt-oss: YaRN original context */
@@ -82,11 +102,18 @@ typedef struct tm_synth_config {
     uint32_t n_expert, n_expert_used, n_ff_exp, n_ff; /* n_ff: dense FFN length (metadata only) */
     uint32_t n_vocab, n_ctx;
     float rope_base, rms_eps;
+    /* qwen3next / qwen35moe (the hybrid architectures): every full_attn_interval-th
+     * layer gated full attention, the others linear attention (Gated DeltaNet) of
+     * ssm_k_heads key heads of ssm_k_dim and ssm_v_heads value heads of ssm_v_dim,
+     * a causal conv of width ssm_conv; RoPE on the first n_rot values of a head
+     * (0: all); a shared expert of width n_ff_shexp beside the routed ones. */
+    uint32_t full_attn_interval, n_rot, ssm_conv, ssm_k_heads, ssm_v_heads, ssm_k_dim, ssm_v_dim;
+    uint32_t n_ff_shexp;
     /* Each tensor's type, first match: a tensor_types rule; the gate/up/down
-     * field of its kind; its class (experts, attn, embd, output); the recipe
+     * field of its kind; its class (experts, attn, embd, output, shexp); the recipe
      * (mix). TM_TYPE_COUNT: unset (a preset sets the classes, synth_config_mix
      * unsets them). Norms and router are f32. */
-    tm_type type_experts, type_attn, type_embd, type_output;
+    tm_type type_experts, type_attn, type_embd, type_output, type_shexp;
     tm_type type_gate_exps, type_up_exps, type_down_exps;
     const char *mix; /* --mix: a recipe of synth_mix_list (NULL: none) */
     tm_synth_tensor_type tensor_types[TM_SYNTH_MAX_TENSOR_TYPES];
@@ -114,8 +141,9 @@ typedef struct tm_synth_config {
 /* --fill repeat's distinct rows per matrix unless --fill-rows says otherwise. */
 #define SYNTH_FILL_ROWS_DEFAULT 256
 
-/* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b" or
- * "tiny-gpt-oss". */
+/* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b",
+ * "tiny-gpt-oss", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b" (alias
+ * "qwen3.6-35b-a3b"), "tiny-qwen3next" or "tiny-qwen35moe". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 
 /* ---- quant types per tensor (synth_mix.c) ---- */
@@ -188,6 +216,8 @@ typedef struct tm_synth_locality {
     float v_std;            /* attn_v rows of the group: std on the token dims */
     float router_tok_std;   /* router rows: std on the token dims (variance 1 - locality) */
     float router_topic_std; /* router rows: std on T (variance locality) */
+    float router_full_std;  /* router rows of layers before `layer` (T is empty there) */
+    uint32_t n_rot;         /* RoPE's dims of a head (its first ones) */
     double height;          /* q·k / sqrt(head_dim) at distance 0 */
     double n_eff;           /* tokens the head averages over: (sum w)^2 / sum w^2 */
     float qk[SYNTH_LOC_MAX_HEAD_DIM]; /* the q (= k) of every token before RoPE, rms 1 */

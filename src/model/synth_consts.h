@@ -20,5 +20,18 @@
  * distance 0 is gain^2 sqrt(head_dim) (22.6 at 128), so a context of 10^5
  * tokens leaks under 1% of the attention beyond the kernel */
 #define SYNTH_LOC_QK_GAIN 1.41421356f
+/* the recency head's gate rows (gated attention): gate = w * rmsnorm(x)[bias channel]
+ * ~ 4 * 2 = 8, sigmoid(8) = 0.9997: the gate is open and the same for every token */
+#define SYNTH_LOC_GATE_W 4.0f
+
+/* qwen3next / qwen35moe. Linear attention's decay e^g, g = ssm_a softplus(alpha + dt):
+ * -ssm_a log-uniform in [LO, HI], alpha of std GATE_LOGIT_STD, dt of std DT_STD, so
+ * softplus is ~0.3-1.4 and e^g ~0.3-0.99, the range of trained models' decays;
+ * beta = sigmoid(b) with b of std GATE_LOGIT_STD: mostly 0.25-0.75 */
+#define SYNTH_SSM_A_LO       0.02f
+#define SYNTH_SSM_A_HI       0.8f
+#define SYNTH_GATE_LOGIT_STD 0.6f
+#define SYNTH_DT_STD         0.1f
+#define SYNTH_SILU_RMS       0.6f /* rms of silu(z) for z ~ N(0, 1) (numerically 0.596) */
 
 #endif

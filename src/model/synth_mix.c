@@ -3,7 +3,11 @@
  * llama-quantize-like --tensor-type PATTERN=TYPE rules and the named recipes
  * (--mix). The recipes follow llama.cpp's llama_tensor_get_type for the
  * tensors a qwen3moe / gpt-oss file has, without an importance matrix
- * (docs/quant.md states each one as a table). */
+ * (docs/quant.md states each one as a table). In the hybrid models (qwen3next,
+ * qwen35moe) attn_qkv follows llama.cpp's attn_qkv rule (Q3_K_M: q4_K, Q4_K_M:
+ * q5_K), the shared expert's down projection its ffn_down rule (the name
+ * matches it), the other linear-attention and shared-expert matrices the
+ * recipe's base type; "dynamic" keeps the shared expert at q8_0 with attention. */
 #include "model/synth_mix.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -27,6 +31,7 @@ static tm_type mix_q2_k(const tm_synth_config *c, tm_synth_kind k, uint32_t l) {
         return c->n_head >= 4 * c->n_head_kv ? TM_TYPE_Q4_K : TM_TYPE_Q3_K;
     case TM_SYNTH_ATTN_O:
     case TM_SYNTH_DOWN_EXPS:
+    case TM_SYNTH_DOWN_SHEXP:
         return TM_TYPE_Q3_K;
     default:
         return TM_TYPE_Q2_K;
@@ -40,8 +45,10 @@ static tm_type mix_q3_k_m(const tm_synth_config *c, tm_synth_kind k, uint32_t l)
     case TM_SYNTH_ATTN_V:
         return l < 2 ? TM_TYPE_Q5_K : TM_TYPE_Q4_K;
     case TM_SYNTH_ATTN_O:
+    case TM_SYNTH_ATTN_QKV:
         return TM_TYPE_Q4_K;
     case TM_SYNTH_DOWN_EXPS:
+    case TM_SYNTH_DOWN_SHEXP:
         return l < c->n_layer / 16 ? TM_TYPE_Q5_K : TM_TYPE_Q4_K;
     default:
         return TM_TYPE_Q3_K;
@@ -54,7 +61,10 @@ static tm_type mix_q4_k_m(const tm_synth_config *c, tm_synth_kind k, uint32_t l)
         return TM_TYPE_Q6_K;
     case TM_SYNTH_ATTN_V:
     case TM_SYNTH_DOWN_EXPS:
+    case TM_SYNTH_DOWN_SHEXP:
         return mix_more_bits(l, c->n_layer) ? TM_TYPE_Q6_K : TM_TYPE_Q4_K;
+    case TM_SYNTH_ATTN_QKV:
+        return TM_TYPE_Q5_K;
     default:
         return TM_TYPE_Q4_K;
     }
@@ -67,6 +77,7 @@ static tm_type mix_iq4_xs(const tm_synth_config *c, tm_synth_kind k, uint32_t l)
     case TM_SYNTH_ATTN_V:
         return c->n_head >= 4 * c->n_head_kv ? TM_TYPE_Q5_K : TM_TYPE_IQ4_XS;
     case TM_SYNTH_DOWN_EXPS:
+    case TM_SYNTH_DOWN_SHEXP:
         return l < c->n_layer / 8 ? TM_TYPE_Q5_K : TM_TYPE_IQ4_XS;
     default:
         return TM_TYPE_IQ4_XS;
@@ -82,6 +93,7 @@ static tm_type mix_iq2_xxs(const tm_synth_config *c, tm_synth_kind k, uint32_t l
     case TM_SYNTH_ATTN_V: /* llama.cpp: 4 or more experts (or GQA >= 4) */
         return TM_TYPE_Q4_K;
     case TM_SYNTH_DOWN_EXPS:
+    case TM_SYNTH_DOWN_SHEXP:
         return l < c->n_layer / 8 ? TM_TYPE_Q2_K : TM_TYPE_IQ2_XXS;
     default:
         return TM_TYPE_IQ2_XXS;
@@ -164,6 +176,7 @@ tm_status synth_config_mix(tm_synth_config *cfg, const char *name) {
     }
     cfg->mix = m->info.name;
     cfg->type_experts = cfg->type_attn = cfg->type_embd = cfg->type_output = TM_TYPE_COUNT;
+    cfg->type_shexp = TM_TYPE_COUNT;
     cfg->type_gate_exps = cfg->type_up_exps = cfg->type_down_exps = TM_TYPE_COUNT;
     return TM_OK;
 }
@@ -273,8 +286,10 @@ tm_type synth_types_pick(const synth_types *s, tm_synth_kind kind, uint32_t laye
         [TM_SYNTH_EMBD] = "--type-embd",         [TM_SYNTH_OUTPUT] = "--type-output",
         [TM_SYNTH_ATTN_Q] = "--type-attn",       [TM_SYNTH_ATTN_K] = "--type-attn",
         [TM_SYNTH_ATTN_V] = "--type-attn",       [TM_SYNTH_ATTN_O] = "--type-attn",
+        [TM_SYNTH_ATTN_QKV] = "--type-attn",     [TM_SYNTH_ATTN_LIN] = "--type-attn",
         [TM_SYNTH_GATE_EXPS] = "--type-experts", [TM_SYNTH_UP_EXPS] = "--type-experts",
-        [TM_SYNTH_DOWN_EXPS] = "--type-experts",
+        [TM_SYNTH_DOWN_EXPS] = "--type-experts", [TM_SYNTH_GATE_SHEXP] = "--type-shexp",
+        [TM_SYNTH_UP_SHEXP] = "--type-shexp",    [TM_SYNTH_DOWN_SHEXP] = "--type-shexp",
     };
     const tm_type proj = kind == TM_SYNTH_GATE_EXPS   ? c->type_gate_exps
                          : kind == TM_SYNTH_UP_EXPS   ? c->type_up_exps
@@ -286,10 +301,11 @@ tm_type synth_types_pick(const synth_types *s, tm_synth_kind kind, uint32_t laye
                                           : "--type-down-exps";
         return proj;
     }
-    const tm_type cls = kind == TM_SYNTH_EMBD     ? c->type_embd
-                        : kind == TM_SYNTH_OUTPUT ? c->type_output
-                        : kind <= TM_SYNTH_ATTN_O ? c->type_attn
-                                                  : c->type_experts;
+    const tm_type cls = kind == TM_SYNTH_EMBD        ? c->type_embd
+                        : kind == TM_SYNTH_OUTPUT    ? c->type_output
+                        : kind <= TM_SYNTH_ATTN_LIN  ? c->type_attn
+                        : kind <= TM_SYNTH_DOWN_EXPS ? c->type_experts
+                                                     : c->type_shexp;
     if (cls != TM_TYPE_COUNT) {
         *why = flag[kind];
         return cls;

@@ -132,12 +132,13 @@ tm_status synth_routing_profile(tm_synth_config *c, const char *name) {
 /* ---- locality ---- */
 
 double synth_locality_score(const tm_synth_config *c, const tm_synth_locality *loc, uint32_t lag) {
-    /* NeoX RoPE rotates the pair (i, i + d/2) by lag * base^(-2i/d); with
-     * q = k the pair contributes |q_pair|^2 cos(lag * theta_i). */
-    const uint32_t d = c->head_dim, half = d / 2;
+    /* NeoX RoPE rotates the pair (i, i + r/2) of the first r = n_rot values by
+     * lag * base^(-2i/r); with q = k the pair contributes |q_pair|^2 cos(lag * theta_i)
+     * (the values past r, 0 here, would add a constant). */
+    const uint32_t d = c->head_dim, r = loc->n_rot, half = r / 2;
     double s = 0;
     for (uint32_t i = 0; i < half; i++) {
-        const double th = pow(c->rope_base, -2.0 * i / d);
+        const double th = pow(c->rope_base, -2.0 * i / r);
         const double a =
             (double)loc->qk[i] * loc->qk[i] + (double)loc->qk[i + half] * loc->qk[i + half];
         s += a * cos(lag * th);
@@ -147,10 +148,12 @@ double synth_locality_score(const tm_synth_config *c, const tm_synth_locality *l
 
 void synth_locality_plan(const tm_synth_config *c, tm_synth_locality *loc) {
     memset(loc, 0, sizeof(*loc));
-    const uint32_t E = c->n_embd, d = c->head_dim, half = d / 2;
+    const uint32_t E = c->n_embd, d = c->head_dim, r = c->n_rot ? c->n_rot : d, half = r / 2;
     loc->t0 = SYNTH_BIAS_CHANNEL + 1, loc->t_len = d;
     loc->n_tok_dims = E - 1 - d;
-    loc->layer = 0;
+    loc->n_rot = r;
+    /* the first full-attention layer (hybrid models: the others are linear attention) */
+    loc->layer = c->full_attn_interval ? c->full_attn_interval - 1 : 0;
     loc->n_q_heads = c->n_head / c->n_head_kv;
     loc->qk_gain = SYNTH_LOC_QK_GAIN;
     /* A tent s(lag) = H (1 - lag / D) for lag < D has the spectrum
@@ -162,7 +165,7 @@ void synth_locality_plan(const tm_synth_config *c, tm_synth_locality *loc) {
     const double D = c->locality_span * H;
     double p[SYNTH_LOC_MAX_HEAD_DIM / 2], sum = 0;
     for (uint32_t i = 0; i < half; i++) {
-        const double th = pow(c->rope_base, -2.0 * i / d);
+        const double th = pow(c->rope_base, -2.0 * i / r);
         sum += p[i] = (1 - cos(th * D)) / th;
     }
     for (uint32_t i = 0; i < half; i++) loc->qk[i] = (float)sqrt(d * p[i] / sum);
@@ -184,6 +187,7 @@ void synth_locality_plan(const tm_synth_config *c, tm_synth_locality *loc) {
     loc->out_gain = (float)(sqrt(loc->n_eff) * rms0);
     loc->router_tok_std = (float)(SYNTH_ROUTER_NOISE * sqrt((1 - c->locality) / loc->n_tok_dims));
     loc->router_topic_std = (float)(SYNTH_ROUTER_NOISE * sqrt(c->locality / d));
+    loc->router_full_std = (float)(SYNTH_ROUTER_NOISE * sqrt(1.0 / loc->n_tok_dims));
 }
 
 /* ---- label ---- */
