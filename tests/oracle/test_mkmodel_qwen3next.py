@@ -13,7 +13,8 @@
   the preset (experts q4_K, attention and linear-attention matrices q8_0, shared expert
   q8_0, token_embd q4_K, output q8_0; conv, ssm_a, ssm_dt, norms, routers f32), the keys
   (RoPE on 64 of 256 at base 1e7, context 262144); written with --fill repeat, 4 layers
-  and 16 experts (the expert count and top-k of the preset from mkmodel's own line).
+  16 experts and vocabulary 4096 (the preset's layer, expert and vocabulary counts and its
+  top-k from mkmodel's own line).
 - Random init is healthy, from the file with numpy: ssm_a < 0, the decay e^g over random
   tokens spread within [0.3, 0.99], beta = sigmoid(b) within [0.2, 0.8], norms 1.
 - The engine loads the tiny files and the reduced 80B file: every forward stage finite,
@@ -79,11 +80,11 @@ def field(r, key):
     return None if f is None else f.contents()
 
 
-def expected_tensors(cfg, n_layer=None, n_expert=None, fused_ba=True):
+def expected_tensors(cfg, n_layer=None, n_expert=None, n_vocab=None, fused_ba=True):
     """name -> shape (GGUF order: row length first) of what llama.cpp's converter writes
     for an HF config (attributes or dict), derived from the config's fields alone."""
     g = (lambda k: cfg[k]) if isinstance(cfg, dict) else (lambda k: getattr(cfg, k))
-    E, V, D = g("hidden_size"), g("vocab_size"), g("head_dim")
+    E, V, D = g("hidden_size"), n_vocab or g("vocab_size"), g("head_dim")
     Q, KV = g("num_attention_heads") * D, g("num_key_value_heads") * D
     hk, hv = g("linear_num_key_heads"), g("linear_num_value_heads")
     dk, dv, K = g("linear_key_head_dim"), g("linear_value_head_dim"), g("linear_conv_kernel_dim")
@@ -234,11 +235,13 @@ def big_preset(arch):
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
     hf = Qwen3NextConfig() if arch == "qwen3next" else Qwen3_5MoeTextConfig()
+    # 4 layers, 16 experts and a vocabulary of 4096 keep the file small (~100 MB); the
+    # preset's own counts are checked from mkmodel's line below
     path, res = mk(arch + "_big", "--preset", preset, "--n-layer", "4", "--n-expert", "16",
-                   "--fill", "repeat", quiet=False)
+                   "--n-vocab", "4096", "--fill", "repeat", quiet=False)
     r = gguf.GGUFReader(path)
     got = {n: s for n, _, s in tensors(r)}
-    want = expected_tensors(hf, n_layer=4, n_expert=16, fused_ba=arch == "qwen3next")
+    want = expected_tensors(hf, n_layer=4, n_expert=16, n_vocab=4096, fused_ba=arch == "qwen3next")
     bad = [n for n in sorted(set(got) | set(want)) if got.get(n) != want.get(n)]
     check(not bad, f"{preset}: shapes against transformers' defaults: "
                    f"{[(n, got.get(n), want.get(n)) for n in bad[:4]]}")
@@ -269,7 +272,7 @@ def big_preset(arch):
               f"{preset}: rope.dimension_sections {field(r, f'{arch}.rope.dimension_sections')}")
     check(field(r, "tiermoe.synth.fill_rows") == 256, f"{preset}: fill_rows")
     print(f"  {preset}: {len(got)} tensors' shapes as transformers' {type(hf).__name__} defaults "
-          f"(4 layers, 16 experts), its types, RoPE {rot} of {hf.head_dim} at 1e7; "
+          f"(4 layers, 16 experts, vocab 4096), its types, RoPE {rot} of {hf.head_dim} at 1e7; "
           f"{hf.num_experts} experts top-{hf.num_experts_per_tok}")
     return path, r
 
@@ -355,8 +358,12 @@ def main():
         health(arch, r)
         runs(path, 8, 256, ARCHS[arch][0])
     big, r = big_preset("qwen3next")
-    runs(big, 16, field(r, "qwen3next.vocab_size"), "qwen3-next-80b-a3b (4 layers, 16 experts, fill repeat)")
-    big_preset("qwen35moe")
+    runs(big, 16, 4096, "qwen3-next-80b-a3b (4 layers, 16 experts, vocab 4096, fill repeat)")
+    del r
+    os.remove(big)  # ~280 MB each
+    big, r = big_preset("qwen35moe")
+    del r
+    os.remove(big)
     knobs()
     routing()
     refusals()
