@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile quant qtypes)
+    kernels ab profile quant qtypes qnext)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -51,6 +51,7 @@ declare -A HELP=(
     [ab]="interleaved A/B of any cases: AB='name|model|flags|VAR=V ...;name|...' ROUNDS (3)"
     [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX --fill FILL; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
     [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill FILL: the rest as the preset; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk). Estimate on the H200 machine: about a minute a type (file I/O-bound, ~4 bench runs): split QTYPES over calls, e.g. 'Q4_K IQ2_XXS Q2_K IQ1_M' then 'Q3_K IQ4_XS IQ3_XXS' (the IQ2_XXS / Q4_K ratio from one call)"
+    [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); the files are deleted after their cases"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -209,7 +210,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k | m30-* | m30x-*) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -238,9 +239,11 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     tiny) args=(--preset tiny) ;;
     m30-*) args=(--preset 30b-a3b --mix "${1#m30-}" --fill "$FILL") ;;
     m30x-*) args=(--preset 30b-a3b --type-experts "${1#m30x-}" --fill "$FILL") ;;
+    qn80) args=(--preset qwen3-next-80b-a3b --fill "$FILL") ;;
+    qn35) args=(--preset qwen3.5-35b-a3b --fill "$FILL") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
-        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
+        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; qn35) args=(--preset tiny-qwen35moe) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
     fi
     stamp "model $1: mkmodel ${args[*]}"
     if ! "$TM" mkmodel "${args[@]}" -q -o "$f.part"; then
@@ -654,6 +657,25 @@ stage_qtypes() {
         peer_case "cpu-moe-$ty" "$m" -ngl 99 -ncmoe 48
         tm_case "cpu-moe-$ty" "$m" "" --cpu-moe
         REC_INFO=
+        rm -f "$f"
+    done
+}
+
+stage_qnext() {
+    local m f t0 made
+    need build || return 1
+    for m in qn80 ${QNEXT_35:+qn35}; do
+        f=$(model_path "$m")
+        made=
+        [ -f "$f" ] || made=1
+        t0=$(date +%s)
+        ensure_model "$m" || { FAILED_CASES+=("qnext/$m"); continue; }
+        [ -n "$made" ] && made=$(($(date +%s) - t0))
+        stamp "model $m: ${made:+mkmodel $made s, }$(du -h "$f" | cut -f1)"
+        peer_case "gpu-$m" "$m" -ngl 99
+        [ "$TM_CUDA" = ON ] && tm_case "gpu-$m" "$m" "" -ngl all
+        peer_case "cpu-moe-$m" "$m" -ngl 99 -ncmoe 99
+        tm_case "cpu-moe-$m" "$m" "" --cpu-moe
         rm -f "$f"
     done
 }
