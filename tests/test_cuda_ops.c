@@ -874,12 +874,21 @@ int main(void) {
     if (only && *only) cmocka_set_test_filter(only);
     /* one line per op; the per-op checks live in tests/cuda/check_*.c */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mmvq),         cmocka_unit_test(test_mmvq_q8x),
-        cmocka_unit_test(test_moe_grouped),  cmocka_unit_test(test_router),
-        cmocka_unit_test(check_fetch_ahead), cmocka_unit_test(test_norm_rope_add),
-        cmocka_unit_test(check_model),       cmocka_unit_test(check_gemm),
-        cmocka_unit_test(check_attention),   cmocka_unit_test(check_attention_rows),
-        cmocka_unit_test(check_dequant),     cmocka_unit_test(check_lbx),
+        cmocka_unit_test(test_mmvq),
+        cmocka_unit_test(test_mmvq_q8x),
+        cmocka_unit_test(test_moe_grouped),
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(check_fetch_ahead),
+        cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(check_model),
+        cmocka_unit_test(check_gemm),
+        cmocka_unit_test(check_attention),
+        cmocka_unit_test(check_attention_rows),
+        cmocka_unit_test(check_dequant),
+        cmocka_unit_test(check_lbx),
+        cmocka_unit_test(check_ssm),
+        cmocka_unit_test(check_ssm_gates),
+        cmocka_unit_test(check_attn_partial_rope),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);

@@ -345,6 +345,49 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_att
         if (c * TM_CUDA_WARP + lane < d) o[c * TM_CUDA_WARP + lane] = acc[c] * inv;
 }
 
+/* Partial RoPE of one head: the normalised head (x0, x1 at i and i + d/2 of
+ * thread i < d/2) goes through shared memory, then thread i < n_rot/2 rotates
+ * the pair (i, i + n_rot/2) at theta_i = pos * base^(-2i/n_rot) and the values
+ * from n_rot on are written as they are. qh: the q head (in place: every read
+ * of it was before the barrier; NULL for a key head) or kh, a key head's place
+ * in its cache row (kv_type; NULL: a q head, or a key not stored). */
+static __device__ void tm_attn_prepare_partial(const tm_cuda_attn_params &p, float x0, float x1,
+                                               int64_t pos, float *qh, void *kh) {
+    __shared__ float xs[TM_CUDA_ATTN_MAX_DIM];
+    const int d = p.head_dim, half = d / 2, rh = p.n_rot / 2, i = threadIdx.x;
+    if (i < half) xs[i] = x0, xs[i + half] = x1;
+    __syncthreads();
+    if (i >= half || (!qh && !kh)) return;
+    const bool f16 = p.kv_type == TM_TYPE_F16;
+    float y[2];
+    int e[2], n = 0;
+    if (i < rh) {
+        const double theta =
+            (double)pos * pow((double)p.rope_base, -2.0 * (double)i / (double)p.n_rot);
+        double sd, cd;
+        sincos(theta, &sd, &cd);
+        const float c = (float)cd, s = (float)sd, a = xs[i], b = xs[i + rh];
+        y[0] = a * c - b * s, y[1] = a * s + b * c;
+        e[0] = i, e[1] = i + rh, n = 2;
+    }
+    for (int m = 0;; m++) { /* the rotated pair, then the values passed through */
+        int at;
+        float v;
+        if (m < n)
+            at = e[m], v = y[m];
+        else if ((at = p.n_rot + i + (m - n) * half) < d)
+            v = xs[at];
+        else
+            break;
+        if (qh)
+            qh[at] = v;
+        else if (f16)
+            ((__half *)kh)[at] = __float2half_rn(v);
+        else
+            ((float *)kh)[at] = v;
+    }
+}
+
 /* Thread i < d/2 owns the pair (i, i + d/2) of one head of one token. */
 __global__ void __launch_bounds__(TM_ATTN_THREADS)
     tm_attn_prepare_kernel(tm_cuda_attn_params p, float *q, const float *k, const float *v,
@@ -391,6 +434,13 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
         for (int j = 0; j < TM_ATTN_WARPS; j++) tot += part[j];
         const float scale = 1.0f / sqrtf(tot / (float)d + p.rms_eps);
         if (i < half) x0 = x0 * scale * w[i], x1 = x1 * scale * w[i + half];
+    }
+    if (p.n_rot && p.n_rot != d) { /* partial RoPE (block-uniform) */
+        float *qh = is_q ? q + (t * p.n_head + slot) * d : NULL;
+        void *kh =
+            !is_q && store ? (char *)k_cache + (kv_row * kvw + hk * d) * (f16 ? 2 : 4) : NULL;
+        tm_attn_prepare_partial(p, x0, x1, pos, qh, kh);
+        return;
     }
     if (i >= half) return;
     /* angles in double, as cpu_rope_table (cpu_rope_table_freq with a table); one

@@ -473,13 +473,20 @@ typedef struct tm_cuda_attn_params {
      * precise mode. Else a prompt of one sequence with an f16 cache and
      * head_dim 64 or 128 runs on tensor cores, Q and P rounded to f16. */
     bool precise;
+    /* Partial RoPE (Qwen3-Next's gated attention): only the first n_rot values of
+     * each q/k head rotate, as NeoX pairs (i, i + n_rot/2) at theta_i = pos *
+     * base^(-2i/n_rot); the values from n_rot on pass through (after the QK-norm,
+     * which spans the whole head). Even, <= head_dim; 0: head_dim. Not with
+     * rope_freq (its table is of the whole head). */
+    int32_t n_rot;
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)
  * in place (q: [n_tok][n_head*head_dim]); k row likewise with k_norm, then
  * stored at k_cache row pos (converted to kv_type); v [n_tok][n_head_kv*head_dim]
  * stored at v_cache row pos. q_norm / k_norm: head_dim f32 (NULL: no norm).
- * RoPE angles as cpu_rope_table (theta_i = pos * base^(-2i/d) in double). */
+ * RoPE angles as cpu_rope_table (theta_i = pos * base^(-2i/d) in double; with
+ * n_rot < head_dim: of the first n_rot values, d = n_rot). */
 tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k, const float *v,
                             const float *q_norm, const float *k_norm, const int32_t *pos0,
                             int64_t n_tok, void *k_cache, void *v_cache, tm_cuda_stream stream);
@@ -503,6 +510,78 @@ int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_to
 tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
                          const void *v_cache, const int32_t *pos0, int64_t n_tok, int64_t n_kv_max,
                          float *out, float *scratch, tm_cuda_stream stream);
+
+/* ---- ssm.cu: linear attention (Gated DeltaNet, as in Qwen3-Next) and the
+ * element-wise gates around it. Same math as src/cpu/cpu_ssm.h and the
+ * executor's exec_ssm.c. ----
+ * The recurrent ops take rows like tm_cuda_attn_params.row_pos / row_seq:
+ * row t of a launch is at position row_pos[t] of sequence row_seq[t] (device
+ * arrays read when the kernels run, so a captured graph replays at new
+ * positions and sequences). Rows of one sequence are consecutive, at
+ * consecutive positions: a run (a prompt: one run; a decode step: up to 8 rows
+ * of distinct sequences, each its own run); a run may not share its sequence
+ * with another run of the launch. A run that starts at position 0 starts from a
+ * zero state, any other from the sequence's state; the state ends as the run
+ * leaves it. A run whose sequence is outside [0, n_seq) or whose first position
+ * is negative is skipped (nothing of it read or written). */
+typedef struct tm_cuda_ssm_rows {
+    const int32_t *row_pos, *row_seq; /* device [n_tok] */
+    int64_t n_tok;
+    int32_t n_seq; /* sequences the states hold */
+} tm_cuda_ssm_rows;
+
+#define TM_CUDA_SSM_MAX_CONV 16 /* conv width K at most */
+/* The causal depthwise convolution of width K, then SiLU, in place on x
+ * [n_tok][C]: y[t][c] = silu(sum_{j<K} w[c][j] x[t - (K-1) + j][c]), where the
+ * rows before a run's first come from its sequence's state (state: [n_seq][K-1][C],
+ * oldest row first), which ends holding the run's last K-1 inputs (as
+ * cpu_ssm_conv). w: [C][K] f32 (the file's ssm_conv1d rows). 2 <= K <= 16. */
+tm_status cuda_ssm_conv(const tm_cuda_ssm_rows *rows, float *x, int64_t C, int32_t K,
+                        const float *w, float *state, tm_cuda_stream stream);
+
+/* The gated delta rule. qkv: [n_tok][C] after the conv, C = 2 n_k_head k_dim +
+ * n_v_head v_dim channels [q | k | v] (key head h's q at h k_dim, its k at
+ * (n_k_head + h) k_dim, value head h's v at 2 n_k_head k_dim + h v_dim). Per row:
+ *   q, k l2-normalised per key head (x / sqrt(sum x^2 + 1e-6)), q *= 1/sqrt(k_dim),
+ *   beta = sigmoid(b), g = A softplus(a + dt_bias) (torch's softplus, threshold 20)
+ * with b and a [n_tok][n_v_head] each, or with ba_grouped one [n_tok][2 n_v_head]
+ * array b (a: NULL or b) in HF Qwen3-Next's order: per key head its r = n_v_head /
+ * n_k_head value heads' b, then their a. Then per value head h, reading key head
+ * h % n_k_head (v_tiled) or h / r, with S = state[seq][h] ([k_dim][v_dim] f32;
+ * state: [n_seq][n_v_head][k_dim][v_dim]):
+ *   S = e^g S;  S += k (beta (v - S^T k))^T;  out[t][h v_dim ..] = S^T q
+ * out: [n_tok][n_v_head v_dim]. qkv is only read: the normalised q and k are not
+ * written back (the CPU executor normalises them in place). A, dt_bias: device
+ * [n_v_head] f32. k_dim one of 16, 32, 64, 128, 256; v_dim 1..256. One block per
+ * (value head, run) scans the run token by token, its S in registers (a thread
+ * a column of v). */
+typedef struct tm_cuda_delta_params {
+    int32_t n_k_head, n_v_head, k_dim, v_dim;
+    bool v_tiled, ba_grouped;
+    const float *A, *dt_bias;
+} tm_cuda_delta_params;
+#define TM_CUDA_DELTA_MAX_V 256
+tm_status cuda_delta_rule(const tm_cuda_delta_params *p, const tm_cuda_ssm_rows *rows,
+                          const float *qkv, const float *b, const float *a, float *state,
+                          float *out, tm_cuda_stream stream);
+
+/* Per group of n values of x ([n_rows][n_per_row], n_per_row a multiple of n):
+ * x = x / sqrt(mean(x^2) + eps) * w * silu(z), in place; z like x, w [n] shared
+ * by the groups (as cpu_rmsnorm_gated). */
+tm_status cuda_rmsnorm_gated(float *x, const float *z, const float *w, int64_t n_rows,
+                             int64_t n_per_row, int64_t n, float eps, tm_cuda_stream stream);
+/* src rows of n_group groups of [na values | nb values] split into a [n_tok][n_group
+ * na] and b [n_tok][n_group nb] (no aliasing). */
+tm_status cuda_unzip(const float *src, float *a, float *b, int64_t n_tok, int64_t n_group,
+                     int64_t na, int64_t nb, tm_cuda_stream stream);
+/* y[i] = silu(g[i]) u[i] for i < n (y may alias g or u). */
+tm_status cuda_swiglu(float *y, const float *g, const float *u, int64_t n, tm_cuda_stream stream);
+/* y[i] *= sigmoid(g[i]) for i < n. */
+tm_status cuda_gate_mul(float *y, const float *g, int64_t n, tm_cuda_stream stream);
+/* For rows t < n_rows of n: y[t] *= sigmoid(s[t]), then x[t] += y[t] (the gated
+ * shared expert's add; s: [n_rows]). */
+tm_status cuda_gate_add(float *x, float *y, const float *s, int64_t n_rows, int64_t n,
+                        tm_cuda_stream stream);
 
 /* ---- gemm.cu: prompt-size products on tensor cores ----
  * Quantized and 16-bit weights are dequantized to f16 (in row chunks) and

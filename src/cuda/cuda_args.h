@@ -363,6 +363,97 @@ static inline tm_status cuda_add_bias_args_check(int64_t n_rows, int64_t n) {
     return TM_OK;
 }
 
+/* ---- ssm.cu ---- */
+
+static inline tm_status cuda_ssm_rows_check(const char *op, const tm_cuda_ssm_rows *r) {
+    if (!r || r->n_tok < 0 || r->n_tok > TM_CUDA_INT_MAX || r->n_seq < 1 ||
+        (r->n_tok > 0 && (!r->row_pos || !r->row_seq)))
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: rows %p of n_tok %lld, n_seq %d (want 0..2^31-1 rows with their "
+                            "row_pos and row_seq, n_seq >= 1)",
+                            op, (const void *)r, r ? (long long)r->n_tok : -1LL, r ? r->n_seq : -1);
+    return TM_OK;
+}
+
+/* A block of 128 channels in grid y: C below 65535 * 128. */
+static inline tm_status cuda_ssm_conv_args_check(const tm_cuda_ssm_rows *r, const float *x,
+                                                 int64_t C, int32_t K, const float *w,
+                                                 const float *state) {
+    tm_status st = cuda_ssm_rows_check("cuda_ssm_conv", r);
+    if (st != TM_OK) return st;
+    if (C < 1 || C > 65535LL * 128 || K < 2 || K > TM_CUDA_SSM_MAX_CONV || !x || !w || !state)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_ssm_conv: C %lld channels, conv width K %d, x %p, w %p, state "
+                            "%p (want 1..%lld channels, K 2..%d, the pointers)",
+                            (long long)C, K, (const void *)x, (const void *)w, (const void *)state,
+                            65535LL * 128, TM_CUDA_SSM_MAX_CONV);
+    return TM_OK;
+}
+
+static inline tm_status cuda_delta_rule_args_check(const tm_cuda_delta_params *p,
+                                                   const tm_cuda_ssm_rows *r, const float *qkv,
+                                                   const float *b, const float *a,
+                                                   const float *state, const float *out) {
+    static const char op[] = "cuda_delta_rule";
+    tm_status st = cuda_ssm_rows_check(op, r);
+    if (st != TM_OK) return st;
+    if (!p || p->n_k_head < 1 || p->n_v_head < 1 || p->n_v_head % p->n_k_head ||
+        p->n_v_head > 65535 ||
+        (p->k_dim != 16 && p->k_dim != 32 && p->k_dim != 64 && p->k_dim != 128 &&
+         p->k_dim != 256) ||
+        p->v_dim < 1 || p->v_dim > TM_CUDA_DELTA_MAX_V)
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: %d key heads, %d value heads, k_dim %d, v_dim %d (want value "
+                            "heads a multiple of the key heads, at most 65535; k_dim 16, 32, 64, "
+                            "128 or 256; v_dim 1..%d)",
+                            op, p ? p->n_k_head : -1, p ? p->n_v_head : -1, p ? p->k_dim : -1,
+                            p ? p->v_dim : -1, TM_CUDA_DELTA_MAX_V);
+    if (!qkv || !b || !state || !out || !p->A || !p->dt_bias || (p->ba_grouped ? a && a != b : !a))
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: a NULL qkv/b/state/out/A/dt_bias, or a %s (ba_grouped %d: a "
+                            "must be %s)",
+                            op, p->ba_grouped ? "separate a" : "missing a", (int)p->ba_grouped,
+                            p->ba_grouped ? "NULL or b" : "given");
+    return TM_OK;
+}
+
+static inline tm_status cuda_rmsnorm_gated_args_check(const float *x, const float *z,
+                                                      const float *w, int64_t n_rows,
+                                                      int64_t n_per_row, int64_t n) {
+    if (n_rows < 0 || n < 1 || n_per_row < n || n_per_row % n || n_rows > TM_CUDA_INT_MAX ||
+        n_per_row > TM_CUDA_INT_MAX || !x || !z || !w)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_rmsnorm_gated: %lld rows of %lld in groups of n %lld (want "
+                            "rows >= 0, n >= 1 dividing the row, x, z and w given)",
+                            (long long)n_rows, (long long)n_per_row, (long long)n);
+    return TM_OK;
+}
+
+static inline tm_status cuda_unzip_args_check(const float *src, const float *a, const float *b,
+                                              int64_t n_tok, int64_t n_group, int64_t na,
+                                              int64_t nb) {
+    if (n_tok < 0 || n_group < 1 || na < 0 || nb < 0 || na + nb < 1 ||
+        n_group * (na + nb) > TM_CUDA_INT_MAX || !src || !a || !b)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_unzip: %lld rows of %lld groups of %lld + %lld values (want "
+                            "n_tok >= 0, groups >= 1, na, nb >= 0, not both 0, and the pointers)",
+                            (long long)n_tok, (long long)n_group, (long long)na, (long long)nb);
+    return TM_OK;
+}
+
+/* cuda_swiglu and cuda_gate_mul (op): n values. */
+static inline tm_status cuda_gate_args_check(const char *op, int64_t n) {
+    if (n < 0) return tm_error_set(TM_ERR_ARG, "%s: n = %lld (want >= 0)", op, (long long)n);
+    return TM_OK;
+}
+
+static inline tm_status cuda_gate_add_args_check(int64_t n_rows, int64_t n) {
+    if (n_rows < 0 || n < 1)
+        return tm_error_set(TM_ERR_ARG, "cuda_gate_add: n_rows %lld of n %lld (want n >= 1)",
+                            (long long)n_rows, (long long)n);
+    return TM_OK;
+}
+
 /* ---- handoff.cu ---- */
 
 static inline tm_status cuda_signal_host_args_check(const tm_cuda_span *spans, int n_spans) {

@@ -308,3 +308,37 @@ tm_status cuda_wait_host(const uint32_t *flag, const uint32_t *seq, uint64_t tim
     (void)flag, (void)seq, (void)timeout_ns, (void)err, (void)x, (void)add, (void)n, (void)stream;
     return NONE;
 }
+tm_status cuda_ssm_conv(const tm_cuda_ssm_rows *rows, float *x, int64_t C, int32_t K,
+                        const float *w, float *state, tm_cuda_stream stream) {
+    (void)rows, (void)x, (void)C, (void)K, (void)w, (void)state, (void)stream;
+    return NONE;
+}
+tm_status cuda_delta_rule(const tm_cuda_delta_params *p, const tm_cuda_ssm_rows *rows,
+                          const float *qkv, const float *b, const float *a, float *state,
+                          float *out, tm_cuda_stream stream) {
+    (void)p, (void)rows, (void)qkv, (void)b, (void)a, (void)state, (void)out, (void)stream;
+    return NONE;
+}
+tm_status cuda_rmsnorm_gated(float *x, const float *z, const float *w, int64_t n_rows,
+                             int64_t n_per_row, int64_t n, float eps, tm_cuda_stream stream) {
+    (void)x, (void)z, (void)w, (void)n_rows, (void)n_per_row, (void)n, (void)eps, (void)stream;
+    return NONE;
+}
+tm_status cuda_unzip(const float *src, float *a, float *b, int64_t n_tok, int64_t n_group,
+                     int64_t na, int64_t nb, tm_cuda_stream stream) {
+    (void)src, (void)a, (void)b, (void)n_tok, (void)n_group, (void)na, (void)nb, (void)stream;
+    return NONE;
+}
+tm_status cuda_swiglu(float *y, const float *g, const float *u, int64_t n, tm_cuda_stream stream) {
+    (void)y, (void)g, (void)u, (void)n, (void)stream;
+    return NONE;
+}
+tm_status cuda_gate_mul(float *y, const float *g, int64_t n, tm_cuda_stream stream) {
+    (void)y, (void)g, (void)n, (void)stream;
+    return NONE;
+}
+tm_status cuda_gate_add(float *x, float *y, const float *s, int64_t n_rows, int64_t n,
+                        tm_cuda_stream stream) {
+    (void)x, (void)y, (void)s, (void)n_rows, (void)n, (void)stream;
+    return NONE;
+}

@@ -103,5 +103,8 @@ void check_fetch_ahead(void **state);
 void check_gemm(void **state);
 void check_lbx(void **state);
 void check_model(void **state);
+void check_ssm(void **state);
+void check_ssm_gates(void **state);
+void check_attn_partial_rope(void **state);
 
 #endif

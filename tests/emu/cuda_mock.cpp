@@ -1,7 +1,7 @@
 /* Host mock of the CUDA backend's C API (src/cuda/cuda.h) for
  * scripts/cuda_emu_check.sh: tests/test_cuda_ops.c links against it instead
  * of the real backend, so the harness's plumbing, references and tolerances
- * run on a machine without a GPU. The ops of router.cu, norm_rope.cu,
+ * run on a machine without a GPU. The ops of router.cu, norm_rope.cu, ssm.cu,
  * mmvq_q8x.cu, mmvq_lbx.cu, moe_fetch.cu and attention.cu are not here: the script compiles those files themselves,
  * launchers and kernels, with each launch run on an emulated grid
  * (cuda_emu_extract.py, cuda_warp_shim.h). mmvq and the grouped experts call
