@@ -189,13 +189,48 @@ static void test_small_op_args(void **state) {
     gpu_close(&g);
 }
 
+static void test_ssm_args(void **state) {
+    (void)state;
+    gpu g = gpu_open(0);
+    float *f = dalloc(&g, 4096 * 4);
+    int32_t *ip = dalloc(&g, 64);
+    const tm_cuda_ssm_rows rows = {ip, ip, 4, 2}, none = {ip, ip, 0, 2};
+    const tm_cuda_delta_params ok = {2, 4, 16, 16, false, false, f, f};
+    tm_cuda_delta_params p = ok;
+    assert_int_equal(cuda_ssm_conv(&none, f, 64, 4, f, f, g.s), TM_OK); /* no work */
+    EXPECT_ARG(cuda_ssm_conv(&rows, f, 64, 1, f, f, g.s), "conv width K 1");
+    EXPECT_ARG(cuda_ssm_conv(&none, f, 64, 17, f, f, g.s), "conv width K 17");
+    EXPECT_ARG(cuda_ssm_conv(&(tm_cuda_ssm_rows){NULL, ip, 4, 2}, f, 64, 4, f, f, g.s), "row_pos");
+    EXPECT_ARG(cuda_ssm_conv(&(tm_cuda_ssm_rows){ip, ip, 4, 0}, f, 64, 4, f, f, g.s), "n_seq 0");
+    assert_int_equal(cuda_delta_rule(&p, &none, f, f, f, f, f, g.s), TM_OK);
+    p.k_dim = 24;
+    EXPECT_ARG(cuda_delta_rule(&p, &none, f, f, f, f, f, g.s), "k_dim 24");
+    p = ok, p.v_dim = TM_CUDA_DELTA_MAX_V + 1;
+    EXPECT_ARG(cuda_delta_rule(&p, &rows, f, f, f, f, f, g.s), "v_dim 257");
+    p = ok, p.n_v_head = 3;
+    EXPECT_ARG(cuda_delta_rule(&p, &rows, f, f, f, f, f, g.s), "3 value heads");
+    p = ok;
+    EXPECT_ARG(cuda_delta_rule(&p, &rows, f, f, NULL, f, f, g.s), "missing a");
+    p.ba_grouped = true;
+    EXPECT_ARG(cuda_delta_rule(&p, &rows, f, f, f + 8, f, f, g.s), "separate a");
+    p = ok, p.A = NULL;
+    EXPECT_ARG(cuda_delta_rule(&p, &rows, f, f, f, f, f, g.s), "A/dt_bias");
+    EXPECT_ARG(cuda_rmsnorm_gated(f, f, f, 2, 48, 32, 1e-6f, g.s), "groups of n 32");
+    EXPECT_ARG(cuda_rmsnorm_gated(f, f, NULL, 0, 64, 32, 1e-6f, g.s), "w given");
+    EXPECT_ARG(cuda_unzip(f, f, f, 2, 0, 4, 4, g.s), "0 groups");
+    EXPECT_ARG(cuda_swiglu(f, f, f, -1, g.s), "cuda_swiglu: n = -1");
+    EXPECT_ARG(cuda_gate_mul(f, f, -1, g.s), "cuda_gate_mul: n = -1");
+    EXPECT_ARG(cuda_gate_add(f, f, f, 0, 0, g.s), "n 0");
+    assert_int_equal(cuda_stream_sync(g.s), TM_OK);
+    gpu_close(&g);
+}
+
 int main(void) {
     mock_rng_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_router_args),
-        cmocka_unit_test(test_product_args),
-        cmocka_unit_test(test_moe_args),
-        cmocka_unit_test(test_small_op_args),
+        cmocka_unit_test(test_router_args), cmocka_unit_test(test_product_args),
+        cmocka_unit_test(test_moe_args),    cmocka_unit_test(test_small_op_args),
+        cmocka_unit_test(test_ssm_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,8 +6,13 @@
  * they agree with a double loop to float rounding of the result (1e-6 of
  * Σ|w x|). Attention, norms and RoPE run the CPU ops in float: 1e-4 relative
  * to the largest output (f32 cache) and 5e-3 (f16 cache: keys and values
- * rounded to 11 bits, which the double reference does not do). The random
+ * rounded to 11 bits, which the double reference does not do). Linear
+ * attention's ops (the mock's own double loops) against the CPU engine's float
+ * kernels (src/cpu/cpu_ssm.c, the executor's steps): 1e-4 of 1 + |value| after
+ * 23 tokens of the recurrence, 1e-5 for the gated norm and SwiGLU. The random
  * inputs come from seed 77, or MOCK_TEST_SEED. */
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_ssm.h"
 #include "mock/mock_gpu_util.h"
 
 /* ---- products ---- */
@@ -455,12 +460,238 @@ static void test_attention(void **state) {
     }
 }
 
+/* Partial RoPE (n_rot 8 of 16): the norm over the head, the first 8 values rotated
+ * as pairs (i, i + 4) at pos 1e4^(-2i/8), the rest passed through. */
+static void test_partial_rope(void **state) {
+    (void)state;
+    enum { NR = 8, NT = 2 };
+    gpu g = gpu_open(0);
+    const tm_cuda_attn_params p = {.n_head = NH,
+                                   .n_head_kv = NKV,
+                                   .head_dim = HD,
+                                   .n_ctx = NCTX,
+                                   .kv_type = TM_TYPE_F32,
+                                   .scale = 0.25f,
+                                   .rms_eps = 1e-6f,
+                                   .rope_base = 1e4f,
+                                   .n_rot = NR};
+    float q[NT * NH * HD], k[NT * NKV * HD], qn[HD], kn[HD], got[NT * NH * HD], kc[NKV * HD];
+    fill(q, NT * NH * HD, 1), fill(k, NT * NKV * HD, 1), fill(qn, HD, 1), fill(kn, HD, 1);
+    const int32_t pos0 = 7;
+    float *qd = upload(&g, q, sizeof(q)), *kcache = dalloc(&g, NCTX * NKV * HD * 4);
+    float *vcache = dalloc(&g, NCTX * NKV * HD * 4);
+    assert_int_equal(cuda_attn_prepare(&p, qd, upload(&g, k, sizeof(k)), upload(&g, k, sizeof(k)),
+                                       upload(&g, qn, sizeof(qn)), upload(&g, kn, sizeof(kn)),
+                                       upload(&g, &pos0, 4), NT, kcache, vcache, g.s),
+                     TM_OK);
+    download(&g, got, qd, sizeof(got));
+    for (int t = 0; t < NT; t++)
+        for (int h = 0; h < NH + NKV; h++) {
+            const float *src = h < NH ? q + (t * NH + h) * HD : k + (t * NKV + h - NH) * HD;
+            const float *w = h < NH ? qn : kn;
+            if (h == NH) download(&g, kc, kcache + (pos0 + t) * NKV * HD, sizeof(kc));
+            const float *y = h < NH ? got + (t * NH + h) * HD : kc + (h - NH) * HD;
+            double ss = 0, v[HD];
+            for (int i = 0; i < HD; i++) ss += (double)src[i] * src[i];
+            for (int i = 0; i < HD; i++) v[i] = src[i] / sqrt(ss / HD + 1e-6) * w[i];
+            for (int i = 0; i < HD; i++) {
+                const int j = i % (NR / 2);
+                const double th = (pos0 + t) * pow(1e4, -2.0 * j / NR);
+                const double want = i >= NR      ? v[i]
+                                    : i < NR / 2 ? v[i] * cos(th) - v[i + NR / 2] * sin(th)
+                                                 : v[i - NR / 2] * sin(th) + v[i] * cos(th);
+                assert_close(y[i], want, 1e-5 * (1 + fabs(want)));
+            }
+        }
+    tm_cuda_attn_params bad = p;
+    bad.n_rot = 5;
+    assert_int_equal(cuda_attn_prepare(&bad, qd, qd, qd, NULL, NULL, &pos0, 1, kcache, vcache, g.s),
+                     TM_ERR_ARG);
+    gpu_close(&g);
+}
+
+/* ---- linear attention (cuda_mock_ssm.c) against the CPU engine's kernels ---- */
+
+enum { SK = 2, SV = 4, SDK = 16, SDV = 8, SKW = 4, SC = 2 * SK * SDK + SV * SDV, SSEQ = 3 };
+enum { SPROMPT = 20, SSTEPS = 3, SMAXT = SPROMPT };
+
+typedef struct ssm_cpu {
+    float conv[SSEQ][(SKW - 1) * SC], delta[SSEQ][SV * SDK * SDV];
+    float w[SC * SKW], A[SV], dt[SV];
+} ssm_cpu;
+
+/* The executor's steps on the CPU (exec_ssm.c): conv per run, q/k l2-normalised
+ * and q scaled, the gates from the grouped b/a row, then cpu_delta_rule per run. */
+static void ssm_cpu_step(ssm_cpu *c, const int32_t *pos, const int32_t *seq, int n, float *x,
+                         const float *ba, float *out) {
+    const int64_t r = SV / SK;
+    float g[SMAXT * SV], beta[SMAXT * SV];
+    float *scratch = malloc(
+        (size_t)cpu_delta_scratch_floats(&(tm_delta_shape){.k_dim = SDK, .v_dim = SDV}, 1) * 4);
+    for (int t0 = 0, t1; t0 < n; t0 = t1) {
+        for (t1 = t0 + 1; t1 < n && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1;) t1++;
+        if (pos[t0] == 0) memset(c->conv[seq[t0]], 0, sizeof(c->conv[0]));
+        cpu_ssm_conv(NULL, x + t0 * SC, t1 - t0, SC, SKW, c->w, c->conv[seq[t0]]);
+    }
+    for (int t = 0; t < n; t++) {
+        float *row = x + t * SC;
+        for (int h = 0; h < 2 * SK; h++) cpu_l2norm(row + h * SDK, SDK, 1e-6f);
+        for (int i = 0; i < SK * SDK; i++) row[i] *= 1.0f / sqrtf((float)SDK);
+        for (int h = 0; h < SV; h++) {
+            const int64_t ib = (h / r) * 2 * r + h % r, ia = ib + r;
+            const float xa = ba[t * 2 * SV + ia] + c->dt[h];
+            beta[t * SV + h] = 1.0f / (1.0f + expf(-ba[t * 2 * SV + ib]));
+            g[t * SV + h] = c->A[h] * (xa > 20.0f ? xa : log1pf(expf(xa)));
+        }
+    }
+    for (int t0 = 0, t1; t0 < n; t0 = t1) {
+        for (t1 = t0 + 1; t1 < n && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1;) t1++;
+        if (pos[t0] == 0) memset(c->delta[seq[t0]], 0, sizeof(c->delta[0]));
+        const tm_delta_shape sh = {.n_tok = t1 - t0,
+                                   .n_k_head = SK,
+                                   .n_v_head = SV,
+                                   .k_dim = SDK,
+                                   .v_dim = SDV,
+                                   .qk_stride = SC,
+                                   .k_off = SK * SDK,
+                                   .v_stride = SC};
+        cpu_delta_rule(NULL, &sh, x + t0 * SC, x + t0 * SC + 2 * SK * SDK, g + t0 * SV,
+                       beta + t0 * SV, c->delta[seq[t0]], out + t0 * SV * SDV, t1 - t0 > 1,
+                       scratch);
+    }
+    free(scratch);
+}
+
+static void expect_near(const float *got, const float *want, int64_t n, double tol,
+                        const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i]))))
+            fail_msg("%s[%lld] = %.9g, cpu %.9g", what, (long long)i, got[i], want[i]);
+}
+
+static void test_ssm(void **state) {
+    (void)state;
+    gpu g = gpu_open(0);
+    ssm_cpu *c = calloc(1, sizeof(*c));
+    fill(&c->conv[0][0], (int64_t)sizeof(c->conv) / 4, 1),
+        fill(&c->delta[0][0], (int64_t)sizeof(c->delta) / 4, 0.5f);
+    fill(c->w, SC * SKW, 0.6f), fill(c->dt, SV, 1);
+    for (int h = 0; h < SV; h++) c->A[h] = -expf(-1.0f + 0.5f * tm_rng_normal(&rng));
+    float *conv_d = upload(&g, c->conv, sizeof(c->conv)),
+          *delta_d = upload(&g, c->delta, sizeof(c->delta));
+    const tm_cuda_delta_params p = {SK,
+                                    SV,
+                                    SDK,
+                                    SDV,
+                                    false,
+                                    true,
+                                    upload(&g, c->A, sizeof(c->A)),
+                                    upload(&g, c->dt, sizeof(c->dt))};
+    const float *w_d = upload(&g, c->w, sizeof(c->w));
+    float *x_d = dalloc(&g, SMAXT * SC * 4), *ba_d = dalloc(&g, SMAXT * 2 * SV * 4);
+    float *out_d = dalloc(&g, SMAXT * SV * SDV * 4);
+    int32_t *pos_d = dalloc(&g, SMAXT * 4), *seq_d = dalloc(&g, SMAXT * 4);
+    float x[SMAXT * SC], ba[SMAXT * 2 * SV], out[SMAXT * SV * SDV], want[SMAXT * SV * SDV];
+    float got_delta[SSEQ * SV * SDK * SDV];
+    int32_t pos[SMAXT], seq[SMAXT];
+
+    /* the prompt of sequence 1, launched directly */
+    for (int t = 0; t < SPROMPT; t++) pos[t] = t, seq[t] = 1;
+    fill(x, SPROMPT * SC, 1), fill(ba, SPROMPT * 2 * SV, 1);
+    assert_int_equal(cuda_copy_to_device(g.dev, x_d, x, SPROMPT * SC * 4), TM_OK);
+    assert_int_equal(cuda_copy_to_device(g.dev, ba_d, ba, sizeof(ba)), TM_OK);
+    assert_int_equal(cuda_copy_to_device(g.dev, pos_d, pos, sizeof(pos)), TM_OK);
+    assert_int_equal(cuda_copy_to_device(g.dev, seq_d, seq, sizeof(seq)), TM_OK);
+    tm_cuda_ssm_rows rows = {pos_d, seq_d, SPROMPT, SSEQ};
+    assert_int_equal(cuda_ssm_conv(&rows, x_d, SC, SKW, w_d, conv_d, g.s), TM_OK);
+    assert_int_equal(cuda_delta_rule(&p, &rows, x_d, ba_d, ba_d, delta_d, out_d, g.s), TM_OK);
+    download(&g, out, out_d, SPROMPT * SV * SDV * 4);
+    ssm_cpu_step(c, pos, seq, SPROMPT, x, ba, want);
+    expect_near(out, want, SPROMPT * SV * SDV, 1e-4, "prompt out");
+
+    /* decode: one captured step of 3 rows, replayed at positions and sequences read
+     * from the row arrays (sequence 0 from position 0, 2 from the state as it was) */
+    rows.n_tok = 3;
+    tm_cuda_graph *step;
+    assert_int_equal(cuda_graph_begin(g.s), TM_OK);
+    assert_int_equal(cuda_ssm_conv(&rows, x_d, SC, SKW, w_d, conv_d, g.s), TM_OK);
+    assert_int_equal(cuda_delta_rule(&p, &rows, x_d, ba_d, NULL, delta_d, out_d, g.s), TM_OK);
+    assert_int_equal(cuda_graph_end(g.s, true, &step), TM_OK);
+    for (int s = 0; s < SSTEPS; s++) {
+        pos[0] = SPROMPT + s, seq[0] = 1, pos[1] = s, seq[1] = 0, pos[2] = 3 + s, seq[2] = 2;
+        fill(x, 3 * SC, 1), fill(ba, 3 * 2 * SV, 1);
+        assert_int_equal(cuda_copy_async(x_d, x, 3 * SC * 4, g.s), TM_OK);
+        assert_int_equal(cuda_copy_async(ba_d, ba, 3 * 2 * SV * 4, g.s), TM_OK);
+        assert_int_equal(cuda_copy_async(pos_d, pos, 3 * 4, g.s), TM_OK);
+        assert_int_equal(cuda_copy_async(seq_d, seq, 3 * 4, g.s), TM_OK);
+        assert_int_equal(cuda_graph_launch(step, g.s), TM_OK);
+        assert_int_equal(cuda_stream_sync(g.s), TM_OK);
+        download(&g, out, out_d, 3 * SV * SDV * 4);
+        ssm_cpu_step(c, pos, seq, 3, x, ba, want);
+        expect_near(out, want, 3 * SV * SDV, 1e-4, "decode out");
+    }
+    download(&g, got_delta, delta_d, sizeof(got_delta));
+    expect_near(got_delta, &c->delta[0][0], SSEQ * SV * SDK * SDV, 1e-4, "delta state");
+    /* a sequence the state does not hold is skipped, not a fault */
+    seq[0] = SSEQ;
+    assert_int_equal(cuda_copy_to_device(g.dev, seq_d, seq, 4), TM_OK);
+    assert_int_equal(cuda_graph_launch(step, g.s), TM_OK);
+    assert_int_equal(cuda_stream_sync(g.s), TM_OK);
+    cuda_graph_free(step);
+
+    /* the gates: gated RMSNorm and SwiGLU against the CPU's, the rest by hand */
+    enum { GR = 3, GN = 8, GW = 4 * GN };
+    float gx[GR * GW], gz[GR * GW], gw[GN], gy[GR * GW], gref[GR * GW];
+    fill(gx, GR * GW, 2), fill(gz, GR * GW, 2), fill(gw, GN, 1);
+    float *gx_d = upload(&g, gx, sizeof(gx)), *gz_d = upload(&g, gz, sizeof(gz));
+    assert_int_equal(
+        cuda_rmsnorm_gated(gx_d, gz_d, upload(&g, gw, sizeof(gw)), GR, GW, GN, 1e-6f, g.s), TM_OK);
+    download(&g, gy, gx_d, sizeof(gy));
+    cpu_rmsnorm_gated(gref, gx, gz, gw, GR * GW / GN, GN, 1e-6f);
+    expect_near(gy, gref, GR * GW, 1e-5, "rmsnorm_gated");
+    assert_int_equal(cuda_copy_to_device(g.dev, gx_d, gx, sizeof(gx)), TM_OK);
+    assert_int_equal(cuda_swiglu(gx_d, gx_d, gz_d, GR * GW, g.s), TM_OK);
+    download(&g, gy, gx_d, sizeof(gy));
+    cpu_swiglu(gref, gx, gz, GR * GW);
+    expect_near(gy, gref, GR * GW, 1e-5, "swiglu");
+    assert_int_equal(cuda_copy_to_device(g.dev, gx_d, gx, sizeof(gx)), TM_OK);
+    assert_int_equal(cuda_gate_mul(gx_d, gz_d, GR * GW, g.s), TM_OK);
+    download(&g, gy, gx_d, sizeof(gy));
+    for (int i = 0; i < GR * GW; i++)
+        assert_close(gy[i], gx[i] / (1 + exp(-(double)gz[i])), 1e-6 * (1 + fabs(gx[i])));
+    float gs[GR], xo[GR * GW];
+    fill(gs, GR, 2);
+    float *y_d = upload(&g, gx, sizeof(gx)), *xa_d = upload(&g, gz, sizeof(gz));
+    assert_int_equal(cuda_gate_add(xa_d, y_d, upload(&g, gs, sizeof(gs)), GR, GW, g.s), TM_OK);
+    download(&g, gy, y_d, sizeof(gy));
+    download(&g, xo, xa_d, sizeof(xo));
+    for (int i = 0; i < GR * GW; i++) {
+        const double yy = gx[i] / (1 + exp(-(double)gs[i / GW]));
+        assert_close(gy[i], yy, 1e-6 * (1 + fabs(yy)));
+        assert_close(xo[i], gz[i] + yy, 1e-6 * (1 + fabs(gz[i] + yy)));
+    }
+    float ua[GR * 3 * 2], ub[GR * 3 * 6]; /* 3 groups of [2 | 6] a row */
+    float *ua_d = dalloc(&g, sizeof(ua)), *ub_d = dalloc(&g, sizeof(ub));
+    assert_int_equal(cuda_copy_to_device(g.dev, gx_d, gx, sizeof(gx)), TM_OK);
+    assert_int_equal(cuda_unzip(gx_d, ua_d, ub_d, GR, 3, 2, 6, g.s), TM_OK);
+    download(&g, ua, ua_d, sizeof(ua));
+    download(&g, ub, ub_d, sizeof(ub));
+    for (int t = 0; t < GR; t++)
+        for (int j = 0; j < 3; j++)
+            for (int i = 0; i < 8; i++)
+                assert_true((i < 2 ? ua[(t * 3 + j) * 2 + i] : ub[(t * 3 + j) * 6 + i - 2]) ==
+                            gx[t * 24 + j * 8 + i]);
+    free(c);
+    gpu_close(&g);
+}
+
 int main(void) {
     mock_rng_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_products),  cmocka_unit_test(test_moe),
-        cmocka_unit_test(test_router),    cmocka_unit_test(test_norm_rope_add),
-        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_products),     cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_router),       cmocka_unit_test(test_norm_rope_add),
+        cmocka_unit_test(test_attention),    cmocka_unit_test(test_ssm),
+        cmocka_unit_test(test_partial_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

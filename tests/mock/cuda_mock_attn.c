@@ -1,5 +1,6 @@
 /* The attention launchers of the host mock (cuda_mock_ops.c says how a
- * launcher and its closure work): QK-norm, RoPE and the KV store, then causal
+ * launcher and its closure work): QK-norm, RoPE (of the first n_rot values of
+ * a head when n_rot is set) and the KV store, then causal
  * grouped-query attention on the CPU's reference code (cpu_attention), for one
  * sequence or rows of several (row_pos / row_seq), with a window and sinks,
  * over a row a position or a ring (seq_rows, ring). */
@@ -30,11 +31,17 @@ typedef struct attn_arg {
     float *out;
 } attn_arg;
 
-/* RMSNorm (when w) and RoPE of one head in place. */
+/* The values RoPE rotates: the first n_rot of a head (0: all). */
+static int64_t attn_n_rot(const tm_cuda_attn_params *p) {
+    return p->n_rot ? p->n_rot : p->head_dim;
+}
+
+/* RMSNorm (when w) of one head in place, then RoPE of its first n_rot values. */
 static void norm_rope_head(float *x, const float *w, const tm_cuda_attn_params *p,
                            const float *cs) {
+    const int64_t nr = attn_n_rot(p);
     if (w) cpu_rmsnorm(x, x, w, p->head_dim, p->rms_eps);
-    cpu_rope_neox_table(x, p->head_dim, cs, cs + p->head_dim / 2);
+    cpu_rope_neox_table(x, nr, cs, cs + nr / 2);
 }
 
 /* Token t's position and the first cache row of its sequence (the kernels'
@@ -86,11 +93,11 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
     for (int64_t t = 0; t < a->n_tok; t++) {
         int64_t pos = 0, kv0 = 0;
         attn_row(a, t, &pos, &kv0, err, err_size); /* checked above */
-        if (p->rope_freq)
+        if (p->rope_freq) /* the whole head: n_rot is head_dim with a table */
             cpu_rope_table_freq(cs, cs + d / 2, d, pos, p->rope_freq,
                                 p->rope_mscale ? p->rope_mscale : 1.0f);
         else
-            cpu_rope_table(cs, cs + d / 2, d, pos, p->rope_base);
+            cpu_rope_table(cs, cs + attn_n_rot(p) / 2, attn_n_rot(p), pos, p->rope_base);
         for (int64_t h = 0; h < p->n_head; h++)
             norm_rope_head(a->q + t * qw + h * d, a->q_norm, p, cs);
         memcpy(krow, a->k + t * kvw, (size_t)kvw * sizeof(float)); /* k is not written */
