@@ -702,11 +702,6 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                             "exec_attention: layer %u's RoPE table differs from the one given "
                             "at exec_attention_setup",
                             layer);
-    if (d == TM_DEV_GPU && a->n_rot && a->n_rot != a->head_dim)
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "layer %u: RoPE over %lld of a head's %lld values on the GPU: not "
-                            "yet (place the layer on the CPU: -ngl, -ot)",
-                            layer, (long long)a->n_rot, (long long)a->head_dim);
     if (a->n_rot < 0 || a->n_rot > a->head_dim || a->n_rot % 2 || (a->n_rot && a->rope_freq))
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u rotates %lld of %lld values (even, at most "

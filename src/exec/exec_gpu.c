@@ -137,7 +137,8 @@ static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const exec_attn *at
                                  .rope_mscale = a->rope_mscale,
                                  .window = a->window,
                                  .sinks = at->sinks,
-                                 .precise = e->gpu_attn_f32};
+                                 .precise = e->gpu_attn_f32,
+                                 .n_rot = (int32_t)a->n_rot};
 }
 
 /* Scratch of the tensor-core products: the largest need of any GPU matrix. */

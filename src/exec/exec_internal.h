@@ -136,6 +136,7 @@ struct tm_exec {
 
     /* linear attention (exec_ssm.c): per layer, every sequence's states back to back */
     bool *ssm_layer;                   /* [n_layer] (NULL: no linear attention) */
+    uint8_t *ssm_dev;                  /* [n_layer] the side of the layer's states (tm_dev) */
     tm_ssm_desc ssm_shape;             /* its weights unset */
     int64_t ssm_channels;              /* C of the convolution */
     float **conv_state, **delta_state; /* [n_layer] [n_seq][conv_k - 1][C], [n_seq][n_v][dk][dv] */

@@ -85,6 +85,13 @@ void check_model(void **state) {
     char oss[512];
     snprintf(oss, sizeof(oss), "%s/hf_gptoss/tiny-mxfp4.gguf", data ? data : "tests/data");
     placement_matrix_run(oss, &gpu_tol);
+    /* qwen3next and qwen35moe (linear attention's kernels, partial RoPE, the shared expert) */
+    static const char *const hybrids[] = {"hf_qwen3next", "hf_qwen35moe"};
+    for (int i = 0; i < 2; i++) {
+        char hy[512];
+        snprintf(hy, sizeof(hy), "%s/%s/tiny-f16.gguf", data ? data : "tests/data", hybrids[i]);
+        placement_matrix_run(hy, &gpu_tol);
+    }
 
     /* -ngl all with an f16 KV cache */
     tm_model *m;

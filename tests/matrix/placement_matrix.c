@@ -278,10 +278,12 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     uint64_t pcie = 0, cold = 0;
     for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) pcie += s[i].pcie_slots, cold += s[i].cold_slots;
     const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
-    /* auto: some but not all of k >= 2 (none when copies ahead go into a cache by default) */
+    /* auto: some but not all of k >= 3 (none when copies ahead go into a cache by default);
+     * with k = 2 the built-in share (85/256: tm_cuda_mapped_count) keeps both on the CPU, a
+     * calibration may give the GPU one */
     const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) ? n_pcie == 0
                     : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
-                                  : K < 2 || (n_pcie >= 1 && n_pcie < (int32_t)K);
+                                  : K < 2 || (n_pcie >= (K >= 3) && n_pcie < (int32_t)K);
     if (!ok || (n_pcie > 0) != (pcie > 0))
         fail_msg("%s: %d PCIe slots a token (%llu in all) for --moe-pcie %d, k %u", what, n_pcie,
                  (unsigned long long)pcie, c->pcie, K);
