@@ -51,7 +51,7 @@ declare -A HELP=(
     [ab]="interleaved A/B of any cases: AB='name|model|flags|VAR=V ...;name|...' ROUNDS (3)"
     [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX --fill FILL; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
     [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill FILL: the rest as the preset; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk). Estimate on the H200 machine: about a minute a type (file I/O-bound, ~4 bench runs): split QTYPES over calls, e.g. 'Q4_K IQ2_XXS Q2_K IQ1_M' then 'Q3_K IQ4_XS IQ3_XXS' (the IQ2_XXS / Q4_K ratio from one call)"
-    [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); the files are deleted after their cases"
+    [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); QNEXT_MODELS names the files (e.g. qn35); the files are deleted after their cases"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -664,7 +664,7 @@ stage_qtypes() {
 stage_qnext() {
     local m f t0 made
     need build || return 1
-    for m in qn80 ${QNEXT_35:+qn35}; do
+    for m in ${QNEXT_MODELS:-qn80 ${QNEXT_35:+qn35}}; do
         f=$(model_path "$m")
         made=
         [ -f "$f" ] || made=1

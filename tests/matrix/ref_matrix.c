@@ -63,7 +63,15 @@ pm_ref *pm_ref_make(const char *path, int32_t *toks, int64_t n_pos, int n_greedy
             if (tries == PM_REF_TRIES)
                 fail_msg("reference: no token at position %lld routes with gaps >= %g",
                          (long long)p, tie);
-            if (ref_seq_rewind(s, p) != TM_OK) fail_msg("reference: %s", tm_error_message());
+            /* a linear-attention state cannot step back: evaluate positions 0 .. p - 1 again */
+            if (ref_seq_rewind(s, p) != TM_OK) {
+                ref_seq_free(s);
+                if (ref_seq_create(m, n_pos > n_greedy ? n_pos : n_greedy, &s) != TM_OK)
+                    fail_msg("reference: %s", tm_error_message());
+                for (int64_t q = 0; q < p; q++)
+                    if (ref_seq_step(s, toks[q]) != TM_OK)
+                        fail_msg("reference: %s", tm_error_message());
+            }
             toks[p] = (int32_t)(tm_rng_u64(&rng) % (uint64_t)V);
             r->redrawn++;
         }
