@@ -284,7 +284,9 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) ? n_pcie == 0
                     : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
                                   : K < 2 || (n_pcie >= (K >= 3) && n_pcie < (int32_t)K);
-    if (!ok || (n_pcie > 0) != (pcie > 0))
+    /* the lane ran where there was a cold expert to read (a cache that holds every expert
+     * leaves none) */
+    if (!ok || (n_pcie == 0 && pcie > 0) || (n_pcie > 0 && pcie == 0 && cold > 0))
         fail_msg("%s: %d PCIe slots a token (%llu in all) for --moe-pcie %d, k %u", what, n_pcie,
                  (unsigned long long)pcie, c->pcie, K);
     if (ram_on_gpu && !c->cache_mib && (n_pcie < (int32_t)K) != (cold > 0))
