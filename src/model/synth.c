@@ -82,6 +82,15 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
                         preset);
 }
 
+tm_status synth_dims_check(const synth_dim *dims, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (dims[i].v < dims[i].lo || dims[i].v > dims[i].hi)
+            return tm_error_set(TM_ERR_ARG, "--%s: %u is outside [%u, %u]%s%s%s", dims[i].name,
+                                dims[i].v, dims[i].lo, dims[i].hi, what ? " (" : "",
+                                what ? what : "", what ? ")" : "");
+    return TM_OK;
+}
+
 static bool synth_gptoss(const tm_synth_config *c) {
     return c->arch && !strcmp(c->arch, "gpt-oss");
 }
@@ -89,10 +98,7 @@ static bool synth_gptoss(const tm_synth_config *c) {
 static tm_status synth_types_check(const tm_synth_config *c);
 
 tm_status synth_config_validate(const tm_synth_config *c) {
-    struct {
-        const char *name;
-        uint32_t v, lo, hi;
-    } dims[] = {
+    const synth_dim dims[] = {
         {"n-layer", c->n_layer, 1, 1024},
         {"n-embd", c->n_embd, 2, 65536},
         {"n-head", c->n_head, 1, 1024},
@@ -104,10 +110,8 @@ tm_status synth_config_validate(const tm_synth_config *c) {
         {"n-vocab", c->n_vocab, 1, 1 << 24},
         {"n-ctx", c->n_ctx, 1, 1 << 24},
     };
-    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
-        if (dims[i].v < dims[i].lo || dims[i].v > dims[i].hi)
-            return tm_error_set(TM_ERR_ARG, "--%s: %u is outside [%u, %u]", dims[i].name, dims[i].v,
-                                dims[i].lo, dims[i].hi);
+    tm_status st = synth_dims_check(dims, sizeof(dims) / sizeof(dims[0]), NULL);
+    if (st != TM_OK) return st;
     if (c->n_head % c->n_head_kv)
         return tm_error_set(TM_ERR_ARG, "--n-head %u is not a multiple of --n-head-kv %u",
                             c->n_head, c->n_head_kv);
@@ -138,7 +142,6 @@ tm_status synth_config_validate(const tm_synth_config *c) {
         return tm_error_set(TM_ERR_ARG,
                             "architecture '%s': expected qwen3moe, gpt-oss, qwen3next or qwen35moe",
                             c->arch);
-    tm_status st;
     if (synth_is_hybrid(c) && (st = synth_hybrid_validate(c)) != TM_OK) return st;
     if (synth_gptoss(c) && c->locality > 0)
         return tm_error_set(TM_ERR_UNSUPPORTED,

@@ -70,10 +70,7 @@ bool synth_hybrid_preset(tm_synth_config *c, const char *preset) {
 }
 
 tm_status synth_hybrid_validate(const tm_synth_config *c) {
-    struct {
-        const char *name;
-        uint32_t v, lo, hi;
-    } dims[] = {
+    const synth_dim dims[] = {
         {"full-attn-interval", c->full_attn_interval, 1, 1024},
         {"ssm-conv", c->ssm_conv, 2, 16},
         {"ssm-k-heads", c->ssm_k_heads, 1, 1024},
@@ -83,10 +80,8 @@ tm_status synth_hybrid_validate(const tm_synth_config *c) {
         {"n-ff-shexp", c->n_ff_shexp, 1, 1 << 20},
         {"rope-dim", c->n_rot, 2, c->head_dim},
     };
-    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
-        if (dims[i].v < dims[i].lo || dims[i].v > dims[i].hi)
-            return tm_error_set(TM_ERR_ARG, "--%s: %u is outside [%u, %u] (%s)", dims[i].name,
-                                dims[i].v, dims[i].lo, dims[i].hi, c->arch);
+    tm_status st = synth_dims_check(dims, sizeof(dims) / sizeof(dims[0]), c->arch);
+    if (st != TM_OK) return st;
     if (c->n_rot % 2)
         return tm_error_set(TM_ERR_ARG, "--rope-dim %u must be even (RoPE rotates pairs)",
                             c->n_rot);

@@ -67,6 +67,14 @@ bool synth_hybrid_preset(tm_synth_config *c, const char *preset);
 /* The hybrid dimensions against each other (the shared ones are checked by
  * synth_config_validate). */
 tm_status synth_hybrid_validate(const tm_synth_config *c);
+
+/* A dimension flag and its range: synth_dims_check refuses the first outside it,
+ * naming the flag (and `what`, when not NULL). */
+typedef struct synth_dim {
+    const char *name;
+    uint32_t v, lo, hi;
+} synth_dim;
+tm_status synth_dims_check(const synth_dim *dims, size_t n, const char *what);
 /* The tensor list llama.cpp's converter writes, in its order; returns the count. */
 uint32_t synth_hybrid_tensors(const tm_synth_config *c, const float *bias,
                               const tm_synth_locality *loc, synth_tensor *t);
