@@ -36,6 +36,14 @@ static char *data_path(const char *rel) {
     return buf;
 }
 
+static tm_model *arch_load(size_t ai) {
+    char rel[64];
+    snprintf(rel, sizeof(rel), "%s/tiny-f16.gguf", archs[ai]);
+    tm_model *m;
+    if (model_load(data_path(rel), &m) != TM_OK) fail_msg("%s", tm_error_message());
+    return m;
+}
+
 static tm_context *ctx_new(tm_model *m, int n_seq, int64_t n_batch) {
     tm_context_params p = {
         .n_ctx = 256 * n_seq, .n_seq = n_seq, .n_batch = n_batch, .n_threads = 2};
@@ -57,10 +65,7 @@ static double rel_diff(const float *a, const float *b, int64_t n) {
 static void test_parallel_as_alone(void **state) {
     (void)state;
     for (size_t ai = 0; ai < 2; ai++) {
-        char rel[64];
-        snprintf(rel, sizeof(rel), "%s/tiny-f16.gguf", archs[ai]);
-        tm_model *m;
-        assert_int_equal(model_load(data_path(rel), &m), TM_OK);
+        tm_model *m = arch_load(ai);
         const int64_t V = m->cfg.n_vocab;
         int32_t toks[N_SEQ][80];
         const int64_t n_prompt[N_SEQ] = {70, 3, 1, 33};
@@ -108,10 +113,7 @@ static void test_parallel_as_alone(void **state) {
 static void test_checkpoint_rewind(void **state) {
     (void)state;
     for (size_t ai = 0; ai < 2; ai++) {
-        char rel[64];
-        snprintf(rel, sizeof(rel), "%s/tiny-f16.gguf", archs[ai]);
-        tm_model *m;
-        assert_int_equal(model_load(data_path(rel), &m), TM_OK);
+        tm_model *m = arch_load(ai);
         const int64_t V = m->cfg.n_vocab;
         int32_t toks[120], other[20];
         for (int t = 0; t < 120; t++) toks[t] = (int32_t)((t * 29 + 3) % V);
