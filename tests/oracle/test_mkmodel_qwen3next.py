@@ -27,9 +27,11 @@
   recency head is there), far above the uniform model.
 - Refusals: --locality without a full-attention layer, hybrid flags on qwen3moe.
 """
+import json
 import os
 import subprocess
 import sys
+import types
 
 try:
     import numpy as np
@@ -230,11 +232,44 @@ def runs(path, n_expert, n_vocab, label):
           f"{len(set(gen))} distinct of {len(gen)}: {' '.join(map(str, gen[:12]))} ...")
 
 
+CONFIG_KEYS = ["hidden_size", "vocab_size", "head_dim", "num_attention_heads", "num_key_value_heads",
+               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+               "linear_value_head_dim", "linear_conv_kernel_dim", "moe_intermediate_size",
+               "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok",
+               "num_hidden_layers", "layer_types", "rope_parameters", "rms_norm_eps"]
+
+
+def hf_config(arch):
+    """transformers' config defaults for arch: from transformers when it is installed, else
+    the snapshot tests/data/hf_configs/<arch>.json it wrote (--write-configs; CI has no
+    transformers)."""
+    try:
+        from transformers import Qwen3NextConfig
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
+    except ImportError:
+        with open(os.path.join(DATA, "hf_configs", arch + ".json")) as f:
+            d = json.load(f)
+        return types.SimpleNamespace(**{k: d[k] for k in CONFIG_KEYS},
+                                     name="the snapshot of " + d["_source"].split(" (")[0])
+    c = Qwen3NextConfig() if arch == "qwen3next" else Qwen3_5MoeTextConfig()
+    return types.SimpleNamespace(**{k: getattr(c, k) for k in CONFIG_KEYS},
+                                 name=f"transformers' {type(c).__name__}() defaults")
+
+
+def write_configs():
+    import transformers
+    for arch in ARCHS:
+        c = hf_config(arch)
+        d = {k: getattr(c, k) for k in CONFIG_KEYS}
+        d["_source"] = (f"transformers {transformers.__version__} {c.name.split()[1]} defaults "
+                        "(tests/oracle/test_mkmodel_qwen3next.py --write-configs)")
+        with open(os.path.join(DATA, "hf_configs", arch + ".json"), "w") as f:
+            json.dump(d, f, indent=1)
+
+
 def big_preset(arch):
     _, data, preset = ARCHS[arch]
-    from transformers import Qwen3NextConfig
-    from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
-    hf = Qwen3NextConfig() if arch == "qwen3next" else Qwen3_5MoeTextConfig()
+    hf = hf_config(arch)
     # 4 layers, 16 experts and a vocabulary of 4096 keep the file small (~100 MB); the
     # preset's own counts are checked from mkmodel's line below
     path, res = mk(arch + "_big", "--preset", preset, "--n-layer", "4", "--n-expert", "16",
@@ -271,7 +306,7 @@ def big_preset(arch):
         check(list(field(r, f"{arch}.rope.dimension_sections")) == [11, 11, 10, 0],
               f"{preset}: rope.dimension_sections {field(r, f'{arch}.rope.dimension_sections')}")
     check(field(r, "tiermoe.synth.fill_rows") == 256, f"{preset}: fill_rows")
-    print(f"  {preset}: {len(got)} tensors' shapes as transformers' {type(hf).__name__} defaults "
+    print(f"  {preset}: {len(got)} tensors' shapes as {hf.name} "
           f"(4 layers, 16 experts, vocab 4096), its types, RoPE {rot} of {hf.head_dim} at 1e7; "
           f"{hf.num_experts} experts top-{hf.num_experts_per_tok}")
     return path, r
@@ -371,4 +406,6 @@ def main():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--write-configs"]:
+        sys.exit(write_configs())
     sys.exit(main())
