@@ -2,11 +2,14 @@
 #ifndef TM_CORE_LOG_H
 #define TM_CORE_LOG_H
 
+#include "core/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum tm_log_level { TM_LOG_ERROR, TM_LOG_WARN, TM_LOG_INFO, TM_LOG_DEBUG } tm_log_level;
+/* tm_log_level is the public API's (include/tiermoe.h, through status.h), as is the
+ * callback that takes the lines instead of stderr (tm_log_set_callback). */
 
 void tm_log_set_level(tm_log_level level);
 tm_log_level tm_log_get_level(void);

@@ -7,19 +7,15 @@
 #ifndef TM_CORE_STATUS_H
 #define TM_CORE_STATUS_H
 
+#include "../../include/tiermoe.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum tm_status {
-    TM_OK = 0,
-    TM_ERR_ARG,         /* bad argument or flag from the caller or user */
-    TM_ERR_IO,          /* open/read/write/mmap failed */
-    TM_ERR_FORMAT,      /* malformed input file */
-    TM_ERR_UNSUPPORTED, /* valid input we do not handle (type, architecture) */
-    TM_ERR_NOMEM,       /* allocation failed */
-    TM_ERR_DEVICE,      /* GPU missing, too old, or out of memory */
-} tm_status;
+/* tm_status (the enum), tm_error_message and tm_status_name are the public
+ * API's (include/tiermoe.h): one definition, here by relative path so that every
+ * build of the sources (fuzz, emulation scripts) finds it without -Iinclude. */
 
 /* Record the message for the current thread's last error; returns `st` so a
  * caller can write `return tm_error_set(TM_ERR_IO, "...")`. */
@@ -28,8 +24,6 @@ tm_status tm_error_set(tm_status st, const char *fmt, ...) __attribute__((format
 /* Prepend context ("while loading x: ") to the current message. */
 tm_status tm_error_wrap(tm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-const char *tm_error_message(void);
-const char *tm_status_name(tm_status st);
 void tm_error_clear(void);
 
 #ifdef __cplusplus

@@ -74,6 +74,7 @@ struct tm_model {
                               attention (NULL: every layer full; set by the architecture) */
     uint64_t n_params;     /* values in all tensors */
     uint64_t weight_bytes; /* bytes of all tensors */
+    void *api;             /* the public API's state (src/api/api.c; NULL otherwise) */
 };
 
 typedef struct tm_context_params {
@@ -123,6 +124,7 @@ struct tm_context {
     void *state;      /* the architecture's activations */
     int n_gpu_layers; /* layers on the GPU (resolved from params.n_gpu_layers) */
     bool gpu_output;  /* the output head runs on the GPU */
+    void *api;        /* the public API's state (src/api/api.c; NULL otherwise) */
 };
 
 /* Where a context's time went (ns per tm_prof_part) and the CPU lane's

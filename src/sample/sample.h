@@ -10,15 +10,7 @@
 #include "core/rng.h"
 #include "core/status.h"
 
-typedef struct tm_sampler_params {
-    float temp;            /* <= 0: greedy */
-    int32_t top_k;         /* <= 0: off */
-    float top_p;           /* >= 1: off */
-    float min_p;           /* <= 0: off */
-    float repeat_penalty;  /* 1: off */
-    int32_t repeat_last_n; /* tokens of history the penalty looks at */
-    uint64_t seed;
-} tm_sampler_params;
+/* tm_sampler_params is the public API's (include/tiermoe.h). */
 
 typedef struct tm_sampler {
     tm_sampler_params p;

@@ -40,11 +40,7 @@ typedef enum tm_chat_format {
     TM_CHAT_HARMONY,
 } tm_chat_format;
 
-typedef struct tm_chat_message {
-    const char *role; /* "system", "user", "assistant" (others: skipped, except "developer" = system
-                         for harmony) */
-    const char *content; /* UTF-8, NUL-terminated */
-} tm_chat_message;
+/* tm_chat_message {role, content} is the public API's (include/tiermoe.h). */
 
 typedef struct tm_chat_opts {
     bool add_generation_prompt;   /* end with the opening of the assistant's turn */

@@ -1,0 +1,260 @@
+/* tiermoe.h: the public C API of libtiermoe (docs/library.md).
+ *
+ * What the CLI and the server do, as a library: load a GGUF model, make a
+ * context with a placement (the flags' options: -ngl, --cpu-moe,
+ * --n-cpu-moe, -ot, --moe-cache, --ram-cache, ...), tokenize and detokenize,
+ * render a chat, evaluate tokens of one or more sequences, read logits and
+ * sample, read the per-layer expert counts and the VRAM cache's experts, and
+ * apply a cache plan (docs/plan-format.md).
+ *
+ * Contracts that hold for every function below unless its comment says
+ * otherwise:
+ * - A function that can fail returns tm_status. On anything but TM_OK,
+ *   tm_error_message() on the same thread says what was wrong (naming the
+ *   argument or file and what was expected) until the next failing call of
+ *   this thread; output arguments are then left as they were, except where
+ *   a comment says what they get.
+ * - A NULL handle or a NULL pointer where a value is needed is TM_ERR_ARG.
+ * - Free functions accept NULL and do nothing then.
+ * - No global state but the log callback: models, contexts and samplers are
+ *   independent. A model may be shared by threads (its functions read it
+ *   only) while its contexts live; a context or a sampler is used by one
+ *   thread at a time.
+ * - Sizes of caller buffers: a function that writes into (buf, cap) sets
+ *   *len (or *n) to the size it needs; when cap is too small it writes
+ *   nothing and returns TM_ERR_ARG, so a call with cap 0 (buf may then be
+ *   NULL) asks for the size.
+ *
+ * The types tm_model, tm_context and tm_sampler are opaque; the library's
+ * own sources define them (this header is also their status enum's, log
+ * levels' and plain structs' only definition: src/core/status.h includes it).
+ * Compiles as C11 and C++17. */
+#ifndef TIERMOE_H
+#define TIERMOE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIERMOE_VERSION_MAJOR 0
+#define TIERMOE_VERSION_MINOR 1
+#define TIERMOE_VERSION_PATCH 0
+
+typedef enum tm_status {
+    TM_OK = 0,
+    TM_ERR_ARG,         /* bad argument or flag from the caller or user */
+    TM_ERR_IO,          /* open/read/write/mmap failed */
+    TM_ERR_FORMAT,      /* malformed input file */
+    TM_ERR_UNSUPPORTED, /* valid input we do not handle (type, architecture) */
+    TM_ERR_NOMEM,       /* allocation failed */
+    TM_ERR_DEVICE,      /* GPU missing, too old, or out of memory */
+} tm_status;
+
+typedef enum tm_log_level { TM_LOG_ERROR, TM_LOG_WARN, TM_LOG_INFO, TM_LOG_DEBUG } tm_log_level;
+
+typedef struct tm_model tm_model;
+typedef struct tm_context tm_context;
+typedef struct tm_sampler tm_sampler;
+
+/* ---- version, status, log ---- */
+
+/* "0.1.0": the library's version (TIERMOE_VERSION_* are the header's). */
+const char *tm_version(void);
+/* A status's name ("ok", "bad argument", ...); "unknown status" for others. */
+const char *tm_status_name(tm_status st);
+/* The message of this thread's last failing call ("no error message" when
+ * there was none). Valid until the thread's next failing call. */
+const char *tm_error_message(void);
+
+/* Where the library's log lines go: fn(level, text without newline, user)
+ * from any thread; NULL (the default) writes them to stderr. Only lines
+ * whose level is at most TIERMOE_LOG's (info unless set) are passed. Some
+ * progress lines of the placement are still printed to stderr directly. */
+typedef void (*tm_log_fn)(tm_log_level level, const char *text, void *user);
+void tm_log_set_callback(tm_log_fn fn, void *user);
+
+/* ---- models ---- */
+
+/* Open and validate a GGUF file (weights stay mapped) and its vocabulary
+ * when it has one. TM_ERR_IO / TM_ERR_FORMAT / TM_ERR_UNSUPPORTED name the
+ * file and the key or tensor. */
+tm_status tm_model_load(const char *path, tm_model **out);
+/* Free a model; its contexts must be freed first. */
+void tm_model_free(tm_model *m);
+
+typedef struct tm_model_info {
+    const char *arch; /* general.architecture ("qwen3moe", ...); owned by the model */
+    uint32_t n_layer, n_embd, n_vocab, n_ctx_train;
+    uint32_t n_expert, n_expert_used; /* routed experts of a layer, and per token */
+    uint64_t n_params, weight_bytes;
+    bool has_vocab;          /* tokenize, detokenize and chat need it */
+    const char *chat_format; /* the template recognised: "chatml", "qwen3", "llama3",
+                                "mistral", "harmony", or NULL */
+} tm_model_info;
+tm_status tm_model_describe(const tm_model *m, tm_model_info *out);
+
+/* ---- text ---- */
+
+/* The ids of text[0..len) into ids[0..cap) (*n_ids: how many). add_special:
+ * BOS/EOS as the vocabulary asks; parse_special: control tokens written in
+ * the text (<|im_start|>: a chat template's output) become their ids, else
+ * they are plain text. TM_ERR_UNSUPPORTED for a model without a vocabulary. */
+tm_status tm_tokenize(const tm_model *m, const char *text, size_t len, bool add_special,
+                      bool parse_special, int32_t *ids, size_t cap, size_t *n_ids);
+/* The text of ids[0..n) into text[0..cap), NUL-terminated (*len: its length
+ * without the NUL; cap must be at least *len + 1). render_special: control
+ * tokens give their text. An id out of range is TM_ERR_ARG. */
+tm_status tm_detokenize(const tm_model *m, const int32_t *ids, size_t n, bool render_special,
+                        char *text, size_t cap, size_t *len);
+/* The bytes one token stands for (control tokens: none), pointing into the
+ * model (not NUL-terminated; may be part of a UTF-8 character: printing the
+ * pieces in order gives the text). */
+tm_status tm_token_piece(const tm_model *m, int32_t id, const char **bytes, size_t *len);
+/* Whether the token ends a generated turn (eos, eot, <|im_end|>, ...). */
+tm_status tm_token_is_end(const tm_model *m, int32_t id, bool *is_end);
+
+typedef struct tm_chat_message {
+    const char *role; /* "system", "user", "assistant" (others: skipped, except "developer" = system
+                         for harmony) */
+    const char *content; /* UTF-8, NUL-terminated */
+} tm_chat_message;
+
+/* Render a conversation with the model's chat template (format NULL) or a
+ * named one ("chatml", "qwen3", "llama3", "mistral", "harmony") into
+ * text[0..cap), NUL-terminated, as tm_detokenize sizes it. Tokenize the
+ * result with add_special and parse_special. add_generation_prompt: end with
+ * the opening of the assistant's turn. TM_ERR_UNSUPPORTED when the model's
+ * template is not one of those and format is NULL; TM_ERR_ARG for another
+ * name. */
+tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_message *msgs,
+                        size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
+                        size_t *len);
+
+/* ---- contexts ---- */
+
+#define TM_AUTO       (-1) /* a value the engine picks (see each field) */
+#define TM_OFF        (-2) /* a lane turned off */
+#define TM_FETCH_COPY 1    /* moe_fetch: copy prompts' experts in RAM to VRAM, then compute */
+#define TM_FETCH_PCIE 2    /* moe_fetch: the GPU reads them in place over PCIe */
+
+/* A context's sizes and placement; the same options as the flags of
+ * `tiermoe run` (docs/placement.md). Fill with tm_context_opts_init, then
+ * set fields: later versions may add fields at the end. */
+typedef struct tm_context_opts {
+    int64_t n_ctx;        /* -c: positions of all sequences (0: min(4096, trained context)) */
+    int32_t n_seq;        /* sequences, each with n_ctx / n_seq positions (0: 1) */
+    int64_t n_batch;      /* -b: tokens of a prompt per step, rows of tm_eval_rows (0: 512) */
+    int32_t n_threads;    /* -t (0: the physical cores) */
+    bool kv_f32;          /* --kv-type f32: the KV cache in f32 (default f16) */
+    int32_t n_gpu_layers; /* -ngl: the first N layers on the GPU (>= n_layer: all and the output
+                             head); TM_AUTO: as many as fit. Default 0: the CPU (unlike the CLI,
+                             an expert option does not imply TM_AUTO) */
+    bool cpu_moe;         /* --cpu-moe: every layer's experts in RAM */
+    int32_t n_cpu_moe;    /* --n-cpu-moe N: the experts of layers < N in RAM */
+    const char *override_tensor; /* -ot PATTERN=CPU|CUDA0[,...] (NULL: none) */
+    int64_t moe_cache_mib;       /* --moe-cache: VRAM MiB for experts in RAM (0: none, TM_AUTO) */
+    const char *moe_cache_plan;  /* --moe-cache-plan FILE: the cache's experts (NULL: none) */
+    const char *moe_learn;       /* --moe-learn FILE: observations to plan the cache from */
+    int32_t moe_pcie;            /* --moe-pcie: TM_AUTO (default), TM_OFF or N */
+    int32_t moe_fetch; /* --moe-fetch: TM_AUTO (default), TM_OFF, TM_FETCH_COPY, TM_FETCH_PCIE */
+    int32_t moe_ahead; /* --moe-ahead: TM_AUTO (default), TM_OFF or N */
+    int64_t ram_cache_mib; /* --ram-cache: RAM MiB for experts read from the file (0: none,
+                              TM_AUTO) */
+    bool expert_stats;     /* count each layer's expert selections (tm_expert_counts) */
+} tm_context_opts;
+
+void tm_context_opts_init(tm_context_opts *o);
+/* A context of m: KV caches, the placement, the tier. A placement that does
+ * not fit is TM_ERR_DEVICE stating needed and free bytes; bad options
+ * TM_ERR_ARG naming the option; a plan or learn file of another model
+ * TM_ERR_FORMAT / TM_ERR_ARG naming the file and field. */
+tm_status tm_context_create(tm_model *m, const tm_context_opts *o, tm_context **out);
+void tm_context_free(tm_context *c);
+
+typedef struct tm_context_info {
+    int64_t n_ctx;        /* positions of one sequence */
+    int32_t n_seq;        /* sequences */
+    int64_t n_batch;      /* rows of a step */
+    int32_t n_gpu_layers; /* layers on the GPU (resolved) */
+    bool cache;           /* a VRAM expert cache exists (tm_cache_apply applies plans) */
+} tm_context_info;
+tm_status tm_context_describe(const tm_context *c, tm_context_info *out);
+
+/* ---- evaluation ---- */
+
+/* Append tokens[0..n) (n >= 1) to sequence seq (0 .. n_seq - 1) and
+ * evaluate them (in steps of n_batch): afterwards tm_logits(seq) is the
+ * last token's. TM_ERR_ARG when a token is out of range or the sequence
+ * would pass n_ctx (nothing is evaluated then). After another failure the
+ * sequence is empty. */
+tm_status tm_eval(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n);
+/* One step of n rows (1 .. n_batch): row i appends tokens[i] to sequence
+ * seqs[i] (distinct sequences). The same tokens and, within the products'
+ * rounding, the same logits as tm_eval of each sequence alone. On a
+ * failure of the step every sequence in it is empty. */
+tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int32_t *tokens);
+/* The logits (n_vocab floats, owned by the context, valid until the next
+ * eval, rewind or free) of sequence seq's last evaluated token.
+ * TM_ERR_ARG when it has none (empty, or rewound since). */
+tm_status tm_logits(const tm_context *c, int32_t seq, const float **logits);
+/* How many positions sequence seq holds. */
+tm_status tm_seq_length(const tm_context *c, int32_t seq, int64_t *n);
+/* Keep the first n_keep positions of sequence seq (0: forget it); *n_kept
+ * (may be NULL) gets what was kept: n_keep at most the length, or 0 where
+ * the model's state cannot go back (sliding rings past their window, a
+ * linear-attention layer's state). Its logits are gone until the next eval. */
+tm_status tm_seq_rewind(tm_context *c, int32_t seq, int64_t n_keep, int64_t *n_kept);
+
+/* ---- sampling ---- */
+
+/* In llama.cpp's order: repetition penalty, top-k, top-p, min-p, temperature. */
+typedef struct tm_sampler_params {
+    float temp;            /* <= 0: greedy */
+    int32_t top_k;         /* <= 0: off */
+    float top_p;           /* >= 1: off */
+    float min_p;           /* <= 0: off */
+    float repeat_penalty;  /* 1: off */
+    int32_t repeat_last_n; /* tokens of history the penalty looks at */
+    uint64_t seed;         /* the same seed and logits give the same tokens */
+} tm_sampler_params;
+
+/* The CLI's defaults (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalty). */
+void tm_sampler_params_init(tm_sampler_params *p);
+/* A sampler for m's vocabulary; TM_ERR_ARG naming a bad parameter. */
+tm_status tm_sampler_create(const tm_model *m, const tm_sampler_params *p, tm_sampler **out);
+void tm_sampler_free(tm_sampler *s);
+/* The next token of sequence seq from its logits (tm_logits) and its tokens
+ * (the penalty's history). The token is not appended: tm_eval it. */
+tm_status tm_sample(tm_sampler *s, const tm_context *c, int32_t seq, int32_t *token);
+
+/* ---- experts: statistics and the VRAM cache ---- */
+
+/* How often each expert of layer was selected since the context was made
+ * or the counts reset: counts[0..n_expert). TM_ERR_UNSUPPORTED when the
+ * context was made without expert_stats. */
+tm_status tm_expert_counts(const tm_context *c, uint32_t layer, uint64_t *counts, size_t cap);
+tm_status tm_expert_counts_reset(tm_context *c);
+/* The experts in layer's VRAM cache slots, slot by slot (-1: an empty
+ * slot), into experts[0..cap); *n_slots: the layer's slots (0: the layer
+ * has no cache slots: its experts are all in VRAM, or all in RAM with no
+ * cache). */
+tm_status tm_cache_experts(const tm_context *c, uint32_t layer, int32_t *experts, size_t cap,
+                           size_t *n_slots);
+/* Apply a plan (the JSON of docs/plan-format.md, len bytes, for this
+ * model) inside the cache's fixed slots, as POST /moe-hot-cache does: per
+ * layer the plan's first n_slots experts; residents the plan lists stay in
+ * their slots, newcomers take the others'. *n_changed (may be NULL): slots
+ * rewritten. A bad plan is TM_ERR_FORMAT / TM_ERR_ARG naming the field,
+ * checked first; then a context without a cache (CPU only, or no experts in
+ * RAM) is TM_ERR_UNSUPPORTED. A failed upload puts the replaced experts
+ * back. Between evaluations only. */
+tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32_t *n_changed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,402 @@
+/* The public API (include/tiermoe.h) through the shared library only: this
+ * program sees no internal header. Built twice (tests/CMakeLists.txt): against
+ * libtiermoe.so (no GPU: a plan is validated, then refused for want of a VRAM
+ * cache) and against the same library over the host mock of the CUDA backend
+ * (TM_API_MOCKGPU: every layer on the "GPU", experts in RAM, a VRAM cache the
+ * plan rewrites). The model: mkmodel's tiny preset with Qwen3's vocabulary
+ * (TM_API_MODEL, made by the api_model fixture).
+ *
+ * What is compared with something independent: two sequences evaluated in one
+ * context, a plan applied between their steps, give the tokens of each
+ * sequence evaluated alone in a context of its own; token ids of Qwen3's
+ * tokenizer (HF's); the expert counts sum to tokens x experts per token; every
+ * function's bad argument gives the status the header documents. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tiermoe.h"
+
+#define N_GEN 8
+
+static tm_model *model;
+static tm_model_info info;
+
+static int setup(void **state) {
+    (void)state;
+    const char *path = getenv("TM_API_MODEL");
+    if (!path || tm_model_load(path, &model) != TM_OK) {
+        fprintf(stderr, "test_api: TM_API_MODEL (%s): %s\n", path ? path : "unset",
+                tm_error_message());
+        return -1;
+    }
+    return tm_model_describe(model, &info) == TM_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tm_model_free(model);
+    return 0;
+}
+
+#define CHECK(call) assert_int_equal_msg(call, #call)
+static void assert_int_equal_msg(tm_status st, const char *what) {
+    if (st != TM_OK) fail_msg("%s: %s: %s", what, tm_status_name(st), tm_error_message());
+}
+
+/* A call expected to fail with status want and a message containing word. */
+#define EXPECT(want, word, call) expect_fail(want, word, call, #call)
+static void expect_fail(tm_status want, const char *word, tm_status got, const char *what) {
+    if (got != want)
+        fail_msg("%s: %s, want %s (%s)", what, tm_status_name(got), tm_status_name(want),
+                 tm_error_message());
+    if (!strstr(tm_error_message(), word))
+        fail_msg("%s: the message does not name '%s': %s", what, word, tm_error_message());
+}
+
+static void test_version(void **state) {
+    (void)state;
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", TIERMOE_VERSION_MAJOR, TIERMOE_VERSION_MINOR,
+             TIERMOE_VERSION_PATCH);
+    assert_string_equal(tm_version(), want);
+    assert_string_equal(tm_status_name(TM_OK), "ok");
+    assert_string_equal(tm_status_name(TM_ERR_ARG), "bad argument");
+    assert_string_equal(info.arch, "qwen3moe");
+    assert_int_equal(info.n_layer, 3);
+    assert_int_equal(info.n_expert, 16);
+    assert_true(info.has_vocab);
+    assert_string_equal(info.chat_format, "qwen3");
+}
+
+/* Ids from HF's Qwen3 tokenizer (transformers, Qwen/Qwen3-30B-A3B). */
+static void test_text(void **state) {
+    (void)state;
+    const char *text = "Hello world";
+    int32_t ids[64];
+    size_t n = 0;
+    EXPECT(TM_ERR_ARG, "room for 0",
+           tm_tokenize(model, text, strlen(text), false, false, NULL, 0, &n));
+    assert_int_equal(n, 2); /* the size asked for */
+    CHECK(tm_tokenize(model, text, strlen(text), false, false, ids, 64, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 9707);
+    assert_int_equal(ids[1], 1879);
+    char out[64];
+    size_t len = 0;
+    EXPECT(TM_ERR_ARG, "12 needed", tm_detokenize(model, ids, n, false, out, 11, &len));
+    assert_int_equal(len, 11);
+    CHECK(tm_detokenize(model, ids, n, false, out, sizeof(out), &len));
+    assert_string_equal(out, text);
+    const char *piece;
+    CHECK(tm_token_piece(model, 1879, &piece, &len));
+    assert_int_equal(len, 6);
+    assert_memory_equal(piece, " world", 6);
+    bool end = true;
+    CHECK(tm_token_is_end(model, 9707, &end));
+    assert_false(end);
+    CHECK(tm_token_is_end(model, 151645, &end)); /* <|im_end|> */
+    assert_true(end);
+
+    const tm_chat_message msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    char chat[256];
+    CHECK(tm_chat_apply(model, NULL, msgs, 2, true, chat, sizeof(chat), &len));
+    assert_string_equal(chat, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+                              "<|im_end|>\n<|im_start|>assistant\n");
+    assert_int_equal(len, strlen(chat));
+    CHECK(tm_tokenize(model, chat, len, true, true, ids, 64, &n));
+    assert_int_equal(ids[0], 151644); /* <|im_start|>, one token with parse_special */
+    CHECK(tm_chat_apply(model, "llama3", msgs + 1, 1, false, chat, sizeof(chat), &len));
+    assert_non_null(strstr(chat, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"));
+}
+
+static void opts_for(tm_context_opts *o, int32_t n_seq) {
+    tm_context_opts_init(o);
+    o->n_ctx = 128 * n_seq;
+    o->n_seq = n_seq;
+    o->n_threads = 2;
+    o->expert_stats = true;
+#ifdef TM_API_MOCKGPU /* every layer on the GPU, the experts in RAM, 1 MiB of VRAM cache */
+    o->n_gpu_layers = 99;
+    o->cpu_moe = true;
+    o->moe_cache_mib = 1;
+    o->moe_pcie = TM_OFF; /* the CPU lane computes what the cache misses */
+    o->moe_fetch = TM_OFF;
+    o->moe_ahead = TM_OFF;
+#endif
+}
+
+static int32_t argmax(const float *v, uint32_t n) {
+    int32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[best]) best = (int32_t)i;
+    return best;
+}
+
+/* The greedy tokens of prompt evaluated alone. */
+static void alone(const int32_t *prompt, int64_t n, int32_t *out) {
+    tm_context_opts o;
+    opts_for(&o, 1);
+    tm_context *c = NULL;
+    CHECK(tm_context_create(model, &o, &c));
+    CHECK(tm_eval(c, 0, prompt, n));
+    for (int i = 0; i < N_GEN; i++) {
+        const float *l;
+        CHECK(tm_logits(c, 0, &l));
+        out[i] = argmax(l, info.n_vocab);
+        CHECK(tm_eval(c, 0, &out[i], 1));
+    }
+    tm_context_free(c);
+}
+
+static const char plan_json[] =
+    "{\"format\":\"tiermoe-moe-plan\",\"version\":1,\"model\":{\"arch\":\"qwen3moe\","
+    "\"n_layer\":3,\"n_expert\":16,\"n_expert_used\":4},\"weighting\":\"flat\","
+    "\"layer_curve\":1.0,\"budget_bytes\":24,\"used_bytes\":24,\"layers\":["
+    "{\"layer\":0,\"expert_bytes\":1,\"experts\":[15,14,13,12,11,10,9,8]},"
+    "{\"layer\":1,\"expert_bytes\":1,\"experts\":[8,9,10,11,12,13,14,15]},"
+    "{\"layer\":2,\"expert_bytes\":1,\"experts\":[7,15,6,14,5,13,4,12]}]}";
+
+/* Apply plan_json to c and check the cache holds each layer's first n_slots experts. */
+static void apply_plan(tm_context *c) {
+    const char *bad = "{\"format\":\"tiermoe-moe-plan\",\"version\":1,\"model\":{\"arch\":"
+                      "\"qwen3moe\",\"n_layer\":3,\"n_expert\":64,\"n_expert_used\":4}}";
+    EXPECT(TM_ERR_FORMAT, "n_expert", tm_cache_apply(c, bad, strlen(bad), NULL));
+    tm_context_info ci;
+    CHECK(tm_context_describe(c, &ci));
+    int32_t changed = -1;
+#ifndef TM_API_MOCKGPU
+    assert_false(ci.cache);
+    EXPECT(TM_ERR_UNSUPPORTED, "no VRAM expert cache",
+           tm_cache_apply(c, plan_json, strlen(plan_json), &changed));
+    assert_int_equal(changed, -1);
+    size_t n_slots = 1;
+    CHECK(tm_cache_experts(c, 0, NULL, 0, &n_slots));
+    assert_int_equal(n_slots, 0);
+#else
+    assert_true(ci.cache);
+    CHECK(tm_cache_apply(c, plan_json, strlen(plan_json), &changed));
+    static const int32_t want[3][8] = {{15, 14, 13, 12, 11, 10, 9, 8},
+                                       {8, 9, 10, 11, 12, 13, 14, 15},
+                                       {7, 15, 6, 14, 5, 13, 4, 12}};
+    int32_t total = 0;
+    for (uint32_t l = 0; l < 3; l++) {
+        int32_t in[16];
+        size_t n_slots = 0;
+        CHECK(tm_cache_experts(c, l, in, 16, &n_slots));
+        assert_true(n_slots >= 1 && n_slots <= 8);
+        total += (int32_t)n_slots;
+        for (size_t i = 0; i < n_slots; i++) { /* slot order is the tier's: compare as sets */
+            bool found = false;
+            for (size_t k = 0; k < n_slots; k++) found |= in[k] == want[l][i];
+            if (!found) fail_msg("layer %u: planned expert %d is not cached", l, want[l][i]);
+        }
+    }
+    /* the cache held the lowest ids: every slot but layer 2's 7, 6, 5, 4 changes */
+    assert_true(changed > 0 && changed <= total);
+    CHECK(tm_cache_apply(c, plan_json, strlen(plan_json), &changed));
+    assert_int_equal(changed, 0); /* already applied */
+#endif
+}
+
+/* Two sequences in one context, stepped together (tm_eval_rows), a plan applied
+ * halfway: each gives the tokens it gives alone. */
+static void test_two_sequences(void **state) {
+    (void)state;
+    static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
+    static const int32_t pb[] = {785, 6722, 315, 9625, 374};
+    int32_t ta[N_GEN], tb[N_GEN];
+    alone(pa, 7, ta);
+    alone(pb, 5, tb);
+    tm_context_opts o;
+    opts_for(&o, 2);
+    tm_context *c = NULL;
+    CHECK(tm_context_create(model, &o, &c));
+    CHECK(tm_eval(c, 0, pa, 7));
+    CHECK(tm_eval(c, 1, pb, 5));
+    int32_t ga[N_GEN], gb[N_GEN];
+    for (int i = 0; i < N_GEN; i++) {
+        if (i == N_GEN / 2) apply_plan(c);
+        const float *la, *lb;
+        CHECK(tm_logits(c, 0, &la));
+        CHECK(tm_logits(c, 1, &lb));
+        ga[i] = argmax(la, info.n_vocab), gb[i] = argmax(lb, info.n_vocab);
+        const int32_t seqs[2] = {1, 0}, toks[2] = {gb[i], ga[i]};
+        CHECK(tm_eval_rows(c, 2, seqs, toks));
+    }
+    assert_memory_equal(ga, ta, sizeof(ta));
+    assert_memory_equal(gb, tb, sizeof(tb));
+    int64_t n = 0;
+    CHECK(tm_seq_length(c, 0, &n));
+    assert_int_equal(n, 7 + N_GEN);
+    /* every token routed to n_expert_used experts of each layer */
+    for (uint32_t l = 0; l < info.n_layer; l++) {
+        uint64_t counts[16], sum = 0;
+        CHECK(tm_expert_counts(c, l, counts, 16));
+        for (int e = 0; e < 16; e++) sum += counts[e];
+        assert_int_equal(sum, (7 + 5 + 2 * N_GEN) * info.n_expert_used);
+    }
+    CHECK(tm_expert_counts_reset(c));
+    uint64_t counts[16] = {1};
+    CHECK(tm_expert_counts(c, 0, counts, 16));
+    assert_int_equal(counts[0], 0);
+
+    /* rewinding sequence 0 to its prompt and greedy again gives the same tokens */
+    int64_t kept = -1;
+    CHECK(tm_seq_rewind(c, 0, 6, &kept));
+    assert_int_equal(kept, 6);
+    const float *l;
+    EXPECT(TM_ERR_ARG, "no logits", tm_logits(c, 0, &l));
+    CHECK(tm_eval(c, 0, pa + 6, 1));
+    tm_sampler_params sp;
+    tm_sampler_params_init(&sp);
+    sp.temp = 0;
+    tm_sampler *s = NULL;
+    CHECK(tm_sampler_create(model, &sp, &s));
+    int32_t id = -1;
+    CHECK(tm_sample(s, c, 0, &id));
+    assert_int_equal(id, ta[0]);
+    tm_sampler_free(s);
+    tm_context_free(c);
+}
+
+static void log_cb(tm_log_level level, const char *text, void *user) {
+    (void)level, (void)text;
+    *(int *)user += 1;
+}
+
+/* Every function with a bad argument: the status the header documents, and a
+ * message that names the argument. */
+static void test_bad_arguments(void **state) {
+    (void)state;
+    tm_model *m = NULL;
+    EXPECT(TM_ERR_ARG, "path", tm_model_load(NULL, &m));
+    EXPECT(TM_ERR_IO, "/nonexistent.gguf", tm_model_load("/nonexistent.gguf", &m));
+    assert_null(m);
+    tm_model_free(NULL);
+    tm_model_info mi;
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_model_describe(NULL, &mi));
+    EXPECT(TM_ERR_ARG, "out", tm_model_describe(model, NULL));
+
+    int32_t ids[4] = {1, 2, 3, -5};
+    size_t n;
+    char text[16];
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_tokenize(NULL, "a", 1, false, false, ids, 4, &n));
+    EXPECT(TM_ERR_ARG, "text is NULL", tm_tokenize(model, NULL, 3, false, false, ids, 4, &n));
+    EXPECT(TM_ERR_ARG, "n_ids", tm_tokenize(model, "a", 1, false, false, ids, 4, NULL));
+    EXPECT(TM_ERR_ARG, "ids[3] is -5", tm_detokenize(model, ids, 4, false, text, 16, &n));
+    EXPECT(TM_ERR_ARG, "len", tm_detokenize(model, ids, 3, false, text, 16, NULL));
+    const char *piece;
+    EXPECT(TM_ERR_ARG, "id 200000", tm_token_piece(model, 200000, &piece, &n));
+    EXPECT(TM_ERR_ARG, "bytes", tm_token_piece(model, 1, NULL, &n));
+    bool end;
+    EXPECT(TM_ERR_ARG, "id -1", tm_token_is_end(model, -1, &end));
+    EXPECT(TM_ERR_ARG, "is_end", tm_token_is_end(model, 1, NULL));
+    const tm_chat_message msg = {"user", NULL};
+    EXPECT(TM_ERR_ARG, "msgs[0]", tm_chat_apply(model, NULL, &msg, 1, true, text, 16, &n));
+    const tm_chat_message hi = {"user", "hi"};
+    EXPECT(TM_ERR_ARG, "format", tm_chat_apply(model, "jinja", &hi, 1, true, text, 16, &n));
+    EXPECT(TM_ERR_ARG, "needed", tm_chat_apply(model, NULL, &hi, 1, true, text, 16, &n));
+
+    tm_context_opts o;
+    tm_context_opts_init(NULL); /* does nothing */
+    opts_for(&o, 2);
+    tm_context *c = NULL;
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_context_create(NULL, &o, &c));
+    EXPECT(TM_ERR_ARG, "opts", tm_context_create(model, NULL, &c));
+    o.moe_fetch = 7;
+    EXPECT(TM_ERR_ARG, "moe_fetch 7", tm_context_create(model, &o, &c));
+    o.moe_fetch = TM_AUTO, o.moe_pcie = 99;
+    EXPECT(TM_ERR_ARG, "moe_pcie 99", tm_context_create(model, &o, &c));
+    o.moe_pcie = TM_AUTO, o.override_tensor = "exps=GPU7";
+    EXPECT(TM_ERR_ARG, "override_tensor", tm_context_create(model, &o, &c));
+    o.override_tensor = NULL, o.moe_cache_plan = "/nonexistent-plan.json";
+    EXPECT(TM_ERR_IO, "moe_cache_plan", tm_context_create(model, &o, &c));
+    o.moe_cache_plan = NULL, o.n_seq = -1;
+    EXPECT(TM_ERR_ARG, "n_seq", tm_context_create(model, &o, &c));
+    assert_null(c);
+    tm_context_free(NULL);
+    opts_for(&o, 2);
+    o.expert_stats = false;
+    CHECK(tm_context_create(model, &o, &c));
+    tm_context_info ci;
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_context_describe(NULL, &ci));
+    EXPECT(TM_ERR_ARG, "out", tm_context_describe(c, NULL));
+
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_eval(NULL, 0, ids, 1));
+    EXPECT(TM_ERR_ARG, "seq 2", tm_eval(c, 2, ids, 1));
+    EXPECT(TM_ERR_ARG, "n >= 1", tm_eval(c, 0, ids, 0));
+    EXPECT(TM_ERR_ARG, "tokens[3] is -5", tm_eval(c, 0, ids, 4));
+    static int32_t many[129];
+    EXPECT(TM_ERR_ARG, "do not fit", tm_eval(c, 0, many, 129));
+    const int32_t twice[2] = {1, 1};
+    EXPECT(TM_ERR_ARG, "twice", tm_eval_rows(c, 2, twice, ids));
+    EXPECT(TM_ERR_ARG, "n 0", tm_eval_rows(c, 0, twice, ids));
+    EXPECT(TM_ERR_ARG, "seqs and tokens", tm_eval_rows(c, 1, NULL, ids));
+    const float *l;
+    EXPECT(TM_ERR_ARG, "no logits", tm_logits(c, 0, &l));
+    EXPECT(TM_ERR_ARG, "seq -1", tm_logits(c, -1, &l));
+    int64_t len;
+    EXPECT(TM_ERR_ARG, "seq 5", tm_seq_length(c, 5, &len));
+    EXPECT(TM_ERR_ARG, "n must not", tm_seq_length(c, 0, NULL));
+    EXPECT(TM_ERR_ARG, "n_keep -1", tm_seq_rewind(c, 0, -1, NULL));
+    EXPECT(TM_ERR_ARG, "seq 9", tm_seq_rewind(c, 9, 0, NULL));
+
+    tm_sampler_params sp;
+    tm_sampler_params_init(&sp);
+    tm_sampler *s = NULL;
+    sp.top_p = -1;
+    EXPECT(TM_ERR_ARG, "top", tm_sampler_create(model, &sp, &s));
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_sampler_create(NULL, &sp, &s));
+    assert_null(s);
+    tm_sampler_params_init(&sp);
+    CHECK(tm_sampler_create(model, &sp, &s));
+    int32_t tok;
+    EXPECT(TM_ERR_ARG, "sampler", tm_sample(NULL, c, 0, &tok));
+    EXPECT(TM_ERR_ARG, "no logits", tm_sample(s, c, 0, &tok));
+    EXPECT(TM_ERR_ARG, "token", tm_sample(s, c, 0, NULL));
+    tm_sampler_free(s);
+    tm_sampler_free(NULL);
+
+    uint64_t counts[16];
+    EXPECT(TM_ERR_UNSUPPORTED, "expert_stats", tm_expert_counts(c, 0, counts, 16));
+    EXPECT(TM_ERR_ARG, "layer 3", tm_expert_counts(c, 3, counts, 16));
+    EXPECT(TM_ERR_ARG, "room for 16", tm_expert_counts(c, 0, counts, 8));
+    EXPECT(TM_ERR_UNSUPPORTED, "expert_stats", tm_expert_counts_reset(c));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_expert_counts_reset(NULL));
+    int32_t in[16];
+    size_t slots;
+    EXPECT(TM_ERR_ARG, "layer 7", tm_cache_experts(c, 7, in, 16, &slots));
+    EXPECT(TM_ERR_ARG, "n_slots", tm_cache_experts(c, 0, in, 16, NULL));
+    EXPECT(TM_ERR_ARG, "plan_json", tm_cache_apply(c, NULL, 0, NULL));
+    EXPECT(TM_ERR_FORMAT, "not valid JSON", tm_cache_apply(c, "{", 1, NULL));
+    tm_context_free(c);
+
+    /* the context's info lines (KV cache size, ...) go to the callback, then to stderr again */
+    int lines = 0;
+    tm_log_set_callback(log_cb, &lines);
+    CHECK(tm_context_create(model, &o, &c));
+    tm_context_free(c);
+    tm_log_set_callback(NULL, NULL);
+    assert_true(lines > 0);
+    const int before = lines;
+    CHECK(tm_context_create(model, &o, &c));
+    tm_context_free(c);
+    assert_int_equal(lines, before);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_version),
+        cmocka_unit_test(test_text),
+        cmocka_unit_test(test_two_sequences),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
