@@ -610,35 +610,6 @@ tm_status tm_cache_experts(const tm_context *c, uint32_t layer, int32_t *experts
     return TM_OK;
 }
 
-/* One slot rewritten by tm_cache_apply (to undo it). */
-typedef struct cache_change {
-    uint32_t layer;
-    int32_t slot, before, after;
-} cache_change;
-
-/* The slots of layer l to rewrite so it holds the plan's first `slots` experts, appended
- * to ch: the plan's experts not resident go to the slots of residents it does not list
- * (the rule of POST /moe-hot-cache, src/server/perf.c). */
-static void cache_diff(const tm_plan *plan, uint32_t l, const int32_t *in_slot, int32_t slots,
-                       cache_change *ch, int32_t *n_ch) {
-    const int32_t want = plan->n_slots[l] < slots ? plan->n_slots[l] : slots;
-    int32_t free_slot = 0;
-    for (int32_t i = 0; i < want; i++) {
-        const int32_t e = plan->experts[l][i];
-        bool resident = false;
-        for (int32_t k = 0; k < slots && !resident; k++) resident = in_slot[k] == e;
-        if (resident) continue;
-        for (; free_slot < slots; free_slot++) { /* the next slot the plan does not want */
-            bool wanted = false;
-            for (int32_t w = 0; w < want && !wanted; w++)
-                wanted = in_slot[free_slot] == plan->experts[l][w];
-            if (!wanted) break;
-        }
-        ch[(*n_ch)++] = (cache_change){l, free_slot, in_slot[free_slot], e};
-        free_slot++;
-    }
-}
-
 tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32_t *n_changed) {
     api_context *a = context_api(c, "tm_cache_apply");
     if (!a) return TM_ERR_ARG;
@@ -658,7 +629,7 @@ tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32
     const uint32_t L = c->model->cfg.n_layer;
     int64_t total = 0;
     for (uint32_t l = 0; l < L; l++) total += layer_slots(c, l) > 0 ? layer_slots(c, l) : 0;
-    cache_change *ch = malloc(((size_t)total + 1) * sizeof(*ch));
+    tm_plan_change *ch = malloc(((size_t)total + 1) * sizeof(*ch));
     if (!ch) {
         plan_free(&plan);
         return tm_error_set(TM_ERR_NOMEM, "tm_cache_apply: out of memory");
@@ -668,7 +639,7 @@ tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32
         const int32_t slots = layer_slots(c, l);
         if (slots <= 0) continue; /* a plan's layer without slots is left as it is */
         slots_read(c, l, a->in_slot, slots);
-        cache_diff(&plan, l, a->in_slot, slots, ch, &n_ch);
+        plan_cache_diff(&plan, l, a->in_slot, slots, ch, &n_ch);
     }
     for (; done < n_ch && st == TM_OK; done++)
         st = tier_cache_set(c->tier, ch[done].layer, ch[done].slot, ch[done].after);

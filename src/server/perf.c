@@ -120,12 +120,6 @@ enum MHD_Result srv_handle_cache_get(srv_req *r) {
         r, 200, json_pack("{s:I, s:o}", "cache_bytes", (json_int_t)bytes, "layers", layers));
 }
 
-/* One slot rewritten by an apply (for the answer and to undo it). */
-typedef struct cache_change {
-    uint32_t layer;
-    int32_t slot, before, after;
-} cache_change;
-
 typedef struct cache_job {
     tm_plan plan;
 } cache_job;
@@ -136,30 +130,7 @@ static void cache_job_release(void *data) {
     free(c);
 }
 
-/* The slots of layer l to rewrite so it holds the plan's first `slots` experts:
- * appended to ch (room for slots more). */
-static void cache_diff(const tm_plan *plan, uint32_t l, const int32_t *in_slot, int32_t slots,
-                       cache_change *ch, int32_t *n_ch) {
-    const int32_t want = plan->n_slots[l] < slots ? plan->n_slots[l] : slots;
-    int32_t free_slot = 0;
-    for (int32_t i = 0; i < want; i++) {
-        const int32_t e = plan->experts[l][i];
-        bool resident = false;
-        for (int32_t k = 0; k < slots && !resident; k++) resident = in_slot[k] == e;
-        if (resident) continue;
-        /* the next slot whose resident the plan does not want */
-        for (; free_slot < slots; free_slot++) {
-            bool wanted = false;
-            for (int32_t w = 0; w < want && !wanted; w++)
-                wanted = in_slot[free_slot] == plan->experts[l][w];
-            if (!wanted) break;
-        }
-        ch[(*n_ch)++] = (cache_change){l, free_slot, in_slot[free_slot], e};
-        free_slot++;
-    }
-}
-
-static json_t *changes_json(const tm_server *s, const cache_change *ch, int32_t n) {
+static json_t *changes_json(const tm_server *s, const tm_plan_change *ch, int32_t n) {
     json_t *layers = json_array();
     for (uint32_t l = 0; layers && l < s->m->cfg.n_layer; l++) {
         const int32_t slots = tier_cache_slots(s->ctx->tier, l);
@@ -181,7 +152,7 @@ static void cache_run(tm_server *s, srv_job *j) {
     const uint32_t n_layer = s->m->cfg.n_layer;
     int32_t total = 0, n_ch = 0;
     for (uint32_t l = 0; l < n_layer; l++) total += tier_cache_slots(s->ctx->tier, l);
-    cache_change *ch = malloc(((size_t)total + 1) * sizeof(*ch));
+    tm_plan_change *ch = malloc(((size_t)total + 1) * sizeof(*ch));
     int32_t *in_slot = malloc(s->m->cfg.n_expert * sizeof(int32_t));
     json_t *ignored = json_array();
     if (!ch || !in_slot || !ignored) {
@@ -199,7 +170,7 @@ static void cache_run(tm_server *s, srv_job *j) {
             continue;
         }
         slots_read(s, l, in_slot, slots);
-        cache_diff(plan, l, in_slot, slots, ch, &n_ch);
+        plan_cache_diff(plan, l, in_slot, slots, ch, &n_ch);
     }
     tm_status st = TM_OK;
     int32_t done = 0;

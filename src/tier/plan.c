@@ -54,6 +54,26 @@ void plan_free(tm_plan *plan) {
     memset(plan, 0, sizeof(*plan));
 }
 
+void plan_cache_diff(const tm_plan *plan, uint32_t l, const int32_t *in_slot, int32_t slots,
+                     tm_plan_change *ch, int32_t *n_ch) {
+    const int32_t want = plan->n_slots[l] < slots ? plan->n_slots[l] : slots;
+    int32_t free_slot = 0;
+    for (int32_t i = 0; i < want; i++) {
+        const int32_t e = plan->experts[l][i];
+        bool resident = false;
+        for (int32_t k = 0; k < slots && !resident; k++) resident = in_slot[k] == e;
+        if (resident) continue;
+        for (; free_slot < slots; free_slot++) { /* the next slot the plan does not want */
+            bool wanted = false;
+            for (int32_t w = 0; w < want && !wanted; w++)
+                wanted = in_slot[free_slot] == plan->experts[l][w];
+            if (!wanted) break;
+        }
+        ch[(*n_ch)++] = (tm_plan_change){l, free_slot, in_slot[free_slot], e};
+        free_slot++;
+    }
+}
+
 tm_status plan_set_layer(tm_plan *plan, uint32_t layer, const int32_t *experts, int32_t n,
                          uint64_t expert_bytes) {
     const uint32_t E = plan->shape.n_expert;

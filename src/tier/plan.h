@@ -97,6 +97,20 @@ tm_status plan_set_layer(tm_plan *plan, uint32_t layer, const int32_t *experts, 
                          uint64_t expert_bytes);
 void plan_free(tm_plan *plan);
 
+/* One VRAM cache slot a plan rewrites: its layer, the slot, the expert there
+ * before (-1: empty) and after. */
+typedef struct tm_plan_change {
+    uint32_t layer;
+    int32_t slot, before, after;
+} tm_plan_change;
+/* The slots of layer l to rewrite so that its `slots` slots (in_slot: each
+ * slot's expert, -1 empty) hold the plan's first min(its count, slots)
+ * experts: each of those not resident goes to the next slot whose resident
+ * the plan does not list (residents it lists stay put). Appended to ch (room
+ * for `slots` more); the rule of POST /moe-hot-cache and tm_cache_apply. */
+void plan_cache_diff(const tm_plan *plan, uint32_t l, const int32_t *in_slot, int32_t slots,
+                     tm_plan_change *ch, int32_t *n_ch);
+
 /* ---- files (plan_file.c) ---- */
 
 /* The JSON object of docs/plan-format.md (a new reference), or NULL out of memory. */
