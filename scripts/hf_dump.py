@@ -1,4 +1,4 @@
-"""What the golden scripts share (make_hf_goldens.py, make_gptoss_goldens.py): patching
+"""What the golden scripts share (make_hf_goldens.py, make_gptoss_goldens.py; max_rel_diff also the converter-based ones): patching
 HF modules' float32 islands for the run, and one HF forward with hooks on every layer,
 returned as the golden arrays of docs/golden-format.md."""
 import contextlib

@@ -72,21 +72,19 @@ tokenizers, and llama.cpp's source tree (its gguf-py is used for reading/writing
 
 import argparse
 import contextlib
-import functools
 import importlib
-import inspect
 import json
-import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import textwrap
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from hf_convert import convert, read_gguf, recompile, write_tokenizer  # noqa: E402  (beside this script)
+from hf_dump import max_rel_diff  # noqa: E402
 DEFAULT_LLAMA_CPP = "/work/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 SEED = 20260432
@@ -138,41 +136,6 @@ ARCHS = {
                    bos_token_id=255, eos_token_id=255)),
 }
 
-CONVERTER_WRAPPER = r"""
-import runpy, sys
-lcpp, tokpre = sys.argv[1], sys.argv[2]
-sys.path[:0] = [lcpp, lcpp + "/gguf-py"]
-from conversion.base import TextModel
-TextModel.get_vocab_base_pre = lambda self, tokenizer: tokpre
-sys.argv = [lcpp + "/convert_hf_to_gguf.py"] + sys.argv[3:]
-runpy.run_path(lcpp + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
-# ---------------------------------------------------------------- tokenizer
-
-def write_tokenizer(d, specials):
-    """Byte-level BPE: bytes 0..239 + merges + the special tokens = 256 tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    b2u = bytes_to_unicode()
-    vocab = {b2u[b]: b for b in range(240)}
-    merges = [("Ġ", "t"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("Ġ", "a"), ("o", "n"), ("r", "e"),
-              ("Ġ", "s"), ("e", "n"), ("Ġt", "he"), ("a", "t"), ("o", "r"), ("e", "s"), ("Ġ", "w")]
-    merges = merges[:16 - len(specials)]
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    assert tk.get_vocab_size() == COMMON["vocab_size"]
-    tk.save(os.path.join(d, "tokenizer.json"))
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
-                   "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}, f)
-
-
 # ---------------------------------------------------------------- weights
 
 def init_weights(model, rng, torch):
@@ -220,29 +183,7 @@ def init_weights(model, rng, torch):
     return out
 
 
-# ---------------------------------------------------------------- conversion (llama.cpp)
-
-def convert(hf_dir, out_path, arch, lcpp, extra_args=()):
-    cmd = [sys.executable, "-c", CONVERTER_WRAPPER, lcpp, ARCHS[arch]["tokpre"], hf_dir,
-           "--outtype", "f16", "--outfile", out_path, "--model-name", f"tiermoe-tiny-{arch}",
-           *(["--no-mtp"] if arch == "glm4moe" else []), *extra_args]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stdout + r.stderr)
-        raise RuntimeError(f"convert_hf_to_gguf.py failed for {arch}")
-    return r.stdout + r.stderr
-
-
 # ---------------------------------------------------------------- GGUF -> HF
-
-def read_gguf(path, gguf):
-    r = gguf.GGUFReader(path, "r")
-    tensors, types = {}, {}
-    for x in r.tensors:
-        tensors[x.name] = np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), dtype=np.float64)
-        types[x.name] = x.tensor_type.name
-    return r, tensors, types
-
 
 def unpermute_llama(w, n_head):
     """Inverse of the converter's LlamaModel.permute (HF half-split rows -> interleaved pairs)."""
@@ -337,27 +278,6 @@ def load_and_check(model, sd, orig, types, torch):
 
 
 # ---------------------------------------------------------------- float64 patches
-
-def recompile(fn, replacements, globs, counter, key):
-    """fn re-compiled from its own source with exact, counted text replacements, wrapped to count calls."""
-    src = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
-    if src.startswith("@staticmethod\n"):
-        src = src[len("@staticmethod\n"):]
-    for old, new in replacements:
-        n = src.count(old)
-        if n != 1:
-            raise RuntimeError(f"float64 patch of {key}: '{old}' found {n} times (transformers changed?)")
-        src = src.replace(old, new)
-    ns = {}
-    exec(compile(src, f"<float64 patch of {key}>", "exec"), globs, ns)
-    new_fn = ns[fn.__name__]
-
-    @functools.wraps(new_fn)
-    def counted(*a, **kw):
-        counter[key] = counter.get(key, 0) + 1
-        return new_fn(*a, **kw)
-    return counted
-
 
 ROUTER_PATCH = {
     "mixtral": [("softmax(router_logits.float(), dim=-1)", "softmax(router_logits, dim=-1)")],
@@ -494,10 +414,6 @@ def run_hf(model, arch, tokens, n_prompt, torch, cached=True):
     return arrays, cache
 
 
-def max_rel_diff(a, b):
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
-
-
 def routing_health(arrays, model, arch):
     """Per MoE layer: tokens per expert, min selection gap (k-th vs (k+1)-th selection score; for
     grouped routers also the group gap), and for sigmoid routers a numpy re-derivation of the
@@ -570,7 +486,7 @@ def make_one(arch, out_dir, lcpp, keep_hf, torch, transformers, gguf, qwen3moe_r
     hf_dir = os.path.join(tmp, f"tiny-{arch}")
     try:
         model.save_pretrained(hf_dir)
-        write_tokenizer(hf_dir, spec["specials"])
+        write_tokenizer(hf_dir, spec["specials"], COMMON["vocab_size"], 4096)
         with open(os.path.join(hf_dir, "config.json")) as f:
             saved_cfg = json.load(f)
         if arch == "deepseek2":
@@ -579,7 +495,8 @@ def make_one(arch, out_dir, lcpp, keep_hf, torch, transformers, gguf, qwen3moe_r
             json.dump(saved_cfg, f, indent=1, sort_keys=True)
             f.write("\n")
         mpath = os.path.join(out_dir, "tiny-f16.gguf")
-        log = convert(hf_dir, mpath, arch, lcpp)
+        log = convert(hf_dir, mpath, arch, spec["tokpre"], lcpp,
+                      ["--no-mtp"] if arch == "glm4moe" else [])
         for line in log.splitlines():
             if line.startswith("WARNING"):
                 print(f"   converter: {line}")

@@ -60,19 +60,18 @@ safetensors, tokenizers, and llama.cpp's source tree (its gguf-py is used for re
 
 import argparse
 import contextlib
-import functools
-import inspect
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import textwrap
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from hf_convert import convert, read_gguf, recompile, write_tokenizer  # noqa: E402  (beside this script)
+from hf_dump import max_rel_diff  # noqa: E402
 DEFAULT_LLAMA_CPP = "/work/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 SEED = 20260315
@@ -121,41 +120,6 @@ ARCHS = {
 
 # Run as `python -c WRAPPER LLAMA_CPP TOKPRE converter-args...`: the converter, unchanged, except
 # for the pre-tokenizer identification (our tiny tokenizer's hash is not in its table).
-CONVERTER_WRAPPER = r"""
-import runpy, sys
-lcpp, tokpre = sys.argv[1], sys.argv[2]
-sys.path[:0] = [lcpp, lcpp + "/gguf-py"]
-from conversion.base import TextModel
-TextModel.get_vocab_base_pre = lambda self, tokenizer: tokpre
-sys.argv = [lcpp + "/convert_hf_to_gguf.py"] + sys.argv[3:]
-runpy.run_path(lcpp + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
-# ---------------------------------------------------------------- tokenizer
-
-def write_tokenizer(d):
-    """Byte-level BPE: bytes 0..239 (byte-level alphabet) + 15 merges + <|endoftext|> = 256 tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    b2u = bytes_to_unicode()
-    vocab = {b2u[b]: b for b in range(240)}
-    merges = [("Ġ", "t"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("Ġ", "a"), ("o", "n"), ("r", "e"),
-              ("Ġ", "s"), ("e", "n"), ("Ġt", "he"), ("a", "t"), ("o", "r"), ("e", "s"), ("Ġ", "w")]
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tk.decoder = decoders.ByteLevel()
-    # transformers maps qwen3_5_moe_text to Qwen3_5Tokenizer, which wants <|endoftext|>
-    tk.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
-    assert tk.get_vocab_size() == COMMON["vocab_size"] and tk.token_to_id("<|endoftext|>") == 255
-    tk.save(os.path.join(d, "tokenizer.json"))
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256,
-                   "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}, f)
-
-
 # ---------------------------------------------------------------- weights
 
 def init_weights(model, rng, torch):
@@ -225,18 +189,6 @@ def init_weights(model, rng, torch):
     return out
 
 
-# ---------------------------------------------------------------- conversion (llama.cpp)
-
-def convert(hf_dir, out_path, arch, lcpp):
-    cmd = [sys.executable, "-c", CONVERTER_WRAPPER, lcpp, ARCHS[arch]["tokpre"], hf_dir,
-           "--outtype", "f16", "--outfile", out_path, "--no-mtp", "--model-name", f"tiermoe-tiny-{arch}"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stdout + r.stderr)
-        raise RuntimeError(f"convert_hf_to_gguf.py failed for {arch}")
-    return cmd
-
-
 # ---------------------------------------------------------------- GGUF -> HF
 
 def v_heads_tiled_to_grouped(x, axis, nk, r, hd):
@@ -252,15 +204,6 @@ def v_heads_grouped_to_tiled(x, axis, nk, r, hd):
     rest = x.shape[1:]
     x = x.reshape(nk, r, hd, *rest).transpose(1, 0, 2, *range(3, 3 + len(rest))).reshape(nk * r * hd, *rest)
     return np.moveaxis(x, 0, axis)
-
-
-def read_gguf(path, gguf):
-    r = gguf.GGUFReader(path, "r")
-    tensors, types = {}, {}
-    for x in r.tensors:
-        tensors[x.name] = np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), dtype=np.float64)
-        types[x.name] = x.tensor_type.name
-    return r, tensors, types
 
 
 def gguf_to_hf(arch, cfg, t):
@@ -367,25 +310,6 @@ def load_and_check(model, sd, orig, types, ssm_a_file, torch):
 
 
 # ---------------------------------------------------------------- float64 patches
-
-def recompile(fn, replacements, globs, counter, key):
-    """fn re-compiled from its own source with exact, counted text replacements, wrapped to count calls."""
-    src = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
-    for old, new in replacements:
-        n = src.count(old)
-        if n != 1:
-            raise RuntimeError(f"float64 patch of {key}: '{old}' found {n} times (transformers changed?)")
-        src = src.replace(old, new)
-    ns = {}
-    exec(compile(src, f"<float64 patch of {key}>", "exec"), globs, ns)
-    new_fn = ns[fn.__name__]
-
-    @functools.wraps(new_fn)
-    def counted(*a, **kw):
-        counter[key] = counter.get(key, 0) + 1
-        return new_fn(*a, **kw)
-    return counted
-
 
 F32_CAST = "x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)"
 F64_CAST = "x.transpose(1, 2).to(initial_dtype, memory_format=torch.contiguous_format)"
@@ -548,10 +472,6 @@ def check_lin_core_order(gold, t, tokens, cfg):
     return worst
 
 
-def max_rel_diff(a, b):
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
-
-
 def routing_health(arrays, n_layer, E, k):
     fr, margins = [], []
     for il in range(n_layer):
@@ -589,7 +509,7 @@ def make_one(arch, out_dir, lcpp, keep_hf, torch, transformers, gguf, qwen3moe_r
     hf_dir = os.path.join(tmp, f"tiny-{arch}")
     try:
         model.save_pretrained(hf_dir)
-        write_tokenizer(hf_dir)
+        write_tokenizer(hf_dir, ["<|endoftext|>"], COMMON["vocab_size"], 256)
         with open(os.path.join(hf_dir, "config.json")) as f:
             saved_cfg = json.load(f)
         assert saved_cfg.get("full_attention_interval") == COMMON["full_attention_interval"]
@@ -597,7 +517,7 @@ def make_one(arch, out_dir, lcpp, keep_hf, torch, transformers, gguf, qwen3moe_r
             json.dump(saved_cfg, f, indent=1, sort_keys=True)
             f.write("\n")
         mpath = os.path.join(out_dir, "tiny-f16.gguf")
-        convert(hf_dir, mpath, arch, lcpp)
+        convert(hf_dir, mpath, arch, ARCHS[arch]["tokpre"], lcpp, ["--no-mtp"])
     finally:
         if keep_hf:
             dst = os.path.join(keep_hf, f"tiny-{arch}")

@@ -1,0 +1,94 @@
+"""What the golden scripts that go through llama.cpp's converter share
+(make_qwen3next_goldens.py, make_moe_goldens.py): a tiny byte-level tokenizer
+for the HF model directory, the converter run as a tool (only its pre-tokenizer
+identification patched), the GGUF read back in float64, and HF functions
+re-compiled from their own source with counted text replacements (the float64
+patches)."""
+import functools
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+# convert_hf_to_gguf.py with TextModel.get_vocab_base_pre returning argv[2]: the tiny
+# tokenizer's hash is unknown to it; everything else runs unchanged
+CONVERTER_WRAPPER = r"""
+import runpy, sys
+lcpp, tokpre = sys.argv[1], sys.argv[2]
+sys.path[:0] = [lcpp, lcpp + "/gguf-py"]
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: tokpre
+sys.argv = [lcpp + "/convert_hf_to_gguf.py"] + sys.argv[3:]
+runpy.run_path(lcpp + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+MERGES = [("Ġ", "t"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("Ġ", "a"), ("o", "n"), ("r", "e"),
+          ("Ġ", "s"), ("e", "n"), ("Ġt", "he"), ("a", "t"), ("o", "r"), ("e", "s"), ("Ġ", "w")]
+
+
+def write_tokenizer(d, specials, vocab_size, model_max_length):
+    """Byte-level BPE in d: bytes 0..239 + merges + the special tokens = vocab_size tokens
+    (the specials last; the first of them is the end of text)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    b2u = bytes_to_unicode()
+    vocab = {b2u[b]: b for b in range(240)}
+    merges = MERGES[:16 - len(specials)]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    assert tk.get_vocab_size() == vocab_size and tk.token_to_id(specials[0]) == vocab_size - len(specials)
+    tk.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+                   "eos_token": specials[0], "pad_token": specials[0]}, f)
+
+
+def convert(hf_dir, out_path, name, tokpre, lcpp, extra_args=()):
+    """convert_hf_to_gguf.py of the llama.cpp source tree lcpp on hf_dir, f16 (CONVERTER_WRAPPER);
+    returns its output."""
+    cmd = [sys.executable, "-c", CONVERTER_WRAPPER, lcpp, tokpre, hf_dir, "--outtype", "f16",
+           "--outfile", out_path, "--model-name", f"tiermoe-tiny-{name}", *extra_args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout + r.stderr)
+        raise RuntimeError(f"convert_hf_to_gguf.py failed for {name}")
+    return r.stdout + r.stderr
+
+
+def read_gguf(path, gguf):
+    """The reader, every tensor dequantized to float64, and every tensor's type name."""
+    r = gguf.GGUFReader(path, "r")
+    tensors, types = {}, {}
+    for x in r.tensors:
+        tensors[x.name] = np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), dtype=np.float64)
+        types[x.name] = x.tensor_type.name
+    return r, tensors, types
+
+
+def recompile(fn, replacements, globs, counter, key):
+    """fn re-compiled from its own source with exact, counted text replacements, wrapped to count calls."""
+    src = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
+    if src.startswith("@staticmethod\n"):
+        src = src[len("@staticmethod\n"):]
+    for old, new in replacements:
+        n = src.count(old)
+        if n != 1:
+            raise RuntimeError(f"float64 patch of {key}: '{old}' found {n} times (transformers changed?)")
+        src = src.replace(old, new)
+    ns = {}
+    exec(compile(src, f"<float64 patch of {key}>", "exec"), globs, ns)
+    new_fn = ns[fn.__name__]
+
+    @functools.wraps(new_fn)
+    def counted(*a, **kw):
+        counter[key] = counter.get(key, 0) + 1
+        return new_fn(*a, **kw)
+    return counted
