@@ -80,15 +80,16 @@ static tm_status qnext_norm_f32(const tm_model *m, const tm_weight *w) {
                         (int)w->name_len, w->name, quant_type_name(w->type));
 }
 
-/* Which layers are linear attention: the key attention.recurrent_layers
- * (a bool a layer) when the file has it, else every layer but each
- * full_attention_interval-th. */
-static tm_status qnext_pattern(const tm_model *m, bool *linear) {
+/* Which layers are linear attention (layers[l].linear): the key
+ * attention.recurrent_layers (a bool a layer) when the file has it, else every
+ * layer but each full_attention_interval-th. key: the key it went by. */
+static tm_status qnext_pattern(const tm_model *m, qnext_layer *layers, char *key, size_t key_len) {
     const tm_model_config *c = &m->cfg;
-    char key[96];
-    snprintf(key, sizeof(key), "%s.attention.recurrent_layers", m->arch->name);
+    snprintf(key, key_len, "%s.attention.recurrent_layers", m->arch->name);
     if (!gguf_file_find_kv(m->file, key)) {
-        for (uint32_t l = 0; l < c->n_layer; l++) linear[l] = (l + 1) % c->full_attn_interval != 0;
+        snprintf(key, key_len, "%s.full_attention_interval", m->arch->name);
+        for (uint32_t l = 0; l < c->n_layer; l++)
+            layers[l].linear = (l + 1) % c->full_attn_interval != 0;
         return TM_OK;
     }
     const tm_gguf_array *a;
@@ -100,7 +101,7 @@ static tm_status qnext_pattern(const tm_model *m, bool *linear) {
                             "(one a layer)",
                             m->file->path, key, (unsigned long long)a->n,
                             gguf_value_type_name(a->elem_type), c->n_layer);
-    for (uint32_t l = 0; l < c->n_layer; l++) linear[l] = ((const uint8_t *)a->data)[l] != 0;
+    for (uint32_t l = 0; l < c->n_layer; l++) layers[l].linear = ((const uint8_t *)a->data)[l] != 0;
     return TM_OK;
 }
 
@@ -130,18 +131,8 @@ static tm_status qnext_load(tm_model *m) {
     if (!(m->window = calloc(c->n_layer, sizeof(int64_t))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
 
-    bool *linear = calloc(c->n_layer, sizeof(bool));
-    if (!linear) return tm_error_set(TM_ERR_NOMEM, "out of memory");
-    st = qnext_pattern(m, linear);
-    for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) w->layers[l].linear = linear[l];
-    free(linear);
-    if (st) return st;
     char pattern_key[96];
-    snprintf(pattern_key, sizeof(pattern_key), "%s.%s", m->arch->name,
-             gguf_file_find_kv(m->file, "qwen3next.attention.recurrent_layers") ||
-                     gguf_file_find_kv(m->file, "qwen35moe.attention.recurrent_layers")
-                 ? "attention.recurrent_layers"
-                 : "full_attention_interval");
+    if ((st = qnext_pattern(m, w->layers, pattern_key, sizeof(pattern_key)))) return st;
 
     for (uint32_t l = 0; l < c->n_layer; l++) {
         qnext_layer *L = &w->layers[l];
