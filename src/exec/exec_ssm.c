@@ -179,14 +179,6 @@ static tm_status ssm_to(tm_exec *e, tm_dev d, int n, tm_act *const *acts) {
     return st;
 }
 
-/* Bring acts to the host for a CPU op. */
-static tm_status ssm_host(tm_exec *e, int n, tm_act *const *acts) {
-    tm_status st = exec_side(e, TM_DEV_CPU);
-    for (int i = 0; i < n && st == TM_OK; i++)
-        if (acts[i]) st = exec_act_to(e, acts[i], TM_DEV_CPU, e->n_tok);
-    return st;
-}
-
 static tm_status ssm_layer_check(const tm_exec *e, uint32_t layer, const tm_ssm_desc *d,
                                  const char *op) {
     if (!e->ssm_layer || layer >= e->n_layer || !e->ssm_layer[layer])
@@ -226,14 +218,14 @@ tm_status exec_ssm_conv(tm_exec *e, uint32_t layer, const tm_ssm_desc *d, tm_act
         const float *w = exec_vector(e, d->conv, TM_DEV_GPU);
         if (!w) return ssm_not_on_gpu(d->conv, layer);
         const tm_cuda_ssm_rows rows = ssm_rows(e);
-        if ((st = exec_side(e, TM_DEV_GPU)) || (st = exec_act_to(e, qkv, TM_DEV_GPU, e->n_tok)) ||
+        if ((st = ssm_to(e, TM_DEV_GPU, 1, (tm_act *[]){qkv})) ||
             (st =
                  cuda_ssm_conv(&rows, qkv->dev, C, (int32_t)K, w, e->conv_state[layer], e->stream)))
             return st;
         exec_act_wrote(qkv, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 1, (tm_act *[]){qkv}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 1, (tm_act *[]){qkv}))) return st;
     const size_t nc = ssm_conv_floats(e);
     float *x = qkv->host;
     for (int64_t t = 0, t0, t1; ssm_run_next(e, &t, &t0, &t1);) {
@@ -281,16 +273,14 @@ tm_status exec_delta_rule(tm_exec *e, uint32_t layer, const tm_ssm_desc *d, tm_a
                                         .dt_bias = exec_vector(e, d->dt_bias, TM_DEV_GPU)};
         if (!p.A || !p.dt_bias) return ssm_not_on_gpu(p.A ? d->dt_bias : d->a, layer);
         const tm_cuda_ssm_rows rows = ssm_rows(e);
-        if ((st = exec_side(e, TM_DEV_GPU)) || (st = exec_act_to(e, qkv, TM_DEV_GPU, e->n_tok)) ||
-            (st = exec_act_to(e, b, TM_DEV_GPU, e->n_tok)) ||
-            (st = exec_act_to(e, a, TM_DEV_GPU, e->n_tok)) ||
+        if ((st = ssm_to(e, TM_DEV_GPU, 3, (tm_act *[]){qkv, b, a})) ||
             (st = cuda_delta_rule(&p, &rows, qkv->dev, b->dev, ba_grouped ? NULL : a->dev,
                                   e->delta_state[layer], out->dev, e->stream)))
             return st;
         exec_act_wrote(out, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 3, (tm_act *[]){qkv, b, a}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 3, (tm_act *[]){qkv, b, a}))) return st;
     const float *A = (const float *)d->a->data, *dt = (const float *)d->dt_bias->data;
     float *x = qkv->host, *g = e->ssm_gates, *beta = e->ssm_gates + e->p.n_batch * Hv;
     const float qscale = 1.0f / sqrtf((float)dk);
@@ -345,7 +335,7 @@ tm_status exec_rmsnorm_gated(tm_exec *e, tm_act *x, tm_act *z, const tm_weight *
         exec_act_wrote(x, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 2, (tm_act *[]){x, z}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 2, (tm_act *[]){x, z}))) return st;
     for (int64_t t = 0; t < e->n_tok; t++)
         cpu_rmsnorm_gated((float *)x->host + t * x->n, (const float *)x->host + t * x->n,
                           (const float *)z->host + t * x->n, (const float *)w->data, x->n / n, n,
@@ -372,7 +362,7 @@ tm_status exec_unzip(tm_exec *e, tm_act *src, int64_t n_group, tm_act *a, tm_act
         exec_act_wrote(a, TM_DEV_GPU), exec_act_wrote(b, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 1, (tm_act *[]){src}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 1, (tm_act *[]){src}))) return st;
     for (int64_t t = 0; t < e->n_tok; t++)
         for (int64_t g = 0; g < n_group; g++) {
             const float *s = (const float *)src->host + t * src->n + g * (na + nb);
@@ -396,7 +386,7 @@ tm_status exec_swiglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u) {
         exec_act_wrote(y, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 2, (tm_act *[]){g, u}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 2, (tm_act *[]){g, u}))) return st;
     for (int64_t t = 0; t < e->n_tok; t++)
         cpu_swiglu((float *)y->host + t * y->n, (const float *)g->host + t * g->n,
                    (const float *)u->host + t * u->n, y->n);
@@ -416,7 +406,7 @@ tm_status exec_gate_mul(tm_exec *e, tm_act *y, tm_act *g) {
         exec_act_wrote(y, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 2, (tm_act *[]){y, g}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 2, (tm_act *[]){y, g}))) return st;
     float *yv = y->host;
     const float *gv = g->host;
     for (int64_t i = 0; i < e->n_tok * y->n; i++) yv[i] *= 1.0f / (1.0f + expf(-gv[i]));
@@ -436,7 +426,7 @@ tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s) {
         exec_act_wrote(x, TM_DEV_GPU), exec_act_wrote(y, TM_DEV_GPU);
         return TM_OK;
     }
-    if ((st = ssm_host(e, 3, (tm_act *[]){x, y, s}))) return st;
+    if ((st = ssm_to(e, TM_DEV_CPU, 3, (tm_act *[]){x, y, s}))) return st;
     for (int64_t t = 0; t < e->n_tok; t++) {
         const float gate = 1.0f / (1.0f + expf(-((const float *)s->host)[t]));
         float *yt = (float *)y->host + t * y->n;
