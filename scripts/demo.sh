@@ -11,5 +11,8 @@ mkdir -p out
 ${TIERMOE:-build/release/tiermoe} mkmodel --preset tiny --skew 0.8 --vocab out/tokenizer.json -o out/demo.gguf
 ${TIERMOE:-build/release/tiermoe} inspect --no-tensors out/demo.gguf | sed -n 1,12p
 echo
+echo "The demo model's weights are random: the text it writes is noise, the speed is real."
+echo "Run a model you have the same way: tiermoe run -m model.gguf --cpu-moe -p \"...\""
+echo
 ${TIERMOE:-build/release/tiermoe} run -m out/demo.gguf --cpu-moe -p "Once upon a time" \
     -n 48 --profile
