@@ -1,0 +1,177 @@
+"""Model: a loaded GGUF file (tm_model), its vocabulary and chat template, and the
+placement its contexts get unless they say otherwise."""
+import ctypes
+import os
+import weakref
+from ctypes import byref, c_bool, c_char_p, c_int32, c_size_t, c_void_p
+from dataclasses import dataclass
+from typing import Optional
+
+from . import _lib
+
+# The placement options (tm_context_opts' fields, as `tiermoe run`'s flags) a Model
+# keeps for its contexts, with their defaults: docs/library.md and docs/placement.md.
+PLACEMENT = {
+    "n_gpu_layers": 0,        # -ngl: int, "auto" or "all"
+    "cpu_moe": False,         # --cpu-moe
+    "n_cpu_moe": 0,           # --n-cpu-moe N
+    "override_tensor": None,  # -ot PATTERN=CPU|CUDA0[,...]
+    "moe_cache": 0,           # --moe-cache: MiB or "auto"
+    "moe_cache_plan": None,   # --moe-cache-plan FILE
+    "moe_learn": None,        # --moe-learn FILE
+    "moe_pcie": "auto",       # --moe-pcie: N, "auto" or "off"
+    "moe_fetch": "auto",      # --moe-fetch: "auto", "off", "copy" or "pcie"
+    "moe_ahead": "auto",      # --moe-ahead: N, "auto" or "off"
+    "ram_cache": 0,           # --ram-cache: MiB or "auto"
+    "kv_f32": False,          # --kv-type f32
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """tm_model_info."""
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    n_ctx_train: int
+    n_expert: int
+    n_expert_used: int
+    n_params: int
+    weight_bytes: int
+    has_vocab: bool
+    chat_format: Optional[str]
+
+
+def _messages(messages):
+    """(role, content) pairs from dicts {"role", "content"} or pairs."""
+    out = []
+    for m in messages:
+        role, content = (m["role"], m["content"]) if isinstance(m, dict) else m
+        out.append((str(role), str(content)))
+    return out
+
+
+class Model:
+    """A GGUF model: Model(path, **placement). The placement keywords (PLACEMENT:
+    n_gpu_layers, cpu_moe, n_cpu_moe, override_tensor, moe_cache, moe_cache_plan,
+    moe_learn, moe_pcie, moe_fetch, moe_ahead, ram_cache, kv_f32) mean what the
+    `tiermoe run` flags of those names mean; each context made from the model
+    takes them unless it overrides them. Closing the model closes its contexts."""
+
+    def __init__(self, path, **placement):
+        unknown = set(placement) - set(PLACEMENT)
+        if unknown:
+            raise TypeError(f"Model: unknown placement option(s) {sorted(unknown)}; "
+                            f"known: {', '.join(PLACEMENT)}")
+        self.placement = {**PLACEMENT, **placement}
+        self.path = os.fspath(path)
+        self._contexts = weakref.WeakSet()
+        self._h = None
+        lib = _lib.lib()
+        h = c_void_p()
+        lib.tm_model_load(os.fsencode(self.path), byref(h))
+        self._h = h
+        i = _lib.ModelInfoC()
+        lib.tm_model_describe(h, byref(i))
+        self.info = ModelInfo(
+            arch=i.arch.decode(), n_layer=i.n_layer, n_embd=i.n_embd, n_vocab=i.n_vocab,
+            n_ctx_train=i.n_ctx_train, n_expert=i.n_expert, n_expert_used=i.n_expert_used,
+            n_params=i.n_params, weight_bytes=i.weight_bytes, has_vocab=bool(i.has_vocab),
+            chat_format=i.chat_format.decode() if i.chat_format else None)
+
+    # ---- lifetime ----
+
+    @property
+    def handle(self):
+        """The tm_model pointer (ValueError once closed)."""
+        if self._h is None:
+            raise ValueError("the Model is closed")
+        return self._h
+
+    def close(self):
+        """Free the model and every context made from it (idempotent)."""
+        if self._h is None:
+            return
+        for c in list(self._contexts):
+            c.close()
+        _lib.lib().tm_model_free(self._h)
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if self._h is None else f"{self.info.arch}, {self.info.n_layer} layers"
+        return f"Model({self.path!r}, {state})"
+
+    def context(self, **kw):
+        """A Context of this model: Context(self, **kw)."""
+        from .context import Context
+        return Context(self, **kw)
+
+    # ---- text ----
+
+    def tokenize(self, text, add_special=True, parse_special=True):
+        """The token ids of text (a list). add_special: BOS/EOS as the vocabulary asks;
+        parse_special: control tokens written in the text become their ids (as
+        `tiermoe tokenize` and `run -p` do by default)."""
+        lib, h = _lib.lib(), self.handle
+        b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        ids, n = _lib.call_sized(
+            lambda cap: (c_int32 * cap)(),
+            lambda buf, cap, n: lib.tm_tokenize(h, b, len(b), add_special, parse_special, buf, cap, n),
+            len(b) + 8)
+        return list(ids[:n])
+
+    def detokenize(self, ids, render_special=False):
+        """The text of ids (invalid UTF-8 replaced by U+FFFD)."""
+        return self.detokenize_bytes(ids, render_special).decode("utf-8", "replace")
+
+    def detokenize_bytes(self, ids, render_special=False):
+        """The bytes of ids (as the vocabulary has them; may end inside a character)."""
+        lib, h = _lib.lib(), self.handle
+        ids = [int(i) for i in ids]
+        arr = (c_int32 * len(ids))(*ids)
+        buf, n = _lib.call_sized(
+            ctypes.create_string_buffer,
+            lambda buf, cap, n: lib.tm_detokenize(h, arr, len(ids), render_special, buf, cap, n),
+            16 * len(ids) + 64)
+        return buf.raw[:n]
+
+    def token_piece(self, token):
+        """The bytes one token stands for (control tokens: b"")."""
+        p, n = c_void_p(), c_size_t(0)
+        _lib.lib().tm_token_piece(self.handle, token, byref(p), byref(n))
+        return ctypes.string_at(p, n.value) if n.value else b""
+
+    def is_end(self, token):
+        """Whether token ends a generated turn (eos, eot, <|im_end|>, ...)."""
+        end = c_bool(False)
+        _lib.lib().tm_token_is_end(self.handle, token, byref(end))
+        return end.value
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, template=None):
+        """The conversation rendered by the model's chat template (template None) or a
+        named one ("chatml", "qwen3", "llama3", "mistral", "harmony"). messages: dicts
+        {"role": ..., "content": ...} or (role, content) pairs. Tokenize the result
+        with add_special and parse_special (the defaults)."""
+        lib, h = _lib.lib(), self.handle
+        pairs = [(r.encode("utf-8"), c.encode("utf-8")) for r, c in _messages(messages)]
+        arr = (_lib.ChatMessageC * len(pairs))(*[_lib.ChatMessageC(r, c) for r, c in pairs])
+        fmt = c_char_p(template.encode() if template else None)
+        buf, n = _lib.call_sized(
+            ctypes.create_string_buffer,
+            lambda buf, cap, n: lib.tm_chat_apply(h, fmt, arr, len(pairs), add_generation_prompt, buf,
+                                                  cap, n),
+            sum(len(r) + len(c) for r, c in pairs) + 1024)
+        return buf.raw[:n].decode("utf-8", "replace")
