@@ -28,8 +28,9 @@ def build(repo):
     """Build libtiermoe.so in repo/build/release with CMake; its path."""
     out = os.path.join(repo, "build", "release")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    cmds = [["cmake", "-S", repo, "-B", out, *gen, "-DCMAKE_BUILD_TYPE=Release"],
-            ["cmake", "--build", out, "--target", "tiermoe_shared", "-j", str(os.cpu_count() or 1)]]
+    cmds = [["cmake", "--build", out, "--target", "tiermoe_shared", "-j", str(os.cpu_count() or 1)]]
+    if not os.path.exists(os.path.join(out, "CMakeCache.txt")):  # configured already: keep its choices
+        cmds.insert(0, ["cmake", "-S", repo, "-B", out, *gen, "-DCMAKE_BUILD_TYPE=Release"])
     for c in cmds:
         say("running " + " ".join(c))
         if subprocess.run(c).returncode != 0:
