@@ -224,6 +224,40 @@ def call_sized(make, call, guess):
     return buf, n.value
 
 
+class Handle:
+    """A library object (_h) freed by close() (idempotent; also on leaving a with block
+    and on garbage collection); used after close, ValueError instead of a crash."""
+    _h = None
+
+    def _free(self, h):
+        raise NotImplementedError
+
+    @property
+    def handle(self):
+        """The C pointer (ValueError once closed)."""
+        if self._h is None:
+            raise ValueError(f"the {type(self).__name__} is closed")
+        return self._h
+
+    def close(self):
+        """Free the C object (idempotent)."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            self._free(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
 _log_fn = None  # the ctypes callback must outlive its use by the library
 
 

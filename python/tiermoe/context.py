@@ -66,7 +66,7 @@ def _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, p):
     return o
 
 
-class Sampler:
+class Sampler(_lib.Handle):
     """tm_sampler: Sampler(model, temp=, top_k=, top_p=, min_p=, repeat_penalty=,
     repeat_last_n=, seed=); a parameter left None keeps the library's default (the
     CLI's: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalty, seed 0). temp 0:
@@ -76,7 +76,6 @@ class Sampler:
         unknown = set(params) - set(_SAMPLING)
         if unknown:
             raise TypeError(f"Sampler: unknown parameter(s) {sorted(unknown)}; known: {', '.join(_SAMPLING)}")
-        self._h = None
         self.model = model
         lib = _lib.lib()
         p = _lib.SamplerParamsC()
@@ -91,31 +90,15 @@ class Sampler:
     def sample(self, ctx, seq=0):
         """The next token of sequence seq from its last logits and its tokens (the
         penalty's history). It is not appended: evaluate it."""
-        if self._h is None:
-            raise ValueError("the Sampler is closed")
         t = c_int32()
-        _lib.lib().tm_sample(self._h, ctx.handle, seq, byref(t))
+        _lib.lib().tm_sample(self.handle, ctx.handle, seq, byref(t))
         return t.value
 
-    def close(self):
-        if self._h is not None:
-            _lib.lib().tm_sampler_free(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, h):
+        _lib.lib().tm_sampler_free(h)
 
 
-class Context:
+class Context(_lib.Handle):
     """A context of model: Context(model, n_ctx=0, n_seq=1, n_batch=0, threads=0,
     seed=0, expert_stats=False, **placement). 0 means the library's default (n_ctx:
     min(4096, trained); n_batch 512; threads: the physical cores). seed: the sampling
@@ -129,7 +112,6 @@ class Context:
         if unknown:
             raise TypeError(f"Context: unknown option(s) {sorted(unknown)}; placement options: "
                             f"{', '.join(PLACEMENT)}")
-        self._h = None
         self.model = model
         self.seed = seed
         self.stop_reason = None  # why the last generate() ended: "end", "length" or "context"
@@ -144,32 +126,8 @@ class Context:
                                 cache=bool(i.cache))
         self._ids = [[] for _ in range(self.info.n_seq)]  # each sequence's tokens, as the library has them
 
-    # ---- lifetime ----
-
-    @property
-    def handle(self):
-        """The tm_context pointer (ValueError once closed)."""
-        if self._h is None:
-            raise ValueError("the Context is closed")
-        return self._h
-
-    def close(self):
-        """Free the context (idempotent)."""
-        if self._h is not None:
-            _lib.lib().tm_context_free(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, h):
+        _lib.lib().tm_context_free(h)
 
     # ---- evaluation ----
 

@@ -52,7 +52,7 @@ def _messages(messages):
     return out
 
 
-class Model:
+class Model(_lib.Handle):
     """A GGUF model: Model(path, **placement). The placement keywords (PLACEMENT:
     n_gpu_layers, cpu_moe, n_cpu_moe, override_tensor, moe_cache, moe_cache_plan,
     moe_learn, moe_pcie, moe_fetch, moe_ahead, ram_cache, kv_f32) mean what the
@@ -67,7 +67,6 @@ class Model:
         self.placement = {**PLACEMENT, **placement}
         self.path = os.fspath(path)
         self._contexts = weakref.WeakSet()
-        self._h = None
         lib = _lib.lib()
         h = c_void_p()
         lib.tm_model_load(os.fsencode(self.path), byref(h))
@@ -80,35 +79,10 @@ class Model:
             n_params=i.n_params, weight_bytes=i.weight_bytes, has_vocab=bool(i.has_vocab),
             chat_format=i.chat_format.decode() if i.chat_format else None)
 
-    # ---- lifetime ----
-
-    @property
-    def handle(self):
-        """The tm_model pointer (ValueError once closed)."""
-        if self._h is None:
-            raise ValueError("the Model is closed")
-        return self._h
-
-    def close(self):
-        """Free the model and every context made from it (idempotent)."""
-        if self._h is None:
-            return
-        for c in list(self._contexts):
+    def _free(self, h):
+        for c in list(self._contexts):  # a model outlives its contexts
             c.close()
-        _lib.lib().tm_model_free(self._h)
-        self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        _lib.lib().tm_model_free(h)
 
     def __repr__(self):
         state = "closed" if self._h is None else f"{self.info.arch}, {self.info.n_layer} layers"
