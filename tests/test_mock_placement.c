@@ -547,6 +547,9 @@ int main(void) {
         cmocka_unit_test(test_profile),        cmocka_unit_test(test_handoff_timeout),
         cmocka_unit_test(test_fetch_fallback), cmocka_unit_test(test_cache_update),
     };
+    /* each case's line out before a crash's report (CI keeps the head of a failing test's
+       output: the case that failed shows) */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char *group = getenv("TM_TEST_GROUP");
     const bool all = !group || !*group;
     int failed = 0;
