@@ -336,16 +336,18 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     }
     tm_status st;
     if (any_cold) {
-        const size_t a[] = {3 * (size_t)t->n_layer * 4,
-                            (size_t)(T * E) * 4,
-                            (size_t)(T * K) * 4,
-                            (size_t)(T * K) * 4,
-                            (size_t)(T * E) * 4,
-                            (size_t)t->n_expert * 4,
-                            (size_t)T * 4};
-        size_t off[7], total = 0;
-        for (int i = 0; i < 7; i++) off[i] = total, total += (a[i] + 63) & ~(size_t)63;
+        /* flags; y; then each layer's inbox: h, ids, w, fetched, cpu_slots */
+        const size_t a[] = {(size_t)(T * E) * 4, (size_t)(T * K) * 4, (size_t)(T * K) * 4,
+                            (size_t)t->n_expert * 4, (size_t)T * 4};
+        size_t off[5], inbox = 0;
+        for (int i = 0; i < 5; i++) off[i] = inbox, inbox += (a[i] + 63) & ~(size_t)63;
+        const size_t flags = (3 * (size_t)t->n_layer * 4 + 63) & ~(size_t)63;
+        const size_t y = ((size_t)(T * E) * 4 + 63) & ~(size_t)63;
+        const size_t total = flags + y + t->n_layer * inbox;
         void *dev;
+        if (!(t->mb.in = calloc(t->n_layer, sizeof(tier_inbox))) ||
+            !(t->mb_dev.in = calloc(t->n_layer, sizeof(tier_inbox))))
+            return tm_error_set(TM_ERR_NOMEM, "out of memory");
         if ((st = cuda_host_alloc_mapped(total, &t->mb_host_base, &dev))) return st;
         memset(t->mb_host_base, 0, total);
         if ((st = exec_dev_alloc(t->e, (size_t)T * 4, (void **)&t->cpu_slots_dev))) return st;
@@ -355,18 +357,22 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
         if (((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
              (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes))))
             return st;
-        uint8_t *hb = t->mb_host_base, *db = dev;
         tier_mailbox *mbs[2] = {&t->mb, &t->mb_dev};
-        uint8_t *bases[2] = {hb, db};
+        uint8_t *bases[2] = {t->mb_host_base, dev};
         for (int i = 0; i < 2; i++) {
             uint8_t *b = bases[i];
-            mbs[i]->flag_h = (uint32_t *)(b + off[0]);
+            mbs[i]->flag_h = (uint32_t *)b;
             mbs[i]->flag_y = mbs[i]->flag_h + t->n_layer;
             mbs[i]->err = mbs[i]->flag_y + t->n_layer;
-            mbs[i]->h = (float *)(b + off[1]), mbs[i]->ids = (int32_t *)(b + off[2]);
-            mbs[i]->w = (float *)(b + off[3]), mbs[i]->y = (float *)(b + off[4]);
-            mbs[i]->fetched = (int32_t *)(b + off[5]);
-            mbs[i]->cpu_slots = (int32_t *)(b + off[6]);
+            mbs[i]->y = (float *)(b + flags);
+            for (uint32_t l = 0; l < t->n_layer; l++) {
+                uint8_t *in = b + flags + y + l * inbox;
+                mbs[i]->in[l] = (tier_inbox){.h = (float *)(in + off[0]),
+                                             .ids = (int32_t *)(in + off[1]),
+                                             .w = (float *)(in + off[2]),
+                                             .fetched = (int32_t *)(in + off[3]),
+                                             .cpu_slots = (int32_t *)(in + off[4])};
+            }
         }
     }
     const size_t y_bytes = (size_t)(n_batch * E) * 4;
@@ -573,6 +579,7 @@ void tier_free(tm_tier *t) {
     for (int i = 0; i < 8; i++) cuda_event_free(t->ev[i]);
     tier_pcie_unpin(t);
     cuda_host_free(t->mb_host_base);
+    free(t->mb.in), free(t->mb_dev.in);
     cuda_host_free(t->y_host);
     cuda_host_free(t->items_host);
     moe_cpu_lane_free(t->lane);

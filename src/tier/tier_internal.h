@@ -5,25 +5,33 @@
 
 #include "tier/tier.h"
 
+/* What the GPU hands the host for one layer of a decode step, up to
+ * TM_CUDA_MMVQ_MAX_TOK tokens. */
+typedef struct tier_inbox {
+    float *h;     /* [max_tok][n_embd] */
+    int32_t *ids; /* [max_tok][k] */
+    float *w;     /* [max_tok][k] */
+    /* [n_expert] the fetch buffer's map, or a cached layer's slot map, when the layer has
+       copies ahead */
+    int32_t *fetched;
+    /* [max_tok] each token's slots the GPU left to the CPU (none in the step: the GPU does
+       not wait for the answer) */
+    int32_t *cpu_slots;
+} tier_inbox;
+
 /* Mapped pinned memory both sides read and write (cuda_host_alloc_mapped):
- * a decode step's hand-off to the CPU lane and back, up to
- * TM_CUDA_MMVQ_MAX_TOK tokens. One mailbox serves every layer: the GPU cannot
- * publish layer l + 1 before it has layer l's answer. Flags per layer hold the
+ * a decode step's hand-off to the CPU lane and back. Each layer has its own
+ * inbox: a GPU that leaves no slots of layer l to the CPU goes on to layer
+ * l + 1 without waiting for the host, which may still be reading layer l's.
+ * One y serves every layer: the GPU copies it only after the layer's flag_y,
+ * and the host writes the layers' answers in order. Flags per layer hold the
  * step number that last wrote them. */
 typedef struct tier_mailbox {
-    uint32_t *flag_h; /* [n_layer] GPU → host: h, ids, w of the layer are there */
+    uint32_t *flag_h; /* [n_layer] GPU → host: the layer's inbox is filled */
     uint32_t *flag_y; /* [n_layer] host → GPU: y is there */
     uint32_t *err;    /* [n_layer] the GPU gave up waiting for the layer's answer */
-    float *h;         /* [max_tok][n_embd] */
-    int32_t *ids;     /* [max_tok][k] */
-    float *w;         /* [max_tok][k] */
-    float *y;         /* [max_tok][n_embd] */
-    /* [n_expert] GPU → host: the fetch buffer's map, or a cached layer's slot map, when the
-       layer has copies ahead */
-    int32_t *fetched;
-    /* [max_tok] GPU → host: each token's slots the GPU left to the CPU (none in the step: the
-       GPU does not wait for the answer) */
-    int32_t *cpu_slots;
+    tier_inbox *in;   /* [n_layer] */
+    float *y;         /* [max_tok][n_embd] host → GPU */
 } tier_mailbox;
 
 /* How a prompt step's cold experts (more than TM_CUDA_MMVQ_MAX_TOK tokens,

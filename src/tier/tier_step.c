@@ -112,15 +112,6 @@ static tm_status tier_wait_gpu(tm_tier *t, uint32_t l, uint32_t seq) {
     }
 }
 
-/* Whether the GPU has published a layer after l in step seq: it did not wait
- * for layer l's answer (no CPU slots there), and may have overwritten the
- * mailbox while the host read it (what was read is then not layer l's). */
-static bool tier_gpu_moved_on(const tm_tier *t, uint32_t l, uint32_t seq) {
-    for (uint32_t j = l + 1; j < t->n_layer; j++)
-        if (__atomic_load_n(&t->mb.flag_h[j], __ATOMIC_ACQUIRE) == seq) return true;
-    return false;
-}
-
 /* The host's half of a decode layer: the cold slots on the CPU lane. It
  * always answers (flag_y), so a failure here costs the step, never a GPU
  * left waiting. */
@@ -130,29 +121,30 @@ static tm_status tier_decode_task(void *ud) {
     tm_exec *e = t->e;
     const uint32_t seq = exec_step_seq(e);
     const int64_t n_tok = exec_n_tok(e);
+    const tier_inbox *in = &t->mb.in[L->index];
     const uint64_t t0 = tm_time_ns();
     tm_status st = tier_wait_gpu(t, L->index, seq);
     const uint64_t t1 = tm_time_ns();
     t->stats[L->cls].wait_ns += t1 - t0;
     int64_t n_cold = 0, n_pcie = 0;
     if (st == TM_OK) {
-        tier_seen(L, t->mb.ids, n_tok * t->k);
-        if (L->cls == TM_TIER_CACHED) tier_cache_observe(t, L, t->mb.ids, n_tok);
-        st = moe_worklist_build(&t->wl, t->mb.ids, t->mb.w, n_tok, t->n_expert, t->k,
+        tier_seen(L, in->ids, n_tok * t->k);
+        if (L->cls == TM_TIER_CACHED) tier_cache_observe(t, L, in->ids, n_tok);
+        st = moe_worklist_build(&t->wl, in->ids, in->w, n_tok, t->n_expert, t->k,
                                 TM_MOE_PHASE_DECODE);
     }
     if (st == TM_OK) st = tier_split_room(t);
     const int32_t *map = tier_split_map(L);
     int64_t n_ahead = 0;              /* slots of experts copied ahead in this step */
     if (st == TM_OK && L->fetched_on) /* the experts copied ahead are the GPU's */
-        map = tier_ahead_split(t, L, map, t->mb.fetched, t->mb.ids, n_tok * t->k, &n_ahead);
+        map = tier_ahead_split(t, L, map, in->fetched, in->ids, n_tok * t->k, &n_ahead);
     if (st == TM_OK)
         n_cold =
             tier_worklist_split(&t->wl, map, L->n_pcie, t->pcie_share_q8, t->split_tmp, &n_pcie);
     if (st == TM_OK) { /* the GPU adds the answer only when it left the CPU slots */
         int64_t gpu_cold = 0;
-        for (int64_t i = 0; i < n_tok; i++) gpu_cold += t->mb.cpu_slots[i];
-        if (gpu_cold != n_cold && !tier_gpu_moved_on(t, L->index, seq))
+        for (int64_t i = 0; i < n_tok; i++) gpu_cold += in->cpu_slots[i];
+        if (gpu_cold != n_cold)
             st = tm_error_set(TM_ERR_DEVICE,
                               "layer %u: the GPU left %lld slots to the CPU, the host's split %lld",
                               L->index, (long long)gpu_cold, (long long)n_cold);
@@ -160,7 +152,7 @@ static tm_status tier_decode_task(void *ud) {
     if (n_tok > 1) tier_worklist_group(&t->wl, n_cold); /* rows of several sequences */
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
     const uint64_t t2 = tm_time_ns();
-    if (st == TM_OK && n_cold) st = tier_cpu_lane(t, L, 0, n_cold, t->mb.h, t->mb.y);
+    if (st == TM_OK && n_cold) st = tier_cpu_lane(t, L, 0, n_cold, in->h, t->mb.y);
     t->stats[L->cls].cold_prep_ns += t2 - t1;
     if (st == TM_OK) {
         tier_count(t, L, t->wl.n_slots - n_cold - n_pcie - n_ahead, n_pcie, n_cold);
@@ -207,11 +199,12 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     if (st != TM_OK) return st;
     exec_act_wrote(ids, TM_DEV_GPU), exec_act_wrote(w, TM_DEV_GPU);
     if (cold) {
-        const tm_cuda_span spans[5] = {{t->mb_dev.cpu_slots, t->cpu_slots_dev, n_tok * 4},
-                                       {t->mb_dev.h, h->dev, n_tok * E * 4},
-                                       {t->mb_dev.ids, ids->dev, n_tok * K * 4},
-                                       {t->mb_dev.w, w->dev, n_tok * K * 4},
-                                       {t->mb_dev.fetched,
+        const tier_inbox *in = &t->mb_dev.in[l];
+        const tm_cuda_span spans[5] = {{in->cpu_slots, t->cpu_slots_dev, n_tok * 4},
+                                       {in->h, h->dev, n_tok * E * 4},
+                                       {in->ids, ids->dev, n_tok * K * 4},
+                                       {in->w, w->dev, n_tok * K * 4},
+                                       {in->fetched,
                                         buffered  ? tier_ahead_map(t, L)
                                         : fetched ? L->slot_of_dev
                                                   : NULL,
