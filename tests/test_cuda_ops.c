@@ -587,13 +587,16 @@ static void test_moe_grouped(void **state) {
 
 /* ---- router ---- */
 
-static double router_score(tm_moe_gating g, const float *l, int64_t E, int32_t e) {
-    if (g == TM_MOE_GATING_SIGMOID) return 1.0 / (1.0 + exp(-(double)l[e]));
-    if (g == TM_MOE_GATING_SOFTMAX_TOPK) return l[e];
+/* Expert e's selection score (its score plus the selection bias). */
+static double router_score(tm_moe_gating g, const float *l, int64_t E, int32_t e,
+                           const float *bias) {
+    const double b = bias ? bias[e] : 0.0;
+    if (g == TM_MOE_GATING_SIGMOID) return 1.0 / (1.0 + exp(-(double)l[e])) + b;
+    if (g == TM_MOE_GATING_SOFTMAX_TOPK) return l[e] + b;
     double m = -INFINITY, s = 0;
     for (int64_t i = 0; i < E; i++) m = fmax(m, l[i]);
     for (int64_t i = 0; i < E; i++) s += exp((double)l[i] - m);
-    return exp((double)l[e] - m) / s;
+    return exp((double)l[e] - m) / s + b;
 }
 
 static void test_router(void **state) {
@@ -611,8 +614,22 @@ static void test_router(void **state) {
                 const int32_t E = E_list[ei], K = K_list[ki];
                 const int64_t T = T_list[(ei + ki + (size_t)gating) % 3];
                 if (K > E) continue;
-                tm_moe_router_params cp = {(tm_moe_gating)gating, (uint32_t)E, (uint32_t)K,
-                                           (gating + (int)ki) % 2 == 0, ki == 3 ? 2.5f : 1.0f};
+                /* every other case a selection bias, and where the experts split in 4 groups
+                 * with room for k in 2 of them, those (DeepSeek-V3's and GLM-4.5's routing) */
+                float *bias = NULL;
+                const bool grouped = E % 4 == 0 && K <= E / 2 && (ei + (size_t)gating) % 2 == 0;
+                if ((ei + ki) % 2 == 0 || grouped) {
+                    bias = xmalloc((size_t)E * sizeof(float));
+                    fill_normal(&r, bias, E, 0.1f);
+                }
+                const tm_moe_router_params cp = {.gating = (tm_moe_gating)gating,
+                                                 .n_expert = (uint32_t)E,
+                                                 .n_used = (uint32_t)K,
+                                                 .norm_topk = (gating + (int)ki) % 2 == 0,
+                                                 .scale = ki == 3 ? 2.5f : 1.0f,
+                                                 .n_group = grouped ? 4 : 0,
+                                                 .n_group_used = grouped ? 2 : 0,
+                                                 .sel_bias = bias};
                 /* every other case maps ids through a slot table (a VRAM cache: some
                  * experts at shuffled slots, the rest -1) */
                 int32_t *map = NULL, *map_d = NULL;
@@ -625,7 +642,9 @@ static void test_router(void **state) {
                                             .n_expert = E,
                                             .n_used = K,
                                             .norm_topk = cp.norm_topk,
-                                            .scale = cp.scale};
+                                            .scale = cp.scale,
+                                            .n_group = (int32_t)cp.n_group,
+                                            .n_group_used = (int32_t)cp.n_group_used};
                 float *l = xmalloc((size_t)T * E * sizeof(float));
                 fill_normal(&r, l, T * E, 2.0f);
                 /* exact ties: both sides must prefer the lower id */
@@ -639,6 +658,7 @@ static void test_router(void **state) {
 
                 cuda_pool_reset(g_pool);
                 const float *l_d = dev_upload(l, (size_t)T * E * sizeof(float));
+                if (bias) gp.sel_bias = dev_upload(bias, (size_t)E * sizeof(float));
                 int32_t *ids_d = dev_alloc((size_t)T * K * sizeof(int32_t));
                 float *w_d = dev_alloc((size_t)T * K * sizeof(float));
                 CHECK(cuda_fill_bytes(g_dev, ids_d, 0xff, (size_t)T * K * sizeof(int32_t)));
@@ -721,8 +741,8 @@ static void test_router(void **state) {
                         assert_true(b >= 0 && b < E);
                         if (a != b) {
                             /* a near tie may swap; the order after it is then not comparable */
-                            const double sa = router_score(cp.gating, l + t * E, E, a);
-                            const double sb = router_score(cp.gating, l + t * E, E, b);
+                            const double sa = router_score(cp.gating, l + t * E, E, a, bias);
+                            const double sb = router_score(cp.gating, l + t * E, E, b, bias);
                             if (!(fabs(sa - sb) <= 1e-5 * fabs(sa) + 1e-12))
                                 fail_msg("router E %d k %d gating %d token %lld pos %d: cpu id %d "
                                          "(%.9g), gpu id %d (%.9g)",
@@ -739,7 +759,7 @@ static void test_router(void **state) {
                     }
                 }
                 n_cases++;
-                free(l), free(ids), free(gids), free(w), free(gw);
+                free(l), free(ids), free(gids), free(w), free(gw), free(bias);
             }
     printf("router: %d cases ok (%d near ties)\n", n_cases, n_near_ties);
 }

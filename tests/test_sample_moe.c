@@ -185,7 +185,11 @@ static void test_router(void **state) {
     random_logits(logits, T * E, 9);
     int32_t ids[T * K];
     float w[T * K];
-    tm_moe_router_params p = {TM_MOE_GATING_SOFTMAX, E, K, true, 1.0f};
+    tm_moe_router_params p = {.gating = TM_MOE_GATING_SOFTMAX,
+                              .n_expert = E,
+                              .n_used = K,
+                              .norm_topk = true,
+                              .scale = 1.0f};
     moe_router_select(NULL, &p, logits, T, ids, w);
     for (int t = 0; t < T; t++) {
         const float *l = logits + t * E;
@@ -228,7 +232,11 @@ static void test_router(void **state) {
     random_logits(lb, TB * E, 10);
     tm_pool *pool;
     assert_int_equal(cpu_pool_create(3, &pool), TM_OK);
-    p = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, E, K, true, 1.0f};
+    p = (tm_moe_router_params){.gating = TM_MOE_GATING_SOFTMAX,
+                               .n_expert = E,
+                               .n_used = K,
+                               .norm_topk = true,
+                               .scale = 1.0f};
     moe_router_select(pool, &p, lb, TB, ib, wb);
     for (int t = 0; t < TB; t++) {
         moe_router_select(NULL, &p, lb + t * E, 1, i1, w1);

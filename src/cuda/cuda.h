@@ -320,8 +320,9 @@ tm_status cuda_moe_grouped(const tm_cuda_moe_params *p, const tm_cuda_moe_item *
                            float *h_scratch, tm_cuda_stream stream);
 
 /* router.cu: logits [n_tok][n_expert] → ids/weights [n_tok][n_used], as
- * moe_router_select (src/moe/router.c): same gating modes, ties to the lower
- * id, renormalise, scale. n_expert <= 512, n_used <= 32. */
+ * moe_router_select (src/moe/router.c): same gating modes, selection bias,
+ * groups, ties to the lower id, renormalise, scale. n_expert <= 512, n_used
+ * <= 32, n_group <= 32. */
 typedef enum tm_cuda_gating {
     TM_CUDA_GATING_SOFTMAX = 0,      /* = TM_MOE_GATING_SOFTMAX */
     TM_CUDA_GATING_SIGMOID = 1,      /* = TM_MOE_GATING_SIGMOID */
@@ -333,6 +334,11 @@ typedef struct tm_cuda_router_params {
     int32_t n_expert, n_used;
     int32_t norm_topk; /* 0/1 */
     float scale;
+    /* Device [n_expert] or NULL: added to the scores for the choice only (tm_moe_router_params) */
+    const float *sel_bias;
+    /* Group-limited top-k (tm_moe_router_params): n_group <= 1 none; else n_group (<= 32)
+     * equal groups of 2 or more experts, of which the n_group_used best may be chosen */
+    int32_t n_group, n_group_used;
     /* Device [n_expert] or NULL: the work items get slot_map[id] instead of
      * id (a VRAM cache's slot, or -1 for an expert it does not hold, which
      * cuda_moe_grouped skips). ids are always the expert ids. */
@@ -413,6 +419,7 @@ static inline TM_CUDA_HOST_DEVICE int32_t tm_cuda_mapped_count(int32_t n_cold, i
 
 #define TM_CUDA_ROUTER_MAX_EXPERT 512
 #define TM_CUDA_ROUTER_MAX_USED   32
+#define TM_CUDA_ROUTER_MAX_GROUP  32 /* a lane each */
 /* items (may be NULL): also items[t*n_used + j] = {slot, t, weights[t][j], ids[t][j]}
  * with slot = ids[t][j] (or slot_map[ids[t][j]]), the top-k as a work list for
  * cuda_moe_grouped (decode, no host trip). */

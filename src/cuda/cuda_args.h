@@ -319,6 +319,16 @@ static inline tm_status cuda_router_select_args_check(const tm_cuda_router_param
     if (p->gating != TM_CUDA_GATING_SOFTMAX && p->gating != TM_CUDA_GATING_SIGMOID &&
         p->gating != TM_CUDA_GATING_SOFTMAX_TOPK)
         return tm_error_set(TM_ERR_ARG, "%s: unknown gating %d", op, (int)p->gating);
+    if (p->n_group > 1 &&
+        (p->n_group > TM_CUDA_ROUTER_MAX_GROUP || p->n_expert % p->n_group ||
+         p->n_expert / p->n_group < 2 || p->n_group_used < 1 || p->n_group_used > p->n_group ||
+         p->n_used > p->n_group_used * (p->n_expert / p->n_group)))
+        return tm_error_set(TM_ERR_ARG,
+                            "%s: %d experts in %d groups, %d groups used, %d experts used (want "
+                            "at most %d equal groups of 2 or more, 1..groups used, room for "
+                            "the experts used)",
+                            op, p->n_expert, p->n_group, p->n_group_used, p->n_used,
+                            TM_CUDA_ROUTER_MAX_GROUP);
     if (p->mapped &&
         (!p->slot_map || p->n_mapped < 0 || p->mapped_share_q8 < 0 || p->mapped_share_q8 > 256))
         return tm_error_set(TM_ERR_ARG,

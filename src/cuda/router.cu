@@ -1,15 +1,20 @@
 /* Fused expert routing, one warp per token: router logits → gate scores
  * (softmax over all experts, sigmoid, or the raw logits for softmax-over-top-k)
- * → top-k (ties to the lower expert id) → weights (softmax over the k for
- * SOFTMAX_TOPK) → renormalise → scale. The same function as
- * moe_router_select in src/moe/router.c, in one launch.
+ * → selection scores (plus the selection bias; the experts outside the best
+ * groups ruled out) → top-k (ties to the lower expert id) → weights from the
+ * scores without the bias (softmax over the k for SOFTMAX_TOPK) → renormalise
+ * → scale. The same function as moe_router_select in src/moe/router.c, in one
+ * launch.
  *
  * Each lane holds experts lane, lane+32, ... (16 registers for 512 experts);
  * top-k is k rounds of a warp arg-max with a per-lane "taken" bit mask, and
  * lane j keeps the j-th winner, so the k results never touch memory until
  * they are written (with, when asked, the decode work items {slot, t, weight}
  * for cuda_moe_grouped, slot = id or a VRAM cache's slot of it; and the work
- * lists of the PCIe lane and of the experts copied ahead). Sums are float (the CPU's softmax sums in double): the
+ * lists of the PCIe lane and of the experts copied ahead). A group's score is
+ * a warp reduction of each lane's best two in it; the groups are chosen by
+ * rounds of arg-max like the experts, and the others' experts marked taken.
+ * Sums are float (the CPU's softmax sums in double): the
  * weights agree to float rounding, ids agree except where two scores are
  * within that rounding of each other. */
 #include <math.h>
@@ -23,6 +28,57 @@
 /* (a_val, a_idx) better than (b_val, b_idx): larger value, then lower id. */
 static __device__ __forceinline__ bool tm_better(float av, int ai, float bv, int bi) {
     return av > bv || (av == bv && ai < bi);
+}
+
+/* Group-limited choice: group g (experts [g G, (g + 1) G), G = n_expert / n_group)
+ * scores the sum of its two largest sel (float, as the CPU's a + b); the
+ * n_group_used best groups are kept (ties to the lower group) and every expert of
+ * the others is marked taken. */
+static __device__ void tm_router_groups(const tm_cuda_router_params &p, int lane, const float *sel,
+                                        uint32_t *taken) {
+    const int G = p.n_expert / p.n_group;
+    float my_gs = -INFINITY; /* lane g < n_group: group g's score */
+    for (int g = 0; g < p.n_group; g++) {
+        float a = -INFINITY, b = -INFINITY; /* this lane's largest two of group g */
+#pragma unroll
+        for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
+            const int e = lane + TM_CUDA_WARP * j;
+            if (e >= p.n_expert || e / G != g) continue;
+            if (sel[j] > a)
+                b = a, a = sel[j];
+            else if (sel[j] > b)
+                b = sel[j];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) { /* merge the lanes' pairs */
+            const float oa = __shfl_xor_sync(0xffffffffu, a, o);
+            const float ob = __shfl_xor_sync(0xffffffffu, b, o);
+            if (oa > a)
+                b = fmaxf(a, ob), a = oa;
+            else
+                b = fmaxf(b, oa);
+        }
+        if (lane == g) my_gs = a + b;
+    }
+    uint32_t keep = 0;             /* bit g: group g kept */
+    bool mine = lane >= p.n_group; /* this lane's group is chosen or does not exist */
+    for (int r = 0; r < p.n_group_used; r++) {
+        float bv = mine ? -INFINITY : my_gs;
+        int bi = mine ? 0x7fffffff : lane;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (tm_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        keep |= 1u << bi; /* a valid group: n_group_used <= n_group */
+        if (lane == bi) mine = true;
+    }
+#pragma unroll
+    for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
+        const int e = lane + TM_CUDA_WARP * j;
+        if (e < p.n_expert && !((keep >> (e / G)) & 1)) *taken |= 1u << j;
+    }
 }
 
 __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
@@ -69,26 +125,37 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     for (int j = 0; j < TM_ROUTER_PER_LANE; j++)
         if (isnan(s[j])) s[j] = -INFINITY;
 
-    /* k rounds of arg-max; lane i keeps round i's winner */
+    /* the selection scores: the scores plus the bias, which chooses but never weighs */
+    float sel[TM_ROUTER_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
+        const int e = lane + TM_CUDA_WARP * j;
+        sel[j] = p.sel_bias && !((taken >> j) & 1) ? s[j] + p.sel_bias[e] : s[j];
+        if (isnan(sel[j])) sel[j] = -INFINITY;
+    }
+    if (p.n_group > 1 && p.n_group_used < p.n_group) tm_router_groups(p, lane, sel, &taken);
+
+    /* k rounds of arg-max of sel; lane i keeps round i's winner and its score */
     float my_score = 0.0f;
     int my_id = 0;
     for (int r = 0; r < K; r++) {
-        float bv = -INFINITY;
+        float bv = -INFINITY, bs = 0.0f;
         int bi = 0x7fffffff;
 #pragma unroll
         for (int j = 0; j < TM_ROUTER_PER_LANE; j++) {
             const int e = lane + TM_CUDA_WARP * j;
-            if (!((taken >> j) & 1) && tm_better(s[j], e, bv, bi)) bv = s[j], bi = e;
+            if (!((taken >> j) & 1) && tm_better(sel[j], e, bv, bi)) bv = sel[j], bi = e, bs = s[j];
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (tm_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+            const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+            if (tm_better(ov, oi, bv, bi)) bv = ov, bi = oi, bs = os;
         }
         /* every lane now holds the same winner; its owner marks it taken */
         if (bi != 0x7fffffff && (bi & (TM_CUDA_WARP - 1)) == lane) taken |= 1u << (bi >> 5);
-        if (lane == r) my_score = bv, my_id = bi;
+        if (lane == r) my_score = bs, my_id = bi;
     }
 
     const bool mine = lane < K;

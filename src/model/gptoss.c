@@ -158,8 +158,11 @@ static tm_status gptoss_load(tm_model *m) {
         m->window[l] = l % 2 == 0 ? c->window : 0; /* the KV caches are sized by it, too */
     }
     /* softmax over the k largest logits: the weights sum to 1 already */
-    w->router = (tm_moe_router_params){TM_MOE_GATING_SOFTMAX_TOPK, c->n_expert, c->n_expert_used,
-                                       false, 1.0f};
+    w->router = (tm_moe_router_params){.gating = TM_MOE_GATING_SOFTMAX_TOPK,
+                                       .n_expert = c->n_expert,
+                                       .n_used = c->n_expert_used,
+                                       .norm_topk = false,
+                                       .scale = 1.0f};
     return TM_OK;
 }
 
@@ -180,8 +183,12 @@ static tm_status gptoss_state_create(tm_context *ctx) {
     for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const gptoss_layer *L = &w->layers[l];
         qkv[3 * l] = &L->wq, qkv[3 * l + 1] = &L->wk, qkv[3 * l + 2] = &L->wv;
-        tl[l] = (tm_tier_layer){L->experts,    &L->gate_exps, &L->up_exps,
-                                &L->down_exps, &L->router,    &L->router_b};
+        tl[l] = (tm_tier_layer){.experts = L->experts,
+                                .gate = &L->gate_exps,
+                                .up = &L->up_exps,
+                                .down = &L->down_exps,
+                                .router = &L->router,
+                                .router_bias = &L->router_b};
     }
     if (st == TM_OK) st = model_moe_state_create(ctx, qkv, tl, &w->router, w->rope_freq);
     free(qkv), free(tl);

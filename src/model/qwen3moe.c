@@ -81,8 +81,11 @@ static tm_status qwen3moe_load(tm_model *m) {
                                     quant_type_name(norms[i]->type));
         L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
     }
-    w->router =
-        (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, c->n_expert, c->n_expert_used, true, 1.0f};
+    w->router = (tm_moe_router_params){.gating = TM_MOE_GATING_SOFTMAX,
+                                       .n_expert = c->n_expert,
+                                       .n_used = c->n_expert_used,
+                                       .norm_topk = true,
+                                       .scale = 1.0f};
     return TM_OK;
 }
 
@@ -103,8 +106,12 @@ static tm_status qwen3moe_state_create(tm_context *ctx) {
     for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const qwen3moe_layer *L = &w->layers[l];
         qkv[3 * l] = &L->wq, qkv[3 * l + 1] = &L->wk, qkv[3 * l + 2] = &L->wv;
-        tl[l] = (tm_tier_layer){L->experts,    &L->gate_exps, &L->up_exps,
-                                &L->down_exps, &L->router,    NULL};
+        tl[l] = (tm_tier_layer){.experts = L->experts,
+                                .gate = &L->gate_exps,
+                                .up = &L->up_exps,
+                                .down = &L->down_exps,
+                                .router = &L->router,
+                                .router_bias = NULL};
     }
     if (st == TM_OK) st = model_moe_state_create(ctx, qkv, tl, &w->router, NULL);
     free(qkv), free(tl);

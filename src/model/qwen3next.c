@@ -197,8 +197,11 @@ static tm_status qnext_load(tm_model *m) {
         L->sh_gate_inp.n_dims = 2, L->sh_gate_inp.ne[1] = 1;
         L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
     }
-    w->router =
-        (tm_moe_router_params){TM_MOE_GATING_SOFTMAX, c->n_expert, c->n_expert_used, true, 1.0f};
+    w->router = (tm_moe_router_params){.gating = TM_MOE_GATING_SOFTMAX,
+                                       .n_expert = c->n_expert,
+                                       .n_used = c->n_expert_used,
+                                       .norm_topk = true,
+                                       .scale = 1.0f};
     return TM_OK;
 }
 
@@ -239,8 +242,12 @@ static tm_status qnext_state_create(tm_context *ctx) {
     for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const qnext_layer *L = &w->layers[l];
         ssm[l] = L->linear;
-        tl[l] = (tm_tier_layer){L->experts,    &L->gate_exps, &L->up_exps,
-                                &L->down_exps, &L->router,    NULL};
+        tl[l] = (tm_tier_layer){.experts = L->experts,
+                                .gate = &L->gate_exps,
+                                .up = &L->up_exps,
+                                .down = &L->down_exps,
+                                .router = &L->router,
+                                .router_bias = NULL};
         /* products of one input, stacked on the GPU at decode */
         const tm_weight *in[] = {&L->wqkv, &L->wgate}, *kv[] = {&L->wk, &L->wv},
                         *sh[] = {&L->sh_gate, &L->sh_up};

@@ -34,12 +34,33 @@ typedef enum tm_moe_gating {
     TM_MOE_GATING_SOFTMAX_TOPK, /* top-k of the logits, softmax over those k (gpt-oss) */
 } tm_moe_gating;
 
+/* One router, every family's options (docs/architecture.md, "Routing"):
+ *   s_e   = score of expert e (softmax over all logits, sigmoid, or the logit itself)
+ *   sel_e = s_e + sel_bias_e                  the bias chooses, it never weighs
+ *   groups (n_group > 1): experts in n_group equal groups of consecutive ids; a
+ *     group's score is the sum of its two largest sel; only the experts of the
+ *     n_group_used best groups may be chosen (ties to the lower group)
+ *   ids   = the k largest sel, best first (ties to the lower id)
+ *   w_j   = s_ids[j] (SOFTMAX_TOPK: softmax over those k); / Σ_j w_j when
+ *     norm_topk; × scale */
 typedef struct tm_moe_router_params {
     tm_moe_gating gating;
     uint32_t n_expert, n_used;
     bool norm_topk; /* renormalise the k weights to sum 1 */
     float scale;    /* multiply the final weights (1 for most models) */
+    /* group-limited top-k: 0 or 1 group is none; n_group divides n_expert into groups of
+       2 or more, 1 <= n_group_used <= n_group and n_used <= n_group_used experts a group
+       (moe_router_check) */
+    uint32_t n_group, n_group_used;
+    /* [n_expert] f32 added to the scores for the choice only (DeepSeek-V3 and GLM-4.5's
+       e_score_correction_bias, llama.cpp's exp_probs_b); NULL: none. A layer's own: the
+       tier sets it for each layer. */
+    const float *sel_bias;
 } tm_moe_router_params;
+
+/* Whether p describes a router moe_router_select can run; the message names
+ * what (e.g. the file) and the count that is wrong. */
+tm_status moe_router_check(const tm_moe_router_params *p, const char *what);
 
 /* logits [n_tok][n_expert] → ids [n_tok][k] (best first) and weights [n_tok][k].
  * Ties go to the lower expert id. Tokens are spread over pool (NULL: this

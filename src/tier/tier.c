@@ -114,9 +114,11 @@ static void tier_calib_load(tm_tier *t) {
         free(ex), free(c);
         return;
     }
-    for (uint32_t l = 0; l < t->n_layer; l++) ex[l] = t->layers[l].host;
+    uint32_t n = 0; /* the layers with experts */
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        if (t->layers[l].moe) ex[n++] = t->layers[l].host;
     const tm_calib_source src = {
-        exec_pool(t->e), exec_gpu(t->e), exec_blas(t->e), ex, t->n_layer, t->n_expert, t->k};
+        exec_pool(t->e), exec_gpu(t->e), exec_blas(t->e), ex, n, t->n_expert, t->k};
     if (calib_load_or_measure(&src, NULL, c, NULL) == TM_OK)
         t->calib = c, c = NULL;
     else
@@ -211,7 +213,8 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
     bool *lane = calloc(t->n_layer, sizeof(bool)), any = false;
     if (!lane) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < t->n_layer; l++)
-        any |= lane[l] = t->layers[l].cls != TM_TIER_VRAM && pl->layer_dev[l] == TM_DEV_GPU;
+        any |= lane[l] =
+            t->layers[l].moe && t->layers[l].cls != TM_TIER_VRAM && pl->layer_dev[l] == TM_DEV_GPU;
     const bool automatic = p->pcie == TM_MOE_PCIE_AUTO;
     int32_t n = p->pcie == TM_MOE_PCIE_OFF ? 0 : automatic ? (int32_t)t->k : p->pcie;
     if (n > (int32_t)t->k) n = (int32_t)t->k;
@@ -286,7 +289,7 @@ static tm_status tier_store_create(tm_tier *t, const tm_tier_layer *layers, tm_t
     tm_status st = TM_OK;
     if (!in || !ex) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
-        any |= in[l] = t->layers[l].cls != TM_TIER_VRAM;
+        any |= in[l] = t->layers[l].moe && t->layers[l].cls != TM_TIER_VRAM;
         ex[l] = layers[l].experts;
     }
     if (st == TM_OK && !any)
@@ -330,6 +333,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     const int64_t T = TM_CUDA_MMVQ_MAX_TOK, E = t->n_embd, K = t->k;
     bool any_cold = false, any_hot = false;
     for (uint32_t l = 0; l < t->n_layer; l++) {
+        if (!t->layers[l].moe) continue;
         any_cold |= t->layers[l].cls != TM_TIER_VRAM;
         any_hot |= t->layers[l].cls != TM_TIER_RAM || t->layers[l].pcie.n_slots > 0 ||
                    (t->store_pin && t->fetch && t->fetch->ring);
@@ -385,6 +389,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     const tier_fetch *f = t->fetch && t->fetch->ring ? t->fetch : NULL;
     for (uint32_t l = 0; l < t->n_layer; l++) {
         const tier_layer *L = &t->layers[l];
+        if (!L->moe) continue;
         /* each parameter set the layer's grouped GEMMs may take: its hot
          * experts, its RAM experts in place, a fetch-ring buffer */
         const bool in_ring = tier_ring_layer(t, L);
@@ -461,6 +466,24 @@ static tm_status tier_ext_create(tm_tier *t, tier_layer *L, const tm_placement *
     return TM_OK;
 }
 
+/* Layer L's selection bias (f32 [n_expert]), and its copy in VRAM for the router kernel
+ * (the tier's own: wherever the placement put the tensor, the routing may run on the GPU). */
+static tm_status tier_sel_bias(tm_tier *t, tier_layer *L, const tm_weight *b) {
+    if (b->type != TM_TYPE_F32 || b->ne[0] != t->n_expert)
+        return tm_error_set(
+            TM_ERR_ARG, "layer %u: selection bias '%.*s': %s of %lld, expected f32 of %u", L->index,
+            (int)b->name_len, b->name, quant_type_name(b->type), (long long)b->ne[0], t->n_expert);
+    L->sel_bias = (const float *)b->data;
+    if (!t->gpu) return TM_OK;
+    void *d;
+    const size_t bytes = t->n_expert * sizeof(float);
+    tm_status st = exec_dev_alloc(t->e, bytes, &d);
+    if (st == TM_OK) st = cuda_upload(exec_gpu(t->e), d, L->sel_bias, bytes, NULL);
+    if (st != TM_OK) return tm_error_wrap(st, "layer %u: selection bias: ", L->index);
+    L->sel_bias_dev = d;
+    return TM_OK;
+}
+
 tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                       const tm_tier_layer *layers, const tm_moe_router_params *router,
                       const tm_tier_params *p, tm_tier **out) {
@@ -470,8 +493,10 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     tm_tier *t = calloc(1, sizeof(*t));
     if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     t->e = e, t->n_layer = n_layer, t->router = *router;
+    t->router.sel_bias = NULL; /* each layer's own: tier_router */
     t->n_expert = router->n_expert, t->k = router->n_used;
-    t->n_embd = layers[0].experts.n_embd, t->n_ff = layers[0].experts.n_ff;
+    for (uint32_t l = n_layer; l-- > 0;) /* the experts' shape: any MoE layer's */
+        if (layers[l].gate) t->n_embd = layers[l].experts.n_embd, t->n_ff = layers[l].experts.n_ff;
     t->gpu = exec_gpu(e) != NULL;
     const char *env = getenv("TIERMOE_HANDOFF_TIMEOUT_MS");
     t->timeout_ns = (uint64_t)(env && atoll(env) > 0 ? atoll(env) : TIER_TIMEOUT_MS) * 1000000u;
@@ -485,11 +510,15 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) {
         tier_layer *L = &t->layers[l];
         const tm_tier_layer *d = &layers[l];
-        L->t = t, L->index = l, L->host = d->experts;
+        L->t = t, L->index = l, L->host = d->experts, L->moe = d->gate != NULL;
         if (!(L->seen = calloc(t->n_expert, sizeof(uint64_t)))) {
             st = tm_error_set(TM_ERR_NOMEM, "out of memory");
             break;
         }
+        /* a dense layer: VRAM's class (no lane, cache or store takes it), counted in none */
+        L->cls = TM_TIER_VRAM;
+        if (!L->moe) continue;
+        if (d->sel_bias && (st = tier_sel_bias(t, L, d->sel_bias))) break;
         if (p->cache.learn) /* the CPU lane's share of prompts takes the least used first */
             memcpy(L->seen, p->cache.learn->layers[l].experts, t->n_expert * sizeof(uint64_t));
         L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
@@ -552,7 +581,8 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
     for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
-    for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) t->stats[t->layers[l].cls].layers++;
+    for (uint32_t l = 0; l < n_layer && st == TM_OK; l++)
+        if (t->layers[l].moe) t->stats[t->layers[l].cls].layers++;
     if (st != TM_OK) {
         tier_free(t);
         return st;

@@ -73,12 +73,15 @@ typedef struct tm_moe_cache_opts {
     int32_t max_admit; /* uploads a layer a step (0: 1; < 0: no cap) */
 } tm_moe_cache_opts;
 
-/* One layer's experts as the architecture bound them. */
+/* One layer's experts as the architecture bound them. A layer without routed
+ * experts (a leading dense layer: gate NULL) has no part in the tier. */
 typedef struct tm_tier_layer {
     tm_moe_experts experts;                /* host view: the mapped file */
     const tm_weight *gate, *up, *down;     /* the tensors (placement, device copies) */
     const tm_weight *router, *router_bias; /* the same (NULL: none): an f32 router the
                                               executor holds in VRAM serves --moe-ahead */
+    const tm_weight *sel_bias; /* [n_expert] f32: the router's selection bias of this layer
+                                  (tm_moe_router_params.sel_bias; NULL: none) */
 } tm_tier_layer;
 
 typedef struct tm_tier_params {

@@ -204,7 +204,8 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
     const int nb = (int)(next % 2);
     const int64_t E = t->n_expert;
     const bool cached = N->cls == TM_TIER_CACHED;
-    const tm_cuda_router_params rp = tier_router_gpu(t, cached ? N->slot_of_dev : t->cold_map_dev);
+    const tm_cuda_router_params rp =
+        tier_router_gpu(t, N, cached ? N->slot_of_dev : t->cold_map_dev);
     const tm_cuda_fetch_cache fc = {cached ? N->slot_of_dev : NULL, N->expert_in_dev,
                                     N->last_use_dev, N->n_slots, exec_step_seq_dev(t->e)};
     tm_status st;

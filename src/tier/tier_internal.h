@@ -140,6 +140,10 @@ typedef struct tier_layer {
     int64_t cache_at;         /* their offset in tier_ahead.cache_state */
     uint64_t *seen; /* [n_expert]: routed slots so far (the CPU lane takes the least seen) */
     const float *router_dev, *router_bias_dev; /* the executor's f32 copies in VRAM (NULL: none) */
+    const float *sel_bias, *sel_bias_dev;      /* the router's selection bias, host and device (the
+                                             tier's copy; NULL: none) */
+    bool moe;                                  /* the layer has routed experts (else it has no part
+                                             in the tier: a dense layer) */
 } tier_layer;
 
 struct tm_tier {
@@ -214,13 +218,24 @@ struct tm_tier {
     tm_moe_lane_stats lane_stats;
 };
 
-/* The router kernel's parameters for this tier, items through slot_map. */
-static inline tm_cuda_router_params tier_router_gpu(const tm_tier *t, const int32_t *slot_map) {
+/* The router's parameters for layer L (its selection bias). */
+static inline tm_moe_router_params tier_router(const tm_tier *t, const tier_layer *L) {
+    tm_moe_router_params p = t->router;
+    p.sel_bias = L->sel_bias;
+    return p;
+}
+
+/* The router kernel's parameters for layer L, items through slot_map. */
+static inline tm_cuda_router_params tier_router_gpu(const tm_tier *t, const tier_layer *L,
+                                                    const int32_t *slot_map) {
     return (tm_cuda_router_params){.gating = (tm_cuda_gating)t->router.gating,
                                    .n_expert = (int32_t)t->n_expert,
                                    .n_used = (int32_t)t->k,
                                    .norm_topk = t->router.norm_topk,
                                    .scale = t->router.scale,
+                                   .sel_bias = L->sel_bias_dev,
+                                   .n_group = (int32_t)t->router.n_group,
+                                   .n_group_used = (int32_t)t->router.n_group_used,
                                    .slot_map = slot_map};
 }
 

@@ -184,9 +184,10 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
         if (prof && (st = cuda_event_record(t->ev[7], t->ahead->stream))) return st;
     }
     /* a layer in RAM: every slot cold (the router counts them for the CPU) */
-    tm_cuda_router_params rp = tier_router_gpu(t, L->cls == TM_TIER_CACHED ? L->slot_of_dev
-                                                  : cold                   ? t->cold_map_dev
-                                                                           : NULL);
+    tm_cuda_router_params rp = tier_router_gpu(t, L,
+                                               L->cls == TM_TIER_CACHED ? L->slot_of_dev
+                                               : cold                   ? t->cold_map_dev
+                                                                        : NULL);
     if (pcie)
         rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie, rp.mapped_share_q8 = t->pcie_share_q8;
     /* a cached layer's copies are in its slots (its map says so); others' in the buffer */
@@ -253,12 +254,13 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
 /* ---- everything else: prompts, host-side routing or residual ---- */
 
 /* ids and weights on the host, by the side that holds the logits. */
-static tm_status tier_route(tm_tier *t, tm_act *logits, tm_act *ids, tm_act *w) {
+static tm_status tier_route(tm_tier *t, const tier_layer *L, tm_act *logits, tm_act *ids,
+                            tm_act *w) {
     tm_exec *e = t->e;
     const int64_t n_tok = exec_n_tok(e);
     tm_status st;
     if (t->gpu && exec_act_on(logits, TM_DEV_GPU)) {
-        const tm_cuda_router_params rp = tier_router_gpu(t, NULL);
+        const tm_cuda_router_params rp = tier_router_gpu(t, L, NULL);
         if ((st = cuda_router_select(&rp, logits->dev, n_tok, ids->dev, w->dev, NULL,
                                      exec_stream(e))))
             return st;
@@ -269,7 +271,8 @@ static tm_status tier_route(tm_tier *t, tm_act *logits, tm_act *ids, tm_act *w) 
         return TM_OK;
     }
     if ((st = exec_act_to(e, logits, TM_DEV_CPU, n_tok))) return st;
-    moe_router_select(exec_pool(e), &t->router, logits->host, n_tok, ids->host, w->host);
+    const tm_moe_router_params rp = tier_router(t, L);
+    moe_router_select(exec_pool(e), &rp, logits->host, n_tok, ids->host, w->host);
     exec_act_wrote(ids, TM_DEV_CPU), exec_act_wrote(w, TM_DEV_CPU);
     return TM_OK;
 }
@@ -319,7 +322,7 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
     tm_status st;
     /* copies of this layer's experts start before its routing is known */
     if (mode == TIER_PROMPT_FETCH && (st = tier_fetch_begin(t, L))) return st;
-    if ((st = tier_route(t, logits, ids, w)) ||
+    if ((st = tier_route(t, L, logits, ids, w)) ||
         (st = moe_worklist_build(&t->wl, ids->host, w->host, n_tok, t->n_expert, t->k, phase)) ||
         (st = tier_split_room(t)))
         return st;
@@ -394,6 +397,7 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
         return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u of %u", layer, t->n_layer);
     tm_exec *e = t->e;
     tier_layer *L = &t->layers[layer];
+    if (!L->moe) return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u has no routed experts", layer);
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
     const tm_dev side = exec_act_on(x, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
     const bool named = exec_emitting(e) && ffn_out;

@@ -19,7 +19,6 @@
 
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_args.h"
-#include "moe/moe.h"
 
 #include "cuda_mock.h"
 
@@ -453,6 +452,68 @@ typedef struct router_arg {
     tm_cuda_moe_item *items;
 } router_arg;
 
+/* (a, ia) ranks before (b, ib): larger, then the lower index; NaN last. */
+static bool route_before(double a, int64_t ia, double b, int64_t ib) {
+    if (isnan(b)) return !isnan(a) || ia < ib;
+    return a > b || (a == b && ia < ib);
+}
+
+/* The index of the best of v[0, n) not yet in used (NULL: none used). */
+static int64_t route_best(const double *v, int64_t n, const bool *used) {
+    int64_t b = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!(used && used[i]) && (b < 0 || route_before(v[i], i, v[b], b))) b = i;
+    return b;
+}
+
+/* One token's routing, written from cuda.h's contract (tm_moe_router_params in
+ * src/moe/moe.h) in double, sharing nothing with src/moe/router.c: scores,
+ * selection scores (+ bias; groups by the sum of their best two), the k best,
+ * weights from the scores. */
+static void route_token(const tm_cuda_router_params *p, const float *l, int32_t *ids, float *w) {
+    const int64_t E = p->n_expert, K = p->n_used;
+    double s[TM_CUDA_ROUTER_MAX_EXPERT], sel[TM_CUDA_ROUTER_MAX_EXPERT], mx = -INFINITY, sum = 0;
+    bool out[TM_CUDA_ROUTER_MAX_EXPERT] = {false}; /* ruled out or chosen */
+    for (int64_t e = 0; e < E; e++) mx = fmax(mx, l[e]);
+    for (int64_t e = 0; e < E; e++) {
+        s[e] = p->gating == TM_CUDA_GATING_SIGMOID   ? 1.0 / (1.0 + exp(-(double)l[e]))
+               : p->gating == TM_CUDA_GATING_SOFTMAX ? exp((double)l[e] - mx)
+                                                     : l[e];
+        sum += s[e];
+    }
+    for (int64_t e = 0; p->gating == TM_CUDA_GATING_SOFTMAX && e < E; e++) s[e] /= sum;
+    for (int64_t e = 0; e < E; e++) sel[e] = s[e] + (p->sel_bias ? p->sel_bias[e] : 0.0);
+    if (p->n_group > 1) {
+        const int64_t G = p->n_group, per = E / G;
+        double gs[TM_CUDA_ROUTER_MAX_GROUP];
+        bool kept[TM_CUDA_ROUTER_MAX_GROUP] = {false};
+        for (int64_t g = 0; g < G; g++) {
+            bool two[TM_CUDA_ROUTER_MAX_EXPERT] = {false};
+            const int64_t a = route_best(sel + g * per, per, NULL);
+            two[a] = true;
+            gs[g] = sel[g * per + a] + sel[g * per + route_best(sel + g * per, per, two)];
+        }
+        for (int64_t r = 0; r < p->n_group_used; r++) kept[route_best(gs, G, kept)] = true;
+        for (int64_t e = 0; e < E; e++) out[e] = !kept[e / per];
+    }
+    double wsum = 0, wmax = -INFINITY;
+    for (int64_t j = 0; j < K; j++) {
+        const int64_t b = route_best(sel, E, out);
+        out[b] = true, ids[j] = (int32_t)b;
+        wmax = fmax(wmax, s[b]);
+    }
+    double ws[TM_CUDA_ROUTER_MAX_USED];
+    for (int64_t j = 0; j < K; j++) {
+        ws[j] = p->gating == TM_CUDA_GATING_SOFTMAX_TOPK ? exp(s[ids[j]] - wmax) : s[ids[j]];
+        wsum += ws[j];
+    }
+    for (int64_t j = 0; j < K; j++) {
+        double v = ws[j];
+        if (p->gating == TM_CUDA_GATING_SOFTMAX_TOPK || p->norm_topk) v /= wsum;
+        w[j] = (float)(v * p->scale);
+    }
+}
+
 static bool router_run(void *arg, char *err, size_t err_size) {
     const router_arg *a = arg;
     const int64_t E = a->p.n_expert, K = a->p.n_used;
@@ -466,9 +527,9 @@ static bool router_run(void *arg, char *err, size_t err_size) {
     if (a->p.fetched)
         NEED_DEVICE(a->p.fetched, (size_t)(a->n_tok * K) * sizeof(*a->p.fetched),
                     "the fetched items");
-    const tm_moe_router_params mp = {(tm_moe_gating)a->p.gating, (uint32_t)E, (uint32_t)K,
-                                     a->p.norm_topk != 0, a->p.scale};
-    moe_router_select(NULL, &mp, a->logits, a->n_tok, a->ids, a->weights);
+    if (a->p.sel_bias) NEED_DEVICE(a->p.sel_bias, (size_t)E * 4, "the selection bias");
+    for (int64_t t = 0; t < a->n_tok; t++)
+        route_token(&a->p, a->logits + t * E, a->ids + t * K, a->weights + t * K);
     if (a->p.mapped)
         NEED_DEVICE(a->p.mapped, (size_t)(a->n_tok * K) * sizeof(*a->p.mapped), "the mapped items");
     for (int64_t t = 0; t < a->n_tok; t++) {
