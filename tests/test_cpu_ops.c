@@ -55,6 +55,14 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
             assert_true(fabs(h[i] - (a * cos(th) - b * sin(th))) < 1e-5);
             assert_true(fabs(h[i + d / 2] - (a * sin(th) + b * cos(th))) < 1e-5);
         }
+        memcpy(h, h0, sizeof(float) * (size_t)d); /* adjacent pairs: llama.cpp's normal RoPE */
+        cpu_rope_interleaved_table(h, d, c, s);
+        for (int64_t i = 0; i < d / 2; i++) {
+            double th = (double)pos * pow(1e6, -2.0 * (double)i / (double)d);
+            double a = h0[2 * i], b = h0[2 * i + 1];
+            assert_true(fabs(h[2 * i] - (a * cos(th) - b * sin(th))) < 1e-5);
+            assert_true(fabs(h[2 * i + 1] - (a * sin(th) + b * cos(th))) < 1e-5);
+        }
     }
 
     float z[77], p[77];

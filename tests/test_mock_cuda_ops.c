@@ -510,6 +510,52 @@ static void test_partial_rope(void **state) {
     gpu_close(&g);
 }
 
+/* Interleaved RoPE (llama.cpp's normal kind): QK-norm over the head, then the pairs
+ * (2i, 2i + 1) at pos 1e4^(-2i/d); a partial one is refused. */
+static void test_interleaved_rope(void **state) {
+    (void)state;
+    gpu g = gpu_open(0);
+    const tm_cuda_attn_params p = {.n_head = NH,
+                                   .n_head_kv = NKV,
+                                   .head_dim = HD,
+                                   .n_ctx = NCTX,
+                                   .kv_type = TM_TYPE_F32,
+                                   .scale = 0.25f,
+                                   .rms_eps = 1e-6f,
+                                   .rope_base = 1e4f,
+                                   .rope_interleaved = true};
+    float q[NH * HD], k[NKV * HD], qn[HD], got[NH * HD], kc[NKV * HD];
+    fill(q, NH * HD, 1), fill(k, NKV * HD, 1), fill(qn, HD, 1);
+    const int32_t pos0 = 11;
+    float *qd = upload(&g, q, sizeof(q)), *kcache = dalloc(&g, NCTX * NKV * HD * 4);
+    float *vcache = dalloc(&g, NCTX * NKV * HD * 4), *kd = upload(&g, k, sizeof(k));
+    const int32_t *posd = upload(&g, &pos0, 4);
+    assert_int_equal(cuda_attn_prepare(&p, qd, kd, kd, upload(&g, qn, sizeof(qn)), NULL, posd, 1,
+                                       kcache, vcache, g.s),
+                     TM_OK);
+    download(&g, got, qd, sizeof(got));
+    download(&g, kc, kcache + pos0 * NKV * HD, sizeof(kc));
+    for (int h = 0; h < NH + NKV; h++) {
+        const float *src = h < NH ? q + h * HD : k + (h - NH) * HD;
+        const float *y = h < NH ? got + h * HD : kc + (h - NH) * HD;
+        double ss = 0, v[HD];
+        for (int i = 0; i < HD; i++) ss += (double)src[i] * src[i];
+        for (int i = 0; i < HD; i++) v[i] = h < NH ? src[i] / sqrt(ss / HD + 1e-6) * qn[i] : src[i];
+        for (int i = 0; i < HD; i++) {
+            const double th = pos0 * pow(1e4, -2.0 * (i / 2) / HD);
+            const double want =
+                i % 2 ? v[i - 1] * sin(th) + v[i] * cos(th) : v[i] * cos(th) - v[i + 1] * sin(th);
+            assert_close(y[i], want, 1e-5 * (1 + fabs(want)));
+        }
+    }
+    tm_cuda_attn_params bad = p;
+    bad.n_rot = HD / 2;
+    assert_int_equal(cuda_attn_prepare(&bad, qd, kd, kd, NULL, NULL, posd, 1, kcache, vcache, g.s),
+                     TM_ERR_ARG);
+    tm_error_clear();
+    gpu_close(&g);
+}
+
 /* ---- linear attention (cuda_mock_ssm.c) against the CPU engine's kernels ---- */
 
 enum { SK = 2, SV = 4, SDK = 16, SDV = 8, SKW = 4, SC = 2 * SK * SDK + SV * SDV, SSEQ = 3 };
@@ -691,7 +737,7 @@ int main(void) {
         cmocka_unit_test(test_products),     cmocka_unit_test(test_moe),
         cmocka_unit_test(test_router),       cmocka_unit_test(test_norm_rope_add),
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_ssm),
-        cmocka_unit_test(test_partial_rope),
+        cmocka_unit_test(test_partial_rope), cmocka_unit_test(test_interleaved_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

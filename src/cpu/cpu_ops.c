@@ -54,6 +54,15 @@ void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const f
     }
 }
 
+void cpu_rope_interleaved_table(float *x, int64_t head_dim, const float *cos_t,
+                                const float *sin_t) {
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        float a = x[2 * i], b = x[2 * i + 1];
+        x[2 * i] = a * cos_t[i] - b * sin_t[i];
+        x[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
+    }
+}
+
 void cpu_softmax(float *x, int64_t n) {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;

@@ -29,6 +29,9 @@ void cpu_rope_table(float *cos_out, float *sin_out, int64_t head_dim, int64_t po
 void cpu_rope_table_freq(float *cos_out, float *sin_out, int64_t head_dim, int64_t pos,
                          const float *inv_freq, float mscale);
 void cpu_rope_neox_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t);
+/* The same with adjacent pairs (2i, 2i + 1): llama.cpp's "normal" RoPE (GPT-J; HF's
+ * rope_interleave), which Mixtral's converter-permuted q and k rows take. */
+void cpu_rope_interleaved_table(float *x, int64_t head_dim, const float *cos_t, const float *sin_t);
 
 /* In-place softmax over n values; returns nothing, the sum is 1. */
 void cpu_softmax(float *x, int64_t n);

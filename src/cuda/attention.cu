@@ -388,7 +388,8 @@ static __device__ void tm_attn_prepare_partial(const tm_cuda_attn_params &p, flo
     }
 }
 
-/* Thread i < d/2 owns the pair (i, i + d/2) of one head of one token. */
+/* Thread i < d/2 owns the pair (i, i + d/2) of one head of one token (interleaved
+ * RoPE: the pair (2i, 2i + 1)). */
 __global__ void __launch_bounds__(TM_ATTN_THREADS)
     tm_attn_prepare_kernel(tm_cuda_attn_params p, float *q, const float *k, const float *v,
                            const float *q_norm, const float *k_norm, const int32_t *pos0,
@@ -423,8 +424,9 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
     const int64_t hk = slot - p.n_head;
     const float *src = is_q ? q + (t * p.n_head + slot) * d : k + t * kvw + hk * d;
     const float *w = is_q ? q_norm : k_norm;
+    const int e0 = p.rope_interleaved ? 2 * i : i, e1 = p.rope_interleaved ? 2 * i + 1 : i + half;
     float x0 = 0.f, x1 = 0.f;
-    if (i < half) x0 = src[i], x1 = src[i + half];
+    if (i < half) x0 = src[e0], x1 = src[e1];
     if (w) { /* block-uniform: every thread reaches the barrier */
         const float ss = tm_warp_sum(x0 * x0 + x1 * x1);
         if (i % TM_CUDA_WARP == 0) part[i / TM_CUDA_WARP] = ss;
@@ -433,7 +435,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
 #pragma unroll
         for (int j = 0; j < TM_ATTN_WARPS; j++) tot += part[j];
         const float scale = 1.0f / sqrtf(tot / (float)d + p.rms_eps);
-        if (i < half) x0 = x0 * scale * w[i], x1 = x1 * scale * w[i + half];
+        if (i < half) x0 = x0 * scale * w[e0], x1 = x1 * scale * w[e1];
     }
     if (p.n_rot && p.n_rot != d) { /* partial RoPE (block-uniform) */
         float *qh = is_q ? q + (t * p.n_head + slot) * d : NULL;
@@ -454,16 +456,16 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
     const float c = (float)(cd * ms), s = (float)(sd * ms);
     const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
     if (is_q) { /* in place: this thread read exactly these two values */
-        q[(t * p.n_head + slot) * d + i] = y0;
-        q[(t * p.n_head + slot) * d + i + half] = y1;
+        q[(t * p.n_head + slot) * d + e0] = y0;
+        q[(t * p.n_head + slot) * d + e1] = y1;
     } else if (store) {
-        const int64_t off = kv_row * kvw + hk * d + i;
+        const int64_t off = kv_row * kvw + hk * d;
         if (f16) {
-            ((__half *)k_cache)[off] = __float2half_rn(y0);
-            ((__half *)k_cache)[off + half] = __float2half_rn(y1);
+            ((__half *)k_cache)[off + e0] = __float2half_rn(y0);
+            ((__half *)k_cache)[off + e1] = __float2half_rn(y1);
         } else {
-            ((float *)k_cache)[off] = y0;
-            ((float *)k_cache)[off + half] = y1;
+            ((float *)k_cache)[off + e0] = y0;
+            ((float *)k_cache)[off + e1] = y1;
         }
     }
 }

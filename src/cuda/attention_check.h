@@ -47,11 +47,15 @@ static inline tm_status cuda_attn_prepare_check(const tm_cuda_attn_params *p, co
                             "cuda_attn_prepare: a NULL q/k/v/pos0/cache pointer, or row_pos "
                             "without row_seq");
     if (p->n_rot < 0 || p->n_rot > p->head_dim || (p->n_rot & 1) ||
-        (p->rope_freq && p->n_rot && p->n_rot != p->head_dim))
+        ((p->rope_freq || p->rope_interleaved) && p->n_rot && p->n_rot != p->head_dim))
         return tm_error_set(TM_ERR_ARG,
                             "cuda_attn_prepare: n_rot %d of head_dim %d%s (want even, <= "
-                            "head_dim, 0: head_dim; a rope_freq table rotates the whole head)",
-                            p->n_rot, p->head_dim, p->rope_freq ? " with rope_freq" : "");
+                            "head_dim, 0: head_dim; a rope_freq table or interleaved pairs "
+                            "rotate the whole head)",
+                            p->n_rot, p->head_dim,
+                            p->rope_freq          ? " with rope_freq"
+                            : p->rope_interleaved ? " interleaved"
+                                                  : "");
     return TM_OK;
 }
 

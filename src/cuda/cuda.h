@@ -486,6 +486,9 @@ typedef struct tm_cuda_attn_params {
      * which spans the whole head). Even, <= head_dim; 0: head_dim. Not with
      * rope_freq (its table is of the whole head). */
     int32_t n_rot;
+    /* RoPE of adjacent pairs (2i, 2i + 1) at theta_i (llama.cpp's "normal" kind), the
+     * whole head (n_rot 0 or head_dim); else NeoX pairs (i, i + d/2). */
+    bool rope_interleaved;
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)

@@ -702,11 +702,13 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                             "exec_attention: layer %u's RoPE table differs from the one given "
                             "at exec_attention_setup",
                             layer);
-    if (a->n_rot < 0 || a->n_rot > a->head_dim || a->n_rot % 2 || (a->n_rot && a->rope_freq))
+    if (a->n_rot < 0 || a->n_rot > a->head_dim || a->n_rot % 2 || (a->n_rot && a->rope_freq) ||
+        (a->rope_interleaved && a->n_rot && a->n_rot != a->head_dim))
         return tm_error_set(TM_ERR_ARG,
-                            "exec_attention: layer %u rotates %lld of %lld values (even, at most "
-                            "all; a scaled RoPE rotates all)",
-                            layer, (long long)a->n_rot, (long long)a->head_dim);
+                            "exec_attention: layer %u rotates %lld of %lld values%s (even, at most "
+                            "all; a scaled or interleaved RoPE rotates all)",
+                            layer, (long long)a->n_rot, (long long)a->head_dim,
+                            a->rope_interleaved ? " interleaved" : "");
     if (a->window != e->window[layer])
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u's window %lld differs from the %lld given "

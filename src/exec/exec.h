@@ -99,6 +99,9 @@ typedef struct tm_attn_desc {
     float rope_mscale;                /* cos and sin multiplied by it (YaRN; 0: 1) */
     int64_t n_rot;                    /* RoPE turns a head's first n_rot values (pairs i,
                                          i + n_rot/2; angles of width n_rot); 0: head_dim */
+    bool rope_interleaved;            /* pairs (2i, 2i + 1), llama.cpp's "normal" RoPE
+                                         (Mixtral's permuted q/k rows); else NeoX's. The
+                                         whole head only (n_rot 0 or head_dim) */
 } tm_attn_desc;
 
 /* A layer without attention (exec_attention_setup's window): no KV cache. */
@@ -293,6 +296,8 @@ tm_status exec_gate_mul(tm_exec *e, tm_act *y, tm_act *g);
 /* y[t] *= sigmoid(s[t][0]), then x[t] += y[t] (a gated residual add; s has one
  * value a row). */
 tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s);
+/* x += y, value by value (an unweighted residual add: GLM-4.5's shared expert). */
+tm_status exec_add(tm_exec *e, tm_act *x, tm_act *y);
 
 /* The part of the architecture the next ops belong to (--profile). */
 tm_status exec_part(tm_exec *e, tm_prof_part part);

@@ -124,19 +124,21 @@ static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
     const tm_exec *e = j->e;
     const int64_t D = d->head_dim, Q = d->n_head * D, KV = d->n_head_kv * D;
     const int64_t R = d->n_rot ? d->n_rot : D; /* the rotated values of a head */
+    void (*rope)(float *, int64_t, const float *, const float *) =
+        d->rope_interleaved ? cpu_rope_interleaved_table : cpu_rope_neox_table;
     const size_t kv_row = (size_t)KV * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t = begin; t < end; t++) {
         const float *cs = e->rope_cos + t * (D / 2), *sn = e->rope_sin + t * (D / 2);
         for (int64_t h = 0; h < d->n_head; h++) {
             float *q = j->q + t * Q + h * D;
             if (j->a->q_norm) cpu_rmsnorm(q, q, j->a->q_norm, D, d->rms_eps);
-            cpu_rope_neox_table(q, R, cs, sn);
+            rope(q, R, cs, sn);
         }
         float *krow = j->k + t * KV; /* consumed: normed and rotated in place */
         for (int64_t h = 0; h < d->n_head_kv; h++) {
             float *k = krow + h * D;
             if (j->a->k_norm) cpu_rmsnorm(k, k, j->a->k_norm, D, d->rms_eps);
-            cpu_rope_neox_table(k, R, cs, sn);
+            rope(k, R, cs, sn);
         }
         const int64_t p = e->row_pos[t], seq_rows = j->a->seq_rows; /* its sequence's rows */
         const int64_t row = e->row_seq[t] * seq_rows + (j->a->ring ? p % seq_rows : p);

@@ -138,7 +138,8 @@ static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const exec_attn *at
                                  .window = a->window,
                                  .sinks = at->sinks,
                                  .precise = e->gpu_attn_f32,
-                                 .n_rot = (int32_t)a->n_rot};
+                                 .n_rot = (int32_t)a->n_rot,
+                                 .rope_interleaved = a->rope_interleaved};
 }
 
 /* Scratch of the tensor-core products: the largest need of any GPU matrix. */

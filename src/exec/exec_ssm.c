@@ -436,3 +436,21 @@ tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s) {
     exec_act_wrote(x, TM_DEV_CPU), exec_act_wrote(y, TM_DEV_CPU);
     return TM_OK;
 }
+
+tm_status exec_add(tm_exec *e, tm_act *x, tm_act *y) {
+    if (x->n != y->n)
+        return tm_error_set(TM_ERR_ARG, "exec_add: %lld and %lld values", (long long)x->n,
+                            (long long)y->n);
+    tm_status st;
+    if (ssm_ew_side(e, y) == TM_DEV_GPU) {
+        if ((st = ssm_to(e, TM_DEV_GPU, 2, (tm_act *[]){x, y})) ||
+            (st = cuda_add(x->dev, x->dev, y->dev, e->n_tok * x->n, e->stream)))
+            return st;
+        exec_act_wrote(x, TM_DEV_GPU);
+        return TM_OK;
+    }
+    if ((st = ssm_to(e, TM_DEV_CPU, 2, (tm_act *[]){x, y}))) return st;
+    cpu_axpy(x->host, 1.0f, y->host, e->n_tok * x->n);
+    exec_act_wrote(x, TM_DEV_CPU);
+    return TM_OK;
+}

@@ -473,28 +473,30 @@ void check_ssm_gates(void **state) {
 typedef struct prot_case {
     int32_t n_head, n_head_kv, d, n_rot;
     tm_type kv;
-    bool rows; /* row_pos / row_seq, else *pos0 */
+    bool rows;  /* row_pos / row_seq, else *pos0 */
+    bool inter; /* interleaved pairs (2i, 2i + 1): llama.cpp's normal RoPE, the whole head */
 } prot_case;
 
 static const prot_case k_prot_cases[] = {
-    {4, 2, 32, 8, TM_TYPE_F32, false},
-    {2, 1, 256, 64, TM_TYPE_F32, true},
-    {4, 2, 32, 8, TM_TYPE_F16, true},
-    {2, 2, 256, 64, TM_TYPE_F16, false},
+    {4, 2, 32, 8, TM_TYPE_F32, false, false}, {2, 1, 256, 64, TM_TYPE_F32, true, false},
+    {4, 2, 32, 8, TM_TYPE_F16, true, false},  {2, 2, 256, 64, TM_TYPE_F16, false, false},
+    {4, 2, 32, 32, TM_TYPE_F32, false, true}, {2, 1, 128, 128, TM_TYPE_F16, true, true},
 };
 
-/* One head after prepare: the norm over all d values, the first n_rot rotated. */
-static void ref_partial(const float *x, const float *w, int32_t d, int32_t nr, double base,
-                        double eps, int64_t pos, double *y, double *tol) {
+/* One head after prepare: the norm over all d values, the first n_rot rotated (NeoX pairs,
+ * or adjacent ones when inter). */
+static void ref_partial(const float *x, const float *w, int32_t d, int32_t nr, bool inter,
+                        double base, double eps, int64_t pos, double *y, double *tol) {
     double ss = 0;
     for (int32_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
     const double sc = 1 / sqrt(ss / d + eps);
     for (int32_t i = 0; i < d; i++) y[i] = x[i] * sc * w[i];
     for (int32_t i = nr; i < d; i++) tol[i] = (d + 8) * U32 * fabs(y[i]) + 1e-30;
     for (int32_t i = 0; i < nr / 2; i++) {
-        const double a = y[i], b = y[i + nr / 2], th = (double)pos * pow(base, -2.0 * i / nr);
-        y[i] = a * cos(th) - b * sin(th), y[i + nr / 2] = a * sin(th) + b * cos(th);
-        tol[i] = tol[i + nr / 2] = (d + 8) * U32 * (fabs(a) + fabs(b)) + 1e-30;
+        const int32_t i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + nr / 2;
+        const double a = y[i0], b = y[i1], th = (double)pos * pow(base, -2.0 * i / nr);
+        y[i0] = a * cos(th) - b * sin(th), y[i1] = a * sin(th) + b * cos(th);
+        tol[i0] = tol[i1] = (d + 8) * U32 * (fabs(a) + fabs(b)) + 1e-30;
     }
 }
 
@@ -514,7 +516,8 @@ static void prot_case_run(tm_rng *rng, const prot_case *c) {
                              .scale = 1,
                              .rms_eps = 1e-6f,
                              .rope_base = 1e4f,
-                             .n_rot = c->n_rot};
+                             .n_rot = c->n_rot,
+                             .rope_interleaved = c->inter};
     float *q = xmalloc((size_t)nq * 4), *k = xmalloc((size_t)nk * 4), *v = xmalloc((size_t)nk * 4);
     float *qn = xmalloc((size_t)d * 4), *kn = xmalloc((size_t)d * 4), *qo = xmalloc((size_t)nq * 4);
     float *qo2 = xmalloc((size_t)nq * 4);
@@ -542,7 +545,8 @@ static void prot_case_run(tm_rng *rng, const prot_case *c) {
         const int64_t row = c->rows ? (int64_t)seq[t] * NCTX + pos[t] : pos0 + t;
         const bool stored = !c->rows || pos[t] < NCTX; /* past its sequence's rows: not stored */
         for (int32_t h = 0; h < H; h++) {
-            ref_partial(q + ((int64_t)t * H + h) * d, qn, d, c->n_rot, 1e4, 1e-6, at, y, tol);
+            ref_partial(q + ((int64_t)t * H + h) * d, qn, d, c->n_rot, c->inter, 1e4, 1e-6, at, y,
+                        tol);
             for (int32_t i = 0; i < d; i++) {
                 const float got = qo[((int64_t)t * H + h) * d + i];
                 if (!(fabs(got - y[i]) <= tol[i]))
@@ -554,7 +558,8 @@ static void prot_case_run(tm_rng *rng, const prot_case *c) {
         }
         if (!stored) continue;
         for (int32_t h = 0; h < Hk; h++) {
-            ref_partial(k + t * kvw + (int64_t)h * d, kn, d, c->n_rot, 1e4, 1e-6, at, y, tol);
+            ref_partial(k + t * kvw + (int64_t)h * d, kn, d, c->n_rot, c->inter, 1e4, 1e-6, at, y,
+                        tol);
             for (int32_t i = 0; i < d; i++) {
                 const int64_t e = row * kvw + (int64_t)h * d + i;
                 float got;
@@ -594,8 +599,9 @@ static void prot_case_run(tm_rng *rng, const prot_case *c) {
     CHECK(cuda_copy_to_host(g_dev, qo, q_d, (size_t)nq * 4));
     CHECK(cuda_copy_to_host(g_dev, qo2, q2_d, (size_t)nq * 4));
     if (memcmp(qo, qo2, (size_t)nq * 4)) fail_msg("n_rot = head_dim differs from n_rot = 0");
-    printf("partial rope d %3d n_rot %2d %s %s: worst q err/tol %.3f\n", d, c->n_rot,
-           c->kv == TM_TYPE_F16 ? "f16" : "f32", c->rows ? "rows" : "pos0", worst);
+    printf("partial rope d %3d n_rot %2d %s %s%s: worst q err/tol %.3f\n", d, c->n_rot,
+           c->kv == TM_TYPE_F16 ? "f16" : "f32", c->rows ? "rows" : "pos0",
+           c->inter ? " interleaved" : "", worst);
     /* refused: odd, past the head, with a frequency table */
     const int32_t bad[] = {7, d + 2, -2};
     for (int i = 0; i < 3; i++) {
@@ -604,9 +610,11 @@ static void prot_case_run(tm_rng *rng, const prot_case *c) {
             TM_ERR_ARG)
             fail_msg("n_rot %d of head_dim %d accepted", bad[i], d);
     }
-    p.n_rot = c->n_rot, p.rope_freq = qn_d;
+    /* a frequency table, or interleaved pairs, over part of the head */
+    p.n_rot = c->inter ? d / 2 : c->n_rot, p.rope_freq = c->inter ? NULL : qn_d;
     if (cuda_attn_prepare(&p, q_d, k_d, v_d, qn_d, kn_d, pos0_d, NT, kc_d, vc_d, s) != TM_ERR_ARG)
-        fail_msg("n_rot %d with rope_freq accepted", c->n_rot);
+        fail_msg("n_rot %d with %s accepted", p.n_rot,
+                 c->inter ? "interleaved pairs" : "rope_freq");
     tm_error_clear();
     free(q), free(k), free(v), free(qn), free(kn), free(qo), free(qo2), free(kc), free(vc);
     free(y), free(tol);

@@ -41,7 +41,14 @@ static void norm_rope_head(float *x, const float *w, const tm_cuda_attn_params *
                            const float *cs) {
     const int64_t nr = attn_n_rot(p);
     if (w) cpu_rmsnorm(x, x, w, p->head_dim, p->rms_eps);
-    cpu_rope_neox_table(x, nr, cs, cs + nr / 2);
+    if (!p->rope_interleaved) {
+        cpu_rope_neox_table(x, nr, cs, cs + nr / 2);
+        return;
+    }
+    for (int64_t i = 0; i < nr / 2; i++) { /* adjacent pairs (cuda.h), written out here */
+        const double a = x[2 * i], b = x[2 * i + 1], c = cs[i], s = cs[nr / 2 + i];
+        x[2 * i] = (float)(a * c - b * s), x[2 * i + 1] = (float)(a * s + b * c);
+    }
 }
 
 /* Token t's position and the first cache row of its sequence (the kernels'
