@@ -167,7 +167,9 @@ bool placement_tensor_is_expert(const char *name, size_t len) {
 
 /* ---- placing ---- */
 
-typedef enum tensor_kind { T_LAYER, T_EXPERT, T_EMBD, T_OTHER } tensor_kind;
+/* T_UNRUN: a tensor of a layer at or past n_layer, which the model does not run
+ * (GLM-4.5's NextN layer): it stays in the mapped file, whatever the flags. */
+typedef enum tensor_kind { T_LAYER, T_EXPERT, T_EMBD, T_OTHER, T_UNRUN } tensor_kind;
 
 /* What placement_make knows about the file before choosing N. */
 typedef struct plan {
@@ -200,12 +202,13 @@ static tm_status plan_match(plan *pl, pcre2_match_data *md) {
         const tm_gguf_str *nm = &f->tensors[t].name;
         const char *name = nm->len ? nm->data : ""; /* PCRE2 refuses a NULL subject */
         int l = placement_tensor_layer(name, nm->len);
-        if (l >= (int64_t)pl->n_layer) l = -1; /* not a layer of this model: placed as "other" */
+        const bool unrun = l >= (int64_t)pl->n_layer;
+        if (unrun) l = -1;
         pl->layer[t] = l;
         if (l >= 0)
             pl->kind[t] = placement_tensor_is_expert(name, nm->len) ? T_EXPERT : T_LAYER;
         else
-            pl->kind[t] = name_is(nm, "token_embd.weight") ? T_EMBD : T_OTHER;
+            pl->kind[t] = unrun ? T_UNRUN : name_is(nm, "token_embd.weight") ? T_EMBD : T_OTHER;
         if (name_is(nm, "output.weight")) pl->tied = false;
         pl->win[t] = -1;
         for (size_t i = 0; i < pl->rs->n; i++) {
@@ -248,7 +251,7 @@ static size_t plan_apply(plan *pl, uint32_t n, bool all_gpu, tm_placement *out, 
             home = TM_DEV_CPU; /* a row lookup per token: nothing to gain on the GPU */
         else
             home = all_gpu ? TM_DEV_GPU : TM_DEV_CPU;
-        tm_dev d = w >= 0 ? pl->rs->r[w].dev : home;
+        tm_dev d = pl->kind[t] == T_UNRUN ? TM_DEV_CPU : w >= 0 ? pl->rs->r[w].dev : home;
         out->tensor_dev[t] = (uint8_t)d;
         if (pl->kind[t] == T_EXPERT) {
             pl->seen[l] |= (uint8_t)(1u << d);

@@ -16,7 +16,8 @@
  * (no output.weight), then it follows the head. A layer's expert tensors
  * (names with "_exps" or "_chexps") live together: if the overrides split
  * them, all of the layer's go to the CPU, with a warning. A layer's attention
- * and KV cache live at the layer's -ngl home.
+ * and KV cache live at the layer's -ngl home. Tensors of layers at or past
+ * n_layer (a NextN layer the model loads but does not run) stay on the CPU.
  *
  * Knows tensor names (the GGUF convention), no architecture. */
 #ifndef TM_TIER_PLACEMENT_H
