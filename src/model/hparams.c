@@ -47,7 +47,11 @@ static const hparam hparams[] = {
      .what = "experts per layer"},
     {HP(NULL, "expert_used_count", U32, n_expert_used), .lo = 1, .hi = TM_MODEL_MAX_EXPERTS_USED,
      .what = "experts a token uses"},
-    {HP(NULL, "expert_feed_forward_length", U32, n_ff_exp), .lo = 1, .hi = HP_MAX_DIM,
+    {HP("qwen3moe gpt-oss qwen3next qwen35moe glm4moe", "expert_feed_forward_length", U32,
+        n_ff_exp),
+     .lo = 1, .hi = HP_MAX_DIM, .what = "an expert's hidden width"},
+    /* Mixtral (arch llama) and OLMoE: the experts' width is the FFN width */
+    {HP("llama olmoe", "feed_forward_length", U32, n_ff_exp), .lo = 1, .hi = HP_MAX_DIM,
      .what = "an expert's hidden width"},
     {HP(NULL, "attention.layer_norm_rms_epsilon", F32, rms_eps), .lo = 0, .lo_open = true,
      .hi = 0.01, .what = "RMSNorm's epsilon"},
@@ -90,6 +94,23 @@ static const hparam hparams[] = {
      .lo = 1, .hi = 65536, .what = "every n-th layer is full attention"},
     {HP(HP_QNEXT, "expert_shared_feed_forward_length", U32, n_ff_shexp), .lo = 1, .hi = HP_MAX_DIM,
      .what = "the shared expert's hidden width"},
+    {HP("glm4moe", "feed_forward_length", U32, n_ff), .lo = 1, .hi = HP_MAX_DIM,
+     .what = "a dense layer's FFN width"},
+    {HP("glm4moe", "leading_dense_block_count", U32, n_dense), .optional = true, .dflt = 0, .lo = 0,
+     .hi = 65536, .what = "leading dense layers"},
+    {HP("glm4moe", "expert_shared_count", U32, n_shexp), .optional = true, .dflt = 0, .lo = 0,
+     .hi = 64, .what = "shared experts"},
+    {HP("glm4moe", "expert_group_count", U32, n_group), .optional = true, .dflt = 1, .lo = 1,
+     .hi = 32, .what = "the router's expert groups"},
+    {HP("glm4moe", "expert_group_used_count", U32, n_group_used), .optional = true, .dflt = 1,
+     .lo = 1, .hi = 32, .what = "expert groups a token uses"},
+    /* llama.cpp: 1 softmax, 2 sigmoid; absent: sigmoid, as llama.cpp takes GLM-4.5's */
+    {HP("glm4moe", "expert_gating_func", U32, gating_func), .optional = true, .dflt = 2, .lo = 1,
+     .hi = 2, .what = "the router's scores: 1 softmax, 2 sigmoid"},
+    {HP("glm4moe", "expert_weights_scale", F32, expert_scale), .optional = true, .dflt = 1, .lo = 0,
+     .lo_open = true, .hi = 1e6, .what = "the routed experts' scaling factor"},
+    {HP("glm4moe", "nextn_predict_layers", U32, n_nextn), .optional = true, .dflt = 0, .lo = 0,
+     .hi = 16, .what = "NextN (MTP) layers at the end of block_count"},
 };
 
 #define HP_N (sizeof(hparams) / sizeof(hparams[0]))
@@ -108,8 +129,14 @@ static const hparam_rel relations[] = {
     {NULL, "expert_used_count", HP_LE, "expert_count"},
     {NULL, "attention.head_count", HP_MULTIPLE_OF, "attention.head_count_kv"},
     {NULL, "attention.value_length", HP_EQ, "attention.key_length"}, /* one width: the kernels */
-    {"qwen3moe gpt-oss", "rope.dimension_count", HP_EQ, "attention.key_length"}, /* whole heads */
-    {HP_QNEXT, "rope.dimension_count", HP_LE, "attention.key_length"}, /* a head's first part */
+    {"qwen3moe gpt-oss llama olmoe", "rope.dimension_count", HP_EQ,
+     "attention.key_length"}, /* whole heads */
+    {HP_QNEXT " glm4moe", "rope.dimension_count", HP_LE,
+     "attention.key_length"}, /* a head's first part */
+    {"glm4moe", "expert_count", HP_MULTIPLE_OF, "expert_group_count"},
+    {"glm4moe", "expert_group_used_count", HP_LE, "expert_group_count"},
+    {"glm4moe", "nextn_predict_layers", HP_LT, "block_count"},
+    {"glm4moe", "leading_dense_block_count", HP_LT, "block_count"},
     {NULL, "rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
     {HP_QNEXT, "ssm.time_step_rank", HP_MULTIPLE_OF, "ssm.group_count"},
     {HP_QNEXT, "ssm.inner_size", HP_MULTIPLE_OF, "ssm.time_step_rank"},

@@ -9,10 +9,12 @@
 #include "core/log.h"
 #include "cpu/cpu_ops.h"
 
-extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss, tm_arch_qwen3next, tm_arch_qwen35moe;
+extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss, tm_arch_qwen3next, tm_arch_qwen35moe,
+    tm_arch_mixtral, tm_arch_olmoe, tm_arch_glm4moe;
 
-static const tm_arch *const archs[] = {&tm_arch_qwen3moe, &tm_arch_gptoss, &tm_arch_qwen3next,
-                                       &tm_arch_qwen35moe};
+static const tm_arch *const archs[] = {&tm_arch_qwen3moe,  &tm_arch_gptoss,  &tm_arch_qwen3next,
+                                       &tm_arch_qwen35moe, &tm_arch_mixtral, &tm_arch_olmoe,
+                                       &tm_arch_glm4moe};
 
 /* VRAM left free when sizing -ngl auto and --moe-cache auto: cuBLAS's
  * workspace and handles, the CUDA context, other programs' small needs. */
@@ -35,7 +37,7 @@ tm_status model_load(const char *path, tm_model **out) {
         tm_error_set(
             TM_ERR_UNSUPPORTED,
             "%s: architecture '%.*s' is not supported (supported: qwen3moe, gpt-oss, qwen3next, "
-            "qwen35moe)",
+            "qwen35moe, llama with experts (Mixtral), olmoe, glm4moe)",
             path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
         gguf_file_close(f);
         return TM_ERR_UNSUPPORTED;

@@ -44,6 +44,16 @@ typedef struct tm_model_config {
     uint32_t ssm_inner;          /* value heads x their width (ssm.inner_size) */
     uint32_t full_attn_interval; /* every n-th layer is full attention */
     uint32_t n_ff_shexp;         /* the shared expert's hidden width */
+    /* glm4moe: leading dense layers, shared experts, the router's options, NextN */
+    uint32_t n_ff;         /* a dense layer's FFN width (feed_forward_length) */
+    uint32_t n_dense;      /* the first n_dense layers are dense (no experts) */
+    uint32_t n_shexp;      /* shared experts (n_ff_exp wide each, run as one) */
+    uint32_t n_group;      /* the router's expert groups (1: none) */
+    uint32_t n_group_used; /* groups a token's experts come from */
+    uint32_t gating_func;  /* llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid */
+    float expert_scale;    /* the routed experts' weights times it (expert_weights_scale) */
+    uint32_t n_nextn;      /* NextN (MTP) layers at the end of block_count: checked, not run;
+                                n_layer excludes them */
 } tm_model_config;
 
 #define TM_MODEL_MAX_EXPERTS      1024

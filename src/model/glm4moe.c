@@ -1,0 +1,347 @@
+/* GLM-4.5 / GLM-4.5-Air / GLM-4.6 / GLM-4.7 (architecture `glm4moe`) as
+ * llama.cpp's converter stores them: leading dense layers, then MoE layers with
+ * a shared expert and a sigmoid router with a selection bias and expert groups.
+ *
+ *   x = token_embd[tok]
+ *   for each layer l (the first leading_dense_block_count dense):
+ *       h = rmsnorm(x) * attn_norm
+ *       q, k, v = Wq h + bq, Wk h + bk, Wv h + bv
+ *       [q, k = rmsnorm(q) * q_norm, rmsnorm(k) * k_norm    per head, when the file has them]
+ *       q, k = rope_neox(q), rope_neox(k)   the first rope.dimension_count values of a head,
+ *                                           pairs (i, i + n_rot/2) at pos · base^(-2i/n_rot)
+ *       x += Wo · softmax(q kᵀ / sqrt(head_dim), causal) v   grouped-query heads (no bias on Wo)
+ *       h = rmsnorm(x) * post_attention_norm
+ *       dense layer:  x += down(silu(gate h) ⊙ up h)
+ *       MoE layer:    x += down_sh(silu(gate_sh h) ⊙ up_sh h)      the shared experts, unweighted
+ *                     s = sigmoid(W_router h)                       (expert_gating_func 2; 1: softmax)
+ *                     sel = s + exp_probs_b                         chooses, never weighs
+ *                     groups: a group's score is the sum of its two largest sel; the experts of
+ *                             the expert_group_used_count best of expert_group_count groups
+ *                     the top-k of sel among them; w_k = s_k / Σ s (expert_weights_norm) ·
+ *                             expert_weights_scale
+ *                     x += Σ_k w_k · down_k(silu(gate_k h) ⊙ up_k h)
+ *   logits = W_out · (rmsnorm(x) * output_norm)
+ *
+ * The last nextn_predict_layers of block_count are NextN (multi-token prediction) layers:
+ * their tensors are checked like a layer's plus nextn.eh_proj [2 n_embd, n_embd],
+ * nextn.enorm, nextn.hnorm (and the optional nextn.embed_tokens, shared_head_head,
+ * shared_head_norm), and never run (n_layer counts the others; the placement keeps them in the
+ * mapped file).
+ *
+ * Shapes (ne order): attn_q [n_embd, n_head*head_dim] + bias; attn_k/v [n_embd,
+ * n_head_kv*head_dim] + bias; attn_output [n_head*head_dim, n_embd]; attn_q/k_norm [head_dim];
+ * dense ffn_gate/up [n_embd, feed_forward_length], ffn_down the reverse; ffn_gate_inp [n_embd,
+ * n_expert]; exp_probs_b.bias [n_expert]; ffn_*_exps as qwen3moe's; ffn_gate/up_shexp [n_embd,
+ * n_ff_exp · expert_shared_count], ffn_down_shexp the reverse. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/model.h"
+
+typedef struct glm_layer {
+    bool dense;
+    tm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_norm;
+    tm_weight ffn_gate, ffn_up, ffn_down; /* dense layers */
+    tm_weight router, sel_bias, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
+    tm_moe_experts experts;
+} glm_layer;
+
+typedef struct glm_weights {
+    tm_weight token_embd, output_norm, output;
+    glm_layer *layers;
+    tm_moe_router_params router;
+    bool qk_norm;
+} glm_weights;
+
+typedef struct glm_acts {
+    tm_moe_acts m; /* first: model_moe_acts_create */
+    tm_act ff_g, ff_u, sh_g, sh_u, ff_out;
+} glm_acts;
+
+static tm_status glm_f32(const tm_model *m, const tm_weight *w) {
+    if (!w->data || w->type == TM_TYPE_F32) return TM_OK;
+    return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%.*s' must be f32, is %s", m->file->path,
+                        (int)w->name_len, w->name, quant_type_name(w->type));
+}
+
+/* Layer l's tensors (a NextN layer's too: the same shapes). */
+static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, glm_layer *L) {
+    const tm_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D,
+                  KV = (int64_t)c->n_head_kv * D, X = c->n_expert, F = c->n_ff_exp,
+                  FS = (int64_t)c->n_ff_exp * c->n_shexp;
+    char name[96];
+    tm_status st;
+#define BIND(field, suffix, nd, ...)                                                               \
+    (snprintf(name, sizeof(name), "blk.%u." suffix, l),                                            \
+     model_weight_bind(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
+#define BIND_OPT(field, suffix, nd, ...)                                                           \
+    (snprintf(name, sizeof(name), "blk.%u." suffix, l),                                            \
+     model_weight_bind_optional(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
+    L->dense = l < c->n_dense;
+    if ((st = BIND(attn_norm, "attn_norm.weight", 1, E)) ||
+        (st = BIND(wq, "attn_q.weight", 2, E, Q)) || (st = BIND(bq, "attn_q.bias", 1, Q)) ||
+        (st = BIND(wk, "attn_k.weight", 2, E, KV)) || (st = BIND(bk, "attn_k.bias", 1, KV)) ||
+        (st = BIND(wv, "attn_v.weight", 2, E, KV)) || (st = BIND(bv, "attn_v.bias", 1, KV)) ||
+        (st = BIND(wo, "attn_output.weight", 2, Q, E)) ||
+        (st = BIND(post_norm, "post_attention_norm.weight", 1, E)) ||
+        (st = BIND_OPT(q_norm, "attn_q_norm.weight", 1, D)) ||
+        (st = BIND_OPT(k_norm, "attn_k_norm.weight", 1, D)))
+        return st;
+    /* the QK norm: every layer or none (HF's use_qk_norm), q and k together */
+    if (!L->q_norm.data != !w->qk_norm || !L->k_norm.data != !w->qk_norm)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: layer %u has %s attn_q_norm and %s attn_k_norm, layer 0 %s "
+                            "(blk.%u.attn_q_norm.weight, blk.%u.attn_k_norm.weight: both in every "
+                            "layer or in none)",
+                            m->file->path, l, L->q_norm.data ? "an" : "no",
+                            L->k_norm.data ? "an" : "no", w->qk_norm ? "both" : "neither", l, l);
+    if (L->dense) {
+        if ((st = BIND(ffn_gate, "ffn_gate.weight", 2, E, c->n_ff)) ||
+            (st = BIND(ffn_up, "ffn_up.weight", 2, E, c->n_ff)) ||
+            (st = BIND(ffn_down, "ffn_down.weight", 2, c->n_ff, E)))
+            return st;
+    } else {
+        if ((st = BIND(router, "ffn_gate_inp.weight", 2, E, X)) ||
+            (st = BIND(sel_bias, "exp_probs_b.bias", 1, X)) ||
+            (st = BIND(gate_exps, "ffn_gate_exps.weight", 3, E, F, X)) ||
+            (st = BIND(up_exps, "ffn_up_exps.weight", 3, E, F, X)) ||
+            (st = BIND(down_exps, "ffn_down_exps.weight", 3, F, E, X)))
+            return st;
+        if (c->n_shexp && ((st = BIND(sh_gate, "ffn_gate_shexp.weight", 2, E, FS)) ||
+                           (st = BIND(sh_up, "ffn_up_shexp.weight", 2, E, FS)) ||
+                           (st = BIND(sh_down, "ffn_down_shexp.weight", 2, FS, E))))
+            return st;
+        L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
+    }
+#undef BIND
+#undef BIND_OPT
+    const tm_weight *f32[] = {&L->attn_norm, &L->bq,     &L->bk,     &L->bv,
+                              &L->post_norm, &L->q_norm, &L->k_norm, &L->sel_bias};
+    for (size_t i = 0; i < sizeof(f32) / sizeof(f32[0]); i++)
+        if ((st = glm_f32(m, f32[i]))) return st;
+    return TM_OK;
+}
+
+/* A NextN layer's own tensors (besides a layer's). */
+static tm_status glm_nextn_bind(tm_model *m, uint32_t l) {
+    const tm_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, V = c->n_vocab;
+    static const struct {
+        const char *suffix;
+        bool optional;
+        uint32_t nd;
+        int rows;  /* ne[1]: 0 none, 1 n_embd, 2 n_vocab */
+        int width; /* ne[0]: 1 n_embd, 2 2 n_embd */
+    } t[] = {{"eh_proj", false, 2, 1, 2},         {"enorm", false, 1, 0, 1},
+             {"hnorm", false, 1, 0, 1},           {"embed_tokens", true, 2, 2, 1},
+             {"shared_head_head", true, 2, 2, 1}, {"shared_head_norm", true, 1, 0, 1}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        char name[96];
+        snprintf(name, sizeof(name), "blk.%u.nextn.%s.weight", l, t[i].suffix);
+        const int64_t ne[2] = {t[i].width * E, t[i].rows == 1 ? E : V};
+        tm_weight w;
+        tm_status st = t[i].optional ? model_weight_bind_optional(m, name, t[i].nd, ne, &w)
+                                     : model_weight_bind(m, name, t[i].nd, ne, &w);
+        if (st)
+            return tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers): ", l,
+                                 m->arch->name);
+    }
+    return TM_OK;
+}
+
+static tm_status glm_load(tm_model *m) {
+    tm_model_config *c = &m->cfg;
+    const char *path = m->file->path;
+    tm_status st = model_hparams_load(m);
+    if (st) return st;
+    const uint32_t n_block = c->n_layer;
+    c->n_layer = n_block - c->n_nextn; /* the layers that run */
+    if (c->n_dense >= c->n_layer)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: key %s.leading_dense_block_count is %u, expected fewer than the "
+                            "%u layers that run (%s.block_count %u less %u NextN layers)",
+                            path, m->arch->name, c->n_dense, c->n_layer, m->arch->name, n_block,
+                            c->n_nextn);
+    glm_weights *w = calloc(1, sizeof(*w));
+    glm_layer *nextn = calloc(1, sizeof(glm_layer));
+    if (!w || !nextn || !(w->layers = calloc(c->n_layer, sizeof(glm_layer)))) {
+        free(w), free(nextn);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    m->weights = w;
+    if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) goto done;
+    char key[96];
+    w->qk_norm = gguf_file_find_tensor(m->file, "blk.0.attn_q_norm.weight") != NULL;
+    for (uint32_t l = 0; l < n_block && st == TM_OK; l++) {
+        if (l < c->n_layer) {
+            st = glm_layer_bind(m, w, l, &w->layers[l]);
+        } else if ((st = glm_layer_bind(m, w, l, nextn)) == TM_OK) {
+            st = glm_nextn_bind(m, l);
+        } else {
+            st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers): ", l, m->arch->name);
+        }
+    }
+    if (st) goto done;
+    /* the router: the keys read and checked by model_hparams_load; the norm flag is a bool */
+    bool norm = false;
+    snprintf(key, sizeof(key), "%s.expert_weights_norm", m->arch->name);
+    if (gguf_file_find_kv(m->file, key) && (st = gguf_file_get_bool(m->file, key, &norm)))
+        goto done;
+    w->router = (tm_moe_router_params){.gating = c->gating_func == 1 ? TM_MOE_GATING_SOFTMAX
+                                                                     : TM_MOE_GATING_SIGMOID,
+                                       .n_expert = c->n_expert,
+                                       .n_used = c->n_expert_used,
+                                       .norm_topk = norm,
+                                       .scale = c->expert_scale,
+                                       .n_group = c->n_group,
+                                       .n_group_used = c->n_group_used};
+    snprintf(key, sizeof(key), "%s: keys %s.expert_*", path, m->arch->name);
+    st = moe_router_check(&w->router, key);
+done:
+    free(nextn);
+    return st;
+}
+
+static void glm_unload(tm_model *m) {
+    glm_weights *w = m->weights;
+    free(w->layers);
+    free(w);
+    m->weights = NULL;
+}
+
+static tm_status glm_state_create(tm_context *ctx) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const glm_weights *w = ctx->model->weights;
+    tm_exec *e = ctx->exec;
+    glm_acts *s = calloc(1, sizeof(*s));
+    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    ctx->state = s;
+    const int64_t FS = (int64_t)c->n_ff_exp * (c->n_shexp ? c->n_shexp : 1);
+    tm_status st;
+    if ((st = model_moe_acts_create(ctx, &s->m)) ||
+        (st = exec_act_create(e, &s->ff_g, "dense_gate", c->n_ff, false, 0)) ||
+        (st = exec_act_create(e, &s->ff_u, "dense_up", c->n_ff, false, 0)) ||
+        (st = exec_act_create(e, &s->sh_g, "shexp_gate", FS, false, 0)) ||
+        (st = exec_act_create(e, &s->sh_u, "shexp_up", FS, false, 0)) ||
+        (st = exec_act_create(e, &s->ff_out, "ff_out", c->n_embd, false, 0)))
+        return st;
+    tm_tier_layer *tl = calloc(c->n_layer, sizeof(*tl));
+    if (!tl) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
+        const glm_layer *L = &w->layers[l];
+        /* products of one input, stacked on the GPU at decode */
+        const tm_weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *dn[] = {&L->ffn_gate, &L->ffn_up},
+                        *sh[] = {&L->sh_gate, &L->sh_up};
+        st = exec_weight_group(e, 3, qkv);
+        if (st == TM_OK && L->dense) st = exec_weight_group(e, 2, dn);
+        if (st == TM_OK && !L->dense && c->n_shexp) st = exec_weight_group(e, 2, sh);
+        if (L->dense) continue; /* no part in the tier */
+        tl[l] = (tm_tier_layer){.experts = L->experts,
+                                .gate = &L->gate_exps,
+                                .up = &L->up_exps,
+                                .down = &L->down_exps,
+                                .router = &L->router,
+                                .sel_bias = &L->sel_bias};
+    }
+    if (st == TM_OK) st = model_moe_state_finish(ctx, tl, &w->router, NULL, NULL, NULL);
+    free(tl);
+    return st;
+}
+
+static void glm_state_free(tm_context *ctx) {
+    free(ctx->state);
+    ctx->state = NULL;
+}
+
+#define DO MODEL_DO
+
+/* y = down(silu(gate h) ⊙ up h): a dense FFN (a dense layer's, or the shared experts') */
+static tm_status glm_ffn(tm_exec *e, const tm_weight *gate, const tm_weight *up,
+                         const tm_weight *down, tm_act *g, tm_act *u, tm_act *h, tm_act *y) {
+    DO(exec_matmul_n(e, 2, (tm_act *const[]){g, u}, (const tm_weight *const[]){gate, up}, h));
+    DO(exec_swiglu(e, g, g, u));
+    DO(exec_matmul(e, y, down, g));
+    return TM_OK;
+}
+
+static tm_status glm_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const glm_weights *w = ctx->model->weights;
+    const glm_layer *L = &w->layers[l];
+    glm_acts *a = ctx->state;
+    tm_moe_acts *s = &a->m;
+    tm_exec *e = ctx->exec;
+    const float eps = c->rms_eps;
+    const tm_attn_desc attn = {.n_head = c->n_head,
+                               .n_head_kv = c->n_head_kv,
+                               .head_dim = c->head_dim,
+                               .scale = 1.0f / sqrtf((float)c->head_dim),
+                               .rms_eps = eps,
+                               .rope_base = c->rope_base,
+                               .q_norm = w->qk_norm ? &L->q_norm : NULL,
+                               .k_norm = w->qk_norm ? &L->k_norm : NULL,
+                               .n_rot = c->n_rot};
+
+    /* attention */
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_rmsnorm(e, &s->h, &s->x, &L->attn_norm, eps)); /* h = rmsnorm(x) * attn_norm */
+    DO(exec_part(e, TM_PROF_ATTN_PROJ));
+    DO(exec_matmul_n(e, 3, (tm_act *const[]){&s->q, &s->k, &s->v},
+                     (const tm_weight *const[]){&L->wq, &L->wk, &L->wv}, &s->h));
+    DO(exec_add_bias(e, &s->q, &L->bq)); /* q, k, v = W h + b */
+    DO(exec_add_bias(e, &s->k, &L->bk));
+    DO(exec_add_bias(e, &s->v, &L->bv));
+    DO(exec_part(e, TM_PROF_ATTENTION));
+    DO(exec_attention(e, l, &attn, &s->q, &s->k, &s->v, &s->att)); /* [QK norm], partial RoPE */
+    DO(exec_part(e, TM_PROF_ATTN_PROJ));
+    DO(exec_matmul(e, &s->attn_out, &L->wo, &s->att));
+    DO(exec_emit(e, "attn_out", (int)l, &s->attn_out, n_tok));
+
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_add_rmsnorm(e, &s->x, &s->attn_out, &s->h, &L->post_norm, eps)); /* x += Wo att;
+                                                    h = rmsnorm(x) * post_attention_norm */
+    DO(exec_part(e, TM_PROF_EXPERTS));
+    if (L->dense) { /* x += down(silu(gate h) ⊙ up h) */
+        DO(glm_ffn(e, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &a->ff_g, &a->ff_u, &s->h,
+                   &a->ff_out));
+        DO(exec_add(e, &s->x, &a->ff_out));
+        DO(exec_emit(e, "dense_out", (int)l, &a->ff_out, n_tok));
+        DO(exec_emit(e, "x_out", (int)l, &s->x, n_tok));
+        return TM_OK;
+    }
+    if (c->n_shexp) { /* x += down_sh(silu(gate_sh h) ⊙ up_sh h), unweighted */
+        DO(glm_ffn(e, &L->sh_gate, &L->sh_up, &L->sh_down, &a->sh_g, &a->sh_u, &s->h, &a->ff_out));
+        DO(exec_add(e, &s->x, &a->ff_out));
+        DO(exec_emit(e, "shexp_out", (int)l, &a->ff_out, n_tok));
+    }
+    DO(exec_part(e, TM_PROF_ROUTER));
+    DO(exec_matmul(e, &s->router_logits, &L->router, &s->h)); /* W_router h */
+    DO(exec_part(e, TM_PROF_EXPERTS));
+    DO(tier_moe(ctx->tier, l, &s->router_logits, &s->h, &s->topk_ids, &s->topk_w, &s->x,
+                &s->ffn_out)); /* x += Σ_k w_k · down_k(silu(gate_k h) ⊙ up_k h) */
+    DO(model_moe_emit(ctx, l, s, n_tok));
+    return TM_OK;
+}
+
+static tm_status glm_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const glm_weights *w = ctx->model->weights;
+    glm_acts *a = ctx->state;
+    tm_exec *e = ctx->exec;
+
+    DO(exec_embed(e, &a->m.x, &w->token_embd)); /* x = token_embd[tok] */
+    for (uint32_t l = 0; l < c->n_layer; l++) DO(glm_layer_forward(ctx, l, n_tok));
+    DO(model_logits_forward(ctx, &a->m, &w->output_norm, &w->output, n_tok, all_logits));
+    return TM_OK;
+}
+
+const tm_arch tm_arch_glm4moe = {
+    .name = "glm4moe",
+    .load = glm_load,
+    .unload = glm_unload,
+    .state_create = glm_state_create,
+    .state_free = glm_state_free,
+    .forward = glm_forward,
+};

@@ -1,0 +1,176 @@
+/* OLMoE (OLMoE-1B-7B) as llama.cpp's converter stores it (architecture `olmoe`).
+ *
+ *   x = token_embd[tok]
+ *   for each layer:
+ *       h = rmsnorm(x) * attn_norm
+ *       q, k, v = Wq h, Wk h, Wv h
+ *       q = rmsnorm(q) * q_norm,  k = rmsnorm(k) * k_norm    over the whole projection (all
+ *                                 heads at once, HF's OlmoeRMSNorm(hidden)), before the heads
+ *       q, k = rope_neox(q), rope_neox(k)   per head, pairs (i, i + d/2) at pos · base^(-2i/d)
+ *       x += Wo · softmax(q kᵀ / sqrt(head_dim), causal) v   grouped-query heads
+ *       h = rmsnorm(x) * ffn_norm
+ *       p = softmax(W_router h); the top-k experts with their p as they are (not renormalised:
+ *           OLMoE's norm_topk_prob is false, and the converter writes no expert_weights_norm)
+ *       x += Σ_k p_k · down_k(silu(gate_k h) ⊙ up_k h)
+ *   logits = W_out · (rmsnorm(x) * output_norm)           W_out = token_embd when output is absent
+ *
+ * Shapes (ne order): attn_q [n_embd, n_head*head_dim] and attn_q_norm [n_head*head_dim];
+ * attn_k/v [n_embd, n_head_kv*head_dim] and attn_k_norm [n_head_kv*head_dim]; attn_output
+ * [n_head*head_dim, n_embd]; ffn_gate_inp [n_embd, n_expert]; ffn_gate/up_exps [n_embd, n_ff,
+ * n_expert]; ffn_down_exps [n_ff, n_embd, n_expert]. Keys: the experts' width is
+ * olmoe.feed_forward_length. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/model.h"
+
+typedef struct olmoe_layer {
+    tm_weight attn_norm, wq, wk, wv, wo, q_norm, k_norm;
+    tm_weight ffn_norm, router, gate_exps, up_exps, down_exps;
+    tm_moe_experts experts;
+} olmoe_layer;
+
+typedef struct olmoe_weights {
+    tm_weight token_embd, output_norm, output;
+    olmoe_layer *layers;
+    tm_moe_router_params router;
+} olmoe_weights;
+
+static tm_status olmoe_load(tm_model *m) {
+    tm_model_config *c = &m->cfg;
+    const char *path = m->file->path;
+    tm_status st = model_hparams_load(m);
+    if (st) return st;
+
+    olmoe_weights *w = calloc(1, sizeof(*w));
+    if (!w || !(w->layers = calloc(c->n_layer, sizeof(olmoe_layer)))) {
+        free(w);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
+    m->weights = w;
+    const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
+                  KV = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff_exp, X = c->n_expert;
+    if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) return st;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        olmoe_layer *L = &w->layers[l];
+        char name[96];
+#define BIND(field, suffix, nd, ...)                                                               \
+    (snprintf(name, sizeof(name), "blk.%u." suffix ".weight", l),                                  \
+     model_weight_bind(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
+        if ((st = BIND(attn_norm, "attn_norm", 1, E)) || (st = BIND(wq, "attn_q", 2, E, Q)) ||
+            (st = BIND(wk, "attn_k", 2, E, KV)) || (st = BIND(wv, "attn_v", 2, E, KV)) ||
+            (st = BIND(wo, "attn_output", 2, Q, E)) || (st = BIND(q_norm, "attn_q_norm", 1, Q)) ||
+            (st = BIND(k_norm, "attn_k_norm", 1, KV)) || (st = BIND(ffn_norm, "ffn_norm", 1, E)) ||
+            (st = BIND(router, "ffn_gate_inp", 2, E, X)) ||
+            (st = BIND(gate_exps, "ffn_gate_exps", 3, E, F, X)) ||
+            (st = BIND(up_exps, "ffn_up_exps", 3, E, F, X)) ||
+            (st = BIND(down_exps, "ffn_down_exps", 3, F, E, X)))
+            return st;
+#undef BIND
+        const tm_weight *norms[] = {&L->attn_norm, &L->q_norm, &L->k_norm, &L->ffn_norm};
+        for (size_t i = 0; i < 4; i++)
+            if (norms[i]->type != TM_TYPE_F32)
+                return tm_error_set(TM_ERR_UNSUPPORTED, "%s: norm tensor '%.*s' must be f32, is %s",
+                                    path, (int)norms[i]->name_len, norms[i]->name,
+                                    quant_type_name(norms[i]->type));
+        L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
+    }
+    w->router = (tm_moe_router_params){.gating = TM_MOE_GATING_SOFTMAX,
+                                       .n_expert = c->n_expert,
+                                       .n_used = c->n_expert_used,
+                                       .norm_topk = false,
+                                       .scale = 1.0f};
+    return moe_router_check(&w->router, path);
+}
+
+static void olmoe_unload(tm_model *m) {
+    olmoe_weights *w = m->weights;
+    free(w->layers);
+    free(w);
+    m->weights = NULL;
+}
+
+static tm_status olmoe_state_create(tm_context *ctx) {
+    const tm_model_config *c = &ctx->model->cfg;
+    olmoe_weights *w = ctx->model->weights;
+    const tm_weight **qkv = calloc((size_t)c->n_layer * 3, sizeof(*qkv));
+    tm_tier_layer *tl = calloc(c->n_layer, sizeof(*tl));
+    tm_status st = TM_OK;
+    if (!qkv || !tl) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
+        const olmoe_layer *L = &w->layers[l];
+        qkv[3 * l] = &L->wq, qkv[3 * l + 1] = &L->wk, qkv[3 * l + 2] = &L->wv;
+        tl[l] = (tm_tier_layer){.experts = L->experts,
+                                .gate = &L->gate_exps,
+                                .up = &L->up_exps,
+                                .down = &L->down_exps,
+                                .router = &L->router};
+    }
+    if (st == TM_OK) st = model_moe_state_create(ctx, qkv, tl, &w->router, NULL);
+    free(qkv), free(tl);
+    return st;
+}
+
+#define DO MODEL_DO
+
+static tm_status olmoe_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const olmoe_layer *L = &((const olmoe_weights *)ctx->model->weights)->layers[l];
+    tm_moe_acts *s = ctx->state;
+    tm_exec *e = ctx->exec;
+    const float eps = c->rms_eps;
+    const tm_attn_desc attn = {.n_head = c->n_head,
+                               .n_head_kv = c->n_head_kv,
+                               .head_dim = c->head_dim,
+                               .scale = 1.0f / sqrtf((float)c->head_dim),
+                               .rope_base = c->rope_base};
+
+    /* attention */
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_rmsnorm(e, &s->h, &s->x, &L->attn_norm, eps)); /* h = rmsnorm(x) * attn_norm */
+    DO(exec_part(e, TM_PROF_ATTN_PROJ));
+    DO(exec_matmul_n(e, 3, (tm_act *const[]){&s->q, &s->k, &s->v},
+                     (const tm_weight *const[]){&L->wq, &L->wk, &L->wv}, &s->h)); /* q, k, v */
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_rmsnorm(e, &s->q, &s->q, &L->q_norm, eps)); /* over every head at once */
+    DO(exec_rmsnorm(e, &s->k, &s->k, &L->k_norm, eps));
+    DO(exec_part(e, TM_PROF_ATTENTION));
+    DO(exec_attention(e, l, &attn, &s->q, &s->k, &s->v, &s->att)); /* NeoX RoPE, softmax */
+    DO(exec_part(e, TM_PROF_ATTN_PROJ));
+    DO(exec_matmul(e, &s->attn_out, &L->wo, &s->att));
+    DO(exec_emit(e, "attn_out", (int)l, &s->attn_out, n_tok));
+
+    /* mixture of experts */
+    DO(exec_part(e, TM_PROF_NORM));
+    DO(exec_add_rmsnorm(e, &s->x, &s->attn_out, &s->h, &L->ffn_norm, eps)); /* x += Wo att;
+                                                                              h = rmsnorm(x) * ffn_norm */
+    DO(exec_part(e, TM_PROF_ROUTER));
+    DO(exec_matmul(e, &s->router_logits, &L->router, &s->h)); /* W_router h */
+    DO(exec_part(e, TM_PROF_EXPERTS));
+    DO(tier_moe(ctx->tier, l, &s->router_logits, &s->h, &s->topk_ids, &s->topk_w, &s->x,
+                &s->ffn_out)); /* x += Σ_k p_k · down_k(silu(gate_k h) ⊙ up_k h) */
+    DO(model_moe_emit(ctx, l, s, n_tok));
+    return TM_OK;
+}
+
+static tm_status olmoe_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {
+    const tm_model_config *c = &ctx->model->cfg;
+    const olmoe_weights *w = ctx->model->weights;
+    tm_moe_acts *s = ctx->state;
+    tm_exec *e = ctx->exec;
+
+    DO(exec_embed(e, &s->x, &w->token_embd)); /* x = token_embd[tok] */
+    for (uint32_t l = 0; l < c->n_layer; l++) DO(olmoe_layer_forward(ctx, l, n_tok));
+    DO(model_logits_forward(ctx, s, &w->output_norm, &w->output, n_tok, all_logits));
+    return TM_OK;
+}
+
+const tm_arch tm_arch_olmoe = {
+    .name = "olmoe",
+    .load = olmoe_load,
+    .unload = olmoe_unload,
+    .state_create = olmoe_state_create,
+    .state_free = model_moe_state_free,
+    .forward = olmoe_forward,
+};
