@@ -76,11 +76,16 @@ static double check_model(const char *model_rel, const char *golden_rel, double 
     if (ref_seq_create(m, n_tok, &s) != TM_OK) fail_msg("%s", tm_error_message());
 
     static const char *const names[] = {"attn_out", "router_logits", "topk_weights", "ffn_out",
-                                        "x_out",    "lin_core",      "shexp_out"};
-    enum { N_NAMES = 7 };
+                                        "x_out",    "lin_core",      "shexp_out",    "dense_out"};
+    enum { N_NAMES = 8 };
     const int hybrid = m->arch == REF_ARCH_QWEN3NEXT || m->arch == REF_ARCH_QWEN35MOE;
-    int want_arrays = 0; /* the five of every layer; a hybrid's shexp_out, lin_core if linear */
-    for (int l = 0; l < m->n_layer; l++) want_arrays += 5 + (hybrid ? 1 + m->layers[l].linear : 0);
+    /* the five of every layer; a hybrid's shexp_out, lin_core if linear; glm4moe's dense
+       layers attn_out, dense_out, x_out, its MoE layers' five and shexp_out */
+    int want_arrays = 0;
+    for (int l = 0; l < m->n_layer; l++)
+        want_arrays += m->layers[l].dense            ? 3
+                       : m->arch == REF_ARCH_GLM4MOE ? 6
+                                                     : 5 + (hybrid ? 1 + m->layers[l].linear : 0);
     golden_acc *acc = calloc((size_t)(m->n_layer * N_NAMES + 1), sizeof(golden_acc));
     const tm_gguf_tensor *logits_t = gguf_file_find_tensor(g, "logits");
     if (!acc || !logits_t || logits_t->ne[0] != m->n_vocab) fail_msg("%s: no logits", golden_path);
@@ -90,11 +95,12 @@ static double check_model(const char *model_rel, const char *golden_rel, double 
             fail_msg("%s", tm_error_message());
         const ref_step_out *o = ref_seq_out(s);
         for (int l = 0; l < m->n_layer; l++) {
-            const double *mine[N_NAMES] = {o->attn_out, o->router_logits, o->topk_w,   o->ffn_out,
-                                           o->x_out,    o->lin_core,      o->shexp_out};
+            const double *mine[N_NAMES] = {o->attn_out,  o->router_logits, o->topk_w,
+                                           o->ffn_out,   o->x_out,         o->lin_core,
+                                           o->shexp_out, o->dense_out};
             const int64_t width[N_NAMES] = {m->n_embd, m->n_expert, m->n_used,
                                             m->n_embd, m->n_embd,   (int64_t)m->n_v_head * m->v_dim,
-                                            m->n_embd};
+                                            m->n_embd, m->n_embd};
             for (int k = 0; k < N_NAMES; k++) {
                 char name[64];
                 snprintf(name, sizeof(name), "blk.%d.%s", l, names[k]);
@@ -177,6 +183,17 @@ static void test_qwen3next(void **state) {
 static void test_qwen35moe(void **state) {
     (void)state;
     check_model("hf_qwen35moe/tiny-f16.gguf", "hf_qwen35moe/tiny.golden.gguf", TOL);
+}
+
+/* Mixtral (arch llama: interleaved RoPE), OLMoE (q/k norms over the projection, not
+ * renormalised) and GLM-4-MoE (a dense layer, biases, partial RoPE, the shared expert, the
+ * sigmoid router with a selection bias and groups) in f16 (tests/data/hf_mixtral, hf_olmoe,
+ * hf_glm4moe: 40 prompt tokens and 8 decode steps). */
+static void test_moe_archs(void **state) {
+    (void)state;
+    check_model("hf_mixtral/tiny-f16.gguf", "hf_mixtral/tiny.golden.gguf", TOL);
+    check_model("hf_olmoe/tiny-f16.gguf", "hf_olmoe/tiny.golden.gguf", TOL);
+    check_model("hf_glm4moe/tiny-f16.gguf", "hf_glm4moe/tiny.golden.gguf", TOL);
 }
 
 static void test_errors(void **state) {
@@ -271,8 +288,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3moe_f32), cmocka_unit_test(test_qwen3moe_q8_0),
         cmocka_unit_test(test_gptoss_mxfp4), cmocka_unit_test(test_qwen3next),
-        cmocka_unit_test(test_qwen35moe),    cmocka_unit_test(test_rewind),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_qwen35moe),    cmocka_unit_test(test_moe_archs),
+        cmocka_unit_test(test_rewind),       cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

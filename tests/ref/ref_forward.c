@@ -1,6 +1,7 @@
 /* The double-precision reference forward: see ref_forward.h. qwen3next and
- * qwen35moe's layers are ref_qwen3next.c's; their full-attention layers and
- * routed experts use the attention, RoPE (over n_rot values) and experts here.
+ * qwen35moe's layers are ref_qwen3next.c's, mixtral, olmoe and glm4moe's
+ * ref_moe_archs.c's; they use the attention, RoPE (over n_rot values) and
+ * experts here.
  *
  * Per position p, x the residual stream (qwen3moe and gpt-oss; gpt-oss's
  * additions in brackets):
@@ -114,7 +115,12 @@ static tm_status ref_config_load(const tm_gguf_file *f, ref_model *m, const char
         (st = ref_key(f, a, "attention.head_count_kv", &m->n_head_kv, NULL, 0)) ||
         (st = ref_key(f, a, "expert_count", &m->n_expert, NULL, 0)) ||
         (st = ref_key(f, a, "expert_used_count", &m->n_used, NULL, 0)) ||
-        (st = ref_key(f, a, "expert_feed_forward_length", &m->n_ff, NULL, 0)) ||
+        /* Mixtral's and OLMoE's experts are feed_forward_length wide */
+        (st = ref_key(f, a,
+                      m->arch == REF_ARCH_MIXTRAL || m->arch == REF_ARCH_OLMOE
+                          ? "feed_forward_length"
+                          : "expert_feed_forward_length",
+                      &m->n_ff, NULL, 0)) ||
         (st = ref_key(f, a, "attention.layer_norm_rms_epsilon", NULL, &m->eps, 0)) ||
         (st = ref_key(f, a, "rope.freq_base", NULL, &base, 0)))
         return st;
@@ -125,8 +131,8 @@ static tm_status ref_config_load(const tm_gguf_file *f, ref_model *m, const char
     m->head_dim = m->n_embd / m->n_head;
     if ((st = ref_key(f, a, "attention.key_length", &m->head_dim, NULL, 1))) return st;
     m->n_rot = m->head_dim; /* qwen3next: partial RoPE over its first dimension_count values */
-    if (ref_arch_hybrid(m->arch) &&
-        (st = ref_key(f, a, "rope.dimension_count", &m->n_rot, NULL, 0)))
+    if ((ref_arch_hybrid(m->arch) || m->arch == REF_ARCH_GLM4MOE) &&
+        (st = ref_key(f, a, "rope.dimension_count", &m->n_rot, NULL, m->arch == REF_ARCH_GLM4MOE)))
         return st;
     if (m->n_rot % 2 || m->n_rot < 2 || m->n_rot > m->head_dim)
         return tm_error_set(TM_ERR_FORMAT,
@@ -139,6 +145,7 @@ static tm_status ref_config_load(const tm_gguf_file *f, ref_model *m, const char
     for (int i = 0; i < half; i++) m->inv_freq[i] = pow(base, -2.0 * i / d);
     m->mscale = 1.0;
     if (ref_arch_hybrid(m->arch)) return ref_qnext_config_load(f, m, a);
+    if (ref_arch_llmoe(m->arch)) return ref_moe_config_load(f, m, a);
     if (m->arch != REF_ARCH_GPTOSS) return TM_OK;
     double factor = 1, beta_fast = 32, beta_slow = 1;
     int orig = 0, window = 0;
@@ -169,6 +176,7 @@ static tm_status ref_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
     const int oss = m->arch == REF_ARCH_GPTOSS;
     tm_status st;
     if (ref_arch_hybrid(m->arch)) return ref_qnext_layer_load(f, m, l);
+    if (ref_arch_llmoe(m->arch)) return ref_moe_layer_load(f, m, l);
     if ((st = ref_tensor(f, &L->attn_norm, E, 0, "blk.%d.attn_norm.weight", l)) ||
         (st = ref_tensor(f, &L->wq, E * Q, 0, "blk.%d.attn_q.weight", l)) ||
         (st = ref_tensor(f, &L->wk, E * KV, 0, "blk.%d.attn_k.weight", l)) ||
@@ -212,16 +220,18 @@ tm_status ref_model_load(const char *path, ref_model **out) {
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     if ((st = gguf_file_get_str(f, "general.architecture", &arch))) goto done;
-    static const char *const names[] = {"qwen3moe", "gpt-oss", "qwen3next", "qwen35moe"};
-    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE, REF_ARCH_GPTOSS, REF_ARCH_QWEN3NEXT,
-                                     REF_ARCH_QWEN35MOE};
+    static const char *const names[] = {"qwen3moe", "gpt-oss", "qwen3next", "qwen35moe",
+                                        "llama",    "olmoe",   "glm4moe"};
+    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE,  REF_ARCH_GPTOSS,  REF_ARCH_QWEN3NEXT,
+                                     REF_ARCH_QWEN35MOE, REF_ARCH_MIXTRAL, REF_ARCH_OLMOE,
+                                     REF_ARCH_GLM4MOE};
     const char *a = NULL;
-    for (int i = 0; i < 4 && !a; i++)
+    for (int i = 0; i < 7 && !a; i++)
         if (gguf_str_eq(arch, names[i])) a = names[i], m->arch = archs[i];
     if (!a) {
         st = tm_error_set(TM_ERR_UNSUPPORTED,
                           "%s: architecture '%.*s': the reference has "
-                          "qwen3moe, gpt-oss, qwen3next and qwen35moe",
+                          "qwen3moe, gpt-oss, qwen3next, qwen35moe, llama, olmoe and glm4moe",
                           path, (int)(arch.len > 32 ? 32 : arch.len), arch.data);
         goto done;
     }
@@ -263,6 +273,7 @@ void ref_model_free(ref_model *m) {
                         L->router_b,  L->gate, L->up, L->down, L->gate_b, L->up_b,     L->down_b};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
         ref_qnext_layer_free(L);
+        ref_moe_layer_free(L);
     }
     free(m->layers), free(m->inv_freq), free(m->embd), free(m->out_norm), free(m->out);
     free(m);
@@ -297,8 +308,7 @@ void ref_rope(const ref_model *m, double *x, int64_t p) {
     }
 }
 
-/* The k largest of v[0..n), highest first, ties to the lower index. */
-static void ref_topk(const double *v, int n, int k, int32_t *ids) {
+void ref_topk(const double *v, int n, int k, int32_t *ids) {
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < n; e++) {
@@ -339,7 +349,7 @@ void ref_attention(ref_seq *s, int l) {
 void ref_experts(ref_seq *s, int l, double *ffn) {
     const ref_model *m = s->m;
     const ref_layer *L = &m->layers[l];
-    const int64_t E = m->n_embd, F = m->n_ff;
+    const int64_t E = m->n_embd;
     const int K = m->n_used;
     double *r = s->out.router_logits + (int64_t)l * m->n_expert;
     int32_t *ids = s->out.topk_ids + (int64_t)l * K;
@@ -351,6 +361,16 @@ void ref_experts(ref_seq *s, int l, double *ffn) {
     double sum = 0;
     for (int j = 0; j < K; j++) sum += (w[j] = exp(r[ids[j]] - r[ids[0]]));
     for (int j = 0; j < K; j++) w[j] /= sum;
+    ref_experts_sum(s, l, ffn);
+}
+
+void ref_experts_sum(ref_seq *s, int l, double *ffn) {
+    const ref_model *m = s->m;
+    const ref_layer *L = &m->layers[l];
+    const int64_t E = m->n_embd, F = m->n_ff;
+    const int K = m->n_used;
+    const int32_t *ids = s->out.topk_ids + (int64_t)l * K;
+    const double *w = s->out.topk_w + (int64_t)l * K;
     for (int64_t i = 0; i < E; i++) ffn[i] = 0;
     for (int j = 0; j < K; j++) {
         const int64_t x = ids[j];
@@ -413,6 +433,8 @@ tm_status ref_seq_step(ref_seq *s, int32_t token) {
     for (int l = 0; l < m->n_layer; l++)
         if (ref_arch_hybrid(m->arch))
             ref_qnext_layer_step(s, l);
+        else if (ref_arch_llmoe(m->arch))
+            ref_moe_layer_step(s, l);
         else
             ref_layer_step(s, l);
     ref_rmsnorm(s->h, s->x, m->out_norm, E, m->eps);
@@ -428,8 +450,9 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
     s->m = m, s->n_ctx = n_ctx;
     const int64_t L = m->n_layer, E = m->n_embd, Q = (int64_t)m->n_head * m->head_dim,
                   KV = (int64_t)m->n_head_kv * m->head_dim,
-                  big = E > m->n_ff ? (E > m->n_ff_shexp ? E : m->n_ff_shexp)
-                                    : (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp);
+                  big0 = E > m->n_ff ? (E > m->n_ff_shexp ? E : m->n_ff_shexp)
+                                     : (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp),
+                  big = big0 > m->n_ff_dense ? big0 : m->n_ff_dense;
     double **bufs[] = {&s->k,
                        &s->v,
                        &s->x,
@@ -475,7 +498,9 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
         ref_seq_free(s);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
-    tm_status st = ref_arch_hybrid(m->arch) ? ref_qnext_seq_init(s) : TM_OK;
+    tm_status st = ref_arch_hybrid(m->arch)  ? ref_qnext_seq_init(s)
+                   : ref_arch_llmoe(m->arch) ? ref_moe_seq_init(s)
+                                             : TM_OK;
     if (st) {
         ref_seq_free(s);
         return st;
@@ -506,6 +531,7 @@ void ref_seq_free(ref_seq *s) {
                       s->out.x_out};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
     free(s->out.topk_ids);
+    ref_moe_seq_free(s); /* first: it takes shexp_out, which ref_qnext_seq_free frees too */
     ref_qnext_seq_free(s);
     free(s);
 }
@@ -545,10 +571,14 @@ double ref_route_gap(const double *r, int n_expert, int k) {
     return (kth - next) / fmax(sqrt(ss / n_expert), 1e-300);
 }
 
+double ref_layer_route_gap(const ref_model *m, int l, const double *r) {
+    return ref_arch_llmoe(m->arch) ? ref_moe_route_gap(m, l, r)
+                                   : ref_route_gap(r, m->n_expert, m->n_used);
+}
+
 double ref_step_route_gap(const ref_model *m, const ref_step_out *o) {
     double worst = INFINITY;
     for (int l = 0; l < m->n_layer; l++)
-        worst = fmin(worst, ref_route_gap(o->router_logits + (int64_t)l * m->n_expert, m->n_expert,
-                                          m->n_used));
+        worst = fmin(worst, ref_layer_route_gap(m, l, o->router_logits + (int64_t)l * m->n_expert));
     return worst;
 }

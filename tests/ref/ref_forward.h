@@ -1,8 +1,11 @@
-/* An independent double-precision forward pass of the two architectures the
+/* An independent double-precision forward pass of the architectures the
  * placement matrix runs (qwen3moe and gpt-oss), for tests: the reference the
- * engine's placements are compared with; and of the hybrid qwen3next and
+ * engine's placements are compared with; of the hybrid qwen3next and
  * qwen35moe (Gated DeltaNet linear attention and gated full attention, a
- * sigmoid-gated shared expert: tests/ref/ref_qwen3next.c).
+ * sigmoid-gated shared expert: tests/ref/ref_qwen3next.c); and of Mixtral
+ * (arch llama), OLMoE and GLM-4-MoE (tests/ref/ref_moe_archs.c: interleaved
+ * RoPE, q/k norms over the whole projection, dense layers, shared experts, the
+ * sigmoid router with a selection bias and groups).
  *
  * Independent: it shares no code with src/moe, src/cpu, src/exec, src/tier or
  * src/model. It reads the file with the GGUF reader (src/gguf) and widens the
@@ -33,6 +36,9 @@ typedef enum ref_arch {
     REF_ARCH_GPTOSS,
     REF_ARCH_QWEN3NEXT, /* value heads grouped: head h uses key head h / (n_v / n_k) */
     REF_ARCH_QWEN35MOE, /* value heads tiled: head h uses key head h % n_k */
+    REF_ARCH_MIXTRAL,   /* arch llama with experts */
+    REF_ARCH_OLMOE,
+    REF_ARCH_GLM4MOE,
 } ref_arch;
 
 /* One layer's weights, row-major as the file's ne order ([out][in]); NULL
@@ -54,6 +60,10 @@ typedef struct ref_layer {
     float *ssm_norm, *ssm_out; /* [v_dim], [n_embd][n_v * v_dim] */
     float *sh_gate_inp;        /* [n_embd] */
     float *sh_gate, *sh_up, *sh_down; /* [n_ff_shexp][n_embd] twice, [n_embd][n_ff_shexp] */
+    /* glm4moe: a leading dense layer's FFN, the router's selection bias */
+    int dense;
+    float *dn_gate, *dn_up, *dn_down; /* [n_ff_dense][n_embd] twice, [n_embd][n_ff_dense] */
+    float *sel_b;                     /* [n_expert] exp_probs_b */
 } ref_layer;
 
 typedef struct ref_model {
@@ -62,6 +72,10 @@ typedef struct ref_model {
     int n_rot; /* the first n_rot values of a head are rotated (head_dim but for the hybrids) */
     /* qwen3next / qwen35moe: linear attention's sizes and the shared expert's width */
     int conv_k, n_k_head, n_v_head, k_dim, v_dim, n_ff_shexp;
+    /* mixtral, olmoe, glm4moe: the router (sigmoid: 1, else softmax; groups; renormalised;
+       scaled), RoPE's pairs, dense layers' width */
+    int sigmoid, n_group, n_group_used, norm_topk, interleaved, n_ff_dense;
+    double scale;
     double eps;
     double *inv_freq; /* [n_rot / 2]: RoPE's (YaRN's for gpt-oss) */
     double mscale;    /* YaRN's factor on cos and sin (1 without) */
@@ -81,13 +95,15 @@ typedef struct ref_step_out {
     /* qwen3next / qwen35moe only (NULL for the others): */
     double *lin_core;  /* [n_layer][n_v * v_dim]: the delta rule's output before the gated
                           RMSNorm, in the file's value-head order; 0 on full-attention layers */
-    double *shexp_out; /* [n_layer][n_embd]: the shared expert times its sigmoid gate */
+    double *shexp_out; /* [n_layer][n_embd]: the shared expert times its sigmoid gate (glm4moe:
+                          the shared experts, unweighted) */
+    double *dense_out; /* glm4moe: [n_layer][n_embd] a dense layer's FFN output */
 } ref_step_out;
 
 typedef struct ref_seq ref_seq;
 
-/* Load a qwen3moe, gpt-oss, qwen3next or qwen35moe GGUF: an error names the
- * file and the key, tensor or type it could not take. */
+/* Load a qwen3moe, gpt-oss, qwen3next, qwen35moe, llama (with experts), olmoe or
+ * glm4moe GGUF: an error names the file and the key, tensor or type it could not take. */
 tm_status ref_model_load(const char *path, ref_model **out);
 void ref_model_free(ref_model *m);
 
@@ -99,8 +115,15 @@ tm_status ref_seq_step(ref_seq *s, int32_t token);
 const ref_step_out *ref_seq_out(const ref_seq *s);
 /* The smallest gap over layers between the step's k-th and (k+1)-th router logits, each
  * relative to the RMS of its layer's router logits: where it is below twice an
- * implementation's router-logit error (in the same unit), its routing may differ. */
+ * implementation's router-logit error (in the same unit), its routing may differ.
+ * (ref_layer_route_gap per layer.) */
 double ref_step_route_gap(const ref_model *m, const ref_step_out *o);
+/* Layer l's gap for its router logits r, in the same unit: ref_route_gap, or for a sigmoid
+ * router with a selection bias and groups (glm4moe) the least of 4x the gap between the k-th
+ * and (k+1)-th selection score of the kept groups and 2x the gap between the last kept and
+ * the first dropped group's score (a logit error e moves a sigmoid by e/4 at most, a group's
+ * score of two by e/2), over the RMS of r; INFINITY for a dense layer (no router). */
+double ref_layer_route_gap(const ref_model *m, int l, const double *r);
 /* The same for one layer's n_expert router logits r and k experts used. */
 double ref_route_gap(const double *r, int n_expert, int k);
 /* Forget the positions from n_past on (the next step evaluates position n_past); n_past at or

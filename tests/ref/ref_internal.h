@@ -26,6 +26,11 @@ static inline int ref_arch_hybrid(ref_arch a) {
     return a == REF_ARCH_QWEN3NEXT || a == REF_ARCH_QWEN35MOE;
 }
 
+/* Mixtral, OLMoE, GLM-4-MoE: ref_moe_archs.c's layers. */
+static inline int ref_arch_llmoe(ref_arch a) {
+    return a == REF_ARCH_MIXTRAL || a == REF_ARCH_OLMOE || a == REF_ARCH_GLM4MOE;
+}
+
 /* Tensor name (printf-style) with n elements, widened to floats; *out NULL when it is
  * absent and optional. */
 tm_status ref_tensor(const tm_gguf_file *f, float **out, int64_t n, int optional, const char *fmt,
@@ -46,6 +51,10 @@ void ref_rope(const ref_model *m, double *x, int64_t p);
 void ref_attention(ref_seq *s, int l);
 /* ffn = Σ_k w_k e_k(s->h) for layer l's routing of s->h; fills the router's outputs. */
 void ref_experts(ref_seq *s, int l, double *ffn);
+/* ffn = Σ_k w_k e_k(s->h) for the ids and weights of layer l in s->out. */
+void ref_experts_sum(ref_seq *s, int l, double *ffn);
+/* The k largest of v[0..n), highest first, ties to the lower index. */
+void ref_topk(const double *v, int n, int k, int32_t *ids);
 
 /* ref_qwen3next.c: the hyper-parameters of linear attention, the shared expert and the layer
  * pattern; one layer's tensors; the buffers and states of a sequence; one layer's step. */
@@ -56,5 +65,14 @@ tm_status ref_qnext_seq_init(ref_seq *s);
 void ref_qnext_seq_free(ref_seq *s);
 void ref_qnext_seq_clear(ref_seq *s);
 void ref_qnext_layer_step(ref_seq *s, int l);
+
+/* ref_moe_archs.c: the same for mixtral, olmoe and glm4moe. */
+tm_status ref_moe_config_load(const tm_gguf_file *f, ref_model *m, const char *arch);
+tm_status ref_moe_layer_load(const tm_gguf_file *f, ref_model *m, int l);
+void ref_moe_layer_free(ref_layer *L);
+tm_status ref_moe_seq_init(ref_seq *s);
+void ref_moe_seq_free(ref_seq *s);
+void ref_moe_layer_step(ref_seq *s, int l);
+double ref_moe_route_gap(const ref_model *m, int l, const double *r);
 
 #endif
