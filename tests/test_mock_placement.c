@@ -250,6 +250,21 @@ static void test_matrix_qwen3next(void **state) {
     }
 }
 
+/* Mixtral (arch llama), OLMoE and GLM-4-MoE (tests/data/hf_mixtral, hf_olmoe, hf_glm4moe,
+ * written by llama.cpp's converter): interleaved RoPE, q/k norms over the whole projection,
+ * attention biases, partial RoPE, GLM's leading dense layer and shared expert beside
+ * attention, its sigmoid router with a selection bias and groups, under every placement. */
+static void test_matrix_moe_archs(void **state) {
+    (void)state;
+    const char *data = getenv("TM_TEST_DATA");
+    static const char *const files[] = {"hf_mixtral", "hf_olmoe", "hf_glm4moe"};
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s/tiny-f16.gguf", data ? data : "tests/data", files[i]);
+        placement_matrix_run(path, &mock_tol);
+    }
+}
+
 static tm_context_params params(int ngl, bool cpu_moe, const char *ot, int64_t cache_mib);
 
 static tm_context_params params(int ngl, bool cpu_moe, const char *ot, int64_t cache_mib) {
@@ -531,8 +546,8 @@ static void test_handoff_timeout(void **state) {
     model_free(m);
 }
 
-/* TM_TEST_GROUP=matrix_tiny|matrix_4x32|matrix_gptoss|matrix_qwen3next|matrix_mixed|
- * matrix_dynamic|rest runs
+/* TM_TEST_GROUP=matrix_tiny|matrix_4x32|matrix_gptoss|matrix_qwen3next|matrix_moe_archs|
+ * matrix_mixed|matrix_dynamic|rest runs
  * one part (CTest runs
  * the parts as tests of their own, in parallel); unset: everything. */
 int main(void) {
@@ -540,6 +555,7 @@ int main(void) {
     const struct CMUnitTest matrix_4x32[] = {cmocka_unit_test(test_matrix_4x32)};
     const struct CMUnitTest matrix_gptoss[] = {cmocka_unit_test(test_matrix_gptoss)};
     const struct CMUnitTest matrix_qwen3next[] = {cmocka_unit_test(test_matrix_qwen3next)};
+    const struct CMUnitTest matrix_moe_archs[] = {cmocka_unit_test(test_matrix_moe_archs)};
     const struct CMUnitTest matrix_mixed[] = {cmocka_unit_test(test_matrix_mixed)};
     const struct CMUnitTest matrix_dynamic[] = {cmocka_unit_test(test_matrix_dynamic)};
     const struct CMUnitTest rest[] = {
@@ -561,6 +577,8 @@ int main(void) {
         failed += cmocka_run_group_tests(matrix_gptoss, setup, teardown);
     if (all || !strcmp(group, "matrix_qwen3next"))
         failed += cmocka_run_group_tests(matrix_qwen3next, setup, teardown);
+    if (all || !strcmp(group, "matrix_moe_archs"))
+        failed += cmocka_run_group_tests(matrix_moe_archs, setup, teardown);
     if (all || !strcmp(group, "matrix_mixed"))
         failed += cmocka_run_group_tests(matrix_mixed, setup_mixed, teardown_mixed);
     if (all || !strcmp(group, "matrix_dynamic"))

@@ -45,8 +45,8 @@ void pm_model_write(char *path, size_t len, const char *name, uint32_t n_layer, 
         fail_msg("mkmodel: %s", tm_error_message());
 }
 
-static void *pm_alloc(size_t n) {
-    void *p = malloc(n ? n : 1);
+static void *pm_alloc(size_t n) { /* zeroed: a dense layer's routing stays 0, as the reference's */
+    void *p = calloc(1, n ? n : 1);
     if (!p) fail_msg("out of memory (%zu bytes)", n);
     return p;
 }
@@ -268,16 +268,37 @@ static bool pm_auto_ahead(const pm_case *c) {
            c->pcie == TM_MOE_PCIE_AUTO;
 }
 
+/* Whether layer l of the model has routed experts (GLM's leading dense layers do not). */
+static bool pm_moe_layer(const tm_model *m, uint32_t l) {
+    char name[64];
+    snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", l);
+    return gguf_file_find_tensor(m->file, name) != NULL;
+}
+
+/* The model's layers with routed experts. */
+static uint32_t pm_moe_layers(const tm_model *m) {
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < m->cfg.n_layer; l++) n += pm_moe_layer(m, l);
+    return n;
+}
+
+/* Whether the case puts experts in RAM while a GPU runs (the -ot mix puts layer 0's
+ * there: none when layer 0 is dense). */
+static bool pm_ram_on_gpu(const pm_case *c, const tm_context *ctx) {
+    return ctx->placement.any_gpu &&
+           (c->cpu_moe || c->n_cpu_moe || (c->ot && pm_moe_layer(ctx->model, 0)));
+}
+
 /* The tier's counters after a run: every layer in the class the placement
  * implies, and the lanes it implies did work. */
 static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *what) {
-    const uint32_t L = ctx->model->cfg.n_layer, K = ctx->model->cfg.n_expert_used;
+    const uint32_t L = pm_moe_layers(ctx->model), K = ctx->model->cfg.n_expert_used;
     const tm_tier_stats *s = tier_stats(ctx->tier);
     /* the PCIe lane: there whenever a GPU computes layers with experts in RAM */
     const int32_t n_pcie = tier_pcie_slots(ctx->tier);
     uint64_t pcie = 0, cold = 0;
     for (int i = 0; i < TM_TIER_CLASS_COUNT; i++) pcie += s[i].pcie_slots, cold += s[i].cold_slots;
-    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
+    const bool ram_on_gpu = pm_ram_on_gpu(c, ctx);
     /* auto: some but not all of k >= 3 (none when copies ahead go into a cache by default);
      * with k = 2 the built-in share (85/256: tm_cuda_mapped_count) keeps both on the CPU, a
      * calibration may give the GPU one */
@@ -304,7 +325,8 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
                  want_ahead ? "some" : "none");
     if (n_pcie >= (int32_t)K) return;
     uint32_t vram = 0, ram = 0;
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < ctx->model->cfg.n_layer; l++) {
+        if (!pm_moe_layer(ctx->model, l)) continue;
         const bool gpu_experts =
             c->ngl && !c->cpu_moe && !c->ot && (int)l >= c->n_cpu_moe && (int)l < c->ngl;
         if (!c->ot) gpu_experts ? vram++ : ram++;
@@ -322,8 +344,9 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
             fail_msg("%s: %llu experts admitted", what, (unsigned long long)cs->admits);
         return;
     }
-    if (c->ot) { /* the mix: layer 0 cold, the layers from 2 hot */
-        if (!s[TM_TIER_RAM].cold_slots || (L > 2 && !s[TM_TIER_VRAM].hot_slots))
+    if (c->ot) { /* the mix: layer 0 cold (when it has experts), the layers from 2 hot */
+        if ((pm_moe_layer(ctx->model, 0) && !s[TM_TIER_RAM].cold_slots) ||
+            (ctx->model->cfg.n_layer > 2 && !s[TM_TIER_VRAM].hot_slots))
             fail_msg("%s: want cold slots in RAM layers and hot ones in VRAM layers", what);
         return;
     }
@@ -346,10 +369,11 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
                s[i].ahead_slots;
     }
     const tm_model_config *cfg = &ctx->model->cfg;
-    if (all != (uint64_t)(40 + 16) * cfg->n_layer * cfg->n_expert_used)
+    const uint32_t L = pm_moe_layers(ctx->model);
+    if (all != (uint64_t)(40 + 16) * L * cfg->n_expert_used)
         fail_msg("%s: %llu routed slots counted, want %u", what, (unsigned long long)all,
-                 (40 + 16) * cfg->n_layer * cfg->n_expert_used);
-    const bool ram_on_gpu = ctx->placement.any_gpu && (c->cpu_moe || c->n_cpu_moe || c->ot);
+                 (40 + 16) * L * cfg->n_expert_used);
+    const bool ram_on_gpu = pm_ram_on_gpu(c, ctx);
     const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF;
     if (want != (fetch > 0) || fallback)
         fail_msg("%s: %llu prompt slots on the fetch lane (%llu fallbacks), want %s", what,
@@ -382,6 +406,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
     uint64_t all = 0, *bytes = pm_alloc(cfg->n_layer * sizeof(uint64_t));
     for (uint32_t l = 0; l < cfg->n_layer; l++) { /* an expert's gate, up and down rows */
         bytes[l] = 0;
+        if (!pm_moe_layer(m, l)) continue; /* a dense layer */
         static const char *const mat[3] = {"gate", "up", "down"};
         for (int i = 0; i < 3; i++) {
             char name[64];
@@ -396,6 +421,7 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         PM_CHECK(plan_init(&half, &shape), "plan");
         int32_t *ids = pm_alloc(cfg->n_expert * sizeof(int32_t));
         for (uint32_t l = 0; l < cfg->n_layer; l++) {
+            if (!bytes[l]) continue; /* a dense layer: no slots */
             const uint64_t *cnt = learn.layers[l].experts;
             for (uint32_t e = 0; e < cfg->n_expert; e++) ids[e] = (int32_t)e;
             for (uint32_t i = 1; i < cfg->n_expert; i++) /* most counted first */

@@ -112,6 +112,7 @@ typedef struct pm_ref {
     double tie, tie_greedy;
     double *logits;     /* [n_pos + n_greedy][n_vocab] */
     double *router;     /* [n_pos + n_greedy][n_layer][n_expert] */
+    double *gap;        /* [n_pos + n_greedy][n_layer] its routing gaps (ref_layer_route_gap) */
     int32_t *ids;       /* [n_pos + n_greedy][n_layer][k] */
     int32_t *greedy;    /* [n_greedy] the reference's greedy tokens */
     double *greedy_gap; /* [n_greedy] its top-2 logit margin at each */

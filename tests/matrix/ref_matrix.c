@@ -24,10 +24,13 @@ static void *pm_ref_alloc(size_t n) {
     return p;
 }
 
-static void pm_ref_keep(pm_ref *r, const ref_step_out *o, int64_t pos, double *logits) {
+static void pm_ref_keep(pm_ref *r, const ref_model *m, const ref_step_out *o, int64_t pos,
+                        double *logits) {
     const int L = r->n_layer, E = r->n_expert, K = r->k;
     for (int64_t v = 0; v < r->n_vocab; v++) logits[v] = o->logits[v];
     memcpy(r->router + pos * L * E, o->router_logits, (size_t)(L * E) * sizeof(double));
+    for (int l = 0; l < L; l++)
+        r->gap[pos * L + l] = ref_layer_route_gap(m, l, o->router_logits + (int64_t)l * E);
     memcpy(r->ids + pos * L * K, o->topk_ids, (size_t)(L * K) * sizeof(int32_t));
 }
 
@@ -43,6 +46,7 @@ pm_ref *pm_ref_make(const char *path, int32_t *toks, int64_t n_pos, int n_greedy
     const int64_t V = r->n_vocab, n_all = n_pos + n_greedy;
     r->logits = pm_ref_alloc((size_t)(n_all * V) * sizeof(double));
     r->router = pm_ref_alloc((size_t)(n_all * L * E) * sizeof(double));
+    r->gap = pm_ref_alloc((size_t)(n_all * L) * sizeof(double));
     r->ids = pm_ref_alloc((size_t)(n_all * L * K) * sizeof(int32_t));
     r->greedy = pm_ref_alloc((size_t)n_greedy * sizeof(int32_t));
     r->greedy_gap = pm_ref_alloc((size_t)n_greedy * sizeof(double));
@@ -75,7 +79,7 @@ pm_ref *pm_ref_make(const char *path, int32_t *toks, int64_t n_pos, int n_greedy
             toks[p] = (int32_t)(tm_rng_u64(&rng) % (uint64_t)V);
             r->redrawn++;
         }
-        pm_ref_keep(r, ref_seq_out(s), p, r->logits + p * V);
+        pm_ref_keep(r, m, ref_seq_out(s), p, r->logits + p * V);
     }
     ref_seq_free(s);
 
@@ -87,7 +91,7 @@ pm_ref *pm_ref_make(const char *path, int32_t *toks, int64_t n_pos, int n_greedy
     for (int i = 0; i < n_greedy; i++) {
         if (ref_seq_step(s, id) != TM_OK) fail_msg("reference: %s", tm_error_message());
         const ref_step_out *o = ref_seq_out(s);
-        pm_ref_keep(r, o, n_pos + i, r->logits + (n_pos + i) * V);
+        pm_ref_keep(r, m, o, n_pos + i, r->logits + (n_pos + i) * V);
         if (r->greedy_tie_at == n_greedy && ref_step_route_gap(m, o) < tie_greedy)
             r->greedy_tie_at = i;
         int64_t b = 0, b2 = -1;
@@ -106,7 +110,8 @@ pm_ref *pm_ref_make(const char *path, int32_t *toks, int64_t n_pos, int n_greedy
 
 void pm_ref_free(pm_ref *r) {
     if (!r) return;
-    free(r->logits), free(r->router), free(r->ids), free(r->greedy), free(r->greedy_gap);
+    free(r->logits), free(r->router), free(r->gap), free(r->ids), free(r->greedy),
+        free(r->greedy_gap);
     free(r);
 }
 
@@ -151,7 +156,7 @@ static int pm_route_compare_ref(const pm_ref *ref, const pm_run *run, int64_t po
                 same &= found;
             }
             if (same) continue;
-            const double gap = ref_route_gap(want, E, K);
+            const double gap = ref->gap[(pos + t) * L + l]; /* ref_layer_route_gap's */
             if (!(gap < tie))
                 fail_msg("%s: layer %d position %lld: routed to other experts than the "
                          "reference's (its gap %.3g of the RMS, near ties below %g)",
