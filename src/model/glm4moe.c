@@ -145,8 +145,7 @@ static tm_status glm_nextn_bind(tm_model *m, uint32_t l) {
         tm_status st = t[i].optional ? model_weight_bind_optional(m, name, t[i].nd, ne, &w)
                                      : model_weight_bind(m, name, t[i].nd, ne, &w);
         if (st)
-            return tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers): ", l,
-                                 m->arch->name);
+            return tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
     }
     return TM_OK;
 }
@@ -180,7 +179,7 @@ static tm_status glm_load(tm_model *m) {
         } else if ((st = glm_layer_bind(m, w, l, nextn)) == TM_OK) {
             st = glm_nextn_bind(m, l);
         } else {
-            st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers): ", l, m->arch->name);
+            st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
         }
     }
     if (st) goto done;
@@ -243,7 +242,7 @@ static tm_status glm_state_create(tm_context *ctx) {
                                 .up = &L->up_exps,
                                 .down = &L->down_exps,
                                 .router = &L->router,
-                                .sel_bias = &L->sel_bias};
+                                .sel_bias = L->sel_bias.data ? &L->sel_bias : NULL};
     }
     if (st == TM_OK) st = model_moe_state_finish(ctx, tl, &w->router, NULL, NULL, NULL);
     free(tl);

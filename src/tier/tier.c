@@ -479,7 +479,7 @@ static tm_status tier_sel_bias(tm_tier *t, tier_layer *L, const tm_weight *b) {
     const size_t bytes = t->n_expert * sizeof(float);
     tm_status st = exec_dev_alloc(t->e, bytes, &d);
     if (st == TM_OK) st = cuda_upload(exec_gpu(t->e), d, L->sel_bias, bytes, NULL);
-    if (st != TM_OK) return tm_error_wrap(st, "layer %u: selection bias: ", L->index);
+    if (st != TM_OK) return tm_error_wrap(st, "layer %u: selection bias", L->index);
     L->sel_bias_dev = d;
     return TM_OK;
 }

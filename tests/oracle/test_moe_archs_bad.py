@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Mixtral (arch llama), OLMoE and GLM-4-MoE files that must be refused with an error naming the tensor or key.
+
+Each case is a converter-written tiny file of tests/data (hf_mixtral, hf_olmoe,
+hf_glm4moe) copied with the gguf package with one thing wrong: a missing expert,
+norm, bias or selection-bias tensor, a dense llama file (no experts), expert or
+group counts that do not fit (groups that do not divide the experts, more groups
+used than there are, groups of one, too few experts in the kept groups for k), a
+gating function llama.cpp does not have, all layers dense, a QK norm in some layers
+only, a norm in a quantized type, a NextN layer without its projection; and, as
+controls, the unchanged copies, which must load and give finite logits, and GLM with
+a NextN layer appended (block_count + 1, nextn_predict_layers 1, the last layer's
+tensors again plus nextn.eh_proj / enorm / hnorm), which must load, leave the layer
+unrun and give the same logits bit for bit. No case may crash (a signal) or print
+NaN logits."""
+import os
+import subprocess
+import sys
+
+try:
+    import numpy as np
+    import gguf
+except ImportError:
+    print("numpy or gguf not installed: skipping")
+    sys.exit(77)
+
+from oracle_common import DATA, TMP, TOOLS, check, finish  # noqa: E402
+import qwen3moe_ref as ref  # noqa: E402
+from test_qwen3next_bad import ADD  # noqa: E402  (the writer's call per field type)
+
+
+def copy(src, dst, skip_kv=(), set_kv=None, skip_tensors=(), tensor_type=None, extra=None):
+    """src to dst without the named keys and tensors, keys set as set_kv {key: (writer
+    method, value)}, tensors converted to tensor_type {name: type}, and extra {name: f32
+    array (numpy order)} appended."""
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    set_kv = set_kv or {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in skip_kv or name in set_kv:
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            getattr(w, ADD[t])(name, f.contents())
+    for key, (method, value) in set_kv.items():
+        getattr(w, method)(key, value)
+    for t in r.tensors:
+        if t.name in skip_tensors:
+            continue
+        shape = [int(n) for n in reversed(t.shape)]
+        if tensor_type and t.name in tensor_type:
+            vals = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+            q = gguf.quants.quantize(vals, tensor_type[t.name])
+            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=tensor_type[t.name])
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
+    for name, a in (extra or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def forward(path, tag):
+    out = os.path.join(TMP, f"bad_out_{tag}.gguf")
+    r = subprocess.run([os.path.join(TOOLS, "forward_dump"), path, "--tokens", "1,2,3,4,5,6", "-o", out],
+                       capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr, out
+
+
+def case(arch, label, expect, **kw):
+    """expect: words the error must name, or None (must load; returns the logits)."""
+    src = os.path.join(DATA, "hf_" + arch, "tiny-f16.gguf")
+    path = os.path.join(TMP, f"bad_{arch}_{label}.gguf")
+    copy(src, path, **kw)
+    rc, out, dump = forward(path, label)
+    check(rc >= 0, f"{arch} {label}: killed by signal {-rc}: {out.strip()[-400:]}")
+    logits = None
+    if expect is None:
+        ok = rc == 0
+        if ok:
+            logits = ref.read_dump(dump)[0]["logits"]
+            ok = np.isfinite(logits).all()
+        check(ok, f"{arch} {label}: the valid file failed or gave non-finite logits: {out.strip()[-400:]}")
+    else:
+        check(rc > 0 and all(e in out for e in expect),
+              f"{arch} {label}: rc {rc}, expected an error naming {expect}, got: {out.strip()[-400:]}")
+    print(f"  {arch} {label}: {out.strip().splitlines()[-1] if out.strip() else '(no output)'}")
+    return logits
+
+
+def nextn_layer(arch, n_block):
+    """The last layer's tensors again as layer n_block, and NextN's own (numpy order)."""
+    r = gguf.GGUFReader(os.path.join(DATA, "hf_" + arch, "tiny-f16.gguf"))
+    E = int(r.fields[f"{arch}.embedding_length"].contents())
+    last, extra = f"blk.{n_block - 1}.", {}
+    for t in r.tensors:
+        if t.name.startswith(last):
+            shape = [int(n) for n in reversed(t.shape)]
+            vals = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+            extra[f"blk.{n_block}." + t.name[len(last):]] = vals
+    rng = np.random.default_rng(5)
+    extra[f"blk.{n_block}.nextn.eh_proj.weight"] = rng.standard_normal((E, 2 * E)) * 0.1
+    extra[f"blk.{n_block}.nextn.enorm.weight"] = np.ones(E)
+    extra[f"blk.{n_block}.nextn.hnorm.weight"] = np.ones(E)
+    extra[f"blk.{n_block}.nextn.shared_head_norm.weight"] = np.ones(E)
+    return extra
+
+
+def main():
+    os.makedirs(TMP, exist_ok=True)
+    k = "llama."
+    case("mixtral", "valid", None)
+    case("mixtral", "no_experts", ["missing tensor", "blk.1.ffn_gate_exps.weight"],
+         skip_tensors=("blk.1.ffn_gate_exps.weight",))
+    case("mixtral", "dense", ["'llama' without experts", "llama.expert_count", "dense model"],
+         set_kv={k + "expert_count": ("add_uint32", 0)})
+    case("mixtral", "dense_no_key", ["'llama' without experts"], skip_kv=(k + "expert_count",))
+    case("mixtral", "used", [k + "expert_used_count", "at most", k + "expert_count"],
+         set_kv={k + "expert_used_count": ("add_uint32", 9)})
+    case("mixtral", "rope_dims", [k + "rope.dimension_count", "equal to", k + "attention.key_length"],
+         set_kv={k + "rope.dimension_count": ("add_uint32", 8)})
+    case("mixtral", "ff_width", ["blk.0.ffn_gate_exps.weight", "expected [64 x 16 x 8]"],
+         set_kv={k + "feed_forward_length": ("add_uint32", 16)})
+
+    k = "olmoe."
+    case("olmoe", "valid", None)
+    case("olmoe", "no_q_norm", ["missing tensor", "blk.2.attn_q_norm.weight"],
+         skip_tensors=("blk.2.attn_q_norm.weight",))
+    case("olmoe", "norm_type", ["blk.0.attn_k_norm.weight", "must be f32"],
+         tensor_type={"blk.0.attn_k_norm.weight": gguf.GGMLQuantizationType.F16})
+
+    k = "glm4moe."
+    base = case("glm4moe", "valid", None)
+    case("glm4moe", "no_sel_bias", ["missing tensor", "blk.1.exp_probs_b.bias"],
+         skip_tensors=("blk.1.exp_probs_b.bias",))
+    case("glm4moe", "no_q_bias", ["missing tensor", "blk.0.attn_q.bias"], skip_tensors=("blk.0.attn_q.bias",))
+    case("glm4moe", "no_shexp", ["missing tensor", "blk.3.ffn_down_shexp.weight"],
+         skip_tensors=("blk.3.ffn_down_shexp.weight",))
+    case("glm4moe", "no_dense_ffn", ["missing tensor", "blk.0.ffn_up.weight"], skip_tensors=("blk.0.ffn_up.weight",))
+    case("glm4moe", "groups", [k + "expert_count", "multiple of", k + "expert_group_count"],
+         set_kv={k + "expert_group_count": ("add_uint32", 3)})
+    case("glm4moe", "groups_used", [k + "expert_group_used_count", "at most", k + "expert_group_count"],
+         set_kv={k + "expert_group_used_count": ("add_uint32", 5)})
+    case("glm4moe", "groups_of_one", ["8 experts in 8 groups", k + "expert_"],
+         set_kv={k + "expert_group_count": ("add_uint32", 8)})
+    case("glm4moe", "groups_room", ["1 of 4 groups used", "3 experts a token"],
+         set_kv={k + "expert_group_used_count": ("add_uint32", 1), k + "expert_used_count": ("add_uint32", 3)})
+    case("glm4moe", "gating", [k + "expert_gating_func", "is 3"], set_kv={k + "expert_gating_func": ("add_uint32", 3)})
+    case("glm4moe", "all_dense", [k + "leading_dense_block_count", "is 4"],
+         set_kv={k + "leading_dense_block_count": ("add_uint32", 4)})
+    case("glm4moe", "qk_norm_partly", ["layer 2 has an attn_q_norm and no attn_k_norm", "blk.2.attn_k_norm.weight"],
+         skip_tensors=("blk.2.attn_k_norm.weight",))
+    case("glm4moe", "bias_type", ["blk.2.exp_probs_b.bias", "must be f32"],
+         tensor_type={"blk.2.exp_probs_b.bias": gguf.GGMLQuantizationType.F16})
+
+    # a NextN layer: loaded and checked, not run (the same logits); without its projection: refused
+    nextn = {k + "block_count": ("add_uint32", 5), k + "nextn_predict_layers": ("add_uint32", 1)}
+    with_nextn = case("glm4moe", "nextn", None, set_kv=nextn, extra=nextn_layer("glm4moe", 4))
+    if base is not None and with_nextn is not None:
+        check(np.array_equal(base, with_nextn), "glm4moe nextn: the logits differ from the file without it")
+    extra = nextn_layer("glm4moe", 4)
+    del extra["blk.4.nextn.eh_proj.weight"]
+    case("glm4moe", "nextn_no_proj", ["NextN layer 4", "missing tensor", "blk.4.nextn.eh_proj.weight"],
+         set_kv=nextn, extra=extra)
+    extra = nextn_layer("glm4moe", 4)
+    del extra["blk.4.exp_probs_b.bias"]
+    case("glm4moe", "nextn_no_sel_bias", ["NextN layer 4", "blk.4.exp_probs_b.bias"], set_kv=nextn, extra=extra)
+    return finish("bad mixtral, olmoe and glm4moe files are refused with a message naming the tensor or key")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
