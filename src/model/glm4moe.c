@@ -196,8 +196,9 @@ static tm_status glm_load(tm_model *m) {
                                        .scale = c->expert_scale,
                                        .n_group = c->n_group,
                                        .n_group_used = c->n_group_used};
-    snprintf(key, sizeof(key), "%s: keys %s.expert_*", path, m->arch->name);
-    st = moe_router_check(&w->router, key);
+    char what[1024]; /* the file's path and the keys */
+    snprintf(what, sizeof(what), "%s: keys %s.expert_*", path, m->arch->name);
+    st = moe_router_check(&w->router, what);
 done:
     free(nextn);
     return st;
