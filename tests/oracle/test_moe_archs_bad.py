@@ -26,43 +26,7 @@ except ImportError:
 
 from oracle_common import DATA, TMP, TOOLS, check, finish  # noqa: E402
 import qwen3moe_ref as ref  # noqa: E402
-from test_qwen3next_bad import ADD  # noqa: E402  (the writer's call per field type)
-
-
-def copy(src, dst, skip_kv=(), set_kv=None, skip_tensors=(), tensor_type=None, extra=None):
-    """src to dst without the named keys and tensors, keys set as set_kv {key: (writer
-    method, value)}, tensors converted to tensor_type {name: type}, and extra {name: f32
-    array (numpy order)} appended."""
-    r = gguf.GGUFReader(src)
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    set_kv = set_kv or {}
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in skip_kv or name in set_kv:
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, f.contents())
-        else:
-            getattr(w, ADD[t])(name, f.contents())
-    for key, (method, value) in set_kv.items():
-        getattr(w, method)(key, value)
-    for t in r.tensors:
-        if t.name in skip_tensors:
-            continue
-        shape = [int(n) for n in reversed(t.shape)]
-        if tensor_type and t.name in tensor_type:
-            vals = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
-            q = gguf.quants.quantize(vals, tensor_type[t.name])
-            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=tensor_type[t.name])
-        else:
-            w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
-    for name, a in (extra or {}).items():
-        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+from test_qwen3next_bad import copy  # noqa: E402  (a converter file copied with changes)
 
 
 def forward(path, tag):

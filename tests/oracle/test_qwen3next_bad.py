@@ -33,9 +33,10 @@ ADD = {
 }
 
 
-def copy(src, dst, skip_kv=(), set_kv=None, skip_tensors=(), tensor_type=None):
+def copy(src, dst, skip_kv=(), set_kv=None, skip_tensors=(), tensor_type=None, extra=None):
     """Copy src to dst without the named keys and tensors, with keys set as
-    set_kv {key: (writer method, value)} and tensors converted to tensor_type {name: type}."""
+    set_kv {key: (writer method, value)}, tensors converted to tensor_type {name: type}
+    and extra {name: array (numpy order)} appended as f32."""
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch)
@@ -60,6 +61,8 @@ def copy(src, dst, skip_kv=(), set_kv=None, skip_tensors=(), tensor_type=None):
             w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=tensor_type[t.name])
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
+    for name, a in (extra or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
