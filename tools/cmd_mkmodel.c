@@ -19,7 +19,10 @@ static void mkmodel_usage(FILE *out) {
         "                       qwen3-next-80b-a3b (qwen3next), qwen3.5-35b-a3b = qwen3.6-35b-a3b\n"
         "                       (qwen35moe): hybrid linear/full attention, shared expert; or\n"
         "                       tiny-qwen3next, tiny-qwen35moe (tests: the shapes and f16 types\n"
-        "                       of tests/data/hf_*/tiny-f16.gguf)\n"
+        "                       of tests/data/hf_*/tiny-f16.gguf); mixtral-8x7b (arch llama),\n"
+        "                       olmoe-1b-7b, glm-4.5-air, glm-4.5 (glm4moe: dense first layers,\n"
+        "                       a shared expert, the sigmoid router, its MTP layer); or\n"
+        "                       tiny-mixtral, tiny-olmoe, tiny-glm4moe (tests, as above)\n"
         "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
         "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
         "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
@@ -263,6 +266,14 @@ int cmd_mkmodel(int argc, char **argv) {
                 "linear: %u key / %u value heads of %u / %u, conv %u; shared expert %u (%s)\n",
                 cfg.arch, cfg.full_attn_interval, cfg.n_rot, cfg.head_dim, cfg.ssm_k_heads,
                 cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim, cfg.ssm_conv, cfg.n_ff_shexp,
+                mkmodel_type_name(cfg.type_shexp));
+    if (cfg.progress && cfg.arch && !strcmp(cfg.arch, "glm4moe"))
+        fprintf(stderr,
+                "mkmodel: glm4moe: %u dense layers of %u, %u shared experts, RoPE on %u of %u, "
+                "%u of %u expert groups, scale %g, QK norm %s, %u NextN layers (%s dense and "
+                "shared)\n",
+                cfg.n_dense, cfg.n_ff, cfg.n_shexp, cfg.n_rot, cfg.head_dim, cfg.n_group_used,
+                cfg.n_group, cfg.expert_scale, cfg.qk_norm ? "yes" : "no", cfg.n_nextn,
                 mkmodel_type_name(cfg.type_shexp));
     if (cfg.progress)
         fprintf(stderr,

@@ -32,7 +32,7 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     cfg->type_output = TM_TYPE_Q8_0;
     cfg->type_shexp = TM_TYPE_Q8_0; /* the hybrid presets' shared expert */
     cfg->type_gate_exps = cfg->type_up_exps = cfg->type_down_exps = TM_TYPE_COUNT;
-    if (synth_hybrid_preset(cfg, preset)) return TM_OK;
+    if (synth_hybrid_preset(cfg, preset) || synth_moe_arch_preset(cfg, preset)) return TM_OK;
     if (!strcmp(preset, "tiny")) {
         /* Smallest shape that still takes K-quants (rows of 256) and GQA. */
         cfg->n_layer = 3, cfg->n_embd = 256, cfg->n_head = 4, cfg->n_head_kv = 2;
@@ -78,7 +78,8 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     return tm_error_set(TM_ERR_ARG,
                         "unknown preset '%s' (expected tiny, 30b-a3b, gpt-oss-20b, gpt-oss-120b, "
                         "tiny-gpt-oss, qwen3-next-80b-a3b, qwen3.5-35b-a3b, qwen3.6-35b-a3b, "
-                        "tiny-qwen3next or tiny-qwen35moe)",
+                        "tiny-qwen3next, tiny-qwen35moe, mixtral-8x7b, olmoe-1b-7b, glm-4.5-air, "
+                        "glm-4.5, tiny-mixtral, tiny-olmoe or tiny-glm4moe)",
                         preset);
 }
 
@@ -138,11 +139,14 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                                 "n-embd %u, head-dim %u",
                                 SYNTH_LOC_MAX_HEAD_DIM, c->n_embd, c->head_dim);
     }
-    if (c->arch && strcmp(c->arch, "qwen3moe") && !synth_gptoss(c) && !synth_is_hybrid(c))
+    if (c->arch && strcmp(c->arch, "qwen3moe") && !synth_gptoss(c) && !synth_is_hybrid(c) &&
+        !synth_is_moe_arch(c))
         return tm_error_set(TM_ERR_ARG,
-                            "architecture '%s': expected qwen3moe, gpt-oss, qwen3next or qwen35moe",
+                            "architecture '%s': expected qwen3moe, gpt-oss, qwen3next, qwen35moe, "
+                            "llama, olmoe or glm4moe",
                             c->arch);
     if (synth_is_hybrid(c) && (st = synth_hybrid_validate(c)) != TM_OK) return st;
+    if (synth_is_moe_arch(c) && (st = synth_moe_arch_validate(c)) != TM_OK) return st;
     if (synth_gptoss(c) && c->locality > 0)
         return tm_error_set(TM_ERR_UNSUPPORTED,
                             "--locality %g: the recency head is calibrated for qwen3moe's "
@@ -219,6 +223,7 @@ static uint32_t synth_tensors_list(const tm_synth_config *c, const float *bias,
                                    const tm_synth_locality *loc, synth_tensor *t) {
     if (synth_gptoss(c)) return synth_tensors_build_gptoss(c, bias, t);
     if (synth_is_hybrid(c)) return synth_hybrid_tensors(c, bias, loc, t);
+    if (synth_is_moe_arch(c)) return synth_moe_arch_tensors(c, bias, t);
     uint32_t n = 0;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
@@ -607,7 +612,9 @@ static tm_status synth_arch_keys_write(const tm_synth_config *c, tm_gguf_writer 
 }
 
 static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *w) {
-    tm_status st = synth_is_hybrid(c) ? synth_hybrid_metadata(c, w) : synth_arch_keys_write(c, w);
+    tm_status st = synth_is_hybrid(c)     ? synth_hybrid_metadata(c, w)
+                   : synth_is_moe_arch(c) ? synth_moe_arch_metadata(c, w)
+                                          : synth_arch_keys_write(c, w);
     if (st != TM_OK) return st;
     /* How the weights were made, so tests can check the routing law. */
     SYNTH_KV(gguf_writer_set_u64(w, "tiermoe.synth.seed", c->seed));

@@ -51,7 +51,14 @@
  * trained models. Skew as for qwen3moe; the recency head of --locality is
  * the first KV group of the first full-attention layer (its gate held
  * open), and every writer of the residual (ssm_out, the shared expert's down
- * projection too) leaves the topic subspace empty. */
+ * projection too) leaves the topic subspace empty.
+ *
+ * Mixtral (arch "llama"), OLMoE and GLM-4.5 ("glm4moe"; presets mixtral-8x7b,
+ * olmoe-1b-7b, glm-4.5-air, glm-4.5 and their tiny-* test shapes;
+ * synth_moe_archs.c) write their converter layouts: GLM's q/k/v and selection
+ * biases small random, its dense layers and shared expert scaled as experts, its
+ * NextN layer's tensors (never run). Skew as for qwen3moe (a sigmoid router
+ * ranks as its logits); no locality. */
 #ifndef TM_MODEL_SYNTH_H
 #define TM_MODEL_SYNTH_H
 
@@ -93,7 +100,8 @@ typedef struct tm_synth_tensor_type {
 #define TM_SYNTH_MAX_TENSOR_TYPES 32
 
 typedef struct tm_synth_config {
-    /* general.architecture: "qwen3moe" (NULL), "gpt-oss", "qwen3next" or "qwen35moe" */
+    /* general.architecture: "qwen3moe" (NULL), "gpt-oss", "qwen3next", "qwen35moe", "llama"
+     * (Mixtral), "olmoe" or "glm4moe" */
     const char *arch;
     uint32_t window;        /* gpt-oss: attention.sliding_window of the even layers */
     float rope_factor;      /* gpt-oss: YaRN factor */
@@ -109,6 +117,13 @@ typedef struct tm_synth_config {
      * (0: all); a shared expert of width n_ff_shexp beside the routed ones. */
     uint32_t full_attn_interval, n_rot, ssm_conv, ssm_k_heads, ssm_v_heads, ssm_k_dim, ssm_v_dim;
     uint32_t n_ff_shexp;
+    /* glm4moe (synth_moe_archs.c): the first n_dense layers dense (n_ff wide), n_shexp shared
+     * experts (n_ff_exp wide each), the router's groups (0 or 1: none) and scale, QK norms;
+     * n_nextn NextN (MTP) layers after the n_layer others (block_count counts them). RoPE
+     * on the first n_rot values of a head. */
+    uint32_t n_dense, n_shexp, n_group, n_group_used, n_nextn;
+    float expert_scale;
+    bool qk_norm;
     /* Each tensor's type, first match: a tensor_types rule; the gate/up/down
      * field of its kind; its class (experts, attn, embd, output, shexp); the recipe
      * (mix). TM_TYPE_COUNT: unset (a preset sets the classes, synth_config_mix
@@ -143,7 +158,9 @@ typedef struct tm_synth_config {
 
 /* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b",
  * "tiny-gpt-oss", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b" (alias
- * "qwen3.6-35b-a3b"), "tiny-qwen3next" or "tiny-qwen35moe". */
+ * "qwen3.6-35b-a3b"), "tiny-qwen3next", "tiny-qwen35moe", "mixtral-8x7b",
+ * "olmoe-1b-7b", "glm-4.5-air", "glm-4.5", "tiny-mixtral", "tiny-olmoe" or
+ * "tiny-glm4moe". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 
 /* ---- quant types per tensor (synth_mix.c) ---- */

@@ -53,9 +53,9 @@ static inline void synth_tensor_set(synth_tensor *t, const char *name, tm_synth_
     t->role = ROLE_OTHER, t->layer = 0, t->loc = NULL;
 }
 
-/* Tensors a layer has at most (qwen35moe's linear-attention layers: 20), and
- * the three outside the layers. */
-#define SYNTH_MAX_TENSORS(c) (3 + 20 * (size_t)(c)->n_layer)
+/* Tensors a layer has at most (qwen35moe's linear-attention layers: 20; a NextN
+ * layer of glm4moe: 23, counted as two), and the three outside the layers. */
+#define SYNTH_MAX_TENSORS(c) (3 + 20 * ((size_t)(c)->n_layer + 2 * (size_t)(c)->n_nextn))
 
 /* ---- qwen3next / qwen35moe (synth_hybrid.c) ---- */
 
@@ -80,5 +80,13 @@ uint32_t synth_hybrid_tensors(const tm_synth_config *c, const float *bias,
                               const tm_synth_locality *loc, synth_tensor *t);
 /* The architecture's keys (those after general.*), as the converter writes them. */
 tm_status synth_hybrid_metadata(const tm_synth_config *c, tm_gguf_writer *w);
+
+/* ---- mixtral (arch llama), olmoe, glm4moe (synth_moe_archs.c): as the hybrids' ---- */
+
+bool synth_is_moe_arch(const tm_synth_config *c);
+bool synth_moe_arch_preset(tm_synth_config *c, const char *preset);
+tm_status synth_moe_arch_validate(const tm_synth_config *c);
+uint32_t synth_moe_arch_tensors(const tm_synth_config *c, const float *bias, synth_tensor *t);
+tm_status synth_moe_arch_metadata(const tm_synth_config *c, tm_gguf_writer *w);
 
 #endif
