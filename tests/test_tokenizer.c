@@ -253,6 +253,34 @@ static void test_bos_eos(void **state) {
     tokenizer_free(t);
 }
 
+/* GLM's vocabulary (pre glm4): Llama 3's pieces and ignore_merges, but its bos_token_id
+ * ([gMASK] in the converter's files) is no bos token: none is added, as llama.cpp drops
+ * it, where llama-bpe adds one by default. */
+static void test_glm4_no_bos(void **state) {
+    (void)state;
+    vocab_spec v = base_spec();
+    v.bos = T_IM_START;
+    v.pre = "llama-bpe";
+    tm_tokenizer *l3 = load_spec(&v, "tok_l3.gguf");
+    v.pre = "glm4";
+    tm_tokenizer *glm = load_spec(&v, "tok_glm4.gguf");
+    tm_tokenize_opts with = {.add_special = true, .parse_special = true};
+    EXPECT(l3, "hello", with, T_IM_START, T_HELLO);
+    EXPECT(glm, "hello", with, T_HELLO);
+    assert_int_equal(tokenizer_specials(glm).bos, -1);
+    static const char *const texts[] = {"hello aa", "he'll  hello\n\n12345 <think>x", "wo w"};
+    for (size_t i = 0; i < 3; i++) { /* the same pieces and merges otherwise */
+        tm_tokens a = {0}, b = {0};
+        tm_tokenize_opts o = {.parse_special = true};
+        assert_int_equal(tokenizer_encode(l3, texts[i], strlen(texts[i]), &o, &a), TM_OK);
+        assert_int_equal(tokenizer_encode(glm, texts[i], strlen(texts[i]), &o, &b), TM_OK);
+        assert_int_equal(a.n, b.n);
+        assert_memory_equal(a.ids, b.ids, a.n * sizeof(int32_t));
+        tokenizer_tokens_free(&a), tokenizer_tokens_free(&b);
+    }
+    tokenizer_free(l3), tokenizer_free(glm);
+}
+
 static void test_invalid_utf8_roundtrip(void **state) {
     (void)state;
     vocab_spec v = base_spec();
@@ -531,6 +559,7 @@ int main(void) {
         cmocka_unit_test(test_merge_formats_agree),
         cmocka_unit_test(test_special_tokens),
         cmocka_unit_test(test_bos_eos),
+        cmocka_unit_test(test_glm4_no_bos),
         cmocka_unit_test(test_invalid_utf8_roundtrip),
         cmocka_unit_test(test_stream_split_characters),
         cmocka_unit_test(test_nfc_for_qwen2),

@@ -67,6 +67,7 @@ struct tm_tokenizer {
 
     int32_t byte_token[256]; /* BPE: token of each byte's alphabet char; SPM: <0xXX> or -1 */
     bool ignore_merges;      /* llama3: a piece that is a whole token is not merged */
+    bool no_bos;             /* glm4: the family has no bos token (whatever bos_token_id says) */
     bool normalize_nfc;      /* qwen2 */
     bool add_space_prefix;   /* SPM */
     bool add_bos, add_eos;
@@ -95,8 +96,10 @@ const tm_pair_entry *tok_pair_find(const tm_pair_map *m, int32_t a, int32_t b);
 /* ---- pre-tokenizer (tokenizer_pretok.c) ---- */
 /* Compile the regexes for a tokenizer.ggml.pre name; TM_ERR_UNSUPPORTED naming
  * the name and listing the known ones if it is not known. Sets *nfc when the
- * family's HF normalizer is NFC and *ignore_merges for Llama 3's BPE option. */
-tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges);
+ * family's HF normalizer is NFC, *ignore_merges for Llama 3's BPE option and
+ * *no_bos where llama.cpp drops the bos token (glm4). */
+tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges,
+                      bool *no_bos);
 void pretok_free(tm_pretok *p);
 /* Split valid UTF-8 text[0..len) into pieces: calls emit(ctx, piece, n) in order.
  * The pieces concatenate to the input. Returns non-OK only if emit does. */

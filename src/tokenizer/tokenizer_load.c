@@ -454,7 +454,7 @@ static tm_status load_specials_and_flags(tm_tokenizer *t, const tm_gguf_file *f)
         }
         t->add_bos = true;
         t->add_space_prefix = true;
-    } else if (t->ignore_merges) { /* Llama 3 family adds <|begin_of_text|> by default */
+    } else if (t->ignore_merges && !t->no_bos) { /* Llama 3 family adds <|begin_of_text|> */
         t->add_bos = true;
     }
     tm_status st;
@@ -469,6 +469,9 @@ static tm_status load_specials_and_flags(tm_tokenizer *t, const tm_gguf_file *f)
         (st = get_flag(f, KEY("add_eos_token"), &t->add_eos)) ||
         (st = get_flag(f, KEY("add_space_prefix"), &t->add_space_prefix)))
         return st;
+    /* GLM's converter names [gMASK] the bos token; llama.cpp drops it (its chat template
+       writes [gMASK] itself): no bos, none added */
+    if (t->no_bos) sp->bos = -1, t->add_bos = false;
     /* a family default without a bos token to add is no request */
     if (t->add_bos && sp->bos < 0 && !gguf_file_find_kv(f, KEY("add_bos_token")))
         t->add_bos = false;
@@ -519,7 +522,8 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
         if (!pre)
             tm_log_warn("%s: tokenizer.ggml.pre missing; using llama.cpp's 'default' pre-tokenizer",
                         f->path);
-        tm_status st = pretok_init(&t->pretok, t->pre_name, &t->normalize_nfc, &t->ignore_merges);
+        tm_status st =
+            pretok_init(&t->pretok, t->pre_name, &t->normalize_nfc, &t->ignore_merges, &t->no_bos);
         if (st) return tm_error_wrap(st, "%s: ", f->path);
     }
 

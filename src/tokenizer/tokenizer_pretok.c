@@ -56,18 +56,21 @@ typedef struct pretok_family {
     const char *regex[TM_PRETOK_MAX_REGEX];
     bool nfc;
     bool ignore_merges;
+    bool no_bos; /* llama.cpp drops the vocabulary's bos token (GLM's: [gMASK]) */
 } pretok_family;
 
 static const pretok_family families[] = {
-    {"default", {RE_DEFAULT_0, RE_DEFAULT_1, RE_DEFAULT_2, RE_DEFAULT_3}, false, false},
-    {"gpt2|gpt-2|mpt|olmo|jais", {RE_GPT2}, false, false},
-    {"llama3|llama-v3|llama-bpe", {RE_LLAMA3}, false, true},
-    {"dbrx|smaug-bpe", {RE_LLAMA3}, false, false},
-    {"qwen2", {RE_QWEN2}, true, false},
-    {"qwen35", {RE_QWEN35}, true, false},
-    {"stablelm2", {RE_QWEN2}, false, false},
-    {"gpt-4o|o200k", {RE_O200K}, false, false},
-    {"tekken", {RE_TEKKEN}, false, true},
+    {"default", {RE_DEFAULT_0, RE_DEFAULT_1, RE_DEFAULT_2, RE_DEFAULT_3}, false, false, false},
+    {"gpt2|gpt-2|mpt|olmo|jais", {RE_GPT2}, false, false, false},
+    {"llama3|llama-v3|llama-bpe", {RE_LLAMA3}, false, true, false},
+    {"dbrx|smaug-bpe", {RE_LLAMA3}, false, false, false},
+    {"chatglm-bpe", {RE_LLAMA3}, false, false, true},
+    {"glm4|glm5", {RE_LLAMA3}, false, true, true}, /* GLM-4.5 and later */
+    {"qwen2", {RE_QWEN2}, true, false, false},
+    {"qwen35", {RE_QWEN35}, true, false, false},
+    {"stablelm2", {RE_QWEN2}, false, false, false},
+    {"gpt-4o|o200k", {RE_O200K}, false, false, false},
+    {"tekken", {RE_TEKKEN}, false, true, false},
 };
 
 static bool name_in_list(const char *name, const char *list) {
@@ -84,10 +87,11 @@ static bool name_in_list(const char *name, const char *list) {
 
 const char *pretok_known_names(void) {
     return "default, gpt2, gpt-2, mpt, olmo, jais, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, "
-           "qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken";
+           "chatglm-bpe, glm4, glm5, qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken";
 }
 
-tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges) {
+tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges,
+                      bool *no_bos) {
     memset(p, 0, sizeof(*p));
     const pretok_family *fam = NULL;
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
@@ -115,6 +119,7 @@ tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignor
     }
     *nfc = fam->nfc;
     *ignore_merges = fam->ignore_merges;
+    *no_bos = fam->no_bos;
     return TM_OK;
 }
 
