@@ -1,11 +1,13 @@
 /* tiermoe.h: the public C API of libtiermoe (docs/library.md).
  *
- * What the CLI and the server do, as a library: load a GGUF model, make a
- * context with a placement (the flags' options: -ngl, --cpu-moe,
- * --n-cpu-moe, -ot, --moe-cache, --ram-cache, ...), tokenize and detokenize,
- * render a chat, evaluate tokens of one or more sequences, read logits and
- * sample, read the per-layer expert counts and the VRAM cache's experts, and
- * apply a cache plan (docs/plan-format.md).
+ * What the CLI and the server do, as a library (`tiermoe run`, `tokenize`
+ * and `detokenize` are built on it alone): load a GGUF model (or only its
+ * vocabulary), make a context with a placement (the flags' options: -ngl,
+ * --cpu-moe, --n-cpu-moe, -ot, --moe-cache, --ram-cache, ...), tokenize and
+ * detokenize (whole or streamed), render a chat, evaluate tokens of one or
+ * more sequences, read logits and sample, read the per-layer expert counts
+ * (their summary, their learn file) and the VRAM cache's experts, apply a
+ * cache plan (docs/plan-format.md), and report where the time went.
  *
  * Contracts that hold for every function below unless its comment says
  * otherwise:
@@ -83,7 +85,15 @@ void tm_log_set_callback(tm_log_fn fn, void *user);
  * when it has one. TM_ERR_IO / TM_ERR_FORMAT / TM_ERR_UNSUPPORTED name the
  * file and the key or tensor. */
 tm_status tm_model_load(const char *path, tm_model **out);
-/* Free a model; its contexts must be freed first. */
+/* Open only the vocabulary of a GGUF file (its tokenizer.ggml.* keys; the
+ * architecture and the tensors are neither read nor checked, so a file holding
+ * only a vocabulary works): what `tiermoe tokenize` loads. The text functions
+ * work on it; tm_model_describe gives arch NULL, n_vocab the vocabulary's
+ * tokens and 0 for the other sizes; tm_context_create and tm_sampler_create
+ * answer TM_ERR_UNSUPPORTED. A file without a usable vocabulary is
+ * TM_ERR_IO / TM_ERR_FORMAT / TM_ERR_UNSUPPORTED naming the file and the key. */
+tm_status tm_model_load_vocab(const char *path, tm_model **out);
+/* Free a model; its contexts and detokenizers must be freed first. */
 void tm_model_free(tm_model *m);
 
 typedef struct tm_model_info {
@@ -117,6 +127,56 @@ tm_status tm_token_piece(const tm_model *m, int32_t id, const char **bytes, size
 /* Whether the token ends a generated turn (eos, eot, <|im_end|>, ...). */
 tm_status tm_token_is_end(const tm_model *m, int32_t id, bool *is_end);
 
+/* A token's type: tokenizer.ggml.token_type's values (llama.cpp's). */
+typedef enum tm_token_type {
+    TM_TOKEN_TYPE_UNDEFINED = 0,
+    TM_TOKEN_TYPE_NORMAL = 1,
+    TM_TOKEN_TYPE_UNKNOWN = 2,
+    TM_TOKEN_TYPE_CONTROL = 3, /* <|im_start|>, </s>: parsed only with parse_special */
+    TM_TOKEN_TYPE_USER_DEFINED = 4,
+    TM_TOKEN_TYPE_UNUSED = 5,
+    TM_TOKEN_TYPE_BYTE = 6 /* SentencePiece's <0x0A>: one byte */
+} tm_token_type;
+
+typedef struct tm_token_info {
+    tm_token_type type;
+    const char *text; /* the bytes it stands for, a control token's own text included
+                         (`tiermoe tokenize` shows these): len bytes, not NUL-terminated,
+                         pointing into the model */
+    size_t len;
+} tm_token_info;
+/* A token's type and bytes. An id out of range is TM_ERR_ARG. */
+tm_status tm_token_describe(const tm_model *m, int32_t id, tm_token_info *out);
+
+typedef struct tm_vocab_info {
+    uint32_t n_tokens; /* ids 0 .. n_tokens - 1 (n_vocab may count more embedding rows) */
+    const char *model; /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama"
+                          (SentencePiece); owned by the model */
+    const char *pre;   /* tokenizer.ggml.pre ("qwen2", "llama-bpe", ...) or "default" */
+} tm_vocab_info;
+/* The vocabulary's size and kind; TM_ERR_UNSUPPORTED without a vocabulary. */
+tm_status tm_vocab_describe(const tm_model *m, tm_vocab_info *out);
+
+/* A streaming detokenizer: ids pushed one at a time, as they are generated,
+ * give the text to print now, which never ends inside a UTF-8 character (the
+ * first bytes of one are held until the rest comes). The first piece of a
+ * SentencePiece stream loses its leading space, as tm_detokenize's text does.
+ * render_special: control tokens give their text. replace_invalid: bytes that
+ * can never become a character come out as U+FFFD (for output that must be
+ * valid UTF-8); without it they come out as they are, and all the text pushed
+ * and flushed equals tm_detokenize's of the same ids. It reads m's
+ * vocabulary: free it before m. TM_ERR_UNSUPPORTED without a vocabulary. */
+typedef struct tm_detokenizer tm_detokenizer;
+tm_status tm_detokenizer_create(const tm_model *m, bool render_special, bool replace_invalid,
+                                tm_detokenizer **out);
+/* The text id completes: text[0..*len) (*len may be 0), owned by d and valid
+ * until its next call. An id out of range is TM_ERR_ARG (d is unchanged). */
+tm_status tm_detokenizer_push(tm_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* The end of the text: the bytes still held (*len may be 0), as push gives
+ * them. Pushing more goes on from there. */
+tm_status tm_detokenizer_flush(tm_detokenizer *d, const char **text, size_t *len);
+void tm_detokenizer_free(tm_detokenizer *d);
+
 typedef struct tm_chat_message {
     const char *role; /* "system", "user", "assistant" (others: skipped, except "developer" = system
                          for harmony) */
@@ -133,13 +193,26 @@ typedef struct tm_chat_message {
 tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_message *msgs,
                         size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
                         size_t *len);
+/* What of a generated reply goes back into the conversation as the
+ * assistant's content, for format as tm_chat_apply takes it: reply[*start ..
+ * *start + *n). Harmony keeps only the final channel's text (its template
+ * drops the analysis); every format cuts the end-of-turn token written as
+ * text (<|im_end|>, <|eot_id|>, </s>, <|end|>, <|return|>). The same status
+ * as tm_chat_apply for format (len 0 asks only that). */
+tm_status tm_chat_reply(const tm_model *m, const char *format, const char *reply, size_t len,
+                        size_t *start, size_t *n);
 
 /* ---- contexts ---- */
 
-#define TM_AUTO       (-1) /* a value the engine picks (see each field) */
-#define TM_OFF        (-2) /* a lane turned off */
-#define TM_FETCH_COPY 1    /* moe_fetch: copy prompts' experts in RAM to VRAM, then compute */
-#define TM_FETCH_PCIE 2    /* moe_fetch: the GPU reads them in place over PCIe */
+#define TM_AUTO                 (-1) /* a value the engine picks (see each field) */
+#define TM_OFF                  (-2) /* a lane turned off */
+#define TM_FETCH_COPY           1 /* moe_fetch: copy prompts' experts in RAM to VRAM, then compute */
+#define TM_FETCH_PCIE           2   /* moe_fetch: the GPU reads them in place over PCIe */
+#define TM_CACHE_UPDATE_BETWEEN 0   /* moe_cache_update: weak slots exchanged between requests */
+#define TM_CACHE_UPDATE_FULL    1   /* moe_cache_update: also the policy admits after each step */
+#define TM_MOE_PCIE_MAX         32  /* moe_pcie's N at most */
+#define TM_MOE_AHEAD_MAX        16  /* moe_ahead's N at most */
+#define TM_MOE_CACHE_CURVE_MAX  8.0 /* moe_cache_curve at most */
 
 /* A context's sizes and placement; the same options as the flags of
  * `tiermoe run` (docs/placement.md). Fill with tm_context_opts_init, then
@@ -165,9 +238,30 @@ typedef struct tm_context_opts {
     int64_t ram_cache_mib; /* --ram-cache: RAM MiB for experts read from the file (0: none,
                               TM_AUTO) */
     bool expert_stats;     /* count each layer's expert selections (tm_expert_counts) */
+    bool profile; /* --profile: time every part for tm_context_profile (on a GPU: events and a
+                     sync per part, no CUDA graph: slower) */
+    const char *moe_cache_weighting; /* --moe-cache-weighting: how a plan made at creation
+                                        weighs layers: "flat" (NULL), "pressure",
+                                        "smooth_pressure", "time", "balanced" */
+    double moe_cache_curve;          /* --moe-cache-curve: its layer curve, 0 (1: the
+                                        default) .. TM_MOE_CACHE_CURVE_MAX */
+    int32_t moe_cache_update;        /* --moe-cache-update: TM_CACHE_UPDATE_BETWEEN (the
+                                        default), TM_CACHE_UPDATE_FULL or TM_OFF (the planned
+                                        experts stay) */
+    const char *moe_cache_policy;    /* --moe-cache-policy: the policy of TM_CACHE_UPDATE_FULL:
+                                        "adaptive" (NULL), "lru", "lfu", "static" */
+    int32_t moe_cache_admit; /* --moe-cache-admit: uploads a layer a step at most (0: 1, TM_OFF:
+                                no cap) */
+    bool expert_trace_names; /* --expert-trace-names: a line on stderr per routed slot naming
+                                its expert's tensors (counts as expert_stats does) */
 } tm_context_opts;
 
 void tm_context_opts_init(tm_context_opts *o);
+/* Check o as far as that needs no model (what tm_context_create checks
+ * first): the ranges, -ot's patterns and buffer names, the cache's weighting
+ * and policy names. TM_ERR_ARG naming the field and its flag. The files
+ * (moe_cache_plan, moe_learn) are read by tm_context_create. */
+tm_status tm_context_opts_check(const tm_context_opts *o);
 /* A context of m: KV caches, the placement, the tier. A placement that does
  * not fit is TM_ERR_DEVICE stating needed and free bytes; bad options
  * TM_ERR_ARG naming the option; a plan or learn file of another model
@@ -183,6 +277,14 @@ typedef struct tm_context_info {
     bool cache;           /* a VRAM expert cache exists (tm_cache_apply applies plans) */
 } tm_context_info;
 tm_status tm_context_describe(const tm_context *c, tm_context_info *out);
+/* `tiermoe run --profile`'s report of where the time went since the context
+ * was made, into text[0..cap), NUL-terminated, as tm_detokenize sizes it:
+ * time by part, the CPU lane's thread time, the MoE step by layer class and
+ * the VRAM cache's numbers, the SSD tier's (--ram-cache; its read rate over
+ * the time spent in tm_eval and tm_eval_rows), and the synthetic routing of a
+ * model made by `tiermoe mkmodel`. Lines end in a newline. TM_ERR_UNSUPPORTED
+ * for a context made without profile. */
+tm_status tm_context_profile(const tm_context *c, char *text, size_t cap, size_t *len);
 
 /* ---- evaluation ---- */
 
@@ -235,9 +337,19 @@ tm_status tm_sample(tm_sampler *s, const tm_context *c, int32_t seq, int32_t *to
 
 /* How often each expert of layer was selected since the context was made
  * or the counts reset: counts[0..n_expert). TM_ERR_UNSUPPORTED when the
- * context was made without expert_stats. */
+ * context was made without expert_stats (or expert_trace_names). */
 tm_status tm_expert_counts(const tm_context *c, uint32_t layer, uint64_t *counts, size_t cap);
 tm_status tm_expert_counts_reset(tm_context *c);
+/* The counts' summary that `tiermoe run --expert-trace-stats` prints at the
+ * end (per_layer: with the per-layer table), into text[0..cap) as
+ * tm_context_profile. TM_ERR_UNSUPPORTED as tm_expert_counts. */
+tm_status tm_expert_stats_summary(const tm_context *c, bool per_layer, char *text, size_t cap,
+                                  size_t *len);
+/* Write the counts to path as a learn file (docs/trace-format.md; a path
+ * ending in .csv: CSV), as --expert-trace-output does: through a temporary
+ * file renamed into place. TM_ERR_UNSUPPORTED as tm_expert_counts; TM_ERR_IO
+ * naming the path. */
+tm_status tm_expert_stats_write(const tm_context *c, const char *path);
 /* The experts in layer's VRAM cache slots, slot by slot (-1: an empty
  * slot), into experts[0..cap); *n_slots: the layer's slots (0: the layer
  * has no cache slots: its experts are all in VRAM, or all in RAM with no

@@ -6,8 +6,8 @@ import ctypes
 import enum
 import os
 import threading
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_float, c_int, c_int32, c_int64,
-                    c_size_t, c_uint32, c_uint64, c_void_p)
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_double, c_float, c_int, c_int32,
+                    c_int64, c_size_t, c_uint32, c_uint64, c_void_p)
 
 from . import _find
 
@@ -64,7 +64,18 @@ class ContextOptsC(Structure):
                 ("kv_f32", c_bool), ("n_gpu_layers", c_int32), ("cpu_moe", c_bool), ("n_cpu_moe", c_int32),
                 ("override_tensor", c_char_p), ("moe_cache_mib", c_int64), ("moe_cache_plan", c_char_p),
                 ("moe_learn", c_char_p), ("moe_pcie", c_int32), ("moe_fetch", c_int32),
-                ("moe_ahead", c_int32), ("ram_cache_mib", c_int64), ("expert_stats", c_bool)]
+                ("moe_ahead", c_int32), ("ram_cache_mib", c_int64), ("expert_stats", c_bool),
+                ("profile", c_bool), ("moe_cache_weighting", c_char_p), ("moe_cache_curve", c_double),
+                ("moe_cache_update", c_int32), ("moe_cache_policy", c_char_p),
+                ("moe_cache_admit", c_int32), ("expert_trace_names", c_bool)]
+
+
+class TokenInfoC(Structure):
+    _fields_ = [("type", c_int), ("text", c_void_p), ("len", c_size_t)]
+
+
+class VocabInfoC(Structure):
+    _fields_ = [("n_tokens", c_uint32), ("model", c_char_p), ("pre", c_char_p)]
 
 
 class ContextInfoC(Structure):
@@ -92,18 +103,28 @@ PROTOTYPES = {
     "tm_error_message": (c_char_p, []),
     "tm_log_set_callback": (None, [LOG_FN, c_void_p]),
     "tm_model_load": (_S, [c_char_p, _p(_h)]),
+    "tm_model_load_vocab": (_S, [c_char_p, _p(_h)]),
     "tm_model_free": (None, [_h]),
     "tm_model_describe": (_S, [_h, _p(ModelInfoC)]),
     "tm_tokenize": (_S, [_h, c_char_p, c_size_t, c_bool, c_bool, _p(c_int32), c_size_t, _p(c_size_t)]),
     "tm_detokenize": (_S, [_h, _p(c_int32), c_size_t, c_bool, c_void_p, c_size_t, _p(c_size_t)]),
     "tm_token_piece": (_S, [_h, c_int32, _p(c_void_p), _p(c_size_t)]),
     "tm_token_is_end": (_S, [_h, c_int32, _p(c_bool)]),
+    "tm_token_describe": (_S, [_h, c_int32, _p(TokenInfoC)]),
+    "tm_vocab_describe": (_S, [_h, _p(VocabInfoC)]),
+    "tm_detokenizer_create": (_S, [_h, c_bool, c_bool, _p(_h)]),
+    "tm_detokenizer_push": (_S, [_h, c_int32, _p(c_void_p), _p(c_size_t)]),
+    "tm_detokenizer_flush": (_S, [_h, _p(c_void_p), _p(c_size_t)]),
+    "tm_detokenizer_free": (None, [_h]),
     "tm_chat_apply": (_S, [_h, c_char_p, _p(ChatMessageC), c_size_t, c_bool, c_void_p, c_size_t,
                            _p(c_size_t)]),
+    "tm_chat_reply": (_S, [_h, c_char_p, c_char_p, c_size_t, _p(c_size_t), _p(c_size_t)]),
     "tm_context_opts_init": (None, [_p(ContextOptsC)]),
+    "tm_context_opts_check": (_S, [_p(ContextOptsC)]),
     "tm_context_create": (_S, [_h, _p(ContextOptsC), _p(_h)]),
     "tm_context_free": (None, [_h]),
     "tm_context_describe": (_S, [_h, _p(ContextInfoC)]),
+    "tm_context_profile": (_S, [_h, c_void_p, c_size_t, _p(c_size_t)]),
     "tm_eval": (_S, [_h, c_int32, _p(c_int32), c_int64]),
     "tm_eval_rows": (_S, [_h, c_int64, _p(c_int32), _p(c_int32)]),
     "tm_logits": (_S, [_h, c_int32, _p(_p(c_float))]),
@@ -115,6 +136,8 @@ PROTOTYPES = {
     "tm_sample": (_S, [_h, _h, c_int32, _p(c_int32)]),
     "tm_expert_counts": (_S, [_h, c_uint32, _p(c_uint64), c_size_t]),
     "tm_expert_counts_reset": (_S, [_h]),
+    "tm_expert_stats_summary": (_S, [_h, c_bool, c_void_p, c_size_t, _p(c_size_t)]),
+    "tm_expert_stats_write": (_S, [_h, c_char_p]),
     "tm_cache_experts": (_S, [_h, c_uint32, _p(c_int32), c_size_t, _p(c_size_t)]),
     "tm_cache_apply": (_S, [_h, c_char_p, c_size_t, _p(c_int32)]),
 }

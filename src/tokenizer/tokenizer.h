@@ -46,16 +46,7 @@ typedef enum tm_tokenizer_kind {
     TM_TOKENIZER_SPM = 1, /* "llama" */
 } tm_tokenizer_kind;
 
-/* tokenizer.ggml.token_type values (llama.cpp's llama_token_type / gguf.TokenType). */
-typedef enum tm_token_type {
-    TM_TOKEN_TYPE_UNDEFINED = 0,
-    TM_TOKEN_TYPE_NORMAL = 1,
-    TM_TOKEN_TYPE_UNKNOWN = 2,
-    TM_TOKEN_TYPE_CONTROL = 3,
-    TM_TOKEN_TYPE_USER_DEFINED = 4,
-    TM_TOKEN_TYPE_UNUSED = 5,
-    TM_TOKEN_TYPE_BYTE = 6,
-} tm_token_type;
+/* tm_token_type (tokenizer.ggml.token_type's values) is the public API's (include/tiermoe.h). */
 
 typedef struct tm_tokenizer tm_tokenizer;
 

@@ -368,9 +368,7 @@ tm_status trace_finish(tm_trace *t) {
     }
     if (!t->cfg.output) return TM_OK;
     const char *o = t->cfg.output;
-    const size_t n = strlen(o);
-    tm_status st = n > 4 && !strcmp(o + n - 4, ".csv") ? trace_stats_write_csv(&t->stats, o)
-                                                       : trace_stats_write_json(&t->stats, o);
+    const tm_status st = trace_stats_write(&t->stats, o);
     if (st == TM_OK) fprintf(t->cfg.log, "expert trace: wrote %s\n", o);
     return st;
 }

@@ -111,6 +111,8 @@ tm_status trace_json_u64(const json_t *o, const char *key, const char *origin, c
 tm_status trace_json_load(const char *path, json_t **out);
 /* CSV: header "layer,expert,hits,hot,cold,share", one row per layer and expert. */
 tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path);
+/* The CSV for a path ending in ".csv", else the JSON. */
+tm_status trace_stats_write(const tm_trace_stats *s, const char *path);
 /* dst += src (counts and timings summed, working-set max the larger); the
  * shapes and windows must match. src_name is named in errors. */
 tm_status trace_stats_merge(tm_trace_stats *dst, const tm_trace_stats *src, const char *src_name);

@@ -120,6 +120,12 @@ tm_status trace_stats_write_csv(const tm_trace_stats *s, const char *path) {
     return st;
 }
 
+tm_status trace_stats_write(const tm_trace_stats *s, const char *path) {
+    const size_t n = strlen(path);
+    return n > 4 && !strcmp(path + n - 4, ".csv") ? trace_stats_write_csv(s, path)
+                                                  : trace_stats_write_json(s, path);
+}
+
 /* ---- reading ---- */
 
 tm_status trace_json_u64(const json_t *o, const char *key, const char *origin, const char *where,

@@ -391,12 +391,287 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(lines, before);
 }
 
+/* The vocabulary alone (tm_model_load_vocab): HF's ids, the vocabulary's kind,
+ * and no contexts or samplers. */
+static void test_vocab_only(void **state) {
+    (void)state;
+    tm_model *v = NULL;
+    CHECK(tm_model_load_vocab(getenv("TM_API_MODEL"), &v));
+    tm_model_info vi;
+    CHECK(tm_model_describe(v, &vi));
+    assert_null(vi.arch);
+    assert_int_equal(vi.n_layer, 0);
+    assert_true(vi.has_vocab);
+    assert_int_equal(vi.n_vocab, 151669); /* Qwen3's tokenizer.json: 151643 + 26 added */
+    assert_string_equal(vi.chat_format, "qwen3");
+    int32_t ids[8];
+    size_t n = 0;
+    CHECK(tm_tokenize(v, "Hello world", 11, false, false, ids, 8, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 9707);
+    assert_int_equal(ids[1], 1879);
+    tm_vocab_info voc;
+    CHECK(tm_vocab_describe(v, &voc));
+    assert_int_equal(voc.n_tokens, 151669);
+    assert_string_equal(voc.model, "gpt2"); /* byte-level BPE, llama.cpp's name */
+    assert_string_equal(voc.pre, "qwen2");
+    tm_context_opts o;
+    tm_context_opts_init(&o);
+    tm_context *c = NULL;
+    EXPECT(TM_ERR_UNSUPPORTED, "no weights", tm_context_create(v, &o, &c));
+    tm_sampler_params sp;
+    tm_sampler_params_init(&sp);
+    tm_sampler *s = NULL;
+    EXPECT(TM_ERR_UNSUPPORTED, "no weights", tm_sampler_create(v, &sp, &s));
+    assert_null(c);
+    assert_null(s);
+    tm_model_free(v);
+
+    tm_model *m = NULL;
+    EXPECT(TM_ERR_ARG, "path", tm_model_load_vocab(NULL, &m));
+    EXPECT(TM_ERR_IO, "/nonexistent.gguf", tm_model_load_vocab("/nonexistent.gguf", &m));
+    assert_null(m);
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_vocab_describe(NULL, &voc));
+    EXPECT(TM_ERR_ARG, "out", tm_vocab_describe(model, NULL));
+}
+
+/* Valid UTF-8 ends a chunk unless the text ends there. */
+static bool utf8_whole(const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        const unsigned char c = (unsigned char)s[i];
+        const size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+        if (!k || i + k > n) return false;
+        i += k;
+    }
+    return true;
+}
+
+/* Tokens, types and the streaming detokenizer: every chunk whole UTF-8
+ * characters, all of them tm_detokenize's text; a lone lead byte held, then
+ * flushed as it is or as U+FFFD. */
+static void test_token_stream(void **state) {
+    (void)state;
+    tm_token_info ti;
+    CHECK(tm_token_describe(model, 151645, &ti));
+    assert_int_equal(ti.type, TM_TOKEN_TYPE_CONTROL);
+    assert_int_equal(ti.len, 10);
+    assert_memory_equal(ti.text, "<|im_end|>", 10);
+    CHECK(tm_token_describe(model, 1879, &ti));
+    assert_int_equal(ti.type, TM_TOKEN_TYPE_NORMAL);
+    assert_memory_equal(ti.text, " world", 6);
+
+    const char *text = "Fox 🦊 日本語 café";
+    int32_t ids[64];
+    size_t n = 0, len = 0;
+    CHECK(tm_tokenize(model, text, strlen(text), false, false, ids, 64, &n));
+    tm_detokenizer *d = NULL;
+    CHECK(tm_detokenizer_create(model, false, false, &d));
+    char all[128] = "";
+    size_t all_len = 0;
+    bool split = false; /* some token ended inside a character (🦊 is byte tokens in Qwen3) */
+    for (size_t i = 0; i < n; i++) {
+        const char *chunk;
+        CHECK(tm_detokenizer_push(d, ids[i], &chunk, &len));
+        if (!utf8_whole(chunk, len)) fail_msg("chunk %zu is not whole UTF-8", i);
+        const char *piece;
+        size_t piece_len;
+        CHECK(tm_token_piece(model, ids[i], &piece, &piece_len));
+        split |= !utf8_whole(piece, piece_len);
+        memcpy(all + all_len, chunk, len);
+        all_len += len;
+    }
+    const char *rest;
+    CHECK(tm_detokenizer_flush(d, &rest, &len));
+    assert_int_equal(len, 0);
+    assert_true(split);
+    assert_int_equal(all_len, strlen(text));
+    assert_memory_equal(all, text, all_len);
+    EXPECT(TM_ERR_ARG, "id 200000", tm_detokenizer_push(d, 200000, &rest, &len));
+    EXPECT(TM_ERR_ARG, "text and len", tm_detokenizer_push(d, 1, NULL, &len));
+    EXPECT(TM_ERR_ARG, "detokenizer", tm_detokenizer_flush(NULL, &rest, &len));
+    tm_detokenizer_free(d);
+    tm_detokenizer_free(NULL);
+
+    int32_t lead; /* the byte token of 0xF0, a 4-byte character's first byte */
+    CHECK(tm_tokenize(model, "\xF0", 1, false, false, &lead, 1, &n));
+    for (int replace = 0; replace < 2; replace++) {
+        CHECK(tm_detokenizer_create(model, false, replace, &d));
+        CHECK(tm_detokenizer_push(d, lead, &rest, &len));
+        assert_int_equal(len, 0); /* held: the character may go on */
+        CHECK(tm_detokenizer_flush(d, &rest, &len));
+        if (replace) {
+            assert_int_equal(len, 3);
+            assert_memory_equal(rest, "\xEF\xBF\xBD", 3); /* U+FFFD */
+        } else {
+            assert_int_equal(len, 1);
+            assert_memory_equal(rest, "\xF0", 1);
+        }
+        tm_detokenizer_free(d);
+    }
+    d = NULL;
+    EXPECT(TM_ERR_ARG, "out", tm_detokenizer_create(model, false, false, NULL));
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_detokenizer_create(NULL, false, false, &d));
+    assert_null(d);
+    EXPECT(TM_ERR_ARG, "id -3", tm_token_describe(model, -3, &ti));
+    EXPECT(TM_ERR_ARG, "out", tm_token_describe(model, 1, NULL));
+}
+
+/* What of a reply goes back into the history: harmony's final channel (its
+ * template's rule), the reply up to its end-of-turn token otherwise. */
+static void test_chat_reply(void **state) {
+    (void)state;
+    const char *h = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+                    "<|channel|>final<|message|>Four.<|return|>";
+    size_t start = 0, n = 0;
+    CHECK(tm_chat_reply(model, "harmony", h, strlen(h), &start, &n));
+    assert_int_equal(n, 5);
+    assert_memory_equal(h + start, "Four.", 5);
+    const char *q = "Hi there!<|im_end|>";
+    CHECK(tm_chat_reply(model, NULL, q, strlen(q), &start, &n)); /* the model's: qwen3 */
+    assert_int_equal(start, 0);
+    assert_int_equal(n, 9);
+    EXPECT(TM_ERR_ARG, "format", tm_chat_reply(model, "jinja", q, strlen(q), &start, &n));
+    EXPECT(TM_ERR_ARG, "start and n", tm_chat_reply(model, NULL, q, strlen(q), NULL, &n));
+    EXPECT(TM_ERR_ARG, "reply is NULL", tm_chat_reply(model, NULL, NULL, 3, &start, &n));
+}
+
+/* The options' check without a model: each field's bad value names it. */
+static void test_opts_check(void **state) {
+    (void)state;
+    tm_context_opts o;
+    tm_context_opts_init(&o);
+    CHECK(tm_context_opts_check(&o));
+    o.moe_cache_weighting = "pressure", o.moe_cache_policy = "lru", o.moe_cache_curve = 2;
+    o.moe_cache_update = TM_CACHE_UPDATE_FULL, o.moe_cache_admit = TM_OFF;
+    o.override_tensor = "exps=CPU";
+    CHECK(tm_context_opts_check(&o));
+    tm_context_opts b = o;
+    b.moe_cache_weighting = "heavy";
+    EXPECT(TM_ERR_ARG, "moe_cache_weighting (--moe-cache-weighting)", tm_context_opts_check(&b));
+    b = o, b.moe_cache_policy = "fifo";
+    EXPECT(TM_ERR_ARG, "moe_cache_policy", tm_context_opts_check(&b));
+    b = o, b.moe_cache_curve = TM_MOE_CACHE_CURVE_MAX + 1;
+    EXPECT(TM_ERR_ARG, "moe_cache_curve", tm_context_opts_check(&b));
+    b = o, b.moe_cache_update = 7;
+    EXPECT(TM_ERR_ARG, "moe_cache_update 7", tm_context_opts_check(&b));
+    b = o, b.moe_cache_admit = -5;
+    EXPECT(TM_ERR_ARG, "moe_cache_admit -5", tm_context_opts_check(&b));
+    b = o, b.moe_pcie = TM_MOE_PCIE_MAX + 1;
+    EXPECT(TM_ERR_ARG, "(--moe-pcie)", tm_context_opts_check(&b));
+    b = o, b.moe_ahead = TM_MOE_AHEAD_MAX;
+    CHECK(tm_context_opts_check(&b));
+    b.moe_ahead = TM_MOE_AHEAD_MAX + 1;
+    EXPECT(TM_ERR_ARG, "moe_ahead", tm_context_opts_check(&b));
+    b = o, b.override_tensor = "blk\\.(=CPU";
+    EXPECT(TM_ERR_ARG, "override_tensor (-ot)", tm_context_opts_check(&b));
+    EXPECT(TM_ERR_ARG, "opts", tm_context_opts_check(NULL));
+}
+
+/* A float after "key" in text (-1 when missing). */
+static double number_after(const char *text, const char *key) {
+    const char *p = strstr(text, key);
+    return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
+/* The text a report function gives, under the size rule (a capacity of 0 asks). */
+#define REPORT(call_with)                                                                          \
+    do {                                                                                           \
+        size_t need_ = 0;                                                                          \
+        EXPECT(TM_ERR_ARG, "needed", call_with(NULL, 0, &need_));                                  \
+        assert_true(need_ > 0 && need_ < sizeof(text));                                            \
+        CHECK(call_with(text, sizeof(text), &len));                                                \
+        assert_int_equal(len, need_);                                                              \
+        assert_int_equal(strlen(text), len);                                                       \
+    } while (0)
+
+/* --profile's report, the counts' summary and their file, after a prompt and
+ * two decoded tokens. */
+static void test_reports(void **state) {
+    (void)state;
+    tm_context_opts o;
+    opts_for(&o, 1);
+    o.profile = true;
+    tm_context *c = NULL;
+    CHECK(tm_context_create(model, &o, &c));
+    static const int32_t prompt[] = {9707, 1879, 11, 419, 374};
+    CHECK(tm_eval(c, 0, prompt, 5));
+    CHECK(tm_eval(c, 0, prompt, 1));
+    CHECK(tm_eval(c, 0, prompt + 1, 1));
+    static char text[1 << 16];
+    size_t len = 0;
+#define PROFILE(t, cap, l) tm_context_profile(c, t, cap, l)
+    REPORT(PROFILE);
+    /* the parts' times add up to the total (each rounded to 0.01 ms) */
+    const double total = number_after(text, "time by part, per run (");
+    const char *by_part = strstr(text, "):");
+    if (total <= 0 || !by_part) fail_msg("profile: no time by part in\n%s", text);
+    static const char *const parts[] = {"embed ",  "norms+rope ", "attn proj ", "attention ",
+                                        "router ", "experts ",    "output "};
+    double sum = 0;
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        const double ms = number_after(by_part, parts[i]);
+        if (ms < 0) fail_msg("profile: no part '%s' in\n%s", parts[i], text);
+        sum += ms;
+    }
+    if (sum < total - 0.05 || sum > total + 0.05)
+        fail_msg("profile: parts sum to %.2f ms, the total is %.2f ms:\n%s", sum, total, text);
+    assert_non_null(strstr(text, "synthetic routing: uniform")); /* mkmodel's default */
+
+    /* the summary: 7 tokens through each layer, a row per layer with per_layer */
+#define SUMMARY(t, cap, l) tm_expert_stats_summary(c, false, t, cap, l)
+    REPORT(SUMMARY);
+    assert_int_equal((int)number_after(text, "(top-4), "), 7);
+    assert_null(strstr(text, "layer   0:"));
+#define SUMMARY_LAYERS(t, cap, l) tm_expert_stats_summary(c, true, t, cap, l)
+    REPORT(SUMMARY_LAYERS);
+    assert_non_null(strstr(text, "layer   2: calls 3 tokens 7 hits 28"));
+
+    /* the CSV file: each layer's and expert's hits are tm_expert_counts' */
+    char path[512];
+    snprintf(path, sizeof(path), "%s.stats.csv", getenv("TM_API_MODEL"));
+    CHECK(tm_expert_stats_write(c, path));
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256];
+    assert_non_null(fgets(line, sizeof(line), f)); /* the header */
+    uint64_t counts[3][16];
+    for (uint32_t l = 0; l < 3; l++) CHECK(tm_expert_counts(c, l, counts[l], 16));
+    int rows = 0;
+    unsigned layer, expert;
+    unsigned long long hits;
+    while (fgets(line, sizeof(line), f) &&
+           sscanf(line, "%u,%u,%llu", &layer, &expert, &hits) == 3) {
+        assert_true(layer < 3 && expert < 16);
+        assert_int_equal(hits, counts[layer][expert]);
+        rows++;
+    }
+    fclose(f);
+    remove(path);
+    assert_int_equal(rows, 3 * 16);
+    EXPECT(TM_ERR_IO, "/nonexistent-dir/", tm_expert_stats_write(c, "/nonexistent-dir/x.json"));
+    EXPECT(TM_ERR_ARG, "path", tm_expert_stats_write(c, NULL));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_expert_stats_write(NULL, path));
+    EXPECT(TM_ERR_ARG, "len", tm_context_profile(c, text, sizeof(text), NULL));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_context_profile(NULL, text, sizeof(text), &len));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_expert_stats_summary(NULL, false, text, 9, &len));
+    tm_context_free(c);
+
+    o.profile = false, o.expert_stats = false;
+    CHECK(tm_context_create(model, &o, &c));
+    EXPECT(TM_ERR_UNSUPPORTED, "without profile", tm_context_profile(c, text, sizeof(text), &len));
+    EXPECT(TM_ERR_UNSUPPORTED, "expert_stats", tm_expert_stats_summary(c, true, text, 9, &len));
+    EXPECT(TM_ERR_UNSUPPORTED, "expert_stats", tm_expert_stats_write(c, path));
+    tm_context_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_version),
-        cmocka_unit_test(test_text),
-        cmocka_unit_test(test_two_sequences),
-        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_version),       cmocka_unit_test(test_text),
+        cmocka_unit_test(test_two_sequences), cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_vocab_only),    cmocka_unit_test(test_token_stream),
+        cmocka_unit_test(test_chat_reply),    cmocka_unit_test(test_opts_check),
+        cmocka_unit_test(test_reports),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
