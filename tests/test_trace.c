@@ -651,38 +651,6 @@ static void test_skew(void **state) {
     trace_stats_free(&s);
 }
 
-static void test_config(void **state) {
-    (void)state;
-    tm_trace_config c = {0};
-    unsetenv("TIERMOE_EXPERT_TRACE_OUTPUT");
-    setenv("TIERMOE_EXPERT_TRACE_STATS", "1", 1);
-    setenv("TIERMOE_EXPERT_TRACE_NAMES", "off", 1);
-    setenv("TIERMOE_EXPERT_TRACE_PER_LAYER", "true", 1);
-    assert_int_equal(trace_config_from_env(&c), TM_OK);
-    assert_true(c.stats && !c.names && c.per_layer && !c.output);
-    assert_true(trace_config_enabled(&c));
-    setenv("TIERMOE_EXPERT_TRACE_OUTPUT", "x.json", 1);
-    assert_int_equal(trace_config_from_env(&c), TM_OK);
-    assert_string_equal(c.output, "x.json");
-    setenv("TIERMOE_EXPERT_TRACE_NAMES", "maybe", 1);
-    assert_int_not_equal(trace_config_from_env(&c), TM_OK);
-    assert_non_null(strstr(tm_error_message(), "TIERMOE_EXPERT_TRACE_NAMES"));
-    unsetenv("TIERMOE_EXPERT_TRACE_STATS"), unsetenv("TIERMOE_EXPERT_TRACE_NAMES");
-    unsetenv("TIERMOE_EXPERT_TRACE_PER_LAYER"), unsetenv("TIERMOE_EXPERT_TRACE_OUTPUT");
-
-    tm_trace_config d = {0};
-    assert_false(trace_config_enabled(&d));
-    char *argv[] = {"run",    "--expert-trace-names", "-n", "--expert-trace-output",
-                    "o.json", "--expert-trace-output"};
-    assert_int_equal(trace_config_parse_arg(&d, 6, argv, 1), 1);
-    assert_int_equal(trace_config_parse_arg(&d, 6, argv, 2), 0);
-    assert_int_equal(trace_config_parse_arg(&d, 6, argv, 3), 2);
-    assert_int_equal(trace_config_parse_arg(&d, 6, argv, 5), -1);
-    assert_true(d.names && !d.stats);
-    assert_string_equal(d.output, "o.json");
-    assert_true(trace_config_enabled(&d));
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts_known_ids),
@@ -693,7 +661,6 @@ int main(void) {
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_skew),
-        cmocka_unit_test(test_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

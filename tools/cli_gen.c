@@ -31,26 +31,26 @@ int cli_gen_parse(cli_gen *g, const char *cmd, int argc, char **argv, int i) {
     const char *v = argv[i + 1];
     long long n;
     double d;
-    tm_context_params *cp = g->cp;
+    tm_context_opts *o = g->o;
     tm_sampler_params *sp = g->sp;
     if (!strcmp(a, "--kv-type")) {
         if (!strcmp(v, "f16"))
-            cp->kv_type = TM_TYPE_F16;
+            o->kv_f32 = false;
         else if (!strcmp(v, "f32"))
-            cp->kv_type = TM_TYPE_F32;
+            o->kv_f32 = true;
         else {
             fprintf(stderr, "tiermoe %s: --kv-type: expected f16 or f32, got '%s'\n", cmd, v);
             return -1;
         }
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (cli_parse_i64(a, v, 1, 1 << 24, &n)) return -1;
-        cp->n_ctx = n;
+        o->n_ctx = n;
     } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
         if (cli_parse_i64(a, v, 1, 1 << 16, &n)) return -1;
-        cp->n_batch = n;
+        o->n_batch = n;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (cli_parse_i64(a, v, 1, 1024, &n)) return -1;
-        cp->n_threads = (int)n;
+        o->n_threads = (int32_t)n;
     } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
         if (cli_parse_i64(a, v, 0, 0x7fffffffffffffffll, &n)) return -1;
         sp->seed = (uint64_t)n, g->seed_given = true;

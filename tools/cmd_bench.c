@@ -13,10 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "core/rng.h"
 #include "core/timing.h"
 #include "model/model.h"
+#include "model/model_profile.h"
 #include "model/synth.h"
 #include "trace/trace.h"
 
@@ -35,7 +36,7 @@ static void bench_usage(FILE *out) {
                  "  --no-membw    skip the memory bandwidth measurement (made before each test)\n"
                  "  --profile     print where each test's time went\n");
     fputs(cli_place_help, out);
-    fputs(trace_config_help, out);
+    fputs(cli_trace_help, out);
 }
 
 #define BENCH_MAX_VALUES 16
@@ -376,11 +377,11 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
             double wall = 0;
             for (int r = 0; r < reps; r++) wall += ts[r];
             fprintf(stderr, "%s%lld:", b->test, n);
-            cli_store_print(ctx, &store0, wall, stderr);
+            model_store_print(ctx, &store0, wall, stderr);
         }
         if (o->profile) {
             fprintf(stderr, "%s%lld x%d, %d threads: ", b->test, n, n_par, cp.n_threads);
-            cli_profile_print(ctx, prof0, &lane0, tier0, pp ? reps : (int)(n * reps), stderr);
+            model_profile_print(ctx, prof0, &lane0, tier0, pp ? reps : (int)(n * reps), stderr);
         }
     }
     if (rc) fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
@@ -469,11 +470,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
                     .membw = true};
     long long threads[BENCH_MAX_VALUES], ngl[BENCH_MAX_VALUES], ncmoe[BENCH_MAX_VALUES];
     int n_threads = 0, n_ngl = 0, n_ncmoe = 0;
-    tm_trace_config tc = {0};
-    if (trace_config_from_env(&tc) != TM_OK) {
-        fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
-        return 2;
-    }
+    cli_trace ct = {0};
+    if (cli_trace_from_env(&ct, "bench")) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -488,7 +486,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             o.profile = true;
             continue;
         }
-        const int nt = trace_config_parse_arg(&tc, argc, argv, i);
+        const int nt = cli_trace_parse(&ct, argc, argv, i);
         if (nt < 0) return 2;
         if (nt > 0) {
             i += nt - 1;
@@ -553,7 +551,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         return 1;
     }
-    if (trace_config_enabled(&tc) && model_trace_create(&tc, m, &o.tr) != TM_OK) {
+    const tm_trace_config tc = cli_trace_config(&ct);
+    if (cli_trace_enabled(&ct) && model_trace_create(&tc, m, &o.tr) != TM_OK) {
         fprintf(stderr, "tiermoe bench: %s\n", tm_error_message());
         model_free(m);
         return 1;
@@ -566,6 +565,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
              m->n_params / 1e9, gexp ? quant_type_name(gexp->type) : "");
 
     bench_result *res = calloc(BENCH_MAX_RESULTS, sizeof(*res));
+    cli_files files = {0};
     int n_res = 0, rc = res ? 0 : 1;
     tm_rng rng;
     tm_rng_seed(&rng, 1234);
@@ -573,10 +573,10 @@ static int bench_main(int argc, char **argv, cli_place *place) {
     for (int gi = 0; gi < (n_ngl ? n_ngl : 1) && !rc; gi++)
         for (int ci = 0; ci < (n_ncmoe ? n_ncmoe : 1) && !rc; ci++) {
             if (n_ngl) place->ngl = (int)ngl[gi], place->ngl_given = true;
-            if (n_ncmoe) place->n_cpu_moe = (int)ncmoe[ci];
-            /* the KV cache in f16, as llama-bench's (a zeroed kv_type is f32) */
-            tm_context_params cp = {.kv_type = TM_TYPE_F16};
-            if (cli_place_apply(place, "bench", m, &cp)) {
+            if (n_ncmoe) place->o->n_cpu_moe = (int32_t)ncmoe[ci];
+            cli_place_finish(place, "bench");
+            tm_context_params cp; /* the KV cache in f16 (the default), as llama-bench's */
+            if (cli_place_apply(place, "bench", m, &files, &cp)) {
                 rc = 1;
                 break;
             }
@@ -623,13 +623,16 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         rc = 1;
     }
     trace_free(o.tr);
+    cli_files_free(&files);
     free(res);
     model_free(m);
     return rc;
 }
 
 int cmd_bench(int argc, char **argv) {
-    cli_place place = {0};
+    tm_context_opts co;
+    tm_context_opts_init(&co);
+    cli_place place = {.o = &co};
     const int rc = bench_main(argc, argv, &place);
     cli_place_free(&place);
     return rc;

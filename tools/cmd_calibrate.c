@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "core/timing.h"
 #include "model/model.h"
 #include "tier/calib.h"

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "gguf/gguf.h"
 #include "model/layout.h"
 #include "quant/quant.h"

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "core/timing.h"
 #include "model/synth.h"
 #include "quant/quant.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "model/layout.h"
 #include "model/model.h"
 #include "tier/plan.h"

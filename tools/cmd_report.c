@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "model/synth.h"
 #include "trace/trace.h"
 

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 
 #ifndef TM_HAVE_SERVER
 int cmd_serve(int argc, char **argv) {
@@ -58,7 +58,7 @@ static void serve_usage(FILE *out) {
         "  sampling flags set the defaults of what a request does not give:\n");
     fputs(cli_gen_help, out);
     fputs(cli_place_help, out);
-    fputs(trace_config_help, out);
+    fputs(cli_trace_help, out);
 }
 
 /* Append v to the comma-separated *list (a repeated flag); false out of memory. */
@@ -75,12 +75,11 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
     const char *model_path = NULL;
     tm_server_params sp = {.port = 8080, .parallel = 1, .api_key = getenv("TIERMOE_API_KEY")};
     sample_params_default(&sp.sampling);
-    tm_context_params cp = {.kv_type = TM_TYPE_F16}; /* --kv-type's default */
-    cli_gen gen = {.cp = &cp, .sp = &sp.sampling};
-    if (trace_config_from_env(&sp.trace) != TM_OK) {
-        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
-        return 2;
-    }
+    tm_context_params cp;
+    cli_files files = {0};
+    cli_gen gen = {.o = place->o, .sp = &sp.sampling};
+    cli_trace ct = {0};
+    if (cli_trace_from_env(&ct, "serve")) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -90,10 +89,10 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
         if (!strcmp(a, "--no-expert-trace") || !strcmp(a, "--quiet") || !strcmp(a, "--profile")) {
             sp.no_trace |= !strcmp(a, "--no-expert-trace");
             sp.quiet |= !strcmp(a, "--quiet");
-            cp.profile |= !strcmp(a, "--profile");
+            place->o->profile |= !strcmp(a, "--profile");
             continue;
         }
-        const int nt = trace_config_parse_arg(&sp.trace, argc, argv, i);
+        const int nt = cli_trace_parse(&ct, argc, argv, i);
         const int np = nt ? 0 : cli_place_parse(place, "serve", argc, argv, i);
         const int ng = nt || np ? 0 : cli_gen_parse(&gen, "serve", argc, argv, i);
         if (nt < 0 || np < 0 || ng < 0) return 2;
@@ -186,6 +185,7 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
         return 2;
     }
     sp.seed_given = gen.seed_given;
+    sp.trace = cli_trace_config(&ct);
     tm_chat_format chat;
     if (sp.chat_template && chat_format_from_name(sp.chat_template, &chat) != TM_OK) {
         fprintf(stderr, "tiermoe serve: --chat-template: %s\n", tm_error_message());
@@ -215,7 +215,8 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
         fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
         goto out;
     }
-    if (cli_place_apply(place, "serve", m, &cp)) goto out;
+    cli_place_finish(place, "serve");
+    if (cli_place_apply(place, "serve", m, &files, &cp)) goto out;
     if (tokenizer_load_gguf(m->file, &tok) != TM_OK) {
         fprintf(stderr, "tiermoe serve: the model needs a vocabulary: %s\n", tm_error_message());
         tok = NULL;
@@ -240,11 +241,14 @@ out:
     server_free(srv);
     if (tok) tokenizer_free(tok);
     model_free(m);
+    cli_files_free(&files);
     return rc;
 }
 
 int cmd_serve(int argc, char **argv) {
-    cli_place place = {0};
+    tm_context_opts co;
+    tm_context_opts_init(&co);
+    cli_place place = {.o = &co};
     char *aliases = NULL, *origins = NULL; /* the repeated flags' values, comma-joined */
     const int rc = serve_main(argc, argv, &place, &aliases, &origins);
     cli_place_free(&place);

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "tokenizer/tokenizer.h"
 
 static void put_escaped(FILE *out, const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -56,22 +55,30 @@ static char *read_all(const char *path, size_t *len) {
     return buf;
 }
 
-static int load(const char *model, tm_tokenizer **t) {
+/* The vocabulary of model (tm_model_load_vocab: a file of only a vocabulary
+ * works too); 0, or the exit code after a message. */
+static int load(const char *model, tm_model **m) {
     if (!model) {
         fprintf(stderr, "tiermoe: -m FILE is required (a GGUF file with tokenizer.ggml.* keys)\n");
         return 2;
     }
-    if (tokenizer_load_file(model, t)) {
+    if (tm_model_load_vocab(model, m) != TM_OK) {
         fprintf(stderr, "tiermoe: %s\n", tm_error_message());
         return 1;
     }
     return 0;
 }
 
+static const char *type_note(tm_token_type ty) {
+    return ty == TM_TOKEN_TYPE_CONTROL        ? "  (control)"
+           : ty == TM_TOKEN_TYPE_BYTE         ? "  (byte)"
+           : ty == TM_TOKEN_TYPE_USER_DEFINED ? "  (user-defined)"
+                                              : "";
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *text = NULL;
-    bool ids_only = false;
-    tm_tokenize_opts o = {.add_special = true, .parse_special = true};
+    bool ids_only = false, add_special = true, parse_special = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             model = argv[++i];
@@ -80,9 +87,9 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ids"))
             ids_only = true;
         else if (!strcmp(argv[i], "--no-bos"))
-            o.add_special = false;
+            add_special = false;
         else if (!strcmp(argv[i], "--no-parse-special"))
-            o.parse_special = false;
+            parse_special = false;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: tiermoe tokenize -m FILE [--ids] [--no-bos] [--no-parse-special] TEXT | "
                    "-f TEXTFILE\n"
@@ -112,36 +119,35 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "tiermoe tokenize: cannot read %s: %s\n", file, strerror(errno));
         return 1;
     }
-    tm_tokenizer *t;
-    int rc = load(model, &t);
+    tm_model *m = NULL;
+    int rc = load(model, &m);
     if (rc) {
         free(buf);
         return rc;
     }
-    tm_tokens ids = {0};
-    if (tokenizer_encode(t, buf ? buf : text, len, &o, &ids)) {
-        fprintf(stderr, "tiermoe: %s\n", tm_error_message());
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    tm_vocab_info vi;
+    tm_status st = cli_tokenize(m, buf ? buf : text, len, add_special, parse_special, &ids, &n_ids);
+    if (st == TM_OK) st = tm_vocab_describe(m, &vi);
+    if (st != TM_OK) {
+        fprintf(stderr, "tiermoe: %s\n", st == TM_ERR_NOMEM ? "out of memory" : tm_error_message());
         rc = 1;
     } else if (ids_only) {
-        for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
+        for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
         printf("\n");
     } else {
-        for (size_t i = 0; i < ids.n; i++) {
-            size_t n;
-            const char *p = tokenizer_token_bytes(t, ids.ids[i], true, &n);
-            printf("%8d  '", ids.ids[i]);
-            put_escaped(stdout, p, n);
-            tm_token_type ty = tokenizer_token_type(t, ids.ids[i]);
-            printf("'%s\n", ty == TM_TOKEN_TYPE_CONTROL        ? "  (control)"
-                            : ty == TM_TOKEN_TYPE_BYTE         ? "  (byte)"
-                            : ty == TM_TOKEN_TYPE_USER_DEFINED ? "  (user-defined)"
-                                                               : "");
+        for (size_t i = 0; i < n_ids; i++) {
+            tm_token_info ti = {0};
+            tm_token_describe(m, ids[i], &ti); /* an id the tokenizer gave: in range */
+            printf("%8d  '", ids[i]);
+            put_escaped(stdout, ti.text, ti.len);
+            printf("'%s\n", type_note(ti.type));
         }
-        printf("%zu tokens, %zu bytes, tokenizer %s/%s\n", ids.n, len, tokenizer_model_name(t),
-               tokenizer_pre_name(t));
+        printf("%zu tokens, %zu bytes, tokenizer %s/%s\n", n_ids, len, vi.model, vi.pre);
     }
-    tokenizer_tokens_free(&ids);
-    tokenizer_free(t);
+    free(ids);
+    tm_model_free(m);
     free(buf);
     return rc;
 }
@@ -149,7 +155,8 @@ int cmd_tokenize(int argc, char **argv) {
 int cmd_detokenize(int argc, char **argv) {
     const char *model = NULL;
     bool render_special = true;
-    tm_tokens ids = {0};
+    int32_t *ids = NULL;
+    size_t n_ids = 0, cap = 0;
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
@@ -161,7 +168,7 @@ int cmd_detokenize(int argc, char **argv) {
                    "  IDS          token ids, separated by spaces or commas (\"[1, 2, 3]\" works "
                    "too)\n"
                    "  --no-special leave control tokens (<|im_end|> ...) out of the text\n");
-            tokenizer_tokens_free(&ids);
+            free(ids);
             return 0;
         } else if (argv[i][0] == '-' && argv[i][1] && (argv[i][1] < '0' || argv[i][1] > '9')) {
             fprintf(stderr, "tiermoe detokenize: unknown option '%s' (see --help)\n", argv[i]);
@@ -185,37 +192,54 @@ int cmd_detokenize(int argc, char **argv) {
                     rc = 2;
                     break;
                 }
-                if (tokenizer_tokens_push(&ids, (int32_t)v)) rc = 1;
+                if (n_ids == cap) {
+                    int32_t *grown = realloc(ids, (cap = cap ? 2 * cap : 64) * sizeof(int32_t));
+                    if (!grown) {
+                        rc = 1;
+                        break;
+                    }
+                    ids = grown;
+                }
+                ids[n_ids++] = (int32_t)v;
                 s = end;
             }
         }
     }
-    tm_tokenizer *t = NULL;
-    if (!rc && ids.n == 0) {
+    tm_model *m = NULL;
+    tm_vocab_info vi = {0};
+    if (!rc && n_ids == 0) {
         fprintf(stderr, "tiermoe detokenize: no ids given (see --help)\n");
         rc = 2;
     }
-    if (!rc) rc = load(model, &t);
-    for (size_t i = 0; !rc && i < ids.n; i++)
-        if ((uint32_t)ids.ids[i] >= tokenizer_n_tokens(t)) {
+    if (!rc) rc = load(model, &m);
+    if (!rc && tm_vocab_describe(m, &vi) != TM_OK) {
+        fprintf(stderr, "tiermoe: %s\n", tm_error_message());
+        rc = 1;
+    }
+    for (size_t i = 0; !rc && i < n_ids; i++)
+        if ((uint32_t)ids[i] >= vi.n_tokens) {
             fprintf(stderr,
                     "tiermoe detokenize: id %d is out of range (the vocabulary has %u tokens)\n",
-                    ids.ids[i], tokenizer_n_tokens(t));
+                    ids[i], vi.n_tokens);
             rc = 1;
         }
+    size_t len = 0;
+    char *text = NULL;
     if (!rc) {
-        char *text;
-        size_t len;
-        if (tokenizer_decode(t, ids.ids, ids.n, render_special, &text, &len)) {
-            fprintf(stderr, "tiermoe: %s\n", tm_error_message());
+        /* the size first (a capacity of 0 asks for it: TM_ERR_ARG), then the text */
+        tm_status st = tm_detokenize(m, ids, n_ids, render_special, NULL, 0, &len);
+        if (st == TM_ERR_ARG && (text = malloc(len + 1)))
+            st = tm_detokenize(m, ids, n_ids, render_special, text, len + 1, &len);
+        if (st != TM_OK) {
+            fprintf(stderr, "tiermoe: %s\n", text ? tm_error_message() : "out of memory");
             rc = 1;
         } else {
             fwrite(text, 1, len, stdout);
             fputc('\n', stdout);
-            free(text);
         }
     }
-    tokenizer_free(t);
-    tokenizer_tokens_free(&ids);
+    free(text);
+    tm_model_free(m);
+    free(ids);
     return rc;
 }

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "core/timing.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -175,7 +175,9 @@ static int trace_merge(char **files, int n_files, const char *out) {
 static int trace_main(int argc, char **argv, cli_place *place) {
     const char *model_path = NULL, *prompts_path = NULL, *out_path = NULL;
     long long n_predict = 16, v;
-    tm_context_params cp = {.kv_type = TM_TYPE_F16}; /* --kv-type's default */
+    tm_context_opts *co = place->o;
+    tm_context_params cp;
+    cli_files files = {0};
     tm_trace_config tc = {.stats = true};
     char **merge = NULL;
     int n_merge = 0;
@@ -224,13 +226,13 @@ static int trace_main(int argc, char **argv, cli_place *place) {
             if (cli_parse_i64(a, val, 0, 1 << 24, &n_predict)) return 2;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
             if (cli_parse_i64(a, val, 1, 1 << 24, &v)) return 2;
-            cp.n_ctx = v;
+            co->n_ctx = v;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (cli_parse_i64(a, val, 1, 1 << 16, &v)) return 2;
-            cp.n_batch = v;
+            co->n_batch = v;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (cli_parse_i64(a, val, 1, 1024, &v)) return 2;
-            cp.n_threads = (int)v;
+            co->n_threads = (int32_t)v;
         } else if (!strcmp(a, "--routing-log")) {
             tc.routing_log = val;
         } else if (!strcmp(a, "--window")) {
@@ -266,7 +268,9 @@ static int trace_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe trace: %s\n", tm_error_message());
         return 1;
     }
-    if (cli_place_apply(place, "trace", m, &cp)) {
+    cli_place_finish(place, "trace");
+    if (cli_place_apply(place, "trace", m, &files, &cp)) {
+        cli_files_free(&files);
         model_free(m);
         return 1;
     }
@@ -342,12 +346,15 @@ out:
     trace_free(tr);
     prompts_free(ps, n_prompts);
     if (tok) tokenizer_free(tok);
+    cli_files_free(&files);
     model_free(m);
     return rc;
 }
 
 int cmd_trace(int argc, char **argv) {
-    cli_place place = {0};
+    tm_context_opts co;
+    tm_context_opts_init(&co);
+    cli_place place = {.o = &co};
     const int rc = trace_main(argc, argv, &place);
     cli_place_free(&place);
     return rc;

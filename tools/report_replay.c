@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 #include "tier/cache_replay.h"
 
 #define REPLAY_MAX_RES 16

@@ -65,7 +65,7 @@ int cli_parse_f64(const char *flag, const char *s, double lo, double hi, double 
 
 int cli_parse_ngl(const char *flag, const char *s, int *out) {
     if (!strcmp(s, "auto")) {
-        *out = -1; /* TM_NGL_AUTO */
+        *out = TM_AUTO;
         return 0;
     }
     if (!strcmp(s, "all")) {

@@ -127,7 +127,7 @@ typedef struct tm_trace_skew {
 } tm_trace_skew;
 void trace_layer_skew(const tm_trace_stats *s, uint32_t layer, tm_trace_skew *out);
 
-/* ---- switches (trace_config.c) ---- */
+/* ---- switches (the CLI reads them: tools/cli_trace.c) ---- */
 typedef struct tm_trace_config {
     bool stats;              /* count (--expert-trace-stats) */
     bool names;              /* a log line per routed slot naming the expert's tensors */
@@ -137,19 +137,6 @@ typedef struct tm_trace_config {
     const char *routing_log; /* write every call's top-k ids here (trace_log.h); NULL: none */
     FILE *log;               /* where names and summaries go (NULL: stderr) */
 } tm_trace_config;
-
-/* Read TIERMOE_EXPERT_TRACE_STATS / _NAMES / _PER_LAYER (0/1/true/false/on/off)
- * and _OUTPUT (a path). Fails naming the variable on another value. */
-tm_status trace_config_from_env(tm_trace_config *c);
-/* argv[i] is looked at: --expert-trace-stats, --expert-trace-names,
- * --expert-trace-per-layer, --expert-trace-output FILE. Returns the number of
- * arguments consumed (0: not a trace switch), or -1 (a message printed to
- * stderr) when FILE is missing. */
-int trace_config_parse_arg(tm_trace_config *c, int argc, char **argv, int i);
-/* Whether any switch asks for the tracer (an output file implies stats). */
-bool trace_config_enabled(const tm_trace_config *c);
-/* Lines for a --help text. */
-extern const char trace_config_help[];
 
 /* ---- the live tracer (trace.c) ---- */
 typedef struct tm_trace tm_trace;
