@@ -136,8 +136,10 @@ typedef struct tm_moe_experts {
     const float *gate_bias, *up_bias, *down_bias;
     /* This layer's router [n_expert][n_embd] and bias ([n_expert] or NULL), f32 on
      * the host, for predicting its experts from the previous layer's input (the
-     * SSD tier reads them ahead); NULL: no prediction. */
-    const float *router, *router_bias;
+     * SSD tier reads them ahead); NULL: no prediction. sel_bias: the router's
+     * selection bias ([n_expert] or NULL, tm_moe_router_params.sel_bias), which
+     * the prediction chooses with as the router does. */
+    const float *router, *router_bias, *sel_bias;
 } tm_moe_experts;
 
 /* H = act(G + gate_bias, U + up_bias) for values [c0, c1) of expert e's row

@@ -60,9 +60,11 @@ struct tm_store {
     int64_t first_layer;
     tm_store_stats stats;
     /* the next-layer prediction's scratch (NULL: no layer has a router) */
-    float *pred_logits; /* [STORE_PREDICT_TOK][n_expert] */
-    void *pred_xq;      /* the activations as cpu_matmul quantizes them */
-    int32_t *pred_top;  /* [k] */
+    float *pred_logits;          /* [STORE_PREDICT_TOK][n_expert] */
+    void *pred_xq;               /* the activations as cpu_matmul quantizes them */
+    int32_t *pred_ids;           /* [STORE_PREDICT_TOK][k] */
+    float *pred_w;               /* [STORE_PREDICT_TOK][k] */
+    tm_moe_router_params router; /* the model's; each layer's selection bias its own */
 };
 
 #define STORE_PREDICT_TOK 8 /* steps of up to this many tokens (decode) predict */
@@ -219,8 +221,9 @@ static tm_status store_prefetch(tm_store *s, uint32_t l) {
 }
 
 /* Predict layer t's experts of this step from the input x (n_tok rows) of a
- * layer before it: the top k of t's router's logits for each token (the
- * residual stream changes little from one layer to the next). */
+ * layer before it: what t's router chooses from its logits for that input
+ * (the residual stream changes little from one layer to the next), with its
+ * gating, selection bias and groups. */
 static tm_status store_predict(tm_store *s, uint32_t t, tm_pool *pool, const float *x,
                                int64_t n_tok) {
     if (t >= s->n_layer || !s->pred_logits || n_tok > STORE_PREDICT_TOK) return TM_OK;
@@ -231,16 +234,16 @@ static tm_status store_predict(tm_store *s, uint32_t t, tm_pool *pool, const flo
     cpu_matmul(pool, TM_TYPE_F32, d, E, N->ex.router, (size_t)d * sizeof(float), x, n_tok,
                s->pred_logits, s->pred_xq);
     N->pred_serial++;
-    for (int64_t i = 0; i < n_tok; i++) {
-        float *r = s->pred_logits + i * E;
-        if (N->ex.router_bias)
-            for (int64_t e = 0; e < E; e++) r[e] += N->ex.router_bias[e];
-        cpu_topk(r, E, s->k, s->pred_top);
-        for (uint32_t j = 0; j < s->k; j++) {
-            const int32_t e = s->pred_top[j];
-            if (N->pred_at[e] != N->pred_serial)
-                N->pred_at[e] = N->pred_serial, N->pred[N->n_pred++] = e;
-        }
+    if (N->ex.router_bias)
+        for (int64_t i = 0; i < n_tok; i++)
+            for (int64_t e = 0; e < E; e++) s->pred_logits[i * E + e] += N->ex.router_bias[e];
+    tm_moe_router_params rp = s->router;
+    rp.sel_bias = N->ex.sel_bias;
+    moe_router_select(NULL, &rp, s->pred_logits, n_tok, s->pred_ids, s->pred_w);
+    for (int64_t i = 0; i < n_tok * (int64_t)s->k; i++) {
+        const int32_t e = s->pred_ids[i];
+        if (N->pred_at[e] != N->pred_serial)
+            N->pred_at[e] = N->pred_serial, N->pred[N->n_pred++] = e;
     }
     return TM_OK;
 }
@@ -412,7 +415,8 @@ static tm_status store_slots_init(tm_store *s, store_layer *L, uint8_t *base) {
 }
 
 tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_experts *layers,
-                       const bool *in_store, uint32_t n_expert, uint32_t k, tm_store **out) {
+                       const bool *in_store, const tm_moe_router_params *router, tm_store **out) {
+    const uint32_t n_expert = router->n_expert, k = router->n_used;
     *out = NULL;
     tm_store *s = calloc(1, sizeof(*s));
     if (!s || !(s->layers = calloc(n_layer, sizeof(*s->layers)))) {
@@ -420,6 +424,7 @@ tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     s->n_layer = n_layer, s->n_expert = n_expert, s->k = k, s->first_layer = -1;
+    s->router = *router;
     tm_status st = TM_OK;
     size_t per_slot = 0, all = 0; /* one slot in every layer; every expert */
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++) {
@@ -485,7 +490,8 @@ tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_
     if (st == TM_OK && predict &&
         (!(s->pred_logits = malloc((size_t)STORE_PREDICT_TOK * n_expert * sizeof(float))) ||
          !(s->pred_xq = malloc((size_t)STORE_PREDICT_TOK * cpu_act_row_size(TM_TYPE_F32, d))) ||
-         !(s->pred_top = malloc((size_t)(k ? k : 1) * sizeof(int32_t)))))
+         !(s->pred_ids = malloc((size_t)STORE_PREDICT_TOK * (k ? k : 1) * sizeof(int32_t))) ||
+         !(s->pred_w = malloc((size_t)STORE_PREDICT_TOK * (k ? k : 1) * sizeof(float)))))
         st = tm_error_set(TM_ERR_NOMEM, "out of memory");
     const tm_store_io_params iop = {.depth = p->depth};
     if (st == TM_OK) st = store_io_open(p->path, &iop, &s->io);
@@ -517,7 +523,7 @@ void store_free(tm_store *s) {
         free(L->first), free(L->last), free(L->pred), free(L->pred_at);
     }
     if (s->mem) munmap(s->mem, s->mem_bytes);
-    free(s->pred_logits), free(s->pred_xq), free(s->pred_top);
+    free(s->pred_logits), free(s->pred_xq), free(s->pred_ids), free(s->pred_w);
     free(s->layers), free(s);
 }
 

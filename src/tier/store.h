@@ -89,7 +89,7 @@ typedef struct tm_store tm_store;
  * bound, pointing into p->map), n_expert experts, k routed a token. The
  * budget must give every such layer one slot; TM_ERR_ARG names the least. */
 tm_status store_create(const tm_store_params *p, uint32_t n_layer, const tm_moe_experts *layers,
-                       const bool *in_store, uint32_t n_expert, uint32_t k, tm_store **out);
+                       const bool *in_store, const tm_moe_router_params *router, tm_store **out);
 void store_free(tm_store *s);
 
 /* y += the experts of worklist slots [s0, s1) of layer l (in store), as

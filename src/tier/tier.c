@@ -291,11 +291,12 @@ static tm_status tier_store_create(tm_tier *t, const tm_tier_layer *layers, tm_t
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         any |= in[l] = t->layers[l].moe && t->layers[l].cls != TM_TIER_VRAM;
         ex[l] = layers[l].experts;
+        ex[l].sel_bias = t->layers[l].sel_bias; /* the prediction chooses as the router does */
     }
     if (st == TM_OK && !any)
         tm_log_info("--ram-cache: every layer's experts are in VRAM; no RAM cache");
     else if (st == TM_OK)
-        st = store_create(&q->store, t->n_layer, ex, in, t->n_expert, t->k, &t->store);
+        st = store_create(&q->store, t->n_layer, ex, in, &t->router, &t->store);
     free(in), free(ex);
     if (st != TM_OK || !t->store) return st;
     if (t->gpu && (q->pcie != TM_MOE_PCIE_OFF || q->ahead > 0))
