@@ -42,7 +42,7 @@ def _path(v):
     return None if v is None else os.fsencode(v)
 
 
-def _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, p):
+def _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, profile, p):
     """tm_context_opts from the sizes and the placement p (PLACEMENT's keys). Values
     are passed on as they are: the library checks them and names a bad one."""
     o = _lib.ContextOptsC()
@@ -63,6 +63,7 @@ def _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, p):
     o.moe_ahead = _word("moe_ahead", p["moe_ahead"], {"auto": auto, "off": off})
     o.ram_cache_mib = _word("ram_cache", p["ram_cache"], {"auto": auto})
     o.expert_stats = bool(expert_stats)
+    o.profile = bool(profile)
     return o
 
 
@@ -100,14 +101,16 @@ class Sampler(_lib.Handle):
 
 class Context(_lib.Handle):
     """A context of model: Context(model, n_ctx=0, n_seq=1, n_batch=0, threads=0,
-    seed=0, expert_stats=False, **placement). 0 means the library's default (n_ctx:
-    min(4096, trained); n_batch 512; threads: the physical cores). seed: the sampling
-    seed generate() and chat() use unless given one. expert_stats: count each layer's
-    expert selections (expert_counts). placement: the Model's options (PLACEMENT),
-    overriding the model's. One thread at a time."""
+    seed=0, expert_stats=False, profile=False, **placement). 0 means the library's
+    default (n_ctx: min(4096, trained); n_batch 512; threads: the physical cores). seed:
+    the sampling seed generate() and chat() use unless given one. expert_stats: count
+    each layer's expert selections (expert_counts, expert_summary, write_expert_stats).
+    profile: time every part for profile() (`tiermoe run --profile`; on a GPU slower,
+    no CUDA graph). placement: the Model's options (PLACEMENT), overriding the model's.
+    One thread at a time."""
 
     def __init__(self, model, n_ctx=0, n_seq=1, n_batch=0, threads=0, seed=0, expert_stats=False,
-                 **placement):
+                 profile=False, **placement):
         unknown = set(placement) - set(PLACEMENT)
         if unknown:
             raise TypeError(f"Context: unknown option(s) {sorted(unknown)}; placement options: "
@@ -115,7 +118,8 @@ class Context(_lib.Handle):
         self.model = model
         self.seed = seed
         self.stop_reason = None  # why the last generate() ended: "end", "length" or "context"
-        o = _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, {**model.placement, **placement})
+        o = _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, profile,
+                  {**model.placement, **placement})
         h = c_void_p()
         _lib.lib().tm_context_create(model.handle, byref(o), byref(h))
         self._h = h
@@ -276,6 +280,28 @@ class Context(_lib.Handle):
             _lib.lib().tm_expert_counts(self.handle, l, out[row].ctypes.data_as(ctypes.POINTER(c_uint64)),
                                         info.n_expert)
         return out if layer is None else out[0]
+
+    def _text(self, call):
+        buf, n = _lib.call_sized(ctypes.create_string_buffer, call, 4096)
+        return buf.raw[:n].decode()
+
+    def profile(self):
+        """Where the time went since the context was made, as `tiermoe run --profile`
+        prints it (needs profile=True)."""
+        h = self.handle
+        return self._text(lambda buf, cap, n: _lib.lib().tm_context_profile(h, buf, cap, n))
+
+    def expert_summary(self, per_layer=False):
+        """The expert counts' summary `tiermoe run --expert-trace-stats` prints
+        (per_layer: with --expert-trace-per-layer's table). Needs expert_stats=True."""
+        h = self.handle
+        return self._text(
+            lambda buf, cap, n: _lib.lib().tm_expert_stats_summary(h, per_layer, buf, cap, n))
+
+    def write_expert_stats(self, path):
+        """Write the expert counts as a learn file (a path ending in .csv: CSV), as
+        --expert-trace-output does: the input of `tiermoe plan` and --moe-learn."""
+        _lib.lib().tm_expert_stats_write(self.handle, os.fsencode(path))
 
     def reset_expert_counts(self):
         """Start the expert counts again from 0."""
