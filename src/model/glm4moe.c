@@ -59,12 +59,6 @@ typedef struct glm_acts {
     tm_act ff_g, ff_u, sh_g, sh_u, ff_out;
 } glm_acts;
 
-static tm_status glm_f32(const tm_model *m, const tm_weight *w) {
-    if (!w->data || w->type == TM_TYPE_F32) return TM_OK;
-    return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%.*s' must be f32, is %s", m->file->path,
-                        (int)w->name_len, w->name, quant_type_name(w->type));
-}
-
 /* Layer l's tensors (a NextN layer's too: the same shapes). */
 static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, glm_layer *L) {
     const tm_model_config *c = &m->cfg;
@@ -120,7 +114,7 @@ static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, g
     const tm_weight *f32[] = {&L->attn_norm, &L->bq,     &L->bk,     &L->bv,
                               &L->post_norm, &L->q_norm, &L->k_norm, &L->sel_bias};
     for (size_t i = 0; i < sizeof(f32) / sizeof(f32[0]); i++)
-        if ((st = glm_f32(m, f32[i]))) return st;
+        if ((st = model_weight_f32(m, f32[i]))) return st;
     return TM_OK;
 }
 

@@ -88,12 +88,6 @@ static tm_status gptoss_rope_load(tm_model *m, gptoss_weights *w) {
     return TM_OK;
 }
 
-static tm_status gptoss_f32(const tm_model *m, const tm_weight *w) {
-    if (w->type == TM_TYPE_F32) return TM_OK;
-    return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%.*s' must be f32, is %s", m->file->path,
-                        (int)w->name_len, w->name, quant_type_name(w->type));
-}
-
 static tm_status gptoss_layer_bind(tm_model *m, uint32_t l, gptoss_layer *L) {
     const tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
@@ -125,7 +119,7 @@ static tm_status gptoss_layer_bind(tm_model *m, uint32_t l, gptoss_layer *L) {
                                   &L->bo,        &L->sinks, &L->ffn_norm, &L->router_b,
                                   &L->gate_b,    &L->up_b,  &L->down_b};
     for (size_t i = 0; i < sizeof(vectors) / sizeof(vectors[0]); i++)
-        if ((st = gptoss_f32(m, vectors[i]))) return st;
+        if ((st = model_weight_f32(m, vectors[i]))) return st;
     L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
     L->experts.act = TM_MOE_ACT_SWIGLU_OAI;
     L->experts.act_alpha = GPTOSS_SWIGLU_ALPHA, L->experts.act_limit = GPTOSS_SWIGLU_LIMIT;

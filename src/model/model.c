@@ -118,6 +118,12 @@ tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32
     return weight_bind(m, name, n_dims, ne, w, true);
 }
 
+tm_status model_weight_f32(const tm_model *m, const tm_weight *w) {
+    if (!w->data || w->type == TM_TYPE_F32) return TM_OK;
+    return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%.*s' must be f32, is %s", m->file->path,
+                        (int)w->name_len, w->name, quant_type_name(w->type));
+}
+
 /* ---- contexts ---- */
 
 /* What the GPU offers the placement: opened when a flag may want it. An

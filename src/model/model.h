@@ -187,6 +187,10 @@ tm_status model_weight_bind(const tm_model *m, const char *name, uint32_t n_dims
 /* Same, but a missing tensor leaves w->data NULL and succeeds. */
 tm_status model_weight_bind_optional(const tm_model *m, const char *name, uint32_t n_dims,
                                      const int64_t *ne, tm_weight *w);
+/* TM_OK when w is f32 (or an optional tensor the file lacks); else an error
+ * naming the file, the tensor and its type (norms, biases and other vectors
+ * the ops read as f32). */
+tm_status model_weight_f32(const tm_model *m, const tm_weight *w);
 
 /* A layer's experts as the tier takes them: the three stacked tensors
  * (gate, up [n_embd, n_ff, n_expert], down [n_ff, n_embd, n_expert]) in the

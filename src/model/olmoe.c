@@ -70,10 +70,7 @@ static tm_status olmoe_load(tm_model *m) {
 #undef BIND
         const tm_weight *norms[] = {&L->attn_norm, &L->q_norm, &L->k_norm, &L->ffn_norm};
         for (size_t i = 0; i < 4; i++)
-            if (norms[i]->type != TM_TYPE_F32)
-                return tm_error_set(TM_ERR_UNSUPPORTED, "%s: norm tensor '%.*s' must be f32, is %s",
-                                    path, (int)norms[i]->name_len, norms[i]->name,
-                                    quant_type_name(norms[i]->type));
+            if ((st = model_weight_f32(m, norms[i]))) return st;
         L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
     }
     w->router = (tm_moe_router_params){.gating = TM_MOE_GATING_SOFTMAX,

@@ -74,12 +74,6 @@ static bool qnext_has(const tm_model *m, uint32_t l, const char *suffix) {
     return gguf_file_find_tensor(m->file, name) != NULL;
 }
 
-static tm_status qnext_norm_f32(const tm_model *m, const tm_weight *w) {
-    if (w->type == TM_TYPE_F32) return TM_OK;
-    return tm_error_set(TM_ERR_UNSUPPORTED, "%s: tensor '%.*s' must be f32, is %s", m->file->path,
-                        (int)w->name_len, w->name, quant_type_name(w->type));
-}
-
 /* Which layers are linear attention (layers[l].linear): the key
  * attention.recurrent_layers (a bool a layer) when the file has it, else every
  * layer but each full_attention_interval-th. key: the key it went by. */
@@ -171,7 +165,7 @@ static tm_status qnext_load(tm_model *m) {
                 return st;
             const tm_weight *f[] = {&L->conv, &L->ssm_a, &L->ssm_dt, &L->ssm_norm};
             for (size_t i = 0; i < 4; i++)
-                if ((st = qnext_norm_f32(m, f[i]))) return st;
+                if ((st = model_weight_f32(m, f[i]))) return st;
         } else {
             if ((st = BIND(wq, "attn_q.weight", 2, E, 2 * Q)) ||
                 (st = BIND(wk, "attn_k.weight", 2, E, KV)) ||
@@ -179,7 +173,7 @@ static tm_status qnext_load(tm_model *m) {
                 (st = BIND(wo, "attn_output.weight", 2, Q, E)) ||
                 (st = BIND(q_norm, "attn_q_norm.weight", 1, D)) ||
                 (st = BIND(k_norm, "attn_k_norm.weight", 1, D)) ||
-                (st = qnext_norm_f32(m, &L->q_norm)) || (st = qnext_norm_f32(m, &L->k_norm)))
+                (st = model_weight_f32(m, &L->q_norm)) || (st = model_weight_f32(m, &L->k_norm)))
                 return st;
         }
         if ((st = BIND(router, "ffn_gate_inp.weight", 2, E, c->n_expert)) ||
@@ -190,7 +184,7 @@ static tm_status qnext_load(tm_model *m) {
             (st = BIND(sh_gate, "ffn_gate_shexp.weight", 2, E, FS)) ||
             (st = BIND(sh_up, "ffn_up_shexp.weight", 2, E, FS)) ||
             (st = BIND(sh_down, "ffn_down_shexp.weight", 2, FS, E)) ||
-            (st = qnext_norm_f32(m, &L->attn_norm)) || (st = qnext_norm_f32(m, &L->post_norm)))
+            (st = model_weight_f32(m, &L->attn_norm)) || (st = model_weight_f32(m, &L->post_norm)))
             return st;
 #undef BIND
         /* the shared expert's gate is one row: a product of one output */
