@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile quant qtypes qnext)
+    kernels ab profile quant qtypes qnext moearchs)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -52,6 +52,7 @@ declare -A HELP=(
     [quant]="the low-bit mixes: for each MIX of QMIXES ('Q2_K IQ4_XS dynamic') the file m30-MIX (mkmodel --preset 30b-a3b --mix MIX --fill FILL; its mkmodel time in the log) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-MIX) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-MIX); each file is deleted after its cases (disk)"
     [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill FILL: the rest as the preset; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk). Estimate on the H200 machine: about a minute a type (file I/O-bound, ~4 bench runs): split QTYPES over calls, e.g. 'Q4_K IQ2_XXS Q2_K IQ1_M' then 'Q3_K IQ4_XS IQ3_XXS' (the IQ2_XXS / Q4_K ratio from one call)"
     [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); QNEXT_MODELS names the files (e.g. qn35); the files are deleted after their cases"
+    [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b) and olmoe (olmoe-1b-7b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe') picks; each file is deleted after its cases"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -210,7 +211,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -241,9 +242,13 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     m30x-*) args=(--preset 30b-a3b --type-experts "${1#m30x-}" --fill "$FILL") ;;
     qn80) args=(--preset qwen3-next-80b-a3b --fill "$FILL") ;;
     qn35) args=(--preset qwen3.5-35b-a3b --fill "$FILL") ;;
+    glma) args=(--preset glm-4.5-air --n-layer "${GLMA_LAYERS:-24}" --fill "$FILL") ;;
+    glmaq) args=(--preset glm-4.5-air --n-layer "${GLMA_LAYERS:-24}" --fill "$FILL" --skew 4.2 --skew-offset 70) ;;
+    mix) args=(--preset mixtral-8x7b --fill "$FILL") ;;
+    olmoe) args=(--preset olmoe-1b-7b --fill "$FILL") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
-        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; qn35) args=(--preset tiny-qwen35moe) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
+        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; glma | glmaq) args=(--preset tiny-glm4moe) ;; mix) args=(--preset tiny-mixtral) ;; olmoe) args=(--preset tiny-olmoe) ;; qn35) args=(--preset tiny-qwen35moe) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
     fi
     stamp "model $1: mkmodel ${args[*]}"
     if ! "$TM" mkmodel "${args[@]}" -q -o "$f.part"; then
@@ -263,7 +268,7 @@ learn_file() {
     [ -f "$out" ] && { echo "$out"; return 0; }
     python3 -c "
 import random; r = random.Random(1)
-print('\n'.join(','.join(str(r.randrange(1000 if $SMOKE else 151936)) for _ in range(64)) for _ in range(16)))" > "$TMPD/prompts.txt"
+print('\n'.join(','.join(str(r.randrange(200 if $SMOKE else ${LEARN_VOCAB:-151936})) for _ in range(64)) for _ in range(16)))" > "$TMPD/prompts.txt"
     stamp "learn pass on $1 (16 prompts, 64 + 64 tokens, --cpu-moe)" >&2
     timeout 300 "$TM" trace -m "$f" --prompts "$TMPD/prompts.txt" -n 64 --cpu-moe \
         --routing-log "$MODELS_DIR/$1.routing.bin" -o "$out" >> "$OUT/logs/$STAGE.err" 2>&1 \
@@ -676,6 +681,31 @@ stage_qnext() {
         [ "$TM_CUDA" = ON ] && tm_case "gpu-$m" "$m" "" -ngl all
         peer_case "cpu-moe-$m" "$m" -ngl 99 -ncmoe 99
         tm_case "cpu-moe-$m" "$m" "" --cpu-moe
+        rm -f "$f"
+    done
+}
+
+stage_moearchs() {
+    local m f t0 made learn
+    need build || return 1
+    for m in ${MOEARCH_MODELS:-glma glmaq mix olmoe}; do
+        f=$(model_path "$m")
+        made=
+        [ -f "$f" ] || made=1
+        t0=$(date +%s)
+        ensure_model "$m" || { FAILED_CASES+=("moearchs/$m"); continue; }
+        [ -n "$made" ] && made=$(($(date +%s) - t0))
+        stamp "model $m: ${made:+mkmodel $made s, }$(du -h "$f" | cut -f1)"
+        if [ "$m" = glmaq ]; then
+            learn=$(LEARN_VOCAB=151552 learn_file glmaq) || { rm -f "$f"; continue; }
+            peer_case cache-glmaq glmaq -ngl 99 -ncmoe $((${GLMA_LAYERS:-24} - 3))
+            tm_case cache-glmaq glmaq "" --cpu-moe --moe-cache "${GLMA_CACHE_MIB:-3834}" --moe-learn "$learn"
+        else
+            peer_case "gpu-$m" "$m" -ngl 99
+            [ "$TM_CUDA" = ON ] && tm_case "gpu-$m" "$m" "" -ngl all
+            peer_case "cpu-moe-$m" "$m" -ngl 99 -ncmoe 99
+            tm_case "cpu-moe-$m" "$m" "" --cpu-moe
+        fi
         rm -f "$f"
     done
 }
