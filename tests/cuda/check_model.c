@@ -89,8 +89,8 @@ void check_model(void **state) {
     /* qwen3next and qwen35moe (linear attention's kernels, partial RoPE, the shared expert);
      * mixtral (interleaved RoPE), olmoe (q/k norm over the projection, no renormalisation),
      * glm4moe (biases, dense layers, shared expert, the biased grouped sigmoid router) */
-    static const char *const hybrids[] = {"hf_qwen3next", "hf_qwen35moe", "hf_mixtral",
-                                          "hf_olmoe", "hf_glm4moe"};
+    static const char *const hybrids[] = {"hf_qwen3next", "hf_qwen35moe", "hf_mixtral", "hf_olmoe",
+                                          "hf_glm4moe"};
     for (size_t i = 0; i < sizeof(hybrids) / sizeof(hybrids[0]); i++) {
         char hy[512];
         snprintf(hy, sizeof(hy), "%s/%s/tiny-f16.gguf", data ? data : "tests/data", hybrids[i]);
