@@ -11,16 +11,18 @@
  *   gather   [1]  xg[row] = f16(x[item.token]); padding/skipped items: zeros
  * then one of two paths:
  *
- * Fused (default; moe_mma.cu, when tm_moe_mma_supported: block-quantized
- * gate, up and down with k a multiple of their chunking): [2] launches,
+ * Fused (moe_mma.cu, when tm_moe_mma_supported: block-quantized gate, up and
+ * down with k a multiple of their chunking, and fewer than
+ * TM_MOE_GEMM_DEQUANT_ROWS rows a group on average): [2] launches,
  * weights dequantized tile by tile in shared memory only:
  *   gate/up  h[row][f] = f16(silu(gate_e xg[row]) * up_e xg[row])
  *   down     y[token] += weight * down_e h[row] (atomicAdd)
  *   (an extension's biases and activation in the same places: moe_ext.cuh)
  *
- * Dequantize (fallback, MXFP4 weights, or env TIERMOE_MOE_GEMM=dequant):
+ * Dequantize (many rows a group, MXFP4 weights, the fallback, or env
+ * TIERMOE_MOE_GEMM=dequant):
  *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
- *   (Qwen3-30B-A3B: 9 MiB an expert, 71 per chunk):
+ *   (Qwen3-30B-A3B: 9 MiB an expert, 28 per chunk):
  *     dequant  [3]  gate and up into wgu[g] = [gate rows; up rows] (2 n_ff x
  *                   n_embd), down into wd[g] (n_embd x n_ff), one launch per
  *                   matrix over all groups of the chunk
@@ -61,8 +63,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TM_MOE_GEMM_PAD          16 /* group rows padded to the tensor-core tile */
-#define TM_MOE_GEMM_WEIGHT_BYTES ((size_t)640 << 20)
+#define TM_MOE_GEMM_PAD          16                  /* group rows padded to the tensor-core tile */
+#define TM_MOE_GEMM_WEIGHT_BYTES ((size_t)256 << 20) /* dequantized weights a chunk */
 
 /* the fused kernels' MMAs and tiles take whole 16-row blocks of a group */
 static_assert(TM_MOE_GEMM_PAD == 16 && TM_MOE_MMA_TILE_ROWS % TM_MOE_GEMM_PAD == 0,
@@ -77,20 +79,40 @@ static size_t tm_moe_align(size_t n) {
     return (n + 255) & ~(size_t)255;
 }
 
-/* Whether p's products take the fused path (no dequantized weights in
- * global memory). Sizing and running ask the same question, so a scratch
- * sized for the fused path is only ever used by it. MXFP4 takes the
+/* Rows a group (an expert's tokens) from which the dequantize path wins: its
+ * cost is the f16 weights written and read once per used expert, which many
+ * rows amortize, while cuBLAS's tiles beat the fused kernels' per row. H200,
+ * -ngl all, q4_K experts, t/s fused against dequantize: 32 rows a group
+ * (GLM-4.5-Air pp512) 9,949 / 9,221, Mixtral pp128 5,413 / 4,681; 64 rows
+ * GLM-4.5-Air 12,850 / 15,890, Qwen3-30B shape 39,594 / 46,487, Mixtral
+ * 8,393 / 10,714; 128 rows 14,311 / 23,874, 45,763 / 66,148, 2,593 / 5,165. */
+#define TM_MOE_GEMM_DEQUANT_ROWS 48
+
+static int64_t tm_moe_gemm_dequant_rows(void) {
+    const char *v = getenv("TIERMOE_MOE_GEMM_ROWS");
+    return v && *v ? atoll(v) : TM_MOE_GEMM_DEQUANT_ROWS;
+}
+
+/* Whether p's products of n_items items over n_used groups with work take
+ * the fused path (no dequantized weights in global memory). n_used 0: the
+ * sizing's question, whether any such call may take the dequantize path
+ * (a batch of at least TM_MOE_GEMM_DEQUANT_ROWS items may). A call takes it
+ * only when sizing with at least its items said it may, so a scratch sized
+ * for the fused path alone is only ever used by it. MXFP4 always takes the
  * dequantize path: its 17-byte blocks are staged in 4-byte pieces and the
  * fused kernels ran slower than dequantize + cuBLAS (H200, gpt-oss-20b -ngl
- * all: pp512 6,492 against 9,807 t/s, pp128 2,562 against 2,787), while
- * q4_K's fused path is the faster (30b-a3b pp512 8,205 against 7,369).
- * TIERMOE_MOE_GEMM=dequant|fused chooses for comparisons. */
-static bool tm_moe_gemm_fused(const tm_cuda_moe_params *p) {
+ * all: pp512 6,492 against 9,807 t/s, pp128 2,562 against 2,787).
+ * TIERMOE_MOE_GEMM=dequant|fused chooses for comparisons;
+ * TIERMOE_MOE_GEMM_ROWS moves the threshold. */
+static bool tm_moe_gemm_fused(const tm_cuda_moe_params *p, int64_t n_items, int32_t n_used) {
     const char *mode = getenv("TIERMOE_MOE_GEMM");
     if ((mode && strcmp(mode, "dequant") == 0) || !tm_moe_mma_supported(p)) return false;
     if (mode && strcmp(mode, "fused") == 0) return true;
-    return p->gate.type != TM_TYPE_MXFP4 && p->up.type != TM_TYPE_MXFP4 &&
-           p->down.type != TM_TYPE_MXFP4;
+    if (p->gate.type == TM_TYPE_MXFP4 || p->up.type == TM_TYPE_MXFP4 ||
+        p->down.type == TM_TYPE_MXFP4)
+        return false;
+    const int64_t rows = tm_moe_gemm_dequant_rows();
+    return rows <= 0 || n_items < rows * (n_used > 0 ? n_used : 1);
 }
 
 /* Monotonic in n_items and n_groups, so a scratch sized for larger counts
@@ -175,7 +197,10 @@ __global__ void __launch_bounds__(256)
 extern "C" size_t cuda_moe_grouped_gemm_scratch_bytes(const tm_cuda_moe_params *p, int64_t n_items,
                                                       int32_t n_groups) {
     if (!p || p->n_embd <= 0 || p->n_ff <= 0 || n_items < 0 || n_groups <= 0) return 0;
-    return tm_moe_gemm_layout_of(p, n_items, n_groups, tm_moe_gemm_fused(p)).total;
+    /* the larger layout when a batch this large may take either path */
+    const tm_moe_gemm_layout f = tm_moe_gemm_layout_of(p, n_items, n_groups, true),
+                             d = tm_moe_gemm_layout_of(p, n_items, n_groups, false);
+    return tm_moe_gemm_fused(p, n_items, 0) ? f.total : f.total > d.total ? f.total : d.total;
 }
 
 typedef struct tm_moe_sorted {
@@ -253,22 +278,28 @@ extern "C" tm_status cuda_moe_grouped_gemm(tm_cuda_blas *b, const tm_cuda_moe_pa
 
     /* sort the groups that have work by padded size; give each its rows */
     const int64_t n_items = g->starts[n] - g->starts[0];
-    const bool fused = tm_moe_gemm_fused(p);
-    const tm_moe_gemm_layout l = tm_moe_gemm_layout_of(p, n_items, n, fused);
     tm_moe_sorted *srt = (tm_moe_sorted *)malloc((size_t)n * sizeof(*srt));
     int64_t *row0 = (int64_t *)malloc((size_t)n * sizeof(*row0));
-    int32_t *hb = (int32_t *)malloc((size_t)(n + l.rows + 3 * l.tiles) * sizeof(*hb));
-    if (!srt || !row0 || !hb) {
-        free(srt), free(row0), free(hb);
+    if (!srt || !row0) {
+        free(srt), free(row0);
         return tm_error_set(TM_ERR_NOMEM, "%s: out of host memory for %d groups", op, n);
     }
     int32_t n_srt = 0;
+    int64_t n_work = 0; /* items of the groups with work */
     for (int32_t i = 0; i < n; i++) {
         const int64_t cnt = g->starts[i + 1] - g->starts[i];
         if (cnt == 0 || g->slots[i] < 0 || g->slots[i] >= p->n_slots) continue; /* skipped */
         srt[n_srt].padded =
             (int32_t)((cnt + TM_MOE_GEMM_PAD - 1) / TM_MOE_GEMM_PAD * TM_MOE_GEMM_PAD);
         srt[n_srt++].group = i;
+        n_work += cnt;
+    }
+    const bool fused = tm_moe_gemm_fused(p, n_work, n_srt);
+    const tm_moe_gemm_layout l = tm_moe_gemm_layout_of(p, n_items, n, fused);
+    int32_t *hb = (int32_t *)malloc((size_t)(n + l.rows + 3 * l.tiles) * sizeof(*hb));
+    if (!hb) {
+        free(srt), free(row0);
+        return tm_error_set(TM_ERR_NOMEM, "%s: out of host memory for %d groups", op, n);
     }
     qsort(srt, (size_t)n_srt, sizeof(*srt), tm_moe_sorted_cmp);
     int64_t R = 0;

@@ -340,7 +340,7 @@ static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
         {512, 256, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, false, false},
         /* float rows; down's k = 36 takes the one-value dequantize path */
         {200, 36, 128, 16, TM_TYPE_F16, TM_TYPE_BF16, TM_TYPE_F32, false, false},
-        /* Qwen3-30B-A3B experts: 9 MiB of f16 each, 71 a chunk, 75 groups */
+        /* Qwen3-30B-A3B experts: 9 MiB of f16 each, 28 a chunk, 75 groups */
         {2048, 768, 64, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q6_K, true, false},
         /* q4_K only (the 30b-a3b preset's experts): the fused path for all three */
         {2048, 768, 128, 16, TM_TYPE_Q4_K, TM_TYPE_Q4_K, TM_TYPE_Q4_K, false, false},
@@ -363,10 +363,11 @@ static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
     printf("TIERMOE_MOE_GEMM=dequant:\n");
     moe_case_run(r, b, &cases[6]), moe_case_run(r, b, &cases[8]);
     unsetenv("TIERMOE_MOE_GEMM");
-    /* MXFP4 takes the dequantize path by default: its fused path too */
+    /* MXFP4, and groups of TM_MOE_GEMM_DEQUANT_ROWS rows or more, take the dequantize path
+       by default: the fused path for every case too */
     setenv("TIERMOE_MOE_GEMM", "fused", 1);
     printf("TIERMOE_MOE_GEMM=fused:\n");
-    moe_case_run(r, b, &cases[4]);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) moe_case_run(r, b, &cases[i]);
     unsetenv("TIERMOE_MOE_GEMM");
 }
 
