@@ -363,6 +363,12 @@ static void check_moe_gemm(tm_rng *r, tm_cuda_blas *b) {
     printf("TIERMOE_MOE_GEMM=dequant:\n");
     moe_case_run(r, b, &cases[6]), moe_case_run(r, b, &cases[8]);
     unsetenv("TIERMOE_MOE_GEMM");
+    /* the default's own choice of the dequantize path (groups of 16 rows or more on average:
+       the 9-group cases' 19; the 75 groups' 3 stay fused), sized by the same rule */
+    setenv("TIERMOE_MOE_GEMM_ROWS", "16", 1);
+    printf("TIERMOE_MOE_GEMM_ROWS=16:\n");
+    moe_case_run(r, b, &cases[0]), moe_case_run(r, b, &cases[2]), moe_case_run(r, b, &cases[8]);
+    unsetenv("TIERMOE_MOE_GEMM_ROWS");
     /* MXFP4, and groups of TM_MOE_GEMM_DEQUANT_ROWS rows or more, take the dequantize path
        by default: the fused path for every case too */
     setenv("TIERMOE_MOE_GEMM", "fused", 1);
