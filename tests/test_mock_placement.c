@@ -385,6 +385,59 @@ static void test_cache_set(void **state) {
     model_free(m);
 }
 
+/* The prompt batch when none is given (model_context_create): 512, or with experts in RAM
+ * behind a GPU the largest of 4096, 2048, 1024 that fits the VRAM left; -b wins. The mock's
+ * device has MOCK_GPU_MIB of memory. Then a 1,100-token prompt in that one batch through
+ * the mock GPU against the CPU engine in a batch as large (the mock's arithmetic is its own,
+ * in double). */
+static void test_batch_auto(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(wide_path, &m), TM_OK);
+    static const struct {
+        const char *what;
+        int ngl;
+        bool cpu_moe;
+        int64_t batch, cache_mib;
+        const char *mock_mib;
+        int64_t want;
+    } cases[] = {
+        {"CPU only", 0, false, 0, 0, "4096", 512},
+        {"-ngl all: every expert in VRAM", ALL, false, 0, 0, "4096", 512},
+        {"--cpu-moe", ALL, true, 0, 0, "4096", 4096},
+        {"--cpu-moe -b 256", ALL, true, 256, 0, "4096", 256},
+        {"--cpu-moe on a device without room", ALL, true, 0, 0, "800", 512},
+        {"--cpu-moe --moe-cache taking the room", ALL, true, 0, 3300, "4096", 512},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        setenv("MOCK_GPU_MIB", cases[i].mock_mib, 1);
+        tm_context_params p = params(cases[i].ngl, cases[i].cpu_moe, NULL, cases[i].cache_mib);
+        p.n_ctx = 8192, p.n_batch = cases[i].batch;
+        tm_context *c;
+        if (model_context_create(m, &p, &c) != TM_OK)
+            fail_msg("%s: %s", cases[i].what, tm_error_message());
+        printf("    %s: prompt batch %lld\n", cases[i].what, (long long)c->params.n_batch);
+        if (c->params.n_batch != cases[i].want)
+            fail_msg("%s: prompt batch %lld, expected %lld", cases[i].what,
+                     (long long)c->params.n_batch, (long long)cases[i].want);
+        model_context_free(c);
+    }
+    unsetenv("MOCK_GPU_MIB");
+    tm_context_params rp = params(0, false, NULL, 0), gp = params(ALL, true, NULL, 0);
+    rp.n_ctx = gp.n_ctx = 2048, rp.n_batch = 2048, gp.n_batch = 0;
+    pm_run *ref = pm_run_open(m, &rp), *run = pm_run_open(m, &gp);
+    assert_int_equal(pm_run_context(run)->params.n_batch, 2048); /* n_ctx caps it */
+    int32_t *toks = malloc(1104 * sizeof(int32_t));
+    tm_rng r;
+    tm_rng_seed(&r, 11);
+    for (int i = 0; i < 1104; i++) toks[i] = (int32_t)(tm_rng_u64(&r) % m->cfg.n_vocab);
+    pm_compare(m, toks, 1100, 4, ref, run, mock_tol.prompt, mock_tol.decode, 1e-3,
+               "--cpu-moe, a 1,100-token prompt in one batch");
+    free(toks);
+    pm_run_close(ref), pm_run_close(run);
+    model_free(m);
+}
+
 /* Every cached layer's slots hold distinct experts that the maps agree on. */
 static void check_slots_mapped(const tm_context *c) {
     const tm_model_config *cfg = &c->model->cfg;
@@ -458,6 +511,8 @@ static void test_profile(void **state) {
     p.profile = true, p.precise = false;
     p.moe_fetch = TM_MOE_FETCH_COPY; /* auto reads 16 tokens of 4-of-32 routing in place */
     p.moe_ahead = 2;                 /* and decode steps copy experts ahead */
+    p.moe_pcie = 1; /* a fixed count: auto's follows each token's cold slots, which the copies
+                       ahead may leave at one (then the CPU's: tm_cuda_mapped_count) */
     tm_context *c, *ref;
     assert_int_equal(model_context_create(m, &p, &c), TM_OK);
     p = params(0, false, NULL, 0);
@@ -484,7 +539,7 @@ static void test_profile(void **state) {
     /* decode steps' copies ahead (the layers after the first) and their time */
     assert_true(s->ahead_experts > 0 && s->ahead_used <= s->ahead_experts && s->ahead_ns > 0);
     assert_true(s->ahead_bytes > 0 && s->ahead_slots >= s->ahead_used);
-    assert_true(s->pcie_slots > 0 && s->pcie_ns > 0); /* the PCIe lane (auto) and its time */
+    assert_true(s->pcie_slots > 0 && s->pcie_ns > 0); /* the PCIe lane and its time */
     /* the prompt's fetch lane (the ring) */
     assert_true(s->fetch_slots > 0 && s->fetch_ns > 0 && s->copy_ns > 0);
     const uint64_t *prof = model_prof_ns(c);
@@ -559,9 +614,10 @@ int main(void) {
     const struct CMUnitTest matrix_mixed[] = {cmocka_unit_test(test_matrix_mixed)};
     const struct CMUnitTest matrix_dynamic[] = {cmocka_unit_test(test_matrix_dynamic)};
     const struct CMUnitTest rest[] = {
-        cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_cache_set),
-        cmocka_unit_test(test_profile),        cmocka_unit_test(test_handoff_timeout),
-        cmocka_unit_test(test_fetch_fallback), cmocka_unit_test(test_cache_update),
+        cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_cache_set),
+        cmocka_unit_test(test_batch_auto),      cmocka_unit_test(test_profile),
+        cmocka_unit_test(test_handoff_timeout), cmocka_unit_test(test_fetch_fallback),
+        cmocka_unit_test(test_cache_update),
     };
     /* each case's line out before a crash's report (CI keeps the head of a failing test's
        output: the case that failed shows) */

@@ -8,7 +8,8 @@
 
 const char cli_gen_help[] =
     "  -c, --ctx-size N       context size (default: min(4096, trained))\n"
-    "  -b, --batch-size N     prompt tokens per forward chunk (default 512)\n"
+    "  -b, --batch-size N     prompt tokens per forward chunk (default 512; with experts\n"
+    "                         in RAM behind a GPU up to 4096, as VRAM allows)\n"
     "  -t, --threads N        CPU threads (default: physical cores)\n"
     "  --kv-type f16|f32      KV cache type (default f16)\n"
     "  -s, --seed N           sampling seed (default 0)\n"

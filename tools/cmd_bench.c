@@ -29,7 +29,8 @@ static void bench_usage(FILE *out) {
                  "  -n N[,N...]   generated tokens of the tg tests (default 128; 0 = skip)\n"
                  "  -r N          repetitions (default 3)\n"
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
-                 "  -b N          prompt batch size (default 512)\n"
+                 "  -b N          prompt batch size (default: the engine's, 512 or with\n"
+                 "                experts in RAM behind a GPU up to 4096 as VRAM allows)\n"
                  "  -np N[,N...]  tg tests decode N sequences together, a row each a step, as\n"
                  "                serve --parallel does (default 1); t/s counts all N\n"
                  "  -o md|csv|json|jsonl  output format (default md)\n"
@@ -80,6 +81,7 @@ typedef struct bench_result {
     int n, n_par, threads; /* n_par: sequences decoded together (tg) */
     char backend[128];     /* where things ran, from the context (bench_backend) */
     int n_gpu_layers, n_cpu_moe;
+    long long n_batch; /* the prompt batch (-b or the engine's choice) */
     double mean, sd;
     double cpu_gbs, gpu_gbs; /* weight bytes each side read per second */
     double pcie_gbs;         /* expert bytes the GPU read from RAM per second (--moe-pcie) */
@@ -257,7 +259,8 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     tm_context_params cp = *cp0;
     cp.n_seq = (int)max_np; /* each its own KV range of the longest test */
     cp.n_ctx = ((max_pp > max_tg ? max_pp : max_tg) + 8) * max_np;
-    cp.n_batch = o->batch > max_np ? o->batch : max_np;
+    /* -b, or the engine's choice (512, more with experts in RAM behind a GPU) */
+    cp.n_batch = o->batch ? (o->batch > max_np ? o->batch : max_np) : (max_np > 512 ? max_np : 0);
     cp.profile = o->profile;
     if (o->tr) trace_attach(o->tr, &cp.cb, &cp.cb_ud);
     tm_context *ctx;
@@ -266,6 +269,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         return 1;
     }
     if (o->tr) trace_set_resident(o->tr, tier_expert_resident, ctx->tier);
+    const long long batch = ctx->params.n_batch;
     char backend[128];
     bench_backend(ctx, backend, sizeof(backend));
     uint64_t dense_cpu, dense_gpu, exp_cpu, exp_gpu;
@@ -287,7 +291,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
      * prompt path's kernels and capture the decode graph (first uses are slow) */
     if (model_decode(ctx, toks, 8, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
     if (!rc && ctx->placement.any_gpu) {
-        const long long n = max_pp < o->batch ? max_pp : o->batch;
+        const long long n = max_pp < batch ? max_pp : batch;
         model_context_reset(ctx);
         if (n > 8 && model_decode(ctx, toks, n, TM_MOE_PHASE_WARMUP, false) != TM_OK) rc = 1;
         if (!rc && model_decode(ctx, toks, 1, TM_MOE_PHASE_DECODE, false) != TM_OK) rc = 1;
@@ -348,6 +352,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
                             .n_par = n_par,
                             .threads = cp.n_threads,
                             .n_gpu_layers = ctx->n_gpu_layers,
+                            .n_batch = batch,
                             .n_cpu_moe = cp.n_cpu_moe,
                             .mem_gbs = mem,
                             .steal = bench_steal_since(&steal0, &total0, &steal_ok),
@@ -358,7 +363,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         double cpu_b, gpu_b, pcie_b = 0;
         if (pp) { /* every tensor once per batch, where it lives; experts in RAM the
                      GPU copied or read over PCIe (the fetch lane) not on the CPU */
-            const double batches = (double)((n + o->batch - 1) / o->batch);
+            const double batches = (double)((n + batch - 1) / batch);
             const double fetched = (double)(b1[2] - b0[2]) / reps;
             const double cpu_exp = exp_cpu * batches > fetched ? exp_cpu * batches - fetched : 0;
             cpu_b = ((double)dense_cpu * batches + cpu_exp) / n;
@@ -438,14 +443,14 @@ static void bench_print(const bench_result *res, int n_res, const char *fmt, con
                    b->pcie_gbs);
         else { /* json: an array; jsonl: an object a line */
             printf("%s{\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
-                   "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"threads\": %d, "
-                   "\"n_parallel\": %d, \"test\": "
+                   "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"n_batch\": %lld, "
+                   "\"threads\": %d, \"n_parallel\": %d, \"test\": "
                    "\"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, "
                    "\"mem_gbs\": %.2f, \"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": "
                    "%.2f",
                    json ? "  " : "", model, size_gib, params_b, b->backend, b->n_gpu_layers,
-                   b->n_cpu_moe, b->threads, b->n_par, test, b->mean, b->sd, b->cpu_gbs, b->mem_gbs,
-                   b->bound, b->gpu_gbs, b->pcie_gbs);
+                   b->n_cpu_moe, b->n_batch, b->threads, b->n_par, test, b->mean, b->sd, b->cpu_gbs,
+                   b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
             /* what the table's readers get on stderr: the host's steal and the VRAM cache's
                and the copies ahead's shares of the routed slots */
             bench_json_share("host_steal", b->steal);
@@ -466,7 +471,7 @@ static int bench_main(int argc, char **argv, cli_place *place) {
                     .n_tg = 1,
                     .n_np = 1,
                     .reps = 3,
-                    .batch = 512,
+                    .batch = 0,
                     .membw = true};
     long long threads[BENCH_MAX_VALUES], ngl[BENCH_MAX_VALUES], ncmoe[BENCH_MAX_VALUES];
     int n_threads = 0, n_ngl = 0, n_ncmoe = 0;

@@ -170,6 +170,63 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
     return TM_OK;
 }
 
+/* The prompt batch when -b is not given (docs/flags.md). 512, or, when a GPU computes
+ * layers whose experts are in RAM, the largest of 4096, 2048 and 1024 whose batch-sized
+ * GPU buffers fit the VRAM the placement left: each batch copies (or reads over PCIe)
+ * the experts it routes to once, so a larger batch serves more tokens a copy (H200,
+ * 30b-a3b --cpu-moe pp4096: 1,762 t/s in batches of 512, 8,175 in one of 4096). The
+ * buffers that grow with the batch, computed as they are allocated: activations and
+ * the output rows (g->fixed_bytes' formula), the grouped experts' scratch
+ * (cuda_moe_grouped_gemm_scratch_bytes at its larger layout) and sliding layers' KV
+ * rings; a quarter of what is left when --moe-cache auto would take it all. */
+#define BATCH_DEFAULT 512
+
+static size_t context_batch_bytes(const tm_context *c, int64_t B, const size_t *kv_ring) {
+    const tm_model_config *cfg = &c->model->cfg;
+    const int64_t E = cfg->n_embd, Q = (int64_t)cfg->n_head * cfg->head_dim,
+                  KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    const tm_cuda_moe_params probe = {.n_embd = E, /* float types: the dequantize layout */
+                                      .n_ff = cfg->n_ff_exp,
+                                      .n_slots = (int32_t)cfg->n_expert};
+    size_t b =
+        (size_t)(B * (6 * E + 2 * Q + 2 * KV + cfg->n_expert + 2 * cfg->n_expert_used)) * 4 +
+        cuda_moe_grouped_gemm_scratch_bytes(&probe, B * cfg->n_expert_used, (int32_t)cfg->n_expert);
+    const size_t row = (size_t)KV * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (uint32_t l = 0; kv_ring && l < cfg->n_layer; l++)
+        if (kv_ring[l])
+            b += 2 * (size_t)exec_kv_rows(c->n_ctx, B, c->model->window[l], c->params.kv_full) *
+                 (size_t)c->n_seq * row;
+    return b;
+}
+
+static int64_t context_batch_auto(const tm_context *c, const tm_placement_gpu *g,
+                                  const tm_placement *pl, const size_t *kv_layer) {
+    const tm_model_config *cfg = &c->model->cfg;
+    bool ram = false;
+    size_t used = pl->gpu_bytes + g->fixed_bytes;
+    size_t *ring = c->model->window ? calloc(cfg->n_layer, sizeof(size_t)) : NULL;
+    for (uint32_t l = 0; l < cfg->n_layer; l++) {
+        if (pl->layer_dev[l] != TM_DEV_GPU) continue;
+        ram |= pl->experts_dev[l] != TM_DEV_GPU && cfg->n_expert;
+        used += kv_layer ? kv_layer[l] : g->kv_bytes_per_layer;
+        if (ring && c->model->window[l]) ring[l] = 1;
+    }
+    int64_t best = BATCH_DEFAULT;
+    const int64_t mib = c->params.moe_cache_mib;
+    if (ram && used < g->budget && !(mib > 0 && (size_t)mib << 20 >= g->budget - used)) {
+        size_t room = g->budget - used - (mib > 0 ? (size_t)mib << 20 : 0);
+        if (mib == TM_MOE_CACHE_AUTO) room /= 4;
+        const size_t base = context_batch_bytes(c, BATCH_DEFAULT, ring);
+        static const int64_t sizes[] = {4096, 2048, 1024};
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && best == BATCH_DEFAULT; i++)
+            if (sizes[i] <= c->params.n_ctx &&
+                context_batch_bytes(c, sizes[i], ring) - base <= room - room / 5)
+                best = sizes[i];
+    }
+    free(ring);
+    return best;
+}
+
 tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_context **out) {
     *out = NULL;
     tm_context *c = calloc(1, sizeof(*c));
@@ -178,7 +235,8 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     c->params = *p;
     const tm_model_config *cfg = &m->cfg;
     if (c->params.n_ctx <= 0) c->params.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
-    if (c->params.n_batch <= 0) c->params.n_batch = 512;
+    const bool batch_auto = c->params.n_batch <= 0;
+    if (batch_auto) c->params.n_batch = BATCH_DEFAULT;
     if (c->params.n_batch > c->params.n_ctx) c->params.n_batch = c->params.n_ctx;
     if (c->params.kv_type != TM_TYPE_F32) c->params.kv_type = TM_TYPE_F16;
     if (c->params.n_seq <= 0) c->params.n_seq = 1;
@@ -194,10 +252,8 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     }
     c->seq_past = calloc((size_t)c->n_seq, sizeof(int64_t));
     c->seq_hi = calloc((size_t)c->n_seq, sizeof(int64_t));
-    c->row_pos = calloc((size_t)c->params.n_batch, sizeof(int32_t));
-    c->row_seq = calloc((size_t)c->params.n_batch, sizeof(int32_t));
-    if (!c->seq_past || !c->seq_hi || !c->row_pos || !c->row_seq) {
-        free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq), free(c);
+    if (!c->seq_past || !c->seq_hi) {
+        free(c->seq_past), free(c->seq_hi), free(c);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     const char *ring = getenv("TIERMOE_KV_RING"); /* 0: full caches, for comparison */
@@ -222,7 +278,22 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         model_context_free(c);
         return st;
     }
+    if (batch_auto && gpu && c->placement.any_gpu) {
+        const int64_t b = context_batch_auto(c, &g, &c->placement, kv_layer);
+        if (b != c->params.n_batch)
+            tm_log_info("prompt batch %lld: a GPU computes layers whose experts are in RAM, and "
+                        "each batch copies the experts it routes to once (-b sets it)",
+                        (long long)b);
+        c->params.n_batch = b;
+    }
     free(kv_layer);
+    c->row_pos = calloc((size_t)c->params.n_batch, sizeof(int32_t));
+    c->row_seq = calloc((size_t)c->params.n_batch, sizeof(int32_t));
+    if (!c->row_pos || !c->row_seq) {
+        cuda_device_close(gpu);
+        model_context_free(c);
+        return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    }
     if (!c->placement.any_gpu) { /* nothing landed there: let it go */
         cuda_device_close(gpu);
         gpu = NULL;

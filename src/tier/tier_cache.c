@@ -92,7 +92,8 @@ static tm_status tier_cache_budget(tm_tier *t, const tm_tier_params *p, size_t *
     tm_status st = cuda_device_memory(exec_gpu(t->e), &free_b, &total_b);
     if (st != TM_OK) return st;
     if (p->cache_mib == TM_MOE_CACHE_AUTO) {
-        *budget = free_b > p->reserve ? free_b - p->reserve : 0;
+        const size_t keep = p->reserve + t->gemm_reserve;
+        *budget = free_b > keep ? free_b - keep : 0;
         return TM_OK;
     }
     *budget = (size_t)p->cache_mib << 20;

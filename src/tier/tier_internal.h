@@ -166,6 +166,8 @@ struct tm_tier {
     float *h_scratch;                         /* cuda_moe_grouped's, decode-sized */
     void *gemm_scratch;                       /* cuda_moe_grouped_gemm's */
     size_t gemm_scratch_bytes;
+    size_t gemm_reserve;   /* the grouped GEMMs' scratch at its larger layout, before the cache
+                            (--moe-cache auto leaves it free) */
     float *y_dev, *y_host; /* [n_batch][n_embd]: one lane's sum on its way to the other side */
     int32_t *group_slots;  /* host [n_expert] */
     int64_t *group_starts; /* host [n_expert + 1] */

@@ -64,12 +64,13 @@ static void pm_route_cb(void *ud, const char *name, int layer, const void *data,
 pm_run *pm_run_open(tm_model *m, const tm_context_params *p) {
     pm_run *r = pm_alloc(sizeof(*r));
     r->n_layer = (int)m->cfg.n_layer, r->k = (int)m->cfg.n_expert_used;
-    r->n_expert = (int)m->cfg.n_expert, r->n_tok = p->n_batch;
-    r->ids = pm_alloc((size_t)(r->n_layer * r->n_tok * r->k) * 4);
-    r->logits = pm_alloc((size_t)(r->n_layer * r->n_tok * r->n_expert) * 4);
+    r->n_expert = (int)m->cfg.n_expert;
     tm_context_params cp = *p;
     cp.cb = pm_route_cb, cp.cb_ud = r;
     PM_CHECK(model_context_create(m, &cp, &r->ctx), "context");
+    r->n_tok = r->ctx->params.n_batch; /* the context's (n_batch 0: the engine's choice) */
+    r->ids = pm_alloc((size_t)(r->n_layer * r->n_tok * r->k) * 4);
+    r->logits = pm_alloc((size_t)(r->n_layer * r->n_tok * r->n_expert) * 4);
     return r;
 }
 
