@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile quant qtypes qnext moearchs)
+    kernels ab profile quant qtypes qnext moearchs longprompt)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -53,6 +53,7 @@ declare -A HELP=(
     [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill FILL: the rest as the preset; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk). Estimate on the H200 machine: about a minute a type (file I/O-bound, ~4 bench runs): split QTYPES over calls, e.g. 'Q4_K IQ2_XXS Q2_K IQ1_M' then 'Q3_K IQ4_XS IQ3_XXS' (the IQ2_XXS / Q4_K ratio from one call)"
     [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); QNEXT_MODELS names the files (e.g. qn35); the files are deleted after their cases"
     [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b) and olmoe (olmoe-1b-7b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe') picks; each file is deleted after its cases"
+    [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), and LONG_P (e.g. 16384) as pp too when set"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -211,7 +212,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe | m30r) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -245,6 +246,7 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     glma) args=(--preset glm-4.5-air --n-layer "${GLMA_LAYERS:-24}" --fill "$FILL") ;;
     glmaq) args=(--preset glm-4.5-air --n-layer "${GLMA_LAYERS:-24}" --fill "$FILL" --skew 4.2 --skew-offset 70) ;;
     mix) args=(--preset mixtral-8x7b --fill "$FILL") ;;
+    m30r) args=(--preset 30b-a3b --fill "$FILL") ;;
     olmoe) args=(--preset olmoe-1b-7b --fill "$FILL") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
@@ -708,6 +710,14 @@ stage_moearchs() {
         fi
         rm -f "$f"
     done
+}
+
+stage_longprompt() {
+    need build || return 1
+    local p=${LONG_P:+,$LONG_P}
+    P=512,4096$p N=0 peer_case default m30r -ngl 99 -ncmoe 48
+    P=512,4096$p N=0 peer_case b4096 m30r -ngl 99 -ncmoe 48 -b 4096 -ub 4096
+    P=512,4096$p N=0 tm_case default m30r "" --cpu-moe
 }
 
 stage_calibrate() {
