@@ -19,7 +19,8 @@
  *   down     y[token] += weight * down_e h[row] (atomicAdd)
  *   (an extension's biases and activation in the same places: moe_ext.cuh)
  *
- * Dequantize (many rows a group, MXFP4 weights, the fallback, or env
+ * Dequantize (many rows a group of weights not streamed in, MXFP4 weights, the
+ * fallback, or env
  * TIERMOE_MOE_GEMM=dequant):
  *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
  *   (Qwen3-30B-A3B: 9 MiB an expert, 28 per chunk):
@@ -112,7 +113,7 @@ static bool tm_moe_gemm_fused(const tm_cuda_moe_params *p, int64_t n_items, int3
         p->down.type == TM_TYPE_MXFP4)
         return false;
     const int64_t rows = tm_moe_gemm_dequant_rows();
-    return rows <= 0 || n_items < rows * (n_used > 0 ? n_used : 1);
+    return p->streamed || rows <= 0 || n_items < rows * (n_used > 0 ? n_used : 1);
 }
 
 /* Monotonic in n_items and n_groups, so a scratch sized for larger counts

@@ -254,6 +254,7 @@ static tm_status tier_pcie_create(tm_tier *t, const tm_placement *pl, const tm_t
             .up = tier_gpu_matrix(tier_pin_dev(t, L->host.up.data), &L->host.up),
             .down = tier_gpu_matrix(tier_pin_dev(t, L->host.down.data), &L->host.down),
             .ext = L->ext,
+            .streamed = true,
         };
         L->n_pcie = n;
     }

@@ -422,6 +422,7 @@ tm_cuda_moe_params tier_ring_params(const tm_tier *t, const tier_layer *L, uint8
         .up = {buf + f->off_up, h->up.type, h->up.expert_stride, h->up.row_bytes},
         .down = {buf + f->off_down, h->down.type, h->down.expert_stride, h->down.row_bytes},
         .ext = L->ext,
+        .streamed = true,
     };
 }
 
