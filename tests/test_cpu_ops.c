@@ -118,6 +118,9 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
 static void attention_ref(const tm_attention_shape *s, const float *q, const float *kf,
                           const float *vf, double *out) {
     const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, kvd = s->n_head_kv * d;
+    /* values: dv wide, in rows of their own or (v_in_k) the keys' first dv values */
+    const int64_t dv = s->v_dim ? s->v_dim : d, vs = s->v_in_k ? d : dv, vrow = s->n_head_kv * vs;
+    if (s->v_in_k) vf = kf;
     for (int64_t i = 0; i < s->n_tok; i++)
         for (int64_t h = 0; h < s->n_head; h++) {
             const int64_t n_kv = s->pos0 + i + 1, g = h / G;
@@ -134,10 +137,10 @@ static void attention_ref(const tm_attention_shape *s, const float *q, const flo
             if (s->sinks) m = s->sinks[h] > m ? s->sinks[h] : m;
             for (int64_t t = t0; t < n_kv; t++) z += sc[t] = exp(sc[t] - m);
             if (s->sinks) z += exp(s->sinks[h] - m);
-            for (int64_t e = 0; e < d; e++) {
+            for (int64_t e = 0; e < dv; e++) {
                 double acc = 0;
-                for (int64_t t = 0; t < n_kv; t++) acc += sc[t] * vf[t * kvd + g * d + e];
-                out[(i * s->n_head + h) * d + e] = acc / z;
+                for (int64_t t = 0; t < n_kv; t++) acc += sc[t] * vf[t * vrow + g * vs + e];
+                out[(i * s->n_head + h) * dv + e] = acc / z;
             }
             free(sc);
         }
@@ -259,6 +262,84 @@ static void check_attention(tm_pool *pool, int n_threads, int64_t n_tok, int64_t
     check_attention_ws(pool, n_threads, n_tok, pos0, n_head, n_head_kv, d, kv_type, 0, false, 0);
 }
 
+/* Latent attention (MLA's absorbed form): one KV head whose key rows are dk wide
+ * and whose value is each key's first dv values (v_in_k: no V rows); against the
+ * double reference, AVX-512 against AVX2 bit for bit. */
+static void check_attention_latent(tm_pool *pool, int n_threads, int64_t n_tok, int64_t pos0,
+                                   int64_t n_head, int64_t dk, int64_t dv, tm_type kv_type) {
+    const int64_t n_ctx = pos0 + n_tok, esz = kv_type == TM_TYPE_F16 ? 2 : 4,
+                  n_out = n_tok * n_head * dv;
+    const tm_attention_shape s = {.n_tok = n_tok,
+                                  .pos0 = pos0,
+                                  .n_head = n_head,
+                                  .n_head_kv = 1,
+                                  .head_dim = dk,
+                                  .v_dim = dv,
+                                  .v_in_k = true,
+                                  .scale = 0.7f / sqrtf((float)dk),
+                                  .kv_type = kv_type};
+    float *q = malloc(sizeof(float) * (size_t)(n_tok * n_head * dk));
+    float *kf = malloc(sizeof(float) * (size_t)(n_ctx * dk));
+    uint8_t *k = malloc((size_t)(n_ctx * dk * esz));
+    float *out = malloc(sizeof(float) * (size_t)n_out),
+          *out2 = malloc(sizeof(float) * (size_t)n_out);
+    double *ref = malloc(sizeof(double) * (size_t)n_out);
+    float *scratch =
+        malloc(sizeof(float) * (size_t)cpu_attention_scratch_floats(&s, n_ctx, n_threads));
+    fill(q, n_tok * n_head * dk, 1), fill(kf, n_ctx * dk, 1);
+    for (int64_t t = 0; t < n_ctx; t++) {
+        cpu_store_kv(k + t * dk * esz, kf + t * dk, kv_type, dk);
+        cpu_load_kv(kf + t * dk, k + t * dk * esz, kv_type, dk);
+    }
+    for (int64_t i = 0; i < n_out; i++) out[i] = NAN;
+    cpu_attention(pool, &s, q, k, NULL, out, scratch);
+    const tm_cpu_level level = cpu_level_get();
+    if (level > TM_CPU_AVX2) {
+        assert_int_equal(cpu_level_set(TM_CPU_AVX2), TM_OK);
+        cpu_attention(pool, &s, q, k, NULL, out2, scratch);
+        assert_int_equal(cpu_level_set(level), TM_OK);
+        if (memcmp(out, out2, sizeof(float) * (size_t)n_out))
+            fail_msg("latent attention dk %lld dv %lld: level %d differs from AVX2", (long long)dk,
+                     (long long)dv, (int)level);
+    }
+    attention_ref(&s, q, kf, NULL, ref);
+    double big = 0, worst = 0;
+    for (int64_t i = 0; i < n_out; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+    for (int64_t i = 0; i < n_out; i++) {
+        assert_false(isnan(out[i]));
+        worst = fabs(out[i] - ref[i]) > worst ? fabs(out[i] - ref[i]) : worst;
+    }
+    if (!(worst <= 1e-4 * big))
+        fail_msg("latent attention n_tok %lld pos0 %lld heads %lld dk %lld dv %lld %s level %d "
+                 "threads %d: max err %.3g of %.3g",
+                 (long long)n_tok, (long long)pos0, (long long)n_head, (long long)dk, (long long)dv,
+                 kv_type == TM_TYPE_F16 ? "f16" : "f32", (int)level, n_threads, worst, big);
+    free(q), free(kf), free(k), free(out), free(out2), free(ref), free(scratch);
+}
+
+static void test_attention_latent(void **state) {
+    (void)state;
+    const tm_cpu_level best = cpu_level_get();
+    for (int level = TM_CPU_SCALAR; level <= (int)best; level++) {
+        if (level != TM_CPU_SCALAR && level != TM_CPU_AVX2 && level != (int)best) continue;
+        assert_int_equal(cpu_level_set((tm_cpu_level)level), TM_OK);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            tm_pool *pool;
+            assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
+            for (int kv = 0; kv < 2; kv++) {
+                const tm_type t = kv ? TM_TYPE_F16 : TM_TYPE_F32;
+                check_attention_latent(pool, nt, 7, 0, 4, 40, 32, t);     /* the tiny model's */
+                check_attention_latent(pool, nt, 1, 300, 8, 48, 32, t);   /* decode, key chunks */
+                check_attention_latent(pool, nt, 6, 70, 16, 576, 512, t); /* DeepSeek-V3's */
+                check_attention_latent(pool, nt, 1, 130, 16, 576, 512, t);
+                check_attention_latent(pool, nt, 9, 3, 3, 20, 12, t); /* widths not of 8: plain C */
+            }
+            cpu_pool_free(pool);
+        }
+    }
+    cpu_level_set(best);
+}
+
 static void test_attention(void **state) {
     (void)state;
     const tm_cpu_level best = cpu_level_get();
@@ -313,6 +394,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm_rope_softmax_swiglu),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_latent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,9 @@
  * on the other rows of the tile or task. Tiles come in plain C, AVX2 and
  * AVX-512 (head_dim a multiple of 16); the two SIMD ones give the same bits.
  * Blocks follow key positions; a ring cache (tm_attention_shape.ring) only
- * changes which rows a block is loaded from (two runs where it wraps). */
+ * changes which rows a block is loaded from (two runs where it wraps). Keys
+ * are dk = head_dim wide, values dv = v_dim (MLA: 576 and 512, the value the
+ * key's first dv values, read from the K rows). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -43,7 +45,8 @@ typedef struct attn_job {
     int64_t scratch_per_thread;
     float *records;      /* split decode: per (head, chunk) max, sum, acc[head_dim] */
     atomic_int *pending; /* split decode: per kv group, chunks not yet done */
-    size_t kv_row_bytes, kv_elem;
+    size_t k_row_bytes, v_row_bytes, kv_elem;
+    int64_t dk, dv;            /* key and value widths */
     int64_t n_chunks;          /* decode split: key chunks per head */
     int64_t q_block, n_blocks; /* prompt: queries per task, query blocks */
     int simd; /* 0 plain C, ATTN_AVX2 or ATTN_AVX512 tiles (block loads: AVX2 for both) */
@@ -63,10 +66,16 @@ typedef struct attn_tile {
 
 /* Per-thread scratch: kT and V of a block, scores of a tile, and per task row
  * an accumulator, a max and a sum. */
+static int64_t attn_dv(const tm_attention_shape *s) {
+    return s->v_dim ? s->v_dim : s->head_dim;
+}
+
+/* The V buffer holds dk-wide K rows too on their way to kT. */
 static int64_t attn_scratch_per_thread(const tm_attention_shape *s) {
     const int64_t G = s->n_head / s->n_head_kv, rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
-    return 2 * s->head_dim * ATTN_KEY_BLOCK + ATTN_ROW_TILE * ATTN_KEY_BLOCK +
-           rows * (s->head_dim + 2);
+    const int64_t dk = s->head_dim, dv = attn_dv(s);
+    return (dk + (dk > dv ? dk : dv)) * ATTN_KEY_BLOCK + ATTN_ROW_TILE * ATTN_KEY_BLOCK +
+           rows * (dv + 2);
 }
 
 int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx, int n_threads) {
@@ -74,13 +83,13 @@ int64_t cpu_attention_scratch_floats(const tm_attention_shape *s, int64_t n_ctx,
      * accumulator, and per kv group a counter (a float's room each) */
     int64_t chunks = (n_ctx + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
     return attn_scratch_per_thread(s) * (n_threads > 0 ? n_threads : 1) +
-           s->n_head * chunks * (s->head_dim + 2) + s->n_head_kv;
+           s->n_head * chunks * (attn_dv(s) + 2) + s->n_head_kv;
 }
 
 /* ---- plain C tile ---- */
 
 static void attn_tile_ref(const attn_tile *t, const float *kT, const float *vf, int64_t d,
-                          float scale, float *sc) {
+                          int64_t dv, float scale, float *sc) {
     for (int r = 0; r < t->nr; r++) {
         const int64_t n = t->n[r];
         if (n <= 0) continue;
@@ -96,23 +105,25 @@ static void attn_tile_ref(const attn_tile *t, const float *kT, const float *vf, 
         for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] * scale - mb);
         *t->m[r] = mb, *t->l[r] = *t->l[r] * alpha + sum;
         float *o = t->o[r];
-        for (int64_t i = 0; i < d; i++) o[i] *= alpha;
-        for (int64_t j = 0; j < n; j++) cpu_axpy(o, s[j], vf + j * d, d);
+        for (int64_t i = 0; i < dv; i++) o[i] *= alpha;
+        for (int64_t j = 0; j < n; j++) cpu_axpy(o, s[j], vf + j * dv, dv);
     }
 }
 
-/* K cache rows [row, row + nk) of kv group offset off, transposed into columns
- * [col, col + nk) of kT[d][ATTN_KEY_BLOCK], and V rows into vf[col..][d]. */
-static void attn_block_load_ref(const attn_job *j, int64_t row, int64_t nk, int64_t col, size_t off,
+/* K cache rows [row, row + nk) of kv group g, transposed into columns
+ * [col, col + nk) of kT[dk][ATTN_KEY_BLOCK], and V rows into vf[col..][dv]. */
+static void attn_block_load_ref(const attn_job *j, int64_t row, int64_t nk, int64_t col, int64_t g,
                                 float *kT, float *vf) {
-    const int64_t d = j->s->head_dim;
+    const int64_t d = j->dk, dv = j->dv;
+    const size_t koff = (size_t)(g * d) * j->kv_elem,
+                 voff = (size_t)(g * (j->s->v_in_k ? d : dv)) * j->kv_elem;
     for (int64_t t = col; t < col + nk; t++) {
         float *r = vf + t * d; /* K row through the V buffer, then transposed */
-        cpu_load_kv(r, j->k + (row + t - col) * j->kv_row_bytes + off, j->s->kv_type, d);
+        cpu_load_kv(r, j->k + (row + t - col) * j->k_row_bytes + koff, j->s->kv_type, d);
         for (int64_t i = 0; i < d; i++) kT[i * ATTN_KEY_BLOCK + t] = r[i];
     }
     for (int64_t t = col; t < col + nk; t++)
-        cpu_load_kv(vf + t * d, j->v + (row + t - col) * j->kv_row_bytes + off, j->s->kv_type, d);
+        cpu_load_kv(vf + t * dv, j->v + (row + t - col) * j->v_row_bytes + voff, j->s->kv_type, dv);
 }
 
 #ifdef TM_X86
@@ -148,29 +159,31 @@ TM_AVX2 static inline __m256 attn_load8(const uint8_t *p, int f16) {
 
 /* attn_block_load_ref with 8 x 8 transposes (d a multiple of 8). */
 TM_AVX2 static void attn_block_load_avx2(const attn_job *j, int64_t row, int64_t nk, int64_t col,
-                                         size_t off, float *kT, float *vf) {
-    const int64_t d = j->s->head_dim;
+                                         int64_t g, float *kT, float *vf) {
+    const int64_t d = j->dk, dv = j->dv;
     const int f16 = j->s->kv_type == TM_TYPE_F16;
     const size_t es = j->kv_elem;
-    const uint8_t *kb = j->k + row * j->kv_row_bytes + off;
+    const size_t koff = (size_t)(g * d) * es, voff = (size_t)(g * (j->s->v_in_k ? d : dv)) * es;
+    const uint8_t *kb = j->k + row * j->k_row_bytes + koff;
     float *kc = kT + col; /* the segment's first column */
     int64_t t = 0;
     for (; t + 8 <= nk; t += 8)
         for (int64_t i = 0; i < d; i += 8) {
             __m256 r[8];
             for (int u = 0; u < 8; u++)
-                r[u] = attn_load8(kb + (t + u) * j->kv_row_bytes + i * es, f16);
+                r[u] = attn_load8(kb + (t + u) * j->k_row_bytes + i * es, f16);
             transpose8_avx2(r);
             for (int u = 0; u < 8; u++) _mm256_storeu_ps(kc + (i + u) * ATTN_KEY_BLOCK + t, r[u]);
         }
     for (; t < nk; t++)
         for (int64_t i = 0; i < d; i += 8) {
             _Alignas(32) float x[8];
-            _mm256_store_ps(x, attn_load8(kb + t * j->kv_row_bytes + i * es, f16));
+            _mm256_store_ps(x, attn_load8(kb + t * j->k_row_bytes + i * es, f16));
             for (int u = 0; u < 8; u++) kc[(i + u) * ATTN_KEY_BLOCK + t] = x[u];
         }
     for (t = 0; t < nk; t++)
-        cpu_load_kv(vf + (col + t) * d, j->v + (row + t) * j->kv_row_bytes + off, j->s->kv_type, d);
+        cpu_load_kv(vf + (col + t) * dv, j->v + (row + t) * j->v_row_bytes + voff, j->s->kv_type,
+                    dv);
 }
 
 /* Each row's online-softmax step over its scores sc row r, [0, n_pad) with n_pad a
@@ -257,28 +270,28 @@ attn_tile_pv_avx2(const attn_tile *t, int NR, int NV, int64_t c, const float *vf
  * accumulators stay in registers. */
 TM_AVX2 __attribute__((always_inline)) static inline void
 attn_tile_avx2_n(const attn_tile *t, int NR, const float *kT, const float *vf, int64_t d,
-                 float scale, float *sc) {
+                 int64_t dv, float scale, float *sc) {
     float alpha[ATTN_ROW_TILE];
     attn_tile_softmax_avx2(t, NR, kT, d, scale, sc, alpha);
     int64_t c = 0;
-    for (; c + 16 <= d; c += 16) attn_tile_pv_avx2(t, NR, 2, c, vf, d, sc, alpha);
-    if (c < d) attn_tile_pv_avx2(t, NR, 1, c, vf, d, sc, alpha);
+    for (; c + 16 <= dv; c += 16) attn_tile_pv_avx2(t, NR, 2, c, vf, dv, sc, alpha);
+    if (c < dv) attn_tile_pv_avx2(t, NR, 1, c, vf, dv, sc, alpha);
 }
 
 TM_AVX2 static void attn_tile_avx2(const attn_tile *t, const float *kT, const float *vf, int64_t d,
-                                   float scale, float *sc) {
+                                   int64_t dv, float scale, float *sc) {
     switch (t->nr) {
     case 1:
-        attn_tile_avx2_n(t, 1, kT, vf, d, scale, sc);
+        attn_tile_avx2_n(t, 1, kT, vf, d, dv, scale, sc);
         break;
     case 2:
-        attn_tile_avx2_n(t, 2, kT, vf, d, scale, sc);
+        attn_tile_avx2_n(t, 2, kT, vf, d, dv, scale, sc);
         break;
     case 3:
-        attn_tile_avx2_n(t, 3, kT, vf, d, scale, sc);
+        attn_tile_avx2_n(t, 3, kT, vf, d, dv, scale, sc);
         break;
     default:
-        attn_tile_avx2_n(t, 4, kT, vf, d, scale, sc);
+        attn_tile_avx2_n(t, 4, kT, vf, d, dv, scale, sc);
         break;
     }
 }
@@ -336,37 +349,37 @@ attn_tile_pv_avx512(const attn_tile *t, int NR, int NV, int64_t c, const float *
 
 TM_ATTN_AVX512 __attribute__((always_inline)) static inline void
 attn_tile_avx512_n(const attn_tile *t, int NR, const float *kT, const float *vf, int64_t d,
-                   float scale, float *sc) {
+                   int64_t dv, float scale, float *sc) {
     float alpha[ATTN_ROW_TILE];
     attn_tile_softmax_avx512(t, NR, kT, d, scale, sc, alpha);
     int64_t c = 0;
-    for (; c + 32 <= d; c += 32) attn_tile_pv_avx512(t, NR, 2, c, vf, d, sc, alpha);
-    if (c < d) attn_tile_pv_avx512(t, NR, 1, c, vf, d, sc, alpha);
+    for (; c + 32 <= dv; c += 32) attn_tile_pv_avx512(t, NR, 2, c, vf, dv, sc, alpha);
+    if (c < dv) attn_tile_pv_avx512(t, NR, 1, c, vf, dv, sc, alpha);
 }
 
 TM_ATTN_AVX512 static void attn_tile_avx512(const attn_tile *t, const float *kT, const float *vf,
-                                            int64_t d, float scale, float *sc) {
+                                            int64_t d, int64_t dv, float scale, float *sc) {
     switch (t->nr) {
     case 1:
-        attn_tile_avx512_n(t, 1, kT, vf, d, scale, sc);
+        attn_tile_avx512_n(t, 1, kT, vf, d, dv, scale, sc);
         break;
     case 2:
-        attn_tile_avx512_n(t, 2, kT, vf, d, scale, sc);
+        attn_tile_avx512_n(t, 2, kT, vf, d, dv, scale, sc);
         break;
     case 3:
-        attn_tile_avx512_n(t, 3, kT, vf, d, scale, sc);
+        attn_tile_avx512_n(t, 3, kT, vf, d, dv, scale, sc);
         break;
     default:
-        attn_tile_avx512_n(t, 4, kT, vf, d, scale, sc);
+        attn_tile_avx512_n(t, 4, kT, vf, d, dv, scale, sc);
         break;
     }
 }
 #endif
 
-/* Keys [t0, t0 + nk) of kv group offset off into kT (columns past nk zero) and vf:
+/* Keys [t0, t0 + nk) of kv group g into kT (columns past nk zero) and vf:
  * one run of cache rows, or in a ring the rows to its end and then from its start
  * (nk <= ring: at most one wrap). */
-static void attn_block_load(const attn_job *j, int64_t t0, int64_t nk, size_t off, float *kT,
+static void attn_block_load(const attn_job *j, int64_t t0, int64_t nk, int64_t g, float *kT,
                             float *vf) {
     const int64_t ring = j->s->ring, row = ring ? t0 % ring : t0;
     const int64_t n1 = ring && row + nk > ring ? ring - row : nk;
@@ -375,12 +388,12 @@ static void attn_block_load(const attn_job *j, int64_t t0, int64_t nk, size_t of
         if (n <= 0) continue;
 #ifdef TM_X86
         if (j->simd)
-            attn_block_load_avx2(j, r, n, col, off, kT, vf);
+            attn_block_load_avx2(j, r, n, col, g, kT, vf);
         else
 #endif
-            attn_block_load_ref(j, r, n, col, off, kT, vf);
+            attn_block_load_ref(j, r, n, col, g, kT, vf);
     }
-    for (int64_t i = 0; i < j->s->head_dim && nk < ATTN_KEY_BLOCK; i++)
+    for (int64_t i = 0; i < j->dk && nk < ATTN_KEY_BLOCK; i++)
         memset(kT + i * ATTN_KEY_BLOCK + nk, 0, (size_t)(ATTN_KEY_BLOCK - nk) * sizeof(float));
 }
 
@@ -390,12 +403,12 @@ static void attn_block_load(const attn_job *j, int64_t t0, int64_t nk, size_t of
 static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int64_t t_begin,
                       int64_t t_end, float *o, float *m, float *l, float *scratch) {
     const tm_attention_shape *s = j->s;
-    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_rows = (i1 - i0) * G;
-    float *kT = scratch, *vf = kT + d * ATTN_KEY_BLOCK, *sc = vf + d * ATTN_KEY_BLOCK;
-    const size_t off = (size_t)g * d * j->kv_elem;
+    const int64_t d = j->dk, dv = j->dv, G = s->n_head / s->n_head_kv, n_rows = (i1 - i0) * G;
+    float *kT = scratch, *vf = kT + d * ATTN_KEY_BLOCK,
+          *sc = vf + (d > dv ? d : dv) * ATTN_KEY_BLOCK;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += ATTN_KEY_BLOCK) {
         const int64_t nk = t_end - t0 < ATTN_KEY_BLOCK ? t_end - t0 : ATTN_KEY_BLOCK;
-        attn_block_load(j, t0, nk, off, kT, vf);
+        attn_block_load(j, t0, nk, g, kT, vf);
         for (int64_t r0 = 0; r0 < n_rows; r0 += ATTN_ROW_TILE) {
             attn_tile t = {.nr = (int)(n_rows - r0 < ATTN_ROW_TILE ? n_rows - r0 : ATTN_ROW_TILE)};
             for (int u = 0; u < t.nr; u++) {
@@ -408,17 +421,17 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
                 t.lo[u] = lo < 0 ? 0 : lo;
                 if (t.lo[u] >= t.n[u]) t.n[u] = 0, t.lo[u] = 0; /* the window ends before it */
                 t.n_max = t.n[u] > t.n_max ? t.n[u] : t.n_max;
-                t.o[u] = o + r * d, t.m[u] = &m[r], t.l[u] = &l[r];
+                t.o[u] = o + r * dv, t.m[u] = &m[r], t.l[u] = &l[r];
             }
             if (t.n_max == 0) continue;
 #ifdef TM_X86
             if (j->simd == ATTN_AVX512)
-                attn_tile_avx512(&t, kT, vf, d, s->scale, sc);
+                attn_tile_avx512(&t, kT, vf, d, dv, s->scale, sc);
             else if (j->simd)
-                attn_tile_avx2(&t, kT, vf, d, s->scale, sc);
+                attn_tile_avx2(&t, kT, vf, d, dv, s->scale, sc);
             else
 #endif
-                attn_tile_ref(&t, kT, vf, d, s->scale, sc);
+                attn_tile_ref(&t, kT, vf, d, dv, s->scale, sc);
         }
     }
 }
@@ -427,7 +440,7 @@ static void attn_rows(const attn_job *j, int64_t g, int64_t i0, int64_t i1, int6
 static float *attn_task_scratch(const attn_job *j, int ith, int64_t n_rows, float **o, float **m,
                                 float **l) {
     float *base = j->scratch + ith * j->scratch_per_thread;
-    const int64_t d = j->s->head_dim, G = j->s->n_head / j->s->n_head_kv;
+    const int64_t d = j->dv, G = j->s->n_head / j->s->n_head_kv;
     const int64_t rows = G > ATTN_TASK_ROWS ? G : ATTN_TASK_ROWS;
     *o = base, *m = base + rows * d, *l = *m + rows;
     for (int64_t r = 0; r < n_rows; r++) (*m)[r] = -INFINITY, (*l)[r] = 0;
@@ -445,7 +458,7 @@ static int64_t attn_first_key(const tm_attention_shape *s, int64_t i) {
 static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
     const tm_attention_shape *s = j->s;
-    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv;
+    const int64_t d = j->dv, G = s->n_head / s->n_head_kv;
     for (int64_t w = begin; w < end; w++) {
         /* the last query blocks see the most keys: hand them out first */
         const int64_t g = w % s->n_head_kv, b = j->n_blocks - 1 - w / s->n_head_kv,
@@ -469,7 +482,7 @@ static void attn_batch_task(void *ctx, int64_t begin, int64_t end, int ith) {
 
 /* A head's output from its chunks' records: rescale each to the common max. */
 static void attn_merge_head(const attn_job *j, int64_t h) {
-    const int64_t d = j->s->head_dim;
+    const int64_t d = j->dv;
     const float *recs = j->records + h * j->n_chunks * (d + 2);
     float m = -INFINITY;
     for (int64_t c = 0; c < j->n_chunks; c++) m = recs[c * (d + 2)] > m ? recs[c * (d + 2)] : m;
@@ -494,7 +507,7 @@ static void attn_merge_head(const attn_job *j, int64_t h) {
 static void attn_split_task(void *ctx, int64_t begin, int64_t end, int ith) {
     const attn_job *j = ctx;
     const tm_attention_shape *s = j->s;
-    const int64_t d = s->head_dim, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + 1;
+    const int64_t d = j->dv, G = s->n_head / s->n_head_kv, n_kv = s->pos0 + 1;
     for (int64_t w = begin; w < end; w++) {
         const int64_t g = w / j->n_chunks, c = w % j->n_chunks,
                       t0 = attn_first_key(s, 0) + c * ATTN_KV_CHUNK;
@@ -525,18 +538,25 @@ void cpu_attention(tm_pool *pool, const tm_attention_shape *s, const float *q, c
         .out = out,
         .scratch = scratch,
         .kv_elem = s->kv_type == TM_TYPE_F16 ? 2 : 4,
+        .dk = s->head_dim,
+        .dv = attn_dv(s),
     };
-    if (cpu_ops_simd() && s->head_dim % 8 == 0)
-        j.simd =
-            cpu_level_get() >= TM_CPU_AVX512 && s->head_dim % 16 == 0 ? ATTN_AVX512 : ATTN_AVX2;
+    if (s->v_in_k) { /* the value is the key's first dv values */
+        TM_ASSERT(j.dv <= j.dk);
+        j.v = j.k;
+    }
+    if (cpu_ops_simd() && j.dk % 8 == 0 && j.dv % 8 == 0)
+        j.simd = cpu_level_get() >= TM_CPU_AVX512 && j.dk % 16 == 0 && j.dv % 16 == 0 ? ATTN_AVX512
+                                                                                      : ATTN_AVX2;
     const int nth = pool ? cpu_pool_size(pool) : 1;
     const int64_t G = s->n_head / s->n_head_kv;
-    j.kv_row_bytes = (size_t)(s->n_head_kv * s->head_dim) * j.kv_elem;
+    j.k_row_bytes = (size_t)(s->n_head_kv * j.dk) * j.kv_elem;
+    j.v_row_bytes = s->v_in_k ? j.k_row_bytes : (size_t)(s->n_head_kv * j.dv) * j.kv_elem;
     j.scratch_per_thread = attn_scratch_per_thread(s);
     j.records = scratch + j.scratch_per_thread * nth;
     if (s->n_tok == 1) {
         j.n_chunks = (s->pos0 + 1 - attn_first_key(s, 0) + ATTN_KV_CHUNK - 1) / ATTN_KV_CHUNK;
-        j.pending = (atomic_int *)(j.records + s->n_head * j.n_chunks * (s->head_dim + 2));
+        j.pending = (atomic_int *)(j.records + s->n_head * j.n_chunks * (j.dv + 2));
         for (int64_t g = 0; g < s->n_head_kv; g++) atomic_init(&j.pending[g], (int)j.n_chunks);
         cpu_pool_for(pool, s->n_head_kv * j.n_chunks, 1, attn_split_task, &j);
     } else {

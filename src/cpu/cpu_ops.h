@@ -55,15 +55,19 @@ void cpu_load_kv(float *dst, const void *src, tm_type kv_type, int64_t n);
 
 /* Causal attention for a batch of query rows against a KV cache.
  *   q:   [n_tok][n_head * head_dim]       query rows (RoPE applied)
- *   k,v: [n_ctx][n_head_kv * head_dim]    cache rows of type kv_type, positions 0..pos0+n_tok-1
+ *   k:   [n_ctx][n_head_kv * head_dim]    cache rows of type kv_type, positions 0..pos0+n_tok-1
  *                                         (a ring: position p at row p % ring)
- * filled out: [n_tok][n_head * head_dim] Query i sits at position pos0 + i and sees keys 0..pos0+i.
+ *   v:   [n_ctx][n_head_kv * v_dim]       likewise; or (v_in_k) none: value head g is the first
+ *                                         v_dim values of key head g (MLA's latent, v unused)
+ * filled out: [n_tok][n_head * v_dim]    Query i sits at position pos0 + i and sees keys 0..pos0+i.
  * Heads are grouped: head h reads kv head h / (n_head / n_head_kv). Work is spread over the pool by
  * (kv group, query block) for batches, each task walking the keys in blocks with an online softmax,
  * and for a single token by (kv group, chunk of 64 keys) with an exact log-sum-exp merge per head,
  * so long contexts use every core. A query's result does not depend on the batch it came in. */
 typedef struct tm_attention_shape {
     int64_t n_tok, pos0, n_head, n_head_kv, head_dim;
+    int64_t v_dim; /* a value head's width (0: head_dim) */
+    bool v_in_k;   /* value head g = key head g's first v_dim values (the cache holds keys only) */
     float scale;
     tm_type kv_type;    /* TM_TYPE_F16 or TM_TYPE_F32 */
     int64_t window;     /* sliding window: query at p sees keys (p - window, p] (0: all <= p) */
