@@ -82,7 +82,8 @@ void exec_free(tm_exec *e) {
     exec_gpu_free(e);
     if (e->k_cache)
         for (uint32_t l = 0; l < e->n_layer; l++)
-            if (e->layer_dev[l] == TM_DEV_CPU) free(e->k_cache[l]), free(e->v_cache[l]);
+            if (e->layer_dev[l] == TM_DEV_CPU)
+                free(e->k_cache[l]), free(e->v_cache[l]); /* v NULL when latent */
     free(e->k_cache), free(e->v_cache), free(e->layer_dev);
     free(e->window), free(e->kv_rows), free(e->kv_bytes);
     free(e->acts), free(e->groups);
@@ -129,15 +130,16 @@ tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws) {
 static void exec_kv_log(const tm_exec *e, size_t row) {
     size_t bytes = 0;
     uint32_t n_ring = 0, n_win = 0, n_kv = 0;
-    int64_t lo = 0, hi = 0; /* the rings' rows */
+    int64_t lo = 0, hi = 0;                     /* the rings' rows */
+    const size_t n_rows = e->kv_latent ? 1 : 2; /* K and V, or a latent's K alone */
     for (uint32_t l = 0; l < e->n_layer; l++) {
-        bytes += 2 * e->kv_bytes[l], n_win += e->window[l] > 0, n_kv += e->kv_bytes[l] > 0;
+        bytes += n_rows * e->kv_bytes[l], n_win += e->window[l] > 0, n_kv += e->kv_bytes[l] > 0;
         if (!exec_kv_ring(e, l)) continue;
         lo = n_ring && lo < e->kv_rows[l] ? lo : e->kv_rows[l];
         hi = hi > e->kv_rows[l] ? hi : e->kv_rows[l];
         n_ring++;
     }
-    const size_t full = 2 * (size_t)n_kv * (size_t)e->p.n_ctx * row;
+    const size_t full = n_rows * (size_t)n_kv * (size_t)e->p.n_ctx * row;
     const bool big = full >= (size_t)1 << 30; /* GiB, else MiB */
     const double unit = big ? 1073741824.0 : 1048576.0;
     const char *u = big ? "GiB" : "MiB";
@@ -149,6 +151,16 @@ static void exec_kv_log(const tm_exec *e, size_t row) {
         snprintf(layers, sizeof(layers), "%u of %u layers", n_kv, e->n_layer);
     else
         snprintf(layers, sizeof(layers), "%u layers", n_kv);
+    if (e->kv_latent) { /* the point of MLA: what a position costs */
+        const tm_attn_desc *a = &e->attn_shape;
+        tm_log_info("KV cache: %s of %lld positions%s (%s), latent: %lld values a position a "
+                    "layer (latent %lld + RoPE key %lld; %zu bytes a position over the layers): "
+                    "%.2f %s",
+                    layers, (long long)e->n_ctx_seq, seqs, type, (long long)a->head_dim,
+                    (long long)a->v_dim, (long long)(a->head_dim - a->v_dim), row * n_kv,
+                    bytes / unit, u);
+        return;
+    }
     if (!n_ring) {
         tm_log_info("KV cache: %s of %lld positions%s (%s): %.2f %s%s", layers,
                     (long long)e->n_ctx_seq, seqs, type, bytes / unit, u,
@@ -168,8 +180,17 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
                                const tm_attn_desc *shape, const int64_t *window) {
     e->n_layer = n_layer;
     e->attn_shape = *shape;
+    e->kv_latent = shape->latent;
+    if (shape->latent && (shape->n_head_kv != 1 || shape->v_dim < 1 || shape->n_rot < 2 ||
+                          shape->n_rot % 2 || shape->v_dim + shape->n_rot != shape->head_dim))
+        return tm_error_set(TM_ERR_ARG,
+                            "latent attention: %lld KV heads of %lld values, latent %lld, RoPE "
+                            "%lld (expected one KV head of latent + RoPE values, RoPE even)",
+                            (long long)shape->n_head_kv, (long long)shape->head_dim,
+                            (long long)shape->v_dim, (long long)shape->n_rot);
     if (shape->rope_freq) { /* kept: the GPU gets a copy at exec_finalize */
-        const size_t bytes = (size_t)(shape->head_dim / 2) * sizeof(float);
+        const int64_t rot = shape->latent && shape->n_rot ? shape->n_rot : shape->head_dim;
+        const size_t bytes = (size_t)(rot / 2) * sizeof(float);
         if (!(e->rope_freq = malloc(bytes)))
             return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
         memcpy(e->rope_freq, shape->rope_freq, bytes);
@@ -185,6 +206,15 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
     if (!e->layer_dev || !e->k_cache || !e->v_cache || !e->window || !e->kv_rows || !e->kv_bytes)
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     memcpy(e->layer_dev, layer_dev, n_layer);
+    if (shape->latent) { /* no CUDA kernel for it yet: its layers attend on the CPU */
+        uint32_t n_gpu = 0;
+        for (uint32_t l = 0; l < n_layer; l++) n_gpu += e->layer_dev[l] == TM_DEV_GPU;
+        memset(e->layer_dev, TM_DEV_CPU, n_layer);
+        if (n_gpu)
+            tm_log_info("latent attention of the %u layers on the GPU runs on the CPU, its KV "
+                        "cache in RAM (no CUDA kernel for it yet)",
+                        n_gpu);
+    }
     const size_t row =
         (size_t)(shape->n_head_kv * shape->head_dim) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (uint32_t l = 0; l < n_layer; l++) {
@@ -197,11 +227,12 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
         if (layer_dev[l] == TM_DEV_GPU && !e->gpu)
             return tm_error_set(TM_ERR_ARG, "layer %u placed on a GPU the context does not have",
                                 l);
-        if (layer_dev[l] != TM_DEV_CPU || !e->kv_bytes[l]) continue; /* the GPU's at finalize */
-        if (!(e->k_cache[l] = malloc(e->kv_bytes[l])) || !(e->v_cache[l] = malloc(e->kv_bytes[l])))
+        if (e->layer_dev[l] != TM_DEV_CPU || !e->kv_bytes[l]) continue; /* the GPU's at finalize */
+        if (!(e->k_cache[l] = malloc(e->kv_bytes[l])) ||
+            (!e->kv_latent && !(e->v_cache[l] = malloc(e->kv_bytes[l]))))
             return tm_error_set(TM_ERR_NOMEM,
                                 "out of memory for the KV cache of layer %u (%.1f MiB)", l,
-                                2.0 * e->kv_bytes[l] / 1048576.0);
+                                (e->kv_latent ? 1.0 : 2.0) * e->kv_bytes[l] / 1048576.0);
     }
     return TM_OK;
 }
@@ -694,16 +725,25 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
         return tm_error_set(TM_ERR_ARG, "exec_attention: layer %u of %u", layer, e->n_layer);
     const tm_dev d = (tm_dev)e->layer_dev[layer];
     tm_status st;
+    if (a->latent != e->kv_latent ||
+        (a->latent && (a->head_dim != e->attn_shape.head_dim || a->v_dim != e->attn_shape.v_dim ||
+                       a->n_rot != e->attn_shape.n_rot || a->q_norm || a->sinks || a->window || v)))
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_attention: layer %u's latent attention differs from the shape "
+                            "given at exec_attention_setup (or has a q norm, sinks, a window or "
+                            "a value)",
+                            layer);
     if ((st = exec_side(e, d)) || (st = exec_act_to(e, q, d, e->n_tok)) ||
-        (st = exec_act_to(e, k, d, e->n_tok)) || (st = exec_act_to(e, v, d, e->n_tok)))
+        (st = exec_act_to(e, k, d, e->n_tok)) || (v && (st = exec_act_to(e, v, d, e->n_tok))))
         return st;
     if ((a->rope_freq != NULL) != (e->attn_shape.rope_freq != NULL))
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u's RoPE table differs from the one given "
                             "at exec_attention_setup",
                             layer);
-    if (a->n_rot < 0 || a->n_rot > a->head_dim || a->n_rot % 2 || (a->n_rot && a->rope_freq) ||
-        (a->rope_interleaved && a->n_rot && a->n_rot != a->head_dim))
+    if (!a->latent &&
+        (a->n_rot < 0 || a->n_rot > a->head_dim || a->n_rot % 2 || (a->n_rot && a->rope_freq) ||
+         (a->rope_interleaved && a->n_rot && a->n_rot != a->head_dim)))
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u rotates %lld of %lld values%s (even, at most "
                             "all; a scaled or interleaved RoPE rotates all)",
@@ -722,11 +762,29 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                           e->v_cache[layer],
                           e->kv_rows[layer],
                           exec_kv_ring(e, layer) != 0};
-    if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d), exec_at(v, d),
-                                          exec_at(out, d), e->n_tok)))
+    if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d),
+                                          v ? exec_at(v, d) : NULL, exec_at(out, d), e->n_tok)))
         return st;
     exec_act_wrote(q, d), exec_act_wrote(out, d);
     k->valid = 0; /* consumed (the CPU norms and rotates it in place) */
+    return TM_OK;
+}
+
+tm_status exec_matmul_heads(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x, int64_t n_pass) {
+    const int64_t H = w->n_dims == 3 ? w->ne[2] : 0, in = w->ne[0], out = w->ne[1];
+    if (H < 1 || x->n % H || y->n % H || n_pass < 0 || in + n_pass > x->n / H ||
+        out + n_pass > y->n / H)
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_matmul_heads: '%.*s' [%lld, %lld, %lld] (%u-d) with %lld "
+                            "carried values: inputs of %lld, outputs of %lld a row do not split "
+                            "into its heads",
+                            (int)w->name_len, w->name, (long long)in, (long long)out, (long long)H,
+                            w->n_dims, (long long)n_pass, (long long)x->n, (long long)y->n);
+    tm_status st;
+    if ((st = exec_side(e, TM_DEV_CPU)) || (st = exec_act_to(e, x, TM_DEV_CPU, e->n_tok)) ||
+        (st = exec_cpu_matmul_heads(e, w, x->host, x->n, y->host, y->n, n_pass)))
+        return st;
+    exec_act_wrote(y, TM_DEV_CPU);
     return TM_OK;
 }
 

@@ -101,7 +101,17 @@ typedef struct tm_attn_desc {
                                          i + n_rot/2; angles of width n_rot); 0: head_dim */
     bool rope_interleaved;            /* pairs (2i, 2i + 1), llama.cpp's "normal" RoPE
                                          (Mixtral's permuted q/k rows); else NeoX's. The
-                                         whole head only (n_rot 0 or head_dim) */
+                                         whole head only (n_rot 0 or head_dim), or latent's
+                                         RoPE part */
+    /* Latent attention (MLA decoded in the absorbed form): n_head_kv 1, its key
+     * [latent (v_dim) ; RoPE key (n_rot)] = head_dim values, v_dim + n_rot = head_dim,
+     * and the value the key's first v_dim values: the KV cache holds the key rows only.
+     * RoPE turns the last n_rot values of each query head and of the key (rope_freq:
+     * n_rot / 2 of them); k_norm (v_dim values) norms the latent; no q_norm. out is
+     * [rows][n_head v_dim]. Runs on the CPU, its cache in RAM, whatever the placement
+     * (no CUDA kernel yet). */
+    bool latent;
+    int64_t v_dim;
 } tm_attn_desc;
 
 /* A layer without attention (exec_attention_setup's window): no KV cache. */
@@ -263,9 +273,19 @@ tm_status exec_add_bias(tm_exec *e, tm_act *y, const tm_weight *b);
 /* For layer l, at its KV cache's home: q, k = rope(rmsnorm(q|k) * gain) per head
  * (q in place; k is consumed), K and V rows stored at the step's positions, then
  * causal grouped-query attention of q over the cache into out (within the
- * layer's window, with its sinks, when the desc has them). */
+ * layer's window, with its sinks, when the desc has them). Latent (the desc's
+ * latent): k's latent normed, q's and k's RoPE parts turned, the K row stored,
+ * v unused (NULL). */
 tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
                          tm_act *v, tm_act *out);
+/* Per-head products with a 3-D weight w [in, out, n_head] (MLA's attn_k_b,
+ * attn_v_b): for each row t and head h < n_head,
+ *   y[t][h ys + o]       = Σ_i W[h][o][i] x[t][h xs + i]   o < out
+ *   y[t][h ys + out + j] = x[t][h xs + in + j]            j < n_pass (carried along:
+ *                                                          MLA's RoPE part of the query)
+ * with xs = x->n / n_head and ys = y->n / n_head. On the CPU, from the mapped file,
+ * whatever the placement (it feeds latent attention, which runs there). */
+tm_status exec_matmul_heads(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x, int64_t n_pass);
 
 /* ---- linear attention and the gates around it (exec_ssm.c) ---- */
 

@@ -19,6 +19,8 @@ tm_status exec_cpu_finalize(tm_exec *e) {
                                    .n_head = a->n_head,
                                    .n_head_kv = a->n_head_kv,
                                    .head_dim = a->head_dim,
+                                   .v_dim = a->latent ? a->v_dim : 0,
+                                   .v_in_k = a->latent,
                                    .kv_type = e->p.kv_type};
     const int64_t n = cpu_attention_scratch_floats(&as, e->n_ctx_seq, cpu_pool_size(e->p.pool));
     const size_t rope = (size_t)(e->p.n_batch * (a->head_dim / 2)) * sizeof(float);
@@ -117,6 +119,30 @@ typedef struct cpu_qk_job {
     const float *v;
 } cpu_qk_job;
 
+/* Latent attention, per token: the key's latent normed, the RoPE parts of the
+ * query heads and the key turned (the last n_rot values of each), the key row
+ * into the cache. */
+static void cpu_qk_latent_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const cpu_qk_job *j = ud;
+    const tm_attn_desc *d = j->a->d;
+    const tm_exec *e = j->e;
+    const int64_t D = d->head_dim, L = d->v_dim, R = d->n_rot;
+    void (*rope)(float *, int64_t, const float *, const float *) =
+        d->rope_interleaved ? cpu_rope_interleaved_table : cpu_rope_neox_table;
+    const size_t kv_row = (size_t)D * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (int64_t t = begin; t < end; t++) {
+        const float *cs = e->rope_cos + t * (D / 2), *sn = e->rope_sin + t * (D / 2);
+        for (int64_t h = 0; h < d->n_head; h++) rope(j->q + (t * d->n_head + h) * D + L, R, cs, sn);
+        float *krow = j->k + t * D;
+        if (j->a->k_norm) cpu_rmsnorm(krow, krow, j->a->k_norm, L, d->rms_eps);
+        rope(krow + L, R, cs, sn);
+        const int64_t p = e->row_pos[t], seq_rows = j->a->seq_rows;
+        const int64_t row = e->row_seq[t] * seq_rows + (j->a->ring ? p % seq_rows : p);
+        cpu_store_kv((uint8_t *)j->a->k_cache + (size_t)row * kv_row, krow, e->p.kv_type, D);
+    }
+    (void)ith;
+}
+
 /* Per token: QK-norm and RoPE of its heads, K and V rows into the cache. */
 static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
     const cpu_qk_job *j = ud;
@@ -158,9 +184,9 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     /* RoPE angles of the step's positions, shared by every layer and head */
     if (e->rope_seq != e->seq) {
         for (int64_t t = 0; t < rows; t++)
-            if (d->rope_freq)
-                cpu_rope_table_freq(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2), D,
-                                    e->row_pos[t], d->rope_freq,
+            if (d->rope_freq) /* a scaled RoPE: the whole head, or a latent's RoPE part */
+                cpu_rope_table_freq(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2),
+                                    d->latent ? d->n_rot : D, e->row_pos[t], d->rope_freq,
                                     d->rope_mscale ? d->rope_mscale : 1.0f);
             else
                 cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2),
@@ -168,10 +194,10 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
         e->rope_seq = e->seq;
     }
     cpu_qk_job j = {e, a, q, k, v};
-    cpu_rows_run(e, rows, cpu_qk_task, &j);
+    cpu_rows_run(e, rows, d->latent ? cpu_qk_latent_task : cpu_qk_task, &j);
     /* each run of one sequence's consecutive rows over that sequence's cache rows
      * (a decode step of several sequences: one run a row, as each would alone) */
-    const int64_t Q = d->n_head * D;
+    const int64_t Q = d->n_head * D, O = d->n_head * (d->latent ? d->v_dim : D);
     const size_t kv_row = (size_t)(d->n_head_kv * D) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t0 = 0, t1; t0 < rows; t0 = t1) {
         for (t1 = t0 + 1; t1 < rows && e->row_seq[t1] == e->row_seq[t0] &&
@@ -183,6 +209,8 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                                        .n_head = d->n_head,
                                        .n_head_kv = d->n_head_kv,
                                        .head_dim = D,
+                                       .v_dim = d->latent ? d->v_dim : 0,
+                                       .v_in_k = d->latent,
                                        .scale = d->scale,
                                        .kv_type = e->p.kv_type,
                                        .window = d->window,
@@ -190,7 +218,8 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                                        .ring = a->ring ? a->seq_rows : 0};
         const size_t base = (size_t)(e->row_seq[t0] * a->seq_rows) * kv_row;
         cpu_attention(e->p.pool, &as, q + t0 * Q, (const uint8_t *)a->k_cache + base,
-                      (const uint8_t *)a->v_cache + base, out + t0 * Q, e->cpu_attn);
+                      d->latent ? NULL : (const uint8_t *)a->v_cache + base, out + t0 * O,
+                      e->cpu_attn);
     }
     return TM_OK;
 }
@@ -205,6 +234,72 @@ static tm_status cpu_add_bias_op(tm_exec *e, float *y, const float *b, int64_t r
     cpu_rows_job j = {y, NULL, NULL, b, n, 0.0f};
     cpu_rows_run(e, rows, cpu_bias_task, &j);
     return TM_OK;
+}
+
+/* ---- per-head products (exec_matmul_heads) ---- */
+
+typedef struct cpu_heads_job {
+    const tm_weight *w;
+    const float *x;
+    float *y;
+    int64_t xn, yn, n_head, n_tok;
+    uint8_t *xq; /* [n_tok][n_head] quantized rows of `in` values */
+    size_t xq_row;
+} cpu_heads_job;
+
+static void cpu_heads_quantize_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const cpu_heads_job *j = ud;
+    const int64_t in = j->w->ne[0];
+    for (int64_t i = begin; i < end; i++) { /* i = t n_head + h */
+        const int64_t t = i / j->n_head, h = i % j->n_head;
+        cpu_act_quantize(j->w->type, j->x + t * j->xn + h * (j->xn / j->n_head),
+                         j->xq + (size_t)i * j->xq_row, in);
+    }
+    (void)ith;
+}
+
+static void cpu_heads_gemm_task(void *ud, int64_t begin, int64_t end, int ith) {
+    const cpu_heads_job *j = ud;
+    const int64_t in = j->w->ne[0], out = j->w->ne[1];
+    for (int64_t h = begin; h < end; h++) /* head h's rows of every token, in place in y */
+        cpu_gemm(j->w->type, in, j->w->data + (size_t)(h * out) * j->w->row_bytes, j->w->row_bytes,
+                 0, out, j->xq + (size_t)h * j->xq_row, j->xq_row * j->n_head, j->n_tok,
+                 j->y + h * (j->yn / j->n_head), j->yn);
+    (void)ith;
+}
+
+tm_status exec_cpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
+                                float *y, int64_t yn, int64_t n_pass) {
+    const int64_t H = w->ne[2], in = w->ne[0], out = w->ne[1], T = e->n_tok, xs = xn / H,
+                  ys = yn / H;
+    tm_status st = TM_OK;
+    if (e->p.precise) { /* head by head in double: the rows gathered, the results scattered */
+        float *xg = malloc(sizeof(float) * (size_t)(T * in)),
+              *yg = malloc(sizeof(float) * (size_t)(T * out));
+        if (!xg || !yg) st = tm_error_set(TM_ERR_NOMEM, "out of memory for per-head products");
+        for (int64_t h = 0; h < H && st == TM_OK; h++) {
+            for (int64_t t = 0; t < T; t++)
+                memcpy(xg + t * in, x + t * xn + h * xs, sizeof(float) * (size_t)in);
+            st = cpu_matmul_precise(e->p.pool, w->type, in, out,
+                                    w->data + (size_t)(h * out) * w->row_bytes, w->row_bytes, xg, T,
+                                    yg);
+            for (int64_t t = 0; t < T && st == TM_OK; t++)
+                memcpy(y + t * yn + h * ys, yg + t * out, sizeof(float) * (size_t)out);
+        }
+        free(xg), free(yg);
+    } else {
+        const size_t xq_row = cpu_act_row_size(w->type, in);
+        if ((st = cpu_scratch(e, (size_t)(T * H) * xq_row))) return st;
+        cpu_heads_job j = {w, x, y, xn, yn, H, T, e->cpu_act, xq_row};
+        const tm_pool_step steps[2] = {{cpu_heads_quantize_task, T * H, 1},
+                                       {cpu_heads_gemm_task, H, 1}};
+        cpu_pool_for_steps(e->p.pool, 2, steps, &j);
+    }
+    for (int64_t t = 0; t < T && st == TM_OK && n_pass; t++) /* the carried values */
+        for (int64_t h = 0; h < H; h++)
+            memcpy(y + t * yn + h * ys + out, x + t * xn + h * xs + in,
+                   sizeof(float) * (size_t)n_pass);
+    return st;
 }
 
 const exec_ops exec_cpu_ops = {

@@ -83,6 +83,7 @@ struct tm_exec {
     int64_t *window;           /* [n_layer] sliding windows (0: full attention) */
     int64_t *kv_rows;          /* [n_layer] rows of one sequence (n_ctx_seq, or a ring's) */
     size_t *kv_bytes;          /* [n_layer] of the layer's K (or V) cache, every sequence's */
+    bool kv_latent;            /* latent attention: K rows only (no V cache), on the CPU */
 
     /* CPU side */
     void *cpu_act; /* quantized activations of a product */
@@ -182,6 +183,9 @@ tm_status exec_side(tm_exec *e, tm_dev d);
 const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d);
 /* exec_ssm.c */
 void exec_ssm_free(tm_exec *e);
+/* exec_cpu.c: exec_matmul_heads's work on the host (x, y: host rows). */
+tm_status exec_cpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
+                                float *y, int64_t yn, int64_t n_pass);
 /* The matrix of weight w (or of a group) on side d. */
 exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d);
 

@@ -118,32 +118,6 @@ static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, g
     return TM_OK;
 }
 
-/* A NextN layer's own tensors (besides a layer's). */
-static tm_status glm_nextn_bind(tm_model *m, uint32_t l) {
-    const tm_model_config *c = &m->cfg;
-    const int64_t E = c->n_embd, V = c->n_vocab;
-    static const struct {
-        const char *suffix;
-        bool optional;
-        uint32_t nd;
-        int rows;  /* ne[1]: 0 none, 1 n_embd, 2 n_vocab */
-        int width; /* ne[0]: 1 n_embd, 2 2 n_embd */
-    } t[] = {{"eh_proj", false, 2, 1, 2},         {"enorm", false, 1, 0, 1},
-             {"hnorm", false, 1, 0, 1},           {"embed_tokens", true, 2, 2, 1},
-             {"shared_head_head", true, 2, 2, 1}, {"shared_head_norm", true, 1, 0, 1}};
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        char name[96];
-        snprintf(name, sizeof(name), "blk.%u.nextn.%s.weight", l, t[i].suffix);
-        const int64_t ne[2] = {t[i].width * E, t[i].rows == 1 ? E : V};
-        tm_weight w;
-        tm_status st = t[i].optional ? model_weight_bind_optional(m, name, t[i].nd, ne, &w)
-                                     : model_weight_bind(m, name, t[i].nd, ne, &w);
-        if (st)
-            return tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
-    }
-    return TM_OK;
-}
-
 static tm_status glm_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
     const char *path = m->file->path;
@@ -171,7 +145,7 @@ static tm_status glm_load(tm_model *m) {
         if (l < c->n_layer) {
             st = glm_layer_bind(m, w, l, &w->layers[l]);
         } else if ((st = glm_layer_bind(m, w, l, nextn)) == TM_OK) {
-            st = glm_nextn_bind(m, l);
+            st = model_nextn_bind(m, l);
         } else {
             st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
         }

@@ -42,7 +42,6 @@
 
 #define GPTOSS_SWIGLU_ALPHA 1.702f /* HF GptOssConfig.swiglu_alpha */
 #define GPTOSS_SWIGLU_LIMIT 7.0f   /* HF GptOssConfig.swiglu_limit */
-#define GPTOSS_PI           3.14159265358979323846
 
 typedef struct gptoss_layer {
     tm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, sinks;
@@ -72,18 +71,9 @@ static tm_status gptoss_rope_load(tm_model *m, gptoss_weights *w) {
         return tm_error_set(TM_ERR_UNSUPPORTED, "%s: key %s is '%.*s', gpt-oss uses 'yarn'", path,
                             key, (int)(type.len > 32 ? 32 : type.len), type.data);
     /* the numbers were read and checked with the other keys (model_hparams_load) */
-    const double factor = c->rope_factor, orig = c->rope_orig_ctx;
-    const double beta_fast = c->yarn_beta_fast, beta_slow = c->yarn_beta_slow;
-    const double d = c->head_dim, base = c->rope_base;
-    double lo = d * log(orig / (beta_fast * 2 * GPTOSS_PI)) / (2 * log(base));
-    double hi = d * log(orig / (beta_slow * 2 * GPTOSS_PI)) / (2 * log(base));
-    lo = lo > 0 ? lo : 0, hi = hi < d - 1 ? hi : d - 1;
-    if (lo == hi) hi += 0.001;
-    for (uint32_t i = 0; i < c->head_dim / 2; i++) {
-        const double f = pow(base, -2.0 * i / d), r = (i - lo) / (hi - lo);
-        const double ramp = r < 0 ? 0 : r > 1 ? 1 : r;
-        w->rope_freq[i] = (float)(f / factor * ramp + f * (1 - ramp));
-    }
+    const double factor = c->rope_factor;
+    model_rope_yarn(c->rope_base, factor, c->rope_orig_ctx, c->yarn_beta_fast, c->yarn_beta_slow,
+                    c->head_dim, false, w->rope_freq);
     w->rope_mscale = factor > 1 ? (float)(0.1 * log(factor) + 1.0) : 1.0f;
     return TM_OK;
 }

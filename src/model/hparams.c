@@ -31,6 +31,9 @@ typedef struct hparam {
 } hparam;
 
 #define HP_MAX_DIM ((double)(1 << 20)) /* embedding, heads, ff: far above any model */
+/* the architectures with one head width for q, k and v (deepseek2's MLA has keys of its own) */
+#define HP_MHA "qwen3moe gpt-oss qwen3next qwen35moe llama olmoe glm4moe"
+#define HP_DS  "deepseek2"
 #define HP(arch_, key_, kind_, field_)                                                             \
     .arch = arch_, .key = key_, .kind = HP_##kind_, .field = offsetof(tm_model_config, field_)
 
@@ -47,7 +50,7 @@ static const hparam hparams[] = {
      .what = "experts per layer"},
     {HP(NULL, "expert_used_count", U32, n_expert_used), .lo = 1, .hi = TM_MODEL_MAX_EXPERTS_USED,
      .what = "experts a token uses"},
-    {HP("qwen3moe gpt-oss qwen3next qwen35moe glm4moe", "expert_feed_forward_length", U32,
+    {HP("qwen3moe gpt-oss qwen3next qwen35moe glm4moe " HP_DS, "expert_feed_forward_length", U32,
         n_ff_exp),
      .lo = 1, .hi = HP_MAX_DIM, .what = "an expert's hidden width"},
     /* Mixtral (arch llama) and OLMoE: the experts' width is the FFN width */
@@ -58,10 +61,10 @@ static const hparam hparams[] = {
     {HP(NULL, "rope.freq_base", F32, rope_base), .lo = 1, .lo_open = true, .hi = INFINITY,
      .what = "RoPE's base"},
     /* absent: derived as llama.cpp does */
-    {HP(NULL, "attention.key_length", U32, head_dim), .optional = true, .lo = 2,
+    {HP(HP_MHA, "attention.key_length", U32, head_dim), .optional = true, .lo = 2,
      .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "a head's width",
      .derived = "embedding_length / head_count"},
-    {HP(NULL, "attention.value_length", U32, v_head_dim), .optional = true, .lo = 2,
+    {HP(HP_MHA, "attention.value_length", U32, v_head_dim), .optional = true, .lo = 2,
      .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "a value head's width",
      .derived = "key_length"},
     {HP(NULL, "rope.dimension_count", U32, n_rot), .optional = true, .lo = 2,
@@ -94,23 +97,52 @@ static const hparam hparams[] = {
      .lo = 1, .hi = 65536, .what = "every n-th layer is full attention"},
     {HP(HP_QNEXT, "expert_shared_feed_forward_length", U32, n_ff_shexp), .lo = 1, .hi = HP_MAX_DIM,
      .what = "the shared expert's hidden width"},
-    {HP("glm4moe", "feed_forward_length", U32, n_ff), .lo = 1, .hi = HP_MAX_DIM,
+    {HP("glm4moe " HP_DS, "feed_forward_length", U32, n_ff), .lo = 1, .hi = HP_MAX_DIM,
      .what = "a dense layer's FFN width"},
-    {HP("glm4moe", "leading_dense_block_count", U32, n_dense), .optional = true, .dflt = 0, .lo = 0,
-     .hi = 65536, .what = "leading dense layers"},
-    {HP("glm4moe", "expert_shared_count", U32, n_shexp), .optional = true, .dflt = 0, .lo = 0,
-     .hi = 64, .what = "shared experts"},
-    {HP("glm4moe", "expert_group_count", U32, n_group), .optional = true, .dflt = 1, .lo = 1,
+    {HP("glm4moe " HP_DS, "leading_dense_block_count", U32, n_dense), .optional = true, .dflt = 0,
+     .lo = 0, .hi = 65536, .what = "leading dense layers"},
+    {HP("glm4moe " HP_DS, "expert_shared_count", U32, n_shexp), .optional = true, .dflt = 0,
+     .lo = 0, .hi = 64, .what = "shared experts"},
+    {HP("glm4moe " HP_DS, "expert_group_count", U32, n_group), .optional = true, .dflt = 1, .lo = 1,
      .hi = 32, .what = "the router's expert groups"},
-    {HP("glm4moe", "expert_group_used_count", U32, n_group_used), .optional = true, .dflt = 1,
-     .lo = 1, .hi = 32, .what = "expert groups a token uses"},
+    {HP("glm4moe " HP_DS, "expert_group_used_count", U32, n_group_used), .optional = true,
+     .dflt = 1, .lo = 1, .hi = 32, .what = "expert groups a token uses"},
     /* llama.cpp: 1 softmax, 2 sigmoid; absent: sigmoid, as llama.cpp takes GLM-4.5's */
     {HP("glm4moe", "expert_gating_func", U32, gating_func), .optional = true, .dflt = 2, .lo = 1,
      .hi = 2, .what = "the router's scores: 1 softmax, 2 sigmoid"},
-    {HP("glm4moe", "expert_weights_scale", F32, expert_scale), .optional = true, .dflt = 1, .lo = 0,
-     .lo_open = true, .hi = 1e6, .what = "the routed experts' scaling factor"},
-    {HP("glm4moe", "nextn_predict_layers", U32, n_nextn), .optional = true, .dflt = 0, .lo = 0,
-     .hi = 16, .what = "NextN (MTP) layers at the end of block_count"},
+    {HP("glm4moe " HP_DS, "expert_weights_scale", F32, expert_scale), .optional = true, .dflt = 1,
+     .lo = 0, .lo_open = true, .hi = 1e6, .what = "the routed experts' scaling factor"},
+    {HP("glm4moe " HP_DS, "nextn_predict_layers", U32, n_nextn), .optional = true, .dflt = 0,
+     .lo = 0, .hi = 16, .what = "NextN (MTP) layers at the end of block_count"},
+    /* llama.cpp takes deepseek2 without the key as softmax (DeepSeek-V2) */
+    {HP(HP_DS, "expert_gating_func", U32, gating_func), .optional = true, .dflt = 1, .lo = 1,
+     .hi = 2, .what = "the router's scores: 1 softmax, 2 sigmoid"},
+    /* MLA: the cache's key is kv_lora_rank + rope.dimension_count values (key_length), its
+     * value kv_lora_rank (value_length); the heads' widths are the _mla keys (older files
+     * without them: key_length and value_length are the heads', deepseek2.c) */
+    {HP(HP_DS, "attention.key_length", U32, head_dim), .lo = 2, .hi = 4096,
+     .what = "the latent key's width (kv_lora_rank + rope.dimension_count)"},
+    {HP(HP_DS, "attention.value_length", U32, v_head_dim), .lo = 1, .hi = 4096,
+     .what = "the latent value's width (kv_lora_rank)"},
+    {HP(HP_DS, "attention.key_length_mla", U32, head_dim_mla), .optional = true, .lo = 2,
+     .hi = 4096, .what = "a query/key head's width (nope + RoPE)",
+     .derived = "attention.key_length"},
+    {HP(HP_DS, "attention.value_length_mla", U32, v_head_dim_mla), .optional = true, .lo = 1,
+     .hi = 4096, .what = "a value head's width", .derived = "attention.value_length"},
+    {HP(HP_DS, "attention.q_lora_rank", U32, n_lora_q), .optional = true, .dflt = 0, .lo = 0,
+     .hi = HP_MAX_DIM, .what = "q's low rank (absent or 0: a plain attn_q)"},
+    {HP(HP_DS, "attention.kv_lora_rank", U32, n_lora_kv), .lo = 1, .hi = 4096,
+     .what = "the KV latent's width"},
+    {HP(HP_DS, "rope.scaling.factor", F32, rope_factor), .optional = true, .dflt = 1, .lo = 1,
+     .hi = INFINITY, .what = "YaRN's factor"},
+    {HP(HP_DS, "rope.scaling.original_context_length", U32, rope_orig_ctx), .optional = true,
+     .dflt = 4096, .lo = 1, .hi = INT32_MAX, .what = "YaRN's original context"},
+    {HP(HP_DS, "rope.scaling.yarn_beta_fast", F32, yarn_beta_fast), .optional = true, .dflt = 32,
+     .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_fast"},
+    {HP(HP_DS, "rope.scaling.yarn_beta_slow", F32, yarn_beta_slow), .optional = true, .dflt = 1,
+     .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_slow"},
+    {HP(HP_DS, "rope.scaling.yarn_log_multiplier", F32, yarn_log_mul), .optional = true, .dflt = 0,
+     .lo = 0, .hi = 100, .what = "YaRN's softmax mscale: 1 + it ln(factor)"},
 };
 
 #define HP_N (sizeof(hparams) / sizeof(hparams[0]))
@@ -128,15 +160,17 @@ typedef struct hparam_rel {
 static const hparam_rel relations[] = {
     {NULL, "expert_used_count", HP_LE, "expert_count"},
     {NULL, "attention.head_count", HP_MULTIPLE_OF, "attention.head_count_kv"},
-    {NULL, "attention.value_length", HP_EQ, "attention.key_length"}, /* one width: the kernels */
+    {HP_MHA, "attention.value_length", HP_EQ, "attention.key_length"}, /* one width: the kernels */
     {"qwen3moe gpt-oss llama olmoe", "rope.dimension_count", HP_EQ,
      "attention.key_length"}, /* whole heads */
     {HP_QNEXT " glm4moe", "rope.dimension_count", HP_LE,
      "attention.key_length"}, /* a head's first part */
-    {"glm4moe", "expert_count", HP_MULTIPLE_OF, "expert_group_count"},
-    {"glm4moe", "expert_group_used_count", HP_LE, "expert_group_count"},
-    {"glm4moe", "nextn_predict_layers", HP_LT, "block_count"},
-    {"glm4moe", "leading_dense_block_count", HP_LT, "block_count"},
+    {"glm4moe " HP_DS, "expert_count", HP_MULTIPLE_OF, "expert_group_count"},
+    {"glm4moe " HP_DS, "expert_group_used_count", HP_LE, "expert_group_count"},
+    {"glm4moe " HP_DS, "nextn_predict_layers", HP_LT, "block_count"},
+    {"glm4moe " HP_DS, "leading_dense_block_count", HP_LT, "block_count"},
+    {HP_DS, "rope.dimension_count", HP_LT, "attention.key_length_mla"}, /* nope + RoPE */
+    {HP_DS, "attention.value_length", HP_EQ, "attention.kv_lora_rank"}, /* the latent */
     {NULL, "rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
     {HP_QNEXT, "ssm.time_step_rank", HP_MULTIPLE_OF, "ssm.group_count"},
     {HP_QNEXT, "ssm.inner_size", HP_MULTIPLE_OF, "ssm.time_step_rank"},
@@ -224,6 +258,10 @@ static void hparams_derive(tm_model *m, uint64_t present) {
         c->head_dim = c->n_head ? c->n_embd / c->n_head : 0;
     if (!hparam_present(m, present, "attention.value_length")) c->v_head_dim = c->head_dim;
     if (!hparam_present(m, present, "rope.dimension_count")) c->n_rot = c->head_dim;
+    const hparam *mla = hparam_find(m, "attention.key_length_mla");
+    if (mla && !(present >> (mla - hparams) & 1)) c->head_dim_mla = c->head_dim;
+    if (mla && !hparam_present(m, present, "attention.value_length_mla"))
+        c->v_head_dim_mla = c->v_head_dim;
 }
 
 static tm_status hparams_check_ranges(const tm_model *m, uint64_t present) {

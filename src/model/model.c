@@ -2,6 +2,7 @@
  * architecture files share. */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,11 +11,11 @@
 #include "cpu/cpu_ops.h"
 
 extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss, tm_arch_qwen3next, tm_arch_qwen35moe,
-    tm_arch_mixtral, tm_arch_olmoe, tm_arch_glm4moe;
+    tm_arch_mixtral, tm_arch_olmoe, tm_arch_glm4moe, tm_arch_deepseek2;
 
-static const tm_arch *const archs[] = {&tm_arch_qwen3moe,  &tm_arch_gptoss,  &tm_arch_qwen3next,
-                                       &tm_arch_qwen35moe, &tm_arch_mixtral, &tm_arch_olmoe,
-                                       &tm_arch_glm4moe};
+static const tm_arch *const archs[] = {&tm_arch_qwen3moe,  &tm_arch_gptoss,   &tm_arch_qwen3next,
+                                       &tm_arch_qwen35moe, &tm_arch_mixtral,  &tm_arch_olmoe,
+                                       &tm_arch_glm4moe,   &tm_arch_deepseek2};
 
 /* VRAM left free when sizing -ngl auto and --moe-cache auto: cuBLAS's
  * workspace and handles, the CUDA context, other programs' small needs. */
@@ -37,7 +38,7 @@ tm_status model_load(const char *path, tm_model **out) {
         tm_error_set(
             TM_ERR_UNSUPPORTED,
             "%s: architecture '%.*s' is not supported (supported: qwen3moe, gpt-oss, qwen3next, "
-            "qwen35moe, llama with experts (Mixtral), olmoe, glm4moe)",
+            "qwen35moe, llama with experts (Mixtral), olmoe, glm4moe, deepseek2)",
             path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
         gguf_file_close(f);
         return TM_ERR_UNSUPPORTED;
@@ -462,6 +463,46 @@ tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int
 
 /* ---- what MoE decoders share ---- */
 
+tm_status model_nextn_bind(tm_model *m, uint32_t l) {
+    const tm_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, V = c->n_vocab;
+    static const struct {
+        const char *suffix;
+        bool optional;
+        uint32_t nd;
+        int rows;  /* ne[1]: 0 none, 1 n_embd, 2 n_vocab */
+        int width; /* ne[0]: 1 n_embd, 2 2 n_embd */
+    } t[] = {{"eh_proj", false, 2, 1, 2},         {"enorm", false, 1, 0, 1},
+             {"hnorm", false, 1, 0, 1},           {"embed_tokens", true, 2, 2, 1},
+             {"shared_head_head", true, 2, 2, 1}, {"shared_head_norm", true, 1, 0, 1}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        char name[96];
+        snprintf(name, sizeof(name), "blk.%u.nextn.%s.weight", l, t[i].suffix);
+        const int64_t ne[2] = {t[i].width * E, t[i].rows == 1 ? E : V};
+        tm_weight w;
+        tm_status st = t[i].optional ? model_weight_bind_optional(m, name, t[i].nd, ne, &w)
+                                     : model_weight_bind(m, name, t[i].nd, ne, &w);
+        if (st)
+            return tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
+    }
+    return TM_OK;
+}
+
+void model_rope_yarn(double base, double factor, double orig_ctx, double beta_fast,
+                     double beta_slow, int64_t dim, bool truncate, float *freq) {
+    const double pi = 3.14159265358979323846, d = (double)dim;
+    double lo = d * log(orig_ctx / (beta_fast * 2 * pi)) / (2 * log(base));
+    double hi = d * log(orig_ctx / (beta_slow * 2 * pi)) / (2 * log(base));
+    if (truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo > 0 ? lo : 0, hi = hi < d - 1 ? hi : d - 1;
+    if (lo == hi) hi += 0.001; /* as HF: no division by zero */
+    for (int64_t i = 0; i < dim / 2; i++) {
+        const double f = pow(base, -2.0 * (double)i / d), r = ((double)i - lo) / (hi - lo);
+        const double ramp = r < 0 ? 0 : r > 1 ? 1 : r;
+        freq[i] = (float)(f / factor * ramp + f * (1 - ramp));
+    }
+}
+
 tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out) {
     tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd;
@@ -566,14 +607,21 @@ tm_status model_moe_state_finish(tm_context *c, const tm_tier_layer *tl,
                                  const tm_moe_router_params *router, const float *rope_freq,
                                  const bool *ssm, const tm_ssm_desc *ssm_shape) {
     const tm_model_config *m = &c->model->cfg;
-    tm_exec *e = c->exec;
-    const tm_moe_acts *s = c->state;
     const tm_attn_desc shape = {.n_head = m->n_head,
                                 .n_head_kv = m->n_head_kv,
                                 .head_dim = m->head_dim,
                                 .rope_freq = rope_freq};
+    return model_moe_state_finish_attn(c, tl, router, &shape, ssm, ssm_shape);
+}
+
+tm_status model_moe_state_finish_attn(tm_context *c, const tm_tier_layer *tl,
+                                      const tm_moe_router_params *router, const tm_attn_desc *shape,
+                                      const bool *ssm, const tm_ssm_desc *ssm_shape) {
+    const tm_model_config *m = &c->model->cfg;
+    tm_exec *e = c->exec;
+    const tm_moe_acts *s = c->state;
     tm_status st;
-    if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, &shape,
+    if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, shape,
                                    c->model->window)) ||
         (ssm && (st = exec_ssm_setup(e, m->n_layer, ssm, ssm_shape))) || (st = exec_finalize(e)))
         return st;

@@ -54,6 +54,12 @@ typedef struct tm_model_config {
     float expert_scale;    /* the routed experts' weights times it (expert_weights_scale) */
     uint32_t n_nextn;      /* NextN (MTP) layers at the end of block_count: checked, not run;
                                 n_layer excludes them */
+    /* deepseek2: Multi-head Latent Attention (the glm4moe fields above serve it too) */
+    uint32_t n_lora_q;       /* q's low rank (attention.q_lora_rank; 0: a plain attn_q) */
+    uint32_t n_lora_kv;      /* the KV latent's width (attention.kv_lora_rank) */
+    uint32_t head_dim_mla;   /* a query/key head: nope + RoPE (attention.key_length_mla) */
+    uint32_t v_head_dim_mla; /* a value head (attention.value_length_mla) */
+    float yarn_log_mul;      /* YaRN's softmax mscale = 1 + it · ln(factor) (0: 1) */
 } tm_model_config;
 
 #define TM_MODEL_MAX_EXPERTS      1024
@@ -203,6 +209,17 @@ tm_moe_experts model_moe_experts(const tm_weight *gate, const tm_weight *up, con
  * hparams.c). Fails with a message naming the key (e.g.
  * qwen3moe.rope.freq_base), its value and what was expected. */
 tm_status model_hparams_load(tm_model *m);
+/* A NextN (multi-token prediction) layer's own tensors, besides a layer's (glm4moe,
+ * deepseek2): nextn.eh_proj [2 n_embd, n_embd], nextn.enorm, nextn.hnorm [n_embd],
+ * optionally nextn.embed_tokens, shared_head_head [n_embd, n_vocab], shared_head_norm. */
+tm_status model_nextn_bind(tm_model *m, uint32_t l);
+/* YaRN's inverse frequencies of a RoPE over dim values (HF's _compute_yarn_parameters):
+ * f_i = base^(-2i/dim); lo, hi = dim ln(orig_ctx / (2π β)) / (2 ln base) for β =
+ * beta_fast, beta_slow (floored / ceiled when truncate), clamped to [0, dim - 1];
+ * ramp_i = clamp((i - lo) / (hi - lo), 0, 1); freq[i] = f_i / factor · ramp_i + f_i
+ * (1 - ramp_i), for i < dim / 2. */
+void model_rope_yarn(double base, double factor, double orig_ctx, double beta_fast,
+                     double beta_slow, int64_t dim, bool truncate, float *freq);
 /* token_embd, output_norm (f32) and output (token_embd's when absent: tied);
  * sets cfg.n_vocab from token_embd. */
 tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out);
@@ -230,6 +247,10 @@ tm_status model_moe_acts_create(tm_context *c, tm_moe_acts *s);
 tm_status model_moe_state_finish(tm_context *c, const tm_tier_layer *tl,
                                  const tm_moe_router_params *router, const float *rope_freq,
                                  const bool *ssm, const tm_ssm_desc *ssm_shape);
+/* The same with attention's shape given (latent attention: tm_attn_desc). */
+tm_status model_moe_state_finish_attn(tm_context *c, const tm_tier_layer *tl,
+                                      const tm_moe_router_params *router, const tm_attn_desc *shape,
+                                      const bool *ssm, const tm_ssm_desc *ssm_shape);
 void model_moe_state_free(tm_context *c);
 /* Hand layer l's MoE intermediates to the callback (router_logits, topk_ids,
  * topk_weights, ffn_out, x_out). */

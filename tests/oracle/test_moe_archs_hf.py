@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Mixtral (arch llama), OLMoE and GLM-4-MoE: the C engine's forward pass against HuggingFace transformers.
+"""Mixtral (arch llama), OLMoE, GLM-4-MoE and DeepSeek-V3 (arch deepseek2): the C engine's forward
+pass against HuggingFace transformers.
 
-Reference: tests/data/hf_mixtral, hf_olmoe and hf_glm4moe (scripts/make_moe_goldens.py):
-tiny random MixtralForCausalLM, OlmoeForCausalLM and Glm4MoeForCausalLM written to GGUF
+Reference: tests/data/hf_mixtral, hf_olmoe, hf_glm4moe and hf_deepseek2 (scripts/make_moe_goldens.py):
+tiny random MixtralForCausalLM, OlmoeForCausalLM, Glm4MoeForCausalLM and DeepseekV3ForCausalLM written to GGUF
 by llama.cpp's own converter (convert_hf_to_gguf.py, f16 matrices), run by HF in float64
 on exactly the file's values: a 40-token prompt, then 8 decode steps through its cache.
 Mixtral: q/k rows permuted by the converter (normal RoPE), softmax top-2 renormalised.
 OLMoE: RMSNorm over the whole q and k projections, NeoX RoPE, softmax top-2 not
 renormalised. GLM-4-MoE: q/k/v biases, per-head QK norm, partial NeoX RoPE (8 of 16),
 a leading dense layer, a shared expert, a sigmoid router with a selection bias, 4 groups
-of which 2 are used, renormalised and scaled by 2.5. Every named intermediate is
+of which 2 are used, renormalised and scaled by 2.5. DeepSeek-V3: GLM's FFNs and router
+behind Multi-head Latent Attention (q_lora 32, kv_lora 32, nope 16 + rope 8, v 16; YaRN
+factor 40 with its softmax mscale; interleaved RoPE), which the engine runs in the absorbed
+form over a cache of 40 values a position. Every named intermediate is
 compared: attention output, router logits, top-k ids and weights, routed-expert output,
 shared-expert and dense-FFN outputs, residual stream, logits. The first tensor out of
 tolerance is named.
@@ -77,7 +81,7 @@ def check_arch(arch):
     want, meta = ref.read_dump(os.path.join(gold, "tiny.golden.gguf"))
     toks = list(meta["dump.tokens"])
     n_prompt = int(meta["dump.n_prompt"])
-    near = sel_gap_fn(want, model) if arch == "glm4moe" else gap_fn(want)
+    near = sel_gap_fn(want, model) if arch in ("glm4moe", "deepseek2") else gap_fn(want)
     compare(f"HF {arch} precise", want, ours(model, toks, n_prompt, True, "f32"), TOL_PRECISE, near)
     compare(f"HF {arch} quantized", want, ours(model, toks, n_prompt, False, "f16"), TOL_QUANT, near)
     inner = {k: v for k, v in want.items() if k != "logits"}  # a batch computes its last token's
@@ -94,9 +98,9 @@ def check_arch(arch):
 
 
 def main():
-    for arch in ("mixtral", "olmoe", "glm4moe"):
+    for arch in ("mixtral", "olmoe", "glm4moe", "deepseek2"):
         check_arch(arch)
-    return finish("mixtral, olmoe and glm4moe forwards match HF transformers")
+    return finish("mixtral, olmoe, glm4moe and deepseek2 forwards match HF transformers")
 
 
 if __name__ == "__main__":
