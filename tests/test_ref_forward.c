@@ -83,9 +83,10 @@ static double check_model(const char *model_rel, const char *golden_rel, double 
        layers attn_out, dense_out, x_out, its MoE layers' five and shexp_out */
     int want_arrays = 0;
     for (int l = 0; l < m->n_layer; l++)
-        want_arrays += m->layers[l].dense            ? 3
-                       : m->arch == REF_ARCH_GLM4MOE ? 6
-                                                     : 5 + (hybrid ? 1 + m->layers[l].linear : 0);
+        want_arrays += m->layers[l].dense ? 3
+                       : m->arch == REF_ARCH_GLM4MOE || m->arch == REF_ARCH_DEEPSEEK2
+                           ? 6
+                           : 5 + (hybrid ? 1 + m->layers[l].linear : 0);
     golden_acc *acc = calloc((size_t)(m->n_layer * N_NAMES + 1), sizeof(golden_acc));
     const tm_gguf_tensor *logits_t = gguf_file_find_tensor(g, "logits");
     if (!acc || !logits_t || logits_t->ne[0] != m->n_vocab) fail_msg("%s: no logits", golden_path);
@@ -186,14 +187,16 @@ static void test_qwen35moe(void **state) {
 }
 
 /* Mixtral (arch llama: interleaved RoPE), OLMoE (q/k norms over the projection, not
- * renormalised) and GLM-4-MoE (a dense layer, biases, partial RoPE, the shared expert, the
- * sigmoid router with a selection bias and groups) in f16 (tests/data/hf_mixtral, hf_olmoe,
- * hf_glm4moe: 40 prompt tokens and 8 decode steps). */
+ * renormalised), GLM-4-MoE (a dense layer, biases, partial RoPE, the shared expert, the
+ * sigmoid router with a selection bias and groups) and DeepSeek-V3 (MLA with YaRN, GLM's
+ * FFNs and router) in f16 (tests/data/hf_mixtral, hf_olmoe, hf_glm4moe, hf_deepseek2: 40
+ * prompt tokens and 8 decode steps). */
 static void test_moe_archs(void **state) {
     (void)state;
     check_model("hf_mixtral/tiny-f16.gguf", "hf_mixtral/tiny.golden.gguf", TOL);
     check_model("hf_olmoe/tiny-f16.gguf", "hf_olmoe/tiny.golden.gguf", TOL);
     check_model("hf_glm4moe/tiny-f16.gguf", "hf_glm4moe/tiny.golden.gguf", TOL);
+    check_model("hf_deepseek2/tiny-f16.gguf", "hf_deepseek2/tiny.golden.gguf", TOL);
 }
 
 static void test_errors(void **state) {

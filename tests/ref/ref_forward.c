@@ -131,8 +131,9 @@ static tm_status ref_config_load(const tm_gguf_file *f, ref_model *m, const char
     m->head_dim = m->n_embd / m->n_head;
     if ((st = ref_key(f, a, "attention.key_length", &m->head_dim, NULL, 1))) return st;
     m->n_rot = m->head_dim; /* qwen3next: partial RoPE over its first dimension_count values */
-    if ((ref_arch_hybrid(m->arch) || m->arch == REF_ARCH_GLM4MOE) &&
-        (st = ref_key(f, a, "rope.dimension_count", &m->n_rot, NULL, m->arch == REF_ARCH_GLM4MOE)))
+    const int glm = m->arch == REF_ARCH_GLM4MOE, ds = m->arch == REF_ARCH_DEEPSEEK2;
+    if ((ref_arch_hybrid(m->arch) || glm || ds) &&
+        (st = ref_key(f, a, "rope.dimension_count", &m->n_rot, NULL, glm)))
         return st;
     if (m->n_rot % 2 || m->n_rot < 2 || m->n_rot > m->head_dim)
         return tm_error_set(TM_ERR_FORMAT,
@@ -221,17 +222,18 @@ tm_status ref_model_load(const char *path, ref_model **out) {
     }
     if ((st = gguf_file_get_str(f, "general.architecture", &arch))) goto done;
     static const char *const names[] = {"qwen3moe", "gpt-oss", "qwen3next", "qwen35moe",
-                                        "llama",    "olmoe",   "glm4moe"};
-    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE,  REF_ARCH_GPTOSS,  REF_ARCH_QWEN3NEXT,
-                                     REF_ARCH_QWEN35MOE, REF_ARCH_MIXTRAL, REF_ARCH_OLMOE,
-                                     REF_ARCH_GLM4MOE};
+                                        "llama",    "olmoe",   "glm4moe",   "deepseek2"};
+    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE,  REF_ARCH_GPTOSS,   REF_ARCH_QWEN3NEXT,
+                                     REF_ARCH_QWEN35MOE, REF_ARCH_MIXTRAL,  REF_ARCH_OLMOE,
+                                     REF_ARCH_GLM4MOE,   REF_ARCH_DEEPSEEK2};
     const char *a = NULL;
-    for (int i = 0; i < 7 && !a; i++)
+    for (int i = 0; i < 8 && !a; i++)
         if (gguf_str_eq(arch, names[i])) a = names[i], m->arch = archs[i];
     if (!a) {
         st = tm_error_set(TM_ERR_UNSUPPORTED,
                           "%s: architecture '%.*s': the reference has "
-                          "qwen3moe, gpt-oss, qwen3next, qwen35moe, llama, olmoe and glm4moe",
+                          "qwen3moe, gpt-oss, qwen3next, qwen35moe, llama, olmoe, glm4moe and "
+                          "deepseek2",
                           path, (int)(arch.len > 32 ? 32 : arch.len), arch.data);
         goto done;
     }

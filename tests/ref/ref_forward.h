@@ -5,7 +5,8 @@
  * sigmoid-gated shared expert: tests/ref/ref_qwen3next.c); and of Mixtral
  * (arch llama), OLMoE and GLM-4-MoE (tests/ref/ref_moe_archs.c: interleaved
  * RoPE, q/k norms over the whole projection, dense layers, shared experts, the
- * sigmoid router with a selection bias and groups).
+ * sigmoid router with a selection bias and groups) and DeepSeek-V3 (arch deepseek2: the same
+ * behind Multi-head Latent Attention, in HF's expanded form: tests/ref/ref_mla.c).
  *
  * Independent: it shares no code with src/moe, src/cpu, src/exec, src/tier or
  * src/model. It reads the file with the GGUF reader (src/gguf) and widens the
@@ -39,6 +40,7 @@ typedef enum ref_arch {
     REF_ARCH_MIXTRAL,   /* arch llama with experts */
     REF_ARCH_OLMOE,
     REF_ARCH_GLM4MOE,
+    REF_ARCH_DEEPSEEK2, /* glm4moe's FFNs and router behind MLA (tests/ref/ref_mla.c) */
 } ref_arch;
 
 /* One layer's weights, row-major as the file's ne order ([out][in]); NULL
@@ -64,6 +66,10 @@ typedef struct ref_layer {
     int dense;
     float *dn_gate, *dn_up, *dn_down; /* [n_ff_dense][n_embd] twice, [n_embd][n_ff_dense] */
     float *sel_b;                     /* [n_expert] exp_probs_b */
+    /* deepseek2: MLA (wq is attn_q_b, or attn_q without q_lora_rank) */
+    float *wq_a, *q_a_norm;   /* [q_lora][n_embd], [q_lora] */
+    float *wkv_a, *kv_a_norm; /* [kv_lora + n_rot][n_embd], [kv_lora] */
+    float *wkb, *wvb;         /* [n_head][kv_lora][nope], [n_head][v_head][kv_lora] */
 } ref_layer;
 
 typedef struct ref_model {
@@ -76,6 +82,10 @@ typedef struct ref_model {
        scaled), RoPE's pairs, dense layers' width */
     int sigmoid, n_group, n_group_used, norm_topk, interleaved, n_ff_dense;
     double scale;
+    /* deepseek2: MLA's ranks and widths (head_dim: kv_lora + n_rot, the cached values of a
+       position; n_head_kv 1) and the softmax's scale */
+    int q_lora, kv_lora, nope, v_head;
+    double attn_scale;
     double eps;
     double *inv_freq; /* [n_rot / 2]: RoPE's (YaRN's for gpt-oss) */
     double mscale;    /* YaRN's factor on cos and sin (1 without) */

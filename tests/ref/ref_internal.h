@@ -19,6 +19,9 @@ struct ref_seq {
     double *conv_state; /* [n_layer][conv_k - 1][C]: the previous conv_k - 1 inputs, oldest first */
     double *ssm_state;  /* [n_layer][n_v][k_dim][v_dim]: the delta rule's S per value head */
     double *qkv, *z, *b, *a, *ba, *delta, *gate; /* one position's: see ref_qnext_seq_init */
+    /* deepseek2 (k holds each position's [c ; k_pe]): q, q's low rank, k_nope and v of the
+       cached positions for one head, the heads' outputs */
+    double *mla_q, *mla_qa, *mla_kn, *mla_vt, *mla_att;
     ref_step_out out;
 };
 
@@ -26,9 +29,10 @@ static inline int ref_arch_hybrid(ref_arch a) {
     return a == REF_ARCH_QWEN3NEXT || a == REF_ARCH_QWEN35MOE;
 }
 
-/* Mixtral, OLMoE, GLM-4-MoE: ref_moe_archs.c's layers. */
+/* Mixtral, OLMoE, GLM-4-MoE, DeepSeek-V3: ref_moe_archs.c's layers. */
 static inline int ref_arch_llmoe(ref_arch a) {
-    return a == REF_ARCH_MIXTRAL || a == REF_ARCH_OLMOE || a == REF_ARCH_GLM4MOE;
+    return a == REF_ARCH_MIXTRAL || a == REF_ARCH_OLMOE || a == REF_ARCH_GLM4MOE ||
+           a == REF_ARCH_DEEPSEEK2;
 }
 
 /* Tensor name (printf-style) with n elements, widened to floats; *out NULL when it is
@@ -74,5 +78,14 @@ tm_status ref_moe_seq_init(ref_seq *s);
 void ref_moe_seq_free(ref_seq *s);
 void ref_moe_layer_step(ref_seq *s, int l);
 double ref_moe_route_gap(const ref_model *m, int l, const double *r);
+
+/* ref_mla.c: deepseek2's attention (MLA): its keys and YaRN, a layer's tensors, a sequence's
+ * buffers, one position's attention output (s->h the normed input). */
+tm_status ref_mla_config_load(const tm_gguf_file *f, ref_model *m, const char *arch);
+tm_status ref_mla_layer_load(const tm_gguf_file *f, ref_model *m, int l);
+void ref_mla_layer_free(ref_layer *L);
+tm_status ref_mla_seq_init(ref_seq *s);
+void ref_mla_seq_free(ref_seq *s);
+void ref_mla_attention(ref_seq *s, int l, double *attn_out);
 
 #endif

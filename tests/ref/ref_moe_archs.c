@@ -1,4 +1,4 @@
-/* The reference's Mixtral (arch llama with experts), OLMoE and GLM-4-MoE (see
+/* The reference's Mixtral (arch llama with experts), OLMoE, GLM-4-MoE and DeepSeek-V3 (see
  * ref_forward.h): written from HF transformers' modeling_mixtral.py,
  * modeling_olmoe.py and modeling_glm4_moe.py for the tensors as llama.cpp's
  * converter stores them (docs/converter-notes.md). One token a step at
@@ -23,7 +23,10 @@
  *     ffn_out = Σ_k w_k down_k(silu(gate_k h) ⊙ up_k h)
  *     shexp_out = down_sh(silu(gate_sh h) ⊙ up_sh h) (glm4moe, unweighted)
  *     x += ffn_out + shexp_out
- * A glm4moe file's NextN layers (the last nextn_predict_layers of block_count) are not run.
+ * deepseek2: glm4moe's FFNs and router (its post-attention norm named ffn_norm; gating absent:
+ * softmax) behind MLA (ref_mla.c) instead of the attention above.
+ * A glm4moe or deepseek2 file's NextN layers (the last nextn_predict_layers of block_count) are
+ * not run.
  * Test code only: nothing here is shared with src/. */
 #include <math.h>
 #include <stdio.h>
@@ -36,8 +39,9 @@ tm_status ref_moe_config_load(const tm_gguf_file *f, ref_model *m, const char *a
     m->interleaved = m->arch == REF_ARCH_MIXTRAL;
     m->norm_topk = m->arch == REF_ARCH_MIXTRAL;
     m->scale = 1;
-    if (m->arch != REF_ARCH_GLM4MOE) return TM_OK;
-    int n_dense = 0, n_shexp = 0, gating = 2, nextn = 0;
+    const int ds = m->arch == REF_ARCH_DEEPSEEK2;
+    if (m->arch != REF_ARCH_GLM4MOE && !ds) return TM_OK;
+    int n_dense = 0, n_shexp = 0, gating = ds ? 1 : 2, nextn = 0;
     m->n_group = m->n_group_used = 1;
     tm_status st;
     if ((st = ref_key(f, a, "feed_forward_length", &m->n_ff_dense, NULL, 0)) ||
@@ -61,7 +65,7 @@ tm_status ref_moe_config_load(const tm_gguf_file *f, ref_model *m, const char *a
         m->n_group_used < 1 || m->n_group_used > m->n_group || (gating != 1 && gating != 2))
         return tm_error_set(TM_ERR_FORMAT, "%s: inconsistent glm4moe hyper-parameters", f->path);
     for (int l = 0; l < m->n_layer; l++) m->layers[l].dense = l < n_dense;
-    return TM_OK;
+    return ds ? ref_mla_config_load(f, m, a) : TM_OK;
 }
 
 tm_status ref_moe_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
@@ -69,15 +73,20 @@ tm_status ref_moe_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
     const int64_t E = m->n_embd, D = m->head_dim, Q = (int64_t)m->n_head * D,
                   KV = (int64_t)m->n_head_kv * D, X = m->n_expert, F = m->n_ff, FD = m->n_ff_dense,
                   FS = m->n_ff_shexp;
-    const int glm = m->arch == REF_ARCH_GLM4MOE;
+    const int glm = m->arch == REF_ARCH_GLM4MOE, ds = m->arch == REF_ARCH_DEEPSEEK2;
     tm_status st;
-    if ((st = ref_tensor(f, &L->attn_norm, E, 0, "blk.%d.attn_norm.weight", l)) ||
-        (st = ref_tensor(f, &L->wq, E * Q, 0, "blk.%d.attn_q.weight", l)) ||
-        (st = ref_tensor(f, &L->wk, E * KV, 0, "blk.%d.attn_k.weight", l)) ||
-        (st = ref_tensor(f, &L->wv, E * KV, 0, "blk.%d.attn_v.weight", l)) ||
-        (st = ref_tensor(f, &L->wo, Q * E, 0, "blk.%d.attn_output.weight", l)) ||
-        (st = ref_tensor(f, &L->ffn_norm, E, 0,
-                         glm ? "blk.%d.post_attention_norm.weight" : "blk.%d.ffn_norm.weight", l)))
+    if (ds && ((st = ref_tensor(f, &L->attn_norm, E, 0, "blk.%d.attn_norm.weight", l)) ||
+               (st = ref_tensor(f, &L->ffn_norm, E, 0, "blk.%d.ffn_norm.weight", l)) ||
+               (st = ref_mla_layer_load(f, m, l))))
+        return st;
+    if (!ds && ((st = ref_tensor(f, &L->attn_norm, E, 0, "blk.%d.attn_norm.weight", l)) ||
+                (st = ref_tensor(f, &L->wq, E * Q, 0, "blk.%d.attn_q.weight", l)) ||
+                (st = ref_tensor(f, &L->wk, E * KV, 0, "blk.%d.attn_k.weight", l)) ||
+                (st = ref_tensor(f, &L->wv, E * KV, 0, "blk.%d.attn_v.weight", l)) ||
+                (st = ref_tensor(f, &L->wo, Q * E, 0, "blk.%d.attn_output.weight", l)) ||
+                (st = ref_tensor(
+                     f, &L->ffn_norm, E, 0,
+                     glm ? "blk.%d.post_attention_norm.weight" : "blk.%d.ffn_norm.weight", l))))
         return st;
     if (m->arch == REF_ARCH_OLMOE &&
         ((st = ref_tensor(f, &L->q_norm, Q, 0, "blk.%d.attn_q_norm.weight", l)) ||
@@ -100,7 +109,8 @@ tm_status ref_moe_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
         (st = ref_tensor(f, &L->up, E * F * X, 0, "blk.%d.ffn_up_exps.weight", l)) ||
         (st = ref_tensor(f, &L->down, F * E * X, 0, "blk.%d.ffn_down_exps.weight", l)))
         return st;
-    if (glm && (st = ref_tensor(f, &L->sel_b, X, 0, "blk.%d.exp_probs_b.bias", l))) return st;
+    if ((glm || ds) && (st = ref_tensor(f, &L->sel_b, X, ds, "blk.%d.exp_probs_b.bias", l)))
+        return st;
     if (FS && ((st = ref_tensor(f, &L->sh_gate, FS * E, 0, "blk.%d.ffn_gate_shexp.weight", l)) ||
                (st = ref_tensor(f, &L->sh_up, FS * E, 0, "blk.%d.ffn_up_shexp.weight", l)) ||
                (st = ref_tensor(f, &L->sh_down, E * FS, 0, "blk.%d.ffn_down_shexp.weight", l))))
@@ -111,6 +121,7 @@ tm_status ref_moe_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
 void ref_moe_layer_free(ref_layer *L) {
     free(L->dn_gate), free(L->dn_up), free(L->dn_down), free(L->sel_b);
     L->dn_gate = L->dn_up = L->dn_down = L->sel_b = NULL;
+    ref_mla_layer_free(L);
 }
 
 tm_status ref_moe_seq_init(ref_seq *s) {
@@ -118,13 +129,14 @@ tm_status ref_moe_seq_init(ref_seq *s) {
     if (!(s->out.dense_out = calloc((size_t)n, sizeof(double))) ||
         !(s->out.shexp_out = calloc((size_t)n, sizeof(double))))
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
-    return TM_OK;
+    return s->m->arch == REF_ARCH_DEEPSEEK2 ? ref_mla_seq_init(s) : TM_OK;
 }
 
 void ref_moe_seq_free(ref_seq *s) {
     if (!ref_arch_llmoe(s->m->arch)) return;
     free(s->out.dense_out), free(s->out.shexp_out);
     s->out.dense_out = s->out.shexp_out = NULL;
+    ref_mla_seq_free(s);
 }
 
 /* y = down(silu(gate h) ⊙ up h), F wide; s->ff_g, s->ff_u as scratch. */
@@ -190,12 +202,12 @@ double ref_moe_route_gap(const ref_model *m, int l, const double *r) {
     return fmin(4 * sgap, 2 * ggap) / fmax(sqrt(ss / E), 1e-300);
 }
 
-void ref_moe_layer_step(ref_seq *s, int l) {
+/* ao = W_o attention(s->h) of mixtral, olmoe and glm4moe (s->h: the normed input). */
+static void ref_moe_layer_attention(ref_seq *s, int l, double *ao) {
     const ref_model *m = s->m;
     const ref_layer *L = &m->layers[l];
-    const int d = m->head_dim, E1 = m->n_expert, K = m->n_used;
+    const int d = m->head_dim;
     const int64_t E = m->n_embd, Q = (int64_t)m->n_head * d, KV = (int64_t)m->n_head_kv * d;
-    ref_rmsnorm(s->h, s->x, L->attn_norm, E, m->eps);
     ref_matvec(s->q, L->wq, L->bq, s->h, Q, E);
     ref_matvec(s->kk, L->wk, L->bk, s->h, KV, E);
     ref_matvec(s->vv, L->wv, L->bv, s->h, KV, E);
@@ -217,9 +229,21 @@ void ref_moe_layer_step(ref_seq *s, int l) {
     memcpy(s->k + at, s->kk, (size_t)KV * sizeof(double));
     memcpy(s->v + at, s->vv, (size_t)KV * sizeof(double));
     ref_attention(s, l);
+    ref_matvec(ao, L->wo, NULL, s->att, E, Q);
+}
+
+void ref_moe_layer_step(ref_seq *s, int l) {
+    const ref_model *m = s->m;
+    const ref_layer *L = &m->layers[l];
+    const int E1 = m->n_expert, K = m->n_used;
+    const int64_t E = m->n_embd;
+    ref_rmsnorm(s->h, s->x, L->attn_norm, E, m->eps);
     double *ao = s->out.attn_out + (int64_t)l * E, *fo = s->out.ffn_out + (int64_t)l * E;
     double *so = s->out.shexp_out + (int64_t)l * E, *dn = s->out.dense_out + (int64_t)l * E;
-    ref_matvec(ao, L->wo, NULL, s->att, E, Q);
+    if (m->arch == REF_ARCH_DEEPSEEK2)
+        ref_mla_attention(s, l, ao);
+    else
+        ref_moe_layer_attention(s, l, ao);
     for (int64_t i = 0; i < E; i++) s->x[i] += ao[i];
     ref_rmsnorm(s->h, s->x, L->ffn_norm, E, m->eps);
     if (L->dense) {
