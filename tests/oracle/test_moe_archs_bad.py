@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Mixtral (arch llama), OLMoE and GLM-4-MoE files that must be refused with an error naming the tensor or key.
+"""Mixtral (arch llama), OLMoE, GLM-4-MoE and DeepSeek-V3 (arch deepseek2) files that must be refused with an
+error naming the tensor or key.
 
 Each case is a converter-written tiny file of tests/data (hf_mixtral, hf_olmoe,
-hf_glm4moe) copied with the gguf package with one thing wrong: a missing expert,
+hf_glm4moe, hf_deepseek2) copied with the gguf package with one thing wrong: a missing expert,
 norm, bias or selection-bias tensor, a dense llama file (no experts), expert or
 group counts that do not fit (groups that do not divide the experts, more groups
 used than there are, groups of one, too few experts in the kept groups for k), a
@@ -11,8 +12,12 @@ only, a norm in a quantized type, a NextN layer without its projection; and, as
 controls, the unchanged copies, which must load and give finite logits, and GLM with
 a NextN layer appended (block_count + 1, nextn_predict_layers 1, the last layer's
 tensors again plus nextn.eh_proj / enorm / hnorm), which must load, leave the layer
-unrun and give the same logits bit for bit. No case may crash (a signal) or print
-NaN logits."""
+unrun and give the same logits bit for bit. DeepSeek-V3: a missing latent norm
+(attn_kv_a_norm) or q_a norm, MLA ranks that disagree with the tensors (kv_lora_rank,
+q_lora_rank), a latent key width that is not kv_lora_rank + the RoPE width, more than
+one KV head, no q_lora_rank key beside q_a / q_b tensors, groups that do not divide the
+experts, a missing selection bias under the sigmoid router, a RoPE scaling it does not
+have; its NextN layer as GLM's. No case may crash (a signal) or print NaN logits."""
 import os
 import subprocess
 import sys
@@ -134,7 +139,46 @@ def main():
     extra = nextn_layer("glm4moe", 4)
     del extra["blk.4.exp_probs_b.bias"]
     case("glm4moe", "nextn_no_sel_bias", ["NextN layer 4", "blk.4.exp_probs_b.bias"], set_kv=nextn, extra=extra)
-    return finish("bad mixtral, olmoe and glm4moe files are refused with a message naming the tensor or key")
+
+    k = "deepseek2."
+    base = case("deepseek2", "valid", None)
+    case("deepseek2", "no_kv_a_norm", ["missing tensor", "blk.2.attn_kv_a_norm.weight"],
+         skip_tensors=("blk.2.attn_kv_a_norm.weight",))
+    case("deepseek2", "no_q_a_norm", ["missing tensor", "blk.1.attn_q_a_norm.weight"],
+         skip_tensors=("blk.1.attn_q_a_norm.weight",))
+    case("deepseek2", "kv_lora_key", [k + "attention.value_length", "equal to", k + "attention.kv_lora_rank (16)"],
+         set_kv={k + "attention.kv_lora_rank": ("add_uint32", 16)})
+    case("deepseek2", "kv_lora_tensors", ["blk.0.attn_kv_a_mqa.weight", "expected [64 x 24]",
+                                          k + "attention.kv_lora_rank 16"],
+         set_kv={k + "attention.kv_lora_rank": ("add_uint32", 16), k + "attention.key_length": ("add_uint32", 24),
+                 k + "attention.value_length": ("add_uint32", 16)})
+    case("deepseek2", "q_lora", ["blk.0.attn_q_a.weight", k + "attention.q_lora_rank 16"],
+         set_kv={k + "attention.q_lora_rank": ("add_uint32", 16)})
+    case("deepseek2", "no_q_lora_key", ["missing tensor", "blk.0.attn_q.weight", "no " + k + "attention.q_lora_rank"],
+         skip_kv=(k + "attention.q_lora_rank",))
+    case("deepseek2", "key_length", [k + "attention.key_length is 48", k + "attention.kv_lora_rank 32",
+                                     k + "rope.dimension_count 8"],
+         set_kv={k + "attention.key_length": ("add_uint32", 48)})
+    case("deepseek2", "kv_heads", [k + "attention.head_count_kv is 2", "expected 1"],
+         set_kv={k + "attention.head_count_kv": ("add_uint32", 2)})
+    case("deepseek2", "groups", [k + "expert_count", "multiple of", k + "expert_group_count"],
+         set_kv={k + "expert_group_count": ("add_uint32", 3)})
+    case("deepseek2", "groups_used", [k + "expert_group_used_count", "at most", k + "expert_group_count"],
+         set_kv={k + "expert_group_used_count": ("add_uint32", 5)})
+    case("deepseek2", "no_sel_bias", ["missing tensor", "blk.3.exp_probs_b.bias"],
+         skip_tensors=("blk.3.exp_probs_b.bias",))
+    case("deepseek2", "rope_scaling", [k + "rope.scaling.type", "'longrope'"],
+         set_kv={k + "rope.scaling.type": ("add_string", "longrope")})
+    nextn = {k + "block_count": ("add_uint32", 5), k + "nextn_predict_layers": ("add_uint32", 1)}
+    with_nextn = case("deepseek2", "nextn", None, set_kv=nextn, extra=nextn_layer("deepseek2", 4))
+    if base is not None and with_nextn is not None:
+        check(np.array_equal(base, with_nextn), "deepseek2 nextn: the logits differ from the file without it")
+    extra = nextn_layer("deepseek2", 4)
+    del extra["blk.4.nextn.eh_proj.weight"]
+    case("deepseek2", "nextn_no_proj", ["NextN layer 4", "missing tensor", "blk.4.nextn.eh_proj.weight"],
+         set_kv=nextn, extra=extra)
+    return finish("bad mixtral, olmoe, glm4moe and deepseek2 files are refused with a message naming the tensor "
+                  "or key")
 
 
 if __name__ == "__main__":
