@@ -275,6 +275,15 @@ int cmd_mkmodel(int argc, char **argv) {
                 cfg.n_dense, cfg.n_ff, cfg.n_shexp, cfg.n_rot, cfg.head_dim, cfg.n_group_used,
                 cfg.n_group, cfg.expert_scale, cfg.qk_norm ? "yes" : "no", cfg.n_nextn,
                 mkmodel_type_name(cfg.type_shexp));
+    if (cfg.progress && cfg.arch && !strcmp(cfg.arch, "deepseek2"))
+        fprintf(stderr,
+                "mkmodel: deepseek2: %u dense layers of %u, %u shared experts, MLA q_lora %u, "
+                "kv_lora %u, heads of %u nope + %u RoPE, values of %u, %u of %u expert groups, "
+                "scale %g, YaRN factor %g over %u (%s dense and shared)\n",
+                cfg.n_dense, cfg.n_ff, cfg.n_shexp, cfg.mla_q_lora, cfg.mla_kv_lora,
+                cfg.head_dim - cfg.n_rot, cfg.n_rot, cfg.mla_v_head, cfg.n_group_used, cfg.n_group,
+                cfg.expert_scale, cfg.rope_factor, cfg.rope_orig_ctx,
+                mkmodel_type_name(cfg.type_shexp));
     if (cfg.progress)
         fprintf(stderr,
                 "mkmodel: %s %u layers, n_embd %u, %u heads (%u kv) of %u, %u experts (%u "

@@ -171,7 +171,9 @@ static const hparam_rel relations[] = {
     {"glm4moe " HP_DS, "leading_dense_block_count", HP_LT, "block_count"},
     {HP_DS, "rope.dimension_count", HP_LT, "attention.key_length_mla"}, /* nope + RoPE */
     {HP_DS, "attention.value_length", HP_EQ, "attention.kv_lora_rank"}, /* the latent */
-    {NULL, "rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
+    {"gpt-oss", "rope.scaling.yarn_beta_slow", HP_LT, "rope.scaling.yarn_beta_fast"},
+    /* Kimi K2: both 1 (HF widens an empty ramp by 0.001, model_rope_yarn too) */
+    {HP_DS, "rope.scaling.yarn_beta_slow", HP_LE, "rope.scaling.yarn_beta_fast"},
     {HP_QNEXT, "ssm.time_step_rank", HP_MULTIPLE_OF, "ssm.group_count"},
     {HP_QNEXT, "ssm.inner_size", HP_MULTIPLE_OF, "ssm.time_step_rank"},
 };

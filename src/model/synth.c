@@ -79,7 +79,8 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
                         "unknown preset '%s' (expected tiny, 30b-a3b, gpt-oss-20b, gpt-oss-120b, "
                         "tiny-gpt-oss, qwen3-next-80b-a3b, qwen3.5-35b-a3b, qwen3.6-35b-a3b, "
                         "tiny-qwen3next, tiny-qwen35moe, mixtral-8x7b, olmoe-1b-7b, glm-4.5-air, "
-                        "glm-4.5, tiny-mixtral, tiny-olmoe or tiny-glm4moe)",
+                        "glm-4.5, deepseek-v3, kimi-k2, tiny-mixtral, tiny-olmoe, tiny-glm4moe or "
+                        "tiny-deepseek-v3)",
                         preset);
 }
 
@@ -143,7 +144,7 @@ tm_status synth_config_validate(const tm_synth_config *c) {
         !synth_is_moe_arch(c))
         return tm_error_set(TM_ERR_ARG,
                             "architecture '%s': expected qwen3moe, gpt-oss, qwen3next, qwen35moe, "
-                            "llama, olmoe or glm4moe",
+                            "llama, olmoe, glm4moe or deepseek2",
                             c->arch);
     if (synth_is_hybrid(c) && (st = synth_hybrid_validate(c)) != TM_OK) return st;
     if (synth_is_moe_arch(c) && (st = synth_moe_arch_validate(c)) != TM_OK) return st;

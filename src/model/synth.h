@@ -53,12 +53,14 @@
  * open), and every writer of the residual (ssm_out, the shared expert's down
  * projection too) leaves the topic subspace empty.
  *
- * Mixtral (arch "llama"), OLMoE and GLM-4.5 ("glm4moe"; presets mixtral-8x7b,
- * olmoe-1b-7b, glm-4.5-air, glm-4.5 and their tiny-* test shapes;
- * synth_moe_archs.c) write their converter layouts: GLM's q/k/v and selection
- * biases small random, its dense layers and shared expert scaled as experts, its
- * NextN layer's tensors (never run). Skew as for qwen3moe (a sigmoid router
- * ranks as its logits); no locality. */
+ * Mixtral (arch "llama"), OLMoE, GLM-4.5 ("glm4moe") and DeepSeek-V3 / Kimi K2
+ * ("deepseek2"; presets mixtral-8x7b, olmoe-1b-7b, glm-4.5-air, glm-4.5,
+ * deepseek-v3, kimi-k2 and their tiny-* test shapes; synth_moe_archs.c) write
+ * their converter layouts: GLM's q/k/v and selection biases small random, its
+ * dense layers and shared expert scaled as experts, its NextN layer's tensors
+ * (never run); DeepSeek's MLA tensors (q_a, q_b, kv_a_mqa, k_b, v_b) scaled by
+ * their inputs. Skew as for qwen3moe (a sigmoid router ranks as its logits); no
+ * locality. */
 #ifndef TM_MODEL_SYNTH_H
 #define TM_MODEL_SYNTH_H
 
@@ -101,7 +103,7 @@ typedef struct tm_synth_tensor_type {
 
 typedef struct tm_synth_config {
     /* general.architecture: "qwen3moe" (NULL), "gpt-oss", "qwen3next", "qwen35moe", "llama"
-     * (Mixtral), "olmoe" or "glm4moe" */
+     * (Mixtral), "olmoe", "glm4moe" or "deepseek2" */
     const char *arch;
     uint32_t window;        /* gpt-oss: attention.sliding_window of the even layers */
     float rope_factor;      /* gpt-oss: YaRN factor */
@@ -124,6 +126,12 @@ typedef struct tm_synth_config {
     uint32_t n_dense, n_shexp, n_group, n_group_used, n_nextn;
     float expert_scale;
     bool qk_norm;
+    /* deepseek2 (synth_moe_archs.c; glm4moe's fields above too): MLA with q's low rank
+     * mla_q_lora, the KV latent mla_kv_lora, query/key heads of head_dim = nope + n_rot, value
+     * heads of mla_v_head; YaRN (rope_factor over rope_orig_ctx, yarn_beta_fast / _slow,
+     * yarn_log_mul = 0.1 mscale_all_dim; rope_factor 0: plain RoPE) */
+    uint32_t mla_q_lora, mla_kv_lora, mla_v_head;
+    float yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
     /* Each tensor's type, first match: a tensor_types rule; the gate/up/down
      * field of its kind; its class (experts, attn, embd, output, shexp); the recipe
      * (mix). TM_TYPE_COUNT: unset (a preset sets the classes, synth_config_mix
@@ -159,8 +167,8 @@ typedef struct tm_synth_config {
 /* Fill `cfg` from a preset: "tiny", "30b-a3b", "gpt-oss-20b", "gpt-oss-120b",
  * "tiny-gpt-oss", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b" (alias
  * "qwen3.6-35b-a3b"), "tiny-qwen3next", "tiny-qwen35moe", "mixtral-8x7b",
- * "olmoe-1b-7b", "glm-4.5-air", "glm-4.5", "tiny-mixtral", "tiny-olmoe" or
- * "tiny-glm4moe". */
+ * "olmoe-1b-7b", "glm-4.5-air", "glm-4.5", "deepseek-v3", "kimi-k2", "tiny-mixtral",
+ * "tiny-olmoe", "tiny-glm4moe" or "tiny-deepseek-v3". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 
 /* ---- quant types per tensor (synth_mix.c) ---- */

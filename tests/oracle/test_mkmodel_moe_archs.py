@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""`tiermoe mkmodel` for Mixtral (arch llama), OLMoE and GLM-4.5 (glm4moe), against llama.cpp's
-converter, transformers' configs and the engine.
+"""`tiermoe mkmodel` for Mixtral (arch llama), OLMoE, GLM-4.5 (glm4moe) and DeepSeek-V3 / Kimi K2
+(deepseek2), against llama.cpp's converter, transformers' configs and the engine.
 
-- tiny-mixtral / tiny-olmoe / tiny-glm4moe against tests/data/hf_*/tiny-f16.gguf (written by
+- tiny-mixtral / tiny-olmoe / tiny-glm4moe / tiny-deepseek-v3 against tests/data/hf_*/tiny-f16.gguf (written by
   llama.cpp's convert_hf_to_gguf.py): the same tensors in the same order with the same types
   and shapes, the same keys with the same GGUF value types and values, but for
   KEYS_DIFFERENT.
@@ -18,6 +18,12 @@ converter, transformers' configs and the engine.
   more, nextn.eh_proj / enorm / hnorm / shared_head_norm), the presets' types (experts q4_K,
   GLM-4.5-Air's ffn_down_exps q5_0 (rows of 1408 take no K-quant), attention, dense FFN and
   shared expert q8_0, norms, routers and biases f32), and the keys.
+- deepseek-v3, kimi-k2: the counts against DeepseekV3Config's defaults (DeepSeek-V3's) and
+  against Kimi-K2-Instruct's config.json (64 heads, 384 experts in one group, 1 dense layer,
+  scale 2.827, rope_theta 50000, YaRN factor 32 with beta_fast = beta_slow = 1), the MLA
+  ranks and YaRN included; written narrow (4 and 2 layers) with the converter's MLA tensors
+  (attn_q_a / q_a_norm / q_b, kv_a_mqa, kv_a_norm, k_b [nope, kv_lora, heads], v_b, output,
+  ffn_norm), q8_0 attention (k_b's rows of 64 take it), and the MLA and YaRN keys.
 - The engine loads every file: all logits finite, each MoE layer's router reaches most
   experts, and the NextN layer is not run (n_layer one less than block_count).
 """
@@ -37,7 +43,7 @@ import qwen3moe_ref as ref  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 TINY = {"tiny-mixtral": ("llama", "hf_mixtral"), "tiny-olmoe": ("olmoe", "hf_olmoe"),
-        "tiny-glm4moe": ("glm4moe", "hf_glm4moe")}
+        "tiny-glm4moe": ("glm4moe", "hf_glm4moe"), "tiny-deepseek-v3": ("deepseek2", "hf_deepseek2")}
 KEYS_DIFFERENT = {
     "general.name": "mkmodel names its files",
     "general.size_label": "the converter's label of the parameter count; mkmodel writes none",
@@ -134,7 +140,8 @@ def preset_type(preset, name):
     if stem.endswith("_exps") and name.endswith(".weight"):
         return T.Q4_K
     if stem in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp",
-                "ffn_up_shexp", "ffn_down_shexp", "eh_proj") and name.endswith(".weight"):
+                "ffn_up_shexp", "ffn_down_shexp", "eh_proj", "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_k_b",
+                "attn_v_b") and name.endswith(".weight"):
         return T.Q8_0
     return T.F32  # norms, routers, biases
 
@@ -167,6 +174,81 @@ def expected_tensors(preset, n_layer, n_dense, nextn, qk):
             t.update({b + "nextn.eh_proj.weight": [2 * E, E], b + "nextn.enorm.weight": [E],
                       b + "nextn.hnorm.weight": [E], b + "nextn.shared_head_norm.weight": [E]})
     return t
+
+
+def expected_mla_tensors(n_layer, n_dense):
+    """deepseek2's layout with NARROW's widths: heads of 128 = 64 nope + 64 RoPE, the presets'
+    q_lora 1536, kv_lora 512, values of 128."""
+    E, H, DK, R, C, QL, V, F, FD, X, NV = 256, 2, 128, 64, 512, 1536, 128, 256, 512, 16, 1024
+    t = {"output.weight": [E, NV], "token_embd.weight": [E, NV], "output_norm.weight": [E]}
+    for l in range(n_layer):
+        b = f"blk.{l}."
+        t.update({b + "attn_norm.weight": [E], b + "ffn_norm.weight": [E], b + "attn_kv_a_norm.weight": [C],
+                  b + "attn_kv_a_mqa.weight": [E, C + R], b + "attn_k_b.weight": [DK - R, C, H],
+                  b + "attn_v_b.weight": [C, V, H], b + "attn_output.weight": [H * V, E],
+                  b + "attn_q_a_norm.weight": [QL], b + "attn_q_a.weight": [E, QL], b + "attn_q_b.weight": [QL, H * DK]})
+        if l < n_dense:
+            t.update({b + "ffn_gate.weight": [E, FD], b + "ffn_up.weight": [E, FD], b + "ffn_down.weight": [FD, E]})
+            continue
+        t.update({b + "ffn_gate_inp.weight": [E, X], b + "ffn_gate_exps.weight": [E, F, X],
+                  b + "ffn_up_exps.weight": [E, F, X], b + "ffn_down_exps.weight": [F, E, X],
+                  b + "exp_probs_b.bias": [X], b + "ffn_gate_shexp.weight": [E, F],
+                  b + "ffn_up_shexp.weight": [E, F], b + "ffn_down_shexp.weight": [F, E]})
+    return t
+
+
+def ds_configs():
+    """DeepSeek-V3 (DeepseekV3Config's defaults are its shape) and Kimi K2 (its config.json)."""
+    from transformers import DeepseekV3Config
+    v3 = (DeepseekV3Config(), 40.0, 32.0, 1.0, 10000.0)
+    k2 = (DeepseekV3Config(num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384, n_group=1,
+                           topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.827, vocab_size=163840),
+          32.0, 1.0, 1.0, 50000.0)
+    out = {}
+    for preset, (c, factor, beta_fast, beta_slow, theta) in (("deepseek-v3", v3), ("kimi-k2", k2)):
+        line = (f"{c.num_hidden_layers} layers, n_embd {c.hidden_size}, {c.num_attention_heads} heads (1 kv) of "
+                f"{c.qk_nope_head_dim + c.qk_rope_head_dim}, {c.n_routed_experts} experts "
+                f"({c.num_experts_per_tok} used) of {c.moe_intermediate_size}, vocab {c.vocab_size}")
+        ds_line = (f"{c.first_k_dense_replace} dense layers of {c.intermediate_size}, {c.n_shared_experts} shared "
+                   f"experts, MLA q_lora {c.q_lora_rank}, kv_lora {c.kv_lora_rank}, heads of {c.qk_nope_head_dim} "
+                   f"nope + {c.qk_rope_head_dim} RoPE, values of {c.v_head_dim}, {c.topk_group} of {c.n_group} "
+                   f"expert groups, scale {c.routed_scaling_factor:g}, YaRN factor {factor:g} over 4096")
+        out[preset] = (line, ds_line, beta_fast, beta_slow, theta, c)
+    return out
+
+
+def ds_preset(preset, want):
+    line, ds_line, beta_fast, beta_slow, theta, c = want
+    out = subprocess.run([TIERMOE, "mkmodel", "--preset", preset, "-o", os.path.join(TMP, "no_such_dir", "x.gguf")],
+                         capture_output=True, text=True).stderr
+    check(line in out, f"{preset}: the preset's counts: want '{line}' in: {out}")
+    check(ds_line in out, f"{preset}: want '{ds_line}' in: {out}")
+    n_dense = c.first_k_dense_replace
+    n_layer = n_dense + 1
+    path, _ = mk(preset, "--preset", preset, "--n-layer", str(n_layer), *NARROW)
+    r = gguf.GGUFReader(path)
+    got = {n: s for n, _, s in tensors(r)}
+    want_t = expected_mla_tensors(n_layer, n_dense)
+    bad = [(n, got.get(n), want_t.get(n)) for n in sorted(set(got) | set(want_t)) if got.get(n) != want_t.get(n)]
+    check(not bad, f"{preset}: tensors: {bad[:4]}")
+    for n, ty, _ in tensors(r):
+        check(ty == preset_type(preset, n), f"{preset}: {n} is {ty.name}, want {preset_type(preset, n).name}")
+    a = "deepseek2"
+    keys = {"block_count": n_layer, "attention.head_count_kv": 1, "attention.q_lora_rank": c.q_lora_rank,
+            "attention.kv_lora_rank": c.kv_lora_rank, "attention.key_length": c.kv_lora_rank + 64,
+            "attention.value_length": c.kv_lora_rank, "attention.key_length_mla": 128,
+            "attention.value_length_mla": c.v_head_dim, "rope.dimension_count": 64,
+            "leading_dense_block_count": n_dense, "expert_shared_count": 1, "expert_gating_func": 2,
+            "expert_weights_norm": True, "expert_group_count": c.n_group, "expert_group_used_count": c.topk_group,
+            "rope.freq_base": theta, "rope.scaling.type": "yarn", "rope.scaling.original_context_length": 4096,
+            "rope.scaling.yarn_beta_fast": beta_fast, "rope.scaling.yarn_beta_slow": beta_slow}
+    for k, v in keys.items():
+        check(field(r, f"{a}.{k}") == v, f"{preset}: {a}.{k} {field(r, f'{a}.{k}')}, want {v}")
+    for k, v in (("expert_weights_scale", c.routed_scaling_factor), ("rope.scaling.yarn_log_multiplier", 0.1)):
+        check(abs(field(r, f"{a}.{k}") - v) <= 1e-6 * v, f"{preset}: {a}.{k} {field(r, f'{a}.{k}')}, want {v}")
+    engine(preset, path, n_layer, n_dense)
+    print(f"  {preset}: counts as the release ({line}; {ds_line}); narrow file: {len(got)} tensors of the "
+          f"converter's MLA layout, types, keys; the engine runs it")
 
 
 def engine(preset, path, n_layer, n_dense):
@@ -226,7 +308,8 @@ def main():
     os.makedirs(TMP, exist_ok=True)
     for preset in TINY:
         path = versus_converter(preset)
-        engine(preset, path, 4 if preset == "tiny-glm4moe" else 3, 1 if preset == "tiny-glm4moe" else 0)
+        four = preset in ("tiny-glm4moe", "tiny-deepseek-v3")
+        engine(preset, path, 4 if four else 3, 1 if four else 0)
     try:
         want = hf_configs()
     except ImportError:
@@ -235,11 +318,15 @@ def main():
     if want:
         for preset, w in want.items():
             big_preset(preset, w)
+        for preset, w in ds_configs().items():
+            ds_preset(preset, w)
     _, r = mk("glm_locality", "--preset", "tiny-glm4moe", "--locality", "0.5", expect=2)
     check("not glm4moe's yet" in r.stderr, f"--locality on glm4moe: {r.stderr}")
     _, r = mk("glm_groups", "--preset", "tiny-glm4moe", "--n-expert", "6", expect=2)
     check("groups must divide" in r.stderr, f"6 experts in 4 groups: {r.stderr}")
-    return finish("mkmodel writes Mixtral, OLMoE and GLM-4.5 as llama.cpp's converter does")
+    _, r = mk("ds_groups", "--preset", "tiny-deepseek-v3", "--n-expert", "6", expect=2)
+    check("groups must divide" in r.stderr, f"deepseek2: 6 experts in 4 groups: {r.stderr}")
+    return finish("mkmodel writes Mixtral, OLMoE, GLM-4.5, DeepSeek-V3 and Kimi K2 as llama.cpp's converter does")
 
 
 if __name__ == "__main__":
