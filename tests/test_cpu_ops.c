@@ -317,29 +317,6 @@ static void check_attention_latent(tm_pool *pool, int n_threads, int64_t n_tok, 
     free(q), free(kf), free(k), free(out), free(out2), free(ref), free(scratch);
 }
 
-static void test_attention_latent(void **state) {
-    (void)state;
-    const tm_cpu_level best = cpu_level_get();
-    for (int level = TM_CPU_SCALAR; level <= (int)best; level++) {
-        if (level != TM_CPU_SCALAR && level != TM_CPU_AVX2 && level != (int)best) continue;
-        assert_int_equal(cpu_level_set((tm_cpu_level)level), TM_OK);
-        for (int nt = 1; nt <= 3; nt += 2) {
-            tm_pool *pool;
-            assert_int_equal(cpu_pool_create(nt, &pool), TM_OK);
-            for (int kv = 0; kv < 2; kv++) {
-                const tm_type t = kv ? TM_TYPE_F16 : TM_TYPE_F32;
-                check_attention_latent(pool, nt, 7, 0, 4, 40, 32, t);     /* the tiny model's */
-                check_attention_latent(pool, nt, 1, 300, 8, 48, 32, t);   /* decode, key chunks */
-                check_attention_latent(pool, nt, 6, 70, 16, 576, 512, t); /* DeepSeek-V3's */
-                check_attention_latent(pool, nt, 1, 130, 16, 576, 512, t);
-                check_attention_latent(pool, nt, 9, 3, 3, 20, 12, t); /* widths not of 8: plain C */
-            }
-            cpu_pool_free(pool);
-        }
-    }
-    cpu_level_set(best);
-}
-
 static void test_attention(void **state) {
     (void)state;
     const tm_cpu_level best = cpu_level_get();
@@ -382,6 +359,13 @@ static void test_attention(void **state) {
                 check_attention_ws(pool, nt, 1, 700, 8, 2, 64, t, 128, true, 144);
                 check_attention_ws(pool, nt, 1, 333, 4, 2, 64, t, 5, true, 5);
                 check_attention_ws(pool, nt, 11, 2, 4, 2, 16, t, 8, true, 24);
+                /* latent (MLA): the tiny model's, a decode split over key chunks,
+                 * DeepSeek-V3's widths, widths not of 8 (plain C) */
+                check_attention_latent(pool, nt, 7, 0, 4, 40, 32, t);
+                check_attention_latent(pool, nt, 1, 300, 8, 48, 32, t);
+                check_attention_latent(pool, nt, 6, 70, 16, 576, 512, t);
+                check_attention_latent(pool, nt, 1, 130, 16, 576, 512, t);
+                check_attention_latent(pool, nt, 9, 3, 3, 20, 12, t);
             }
             cpu_pool_free(pool);
         }
@@ -394,7 +378,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm_rope_softmax_swiglu),
         cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_latent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

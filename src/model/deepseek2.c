@@ -49,7 +49,7 @@
  * n_head (nope + rope)] (or attn_q [n_embd, n_head (nope + rope)]); attn_kv_a_mqa [n_embd,
  * kv_lora + rope]; attn_kv_a_norm [kv_lora]; attn_k_b [nope, kv_lora, n_head]; attn_v_b
  * [kv_lora, v_head, n_head]; attn_output [n_head v_head, n_embd]; the FFNs as glm4moe's
- * (ffn_norm for its post_attention_norm). */
+ * (moe_ffn.c; ffn_norm for its post_attention_norm). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,11 +58,8 @@
 #include "model/model.h"
 
 typedef struct ds_layer {
-    bool dense;
     tm_weight attn_norm, wq, wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b, wo, ffn_norm;
-    tm_weight ffn_gate, ffn_up, ffn_down; /* dense layers */
-    tm_weight router, sel_bias, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
-    tm_moe_experts experts;
+    tm_ffn_layer ffn; /* dense, or shared and routed experts (moe_ffn.c) */
 } ds_layer;
 
 typedef struct ds_weights {
@@ -80,24 +77,19 @@ typedef struct ds_acts {
     tm_act qa, qa_n;   /* q's low rank, normed */
     tm_act q_full;     /* [n_head][nope + rope] */
     tm_act o_lat, att; /* [n_head][kv_lora], [n_head][v_head] */
-    tm_act ff_g, ff_u, sh_g, sh_u, ff_out;
+    tm_ffn_acts ffn;
 } ds_acts;
 
 /* Layer l's tensors (a NextN layer's too). */
 static tm_status ds_layer_bind(tm_model *m, uint32_t l, ds_layer *L) {
     const tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, H = c->n_head, DK = c->head_dim_mla, DV = c->v_head_dim_mla,
-                  R = c->n_rot, NOPE = DK - R, KVL = c->n_lora_kv, QL = c->n_lora_q,
-                  X = c->n_expert, F = c->n_ff_exp, FS = (int64_t)c->n_ff_exp * c->n_shexp;
+                  R = c->n_rot, NOPE = DK - R, KVL = c->n_lora_kv, QL = c->n_lora_q;
     char name[96];
     tm_status st;
 #define BIND(field, suffix, nd, ...)                                                               \
     (snprintf(name, sizeof(name), "blk.%u." suffix, l),                                            \
      model_weight_bind(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
-#define BIND_OPT(field, suffix, nd, ...)                                                           \
-    (snprintf(name, sizeof(name), "blk.%u." suffix, l),                                            \
-     model_weight_bind_optional(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
-    L->dense = l < c->n_dense;
     if ((st = BIND(attn_norm, "attn_norm.weight", 1, E))) return st;
     if (QL) {
         if ((st = BIND(wq_a, "attn_q_a.weight", 2, E, QL)) ||
@@ -118,32 +110,10 @@ static tm_status ds_layer_bind(tm_model *m, uint32_t l, ds_layer *L) {
                              c->n_rot);
     if ((st = BIND(wo, "attn_output.weight", 2, H * DV, E)) ||
         (st = BIND(ffn_norm, "ffn_norm.weight", 1, E)))
-        return st;
-    if (L->dense) {
-        if ((st = BIND(ffn_gate, "ffn_gate.weight", 2, E, c->n_ff)) ||
-            (st = BIND(ffn_up, "ffn_up.weight", 2, E, c->n_ff)) ||
-            (st = BIND(ffn_down, "ffn_down.weight", 2, c->n_ff, E)))
-            return st;
-    } else {
-        /* the selection bias: DeepSeek-V3's sigmoid router has it (V2's softmax none) */
-        const bool sigmoid = c->gating_func != 1;
-        if ((st = BIND(router, "ffn_gate_inp.weight", 2, E, X)) ||
-            (st = sigmoid ? BIND(sel_bias, "exp_probs_b.bias", 1, X)
-                          : BIND_OPT(sel_bias, "exp_probs_b.bias", 1, X)) ||
-            (st = BIND(gate_exps, "ffn_gate_exps.weight", 3, E, F, X)) ||
-            (st = BIND(up_exps, "ffn_up_exps.weight", 3, E, F, X)) ||
-            (st = BIND(down_exps, "ffn_down_exps.weight", 3, F, E, X)))
-            return st;
-        if (c->n_shexp && ((st = BIND(sh_gate, "ffn_gate_shexp.weight", 2, E, FS)) ||
-                           (st = BIND(sh_up, "ffn_up_shexp.weight", 2, E, FS)) ||
-                           (st = BIND(sh_down, "ffn_down_shexp.weight", 2, FS, E))))
-            return st;
-        L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
-    }
+        return st; /* the selection bias: DeepSeek-V3's sigmoid router has it (V2's softmax none) */
+    if ((st = model_ffn_bind(m, l, c->gating_func != 1, &L->ffn))) return st;
 #undef BIND
-#undef BIND_OPT
-    const tm_weight *f32[] = {&L->attn_norm, &L->q_a_norm, &L->kv_a_norm, &L->ffn_norm,
-                              &L->sel_bias};
+    const tm_weight *f32[] = {&L->attn_norm, &L->q_a_norm, &L->kv_a_norm, &L->ffn_norm};
     for (size_t i = 0; i < sizeof(f32) / sizeof(f32[0]); i++)
         if ((st = model_weight_f32(m, f32[i]))) return st;
     return TM_OK;
@@ -238,23 +208,7 @@ static tm_status ds_load(tm_model *m) {
             st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
         }
     }
-    if (st) goto done;
-    bool norm = false; /* a bool key: absent, no renormalisation (DeepSeek-V2) */
-    char key[96];
-    snprintf(key, sizeof(key), "%s.expert_weights_norm", m->arch->name);
-    if (gguf_file_find_kv(m->file, key) && (st = gguf_file_get_bool(m->file, key, &norm)))
-        goto done;
-    w->router = (tm_moe_router_params){.gating = c->gating_func == 1 ? TM_MOE_GATING_SOFTMAX
-                                                                     : TM_MOE_GATING_SIGMOID,
-                                       .n_expert = c->n_expert,
-                                       .n_used = c->n_expert_used,
-                                       .norm_topk = norm,
-                                       .scale = c->expert_scale,
-                                       .n_group = c->n_group,
-                                       .n_group_used = c->n_group_used};
-    char what[1024];
-    snprintf(what, sizeof(what), "%s: keys %s.expert_*", path, m->arch->name);
-    st = moe_router_check(&w->router, what);
+    if (st == TM_OK) st = model_ffn_router_load(m, &w->router); /* absent norm: V2's none */
 done:
     free(nextn);
     return st;
@@ -289,8 +243,7 @@ static tm_status ds_state_create(tm_context *ctx) {
     ds_acts *s = calloc(1, sizeof(*s));
     if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     ctx->state = s;
-    const int64_t H = c->n_head, FS = (int64_t)c->n_ff_exp * (c->n_shexp ? c->n_shexp : 1);
-    const int64_t QL = c->n_lora_q ? c->n_lora_q : 1;
+    const int64_t H = c->n_head, QL = c->n_lora_q ? c->n_lora_q : 1;
     tm_status st;
     if ((st = model_moe_acts_create(ctx, &s->m)) ||
         (st = exec_act_create(e, &s->qa, "q_a", QL, false, 0)) ||
@@ -298,29 +251,15 @@ static tm_status ds_state_create(tm_context *ctx) {
         (st = exec_act_create(e, &s->q_full, "q_full", H * c->head_dim_mla, false, 0)) ||
         (st = exec_act_create(e, &s->o_lat, "o_lat", H * c->n_lora_kv, false, 0)) ||
         (st = exec_act_create(e, &s->att, "att_heads", H * c->v_head_dim_mla, false, 0)) ||
-        (st = exec_act_create(e, &s->ff_g, "dense_gate", c->n_ff, false, 0)) ||
-        (st = exec_act_create(e, &s->ff_u, "dense_up", c->n_ff, false, 0)) ||
-        (st = exec_act_create(e, &s->sh_g, "shexp_gate", FS, false, 0)) ||
-        (st = exec_act_create(e, &s->sh_u, "shexp_up", FS, false, 0)) ||
-        (st = exec_act_create(e, &s->ff_out, "ff_out", c->n_embd, false, 0)))
+        (st = model_ffn_acts_create(ctx, &s->ffn)))
         return st;
     tm_tier_layer *tl = calloc(c->n_layer, sizeof(*tl));
     if (!tl) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const ds_layer *L = &w->layers[l];
-        /* products of one input, stacked on the GPU at decode */
-        const tm_weight *qkv[] = {c->n_lora_q ? &L->wq_a : &L->wq, &L->wkv_a},
-                        *dn[] = {&L->ffn_gate, &L->ffn_up}, *sh[] = {&L->sh_gate, &L->sh_up};
-        st = exec_weight_group(e, 2, qkv);
-        if (st == TM_OK && L->dense) st = exec_weight_group(e, 2, dn);
-        if (st == TM_OK && !L->dense && c->n_shexp) st = exec_weight_group(e, 2, sh);
-        if (L->dense) continue; /* no part in the tier */
-        tl[l] = (tm_tier_layer){.experts = L->experts,
-                                .gate = &L->gate_exps,
-                                .up = &L->up_exps,
-                                .down = &L->down_exps,
-                                .router = &L->router,
-                                .sel_bias = L->sel_bias.data ? &L->sel_bias : NULL};
+        /* q's and the latent's products of one input, stacked on the GPU at decode */
+        const tm_weight *qkv[] = {c->n_lora_q ? &L->wq_a : &L->wq, &L->wkv_a};
+        if ((st = exec_weight_group(e, 2, qkv)) == TM_OK) st = model_ffn_setup(e, &L->ffn, &tl[l]);
     }
     const tm_attn_desc shape = ds_attn_desc(c, w);
     if (st == TM_OK) st = model_moe_state_finish_attn(ctx, tl, &w->router, &shape, NULL, NULL);
@@ -334,15 +273,6 @@ static void ds_state_free(tm_context *ctx) {
 }
 
 #define DO MODEL_DO
-
-/* y = down(silu(gate h) ⊙ up h): a dense FFN (a dense layer's, or the shared experts') */
-static tm_status ds_ffn(tm_exec *e, const tm_weight *gate, const tm_weight *up,
-                        const tm_weight *down, tm_act *g, tm_act *u, tm_act *h, tm_act *y) {
-    DO(exec_matmul_n(e, 2, (tm_act *const[]){g, u}, (const tm_weight *const[]){gate, up}, h));
-    DO(exec_swiglu(e, g, g, u));
-    DO(exec_matmul(e, y, down, g));
-    return TM_OK;
-}
 
 /* x += Wo · MLA(h) (the header comment's attention, absorbed). */
 static tm_status ds_attention(tm_context *ctx, uint32_t l) {
@@ -391,27 +321,7 @@ static tm_status ds_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
     DO(exec_part(e, TM_PROF_NORM));
     DO(exec_add_rmsnorm(e, &s->x, &s->attn_out, &s->h, &L->ffn_norm, eps)); /* x += Wo att;
                                                               h = rmsnorm(x) * ffn_norm */
-    DO(exec_part(e, TM_PROF_EXPERTS));
-    if (L->dense) { /* x += down(silu(gate h) ⊙ up h) */
-        DO(ds_ffn(e, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &a->ff_g, &a->ff_u, &s->h,
-                  &a->ff_out));
-        DO(exec_add(e, &s->x, &a->ff_out));
-        DO(exec_emit(e, "dense_out", (int)l, &a->ff_out, n_tok));
-        DO(exec_emit(e, "x_out", (int)l, &s->x, n_tok));
-        return TM_OK;
-    }
-    if (c->n_shexp) { /* x += down_sh(silu(gate_sh h) ⊙ up_sh h), unweighted */
-        DO(ds_ffn(e, &L->sh_gate, &L->sh_up, &L->sh_down, &a->sh_g, &a->sh_u, &s->h, &a->ff_out));
-        DO(exec_add(e, &s->x, &a->ff_out));
-        DO(exec_emit(e, "shexp_out", (int)l, &a->ff_out, n_tok));
-    }
-    DO(exec_part(e, TM_PROF_ROUTER));
-    DO(exec_matmul(e, &s->router_logits, &L->router, &s->h)); /* W_router h */
-    DO(exec_part(e, TM_PROF_EXPERTS));
-    DO(tier_moe(ctx->tier, l, &s->router_logits, &s->h, &s->topk_ids, &s->topk_w, &s->x,
-                &s->ffn_out)); /* x += Σ_k w_k · down_k(silu(gate_k h) ⊙ up_k h) */
-    DO(model_moe_emit(ctx, l, s, n_tok));
-    return TM_OK;
+    return model_ffn_forward(ctx, l, &L->ffn, &a->ffn, s, n_tok); /* the header's FFN part */
 }
 
 static tm_status ds_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {

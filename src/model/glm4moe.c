@@ -30,9 +30,7 @@
  *
  * Shapes (ne order): attn_q [n_embd, n_head*head_dim] + bias; attn_k/v [n_embd,
  * n_head_kv*head_dim] + bias; attn_output [n_head*head_dim, n_embd]; attn_q/k_norm [head_dim];
- * dense ffn_gate/up [n_embd, feed_forward_length], ffn_down the reverse; ffn_gate_inp [n_embd,
- * n_expert]; exp_probs_b.bias [n_expert]; ffn_*_exps as qwen3moe's; ffn_gate/up_shexp [n_embd,
- * n_ff_exp · expert_shared_count], ffn_down_shexp the reverse. */
+ * the FFNs (dense, shared and routed experts, router, selection bias): moe_ffn.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,11 +38,8 @@
 #include "model/model.h"
 
 typedef struct glm_layer {
-    bool dense;
     tm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_norm;
-    tm_weight ffn_gate, ffn_up, ffn_down; /* dense layers */
-    tm_weight router, sel_bias, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
-    tm_moe_experts experts;
+    tm_ffn_layer ffn; /* dense, or shared and routed experts (moe_ffn.c) */
 } glm_layer;
 
 typedef struct glm_weights {
@@ -56,15 +51,14 @@ typedef struct glm_weights {
 
 typedef struct glm_acts {
     tm_moe_acts m; /* first: model_moe_acts_create */
-    tm_act ff_g, ff_u, sh_g, sh_u, ff_out;
+    tm_ffn_acts ffn;
 } glm_acts;
 
 /* Layer l's tensors (a NextN layer's too: the same shapes). */
 static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, glm_layer *L) {
     const tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D,
-                  KV = (int64_t)c->n_head_kv * D, X = c->n_expert, F = c->n_ff_exp,
-                  FS = (int64_t)c->n_ff_exp * c->n_shexp;
+                  KV = (int64_t)c->n_head_kv * D;
     char name[96];
     tm_status st;
 #define BIND(field, suffix, nd, ...)                                                               \
@@ -73,7 +67,6 @@ static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, g
 #define BIND_OPT(field, suffix, nd, ...)                                                           \
     (snprintf(name, sizeof(name), "blk.%u." suffix, l),                                            \
      model_weight_bind_optional(m, name, nd, (int64_t[]){__VA_ARGS__}, &L->field))
-    L->dense = l < c->n_dense;
     if ((st = BIND(attn_norm, "attn_norm.weight", 1, E)) ||
         (st = BIND(wq, "attn_q.weight", 2, E, Q)) || (st = BIND(bq, "attn_q.bias", 1, Q)) ||
         (st = BIND(wk, "attn_k.weight", 2, E, KV)) || (st = BIND(bk, "attn_k.bias", 1, KV)) ||
@@ -91,28 +84,11 @@ static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, g
                             "layer or in none)",
                             m->file->path, l, L->q_norm.data ? "an" : "no",
                             L->k_norm.data ? "an" : "no", w->qk_norm ? "both" : "neither", l, l);
-    if (L->dense) {
-        if ((st = BIND(ffn_gate, "ffn_gate.weight", 2, E, c->n_ff)) ||
-            (st = BIND(ffn_up, "ffn_up.weight", 2, E, c->n_ff)) ||
-            (st = BIND(ffn_down, "ffn_down.weight", 2, c->n_ff, E)))
-            return st;
-    } else {
-        if ((st = BIND(router, "ffn_gate_inp.weight", 2, E, X)) ||
-            (st = BIND(sel_bias, "exp_probs_b.bias", 1, X)) ||
-            (st = BIND(gate_exps, "ffn_gate_exps.weight", 3, E, F, X)) ||
-            (st = BIND(up_exps, "ffn_up_exps.weight", 3, E, F, X)) ||
-            (st = BIND(down_exps, "ffn_down_exps.weight", 3, F, E, X)))
-            return st;
-        if (c->n_shexp && ((st = BIND(sh_gate, "ffn_gate_shexp.weight", 2, E, FS)) ||
-                           (st = BIND(sh_up, "ffn_up_shexp.weight", 2, E, FS)) ||
-                           (st = BIND(sh_down, "ffn_down_shexp.weight", 2, FS, E))))
-            return st;
-        L->experts = model_moe_experts(&L->gate_exps, &L->up_exps, &L->down_exps, &L->router);
-    }
+    if ((st = model_ffn_bind(m, l, true, &L->ffn))) return st;
 #undef BIND
 #undef BIND_OPT
-    const tm_weight *f32[] = {&L->attn_norm, &L->bq,     &L->bk,     &L->bv,
-                              &L->post_norm, &L->q_norm, &L->k_norm, &L->sel_bias};
+    const tm_weight *f32[] = {&L->attn_norm, &L->bq,     &L->bk,    &L->bv,
+                              &L->post_norm, &L->q_norm, &L->k_norm};
     for (size_t i = 0; i < sizeof(f32) / sizeof(f32[0]); i++)
         if ((st = model_weight_f32(m, f32[i]))) return st;
     return TM_OK;
@@ -139,7 +115,6 @@ static tm_status glm_load(tm_model *m) {
     }
     m->weights = w;
     if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) goto done;
-    char key[96];
     w->qk_norm = gguf_file_find_tensor(m->file, "blk.0.attn_q_norm.weight") != NULL;
     for (uint32_t l = 0; l < n_block && st == TM_OK; l++) {
         if (l < c->n_layer) {
@@ -150,23 +125,7 @@ static tm_status glm_load(tm_model *m) {
             st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
         }
     }
-    if (st) goto done;
-    /* the router: the keys read and checked by model_hparams_load; the norm flag is a bool */
-    bool norm = false;
-    snprintf(key, sizeof(key), "%s.expert_weights_norm", m->arch->name);
-    if (gguf_file_find_kv(m->file, key) && (st = gguf_file_get_bool(m->file, key, &norm)))
-        goto done;
-    w->router = (tm_moe_router_params){.gating = c->gating_func == 1 ? TM_MOE_GATING_SOFTMAX
-                                                                     : TM_MOE_GATING_SIGMOID,
-                                       .n_expert = c->n_expert,
-                                       .n_used = c->n_expert_used,
-                                       .norm_topk = norm,
-                                       .scale = c->expert_scale,
-                                       .n_group = c->n_group,
-                                       .n_group_used = c->n_group_used};
-    char what[1024]; /* the file's path and the keys */
-    snprintf(what, sizeof(what), "%s: keys %s.expert_*", path, m->arch->name);
-    st = moe_router_check(&w->router, what);
+    if (st == TM_OK) st = model_ffn_router_load(m, &w->router);
 done:
     free(nextn);
     return st;
@@ -186,32 +145,15 @@ static tm_status glm_state_create(tm_context *ctx) {
     glm_acts *s = calloc(1, sizeof(*s));
     if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     ctx->state = s;
-    const int64_t FS = (int64_t)c->n_ff_exp * (c->n_shexp ? c->n_shexp : 1);
     tm_status st;
-    if ((st = model_moe_acts_create(ctx, &s->m)) ||
-        (st = exec_act_create(e, &s->ff_g, "dense_gate", c->n_ff, false, 0)) ||
-        (st = exec_act_create(e, &s->ff_u, "dense_up", c->n_ff, false, 0)) ||
-        (st = exec_act_create(e, &s->sh_g, "shexp_gate", FS, false, 0)) ||
-        (st = exec_act_create(e, &s->sh_u, "shexp_up", FS, false, 0)) ||
-        (st = exec_act_create(e, &s->ff_out, "ff_out", c->n_embd, false, 0)))
+    if ((st = model_moe_acts_create(ctx, &s->m)) || (st = model_ffn_acts_create(ctx, &s->ffn)))
         return st;
     tm_tier_layer *tl = calloc(c->n_layer, sizeof(*tl));
     if (!tl) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < c->n_layer && st == TM_OK; l++) {
         const glm_layer *L = &w->layers[l];
-        /* products of one input, stacked on the GPU at decode */
-        const tm_weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *dn[] = {&L->ffn_gate, &L->ffn_up},
-                        *sh[] = {&L->sh_gate, &L->sh_up};
-        st = exec_weight_group(e, 3, qkv);
-        if (st == TM_OK && L->dense) st = exec_weight_group(e, 2, dn);
-        if (st == TM_OK && !L->dense && c->n_shexp) st = exec_weight_group(e, 2, sh);
-        if (L->dense) continue; /* no part in the tier */
-        tl[l] = (tm_tier_layer){.experts = L->experts,
-                                .gate = &L->gate_exps,
-                                .up = &L->up_exps,
-                                .down = &L->down_exps,
-                                .router = &L->router,
-                                .sel_bias = L->sel_bias.data ? &L->sel_bias : NULL};
+        const tm_weight *qkv[] = {&L->wq, &L->wk, &L->wv}; /* stacked on the GPU at decode */
+        if ((st = exec_weight_group(e, 3, qkv)) == TM_OK) st = model_ffn_setup(e, &L->ffn, &tl[l]);
     }
     if (st == TM_OK) st = model_moe_state_finish(ctx, tl, &w->router, NULL, NULL, NULL);
     free(tl);
@@ -224,15 +166,6 @@ static void glm_state_free(tm_context *ctx) {
 }
 
 #define DO MODEL_DO
-
-/* y = down(silu(gate h) ⊙ up h): a dense FFN (a dense layer's, or the shared experts') */
-static tm_status glm_ffn(tm_exec *e, const tm_weight *gate, const tm_weight *up,
-                         const tm_weight *down, tm_act *g, tm_act *u, tm_act *h, tm_act *y) {
-    DO(exec_matmul_n(e, 2, (tm_act *const[]){g, u}, (const tm_weight *const[]){gate, up}, h));
-    DO(exec_swiglu(e, g, g, u));
-    DO(exec_matmul(e, y, down, g));
-    return TM_OK;
-}
 
 static tm_status glm_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
     const tm_model_config *c = &ctx->model->cfg;
@@ -270,27 +203,7 @@ static tm_status glm_layer_forward(tm_context *ctx, uint32_t l, int64_t n_tok) {
     DO(exec_part(e, TM_PROF_NORM));
     DO(exec_add_rmsnorm(e, &s->x, &s->attn_out, &s->h, &L->post_norm, eps)); /* x += Wo att;
                                                     h = rmsnorm(x) * post_attention_norm */
-    DO(exec_part(e, TM_PROF_EXPERTS));
-    if (L->dense) { /* x += down(silu(gate h) ⊙ up h) */
-        DO(glm_ffn(e, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &a->ff_g, &a->ff_u, &s->h,
-                   &a->ff_out));
-        DO(exec_add(e, &s->x, &a->ff_out));
-        DO(exec_emit(e, "dense_out", (int)l, &a->ff_out, n_tok));
-        DO(exec_emit(e, "x_out", (int)l, &s->x, n_tok));
-        return TM_OK;
-    }
-    if (c->n_shexp) { /* x += down_sh(silu(gate_sh h) ⊙ up_sh h), unweighted */
-        DO(glm_ffn(e, &L->sh_gate, &L->sh_up, &L->sh_down, &a->sh_g, &a->sh_u, &s->h, &a->ff_out));
-        DO(exec_add(e, &s->x, &a->ff_out));
-        DO(exec_emit(e, "shexp_out", (int)l, &a->ff_out, n_tok));
-    }
-    DO(exec_part(e, TM_PROF_ROUTER));
-    DO(exec_matmul(e, &s->router_logits, &L->router, &s->h)); /* W_router h */
-    DO(exec_part(e, TM_PROF_EXPERTS));
-    DO(tier_moe(ctx->tier, l, &s->router_logits, &s->h, &s->topk_ids, &s->topk_w, &s->x,
-                &s->ffn_out)); /* x += Σ_k w_k · down_k(silu(gate_k h) ⊙ up_k h) */
-    DO(model_moe_emit(ctx, l, s, n_tok));
-    return TM_OK;
+    return model_ffn_forward(ctx, l, &L->ffn, &a->ffn, s, n_tok); /* the header's FFN part */
 }
 
 static tm_status glm_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {

@@ -259,6 +259,34 @@ tm_status model_moe_emit(tm_context *c, uint32_t l, tm_moe_acts *s, int64_t n_to
 tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *norm,
                                const tm_weight *out, int64_t n_tok, bool all_logits);
 
+/* ---- the FFN half of glm4moe's and deepseek2's layers (moe_ffn.c) ---- */
+
+/* A leading dense layer's FFN, or a MoE layer's router, selection bias, routed experts
+ * (the tier's) and shared experts (n_shexp of them run as one; none: sh_gate.data NULL). */
+typedef struct tm_ffn_layer {
+    bool dense;
+    tm_weight ffn_gate, ffn_up, ffn_down; /* dense layers */
+    tm_weight router, sel_bias, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
+    tm_moe_experts experts;
+} tm_ffn_layer;
+typedef struct tm_ffn_acts {
+    tm_act ff_g, ff_u, sh_g, sh_u, ff_out;
+} tm_ffn_acts;
+/* Layer l's FFN tensors (dense when l < cfg.n_dense), shapes from cfg (n_ff, n_ff_exp,
+ * n_shexp, n_expert); exp_probs_b.bias optional unless sel_bias_required, and f32. */
+tm_status model_ffn_bind(const tm_model *m, uint32_t l, bool sel_bias_required, tm_ffn_layer *F);
+/* The router of cfg's gating_func, n_group(_used), expert_scale and the bool key
+ * <arch>.expert_weights_norm (absent: false), checked (moe_router_check). */
+tm_status model_ffn_router_load(const tm_model *m, tm_moe_router_params *r);
+tm_status model_ffn_acts_create(tm_context *ctx, tm_ffn_acts *a);
+/* The layer's weight groups (gate and up of one input) and, for a MoE layer, its part in
+ * the tier (tl; left alone for a dense layer: no part). */
+tm_status model_ffn_setup(tm_exec *e, const tm_ffn_layer *F, tm_tier_layer *tl);
+/* x += FFN(h) of layer l (s->h the normed input), with its intermediates emitted
+ * (dense_out and x_out; shexp_out and model_moe_emit's). */
+tm_status model_ffn_forward(tm_context *ctx, uint32_t l, const tm_ffn_layer *F, tm_ffn_acts *a,
+                            tm_moe_acts *s, int64_t n_tok);
+
 #define MODEL_DO(call)                                                                             \
     do {                                                                                           \
         tm_status st_ = (call);                                                                    \
