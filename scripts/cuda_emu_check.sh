@@ -3,7 +3,7 @@
 # a GPU: builds tests/test_cuda_ops.c against a host mock of src/cuda/cuda.h
 # (tests/emu/cuda_mock.cpp) and against the launchers and kernels of
 # src/cuda/router.cu, norm_rope.cu, mmvq_q8x.cu, mmvq_lbx.cu, moe_fetch.cu, attention.cu,
-# dequant.cu and ssm.cu themselves (tests/cuda/check_fetch.c, check_attention.c,
+# dequant.cu, ssm.cu and mla.cu themselves (tests/cuda/check_fetch.c, check_attention.c,
 # check_dequant.c and check_ssm.c run on them too: attention's cases up to TM_CUDA_ATTN_WORK
 # query-key pairs, prompts on its f32 kernel, as the tensor-core one is not
 # emulated; every weight type's decoder bit for bit; check_lbx.c with its test
@@ -39,13 +39,13 @@ trap 'rm -rf "$T"' EXIT
 # The other checks in tests/cuda/check_*.c need what the mock lacks (cuBLAS,
 # rows of several sequences, whole models): skipped here, through stubs.
 sed -n 's/^void \(check_[a-z0-9_]*\)(void \*\*state);$/\1/p' tests/cuda/cuda_check.h \
-    | grep -v '^check_fetch_ahead$\|^check_attention$\|^check_dequant$\|^check_lbx$\|^check_ssm$\|^check_ssm_gates$\|^check_attn_partial_rope$' \
+    | grep -v '^check_fetch_ahead$\|^check_attention$\|^check_dequant$\|^check_lbx$\|^check_ssm$\|^check_ssm_gates$\|^check_attn_partial_rope$\|^check_mla$' \
     | awk 'BEGIN { print "#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>" }
            { print "void " $1 "(void **state);\nvoid " $1 "(void **state) { (void)state; skip(); }" }' > "$T/stubs.c"
 CXX="g++ -std=c++20 -O2 -w -Isrc -Itests/emu -I$CUDA_INC"
 CC="gcc -std=c11 -O1 -D_GNU_SOURCE -DTM_HAVE_CUDA=1 -Isrc -Iinclude -Itests -Wall -Wextra -Werror -Wno-unused-parameter $SAN"
 pids=()
-for f in router norm_rope mmvq_q8x mmvq_lbx moe_fetch attention dequant ssm; do
+for f in router norm_rope mmvq_q8x mmvq_lbx moe_fetch attention dequant ssm mla; do
     python3 tests/emu/cuda_emu_extract.py src/cuda/$f.cu > "$T/$f.cpp"
     $CXX -include cuda_warp_shim.h -c "$T/$f.cpp" -o "$T/$f.o" & pids+=($!)
 done
@@ -59,6 +59,7 @@ $CC -c tests/cuda/check_attention.c -o "$T/check_attention.o" & pids+=($!)
 $CC -c tests/cuda/check_dequant.c -o "$T/check_dequant.o" & pids+=($!)
 $CC -c tests/cuda/check_lbx.c -o "$T/check_lbx.o" & pids+=($!)
 $CC -c tests/cuda/check_ssm.c -o "$T/check_ssm.o" & pids+=($!)
+$CC -c tests/cuda/check_mla.c -o "$T/check_mla.o" & pids+=($!)
 $CC -c "$T/stubs.c" -o "$T/stubs.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 g++ $SAN "$T"/*.o "$BUILD/libtiermoe_lib.a" $(pkg-config --libs cmocka jansson libpcre2-8 libutf8proc) \

@@ -266,10 +266,10 @@ static void test_matrix_moe_archs(void **state) {
 }
 
 /* DeepSeek-V3 (arch deepseek2, tests/data/hf_deepseek2, written by llama.cpp's converter):
- * MLA (absorbed, its latent cache on the CPU whatever the placement: no CUDA kernel for it
- * yet, so GPU layers hand q and the latent over there and take the heads' output back), YaRN,
- * the leading dense layer and the shared expert beside attention, the routed experts in the
- * tier, under every placement. */
+ * MLA (absorbed: the per-head products of attn_k_b / attn_v_b, a batch's rows gathered a
+ * head at a time on the GPU; latent attention over a cache of the latent and the RoPE key,
+ * the mock's cuda_mla_* in double), YaRN, the leading dense layer and the shared expert
+ * beside attention, the routed experts in the tier, under every placement. */
 static void test_matrix_deepseek2(void **state) {
     (void)state;
     const char *data = getenv("TM_TEST_DATA");

@@ -19,12 +19,13 @@ static inline tm_status cuda_attn_shape_check(const char *op, const tm_cuda_attn
         p->n_head + 2 * (int64_t)p->n_head_kv > 65535 || p->head_dim < 2 ||
         p->head_dim > TM_CUDA_ATTN_MAX_DIM || (p->head_dim & 1) || p->n_ctx < 1 ||
         p->n_ctx > 0x7fffffffLL || (p->kv_type != TM_TYPE_F16 && p->kv_type != TM_TYPE_F32) ||
-        n_tok < 0 || n_tok > 0x7fffffffLL)
-        return tm_error_set(TM_ERR_ARG,
-                            "%s: %d heads / %d kv heads of %d, n_ctx %lld, kv type %d, n_tok %lld "
-                            "(want n_head %% n_head_kv == 0, head_dim even <= %d, kv f16 or f32)",
-                            op, p->n_head, p->n_head_kv, p->head_dim, (long long)p->n_ctx,
-                            (int)p->kv_type, (long long)n_tok, TM_CUDA_ATTN_MAX_DIM);
+        n_tok < 0 || n_tok > 0x7fffffffLL || p->latent)
+        return tm_error_set(
+            TM_ERR_ARG,
+            "%s: %d heads / %d kv heads of %d, n_ctx %lld, kv type %d, n_tok %lld%s "
+            "(want n_head %% n_head_kv == 0, head_dim even <= %d, kv f16 or f32)",
+            op, p->n_head, p->n_head_kv, p->head_dim, (long long)p->n_ctx, (int)p->kv_type,
+            (long long)n_tok, p->latent ? ", latent (cuda_mla_*)" : "", TM_CUDA_ATTN_MAX_DIM);
     const int64_t seq_rows = p->seq_rows ? p->seq_rows : p->n_ctx;
     if (p->seq_rows < 0 || p->seq_rows > p->n_ctx ||
         (p->ring && (p->window < 1 || p->window + (n_tok > 1 ? n_tok : 1) - 1 > seq_rows)))

@@ -493,6 +493,13 @@ typedef struct tm_cuda_attn_params {
     /* RoPE of adjacent pairs (2i, 2i + 1) at theta_i (llama.cpp's "normal" kind), the
      * whole head (n_rot 0 or head_dim); else NeoX pairs (i, i + d/2). */
     bool rope_interleaved;
+    /* Latent attention (MLA decoded in the absorbed form: cuda_mla_prepare,
+     * cuda_mla_attention; the other attention ops refuse it): one KV head whose key is
+     * head_dim = v_dim + n_rot values, the value its first v_dim; RoPE turns each
+     * head's last n_rot values (rope_freq: n_rot / 2 of them). No ring, window or
+     * sinks. */
+    bool latent;
+    int32_t v_dim;
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)
@@ -524,6 +531,27 @@ int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, int64_t n_to
 tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
                          const void *v_cache, const int32_t *pos0, int64_t n_tok, int64_t n_kv_max,
                          float *out, float *scratch, tm_cuda_stream stream);
+
+/* ---- mla.cu: latent attention (MLA, absorbed) and the strided copies of the
+ * per-head products around it. Simple kernels, not tuned: a block a (token,
+ * head), reading the whole cache row by row. ---- */
+
+/* For every token t (at its position, as cuda_attn_prepare's rows): the last n_rot values
+ * of each q head turned in place (pairs (2i, 2i + 1) when rope_interleaved, else NeoX's
+ * (i, i + n_rot / 2); angles as cuda_attn_prepare's, of width n_rot); kv's row
+ * [latent (v_dim) ; RoPE key (n_rot)]: the latent RMS-normed with kv_norm (v_dim f32;
+ * NULL: none), the key turned, stored at the token's cache row (kv_type) and written back
+ * to kv. q: [n_tok][n_head head_dim]; kv: [n_tok][head_dim]; k_cache: [n_ctx][head_dim]. */
+tm_status cuda_mla_prepare(const tm_cuda_attn_params *p, float *q, float *kv, const float *kv_norm,
+                           const int32_t *pos0, int64_t n_tok, void *k_cache,
+                           tm_cuda_stream stream);
+/* out[t][h] = Σ_{j <= pos(t)} softmax_j(scale · q[t][h] · K[j]) K[j][0, v_dim), over
+ * the token's sequence's rows; out [n_tok][n_head v_dim]. */
+tm_status cuda_mla_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
+                             const int32_t *pos0, int64_t n_tok, float *out, tm_cuda_stream stream);
+/* dst[r][i] = src[r][i] for r < rows, i < n, rows dst_ld and src_ld floats apart. */
+tm_status cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
+                         int64_t n, tm_cuda_stream stream);
 
 /* ---- ssm.cu: linear attention (Gated DeltaNet, as in Qwen3-Next) and the
  * element-wise gates around it. Same math as src/cpu/cpu_ssm.h and the

@@ -342,3 +342,20 @@ tm_status cuda_gate_add(float *x, float *y, const float *s, int64_t n_rows, int6
     (void)x, (void)y, (void)s, (void)n_rows, (void)n, (void)stream;
     return NONE;
 }
+tm_status cuda_mla_prepare(const tm_cuda_attn_params *p, float *q, float *kv, const float *kv_norm,
+                           const int32_t *pos0, int64_t n_tok, void *k_cache,
+                           tm_cuda_stream stream) {
+    (void)p, (void)q, (void)kv, (void)kv_norm, (void)pos0, (void)n_tok, (void)k_cache, (void)stream;
+    return NONE;
+}
+tm_status cuda_mla_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
+                             const int32_t *pos0, int64_t n_tok, float *out,
+                             tm_cuda_stream stream) {
+    (void)p, (void)q, (void)k_cache, (void)pos0, (void)n_tok, (void)out, (void)stream;
+    return NONE;
+}
+tm_status cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
+                         int64_t n, tm_cuda_stream stream) {
+    (void)dst, (void)dst_ld, (void)src, (void)src_ld, (void)rows, (void)n, (void)stream;
+    return NONE;
+}

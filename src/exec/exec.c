@@ -206,15 +206,6 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
     if (!e->layer_dev || !e->k_cache || !e->v_cache || !e->window || !e->kv_rows || !e->kv_bytes)
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     memcpy(e->layer_dev, layer_dev, n_layer);
-    if (shape->latent) { /* no CUDA kernel for it yet: its layers attend on the CPU */
-        uint32_t n_gpu = 0;
-        for (uint32_t l = 0; l < n_layer; l++) n_gpu += e->layer_dev[l] == TM_DEV_GPU;
-        memset(e->layer_dev, TM_DEV_CPU, n_layer);
-        if (n_gpu)
-            tm_log_info("latent attention of the %u layers on the GPU runs on the CPU, its KV "
-                        "cache in RAM (no CUDA kernel for it yet)",
-                        n_gpu);
-    }
     const size_t row =
         (size_t)(shape->n_head_kv * shape->head_dim) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (uint32_t l = 0; l < n_layer; l++) {
@@ -770,6 +761,17 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
     return TM_OK;
 }
 
+tm_status exec_weight_heads(tm_exec *e, const tm_weight *w) {
+    if (w->n_dims != 3)
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_weight_heads: '%.*s' is %u-d, expected [in, out, "
+                            "n_head]",
+                            (int)w->name_len, w->name, w->n_dims);
+    const int64_t n = w->ne[0] + w->ne[1]; /* a head's gathered input and its output */
+    if (exec_weight_home(e, w) == TM_DEV_GPU && n > e->heads_width) e->heads_width = n;
+    return TM_OK;
+}
+
 tm_status exec_matmul_heads(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x, int64_t n_pass) {
     const int64_t H = w->n_dims == 3 ? w->ne[2] : 0, in = w->ne[0], out = w->ne[1];
     if (H < 1 || x->n % H || y->n % H || n_pass < 0 || in + n_pass > x->n / H ||
@@ -780,11 +782,17 @@ tm_status exec_matmul_heads(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x
                             "into its heads",
                             (int)w->name_len, w->name, (long long)in, (long long)out, (long long)H,
                             w->n_dims, (long long)n_pass, (long long)x->n, (long long)y->n);
+    const tm_dev d = exec_weight_home(e, w);
+    if (d == TM_DEV_GPU && w->ne[0] + w->ne[1] > e->heads_width)
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_matmul_heads: '%.*s' was not declared (exec_weight_heads)",
+                            (int)w->name_len, w->name);
     tm_status st;
-    if ((st = exec_side(e, TM_DEV_CPU)) || (st = exec_act_to(e, x, TM_DEV_CPU, e->n_tok)) ||
-        (st = exec_cpu_matmul_heads(e, w, x->host, x->n, y->host, y->n, n_pass)))
+    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
+        (st = d == TM_DEV_GPU ? exec_gpu_matmul_heads(e, w, x->dev, x->n, y->dev, y->n, n_pass)
+                              : exec_cpu_matmul_heads(e, w, x->host, x->n, y->host, y->n, n_pass)))
         return st;
-    exec_act_wrote(y, TM_DEV_CPU);
+    exec_act_wrote(y, d);
     return TM_OK;
 }
 

@@ -108,8 +108,7 @@ typedef struct tm_attn_desc {
      * and the value the key's first v_dim values: the KV cache holds the key rows only.
      * RoPE turns the last n_rot values of each query head and of the key (rope_freq:
      * n_rot / 2 of them); k_norm (v_dim values) norms the latent; no q_norm. out is
-     * [rows][n_head v_dim]. Runs on the CPU, its cache in RAM, whatever the placement
-     * (no CUDA kernel yet). */
+     * [rows][n_head v_dim]. */
     bool latent;
     int64_t v_dim;
 } tm_attn_desc;
@@ -165,6 +164,8 @@ tm_status exec_act_create(tm_exec *e, tm_act *a, const char *name, int64_t n, bo
  * on the GPU when they share a home there and a type, so one launch covers them
  * at decode. */
 tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws);
+/* A weight exec_matmul_heads takes (the GPU sizes its gather scratch by it). */
+tm_status exec_weight_heads(tm_exec *e, const tm_weight *w);
 /* Attention's shape (every layer's: sizes the KV caches and the scratch), where
  * each layer's KV cache lives and each layer's sliding window (window: [n_layer],
  * 0 or NULL: full attention; EXEC_NO_ATTENTION: none, no cache). A sequence's cache has rows of n_head_kv * head_dim
@@ -279,12 +280,13 @@ tm_status exec_add_bias(tm_exec *e, tm_act *y, const tm_weight *b);
 tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_act *q, tm_act *k,
                          tm_act *v, tm_act *out);
 /* Per-head products with a 3-D weight w [in, out, n_head] (MLA's attn_k_b,
- * attn_v_b): for each row t and head h < n_head,
+ * attn_v_b), at w's home (declared with exec_weight_heads before exec_finalize):
+ * for each row t and head h < n_head,
  *   y[t][h ys + o]       = Σ_i W[h][o][i] x[t][h xs + i]   o < out
  *   y[t][h ys + out + j] = x[t][h xs + in + j]            j < n_pass (carried along:
  *                                                          MLA's RoPE part of the query)
- * with xs = x->n / n_head and ys = y->n / n_head. On the CPU, from the mapped file,
- * whatever the placement (it feeds latent attention, which runs there). */
+ * with xs = x->n / n_head and ys = y->n / n_head. On the GPU a product a head over
+ * the head's rows (gathered for a batch). */
 tm_status exec_matmul_heads(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x, int64_t n_pass);
 
 /* ---- linear attention and the gates around it (exec_ssm.c) ---- */

@@ -204,8 +204,9 @@ tm_status exec_gpu_finalize(tm_exec *e) {
      * a ring's keys are fewer) */
     const exec_attn shape = {.d = &e->attn_shape, .seq_rows = e->n_ctx_seq};
     const tm_cuda_attn_params ap = gpu_attn_params(e, &shape);
-    bool gpu_attention = false;
-    for (uint32_t l = 0; l < e->n_layer; l++) gpu_attention |= e->layer_dev[l] == TM_DEV_GPU;
+    bool gpu_attention = false, gpu_layers = false; /* the first: grouped-query attention */
+    for (uint32_t l = 0; l < e->n_layer; l++) gpu_layers |= e->layer_dev[l] == TM_DEV_GPU;
+    gpu_attention = gpu_layers && !e->kv_latent;
     e->gpu_scratch_bytes = gpu_gemm_scratch(e);
     /* attention splits the keys of a few tokens over blocks (scratch), not a
      * batch's; rows of several sequences each as many as one token alone */
@@ -219,15 +220,17 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         f = fr > f ? fr : f;
         attn_floats = f > attn_floats ? f : attn_floats;
     }
-    const size_t rope_bytes =
-        e->rope_freq && gpu_attention ? (size_t)(e->attn_shape.head_dim / 2) * sizeof(float) : 0;
+    const int64_t rot = e->kv_latent ? e->attn_shape.n_rot : e->attn_shape.head_dim;
+    const size_t rope_bytes = e->rope_freq && gpu_layers ? (size_t)(rot / 2) * sizeof(float) : 0;
+    const size_t heads_bytes = (size_t)(e->p.n_batch * e->heads_width) * sizeof(float);
+    const size_t n_kv = e->kv_latent ? 1 : 2; /* K and V, or a latent's K */
     gpu_q8x_setup(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
     size_t bytes = take_size(step_bytes) + take_size(e->gpu_scratch_bytes) +
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
-                   take_size(rope_bytes);
+                   take_size(rope_bytes) + take_size(heads_bytes);
     for (uint32_t l = 0; l < e->n_layer; l++)
-        if (e->layer_dev[l] == TM_DEV_GPU) bytes += 2 * take_size(e->kv_bytes[l]);
+        if (e->layer_dev[l] == TM_DEV_GPU) bytes += n_kv * take_size(e->kv_bytes[l]);
     for (int i = 0; i < e->n_acts; i++)
         bytes += take_size((size_t)(e->acts[i]->dev_rows * e->acts[i]->n) * 4);
     for (int g = 0; g < e->n_groups; g++)
@@ -237,14 +240,15 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         (st = gpu_pool_take(pool, step_bytes, (void **)&e->step_dev)) ||
         (st = gpu_pool_take(pool, e->gpu_scratch_bytes, &e->gpu_scratch)) ||
         (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)) ||
-        (st = gpu_pool_take(pool, q8x_bytes, &e->gpu_q8x)))
+        (st = gpu_pool_take(pool, q8x_bytes, &e->gpu_q8x)) ||
+        (st = gpu_pool_take(pool, heads_bytes, (void **)&e->gpu_heads)))
         return st;
     if (rope_bytes && ((st = gpu_pool_take(pool, rope_bytes, (void **)&e->rope_freq_dev)) ||
                        (st = gpu_upload(e, e->rope_freq_dev, e->rope_freq, rope_bytes))))
         return st;
     for (uint32_t l = 0; l < e->n_layer && st == TM_OK; l++)
         if (e->layer_dev[l] == TM_DEV_GPU &&
-            ((st = gpu_pool_take(pool, e->kv_bytes[l], &e->k_cache[l])) == TM_OK))
+            ((st = gpu_pool_take(pool, e->kv_bytes[l], &e->k_cache[l])) == TM_OK) && !e->kv_latent)
             st = gpu_pool_take(pool, e->kv_bytes[l], &e->v_cache[l]);
     for (int i = 0; i < e->n_acts && st == TM_OK; i++) {
         tm_act *a = e->acts[i];
@@ -324,8 +328,46 @@ static tm_status gpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const
     return TM_OK;
 }
 
+/* Latent attention (MLA): its key row prepared and stored, then every head over the
+ * sequence's rows; each row at its position (the kernels read them from device memory,
+ * so a captured graph replays anywhere). */
+static tm_status gpu_attention_latent(tm_exec *e, const exec_attn *a, float *q, float *k,
+                                      float *out, int64_t rows) {
+    tm_cuda_attn_params p = gpu_attn_params(e, a);
+    p.latent = true, p.v_dim = (int32_t)a->d->v_dim;
+    p.row_pos = exec_row_pos_dev(e), p.row_seq = exec_row_seq_dev(e);
+    tm_status st = cuda_mla_prepare(&p, q, k, a->k_norm, e->step_dev, rows, a->k_cache, e->stream);
+    return st ? st : cuda_mla_attention(&p, q, a->k_cache, e->step_dev, rows, out, e->stream);
+}
+
+tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
+                                float *y, int64_t yn, int64_t n_pass) {
+    const int64_t H = w->ne[2], in = w->ne[0], out = w->ne[1], T = e->n_tok, xs = xn / H,
+                  ys = yn / H;
+    const uint8_t *base = exec_weight_dev(e, w);
+    float *gx = e->gpu_heads, *gy = e->gpu_heads + T * in; /* a head's rows, its product */
+    tm_status st = TM_OK;
+    for (int64_t h = 0; h < H && st == TM_OK; h++) {
+        const exec_matrix m = {base + (size_t)(h * out) * w->row_bytes, w->type, w->row_bytes, in,
+                               out};
+        if (T == 1) { /* one row: the head's values are contiguous */
+            st = gpu_matmul_op(e, &m, x + h * xs, 1, y + h * ys);
+            continue;
+        }
+        if ((st = cuda_copy_rows(gx, in, x + h * xs, xn, T, in, e->stream)) ||
+            (st = gpu_matmul_op(e, &m, gx, T, gy)))
+            break;
+        st = cuda_copy_rows(y + h * ys, yn, gy, out, T, out, e->stream);
+    }
+    /* the carried values: row t h of [T H][xs] to [T H][ys] */
+    if (st == TM_OK && n_pass)
+        st = cuda_copy_rows(y + out, ys, x + in, xs, T * H, n_pass, e->stream);
+    return st;
+}
+
 static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, float *k,
                                   const float *v, float *out, int64_t rows) {
+    if (a->d->latent) return gpu_attention_latent(e, a, q, k, out, rows);
     tm_cuda_attn_params p = gpu_attn_params(e, a);
     const int32_t *pos = e->step_dev; /* read when the kernels run: a graph replays as is */
     void *kc = a->k_cache, *vc = a->v_cache;

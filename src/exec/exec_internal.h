@@ -83,7 +83,8 @@ struct tm_exec {
     int64_t *window;           /* [n_layer] sliding windows (0: full attention) */
     int64_t *kv_rows;          /* [n_layer] rows of one sequence (n_ctx_seq, or a ring's) */
     size_t *kv_bytes;          /* [n_layer] of the layer's K (or V) cache, every sequence's */
-    bool kv_latent;            /* latent attention: K rows only (no V cache), on the CPU */
+    bool kv_latent;            /* latent attention: K rows only (no V cache) */
+    int64_t heads_width;       /* the widest in + out of a GPU exec_matmul_heads weight */
 
     /* CPU side */
     void *cpu_act; /* quantized activations of a product */
@@ -102,6 +103,7 @@ struct tm_exec {
     void *gpu_scratch; /* products on tensor cores */
     size_t gpu_scratch_bytes;
     float *gpu_attn;        /* attention scratch */
+    float *gpu_heads;       /* [n_batch][heads_width]: a head's rows gathered, its product */
     bool gpu_attn_f32;      /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
     void *gpu_q8x;          /* 8-bit activations of a decode product (cuda_q8x_quantize) */
     int64_t gpu_q8x_k;      /* the longest row it holds (0: products keep f32 activations) */
@@ -183,8 +185,10 @@ tm_status exec_side(tm_exec *e, tm_dev d);
 const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d);
 /* exec_ssm.c */
 void exec_ssm_free(tm_exec *e);
-/* exec_cpu.c: exec_matmul_heads's work on the host (x, y: host rows). */
+/* exec_matmul_heads's work on each side (x, y: that side's rows). */
 tm_status exec_cpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
+                                float *y, int64_t yn, int64_t n_pass);
+tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
                                 float *y, int64_t yn, int64_t n_pass);
 /* The matrix of weight w (or of a group) on side d. */
 exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d);

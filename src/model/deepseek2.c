@@ -259,7 +259,10 @@ static tm_status ds_state_create(tm_context *ctx) {
         const ds_layer *L = &w->layers[l];
         /* q's and the latent's products of one input, stacked on the GPU at decode */
         const tm_weight *qkv[] = {c->n_lora_q ? &L->wq_a : &L->wq, &L->wkv_a};
-        if ((st = exec_weight_group(e, 2, qkv)) == TM_OK) st = model_ffn_setup(e, &L->ffn, &tl[l]);
+        if ((st = exec_weight_group(e, 2, qkv)) || (st = exec_weight_heads(e, &L->wk_b)) ||
+            (st = exec_weight_heads(e, &L->wv_b)))
+            break;
+        st = model_ffn_setup(e, &L->ffn, &tl[l]);
     }
     const tm_attn_desc shape = ds_attn_desc(c, w);
     if (st == TM_OK) st = model_moe_state_finish_attn(ctx, tl, &w->router, &shape, NULL, NULL);

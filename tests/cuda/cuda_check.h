@@ -106,5 +106,6 @@ void check_model(void **state);
 void check_ssm(void **state);
 void check_ssm_gates(void **state);
 void check_attn_partial_rope(void **state);
+void check_mla(void **state);
 
 #endif
