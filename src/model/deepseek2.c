@@ -81,7 +81,8 @@ typedef struct ds_acts {
 } ds_acts;
 
 /* Layer l's tensors (a NextN layer's too). */
-static tm_status ds_layer_bind(tm_model *m, uint32_t l, ds_layer *L) {
+static tm_status ds_layer_bind(tm_model *m, uint32_t l, void *layer) {
+    ds_layer *L = layer;
     const tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, H = c->n_head, DK = c->head_dim_mla, DV = c->v_head_dim_mla,
                   R = c->n_rot, NOPE = DK - R, KVL = c->n_lora_kv, QL = c->n_lora_q;
@@ -179,39 +180,20 @@ static tm_status ds_load(tm_model *m) {
                             "written by an older converter (convert it again with a current "
                             "llama.cpp, which splits kv_b)",
                             path);
+    uint32_t n_block;
     tm_status st = model_hparams_load(m);
-    if (st || (st = ds_check_widths(m))) return st;
-    const uint32_t n_block = c->n_layer;
-    c->n_layer = n_block - c->n_nextn; /* the layers that run */
-    if (c->n_dense >= c->n_layer)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: key %s.leading_dense_block_count is %u, expected fewer than the "
-                            "%u layers that run (%s.block_count %u less %u NextN layers)",
-                            path, m->arch->name, c->n_dense, c->n_layer, m->arch->name, n_block,
-                            c->n_nextn);
+    if (st || (st = ds_check_widths(m)) || (st = model_nextn_split(m, &n_block))) return st;
     ds_weights *w = calloc(1, sizeof(*w));
-    ds_layer *nextn = calloc(1, sizeof(ds_layer));
-    if (!w || !nextn || !(w->layers = calloc(c->n_layer, sizeof(ds_layer)))) {
-        free(w), free(nextn);
+    if (!w || !(w->layers = calloc(c->n_layer, sizeof(ds_layer)))) {
+        free(w);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     m->weights = w;
     if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output)) ||
-        (st = ds_rope_load(m, w)))
-        goto done;
-    for (uint32_t l = 0; l < n_block && st == TM_OK; l++) {
-        if (l < c->n_layer) {
-            st = ds_layer_bind(m, l, &w->layers[l]);
-        } else if ((st = ds_layer_bind(m, l, nextn)) == TM_OK) {
-            st = model_nextn_bind(m, l);
-        } else {
-            st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
-        }
-    }
-    if (st == TM_OK) st = model_ffn_router_load(m, &w->router); /* absent norm: V2's none */
-done:
-    free(nextn);
-    return st;
+        (st = ds_rope_load(m, w)) ||
+        (st = model_layers_bind(m, n_block, w->layers, sizeof(ds_layer), ds_layer_bind)))
+        return st;
+    return model_ffn_router_load(m, &w->router); /* absent norm: V2's none */
 }
 
 static void ds_unload(tm_model *m) {

@@ -55,7 +55,9 @@ typedef struct glm_acts {
 } glm_acts;
 
 /* Layer l's tensors (a NextN layer's too: the same shapes). */
-static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, glm_layer *L) {
+static tm_status glm_layer_bind(tm_model *m, uint32_t l, void *layer) {
+    const glm_weights *w = m->weights;
+    glm_layer *L = layer;
     const tm_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, D = c->head_dim, Q = (int64_t)c->n_head * D,
                   KV = (int64_t)c->n_head_kv * D;
@@ -96,39 +98,20 @@ static tm_status glm_layer_bind(tm_model *m, const glm_weights *w, uint32_t l, g
 
 static tm_status glm_load(tm_model *m) {
     tm_model_config *c = &m->cfg;
-    const char *path = m->file->path;
+    uint32_t n_block;
     tm_status st = model_hparams_load(m);
-    if (st) return st;
-    const uint32_t n_block = c->n_layer;
-    c->n_layer = n_block - c->n_nextn; /* the layers that run */
-    if (c->n_dense >= c->n_layer)
-        return tm_error_set(TM_ERR_FORMAT,
-                            "%s: key %s.leading_dense_block_count is %u, expected fewer than the "
-                            "%u layers that run (%s.block_count %u less %u NextN layers)",
-                            path, m->arch->name, c->n_dense, c->n_layer, m->arch->name, n_block,
-                            c->n_nextn);
+    if (st || (st = model_nextn_split(m, &n_block))) return st;
     glm_weights *w = calloc(1, sizeof(*w));
-    glm_layer *nextn = calloc(1, sizeof(glm_layer));
-    if (!w || !nextn || !(w->layers = calloc(c->n_layer, sizeof(glm_layer)))) {
-        free(w), free(nextn);
+    if (!w || !(w->layers = calloc(c->n_layer, sizeof(glm_layer)))) {
+        free(w);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     m->weights = w;
-    if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output))) goto done;
     w->qk_norm = gguf_file_find_tensor(m->file, "blk.0.attn_q_norm.weight") != NULL;
-    for (uint32_t l = 0; l < n_block && st == TM_OK; l++) {
-        if (l < c->n_layer) {
-            st = glm_layer_bind(m, w, l, &w->layers[l]);
-        } else if ((st = glm_layer_bind(m, w, l, nextn)) == TM_OK) {
-            st = model_nextn_bind(m, l);
-        } else {
-            st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
-        }
-    }
-    if (st == TM_OK) st = model_ffn_router_load(m, &w->router);
-done:
-    free(nextn);
-    return st;
+    if ((st = model_io_bind(m, &w->token_embd, &w->output_norm, &w->output)) ||
+        (st = model_layers_bind(m, n_block, w->layers, sizeof(glm_layer), glm_layer_bind)))
+        return st;
+    return model_ffn_router_load(m, &w->router);
 }
 
 static void glm_unload(tm_model *m) {

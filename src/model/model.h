@@ -272,6 +272,14 @@ typedef struct tm_ffn_layer {
 typedef struct tm_ffn_acts {
     tm_act ff_g, ff_u, sh_g, sh_u, ff_out;
 } tm_ffn_acts;
+/* cfg.n_layer from block_count to the layers that run (less cfg.n_nextn NextN layers, at
+ * the end); *n_block gets block_count. The leading dense layers must be fewer. */
+tm_status model_nextn_split(tm_model *m, uint32_t *n_block);
+/* bind(m, l, layers + l size) for each layer that runs, then for each NextN layer into a
+ * scratch layer (dropped) followed by model_nextn_bind; an error names the NextN layer. */
+typedef tm_status (*model_layer_bind_fn)(tm_model *m, uint32_t l, void *layer);
+tm_status model_layers_bind(tm_model *m, uint32_t n_block, void *layers, size_t size,
+                            model_layer_bind_fn bind);
 /* Layer l's FFN tensors (dense when l < cfg.n_dense), shapes from cfg (n_ff, n_ff_exp,
  * n_shexp, n_expert); exp_probs_b.bias optional unless sel_bias_required, and f32. */
 tm_status model_ffn_bind(const tm_model *m, uint32_t l, bool sel_bias_required, tm_ffn_layer *F);

@@ -10,8 +10,39 @@
  * n_ff_exp, n_expert], ffn_down_exps [n_ff_exp, n_embd, n_expert]; ffn_gate/up_shexp [n_embd,
  * n_ff_exp · expert_shared_count], ffn_down_shexp the reverse. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "model/model.h"
+
+tm_status model_nextn_split(tm_model *m, uint32_t *n_block) {
+    tm_model_config *c = &m->cfg;
+    *n_block = c->n_layer;
+    c->n_layer = *n_block - c->n_nextn; /* the layers that run */
+    if (c->n_dense >= c->n_layer)
+        return tm_error_set(TM_ERR_FORMAT,
+                            "%s: key %s.leading_dense_block_count is %u, expected fewer than the "
+                            "%u layers that run (%s.block_count %u less %u NextN layers)",
+                            m->file->path, m->arch->name, c->n_dense, c->n_layer, m->arch->name,
+                            *n_block, c->n_nextn);
+    return TM_OK;
+}
+
+tm_status model_layers_bind(tm_model *m, uint32_t n_block, void *layers, size_t size,
+                            model_layer_bind_fn bind) {
+    void *nextn = calloc(1, size); /* a NextN layer's: checked, then dropped */
+    if (!nextn) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    tm_status st = TM_OK;
+    for (uint32_t l = 0; l < n_block && st == TM_OK; l++) {
+        if (l < m->cfg.n_layer)
+            st = bind(m, l, (char *)layers + (size_t)l * size);
+        else if ((st = bind(m, l, nextn)) == TM_OK)
+            st = model_nextn_bind(m, l);
+        else
+            st = tm_error_wrap(st, "NextN layer %u (%s.nextn_predict_layers)", l, m->arch->name);
+    }
+    free(nextn);
+    return st;
+}
 
 tm_status model_ffn_bind(const tm_model *m, uint32_t l, bool sel_bias_required, tm_ffn_layer *F) {
     const tm_model_config *c = &m->cfg;
