@@ -528,7 +528,7 @@ static void test_errors(void **state) {
     const tm_cuda_moe_item items_h[2] = {{0, 0, 1.0f, 0}, {1, 0, 1.0f, 1}};
     tm_cuda_moe_item *items = upload(&g, items_h, sizeof(items_h));
     const tm_cuda_moe_matrix m = {wm, TM_TYPE_F32, 32 * 32 * 4, 32 * 4};
-    const tm_cuda_moe_params p = {32, 32, 2, m, m, m, {0}, false};
+    const tm_cuda_moe_params p = {32, 32, 2, m, m, m, {0}, false, false};
     const int32_t slots[1] = {0};
     const int64_t starts[2] = {0, 2};
     const tm_cuda_moe_groups gr = {1, slots, starts, items};

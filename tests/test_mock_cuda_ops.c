@@ -143,6 +143,7 @@ static void test_moe(void **state) {
         {upload(&g, c.up, MS * MF * c.up_rb), TM_TYPE_Q8_0, MF * c.up_rb, c.up_rb},
         {upload(&g, c.down, MS * ME * c.down_rb), TM_TYPE_F32, ME * c.down_rb, c.down_rb},
         {0},
+        false,
         false};
     /* skipped: slot -1 (not cached), slot MS, token MT */
     const tm_cuda_moe_item items_h[] = {{0, 0, 0.5f, 0},  {2, 0, 0.25f, 2}, {-1, 1, 1.0f, -1},

@@ -202,7 +202,7 @@ static void moe_case_run(tm_rng *r, tm_cuda_blas *b, const moe_case *c) {
     check_oai_biases bias = check_oai_biases_make(r, NX, F, E);
 
     cuda_pool_reset(g_pool);
-    tm_cuda_moe_params p = {E, F, S, {0}, {0}, {0}, {0}, false};
+    tm_cuda_moe_params p = {E, F, S, {0}, {0}, {0}, {0}, false, false};
     if (c->oai) p.ext = check_oai_ext(&bias, F, E);
     p.gate = (tm_cuda_moe_matrix){dev_upload(gw, (size_t)S * F * gb), c->tg, F * gb, gb};
     p.up = (tm_cuda_moe_matrix){dev_upload(uw, (size_t)S * F * ub), c->tu, F * ub, ub};
@@ -398,7 +398,7 @@ static void check_args(tm_cuda_blas *b) {
     assert_int_equal(cuda_gemm(b, TM_TYPE_Q8_0, buf, 34, 1, 32, (float *)(buf + 2), 1, fb, buf, s),
                      TM_ERR_ARG);
     const tm_cuda_moe_matrix q8 = {buf, TM_TYPE_Q8_0, 32 * 68, 68};
-    tm_cuda_moe_params p = {64, 32, 2, q8, q8, {buf, TM_TYPE_Q8_0, 64 * 34, 34}, {0}, false};
+    tm_cuda_moe_params p = {64, 32, 2, q8, q8, {buf, TM_TYPE_Q8_0, 64 * 34, 34}, {0}, false, false};
     const int32_t slots[2] = {0, 1};
     int64_t starts[3] = {0, 1, 2};
     const tm_cuda_moe_groups g = {2, slots, starts, (const tm_cuda_moe_item *)buf};
