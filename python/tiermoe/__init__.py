@@ -9,8 +9,8 @@ through libtiermoe's C API (include/tiermoe.h) with ctypes. docs/library.md, "Py
 """
 from ._lib import LogLevel, Status, TiermoeError, library_path, set_log_callback, version
 from .context import Context, ContextInfo, Sampler
-from .model import PLACEMENT, Model, ModelInfo
+from .model import PLACEMENT, TOKEN_TYPES, Detokenizer, Model, ModelInfo, TokenInfo, VocabInfo
 
 __version__ = "0.1.0"
-__all__ = ["Model", "ModelInfo", "Context", "ContextInfo", "Sampler", "TiermoeError", "Status", "LogLevel",
+__all__ = ["Model", "ModelInfo", "TokenInfo", "VocabInfo", "Detokenizer", "TOKEN_TYPES", "Context", "ContextInfo", "Sampler", "TiermoeError", "Status", "LogLevel",
            "PLACEMENT", "library_path", "version", "set_log_callback"]

@@ -28,9 +28,61 @@ PLACEMENT = {
 
 
 @dataclass(frozen=True)
+class TokenInfo:
+    """tm_token_info: type is tokenizer.ggml.token_type's value (TOKEN_TYPES names
+    them); text the bytes the token stands for, a control token's own text included."""
+    type: int
+    text: bytes
+
+    @property
+    def type_name(self):
+        return TOKEN_TYPES.get(self.type, str(self.type))
+
+
+# tm_token_type's values (llama.cpp's tokenizer.ggml.token_type)
+TOKEN_TYPES = {0: "undefined", 1: "normal", 2: "unknown", 3: "control", 4: "user_defined",
+               5: "unused", 6: "byte"}
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """tm_vocab_info."""
+    n_tokens: int
+    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    pre: str    # tokenizer.ggml.pre, or "default"
+
+
+class Detokenizer(_lib.Handle):
+    """A streaming detokenizer (tm_detokenizer): push(id) gives the bytes to print now,
+    never ending inside a UTF-8 character; flush() the bytes still held. Made by
+    Model.detokenizer(); closed with its model's own lifetime in mind: close it first."""
+
+    def __init__(self, model, render_special=False, replace_invalid=True):
+        h = c_void_p()
+        _lib.lib().tm_detokenizer_create(model.handle, render_special, replace_invalid, byref(h))
+        self._h, self._model = h, model
+
+    def _free(self, h):
+        _lib.lib().tm_detokenizer_free(h)
+
+    def _take(self, fn, *args):
+        p, n = c_void_p(), c_size_t(0)
+        fn(self.handle, *args, byref(p), byref(n))
+        return ctypes.string_at(p, n.value) if n.value else b""
+
+    def push(self, token):
+        """The bytes token completes (maybe b"")."""
+        return self._take(_lib.lib().tm_detokenizer_push, int(token))
+
+    def flush(self):
+        """The bytes still held (the end of the text)."""
+        return self._take(_lib.lib().tm_detokenizer_flush)
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """tm_model_info."""
-    arch: str
+    arch: Optional[str]  # None for a vocab_only model
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -53,13 +105,15 @@ def _messages(messages):
 
 
 class Model(_lib.Handle):
-    """A GGUF model: Model(path, **placement). The placement keywords (PLACEMENT:
+    """A GGUF model: Model(path, vocab_only=False, **placement). vocab_only: only the
+    vocabulary and chat template (tokenizing, templates; no contexts). The placement
+    keywords (PLACEMENT:
     n_gpu_layers, cpu_moe, n_cpu_moe, override_tensor, moe_cache, moe_cache_plan,
     moe_learn, moe_pcie, moe_fetch, moe_ahead, ram_cache, kv_f32) mean what the
     `tiermoe run` flags of those names mean; each context made from the model
     takes them unless it overrides them. Closing the model closes its contexts."""
 
-    def __init__(self, path, **placement):
+    def __init__(self, path, vocab_only=False, **placement):
         unknown = set(placement) - set(PLACEMENT)
         if unknown:
             raise TypeError(f"Model: unknown placement option(s) {sorted(unknown)}; "
@@ -69,12 +123,14 @@ class Model(_lib.Handle):
         self._contexts = weakref.WeakSet()
         lib = _lib.lib()
         h = c_void_p()
-        lib.tm_model_load(os.fsencode(self.path), byref(h))
+        # vocab_only: the vocabulary and chat template alone (tm_model_load_vocab: no
+        # weights checked or mapped; a context of it is refused)
+        (lib.tm_model_load_vocab if vocab_only else lib.tm_model_load)(os.fsencode(self.path), byref(h))
         self._h = h
         i = _lib.ModelInfoC()
         lib.tm_model_describe(h, byref(i))
         self.info = ModelInfo(
-            arch=i.arch.decode(), n_layer=i.n_layer, n_embd=i.n_embd, n_vocab=i.n_vocab,
+            arch=i.arch.decode() if i.arch else None, n_layer=i.n_layer, n_embd=i.n_embd, n_vocab=i.n_vocab,
             n_ctx_train=i.n_ctx_train, n_expert=i.n_expert, n_expert_used=i.n_expert_used,
             n_params=i.n_params, weight_bytes=i.weight_bytes, has_vocab=bool(i.has_vocab),
             chat_format=i.chat_format.decode() if i.chat_format else None)
@@ -127,6 +183,33 @@ class Model(_lib.Handle):
         p, n = c_void_p(), c_size_t(0)
         _lib.lib().tm_token_piece(self.handle, token, byref(p), byref(n))
         return ctypes.string_at(p, n.value) if n.value else b""
+
+    def token_info(self, token):
+        """A token's type and bytes (TokenInfo; tm_token_describe)."""
+        i = _lib.TokenInfoC()
+        _lib.lib().tm_token_describe(self.handle, int(token), byref(i))
+        return TokenInfo(type=i.type, text=ctypes.string_at(i.text, i.len) if i.len else b"")
+
+    def vocab_info(self):
+        """The vocabulary's size and kind (VocabInfo; tm_vocab_describe)."""
+        v = _lib.VocabInfoC()
+        _lib.lib().tm_vocab_describe(self.handle, byref(v))
+        return VocabInfo(n_tokens=v.n_tokens, model=v.model.decode(), pre=v.pre.decode())
+
+    def detokenizer(self, render_special=False, replace_invalid=True):
+        """A streaming Detokenizer of this model's vocabulary."""
+        return Detokenizer(self, render_special, replace_invalid)
+
+    def chat_reply(self, reply, template=None):
+        """What of a generated reply goes back into the conversation as the assistant's
+        content (tm_chat_reply): harmony's final channel only, the end-of-turn token
+        written as text cut. reply: str or bytes; returns the same type."""
+        b = reply.encode("utf-8") if isinstance(reply, str) else bytes(reply)
+        start, n = c_size_t(0), c_size_t(0)
+        fmt = c_char_p(template.encode() if template else None)
+        _lib.lib().tm_chat_reply(self.handle, fmt, b, len(b), byref(start), byref(n))
+        out = b[start.value:start.value + n.value]
+        return out.decode("utf-8", "replace") if isinstance(reply, str) else out
 
     def is_end(self, token):
         """Whether token ends a generated turn (eos, eot, <|im_end|>, ...)."""
