@@ -276,6 +276,14 @@ static void test_matrix_deepseek2(void **state) {
     char path[512];
     snprintf(path, sizeof(path), "%s/hf_deepseek2/tiny-f16.gguf", data ? data : "tests/data");
     placement_matrix_run(path, &mock_tol);
+    /* DeepSeek-V2-Lite's kind (mkmodel tiny-deepseek-v2-lite): a plain attn_q, the softmax
+       router without selection bias, groups or renormalisation */
+    tm_synth_config sc;
+    if (synth_config_preset(&sc, "tiny-deepseek-v2-lite") != TM_OK ||
+        pm_model_write_config(path, sizeof(path), "mock_ds_v2_lite.gguf", &sc) != TM_OK)
+        fail_msg("mkmodel: %s", tm_error_message());
+    placement_matrix_run(path, &mock_tol);
+    remove(path);
 }
 
 static tm_context_params params(int ngl, bool cpu_moe, const char *ot, int64_t cache_mib);

@@ -25,7 +25,7 @@ static void mkmodel_usage(FILE *out) {
         "                       deepseek-v3, kimi-k2 (deepseek2: MLA, YaRN, dense first\n"
         "                       layers, a shared expert, the sigmoid router with groups); or\n"
         "                       tiny-mixtral, tiny-olmoe, tiny-glm4moe, tiny-deepseek-v3 (tests,\n"
-        "                       as above)\n"
+        "                       as above), tiny-deepseek-v2-lite (tests: no q_lora, softmax)\n"
         "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
         "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
         "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"

@@ -79,8 +79,8 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
                         "unknown preset '%s' (expected tiny, 30b-a3b, gpt-oss-20b, gpt-oss-120b, "
                         "tiny-gpt-oss, qwen3-next-80b-a3b, qwen3.5-35b-a3b, qwen3.6-35b-a3b, "
                         "tiny-qwen3next, tiny-qwen35moe, mixtral-8x7b, olmoe-1b-7b, glm-4.5-air, "
-                        "glm-4.5, deepseek-v3, kimi-k2, tiny-mixtral, tiny-olmoe, tiny-glm4moe or "
-                        "tiny-deepseek-v3)",
+                        "glm-4.5, deepseek-v3, kimi-k2, tiny-mixtral, tiny-olmoe, tiny-glm4moe, "
+                        "tiny-deepseek-v3 or tiny-deepseek-v2-lite)",
                         preset);
 }
 

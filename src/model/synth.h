@@ -132,6 +132,7 @@ typedef struct tm_synth_config {
      * yarn_log_mul = 0.1 mscale_all_dim; rope_factor 0: plain RoPE) */
     uint32_t mla_q_lora, mla_kv_lora, mla_v_head;
     float yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
+    bool ds_v2_router; /* DeepSeek-V2's router: softmax, no selection bias, not renormalised */
     /* Each tensor's type, first match: a tensor_types rule; the gate/up/down
      * field of its kind; its class (experts, attn, embd, output, shexp); the recipe
      * (mix). TM_TYPE_COUNT: unset (a preset sets the classes, synth_config_mix
@@ -168,7 +169,7 @@ typedef struct tm_synth_config {
  * "tiny-gpt-oss", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b" (alias
  * "qwen3.6-35b-a3b"), "tiny-qwen3next", "tiny-qwen35moe", "mixtral-8x7b",
  * "olmoe-1b-7b", "glm-4.5-air", "glm-4.5", "deepseek-v3", "kimi-k2", "tiny-mixtral",
- * "tiny-olmoe", "tiny-glm4moe" or "tiny-deepseek-v3". */
+ * "tiny-olmoe", "tiny-glm4moe", "tiny-deepseek-v3" or "tiny-deepseek-v2-lite". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 
 /* ---- quant types per tensor (synth_mix.c) ---- */

@@ -32,7 +32,8 @@ bool synth_is_moe_arch(const tm_synth_config *c) {
  * scripts/make_moe_goldens.py. The converter writes no NextN layer for them. */
 static bool synth_deepseek_preset(tm_synth_config *c, const char *preset) {
     const bool v3 = !strcmp(preset, "deepseek-v3"), k2 = !strcmp(preset, "kimi-k2"),
-               tiny = !strcmp(preset, "tiny-deepseek-v3");
+               v2 = !strcmp(preset, "tiny-deepseek-v2-lite"),
+               tiny = v2 || !strcmp(preset, "tiny-deepseek-v3");
     if (!v3 && !k2 && !tiny) return false;
     c->arch = "deepseek2";
     c->n_head_kv = 1, c->n_shexp = 1, c->n_nextn = 0, c->rms_eps = 1e-6f;
@@ -46,6 +47,12 @@ static bool synth_deepseek_preset(tm_synth_config *c, const char *preset) {
         c->type_experts = c->type_attn = c->type_embd = c->type_output = c->type_shexp =
             TM_TYPE_F16;
         c->name = "tiermoe tiny deepseek2";
+        if (v2) { /* DeepSeek-V2-Lite's kind (a test shape, no converter file): a plain
+                     attn_q, the softmax router without bias or groups, mscale_all_dim 0.707 */
+            c->mla_q_lora = 0, c->n_group = c->n_group_used = 1, c->expert_scale = 1.0f;
+            c->ds_v2_router = true, c->yarn_log_mul = 0.0707f;
+            c->name = "tiermoe tiny deepseek2 (V2-Lite's kind)";
+        }
         return true;
     }
     c->n_layer = 61, c->n_embd = 7168, c->head_dim = 192, c->n_rot = 64;
@@ -244,7 +251,7 @@ uint32_t synth_moe_arch_tensors(const tm_synth_config *c, const float *bias, syn
             SYNTH_T("ffn_gate_exps.weight", TM_SYNTH_GATE_EXPS, INIT_NORMAL, in_std, 3, E, F, X);
             SYNTH_T("ffn_up_exps.weight", TM_SYNTH_UP_EXPS, INIT_NORMAL, in_std, 3, E, F, X);
             /* small, so a missing one shows; the skew rides on the router's bias channel */
-            if (glm)
+            if (glm && !c->ds_v2_router)
                 SYNTH_T("exp_probs_b.bias", TM_SYNTH_F32, INIT_NORMAL, SYNTH_BIAS_STD, 1, X, 1, 1);
             SYNTH_T("ffn_gate_inp.weight", TM_SYNTH_F32, INIT_ROUTER, SYNTH_ROUTER_NOISE * in_std,
                     2, E, X, 1);
@@ -329,7 +336,8 @@ tm_status synth_moe_arch_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
         SYNTH_ARCH(gguf_writer_set_u32, "expert_group_used_count",
                    c->n_group_used ? c->n_group_used : 1);
         if (ds) { /* the cache's latent key and value */
-            SYNTH_ARCH(gguf_writer_set_u32, "expert_gating_func", 2); /* sigmoid */
+            SYNTH_ARCH(gguf_writer_set_u32, "expert_gating_func",
+                       c->ds_v2_router ? 1 : 2); /* softmax, sigmoid */
             SYNTH_ARCH(gguf_writer_set_u32, "attention.key_length", c->mla_kv_lora + c->n_rot);
             SYNTH_ARCH(gguf_writer_set_u32, "attention.value_length", c->mla_kv_lora);
         } else {
@@ -348,7 +356,7 @@ tm_status synth_moe_arch_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
         SYNTH_ARCH(gguf_writer_set_u32, "expert_feed_forward_length", c->n_ff_exp);
         SYNTH_ARCH(gguf_writer_set_u32, "expert_shared_count", c->n_shexp);
         SYNTH_ARCH(gguf_writer_set_f32, "expert_weights_scale", c->expert_scale);
-        SYNTH_ARCH(gguf_writer_set_bool, "expert_weights_norm", true);
+        SYNTH_ARCH(gguf_writer_set_bool, "expert_weights_norm", !c->ds_v2_router);
         SYNTH_ARCH(gguf_writer_set_u32, "rope.dimension_count", c->n_rot);
         if (c->rope_factor > 1)
             SYNTH_ARCH(gguf_writer_set_f32, "rope.scaling.yarn_log_multiplier", c->yarn_log_mul);
