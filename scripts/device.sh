@@ -669,46 +669,47 @@ stage_qtypes() {
 }
 
 stage_qnext() {
-    local m f t0 made
+    local m
     need build || return 1
     for m in ${QNEXT_MODELS:-qn80 ${QNEXT_35:+qn35}}; do
-        f=$(model_path "$m")
-        made=
-        [ -f "$f" ] || made=1
-        t0=$(date +%s)
-        ensure_model "$m" || { FAILED_CASES+=("qnext/$m"); continue; }
-        [ -n "$made" ] && made=$(($(date +%s) - t0))
-        stamp "model $m: ${made:+mkmodel $made s, }$(du -h "$f" | cut -f1)"
-        peer_case "gpu-$m" "$m" -ngl 99
-        [ "$TM_CUDA" = ON ] && tm_case "gpu-$m" "$m" "" -ngl all
-        peer_case "cpu-moe-$m" "$m" -ngl 99 -ncmoe 99
-        tm_case "cpu-moe-$m" "$m" "" --cpu-moe
-        rm -f "$f"
+        ensure_model_timed "$m" || continue
+        gpu_and_cpu_moe_cases "$m"
+        rm -f "$(model_path "$m")"
     done
 }
 
+# Make model $1 unless it is there (a failure counts as case $STAGE/$1) and say its size
+# and how long mkmodel took.
+ensure_model_timed() {
+    local f made= t0
+    f=$(model_path "$1") || return 1
+    [ -f "$f" ] || made=1
+    t0=$(date +%s)
+    ensure_model "$1" || { FAILED_CASES+=("$STAGE/$1"); return 1; }
+    [ -n "$made" ] && made=$(($(date +%s) - t0))
+    stamp "model $1: ${made:+mkmodel $made s, }$(du -h "$f" | cut -f1)"
+}
+
+# Model $1 everything on the GPU (case gpu-$1) and with every expert in RAM (cpu-moe-$1).
+gpu_and_cpu_moe_cases() {
+    peer_case "gpu-$1" "$1" -ngl 99
+    [ "$TM_CUDA" = ON ] && tm_case "gpu-$1" "$1" "" -ngl all
+    peer_case "cpu-moe-$1" "$1" -ngl 99 -ncmoe 99
+    tm_case "cpu-moe-$1" "$1" "" --cpu-moe
+}
+
 stage_moearchs() {
-    local m f t0 made learn
+    local m learn
     need build || return 1
     for m in ${MOEARCH_MODELS:-glma glmaq mix olmoe}; do
-        f=$(model_path "$m")
-        made=
-        [ -f "$f" ] || made=1
-        t0=$(date +%s)
-        ensure_model "$m" || { FAILED_CASES+=("moearchs/$m"); continue; }
-        [ -n "$made" ] && made=$(($(date +%s) - t0))
-        stamp "model $m: ${made:+mkmodel $made s, }$(du -h "$f" | cut -f1)"
-        if [ "$m" = glmaq ]; then
-            learn=$(LEARN_VOCAB=151552 learn_file glmaq) || { rm -f "$f"; continue; }
+        ensure_model_timed "$m" || continue
+        if [ "$m" != glmaq ]; then
+            gpu_and_cpu_moe_cases "$m"
+        elif learn=$(LEARN_VOCAB=151552 learn_file glmaq); then
             peer_case cache-glmaq glmaq -ngl 99 -ncmoe $((${GLMA_LAYERS:-24} - 3))
             tm_case cache-glmaq glmaq "" --cpu-moe --moe-cache "${GLMA_CACHE_MIB:-3834}" --moe-learn "$learn"
-        else
-            peer_case "gpu-$m" "$m" -ngl 99
-            [ "$TM_CUDA" = ON ] && tm_case "gpu-$m" "$m" "" -ngl all
-            peer_case "cpu-moe-$m" "$m" -ngl 99 -ncmoe 99
-            tm_case "cpu-moe-$m" "$m" "" --cpu-moe
         fi
-        rm -f "$f"
+        rm -f "$(model_path "$m")"
     done
 }
 
