@@ -139,7 +139,8 @@ static bool looks_special(const char *t) {
 
 /* The regex of the pre-tokenizer, or the GPT-2 one for a plain ByteLevel. */
 static tm_status find_pre(import_state *s, const json_t *pt) {
-    const char *split_re = NULL;
+    const char *split_re[TM_PRETOK_MAX_REGEX];
+    int n_split = 0;
     bool bytelevel_regex = false, split_other = false;
     const char *pt_type = json_string_value(json_object_get(pt, "type"));
     const json_t *list =
@@ -152,8 +153,8 @@ static tm_status find_pre(import_state *s, const json_t *pt) {
         if (!strcmp(type, "Split")) {
             const char *re =
                 json_string_value(json_object_get(json_object_get(p, "pattern"), "Regex"));
-            if (re && !split_re)
-                split_re = re;
+            if (re && n_split < TM_PRETOK_MAX_REGEX)
+                split_re[n_split++] = re;
             else
                 split_other = true;
         } else if (!strcmp(type, "ByteLevel")) {
@@ -161,14 +162,14 @@ static tm_status find_pre(import_state *s, const json_t *pt) {
             if (!ur || json_is_true(ur)) bytelevel_regex = true;
         }
     }
-    if (split_re) {
-        s->pre = pretok_name_for_regex(split_re);
+    if (n_split && !split_other) {
+        s->pre = pretok_name_for_regexes(split_re, n_split);
         if (!s->pre)
             return tm_error_set(TM_ERR_UNSUPPORTED,
-                                "%s: pre_tokenizer: regex not recognised ('%.200s'); supported: "
-                                "the regexes of qwen2, "
-                                "llama-bpe (Llama 3), gpt-4o (o200k), tekken, gpt2",
-                                s->path, split_re);
+                                "%s: pre_tokenizer: %d Split regex%s not recognised (the first: "
+                                "'%.200s'); supported: the regexes of qwen2, qwen35, llama-bpe "
+                                "(Llama 3), gpt-4o (o200k), tekken, gpt2, deepseek-v3 (three)",
+                                s->path, n_split, n_split > 1 ? "es" : "", split_re[0]);
         return TM_OK;
     }
     if (bytelevel_regex && !split_other) {

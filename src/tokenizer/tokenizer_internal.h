@@ -113,8 +113,9 @@ tm_status pretok_split(const tm_pretok *p, tm_pretok_scratch *sc, const char *te
                        pretok_emit_fn emit, void *ctx);
 /* Names accepted by pretok_init, comma-separated (for error messages and docs). */
 const char *pretok_known_names(void);
-/* The pre name for a tokenizer.json Split regex (exact string), or NULL. */
-const char *pretok_name_for_regex(const char *re);
+/* The pre name (as llama.cpp's converter writes it) for the n Split regexes of a
+ * tokenizer.json's pre-tokenizer, in order (exact strings), or NULL. */
+const char *pretok_name_for_regexes(const char *const *re, int n);
 
 /* ---- the merge loop shared by BPE and SPM (tokenizer_bpe.c) ---- */
 /* ids[0..*n) are the initial symbols; merged in place by pair rank, lowest rank

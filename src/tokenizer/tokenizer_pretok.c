@@ -45,6 +45,14 @@
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"   \
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"   \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* DeepSeek-V3 / R1: three Splits in sequence (its tokenizer.json): numbers in groups of up to
+ * 3, runs of CJK ideographs and kana, then words, punctuation and spaces. */
+#define RE_DS3_0 "\\p{N}{1,3}"
+#define RE_DS3_1 "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+#define RE_DS3_2                                                                                   \
+    "[!\"#$%&'()*+,\\-./"                                                                          \
+    ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "               \
+    "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
 /* llama.cpp's "default" for BPE vocabularies without a known pre-tokenizer. */
 #define RE_DEFAULT_0 "[\\p{P}\\$\\+<=>\\^~\\|]+"
 #define RE_DEFAULT_1 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
@@ -71,6 +79,7 @@ static const pretok_family families[] = {
     {"stablelm2", {RE_QWEN2}, false, false, false},
     {"gpt-4o|o200k", {RE_O200K}, false, false, false},
     {"tekken", {RE_TEKKEN}, false, true, false},
+    {"deepseek-v3", {RE_DS3_0, RE_DS3_1, RE_DS3_2}, false, false, false},
 };
 
 static bool name_in_list(const char *name, const char *list) {
@@ -87,7 +96,7 @@ static bool name_in_list(const char *name, const char *list) {
 
 const char *pretok_known_names(void) {
     return "default, gpt2, gpt-2, mpt, olmo, jais, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, "
-           "chatglm-bpe, glm4, glm5, qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken";
+           "chatglm-bpe, glm4, glm5, qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken, deepseek-v3";
 }
 
 tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges,
@@ -222,14 +231,22 @@ tm_status pretok_split(const tm_pretok *p, tm_pretok_scratch *sc, const char *te
 
 /* The tokenizer.ggml.pre name llama.cpp's converter writes for a tokenizer.json
  * whose pre-tokenizer regex is `re` (the exact string in the file). */
-const char *pretok_name_for_regex(const char *re) {
-    static const struct {
-        const char *re, *name;
-    } known[] = {
-        {RE_QWEN2, "qwen2"},  {RE_QWEN35, "qwen35"}, {RE_LLAMA3, "llama-bpe"},
-        {RE_O200K, "gpt-4o"}, {RE_TEKKEN, "tekken"}, {RE_GPT2, "gpt2"},
-    };
-    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
-        if (!strcmp(re, known[i].re)) return known[i].name;
+const char *pretok_name_for_regexes(const char *const *re, int n) {
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+        const pretok_family *f = &families[i];
+        if (f->regex[0] == NULL || !strncmp(f->names, "default", 7)) continue;
+        int k = 0;
+        while (k < n && k < TM_PRETOK_MAX_REGEX && f->regex[k] && !strcmp(re[k], f->regex[k])) k++;
+        if (k == n && (k == TM_PRETOK_MAX_REGEX || !f->regex[k])) {
+            /* the family's first name is the one the converter writes, except llama3's */
+            static const struct {
+                const char *family, *name;
+            } written[] = {{"llama3|", "llama-bpe"}, {"gpt2|", "gpt2"}, {"gpt-4o|", "gpt-4o"}};
+            for (size_t j = 0; j < sizeof(written) / sizeof(written[0]); j++)
+                if (!strncmp(f->names, written[j].family, strlen(written[j].family)))
+                    return written[j].name;
+            return f->names;
+        }
+    }
     return NULL;
 }

@@ -18,6 +18,8 @@ Invalid UTF-8 (HF takes only valid text), defined the same way in C:
 
 Vocabularies:
   qwen3        tests/data/vocab/qwen3 (committed, Apache-2.0), pre qwen2 + NFC
+  qwen3/deepseek-v3  the same vocabulary under DeepSeek-V3's three Split regexes, no
+               normalizer (the importer names the sequence deepseek-v3)
   llama3       ../shared/vocab/llama3 when present (Meta licence: not committed)
   mistral-spm  mistral-common's tokenizer.model.v1 (SentencePiece BPE, 32k),
                also checked against sentencepiece itself and through a GGUF that
@@ -317,6 +319,30 @@ def vocab_qwen3():
     print(("PASS " if ok else "FAIL ") + f"qwen3 known answer: ours {ids}")
 
 
+# DeepSeek-V3's pre-tokenizer: three Splits in sequence, as its tokenizer.json has them (and
+# llama.cpp's llama-vocab.cpp for "deepseek-v3")
+RE_DS3 = ["\\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+          "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+          "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
+
+
+def vocab_deepseek_v3():
+    """Qwen3's vocabulary (committed) under DeepSeek-V3's pre-tokenizer and no normalizer:
+    HF tokenizers runs the three regexes (Oniguruma), ours PCRE2 from the name the
+    importer gives the sequence (deepseek-v3)."""
+    d = os.path.join(TMP, "qwen3-ds3")
+    os.makedirs(d, exist_ok=True)
+    with lzma.open(os.path.join(DATA, "vocab", "qwen3", "tokenizer.json.xz")) as src:
+        tj = json.loads(src.read())
+    tj["normalizer"] = None
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in RE_DS3] + [
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    test_hf_bytelevel("qwen3/deepseek-v3", d, "deepseek-v3")
+
+
 def vocab_llama3():
     d = os.path.join(SHARED_VOCAB, "llama3")
     if not os.path.exists(os.path.join(d, "tokenizer.json")):
@@ -513,7 +539,7 @@ def vocab_mistral_spm():
 
 
 def main():
-    for fn in (vocab_qwen3, vocab_llama3, vocab_mistral_spm, vocab_cl100k, vocab_tekken):
+    for fn in (vocab_qwen3, vocab_deepseek_v3, vocab_llama3, vocab_mistral_spm, vocab_cl100k, vocab_tekken):
         try:
             fn()
         except Exception as e:  # a crash in one vocabulary is a failure, the others still run
