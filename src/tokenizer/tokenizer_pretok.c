@@ -53,6 +53,24 @@
     "[!\"#$%&'()*+,\\-./"                                                                          \
     ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "               \
     "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+/* Kimi K2 (tiktoken's pat_str of its tokenization_kimi.py): o200k-like words that exclude Han
+ * characters, which form runs of their own. The original intersects classes
+ * ([\p{Lu}...&&[^\p{Han}]]: Oniguruma, fancy-regex), which PCRE2 10.42 lacks: each such
+ * class here is a lookahead and the class, the same set. RE_KIMI_K2_HF is the original, as a
+ * tokenizer.json's Split holds it (the importer's name for it). */
+#define KIMI_UP  "(?:(?!\\p{Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
+#define KIMI_LOW "(?:(?!\\p{Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
+#define KIMI_CTR "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+#define RE_KIMI_K2                                                                                 \
+    "[\\p{Han}]+|[^\\r\\n\\p{L}\\p{N}]?" KIMI_UP "*" KIMI_LOW "+" KIMI_CTR                         \
+    "|[^\\r\\n\\p{L}\\p{N}]?" KIMI_UP "+" KIMI_LOW "*" KIMI_CTR                                    \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define KIMI_UP_HF  "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+#define KIMI_LOW_HF "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+#define RE_KIMI_K2_HF                                                                              \
+    "[\\p{Han}]+|[^\\r\\n\\p{L}\\p{N}]?" KIMI_UP_HF "*" KIMI_LOW_HF "+" KIMI_CTR                   \
+    "|[^\\r\\n\\p{L}\\p{N}]?" KIMI_UP_HF "+" KIMI_LOW_HF "*" KIMI_CTR                              \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* llama.cpp's "default" for BPE vocabularies without a known pre-tokenizer. */
 #define RE_DEFAULT_0 "[\\p{P}\\$\\+<=>\\^~\\|]+"
 #define RE_DEFAULT_1 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
@@ -80,6 +98,7 @@ static const pretok_family families[] = {
     {"gpt-4o|o200k", {RE_O200K}, false, false, false},
     {"tekken", {RE_TEKKEN}, false, true, false},
     {"deepseek-v3", {RE_DS3_0, RE_DS3_1, RE_DS3_2}, false, false, false},
+    {"kimi-k2", {RE_KIMI_K2}, false, false, false},
 };
 
 static bool name_in_list(const char *name, const char *list) {
@@ -96,7 +115,8 @@ static bool name_in_list(const char *name, const char *list) {
 
 const char *pretok_known_names(void) {
     return "default, gpt2, gpt-2, mpt, olmo, jais, llama3, llama-v3, llama-bpe, dbrx, smaug-bpe, "
-           "chatglm-bpe, glm4, glm5, qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken, deepseek-v3";
+           "chatglm-bpe, glm4, glm5, qwen2, qwen35, stablelm2, gpt-4o, o200k, tekken, deepseek-v3, "
+           "kimi-k2";
 }
 
 tm_status pretok_init(tm_pretok *p, const char *pre_name, bool *nfc, bool *ignore_merges,
@@ -232,6 +252,7 @@ tm_status pretok_split(const tm_pretok *p, tm_pretok_scratch *sc, const char *te
 /* The tokenizer.ggml.pre name llama.cpp's converter writes for a tokenizer.json
  * whose pre-tokenizer regex is `re` (the exact string in the file). */
 const char *pretok_name_for_regexes(const char *const *re, int n) {
+    if (n == 1 && !strcmp(re[0], RE_KIMI_K2_HF)) return "kimi-k2"; /* run as RE_KIMI_K2 */
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
         const pretok_family *f = &families[i];
         if (f->regex[0] == NULL || !strncmp(f->names, "default", 7)) continue;

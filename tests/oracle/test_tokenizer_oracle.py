@@ -18,8 +18,8 @@ Invalid UTF-8 (HF takes only valid text), defined the same way in C:
 
 Vocabularies:
   qwen3        tests/data/vocab/qwen3 (committed, Apache-2.0), pre qwen2 + NFC
-  qwen3/deepseek-v3  the same vocabulary under DeepSeek-V3's three Split regexes, no
-               normalizer (the importer names the sequence deepseek-v3)
+  qwen3/deepseek-v3, qwen3/kimi-k2  the same vocabulary under DeepSeek-V3's three Split
+               regexes or Kimi K2's pat_str, no normalizer (the importer names them)
   llama3       ../shared/vocab/llama3 when present (Meta licence: not committed)
   mistral-spm  mistral-common's tokenizer.model.v1 (SentencePiece BPE, 32k),
                also checked against sentencepiece itself and through a GGUF that
@@ -326,21 +326,38 @@ RE_DS3 = ["\\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
           "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
 
 
-def vocab_deepseek_v3():
-    """Qwen3's vocabulary (committed) under DeepSeek-V3's pre-tokenizer and no normalizer:
-    HF tokenizers runs the three regexes (Oniguruma), ours PCRE2 from the name the
-    importer gives the sequence (deepseek-v3)."""
-    d = os.path.join(TMP, "qwen3-ds3")
+# Kimi K2's pat_str (tokenization_kimi.py, as llama.cpp's unicode.cpp quotes it): class
+# intersections (&&), which Oniguruma runs and ours rewrites for PCRE2
+_K2_UP, _K2_LOW = "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]", "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+_K2_CTR = "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+RE_K2 = ("[\\p{Han}]+|[^\\r\\n\\p{L}\\p{N}]?" + _K2_UP + "*" + _K2_LOW + "+" + _K2_CTR +
+         "|[^\\r\\n\\p{L}\\p{N}]?" + _K2_UP + "+" + _K2_LOW + "*" + _K2_CTR +
+         "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+
+def vocab_with_pre(name, pre, splits):
+    """Qwen3's vocabulary (committed) under another pre-tokenizer (Split regexes in
+    sequence, then ByteLevel) and no normalizer: HF tokenizers runs the regexes
+    (Oniguruma), ours PCRE2 from the name the importer gives them (pre)."""
+    d = os.path.join(TMP, name.replace("/", "-"))
     os.makedirs(d, exist_ok=True)
     with lzma.open(os.path.join(DATA, "vocab", "qwen3", "tokenizer.json.xz")) as src:
         tj = json.loads(src.read())
     tj["normalizer"] = None
     tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in RE_DS3] + [
+        {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in splits] + [
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
     with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tj, f, ensure_ascii=False)
-    test_hf_bytelevel("qwen3/deepseek-v3", d, "deepseek-v3")
+    test_hf_bytelevel(name, d, pre)
+
+
+def vocab_kimi_k2():
+    vocab_with_pre("qwen3/kimi-k2", "kimi-k2", [RE_K2])
+
+
+def vocab_deepseek_v3():
+    vocab_with_pre("qwen3/deepseek-v3", "deepseek-v3", RE_DS3)
 
 
 def vocab_llama3():
@@ -539,7 +556,7 @@ def vocab_mistral_spm():
 
 
 def main():
-    for fn in (vocab_qwen3, vocab_deepseek_v3, vocab_llama3, vocab_mistral_spm, vocab_cl100k, vocab_tekken):
+    for fn in (vocab_qwen3, vocab_deepseek_v3, vocab_kimi_k2, vocab_llama3, vocab_mistral_spm, vocab_cl100k, vocab_tekken):
         try:
             fn()
         except Exception as e:  # a crash in one vocabulary is a failure, the others still run
