@@ -53,7 +53,7 @@ declare -A HELP=(
     [qtypes]="the routed experts' types: for each T of QTYPES ('Q4_K Q2_K Q3_K IQ4_XS IQ3_XXS IQ2_XXS IQ1_M') the file m30x-T (mkmodel --preset 30b-a3b --type-experts T --fill FILL: the rest as the preset; its time in the log), pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-T) and experts in RAM (-ncmoe 48 / --cpu-moe, case cpu-moe-T; P=0: tg only); the records carry the file's expert bytes a token (bench/tables.py: the RAM bound); each file is deleted after its cases (disk). Estimate on the H200 machine: about a minute a type (file I/O-bound, ~4 bench runs): split QTYPES over calls, e.g. 'Q4_K IQ2_XXS Q2_K IQ1_M' then 'Q3_K IQ4_XS IQ3_XXS' (the IQ2_XXS / Q4_K ratio from one call)"
     [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); QNEXT_MODELS names the files (e.g. qn35); the files are deleted after their cases"
     [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b) and olmoe (olmoe-1b-7b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe') picks; each file is deleted after its cases"
-    [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), and LONG_P (e.g. 16384) as pp too when set"
+    [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), tiermoe with a ring of 4 x 64 experts (case ring64: TIERMOE_FETCH_RING=64x4), and LONG_P (e.g. 16384) as pp too when set"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -719,6 +719,8 @@ stage_longprompt() {
     P=512,4096$p N=0 peer_case default m30r -ngl 99 -ncmoe 48
     P=512,4096$p N=0 peer_case b4096 m30r -ngl 99 -ncmoe 48 -b 4096 -ub 4096
     P=512,4096$p N=0 tm_case default m30r "" --cpu-moe
+    # the ring's grouped GEMM ran at half the full-GPU rate in 16-expert chunks (2026-11-29)
+    P=4096$p N=0 tm_case ring64 m30r "TIERMOE_FETCH_RING=64x4" --cpu-moe
 }
 
 stage_calibrate() {
