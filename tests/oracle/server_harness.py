@@ -127,6 +127,18 @@ def read_all(sock):
     return out
 
 
+def recv_until(sock, done):
+    """Bytes from sock until done(bytes so far) holds or the peer closes the connection: a
+    loop on recv alone would spin on the empty reads after a close (a server's early 503)."""
+    got = b""
+    while not done(got):
+        more = sock.recv(65536)
+        if not more:
+            break
+        got += more
+    return got
+
+
 def parse_reply(raw):
     """(status, {lower-case header: value}, body) of one raw HTTP reply; status None when
     there is none."""

@@ -37,7 +37,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle_common import TIERMOE, TMP, check, finish  # noqa: E402
-from server_harness import Server, error_shape, make_model, wait_for  # noqa: E402
+from server_harness import Server, error_shape, make_model, recv_until, wait_for  # noqa: E402
 
 KEY = "test-key-123"
 CTX = "1024"
@@ -317,9 +317,7 @@ def main():
         req = json.dumps({"prompt": "Go on forever", "max_tokens": 500, "ignore_eos": True, "stream": True}).encode()
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode() +
                      b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
-        got = b""
-        while got.count(b"data: ") < 3:
-            got += sock.recv(65536)
+        got = recv_until(sock, lambda b: b.count(b"data: ") >= 3)
         sock.close()
         check(wait_for(lambda: metric(metrics(srv), "tiermoe_requests_total", outcome="cancelled") ==
                        metric(m0, "tiermoe_requests_total", outcome="cancelled") + 1), "disconnect did not cancel")

@@ -42,7 +42,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle_common import check, cpu_level, failures, finish  # noqa: E402
-from server_harness import Server, make_model, wait_for  # noqa: E402
+from server_harness import Server, make_model, recv_until, wait_for  # noqa: E402
 
 FRESH = {"cache_prompt": False}
 MODEL = "serve_parallel"  # the model file's base name: a name the server answers to
@@ -68,9 +68,9 @@ def stream_socket(srv, prompt, max_tokens):
                       "stream": True, "temperature": 0}).encode()
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " + str(len(req)).encode() +
                  b"\r\n\r\n" + req)
-    got = b""
-    while got.count(b"data: ") < 2:
-        got += sock.recv(65536)
+    got = recv_until(sock, lambda b: b.count(b"data: ") >= 2)
+    if got.count(b"data: ") < 2:
+        raise RuntimeError(f"the stream ended before its second event: {got[:300]!r}")
     return sock
 
 
