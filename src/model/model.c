@@ -127,6 +127,13 @@ tm_status model_weight_f32(const tm_model *m, const tm_weight *w) {
 
 /* ---- contexts ---- */
 
+/* A batch of B rows of every activation, roughly. */
+static size_t context_act_bytes(const tm_model_config *cfg, int64_t B) {
+    const int64_t E = cfg->n_embd, Q = (int64_t)cfg->n_head * cfg->head_dim,
+                  KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    return (size_t)(B * (6 * E + 2 * Q + 2 * KV + cfg->n_expert + 2 * cfg->n_expert_used)) * 4;
+}
+
 /* What the GPU offers the placement: opened when a flag may want it. An
  * explicit -ngl N > 0 needs it; otherwise its absence means CPU only.
  * kv_layer: [n_layer] room for each layer's KV bytes (NULL: every layer's alike). */
@@ -153,8 +160,7 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
         *gpu = NULL;
         return st;
     }
-    const int64_t B = p->n_batch, E = cfg->n_embd, Q = (int64_t)cfg->n_head * cfg->head_dim,
-                  KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    const int64_t B = p->n_batch, KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
     g->usable = true;
     g->budget = free_b > GPU_RESERVE ? free_b - GPU_RESERVE : 0;
     const size_t row = (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
@@ -165,9 +171,7 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
     g->kv_bytes_layer = kv_layer;
     /* activations and scratch, roughly: a batch of every activation, 64 rows
      * of logits, tensor-core scratch */
-    g->fixed_bytes =
-        (size_t)(B * (6 * E + 2 * Q + 2 * KV + cfg->n_expert + 2 * cfg->n_expert_used)) * 4 +
-        (size_t)64 * cfg->n_vocab * 4 + ((size_t)96 << 20);
+    g->fixed_bytes = context_act_bytes(cfg, B) + (size_t)64 * cfg->n_vocab * 4 + ((size_t)96 << 20);
     return TM_OK;
 }
 
@@ -178,23 +182,19 @@ static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_place
  * 30b-a3b --cpu-moe pp4096: 1,762 t/s in batches of 512, 8,175 in one of 4096). The
  * buffers that grow with the batch, computed as they are allocated: activations and
  * the output rows (g->fixed_bytes' formula), the grouped experts' scratch
- * (cuda_moe_grouped_gemm_scratch_bytes at its larger layout) and sliding layers' KV
+ * (tier_gemm_scratch_bound) and sliding layers' KV
  * rings; a quarter of what is left when --moe-cache auto would take it all. */
 #define BATCH_DEFAULT 512
 
-static size_t context_batch_bytes(const tm_context *c, int64_t B, const size_t *kv_ring) {
+static size_t context_batch_bytes(const tm_context *c, const tm_placement *pl, int64_t B) {
     const tm_model_config *cfg = &c->model->cfg;
-    const int64_t E = cfg->n_embd, Q = (int64_t)cfg->n_head * cfg->head_dim,
-                  KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
-    const tm_cuda_moe_params probe = {.n_embd = E, /* float types: the dequantize layout */
-                                      .n_ff = cfg->n_ff_exp,
-                                      .n_slots = (int32_t)cfg->n_expert};
     size_t b =
-        (size_t)(B * (6 * E + 2 * Q + 2 * KV + cfg->n_expert + 2 * cfg->n_expert_used)) * 4 +
-        cuda_moe_grouped_gemm_scratch_bytes(&probe, B * cfg->n_expert_used, (int32_t)cfg->n_expert);
-    const size_t row = (size_t)KV * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
-    for (uint32_t l = 0; kv_ring && l < cfg->n_layer; l++)
-        if (kv_ring[l])
+        context_act_bytes(cfg, B) +
+        tier_gemm_scratch_bound(cfg->n_embd, cfg->n_ff_exp, cfg->n_expert, B * cfg->n_expert_used);
+    const size_t row =
+        (size_t)cfg->n_head_kv * cfg->head_dim * (c->params.kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (uint32_t l = 0; c->model->window && l < cfg->n_layer; l++) /* sliding layers' rings */
+        if (c->model->window[l] && pl->layer_dev[l] == TM_DEV_GPU)
             b += 2 * (size_t)exec_kv_rows(c->n_ctx, B, c->model->window[l], c->params.kv_full) *
                  (size_t)c->n_seq * row;
     return b;
@@ -205,26 +205,23 @@ static int64_t context_batch_auto(const tm_context *c, const tm_placement_gpu *g
     const tm_model_config *cfg = &c->model->cfg;
     bool ram = false;
     size_t used = pl->gpu_bytes + g->fixed_bytes;
-    size_t *ring = c->model->window ? calloc(cfg->n_layer, sizeof(size_t)) : NULL;
     for (uint32_t l = 0; l < cfg->n_layer; l++) {
         if (pl->layer_dev[l] != TM_DEV_GPU) continue;
         ram |= pl->experts_dev[l] != TM_DEV_GPU && cfg->n_expert;
         used += kv_layer ? kv_layer[l] : g->kv_bytes_per_layer;
-        if (ring && c->model->window[l]) ring[l] = 1;
     }
     int64_t best = BATCH_DEFAULT;
     const int64_t mib = c->params.moe_cache_mib;
     if (ram && used < g->budget && !(mib > 0 && (size_t)mib << 20 >= g->budget - used)) {
         size_t room = g->budget - used - (mib > 0 ? (size_t)mib << 20 : 0);
         if (mib == TM_MOE_CACHE_AUTO) room /= 4;
-        const size_t base = context_batch_bytes(c, BATCH_DEFAULT, ring);
+        const size_t base = context_batch_bytes(c, pl, BATCH_DEFAULT);
         static const int64_t sizes[] = {4096, 2048, 1024};
         for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && best == BATCH_DEFAULT; i++)
             if (sizes[i] <= c->params.n_ctx &&
-                context_batch_bytes(c, sizes[i], ring) - base <= room - room / 5)
+                context_batch_bytes(c, pl, sizes[i]) - base <= room - room / 5)
                 best = sizes[i];
     }
-    free(ring);
     return best;
 }
 

@@ -66,6 +66,11 @@ void tier_worklist_group(tm_moe_worklist *wl, int64_t n) {
     wl->expert_major = true;
 }
 
+size_t tier_gemm_scratch_bound(int64_t n_embd, int64_t n_ff, uint32_t n_expert, int64_t n_items) {
+    const tm_cuda_moe_params probe = {.n_embd = n_embd, .n_ff = n_ff, .n_slots = (int32_t)n_expert};
+    return cuda_moe_grouped_gemm_scratch_bytes(&probe, n_items, (int32_t)n_expert);
+}
+
 int32_t tier_pcie_slots(const tm_tier *t) {
     return t->n_pcie ? tm_cuda_mapped_count((int32_t)t->k, t->n_pcie, t->pcie_share_q8) : 0;
 }
@@ -567,16 +572,10 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                     "first, on the GPU); --moe-cache-update is off");
         q.cache.update = TM_MOE_UPDATE_OFF;
     }
-    /* the grouped GEMMs' scratch, allocated after the cache: its larger layout (float types
-       size the dequantize path) for the largest layer, so --moe-cache auto leaves room */
-    for (uint32_t l = 0; l < n_layer && t->gpu; l++) {
-        if (!t->layers[l].moe) continue;
-        const tm_cuda_moe_params probe = {
-            .n_embd = t->n_embd, .n_ff = t->n_ff, .n_slots = (int32_t)t->n_expert};
-        const size_t b = cuda_moe_grouped_gemm_scratch_bytes(&probe, exec_n_batch(e) * t->k,
-                                                             (int32_t)t->n_expert);
-        if (b > t->gemm_reserve) t->gemm_reserve = b;
-    }
+    /* the grouped GEMMs' scratch is allocated after the cache: --moe-cache auto leaves room */
+    if (t->gpu)
+        t->gemm_reserve =
+            tier_gemm_scratch_bound(t->n_embd, t->n_ff, t->n_expert, exec_n_batch(e) * t->k);
     if (st == TM_OK) st = tier_cache_create(t, &q);
     if (st == TM_OK) st = tier_pcie_create(t, pl, &q);
     if (st == TM_OK) st = tier_fetch_create(t, &q);

@@ -204,6 +204,10 @@ size_t tier_pcie_bytes(const tm_tier *t);
 size_t tier_ahead_bytes(const tm_tier *t);
 /* VRAM the fetch ring holds (0: none). */
 size_t tier_fetch_bytes(const tm_tier *t);
+/* The grouped GEMMs' scratch for n_items routed slots of experts n_embd x n_ff out of
+ * n_expert, at its larger layout whatever the types (float matrices size the dequantize
+ * path): what a batch of n_items / k tokens may take (0 without experts). */
+size_t tier_gemm_scratch_bound(int64_t n_embd, int64_t n_ff, uint32_t n_expert, int64_t n_items);
 /* The CPU lane's current share of a prompt layer's experts in RAM (0..1). */
 double tier_prompt_cpu_share(const tm_tier *t);
 /* Stable partition of an expert-major worklist's slots by lane_of[expert]
