@@ -250,24 +250,25 @@ tm_status pretok_split(const tm_pretok *p, tm_pretok_scratch *sc, const char *te
 }
 
 /* The tokenizer.ggml.pre name llama.cpp's converter writes for a tokenizer.json
- * whose pre-tokenizer regex is `re` (the exact string in the file). */
+ * whose pre-tokenizer's Split regexes are re[0..n) (the exact strings in the file). */
 const char *pretok_name_for_regexes(const char *const *re, int n) {
-    if (n == 1 && !strcmp(re[0], RE_KIMI_K2_HF)) return "kimi-k2"; /* run as RE_KIMI_K2 */
-    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
-        const pretok_family *f = &families[i];
-        if (f->regex[0] == NULL || !strncmp(f->names, "default", 7)) continue;
+    static const struct {
+        const char *re[TM_PRETOK_MAX_REGEX], *name;
+    } known[] = {
+        {{RE_QWEN2}, "qwen2"},
+        {{RE_QWEN35}, "qwen35"},
+        {{RE_LLAMA3}, "llama-bpe"},
+        {{RE_O200K}, "gpt-4o"},
+        {{RE_TEKKEN}, "tekken"},
+        {{RE_GPT2}, "gpt2"},
+        {{RE_DS3_0, RE_DS3_1, RE_DS3_2}, "deepseek-v3"},
+        {{RE_KIMI_K2_HF}, "kimi-k2"}, /* run as RE_KIMI_K2 */
+    };
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         int k = 0;
-        while (k < n && k < TM_PRETOK_MAX_REGEX && f->regex[k] && !strcmp(re[k], f->regex[k])) k++;
-        if (k == n && (k == TM_PRETOK_MAX_REGEX || !f->regex[k])) {
-            /* the family's first name is the one the converter writes, except llama3's */
-            static const struct {
-                const char *family, *name;
-            } written[] = {{"llama3|", "llama-bpe"}, {"gpt2|", "gpt2"}, {"gpt-4o|", "gpt-4o"}};
-            for (size_t j = 0; j < sizeof(written) / sizeof(written[0]); j++)
-                if (!strncmp(f->names, written[j].family, strlen(written[j].family)))
-                    return written[j].name;
-            return f->names;
-        }
+        while (k < n && k < TM_PRETOK_MAX_REGEX && known[i].re[k] && !strcmp(re[k], known[i].re[k]))
+            k++;
+        if (k == n && (k == TM_PRETOK_MAX_REGEX || !known[i].re[k])) return known[i].name;
     }
     return NULL;
 }
