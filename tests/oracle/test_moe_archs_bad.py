@@ -80,6 +80,22 @@ def nextn_layer(arch, n_block):
     return extra
 
 
+def nextn_cases(arch, base):
+    """A NextN layer after the 4 of arch's tiny file: loaded and checked, not run (the logits
+    equal base's, the file's without it); without its projection: refused. The keys that
+    add it (block_count 5, nextn_predict_layers 1)."""
+    k = arch + "."
+    nextn = {k + "block_count": ("add_uint32", 5), k + "nextn_predict_layers": ("add_uint32", 1)}
+    with_nextn = case(arch, "nextn", None, set_kv=nextn, extra=nextn_layer(arch, 4))
+    if base is not None and with_nextn is not None:
+        check(np.array_equal(base, with_nextn), f"{arch} nextn: the logits differ from the file without it")
+    extra = nextn_layer(arch, 4)
+    del extra["blk.4.nextn.eh_proj.weight"]
+    case(arch, "nextn_no_proj", ["NextN layer 4", "missing tensor", "blk.4.nextn.eh_proj.weight"],
+         set_kv=nextn, extra=extra)
+    return nextn
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     k = "llama."
@@ -127,15 +143,7 @@ def main():
     case("glm4moe", "bias_type", ["blk.2.exp_probs_b.bias", "must be f32"],
          tensor_type={"blk.2.exp_probs_b.bias": gguf.GGMLQuantizationType.F16})
 
-    # a NextN layer: loaded and checked, not run (the same logits); without its projection: refused
-    nextn = {k + "block_count": ("add_uint32", 5), k + "nextn_predict_layers": ("add_uint32", 1)}
-    with_nextn = case("glm4moe", "nextn", None, set_kv=nextn, extra=nextn_layer("glm4moe", 4))
-    if base is not None and with_nextn is not None:
-        check(np.array_equal(base, with_nextn), "glm4moe nextn: the logits differ from the file without it")
-    extra = nextn_layer("glm4moe", 4)
-    del extra["blk.4.nextn.eh_proj.weight"]
-    case("glm4moe", "nextn_no_proj", ["NextN layer 4", "missing tensor", "blk.4.nextn.eh_proj.weight"],
-         set_kv=nextn, extra=extra)
+    nextn = nextn_cases("glm4moe", base)
     extra = nextn_layer("glm4moe", 4)
     del extra["blk.4.exp_probs_b.bias"]
     case("glm4moe", "nextn_no_sel_bias", ["NextN layer 4", "blk.4.exp_probs_b.bias"], set_kv=nextn, extra=extra)
@@ -169,14 +177,7 @@ def main():
          skip_tensors=("blk.3.exp_probs_b.bias",))
     case("deepseek2", "rope_scaling", [k + "rope.scaling.type", "'longrope'"],
          set_kv={k + "rope.scaling.type": ("add_string", "longrope")})
-    nextn = {k + "block_count": ("add_uint32", 5), k + "nextn_predict_layers": ("add_uint32", 1)}
-    with_nextn = case("deepseek2", "nextn", None, set_kv=nextn, extra=nextn_layer("deepseek2", 4))
-    if base is not None and with_nextn is not None:
-        check(np.array_equal(base, with_nextn), "deepseek2 nextn: the logits differ from the file without it")
-    extra = nextn_layer("deepseek2", 4)
-    del extra["blk.4.nextn.eh_proj.weight"]
-    case("deepseek2", "nextn_no_proj", ["NextN layer 4", "missing tensor", "blk.4.nextn.eh_proj.weight"],
-         set_kv=nextn, extra=extra)
+    nextn_cases("deepseek2", base)
     return finish("bad mixtral, olmoe, glm4moe and deepseek2 files are refused with a message naming the tensor "
                   "or key")
 
