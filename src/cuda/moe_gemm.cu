@@ -20,8 +20,7 @@
  *   (an extension's biases and activation in the same places: moe_ext.cuh)
  *
  * Dequantize (many rows a group of weights not streamed in, MXFP4 weights, the
- * fallback, or env
- * TIERMOE_MOE_GEMM=dequant):
+ * fallback, or env TIERMOE_MOE_GEMM=dequant):
  *   per chunk of groups whose f16 weights fit TM_MOE_GEMM_WEIGHT_BYTES
  *   (Qwen3-30B-A3B: 9 MiB an expert, 28 per chunk):
  *     dequant  [3]  gate and up into wgu[g] = [gate rows; up rows] (2 n_ff x
