@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile quant qtypes qnext moearchs longprompt)
+    kernels ab profile quant qtypes qnext moearchs longprompt deepseek)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -54,6 +54,7 @@ declare -A HELP=(
     [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); QNEXT_MODELS names the files (e.g. qn35); the files are deleted after their cases"
     [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b) and olmoe (olmoe-1b-7b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe') picks; each file is deleted after its cases"
     [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), tiermoe with a ring of 4 x 64 experts (case ring64: TIERMOE_FETCH_RING=64x4), and LONG_P (e.g. 16384) as pp too when set"
+    [deepseek]="issue 32's DeepSeek-V3 shape: ds (mkmodel --preset deepseek-v3 --n-layer DS_LAYERS (9: 3 dense, 6 MoE) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-ds) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-ds), pp P / tg N; then latent-attention decode at depth: tg DS_N (32) after a DS_DEPTHS ('8192') prompt everything on the GPU (-d D, both engines, case dD); the file is deleted after its cases"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -212,7 +213,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe | m30r) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe | m30r | ds) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -248,9 +249,10 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     mix) args=(--preset mixtral-8x7b --fill "$FILL") ;;
     m30r) args=(--preset 30b-a3b --fill "$FILL") ;;
     olmoe) args=(--preset olmoe-1b-7b --fill "$FILL") ;;
+    ds) args=(--preset deepseek-v3 --n-layer "${DS_LAYERS:-9}" --fill "$FILL") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
-        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; glma | glmaq) args=(--preset tiny-glm4moe) ;; mix) args=(--preset tiny-mixtral) ;; olmoe) args=(--preset tiny-olmoe) ;; qn35) args=(--preset tiny-qwen35moe) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
+        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; glma | glmaq) args=(--preset tiny-glm4moe) ;; mix) args=(--preset tiny-mixtral) ;; olmoe) args=(--preset tiny-olmoe) ;; ds) args=(--preset tiny-deepseek-v3) ;; qn35) args=(--preset tiny-qwen35moe) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
     fi
     stamp "model $1: mkmodel ${args[*]}"
     if ! "$TM" mkmodel "${args[@]}" -q -o "$f.part"; then
@@ -721,6 +723,18 @@ stage_longprompt() {
     P=512,4096$p N=0 tm_case default m30r "" --cpu-moe
     # the ring's grouped GEMM ran at half the full-GPU rate in 16-expert chunks (2026-11-29)
     P=4096$p N=0 tm_case ring64 m30r "TIERMOE_FETCH_RING=64x4" --cpu-moe
+}
+
+stage_deepseek() {
+    local d
+    need build || return 1
+    ensure_model_timed ds || return 1
+    gpu_and_cpu_moe_cases ds
+    for d in ${DS_DEPTHS:-8192}; do
+        P=0 N=${DS_N:-32} peer_case "d$d" ds -ngl 99 -d "$d"
+        P=0 N=${DS_N:-32} tm_case "d$d" ds "" -ngl all -d "$d"
+    done
+    rm -f "$(model_path ds)"
 }
 
 stage_calibrate() {

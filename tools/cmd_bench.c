@@ -27,6 +27,8 @@ static void bench_usage(FILE *out) {
                  "as llama-bench does; a context per (-ngl, -ncmoe, -t), every -p and -n in it.\n"
                  "  -p N[,N...]   prompt tokens of the pp tests (default 512; 0 = skip)\n"
                  "  -n N[,N...]   generated tokens of the tg tests (default 128; 0 = skip)\n"
+                 "  -d N[,N...]   context depth: each test runs after an N-token prompt (not\n"
+                 "                timed), named \"tg128 @ d8192\" as llama-bench's (default 0)\n"
                  "  -r N          repetitions (default 3)\n"
                  "  -t N[,N...]   thread counts (default: physical cores)\n"
                  "  -b N          prompt batch size (default: the engine's, 512 or with\n"
@@ -78,8 +80,10 @@ static int bench_parse_list(const char *flag, const char *val, long long lo, lon
 
 typedef struct bench_result {
     const char *test;
-    int n, n_par, threads; /* n_par: sequences decoded together (tg) */
-    char backend[128];     /* where things ran, from the context (bench_backend) */
+    int n, n_par, threads;
+    int depth;
+    /* tokens in the context before the test (-d) */ /* n_par: sequences decoded together (tg) */
+    char backend[128]; /* where things ran, from the context (bench_backend) */
     int n_gpu_layers, n_cpu_moe;
     long long n_batch; /* the prompt batch (-b or the engine's choice) */
     double mean, sd;
@@ -224,8 +228,9 @@ static void bench_backend(const tm_context *ctx, char *out, size_t n) {
 
 /* What every context's tests share. */
 typedef struct bench_opts {
-    long long pp[BENCH_MAX_VALUES], tg[BENCH_MAX_VALUES], np[BENCH_MAX_VALUES];
-    int n_pp, n_tg, n_np;
+    long long pp[BENCH_MAX_VALUES], tg[BENCH_MAX_VALUES], np[BENCH_MAX_VALUES],
+        depth[BENCH_MAX_VALUES];
+    int n_pp, n_tg, n_np, n_depth;
     long long reps, batch;
     bool membw, profile;
     tm_trace *tr;
@@ -246,11 +251,13 @@ static int bench_decode_rows(tm_context *ctx, const int32_t *ids, int n) {
  * tg test, appended to res. Nonzero after printing an error. */
 static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_opts *o,
                          tm_rng *rng, bench_result *res, int *n_res) {
-    long long max_pp = 0, max_tg = 0, max_np = 1;
+    long long max_pp = 0, max_tg = 0, max_np = 1, max_d = 0;
     for (int i = 0; i < o->n_pp; i++) max_pp = o->pp[i] > max_pp ? o->pp[i] : max_pp;
     for (int i = 0; i < o->n_tg; i++) max_tg = o->tg[i] > max_tg ? o->tg[i] : max_tg;
     for (int i = 0; i < o->n_np; i++) max_np = o->np[i] > max_np ? o->np[i] : max_np;
-    const int n_tests = o->n_pp + o->n_tg * o->n_np;
+    for (int i = 0; i < o->n_depth; i++) max_d = o->depth[i] > max_d ? o->depth[i] : max_d;
+    /* every depth runs every test */
+    const int n_per = o->n_pp + o->n_tg * o->n_np, n_tests = n_per * o->n_depth;
     if (*n_res + n_tests > BENCH_MAX_RESULTS) {
         fprintf(stderr, "tiermoe bench: more than %d tests; give fewer values\n",
                 BENCH_MAX_RESULTS);
@@ -258,7 +265,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     }
     tm_context_params cp = *cp0;
     cp.n_seq = (int)max_np; /* each its own KV range of the longest test */
-    cp.n_ctx = ((max_pp > max_tg ? max_pp : max_tg) + 8) * max_np;
+    cp.n_ctx = (max_d + (max_pp > max_tg ? max_pp : max_tg) + 8) * max_np;
     /* -b, or the engine's choice (512, more with experts in RAM behind a GPU) */
     cp.n_batch = o->batch ? (o->batch > max_np ? o->batch : max_np) : (max_np > 512 ? max_np : 0);
     cp.profile = o->profile;
@@ -278,7 +285,7 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     /* the host's read bandwidth bounds what the CPU reads; with nothing but
      * the embedding there it means nothing */
     const bool probe = o->membw && (dense_cpu > (uint64_t)m->cfg.n_embd * 4 || exp_cpu);
-    long long n_toks = max_pp > 8 ? max_pp : 8;
+    long long n_toks = max_d + max_pp > 8 ? max_d + max_pp : 8; /* a pp test follows its depth */
     n_toks = n_toks > max_np ? n_toks : max_np;
     int32_t *toks = malloc((size_t)n_toks * sizeof(int32_t));
     if (!toks) {
@@ -304,8 +311,10 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
     tm_moe_lane_stats lane0;
     tm_tier_stats tier0[TM_TIER_CLASS_COUNT];
     bool steal_ok = true; /* until /proc/stat cannot be read */
-    /* the tests: every pp value, then every tg value */
-    for (int ti = 0; ti < n_tests && !rc; ti++) {
+    /* the tests: at each depth every pp value, then every tg value */
+    for (int tj = 0; tj < n_tests && !rc; tj++) {
+        const int ti = tj % n_per;
+        const long long depth = o->depth[tj / n_per];
         const bool pp = ti < o->n_pp;
         const long long n = pp ? o->pp[ti] : o->tg[(ti - o->n_pp) % o->n_tg];
         const int n_par = pp ? 1 : (int)o->np[(ti - o->n_pp) / o->n_tg];
@@ -319,19 +328,25 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         const tm_store_stats *sst = tier_store_stats(ctx->tier);
         const tm_store_stats store0 = sst ? *sst : (tm_store_stats){0};
         const double mem = probe ? cpu_read_bandwidth_gbs(ctx->pool, (size_t)1 << 30) : 0;
-        uint64_t b0[3], b1[3];
-        bench_tier_bytes(ctx, b0);
+        /* the tier's bytes of the timed parts (a depth's prompt is not the test's) */
+        uint64_t b0[3], b1[3], bytes[3] = {0, 0, 0};
         bench_steal_since(&steal0, &total0, &steal_ok);
         for (int r = 0; r < reps && !rc; r++) {
             /* a repetition is a request: the VRAM cache's updater runs between them */
             if (r && tier_cache_update(ctx->tier, TM_MOE_UPDATE_RATE) != TM_OK) rc = 1;
             model_context_reset(ctx);
             if (o->tr) trace_sequence_begin(o->tr);
+            /* the depth's prompt, untimed (-d with -np 1 only: checked at parsing) */
+            if (depth && model_decode(ctx, toks, depth, TM_MOE_PHASE_PROMPT, false) != TM_OK) {
+                rc = 1;
+                break;
+            }
             int32_t ids[BENCH_MAX_PAR];
             memcpy(ids, toks, (size_t)n_par * sizeof(int32_t));
+            bench_tier_bytes(ctx, b0);
             const uint64_t t0 = tm_time_ns();
             if (pp) {
-                if (model_decode(ctx, toks, n, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
+                if (model_decode(ctx, toks + depth, n, TM_MOE_PHASE_PROMPT, false) != TM_OK) rc = 1;
             } else {
                 for (long long i = 0; i < n && !rc; i++) {
                     if (n_par == 1)
@@ -343,13 +358,15 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
                 }
             }
             ts[r] = (tm_time_ns() - t0) * 1e-9;
+            bench_tier_bytes(ctx, b1);
+            for (int k = 0; k < 3; k++) bytes[k] += b1[k] - b0[k];
         }
         if (rc) break;
-        bench_tier_bytes(ctx, b1);
         bench_result *b = &res[(*n_res)++];
         *b = (bench_result){.test = pp ? "pp" : "tg",
                             .n = (int)n,
                             .n_par = n_par,
+                            .depth = (int)depth,
                             .threads = cp.n_threads,
                             .n_gpu_layers = ctx->n_gpu_layers,
                             .n_batch = batch,
@@ -364,16 +381,16 @@ static int bench_context(tm_model *m, const tm_context_params *cp0, const bench_
         if (pp) { /* every tensor once per batch, where it lives; experts in RAM the
                      GPU copied or read over PCIe (the fetch lane) not on the CPU */
             const double batches = (double)((n + batch - 1) / batch);
-            const double fetched = (double)(b1[2] - b0[2]) / reps;
+            const double fetched = (double)bytes[2] / reps;
             const double cpu_exp = exp_cpu * batches > fetched ? exp_cpu * batches - fetched : 0;
             cpu_b = ((double)dense_cpu * batches + cpu_exp) / n;
             gpu_b = (double)(dense_gpu + exp_gpu) * batches / n;
             pcie_b = fetched / n;
         } else { /* a token: the dense weights where they live, its experts where they ran */
             const double n_gen = (double)(n * n_par * reps);
-            cpu_b = dense_cpu + (b1[1] - b0[1]) / n_gen;
-            gpu_b = dense_gpu + (b1[0] - b0[0]) / n_gen;
-            pcie_b = (b1[2] - b0[2]) / n_gen;
+            cpu_b = dense_cpu + bytes[1] / n_gen;
+            gpu_b = dense_gpu + bytes[0] / n_gen;
+            pcie_b = bytes[2] / n_gen;
         }
         b->cpu_gbs = cpu_b * b->mean / 1e9, b->gpu_gbs = gpu_b * b->mean / 1e9;
         b->pcie_gbs = pcie_b * b->mean / 1e9;
@@ -403,12 +420,12 @@ static void bench_json_share(const char *key, double v) {
         printf(", \"%s\": null", key);
 }
 
-/* "pp512", "tg128", "tg128 x8" (8 sequences decoded together). */
+/* "pp512", "tg128", "tg128 x8" (8 sequences decoded together), "tg128 @ d8192" (after an
+ * 8192-token prompt, as llama-bench names it). */
 static void bench_test_name(const bench_result *b, char *out, size_t n) {
-    if (b->n_par > 1)
-        snprintf(out, n, "%s%d x%d", b->test, b->n, b->n_par);
-    else
-        snprintf(out, n, "%s%d", b->test, b->n);
+    int w = b->n_par > 1 ? snprintf(out, n, "%s%d x%d", b->test, b->n, b->n_par)
+                         : snprintf(out, n, "%s%d", b->test, b->n);
+    if (b->depth && w > 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, " @ d%d", b->depth);
 }
 
 static void bench_print(const bench_result *res, int n_res, const char *fmt, const char *model,
@@ -444,13 +461,13 @@ static void bench_print(const bench_result *res, int n_res, const char *fmt, con
         else { /* json: an array; jsonl: an object a line */
             printf("%s{\"model\": \"%s\", \"size_gib\": %.3f, \"params_b\": %.3f, \"backend\": "
                    "\"%s\", \"n_gpu_layers\": %d, \"n_cpu_moe\": %d, \"n_batch\": %lld, "
-                   "\"threads\": %d, \"n_parallel\": %d, \"test\": "
+                   "\"threads\": %d, \"n_parallel\": %d, \"n_depth\": %d, \"test\": "
                    "\"%s\", \"ts_mean\": %.3f, \"ts_stddev\": %.3f, \"cpu_gbs\": %.2f, "
                    "\"mem_gbs\": %.2f, \"cpu_bound_ts\": %.2f, \"gpu_gbs\": %.2f, \"pcie_gbs\": "
                    "%.2f",
                    json ? "  " : "", model, size_gib, params_b, b->backend, b->n_gpu_layers,
-                   b->n_cpu_moe, b->n_batch, b->threads, b->n_par, test, b->mean, b->sd, b->cpu_gbs,
-                   b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
+                   b->n_cpu_moe, b->n_batch, b->threads, b->n_par, b->depth, test, b->mean, b->sd,
+                   b->cpu_gbs, b->mem_gbs, b->bound, b->gpu_gbs, b->pcie_gbs);
             /* what the table's readers get on stderr: the host's steal and the VRAM cache's
                and the copies ahead's shares of the routed slots */
             bench_json_share("host_steal", b->steal);
@@ -467,6 +484,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
     bench_opts o = {.pp = {512},
                     .tg = {128},
                     .np = {1},
+                    .depth = {0},
+                    .n_depth = 1,
                     .n_pp = 1,
                     .n_tg = 1,
                     .n_np = 1,
@@ -519,6 +538,8 @@ static int bench_main(int argc, char **argv, cli_place *place) {
             bad = bench_parse_list(a, val, 0, 1 << 16, false, o.pp, &o.n_pp);
         else if (!strcmp(a, "-n"))
             bad = bench_parse_list(a, val, 0, 1 << 16, false, o.tg, &o.n_tg);
+        else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth"))
+            bad = bench_parse_list(a, val, 0, 1 << 20, false, o.depth, &o.n_depth);
         else if (!strcmp(a, "-np"))
             bad = bench_parse_list(a, val, 1, BENCH_MAX_PAR, false, o.np, &o.n_np);
         else if (!strcmp(a, "-t"))
@@ -550,6 +571,15 @@ static int bench_main(int argc, char **argv, cli_place *place) {
         fprintf(stderr, "tiermoe bench: missing -m FILE\n");
         return 2;
     }
+    for (int i = 0; i < o.n_depth; i++)
+        for (int j = 0; j < o.n_np; j++)
+            if (o.depth[i] && o.np[j] > 1) {
+                fprintf(stderr,
+                        "tiermoe bench: -d %lld with -np %lld: a depth runs one sequence "
+                        "(give -np 1 or -d 0)\n",
+                        o.depth[i], o.np[j]);
+                return 2;
+            }
     if (!n_threads) threads[n_threads++] = cpu_physical_cores();
     tm_model *m;
     if (model_load(path, &m) != TM_OK) {

@@ -2,7 +2,8 @@
  *
  * 1. The placement matrix (tests/matrix/placement_matrix.h) on the tiny model
  *    (3 layers, 16 experts), a 4-layer, 32-expert one, and the converter's tiny files of
- *    gpt-oss, qwen3next, qwen35moe, mixtral, olmoe and glm4moe (tests/data/hf_*): CPU only, -ngl all,
+ *    gpt-oss, qwen3next, qwen35moe, mixtral, olmoe, glm4moe and deepseek2 (tests/data/hf_*):
+ *    CPU only, -ngl all,
  *    -ngl 2, --cpu-moe (PCIe lane off, auto, every slot), --n-cpu-moe 2,
  *    --moe-cache with a random hot set, an -ot mix; logits after prompt batches
  *    and decode steps against the double-precision reference forward
@@ -88,9 +89,10 @@ void check_model(void **state) {
     placement_matrix_run(oss, &gpu_tol);
     /* qwen3next and qwen35moe (linear attention's kernels, partial RoPE, the shared expert);
      * mixtral (interleaved RoPE), olmoe (q/k norm over the projection, no renormalisation),
-     * glm4moe (biases, dense layers, shared expert, the biased grouped sigmoid router) */
-    static const char *const hybrids[] = {"hf_qwen3next", "hf_qwen35moe", "hf_mixtral", "hf_olmoe",
-                                          "hf_glm4moe"};
+     * glm4moe (biases, dense layers, shared expert, the biased grouped sigmoid router),
+     * deepseek2 (latent attention: mla.cu, YaRN, the per-head products) */
+    static const char *const hybrids[] = {"hf_qwen3next", "hf_qwen35moe", "hf_mixtral",
+                                          "hf_olmoe",     "hf_glm4moe",   "hf_deepseek2"};
     for (size_t i = 0; i < sizeof(hybrids) / sizeof(hybrids[0]); i++) {
         char hy[512];
         snprintf(hy, sizeof(hy), "%s/%s/tiny-f16.gguf", data ? data : "tests/data", hybrids[i]);

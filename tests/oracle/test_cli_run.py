@@ -228,6 +228,20 @@ def main():
     check(r.returncode == 0 and [(o["n_parallel"], o["test"]) for o in objs]
           == [(1, "tg3"), (4, "tg3 x4")] and all(o["ts_mean"] > 0 for o in objs),
           f"bench -np: {r.stdout} {r.stderr}")
+    # -d: each test after an untimed prompt of that many tokens, named as llama-bench's; the
+    # prompt's weight bytes are not the test's (bytes a token as at depth 0, within noise)
+    r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-d", "0,24", "-r", "2", "-o", "jsonl",
+           "--no-membw")
+    objs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    check(r.returncode == 0 and [(o["n_depth"], o["test"]) for o in objs]
+          == [(0, "pp8"), (0, "tg2"), (24, "pp8 @ d24"), (24, "tg2 @ d24")],
+          f"bench -d: {r.stdout} {r.stderr}")
+    if r.returncode == 0:
+        per_tok = {o["test"]: o["cpu_gbs"] / o["ts_mean"] for o in objs}
+        check(per_tok["tg2 @ d24"] < 1.5 * per_tok["tg2"],
+              f"bench -d: the depth's prompt counted in the test's bytes: {per_tok}")
+    r = tm("bench", "-m", model, "-n", "2", "-d", "8", "-np", "2")
+    check(r.returncode == 2 and "-d" in r.stderr, f"bench -d with -np 2: {r.returncode} {r.stderr}")
     r = tm("bench", "-m", model, "-n", "2", "-np", "0")
     check(r.returncode == 2 and "-np" in r.stderr, f"bench -np 0: {r.returncode} {r.stderr}")
     r = tm("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "json", "--no-membw")
