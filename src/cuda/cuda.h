@@ -546,9 +546,15 @@ tm_status cuda_mla_prepare(const tm_cuda_attn_params *p, float *q, float *kv, co
                            const int32_t *pos0, int64_t n_tok, void *k_cache,
                            tm_cuda_stream stream);
 /* out[t][h] = Σ_{j <= pos(t)} softmax_j(scale · q[t][h] · K[j]) K[j][0, v_dim), over
- * the token's sequence's rows; out [n_tok][n_head v_dim]. */
+ * the token's sequence's rows; out [n_tok][n_head v_dim]. Outside the precise mode, an
+ * f16 cache with DeepSeek-V3's key (576 = 512 + 64) and a multiple of 32 heads runs on
+ * tensor cores (q and the softmax weights rounded to f16), a few tokens with their keys
+ * split over blocks: scratch holds cuda_mla_scratch_floats(p, n_tok) floats (may be
+ * NULL where that is 0). */
+int64_t cuda_mla_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok);
 tm_status cuda_mla_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
-                             const int32_t *pos0, int64_t n_tok, float *out, tm_cuda_stream stream);
+                             const int32_t *pos0, int64_t n_tok, float *out, float *scratch,
+                             tm_cuda_stream stream);
 /* dst[r][i] = src[r][i] for r < rows, i < n, rows dst_ld and src_ld floats apart. */
 tm_status cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
                          int64_t n, tm_cuda_stream stream);
@@ -643,6 +649,18 @@ size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok);
 tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes, int64_t rows,
                     int64_t k, const float *x, int64_t n_tok, float *y, void *scratch,
                     tm_cuda_stream stream);
+
+/* Per-head products (MLA's attn_k_b, attn_v_b) in one batched product: for each token
+ * t < n_tok, head h < n_head and o < out,
+ *   y[t ldy + h hy + o] = Σ_{i < in} W[h out + o][i] x[t ldx + h hx + i]
+ * (W: n_head·out rows of in values, row_bytes apart). Weights dequantized to f16 (f16 ones
+ * read as they are) and x rounded to f16, f32 accumulation; f32 weights stay f32. Scratch:
+ * cuda_gemm_heads_scratch_bytes (x is converted in chunks of tokens that fit it). */
+size_t cuda_gemm_heads_scratch_bytes(tm_type type, int64_t in, int64_t out, int64_t n_head);
+tm_status cuda_gemm_heads(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes,
+                          int64_t in, int64_t out, int64_t n_head, const float *x, int64_t ldx,
+                          int64_t hx, int64_t n_tok, float *y, int64_t ldy, int64_t hy,
+                          void *scratch, tm_cuda_stream stream);
 
 /* Grouped experts for prompt batches: the same math as cuda_moe_grouped
  * (y[tok] += weight · down_e(silu(gate_e x) ⊙ up_e x), or the extension's), with the work list

@@ -158,6 +158,33 @@ static inline tm_status cuda_gemm_args_check(const tm_cuda_blas *b, tm_type type
     return TM_OK;
 }
 
+/* cuda_gemm_heads's shapes: each head's x and y spans inside its row, heads apart. */
+static inline tm_status cuda_gemm_heads_args_check(const tm_cuda_blas *b, tm_type type,
+                                                   const void *w, size_t row_bytes, int64_t in,
+                                                   int64_t out, int64_t n_head, const float *x,
+                                                   int64_t ldx, int64_t hx, int64_t n_tok,
+                                                   const float *y, int64_t ldy, int64_t hy,
+                                                   const void *scratch) {
+    if (!b || in < 1 || out < 1 || n_head < 1 || n_tok < 1 || hx < in || hy < out ||
+        ldx < (n_head - 1) * hx + in || ldy < (n_head - 1) * hy + out || !x || !y ||
+        n_head * out > TM_CUDA_INT_MAX || n_tok > TM_CUDA_INT_MAX || ldx > TM_CUDA_INT_MAX ||
+        ldy > TM_CUDA_INT_MAX)
+        return tm_error_set(TM_ERR_ARG,
+                            "cuda_gemm_heads: %lld heads of [%lld -> %lld], %lld tokens, x rows "
+                            "%lld apart (heads %lld), y rows %lld apart (heads %lld) (want each "
+                            "head's span inside its row, sizes within cuBLAS's int), handle %p",
+                            (long long)n_head, (long long)in, (long long)out, (long long)n_tok,
+                            (long long)ldx, (long long)hx, (long long)ldy, (long long)hy,
+                            (const void *)b);
+    tm_status st = cuda_weights_check("cuda_gemm_heads", type, w, row_bytes, in);
+    if (st != TM_OK) return st;
+    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 15) ||
+        (type != TM_TYPE_F32 && !scratch))
+        return tm_error_set(TM_ERR_ARG, "cuda_gemm_heads: x and y must be float-aligned, "
+                                        "scratch given and 16-byte aligned");
+    return TM_OK;
+}
+
 static inline tm_status cuda_dequantize_f16_args_check(tm_type type, const void *w,
                                                        size_t row_bytes, int64_t rows, int64_t k,
                                                        const void *out_f16) {

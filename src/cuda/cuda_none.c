@@ -272,6 +272,18 @@ size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok) {
     (void)rows, (void)k, (void)n_tok;
     return 0;
 }
+size_t cuda_gemm_heads_scratch_bytes(tm_type type, int64_t in, int64_t out, int64_t n_head) {
+    (void)type, (void)in, (void)out, (void)n_head;
+    return 0;
+}
+tm_status cuda_gemm_heads(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes,
+                          int64_t in, int64_t out, int64_t n_head, const float *x, int64_t ldx,
+                          int64_t hx, int64_t n_tok, float *y, int64_t ldy, int64_t hy,
+                          void *scratch, tm_cuda_stream stream) {
+    (void)b, (void)type, (void)w, (void)row_bytes, (void)in, (void)out, (void)n_head, (void)x,
+        (void)ldx, (void)hx, (void)n_tok, (void)y, (void)ldy, (void)hy, (void)scratch, (void)stream;
+    return NONE;
+}
 tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes, int64_t rows,
                     int64_t k, const float *x, int64_t n_tok, float *y, void *scratch,
                     tm_cuda_stream stream) {
@@ -348,10 +360,15 @@ tm_status cuda_mla_prepare(const tm_cuda_attn_params *p, float *q, float *kv, co
     (void)p, (void)q, (void)kv, (void)kv_norm, (void)pos0, (void)n_tok, (void)k_cache, (void)stream;
     return NONE;
 }
+int64_t cuda_mla_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok) {
+    (void)p, (void)n_tok;
+    return 0;
+}
 tm_status cuda_mla_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
-                             const int32_t *pos0, int64_t n_tok, float *out,
+                             const int32_t *pos0, int64_t n_tok, float *out, float *scratch,
                              tm_cuda_stream stream) {
-    (void)p, (void)q, (void)k_cache, (void)pos0, (void)n_tok, (void)out, (void)stream;
+    (void)p, (void)q, (void)k_cache, (void)pos0, (void)n_tok, (void)out, (void)scratch,
+        (void)stream;
     return NONE;
 }
 tm_status cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,

@@ -18,7 +18,14 @@
  *
  * Scratch (cuda_gemm_scratch_bytes): [x f16: n_tok*k][pad to 256][W f16:
  * chunk_rows*k]. The output head of Qwen3 (151936 x 2048) takes 10 chunks of
- * 16384 rows, 64 MiB of weights each. */
+ * 16384 rows, 64 MiB of weights each.
+ *
+ * cuda_gemm_heads: every head's product in one strided batched GEMM (batch = head): the
+ * weights dequantized whole to f16 (DeepSeek-V3's attn_k_b: 128 x 512 x 128, 16 MiB),
+ * x's rows converted to f16 whole (the carried values too: one contiguous conversion) in
+ * chunks of tokens of at most TM_GEMM_HEADS_X_BYTES; head h's B is x f16 + h hx with
+ * ldb ldx, its C y + h hy with ldc ldy. f32 weights: cublasSgemmStridedBatched on x as
+ * it is. */
 #include "cuda/dequant.cuh"
 #include "cuda/gemm.cuh"
 
@@ -77,6 +84,59 @@ extern "C" void cuda_blas_free(tm_cuda_blas *b) {
 extern "C" size_t cuda_gemm_scratch_bytes(int64_t rows, int64_t k, int64_t n_tok) {
     if (rows <= 0 || k <= 0 || n_tok <= 0) return 0;
     return tm_align256((size_t)n_tok * k * 2) + (size_t)tm_gemm_chunk_rows(rows, k) * k * 2;
+}
+
+#define TM_GEMM_HEADS_X_BYTES ((size_t)16 << 20)
+
+extern "C" size_t cuda_gemm_heads_scratch_bytes(tm_type type, int64_t in, int64_t out,
+                                                int64_t n_head) {
+    if (type == TM_TYPE_F32 || in <= 0 || out <= 0 || n_head <= 0) return 0;
+    const size_t w = type == TM_TYPE_F16 ? 0 : (size_t)(n_head * out * in) * 2;
+    return tm_align256(w) + TM_GEMM_HEADS_X_BYTES;
+}
+
+extern "C" tm_status cuda_gemm_heads(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes,
+                                     int64_t in, int64_t out, int64_t n_head, const float *x,
+                                     int64_t ldx, int64_t hx, int64_t n_tok, float *y, int64_t ldy,
+                                     int64_t hy, void *scratch, tm_cuda_stream stream) {
+    static const char op[] = "cuda_gemm_heads";
+    tm_status st = cuda_gemm_heads_args_check(b, type, w, row_bytes, in, out, n_head, x, ldx, hx,
+                                              n_tok, y, ldy, hy, scratch);
+    if (st != TM_OK) return st;
+    if ((st = tm_blas_bind(op, b, stream)) != TM_OK) return st;
+    if (type == TM_TYPE_F32) {
+        const float one = 1.0f, zero = 0.0f;
+        const int64_t lda = (int64_t)(row_bytes / 4);
+        TM_CUBLAS_TRY(op, out, n_tok, in,
+                      cublasSgemmStridedBatched(
+                          b->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)n_tok, (int)in, &one,
+                          (const float *)w, (int)lda, (long long)(out * lda), x, (int)ldx,
+                          (long long)hx, &zero, y, (int)ldy, (long long)hy, (int)n_head));
+        return TM_OK;
+    }
+    const __half *wh = (const __half *)w;
+    int64_t lda = (int64_t)(row_bytes / 2);
+    size_t w_bytes = 0;
+    if (type != TM_TYPE_F16) { /* dequantized whole: its rows packed, in values each */
+        w_bytes = tm_align256((size_t)(n_head * out * in) * 2);
+        st = tm_dequant_f16_run(op, type, w, row_bytes, n_head * out, in, 0, NULL, 1,
+                                (__half *)scratch, 0, stream);
+        if (st != TM_OK) return st;
+        wh = (const __half *)scratch, lda = in;
+    }
+    __half *xh = (__half *)((char *)scratch + w_bytes);
+    int64_t chunk = (int64_t)(TM_GEMM_HEADS_X_BYTES / ((size_t)ldx * 2));
+    if (chunk < 1)
+        return tm_error_set(TM_ERR_ARG, "%s: an x row of %lld values exceeds the %zu MiB chunk", op,
+                            (long long)ldx, TM_GEMM_HEADS_X_BYTES >> 20);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += chunk) {
+        const int64_t tc = n_tok - t0 < chunk ? n_tok - t0 : chunk;
+        if ((st = tm_f32_to_f16_run(op, x + t0 * ldx, tc * ldx, xh, stream)) != TM_OK) return st;
+        st = tm_blas_gemm_tn(op, b, out, tc, in, wh, lda, (long long)(out * lda), xh, ldx,
+                             (long long)hx, y + t0 * ldy, ldy, (long long)hy, n_head);
+        if (st != TM_OK) return st;
+    }
+    return TM_OK;
 }
 
 extern "C" tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes,

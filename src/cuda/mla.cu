@@ -20,6 +20,7 @@
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/mla_check.h"
+#include "cuda/mla_tc.cuh"
 
 #define TM_MLA_THREADS 256
 #define TM_MLA_WARPS   (TM_MLA_THREADS / TM_CUDA_WARP)
@@ -192,11 +193,17 @@ extern "C" tm_status cuda_mla_prepare(const tm_cuda_attn_params *p, float *q, fl
     return tm_cuda_launch_check("cuda_mla_prepare", n_tok, p->n_head, p->head_dim);
 }
 
+extern "C" int64_t cuda_mla_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok) {
+    return p && tm_mla_tc_ok(*p, NULL, NULL, NULL) ? tm_mla_tc_scratch_floats(*p, n_tok) : 0;
+}
+
 extern "C" tm_status cuda_mla_attention(const tm_cuda_attn_params *p, const float *q,
                                         const void *k_cache, const int32_t *pos0, int64_t n_tok,
-                                        float *out, tm_cuda_stream stream) {
+                                        float *out, float *scratch, tm_cuda_stream stream) {
     tm_status st = cuda_mla_check("cuda_mla_attention", p, n_tok, q, out, pos0, k_cache);
     if (st || n_tok == 0) return st;
+    if (tm_mla_tc_ok(*p, q, k_cache, out)) /* DeepSeek-V3's shape on tensor cores */
+        return tm_mla_tc_launch(*p, q, k_cache, pos0, n_tok, out, scratch, stream);
     const dim3 grid((unsigned)p->n_head, (unsigned)n_tok);
     tm_mla_attention_kernel<<<grid, TM_MLA_THREADS, 0, stream>>>(*p, q, k_cache, pos0, out);
     return tm_cuda_launch_check("cuda_mla_attention", n_tok, p->n_head, p->head_dim);

@@ -768,7 +768,11 @@ tm_status exec_weight_heads(tm_exec *e, const tm_weight *w) {
                             "n_head]",
                             (int)w->name_len, w->name, w->n_dims);
     const int64_t n = w->ne[0] + w->ne[1]; /* a head's gathered input and its output */
-    if (exec_weight_home(e, w) == TM_DEV_GPU && n > e->heads_width) e->heads_width = n;
+    if (exec_weight_home(e, w) == TM_DEV_GPU) {
+        const size_t g = cuda_gemm_heads_scratch_bytes(w->type, w->ne[0], w->ne[1], w->ne[2]);
+        if (n > e->heads_width) e->heads_width = n;
+        if (g > e->heads_gemm_bytes) e->heads_gemm_bytes = g;
+    }
     return TM_OK;
 }
 

@@ -220,9 +220,18 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         f = fr > f ? fr : f;
         attn_floats = f > attn_floats ? f : attn_floats;
     }
+    /* latent attention: the key splits' records of a decode step (a few tokens) */
+    tm_cuda_attn_params apl = ap;
+    apl.latent = true, apl.v_dim = (int32_t)e->attn_shape.v_dim;
+    for (int64_t n = 1; gpu_layers && e->kv_latent && n <= 16; n++) {
+        const size_t f = (size_t)cuda_mla_scratch_floats(&apl, n);
+        attn_floats = f > attn_floats ? f : attn_floats;
+    }
     const int64_t rot = e->kv_latent ? e->attn_shape.n_rot : e->attn_shape.head_dim;
     const size_t rope_bytes = e->rope_freq && gpu_layers ? (size_t)(rot / 2) * sizeof(float) : 0;
-    const size_t heads_bytes = (size_t)(e->p.n_batch * e->heads_width) * sizeof(float);
+    /* per-head products: one batched GEMM's scratch, or the precise mode's gathers */
+    size_t heads_bytes = (size_t)(e->p.n_batch * e->heads_width) * sizeof(float);
+    heads_bytes = e->heads_gemm_bytes > heads_bytes ? e->heads_gemm_bytes : heads_bytes;
     const size_t n_kv = e->kv_latent ? 1 : 2; /* K and V, or a latent's K */
     gpu_q8x_setup(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
@@ -337,7 +346,9 @@ static tm_status gpu_attention_latent(tm_exec *e, const exec_attn *a, float *q, 
     p.latent = true, p.v_dim = (int32_t)a->d->v_dim;
     p.row_pos = exec_row_pos_dev(e), p.row_seq = exec_row_seq_dev(e);
     tm_status st = cuda_mla_prepare(&p, q, k, a->k_norm, e->step_dev, rows, a->k_cache, e->stream);
-    return st ? st : cuda_mla_attention(&p, q, a->k_cache, e->step_dev, rows, out, e->stream);
+    return st ? st
+              : cuda_mla_attention(&p, q, a->k_cache, e->step_dev, rows, out, e->gpu_attn,
+                                   e->stream);
 }
 
 tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
@@ -347,7 +358,13 @@ tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, 
     const uint8_t *base = exec_weight_dev(e, w);
     float *gx = e->gpu_heads, *gy = e->gpu_heads + T * in; /* a head's rows, its product */
     tm_status st = TM_OK;
-    for (int64_t h = 0; h < H && st == TM_OK; h++) {
+    /* one batched product on tensor cores (f16 inputs); the precise mode keeps a product a
+     * head in f32 (a launch a head: with DeepSeek-V3's 128 heads 256 launches a layer; H200,
+     * 9 layers, -ngl all: tg128 99 t/s against llama.cpp's 280, 2026-11-29) */
+    if (!e->p.precise)
+        st = cuda_gemm_heads(e->blas, w->type, base, w->row_bytes, in, out, H, x, xn, xs, T, y, yn,
+                             ys, e->gpu_heads, e->stream);
+    for (int64_t h = 0; h < H && st == TM_OK && e->p.precise; h++) {
         const exec_matrix m = {base + (size_t)(h * out) * w->row_bytes, w->type, w->row_bytes, in,
                                out};
         if (T == 1) { /* one row: the head's values are contiguous */

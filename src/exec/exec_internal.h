@@ -85,6 +85,7 @@ struct tm_exec {
     size_t *kv_bytes;          /* [n_layer] of the layer's K (or V) cache, every sequence's */
     bool kv_latent;            /* latent attention: K rows only (no V cache) */
     int64_t heads_width;       /* the widest in + out of a GPU exec_matmul_heads weight */
+    size_t heads_gemm_bytes;   /* the largest cuda_gemm_heads scratch of one of them */
 
     /* CPU side */
     void *cpu_act; /* quantized activations of a product */

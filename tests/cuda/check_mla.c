@@ -15,6 +15,13 @@
  * rotation); attention within (D + 64 + n) u · 4 of the largest |latent| (the
  * float dot of D products, the online softmax's rescales, the float sums over
  * n keys) — a wrong key, position, head or scale moves outputs by 1/n or more.
+ * DeepSeek-V3's key (576) with an f16 cache and a multiple of 32 heads runs on tensor
+ * cores (mla_tc.cu): q and the softmax weights p rounded to f16 move each p_j by a
+ * relative 2^-11 (p's rounding) plus scale · 2^-11 · Σ_i |q_i k_ji| (q's, through exp),
+ * and the output, a weighted mean, by twice the largest of those times the largest
+ * |latent|: added, with a factor 2, to those cases' bound. Its cases: a decode of 3
+ * tokens with the keys split over blocks (a tile a split), rows of two
+ * sequences, and a prompt of 12 tokens (a block a token's 32 heads, all keys).
  * Also: cuda_copy_rows against memcpy, and the shapes the launchers refuse. */
 #ifdef TM_HAVE_CUDA
 #include "cuda_check.h"
@@ -35,6 +42,10 @@ static const mla_case k_mla_cases[] = {
     {4, 32, 8, 1, 40, TM_TYPE_F16, true, true, false},    /* a decode step */
     {3, 24, 8, 5, 37, TM_TYPE_F16, false, false, true},   /* NeoX, a base, two sequences */
     {16, 512, 64, 2, 70, TM_TYPE_F16, true, true, false}, /* DeepSeek-V3's widths */
+    /* tensor cores (mla_tc.cu): split keys, two sequences, a prompt */
+    {32, 512, 64, 3, 300, TM_TYPE_F16, true, true, false},
+    {64, 512, 64, 4, 150, TM_TYPE_F16, true, true, true},
+    {32, 512, 64, 12, 150, TM_TYPE_F16, true, true, false},
 };
 
 static double half_back(float f) {
@@ -129,7 +140,9 @@ static void mla_case_run(tm_rng *r, const mla_case *c) {
                 worst = fmax(worst, fabs(qo[i] - qref[i]) / ((16 + L) * U32 * (fabs(qref[i]) + 4)));
             if (!(worst <= 1)) fail_msg("mla prepare: q off by %.3g of its bound", worst);
             float *out_d = dev_alloc((size_t)NT * H * L * 4);
-            CHECK(cuda_mla_attention(&p, q_d, cache_d, p0_d, NT, out_d, s));
+            const int64_t nsc = cuda_mla_scratch_floats(&p, NT);
+            float *sc_d = nsc ? dev_alloc((size_t)nsc * 4) : NULL;
+            CHECK(cuda_mla_attention(&p, q_d, cache_d, p0_d, NT, out_d, sc_d, s));
             CHECK(cuda_device_sync(g_dev));
             CHECK(cuda_copy_to_host(g_dev, out, out_d, (size_t)NT * H * L * 4));
         } else {
@@ -153,17 +166,22 @@ static void mla_case_run(tm_rng *r, const mla_case *c) {
     }
     if (!(worst_k <= 1)) fail_msg("mla prepare: a key off by %.3g of its bound", worst_k);
     double worst = 0;
+    const bool tc = c->kv == TM_TYPE_F16 && D == 576 && H % 32 == 0; /* mla_tc.cu's shape */
     for (int t = 0; t < NT; t++) {
         const int64_t row0 = (int64_t)seq[c->pos0 + t] * seq_rows, n_kv = pos[c->pos0 + t] + 1;
         for (int h = 0; h < H; h++) {
             const double *qh = qref + ((size_t)t * H + h) * D;
-            double mx = -INFINITY, z = 0, big = 0;
+            double mx = -INFINITY, z = 0, big = 0, qk_abs = 0;
             double *sc = xmalloc(sizeof(double) * (size_t)n_kv);
             for (int64_t j = 0; j < n_kv; j++) {
-                double d = 0;
-                for (int i = 0; i < D; i++) d += qh[i] * keys[(row0 + j) * D + i];
+                double d = 0, da = 0;
+                for (int i = 0; i < D; i++)
+                    d += qh[i] * keys[(row0 + j) * D + i],
+                        da += fabs(qh[i] * keys[(row0 + j) * D + i]);
                 mx = fmax(mx, sc[j] = d * p.scale);
+                qk_abs = fmax(qk_abs, da);
             }
+            const double u16 = 1.0 / 2048, dp = u16 * (1 + p.scale * qk_abs); /* a p_j's */
             for (int64_t j = 0; j < n_kv; j++) z += sc[j] = exp(sc[j] - mx);
             for (int i = 0; i < L; i++) {
                 double o = 0;
@@ -172,17 +190,18 @@ static void mla_case_run(tm_rng *r, const mla_case *c) {
                     big = fmax(big, fabs(keys[(row0 + j) * D + i]));
                 }
                 const double got = out[((size_t)t * H + h) * L + i];
-                worst = fmax(worst, fabs(got - o) / (4 * (D + 64 + n_kv) * U32 * (big + 1)));
+                worst = fmax(worst, fabs(got - o) / (4 * (D + 64 + n_kv) * U32 * (big + 1) +
+                                                     (tc ? 2 * 2 * dp * big : 0)));
             }
             free(sc);
         }
     }
     if (!(worst <= 1)) fail_msg("mla attention: off by %.3g of its bound", worst);
-    printf("mla H %2d latent %3d + rope %2d, %d tokens from %2d, %s%s%s%s: worst key %.3f, out "
+    printf("mla H %2d latent %3d + rope %2d, %d tokens from %2d, %s%s%s%s%s: worst key %.3f, out "
            "%.3f of their bounds\n",
-           H, L, c->n_rot, NT, c->pos0, c->kv == TM_TYPE_F16 ? "f16" : "f32",
-           c->inter ? ", interleaved" : ", NeoX", c->table ? ", table" : ", base",
-           c->rows ? ", two sequences" : "", worst_k, worst);
+           H, L, c->n_rot, NT, c->pos0, tc ? "tensor cores, " : "",
+           c->kv == TM_TYPE_F16 ? "f16" : "f32", c->inter ? ", interleaved" : ", NeoX",
+           c->table ? ", table" : ", base", c->rows ? ", two sequences" : "", worst_k, worst);
     free(cache), free(pos), free(seq), free(keys), free(q), free(kv), free(out), free(qo);
     free(qref);
 }
@@ -223,7 +242,7 @@ void check_mla(void **state) {
     bad[0].latent = false, bad[1].n_head_kv = 2, bad[2].v_dim = 30, bad[3].n_rot = 7;
     for (int i = 0; i < 4; i++)
         if (cuda_mla_prepare(&bad[i], q_d, q_d, NULL, pos_d, 1, c_d, s) != TM_ERR_ARG ||
-            cuda_mla_attention(&bad[i], q_d, c_d, pos_d, 1, q_d, s) != TM_ERR_ARG)
+            cuda_mla_attention(&bad[i], q_d, c_d, pos_d, 1, q_d, NULL, s) != TM_ERR_ARG)
             fail_msg("latent shape %d accepted", i);
     if (cuda_attn_prepare(&p, q_d, q_d, q_d, NULL, NULL, pos_d, 1, c_d, c_d, s) != TM_ERR_ARG)
         fail_msg("cuda_attn_prepare took a latent shape");

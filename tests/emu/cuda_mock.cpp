@@ -13,6 +13,7 @@
  * open fail. */
 #include "cuda_warp_shim.h"
 #include "cuda/attention.cuh"
+#include "cuda/mla_tc.cuh"
 #include "cuda/mmvq_lbx.cuh"
 #include "cuda/moe_ext.cuh"
 #include <chrono>
@@ -26,6 +27,11 @@ static bool fast() { return getenv("MOCK_FAST") != nullptr; }
  * attention.cu gives every prompt to its f32 kernel */
 bool tm_attn_tc_ok(const tm_attn_args &, bool) { return false; }
 tm_status tm_attn_tc_launch(const tm_attn_args &, tm_cuda_stream) { return tm_error_set(TM_ERR_UNSUPPORTED, "emu: no tensor cores"); }
+/* nor mla_tc.cu's: mla.cu gives every shape to its f32 kernel */
+bool tm_mla_tc_ok(const tm_cuda_attn_params &, const void *, const void *, const void *) { return false; }
+int64_t tm_mla_tc_splits(const tm_cuda_attn_params &, int64_t) { return 1; }
+int64_t tm_mla_tc_scratch_floats(const tm_cuda_attn_params &, int64_t) { return 0; }
+tm_status tm_mla_tc_launch(const tm_cuda_attn_params &, const float *, const void *, const int32_t *, int64_t, float *, float *, tm_cuda_stream) { return tm_error_set(TM_ERR_UNSUPPORTED, "emu: no tensor cores"); }
 /* the real quantizer (mmvq_q8x.cu, compiled by the script) */
 tm_status tm_q8x_quantize_n(const float *x, int64_t n, int8_t *q, float *d, cudaStream_t stream);
 extern "C" {

@@ -143,9 +143,15 @@ static bool mla_attention_run(void *arg, char *err, size_t err_size) {
     return ok;
 }
 
+int64_t cuda_mla_scratch_floats(const tm_cuda_attn_params *p, int64_t n_tok) {
+    (void)p, (void)n_tok;
+    return 0; /* the mock's one f64 path needs none */
+}
+
 tm_status cuda_mla_attention(const tm_cuda_attn_params *p, const float *q, const void *k_cache,
-                             const int32_t *pos0, int64_t n_tok, float *out,
+                             const int32_t *pos0, int64_t n_tok, float *out, float *scratch,
                              tm_cuda_stream stream) {
+    (void)scratch;
     tm_status st = cuda_mla_check("cuda_mla_attention", p, n_tok, q, out, pos0, k_cache);
     if (st != TM_OK || n_tok == 0) return st;
     const mla_arg a = {*p, (float *)q, NULL, NULL, pos0, n_tok, (void *)k_cache, out};

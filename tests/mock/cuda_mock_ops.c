@@ -178,6 +178,56 @@ tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_byt
     return mock_launch(stream, "cuda_gemm", matvec_run, &a, sizeof(a));
 }
 
+typedef struct heads_arg {
+    tm_type type;
+    const void *w;
+    size_t row_bytes;
+    int64_t in, out, n_head, n_tok, ldx, hx, ldy, hy;
+    const float *x;
+    float *y;
+} heads_arg;
+
+/* y[t][h hy + o] = Σ_i W[h out + o][i] x[t][h hx + i] in double, the weights dequantized
+ * to f32 (the real kernel's f16 roundings are within the matrix's prompt tolerance). */
+static bool heads_run(void *arg, char *err, size_t err_size) {
+    const heads_arg *a = arg;
+    NEED_DEVICE(a->w, rows_span(a->type, a->row_bytes, a->n_head * a->out, a->in), "the weights");
+    NEED_DEVICE(a->x, (size_t)((a->n_tok - 1) * a->ldx + a->n_head * a->hx) * 4, "x");
+    NEED_DEVICE(a->y, (size_t)((a->n_tok - 1) * a->ldy + (a->n_head - 1) * a->hy + a->out) * 4,
+                "y");
+    float *row = malloc((size_t)a->in * sizeof(float));
+    if (!row) return mock_fail(err, err_size, "out of host memory");
+    for (int64_t h = 0; h < a->n_head; h++)
+        for (int64_t o = 0; o < a->out; o++) {
+            quant_row_dequantize(a->type, (const char *)a->w + (h * a->out + o) * a->row_bytes, row,
+                                 a->in);
+            for (int64_t t = 0; t < a->n_tok; t++) {
+                const float *x = a->x + t * a->ldx + h * a->hx;
+                double s = 0;
+                for (int64_t i = 0; i < a->in; i++) s += (double)row[i] * x[i];
+                a->y[t * a->ldy + h * a->hy + o] = (float)s;
+            }
+        }
+    free(row);
+    return true;
+}
+
+size_t cuda_gemm_heads_scratch_bytes(tm_type type, int64_t in, int64_t out, int64_t n_head) {
+    (void)type, (void)in, (void)out, (void)n_head;
+    return 0; /* heads_run needs none (the executor's gathers size what it passes) */
+}
+
+tm_status cuda_gemm_heads(tm_cuda_blas *b, tm_type type, const void *w, size_t row_bytes,
+                          int64_t in, int64_t out, int64_t n_head, const float *x, int64_t ldx,
+                          int64_t hx, int64_t n_tok, float *y, int64_t ldy, int64_t hy,
+                          void *scratch, tm_cuda_stream stream) {
+    tm_status st = cuda_gemm_heads_args_check(b, type, w, row_bytes, in, out, n_head, x, ldx, hx,
+                                              n_tok, y, ldy, hy, scratch);
+    if (st != TM_OK) return st;
+    const heads_arg a = {type, w, row_bytes, in, out, n_head, n_tok, ldx, hx, ldy, hy, x, y};
+    return mock_launch(stream, "cuda_gemm_heads", heads_run, &a, sizeof(a));
+}
+
 static bool dequant_f16_run(void *arg, char *err, size_t err_size) {
     const matvec_arg *a = arg; /* y: the f16 output */
     NEED_DEVICE(a->w, rows_span(a->type, a->row_bytes, a->rows, a->k), "the weights");
