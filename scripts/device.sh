@@ -54,7 +54,7 @@ declare -A HELP=(
     [qnext]="the hybrid linear-attention models: qn80 (mkmodel --preset qwen3-next-80b-a3b --fill FILL) and, with QNEXT_35=1, qn35 (qwen3.5-35b-a3b): pp P and tg N everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-qn80) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, case cpu-moe-qn80); QNEXT_MODELS names the files (e.g. qn35); the files are deleted after their cases"
     [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b) and olmoe (olmoe-1b-7b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe') picks; each file is deleted after its cases"
     [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), tiermoe with a ring of 4 x 64 experts (case ring64: TIERMOE_FETCH_RING=64x4), and LONG_P (e.g. 16384) as pp too when set"
-    [deepseek]="issue 32's DeepSeek-V3 shape: ds (mkmodel --preset deepseek-v3 --n-layer DS_LAYERS (9: 3 dense, 6 MoE) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-ds) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-ds), pp P / tg N; then latent-attention decode at depth: tg DS_N (32) after a DS_DEPTHS ('8192') prompt everything on the GPU (-d D, both engines, case dD); the file is deleted after its cases"
+    [deepseek]="issue 32's DeepSeek-V3 shape: ds (mkmodel --preset deepseek-v3 --n-layer DS_LAYERS (9: 3 dense, 6 MoE) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-ds) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-ds), pp P / tg N; then latent-attention decode at depth: tg DS_N (32) after a DS_DEPTHS ('8192') prompt everything on the GPU (-d D, both engines, case dD; DS_AB=1: also tiermoe's f32 kernel, TIERMOE_ATTN_TC=0, case dD-f32); the file is deleted after its cases"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -733,6 +733,8 @@ stage_deepseek() {
     for d in ${DS_DEPTHS:-8192}; do
         P=0 N=${DS_N:-32} peer_case "d$d" ds -ngl 99 -d "$d"
         P=0 N=${DS_N:-32} tm_case "d$d" ds "" -ngl all -d "$d"
+        # the f32 latent-attention kernel (mla.cu) instead of the tensor-core one, for comparison
+        [ -n "${DS_AB:-}" ] && P=0 N=${DS_N:-32} tm_case "d$d-f32" ds "TIERMOE_ATTN_TC=0" -ngl all -d "$d"
     done
     rm -f "$(model_path ds)"
 }
