@@ -600,15 +600,18 @@ tm_status cuda_ssm_conv(const tm_cuda_ssm_rows *rows, float *x, int64_t C, int32
  *   S = e^g S;  S += k (beta (v - S^T k))^T;  out[t][h v_dim ..] = S^T q
  * out: [n_tok][n_v_head v_dim]. qkv is only read: the normalised q and k are not
  * written back (the CPU executor normalises them in place). A, dt_bias: device
- * [n_v_head] f32. k_dim one of 16, 32, 64, 128, 256; v_dim 1..256. One block per
- * (value head, run) scans the run token by token, its S in registers (a thread
- * a column of v). */
+ * [n_v_head] f32. k_dim one of 16, 32, 64, 128, 256; v_dim 1..256. Up to
+ * TM_CUDA_DELTA_SERIAL_TOK rows (decode) one block per (value head, run) scans the
+ * run token by token, its S in registers (a thread a column of v); more rows
+ * (prompts) run the chunked form of the same recurrence (chunks of 32 tokens in
+ * matrix products: ssm.cu), the same sums in another order. */
 typedef struct tm_cuda_delta_params {
     int32_t n_k_head, n_v_head, k_dim, v_dim;
     bool v_tiled, ba_grouped;
     const float *A, *dt_bias;
 } tm_cuda_delta_params;
-#define TM_CUDA_DELTA_MAX_V 256
+#define TM_CUDA_DELTA_MAX_V      256
+#define TM_CUDA_DELTA_SERIAL_TOK 8
 tm_status cuda_delta_rule(const tm_cuda_delta_params *p, const tm_cuda_ssm_rows *rows,
                           const float *qkv, const float *b, const float *a, float *state,
                           float *out, tm_cuda_stream stream);

@@ -16,16 +16,36 @@
  * rounded up to a warp. Per token the block stages q and k of its key head in
  * shared memory, reduces their sums of squares, normalises them there, then
  * each thread decays its column, takes k·S[.][j], applies the delta update and
- * q·S[.][j]. Serial in the tokens: a prompt of n tokens takes n such steps
- * (a chunked tensor-core form is later work); qkv is only read. */
+ * q·S[.][j]. Serial in the tokens: n tokens take n such steps; qkv is only
+ * read. Decode steps (up to TM_CUDA_DELTA_SERIAL_TOK rows) take it.
+ *
+ * Launches of more rows (prompts) take the chunked form (the same algebra as
+ * the CPU's delta_chunk, src/cpu/cpu_ssm.c): a block per (run, value head,
+ * 32 of its value columns: S's columns evolve apart, so a head's columns
+ * split over blocks for parallelism), the run in chunks of TM_DCH_C tokens,
+ * everything in shared memory (S's [k_dim][32] slice, the chunk's normalised
+ * q and k, W, U, A and the causal q·k weights): per chunk, with γ the
+ * cumulative log decay,
+ *   A[i][j] = β_i (k_i·k_j) e^{γ_i-γ_j} (j < i), QK[i][j] = (q_i·k_j) e^{γ_i-γ_j} (j <= i);
+ *   U = (I + A)^-1 (β v), W = (I + A)^-1 (β e^γ k): forward substitution, a thread
+ *     a column (no barrier inside: a column's rows depend on that column only);
+ *   V' = U - W S;  o_i = e^{γ_i} q_i S + Σ_{j<=i} QK[i][j] V'_j;
+ *   S = e^{γ_L} S + Σ_m e^{γ_L-γ_m} k_m ⊗ V'_m.
+ * Six barriers a chunk where the scan takes three a token. `TIERMOE_DELTA_CHUNKED=0`
+ * keeps the scan for every launch (for comparison). */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuda_args.h"
 #include "cuda/cuda_common.cuh"
 
 #define TM_SSM_CONV_THREADS 128
 #define TM_DELTA_THREADS    TM_CUDA_DELTA_MAX_V
-#define TM_GATED_WARPS      4 /* cuda_rmsnorm_gated: a group a warp */
+#define TM_GATED_WARPS      4  /* cuda_rmsnorm_gated: a group a warp */
+#define TM_DCH_C            32 /* tokens a chunk */
+#define TM_DCH_VB           32 /* value columns a block */
+#define TM_DCH_THREADS      256
 
 static __device__ __forceinline__ float tm_silu(float x) {
     return x / (1.0f + expf(-x));
@@ -163,6 +183,177 @@ __global__ void __launch_bounds__(TM_DELTA_THREADS)
         for (int i = 0; i < KD; i++) S[(int64_t)i * dv] = s[i];
 }
 
+/* ---- the chunked delta rule (prompts): a block per (run, value head, 32 columns) ---- */
+
+static size_t tm_dch_smem_floats(int kd) {
+    const int kp = kd + 1; /* rows of q, k, W padded: a warp's column reads hit distinct banks */
+    return (size_t)kd * TM_DCH_VB + 3 * (size_t)TM_DCH_C * kp + (size_t)TM_DCH_C * TM_DCH_VB +
+           2 * (size_t)TM_DCH_C * TM_DCH_C + 3 * TM_DCH_C;
+}
+
+template <int KD>
+__global__ void __launch_bounds__(TM_DCH_THREADS)
+    tm_delta_chunk_kernel(tm_cuda_delta_params p, tm_cuda_ssm_rows r, const float *__restrict__ qkv,
+                          const float *__restrict__ b, const float *__restrict__ a, float *state,
+                          float *out) {
+    constexpr int C = TM_DCH_C, VB = TM_DCH_VB, KP = KD + 1, NT = TM_DCH_THREADS;
+    extern __shared__ float tm_dch_smem[];
+    float *sS = tm_dch_smem;  /* [KD][VB] the state's columns c0 .. c0 + VB */
+    float *sQ = sS + KD * VB; /* [C][KP] q normalised and scaled */
+    float *sK = sQ + C * KP;  /* [C][KP] k normalised */
+    float *sW = sK + C * KP;  /* [C][KP] W */
+    float *sU = sW + C * KP;  /* [C][VB] U, then V' */
+    float *sA = sU + C * VB;  /* [C][C] */
+    float *sQK = sA + C * C;  /* [C][C] */
+    float *sg = sQK + C * C;  /* [C] γ */
+    float *sb = sg + C;       /* [C] β */
+    float *se = sb + C;       /* [C] e^{γ_L-γ_m} */
+    __shared__ int64_t run_end;
+    const int64_t t0 = blockIdx.x;
+    const int nb = (p.v_dim + VB - 1) / VB, tid = threadIdx.x;
+    const int h = blockIdx.y / nb, c0 = blockIdx.y % nb * VB, dv = p.v_dim;
+    const int warp = tid / TM_CUDA_WARP, lane = tid % TM_CUDA_WARP;
+    if (!tm_ssm_run_start(r, t0)) return; /* the whole block */
+    const int32_t seq = r.row_seq[t0], p0 = r.row_pos[t0];
+    if (p0 < 0 || seq < 0 || seq >= r.n_seq) return;
+    const int per_k = p.n_v_head / p.n_k_head;
+    const int kh = p.v_tiled ? h % p.n_k_head : h / per_k;
+    const int64_t Cw = 2 * (int64_t)p.n_k_head * KD + (int64_t)p.n_v_head * dv;
+    const int64_t nba = p.ba_grouped ? 2 * (int64_t)p.n_v_head : p.n_v_head;
+    const int64_t ib = p.ba_grouped ? (int64_t)(h / per_k) * 2 * per_k + h % per_k : h;
+    const int64_t ia = p.ba_grouped ? ib + per_k : h;
+    const float *av = p.ba_grouped ? b : a;
+    const float A = p.A[h], dt = p.dt_bias[h], qscale = 1.0f / sqrtf((float)KD);
+    float *Sg = state + ((int64_t)seq * p.n_v_head + h) * KD * dv + c0;
+    for (int idx = tid; idx < KD * VB; idx += NT) {
+        const int i = idx / VB, c = idx % VB;
+        sS[idx] = c0 + c < dv && p0 != 0 ? Sg[(int64_t)i * dv + c] : 0.0f;
+    }
+    if (tid == 0) {
+        int64_t t = t0;
+        while (tm_ssm_run_next(r, t)) t++;
+        run_end = t + 1;
+    }
+    __syncthreads();
+    const int64_t t_end = run_end;
+    for (int64_t tc = t0; tc < t_end; tc += C) {
+        const int L = t_end - tc < C ? (int)(t_end - tc) : C;
+        /* q and k of the chunk normalised (a warp a token), the gates */
+        for (int i = warp; i < L; i += NT / TM_CUDA_WARP) {
+            const float *q = qkv + (tc + i) * Cw + (int64_t)kh * KD,
+                        *k = q + (int64_t)p.n_k_head * KD;
+            float qq = 0.0f, kk = 0.0f;
+            for (int d = lane; d < KD; d += TM_CUDA_WARP) {
+                const float qv = q[d], kv = k[d];
+                sQ[i * KP + d] = qv, sK[i * KP + d] = kv;
+                qq += qv * qv, kk += kv * kv;
+            }
+            qq = tm_warp_sum(qq), kk = tm_warp_sum(kk);
+            const float rq = 1.0f / sqrtf(qq + 1e-6f) * qscale, rk = 1.0f / sqrtf(kk + 1e-6f);
+            for (int d = lane; d < KD; d += TM_CUDA_WARP)
+                sQ[i * KP + d] *= rq, sK[i * KP + d] *= rk;
+            if (lane == 0) {
+                const float x = av[(tc + i) * nba + ia] + dt;
+                sb[i] = tm_sigmoid(b[(tc + i) * nba + ib]);
+                sg[i] = A * (x > 20.0f ? x : log1pf(expf(x)));
+            }
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int i = 1; i < L; i++) sg[i] += sg[i - 1];
+        __syncthreads();
+        /* A and the causal weights (a warp a row i, a lane a column j) */
+        for (int idx = tid; idx < C * C; idx += NT) {
+            const int i = idx / C, j = idx % C;
+            float av_ = 0.0f, qk = 0.0f;
+            if (i < L && j <= i) {
+                float kk = 0.0f, qkd = 0.0f;
+                for (int d = 0; d < KD; d++) {
+                    const float kj = sK[j * KP + d];
+                    kk += sK[i * KP + d] * kj, qkd += sQ[i * KP + d] * kj;
+                }
+                const float e = expf(sg[i] - sg[j]);
+                av_ = j < i ? sb[i] * kk * e : 0.0f;
+                qk = qkd * e;
+            }
+            sA[idx] = av_, sQK[idx] = qk;
+        }
+        __syncthreads();
+        /* forward substitution: U's columns, then W's, a thread a column */
+        for (int col = tid; col < VB + KD; col += NT) {
+            if (col < VB) {
+                const bool valid = c0 + col < dv;
+                const float *v = qkv + 2 * (int64_t)p.n_k_head * KD + (int64_t)h * dv + c0 + col;
+                for (int i = 0; i < L; i++) {
+                    float x = valid ? sb[i] * v[(tc + i) * Cw] : 0.0f;
+                    for (int j = 0; j < i; j++) x -= sA[i * C + j] * sU[j * VB + col];
+                    sU[i * VB + col] = x;
+                }
+            } else {
+                const int d = col - VB;
+                for (int i = 0; i < L; i++) {
+                    float x = sb[i] * expf(sg[i]) * sK[i * KP + d];
+                    for (int j = 0; j < i; j++) x -= sA[i * C + j] * sW[j * KP + d];
+                    sW[i * KP + d] = x;
+                }
+            }
+        }
+        __syncthreads();
+        /* V' = U - W S */
+        for (int idx = tid; idx < L * VB; idx += NT) {
+            const int i = idx / VB, c = idx % VB;
+            float x = sU[idx];
+            for (int d = 0; d < KD; d++) x -= sW[i * KP + d] * sS[d * VB + c];
+            sU[idx] = x;
+        }
+        __syncthreads();
+        /* o_i = e^{γ_i} q_i S + Σ_{j<=i} QK[i][j] V'_j */
+        for (int idx = tid; idx < L * VB; idx += NT) {
+            const int i = idx / VB, c = idx % VB;
+            if (c0 + c >= dv) continue;
+            float x = 0.0f;
+            for (int d = 0; d < KD; d++) x += sQ[i * KP + d] * sS[d * VB + c];
+            x *= expf(sg[i]);
+            for (int j = 0; j <= i; j++) x += sQK[i * C + j] * sU[j * VB + c];
+            out[((tc + i) * p.n_v_head + h) * dv + c0 + c] = x;
+        }
+        if (tid < L) se[tid] = expf(sg[L - 1] - sg[tid]);
+        __syncthreads();
+        /* S = e^{γ_L} S + Σ_m e^{γ_L-γ_m} k_m ⊗ V'_m */
+        const float el = expf(sg[L - 1]);
+        for (int idx = tid; idx < KD * VB; idx += NT) {
+            const int d = idx / VB, c = idx % VB;
+            float x = el * sS[idx];
+            for (int m = 0; m < L; m++) x += se[m] * sK[m * KP + d] * sU[m * VB + c];
+            sS[idx] = x;
+        }
+        __syncthreads(); /* the chunk's arrays are the next chunk's */
+    }
+    for (int idx = tid; idx < KD * VB; idx += NT) {
+        const int i = idx / VB, c = idx % VB;
+        if (c0 + c < dv) Sg[(int64_t)i * dv + c] = sS[idx];
+    }
+}
+
+template <int KD>
+static tm_status tm_delta_chunk_launch(const tm_cuda_delta_params *p, const tm_cuda_ssm_rows *r,
+                                       const float *qkv, const float *b, const float *a,
+                                       float *state, float *out, cudaStream_t stream) {
+    const size_t smem = tm_dch_smem_floats(KD) * sizeof(float);
+    if (smem > 48 * 1024) {
+        static bool set; /* once: the attribute is the kernel's */
+        if (!set)
+            TM_CUDA_TRY(cudaFuncSetAttribute(
+                tm_delta_chunk_kernel<KD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        set = true;
+    }
+    const int nb = (p->v_dim + TM_DCH_VB - 1) / TM_DCH_VB;
+    const dim3 grid((unsigned)r->n_tok, (unsigned)(p->n_v_head * nb));
+    tm_delta_chunk_kernel<KD>
+        <<<grid, TM_DCH_THREADS, smem, stream>>>(*p, *r, qkv, b, a, state, out);
+    return TM_OK;
+}
+
 template <int KD>
 static void tm_delta_launch(const tm_cuda_delta_params *p, const tm_cuda_ssm_rows *r,
                             const float *qkv, const float *b, const float *a, float *state,
@@ -177,6 +368,32 @@ extern "C" tm_status cuda_delta_rule(const tm_cuda_delta_params *p, const tm_cud
                                      float *out, tm_cuda_stream stream) {
     tm_status st = cuda_delta_rule_args_check(p, rows, qkv, b, a, state, out);
     if (st != TM_OK || rows->n_tok == 0) return st;
+    static int chunked = -1; /* TIERMOE_DELTA_CHUNKED=0: the scan for prompts too */
+    if (chunked < 0) {
+        const char *env = getenv("TIERMOE_DELTA_CHUNKED");
+        chunked = !(env && strcmp(env, "0") == 0);
+    }
+    if (chunked && rows->n_tok > TM_CUDA_DELTA_SERIAL_TOK) {
+        switch (p->k_dim) {
+        case 16:
+            st = tm_delta_chunk_launch<16>(p, rows, qkv, b, a, state, out, stream);
+            break;
+        case 32:
+            st = tm_delta_chunk_launch<32>(p, rows, qkv, b, a, state, out, stream);
+            break;
+        case 64:
+            st = tm_delta_chunk_launch<64>(p, rows, qkv, b, a, state, out, stream);
+            break;
+        case 128:
+            st = tm_delta_chunk_launch<128>(p, rows, qkv, b, a, state, out, stream);
+            break;
+        default:
+            st = tm_delta_chunk_launch<256>(p, rows, qkv, b, a, state, out, stream);
+            break;
+        }
+        return st ? st
+                  : tm_cuda_launch_check("cuda_delta_rule", rows->n_tok, p->n_v_head, p->k_dim);
+    }
     switch (p->k_dim) {
     case 16:
         tm_delta_launch<16>(p, rows, qkv, b, a, state, out, stream);
