@@ -95,6 +95,19 @@ static void test_rmsnorm_rope_softmax_swiglu(void **state) {
             if (!(fabs(o2[i] - want2) <= 1e-5 * (fabs(want2) + 1)))
                 fail_msg("swiglu_oai: g %g u %g: %g, want %g", g[i], u2[i], o2[i], want2);
         }
+        /* the GELU-tanh gate against HF's gelu_pytorch_tanh in double (Gemma 4's experts);
+         * 1 + tanh cancels for large negative g: an absolute part of g u's rounding */
+        float o3[101];
+        cpu_geglu(o3, g, u, 101);
+        for (int i = 0; i < 101; i++) {
+            const double gx = g[i];
+            const double want3 =
+                0.5 * gx *
+                (1 + tanh(sqrt(2 / 3.14159265358979323846) * (gx + 0.044715 * gx * gx * gx))) *
+                u[i];
+            if (!(fabs(o3[i] - want3) <= 1e-5 * fabs(want3) + 1e-7 * fabs(gx * u[i])))
+                fail_msg("geglu: g %g u %g: %g, want %g", g[i], u[i], o3[i], want3);
+        }
         for (int i = 0; i < 101; i++) {
             double want = g[i] / (1 + exp(-(double)g[i])) * u[i];
             if (fabs(o[i] - want) > 1e-5 * fabs(want) + 1e-30)

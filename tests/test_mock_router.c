@@ -4,13 +4,15 @@
  * mock of router.cu), each against a transcription in double of the HF
  * transformers routers (modeling_deepseek_v3.py / modeling_glm4_moe.py's
  * get_topk_indices and route_tokens_to_experts; Mixtral's and Qwen3-MoE's
- * softmax top-k; gpt-oss's softmax over the k), written here again and
+ * softmax top-k; gpt-oss's softmax over the k; Gemma 4's per_expert_scale,
+ * modeling_gemma4.py's Gemma4TextRouter), written here again and
  * sharing nothing with either:
  *   s = softmax(l) | sigmoid(l) | l;  sel = s + bias
  *   groups: score = sum of a group's two largest sel, the topk_group best
  *           kept (stable: the lower group on a tie), the others' sel = -inf
  *   ids = the k largest sel (stable: the lower id on a tie)
- *   w = s[ids] (gpt-oss: softmax over the k); w / sum(w) when renormalised; x scale
+ *   w = s[ids] (gpt-oss: softmax over the k); w / sum(w) when renormalised; x scale;
+ *       x per_expert_scale[ids] (Gemma 4) when given
  * Every option and their combinations, 8..256 experts, 1..8 groups, exact ties
  * (equal logits, equal groups: both sides must take the lower id or group) and
  * random logits. ids must be the transcription's, except a near tie (a gap
@@ -28,13 +30,14 @@ typedef struct rcase {
     uint32_t E, K, groups, groups_used;
     bool norm, bias;
     float scale;
+    bool expert_scale; /* a factor an expert (Gemma 4's per_expert_scale) */
 } rcase;
 
 /* The transcription: ids [K] and weights [K] of one token; sel_gap: the
  * smallest gap between a chosen and an unchosen selectable score, and between
  * a kept and a dropped group (what a float implementation may order otherwise). */
-static void ref_route(const rcase *c, const float *l, const float *bias, int32_t *ids, double *w,
-                      double *sel_gap) {
+static void ref_route(const rcase *c, const float *l, const float *bias, const float *escale,
+                      int32_t *ids, double *w, double *sel_gap) {
     const int E = (int)c->E, K = (int)c->K;
     double s[MAX_E], sel[MAX_E];
     if (c->gating == TM_MOE_GATING_SOFTMAX) {
@@ -92,6 +95,7 @@ static void ref_route(const rcase *c, const float *l, const float *bias, int32_t
     for (int j = 0; j < K; j++) {
         if (c->gating == TM_MOE_GATING_SOFTMAX_TOPK || c->norm) w[j] /= sum;
         w[j] *= c->scale;
+        if (escale) w[j] *= escale[ids[j]]; /* top_k_weights * per_expert_scale[top_k_index] */
     }
 }
 
@@ -100,10 +104,11 @@ typedef enum side { SIDE_CPU, SIDE_GPU } side;
 /* T tokens of case c on one side; returns the near ties. */
 static int run_case(gpu *g, const rcase *c, side sd, int64_t T) {
     const int E = (int)c->E, K = (int)c->K;
-    float *l = malloc((size_t)T * E * sizeof(float)), bias[MAX_E], w[MAX_E * MAX_K];
+    float *l = malloc((size_t)T * E * sizeof(float)), bias[MAX_E], escale[MAX_E], w[MAX_E * MAX_K];
     int32_t ids[MAX_E * MAX_K];
     fill(l, T * E, c->gating == TM_MOE_GATING_SIGMOID ? 1.5f : 2.0f);
     for (int e = 0; e < E; e++) bias[e] = 0.1f * tm_rng_normal(&rng);
+    for (int e = 0; e < E; e++) escale[e] = 1.0f + 0.5f * tm_rng_normal(&rng);
     const int per = c->groups > 1 ? E / (int)c->groups : E;
     for (int64_t t = 0; t < T; t++) {
         float *lt = l + t * E;
@@ -123,20 +128,22 @@ static int run_case(gpu *g, const rcase *c, side sd, int64_t T) {
                                     .scale = c->scale,
                                     .n_group = c->groups,
                                     .n_group_used = c->groups_used,
-                                    .sel_bias = c->bias ? bias : NULL};
+                                    .sel_bias = c->bias ? bias : NULL,
+                                    .expert_scale = c->expert_scale ? escale : NULL};
     assert_int_equal(moe_router_check(&p, "case"), TM_OK);
     if (sd == SIDE_CPU) {
         moe_router_select(NULL, &p, l, T, ids, w);
     } else {
-        const tm_cuda_router_params gp = {.gating = (tm_cuda_gating)c->gating,
-                                          .n_expert = (int32_t)c->E,
-                                          .n_used = (int32_t)c->K,
-                                          .norm_topk = c->norm,
-                                          .scale = c->scale,
-                                          .sel_bias =
-                                              c->bias ? upload(g, bias, (size_t)E * 4) : NULL,
-                                          .n_group = (int32_t)c->groups,
-                                          .n_group_used = (int32_t)c->groups_used};
+        const tm_cuda_router_params gp = {
+            .gating = (tm_cuda_gating)c->gating,
+            .n_expert = (int32_t)c->E,
+            .n_used = (int32_t)c->K,
+            .norm_topk = c->norm,
+            .scale = c->scale,
+            .sel_bias = c->bias ? upload(g, bias, (size_t)E * 4) : NULL,
+            .n_group = (int32_t)c->groups,
+            .n_group_used = (int32_t)c->groups_used,
+            .expert_scale = c->expert_scale ? upload(g, escale, (size_t)E * 4) : NULL};
         const float *ld = upload(g, l, (size_t)(T * E) * 4);
         int32_t *idd = dalloc(g, (size_t)(T * K) * 4);
         float *wd = dalloc(g, (size_t)(T * K) * 4);
@@ -149,7 +156,8 @@ static int run_case(gpu *g, const rcase *c, side sd, int64_t T) {
     for (int64_t t = 0; t < T; t++) {
         int32_t want[MAX_K];
         double ww[MAX_K], gap;
-        ref_route(c, l + t * E, c->bias ? bias : NULL, want, ww, &gap);
+        ref_route(c, l + t * E, c->bias ? bias : NULL, c->expert_scale ? escale : NULL, want, ww,
+                  &gap);
         bool same = true;
         for (int j = 0; j < K; j++) same &= ids[t * K + j] == want[j];
         if (!same) {
@@ -185,9 +193,11 @@ static void run_all(side sd) {
         for (size_t ei = 0; ei < 4; ei++)
             for (size_t ki = 0; ki < 4; ki++)
                 for (size_t gr = 0; gr < 5; gr++)
-                    for (int opt = 0; opt < 4; opt++) {
-                        const rcase c = {gatings[gi],   Es[ei],  Ks[ki],  groups[gr][0],
-                                         groups[gr][1], opt & 1, opt & 2, opt == 3 ? 2.5f : 1.0f};
+                    for (int opt = 0; opt < 8; opt++) {
+                        const rcase c = {
+                            gatings[gi],   Es[ei],  Ks[ki],  groups[gr][0],
+                            groups[gr][1], opt & 1, opt & 2, (opt & 3) == 3 ? 2.5f : 1.0f,
+                            opt & 4};
                         if (c.K > c.E || (c.groups > 1 && (c.E / c.groups < 2 ||
                                                            c.K > c.groups_used * (c.E / c.groups))))
                             continue;

@@ -106,6 +106,14 @@ void cpu_swiglu_oai(float *h, const float *g, const float *u, int64_t n, float a
     }
 }
 
+void cpu_geglu(float *h, const float *g, const float *u, int64_t n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        h[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 void cpu_axpy(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }

@@ -43,6 +43,10 @@ void cpu_swiglu(float *h, const float *g, const float *u, int64_t n);
  * h[i] = g' sigmoid(alpha g') (u' + 1). h may alias g. */
 void cpu_swiglu_oai(float *h, const float *g, const float *u, int64_t n, float alpha, float limit);
 
+/* The GELU-gated unit with GELU's tanh form (Gemma's gelu_pytorch_tanh):
+ * h[i] = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u[i]. h may alias g. */
+void cpu_geglu(float *h, const float *g, const float *u, int64_t n);
+
 /* y[i] += a * x[i]. */
 void cpu_axpy(float *y, float a, const float *x, int64_t n);
 

@@ -246,6 +246,7 @@ typedef enum tm_cuda_moe_act {
     TM_CUDA_MOE_SWIGLU = 0,     /* silu(g) u (= TM_MOE_ACT_SWIGLU) */
     TM_CUDA_MOE_SWIGLU_OAI = 1, /* gc = min(g, limit), uc = clamp(u, +-limit):
                                    gc sigmoid(alpha gc) (uc + 1) (= TM_MOE_ACT_SWIGLU_OAI) */
+    TM_CUDA_MOE_GEGLU = 2,      /* gelu_tanh(g) u (= TM_MOE_ACT_GEGLU) */
 } tm_cuda_moe_act;
 
 /* What experts compute beyond the plain SwiGLU (zeroed: nothing). Biases are
@@ -364,6 +365,9 @@ typedef struct tm_cuda_router_params {
     /* Device [n_tok] or NULL: each token's slots left cold (neither in a slot,
      * nor fetched, nor the mapped lane's): what the CPU computes. */
     int32_t *cpu_slots;
+    /* Device [n_expert] or NULL: each chosen expert's weight times its factor, last
+     * (tm_moe_router_params.expert_scale) */
+    const float *expert_scale;
 } tm_cuda_router_params;
 
 /* moe_fetch.cu: copy ahead the experts a layer is predicted to route to.

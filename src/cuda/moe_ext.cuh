@@ -2,7 +2,7 @@
  * expert kernel applies them: moe_grouped.cu (decode), moe_mma.cu (fused
  * prompt), moe_gemm.cu (dequantize-then-cuBLAS prompt), and the emulation
  * harness (tests/emu) that runs them on the CPU. The arithmetic is the CPU
- * lane's (moe_experts_act: cpu_swiglu / cpu_swiglu_oai after the biases;
+ * lane's (moe_experts_act: cpu_swiglu / cpu_swiglu_oai / cpu_geglu after the biases;
  * the down bias times the routing weight), so all lanes agree to rounding. */
 #ifndef TM_CUDA_MOE_EXT_CUH
 #define TM_CUDA_MOE_EXT_CUH
@@ -32,6 +32,8 @@ tm_moe_ext_h(const tm_cuda_moe_ext &x, int32_t expert, int64_t f, int64_t n_ff, 
         const float uc = u < -x.limit ? -x.limit : u > x.limit ? x.limit : u;
         return gc / (1.0f + expf(-x.alpha * gc)) * (uc + 1.0f);
     }
+    if (x.act == TM_CUDA_MOE_GEGLU) /* as cpu_geglu */
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
     return g / (1.0f + expf(-g)) * u; /* as cpu_swiglu */
 }
 

@@ -167,6 +167,7 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     }
     if (p.norm_topk) w = w / tm_warp_sum(mine ? w : 0.0f);
     if (p.scale != 1.0f) w *= p.scale;
+    if (p.expert_scale && mine) w *= p.expert_scale[my_id];
     /* the mapped lane's share: the first n_mapped cold slots (ballot over the k lanes) */
     int32_t slot = my_id, fslot = -1;
     if (mine && p.slot_map) slot = p.slot_map[my_id];

@@ -85,7 +85,7 @@ void exec_free(tm_exec *e) {
             if (e->layer_dev[l] == TM_DEV_CPU)
                 free(e->k_cache[l]), free(e->v_cache[l]); /* v NULL when latent */
     free(e->k_cache), free(e->v_cache), free(e->layer_dev);
-    free(e->window), free(e->kv_rows), free(e->kv_bytes);
+    free(e->window), free(e->kv_rows), free(e->kv_bytes), free(e->layer_shape);
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
     free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_seq);
@@ -128,18 +128,20 @@ tm_status exec_weight_group(tm_exec *e, int n, const tm_weight *const *ws) {
 
 /* The caches' bytes in a log line: with rings, what they saved. */
 static void exec_kv_log(const tm_exec *e, size_t row) {
-    size_t bytes = 0;
+    size_t bytes = 0, full = 0; /* full: without rings */
     uint32_t n_ring = 0, n_win = 0, n_kv = 0;
     int64_t lo = 0, hi = 0;                     /* the rings' rows */
     const size_t n_rows = e->kv_latent ? 1 : 2; /* K and V, or a latent's K alone */
     for (uint32_t l = 0; l < e->n_layer; l++) {
         bytes += n_rows * e->kv_bytes[l], n_win += e->window[l] > 0, n_kv += e->kv_bytes[l] > 0;
+        if (e->kv_bytes[l]) /* the layer's row: its own with a shape a layer */
+            full += n_rows * (size_t)e->p.n_ctx *
+                    (e->kv_bytes[l] / ((size_t)e->kv_rows[l] * (size_t)e->p.n_seq));
         if (!exec_kv_ring(e, l)) continue;
         lo = n_ring && lo < e->kv_rows[l] ? lo : e->kv_rows[l];
         hi = hi > e->kv_rows[l] ? hi : e->kv_rows[l];
         n_ring++;
     }
-    const size_t full = n_rows * (size_t)n_kv * (size_t)e->p.n_ctx * row;
     const bool big = full >= (size_t)1 << 30; /* GiB, else MiB */
     const double unit = big ? 1073741824.0 : 1048576.0;
     const char *u = big ? "GiB" : "MiB";
@@ -176,8 +178,41 @@ static void exec_kv_log(const tm_exec *e, size_t row) {
                 full / unit, u);
 }
 
+static tm_status attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
+                                 const tm_attn_desc *shape, const tm_attn_desc *shapes,
+                                 const int64_t *window);
+
 tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
                                const tm_attn_desc *shape, const int64_t *window) {
+    return attention_setup(e, n_layer, layer_dev, shape, NULL, window);
+}
+
+tm_status exec_attention_setup_layers(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
+                                      const tm_attn_desc *shapes, const int64_t *window) {
+    /* the scratch's shape: the most of each size */
+    tm_attn_desc max = {.n_head = 1, .n_head_kv = 1, .head_dim = 2};
+    for (uint32_t l = 0; l < n_layer; l++) {
+        const tm_attn_desc *s = &shapes[l];
+        if (s->latent || s->n_head < 1 || s->n_head_kv < 1 || s->head_dim < 2 || s->head_dim % 2 ||
+            s->n_head % s->n_head_kv)
+            return tm_error_set(TM_ERR_ARG,
+                                "attention of layer %u: %lld heads, %lld KV heads of %lld values "
+                                "(want KV heads dividing the heads, an even head, no latent)",
+                                l, (long long)s->n_head, (long long)s->n_head_kv,
+                                (long long)s->head_dim);
+        if (s->n_head > max.n_head) max.n_head = s->n_head;
+        if (s->n_head_kv > max.n_head_kv) max.n_head_kv = s->n_head_kv;
+        if (s->head_dim > max.head_dim) max.head_dim = s->head_dim;
+    }
+    if (!(e->layer_shape = malloc((n_layer ? n_layer : 1) * sizeof(*e->layer_shape))))
+        return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+    memcpy(e->layer_shape, shapes, n_layer * sizeof(*shapes));
+    return attention_setup(e, n_layer, layer_dev, &max, shapes, window);
+}
+
+static tm_status attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
+                                 const tm_attn_desc *shape, const tm_attn_desc *shapes,
+                                 const int64_t *window) {
     e->n_layer = n_layer;
     e->attn_shape = *shape;
     e->kv_latent = shape->latent;
@@ -206,12 +241,14 @@ tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *laye
     if (!e->layer_dev || !e->k_cache || !e->v_cache || !e->window || !e->kv_rows || !e->kv_bytes)
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     memcpy(e->layer_dev, layer_dev, n_layer);
-    const size_t row =
-        (size_t)(shape->n_head_kv * shape->head_dim) * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
+    const size_t kv_type = e->p.kv_type == TM_TYPE_F16 ? 2 : 4;
+    const size_t row = (size_t)(shape->n_head_kv * shape->head_dim) * kv_type;
     for (uint32_t l = 0; l < n_layer; l++) {
+        const tm_attn_desc *s = shapes ? &shapes[l] : shape;
         e->window[l] = window && (window[l] > 0 || window[l] == EXEC_NO_ATTENTION) ? window[l] : 0;
         e->kv_rows[l] = exec_kv_rows(e->n_ctx_seq, e->p.n_batch, e->window[l], e->p.kv_full);
-        e->kv_bytes[l] = (size_t)e->kv_rows[l] * (size_t)e->p.n_seq * row;
+        e->kv_bytes[l] = (size_t)e->kv_rows[l] * (size_t)e->p.n_seq *
+                         (size_t)(s->n_head_kv * s->head_dim) * kv_type;
     }
     exec_kv_log(e, row);
     for (uint32_t l = 0; l < n_layer; l++) {
@@ -724,10 +761,35 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                             "given at exec_attention_setup (or has a q norm, sinks, a window or "
                             "a value)",
                             layer);
+    const tm_attn_desc *ls = e->layer_shape ? &e->layer_shape[layer] : NULL;
+    if (ls && (a->n_head != ls->n_head || a->n_head_kv != ls->n_head_kv ||
+               a->head_dim != ls->head_dim || a->rope_freq != ls->rope_freq))
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_attention: layer %u: %lld heads, %lld KV heads of %lld values "
+                            "(or its RoPE table) differ from its shape at "
+                            "exec_attention_setup_layers (%lld, %lld of %lld)",
+                            layer, (long long)a->n_head, (long long)a->n_head_kv,
+                            (long long)a->head_dim, (long long)ls->n_head, (long long)ls->n_head_kv,
+                            (long long)ls->head_dim);
+    if (d == TM_DEV_GPU && (ls || a->v_norm || a->v_is_k))
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "exec_attention: layer %u on the GPU: a shape a layer, a value norm "
+                            "or a value that is the key (Gemma 4's attention) run on the CPU "
+                            "only yet (place the layer on the CPU)",
+                            layer);
+    if (a->v_norm && a->head_dim > EXEC_MAX_HEAD_DIM)
+        return tm_error_set(TM_ERR_ARG,
+                            "exec_attention: layer %u: a value norm of %lld values "
+                            "(at most %d)",
+                            layer, (long long)a->head_dim, EXEC_MAX_HEAD_DIM);
+    if (a->v_is_k == (v != NULL) && !a->latent)
+        return tm_error_set(TM_ERR_ARG, "exec_attention: layer %u: %s", layer,
+                            a->v_is_k ? "a value given, but the value is the key (v_is_k)"
+                                      : "no value");
     if ((st = exec_side(e, d)) || (st = exec_act_to(e, q, d, e->n_tok)) ||
         (st = exec_act_to(e, k, d, e->n_tok)) || (v && (st = exec_act_to(e, v, d, e->n_tok))))
         return st;
-    if ((a->rope_freq != NULL) != (e->attn_shape.rope_freq != NULL))
+    if (!ls && (a->rope_freq != NULL) != (e->attn_shape.rope_freq != NULL))
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u's RoPE table differs from the one given "
                             "at exec_attention_setup",

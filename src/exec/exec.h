@@ -103,6 +103,9 @@ typedef struct tm_attn_desc {
                                          (Mixtral's permuted q/k rows); else NeoX's. The
                                          whole head only (n_rot 0 or head_dim), or latent's
                                          RoPE part */
+    bool v_norm; /* v rmsnorm'ed per head without a gain before it is stored (Gemma 4) */
+    bool v_is_k; /* the value is k's projection as given, before its norm and RoPE (Gemma 4's
+                    attention_k_eq_v): exec_attention's v is NULL */
     /* Latent attention (MLA decoded in the absorbed form): n_head_kv 1, its key
      * [latent (v_dim) ; RoPE key (n_rot)] = head_dim values, v_dim + n_rot = head_dim,
      * and the value the key's first v_dim values: the KV cache holds the key rows only.
@@ -115,6 +118,8 @@ typedef struct tm_attn_desc {
 
 /* A layer without attention (exec_attention_setup's window): no KV cache. */
 #define EXEC_NO_ATTENTION (-1)
+/* The largest head a value norm takes (tm_attn_desc.v_norm). */
+#define EXEC_MAX_HEAD_DIM 512
 
 /* Linear attention of one layer (Gated DeltaNet: exec_ssm_conv, exec_delta_rule).
  * The convolution runs over the C = 2 n_k_head k_dim + n_v_head v_dim channels
@@ -176,6 +181,13 @@ tm_status exec_weight_heads(tm_exec *e, const tm_weight *w);
  * Logs the caches' bytes (and what rings saved). */
 tm_status exec_attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
                                const tm_attn_desc *shape, const int64_t *window);
+/* The same with a shape a layer (shapes: [n_layer]; Gemma 4's sliding and global layers
+ * differ in head size and KV heads): each layer's KV rows are its n_head_kv * head_dim
+ * values, exec_attention of a layer takes its own shape (and RoPE table: rope_freq, which
+ * must outlive the executor; not copied), and the scratch fits the largest. The GPU does
+ * not take such layers yet (exec_attention fails there naming the layer). */
+tm_status exec_attention_setup_layers(tm_exec *e, uint32_t n_layer, const uint8_t *layer_dev,
+                                      const tm_attn_desc *shapes, const int64_t *window);
 /* Rows of one sequence in the KV cache of a layer with sliding window `window`
  * (0: full attention): a ring of window + n_batch rows when that is fewer than
  * the n_ctx_seq positions and kv_full is not set, else n_ctx_seq. */
@@ -320,6 +332,16 @@ tm_status exec_gate_mul(tm_exec *e, tm_act *y, tm_act *g);
 tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s);
 /* x += y, value by value (an unweighted residual add: GLM-4.5's shared expert). */
 tm_status exec_add(tm_exec *e, tm_act *x, tm_act *y);
+
+/* ---- element-wise ops on the CPU only (exec_ew.c: no GPU kernel yet; an input on the
+ * GPU comes to the host, and the step runs eagerly) ---- */
+
+/* x *= s, value by value. */
+tm_status exec_scale(tm_exec *e, tm_act *x, float s);
+/* x = cap tanh(x / cap) for rows [0, n_rows) (a final logit soft-cap: Gemma's). */
+tm_status exec_softcap(tm_exec *e, tm_act *x, int64_t n_rows, float cap);
+/* y = gelu_tanh(g) * u (cpu_geglu; y may be g). */
+tm_status exec_geglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u);
 
 /* The part of the architecture the next ops belong to (--profile). */
 tm_status exec_part(tm_exec *e, tm_prof_part part);

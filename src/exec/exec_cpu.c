@@ -143,6 +143,26 @@ static void cpu_qk_latent_task(void *ud, int64_t begin, int64_t end, int ith) {
     (void)ith;
 }
 
+/* V row of token t into the cache row `row`: v's, or (v_is_k) k's before its norm and
+ * RoPE; per head rmsnorm'ed without a gain when v_norm. */
+static void cpu_store_v(const cpu_qk_job *j, int64_t t, int64_t row) {
+    const tm_attn_desc *d = j->a->d;
+    const tm_exec *e = j->e;
+    const int64_t D = d->head_dim, KV = d->n_head_kv * D;
+    const size_t elt = e->p.kv_type == TM_TYPE_F16 ? 2 : 4;
+    const float *v = d->v_is_k ? j->k + t * KV : j->v + t * KV;
+    uint8_t *dst = (uint8_t *)j->a->v_cache + (size_t)(row * KV) * elt;
+    if (!d->v_norm) {
+        cpu_store_kv(dst, v, e->p.kv_type, KV);
+        return;
+    }
+    float vn[EXEC_MAX_HEAD_DIM]; /* exec_attention checked D */
+    for (int64_t h = 0; h < d->n_head_kv; h++) {
+        cpu_rmsnorm(vn, v + h * D, NULL, D, d->rms_eps);
+        cpu_store_kv(dst + (size_t)(h * D) * elt, vn, e->p.kv_type, D);
+    }
+}
+
 /* Per token: QK-norm and RoPE of its heads, K and V rows into the cache. */
 static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
     const cpu_qk_job *j = ud;
@@ -154,6 +174,9 @@ static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
         d->rope_interleaved ? cpu_rope_interleaved_table : cpu_rope_neox_table;
     const size_t kv_row = (size_t)KV * (e->p.kv_type == TM_TYPE_F16 ? 2 : 4);
     for (int64_t t = begin; t < end; t++) {
+        const int64_t p = e->row_pos[t], seq_rows = j->a->seq_rows; /* its sequence's rows */
+        const int64_t row = e->row_seq[t] * seq_rows + (j->a->ring ? p % seq_rows : p);
+        cpu_store_v(j, t, row); /* first: v_is_k's value is k before its norm and RoPE */
         const float *cs = e->rope_cos + t * (D / 2), *sn = e->rope_sin + t * (D / 2);
         for (int64_t h = 0; h < d->n_head; h++) {
             float *q = j->q + t * Q + h * D;
@@ -166,11 +189,7 @@ static void cpu_qk_task(void *ud, int64_t begin, int64_t end, int ith) {
             if (j->a->k_norm) cpu_rmsnorm(k, k, j->a->k_norm, D, d->rms_eps);
             rope(k, R, cs, sn);
         }
-        const int64_t p = e->row_pos[t], seq_rows = j->a->seq_rows; /* its sequence's rows */
-        const int64_t row = e->row_seq[t] * seq_rows + (j->a->ring ? p % seq_rows : p);
         cpu_store_kv((uint8_t *)j->a->k_cache + (size_t)row * kv_row, krow, e->p.kv_type, KV);
-        cpu_store_kv((uint8_t *)j->a->v_cache + (size_t)row * kv_row, j->v + t * KV, e->p.kv_type,
-                     KV);
     }
     (void)ith;
 }
@@ -181,8 +200,11 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     const int64_t D = d->head_dim;
     if (!e->cpu_attn)
         return tm_error_set(TM_ERR_ARG, "CPU attention without scratch (exec_finalize not run?)");
-    /* RoPE angles of the step's positions, shared by every layer and head */
-    if (e->rope_seq != e->seq) {
+    /* RoPE angles of the step's positions, shared by every layer and head of the same RoPE */
+    const tm_attn_desc *ro = &e->rope_of;
+    if (e->rope_seq != e->seq || ro->rope_base != d->rope_base || ro->head_dim != D ||
+        ro->n_rot != d->n_rot || ro->rope_freq != d->rope_freq ||
+        ro->rope_mscale != d->rope_mscale || ro->latent != d->latent) {
         for (int64_t t = 0; t < rows; t++)
             if (d->rope_freq) /* a scaled RoPE: the whole head, or a latent's RoPE part */
                 cpu_rope_table_freq(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2),
@@ -192,6 +214,7 @@ static tm_status cpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                 cpu_rope_table(e->rope_cos + t * (D / 2), e->rope_sin + t * (D / 2),
                                d->n_rot ? d->n_rot : D, e->row_pos[t], d->rope_base);
         e->rope_seq = e->seq;
+        e->rope_of = *d;
     }
     cpu_qk_job j = {e, a, q, k, v};
     cpu_rows_run(e, rows, d->latent ? cpu_qk_latent_task : cpu_qk_task, &j);

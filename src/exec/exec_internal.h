@@ -84,6 +84,8 @@ struct tm_exec {
     int64_t *kv_rows;          /* [n_layer] rows of one sequence (n_ctx_seq, or a ring's) */
     size_t *kv_bytes;          /* [n_layer] of the layer's K (or V) cache, every sequence's */
     bool kv_latent;            /* latent attention: K rows only (no V cache) */
+    tm_attn_desc *layer_shape; /* [n_layer] a shape a layer (exec_attention_setup_layers), or
+                                  NULL: attn_shape in every layer */
     int64_t heads_width;       /* the widest in + out of a GPU exec_matmul_heads weight */
     size_t heads_gemm_bytes;   /* the largest cuda_gemm_heads scratch of one of them */
 
@@ -93,6 +95,8 @@ struct tm_exec {
     float *cpu_attn;            /* attention scratch */
     float *rope_cos, *rope_sin; /* [n_batch][head_dim / 2] for the step's positions */
     uint32_t rope_seq;          /* the step whose positions the table holds (0: none) */
+    tm_attn_desc rope_of;       /* the RoPE it is for (base, head, n_rot, rope_freq, mscale):
+                                   layers of another recompute it */
 
     /* GPU side (gpu NULL: none) */
     tm_cuda_device *gpu;

@@ -115,6 +115,8 @@ void moe_experts_act(const tm_moe_experts *ex, int32_t e, int64_t c0, int64_t c1
     if (ex->up_bias) cpu_axpy(u, 1.0f, ex->up_bias + (int64_t)e * F + c0, n);
     if (ex->act == TM_MOE_ACT_SWIGLU_OAI)
         cpu_swiglu_oai(h, g, u, n, ex->act_alpha, ex->act_limit);
+    else if (ex->act == TM_MOE_ACT_GEGLU)
+        cpu_geglu(h, g, u, n);
     else
         cpu_swiglu(h, g, u, n);
 }

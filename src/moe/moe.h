@@ -42,7 +42,7 @@ typedef enum tm_moe_gating {
  *     n_group_used best groups may be chosen (ties to the lower group)
  *   ids   = the k largest sel, best first (ties to the lower id)
  *   w_j   = s_ids[j] (SOFTMAX_TOPK: softmax over those k); / Σ_j w_j when
- *     norm_topk; × scale */
+ *     norm_topk; × scale; × expert_scale[ids[j]] when given */
 typedef struct tm_moe_router_params {
     tm_moe_gating gating;
     uint32_t n_expert, n_used;
@@ -56,6 +56,10 @@ typedef struct tm_moe_router_params {
        e_score_correction_bias, llama.cpp's exp_probs_b); NULL: none. A layer's own: the
        tier sets it for each layer. */
     const float *sel_bias;
+    /* [n_expert] f32: each chosen expert's weight times its own factor, last (Gemma 4's
+       router.per_expert_scale, llama.cpp's ffn_down_exps.scale); NULL: none. A layer's
+       own, as sel_bias. */
+    const float *expert_scale;
 } tm_moe_router_params;
 
 /* Whether p describes a router moe_router_select can run; the message names
@@ -107,6 +111,7 @@ typedef enum tm_moe_activation {
     TM_MOE_ACT_SWIGLU,     /* silu(gate) * up */
     TM_MOE_ACT_SWIGLU_OAI, /* g = min(gate, limit), u = clamp(up, +-limit):
                               g sigmoid(alpha g) (u + 1)   (gpt-oss) */
+    TM_MOE_ACT_GEGLU,      /* gelu_tanh(gate) * up (Gemma 4: cpu_geglu) */
 } tm_moe_activation;
 
 typedef struct tm_moe_matrix {

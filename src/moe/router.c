@@ -104,6 +104,8 @@ static void router_select_task(void *ctx, int64_t begin, int64_t end, int ith) {
         }
         if (p->scale != 1.0f)
             for (uint32_t j = 0; j < k; j++) w[j] *= p->scale;
+        if (p->expert_scale)
+            for (uint32_t j = 0; j < k; j++) w[j] *= p->expert_scale[id[j]];
     }
 }
 

@@ -448,6 +448,7 @@ static tm_status tier_step_check(void *ud) {
 static tm_status tier_ext_create(tm_tier *t, tier_layer *L, const tm_placement *pl) {
     const tm_moe_experts *h = &L->host;
     L->ext = (tm_cuda_moe_ext){.act = h->act == TM_MOE_ACT_SWIGLU_OAI ? TM_CUDA_MOE_SWIGLU_OAI
+                                      : h->act == TM_MOE_ACT_GEGLU    ? TM_CUDA_MOE_GEGLU
                                                                       : TM_CUDA_MOE_SWIGLU,
                                .alpha = h->act_alpha,
                                .limit = h->act_limit,
@@ -473,21 +474,23 @@ static tm_status tier_ext_create(tm_tier *t, tier_layer *L, const tm_placement *
     return TM_OK;
 }
 
-/* Layer L's selection bias (f32 [n_expert]), and its copy in VRAM for the router kernel
- * (the tier's own: wherever the placement put the tensor, the routing may run on the GPU). */
-static tm_status tier_sel_bias(tm_tier *t, tier_layer *L, const tm_weight *b) {
+/* A router vector of layer L (f32 [n_expert]: the selection bias, the per-expert
+ * factors), and its copy in VRAM for the router kernel (the tier's own: wherever the
+ * placement put the tensor, the routing may run on the GPU). */
+static tm_status tier_router_vector(tm_tier *t, tier_layer *L, const tm_weight *b, const char *what,
+                                    const float **host, const float **dev) {
     if (b->type != TM_TYPE_F32 || b->ne[0] != t->n_expert)
-        return tm_error_set(
-            TM_ERR_ARG, "layer %u: selection bias '%.*s': %s of %lld, expected f32 of %u", L->index,
-            (int)b->name_len, b->name, quant_type_name(b->type), (long long)b->ne[0], t->n_expert);
-    L->sel_bias = (const float *)b->data;
+        return tm_error_set(TM_ERR_ARG, "layer %u: %s '%.*s': %s of %lld, expected f32 of %u",
+                            L->index, what, (int)b->name_len, b->name, quant_type_name(b->type),
+                            (long long)b->ne[0], t->n_expert);
+    *host = (const float *)b->data;
     if (!t->gpu) return TM_OK;
     void *d;
     const size_t bytes = t->n_expert * sizeof(float);
     tm_status st = exec_dev_alloc(t->e, bytes, &d);
-    if (st == TM_OK) st = cuda_upload(exec_gpu(t->e), d, L->sel_bias, bytes, NULL);
-    if (st != TM_OK) return tm_error_wrap(st, "layer %u: selection bias", L->index);
-    L->sel_bias_dev = d;
+    if (st == TM_OK) st = cuda_upload(exec_gpu(t->e), d, *host, bytes, NULL);
+    if (st != TM_OK) return tm_error_wrap(st, "layer %u: %s", L->index, what);
+    *dev = d;
     return TM_OK;
 }
 
@@ -500,7 +503,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     tm_tier *t = calloc(1, sizeof(*t));
     if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     t->e = e, t->n_layer = n_layer, t->router = *router;
-    t->router.sel_bias = NULL; /* each layer's own: tier_router */
+    t->router.sel_bias = t->router.expert_scale = NULL; /* each layer's own: tier_router */
     t->n_expert = router->n_expert, t->k = router->n_used;
     for (uint32_t l = n_layer; l-- > 0;) /* the experts' shape: any MoE layer's */
         if (layers[l].gate) t->n_embd = layers[l].experts.n_embd, t->n_ff = layers[l].experts.n_ff;
@@ -525,7 +528,12 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         /* a dense layer: VRAM's class (no lane, cache or store takes it), counted in none */
         L->cls = TM_TIER_VRAM;
         if (!L->moe) continue;
-        if (d->sel_bias && (st = tier_sel_bias(t, L, d->sel_bias))) break;
+        if (d->sel_bias && (st = tier_router_vector(t, L, d->sel_bias, "selection bias",
+                                                    &L->sel_bias, &L->sel_bias_dev)))
+            break;
+        if (d->expert_scale && (st = tier_router_vector(t, L, d->expert_scale, "per-expert scale",
+                                                        &L->expert_scale, &L->expert_scale_dev)))
+            break;
         if (p->cache.learn) /* the CPU lane's share of prompts takes the least used first */
             memcpy(L->seen, p->cache.learn->layers[l].experts, t->n_expert * sizeof(uint64_t));
         L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +

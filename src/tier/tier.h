@@ -80,8 +80,10 @@ typedef struct tm_tier_layer {
     const tm_weight *gate, *up, *down;     /* the tensors (placement, device copies) */
     const tm_weight *router, *router_bias; /* the same (NULL: none): an f32 router the
                                               executor holds in VRAM serves --moe-ahead */
-    const tm_weight *sel_bias; /* [n_expert] f32: the router's selection bias of this layer
+    const tm_weight *sel_bias;     /* [n_expert] f32: the router's selection bias of this layer
                                   (tm_moe_router_params.sel_bias; NULL: none) */
+    const tm_weight *expert_scale; /* [n_expert] f32: its per-expert weight factors
+                                      (tm_moe_router_params.expert_scale; NULL: none) */
 } tm_tier_layer;
 
 typedef struct tm_tier_params {
@@ -152,7 +154,8 @@ void tier_free(tm_tier *t);
 /* The MoE step of layer l for the step's tokens: top-k of logits into ids and
  * w (written; for the callback), then x += Σ w · expert(h). When the executor
  * emits intermediates, the sum goes to ffn_out first (x += ffn_out after), so
- * it can be named; otherwise straight into x. */
+ * it can be named; otherwise straight into x. x NULL: ffn_out = the sum, on the
+ * side h is on (an architecture that norms it before adding: Gemma 4). */
 tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act *ids, tm_act *w,
                    tm_act *x, tm_act *ffn_out);
 

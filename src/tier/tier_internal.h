@@ -142,7 +142,8 @@ typedef struct tier_layer {
     const float *router_dev, *router_bias_dev; /* the executor's f32 copies in VRAM (NULL: none) */
     const float *sel_bias, *sel_bias_dev;      /* the router's selection bias, host and device (the
                                              tier's copy; NULL: none) */
-    bool moe;                                  /* the layer has routed experts (else it has no part
+    const float *expert_scale, *expert_scale_dev; /* its per-expert weight factors, the same */
+    bool moe; /* the layer has routed experts (else it has no part
                                              in the tier: a dense layer) */
 } tier_layer;
 
@@ -224,6 +225,7 @@ struct tm_tier {
 static inline tm_moe_router_params tier_router(const tm_tier *t, const tier_layer *L) {
     tm_moe_router_params p = t->router;
     p.sel_bias = L->sel_bias;
+    p.expert_scale = L->expert_scale;
     return p;
 }
 
@@ -238,7 +240,8 @@ static inline tm_cuda_router_params tier_router_gpu(const tm_tier *t, const tier
                                    .sel_bias = L->sel_bias_dev,
                                    .n_group = (int32_t)t->router.n_group,
                                    .n_group_used = (int32_t)t->router.n_group_used,
-                                   .slot_map = slot_map};
+                                   .slot_map = slot_map,
+                                   .expert_scale = L->expert_scale_dev};
 }
 
 /* Whether prompts may copy layer L's experts in RAM into the fetch ring: from

@@ -399,8 +399,10 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
     tier_layer *L = &t->layers[layer];
     if (!L->moe) return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u has no routed experts", layer);
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
-    const tm_dev side = exec_act_on(x, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
-    const bool named = exec_emitting(e) && ffn_out;
+    if (!x && !ffn_out) return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u: no output", layer);
+    /* x NULL: the sum alone into ffn_out, on the side of the experts' input */
+    const tm_dev side = exec_act_on(x ? x : h, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
+    const bool named = (exec_emitting(e) || !x) && ffn_out;
     tm_act *y = named ? ffn_out : x;
     tm_status st;
     if (named) { /* the sum on its own first, so it can be named */
@@ -416,7 +418,7 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
                         exec_act_on(h, TM_DEV_GPU);
     st = decode ? tier_decode(t, L, logits, h, ids, w, y)
                 : tier_general(t, L, logits, h, ids, w, y, side);
-    if (st != TM_OK || !named) return st;
+    if (st != TM_OK || !named || !x) return st;
     if (side == TM_DEV_GPU) {
         if ((st = cuda_add(x->dev, x->dev, ffn_out->dev, n_tok * E, exec_stream(e)))) return st;
     } else {

@@ -297,6 +297,14 @@ static bool moe_item_gate_up(const tm_cuda_moe_params *p, const tm_cuda_moe_item
     }
     if (ext->act == TM_CUDA_MOE_SWIGLU_OAI)
         cpu_swiglu_oai(b->h, b->g, b->u, F, ext->alpha, ext->limit);
+    else if (ext->act == TM_CUDA_MOE_GEGLU) /* cuda.h's gelu_tanh(g) u, in double */
+        for (int64_t r = 0; r < F; r++) {
+            const double g = b->g[r];
+            b->h[r] = (float)(0.5 * g *
+                              (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) *
+                                          (g + 0.044715 * g * g * g))) *
+                              b->u[r]);
+        }
     else
         cpu_swiglu(b->h, b->g, b->u, F);
     return true;
@@ -560,7 +568,7 @@ static void route_token(const tm_cuda_router_params *p, const float *l, int32_t 
     for (int64_t j = 0; j < K; j++) {
         double v = ws[j];
         if (p->gating == TM_CUDA_GATING_SOFTMAX_TOPK || p->norm_topk) v /= wsum;
-        w[j] = (float)(v * p->scale);
+        w[j] = (float)(v * p->scale * (p->expert_scale ? p->expert_scale[ids[j]] : 1.0));
     }
 }
 
