@@ -4,7 +4,8 @@
 What it makes (under tests/data/hf_gemma4/, see docs/golden-format.md):
   tiny-f16.gguf      random-weight Gemma4ForCausalLM written by llama.cpp's own convert_hf_to_gguf.py
                      (--outtype f16; GGUF arch `gemma4`)
-  tiny.golden.gguf   HF transformers (float64) on dump.tokens = 40 prompt tokens + 8 decode tokens:
+  tiny.golden.gguf   HF transformers (float64) on dump.tokens = 40 random prompt tokens + the 8 tokens
+                     HF's greedy decoding chooses after them (argmax of the float64 logits):
                      logits and per layer attn_out, router_logits, topk_ids, topk_weights, ffn_out,
                      dense_out, x_out (F64; I32 ids)
   config.json        the HF config the model was made from
@@ -352,6 +353,26 @@ def run_hf(model, tokens, n_prompt, torch, cached=True):
     return arrays
 
 
+def greedy(model, prompt, n, torch):
+    """HF's greedy continuation of prompt (n tokens, through the cache) and the smallest gap
+    between the best and second logit of the choices."""
+    toks, cache, gap = list(prompt), None, np.inf
+    with torch.no_grad():
+        step = list(prompt)
+        for _ in range(n):
+            kw = dict(use_cache=True)
+            if cache is not None:
+                kw["cache"] = cache
+            out = model(input_ids=torch.tensor([step], dtype=torch.long), **kw)
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+            lg = out.logits[0, -1].numpy()
+            srt = np.sort(lg)
+            gap = min(gap, float(srt[-1] - srt[-2]))
+            step = [int(np.argmax(lg))]
+            toks += step
+    return toks, gap
+
+
 def routing_health(arrays, model):
     """Per layer: tokens per expert and the min gap between the k-th and (k+1)-th probability;
     numpy's selection and weights (softmax, top-k, renormalised, x per_expert_scale) against HF's."""
@@ -403,7 +424,7 @@ def main():
     config._experts_implementation = "eager"
     model = mod.Gemma4ForCausalLM(config).eval()
     orig = init_weights(model, rng, torch)
-    tokens = [int(t) for t in rng.integers(4, VOCAB, N_PROMPT + N_DECODE)]
+    prompt = [int(t) for t in rng.integers(4, VOCAB, N_PROMPT)]
 
     tmp = tempfile.mkdtemp(prefix="tiermoe-")
     hf_dir = os.path.join(tmp, "tiny-gemma4")
@@ -435,7 +456,11 @@ def main():
 
     f64 = Float64(mod, model, torch)
     with f64 as patched:
+        tokens, greedy_gap = greedy(model, prompt, N_DECODE, torch)
+        assert greedy_gap >= MIN_MARGIN, f"a near tie in the greedy choices: {greedy_gap}"
         gold = run_hf(model, tokens, N_PROMPT, torch, cached=True)
+        want = [int(np.argmax(gold["logits"][t])) for t in range(N_PROMPT - 1, len(tokens) - 1)]
+        assert want == tokens[N_PROMPT:], "the golden's logits do not choose the greedy tokens"
         missing = [k for k in PATCHES if f64.counter.get(k, 0) == 0]
         assert not missing, f"patched but never called: {missing}"
         full = run_hf(model, tokens, N_PROMPT, torch, cached=False)
@@ -464,6 +489,8 @@ def main():
             "hf.converter": "llama.cpp convert_hf_to_gguf.py --outtype f16",
             "hf.router_logits": "the router's proj output, before softmax",
             "hf.topk_order": "probability, highest first",
+            "hf.decode_tokens": "greedy: argmax of the previous position's float64 logits",
+            "hf.greedy_min_gap": greedy_gap,
             "hf.topk_weights": "renormalised top-k probabilities x per_expert_scale",
             "hf.stages": "attn_out before post_attention_norm; dense_out before post_ffw_norm_1; "
                          "ffn_out before post_ffw_norm_2; x_out after layer_scalar"}
@@ -478,6 +505,7 @@ def main():
     print(f"== gemma4: {mpath} {os.path.getsize(mpath)} bytes, golden {os.path.getsize(gpath)} bytes; "
           f"{n_f16} HF params from F16")
     print(f"   cached (a) vs one-pass (b): max rel diff {agree:.3g}; unpatched-vs-float64 logits {islands:.3g}")
+    print(f"   greedy tokens {tokens[N_PROMPT:]}; min top-2 logit gap {greedy_gap:.3g}")
     for h in health:
         print(f"   layer {h['layer']}: tokens per expert " + " ".join(f"{x:.3f}" for x in h["fractions"])
               + f"; experts used {h['experts_used']}; min selection gap {h['gap']:.3g}")

@@ -32,7 +32,9 @@ typedef struct hparam {
 
 #define HP_MAX_DIM ((double)(1 << 20)) /* embedding, heads, ff: far above any model */
 /* the architectures with one head width for q, k and v (deepseek2's MLA has keys of its own) */
-#define HP_MHA "qwen3moe gpt-oss qwen3next qwen35moe llama olmoe glm4moe"
+#define HP_MHA "qwen3moe gpt-oss qwen3next qwen35moe llama olmoe glm4moe gemma4"
+/* one KV head count in every layer (gemma4's is an array: gemma4.c) */
+#define HP_KV1 "qwen3moe gpt-oss qwen3next qwen35moe llama olmoe glm4moe deepseek2"
 #define HP_DS  "deepseek2"
 #define HP(arch_, key_, kind_, field_)                                                             \
     .arch = arch_, .key = key_, .kind = HP_##kind_, .field = offsetof(tm_model_config, field_)
@@ -42,7 +44,7 @@ static const hparam hparams[] = {
     {HP(NULL, "embedding_length", U32, n_embd), .lo = 1, .hi = HP_MAX_DIM,
      .what = "the residual stream's width"},
     {HP(NULL, "attention.head_count", U32, n_head), .lo = 1, .hi = 65536, .what = "query heads"},
-    {HP(NULL, "attention.head_count_kv", U32, n_head_kv), .lo = 1, .hi = 65536,
+    {HP(HP_KV1, "attention.head_count_kv", U32, n_head_kv), .lo = 1, .hi = 65536,
      .what = "key/value heads"},
     {HP(NULL, "context_length", U32, n_ctx_train), .lo = 1, .hi = INT32_MAX,
      .what = "the trained context"},
@@ -50,8 +52,8 @@ static const hparam hparams[] = {
      .what = "experts per layer"},
     {HP(NULL, "expert_used_count", U32, n_expert_used), .lo = 1, .hi = TM_MODEL_MAX_EXPERTS_USED,
      .what = "experts a token uses"},
-    {HP("qwen3moe gpt-oss qwen3next qwen35moe glm4moe " HP_DS, "expert_feed_forward_length", U32,
-        n_ff_exp),
+    {HP("qwen3moe gpt-oss qwen3next qwen35moe glm4moe gemma4 " HP_DS, "expert_feed_forward_length",
+        U32, n_ff_exp),
      .lo = 1, .hi = HP_MAX_DIM, .what = "an expert's hidden width"},
     /* Mixtral (arch llama) and OLMoE: the experts' width is the FFN width */
     {HP("llama olmoe", "feed_forward_length", U32, n_ff_exp), .lo = 1, .hi = HP_MAX_DIM,
@@ -97,8 +99,8 @@ static const hparam hparams[] = {
      .lo = 1, .hi = 65536, .what = "every n-th layer is full attention"},
     {HP(HP_QNEXT, "expert_shared_feed_forward_length", U32, n_ff_shexp), .lo = 1, .hi = HP_MAX_DIM,
      .what = "the shared expert's hidden width"},
-    {HP("glm4moe " HP_DS, "feed_forward_length", U32, n_ff), .lo = 1, .hi = HP_MAX_DIM,
-     .what = "a dense layer's FFN width"},
+    {HP("glm4moe gemma4 " HP_DS, "feed_forward_length", U32, n_ff), .lo = 1, .hi = HP_MAX_DIM,
+     .what = "a dense FFN's width"},
     {HP("glm4moe " HP_DS, "leading_dense_block_count", U32, n_dense), .optional = true, .dflt = 0,
      .lo = 0, .hi = 65536, .what = "leading dense layers"},
     {HP("glm4moe " HP_DS, "expert_shared_count", U32, n_shexp), .optional = true, .dflt = 0,
@@ -143,6 +145,28 @@ static const hparam hparams[] = {
      .lo = 0, .lo_open = true, .hi = INFINITY, .what = "YaRN's beta_slow"},
     {HP(HP_DS, "rope.scaling.yarn_log_multiplier", F32, yarn_log_mul), .optional = true, .dflt = 0,
      .lo = 0, .hi = 100, .what = "YaRN's softmax mscale: 1 + it ln(factor)"},
+    /* gemma4: sliding layers with heads and a RoPE of their own; the global layers' are
+     * key_length, rope.dimension_count (the whole head: rope_freqs leaves most of it
+     * unturned, gemma4.c) and rope.freq_base */
+    {HP("gemma4", "attention.sliding_window", U32, window), .lo = 1, .hi = INT32_MAX,
+     .what = "the sliding layers' window"},
+    {HP("gemma4", "attention.key_length_swa", U32, head_dim_swa), .lo = 2,
+     .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "a sliding layer's head width"},
+    {HP("gemma4", "attention.value_length_swa", U32, v_head_dim_swa), .lo = 2,
+     .hi = TM_MODEL_MAX_HEAD_DIM, .even = true, .what = "a sliding layer's value head width"},
+    {HP("gemma4", "rope.dimension_count_swa", U32, n_rot_swa), .lo = 2, .hi = TM_MODEL_MAX_HEAD_DIM,
+     .even = true, .what = "a sliding layer's rotated dimensions"},
+    {HP("gemma4", "rope.freq_base_swa", F32, rope_base_swa), .lo = 1, .lo_open = true,
+     .hi = INFINITY, .what = "the sliding layers' RoPE base"},
+    {HP("gemma4", "final_logit_softcapping", F32, logit_softcap), .optional = true, .dflt = 0,
+     .lo = 0, .hi = 1e6, .what = "the final logit soft-cap (0: none)"},
+    {HP("gemma4", "embedding_length_per_layer_input", U32, n_embd_per_layer), .optional = true,
+     .dflt = 0, .lo = 0, .hi = 0,
+     .what = "per-layer input embeddings (Gemma 4's E2B / E4B): not supported"},
+    {HP("gemma4", "attention.shared_kv_layers", U32, n_kv_shared), .optional = true, .dflt = 0,
+     .lo = 0, .hi = 0,
+     .what = "layers sharing an earlier layer's KV (Gemma 4's E2B / E4B): not "
+             "supported"},
 };
 
 #define HP_N (sizeof(hparams) / sizeof(hparams[0]))
@@ -161,8 +185,10 @@ static const hparam_rel relations[] = {
     {NULL, "expert_used_count", HP_LE, "expert_count"},
     {NULL, "attention.head_count", HP_MULTIPLE_OF, "attention.head_count_kv"},
     {HP_MHA, "attention.value_length", HP_EQ, "attention.key_length"}, /* one width: the kernels */
-    {"qwen3moe gpt-oss llama olmoe", "rope.dimension_count", HP_EQ,
+    {"qwen3moe gpt-oss llama olmoe gemma4", "rope.dimension_count", HP_EQ,
      "attention.key_length"}, /* whole heads */
+    {"gemma4", "attention.value_length_swa", HP_EQ, "attention.key_length_swa"},
+    {"gemma4", "rope.dimension_count_swa", HP_EQ, "attention.key_length_swa"},
     {HP_QNEXT " glm4moe", "rope.dimension_count", HP_LE,
      "attention.key_length"}, /* a head's first part */
     {"glm4moe " HP_DS, "expert_count", HP_MULTIPLE_OF, "expert_group_count"},

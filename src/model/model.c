@@ -11,11 +11,11 @@
 #include "cpu/cpu_ops.h"
 
 extern const tm_arch tm_arch_qwen3moe, tm_arch_gptoss, tm_arch_qwen3next, tm_arch_qwen35moe,
-    tm_arch_mixtral, tm_arch_olmoe, tm_arch_glm4moe, tm_arch_deepseek2;
+    tm_arch_mixtral, tm_arch_olmoe, tm_arch_glm4moe, tm_arch_deepseek2, tm_arch_gemma4;
 
-static const tm_arch *const archs[] = {&tm_arch_qwen3moe,  &tm_arch_gptoss,   &tm_arch_qwen3next,
-                                       &tm_arch_qwen35moe, &tm_arch_mixtral,  &tm_arch_olmoe,
-                                       &tm_arch_glm4moe,   &tm_arch_deepseek2};
+static const tm_arch *const archs[] = {&tm_arch_qwen3moe,  &tm_arch_gptoss,    &tm_arch_qwen3next,
+                                       &tm_arch_qwen35moe, &tm_arch_mixtral,   &tm_arch_olmoe,
+                                       &tm_arch_glm4moe,   &tm_arch_deepseek2, &tm_arch_gemma4};
 
 /* VRAM left free when sizing -ngl auto and --moe-cache auto: cuBLAS's
  * workspace and handles, the CUDA context, other programs' small needs. */
@@ -38,7 +38,7 @@ tm_status model_load(const char *path, tm_model **out) {
         tm_error_set(
             TM_ERR_UNSUPPORTED,
             "%s: architecture '%.*s' is not supported (supported: qwen3moe, gpt-oss, qwen3next, "
-            "qwen35moe, llama with experts (Mixtral), olmoe, glm4moe, deepseek2)",
+            "qwen35moe, llama with experts (Mixtral), olmoe, glm4moe, deepseek2, gemma4)",
             path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
         gguf_file_close(f);
         return TM_ERR_UNSUPPORTED;
@@ -616,12 +616,21 @@ tm_status model_moe_state_finish_attn(tm_context *c, const tm_tier_layer *tl,
                                       const bool *ssm, const tm_ssm_desc *ssm_shape) {
     const tm_model_config *m = &c->model->cfg;
     tm_exec *e = c->exec;
-    const tm_moe_acts *s = c->state;
     tm_status st;
     if ((st = exec_attention_setup(e, m->n_layer, c->placement.layer_dev, shape,
                                    c->model->window)) ||
-        (ssm && (st = exec_ssm_setup(e, m->n_layer, ssm, ssm_shape))) || (st = exec_finalize(e)))
+        (ssm && (st = exec_ssm_setup(e, m->n_layer, ssm, ssm_shape))))
         return st;
+    return model_moe_state_finish_tier(c, tl, router);
+}
+
+tm_status model_moe_state_finish_tier(tm_context *c, const tm_tier_layer *tl,
+                                      const tm_moe_router_params *router) {
+    const tm_model_config *m = &c->model->cfg;
+    tm_exec *e = c->exec;
+    const tm_moe_acts *s = c->state;
+    tm_status st;
+    if ((st = exec_finalize(e))) return st;
     c->logits = s->logits.host;
     const tm_tier_params tp = {.cache_mib = c->params.moe_cache_mib,
                                .cache = c->params.moe_cache,

@@ -60,6 +60,13 @@ typedef struct tm_model_config {
     uint32_t head_dim_mla;   /* a query/key head: nope + RoPE (attention.key_length_mla) */
     uint32_t v_head_dim_mla; /* a value head (attention.value_length_mla) */
     float yarn_log_mul;      /* YaRN's softmax mscale = 1 + it · ln(factor) (0: 1) */
+    /* gemma4: the sliding layers' own heads and RoPE (head_dim, n_rot, rope_base: the global
+       layers'; the KV head counts a layer: gemma4.c), the final logit soft-cap */
+    uint32_t head_dim_swa, v_head_dim_swa, n_rot_swa;
+    float rope_base_swa;
+    float logit_softcap;       /* logits = cap tanh(logits / cap) (0: none) */
+    uint32_t n_embd_per_layer; /* per-layer input embeddings' width (0: none; the only kind run) */
+    uint32_t n_kv_shared;      /* layers reusing an earlier layer's KV (0: none; likewise) */
 } tm_model_config;
 
 #define TM_MODEL_MAX_EXPERTS      1024
@@ -251,6 +258,10 @@ tm_status model_moe_state_finish(tm_context *c, const tm_tier_layer *tl,
 tm_status model_moe_state_finish_attn(tm_context *c, const tm_tier_layer *tl,
                                       const tm_moe_router_params *router, const tm_attn_desc *shape,
                                       const bool *ssm, const tm_ssm_desc *ssm_shape);
+/* The last step of both, for an architecture that set its attention up itself
+ * (exec_attention_setup_layers: gemma4): finalize, the tier. */
+tm_status model_moe_state_finish_tier(tm_context *c, const tm_tier_layer *tl,
+                                      const tm_moe_router_params *router);
 void model_moe_state_free(tm_context *c);
 /* Hand layer l's MoE intermediates to the callback (router_logits, topk_ids,
  * topk_weights, ffn_out, x_out). */

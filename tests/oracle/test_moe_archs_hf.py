@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Mixtral (arch llama), OLMoE, GLM-4-MoE and DeepSeek-V3 (arch deepseek2): the C engine's forward
-pass against HuggingFace transformers.
+"""Mixtral (arch llama), OLMoE, GLM-4-MoE, DeepSeek-V3 (arch deepseek2) and Gemma 4's MoE form (arch
+gemma4): the C engine's forward pass against HuggingFace transformers.
 
 Reference: tests/data/hf_mixtral, hf_olmoe, hf_glm4moe and hf_deepseek2 (scripts/make_moe_goldens.py):
 tiny random MixtralForCausalLM, OlmoeForCausalLM, Glm4MoeForCausalLM and DeepseekV3ForCausalLM written to GGUF
@@ -13,7 +13,12 @@ a leading dense layer, a shared expert, a sigmoid router with a selection bias, 
 of which 2 are used, renormalised and scaled by 2.5. DeepSeek-V3: GLM's FFNs and router
 behind Multi-head Latent Attention (q_lora 32, kv_lora 32, nope 16 + rope 8, v 16; YaRN
 factor 40 with its softmax mscale; interleaved RoPE), which the engine runs in the absorbed
-form over a cache of 40 values a position. Every named intermediate is
+form over a cache of 40 values a position. Gemma 4 (tests/data/hf_gemma4,
+scripts/make_gemma4_goldens.py): sliding (window 8, head 16, 2 KV heads) and global
+layers (head 32, 1 KV head, K as V, proportional RoPE through rope_freqs), QK norms and a
+scale-free V norm, a GELU-tanh dense MLP beside 8 GELU-tanh experts top-2 with the
+router's own norm and per-expert scales, five FFN norms, a layer scale, a final logit
+soft-cap. Every named intermediate is
 compared: attention output, router logits, top-k ids and weights, routed-expert output,
 shared-expert and dense-FFN outputs, residual stream, logits. The first tensor out of
 tolerance is named.
@@ -82,8 +87,17 @@ def check_arch(arch):
     toks = list(meta["dump.tokens"])
     n_prompt = int(meta["dump.n_prompt"])
     near = sel_gap_fn(want, model) if arch in ("glm4moe", "deepseek2") else gap_fn(want)
-    compare(f"HF {arch} precise", want, ours(model, toks, n_prompt, True, "f32"), TOL_PRECISE, near)
-    compare(f"HF {arch} quantized", want, ours(model, toks, n_prompt, False, "f16"), TOL_QUANT, near)
+    precise = ours(model, toks, n_prompt, True, "f32")
+    compare(f"HF {arch} precise", want, precise, TOL_PRECISE, near)
+    quant = ours(model, toks, n_prompt, False, "f16")
+    compare(f"HF {arch} quantized", want, quant, TOL_QUANT, near)
+    if str(meta.get("hf.decode_tokens", "")).startswith("greedy"):  # the decode tokens are HF's choices
+        for label, got in (("precise", precise), ("quantized", quant)):
+            lg = np.asarray(got["logits"]).reshape(np.shape(want["logits"]))
+            mine = [int(np.argmax(lg[t])) for t in range(n_prompt - 1, len(toks) - 1)]
+            if mine != toks[n_prompt:]:
+                failures.append(f"{arch} {label}: greedy tokens {mine} != HF's {toks[n_prompt:]}")
+        print(f"  {arch}: greedy tokens {toks[n_prompt:]} as HF's, precise and quantized")
     inner = {k: v for k, v in want.items() if k != "logits"}  # a batch computes its last token's
     for batch in (3, 7):
         compare(f"HF {arch} precise, batches of {batch}", inner,
@@ -98,9 +112,9 @@ def check_arch(arch):
 
 
 def main():
-    for arch in ("mixtral", "olmoe", "glm4moe", "deepseek2"):
+    for arch in ("mixtral", "olmoe", "glm4moe", "deepseek2", "gemma4"):
         check_arch(arch)
-    return finish("mixtral, olmoe, glm4moe and deepseek2 forwards match HF transformers")
+    return finish("mixtral, olmoe, glm4moe, deepseek2 and gemma4 forwards match HF transformers")
 
 
 if __name__ == "__main__":
