@@ -17,7 +17,12 @@ unrun and give the same logits bit for bit. DeepSeek-V3: a missing latent norm
 q_lora_rank), a latent key width that is not kv_lora_rank + the RoPE width, more than
 one KV head, no q_lora_rank key beside q_a / q_b tensors, groups that do not divide the
 experts, a missing selection bias under the sigmoid router, a RoPE scaling it does not
-have; its NextN layer as GLM's. No case may crash (a signal) or print NaN logits."""
+have; its NextN layer as GLM's. Gemma 4 (hf_gemma4): a sliding layer without attn_v, a
+missing router scale, per-expert scale, layer scale or fused experts, KV heads a layer
+that are too few, do not divide the heads or disagree with attn_k, a layer pattern of
+the wrong length, per-layer input embeddings and KV-shared layers (E2B / E4B: not
+supported), sliding heads that disagree with their norms, a norm in f16, a zero RoPE
+factor, a negative soft-cap. No case may crash (a signal) or print NaN logits."""
 import os
 import subprocess
 import sys
@@ -178,8 +183,40 @@ def main():
     case("deepseek2", "rope_scaling", [k + "rope.scaling.type", "'longrope'"],
          set_kv={k + "rope.scaling.type": ("add_string", "longrope")})
     nextn_cases("deepseek2", base)
-    return finish("bad mixtral, olmoe, glm4moe and deepseek2 files are refused with a message naming the tensor "
-                  "or key")
+
+    k = "gemma4."
+    case("gemma4", "valid", None)
+    case("gemma4", "no_v_sliding", ["sliding layer 0", "missing tensor", "blk.0.attn_v.weight"],
+         skip_tensors=("blk.0.attn_v.weight",))
+    for name in ("blk.1.ffn_gate_inp.scale", "blk.3.ffn_down_exps.scale", "blk.2.layer_output_scale.weight",
+                 "blk.4.ffn_gate_up_exps.weight", "blk.0.pre_ffw_norm_2.weight"):
+        case("gemma4", "no_" + name.split(".", 2)[2].replace(".", "_"), ["missing tensor", name],
+             skip_tensors=(name,))
+    case("gemma4", "kv_heads_len", [k + "attention.head_count_kv", "an array of 4", "expected 5"],
+         set_kv={k + "attention.head_count_kv": ("add_array", [2, 2, 1, 2])})
+    case("gemma4", "kv_heads_divide", [k + "attention.head_count_kv", "layer 2 has 3 KV heads"],
+         set_kv={k + "attention.head_count_kv": ("add_array", [2, 2, 3, 2, 1])})
+    case("gemma4", "kv_heads_tensor", ["blk.4.attn_k.weight", "expected [64 x 64]"],
+         set_kv={k + "attention.head_count_kv": ("add_array", [2, 2, 1, 2, 2])})
+    case("gemma4", "pattern_len", [k + "attention.sliding_window_pattern", "expected 5 bools"],
+         set_kv={k + "attention.sliding_window_pattern": ("add_array", [True, True, False])})
+    case("gemma4", "per_layer_embd", [k + "embedding_length_per_layer_input is 256", "not supported"],
+         set_kv={k + "embedding_length_per_layer_input": ("add_uint32", 256)})
+    case("gemma4", "kv_shared", [k + "attention.shared_kv_layers is 2", "not supported"],
+         set_kv={k + "attention.shared_kv_layers": ("add_uint32", 2)})
+    case("gemma4", "head_swa", ["blk.0.attn_q.weight", "expected [64 x 32]"],
+         set_kv={k + "attention.key_length_swa": ("add_uint32", 8), k + "attention.value_length_swa":
+                 ("add_uint32", 8), k + "rope.dimension_count_swa": ("add_uint32", 8)})
+    case("gemma4", "rope_swa", [k + "rope.dimension_count_swa", "equal to", k + "attention.key_length_swa"],
+         set_kv={k + "rope.dimension_count_swa": ("add_uint32", 8)})
+    case("gemma4", "norm_type", ["blk.3.post_ffw_norm_2.weight", "must be f32"],
+         tensor_type={"blk.3.post_ffw_norm_2.weight": gguf.GGMLQuantizationType.F16})
+    case("gemma4", "rope_factor", ["rope_freqs.weight[3] is 0", "positive"], skip_tensors=("rope_freqs.weight",),
+         extra={"rope_freqs.weight": np.array([1, 1, 1, 0] + [1e30] * 12)})
+    case("gemma4", "softcap", [k + "final_logit_softcapping is -1"],
+         set_kv={k + "final_logit_softcapping": ("add_float32", -1.0)})
+    return finish("bad mixtral, olmoe, glm4moe, deepseek2 and gemma4 files are refused with a message naming the "
+                  "tensor or key")
 
 
 if __name__ == "__main__":
