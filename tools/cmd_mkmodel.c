@@ -25,7 +25,9 @@ static void mkmodel_usage(FILE *out) {
         "                       deepseek-v3, kimi-k2 (deepseek2: MLA, YaRN, dense first\n"
         "                       layers, a shared expert, the sigmoid router with groups); or\n"
         "                       tiny-mixtral, tiny-olmoe, tiny-glm4moe, tiny-deepseek-v3 (tests,\n"
-        "                       as above), tiny-deepseek-v2-lite (tests: no q_lora, softmax)\n"
+        "                       as above), tiny-deepseek-v2-lite (tests: no q_lora, softmax);\n"
+        "                       gemma-4-26b-a4b (gemma4: sliding and global layers, a dense MLP\n"
+        "                       beside the experts) or tiny-gemma-4 (tests, as above)\n"
         "  -o, --output FILE    where to write (written to FILE.tmp, then renamed)\n"
         "  --seed N             random seed; the same seed gives the same bytes (default 42)\n"
         "  --skew S             Zipf exponent of expert popularity, 0 = uniform (default 0)\n"
@@ -263,7 +265,16 @@ int cmd_mkmodel(int argc, char **argv) {
         fprintf(stderr, "tiermoe mkmodel: %s\n", tm_error_message());
         return 2;
     }
-    if (cfg.progress && cfg.full_attn_interval)
+    const bool gemma4 = cfg.arch && !strcmp(cfg.arch, "gemma4");
+    if (cfg.progress && gemma4)
+        fprintf(stderr,
+                "mkmodel: gemma4: every %u-th layer and the last global (heads of %u, %u KV "
+                "heads, RoPE on %u, K as V %s), the others sliding (window %u, heads of %u, %u "
+                "KV heads); dense MLP %u (%s); soft-cap %g\n",
+                cfg.full_attn_interval, cfg.head_dim, cfg.n_head_kv, cfg.n_rot,
+                cfg.k_eq_v ? "yes" : "no", cfg.window, cfg.head_dim_swa, cfg.n_head_kv_swa,
+                cfg.n_ff, mkmodel_type_name(cfg.type_shexp), cfg.logit_softcap);
+    else if (cfg.progress && cfg.full_attn_interval)
         fprintf(stderr,
                 "mkmodel: %s: every %u-th layer full attention (RoPE on %u of %u), the others "
                 "linear: %u key / %u value heads of %u / %u, conv %u; shared expert %u (%s)\n",

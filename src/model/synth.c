@@ -32,7 +32,9 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
     cfg->type_output = TM_TYPE_Q8_0;
     cfg->type_shexp = TM_TYPE_Q8_0; /* the hybrid presets' shared expert */
     cfg->type_gate_exps = cfg->type_up_exps = cfg->type_down_exps = TM_TYPE_COUNT;
-    if (synth_hybrid_preset(cfg, preset) || synth_moe_arch_preset(cfg, preset)) return TM_OK;
+    if (synth_hybrid_preset(cfg, preset) || synth_moe_arch_preset(cfg, preset) ||
+        synth_gemma4_preset(cfg, preset))
+        return TM_OK;
     if (!strcmp(preset, "tiny")) {
         /* Smallest shape that still takes K-quants (rows of 256) and GQA. */
         cfg->n_layer = 3, cfg->n_embd = 256, cfg->n_head = 4, cfg->n_head_kv = 2;
@@ -80,7 +82,8 @@ tm_status synth_config_preset(tm_synth_config *cfg, const char *preset) {
                         "tiny-gpt-oss, qwen3-next-80b-a3b, qwen3.5-35b-a3b, qwen3.6-35b-a3b, "
                         "tiny-qwen3next, tiny-qwen35moe, mixtral-8x7b, olmoe-1b-7b, glm-4.5-air, "
                         "glm-4.5, deepseek-v3, kimi-k2, tiny-mixtral, tiny-olmoe, tiny-glm4moe, "
-                        "tiny-deepseek-v3 or tiny-deepseek-v2-lite)",
+                        "tiny-deepseek-v3, tiny-deepseek-v2-lite, gemma-4-26b-a4b or "
+                        "tiny-gemma-4)",
                         preset);
 }
 
@@ -141,11 +144,12 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                                 SYNTH_LOC_MAX_HEAD_DIM, c->n_embd, c->head_dim);
     }
     if (c->arch && strcmp(c->arch, "qwen3moe") && !synth_gptoss(c) && !synth_is_hybrid(c) &&
-        !synth_is_moe_arch(c))
+        !synth_is_moe_arch(c) && !synth_is_gemma4(c))
         return tm_error_set(TM_ERR_ARG,
                             "architecture '%s': expected qwen3moe, gpt-oss, qwen3next, qwen35moe, "
-                            "llama, olmoe, glm4moe or deepseek2",
+                            "llama, olmoe, glm4moe, deepseek2 or gemma4",
                             c->arch);
+    if (synth_is_gemma4(c) && (st = synth_gemma4_validate(c)) != TM_OK) return st;
     if (synth_is_hybrid(c) && (st = synth_hybrid_validate(c)) != TM_OK) return st;
     if (synth_is_moe_arch(c) && (st = synth_moe_arch_validate(c)) != TM_OK) return st;
     if (synth_gptoss(c) && c->locality > 0)
@@ -225,6 +229,7 @@ static uint32_t synth_tensors_list(const tm_synth_config *c, const float *bias,
     if (synth_gptoss(c)) return synth_tensors_build_gptoss(c, bias, t);
     if (synth_is_hybrid(c)) return synth_hybrid_tensors(c, bias, loc, t);
     if (synth_is_moe_arch(c)) return synth_moe_arch_tensors(c, bias, t);
+    if (synth_is_gemma4(c)) return synth_gemma4_tensors(c, bias, t);
     uint32_t n = 0;
     const int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim,
                   KV = (int64_t)c->n_head_kv * c->head_dim;
@@ -458,9 +463,15 @@ static void synth_row_values(const synth_tensor *t, uint64_t seed, uint32_t tens
     case INIT_NORMAL:
         for (int64_t i = 0; i < n; i++) tmp[i] = t->std * synth_normal_fast(&rng);
         break;
-    case INIT_EMBD:
+    case INIT_EMBD: /* the channel scaled as the rest (gemma4's embeddings are 1/sqrt(n_embd)) */
         for (int64_t i = 0; i < n; i++) tmp[i] = t->std * synth_normal_fast(&rng);
-        tmp[SYNTH_BIAS_CHANNEL] = SYNTH_BIAS_BETA;
+        tmp[SYNTH_BIAS_CHANNEL] = SYNTH_BIAS_BETA * (t->std / SYNTH_EMBD_STD);
+        break;
+    case INIT_CONST:
+        for (int64_t i = 0; i < n; i++) tmp[i] = t->std;
+        break;
+    case INIT_ROPE_FREQS:
+        for (int64_t i = 0; i < n; i++) tmp[i] = i < (int64_t)t->std ? 1.0f : 1e30f;
         break;
     case INIT_ROUTER:
         for (int64_t i = 0; i < n; i++) tmp[i] = t->std * synth_normal_fast(&rng);
@@ -615,6 +626,7 @@ static tm_status synth_arch_keys_write(const tm_synth_config *c, tm_gguf_writer 
 static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *w) {
     tm_status st = synth_is_hybrid(c)     ? synth_hybrid_metadata(c, w)
                    : synth_is_moe_arch(c) ? synth_moe_arch_metadata(c, w)
+                   : synth_is_gemma4(c)   ? synth_gemma4_metadata(c, w)
                                           : synth_arch_keys_write(c, w);
     if (st != TM_OK) return st;
     /* How the weights were made, so tests can check the routing law. */

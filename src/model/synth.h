@@ -103,7 +103,7 @@ typedef struct tm_synth_tensor_type {
 
 typedef struct tm_synth_config {
     /* general.architecture: "qwen3moe" (NULL), "gpt-oss", "qwen3next", "qwen35moe", "llama"
-     * (Mixtral), "olmoe", "glm4moe" or "deepseek2" */
+     * (Mixtral), "olmoe", "glm4moe", "deepseek2" or "gemma4" */
     const char *arch;
     uint32_t window;        /* gpt-oss: attention.sliding_window of the even layers */
     float rope_factor;      /* gpt-oss: YaRN factor */
@@ -133,6 +133,13 @@ typedef struct tm_synth_config {
     uint32_t mla_q_lora, mla_kv_lora, mla_v_head;
     float yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
     bool ds_v2_router; /* DeepSeek-V2's router: softmax, no selection bias, not renormalised */
+    /* gemma4 (synth_gemma4.c): every full_attn_interval-th layer (and the last) global, with
+     * heads of head_dim, n_head_kv KV heads, n_rot of a head turned at rope_base, K as V when
+     * k_eq_v; the others sliding (window), heads of head_dim_swa, n_head_kv_swa KV heads,
+     * RoPE over the head at rope_base_swa; the final logit soft-cap (0: none) */
+    uint32_t head_dim_swa, n_head_kv_swa;
+    float rope_base_swa, logit_softcap;
+    bool k_eq_v;
     /* Each tensor's type, first match: a tensor_types rule; the gate/up/down
      * field of its kind; its class (experts, attn, embd, output, shexp); the recipe
      * (mix). TM_TYPE_COUNT: unset (a preset sets the classes, synth_config_mix
@@ -169,7 +176,8 @@ typedef struct tm_synth_config {
  * "tiny-gpt-oss", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b" (alias
  * "qwen3.6-35b-a3b"), "tiny-qwen3next", "tiny-qwen35moe", "mixtral-8x7b",
  * "olmoe-1b-7b", "glm-4.5-air", "glm-4.5", "deepseek-v3", "kimi-k2", "tiny-mixtral",
- * "tiny-olmoe", "tiny-glm4moe", "tiny-deepseek-v3" or "tiny-deepseek-v2-lite". */
+ * "tiny-olmoe", "tiny-glm4moe", "tiny-deepseek-v3", "tiny-deepseek-v2-lite",
+ * "gemma-4-26b-a4b" or "tiny-gemma-4". */
 tm_status synth_config_preset(tm_synth_config *cfg, const char *preset);
 
 /* ---- quant types per tensor (synth_mix.c) ---- */

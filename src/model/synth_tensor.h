@@ -12,7 +12,9 @@ typedef enum synth_init {
     INIT_NORMAL,
     INIT_EMBD,
     INIT_ROUTER,
-    INIT_SSM_A, /* -e^u, u uniform: linear attention's per-head decay rates */
+    INIT_SSM_A,      /* -e^u, u uniform: linear attention's per-head decay rates */
+    INIT_CONST,      /* every value std (a gain) */
+    INIT_ROPE_FREQS, /* RoPE factors: 1 for the first std values, 1e30 (unturned) after */
 } synth_init;
 
 /* What a tensor is to the locality layout (synth_row_locality). */
@@ -53,9 +55,9 @@ static inline void synth_tensor_set(synth_tensor *t, const char *name, tm_synth_
     t->role = ROLE_OTHER, t->layer = 0, t->loc = NULL;
 }
 
-/* Tensors a layer has at most (qwen35moe's linear-attention layers: 20; a NextN
- * layer of glm4moe: 23, counted as two), and the three outside the layers. */
-#define SYNTH_MAX_TENSORS(c) (3 + 20 * ((size_t)(c)->n_layer + 2 * (size_t)(c)->n_nextn))
+/* Tensors a layer has at most (gemma4's sliding layers: 22; a NextN layer of glm4moe:
+ * 23, counted as two), and the three outside the layers. */
+#define SYNTH_MAX_TENSORS(c) (3 + 22 * ((size_t)(c)->n_layer + 2 * (size_t)(c)->n_nextn))
 
 /* ---- qwen3next / qwen35moe (synth_hybrid.c) ---- */
 
@@ -88,5 +90,13 @@ bool synth_moe_arch_preset(tm_synth_config *c, const char *preset);
 tm_status synth_moe_arch_validate(const tm_synth_config *c);
 uint32_t synth_moe_arch_tensors(const tm_synth_config *c, const float *bias, synth_tensor *t);
 tm_status synth_moe_arch_metadata(const tm_synth_config *c, tm_gguf_writer *w);
+
+/* ---- gemma4 (synth_gemma4.c): as the hybrids' ---- */
+
+bool synth_is_gemma4(const tm_synth_config *c);
+bool synth_gemma4_preset(tm_synth_config *c, const char *preset);
+tm_status synth_gemma4_validate(const tm_synth_config *c);
+uint32_t synth_gemma4_tensors(const tm_synth_config *c, const float *bias, synth_tensor *t);
+tm_status synth_gemma4_metadata(const tm_synth_config *c, tm_gguf_writer *w);
 
 #endif

@@ -24,6 +24,10 @@
   ranks and YaRN included; written narrow (4 and 2 layers) with the converter's MLA tensors
   (attn_q_a / q_a_norm / q_b, kv_a_mqa, kv_a_norm, k_b [nope, kv_lora, heads], v_b, output,
   ffn_norm), q8_0 attention (k_b's rows of 64 take it), and the MLA and YaRN keys.
+- tiny-gemma-4 against tests/data/hf_gemma4/tiny-f16.gguf as the tiny ones above;
+  gemma-4-26b-a4b: its counts (transformers has no config of it: the numbers the preset
+  states), then written with 6 layers and narrow widths (heads and the experts' 704 kept):
+  the converter's layout, types (ffn_down_exps q5_0), rope_freqs' factors, the keys.
 - The engine loads every file: all logits finite, each MoE layer's router reaches most
   experts, and the NextN layer is not run (n_layer one less than block_count).
 """
@@ -43,7 +47,8 @@ import qwen3moe_ref as ref  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 TINY = {"tiny-mixtral": ("llama", "hf_mixtral"), "tiny-olmoe": ("olmoe", "hf_olmoe"),
-        "tiny-glm4moe": ("glm4moe", "hf_glm4moe"), "tiny-deepseek-v3": ("deepseek2", "hf_deepseek2")}
+        "tiny-glm4moe": ("glm4moe", "hf_glm4moe"), "tiny-deepseek-v3": ("deepseek2", "hf_deepseek2"),
+        "tiny-gemma-4": ("gemma4", "hf_gemma4")}
 KEYS_DIFFERENT = {
     "general.name": "mkmodel names its files",
     "general.size_label": "the converter's label of the parameter count; mkmodel writes none",
@@ -304,12 +309,74 @@ def big_preset(preset, want):
           f"narrow file: {len(got)} tensors of the converter's layout, types, keys; the engine runs it")
 
 
+# gemma-4-26B-A4B: transformers 5.24 has no config of it (configuration_gemma4.py's defaults are
+# a dense model's); the release's text_config as src/model/synth_gemma4.c states it, the global
+# heads (512, 2 KV heads, 16 query heads) and the experts' 704 as llama.cpp's sources have them
+GEMMA4_LINE = ("30 layers, n_embd 2816, 16 heads (2 kv) of 512, 128 experts (8 used) of 704, vocab 262144")
+GEMMA4_ARCH_LINE = ("every 6-th layer and the last global (heads of 512, 2 KV heads, RoPE on 128, K as V yes), "
+                    "the others sliding (window 1024, heads of 256, 8 KV heads); dense MLP 2112 (q8_0); "
+                    "soft-cap 30")
+
+
+def gemma4_preset():
+    """gemma-4-26b-a4b: its counts; written with 6 layers (5 sliding, 1 global), 16 experts,
+    n_embd 256, dense MLP 512, vocab 1024 (heads and the experts' 704 kept): the converter's
+    layout (the fused ffn_gate_up_exps, the scales, five FFN norms, no attn_v in the global
+    layer, rope_freqs, no output.weight), the types (ffn_down_exps q5_0: rows of 704 take no
+    K-quant), the keys; the engine runs it."""
+    preset = "gemma-4-26b-a4b"
+    out = subprocess.run([TIERMOE, "mkmodel", "--preset", preset, "-o", os.path.join(TMP, "no_such_dir", "x.gguf")],
+                         capture_output=True, text=True).stderr
+    check(GEMMA4_LINE in out and GEMMA4_ARCH_LINE in out, f"{preset}: the preset's counts: {out}")
+    n_layer, E, F, FD, X, V, H = 6, 256, 704, 512, 16, 1024, 16
+    path, _ = mk("gemma4_26b", "--preset", preset, "--n-layer", str(n_layer), "--n-embd", str(E), "--n-ff",
+                 str(FD), "--n-expert", str(X), "--n-vocab", str(V), "--fill", "repeat")
+    r = gguf.GGUFReader(path)
+    want = {"rope_freqs.weight": ([256], T.F32), "token_embd.weight": ([E, V], T.Q4_K),
+            "output_norm.weight": ([E], T.F32)}
+    for l in range(n_layer):
+        b, glob = f"blk.{l}.", l == n_layer - 1
+        D, KV = (512, 2) if glob else (256, 8)
+        want.update({b + "ffn_down_exps.weight": ([F, E, X], T.Q5_0),
+                     b + "ffn_gate_up_exps.weight": ([E, 2 * F, X], T.Q4_K),
+                     b + "ffn_down.weight": ([FD, E], T.Q8_0), b + "ffn_gate.weight": ([E, FD], T.Q8_0),
+                     b + "ffn_up.weight": ([E, FD], T.Q8_0), b + "ffn_gate_inp.weight": ([E, X], T.F32),
+                     b + "ffn_gate_inp.scale": ([E], T.F32), b + "ffn_down_exps.scale": ([X], T.F32),
+                     b + "layer_output_scale.weight": ([1], T.F32),
+                     b + "attn_q.weight": ([E, H * D], T.Q8_0), b + "attn_k.weight": ([E, KV * D], T.Q8_0),
+                     b + "attn_output.weight": ([H * D, E], T.Q8_0), b + "attn_q_norm.weight": ([D], T.F32),
+                     b + "attn_k_norm.weight": ([D], T.F32)})
+        if not glob:
+            want[b + "attn_v.weight"] = ([E, KV * D], T.Q8_0)
+        for nm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_ffw_norm_1",
+                   "post_ffw_norm_2", "pre_ffw_norm_2"):
+            want[b + nm + ".weight"] = ([E], T.F32)
+    got = {n: (s, ty) for n, ty, s in tensors(r)}
+    bad = [(n, got.get(n), want.get(n)) for n in sorted(set(got) | set(want)) if got.get(n) != want.get(n)]
+    check(not bad, f"{preset}: tensors: {bad[:4]}")
+    rf = [t for t in r.tensors if t.name == "rope_freqs.weight"][0]
+    check(list(np.asarray(rf.data)) == [1.0] * 64 + [np.float32(1e30)] * 192, f"{preset}: rope_freqs {rf.data[:4]}")
+    a = "gemma4"
+    keys = {"block_count": n_layer, "attention.head_count": 16, "attention.head_count_kv": [8] * 5 + [2],
+            "attention.sliding_window_pattern": [True] * 5 + [False], "attention.key_length": 512,
+            "attention.value_length": 512, "attention.key_length_swa": 256, "attention.value_length_swa": 256,
+            "rope.dimension_count": 512, "rope.dimension_count_swa": 256, "rope.freq_base": 1e6,
+            "rope.freq_base_swa": 1e4, "attention.sliding_window": 1024, "final_logit_softcapping": 30.0,
+            "expert_feed_forward_length": F, "feed_forward_length": FD, "expert_count": X, "expert_used_count": 8,
+            "attention.shared_kv_layers": 0, "embedding_length_per_layer_input": 0}
+    for k, v in keys.items():
+        check(field(r, f"{a}.{k}") == v, f"{preset}: {a}.{k} {field(r, f'{a}.{k}')}, want {v}")
+    engine(preset, path, n_layer, 0)
+    print(f"  {preset}: counts ({GEMMA4_LINE}); narrow file: {len(got)} tensors of the converter's layout, "
+          "types, keys; the engine runs it")
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     for preset in TINY:
         path = versus_converter(preset)
         four = preset in ("tiny-glm4moe", "tiny-deepseek-v3")
-        engine(preset, path, 4 if four else 3, 1 if four else 0)
+        engine(preset, path, 5 if preset == "tiny-gemma-4" else 4 if four else 3, 1 if four else 0)
     try:
         want = hf_configs()
     except ImportError:
@@ -320,13 +387,17 @@ def main():
             big_preset(preset, w)
         for preset, w in ds_configs().items():
             ds_preset(preset, w)
+    gemma4_preset()
+    _, r = mk("gemma4_locality", "--preset", "tiny-gemma-4", "--n-embd", "256", "--locality", "0.5", expect=2)
+    check("not gemma4's yet" in r.stderr, f"--locality on gemma4: {r.stderr}")
     _, r = mk("glm_locality", "--preset", "tiny-glm4moe", "--locality", "0.5", expect=2)
     check("not glm4moe's yet" in r.stderr, f"--locality on glm4moe: {r.stderr}")
     _, r = mk("glm_groups", "--preset", "tiny-glm4moe", "--n-expert", "6", expect=2)
     check("groups must divide" in r.stderr, f"6 experts in 4 groups: {r.stderr}")
     _, r = mk("ds_groups", "--preset", "tiny-deepseek-v3", "--n-expert", "6", expect=2)
     check("groups must divide" in r.stderr, f"deepseek2: 6 experts in 4 groups: {r.stderr}")
-    return finish("mkmodel writes Mixtral, OLMoE, GLM-4.5, DeepSeek-V3 and Kimi K2 as llama.cpp's converter does")
+    return finish("mkmodel writes Mixtral, OLMoE, GLM-4.5, DeepSeek-V3, Kimi K2 and Gemma 4 as llama.cpp's "
+                  "converter does")
 
 
 if __name__ == "__main__":
