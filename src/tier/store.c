@@ -23,7 +23,9 @@ typedef struct store_layer {
     bool on;
     tm_moe_experts ex;          /* the bound experts, expert_at pointing at the tables below */
     uint64_t file_off[3];       /* expert 0 of gate, up, down */
-    size_t stride[3], piece[3]; /* bytes of one expert; a slot's room for it */
+    size_t stride[3], piece[3]; /* bytes from one expert to the next; a slot's room for one */
+    size_t len[3]; /* bytes of an expert's rows (less than the stride when gate and up are one
+                      tensor, Gemma 4's ffn_gate_up_exps: each view reads its half) */
     size_t slot_bytes;
     uint8_t *base;         /* n_slots slots */
     const uint8_t **at[3]; /* [n_expert]: a resident expert's rows, else NULL */
@@ -95,10 +97,10 @@ static tm_status store_fill(tm_store *s, store_layer *L, int32_t j, int32_t e) {
     tm_status st;
     for (int p = 0; p < 3; p++) {
         const uint64_t o = L->file_off[p] + (uint64_t)e * L->stride[p];
-        const uint64_t a0 = o & ~(A - 1), a1 = align_up(o + L->stride[p]);
+        const uint64_t a0 = o & ~(A - 1), a1 = align_up(o + L->len[p]);
         for (uint64_t c = a0; c < a1; c += TM_STORE_IO_CHUNK) {
             const uint64_t len = a1 - c < TM_STORE_IO_CHUNK ? a1 - c : TM_STORE_IO_CHUNK;
-            const uint64_t end = o + L->stride[p]; /* the bytes that must exist */
+            const uint64_t end = o + L->len[p]; /* the bytes that must exist */
             const size_t need = end > c ? (size_t)(end - c < len ? end - c : len) : 0;
             if ((st = store_io_read(s->io, c, (size_t)len, need, dst + (c - a0), &L->seq[j])))
                 return st;
@@ -383,7 +385,8 @@ static tm_status store_layer_init(tm_store *s, store_layer *L, const tm_moe_expe
     for (int p = 0; p < 3; p++) {
         L->file_off[p] = (uint64_t)(m[p]->data - map);
         L->stride[p] = m[p]->expert_stride;
-        L->piece[p] = (size_t)align_up(L->stride[p]) + A; /* the slack of an unaligned start */
+        L->len[p] = (size_t)(p < 2 ? ex->n_ff : ex->n_embd) * m[p]->row_bytes;
+        L->piece[p] = (size_t)align_up(L->len[p]) + A; /* the slack of an unaligned start */
         L->slot_bytes += L->piece[p];
         if (!(L->at[p] = calloc(s->n_expert, sizeof(uint8_t *))))
             return tm_error_set(TM_ERR_NOMEM, "out of memory");
