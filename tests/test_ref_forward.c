@@ -84,7 +84,8 @@ static double check_model(const char *model_rel, const char *golden_rel, double 
     int want_arrays = 0;
     for (int l = 0; l < m->n_layer; l++)
         want_arrays += m->layers[l].dense ? 3
-                       : m->arch == REF_ARCH_GLM4MOE || m->arch == REF_ARCH_DEEPSEEK2
+                       : m->arch == REF_ARCH_GLM4MOE || m->arch == REF_ARCH_DEEPSEEK2 ||
+                               m->arch == REF_ARCH_GEMMA4
                            ? 6
                            : 5 + (hybrid ? 1 + m->layers[l].linear : 0);
     golden_acc *acc = calloc((size_t)(m->n_layer * N_NAMES + 1), sizeof(golden_acc));
@@ -197,6 +198,7 @@ static void test_moe_archs(void **state) {
     check_model("hf_olmoe/tiny-f16.gguf", "hf_olmoe/tiny.golden.gguf", TOL);
     check_model("hf_glm4moe/tiny-f16.gguf", "hf_glm4moe/tiny.golden.gguf", TOL);
     check_model("hf_deepseek2/tiny-f16.gguf", "hf_deepseek2/tiny.golden.gguf", TOL);
+    check_model("hf_gemma4/tiny-f16.gguf", "hf_gemma4/tiny.golden.gguf", TOL);
 }
 
 static void test_errors(void **state) {

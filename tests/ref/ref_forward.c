@@ -96,7 +96,7 @@ tm_status ref_key(const tm_gguf_file *f, const char *arch, const char *key, int 
  * as a float, HF's config the decimal (1e-6, stored as 9.99999997e-07). Where a norm's mean
  * square is small (qwen3next's gated RMSNorm per value head) the float's 2.5e-15 shifts the
  * result by up to 1e-10 relative. */
-static double ref_float_decimal(double v) {
+double ref_float_decimal(double v) {
     char buf[32];
     for (int digits = 1; digits <= 9; digits++) {
         snprintf(buf, sizeof(buf), "%.*g", digits, v);
@@ -178,6 +178,7 @@ static tm_status ref_layer_load(const tm_gguf_file *f, ref_model *m, int l) {
     tm_status st;
     if (ref_arch_hybrid(m->arch)) return ref_qnext_layer_load(f, m, l);
     if (ref_arch_llmoe(m->arch)) return ref_moe_layer_load(f, m, l);
+    if (m->arch == REF_ARCH_GEMMA4) return ref_gemma4_layer_load(f, m, l);
     if ((st = ref_tensor(f, &L->attn_norm, E, 0, "blk.%d.attn_norm.weight", l)) ||
         (st = ref_tensor(f, &L->wq, E * Q, 0, "blk.%d.attn_q.weight", l)) ||
         (st = ref_tensor(f, &L->wk, E * KV, 0, "blk.%d.attn_k.weight", l)) ||
@@ -221,19 +222,19 @@ tm_status ref_model_load(const char *path, ref_model **out) {
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
     if ((st = gguf_file_get_str(f, "general.architecture", &arch))) goto done;
-    static const char *const names[] = {"qwen3moe", "gpt-oss", "qwen3next", "qwen35moe",
-                                        "llama",    "olmoe",   "glm4moe",   "deepseek2"};
-    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE,  REF_ARCH_GPTOSS,   REF_ARCH_QWEN3NEXT,
-                                     REF_ARCH_QWEN35MOE, REF_ARCH_MIXTRAL,  REF_ARCH_OLMOE,
-                                     REF_ARCH_GLM4MOE,   REF_ARCH_DEEPSEEK2};
+    static const char *const names[] = {"qwen3moe", "gpt-oss", "qwen3next", "qwen35moe", "llama",
+                                        "olmoe",    "glm4moe", "deepseek2", "gemma4"};
+    static const ref_arch archs[] = {REF_ARCH_QWEN3MOE,  REF_ARCH_GPTOSS,    REF_ARCH_QWEN3NEXT,
+                                     REF_ARCH_QWEN35MOE, REF_ARCH_MIXTRAL,   REF_ARCH_OLMOE,
+                                     REF_ARCH_GLM4MOE,   REF_ARCH_DEEPSEEK2, REF_ARCH_GEMMA4};
     const char *a = NULL;
-    for (int i = 0; i < 8 && !a; i++)
+    for (int i = 0; i < 9 && !a; i++)
         if (gguf_str_eq(arch, names[i])) a = names[i], m->arch = archs[i];
     if (!a) {
         st = tm_error_set(TM_ERR_UNSUPPORTED,
                           "%s: architecture '%.*s': the reference has "
-                          "qwen3moe, gpt-oss, qwen3next, qwen35moe, llama, olmoe, glm4moe and "
-                          "deepseek2",
+                          "qwen3moe, gpt-oss, qwen3next, qwen35moe, llama, olmoe, glm4moe, "
+                          "deepseek2 and gemma4",
                           path, (int)(arch.len > 32 ? 32 : arch.len), arch.data);
         goto done;
     }
@@ -243,7 +244,9 @@ tm_status ref_model_load(const char *path, ref_model **out) {
         st = tm_error_set(TM_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((st = ref_config_load(f, m, a))) goto done;
+    if ((st = m->arch == REF_ARCH_GEMMA4 ? ref_gemma4_config_load(f, m, a)
+                                         : ref_config_load(f, m, a)))
+        goto done;
     const tm_gguf_tensor *embd = gguf_file_find_tensor(f, "token_embd.weight");
     if (!embd || embd->ne[0] != m->n_embd) {
         st = tm_error_set(TM_ERR_FORMAT, "%s: token_embd.weight missing or not %d wide", path,
@@ -276,8 +279,10 @@ void ref_model_free(ref_model *m) {
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
         ref_qnext_layer_free(L);
         ref_moe_layer_free(L);
+        ref_gemma4_layer_free(L);
     }
-    free(m->layers), free(m->inv_freq), free(m->embd), free(m->out_norm), free(m->out);
+    free(m->layers), free(m->inv_freq), free(m->inv_freq_swa), free(m->embd), free(m->out_norm),
+        free(m->out);
     free(m);
 }
 
@@ -431,16 +436,21 @@ tm_status ref_seq_step(ref_seq *s, int32_t token) {
         return tm_error_set(TM_ERR_ARG, "reference: the sequence holds %lld positions",
                             (long long)s->n_ctx);
     const int64_t E = m->n_embd;
-    for (int64_t i = 0; i < E; i++) s->x[i] = m->embd[(int64_t)token * E + i];
+    const double es = m->embd_scale ? m->embd_scale : 1.0; /* gemma4: sqrt(n_embd) */
+    for (int64_t i = 0; i < E; i++) s->x[i] = m->embd[(int64_t)token * E + i] * es;
     for (int l = 0; l < m->n_layer; l++)
         if (ref_arch_hybrid(m->arch))
             ref_qnext_layer_step(s, l);
         else if (ref_arch_llmoe(m->arch))
             ref_moe_layer_step(s, l);
+        else if (m->arch == REF_ARCH_GEMMA4)
+            ref_gemma4_layer_step(s, l);
         else
             ref_layer_step(s, l);
     ref_rmsnorm(s->h, s->x, m->out_norm, E, m->eps);
     ref_matvec(s->out.logits, m->out ? m->out : m->embd, NULL, s->h, m->n_vocab, E);
+    for (int64_t i = 0; m->softcap > 0 && i < m->n_vocab; i++) /* gemma4's soft-cap */
+        s->out.logits[i] = m->softcap * tanh(s->out.logits[i] / m->softcap);
     s->n_past++;
     return TM_OK;
 }
@@ -472,7 +482,8 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
                        &s->out.router_logits,
                        &s->out.topk_w,
                        &s->out.ffn_out,
-                       &s->out.x_out};
+                       &s->out.x_out,
+                       &s->g4_tmp};
     const int64_t sizes[] = {L * n_ctx * KV,
                              L * n_ctx * KV,
                              E,
@@ -490,7 +501,8 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
                              L * m->n_expert,
                              L * m->n_used,
                              L * E,
-                             L * E};
+                             L * E,
+                             E};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         if (!(*bufs[i] = calloc((size_t)sizes[i] ? (size_t)sizes[i] : 1, sizeof(double)))) {
             ref_seq_free(s);
@@ -500,9 +512,10 @@ tm_status ref_seq_create(const ref_model *m, int64_t n_ctx, ref_seq **out) {
         ref_seq_free(s);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
-    tm_status st = ref_arch_hybrid(m->arch)  ? ref_qnext_seq_init(s)
-                   : ref_arch_llmoe(m->arch) ? ref_moe_seq_init(s)
-                                             : TM_OK;
+    tm_status st = ref_arch_hybrid(m->arch) ? ref_qnext_seq_init(s)
+                   : ref_arch_llmoe(m->arch) || m->arch == REF_ARCH_GEMMA4
+                       ? ref_moe_seq_init(s) /* dense_out too */
+                       : TM_OK;
     if (st) {
         ref_seq_free(s);
         return st;
@@ -530,7 +543,8 @@ void ref_seq_free(ref_seq *s) {
                       s->out.router_logits,
                       s->out.topk_w,
                       s->out.ffn_out,
-                      s->out.x_out};
+                      s->out.x_out,
+                      s->g4_tmp};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
     free(s->out.topk_ids);
     ref_moe_seq_free(s); /* first: it takes shexp_out, which ref_qnext_seq_free frees too */

@@ -41,6 +41,7 @@ typedef enum ref_arch {
     REF_ARCH_OLMOE,
     REF_ARCH_GLM4MOE,
     REF_ARCH_DEEPSEEK2, /* glm4moe's FFNs and router behind MLA (tests/ref/ref_mla.c) */
+    REF_ARCH_GEMMA4,    /* Gemma 4's MoE form (tests/ref/ref_gemma4.c) */
 } ref_arch;
 
 /* One layer's weights, row-major as the file's ne order ([out][in]); NULL
@@ -70,6 +71,13 @@ typedef struct ref_layer {
     float *wq_a, *q_a_norm;   /* [q_lora][n_embd], [q_lora] */
     float *wkv_a, *kv_a_norm; /* [kv_lora + n_rot][n_embd], [kv_lora] */
     float *wkb, *wvb;         /* [n_head][kv_lora][nope], [n_head][v_head][kv_lora] */
+    /* gemma4: the layer's KV heads and head size, global (else sliding: window), its norms
+       around the blocks, the router's input scale and per-expert factors, the layer scale
+       (wv NULL: K as V; dn_*: the dense MLP beside the experts) */
+    int n_kv, hd, global;
+    float *post_attn_norm, *post_ffw_norm_1, *post_ffw_norm_2, *pre_ffw_norm_2, *post_ffw_norm;
+    float *router_scale, *expert_scale;
+    double out_scale;
 } ref_layer;
 
 typedef struct ref_model {
@@ -87,8 +95,12 @@ typedef struct ref_model {
     int q_lora, kv_lora, nope, v_head;
     double attn_scale;
     double eps;
-    double *inv_freq; /* [n_rot / 2]: RoPE's (YaRN's for gpt-oss) */
-    double mscale;    /* YaRN's factor on cos and sin (1 without) */
+    double *inv_freq; /* [n_rot / 2]: RoPE's (YaRN's for gpt-oss; gemma4: the global layers') */
+    /* gemma4: the sliding layers' head and RoPE, the embeddings' scale, the logit soft-cap
+       (0: none); n_head_kv and head_dim the largest of the layers' (the KV cache's row) */
+    int hd_swa;
+    double *inv_freq_swa, base_swa, embd_scale, softcap;
+    double mscale; /* YaRN's factor on cos and sin (1 without) */
     float *embd, *out_norm, *out;
     ref_layer *layers;
 } ref_model;

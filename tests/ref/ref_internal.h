@@ -22,6 +22,7 @@ struct ref_seq {
     /* deepseek2 (k holds each position's [c ; k_pe]): q, q's low rank, k_nope and v of the
        cached positions for one head, the heads' outputs */
     double *mla_q, *mla_qa, *mla_kn, *mla_vt, *mla_att;
+    double *g4_tmp; /* [n_embd] gemma4's scratch */
     ref_step_out out;
 };
 
@@ -78,6 +79,16 @@ tm_status ref_moe_seq_init(ref_seq *s);
 void ref_moe_seq_free(ref_seq *s);
 void ref_moe_layer_step(ref_seq *s, int l);
 double ref_moe_route_gap(const ref_model *m, int l, const double *r);
+
+/* The decimal a float was rounded from (the file's RMS eps; ref_forward.c). */
+double ref_float_decimal(double v);
+
+/* ref_gemma4.c: gemma4's keys (arrays a layer), a layer's tensors, one layer's step (the
+ * embedding's scale and the soft-cap: ref_seq_step). */
+tm_status ref_gemma4_config_load(const tm_gguf_file *f, ref_model *m, const char *arch);
+tm_status ref_gemma4_layer_load(const tm_gguf_file *f, ref_model *m, int l);
+void ref_gemma4_layer_free(ref_layer *L);
+void ref_gemma4_layer_step(ref_seq *s, int l);
 
 /* ref_mla.c: deepseek2's attention (MLA): its keys and YaRN, a layer's tensors, a sequence's
  * buffers, one position's attention output (s->h the normed input). */

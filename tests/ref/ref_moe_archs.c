@@ -133,7 +133,7 @@ tm_status ref_moe_seq_init(ref_seq *s) {
 }
 
 void ref_moe_seq_free(ref_seq *s) {
-    if (!ref_arch_llmoe(s->m->arch)) return;
+    if (!ref_arch_llmoe(s->m->arch) && s->m->arch != REF_ARCH_GEMMA4) return;
     free(s->out.dense_out), free(s->out.shexp_out);
     s->out.dense_out = s->out.shexp_out = NULL;
     ref_mla_seq_free(s);
