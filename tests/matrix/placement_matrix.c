@@ -271,9 +271,10 @@ static bool pm_auto_ahead(const pm_case *c) {
 
 /* Whether layer l of the model has routed experts (GLM's leading dense layers do not). */
 static bool pm_moe_layer(const tm_model *m, uint32_t l) {
-    char name[64];
+    char name[64], fused[64]; /* gemma4: gate and up one tensor */
     snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", l);
-    return gguf_file_find_tensor(m->file, name) != NULL;
+    snprintf(fused, sizeof(fused), "blk.%u.ffn_gate_up_exps.weight", l);
+    return gguf_file_find_tensor(m->file, name) || gguf_file_find_tensor(m->file, fused);
 }
 
 /* The model's layers with routed experts. */
@@ -386,7 +387,26 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
                  (unsigned long long)fetch, (unsigned long long)fallback, want ? "some" : "none");
 }
 
+/* The placements of an architecture whose every op runs on the CPU only (gemma4): the CPU,
+ * and the SSD tier's RAM cache read by the CPU lane. */
+static const pm_case pm_cases_cpu[] = {
+    {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"CPU only --ram-cache 1", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 1},
+};
+
+static void pm_matrix(const char *path, const pm_tolerance *tol, const pm_case *cases,
+                      size_t n_cases);
+
 void placement_matrix_run(const char *path, const pm_tolerance *tol) {
+    pm_matrix(path, tol, pm_cases, sizeof(pm_cases) / sizeof(pm_cases[0]));
+}
+
+void placement_matrix_run_cpu(const char *path, const pm_tolerance *tol) {
+    pm_matrix(path, tol, pm_cases_cpu, sizeof(pm_cases_cpu) / sizeof(pm_cases_cpu[0]));
+}
+
+static void pm_matrix(const char *path, const pm_tolerance *tol, const pm_case *cases,
+                      size_t n_cases) {
     tm_model *m;
     PM_CHECK(model_load(path, &m), path);
     const tm_model_config *cfg = &m->cfg;
@@ -414,7 +434,11 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
         bytes[l] = 0;
         if (!pm_moe_layer(m, l)) continue; /* a dense layer */
         static const char *const mat[3] = {"gate", "up", "down"};
-        for (int i = 0; i < 3; i++) {
+        char fused[64]; /* gemma4: gate and up one tensor */
+        snprintf(fused, sizeof(fused), "blk.%u.ffn_gate_up_exps.weight", l);
+        const tm_gguf_tensor *gu = gguf_file_find_tensor(m->file, fused);
+        if (gu) bytes[l] += gu->n_bytes / cfg->n_expert;
+        for (int i = gu ? 2 : 0; i < 3; i++) {
             char name[64];
             snprintf(name, sizeof(name), "blk.%u.ffn_%s_exps.weight", l, mat[i]);
             const tm_gguf_tensor *w = gguf_file_find_tensor(m->file, name);
@@ -451,8 +475,8 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol) {
            path, cfg->n_layer, cfg->n_expert, cfg->n_expert_used, ref->redrawn, tie,
            ref->greedy_tie_at);
     const char *only = getenv("TM_PM_ONLY"); /* the cases whose name has it (a rerun) */
-    for (size_t ci = 0; ci < sizeof(pm_cases) / sizeof(pm_cases[0]); ci++) {
-        const pm_case *c = &pm_cases[ci];
+    for (size_t ci = 0; ci < n_cases; ci++) {
+        const pm_case *c = &cases[ci];
         if (only && *only && !strstr(c->name, only)) continue;
         char what[160];
         pm_env(c, true);
