@@ -202,7 +202,8 @@ static inline tm_status cuda_dequantize_f16_args_check(tm_type type, const void 
 /* ---- the experts: moe_grouped.cu, moe_gemm.cu, moe_fetch.cu ---- */
 
 static inline tm_status cuda_moe_ext_check(const char *op, const tm_cuda_moe_ext *x) {
-    if (x->act != TM_CUDA_MOE_SWIGLU && x->act != TM_CUDA_MOE_SWIGLU_OAI)
+    if (x->act != TM_CUDA_MOE_SWIGLU && x->act != TM_CUDA_MOE_SWIGLU_OAI &&
+        x->act != TM_CUDA_MOE_GEGLU)
         return tm_error_set(TM_ERR_ARG, "%s: unknown expert activation ext.act %d", op,
                             (int)x->act);
     if ((x->gate_bias || x->up_bias || x->down_bias) && x->n_expert <= 0)

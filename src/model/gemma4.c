@@ -318,8 +318,9 @@ static tm_status g4_state_create(tm_context *ctx) {
                                 .gate = &L->gate_up_exps,
                                 .up = &L->gate_up_exps,
                                 .down = &L->down_exps,
-                                .router = &L->router,
-                                .expert_scale = &L->expert_scale};
+                                .expert_scale = &L->expert_scale}; /* no router: the
+                                      prediction of the next layer's experts reads h, this
+                                      router its own norm of x */
     }
     if (st == TM_OK && (st = exec_attention_setup_layers(e, c->n_layer, ctx->placement.layer_dev,
                                                          shapes, m->window)) == TM_OK)

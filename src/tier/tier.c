@@ -95,6 +95,13 @@ static tm_cuda_moe_matrix tier_gpu_matrix(const void *data, const tm_moe_matrix 
     return (tm_cuda_moe_matrix){data, m->type, m->expert_stride, m->row_bytes};
 }
 
+/* The device copy of tensor w's view m: where m starts in w (the up rows of a fused
+ * ffn_gate_up_exps start n_ff rows in), in w's copy; NULL when w has none. */
+static const void *tier_view_dev(tm_exec *e, const tm_weight *w, const tm_moe_matrix *m) {
+    const uint8_t *d = exec_weight_dev(e, w);
+    return d ? d + (m->data - w->data) : NULL;
+}
+
 /* ---- the PCIe lane: cold experts the GPU reads in place from RAM ---- */
 
 /* The PCIe lane's share of each token's cold slots when TM_MOE_PCIE_AUTO, in
@@ -551,9 +558,11 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                 .n_embd = t->n_embd,
                 .n_ff = t->n_ff,
                 .n_slots = (int32_t)t->n_expert,
-                .gate = tier_gpu_matrix(exec_weight_dev(e, d->gate), &d->experts.gate),
-                .up = tier_gpu_matrix(exec_weight_dev(e, d->up), &d->experts.up),
-                .down = tier_gpu_matrix(exec_weight_dev(e, d->down), &d->experts.down),
+                .gate =
+                    tier_gpu_matrix(tier_view_dev(e, d->gate, &d->experts.gate), &d->experts.gate),
+                .up = tier_gpu_matrix(tier_view_dev(e, d->up, &d->experts.up), &d->experts.up),
+                .down =
+                    tier_gpu_matrix(tier_view_dev(e, d->down, &d->experts.down), &d->experts.down),
                 .ext = L->ext,
             };
     }

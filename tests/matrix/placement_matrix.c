@@ -287,8 +287,12 @@ static uint32_t pm_moe_layers(const tm_model *m) {
 /* Whether the case puts experts in RAM while a GPU runs (the -ot mix puts layer 0's
  * there: none when layer 0 is dense). */
 static bool pm_ram_on_gpu(const pm_case *c, const tm_context *ctx) {
-    return ctx->placement.any_gpu &&
-           (c->cpu_moe || c->n_cpu_moe || (c->ot && pm_moe_layer(ctx->model, 0)));
+    (void)c;
+    for (uint32_t l = 0; l < ctx->model->cfg.n_layer; l++)
+        if (ctx->placement.layer_dev[l] == TM_DEV_GPU &&
+            ctx->placement.experts_dev[l] != TM_DEV_GPU && pm_moe_layer(ctx->model, l))
+            return true;
+    return false;
 }
 
 /* The tier's counters after a run: every layer in the class the placement
@@ -351,9 +355,14 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
             fail_msg("%s: %llu experts admitted", what, (unsigned long long)cs->admits);
         return;
     }
-    if (c->ot) { /* the mix: layer 0 cold (when it has experts), the layers from 2 hot */
-        if ((pm_moe_layer(ctx->model, 0) && !s[TM_TIER_RAM].cold_slots) ||
-            (ctx->model->cfg.n_layer > 2 && !s[TM_TIER_VRAM].hot_slots))
+    if (c->ot) { /* layers with experts in RAM: cold slots; in VRAM: hot ones */
+        bool want_cold = false, want_hot = false;
+        for (uint32_t l = 0; l < ctx->model->cfg.n_layer; l++)
+            if (pm_moe_layer(ctx->model, l)) {
+                want_hot |= ctx->placement.experts_dev[l] == TM_DEV_GPU;
+                want_cold |= ctx->placement.experts_dev[l] != TM_DEV_GPU;
+            }
+        if ((want_cold && !s[TM_TIER_RAM].cold_slots) || (want_hot && !s[TM_TIER_VRAM].hot_slots))
             fail_msg("%s: want cold slots in RAM layers and hot ones in VRAM layers", what);
         return;
     }
@@ -387,11 +396,14 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
                  (unsigned long long)fetch, (unsigned long long)fallback, want ? "some" : "none");
 }
 
-/* The placements of an architecture whose every op runs on the CPU only (gemma4): the CPU,
- * and the SSD tier's RAM cache read by the CPU lane. */
+/* The placements of an architecture whose layers run on the CPU only (gemma4): the CPU,
+ * the SSD tier's RAM cache read by the CPU lane, and the experts in VRAM (the tier's hot
+ * lane on the GPU for layers on the CPU). */
 static const pm_case pm_cases_cpu[] = {
     {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"CPU only --ram-cache 1", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 1},
+    {"layers on the CPU, experts in VRAM (-ot ffn_(gate_up|down)_exps=CUDA0)", 0, false, 0,
+     "ffn_(gate_up|down)_exps=CUDA0", 0, 0, 0, NULL, 0, false, 0, 0},
 };
 
 static void pm_matrix(const char *path, const pm_tolerance *tol, const pm_case *cases,

@@ -65,8 +65,9 @@ tm_status pm_model_write_config(char *path, size_t len, const char *name,
 /* Every placement on the model at path; cmocka failures name the placement,
  * the call and the error. Prints one line a placement. */
 void placement_matrix_run(const char *path, const pm_tolerance *tol);
-/* The same with the CPU's placements only (CPU only, and with --ram-cache 1): an
- * architecture whose ops have no GPU path yet (gemma4). */
+/* The same with the placements that keep every layer on the CPU (CPU only, with --ram-cache
+ * 1, and with the experts in VRAM): an architecture whose layers have no GPU path yet
+ * (gemma4). */
 void placement_matrix_run_cpu(const char *path, const pm_tolerance *tol);
 
 /* Several sequences decoded together (serve --parallel, parallel_matrix.c):
