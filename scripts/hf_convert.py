@@ -1,7 +1,8 @@
 """What the golden scripts that go through llama.cpp's converter share
 (make_qwen3next_goldens.py, make_moe_goldens.py): a tiny byte-level tokenizer
 for the HF model directory, the converter run as a tool (only its pre-tokenizer
-identification patched), the GGUF read back in float64, and HF functions
+identification patched), the GGUF read back in float64 and loaded into the HF
+model with its round trip checked (make_gemma4_goldens.py too), and HF functions
 re-compiled from their own source with counted text replacements (the float64
 patches)."""
 import functools
@@ -71,6 +72,35 @@ def read_gguf(path, gguf):
         tensors[x.name] = np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), dtype=np.float64)
         types[x.name] = x.tensor_type.name
     return r, tensors, types
+
+
+def load_and_check(model, sd, orig, types, torch, buffers=()):
+    """Load sd {HF name: (float64 array, [GGUF tensors])} into the float64 model (its parameters
+    and the buffers whose names end with one of buffers), each value first asserted equal to
+    the original float32 one orig[name], rounded to f16 where its GGUF tensor is F16; returns
+    how many came from F16."""
+    params = dict(model.named_parameters())
+    params.update({n: b for n, b in model.named_buffers() if n.endswith(tuple(buffers))} if buffers else {})
+    assert set(params) == set(sd), sorted(set(params) ^ set(sd))
+    n_f16 = 0
+    for name, (val, srcs) in sd.items():
+        ts = {types[s] for s in srcs}
+        assert len(ts) == 1, (name, ts)
+        ty = ts.pop()
+        o = orig[name]
+        assert val.shape == o.shape, (name, val.shape, o.shape)
+        if ty == "F16":
+            expect = o.astype(np.float16).astype(np.float64)
+            n_f16 += 1
+        else:
+            assert ty == "F32", (name, ty)
+            expect = o.astype(np.float64)
+        assert np.array_equal(val, expect), f"round trip differs for {name} ({ty})"
+    with torch.no_grad():
+        for k, (v, _) in sd.items():
+            assert params[k].dtype == torch.float64, (k, params[k].dtype)
+            params[k].copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    return n_f16
 
 
 def recompile(fn, replacements, globs, counter, key):

@@ -63,7 +63,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hf_convert import convert, read_gguf, recompile  # noqa: E402  (beside this script)
+from hf_convert import convert, load_and_check, read_gguf, recompile  # noqa: E402
 from hf_dump import max_rel_diff  # noqa: E402
 
 DEFAULT_LLAMA_CPP = "/work/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"
@@ -211,31 +211,6 @@ def gguf_to_hf(cfg, t):
     used = {s for _, srcs in sd.values() for s in srcs} | {"rope_freqs.weight"}
     assert used == set(t), f"GGUF tensors not used: {sorted(set(t) - used)}; missing: {sorted(used - set(t))}"
     return sd
-
-
-def load_and_check(model, sd, orig, types, torch):
-    params = dict(model.named_parameters())
-    params.update({n: b for n, b in model.named_buffers() if n.endswith("layer_scalar")})
-    assert set(params) == set(sd), sorted(set(params) ^ set(sd))
-    n_f16 = 0
-    for name, (val, srcs) in sd.items():
-        ts = {types[s] for s in srcs}
-        assert len(ts) == 1, (name, ts)
-        ty = ts.pop()
-        o = orig[name]
-        assert val.shape == o.shape, (name, val.shape, o.shape)
-        if ty == "F16":
-            expect = o.astype(np.float16).astype(np.float64)
-            n_f16 += 1
-        else:
-            assert ty == "F32", (name, ty)
-            expect = o.astype(np.float64)
-        assert np.array_equal(val, expect), f"round trip differs for {name} ({ty})"
-    with torch.no_grad():
-        for k, (v, _) in sd.items():
-            assert params[k].dtype == torch.float64, (k, params[k].dtype)
-            params[k].copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    return n_f16
 
 
 # ---------------------------------------------------------------- float64
@@ -452,7 +427,7 @@ def main():
     assert reader.fields["general.architecture"].contents() == "gemma4"
     sd = gguf_to_hf(config, t)
     model = model.double()
-    n_f16 = load_and_check(model, sd, orig, types, torch)
+    n_f16 = load_and_check(model, sd, orig, types, torch, buffers=("layer_scalar",))
 
     f64 = Float64(mod, model, torch)
     with f64 as patched:

@@ -83,7 +83,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hf_convert import convert, read_gguf, recompile, write_tokenizer  # noqa: E402  (beside this script)
+from hf_convert import convert, load_and_check, read_gguf, recompile, write_tokenizer  # noqa: E402
 from hf_dump import max_rel_diff  # noqa: E402
 DEFAULT_LLAMA_CPP = "/work/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
@@ -250,31 +250,6 @@ def gguf_to_hf(arch, cfg, t):
     used = {s for _, srcs in sd.values() for s in srcs}
     assert used == set(t), f"GGUF tensors not used: {sorted(set(t) - used)}; missing: {sorted(used - set(t))}"
     return sd
-
-
-def load_and_check(model, sd, orig, types, torch):
-    params = dict(model.named_parameters())
-    params.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
-    assert set(params) == set(sd), sorted(set(params) ^ set(sd))
-    n_f16 = 0
-    for name, (val, srcs) in sd.items():
-        ts = {types[s] for s in srcs}
-        assert len(ts) == 1, (name, ts)
-        ty = ts.pop()
-        o = orig[name]
-        assert val.shape == o.shape, (name, val.shape, o.shape)
-        if ty == "F16":
-            expect = o.astype(np.float16).astype(np.float64)
-            n_f16 += 1
-        else:
-            assert ty == "F32", (name, ty)
-            expect = o.astype(np.float64)
-        assert np.array_equal(val, expect), f"round trip differs for {name} ({ty})"
-    with torch.no_grad():
-        for k, (v, _) in sd.items():
-            assert params[k].dtype == torch.float64, (k, params[k].dtype)
-            params[k].copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    return n_f16
 
 
 # ---------------------------------------------------------------- float64 patches
@@ -511,7 +486,7 @@ def make_one(arch, out_dir, lcpp, keep_hf, torch, transformers, gguf, qwen3moe_r
     assert reader.fields["general.architecture"].contents() == spec["gguf_arch"]
     sd = gguf_to_hf(arch, config, t)
     model = model.double()
-    n_f16 = load_and_check(model, sd, orig, types, torch)
+    n_f16 = load_and_check(model, sd, orig, types, torch, buffers=("e_score_correction_bias",))
 
     counter = {}
     with float64_patches(mod, arch, model, counter, torch, rope_utils) as patched:
