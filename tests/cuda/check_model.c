@@ -98,6 +98,11 @@ void check_model(void **state) {
         snprintf(hy, sizeof(hy), "%s/%s/tiny-f16.gguf", data ? data : "tests/data", hybrids[i]);
         placement_matrix_run(hy, &gpu_tol);
     }
+    /* gemma4: its layers on the CPU (no GPU attention for it yet), its experts in VRAM on the
+     * real grouped kernels (GELU-tanh gating, the fused gate_up's views) */
+    char g4[512];
+    snprintf(g4, sizeof(g4), "%s/hf_gemma4/tiny-f16.gguf", data ? data : "tests/data");
+    placement_matrix_run_cpu(g4, &gpu_tol);
 
     /* -ngl all with an f16 KV cache */
     tm_model *m;
