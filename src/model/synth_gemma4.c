@@ -5,9 +5,9 @@
  *
  * Healthy here: the embeddings are scaled by sqrt(n_embd) in the forward, so
  * they are made 1/sqrt(n_embd) (their bias channel too: rmsnorm(x) of the
- * channel is still SYNTH_BIAS_BETA); the router reads rmsnorm(x) * scale *
- * n_embd^-0.5, so its scale is sqrt(n_embd) (the router then ranks as the
- * other families', skew included); every block's output is normed before the
+ * channel is still SYNTH_BIAS_BETA, and --skew works); the router reads
+ * rmsnorm(x) * scale * n_embd^-0.5, so its scale is sqrt(n_embd) (its logits,
+ * and so the weights' spread, as the other families'); every block's output is normed before the
  * residual adds it, so post_attention_norm and post_ffw_norm are the other
  * families' per-dimension output scales (SYNTH_ATTN_OUT_STD, SYNTH_FFN_OUT_STD);
  * the QK norms are head_dim^-0.25, so q·k (scale 1) is of unit size. */

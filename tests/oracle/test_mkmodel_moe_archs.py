@@ -371,6 +371,31 @@ def gemma4_preset():
           "types, keys; the engine runs it")
 
 
+def gemma4_skew():
+    """--skew on gemma4: its router reads rmsnorm(x) x scale x n_embd^-0.5 and every block's
+    output is post-normed, so the preset's scales (synth_gemma4.c) must keep the skew's bias
+    channel: the 4 most used of 16 experts take most slots with --skew 2 in every layer, about
+    a quarter without."""
+    toks = ",".join(str(t) for t in np.random.default_rng(1).integers(0, 288, 200))
+    shares = {}
+    for sk in ("0", "2"):
+        path, _ = mk(f"gemma4_skew{sk}", "--preset", "tiny-gemma-4", "--n-embd", "256", "--n-expert", "16",
+                     "--n-ff-exp", "64", "--skew", sk)
+        out = os.path.join(TMP, f"fd_gemma4_skew{sk}.gguf")
+        r = subprocess.run([os.path.join(TOOLS, "forward_dump"), path, "--tokens", toks, "--prompt", "200",
+                            "-o", out], capture_output=True, text=True)
+        check(r.returncode == 0, f"gemma4 --skew {sk}: forward_dump: {r.stderr[-400:]}")
+        if r.returncode:
+            return
+        d, _ = ref.read_dump(out)
+        shares[sk] = [np.sort(np.bincount(np.asarray(d[f"blk.{l}.topk_ids"]).reshape(-1), minlength=16))[::-1][:4]
+                      .sum() / (200 * 2) for l in range(5)]
+    check(max(shares["0"]) < 0.45 and min(shares["2"]) > 0.6,
+          f"gemma4: the top 4 experts' share of the slots per layer: --skew 0 {shares['0']}, --skew 2 {shares['2']}")
+    print(f"  tiny-gemma-4 --skew 2: the top 4 of 16 experts take {min(shares['2']):.2f}-{max(shares['2']):.2f} "
+          f"of a layer's slots ({min(shares['0']):.2f}-{max(shares['0']):.2f} without)")
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     for preset in TINY:
@@ -388,6 +413,7 @@ def main():
         for preset, w in ds_configs().items():
             ds_preset(preset, w)
     gemma4_preset()
+    gemma4_skew()
     _, r = mk("gemma4_locality", "--preset", "tiny-gemma-4", "--n-embd", "256", "--locality", "0.5", expect=2)
     check("not gemma4's yet" in r.stderr, f"--locality on gemma4: {r.stderr}")
     _, r = mk("glm_locality", "--preset", "tiny-glm4moe", "--locality", "0.5", expect=2)
