@@ -1,14 +1,18 @@
-/* AMX-INT8 kernels for q8_0, q4_0, mxfp4, q4_K and q5_K weights with many
- * tokens (n_tok >= 16); q6_K (sub-blocks of 16) stays on AVX-512.
+/* AMX-INT8 kernels for q8_0, q4_0, mxfp4, q4_K and q5_K weights, and the
+ * low-bit types with 8-bit activations (cpu_gemm_amx_lowbit.c unpacks them),
+ * with many tokens (n_tok >= 16); q6_K stays on AVX-512.
  *
  * C (16 tokens x 16 weight rows, s32) = A (16 tokens x 32 s8 activations, read
  * straight from the q8_0/q8_K rows with the row stride) . B (the same 32
  * values of 16 weight rows, repacked to the VNNI layout B[k/4][row][4]) via
  * TDPBSSD, one tile product per 32 values because every 32 values carry their
- * own scales. Each C is then scaled in float and added to 16 zmm accumulators:
+ * own scales (per 16 values, half tiles, for the low-bit types whose scales
+ * cover 16: q2_K, q3_K, iq2_xs, iq2_s, iq1_m). Each C is then scaled in float
+ * and added to 16 zmm accumulators:
  *   q8_0/q4_0/mxfp4: acc += C * d_w[row] * d_x[tok]  (q4_0 as q-8, mxfp4 as
  *                    its doubled e2m1 values, scale e8m0/2)
  *   q4_K/q5_K: acc += C * (d sc_j)[row] * d_x[tok] - (dmin m_j)[row] * bsum_j[tok] * d_x[tok]
+ *   low-bit:   the same with sv, mv of cpu_amx_lowbit_unpack (bsum: q8_0's sum of qs)
  * Weights are unpacked and repacked once per 16-row tile and reused by every
  * 16-token tile. Tokens past the last full tile (expert runs of a prompt are
  * ~32 tokens, so this is a large share) are copied into one zero-padded tile
@@ -86,7 +90,7 @@ static void *amx_grow(void *p, size_t bytes) {
 
 static int amx_reserve(int64_t k, int64_t n16, size_t pad_bytes) {
     amx_scratch *s = &amx_tls;
-    size_t ns = (size_t)(k / 32);
+    size_t ns = (size_t)(k / 32), nsub = (size_t)(k / 16);
     if (!s->cap_w && !s->cap_x) {
         pthread_once(&amx_key_once, amx_key_create);
         pthread_setspecific(amx_key, s);
@@ -94,15 +98,15 @@ static int amx_reserve(int64_t k, int64_t n16, size_t pad_bytes) {
     if ((size_t)k > s->cap_w) {
         s->tmp = amx_grow(s->tmp, 16 * (size_t)k);
         s->b = amx_grow(s->b, AMX_SLOTS * ns * 512);
-        s->sv = amx_grow(s->sv, AMX_SLOTS * ns * 16 * sizeof(float));
-        s->mv = amx_grow(s->mv, AMX_SLOTS * ns * 16 * sizeof(float));
+        s->sv = amx_grow(s->sv, AMX_SLOTS * nsub * 16 * sizeof(float));
+        s->mv = amx_grow(s->mv, AMX_SLOTS * nsub * 16 * sizeof(float));
         if (!s->tmp || !s->b || !s->sv || !s->mv) {
             s->cap_w = 0;
             return -1;
         }
         s->cap_w = (size_t)k;
     }
-    size_t nx = ns * (size_t)n16;
+    size_t nx = nsub * (size_t)n16;
     if (nx > s->cap_x) {
         s->dxs = amx_grow(s->dxs, nx * sizeof(float));
         s->bsdx = amx_grow(s->bsdx, nx * sizeof(float));
@@ -138,27 +142,28 @@ TM_AMX void cpu_amx_configure(const uint8_t rows[8], const uint16_t colsb[8]) {
 }
 
 /* Two sets of tiles, for two sub-blocks in flight: C (16 tokens x 16 rows of
- * s32), A (16 tokens x 32 s8), B (8 groups of 4 values x 16 rows). */
-static void amx_configure(void) {
-    static const uint8_t rows[8] = {16, 16, 8, 16, 16, 8};
-    static const uint16_t colsb[8] = {64, 32, 64, 64, 32, 64};
+ * s32), A (16 tokens x width s8), B (width / 4 groups of 4 values x 16 rows). */
+static void amx_configure(int width) {
+    const uint8_t g = (uint8_t)(width / 4);
+    const uint8_t rows[8] = {16, 16, g, 16, 16, g};
+    const uint16_t colsb[8] = {64, (uint16_t)width, 64, 64, (uint16_t)width, 64};
     cpu_amx_configure(rows, colsb);
 }
 
-/* Blocks of 32 with one scale and q8_0 activations, then K-quants with q8_K. */
-enum { AMX_Q8_0, AMX_Q4_0, AMX_MXFP4, AMX_Q4_K, AMX_Q5_K };
-#define AMX_IS_K(kind) ((kind) >= AMX_Q4_K)
+/* Blocks of 32 with one scale and q8_0 activations, K-quants with q8_K, then
+ * the low-bit types (either activation type). */
+enum { AMX_Q8_0, AMX_Q4_0, AMX_MXFP4, AMX_Q4_K, AMX_Q5_K, AMX_LB };
 
 /* Unpack rows r..r+nr-1 into tmp (16 x k s8, natural order; missing rows zero),
  * their per-sub-block factors into sv/mv, then transpose into B tiles. */
-TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t wrb, int64_t r,
-                                    int nr, int slot) {
+TM_AMX static void amx_pack_weights(int kind, tm_type type, int64_t k, const char *w, size_t wrb,
+                                    int64_t r, int nr, int slot) {
     amx_scratch *s = &amx_tls;
-    const int64_t ns = k / 32;
-    float *sv = s->sv + (size_t)slot * (size_t)ns * 16,
-          *mv = s->mv + (size_t)slot * (size_t)ns * 16;
-    memset(sv, 0, (size_t)ns * 16 * sizeof(float));
-    memset(mv, 0, (size_t)ns * 16 * sizeof(float));
+    const int64_t ns = k / 32, nsub = k / 16; /* nsub: the factors' slot stride */
+    float *sv = s->sv + (size_t)slot * (size_t)nsub * 16,
+          *mv = s->mv + (size_t)slot * (size_t)nsub * 16;
+    memset(sv, 0, (size_t)nsub * 16 * sizeof(float));
+    memset(mv, 0, (size_t)nsub * 16 * sizeof(float));
     for (int n = 0; n < 16; n++) {
         uint8_t *dst = s->tmp + (size_t)n * (size_t)k;
         if (n >= nr) {
@@ -166,7 +171,9 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
             continue;
         }
         const char *row = w + (size_t)(r + n) * wrb;
-        if (kind == AMX_Q8_0) {
+        if (kind == AMX_LB) {
+            cpu_amx_lowbit_unpack(type, k, row, dst, sv + n, mv + n);
+        } else if (kind == AMX_Q8_0) {
             const tm_block_q8_0 *blk = (const tm_block_q8_0 *)row;
             for (int64_t b = 0; b < ns; b++) {
                 _mm256_storeu_si256((__m256i *)(dst + 32 * b),
@@ -269,16 +276,17 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
 }
 
 /* C tile = A (16 tokens' values of sub-block q) . B (16 rows' values), stored
- * to buf (tile numbers must be literals). */
+ * to buf (tile numbers must be literals). A width-16 sub-block's B is half of
+ * its 32 values' packed tile. */
 #define AMX_PRODUCT(C, A, B, q, buf)                                                               \
     do {                                                                                           \
-        const char *abase_ = !AMX_IS_K(kind) ? xa + (q) * (int64_t)sizeof(tm_block_q8_0) +         \
-                                                   offsetof(tm_block_q8_0, qs)                     \
-                                             : xa + ((q) / 8) * (int64_t)sizeof(tm_block_q8_k) +   \
-                                                   offsetof(tm_block_q8_k, qs) + 32 * ((q) % 8);   \
+        const char *abase_ =                                                                       \
+            !xk ? xa + (q) * (int64_t)sizeof(tm_block_q8_0) + offsetof(tm_block_q8_0, qs)          \
+                : xa + ((q) / spb) * (int64_t)sizeof(tm_block_q8_k) +                              \
+                      offsetof(tm_block_q8_k, qs) + width * ((q) % spb);                           \
         _tile_zero(C);                                                                             \
         _tile_loadd(A, abase_, xstride);                                                           \
-        _tile_loadd(B, bs + (q)*512, 64);                                                          \
+        _tile_loadd(B, bs + (q)*16 * width, 64);                                                   \
         _tile_dpbssd(C, A, B);                                                                     \
         _tile_stored(C, buf, 64);                                                                  \
     } while (0)
@@ -288,7 +296,7 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
     do {                                                                                           \
         const __m512 sv_ = _mm512_load_ps(svs + (q)*16);                                           \
         const float *dx_ = s->dxs + t * ns + (q);                                                  \
-        if (!AMX_IS_K(kind)) {                                                                     \
+        if (!has_min) {                                                                            \
             for (int m = 0; m < 16; m++)                                                           \
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((buf) + 16 * m)),    \
                                          _mm512_mul_ps(sv_, _mm512_set1_ps(dx_[m * ns])), acc[m]); \
@@ -306,7 +314,13 @@ TM_AMX static void amx_pack_weights(int kind, int64_t k, const char *w, size_t w
 TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb,
                             int64_t r0, int64_t r1, const void *xqv, size_t xrb, int64_t n_tok,
                             float *y, int64_t ldy) {
-    const int64_t n16 = n_tok & ~(int64_t)15, ns = k / 32, tail = n_tok - n16;
+    /* values a sub-block (one tile product and scaling each), sub-blocks an
+     * activation block of q8_K, q8_K activations, a min term */
+    const int width = kind == AMX_LB ? cpu_amx_lowbit_width(type) : 32, spb = TM_QK_K / width;
+    const int xk = cpu_act_type(type) == TM_TYPE_Q8_K;
+    const int has_min =
+        kind == AMX_Q4_K || kind == AMX_Q5_K || (kind == AMX_LB && cpu_amx_lowbit_has_min(type));
+    const int64_t n16 = n_tok & ~(int64_t)15, ns = k / width, tail = n_tok - n16;
     /* tokens through AMX: the full tiles, and the leftover ones padded to a tile */
     const int64_t n_amx = tail >= amx_pad_min() ? n16 + 16 : n16;
     const size_t act_bytes = cpu_act_row_size(type, k);
@@ -327,22 +341,31 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
         const char *xr =
             t < n16 ? xq + (size_t)t * xrb : (const char *)s->xpad + (size_t)(t - n16) * act_bytes;
         for (int64_t q = 0; q < ns; q++) {
-            if (!AMX_IS_K(kind)) {
-                s->dxs[t * ns + q] = _cvtsh_ss(((const tm_block_q8_0 *)xr)[q].d);
+            if (!xk) {
+                const tm_block_q8_0 *xb = (const tm_block_q8_0 *)xr + q;
+                s->dxs[t * ns + q] = _cvtsh_ss(xb->d);
+                if (has_min) { /* q4_1/q5_1: the block's sum of activations */
+                    int sum = 0;
+                    for (int i = 0; i < 32; i++) sum += xb->qs[i];
+                    s->bsdx[t * ns + q] = (float)sum * s->dxs[t * ns + q];
+                }
             } else {
-                const tm_block_q8_k *xb = (const tm_block_q8_k *)xr + q / 8;
-                int j = (int)(q % 8);
+                const tm_block_q8_k *xb = (const tm_block_q8_k *)xr + q / spb;
+                const int j = (int)(q % spb) * width / 16; /* first bsum of the sub-block */
                 s->dxs[t * ns + q] = xb->d;
-                s->bsdx[t * ns + q] = (float)(xb->bsums[2 * j] + xb->bsums[2 * j + 1]) * xb->d;
+                if (has_min)
+                    s->bsdx[t * ns + q] =
+                        (float)(width == 16 ? xb->bsums[j] : xb->bsums[j] + xb->bsums[j + 1]) *
+                        xb->d;
             }
         }
     }
-    amx_configure();
+    amx_configure(width);
     _Alignas(64) int32_t cbuf[512];
     for (int64_t rg = r0; rg < r1; rg += 16 * AMX_SLOTS) {
         int n_slots = 0;
         for (int64_t r = rg; r < r1 && n_slots < AMX_SLOTS; r += 16, n_slots++)
-            amx_pack_weights(kind, k, w, wrb, r, (int)(r1 - r < 16 ? r1 - r : 16), n_slots);
+            amx_pack_weights(kind, type, k, w, wrb, r, (int)(r1 - r < 16 ? r1 - r : 16), n_slots);
         __asm__ volatile("" ::: "memory"); /* tileloadd's asm does not say it reads memory */
         for (int64_t ts = 0; ts < n_amx * n_slots;
              ts += 16) { /* token tiles outer, row tiles inner */
@@ -351,9 +374,9 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
             const int64_t r = rg + 16 * slot;
             const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
             const __mmask16 mask = (__mmask16)((1u << nr) - 1);
-            const uint8_t *bs = s->b + (size_t)slot * (size_t)ns * 512;
-            const float *svs = s->sv + (size_t)slot * (size_t)ns * 16,
-                        *mvs = s->mv + (size_t)slot * (size_t)ns * 16;
+            const uint8_t *bs = s->b + (size_t)slot * (size_t)(k / 32) * 512;
+            const float *svs = s->sv + (size_t)slot * (size_t)(k / 16) * 16,
+                        *mvs = s->mv + (size_t)slot * (size_t)(k / 16) * 16;
             __m512 acc[16];
             for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
             const char *xa = t < n16 ? xq + (size_t)t * xrb : (const char *)s->xpad;
@@ -389,10 +412,33 @@ AMX_ENTRY(q4_0, AMX_Q4_0, TM_TYPE_Q4_0)
 AMX_ENTRY(mxfp4, AMX_MXFP4, TM_TYPE_MXFP4)
 AMX_ENTRY(q4_k, AMX_Q4_K, TM_TYPE_Q4_K)
 AMX_ENTRY(q5_k, AMX_Q5_K, TM_TYPE_Q5_K)
+#define AMX_LB_TYPES(X)                                                                            \
+    X(q2k, TM_TYPE_Q2_K)                                                                           \
+    X(q3k, TM_TYPE_Q3_K)                                                                           \
+    X(iq4xs, TM_TYPE_IQ4_XS)                                                                       \
+    X(tq10, TM_TYPE_TQ1_0)                                                                         \
+    X(tq20, TM_TYPE_TQ2_0)                                                                         \
+    X(q41, TM_TYPE_Q4_1)                                                                           \
+    X(q50, TM_TYPE_Q5_0)                                                                           \
+    X(q51, TM_TYPE_Q5_1)                                                                           \
+    X(iq4nl, TM_TYPE_IQ4_NL)                                                                       \
+    X(iq2xxs, TM_TYPE_IQ2_XXS)                                                                     \
+    X(iq2xs, TM_TYPE_IQ2_XS)                                                                       \
+    X(iq2s, TM_TYPE_IQ2_S)                                                                         \
+    X(iq3xxs, TM_TYPE_IQ3_XXS)                                                                     \
+    X(iq3s, TM_TYPE_IQ3_S)                                                                         \
+    X(iq1s, TM_TYPE_IQ1_S)                                                                         \
+    X(iq1m, TM_TYPE_IQ1_M)
+#define AMX_LB_ENTRY(name, type) AMX_ENTRY(name, AMX_LB, type)
+AMX_LB_TYPES(AMX_LB_ENTRY)
+#define AMX_LB_CASE(name, type)                                                                    \
+    case type:                                                                                     \
+        return amx_gemm_##name;
 
 cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
     cpu_gemm_fn bf16 = cpu_gemm_amx_bf16_get(wtype);
     if (bf16) return bf16;
+    if (wtype == TM_TYPE_IQ1_S || wtype == TM_TYPE_IQ1_M) cpu_iq1_grid_init();
     switch (wtype) {
     case TM_TYPE_Q8_0:
         return amx_gemm_q8_0;
@@ -404,6 +450,7 @@ cpu_gemm_fn cpu_gemm_amx_get(tm_type wtype) {
         return amx_gemm_q4_k;
     case TM_TYPE_Q5_K:
         return amx_gemm_q5_k;
+        AMX_LB_TYPES(AMX_LB_CASE)
     default:
         return NULL;
     }
