@@ -3,7 +3,9 @@
 # compiles src/cpu/cpu_gemm_avx512.c, cpu_gemm_lowbit_avx512.c, cpu_gemm_iq_avx512.c,
 # cpu_gemm_amx.c and cpu_gemm_amx_bf16.c against scalar
 # emulations of their intrinsics (tests/emu/emu512.h) and compares them with
-# the scalar reference products. Needs a configured build dir (default build;
+# the scalar reference products (the AMX-INT8 kernel's low-bit unpacking,
+# cpu_gemm_amx_lowbit.c, is AVX2 and comes from the library as it is). Needs a
+# configured build dir (default build;
 # a sanitizer build such as build/asan links with its sanitizers). Exits
 # non-zero on any mismatch; also a CTest test (cpu_emu_check).
 #   scripts/cpu_emu_check.sh [BUILD_DIR]

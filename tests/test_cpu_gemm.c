@@ -67,24 +67,6 @@ static tm_half rand_min(tm_rng *r) {
     return quant_f32_to_f16((tm_rng_f32(r) - 0.8f) * 0.1f);
 }
 
-/* Types whose values are d * q - dmin * m (or d * q + m): the byte offsets of
- * their two f16 scales in a block; false for the others. */
-static bool two_scales(tm_type t, size_t *off_d, size_t *off_m) {
-    switch (t) {
-    case TM_TYPE_Q4_K:
-    case TM_TYPE_Q5_K:
-    case TM_TYPE_Q4_1:
-    case TM_TYPE_Q5_1:
-        *off_d = 0, *off_m = 2;
-        return true;
-    case TM_TYPE_Q2_K:
-        *off_d = offsetof(tm_block_q2_k, d), *off_m = offsetof(tm_block_q2_k, dmin);
-        return true;
-    default:
-        return false;
-    }
-}
-
 /* Random activations: normal, with a zero block and an outlier now and then. */
 static void make_x(tm_rng *r, float *x, int64_t k) {
     for (int64_t i = 0; i < k; i++) x[i] = tm_rng_normal(r);
@@ -184,22 +166,7 @@ static void *make_w(tm_rng *r, tm_type t, int64_t rows, int64_t k, int from_floa
 
 /* Magnitudes M_i of row `w` (see the top comment). */
 static void magnitudes(tm_type t, const void *w, int64_t k, float *m) {
-    size_t rb = quant_row_size(t, k);
-    assert_int_equal(quant_row_dequantize(t, w, m, k), TM_OK);
-    for (int64_t i = 0; i < k; i++) m[i] = fabsf(m[i]);
-    size_t off[2];
-    if (!two_scales(t, &off[0], &off[1])) return;
-    uint8_t *c = malloc(rb);
-    float *part = malloc(sizeof(float) * (size_t)k);
-    size_t bs = quant_type_traits(t)->type_size;
-    for (int pass = 0; pass < 2; pass++) { /* pass 0: dmin = 0; pass 1: d = 0 */
-        memcpy(c, w, rb);
-        for (size_t b = 0; b < rb / bs; b++) memset(c + b * bs + off[!pass], 0, 2);
-        assert_int_equal(quant_row_dequantize(t, c, part, k), TM_OK);
-        for (int64_t i = 0; i < k; i++) m[i] = pass ? m[i] + fabsf(part[i]) : fabsf(part[i]);
-    }
-    free(c);
-    free(part);
+    assert_int_equal(quant_test_magnitudes(t, w, k, m), TM_OK);
 }
 
 /* ---- activations ---- */
@@ -614,8 +581,9 @@ static void test_matmul_multi(void **s) {
 static int same_kernel(tm_cpu_level level, tm_type t, int64_t n) {
     if (level <= TM_CPU_AVX2) return 1;
     if (n == 1) return 0;
-    const int amx_type = t == TM_TYPE_Q4_K || t == TM_TYPE_Q5_K || t == TM_TYPE_Q8_0 ||
-                         t == TM_TYPE_Q4_0 || t == TM_TYPE_MXFP4;
+    /* every type with 8-bit activations but q6_K has an AMX-INT8 kernel */
+    const int amx_type = t != TM_TYPE_Q6_K && t != TM_TYPE_F32 && t != TM_TYPE_F16 &&
+                         t != TM_TYPE_BF16;
     return level < TM_CPU_AMX || !amx_type || n >= 16;
 }
 

@@ -1,7 +1,11 @@
 /* Emulated AVX-512 and AMX kernels (tests/emu/emu512.h) against the scalar
  * reference products on random weights; built and run by
  * scripts/cpu_emu_check.sh. Prints the worst error per type; fails above
- * 1e-4 of the largest output (float summation order only). */
+ * 1e-4 of the largest output (float summation order only), the AMX-INT8
+ * kernels above test_cpu_gemm's bound (a): their block sums are exact
+ * integers, so with n = k/16 partial sums and S = sum_i M_i |xq_i| (M_i the
+ * magnitude of weight i's parts) |y - y_ref| <= 2 (n + 24) u S. Every type
+ * that has an AMX-INT8 kernel must be reached here (amx_types). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +31,25 @@ static double bf16_bound(tm_type t, const uint8_t *w, size_t wrb, const uint8_t 
     free(xd);
     return (0x1p-8 + 0x1p-18 + 2.0 * (k + 24) / 16777216.0) * s * 1.01 + 1e-30;
 }
+/* test_cpu_gemm's bound (a) of every output: 2 (k/16 + 24) u S, into bnd[tok * ldy + row]. */
+static void int8_bounds(tm_type t, const uint8_t *w, size_t wrb, const uint8_t *xq, size_t xrb,
+                        int64_t k, int64_t r0, int64_t r1, int64_t nt, int64_t ldy, double *bnd) {
+    float *m = malloc(sizeof(float) * k * (r1 - r0)), *xd = malloc(sizeof(float) * k * nt);
+    for (int64_t row = r0; row < r1; row++)
+        if (quant_test_magnitudes(t, w + wrb * row, k, m + (row - r0) * k) != TM_OK) abort();
+    for (int64_t j = 0; j < nt; j++)
+        if (quant_row_dequantize(cpu_act_type(t), xq + xrb * j, xd + j * k, k) != TM_OK) abort();
+    for (int64_t j = 0; j < nt; j++)
+        for (int64_t row = r0; row < r1; row++) {
+            double s = 0;
+            for (int64_t i = 0; i < k; i++)
+                s += (double)m[(row - r0) * k + i] * fabs(xd[j * k + i]);
+            bnd[j * ldy + row] = 2.0 * ((double)k / 16 + 24) / 16777216.0 * s + 1e-30;
+        }
+    free(m);
+    free(xd);
+}
+
 static void fixscales(tm_type t, uint8_t *w, size_t bytes, tm_rng *r) {
     size_t bs = quant_type_traits(t)->type_size;
     for (size_t b = 0; b < bytes / bs; b++) {
@@ -81,6 +104,19 @@ int main(void) {
     int64_t ks[] = {32, 96, 256, 768, 2816};
     int64_t toks[] = {1, 3, 7, 16, 33, 50, 150}; /* 150: two token blocks of the bf16 kernel */
     int bad = 0;
+    /* the types with an AMX-INT8 kernel: a getter that loses one fails here */
+    const tm_type amx_types[] = {TM_TYPE_Q4_K,   TM_TYPE_Q5_K,    TM_TYPE_Q8_0,    TM_TYPE_Q4_0,
+                                 TM_TYPE_MXFP4,  TM_TYPE_Q4_1,    TM_TYPE_Q5_0,    TM_TYPE_Q5_1,
+                                 TM_TYPE_IQ4_NL, TM_TYPE_Q2_K,    TM_TYPE_Q3_K,    TM_TYPE_IQ4_XS,
+                                 TM_TYPE_TQ1_0,  TM_TYPE_TQ2_0,   TM_TYPE_IQ2_XXS, TM_TYPE_IQ2_XS,
+                                 TM_TYPE_IQ2_S,  TM_TYPE_IQ3_XXS, TM_TYPE_IQ3_S,   TM_TYPE_IQ1_S,
+                                 TM_TYPE_IQ1_M};
+    for (size_t i = 0; i < sizeof amx_types / sizeof *amx_types; i++)
+        if (!emu_amx_get(amx_types[i])) {
+            printf("FAIL %s: no AMX-INT8 kernel\n", quant_type_name(amx_types[i]));
+            bad++;
+        }
+    double worst_int8 = 0;
     for (int ti = 0; ti < n_types; ti++)
         for (int ki = 0; ki < 5; ki++)
             for (int nti = 0; nti < 7; nti++) {
@@ -105,12 +141,25 @@ int main(void) {
                 f(k, w, wrb, r0, r1, xq, xrb, nt, y1, ldy);
                 cpu_gemm_fn g = emu_amx_get(t);
                 if (g) g(k, w, wrb, r0, r1, xq, xrb, nt, y2, ldy);
-                double m1 = 0, m2 = 0, ymax = 0;
+                double m1 = 0, m2 = 0, ymax = 0, m2b = 0;
+                int fail2 = 0;
                 for (int64_t i = 0; i < ldy * nt; i++) {
                     ymax = fmax(ymax, fabs(y0[i]));
                     m1 = fmax(m1, fabs(y1[i] - y0[i]));
                     if (g) m2 = fmax(m2, fabs(y2[i] - y0[i]));
                 }
+                if (g) { /* every output of the AMX-INT8 kernel within its bound */
+                    double *bnd = malloc(sizeof(double) * ldy * nt);
+                    int8_bounds(t, w, wrb, xq, xrb, k, r0, r1, nt, ldy, bnd);
+                    for (int64_t j = 0; j < nt; j++)
+                        for (int64_t row = r0; row < r1; row++) {
+                            const double e = fabs((double)y2[j * ldy + row] - y0[j * ldy + row]);
+                            m2b = fmax(m2b, e / bnd[j * ldy + row]);
+                            fail2 |= !(e <= bnd[j * ldy + row]);
+                        }
+                    free(bnd);
+                }
+                worst_int8 = fmax(worst_int8, m2b);
                 /* the AMX kernels are batch-invariant: a token's outputs are the same bits
                  * in a call without the first 5 tokens (other tiles, full or zero-padded),
                  * wherever both calls take it through AMX (not a single leftover token) */
@@ -151,12 +200,12 @@ int main(void) {
                         }
                     free(y3);
                 }
-                int fail = m1 > 1e-4 * ymax || m2 > 1e-4 * ymax || fail3;
+                int fail = m1 > 1e-4 * ymax || m2 > 1e-4 * ymax || fail2 || fail3;
                 if (fail || (ki == 4 && nti == 5) || m3 >= 0)
                     printf("%s %-5s k=%lld nt=%lld: ymax %.4g avx512 err %.3g amx err %.3g"
-                           " amx-bf16 err/bound %.3g\n",
+                           " (err/bound %.3g) amx-bf16 err/bound %.3g\n",
                            fail ? "FAIL" : "ok  ", quant_type_name(t), (long long)k, (long long)nt,
-                           ymax, m1, g ? m2 : -1.0, m3);
+                           ymax, m1, g ? m2 : -1.0, g ? m2b : -1.0, m3);
                 bad += fail;
                 free(w);
                 free(x);
@@ -165,6 +214,6 @@ int main(void) {
                 free(y1);
                 free(y2);
             }
-    printf("%d failures\n", bad);
+    printf("AMX-INT8 worst err/bound %.3g\n%d failures\n", worst_int8, bad);
     return bad != 0;
 }
