@@ -582,8 +582,8 @@ static int same_kernel(tm_cpu_level level, tm_type t, int64_t n) {
     if (level <= TM_CPU_AVX2) return 1;
     if (n == 1) return 0;
     /* every type with 8-bit activations but q6_K has an AMX-INT8 kernel */
-    const int amx_type = t != TM_TYPE_Q6_K && t != TM_TYPE_F32 && t != TM_TYPE_F16 &&
-                         t != TM_TYPE_BF16;
+    const int amx_type =
+        t != TM_TYPE_Q6_K && t != TM_TYPE_F32 && t != TM_TYPE_F16 && t != TM_TYPE_BF16;
     return level < TM_CPU_AMX || !amx_type || n >= 16;
 }
 
