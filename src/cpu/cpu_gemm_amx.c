@@ -20,6 +20,7 @@
  * one more token costs the AVX-512 kernel, which gets a single leftover token.
  * Scratch lives in per-thread buffers that grow as needed. */
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_gemm_iq.h" /* IQ_TYPES: the grid i-quants */
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
@@ -422,13 +423,7 @@ AMX_ENTRY(q5_k, AMX_Q5_K, TM_TYPE_Q5_K)
     X(q50, TM_TYPE_Q5_0)                                                                           \
     X(q51, TM_TYPE_Q5_1)                                                                           \
     X(iq4nl, TM_TYPE_IQ4_NL)                                                                       \
-    X(iq2xxs, TM_TYPE_IQ2_XXS)                                                                     \
-    X(iq2xs, TM_TYPE_IQ2_XS)                                                                       \
-    X(iq2s, TM_TYPE_IQ2_S)                                                                         \
-    X(iq3xxs, TM_TYPE_IQ3_XXS)                                                                     \
-    X(iq3s, TM_TYPE_IQ3_S)                                                                         \
-    X(iq1s, TM_TYPE_IQ1_S)                                                                         \
-    X(iq1m, TM_TYPE_IQ1_M)
+    IQ_TYPES(X)
 #define AMX_LB_ENTRY(name, type) AMX_ENTRY(name, AMX_LB, type)
 AMX_LB_TYPES(AMX_LB_ENTRY)
 #define AMX_LB_CASE(name, type)                                                                    \

@@ -136,44 +136,35 @@ bool cpu_amx_lowbit_has_min(tm_type t) {
     return t == TM_TYPE_Q2_K || t == TM_TYPE_Q4_1 || t == TM_TYPE_Q5_1;
 }
 
+/* The lb_ kinds of cpu_gemm_lowbit.h by type: 256-value and 32-value blocks. */
+#define AL_LB256(X)                                                                                \
+    X(TM_TYPE_Q2_K, LB_Q2_K)                                                                       \
+    X(TM_TYPE_Q3_K, LB_Q3_K)                                                                       \
+    X(TM_TYPE_IQ4_XS, LB_IQ4_XS) X(TM_TYPE_TQ1_0, LB_TQ1_0) X(TM_TYPE_TQ2_0, LB_TQ2_0)
+#define AL_LB32(X)                                                                                 \
+    X(TM_TYPE_Q4_1, LB_Q4_1)                                                                       \
+    X(TM_TYPE_Q5_0, LB_Q5_0) X(TM_TYPE_Q5_1, LB_Q5_1) X(TM_TYPE_IQ4_NL, LB_IQ4_NL)
+#define AL_CASE256(type, kind)                                                                     \
+    case type:                                                                                     \
+        al_lowbit256(kind, k / TM_QK_K, row, dst, sv, mv);                                         \
+        break;
+#define AL_CASE32(type, kind)                                                                      \
+    case type:                                                                                     \
+        al_lowbit32(kind, k / 32, row, dst, sv, mv);                                               \
+        break;
+#define AL_CASE_IQ(name, type)                                                                     \
+    case type:                                                                                     \
+        al_iq(type, cpu_amx_lowbit_width(type), k / TM_QK_K, row, dst, sv);                        \
+        break;
+
+/* Each case inlines its unpacker with a constant kind, so the kind's branches fold. */
 TM_AVX2 void cpu_amx_lowbit_unpack(tm_type t, int64_t k, const void *rowv, uint8_t *dst, float *sv,
                                    float *mv) {
     const uint8_t *row = rowv;
-    const int64_t nb = k / TM_QK_K, nb32 = k / 32;
     switch (t) {
-    case TM_TYPE_Q2_K:
-        al_lowbit256(LB_Q2_K, nb, row, dst, sv, mv);
-        break;
-    case TM_TYPE_Q3_K:
-        al_lowbit256(LB_Q3_K, nb, row, dst, sv, mv);
-        break;
-    case TM_TYPE_IQ4_XS:
-        al_lowbit256(LB_IQ4_XS, nb, row, dst, sv, mv);
-        break;
-    case TM_TYPE_TQ1_0:
-        al_lowbit256(LB_TQ1_0, nb, row, dst, sv, mv);
-        break;
-    case TM_TYPE_TQ2_0:
-        al_lowbit256(LB_TQ2_0, nb, row, dst, sv, mv);
-        break;
-    case TM_TYPE_Q4_1:
-        al_lowbit32(LB_Q4_1, nb32, row, dst, sv, mv);
-        break;
-    case TM_TYPE_Q5_0:
-        al_lowbit32(LB_Q5_0, nb32, row, dst, sv, mv);
-        break;
-    case TM_TYPE_Q5_1:
-        al_lowbit32(LB_Q5_1, nb32, row, dst, sv, mv);
-        break;
-    case TM_TYPE_IQ4_NL:
-        al_lowbit32(LB_IQ4_NL, nb32, row, dst, sv, mv);
-        break;
-#define AL_IQ_CASE(name, type)                                                                     \
-    case type:                                                                                     \
-        al_iq(type, cpu_amx_lowbit_width(type), nb, row, dst, sv);                                 \
-        break;
-        IQ_TYPES(AL_IQ_CASE)
-#undef AL_IQ_CASE
+        AL_LB256(AL_CASE256)
+        AL_LB32(AL_CASE32)
+        IQ_TYPES(AL_CASE_IQ)
     default:
         break;
     }
