@@ -143,7 +143,8 @@ TM_AMX void cpu_amx_configure(const uint8_t rows[8], const uint16_t colsb[8]) {
 }
 
 /* Two sets of tiles, for two sub-blocks in flight: C (16 tokens x 16 rows of
- * s32), A (16 tokens x width s8), B (width / 4 groups of 4 values x 16 rows). */
+ * s32), A (16 tokens x width s8), B (width / 4 groups of 4 values x 16 rows);
+ * width: the values of one tile product (16, 32 or 64). */
 static void amx_configure(int width) {
     const uint8_t g = (uint8_t)(width / 4);
     const uint8_t rows[8] = {16, 16, g, 16, 16, g};
@@ -277,8 +278,9 @@ TM_AMX static void amx_pack_weights(int kind, tm_type type, int64_t k, const cha
 }
 
 /* C tile = A (16 tokens' values of sub-block q) . B (16 rows' values), stored
- * to buf (tile numbers must be literals). A width-16 sub-block's B is half of
- * its 32 values' packed tile. */
+ * to buf (tile numbers must be literals): np products of tw values. A
+ * width-16 sub-block's B is half of its 32 values' packed tile, a 64-value
+ * product's B two of them (the packed tiles follow each other). */
 #define AMX_PRODUCT(C, A, B, q, buf)                                                               \
     do {                                                                                           \
         const char *abase_ =                                                                       \
@@ -286,9 +288,11 @@ TM_AMX static void amx_pack_weights(int kind, tm_type type, int64_t k, const cha
                 : xa + ((q) / spb) * (int64_t)sizeof(tm_block_q8_k) +                              \
                       offsetof(tm_block_q8_k, qs) + width * ((q) % spb);                           \
         _tile_zero(C);                                                                             \
-        _tile_loadd(A, abase_, xstride);                                                           \
-        _tile_loadd(B, bs + (q)*16 * width, 64);                                                   \
-        _tile_dpbssd(C, A, B);                                                                     \
+        for (int p_ = 0; p_ < np; p_++) {                                                          \
+            _tile_loadd(A, abase_ + tw * p_, xstride);                                             \
+            _tile_loadd(B, bs + ((q)*width + tw * p_) * 16, 64);                                   \
+            _tile_dpbssd(C, A, B);                                                                 \
+        }                                                                                          \
         _tile_stored(C, buf, 64);                                                                  \
     } while (0)
 
@@ -318,6 +322,8 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
     /* values a sub-block (one tile product and scaling each), sub-blocks an
      * activation block of q8_K, q8_K activations, a min term */
     const int width = kind == AMX_LB ? cpu_amx_lowbit_width(type) : 32, spb = TM_QK_K / width;
+    /* values a tile product (at most 64: a tile row), products a sub-block */
+    const int tw = width < 64 ? width : 64, np = width / tw;
     const int xk = cpu_act_type(type) == TM_TYPE_Q8_K;
     const int has_min =
         kind == AMX_Q4_K || kind == AMX_Q5_K || (kind == AMX_LB && cpu_amx_lowbit_has_min(type));
@@ -361,7 +367,7 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
             }
         }
     }
-    amx_configure(width);
+    amx_configure(tw);
     _Alignas(64) int32_t cbuf[512];
     for (int64_t rg = r0; rg < r1; rg += 16 * AMX_SLOTS) {
         int n_slots = 0;

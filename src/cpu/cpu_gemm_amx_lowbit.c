@@ -49,19 +49,30 @@ AL_INLINE void al_lowbit256(int kind, int64_t nb, const uint8_t *row, uint8_t *d
     for (int64_t b = 0; b < nb; b++) {
         lb_row w;
         lb_row_load(kind, row + (size_t)b * bsize, &w);
-        for (int c = 0; c < 8; c++)
-            _mm256_storeu_si256((__m256i *)(dst + 256 * b + 32 * c),
-                                _mm256_sub_epi8(lb_chunk(kind, &w, c), off));
-        if (kind == LB_Q2_K || kind == LB_Q3_K) {
+        for (int c = 0; c < 8; c++) {
+            __m256i v = _mm256_sub_epi8(lb_chunk(kind, &w, c), off);
+            if (kind == LB_Q3_K) { /* -sc_j q: sub-blocks 2c and 2c + 1, in int16 */
+                const __m256i lo =
+                    _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+                                       _mm256_set1_epi16((short)-w.sc[2 * c]));
+                const __m256i hi =
+                    _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+                                       _mm256_set1_epi16((short)-w.sc[2 * c + 1]));
+                v = _mm256_permute4x64_epi64(_mm256_packs_epi16(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+            }
+            _mm256_storeu_si256((__m256i *)(dst + 256 * b + 32 * c), v);
+        }
+        if (kind == LB_Q2_K) {
             int16_t mins[16];
             _mm256_storeu_si256((__m256i *)mins, w.aux);
             for (int j = 0; j < 16; j++) {
                 sv[16 * (16 * b + j)] = w.d * (float)w.sc[j];
-                if (kind == LB_Q2_K) mv[16 * (16 * b + j)] = w.dmin * (float)mins[j];
+                mv[16 * (16 * b + j)] = w.dmin * (float)mins[j];
             }
-        } else {
-            for (int j = 0; j < 8; j++)
-                sv[16 * (8 * b + j)] = kind == LB_IQ4_XS ? w.d * (float)w.sc[j] : w.d;
+        } else if (kind == LB_IQ4_XS) {
+            for (int j = 0; j < 8; j++) sv[16 * (8 * b + j)] = w.d * (float)w.sc[j];
+        } else { /* q3_K (its scales in the values, negated), tq1_0, tq2_0: one scale a block */
+            sv[16 * b] = kind == LB_Q3_K ? -w.d : w.d;
         }
     }
 }
@@ -109,15 +120,16 @@ AL_INLINE void al_iq(tm_type t, int width, int64_t nb, const uint8_t *row, uint8
 
 int cpu_amx_lowbit_width(tm_type t) {
     switch (t) {
-    case TM_TYPE_Q2_K:
     case TM_TYPE_Q3_K:
+    case TM_TYPE_TQ1_0:
+    case TM_TYPE_TQ2_0:
+        return 256;
+    case TM_TYPE_Q2_K:
     case TM_TYPE_IQ2_XS:
     case TM_TYPE_IQ2_S:
     case TM_TYPE_IQ1_M:
         return 16;
     case TM_TYPE_IQ4_XS:
-    case TM_TYPE_TQ1_0:
-    case TM_TYPE_TQ2_0:
     case TM_TYPE_Q4_1:
     case TM_TYPE_Q5_0:
     case TM_TYPE_Q5_1:
