@@ -37,6 +37,7 @@ typedef struct amx_scratch {
     uint8_t *tmp;      /* 16 rows x k unpacked s8 weights */
     uint8_t *b;        /* k/32 B tiles of 512 bytes */
     float *sv, *mv;    /* per sub-block, 16 rows: scale and min factors */
+    int32_t *mp;       /* q2_K: per block, 8 pairs of 16 rows' int16 mins */
     float *dxs, *bsdx; /* per token, per sub-block: d_x and bsum * d_x */
     uint8_t *xpad;     /* the last, partial token tile: 16 activation rows, zeros past the tokens */
     size_t cap_pad;
@@ -74,6 +75,7 @@ static void amx_scratch_free(void *unused) {
     free(s->b);
     free(s->sv);
     free(s->mv);
+    free(s->mp);
     free(s->dxs);
     free(s->bsdx);
     free(s->xpad);
@@ -101,7 +103,8 @@ static int amx_reserve(int64_t k, int64_t n16, size_t pad_bytes) {
         s->b = amx_grow(s->b, AMX_SLOTS * ns * 512);
         s->sv = amx_grow(s->sv, AMX_SLOTS * nsub * 16 * sizeof(float));
         s->mv = amx_grow(s->mv, AMX_SLOTS * nsub * 16 * sizeof(float));
-        if (!s->tmp || !s->b || !s->sv || !s->mv) {
+        s->mp = amx_grow(s->mp, AMX_SLOTS * ((size_t)k / 256 + 1) * 8 * 16 * sizeof(int32_t));
+        if (!s->tmp || !s->b || !s->sv || !s->mv || !s->mp) {
             s->cap_w = 0;
             return -1;
         }
@@ -166,6 +169,8 @@ TM_AMX static void amx_pack_weights(int kind, tm_type type, int64_t k, const cha
           *mv = s->mv + (size_t)slot * (size_t)nsub * 16;
     memset(sv, 0, (size_t)nsub * 16 * sizeof(float));
     memset(mv, 0, (size_t)nsub * 16 * sizeof(float));
+    int32_t *mp = s->mp + (size_t)slot * (size_t)(k / 256 + 1) * 128;
+    if (kind == AMX_LB) memset(mp, 0, (size_t)(k / 256 + 1) * 128 * sizeof(int32_t));
     for (int n = 0; n < 16; n++) {
         uint8_t *dst = s->tmp + (size_t)n * (size_t)k;
         if (n >= nr) {
@@ -174,7 +179,7 @@ TM_AMX static void amx_pack_weights(int kind, tm_type type, int64_t k, const cha
         }
         const char *row = w + (size_t)(r + n) * wrb;
         if (kind == AMX_LB) {
-            cpu_amx_lowbit_unpack(type, k, row, dst, sv + n, mv + n);
+            cpu_amx_lowbit_unpack(type, k, row, dst, sv + n, mv + n, mp + n);
         } else if (kind == AMX_Q8_0) {
             const tm_block_q8_0 *blk = (const tm_block_q8_0 *)row;
             for (int64_t b = 0; b < ns; b++) {
@@ -314,6 +319,24 @@ TM_AMX static void amx_pack_weights(int kind, tm_type type, int64_t k, const cha
                 acc[m] = _mm512_fnmadd_ps(mv_, _mm512_set1_ps(bd_[m * ns]), acc[m]);               \
             }                                                                                      \
         }                                                                                          \
+        if (pair_min) { /* q2_K: acc -= (dmin dx) sum_j m_j bsum_j, 8 int16 pairs a token */       \
+            const __m512 dm_ = _mm512_load_ps(mvs + (q)*16);                                       \
+            __m512i mp_[8];                                                                        \
+            for (int p = 0; p < 8; p++) mp_[p] = _mm512_load_si512(mps + ((q)*8 + p) * 16);        \
+            for (int m = 0; m < 16; m++) {                                                         \
+                const char *bs_ = xa + m * xstride + (q) * (int64_t)sizeof(tm_block_q8_k) +        \
+                                  offsetof(tm_block_q8_k, bsums);                                  \
+                __m512i si_ = _mm512_setzero_si512();                                              \
+                for (int p = 0; p < 8; p++) {                                                      \
+                    int32_t pair_;                                                                 \
+                    memcpy(&pair_, bs_ + 4 * p, 4);                                                \
+                    si_ = _mm512_dpwssd_epi32(si_, mp_[p], _mm512_set1_epi32(pair_));              \
+                }                                                                                  \
+                acc[m] =                                                                           \
+                    _mm512_fnmadd_ps(_mm512_cvtepi32_ps(si_),                                      \
+                                     _mm512_mul_ps(dm_, _mm512_set1_ps(dx_[m * ns])), acc[m]);     \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
 TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, size_t wrb,
@@ -327,6 +350,7 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
     const int xk = cpu_act_type(type) == TM_TYPE_Q8_K;
     const int has_min =
         kind == AMX_Q4_K || kind == AMX_Q5_K || (kind == AMX_LB && cpu_amx_lowbit_has_min(type));
+    const int pair_min = kind == AMX_LB && cpu_amx_lowbit_pair_mins(type);
     const int64_t n16 = n_tok & ~(int64_t)15, ns = k / width, tail = n_tok - n16;
     /* tokens through AMX: the full tiles, and the leftover ones padded to a tile */
     const int64_t n_amx = tail >= amx_pad_min() ? n16 + 16 : n16;
@@ -384,6 +408,7 @@ TM_AMX static void amx_gemm(int kind, tm_type type, int64_t k, const void *wv, s
             const uint8_t *bs = s->b + (size_t)slot * (size_t)(k / 32) * 512;
             const float *svs = s->sv + (size_t)slot * (size_t)(k / 16) * 16,
                         *mvs = s->mv + (size_t)slot * (size_t)(k / 16) * 16;
+            const int32_t *mps = s->mp + (size_t)slot * (size_t)(k / 256 + 1) * 128;
             __m512 acc[16];
             for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
             const char *xa = t < n16 ? xq + (size_t)t * xrb : (const char *)s->xpad;

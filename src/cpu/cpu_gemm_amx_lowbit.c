@@ -41,7 +41,7 @@ AL_INLINE __m256i al_signs(uint32_t m) {
 
 /* q2_K q3_K iq4_xs tq1_0 tq2_0 (256-value blocks). */
 AL_INLINE void al_lowbit256(int kind, int64_t nb, const uint8_t *row, uint8_t *dst, float *sv,
-                            float *mv) {
+                            float *mv, int32_t *mp) {
     const size_t bsize = lb_block_bytes(kind);
     const __m256i off = _mm256_set1_epi8(kind == LB_Q3_K                        ? 4
                                          : kind == LB_TQ1_0 || kind == LB_TQ2_0 ? 1
@@ -51,27 +51,27 @@ AL_INLINE void al_lowbit256(int kind, int64_t nb, const uint8_t *row, uint8_t *d
         lb_row_load(kind, row + (size_t)b * bsize, &w);
         for (int c = 0; c < 8; c++) {
             __m256i v = _mm256_sub_epi8(lb_chunk(kind, &w, c), off);
-            if (kind == LB_Q3_K) { /* -sc_j q: sub-blocks 2c and 2c + 1, in int16 */
+            if (kind == LB_Q3_K || kind == LB_Q2_K) { /* sc_j q (q3_K -sc_j q), in int16 */
+                const int neg = kind == LB_Q3_K ? -1 : 1;
                 const __m256i lo =
                     _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
-                                       _mm256_set1_epi16((short)-w.sc[2 * c]));
+                                       _mm256_set1_epi16((short)(neg * w.sc[2 * c])));
                 const __m256i hi =
                     _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
-                                       _mm256_set1_epi16((short)-w.sc[2 * c + 1]));
+                                       _mm256_set1_epi16((short)(neg * w.sc[2 * c + 1])));
                 v = _mm256_permute4x64_epi64(_mm256_packs_epi16(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
             }
             _mm256_storeu_si256((__m256i *)(dst + 256 * b + 32 * c), v);
         }
-        if (kind == LB_Q2_K) {
-            int16_t mins[16];
-            _mm256_storeu_si256((__m256i *)mins, w.aux);
-            for (int j = 0; j < 16; j++) {
-                sv[16 * (16 * b + j)] = w.d * (float)w.sc[j];
-                mv[16 * (16 * b + j)] = w.dmin * (float)mins[j];
-            }
+        if (kind == LB_Q2_K) { /* the 16 int16 mins as 8 pairs */
+            int32_t pairs[8];
+            _mm256_storeu_si256((__m256i *)pairs, w.aux);
+            for (int p = 0; p < 8; p++) mp[16 * (8 * b + p)] = pairs[p];
+            sv[16 * b] = w.d;
+            mv[16 * b] = w.dmin;
         } else if (kind == LB_IQ4_XS) {
             for (int j = 0; j < 8; j++) sv[16 * (8 * b + j)] = w.d * (float)w.sc[j];
-        } else { /* q3_K (its scales in the values, negated), tq1_0, tq2_0: one scale a block */
+        } else { /* q3_K (its scales in the values, negated), tq1_0, tq2_0: one a block */
             sv[16 * b] = kind == LB_Q3_K ? -w.d : w.d;
         }
     }
@@ -120,11 +120,11 @@ AL_INLINE void al_iq(tm_type t, int width, int64_t nb, const uint8_t *row, uint8
 
 int cpu_amx_lowbit_width(tm_type t) {
     switch (t) {
+    case TM_TYPE_Q2_K:
     case TM_TYPE_Q3_K:
     case TM_TYPE_TQ1_0:
     case TM_TYPE_TQ2_0:
         return 256;
-    case TM_TYPE_Q2_K:
     case TM_TYPE_IQ2_XS:
     case TM_TYPE_IQ2_S:
     case TM_TYPE_IQ1_M:
@@ -145,7 +145,11 @@ int cpu_amx_lowbit_width(tm_type t) {
 }
 
 bool cpu_amx_lowbit_has_min(tm_type t) {
-    return t == TM_TYPE_Q2_K || t == TM_TYPE_Q4_1 || t == TM_TYPE_Q5_1;
+    return t == TM_TYPE_Q4_1 || t == TM_TYPE_Q5_1;
+}
+
+bool cpu_amx_lowbit_pair_mins(tm_type t) {
+    return t == TM_TYPE_Q2_K;
 }
 
 /* The lb_ kinds of cpu_gemm_lowbit.h by type: 256-value and 32-value blocks. */
@@ -158,7 +162,7 @@ bool cpu_amx_lowbit_has_min(tm_type t) {
     X(TM_TYPE_Q5_0, LB_Q5_0) X(TM_TYPE_Q5_1, LB_Q5_1) X(TM_TYPE_IQ4_NL, LB_IQ4_NL)
 #define AL_CASE256(type, kind)                                                                     \
     case type:                                                                                     \
-        al_lowbit256(kind, k / TM_QK_K, row, dst, sv, mv);                                         \
+        al_lowbit256(kind, k / TM_QK_K, row, dst, sv, mv, mp);                                     \
         break;
 #define AL_CASE32(type, kind)                                                                      \
     case type:                                                                                     \
@@ -171,7 +175,7 @@ bool cpu_amx_lowbit_has_min(tm_type t) {
 
 /* Each case inlines its unpacker with a constant kind, so the kind's branches fold. */
 TM_AVX2 void cpu_amx_lowbit_unpack(tm_type t, int64_t k, const void *rowv, uint8_t *dst, float *sv,
-                                   float *mv) {
+                                   float *mv, int32_t *mp) {
     const uint8_t *row = rowv;
     switch (t) {
         AL_LB256(AL_CASE256)
@@ -190,8 +194,12 @@ bool cpu_amx_lowbit_has_min(tm_type t) {
     (void)t;
     return false;
 }
+bool cpu_amx_lowbit_pair_mins(tm_type t) {
+    (void)t;
+    return false;
+}
 void cpu_amx_lowbit_unpack(tm_type t, int64_t k, const void *row, uint8_t *dst, float *sv,
-                           float *mv) {
-    (void)t, (void)k, (void)row, (void)dst, (void)sv, (void)mv;
+                           float *mv, int32_t *mp) {
+    (void)t, (void)k, (void)row, (void)dst, (void)sv, (void)mv, (void)mp;
 }
 #endif

@@ -39,13 +39,17 @@ cpu_gemm_fn cpu_gemm_lowbit_avx512_get(tm_type wtype);
  * and AVX512-BF16, or with TIERMOE_AMX_BF16=0); cpu_gemm_amx_get prefers it. */
 cpu_gemm_fn cpu_gemm_amx_bf16_get(tm_type wtype);
 /* The low-bit types' weights for the AMX-INT8 kernel (cpu_gemm_amx_lowbit.c): the
- * values per sub-block (16 or 32; 0 for a type without an AMX kernel), whether
- * the type has a min, and a row of k weights unpacked to signed int8 in dst
- * with the factors of sub-block s in sv[16 s] and mv[16 s] (mv: types with a min). */
+ * values per sub-block (16, 32 or 256; 0 for a type without an AMX kernel),
+ * whether the type has a min of one factor a sub-block (mv times the sub-block's
+ * activation sum) or, q2_K, one per 16 values (pair_mins), and a row of k
+ * weights unpacked to signed int8 in dst with the factors of sub-block s in
+ * sv[16 s] and mv[16 s] (mv: types with a min; q2_K's dmin), and for q2_K block
+ * b's int16 mins m_2p | m_2p+1 << 16 in mp[16 (8 b + p)]. */
 int cpu_amx_lowbit_width(tm_type t);
 bool cpu_amx_lowbit_has_min(tm_type t);
+bool cpu_amx_lowbit_pair_mins(tm_type t);
 void cpu_amx_lowbit_unpack(tm_type t, int64_t k, const void *row, uint8_t *dst, float *sv,
-                           float *mv);
+                           float *mv, int32_t *mp);
 /* Smallest n_tok for which the AMX kernel is worth its tile setup. */
 int64_t cpu_gemm_amx_min_tokens(void);
 
