@@ -6,13 +6,15 @@
  * straight from the q8_0/q8_K rows with the row stride) . B (the same 32
  * values of 16 weight rows, repacked to the VNNI layout B[k/4][row][4]) via
  * TDPBSSD, one tile product per 32 values because every 32 values carry their
- * own scales (per 16 values, half tiles, for the low-bit types whose scales
- * cover 16: q2_K, q3_K, iq2_xs, iq2_s, iq1_m). Each C is then scaled in float
- * and added to 16 zmm accumulators:
+ * own scales (per 16 values, half tiles, for iq2_xs, iq2_s and iq1_m; 4
+ * products of 64 values into one C for q2_K, q3_K, tq1_0 and tq2_0, whose
+ * values carry their sub-block scales, cpu_gemm_amx_lowbit.c). Each C is then
+ * scaled in float and added to 16 zmm accumulators:
  *   q8_0/q4_0/mxfp4: acc += C * d_w[row] * d_x[tok]  (q4_0 as q-8, mxfp4 as
  *                    its doubled e2m1 values, scale e8m0/2)
  *   q4_K/q5_K: acc += C * (d sc_j)[row] * d_x[tok] - (dmin m_j)[row] * bsum_j[tok] * d_x[tok]
- *   low-bit:   the same with sv, mv of cpu_amx_lowbit_unpack (bsum: q8_0's sum of qs)
+ *   low-bit:   the same with sv, mv of cpu_amx_lowbit_unpack (bsum: q8_0's sum of qs);
+ *              q2_K's mins as dmin[row] d_x[tok] sum_j m_j[row] bsum_j[tok] (vpdpwssd)
  * Weights are unpacked and repacked once per 16-row tile and reused by every
  * 16-token tile. Tokens past the last full tile (expert runs of a prompt are
  * ~32 tokens, so this is a large share) are copied into one zero-padded tile

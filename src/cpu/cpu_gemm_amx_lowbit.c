@@ -1,22 +1,22 @@
 /* The low-bit types' weights for the AMX-INT8 kernel (cpu_gemm_amx.c): a row
  * unpacked to signed int8 values in the activations' order, and per sub-block
- * of 16 or 32 values (cpu_amx_lowbit_width) the float factors sv (the
- * sub-block's scale) and, for types with a min, mv, so that
- *   weight i = sv[sub] * value_i - mv[sub]
+ * of 16, 32 or 256 values (cpu_amx_lowbit_width: one scaling each) the float
+ * factors sv (the sub-block's scale) and, for types with a min, mv, so that
+ *   weight i = sv[sub] * value_i - mv[sub] (q2_K: - mv[sub] * m_j)
  * and the kernel's sub-block sum is C * sv * d_x - mv * bsum * d_x. The values
  * come from the AVX-512/AVX2 kernels' own unpackers (cpu_gemm_lowbit.h,
  * cpu_gemm_iq.h), moved from their unsigned forms to signed ones:
- *   q2_K q (0..3), 16 values a scale d sc_j and min dmin m_j
- *   q3_K q - 4 (-4..3), 16 a scale d sc_j (signed)
+ *   q2_K sc_j q (0..45), a block's scale d, min dmin with the int16 m_j apart
+ *   q3_K -sc_j (q - 4) (-128..124: sc_j (q - 4) reaches 128), scale -d
+ *   tq1_0 / tq2_0 code - 1, scale d (a block)
  *   iq4_xs / iq4_nl the non-linear values, 32 a scale (d sc_j / d)
- *   tq1_0 / tq2_0 code - 1, scale d
  *   q4_1 / q5_1 q (0..15 / 0..31), scale d, min -m (the min adds)
  *   q5_0 q - 16
  *   iq2 / iq3 grid magnitudes with their signs, iq1 8 g + delta (-9..9), and
  *   the scale (c d) (2 s + 1) per 16 values (32 where the format has one
  *   multiplier per 32: iq2_xxs, iq3_xxs, iq3_s, iq1_s).
- * The integer multipliers stay out of the int8 values since value times
- * multiplier overflows int8 for most types (iq3: 62 * 31, q3_K: -32 * -4). */
+ * The other types' integer multipliers stay out of the int8 values, where
+ * value times multiplier would overflow int8 (iq3: 62 * 31, iq4_xs: 127 * 32). */
 #include "cpu/cpu_internal.h"
 
 #if defined(__x86_64__)
