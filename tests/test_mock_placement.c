@@ -288,32 +288,23 @@ static void test_matrix_deepseek2(void **state) {
 
 /* Gemma 4's MoE form (arch gemma4, tests/data/hf_gemma4 written by llama.cpp's converter, and
  * mkmodel's tiny-gemma-4 with 2 of 16 experts and q8_0 matrices): sliding and global layers of
- * their own heads and KV heads, K as V, the dense MLP beside the experts, the router's norm
- * and per-expert scales, the soft-cap; on the CPU's placements (its GPU placements are
- * refused: docs/moe-archs.md), the SSD tier's RAM cache over the fused ffn_gate_up_exps
- * included. */
+ * their own heads and KV heads (a KV cache and a RoPE table each), K as V and the value norm,
+ * the dense MLP beside the experts (GELU-tanh), the router's norm and per-expert scales, the
+ * soft-cap, under every placement: the layers on the GPU too, the fused ffn_gate_up_exps
+ * through every lane of the tier (its two views), the SSD tier's RAM cache included. */
 static void test_matrix_gemma4(void **state) {
     (void)state;
     const char *data = getenv("TM_TEST_DATA");
     char path[512];
     snprintf(path, sizeof(path), "%s/hf_gemma4/tiny-f16.gguf", data ? data : "tests/data");
-    placement_matrix_run_cpu(path, &mock_tol);
-    /* a GPU placement: refused, naming the reason */
-    tm_model *m;
-    if (model_load(path, &m) != TM_OK) fail_msg("%s", tm_error_message());
-    tm_context *c = NULL;
-    const tm_context_params p = {.n_ctx = 64, .n_batch = 8, .n_threads = 2, .n_gpu_layers = 99};
-    if (model_context_create(m, &p, &c) == TM_OK) fail_msg("gemma4: -ngl all was not refused");
-    if (!strstr(tm_error_message(), "gemma4 runs on the CPU only yet"))
-        fail_msg("gemma4 -ngl all: %s", tm_error_message());
-    model_free(m);
+    placement_matrix_run(path, &mock_tol);
     tm_synth_config sc;
     if (synth_config_preset(&sc, "tiny-gemma-4") != TM_OK) fail_msg("%s", tm_error_message());
     sc.n_embd = 256, sc.n_expert = 16, sc.n_expert_used = 2, sc.n_ff_exp = 64, sc.n_ff = 256;
     sc.type_experts = sc.type_attn = sc.type_shexp = TM_TYPE_Q8_0, sc.seed = 11;
     if (pm_model_write_config(path, sizeof(path), "mock_gemma4.gguf", &sc) != TM_OK)
         fail_msg("mkmodel: %s", tm_error_message());
-    placement_matrix_run_cpu(path, &mock_tol);
+    placement_matrix_run(path, &mock_tol);
     remove(path);
 }
 

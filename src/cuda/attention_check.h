@@ -8,7 +8,7 @@
 
 #include "cuda/cuda.h"
 
-#define TM_CUDA_ATTN_MAX_DIM 256 /* head_dim limit: 8 dims per lane of a warp */
+#define TM_CUDA_ATTN_MAX_DIM 512 /* head_dim limit: 16 dims per lane of a warp */
 
 /* The shape both ops take: heads, cache rows and type, a launch's tokens, and
  * a ring's room for the keys the launch's rows see. */

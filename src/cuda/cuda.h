@@ -462,7 +462,7 @@ tm_status cuda_add_rmsnorm(float *x, const float *a, float *h, const float *w, i
  * seq_rows in a ring (a sliding-window layer's cache, reused as keys leave
  * the window). */
 typedef struct tm_cuda_attn_params {
-    int32_t n_head, n_head_kv, head_dim; /* n_head % n_head_kv == 0; head_dim even, <= 256 */
+    int32_t n_head, n_head_kv, head_dim; /* n_head % n_head_kv == 0; head_dim even, <= 512 */
     int64_t n_ctx;                       /* rows of each KV cache */
     int64_t seq_rows;                    /* rows of one sequence (0: n_ctx) */
     /* The sequences' rows are rings: position p at row p % seq_rows of its sequence's.
@@ -504,12 +504,16 @@ typedef struct tm_cuda_attn_params {
      * sinks. */
     bool latent;
     int32_t v_dim;
+    /* Each value head rmsnorm'ed without a gain (rms_eps) before it is stored (Gemma 4's
+     * v_norm; as exec's CPU side). */
+    bool v_norm;
 } tm_cuda_attn_params;
 
 /* For every token t and head: q[t][h] = rope_neox(rmsnorm(q[t][h]) * q_norm, pos)
  * in place (q: [n_tok][n_head*head_dim]); k row likewise with k_norm, then
  * stored at k_cache row pos (converted to kv_type); v [n_tok][n_head_kv*head_dim]
- * stored at v_cache row pos. q_norm / k_norm: head_dim f32 (NULL: no norm).
+ * stored at v_cache row pos (each head normed first when v_norm). v may be k (K as V:
+ * Gemma 4's global layers; k is read, never written, so its value is k as given). q_norm / k_norm: head_dim f32 (NULL: no norm).
  * RoPE angles as cpu_rope_table (theta_i = pos * base^(-2i/d) in double; with
  * n_rot < head_dim: of the first n_rot values, d = n_rot). */
 tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, const float *k, const float *v,
@@ -637,6 +641,14 @@ tm_status cuda_gate_mul(float *y, const float *g, int64_t n, tm_cuda_stream stre
  * shared expert's add; s: [n_rows]). */
 tm_status cuda_gate_add(float *x, float *y, const float *s, int64_t n_rows, int64_t n,
                         tm_cuda_stream stream);
+
+/* ---- ew.cu: element-wise ops of the dense layers (Gemma 4's) ---- */
+/* x[i] *= s for i < n. */
+tm_status cuda_scale(float *x, float s, int64_t n, tm_cuda_stream stream);
+/* x[i] = cap tanh(x[i] / cap) for i < n (cap > 0: a final logit soft-cap). */
+tm_status cuda_softcap(float *x, float cap, int64_t n, tm_cuda_stream stream);
+/* y[i] = gelu_tanh(g[i]) u[i] for i < n, as cpu_geglu (y may alias g or u). */
+tm_status cuda_geglu(float *y, const float *g, const float *u, int64_t n, tm_cuda_stream stream);
 
 /* ---- gemm.cu: prompt-size products on tensor cores ----
  * Quantized and 16-bit weights are dequantized to f16 (in row chunks) and

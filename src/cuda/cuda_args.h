@@ -485,6 +485,14 @@ static inline tm_status cuda_gate_args_check(const char *op, int64_t n) {
     return TM_OK;
 }
 
+/* cuda_scale, cuda_softcap (cap > 0) and cuda_geglu (op): n values. */
+static inline tm_status cuda_ew_args_check(const char *op, int64_t n, float cap) {
+    if (n < 0 || !(cap > 0.0f))
+        return tm_error_set(TM_ERR_ARG, "%s: n = %lld, cap %g (want n >= 0, cap > 0)", op,
+                            (long long)n, (double)cap);
+    return TM_OK;
+}
+
 static inline tm_status cuda_gate_add_args_check(int64_t n_rows, int64_t n) {
     if (n_rows < 0 || n < 1)
         return tm_error_set(TM_ERR_ARG, "cuda_gate_add: n_rows %lld of n %lld (want n >= 1)",

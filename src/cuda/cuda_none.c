@@ -345,6 +345,18 @@ tm_status cuda_swiglu(float *y, const float *g, const float *u, int64_t n, tm_cu
     (void)y, (void)g, (void)u, (void)n, (void)stream;
     return NONE;
 }
+tm_status cuda_scale(float *x, float s, int64_t n, tm_cuda_stream stream) {
+    (void)x, (void)s, (void)n, (void)stream;
+    return NONE;
+}
+tm_status cuda_softcap(float *x, float cap, int64_t n, tm_cuda_stream stream) {
+    (void)x, (void)cap, (void)n, (void)stream;
+    return NONE;
+}
+tm_status cuda_geglu(float *y, const float *g, const float *u, int64_t n, tm_cuda_stream stream) {
+    (void)y, (void)g, (void)u, (void)n, (void)stream;
+    return NONE;
+}
 tm_status cuda_gate_mul(float *y, const float *g, int64_t n, tm_cuda_stream stream) {
     (void)y, (void)g, (void)n, (void)stream;
     return NONE;

@@ -85,7 +85,8 @@ void exec_free(tm_exec *e) {
             if (e->layer_dev[l] == TM_DEV_CPU)
                 free(e->k_cache[l]), free(e->v_cache[l]); /* v NULL when latent */
     free(e->k_cache), free(e->v_cache), free(e->layer_dev);
-    free(e->window), free(e->kv_rows), free(e->kv_bytes), free(e->layer_shape);
+    free(e->window), free(e->kv_rows), free(e->kv_bytes), free(e->layer_shape),
+        free(e->layer_rope_dev);
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
     free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_seq);
@@ -204,7 +205,8 @@ tm_status exec_attention_setup_layers(tm_exec *e, uint32_t n_layer, const uint8_
         if (s->n_head_kv > max.n_head_kv) max.n_head_kv = s->n_head_kv;
         if (s->head_dim > max.head_dim) max.head_dim = s->head_dim;
     }
-    if (!(e->layer_shape = malloc((n_layer ? n_layer : 1) * sizeof(*e->layer_shape))))
+    if (!(e->layer_shape = malloc((n_layer ? n_layer : 1) * sizeof(*e->layer_shape))) ||
+        !(e->layer_rope_dev = calloc(n_layer ? n_layer : 1, sizeof(*e->layer_rope_dev))))
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     memcpy(e->layer_shape, shapes, n_layer * sizeof(*shapes));
     return attention_setup(e, n_layer, layer_dev, &max, shapes, window);
@@ -771,12 +773,6 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                             layer, (long long)a->n_head, (long long)a->n_head_kv,
                             (long long)a->head_dim, (long long)ls->n_head, (long long)ls->n_head_kv,
                             (long long)ls->head_dim);
-    if (d == TM_DEV_GPU && (ls || a->v_norm || a->v_is_k))
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "exec_attention: layer %u on the GPU: a shape a layer, a value norm "
-                            "or a value that is the key (Gemma 4's attention) run on the CPU "
-                            "only yet (place the layer on the CPU)",
-                            layer);
     if (a->v_norm && a->head_dim > EXEC_MAX_HEAD_DIM)
         return tm_error_set(TM_ERR_ARG,
                             "exec_attention: layer %u: a value norm of %lld values "
@@ -814,7 +810,10 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                           e->k_cache[layer],
                           e->v_cache[layer],
                           e->kv_rows[layer],
-                          exec_kv_ring(e, layer) != 0};
+                          exec_kv_ring(e, layer) != 0,
+                          d != TM_DEV_GPU ? NULL
+                          : ls            ? e->layer_rope_dev[layer]
+                                          : e->rope_freq_dev};
     if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d),
                                           v ? exec_at(v, d) : NULL, exec_at(out, d), e->n_tok)))
         return st;

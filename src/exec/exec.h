@@ -333,14 +333,14 @@ tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s);
 /* x += y, value by value (an unweighted residual add: GLM-4.5's shared expert). */
 tm_status exec_add(tm_exec *e, tm_act *x, tm_act *y);
 
-/* ---- element-wise ops on the CPU only (exec_ew.c: no GPU kernel yet; an input on the
- * GPU comes to the host, and the step runs eagerly) ---- */
+/* ---- element-wise ops (exec_ew.c): each runs where its input is (the GPU's kernels,
+ * src/cuda/ew.cu, when it is on the GPU; else the CPU) ---- */
 
 /* x *= s, value by value. */
 tm_status exec_scale(tm_exec *e, tm_act *x, float s);
 /* x = cap tanh(x / cap) for rows [0, n_rows) (a final logit soft-cap: Gemma's). */
 tm_status exec_softcap(tm_exec *e, tm_act *x, int64_t n_rows, float cap);
-/* y = gelu_tanh(g) * u (cpu_geglu; y may be g). */
+/* y = gelu_tanh(g) * u (cpu_geglu; y may be g or u). */
 tm_status exec_geglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u);
 
 /* The part of the architecture the next ops belong to (--profile). */

@@ -133,13 +133,14 @@ static tm_cuda_attn_params gpu_attn_params(const tm_exec *e, const exec_attn *at
                                  .scale = a->scale,
                                  .rms_eps = a->rms_eps,
                                  .rope_base = a->rope_base,
-                                 .rope_freq = a->rope_freq ? e->rope_freq_dev : NULL,
+                                 .rope_freq = a->rope_freq ? at->rope_freq : NULL,
                                  .rope_mscale = a->rope_mscale,
                                  .window = a->window,
                                  .sinks = at->sinks,
                                  .precise = e->gpu_attn_f32,
                                  .n_rot = (int32_t)a->n_rot,
-                                 .rope_interleaved = a->rope_interleaved};
+                                 .rope_interleaved = a->rope_interleaved,
+                                 .v_norm = a->v_norm};
 }
 
 /* Scratch of the tensor-core products: the largest need of any GPU matrix. */
@@ -188,6 +189,18 @@ static void gpu_q8x_setup(tm_exec *e) {
     e->gpu_q8x_k = most;
 }
 
+/* The first GPU layer with layer l's RoPE table (the same table and length: one
+ * device copy for them), l itself when none before it; n_layer without a table. */
+static uint32_t layer_rope_first(const tm_exec *e, uint32_t l) {
+    const tm_attn_desc *s = &e->layer_shape[l];
+    if (!s->rope_freq) return e->n_layer;
+    for (uint32_t j = 0; j < l; j++)
+        if (e->layer_dev[j] == TM_DEV_GPU && e->layer_shape[j].rope_freq == s->rope_freq &&
+            e->layer_shape[j].head_dim == s->head_dim)
+            return j;
+    return l;
+}
+
 tm_status exec_gpu_finalize(tm_exec *e) {
     const uint64_t t0 = tm_time_ns();
     tm_status st;
@@ -211,14 +224,21 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     /* attention splits the keys of a few tokens over blocks (scratch), not a
      * batch's; rows of several sequences each as many as one token alone */
     size_t attn_floats = 0;
-    tm_cuda_attn_params apr = ap;
-    apr.row_pos = apr.row_seq = (const int32_t *)e; /* any non-NULL: only the plan is asked */
-    for (int64_t n = 1; gpu_attention && n <= TM_CUDA_MMVQ_MAX_TOK + 1; n++) {
-        const int64_t rows = n <= TM_CUDA_MMVQ_MAX_TOK ? n : e->p.n_batch;
-        size_t f = (size_t)cuda_attention_scratch_floats(&ap, rows, e->n_ctx_seq);
-        const size_t fr = (size_t)cuda_attention_scratch_floats(&apr, rows, e->n_ctx_seq);
-        f = fr > f ? fr : f;
-        attn_floats = f > attn_floats ? f : attn_floats;
+    /* with a shape a layer: the most any GPU layer's shape needs */
+    for (uint32_t l = 0; gpu_attention && l < (e->layer_shape ? e->n_layer : 1); l++) {
+        if (e->layer_shape && e->layer_dev[l] != TM_DEV_GPU) continue;
+        const exec_attn ls = {.d = e->layer_shape ? &e->layer_shape[l] : &e->attn_shape,
+                              .seq_rows = e->n_ctx_seq};
+        const tm_cuda_attn_params al = gpu_attn_params(e, &ls);
+        tm_cuda_attn_params apr = al;
+        apr.row_pos = apr.row_seq = (const int32_t *)e; /* any non-NULL: only the plan is asked */
+        for (int64_t n = 1; n <= TM_CUDA_MMVQ_MAX_TOK + 1; n++) {
+            const int64_t rows = n <= TM_CUDA_MMVQ_MAX_TOK ? n : e->p.n_batch;
+            size_t f = (size_t)cuda_attention_scratch_floats(&al, rows, e->n_ctx_seq);
+            const size_t fr = (size_t)cuda_attention_scratch_floats(&apr, rows, e->n_ctx_seq);
+            f = fr > f ? fr : f;
+            attn_floats = f > attn_floats ? f : attn_floats;
+        }
     }
     /* latent attention: the key splits' records of a decode step (a few tokens) */
     tm_cuda_attn_params apl = ap;
@@ -232,12 +252,17 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     /* per-head products: one batched GEMM's scratch, or the precise mode's gathers */
     size_t heads_bytes = (size_t)(e->p.n_batch * e->heads_width) * sizeof(float);
     heads_bytes = e->heads_gemm_bytes > heads_bytes ? e->heads_gemm_bytes : heads_bytes;
+    /* a shape a layer: each GPU layer's RoPE table, one copy a table */
+    size_t layer_rope_bytes = 0;
+    for (uint32_t l = 0; e->layer_shape && l < e->n_layer; l++)
+        if (e->layer_dev[l] == TM_DEV_GPU && layer_rope_first(e, l) == l)
+            layer_rope_bytes += take_size((size_t)(e->layer_shape[l].head_dim / 2) * sizeof(float));
     const size_t n_kv = e->kv_latent ? 1 : 2; /* K and V, or a latent's K */
     gpu_q8x_setup(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
     size_t bytes = take_size(step_bytes) + take_size(e->gpu_scratch_bytes) +
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
-                   take_size(rope_bytes) + take_size(heads_bytes);
+                   take_size(rope_bytes) + take_size(heads_bytes) + layer_rope_bytes;
     for (uint32_t l = 0; l < e->n_layer; l++)
         if (e->layer_dev[l] == TM_DEV_GPU) bytes += n_kv * take_size(e->kv_bytes[l]);
     for (int i = 0; i < e->n_acts; i++)
@@ -255,6 +280,16 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     if (rope_bytes && ((st = gpu_pool_take(pool, rope_bytes, (void **)&e->rope_freq_dev)) ||
                        (st = gpu_upload(e, e->rope_freq_dev, e->rope_freq, rope_bytes))))
         return st;
+    for (uint32_t l = 0; e->layer_shape && l < e->n_layer && st == TM_OK; l++) {
+        const float *tab = e->layer_shape[l].rope_freq;
+        if (e->layer_dev[l] != TM_DEV_GPU || !tab) continue;
+        const uint32_t first = layer_rope_first(e, l);
+        const size_t b = (size_t)(e->layer_shape[l].head_dim / 2) * sizeof(float);
+        if (first < l)
+            e->layer_rope_dev[l] = e->layer_rope_dev[first];
+        else if ((st = gpu_pool_take(pool, b, (void **)&e->layer_rope_dev[l])) == TM_OK)
+            st = gpu_upload(e, e->layer_rope_dev[l], tab, b);
+    }
     for (uint32_t l = 0; l < e->n_layer && st == TM_OK; l++)
         if (e->layer_dev[l] == TM_DEV_GPU &&
             ((st = gpu_pool_take(pool, e->kv_bytes[l], &e->k_cache[l])) == TM_OK) && !e->kv_latent)
@@ -400,8 +435,10 @@ static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
         p.n_ctx = a->seq_rows;
         n_kv_max = e->pos + rows;
     }
+    /* K as V: the value is k as given (the kernel reads k without writing it) */
+    const float *vv = a->d->v_is_k ? k : v;
     tm_status st =
-        cuda_attn_prepare(&p, q, k, v, a->q_norm, a->k_norm, pos, rows, kc, vc, e->stream);
+        cuda_attn_prepare(&p, q, k, vv, a->q_norm, a->k_norm, pos, rows, kc, vc, e->stream);
     if (st == TM_OK)
         st = cuda_attention(&p, q, kc, vc, pos, rows, n_kv_max, out, e->gpu_attn, e->stream);
     return st;

@@ -22,6 +22,7 @@ typedef struct exec_attn {
     void *k_cache, *v_cache;      /* the layer's, on that side */
     int64_t seq_rows;             /* rows of one sequence: sequence s's begin at s seq_rows */
     bool ring;                    /* position p at row p % seq_rows of its sequence's (else p) */
+    const float *rope_freq;       /* the GPU's copy of d->rope_freq (the CPU reads d's) */
 } exec_attn;
 
 /* One side's ops on raw pointers (rows of the step; shapes as the public ops). */
@@ -75,9 +76,12 @@ struct tm_exec {
     /* attention */
     uint32_t n_layer;
     uint8_t *layer_dev;
-    tm_attn_desc attn_shape;   /* its rope_freq points at rope_freq (the executor's copy) */
-    float *rope_freq;          /* [head_dim / 2] of a scaled RoPE, or NULL */
-    float *rope_freq_dev;      /* its device copy (GPU layers) */
+    tm_attn_desc attn_shape; /* its rope_freq points at rope_freq (the executor's copy) */
+    float *rope_freq;        /* [head_dim / 2] of a scaled RoPE, or NULL */
+    float *rope_freq_dev;    /* its device copy (GPU layers) */
+    /* [n_layer] with a shape a layer: the device copy of each GPU layer's RoPE table
+     * (layer_shape[l].rope_freq; layers with one table share its copy), else NULL */
+    float **layer_rope_dev;
     void **k_cache, **v_cache; /* [n_layer], on the layer's side */
     int64_t n_ctx_seq;         /* positions of one sequence: n_ctx / n_seq */
     int64_t *window;           /* [n_layer] sliding windows (0: full attention) */

@@ -37,9 +37,9 @@
  * layer_output_scale [1]; the seven norms [n_embd]; rope_freqs [key_length / 2].
  *
  * Not run (refused by their keys): per-layer input embeddings and layers sharing KV (the
- * small dense E2B / E4B models), a double-wide MLP (an array feed_forward_length). Attention
- * runs on the CPU only (exec_attention_setup_layers): a placement that puts a layer on the
- * GPU is refused at context creation. */
+ * small dense E2B / E4B models), a double-wide MLP (an array feed_forward_length). A layer runs
+ * where the placement puts it (exec_attention_setup_layers: each layer's own heads, KV heads
+ * and RoPE table, on the CPU or the GPU). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,13 +275,6 @@ static tm_status g4_state_create(tm_context *ctx) {
     const tm_model_config *c = &m->cfg;
     const g4_weights *w = m->weights;
     tm_exec *e = ctx->exec;
-    for (uint32_t l = 0; l < c->n_layer; l++)
-        if (ctx->placement.layer_dev[l] != TM_DEV_CPU)
-            return tm_error_set(TM_ERR_UNSUPPORTED,
-                                "%s: gemma4 runs on the CPU only yet (its attention: a head size "
-                                "and KV heads a layer, the value norm and K as V have no GPU "
-                                "kernels), and layer %u was placed on the GPU: use -ngl 0",
-                                m->file->path, l);
     g4_acts *s = calloc(1, sizeof(*s));
     if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
     ctx->state = s;

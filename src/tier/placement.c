@@ -25,11 +25,11 @@
  * may have more. */
 #define MAX_LAYER 1000000
 
-/* --cpu-moe's pattern (llama.cpp's). --n-cpu-moe N stands for N patterns
- * blk\.i\.ffn_(up|down|gate)_(ch|)exps, i < N; for GGUF's names that is this
+/* --cpu-moe's pattern (llama.cpp's; gate_up: the fused experts of Gemma 4's files).
+ * --n-cpu-moe N stands for N patterns blk\.i\.ffn_(up|down|gate|gate_up)_(ch|)exps, i < N; for GGUF's names that is this
  * pattern and a layer below N, which does not compile N patterns (N may be
  * anything the user typed). */
-#define CPU_MOE_PATTERN "\\.ffn_(up|down|gate)_(ch|)exps"
+#define CPU_MOE_PATTERN "\\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
 #define OT_FLAG "-ot"
 

@@ -1,6 +1,6 @@
 /* The attention launchers of the host mock (cuda_mock_ops.c says how a
  * launcher and its closure work): QK-norm, RoPE (of the first n_rot values of
- * a head when n_rot is set) and the KV store, then causal
+ * a head when n_rot is set), the value norm (in double) and the KV store, then causal
  * grouped-query attention on the CPU's reference code (cpu_attention), for one
  * sequence or rows of several (row_pos / row_seq), with a window and sinks,
  * over a row a position or a ring (seq_rows, ring). */
@@ -111,8 +111,17 @@ static bool attn_prepare_run(void *arg, char *err, size_t err_size) {
         for (int64_t h = 0; h < p->n_head_kv; h++) norm_rope_head(krow + h * d, a->k_norm, p, cs);
         const int64_t row = kv0 + (p->ring ? pos % seq_rows : pos);
         cpu_store_kv((char *)a->k_cache + (size_t)(row * kvw) * esz, krow, p->kv_type, kvw);
-        cpu_store_kv((char *)a->v_cache + (size_t)(row * kvw) * esz, a->v + t * kvw, p->kv_type,
-                     kvw);
+        const float *vrow = a->v + t * kvw;
+        if (p->v_norm) { /* each head over its mean square, in double (cuda.h's v_norm) */
+            for (int64_t h = 0; h < p->n_head_kv; h++) {
+                double ss = 0.0;
+                for (int64_t i = 0; i < d; i++) ss += (double)vrow[h * d + i] * vrow[h * d + i];
+                const double r = 1.0 / sqrt(ss / (double)d + (double)p->rms_eps);
+                for (int64_t i = 0; i < d; i++) krow[h * d + i] = (float)(vrow[h * d + i] * r);
+            }
+            vrow = krow; /* k's row is stored already */
+        }
+        cpu_store_kv((char *)a->v_cache + (size_t)(row * kvw) * esz, vrow, p->kv_type, kvw);
     }
     free(cs);
     return true;
