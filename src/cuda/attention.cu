@@ -51,8 +51,11 @@
 #define TM_ATTN_WARPS        4
 #define TM_ATTN_THREADS      (TM_ATTN_WARPS * TM_CUDA_WARP)
 #define TM_ATTN_TK           32                   /* keys per tile: one per lane */
-#define TM_ATTN_MAX_DIM      TM_CUDA_ATTN_MAX_DIM /* 8 dims per lane */
-#define TM_ATTN_NC           (TM_ATTN_MAX_DIM / TM_CUDA_WARP)
+/* dims per lane: NC = 8 up to head_dim 256, 16 up to TM_CUDA_ATTN_MAX_DIM (512: Gemma 4's
+ * global heads), so the smaller heads keep their registers */
+#define TM_ATTN_NC_SMALL     8
+#define TM_ATTN_NC_LARGE     (TM_CUDA_ATTN_MAX_DIM / TM_CUDA_WARP)
+#define TM_ATTN_PREP_MAX     256 /* prepare's threads: head_dim / 2 of the largest head */
 #define TM_ATTN_MAX_SPLITS   256
 #define TM_ATTN_TARGET_BLKS  264 /* about 2 blocks per SM of an H100 (132 SMs) */
 #define TM_ATTN_SMEM_DEFAULT (48 * 1024)
@@ -147,7 +150,7 @@ static __device__ __forceinline__ void tm_attn_load_kv(const tm_attn_args &a, co
     }
 }
 
-template <int RW>
+template <int RW, int TM_ATTN_NC>
 __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a) {
     extern __shared__ float4 tm_attn_smem4[];
     float *sK = (float *)tm_attn_smem4, *sV = sK + TM_ATTN_TK * a.ds,
@@ -293,6 +296,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_kernel(tm_attn_args a
  * a memory latency per split: 21 us a layer at 512 keys on an H200, more
  * than the attention itself). */
 #define TM_ATTN_COMB_U 8
+template <int TM_ATTN_NC>
 __global__ void __launch_bounds__(TM_ATTN_THREADS) tm_attn_combine_kernel(tm_attn_args a) {
     const int lane = threadIdx.x % TM_CUDA_WARP, d = a.d;
     const int64_t row = (int64_t)blockIdx.x * TM_ATTN_WARPS + threadIdx.x / TM_CUDA_WARP;
@@ -388,13 +392,23 @@ static __device__ void tm_attn_prepare_partial(const tm_cuda_attn_params &p, flo
     }
 }
 
+/* Sum of v over the block (blockDim.x threads, whole warps); every thread gets it. */
+static __device__ __forceinline__ float tm_attn_block_sum(float v, float *part) {
+    v = tm_warp_sum(v);
+    if (threadIdx.x % TM_CUDA_WARP == 0) part[threadIdx.x / TM_CUDA_WARP] = v;
+    __syncthreads();
+    float tot = 0.f;
+    for (int j = 0; j < (int)(blockDim.x / TM_CUDA_WARP); j++) tot += part[j];
+    return tot;
+}
+
 /* Thread i < d/2 owns the pair (i, i + d/2) of one head of one token (interleaved
- * RoPE: the pair (2i, 2i + 1)). */
-__global__ void __launch_bounds__(TM_ATTN_THREADS)
+ * RoPE: the pair (2i, 2i + 1)); blockDim.x: 128, or 256 for heads over 256. */
+__global__ void __launch_bounds__(TM_ATTN_PREP_MAX)
     tm_attn_prepare_kernel(tm_cuda_attn_params p, float *q, const float *k, const float *v,
                            const float *q_norm, const float *k_norm, const int32_t *pos0,
                            void *k_cache, void *v_cache) {
-    __shared__ float part[TM_ATTN_WARPS];
+    __shared__ float part[TM_ATTN_PREP_MAX / TM_CUDA_WARP];
     const int64_t t = blockIdx.x;
     const int slot = blockIdx.y, d = p.head_dim, half = d / 2, i = threadIdx.x;
     const int64_t pos = p.row_pos ? (int64_t)p.row_pos[t] : (int64_t)*pos0 + t;
@@ -412,11 +426,18 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
         const int64_t hv = slot - p.n_head - p.n_head_kv;
         const float *src = v + t * kvw + hv * d;
         const int64_t off = kv_row * kvw + hv * d;
-        for (int j = i; j < d; j += TM_ATTN_THREADS) {
+        float r = 1.f; /* the value norm (no gain), as cpu_rmsnorm's */
+        if (p.v_norm) {
+            float ss = 0.f;
+            for (int j = i; j < d; j += blockDim.x) ss += src[j] * src[j];
+            r = 1.0f / sqrtf(tm_attn_block_sum(ss, part) / (float)d + p.rms_eps);
+        }
+        for (int j = i; j < d; j += blockDim.x) {
+            const float x = p.v_norm ? src[j] * r : src[j];
             if (f16)
-                ((__half *)v_cache)[off + j] = __float2half_rn(src[j]);
+                ((__half *)v_cache)[off + j] = __float2half_rn(x);
             else
-                ((float *)v_cache)[off + j] = src[j];
+                ((float *)v_cache)[off + j] = x;
         }
         return;
     }
@@ -428,12 +449,7 @@ __global__ void __launch_bounds__(TM_ATTN_THREADS)
     float x0 = 0.f, x1 = 0.f;
     if (i < half) x0 = src[e0], x1 = src[e1];
     if (w) { /* block-uniform: every thread reaches the barrier */
-        const float ss = tm_warp_sum(x0 * x0 + x1 * x1);
-        if (i % TM_CUDA_WARP == 0) part[i / TM_CUDA_WARP] = ss;
-        __syncthreads();
-        float tot = 0.f;
-#pragma unroll
-        for (int j = 0; j < TM_ATTN_WARPS; j++) tot += part[j];
+        const float tot = tm_attn_block_sum(x0 * x0 + x1 * x1, part);
         const float scale = 1.0f / sqrtf(tot / (float)d + p.rms_eps);
         if (i < half) x0 = x0 * scale * w[e0], x1 = x1 * scale * w[e1];
     }
@@ -481,7 +497,8 @@ extern "C" tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, c
     if (n_tok == 0) return TM_OK;
     if ((st = cuda_attn_prepare_check(p, q, k, v, pos0, k_cache, v_cache))) return st;
     const dim3 grid((unsigned)n_tok, (unsigned)(p->n_head + 2 * p->n_head_kv));
-    tm_attn_prepare_kernel<<<grid, TM_ATTN_THREADS, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0,
+    const int threads = p->head_dim / 2 > TM_ATTN_THREADS ? TM_ATTN_PREP_MAX : TM_ATTN_THREADS;
+    tm_attn_prepare_kernel<<<grid, threads, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0,
                                                                  k_cache, v_cache);
     return tm_cuda_launch_check("cuda_attn_prepare", n_tok, p->n_head, p->head_dim);
 }
@@ -533,15 +550,15 @@ extern "C" int64_t cuda_attention_scratch_floats(const tm_cuda_attn_params *p, i
     return pl.n_split > 1 ? (int64_t)pl.n_split * n_tok * p->n_head * (p->head_dim + 2) : 0;
 }
 
-template <int RW>
+template <int RW, int NC>
 static tm_status tm_attn_launch(const tm_attn_plan &pl, const tm_attn_args &a,
                                 tm_cuda_stream stream) {
     if (pl.smem > TM_ATTN_SMEM_DEFAULT) /* head_dim > ~180: opt in to the larger carve-out */
         TM_CUDA_TRY(cudaFuncSetAttribute(
-            tm_attn_kernel<RW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+            tm_attn_kernel<RW, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
     const int64_t z = a.row_pos ? pl.row_blocks * a.n_tok : pl.row_blocks;
     const dim3 grid((unsigned)pl.n_split, (unsigned)a.n_head_kv, (unsigned)z);
-    tm_attn_kernel<RW><<<grid, TM_ATTN_THREADS, pl.smem, stream>>>(a);
+    tm_attn_kernel<RW, NC><<<grid, TM_ATTN_THREADS, pl.smem, stream>>>(a);
     return TM_OK;
 }
 
@@ -580,15 +597,24 @@ extern "C" tm_status cuda_attention(const tm_cuda_attn_params *p, const float *q
         if ((st = tm_attn_tc_launch(a, stream))) return st;
         return tm_cuda_launch_check("cuda_attention (tensor cores)", n_tok, p->n_head, n_kv_max);
     }
-    st = pl.rw == 1   ? tm_attn_launch<1>(pl, a, stream)
-         : pl.rw == 2 ? tm_attn_launch<2>(pl, a, stream)
-                      : tm_attn_launch<4>(pl, a, stream);
+    const bool large = p->head_dim > TM_ATTN_NC_SMALL * TM_CUDA_WARP;
+    if (large)
+        st = pl.rw == 1   ? tm_attn_launch<1, TM_ATTN_NC_LARGE>(pl, a, stream)
+             : pl.rw == 2 ? tm_attn_launch<2, TM_ATTN_NC_LARGE>(pl, a, stream)
+                          : tm_attn_launch<4, TM_ATTN_NC_LARGE>(pl, a, stream);
+    else
+        st = pl.rw == 1   ? tm_attn_launch<1, TM_ATTN_NC_SMALL>(pl, a, stream)
+             : pl.rw == 2 ? tm_attn_launch<2, TM_ATTN_NC_SMALL>(pl, a, stream)
+                          : tm_attn_launch<4, TM_ATTN_NC_SMALL>(pl, a, stream);
     if (st) return st;
     if ((st = tm_cuda_launch_check("cuda_attention", n_tok, p->n_head, n_kv_max))) return st;
     if (pl.n_split > 1) {
         const int64_t rows = n_tok * p->n_head;
-        tm_attn_combine_kernel<<<(unsigned)((rows + TM_ATTN_WARPS - 1) / TM_ATTN_WARPS),
-                                 TM_ATTN_THREADS, 0, stream>>>(a);
+        const unsigned blocks = (unsigned)((rows + TM_ATTN_WARPS - 1) / TM_ATTN_WARPS);
+        if (large)
+            tm_attn_combine_kernel<TM_ATTN_NC_LARGE><<<blocks, TM_ATTN_THREADS, 0, stream>>>(a);
+        else
+            tm_attn_combine_kernel<TM_ATTN_NC_SMALL><<<blocks, TM_ATTN_THREADS, 0, stream>>>(a);
         return tm_cuda_launch_check("cuda_attention combine", n_tok, p->n_head, pl.n_split);
     }
     return TM_OK;

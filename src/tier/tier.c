@@ -181,10 +181,14 @@ static tm_status tier_pcie_pin(tm_tier *t, const bool *lane) {
         const tier_layer *L = &t->layers[l];
         if (!lane[l]) continue;
         const tm_moe_matrix *m[3] = {&L->host.gate, &L->host.up, &L->host.down};
+        const int64_t rows[3] = {L->host.n_ff, L->host.n_ff, L->host.n_embd};
         for (int p = 0; p < 3; p++) {
+            /* the view's own bytes: a fused gate_up's up view ends with the tensor,
+               not an expert stride past its first row */
             const uintptr_t b = (uintptr_t)m[p]->data;
-            s[n++] = (tier_span){b & ~(page - 1),
-                                 (b + m[p]->expert_stride * t->n_expert + page - 1) & ~(page - 1)};
+            const uintptr_t e = b + m[p]->expert_stride * (t->n_expert - 1) +
+                                (uintptr_t)rows[p] * m[p]->row_bytes;
+            s[n++] = (tier_span){b & ~(page - 1), (e + page - 1) & ~(page - 1)};
         }
     }
     qsort(s, (size_t)n, sizeof(*s), tier_span_cmp);

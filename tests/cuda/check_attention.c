@@ -88,27 +88,30 @@ typedef struct head_cfg {
 } head_cfg;
 
 static const head_cfg k_heads[] = {
-    {32, 4, 128, 1e6f, 0},   /* Qwen3-30B-A3B */
-    {6, 3, 64, 1e4f, 0},     /* odd head count */
-    {4, 4, 80, 1e4f, 0.25f}, /* no grouping, another scale */
-    {2, 1, 6, 1e4f, 0},      /* head_dim % 4 != 0: the scalar tile loads */
-    {8, 2, 256, 1e6f, 0},    /* the largest head: over 48 KiB of shared memory */
-    {64, 8, 64, 1.5e5f, 0},  /* gpt-oss-20b / 120b */
-    {8, 8, 128, 1e6f, 0},    /* no grouping at 128: tensor cores, G = 1 */
-    {16, 4, 64, 1e4f, 0},    /* tensor cores, G = 4 at 64 */
+    {32, 4, 128, 1e6f, 0},    /* Qwen3-30B-A3B */
+    {6, 3, 64, 1e4f, 0},      /* odd head count */
+    {4, 4, 80, 1e4f, 0.25f},  /* no grouping, another scale */
+    {2, 1, 6, 1e4f, 0},       /* head_dim % 4 != 0: the scalar tile loads */
+    {8, 2, 256, 1e6f, 0},     /* the largest head: over 48 KiB of shared memory */
+    {64, 8, 64, 1.5e5f, 0},   /* gpt-oss-20b / 120b */
+    {8, 8, 128, 1e6f, 0},     /* no grouping at 128: tensor cores, G = 1 */
+    {16, 4, 64, 1e4f, 0},     /* tensor cores, G = 4 at 64 */
+    {16, 2, 512, 1e6f, 1.0f}, /* Gemma 4's global heads: 16 dims a lane, scale 1 */
 };
 
 #define ATTN_WINDOW 40
 
 enum {
-    A_CTX = 1,    /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
-    A_NORM = 2,   /* q_norm / k_norm given, else NULL */
-    A_MIS = 4,    /* cache bases 4 bytes off 16-byte alignment: no vector loads */
-    A_WIN = 8,    /* sliding window of ATTN_WINDOW keys */
-    A_SINK = 16,  /* sink logits per head */
-    A_YARN = 32,  /* RoPE from a frequency table, cos/sin times mscale */
-    A_PREC = 64,  /* precise: a prompt stays on the f32 kernel */
-    A_RING = 128, /* n_ctx rows as a ring (with A_WIN); A_CTX: n_kv_max RING_CTX */
+    A_CTX = 1,     /* n_kv_max = n_ctx (a decode graph's launch), else pos0 + n_tok */
+    A_NORM = 2,    /* q_norm / k_norm given, else NULL */
+    A_MIS = 4,     /* cache bases 4 bytes off 16-byte alignment: no vector loads */
+    A_WIN = 8,     /* sliding window of ATTN_WINDOW keys */
+    A_SINK = 16,   /* sink logits per head */
+    A_YARN = 32,   /* RoPE from a frequency table, cos/sin times mscale */
+    A_PREC = 64,   /* precise: a prompt stays on the f32 kernel */
+    A_RING = 128,  /* n_ctx rows as a ring (with A_WIN); A_CTX: n_kv_max RING_CTX */
+    A_VNORM = 256, /* v_norm: each value head normed (no gain) before the store */
+    A_KV = 512,    /* K as V: the value pointer is k's (stored as k was given) */
 };
 
 #define RING_CTX 4096 /* the positions a decode graph's launch with a ring covers */
@@ -188,6 +191,15 @@ static const attn_case k_cases[] = {
     {0, F32, 150, 20, 64, A_WIN | A_NORM | A_RING},
     {2, F16, 90, 7, 50, A_CTX | A_WIN | A_MIS | A_RING},
     {1, F16, 10, 30, 80, A_WIN | A_NORM | A_RING},
+    /* head_dim 512 (the f32 kernel's 16 dims a lane; prepare's 256 threads), the value norm
+     * and K as V (Gemma 4's global layers), its proportional RoPE's table: prompts and
+     * decode (split keys), f16 and f32 caches */
+    {8, F16, 0, 9, 256, A_NORM | A_VNORM | A_KV},
+    {8, F32, 40, 1, 256, A_NORM | A_VNORM | A_KV},
+    {8, F32, 0, 12, 64, A_NORM | A_VNORM | A_KV | A_YARN},
+    {8, F16, 700, 3, 1024, A_CTX | A_NORM | A_VNORM},
+    {8, F16, 0, 100, 1024, A_NORM | A_VNORM | A_KV},
+    {4, F16, 20, 5, 256, A_NORM | A_VNORM}, /* 256 with a value norm */
 };
 
 typedef struct attn_state {
@@ -249,6 +261,7 @@ static void prep_check(attn_state *s, tm_rng *r, int32_t pos, int64_t n, float *
     fill_normal(r, v, nk, 1.0f);
     float *qd = dev_upload(qi, (size_t)nq * 4);
     const float *kd = dev_upload(k, (size_t)nk * 4), *vd = dev_upload(v, (size_t)nk * 4);
+    if (s->c->flags & A_KV) vd = kd, memcpy(v, k, (size_t)nk * 4); /* K as V */
     CHECK(cuda_copy_to_device(g_dev, s->pos_d, &pos, 4));
     CHECK(cuda_attn_prepare(&s->p, qd, kd, vd, s->qw_d, s->kw_d, s->pos_d, n, s->kc_d, s->vc_d,
                             cuda_device_stream(g_dev)));
@@ -290,7 +303,22 @@ static void prep_check(attn_state *s, tm_rng *r, int32_t pos, int64_t n, float *
                     s->worst_prep = fmax(s->worst_prep, err / lim);
             }
         }
-        for (int64_t i = 0; i < kvw; i++) {
+        for (int64_t i = 0; s->p.v_norm && i < kvw; i++) { /* normed: within a bound */
+            const float *vh = v + t * kvw + i / d * d;
+            double ss = 0;
+            for (int64_t j = 0; j < d; j++) ss += (double)vh[j] * vh[j];
+            const double want = v[t * kvw + i] / sqrt(ss / d + (double)s->p.rms_eps);
+            const double got = cache_at(s, s->vc2, row * kvw + i);
+            const double lim =
+                (d + 8) * U32 * fabs(want) + (f16 ? 0x1p-11 * fabs(want) : 0) + 1e-30;
+            if (!(fabs(got - want) <= lim))
+                fail_msg("attn_prepare %s d %lld: normed v cache row %lld [%lld] = %.9g, ref "
+                         "%.9g, tol %.3g",
+                         f16 ? "f16" : "f32", (long long)d, (long long)row, (long long)i, got, want,
+                         lim);
+            s->worst_prep = fmax(s->worst_prep, fabs(got - want) / lim);
+        }
+        for (int64_t i = 0; !s->p.v_norm && i < kvw; i++) {
             const float x = v[t * kvw + i];
             tm_half h;
             memcpy(&h, s->vc2 + (row * kvw + i) * 2, 2);
@@ -443,6 +471,7 @@ static void attn_run_case(tm_rng *r, const attn_case *c, double w[4]) {
     s.p.precise = (c->flags & A_PREC) != 0;
     if (c->flags & A_WIN) s.p.window = ATTN_WINDOW;
     s.p.ring = (c->flags & A_RING) != 0;
+    s.p.v_norm = (c->flags & A_VNORM) != 0;
     if (c->flags & A_SINK) { /* of the scores' size: a real share of the softmax */
         s.sinks = xmalloc((size_t)hc->n_head * 4);
         fill_normal(r, s.sinks, hc->n_head, 2.0f);
@@ -501,7 +530,7 @@ static void attn_bad_args(void) {
         const char *what;
     } bad[] = {
         {5, 128, F16, "n_head % n_head_kv != 0"}, {4, 63, F16, "an odd head_dim"},
-        {4, 258, F16, "head_dim > 256"},          {4, 0, F16, "head_dim 0"},
+        {4, 514, F16, "head_dim > 512"},          {4, 0, F16, "head_dim 0"},
         {4, 128, TM_TYPE_BF16, "a bf16 cache"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
