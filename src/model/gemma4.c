@@ -175,7 +175,11 @@ static tm_status g4_layer_bind(tm_model *m, uint32_t l, g4_layer *L) {
         .gate = {gu->data, gu->type, stride, gu->row_bytes},
         .up = {gu->data + gu->row_bytes * (size_t)F, gu->type, stride, gu->row_bytes},
         .down = {dn->data, dn->type, dn->row_bytes * (size_t)E, dn->row_bytes},
-        /* no prediction from the previous layer's input: this router reads its own norm */
+        /* the prediction of --moe-ahead (and the SSD tier's reads ahead): this router on the
+           previous layer's experts' input, an approximation (the router reads its own norm
+           of x, with the gains of ffn_gate_inp.scale; the ranking ignores its positive
+           n_embd^-0.5) */
+        .router = L->router.type == TM_TYPE_F32 ? (const float *)L->router.data : NULL,
     };
     return TM_OK;
 }
@@ -311,9 +315,8 @@ static tm_status g4_state_create(tm_context *ctx) {
                                 .gate = &L->gate_up_exps,
                                 .up = &L->gate_up_exps,
                                 .down = &L->down_exps,
-                                .expert_scale = &L->expert_scale}; /* no router: the
-                                      prediction of the next layer's experts reads h, this
-                                      router its own norm of x */
+                                .router = &L->router, /* a prediction: see g4_layer_bind */
+                                .expert_scale = &L->expert_scale};
     }
     if (st == TM_OK && (st = exec_attention_setup_layers(e, c->n_layer, ctx->placement.layer_dev,
                                                          shapes, m->window)) == TM_OK)

@@ -186,8 +186,8 @@ static tm_status tier_pcie_pin(tm_tier *t, const bool *lane) {
             /* the view's own bytes: a fused gate_up's up view ends with the tensor,
                not an expert stride past its first row */
             const uintptr_t b = (uintptr_t)m[p]->data;
-            const uintptr_t e = b + m[p]->expert_stride * (t->n_expert - 1) +
-                                (uintptr_t)rows[p] * m[p]->row_bytes;
+            const uintptr_t e =
+                b + m[p]->expert_stride * (t->n_expert - 1) + (uintptr_t)rows[p] * m[p]->row_bytes;
             s[n++] = (tier_span){b & ~(page - 1), (e + page - 1) & ~(page - 1)};
         }
     }
@@ -547,8 +547,8 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             break;
         if (p->cache.learn) /* the CPU lane's share of prompts takes the least used first */
             memcpy(L->seen, p->cache.learn->layers[l].experts, t->n_expert * sizeof(uint64_t));
-        L->expert_bytes = d->experts.gate.expert_stride + d->experts.up.expert_stride +
-                          d->experts.down.expert_stride;
+        L->expert_bytes = tier_slice_bytes(&d->experts, 0) + tier_slice_bytes(&d->experts, 1) +
+                          tier_slice_bytes(&d->experts, 2);
         L->cls = pl->experts_dev[l] == TM_DEV_GPU && t->gpu ? TM_TIER_VRAM : TM_TIER_RAM;
         if (t->gpu && d->router && d->router->type == TM_TYPE_F32) {
             L->router_dev = exec_weight_dev(e, d->router);

@@ -222,8 +222,9 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
         const tm_moe_matrix *m[3] = {&L->host.gate, &L->host.up, &L->host.down};
         tm_cuda_moe_matrix *g[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
         for (int i = 0; i < 3; i++) { /* slot arrays packed, one expert's slice apart */
-            *g[i] = (tm_cuda_moe_matrix){at, m[i]->type, m[i]->expert_stride, m[i]->row_bytes};
-            at += ((size_t)slots * m[i]->expert_stride + 255) & ~(size_t)255;
+            const size_t slice = tier_slice_bytes(&L->host, i);
+            *g[i] = (tm_cuda_moe_matrix){at, m[i]->type, slice, m[i]->row_bytes};
+            at += ((size_t)slots * slice + 255) & ~(size_t)255;
         }
         L->gpu.n_embd = t->n_embd, L->gpu.n_ff = t->n_ff, L->gpu.n_slots = slots;
         L->slot_of = t->slot_maps + (size_t)l * t->n_expert;

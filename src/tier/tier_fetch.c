@@ -296,9 +296,12 @@ static tm_status tier_chunk_copy(tm_tier *t, int64_t j) {
         for (int32_t i = 0; i < c->n && st == TM_OK;) {
             int32_t r = 1;
             while (i + r < c->n && ids[i + r] == ids[i] + r) r++;
+            /* the run's rows: r - 1 strides and the last expert's slice (a fused view's
+               stride spans the other view's rows too, which come along) */
             const size_t stride = m[p]->expert_stride;
             st = cuda_copy_async(buf + off[p] + (size_t)i * stride,
-                                 m[p]->data + (size_t)ids[i] * stride, (size_t)r * stride, t->copy);
+                                 m[p]->data + (size_t)ids[i] * stride,
+                                 (size_t)(r - 1) * stride + tier_slice_bytes(&L->host, p), t->copy);
             i += r;
         }
     return st;
@@ -530,7 +533,7 @@ static tm_status tier_store_chunk(void *ud, const tm_moe_experts *ex, int64_t a,
             TM_ASSERT(n < f->chunk_cap); /* the sink's max_experts */
             for (int p = 0; p < 3 && st == TM_OK; p++)
                 st = cuda_copy_async(buf + off[p] + (size_t)n * m[p]->expert_stride,
-                                     m[p]->expert_at[e], m[p]->expert_stride, t->copy);
+                                     m[p]->expert_at[e], tier_slice_bytes(ex, p), t->copy);
         }
         f->items_host[i] = (tm_cuda_moe_item){n, sl[i].token, sl[i].weight, e};
     }

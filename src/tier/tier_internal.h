@@ -244,6 +244,15 @@ static inline tm_cuda_router_params tier_router_gpu(const tm_tier *t, const tier
                                    .expert_scale = L->expert_scale_dev};
 }
 
+/* Bytes of one expert's slice of matrix p (0 gate, 1 up, 2 down): its rows. Fewer than
+ * its expert stride in a fused gate_up's views (gemma4: an expert's gate rows, then its up
+ * rows): copies read these bytes, never a stride, so the up view's last expert ends with the
+ * tensor. */
+static inline size_t tier_slice_bytes(const tm_moe_experts *ex, int p) {
+    const tm_moe_matrix *m = p == 0 ? &ex->gate : p == 1 ? &ex->up : &ex->down;
+    return (size_t)(p < 2 ? ex->n_ff : ex->n_embd) * m->row_bytes;
+}
+
 /* Whether prompts may copy layer L's experts in RAM into the fetch ring: from
  * the pinned file pages (the PCIe lane's), or from the store's pinned slots. */
 static inline bool tier_ring_layer(const tm_tier *t, const tier_layer *L) {
