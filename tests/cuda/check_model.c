@@ -98,11 +98,21 @@ void check_model(void **state) {
         snprintf(hy, sizeof(hy), "%s/%s/tiny-f16.gguf", data ? data : "tests/data", hybrids[i]);
         placement_matrix_run(hy, &gpu_tol);
     }
-    /* gemma4: its layers on the CPU (no GPU attention for it yet), its experts in VRAM on the
-     * real grouped kernels (GELU-tanh gating, the fused gate_up's views) */
+    /* gemma4 under every placement: attention with a shape a layer (sliding 16 / 2 KV heads,
+     * global 32 / 1 with K as V), the value norm and the proportional RoPE's table in
+     * cuda_attn_prepare, ew.cu's scale / soft-cap / GELU-tanh, its experts on the grouped
+     * kernels (GELU-tanh gating) through the fused gate_up's two views on every lane; then
+     * mkmodel's tiny-gemma-4 (16 experts, q8_0), as test_mock_placement's matrix_gemma4 */
     char g4[512];
     snprintf(g4, sizeof(g4), "%s/hf_gemma4/tiny-f16.gguf", data ? data : "tests/data");
-    placement_matrix_run_cpu(g4, &gpu_tol);
+    placement_matrix_run(g4, &gpu_tol);
+    tm_synth_config sc;
+    CHECK(synth_config_preset(&sc, "tiny-gemma-4"));
+    sc.n_embd = 256, sc.n_expert = 16, sc.n_expert_used = 2, sc.n_ff_exp = 64, sc.n_ff = 256;
+    sc.type_experts = sc.type_attn = sc.type_shexp = TM_TYPE_Q8_0, sc.seed = 11;
+    CHECK(pm_model_write_config(g4, sizeof(g4), "cuda_gemma4.gguf", &sc));
+    placement_matrix_run(g4, &gpu_tol);
+    remove(g4);
 
     /* -ngl all with an f16 KV cache */
     tm_model *m;
