@@ -298,6 +298,30 @@ static void test_matrix_gemma4(void **state) {
     char path[512];
     snprintf(path, sizeof(path), "%s/hf_gemma4/tiny-f16.gguf", data ? data : "tests/data");
     placement_matrix_run(path, &mock_tol);
+    /* --cpu-moe and --n-cpu-moe keep the fused ffn_gate_up_exps in RAM with the rest */
+    tm_model *m;
+    if (model_load(path, &m) != TM_OK) fail_msg("%s", tm_error_message());
+    for (int i = 0; i < 2; i++) {
+        tm_context *c = NULL;
+        const tm_context_params p = {.n_ctx = 64,
+                                     .n_batch = 8,
+                                     .n_threads = 2,
+                                     .n_gpu_layers = 99,
+                                     .cpu_moe = i == 0,
+                                     .n_cpu_moe = i == 0 ? 0 : 99};
+        if (model_context_create(m, &p, &c) != TM_OK) fail_msg("%s", tm_error_message());
+        for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
+            char name[64];
+            snprintf(name, sizeof(name), "blk.%u.ffn_gate_up_exps.weight", l);
+            const int64_t id = gguf_file_find_tensor_index(m->file, name);
+            if (id < 0 || c->placement.tensor_dev[id] != TM_DEV_CPU ||
+                c->placement.layer_dev[l] != TM_DEV_GPU)
+                fail_msg("%s: %s not in RAM beside its layer on the GPU",
+                         i == 0 ? "--cpu-moe" : "--n-cpu-moe 99", name);
+        }
+        model_context_free(c);
+    }
+    model_free(m);
     tm_synth_config sc;
     if (synth_config_preset(&sc, "tiny-gemma-4") != TM_OK) fail_msg("%s", tm_error_message());
     sc.n_embd = 256, sc.n_expert = 16, sc.n_expert_used = 2, sc.n_ff_exp = 64, sc.n_ff = 256;

@@ -217,8 +217,8 @@ static const pm_case pm_cases[] = {
      * projection on the CPU between GPU ops; later layers: attention on the
      * CPU, experts on the GPU */
     {"-ngl 2 -ot mix", 2, false, 0,
-     "blk\\.0\\.ffn_(gate|up|down)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
-     "blk\\.[2-9]\\.ffn_(gate|up|down)_exps=CUDA0",
+     "blk\\.0\\.ffn_(gate|up|down|gate_up)_exps=CPU,blk\\.1\\.attn_output\\.weight=CPU,"
+     "blk\\.[2-9]\\.ffn_(gate|up|down|gate_up)_exps=CUDA0",
      0, 0, 0, NULL, 0, false, 0, 0},
 };
 
