@@ -48,9 +48,9 @@
 #include "cuda/attention.cuh"
 #include "cuda/attention_check.h"
 
-#define TM_ATTN_WARPS        4
-#define TM_ATTN_THREADS      (TM_ATTN_WARPS * TM_CUDA_WARP)
-#define TM_ATTN_TK           32                   /* keys per tile: one per lane */
+#define TM_ATTN_WARPS   4
+#define TM_ATTN_THREADS (TM_ATTN_WARPS * TM_CUDA_WARP)
+#define TM_ATTN_TK      32 /* keys per tile: one per lane */
 /* dims per lane: NC = 8 up to head_dim 256, 16 up to TM_CUDA_ATTN_MAX_DIM (512: Gemma 4's
  * global heads), so the smaller heads keep their registers */
 #define TM_ATTN_NC_SMALL     8
@@ -498,8 +498,8 @@ extern "C" tm_status cuda_attn_prepare(const tm_cuda_attn_params *p, float *q, c
     if ((st = cuda_attn_prepare_check(p, q, k, v, pos0, k_cache, v_cache))) return st;
     const dim3 grid((unsigned)n_tok, (unsigned)(p->n_head + 2 * p->n_head_kv));
     const int threads = p->head_dim / 2 > TM_ATTN_THREADS ? TM_ATTN_PREP_MAX : TM_ATTN_THREADS;
-    tm_attn_prepare_kernel<<<grid, threads, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0,
-                                                                 k_cache, v_cache);
+    tm_attn_prepare_kernel<<<grid, threads, 0, stream>>>(*p, q, k, v, q_norm, k_norm, pos0, k_cache,
+                                                         v_cache);
     return tm_cuda_launch_check("cuda_attn_prepare", n_tok, p->n_head, p->head_dim);
 }
 

@@ -35,6 +35,16 @@ static inline tm_status tm_cuda_launch_check(const char *op, int64_t a, int64_t 
 
 #define TM_CUDA_WARP 32
 
+/* Element-wise ops: grid-stride loops of at most 65536 blocks of 256 threads. */
+static inline unsigned tm_ew_blocks(int64_t n) {
+    const int64_t b = (n + 255) / 256;
+    return (unsigned)(b > 65536 ? 65536 : b);
+}
+
+#define TM_EW_LOOP(i, n)                                                                           \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
+         i += (int64_t)gridDim.x * blockDim.x)
+
 /* An f16 at p as f32; byte loads: scales of odd-sized blocks (q8_0, q6_K, the
  * low-bit types) are at most 2-byte aligned. */
 static __device__ __forceinline__ float tm_ld_f16(const uint8_t *p) {

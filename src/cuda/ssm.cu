@@ -442,16 +442,7 @@ extern "C" tm_status cuda_rmsnorm_gated(float *x, const float *z, const float *w
     return tm_cuda_launch_check("cuda_rmsnorm_gated", n_rows, n_per_row, n);
 }
 
-/* ---- element-wise: grid-stride loops of at most 65536 blocks ---- */
-
-static unsigned tm_ew_blocks(int64_t n) {
-    const int64_t b = (n + 255) / 256;
-    return (unsigned)(b > 65536 ? 65536 : b);
-}
-
-#define TM_EW_LOOP(i, n)                                                                           \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
+/* ---- element-wise: grid-stride loops of at most 65536 blocks (cuda_common.cuh) ---- */
 
 __global__ void tm_unzip_kernel(const float *src, float *a, float *b, int64_t n_tok,
                                 int64_t n_group, int64_t na, int64_t nb) {
