@@ -36,6 +36,7 @@
 #include <cuda_pipeline.h>
 
 #include "cuda/attention.cuh"
+#include "cuda/mma_f16.cuh"
 
 #define TM_ATC_WARPS   4
 #define TM_ATC_THREADS (TM_ATC_WARPS * TM_CUDA_WARP)
@@ -45,35 +46,6 @@
 
 static size_t tm_atc_smem(int d) {
     return (size_t)2 * 2 * TM_ATC_TK * (d + TM_ATC_PAD) * sizeof(__half);
-}
-
-static __device__ __forceinline__ uint32_t tm_atc_pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
-/* d += a·b, one m16n8k16 tile (row-major A, column-major B, f32 C/D). */
-static __device__ __forceinline__ void tm_atc_mma(float (&d)[4], const uint32_t (&a)[4],
-                                                  uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Four 8x8 f16 matrices; lane l gives the address of row l % 8 of matrix l / 8. */
-static __device__ __forceinline__ void tm_atc_ldsm4(uint32_t (&r)[4], const __half *p) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-static __device__ __forceinline__ void tm_atc_ldsm4_t(uint32_t (&r)[4], const __half *p) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
 }
 
 /* Copy keys [base, base + 64) of KV head g into one stage (K then V);
@@ -134,8 +106,8 @@ template <int D> __global__ void __launch_bounds__(TM_ATC_THREADS) tm_atc_kernel
                 const int i = 16 * kk + 8 * h + 2 * tq;
                 const float2 xa = ra < rows ? *(const float2 *)(qa + i) : make_float2(0.f, 0.f);
                 const float2 xb = rb < rows ? *(const float2 *)(qb + i) : make_float2(0.f, 0.f);
-                qf[kk][2 * h] = tm_atc_pack(xa.x, xa.y);
-                qf[kk][2 * h + 1] = tm_atc_pack(xb.x, xb.y);
+                qf[kk][2 * h] = tm_mma_pack(xa.x, xa.y);
+                qf[kk][2 * h + 1] = tm_mma_pack(xb.x, xb.y);
             }
         }
     }
@@ -170,9 +142,9 @@ template <int D> __global__ void __launch_bounds__(TM_ATC_THREADS) tm_atc_kernel
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 uint32_t b[4];
-                tm_atc_ldsm4(b, sk + (8 * j + lane % 8) * S + 16 * kk + 8 * (lane / 8));
-                tm_atc_mma(s[j], qf[kk], b[0], b[1]);
-                tm_atc_mma(s[j], qf[kk + 1], b[2], b[3]);
+                tm_mma_ldsm4(b, sk + (8 * j + lane % 8) * S + 16 * kk + 8 * (lane / 8));
+                tm_mma_16816(s[j], qf[kk], b[0], b[1]);
+                tm_mma_16816(s[j], qf[kk + 1], b[2], b[3]);
             }
         }
 
@@ -194,57 +166,21 @@ template <int D> __global__ void __launch_bounds__(TM_ATC_THREADS) tm_atc_kernel
             }
         }
 
-        /* online softmax: the rows' max over the tile (4 lanes a row) */
-        float mx_a = m_a, mx_b = m_b;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
-            mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
-        }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-        }
-        /* -inf - -inf would be NaN: a row with no key yet has nothing to rescale */
-        const float al_a = m_a == -INFINITY ? 0.f : exp2f(m_a - mx_a);
-        const float al_b = m_b == -INFINITY ? 0.f : exp2f(m_b - mx_b);
-        m_a = mx_a, m_b = mx_b;
-
-        /* P in f16, packed as P·V's A fragments: k-step kk = keys 16kk.. is
-         * n-tiles 2kk (regs 0, 1: rows a, b) and 2kk + 1 (regs 2, 3) */
+        /* online softmax (P in f16 as P·V's A fragments) */
         uint32_t pf[TM_ATC_TK / 16][4];
-        float sa = 0.f, sb = 0.f;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            float p[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float mx = e < 2 ? mx_a : mx_b;
-                p[e] = s[j][e] == -INFINITY ? 0.f : exp2f(s[j][e] - mx);
-            }
-            const __half2 ha = __floats2half2_rn(p[0], p[1]), hb = __floats2half2_rn(p[2], p[3]);
-            const float2 fa = __half22float2(ha), fb = __half22float2(hb);
-            sa += fa.x + fa.y, sb += fb.x + fb.y;
-            pf[j / 2][2 * (j & 1)] = *(const uint32_t *)&ha;
-            pf[j / 2][2 * (j & 1) + 1] = *(const uint32_t *)&hb;
-        }
-        l_a = l_a * al_a + sa, l_b = l_b * al_b + sb;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            o[n][0] *= al_a, o[n][1] *= al_a, o[n][2] *= al_b, o[n][3] *= al_b;
+        tm_mma_softmax_step(s, m_a, m_b, l_a, l_b, pf, o);
 
-            /* O += P·V: ldmatrix.trans of keys 16kk + l % 8 + 8 (l / 8 % 2), dims
+        /* O += P·V: ldmatrix.trans of keys 16kk + l % 8 + 8 (l / 8 % 2), dims
          * 8n + 8 (l / 16): n-tiles n and n + 1 */
 #pragma unroll
         for (int kk = 0; kk < TM_ATC_TK / 16; kk++) {
 #pragma unroll
             for (int n = 0; n < D / 8; n += 2) {
                 uint32_t b[4];
-                tm_atc_ldsm4_t(b, sv + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * S + 8 * n +
+                tm_mma_ldsm4_t(b, sv + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * S + 8 * n +
                                       8 * (lane / 16));
-                tm_atc_mma(o[n], pf[kk], b[0], b[1]);
-                tm_atc_mma(o[n + 1], pf[kk], b[2], b[3]);
+                tm_mma_16816(o[n], pf[kk], b[0], b[1]);
+                tm_mma_16816(o[n + 1], pf[kk], b[2], b[3]);
             }
         }
         __syncthreads(); /* tile it is consumed: the next iteration refills its stage */

@@ -29,6 +29,7 @@
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/mla_tc.cuh"
+#include "cuda/mma_f16.cuh"
 
 #define TM_MTC_D       576 /* key: latent + RoPE */
 #define TM_MTC_L       512 /* value: the latent */
@@ -44,28 +45,6 @@
 static size_t tm_mtc_smem(void) {
     return (size_t)(TM_MTC_ROWS + 2 * TM_MTC_TK) * TM_MTC_S * sizeof(__half) +
            (size_t)TM_MTC_ROWS * TM_MTC_TK * sizeof(float);
-}
-
-static __device__ __forceinline__ void tm_mtc_mma(float (&d)[4], const uint32_t (&a)[4],
-                                                  uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void tm_mtc_ldsm4(uint32_t (&r)[4], const __half *p) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-static __device__ __forceinline__ void tm_mtc_ldsm4_t(uint32_t (&r)[4], const __half *p) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
 }
 
 /* Copy keys [base, base + 64) (cache rows row0 + key) into a stage; keys at or past
@@ -149,15 +128,15 @@ __global__ void __launch_bounds__(TM_MTC_THREADS)
 #pragma unroll 4
         for (int kk = 0; kk < TM_MTC_D / 16; kk += 2) {
             uint32_t a0[4], a1[4];
-            tm_mtc_ldsm4(a0, qw + (lane % 16) * TM_MTC_S + 16 * kk + 8 * (lane / 16));
-            tm_mtc_ldsm4(a1, qw + (lane % 16) * TM_MTC_S + 16 * (kk + 1) + 8 * (lane / 16));
+            tm_mma_ldsm4(a0, qw + (lane % 16) * TM_MTC_S + 16 * kk + 8 * (lane / 16));
+            tm_mma_ldsm4(a1, qw + (lane % 16) * TM_MTC_S + 16 * (kk + 1) + 8 * (lane / 16));
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 uint32_t b[4];
-                tm_mtc_ldsm4(b, sk + (16 * qd + 8 * j + lane % 8) * TM_MTC_S + 16 * kk +
+                tm_mma_ldsm4(b, sk + (16 * qd + 8 * j + lane % 8) * TM_MTC_S + 16 * kk +
                                     8 * (lane / 8));
-                tm_mtc_mma(s[j], a0, b[0], b[1]);
-                tm_mtc_mma(s[j], a1, b[2], b[3]);
+                tm_mma_16816(s[j], a0, b[0], b[1]);
+                tm_mma_16816(s[j], a1, b[2], b[3]);
             }
         }
         /* base-2 scores to the shared tile, -inf past the range */
@@ -179,41 +158,8 @@ __global__ void __launch_bounds__(TM_MTC_THREADS)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 sf[j][e] = ss[(16 * rg + gq + 8 * (e / 2)) * TM_MTC_TK + 8 * j + 2 * tq + (e & 1)];
-        float mx_a = m_a, mx_b = m_b;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            mx_a = fmaxf(mx_a, fmaxf(sf[j][0], sf[j][1]));
-            mx_b = fmaxf(mx_b, fmaxf(sf[j][2], sf[j][3]));
-        }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-        }
-        const float al_a = m_a == -INFINITY ? 0.f : exp2f(m_a - mx_a);
-        const float al_b = m_b == -INFINITY ? 0.f : exp2f(m_b - mx_b);
-        m_a = mx_a, m_b = mx_b;
         uint32_t pf[4][4];
-        float sa = 0.f, sb = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float pv[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float mx = e < 2 ? mx_a : mx_b;
-                pv[e] = sf[j][e] == -INFINITY ? 0.f : exp2f(sf[j][e] - mx);
-            }
-            const __half2 ha = __floats2half2_rn(pv[0], pv[1]),
-                          hb2 = __floats2half2_rn(pv[2], pv[3]);
-            const float2 fa = __half22float2(ha), fb = __half22float2(hb2);
-            sa += fa.x + fa.y, sb += fb.x + fb.y;
-            pf[j / 2][2 * (j & 1)] = *(const uint32_t *)&ha;
-            pf[j / 2][2 * (j & 1) + 1] = *(const uint32_t *)&hb2;
-        }
-        l_a = l_a * al_a + sa, l_b = l_b * al_b + sb;
-#pragma unroll
-        for (int n = 0; n < 16; n++)
-            o[n][0] *= al_a, o[n][1] *= al_a, o[n][2] *= al_b, o[n][3] *= al_b;
+        tm_mma_softmax_step(sf, m_a, m_b, l_a, l_b, pf, o);
         /* O += P·V over dims 128qd ..: ldmatrix.trans of keys 16kk + l % 8 + 8 (l / 8 % 2),
          * dims 8n + 8 (l / 16): n-tiles n and n + 1 */
         const __half *sv = sk + 128 * qd;
@@ -222,10 +168,10 @@ __global__ void __launch_bounds__(TM_MTC_THREADS)
 #pragma unroll
             for (int n = 0; n < 16; n += 2) {
                 uint32_t b[4];
-                tm_mtc_ldsm4_t(b, sv + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * TM_MTC_S +
+                tm_mma_ldsm4_t(b, sv + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * TM_MTC_S +
                                       8 * n + 8 * (lane / 16));
-                tm_mtc_mma(o[n], pf[kk], b[0], b[1]);
-                tm_mtc_mma(o[n + 1], pf[kk], b[2], b[3]);
+                tm_mma_16816(o[n], pf[kk], b[0], b[1]);
+                tm_mma_16816(o[n + 1], pf[kk], b[2], b[3]);
             }
         }
         __syncthreads(); /* the stage and the score tile are the next tile's */
