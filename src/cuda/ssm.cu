@@ -119,6 +119,37 @@ extern "C" tm_status cuda_ssm_conv(const tm_cuda_ssm_rows *rows, float *x, int64
 
 /* ---- the delta rule: a block per (run, value head), a thread per column of S ---- */
 
+/* Where value head h's inputs are (both delta-rule kernels): its key head, the width of
+ * a qkv row, and its b and a in their arrays (grouped: key head h / r holds its r value
+ * heads' b, then their a). */
+struct tm_delta_head {
+    int kh;
+    int64_t row, nba, ib, ia;
+    const float *av;
+    float A, dt;
+};
+
+static __device__ __forceinline__ tm_delta_head tm_delta_head_of(const tm_cuda_delta_params &p,
+                                                                 int h, int kd, const float *b,
+                                                                 const float *a) {
+    const int per_k = p.n_v_head / p.n_k_head;
+    tm_delta_head d;
+    d.kh = p.v_tiled ? h % p.n_k_head : h / per_k;
+    d.row = 2 * (int64_t)p.n_k_head * kd + (int64_t)p.n_v_head * p.v_dim;
+    d.nba = p.ba_grouped ? 2 * (int64_t)p.n_v_head : p.n_v_head;
+    d.ib = p.ba_grouped ? (int64_t)(h / per_k) * 2 * per_k + h % per_k : h;
+    d.ia = p.ba_grouped ? d.ib + per_k : h;
+    d.av = p.ba_grouped ? b : a;
+    d.A = p.A[h], d.dt = p.dt_bias[h];
+    return d;
+}
+
+/* Token t's log decay g = A softplus(a + dt_bias) (the decay is e^g). */
+static __device__ __forceinline__ float tm_delta_log_decay(const tm_delta_head &d, int64_t t) {
+    const float x = d.av[t * d.nba + d.ia] + d.dt;
+    return d.A * (x > 20.0f ? x : log1pf(expf(x)));
+}
+
 template <int KD>
 __global__ void __launch_bounds__(TM_DELTA_THREADS)
     tm_delta_kernel(tm_cuda_delta_params p, tm_cuda_ssm_rows r, const float *__restrict__ qkv,
@@ -130,20 +161,15 @@ __global__ void __launch_bounds__(TM_DELTA_THREADS)
     if (!tm_ssm_run_start(r, t0)) return; /* the whole block */
     const int32_t seq = r.row_seq[t0], p0 = r.row_pos[t0];
     if (p0 < 0 || seq < 0 || seq >= r.n_seq) return;
-    const int per_k = p.n_v_head / p.n_k_head;
-    const int kh = p.v_tiled ? h % p.n_k_head : h / per_k;
-    const int64_t C = 2 * (int64_t)p.n_k_head * KD + (int64_t)p.n_v_head * dv;
-    const int64_t nba = p.ba_grouped ? 2 * (int64_t)p.n_v_head : p.n_v_head;
-    /* grouped: key head h / r holds its r value heads' b, then their a */
-    const int64_t ib = p.ba_grouped ? (int64_t)(h / per_k) * 2 * per_k + h % per_k : h;
-    const int64_t ia = p.ba_grouped ? ib + per_k : h;
-    const float *av = p.ba_grouped ? b : a;
+    const tm_delta_head hd = tm_delta_head_of(p, h, KD, b, a);
+    const int kh = hd.kh;
+    const int64_t C = hd.row;
     const bool col = j < dv;
     float *S = state + ((int64_t)seq * p.n_v_head + h) * KD * dv + j;
     float s[KD];
 #pragma unroll
     for (int i = 0; i < KD; i++) s[i] = col && p0 != 0 ? S[(int64_t)i * dv] : 0.0f;
-    const float A = p.A[h], dt = p.dt_bias[h], qscale = 1.0f / sqrtf((float)KD);
+    const float qscale = 1.0f / sqrtf((float)KD);
 
     for (int64_t t = t0;; t++) {
         const float *q = qkv + t * C + (int64_t)kh * KD, *k = q + (int64_t)p.n_k_head * KD;
@@ -162,8 +188,8 @@ __global__ void __launch_bounds__(TM_DELTA_THREADS)
         const float rq = 1.0f / sqrtf(qq + 1e-6f), rk = 1.0f / sqrtf(kk + 1e-6f);
         for (int i = j; i < KD; i += nthr) sq[i] = sq[i] * rq * qscale, sk[i] *= rk;
         /* the gates: every thread the same, from the same values */
-        const float beta = tm_sigmoid(b[t * nba + ib]), x = av[t * nba + ia] + dt;
-        const float decay = expf(A * (x > 20.0f ? x : log1pf(expf(x))));
+        const float beta = tm_sigmoid(b[t * hd.nba + hd.ib]);
+        const float decay = expf(tm_delta_log_decay(hd, t));
         __syncthreads(); /* sq, sk normalised */
         if (col) {
             float kv = 0.0f;
@@ -216,14 +242,10 @@ __global__ void __launch_bounds__(TM_DCH_THREADS)
     if (!tm_ssm_run_start(r, t0)) return; /* the whole block */
     const int32_t seq = r.row_seq[t0], p0 = r.row_pos[t0];
     if (p0 < 0 || seq < 0 || seq >= r.n_seq) return;
-    const int per_k = p.n_v_head / p.n_k_head;
-    const int kh = p.v_tiled ? h % p.n_k_head : h / per_k;
-    const int64_t Cw = 2 * (int64_t)p.n_k_head * KD + (int64_t)p.n_v_head * dv;
-    const int64_t nba = p.ba_grouped ? 2 * (int64_t)p.n_v_head : p.n_v_head;
-    const int64_t ib = p.ba_grouped ? (int64_t)(h / per_k) * 2 * per_k + h % per_k : h;
-    const int64_t ia = p.ba_grouped ? ib + per_k : h;
-    const float *av = p.ba_grouped ? b : a;
-    const float A = p.A[h], dt = p.dt_bias[h], qscale = 1.0f / sqrtf((float)KD);
+    const tm_delta_head hd = tm_delta_head_of(p, h, KD, b, a);
+    const int kh = hd.kh;
+    const int64_t Cw = hd.row;
+    const float qscale = 1.0f / sqrtf((float)KD);
     float *Sg = state + ((int64_t)seq * p.n_v_head + h) * KD * dv + c0;
     for (int idx = tid; idx < KD * VB; idx += NT) {
         const int i = idx / VB, c = idx % VB;
@@ -253,9 +275,8 @@ __global__ void __launch_bounds__(TM_DCH_THREADS)
             for (int d = lane; d < KD; d += TM_CUDA_WARP)
                 sQ[i * KP + d] *= rq, sK[i * KP + d] *= rk;
             if (lane == 0) {
-                const float x = av[(tc + i) * nba + ia] + dt;
-                sb[i] = tm_sigmoid(b[(tc + i) * nba + ib]);
-                sg[i] = A * (x > 20.0f ? x : log1pf(expf(x)));
+                sb[i] = tm_sigmoid(b[(tc + i) * hd.nba + hd.ib]);
+                sg[i] = tm_delta_log_decay(hd, tc + i);
             }
         }
         __syncthreads();
