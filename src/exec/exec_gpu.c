@@ -386,20 +386,15 @@ static tm_status gpu_attention_latent(tm_exec *e, const exec_attn *a, float *q, 
                                    e->stream);
 }
 
-tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
-                                float *y, int64_t yn, int64_t n_pass) {
+/* exec_gpu_matmul_heads in the precise mode: a product a head in f32 (a batch's rows
+ * gathered into e->gpu_heads and scattered back). */
+static tm_status gpu_matmul_heads_each(tm_exec *e, const tm_weight *w, const uint8_t *base,
+                                       const float *x, int64_t xn, float *y, int64_t yn) {
     const int64_t H = w->ne[2], in = w->ne[0], out = w->ne[1], T = e->n_tok, xs = xn / H,
                   ys = yn / H;
-    const uint8_t *base = exec_weight_dev(e, w);
     float *gx = e->gpu_heads, *gy = e->gpu_heads + T * in; /* a head's rows, its product */
     tm_status st = TM_OK;
-    /* one batched product on tensor cores (f16 inputs); the precise mode keeps a product a
-     * head in f32 (a launch a head: with DeepSeek-V3's 128 heads 256 launches a layer; H200,
-     * 9 layers, -ngl all: tg128 99 t/s against llama.cpp's 280, 2026-11-29) */
-    if (!e->p.precise)
-        st = cuda_gemm_heads(e->blas, w->type, base, w->row_bytes, in, out, H, x, xn, xs, T, y, yn,
-                             ys, e->gpu_heads, e->stream);
-    for (int64_t h = 0; h < H && st == TM_OK && e->p.precise; h++) {
+    for (int64_t h = 0; h < H && st == TM_OK; h++) {
         const exec_matrix m = {base + (size_t)(h * out) * w->row_bytes, w->type, w->row_bytes, in,
                                out};
         if (T == 1) { /* one row: the head's values are contiguous */
@@ -411,6 +406,20 @@ tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, 
             break;
         st = cuda_copy_rows(y + h * ys, yn, gy, out, T, out, e->stream);
     }
+    return st;
+}
+
+tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, int64_t xn,
+                                float *y, int64_t yn, int64_t n_pass) {
+    const int64_t H = w->ne[2], in = w->ne[0], out = w->ne[1], T = e->n_tok, xs = xn / H,
+                  ys = yn / H;
+    const uint8_t *base = exec_weight_dev(e, w);
+    /* one batched product on tensor cores (f16 inputs); the precise mode keeps a product a
+     * head in f32 (a launch a head: with DeepSeek-V3's 128 heads 256 launches a layer; H200,
+     * 9 layers, -ngl all: tg128 99 t/s against llama.cpp's 280, 2026-11-29) */
+    tm_status st = e->p.precise ? gpu_matmul_heads_each(e, w, base, x, xn, y, yn)
+                                : cuda_gemm_heads(e->blas, w->type, base, w->row_bytes, in, out, H,
+                                                  x, xn, xs, T, y, yn, ys, e->gpu_heads, e->stream);
     /* the carried values: row t h of [T H][xs] to [T H][ys] */
     if (st == TM_OK && n_pass)
         st = cuda_copy_rows(y + out, ys, x + in, xs, T * H, n_pass, e->stream);
