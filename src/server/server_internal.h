@@ -131,7 +131,10 @@ tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t 
  * ran (its logits in sl->view). */
 void srv_slot_post(tm_server *s, srv_slot *sl, int32_t tok);
 tm_status srv_slot_wait(tm_server *s, srv_slot *sl);
-/* On a slot's thread: it pushes no more (the decode steps stop waiting for it). */
+/* On a slot's thread: it pushes no more (the decode steps stop waiting for it)
+ * and its sequence is final: the slot is free again before the reply is done, so
+ * a request sent as soon as the reply arrives finds the slot with its tokens
+ * (freed after the reply, a quick follow-up went to another slot and kept none). */
 void srv_slot_end(tm_server *s, srv_slot *sl);
 /* Start the worker thread (creates the context and the slots, then serves);
  * returns once the context exists or failed. */

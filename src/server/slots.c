@@ -85,11 +85,18 @@ tm_status srv_slot_wait(tm_server *s, srv_slot *sl) {
     return st;
 }
 
+/* The slot is free for the next job (q_mu held). */
+static void slot_free(tm_server *s, srv_slot *sl) {
+    sl->job = NULL, sl->decoding = false;
+    s->n_busy--;
+    s->update_pending = true;
+    pthread_cond_broadcast(&s->q_cv);
+}
+
 void srv_slot_end(tm_server *s, srv_slot *sl) {
     pthread_mutex_lock(&s->q_mu);
     slot_view_release(s, sl);
-    sl->decoding = false;
-    pthread_cond_broadcast(&s->q_cv);
+    slot_free(s, sl);
     pthread_mutex_unlock(&s->q_mu);
 }
 
@@ -110,10 +117,7 @@ static void *slot_main(void *arg) {
         pthread_mutex_unlock(&s->q_mu);
         j->run(s, j);
         pthread_mutex_lock(&s->q_mu);
-        sl->job = NULL, sl->decoding = false;
-        s->n_busy--;
-        s->update_pending = true;
-        pthread_cond_broadcast(&s->q_cv);
+        if (sl->job == j) slot_free(s, sl); /* a job that ended before srv_slot_end */
         pthread_mutex_unlock(&s->q_mu);
         srv_job_unref(j);
         pthread_mutex_lock(&s->q_mu);
