@@ -400,6 +400,11 @@ static void test_load_errors(void **state) {
     v = base_spec();
     v.model = "wordpiece";
     expect_load_error(&v, "bad_model.gguf", TM_ERR_UNSUPPORTED, "tokenizer.ggml.model 'wordpiece'");
+    v = base_spec(); /* Gemma 4's scores are placeholders: its merges must be there */
+    v.model = "gemma4";
+    v.no_merges = true;
+    expect_load_error(&v, "bad_gemma4.gguf", TM_ERR_FORMAT,
+                      "tokenizer.ggml.merges: missing; a gemma4 vocabulary needs its merges");
     v = base_spec();
     const char *bad_merges[] = {"h e", "x zz"};
     v.merges = bad_merges;

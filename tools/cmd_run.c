@@ -17,7 +17,8 @@ static void run_usage(FILE *out) {
         "  --tokens IDS           prompt as comma-separated token ids\n"
         "  --chat                 interactive chat with history, one user turn per line of stdin\n"
         "  -sys, --system-prompt TEXT   system message for --chat\n"
-        "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony (default: from the model)\n"
+        "  --chat-template NAME   chatml|qwen3|llama3|mistral|harmony|gemma4\n"
+        "                         (default: from the model)\n"
         "  --verbose-prompt       print the prompt's token ids to stderr\n"
         "  -n, --n-predict N      tokens to generate (per turn with --chat; default 64)\n"
         "  --ignore-eos           keep generating past end-of-generation tokens\n"
@@ -209,10 +210,10 @@ static int run_chat(run_session *s, const char *system, const char *template_nam
         return 2;
     }
     if (st != TM_OK) {
-        fprintf(
-            stderr,
-            "tiermoe run: this model's chat template is not one tiermoe knows; choose one with "
-            "--chat-template chatml|qwen3|llama3|mistral|harmony, or use -p for raw completion\n");
+        fprintf(stderr,
+                "tiermoe run: this model's chat template is not one tiermoe knows; choose one with "
+                "--chat-template chatml|qwen3|llama3|mistral|harmony|gemma4, or use -p for raw "
+                "completion\n");
         return 2;
     }
     tm_model_info info;

@@ -219,7 +219,7 @@ class Model(_lib.Handle):
 
     def apply_chat_template(self, messages, add_generation_prompt=True, template=None):
         """The conversation rendered by the model's chat template (template None) or a
-        named one ("chatml", "qwen3", "llama3", "mistral", "harmony"). messages: dicts
+        named one ("chatml", "qwen3", "llama3", "mistral", "harmony", "gemma4"). messages: dicts
         {"role": ..., "content": ...} or (role, content) pairs. Tokenize the result
         with add_special and parse_special (the defaults)."""
         lib, h = _lib.lib(), self.handle

@@ -141,11 +141,12 @@ tm_chat_format chat_format_detect(const char *t, const char **default_system) {
         return TM_CHAT_CHATML;
     }
     if (strstr(t, "[INST]")) return TM_CHAT_MISTRAL;
+    if (strstr(t, "<|turn>")) return TM_CHAT_GEMMA4;
     return TM_CHAT_UNKNOWN;
 }
 
-static const char *const format_names[] = {"unknown", "chatml",  "qwen3",
-                                           "llama3",  "mistral", "harmony"};
+static const char *const format_names[] = {"unknown", "chatml",  "qwen3", "llama3",
+                                           "mistral", "harmony", "gemma4"};
 
 const char *chat_format_name(tm_chat_format f) {
     return (unsigned)f < sizeof(format_names) / sizeof(format_names[0]) ? format_names[f]
@@ -153,13 +154,14 @@ const char *chat_format_name(tm_chat_format f) {
 }
 
 tm_status chat_format_from_name(const char *name, tm_chat_format *out) {
-    for (int f = TM_CHAT_CHATML; f <= TM_CHAT_HARMONY; f++)
+    for (int f = TM_CHAT_CHATML; f <= TM_CHAT_GEMMA4; f++)
         if (!strcmp(name, format_names[f])) {
             *out = (tm_chat_format)f;
             return TM_OK;
         }
     return tm_error_set(
-        TM_ERR_ARG, "unknown chat template '%s' (known: chatml, qwen3, llama3, mistral, harmony)",
+        TM_ERR_ARG,
+        "unknown chat template '%s' (known: chatml, qwen3, llama3, mistral, harmony, gemma4)",
         name);
 }
 
@@ -318,6 +320,56 @@ static void render_harmony(sbuf *b, const tm_chat_message *m, size_t n, const tm
     if (o->add_generation_prompt) sb_str(b, "<|start|>assistant");
 }
 
+/* Gemma 4's strip_thinking: each <|channel>…<channel|> thought dropped, then trimmed. */
+static void gemma4_strip_thinking(sbuf *b, slice c) {
+    sbuf t = {0};
+    for (;;) { /* Python's text.split('<channel|>'), each part cut at its '<|channel>' */
+        const char *close = sl_find(c, "<channel|>");
+        slice part = {c.p, close ? (size_t)(close - c.p) : c.n};
+        const char *open = sl_find(part, "<|channel>");
+        sb_add(&t, part.p, open ? (size_t)(open - part.p) : part.n);
+        if (!close) break;
+        c = (slice){close + 10, (size_t)(c.p + c.n - (close + 10))};
+    }
+    slice r = sl_trim((slice){t.p ? t.p : "", t.n});
+    sb_add(b, r.p, r.n);
+    b->oom |= t.oom;
+    free(t.p);
+}
+
+static void render_gemma4(sbuf *b, const tm_chat_message *m, size_t n, const tm_chat_opts *o) {
+    if (o->bos_text) sb_str(b, o->bos_text);
+    size_t first = 0;
+    if (n > 0 && (role_is(&m[0], "system") || role_is(&m[0], "developer"))) {
+        slice c = sl_trim(sl(m[0].content));
+        sb_str(b, "<|turn>system\n");
+        sb_add(b, c.p, c.n);
+        sb_str(b, "<turn|>\n");
+        first = 1;
+    }
+    const char *prev = NULL; /* the role of the previous message that is not a tool's */
+    for (size_t i = first; i < n; i++) {
+        if (role_is(&m[i], "tool")) continue; /* only after tool calls, which we do not render */
+        const char *role = m[i].role ? m[i].role : "user";
+        const bool model = !strcmp(role, "assistant");
+        if (!(model && prev && !strcmp(prev, "assistant"))) { /* a model turn goes on */
+            sb_str(b, "<|turn>");
+            sb_str(b, model ? "model" : role);
+            sb_str(b, "\n");
+        }
+        if (model) {
+            gemma4_strip_thinking(b, sl(m[i].content));
+        } else {
+            slice c = sl_trim(sl(m[i].content));
+            sb_add(b, c.p, c.n);
+        }
+        sb_str(b, "<turn|>\n");
+        prev = role;
+    }
+    /* without enable_thinking the template opens the answer past an empty thought */
+    if (o->add_generation_prompt) sb_str(b, "<|turn>model\n<|channel>thought\n<channel|>");
+}
+
 tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n,
                       const tm_chat_opts *opts, char **out, size_t *out_len) {
     *out = NULL;
@@ -340,12 +392,16 @@ tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n,
     case TM_CHAT_HARMONY:
         render_harmony(&b, msgs, n, &o);
         break;
+    case TM_CHAT_GEMMA4:
+        render_gemma4(&b, msgs, n, &o);
+        break;
     case TM_CHAT_UNKNOWN:
     default:
         return tm_error_set(
             TM_ERR_UNSUPPORTED,
             "the model's chat template is not one we recognise (built in: chatml, qwen3, llama3, "
-            "mistral, harmony); choose one with --chat-template NAME, or use raw completion with "
+            "mistral, harmony, gemma4); choose one with --chat-template NAME, or use raw "
+            "completion with "
             "-p");
     }
     sb_add(&b, "", 0);
@@ -369,8 +425,8 @@ void chat_reply_content(tm_chat_format f, const char *reply, size_t len, size_t 
         else if (sl_find(s, "<|channel|>"))
             a = len; /* only analysis: no answer to keep */
     }
-    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "</s>",
-                                       "<|end|>",    "<|return|>", "<|call|>"};
+    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "</s>",   "<|end|>",
+                                       "<|return|>", "<|call|>",   "<turn|>"};
     slice rest = {reply + a, len - a};
     for (size_t k = 0; k < sizeof(ends) / sizeof(ends[0]); k++) {
         const char *p = sl_find(rest, ends[k]);

@@ -13,6 +13,10 @@
  *            effort, channels), the system message as the developer
  *            "# Instructions", turns as <|start|>role<|message|>…<|end|>, earlier
  *            assistant answers in the final channel; generation prompt <|start|>assistant
+ *   gemma4   <|turn>role\ncontent(trimmed)<turn|>\n, the assistant as "model" with its
+ *            <|channel>…<channel|> thoughts dropped, a leading system message as the
+ *            system turn; generation prompt <|turn>model\n plus the empty thought the
+ *            template writes without enable_thinking
  *
  * The output equals what HF's apply_chat_template renders with the model's own
  * template for plain conversations (no tools), except that the BOS text is only
@@ -38,6 +42,7 @@ typedef enum tm_chat_format {
     TM_CHAT_LLAMA3,
     TM_CHAT_MISTRAL,
     TM_CHAT_HARMONY,
+    TM_CHAT_GEMMA4,
 } tm_chat_format;
 
 /* tm_chat_message {role, content} is the public API's (include/tiermoe.h). */
@@ -58,7 +63,7 @@ typedef struct tm_chat_opts {
 tm_chat_format chat_format_detect(const char *chat_template, const char **default_system);
 const char *chat_format_name(tm_chat_format f);
 /* For a command-line override (--chat-template NAME): chatml, qwen3, llama3,
- * mistral, harmony. TM_ERR_ARG listing the names otherwise. */
+ * mistral, harmony, gemma4. TM_ERR_ARG listing the names otherwise. */
 tm_status chat_format_from_name(const char *name, tm_chat_format *out);
 
 /* Render messages into a malloc'd NUL-terminated string (*out, *out_len).
@@ -71,7 +76,7 @@ tm_status chat_render(tm_chat_format f, const tm_chat_message *msgs, size_t n,
  * content: harmony keeps only the final channel's text (the analysis channel is
  * dropped, as its template does); the other formats keep the reply as it is
  * (qwen3's template itself drops old <think> blocks). End-of-turn tokens
- * rendered as text (<|im_end|>, <|eot_id|>, </s>, <|end|>, <|return|>) are cut. */
+ * rendered as text (<|im_end|>, <|eot_id|>, </s>, <|end|>, <|return|>, <turn|>) are cut. */
 void chat_reply_content(tm_chat_format f, const char *reply, size_t len, size_t *start, size_t *n);
 
 #ifdef __cplusplus

@@ -51,9 +51,9 @@ bool tokenizer_is_end_of_generation(const tm_tokenizer *t, int32_t id) {
     if (id < 0 || (uint32_t)id >= t->n_tokens) return false;
     if (id == t->sp.eos || id == t->sp.eot || id == t->sp.eom) return true;
     if (t->type[id] != TM_TOKEN_TYPE_CONTROL) return false;
-    static const char *const names[] = {"<|im_end|>", "<|endoftext|>",  "<|eot_id|>",
-                                        "<|eom_id|>", "<|return|>",     "<|call|>",
-                                        "</s>",       "<|end_of_text|>"};
+    static const char *const names[] = {"<|im_end|>", "<|endoftext|>",   "<|eot_id|>",
+                                        "<|eom_id|>", "<|return|>",      "<|call|>",
+                                        "</s>",       "<|end_of_text|>", "<turn|>"};
     const char *s = t->text_blob + t->text_off[id];
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strcmp(s, names[i])) return true;

@@ -70,6 +70,9 @@ struct tm_tokenizer {
     bool no_bos;             /* glm4: the family has no bos token (whatever bos_token_id says) */
     bool normalize_nfc;      /* qwen2 */
     bool add_space_prefix;   /* SPM */
+    bool spm_gemma4;         /* SPM written as tokenizer.ggml.model "gemma4": the merges rank
+                                the pairs (its scores are placeholders), no family default
+                                for the special ids or the space prefix */
     bool add_bos, add_eos;
     tm_tokenizer_specials sp;
     int32_t spm_space;   /* SPM: id of U+2581 alone, or -1 */

