@@ -149,14 +149,15 @@ tm_status synth_config_validate(const tm_synth_config *c) {
                             "architecture '%s': expected qwen3moe, gpt-oss, qwen3next, qwen35moe, "
                             "llama, olmoe, glm4moe, deepseek2 or gemma4",
                             c->arch);
+    /* the recency head is built for qwen3moe's attention, which the hybrid's full layers share */
+    if (c->locality > 0 && c->arch && strcmp(c->arch, "qwen3moe") && !synth_is_hybrid(c))
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "--locality %g: the recency head is calibrated for qwen3moe's "
+                            "attention (QK norm, NeoX RoPE), not %s's yet",
+                            c->locality, c->arch);
     if (synth_is_gemma4(c) && (st = synth_gemma4_validate(c)) != TM_OK) return st;
     if (synth_is_hybrid(c) && (st = synth_hybrid_validate(c)) != TM_OK) return st;
     if (synth_is_moe_arch(c) && (st = synth_moe_arch_validate(c)) != TM_OK) return st;
-    if (synth_gptoss(c) && c->locality > 0)
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "--locality %g: the recency head is calibrated for qwen3moe's "
-                            "attention (QK norm, plain RoPE), not gpt-oss's yet",
-                            c->locality);
     if (synth_gptoss(c) && (!c->window || !(c->rope_factor >= 1) || !c->rope_orig_ctx))
         return tm_error_set(TM_ERR_ARG, "gpt-oss: window %u, YaRN factor %g over %u", c->window,
                             c->rope_factor, c->rope_orig_ctx);
@@ -581,15 +582,8 @@ static void *synth_write_thread(void *arg) {
 static tm_status synth_arch_keys_write(const tm_synth_config *c, tm_gguf_writer *w) {
     const uint32_t ftype = synth_mix_ftype(c);
     tm_status st;
-#define SYNTH_KV(call)                                                                             \
-    if ((st = (call)) != TM_OK) return st
     const char *arch = synth_gptoss(c) ? "gpt-oss" : "qwen3moe";
     char key[96];
-#define SYNTH_ARCH(fn, suffix, v)                                                                  \
-    do {                                                                                           \
-        snprintf(key, sizeof(key), "%s." suffix, arch);                                            \
-        SYNTH_KV(fn(w, key, v));                                                                   \
-    } while (0)
     SYNTH_KV(gguf_writer_set_str(w, "general.architecture", arch));
     SYNTH_KV(gguf_writer_set_str(w, "general.type", "model"));
     SYNTH_KV(gguf_writer_set_str(w, "general.name", c->name ? c->name : "tiermoe synthetic"));
@@ -619,7 +613,6 @@ static tm_status synth_arch_keys_write(const tm_synth_config *c, tm_gguf_writer 
     /* a file without a tokenizer ("no_vocab") tells llama.cpp its vocabulary's size here */
     if (!synth_gptoss(c) || !c->vocab_json)
         SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
-#undef SYNTH_ARCH
     return TM_OK;
 }
 
@@ -649,7 +642,6 @@ static tm_status synth_metadata_write(const tm_synth_config *c, tm_gguf_writer *
     } else {
         SYNTH_KV(gguf_writer_set_str(w, "tokenizer.ggml.model", "no_vocab"));
     }
-#undef SYNTH_KV
     return TM_OK;
 }
 

@@ -62,11 +62,6 @@ bool synth_gemma4_preset(tm_synth_config *c, const char *preset) {
 }
 
 tm_status synth_gemma4_validate(const tm_synth_config *c) {
-    if (c->locality > 0)
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "--locality %g: the recency head is calibrated for qwen3moe's "
-                            "attention, not gemma4's yet",
-                            c->locality);
     const synth_dim dims[] = {
         {"head-dim-swa", c->head_dim_swa, 2, 512},
         {"n-head-kv-swa", c->n_head_kv_swa, 1, c->n_head},
@@ -149,13 +144,7 @@ uint32_t synth_gemma4_tensors(const tm_synth_config *c, const float *bias, synth
 tm_status synth_gemma4_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
     tm_status st;
     char key[96];
-#define SYNTH_KV(call)                                                                             \
-    if ((st = (call)) != TM_OK) return st
-#define SYNTH_ARCH(fn, suffix, ...)                                                                \
-    do {                                                                                           \
-        snprintf(key, sizeof(key), "gemma4." suffix);                                              \
-        SYNTH_KV(fn(w, key, __VA_ARGS__));                                                         \
-    } while (0)
+    const char *arch = "gemma4";
     int32_t kv[1024]; /* the converter writes INT32 */
     uint8_t swa[1024];
     for (uint32_t l = 0; l < c->n_layer && l < 1024; l++) {
@@ -195,7 +184,5 @@ tm_status synth_gemma4_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
     SYNTH_ARCH(gguf_writer_set_u32, "rope.dimension_count_swa", c->head_dim_swa);
     if (!c->vocab_json) SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
     SYNTH_KV(gguf_writer_set_u32(w, "general.quantization_version", 2));
-#undef SYNTH_ARCH
-#undef SYNTH_KV
     return TM_OK;
 }

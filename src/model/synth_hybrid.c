@@ -182,13 +182,6 @@ tm_status synth_hybrid_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
     const bool q35 = !synth_fused_ba(c);
     tm_status st;
     char key[96];
-#define SYNTH_KV(call)                                                                             \
-    if ((st = (call)) != TM_OK) return st
-#define SYNTH_ARCH(fn, suffix, ...)                                                                \
-    do {                                                                                           \
-        snprintf(key, sizeof(key), "%s." suffix, arch);                                            \
-        SYNTH_KV(fn(w, key, __VA_ARGS__));                                                         \
-    } while (0)
     /* in the converter's order */
     SYNTH_KV(gguf_writer_set_str(w, "general.architecture", arch));
     SYNTH_KV(gguf_writer_set_str(w, "general.type", "model"));
@@ -233,7 +226,5 @@ tm_status synth_hybrid_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
     SYNTH_KV(gguf_writer_set_u32(w, "general.quantization_version", 2));
     /* a file without a tokenizer ("no_vocab") tells llama.cpp its vocabulary's size here */
     if (!c->vocab_json) SYNTH_ARCH(gguf_writer_set_u32, "vocab_size", c->n_vocab);
-#undef SYNTH_ARCH
-#undef SYNTH_KV
     return TM_OK;
 }

@@ -140,11 +140,6 @@ bool synth_moe_arch_preset(tm_synth_config *c, const char *preset) {
 }
 
 tm_status synth_moe_arch_validate(const tm_synth_config *c) {
-    if (c->locality > 0)
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "--locality %g: the recency head is calibrated for qwen3moe's "
-                            "attention (QK norm, NeoX RoPE), not %s's yet",
-                            c->locality, c->arch);
     const bool ds = synth_arch_is(c, "deepseek2");
     if (!synth_arch_is(c, "glm4moe") && !ds) return TM_OK;
     const uint32_t n_group = c->n_group ? c->n_group : 1;
@@ -302,13 +297,6 @@ tm_status synth_moe_arch_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
     const bool glm = synth_arch_is(c, "glm4moe") || ds;
     tm_status st;
     char key[96];
-#define SYNTH_KV(call)                                                                             \
-    if ((st = (call)) != TM_OK) return st
-#define SYNTH_ARCH(fn, suffix, ...)                                                                \
-    do {                                                                                           \
-        snprintf(key, sizeof(key), "%s." suffix, arch);                                            \
-        SYNTH_KV(fn(w, key, __VA_ARGS__));                                                         \
-    } while (0)
     /* in the converter's order */
     SYNTH_KV(gguf_writer_set_str(w, "general.architecture", arch));
     SYNTH_KV(gguf_writer_set_str(w, "general.type", "model"));
@@ -378,7 +366,5 @@ tm_status synth_moe_arch_metadata(const tm_synth_config *c, tm_gguf_writer *w) {
         if (c->n_nextn) SYNTH_ARCH(gguf_writer_set_u32, "nextn_predict_layers", c->n_nextn);
     }
     SYNTH_KV(gguf_writer_set_u32(w, "general.quantization_version", 2));
-#undef SYNTH_ARCH
-#undef SYNTH_KV
     return TM_OK;
 }

@@ -7,6 +7,17 @@
 
 #include "model/synth.h"
 
+/* Writing a file's keys: SYNTH_KV returns a failing call's status (a tm_status st
+ * in scope); SYNTH_ARCH(fn, "suffix", ...) sets the key "<arch>.suffix" (a const
+ * char *arch and a char key[] in scope). */
+#define SYNTH_KV(call)                                                                             \
+    if ((st = (call)) != TM_OK) return st
+#define SYNTH_ARCH(fn, suffix, ...)                                                                \
+    do {                                                                                           \
+        snprintf(key, sizeof(key), "%s." suffix, arch);                                            \
+        SYNTH_KV(fn(w, key, __VA_ARGS__));                                                         \
+    } while (0)
+
 typedef enum synth_init {
     INIT_ONES,
     INIT_NORMAL,
