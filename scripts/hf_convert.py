@@ -2,9 +2,10 @@
 (make_qwen3next_goldens.py, make_moe_goldens.py): a tiny byte-level tokenizer
 for the HF model directory, the converter run as a tool (only its pre-tokenizer
 identification patched), the GGUF read back in float64 and loaded into the HF
-model with its round trip checked (make_gemma4_goldens.py too), and HF functions
+model with its round trip checked (make_gemma4_goldens.py too), HF functions
 re-compiled from their own source with counted text replacements (the float64
-patches)."""
+patches), and the HF model run with forward hooks catching its intermediates
+(all three)."""
 import functools
 import inspect
 import json
@@ -74,11 +75,12 @@ def read_gguf(path, gguf):
     return r, tensors, types
 
 
-def load_and_check(model, sd, orig, types, torch, buffers=()):
+def load_and_check(model, sd, orig, types, torch, buffers=(), special=None):
     """Load sd {HF name: (float64 array, [GGUF tensors])} into the float64 model (its parameters
     and the buffers whose names end with one of buffers), each value first asserted equal to
-    the original float32 one orig[name], rounded to f16 where its GGUF tensor is F16; returns
-    how many came from F16."""
+    the original float32 one orig[name], rounded to f16 where its GGUF tensor is F16; a name
+    in special {name: check(value, original, type)} is asserted by its own check instead.
+    Returns how many came from F16."""
     params = dict(model.named_parameters())
     params.update({n: b for n, b in model.named_buffers() if n.endswith(tuple(buffers))} if buffers else {})
     assert set(params) == set(sd), sorted(set(params) ^ set(sd))
@@ -89,6 +91,9 @@ def load_and_check(model, sd, orig, types, torch, buffers=()):
         ty = ts.pop()
         o = orig[name]
         assert val.shape == o.shape, (name, val.shape, o.shape)
+        if special and name in special:
+            special[name](val, o, ty)
+            continue
         if ty == "F16":
             expect = o.astype(np.float16).astype(np.float64)
             n_f16 += 1
@@ -122,3 +127,43 @@ def recompile(fn, replacements, globs, counter, key):
         counter[key] = counter.get(key, 0) + 1
         return new_fn(*a, **kw)
     return counted
+
+
+def hook_catcher():
+    """(caught, hooks, add, fwd): add(name, x) appends x detached to caught[name], a
+    [batch, tokens, ...] tensor flattened to [batch * tokens, ...]; fwd(module, fn)
+    registers fn(inputs, output) as module's forward hook (its handle in hooks)."""
+    caught, hooks = {}, []
+
+    def add(name, x):
+        x = x.detach()
+        caught.setdefault(name, []).append(x.reshape(-1, *x.shape[2:]) if x.dim() == 3 else x)
+
+    def fwd(module, fn):
+        hooks.append(module.register_forward_hook(lambda _m, inp, out: fn(inp, out)))
+    return caught, hooks, add, fwd
+
+
+def run_hooked(model, tokens, n_prompt, cached, hooks, torch):
+    """The model on tokens, its hooks removed afterwards. cached: the first n_prompt
+    tokens as one step, then one token a step through the model's cache; else one
+    forward without a cache. Returns (logits [len(tokens), vocab] as numpy, the cache)."""
+    logits, cache = [], None
+    try:
+        with torch.no_grad():
+            if cached:
+                for step in [tokens[:n_prompt]] + [[t] for t in tokens[n_prompt:]]:
+                    kw = dict(use_cache=True)
+                    if cache is not None:
+                        kw["cache"] = cache
+                    out = model(input_ids=torch.tensor([step], dtype=torch.long), **kw)
+                    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+                    assert cache is not None
+                    logits.append(out.logits[0])
+            else:
+                out = model(input_ids=torch.tensor([tokens], dtype=torch.long), use_cache=False)
+                logits.append(out.logits[0])
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat(logits, dim=0).numpy(), cache

@@ -63,7 +63,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hf_convert import convert, load_and_check, read_gguf, recompile  # noqa: E402
+from hf_convert import convert, hook_catcher, load_and_check, read_gguf, recompile, run_hooked  # noqa: E402
 from hf_dump import max_rel_diff  # noqa: E402
 
 DEFAULT_LLAMA_CPP = "/work/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"
@@ -275,14 +275,7 @@ def torch_allclose(torch, a, b):
 # ---------------------------------------------------------------- HF runs
 
 def run_hf(model, tokens, n_prompt, torch, cached=True):
-    caught, hooks = {}, []
-
-    def add(name, x):
-        x = x.detach()
-        caught.setdefault(name, []).append(x.reshape(-1, x.shape[-1]) if x.dim() == 3 else x)
-
-    def fwd(module, fn):
-        hooks.append(module.register_forward_hook(lambda _m, inp, out: fn(inp, out)))
+    caught, hooks, add, fwd = hook_catcher()
 
     for il, layer in enumerate(model.model.layers):
         p = f"blk.{il}."
@@ -298,26 +291,8 @@ def run_hf(model, tokens, n_prompt, torch, cached=True):
         fwd(layer.experts, lambda i, o, p=p: add(p + "ffn_out", o))
         fwd(layer, lambda i, o, p=p: add(p + "x_out", o[0] if isinstance(o, tuple) else o))
 
-    logits, cache = [], None
-    try:
-        with torch.no_grad():
-            if cached:
-                steps = [tokens[:n_prompt]] + [[t] for t in tokens[n_prompt:]]
-                for st in steps:
-                    kw = dict(use_cache=True)
-                    if cache is not None:
-                        kw["cache"] = cache
-                    out = model(input_ids=torch.tensor([st], dtype=torch.long), **kw)
-                    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-                    assert cache is not None
-                    logits.append(out.logits[0])
-            else:
-                out = model(input_ids=torch.tensor([tokens], dtype=torch.long), use_cache=False)
-                logits.append(out.logits[0])
-    finally:
-        for h in hooks:
-            h.remove()
-    arrays = {"logits": torch.cat(logits, dim=0).numpy()}
+    logits, cache = run_hooked(model, tokens, n_prompt, cached, hooks, torch)
+    arrays = {"logits": logits}
     for k, v in caught.items():
         arrays[k] = torch.cat(v, dim=0).numpy()
     for il in range(len(model.model.layers)):

@@ -70,7 +70,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hf_convert import convert, read_gguf, recompile, write_tokenizer  # noqa: E402  (beside this script)
+from hf_convert import (convert, hook_catcher, load_and_check, read_gguf, recompile,  # noqa: E402
+                        run_hooked, write_tokenizer)
 from hf_dump import max_rel_diff  # noqa: E402
 DEFAULT_LLAMA_CPP = "/work/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
@@ -277,36 +278,18 @@ def gguf_to_hf(arch, cfg, t):
     return sd
 
 
-def load_and_check(model, sd, orig, types, ssm_a_file, torch):
-    """Set the HF parameters from sd, asserting the round trip against the original weights."""
-    params = dict(model.named_parameters())
-    assert set(params) == set(sd), sorted(set(params) ^ set(sd))
-    n_f16 = 0
-    for name, (val, srcs, kind) in sd.items():
-        ts = {types[s] for s in srcs}
-        assert len(ts) == 1, (name, ts)
-        ty = ts.pop()
-        o = orig[name]
-        assert val.shape == o.shape, (name, val.shape, o.shape)
-        if kind == "a_log":
-            assert ty == "F32"
-            # the file holds float32(-exp(A_log)) (torch float32 exp), HF gets log(-ssm_a) in float64
+def a_log_checks(ssm_a_file, torch):
+    """hf_convert.load_and_check's special checks of the A_log parameters: the file holds
+    float32(-exp(A_log)) (torch float32 exp), HF gets log(-ssm_a) in float64."""
+    def check(name):
+        def f(val, o, ty):
+            assert ty == "F32", (name, ty)
             want = (-torch.from_numpy(o).exp()).numpy()
             assert np.array_equal(ssm_a_file[name], want.astype(np.float64)), name
             back = -np.exp(val)
             assert np.all(np.abs(back - ssm_a_file[name]) <= 4.5e-16 * np.abs(ssm_a_file[name])), name
-            continue
-        if ty == "F16":
-            expect = o.astype(np.float16).astype(np.float64)
-            n_f16 += 1
-        else:
-            assert ty == "F32", (name, ty)
-            expect = o.astype(np.float64)
-        assert np.array_equal(val, expect), f"round trip differs for {name} ({kind}, {ty})"
-    with torch.no_grad():
-        for k, (v, _, _) in sd.items():
-            params[k].copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    return n_f16
+        return f
+    return {name: check(name) for name in ssm_a_file}
 
 
 # ---------------------------------------------------------------- float64 patches
@@ -366,13 +349,7 @@ def run_hf(model, arch, tokens, n_prompt, torch, cached=True):
     nk, nv, hv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_value_head_dim
     r = nv // nk
     tiled = arch == "qwen35moe" and nk != nv
-    caught, hooks = {}, []
-
-    def add(name, x):
-        caught.setdefault(name, []).append(x.detach().reshape(-1, *x.shape[2:]) if x.dim() == 3 else x.detach())
-
-    def fwd(module, fn):
-        hooks.append(module.register_forward_hook(lambda _m, inp, out: fn(inp, out)))
+    caught, hooks, add, fwd = hook_catcher()
 
     for il, layer in enumerate(model.model.layers):
         p = f"blk.{il}."
@@ -405,27 +382,10 @@ def run_hf(model, arch, tokens, n_prompt, torch, cached=True):
         fwd(mlp.shared_expert_gate, lambda i, o, p=p: add(p + "_shexp_gate", o))
         fwd(layer, lambda i, o, p=p: add(p + "x_out", o[0] if isinstance(o, tuple) else o))
 
-    logits, cache = [], None
-    try:
-        with torch.no_grad():
-            if cached:
-                steps = [tokens[:n_prompt]] + [[t] for t in tokens[n_prompt:]]
-                for st in steps:
-                    kw = dict(use_cache=True)
-                    if cache is not None:
-                        kw["cache"] = cache
-                    out = model(input_ids=torch.tensor([st], dtype=torch.long), **kw)
-                    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-                    logits.append(out.logits[0])
-            else:
-                out = model(input_ids=torch.tensor([tokens], dtype=torch.long), use_cache=False)
-                logits.append(out.logits[0])
-    finally:
-        for h in hooks:
-            h.remove()
+    logits, cache = run_hooked(model, tokens, n_prompt, cached, hooks, torch)
 
     cat = {k: torch.cat(v, dim=0) for k, v in caught.items()}
-    arrays = {"logits": torch.cat(logits, dim=0).numpy()}
+    arrays = {"logits": logits}
     extra = {"beta": [], "decay": []}
     for il, layer in enumerate(model.model.layers):
         p = f"blk.{il}."
@@ -532,7 +492,8 @@ def make_one(arch, out_dir, lcpp, keep_hf, torch, transformers, gguf, qwen3moe_r
     ssm_a = {n: t[srcs[0]] for n, (v, srcs, kind) in sd.items() if kind == "a_log"}
     ssm_a = {n: (v2 if arch != "qwen35moe" else v_heads_tiled_to_grouped(v2, 0, config.linear_num_key_heads,
              config.linear_num_value_heads // config.linear_num_key_heads, 1)) for n, v2 in ssm_a.items()}
-    n_f16 = load_and_check(model, sd, orig, types, ssm_a, torch)
+    n_f16 = load_and_check(model, {n: (v, srcs) for n, (v, srcs, _) in sd.items()}, orig, types, torch,
+                           special=a_log_checks(ssm_a, torch))
 
     counter = {}
     with float64_patches(mod, arch, model, counter, torch) as patched:
