@@ -14,6 +14,61 @@
 
 /* ---- device, memory ---- */
 
+/* MOCK_GPUS=2 with a memory size each: two devices whose pools count against
+ * their own memory; a peer copy moves bytes between their pools and refuses
+ * a pointer of the wrong device (what the executor's span hand-off relies on). */
+static void test_two_devices(void **state) {
+    (void)state;
+    setenv("MOCK_GPUS", "2", 1);
+    setenv("MOCK_GPU_MIB", "64,32", 1);
+    int n = 0;
+    assert_int_equal(cuda_device_count(&n), TM_OK);
+    assert_int_equal(n, 2);
+    tm_cuda_device *d0, *d1, *none = NULL;
+    assert_int_equal(cuda_device_open(2, &none), TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "GPU 2 requested, 2 present"));
+    assert_int_equal(cuda_device_open(0, &d0), TM_OK);
+    assert_int_equal(cuda_device_open(1, &d1), TM_OK);
+    unsetenv("MOCK_GPUS");
+    unsetenv("MOCK_GPU_MIB");
+    assert_int_equal(cuda_device_info(d1)->index, 1);
+    assert_string_equal(cuda_device_info(d1)->name, "mock GPU 1");
+    size_t f0, t0, f1, t1;
+    tm_cuda_pool *p0, *p1;
+    assert_int_equal(cuda_pool_create(d0, (size_t)40 << 20, &p0), TM_OK);
+    assert_int_equal(cuda_pool_create(d1, (size_t)40 << 20, &p1), TM_ERR_DEVICE); /* 32 MiB */
+    assert_int_equal(cuda_pool_create(d1, (size_t)20 << 20, &p1), TM_OK);
+    assert_int_equal(cuda_device_memory(d0, &f0, &t0), TM_OK);
+    assert_int_equal(cuda_device_memory(d1, &f1, &t1), TM_OK);
+    assert_int_equal(t0, (size_t)64 << 20);
+    assert_int_equal(f0, (size_t)24 << 20);
+    assert_int_equal(t1, (size_t)32 << 20);
+    assert_int_equal(f1, (size_t)12 << 20);
+
+    float *a, *b, *host;
+    assert_int_equal(cuda_pool_alloc(p0, 4096, 0, (void **)&a), TM_OK);
+    assert_int_equal(cuda_pool_alloc(p1, 4096, 0, (void **)&b), TM_OK);
+    assert_int_equal(cuda_host_alloc(4096, (void **)&host), TM_OK);
+    for (int i = 0; i < 1024; i++) host[i] = (float)i * 0.5f;
+    assert_int_equal(cuda_copy_to_device(d0, a, host, 4096), TM_OK);
+    memset(host, 0, 4096);
+    assert_int_equal(cuda_copy_peer_async(d1, b, d0, a, 4096, cuda_device_stream(d0)), TM_OK);
+    assert_int_equal(cuda_device_sync(d0), TM_OK);
+    assert_int_equal(cuda_copy_to_host(d1, host, b, 4096), TM_OK);
+    for (int i = 0; i < 1024; i++) assert_true(host[i] == (float)i * 0.5f);
+    /* the devices swapped, or host memory for a device's: refused, naming both GPUs */
+    assert_int_equal(cuda_copy_peer_async(d0, b, d1, a, 4096, cuda_device_stream(d0)),
+                     TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "from GPU 1 to GPU 0"));
+    assert_int_equal(cuda_copy_peer_async(d1, b, d0, host, 4096, cuda_device_stream(d0)),
+                     TM_ERR_DEVICE);
+    cuda_host_free(host);
+    cuda_pool_free(p0), cuda_pool_free(p1);
+    assert_int_equal(cuda_device_memory(d1, &f1, NULL), TM_OK);
+    assert_int_equal(f1, (size_t)32 << 20);
+    cuda_device_close(d0), cuda_device_close(d1);
+}
+
 static void test_device_and_pool(void **state) {
     (void)state;
     int n = -1;
@@ -548,7 +603,7 @@ int main(void) {
         cmocka_unit_test(test_device_and_pool), cmocka_unit_test(test_async_in_order),
         cmocka_unit_test(test_graph_replay),    cmocka_unit_test(test_graph_fork_join),
         cmocka_unit_test(test_handoff),         cmocka_unit_test(test_wait_timeout),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_errors),          cmocka_unit_test(test_two_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,6 +108,12 @@ void cuda_timer_free(tm_cuda_timer *t);
 
 /* Queued on `stream`: any direction (pinned host memory for real overlap). */
 tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream);
+/* Copy device memory of src_dev to device memory of dst_dev, queued on stream
+ * (a stream of either device; no sync): the activations that cross from one
+ * GPU's span of layers to the next (cudaMemcpyPeerAsync: direct over NVLink
+ * or PCIe when the devices have peer access, else through the host). */
+tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_device *src_dev,
+                               const void *src, size_t bytes, tm_cuda_stream stream);
 tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream);
 tm_status cuda_stream_sync(tm_cuda_stream stream);
 /* Without waiting: *idle = every queued operation has finished. A failed

@@ -378,6 +378,13 @@ tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stre
     return TM_OK;
 }
 
+tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_device *src_dev,
+                               const void *src, size_t bytes, tm_cuda_stream stream) {
+    TM_CUDA_TRY(
+        cudaMemcpyPeerAsync(dst, dst_dev->info.index, src, src_dev->info.index, bytes, stream));
+    return TM_OK;
+}
+
 tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream) {
     TM_CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, stream));
     return TM_OK;

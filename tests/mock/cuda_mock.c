@@ -32,7 +32,8 @@
  *     check their pointers against these blocks.
  *   - events store the host's monotonic time when their closure runs.
  *
- * Environment: MOCK_NODEV=1 (no device), MOCK_GPU_MIB (device memory, 4096),
+ * Environment: MOCK_NODEV=1 (no device), MOCK_GPUS (devices, 1 .. MOCK_MAX_GPUS; 1),
+ * MOCK_GPU_MIB (device memory, 4096; "A,B,...": each device's, the last for the rest),
  * MOCK_FAIL_SIDE_COPY=1 (copies queued on a stream of cuda_stream_create fail
  * at once: a fetch lane whose copies cannot be queued),
  * MOCK_GPU_LATENCY_US (each closure but event records first sleeps this long,
@@ -84,17 +85,21 @@ bool mock_fail(char *err, size_t err_size, const char *fmt, ...) {
 
 /* ---- device-addressable blocks (pools, pinned host memory) ---- */
 
+#define MOCK_MAX_GPUS 8
+
 typedef struct mock_block {
     uintptr_t base;
     size_t size;
+    int dev; /* the device whose pool it is, or -1: pinned host memory (every device's) */
 } mock_block;
 
 static pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 static mock_block *g_blocks;
 static size_t g_n_blocks, g_cap_blocks;
-static size_t g_pool_bytes; /* bytes of live pools: what cuda_device_memory counts as used */
+/* bytes of each device's live pools: what cuda_device_memory counts as used */
+static size_t g_pool_bytes[MOCK_MAX_GPUS];
 
-static bool block_add(void *p, size_t size) {
+static bool block_add_dev(void *p, size_t size, int dev) {
     pthread_mutex_lock(&g_mem_mu);
     bool ok = true;
     if (g_n_blocks == g_cap_blocks) {
@@ -105,9 +110,13 @@ static bool block_add(void *p, size_t size) {
         else
             ok = false;
     }
-    if (ok) g_blocks[g_n_blocks++] = (mock_block){(uintptr_t)p, size};
+    if (ok) g_blocks[g_n_blocks++] = (mock_block){(uintptr_t)p, size, dev};
     pthread_mutex_unlock(&g_mem_mu);
     return ok;
+}
+
+static bool block_add(void *p, size_t size) {
+    return block_add_dev(p, size, -1);
 }
 
 static bool block_remove(void *p) {
@@ -392,6 +401,20 @@ tm_status cuda_stream_query(tm_cuda_stream s, bool *idle) {
     return st;
 }
 
+/* The device whose pool holds all of [p, p + bytes): its index, -1 for pinned
+ * host memory, -2 for neither. */
+static int block_device(const void *p, size_t bytes) {
+    const uintptr_t a = (uintptr_t)p;
+    pthread_mutex_lock(&g_mem_mu);
+    int dev = -2;
+    for (size_t i = 0; i < g_n_blocks && dev == -2; i++)
+        if (a >= g_blocks[i].base && a - g_blocks[i].base <= g_blocks[i].size &&
+            bytes <= g_blocks[i].size - (a - g_blocks[i].base))
+            dev = g_blocks[i].dev;
+    pthread_mutex_unlock(&g_mem_mu);
+    return dev;
+}
+
 /* ---- device ---- */
 
 struct tm_cuda_device {
@@ -404,23 +427,50 @@ static bool no_device(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+static int n_devices(void) {
+    if (no_device()) return 0;
+    const long n = env_long("MOCK_GPUS", 1);
+    return n < 1 ? 1 : n > MOCK_MAX_GPUS ? MOCK_MAX_GPUS : (int)n;
+}
+
+/* Device index's memory in MiB: MOCK_GPU_MIB's index-th item (its last for the rest). */
+static size_t device_mib(int index) {
+    const char *v = getenv("MOCK_GPU_MIB");
+    long mib = 4096;
+    for (int i = 0; v && *v && i <= index; i++) {
+        char *end = NULL;
+        const long r = strtol(v, &end, 10);
+        if (end == v || r < 0) break;
+        mib = r;
+        if (*end != ',') break;
+        v = end + 1;
+    }
+    return (size_t)mib;
+}
+
 tm_status cuda_device_count(int *out) {
-    *out = no_device() ? 0 : 1;
+    *out = n_devices();
     return TM_OK;
 }
 
 tm_status cuda_device_open(int index, tm_cuda_device **out) {
     *out = NULL;
     if (no_device()) return tm_error_set(TM_ERR_DEVICE, "mock: no device");
-    if (index != 0) return tm_error_set(TM_ERR_DEVICE, "mock: GPU %d requested, 1 present", index);
+    const int n = n_devices();
+    if (index < 0 || index >= n)
+        return tm_error_set(TM_ERR_DEVICE, "mock: GPU %d requested, %d present", index, n);
     tm_cuda_device *dev = calloc(1, sizeof(*dev));
     if (!dev) return tm_error_set(TM_ERR_NOMEM, "mock: out of host memory for the device");
-    snprintf(dev->info.name, sizeof(dev->info.name), "mock GPU");
-    dev->info.index = 0;
+    /* device 0 keeps the one-GPU mock's name (calibration files are keyed by it) */
+    if (index)
+        snprintf(dev->info.name, sizeof(dev->info.name), "mock GPU %d", index);
+    else
+        snprintf(dev->info.name, sizeof(dev->info.name), "mock GPU");
+    dev->info.index = index;
     dev->info.cc_major = 9, dev->info.cc_minor = 0, dev->info.sm_count = 132;
     dev->info.driver_version = 13000, dev->info.runtime_version = 13000;
     dev->info.l2_bytes = (size_t)50 << 20;
-    dev->info.total_bytes = (size_t)env_long("MOCK_GPU_MIB", 4096) << 20;
+    dev->info.total_bytes = device_mib(index) << 20;
     if (!(dev->stream = stream_create())) {
         free(dev);
         return tm_error_set(TM_ERR_DEVICE, "mock: cannot start the stream's worker thread");
@@ -442,7 +492,7 @@ const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev) {
 tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes) {
     const size_t total = dev->info.total_bytes;
     pthread_mutex_lock(&g_mem_mu);
-    const size_t used = g_pool_bytes;
+    const size_t used = g_pool_bytes[dev->info.index];
     pthread_mutex_unlock(&g_mem_mu);
     if (free_bytes) *free_bytes = used < total ? total - used : 0;
     if (total_bytes) *total_bytes = total;
@@ -469,9 +519,10 @@ tm_status cuda_pool_create(tm_cuda_device *dev, size_t bytes, tm_cuda_pool **out
     *out = NULL;
     const size_t total = dev->info.total_bytes;
     pthread_mutex_lock(&g_mem_mu);
-    const size_t free_b = g_pool_bytes < total ? total - g_pool_bytes : 0;
+    size_t *used = &g_pool_bytes[dev->info.index];
+    const size_t free_b = *used < total ? total - *used : 0;
     const bool fits = bytes <= free_b;
-    if (fits) g_pool_bytes += bytes; /* reserved before the allocation: no race with another */
+    if (fits) *used += bytes; /* reserved before the allocation: no race with another */
     pthread_mutex_unlock(&g_mem_mu);
     if (!fits)
         return tm_error_set(TM_ERR_DEVICE,
@@ -482,10 +533,10 @@ tm_status cuda_pool_create(tm_cuda_device *dev, size_t bytes, tm_cuda_pool **out
     tm_cuda_pool *p = calloc(1, sizeof(*p));
     const size_t alloc = round_up(bytes ? bytes : 1, 256);
     char *base = p ? aligned_alloc(256, alloc) : NULL;
-    if (!base || !block_add(base, bytes)) {
+    if (!base || !block_add_dev(base, bytes, dev->info.index)) {
         free(base), free(p);
         pthread_mutex_lock(&g_mem_mu);
-        g_pool_bytes -= bytes;
+        *used -= bytes;
         pthread_mutex_unlock(&g_mem_mu);
         return tm_error_set(TM_ERR_NOMEM, "mock: out of host memory for a %.1f MiB pool",
                             bytes / 1048576.0);
@@ -530,7 +581,7 @@ void cuda_pool_free(tm_cuda_pool *pool) {
     if (!pool) return;
     block_remove(pool->base);
     pthread_mutex_lock(&g_mem_mu);
-    g_pool_bytes -= pool->size;
+    g_pool_bytes[pool->dev->info.index] -= pool->size;
     pthread_mutex_unlock(&g_mem_mu);
     free(pool->base);
     free(pool);
@@ -657,6 +708,25 @@ tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stre
     const fill_arg a = {dst, byte, bytes};
     tm_status st = capture_pageable(stream, "cuda_fill_async", dst, NULL, bytes);
     return st != TM_OK ? st : mock_launch(stream, "cuda_fill_async", fill_run, &a, sizeof(a));
+}
+
+/* The real copy goes over NVLink or PCIe (cudaMemcpyPeerAsync); here the check
+ * that each side lies in its own device's pool is what a wrong device index
+ * would break. */
+tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_device *src_dev,
+                               const void *src, size_t bytes, tm_cuda_stream stream) {
+    if (!bytes) return TM_OK;
+    const int dd = block_device(dst, bytes), sd = block_device(src, bytes);
+    if (dd != dst_dev->info.index || sd != src_dev->info.index)
+        return tm_error_set(
+            TM_ERR_DEVICE,
+            "mock: cuda_copy_peer_async of %zu bytes from GPU %d to GPU %d: the "
+            "source is %s%d's, the destination %s%d's (invalid argument)",
+            bytes, src_dev->info.index, dst_dev->info.index, sd < 0 ? "not a pool of GPU " : "GPU ",
+            sd < 0 ? src_dev->info.index : sd, dd < 0 ? "not a pool of GPU " : "GPU ",
+            dd < 0 ? dst_dev->info.index : dd);
+    const copy_arg a = {dst, src, bytes};
+    return mock_launch(stream, "cuda_copy_peer_async", copy_run, &a, sizeof(a));
 }
 
 /* Queue, then wait: refused during a capture, as a stream synchronisation is. */
