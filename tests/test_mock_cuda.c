@@ -16,7 +16,8 @@
 
 /* MOCK_GPUS=2 with a memory size each: two devices whose pools count against
  * their own memory; a peer copy moves bytes between their pools and refuses
- * a pointer of the wrong device (what the executor's span hand-off relies on). */
+ * a pointer of the wrong device (what the executor's span hand-off relies on);
+ * a kernel on one device's stream given the other's memory fails. */
 static void test_two_devices(void **state) {
     (void)state;
     setenv("MOCK_GPUS", "2", 1);
@@ -62,6 +63,12 @@ static void test_two_devices(void **state) {
     assert_non_null(strstr(tm_error_message(), "from GPU 1 to GPU 0"));
     assert_int_equal(cuda_copy_peer_async(d1, b, d0, host, 4096, cuda_device_stream(d0)),
                      TM_ERR_DEVICE);
+    /* a kernel on GPU 0's stream given GPU 1's memory: an illegal address, sticky */
+    assert_int_equal(cuda_scale(a, 2.0f, 1024, cuda_device_stream(d1)), TM_OK);
+    assert_int_equal(cuda_device_sync(d1), TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "illegal address"));
+    assert_int_equal(cuda_scale(b, 2.0f, 1024, cuda_device_stream(d0)), TM_OK);
+    assert_int_equal(cuda_device_sync(d0), TM_ERR_DEVICE);
     cuda_host_free(host);
     cuda_pool_free(p0), cuda_pool_free(p1);
     assert_int_equal(cuda_device_memory(d1, &f1, NULL), TM_OK);

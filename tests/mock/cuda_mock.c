@@ -26,6 +26,9 @@
  *     are dropped, and sync, query and launches return TM_ERR_DEVICE naming the
  *     op. Checks the real launchers make before launching return their
  *     TM_ERR_ARG at once (cuda_mock_ops.c).
+ *   - several devices (MOCK_GPUS): each with its memory, its pools and its
+ *     compute stream; a kernel on a device's stream that reads another's pool
+ *     fails as an illegal address (cuda_copy_peer_async moves data across).
  *   - memory: a pool is one aligned_alloc filled with 0xff bytes (NaN), with
  *     the real bump allocator; pinned and mapped host memory are
  *     aligned_alloc too (mapped: device address = host address). Kernels
@@ -135,6 +138,11 @@ static bool block_remove(void *p) {
     return found;
 }
 
+/* The device whose compute stream the calling thread runs (-1: the host, or a side
+ * stream): its kernels may address pinned host memory and its own pools only, as a
+ * kernel on one GPU faults on another's memory without peer access. */
+static _Thread_local int t_dev = -1;
+
 bool mock_device_range(const void *p, size_t bytes) {
     if (bytes == 0) return true;
     const uintptr_t a = (uintptr_t)p;
@@ -142,7 +150,8 @@ bool mock_device_range(const void *p, size_t bytes) {
     bool ok = false;
     for (size_t i = 0; i < g_n_blocks && !ok; i++)
         ok = a >= g_blocks[i].base && a - g_blocks[i].base <= g_blocks[i].size &&
-             bytes <= g_blocks[i].size - (a - g_blocks[i].base);
+             bytes <= g_blocks[i].size - (a - g_blocks[i].base) &&
+             (t_dev < 0 || g_blocks[i].dev < 0 || g_blocks[i].dev == t_dev);
     pthread_mutex_unlock(&g_mem_mu);
     return ok;
 }
@@ -217,6 +226,7 @@ struct CUstream_st {
     char cap_why[96]; /* what invalidated the capture */
     bool failed;      /* sticky */
     bool side;        /* made by cuda_stream_create (MOCK_FAIL_SIDE_COPY) */
+    int dev;          /* a device's compute stream: its index (-1: a side stream) */
     char err[640];
     long latency_us;
 };
@@ -224,6 +234,7 @@ struct CUstream_st {
 static void *stream_worker(void *p) {
     struct CUstream_st *s = p;
     char err[512];
+    t_dev = s->dev;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->stop) pthread_cond_wait(&s->work, &s->mu);
@@ -331,9 +342,10 @@ tm_status mock_not_in_capture(tm_cuda_stream stream, const char *op) {
     return st;
 }
 
-static struct CUstream_st *stream_create(void) {
+static struct CUstream_st *stream_create(int dev) {
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s) return NULL;
+    s->dev = dev;
     s->latency_us = env_long("MOCK_GPU_LATENCY_US", 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
@@ -363,7 +375,7 @@ static void stream_destroy(struct CUstream_st *s) {
 }
 
 tm_status cuda_stream_create(tm_cuda_stream *out) {
-    *out = stream_create();
+    *out = stream_create(-1);
     if (*out) (*out)->side = true;
     return *out ? TM_OK : tm_error_set(TM_ERR_DEVICE, "mock: cannot start a stream's worker");
 }
@@ -471,7 +483,7 @@ tm_status cuda_device_open(int index, tm_cuda_device **out) {
     dev->info.driver_version = 13000, dev->info.runtime_version = 13000;
     dev->info.l2_bytes = (size_t)50 << 20;
     dev->info.total_bytes = device_mib(index) << 20;
-    if (!(dev->stream = stream_create())) {
+    if (!(dev->stream = stream_create(index))) {
         free(dev);
         return tm_error_set(TM_ERR_DEVICE, "mock: cannot start the stream's worker thread");
     }
