@@ -56,6 +56,27 @@ TM_TEST_HELPER uint8_t *read_all(const char *path, size_t *n) {
     return p;
 }
 
+/* stderr into a temporary file while a call runs, to check the log. */
+__attribute__((unused)) static int capture_fd = -1;
+__attribute__((unused)) static FILE *capture_file;
+TM_TEST_HELPER void capture_begin(void) {
+    fflush(stderr);
+    capture_file = tmpfile();
+    assert_non_null(capture_file);
+    capture_fd = dup(2);
+    dup2(fileno(capture_file), 2);
+}
+TM_TEST_HELPER char *capture_end(void) {
+    fflush(stderr);
+    dup2(capture_fd, 2);
+    close(capture_fd);
+    off_t n = lseek(fileno(capture_file), 0, SEEK_END);
+    char *s = calloc((size_t)n + 1, 1);
+    assert_int_equal(pread(fileno(capture_file), s, (size_t)n, 0), n);
+    fclose(capture_file);
+    return s;
+}
+
 /* A byte builder for hand-made files. */
 typedef struct bb {
     uint8_t *p;

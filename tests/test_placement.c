@@ -109,30 +109,11 @@ static const tm_placement_gpu gpu_big = {true, NULL, (size_t)1 << 40, 0, 0, NULL
 static const tm_placement_gpu gpu_none = {false, "no CUDA device found", 0, 0, 0, NULL};
 
 static tm_placement_params params(int ngl, bool cpu_moe, int n_cpu_moe, const char *ot) {
-    tm_placement_params p = {ngl, cpu_moe, n_cpu_moe, ot};
+    tm_placement_params p = {
+        .n_gpu_layers = ngl, .cpu_moe = cpu_moe, .n_cpu_moe = n_cpu_moe, .overrides = ot};
     return p;
 }
 
-/* stderr into a temporary file while a call runs, to check the log. */
-static int saved_fd = -1;
-static FILE *cap;
-static void capture_begin(void) {
-    fflush(stderr);
-    cap = tmpfile();
-    assert_non_null(cap);
-    saved_fd = dup(2);
-    dup2(fileno(cap), 2);
-}
-static char *capture_end(void) {
-    fflush(stderr);
-    dup2(saved_fd, 2);
-    close(saved_fd);
-    off_t n = lseek(fileno(cap), 0, SEEK_END);
-    char *s = calloc((size_t)n + 1, 1);
-    assert_int_equal(pread(fileno(cap), s, (size_t)n, 0), n);
-    fclose(cap);
-    return s;
-}
 static int count(const char *hay, const char *needle) {
     int k = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p++) k++;
@@ -575,7 +556,8 @@ static void test_errors(void **state) {
     } bad[] = {
         {"blk\\.(=CUDA0", "-ot 'blk\\.(=CUDA0'", "invalid regular expression at offset 6",
          "missing closing parenthesis"},
-        {"exps=GPU1", "-ot 'exps=GPU1'", "unknown buffer type 'GPU1'", "(expected CPU or CUDA0)"},
+        {"exps=GPU1", "-ot 'exps=GPU1'", "unknown buffer type 'GPU1'",
+         "(expected CPU or CUDA0, CUDA1, ...)"},
         {"exps=CPU,attn=", "-ot 'attn='", "unknown buffer type ''", NULL},
         {"exps", "-ot 'exps'", "expected PATTERN=BUFFER_TYPE", NULL},
         {"exps=CPU,,attn=CPU", "-ot 'exps=CPU,,attn=CPU'", "empty item at offset 9", NULL},
@@ -658,7 +640,10 @@ static void test_overrides_check(void **state) {
     assert_non_null(strstr(tm_error_message(), "-ot 'x'"));
     assert_int_equal(placement_overrides_check("-ot", "a=CPU "), TM_ERR_ARG);
     assert_int_equal(placement_overrides_check("-ot", "a=CUDA"), TM_ERR_ARG);
-    assert_int_equal(placement_overrides_check("-ot", "a=CUDA1"), TM_ERR_ARG);
+    assert_int_equal(placement_overrides_check("-ot", "a=CUDA1"), TM_OK); /* a GPU of -dev's */
+    assert_int_equal(placement_overrides_check("-ot", "a=CUDA1x"), TM_ERR_ARG);
+    assert_int_equal(placement_overrides_check("-ot", "a=CUDA-1"), TM_ERR_ARG);
+    assert_int_equal(placement_overrides_check("-ot", "a=CUDA1000"), TM_ERR_ARG);
     assert_int_equal(placement_overrides_check("-ot", "a=GPU"), TM_ERR_ARG);
     /* many items */
     size_t n = 3000;

@@ -15,10 +15,17 @@ const char cli_place_help[] =
     "                         when an expert flag below is given)\n"
     "  -cmoe, --cpu-moe       keep every layer's experts in RAM (computed by the CPU)\n"
     "  -ncmoe, --n-cpu-moe N  keep the experts of the first N layers in RAM\n"
-    "  -ot, --override-tensor PATTERN=CPU|CUDA0[,...]\n"
+    "  -ot, --override-tensor PATTERN=CPU|CUDA0|CUDA1...[,...]\n"
     "                         tensors whose name matches the regex go there (first match wins)\n"
-    "  --moe-cache MIB|auto   VRAM for the most used experts of the layers whose experts are in\n"
-    "                         RAM, split evenly over those layers (auto: what is free)\n"
+    "  -dev, --device CUDA0,CUDA1|none  the GPUs, in the order their spans of layers run\n"
+    "                         (default CUDA0; bench, serve and trace: not yet run)\n"
+    "  -sm, --split-mode layer|none  layer: each GPU a contiguous span of layers (default);\n"
+    "                         none: -mg's GPU alone\n"
+    "  -ts, --tensor-split A,B  the spans' proportions, one a GPU (default: free memory)\n"
+    "  -mg, --main-gpu N      split-mode none's GPU, an index into -dev's list (default 0)\n"
+    "  --moe-cache MIB|auto|A,B  VRAM for the most used experts of the layers whose experts are\n"
+    "                         in RAM, split evenly over those layers (auto: what is free; A,B:\n"
+    "                         each GPU's)\n"
     "  --moe-learn FILE       learn file (tiermoe trace): the cache is planned from it and its\n"
     "                         policies start from its counts (default: the lowest expert ids)\n"
     "  --moe-cache-plan FILE  the cache holds this plan's experts (tiermoe plan; its size is the\n"
@@ -82,12 +89,14 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         o->cpu_moe = true;
         return 1;
     }
-    const bool ours = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
-                      !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") ||
-                      !strcmp(a, "--override-tensor") || !strcmp(a, "--moe-cache") ||
-                      !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
-                      !strcmp(a, "--moe-fetch") || !strcmp(a, "--moe-ahead") ||
-                      !strncmp(a, "--moe-cache-", 12) || !strcmp(a, "--ram-cache");
+    const bool ours =
+        !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-ncmoe") ||
+        !strcmp(a, "--n-cpu-moe") || !strcmp(a, "-ot") || !strcmp(a, "--override-tensor") ||
+        !strcmp(a, "--moe-cache") || !strcmp(a, "--moe-learn") || !strcmp(a, "--moe-pcie") ||
+        !strcmp(a, "--moe-fetch") || !strcmp(a, "--moe-ahead") || !strncmp(a, "--moe-cache-", 12) ||
+        !strcmp(a, "--ram-cache") || !strcmp(a, "-dev") || !strcmp(a, "--device") ||
+        !strcmp(a, "-sm") || !strcmp(a, "--split-mode") || !strcmp(a, "-ts") ||
+        !strcmp(a, "--tensor-split") || !strcmp(a, "-mg") || !strcmp(a, "--main-gpu");
     if (!ours) return 0;
     if (i + 1 >= argc) {
         fprintf(stderr, "tiermoe %s: %s needs a value\n", cmd, a);
@@ -112,7 +121,26 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         if (!s) return -1;
         sprintf(s + old, "%s%s", old ? "," : "", v);
         o->override_tensor = p->overrides = s;
+    } else if (!strcmp(a, "-dev") || !strcmp(a, "--device") || !strcmp(a, "-sm") ||
+               !strcmp(a, "--split-mode") || !strcmp(a, "-ts") || !strcmp(a, "--tensor-split") ||
+               !strcmp(a, "-mg") || !strcmp(a, "--main-gpu")) {
+        if (cli_place_gpu_check(cmd, a, v, NULL)) return -1;
+        if (!strcmp(a, "-dev") || !strcmp(a, "--device"))
+            p->devices = v;
+        else if (!strcmp(a, "-sm") || !strcmp(a, "--split-mode"))
+            p->split_mode = v;
+        else if (!strcmp(a, "-ts") || !strcmp(a, "--tensor-split"))
+            p->tensor_split = v;
+        else
+            p->main_gpu = v;
+        if (!p->gpu_flag) p->gpu_flag = a;
+    } else if (!strcmp(a, "--moe-cache") && strchr(v, ',')) {
+        if (cli_place_gpu_check(cmd, a, v, &n)) return -1;
+        o->moe_cache_mib = n;
+        p->cache_each = v;
+        if (!p->gpu_flag) p->gpu_flag = "--moe-cache A,B";
     } else if (!strcmp(a, "--moe-cache")) {
+        p->cache_each = NULL;
         if (!strcmp(v, "auto"))
             o->moe_cache_mib = TM_AUTO;
         else if (cli_parse_i64(a, v, 0, 1ll << 30, &n)) {

@@ -134,44 +134,89 @@ static size_t context_act_bytes(const tm_model_config *cfg, int64_t B) {
     return (size_t)(B * (6 * E + 2 * Q + 2 * KV + cfg->n_expert + 2 * cfg->n_expert_used)) * 4;
 }
 
-/* What the GPU offers the placement: opened when a flag may want it. An
- * explicit -ngl N > 0 needs it; otherwise its absence means CPU only.
- * kv_layer: [n_layer] room for each layer's KV bytes (NULL: every layer's alike). */
-static tm_status context_gpu(const tm_context *c, tm_cuda_device **gpu, tm_placement_gpu *g,
-                             size_t *kv_layer, char *why, size_t why_len) {
+/* The GPUs a context may use: params.gpus resolved against the GPUs present, each
+ * opened, and what each offers the placement. */
+typedef struct context_gpus {
+    int n; /* the list's length: 0 when no flag wants a GPU or -dev none */
+    int cuda[TM_MAX_GPUS];
+    tm_cuda_device *dev[TM_MAX_GPUS];
+    tm_placement_gpu g[TM_MAX_GPUS]; /* g[0] says why there is none when n is 0 */
+} context_gpus;
+
+static void context_gpus_close(context_gpus *cg) {
+    for (int i = 0; i < cg->n; i++) cuda_device_close(cg->dev[i]);
+    cg->n = 0;
+}
+
+/* What one GPU offers the placement. kv_layer: [n_layer] room for each layer's KV bytes
+ * (NULL: every layer's alike). */
+static tm_status context_gpu_offer(const tm_context *c, tm_cuda_device *dev, const size_t *kv_layer,
+                                   tm_placement_gpu *g) {
     const tm_context_params *p = &c->params;
     const tm_model_config *cfg = &c->model->cfg;
-    *gpu = NULL;
-    memset(g, 0, sizeof(*g));
-    g->why = why;
-    snprintf(why, why_len, "no GPU flag given");
-    const bool wanted =
-        p->n_gpu_layers != 0 || p->moe_cache_mib || (p->override_tensor && *p->override_tensor);
-    if (!wanted) return TM_OK;
-    tm_status st = cuda_device_open(0, gpu);
-    if (st != TM_OK) {
-        if (p->n_gpu_layers > 0) return st; /* asked for layers on a GPU: say why there is none */
-        snprintf(why, why_len, "%s", tm_error_message());
-        return TM_OK;
-    }
     size_t free_b = 0, total_b = 0;
-    if ((st = cuda_device_memory(*gpu, &free_b, &total_b)) != TM_OK) {
-        cuda_device_close(*gpu);
-        *gpu = NULL;
-        return st;
-    }
-    const int64_t B = p->n_batch, KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    tm_status st = cuda_device_memory(dev, &free_b, &total_b);
+    if (st != TM_OK) return st;
+    const int64_t KV = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    memset(g, 0, sizeof(*g));
     g->usable = true;
     g->budget = free_b > GPU_RESERVE ? free_b - GPU_RESERVE : 0;
     const size_t row = (size_t)KV * (p->kv_type == TM_TYPE_F16 ? 2 : 4);
     g->kv_bytes_per_layer = 2 * (size_t)(c->n_ctx * c->n_seq) * row;
-    for (uint32_t l = 0; kv_layer && l < cfg->n_layer; l++) /* sliding layers' rings */
-        kv_layer[l] = 2 * (size_t)exec_kv_rows(c->n_ctx, B, c->model->window[l], p->kv_full) *
-                      (size_t)c->n_seq * row;
     g->kv_bytes_layer = kv_layer;
     /* activations and scratch, roughly: a batch of every activation, 64 rows
      * of logits, tensor-core scratch */
-    g->fixed_bytes = context_act_bytes(cfg, B) + (size_t)64 * cfg->n_vocab * 4 + ((size_t)96 << 20);
+    g->fixed_bytes =
+        context_act_bytes(cfg, p->n_batch) + (size_t)64 * cfg->n_vocab * 4 + ((size_t)96 << 20);
+    return TM_OK;
+}
+
+/* The GPUs, opened when a flag may want one. An explicit -ngl N > 0 needs one; otherwise
+ * its absence means CPU only. Without -dev (and a flag that names several GPUs:
+ * --tensor-split, --moe-cache A,B) CUDA0 alone, as before the executor ran several. */
+static tm_status context_gpus_open(const tm_context *c, context_gpus *cg, size_t *kv_layer,
+                                   char *why, size_t why_len) {
+    const tm_context_params *p = &c->params;
+    const tm_model_config *cfg = &c->model->cfg;
+    memset(cg, 0, sizeof(*cg));
+    cg->g[0].why = why;
+    snprintf(why, why_len, "no GPU flag given");
+    const bool wanted =
+        p->n_gpu_layers != 0 || p->moe_cache_mib || (p->override_tensor && *p->override_tensor);
+    tm_gpu_opts o = p->gpus;
+    if (o.dev_given && o.n_dev == 0) {
+        snprintf(why, why_len, "-dev none");
+        return TM_OK;
+    }
+    const bool explicit = o.dev_given || o.n_split || o.n_cache;
+    if (!explicit) o.dev_given = true, o.n_dev = 1, o.dev[0] = 0;
+    int n_avail = 0, n = 0, cuda[TM_MAX_GPUS];
+    if (cuda_device_count(&n_avail) != TM_OK) n_avail = 0;
+    tm_status st;
+    if (n_avail > 0 || explicit) { /* -dev CUDA7 is an error even where no GPU is */
+        if ((st = gpus_resolve(&o, n_avail, &n, cuda)) != TM_OK) return st;
+    } else {
+        n = 1, cuda[0] = 0; /* opening it says why there is none */
+    }
+    if (!wanted) return TM_OK;
+    for (uint32_t l = 0; kv_layer && l < cfg->n_layer; l++) /* sliding layers' rings */
+        kv_layer[l] = 2 *
+                      (size_t)exec_kv_rows(c->n_ctx, p->n_batch, c->model->window[l], p->kv_full) *
+                      (size_t)c->n_seq * (size_t)cfg->n_head_kv * cfg->head_dim *
+                      (p->kv_type == TM_TYPE_F16 ? 2 : 4);
+    for (int i = 0; i < n; i++) {
+        st = cuda_device_open(cuda[i], &cg->dev[i]);
+        if (st != TM_OK && i == 0 && n == 1 && !explicit && p->n_gpu_layers <= 0) {
+            snprintf(why, why_len, "%s", tm_error_message()); /* CPU only, saying why */
+            return TM_OK;
+        }
+        if (st == TM_OK) cg->n = i + 1, cg->cuda[i] = cuda[i];
+        if (st == TM_OK) st = context_gpu_offer(c, cg->dev[i], kv_layer, &cg->g[i]);
+        if (st != TM_OK) {
+            context_gpus_close(cg);
+            return o.dev_given && explicit ? tm_error_wrap(st, "-dev: CUDA%d", cuda[i]) : st;
+        }
+    }
     return TM_OK;
 }
 
@@ -225,6 +270,42 @@ static int64_t context_batch_auto(const tm_context *c, const tm_placement_gpu *g
     return best;
 }
 
+/* The executor runs one GPU a context for now (docs/flags.md, "Several GPUs: not yet"):
+ * the placement's GPU in use is moved to cg's first place and the others closed; a
+ * placement over several fails naming them. --moe-cache A,B: that GPU's size. */
+static tm_status context_gpus_pick(tm_context *c, context_gpus *cg) {
+    tm_placement *pl = &c->placement;
+    if (pl->n_gpu_used > 1) {
+        char list[256] = "";
+        size_t k = 0;
+        for (int i = 0; i < cg->n && k < sizeof(list); i++) {
+            const uint32_t a = pl->span_first[i], b = pl->span_first[i + 1];
+            if (a < b)
+                k += (size_t)snprintf(list + k, sizeof(list) - k, "%slayers %u-%u on CUDA%d",
+                                      k ? ", " : "", a, b - 1, cg->cuda[i]);
+        }
+        return tm_error_set(TM_ERR_DEVICE,
+                            "-dev/--tensor-split: the placement uses %d GPUs (%s); running "
+                            "spans on several GPUs is not yet implemented: give one GPU (-dev "
+                            "CUDAn, or --split-mode none -mg N)",
+                            pl->n_gpu_used, list);
+    }
+    int keep = 0;
+    for (int i = 0; i < cg->n; i++)
+        if (pl->gpu_bytes_each[i]) keep = i;
+    for (uint32_t l = 0; l < pl->n_layer; l++)
+        if (pl->layer_dev[l] == TM_DEV_GPU) keep = pl->layer_gpu[l];
+    if (c->params.gpus.n_cache && keep < c->params.gpus.n_cache)
+        c->params.moe_cache_mib = c->params.gpus.cache_mib[keep];
+    for (int i = 0; i < cg->n; i++)
+        if (i != keep) cuda_device_close(cg->dev[i]);
+    if (cg->n) {
+        cg->dev[0] = cg->dev[keep], cg->cuda[0] = cg->cuda[keep], cg->g[0] = cg->g[keep];
+        cg->n = 1;
+    }
+    return TM_OK;
+}
+
 tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_context **out) {
     *out = NULL;
     tm_context *c = calloc(1, sizeof(*c));
@@ -262,20 +343,34 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq), free(c);
         return st;
     }
-    tm_cuda_device *gpu = NULL;
-    tm_placement_gpu g;
+    context_gpus cg;
     char why[512];
-    const tm_placement_params pp = {c->params.n_gpu_layers, c->params.cpu_moe, c->params.n_cpu_moe,
-                                    c->params.override_tensor};
     size_t *kv_layer = m->window ? calloc(cfg->n_layer, sizeof(size_t)) : NULL;
     if (m->window && !kv_layer) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
-    if (st || (st = context_gpu(c, &gpu, &g, kv_layer, why, sizeof(why))) ||
-        (st = placement_make(m->file, cfg->n_layer, &pp, &g, &c->placement))) {
+    if (st || (st = context_gpus_open(c, &cg, kv_layer, why, sizeof(why)))) {
         free(kv_layer);
-        cuda_device_close(gpu);
         model_context_free(c);
         return st;
     }
+    const tm_gpu_opts *go = &c->params.gpus;
+    const tm_placement_params pp = {c->params.n_gpu_layers,
+                                    c->params.cpu_moe,
+                                    c->params.n_cpu_moe,
+                                    c->params.override_tensor,
+                                    cg.n,
+                                    cg.cuda,
+                                    go->n_split && go->split_mode == TM_SPLIT_LAYER ? go->split
+                                                                                    : NULL};
+    if ((st = placement_make(m->file, cfg->n_layer, &pp, cg.g, &c->placement)) ||
+        (st = context_gpus_pick(c, &cg))) {
+        free(kv_layer);
+        context_gpus_close(&cg);
+        model_context_free(c);
+        return st;
+    }
+    /* the one GPU the executor runs (context_gpus_pick closed the others) */
+    tm_cuda_device *gpu = cg.n ? cg.dev[0] : NULL;
+    const tm_placement_gpu g = cg.g[0];
     if (batch_auto && gpu && c->placement.any_gpu) {
         const int64_t b = context_batch_auto(c, &g, &c->placement, kv_layer);
         if (b != c->params.n_batch)

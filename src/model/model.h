@@ -19,6 +19,7 @@
 #include "gguf/gguf.h"
 #include "moe/moe.h"
 #include "quant/quant.h"
+#include "tier/gpus.h"
 #include "tier/placement.h"
 #include "tier/tier.h"
 #include "trace/trace.h"
@@ -114,8 +115,10 @@ typedef struct tm_context_params {
                          output head); TM_NGL_AUTO: as many as fit, 0 without a GPU */
     bool cpu_moe;     /* --cpu-moe: every layer's experts in RAM */
     int n_cpu_moe;    /* --n-cpu-moe N: the experts of layers < N in RAM */
-    const char *override_tensor; /* -ot PATTERN=CPU|CUDA0[,...] (placement.h) */
-    int64_t moe_cache_mib;       /* --moe-cache: VRAM for experts in RAM (TM_MOE_CACHE_AUTO) */
+    const char *override_tensor; /* -ot PATTERN=CPU|CUDAn[,...] (placement.h) */
+    tm_gpu_opts gpus;      /* -dev, --split-mode, --tensor-split, -mg, --moe-cache A,B (gpus.h; all
+                         zero: CUDA0 alone, as before several GPUs ran) */
+    int64_t moe_cache_mib; /* --moe-cache: VRAM for experts in RAM (TM_MOE_CACHE_AUTO) */
     tm_moe_cache_opts moe_cache; /* the cache's plan and updates (--moe-learn, --moe-cache-*) */
     int moe_pcie;  /* --moe-pcie: cold experts a decode token the GPU reads from RAM over PCIe
                      (0: TM_MOE_PCIE_AUTO, TM_MOE_PCIE_OFF, or N) */

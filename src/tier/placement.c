@@ -42,6 +42,8 @@ typedef struct rule {
     const char *item; /* the -ot item as written (not terminated: item_len) */
     size_t item_len;
     int below;        /* RULE_N_CPU_MOE: layers below this */
+    int cuda;         /* dev TM_DEV_GPU: the CUDA index the item names (CUDAn) */
+    int slot;         /* and its place in the GPU list (placement_run) */
     uint64_t n_match; /* tensors whose name it matches (first or not) */
     uint64_t n_win;   /* tensors it places (the first rule to match them) */
 } rule;
@@ -102,15 +104,26 @@ static tm_status rules_add_item(rules *rs, const char *flag, const char *item, s
     if (pat_len == 0)
         return tm_error_set(TM_ERR_ARG, "%s '%.*s': empty pattern (expected PATTERN=BUFFER_TYPE)",
                             flag, prec(len), item);
-    int dev = -1;
-    for (int d = 0; d < TM_DEV_COUNT; d++)
-        if (strlen(tm_dev_names[d]) == dev_len && !strncasecmp(eq + 1, tm_dev_names[d], dev_len))
-            dev = d;
+    int dev = -1, cuda = 0;
+    const char *d = eq + 1;
+    if (dev_len == 3 && !strncasecmp(d, "CPU", 3)) {
+        dev = TM_DEV_CPU;
+    } else if (dev_len > 4 && dev_len <= 7 && !strncasecmp(d, "CUDA", 4)) { /* CUDA0 .. CUDA999 */
+        dev = TM_DEV_GPU;
+        for (size_t i = 4; i < dev_len && dev >= 0; i++)
+            if (d[i] >= '0' && d[i] <= '9')
+                cuda = cuda * 10 + (d[i] - '0');
+            else
+                dev = -1;
+    }
     if (dev < 0)
-        return tm_error_set(TM_ERR_ARG, "%s '%.*s': unknown buffer type '%.*s' (expected %s or %s)",
-                            flag, prec(len), item, prec(dev_len), eq + 1, tm_dev_names[TM_DEV_CPU],
-                            tm_dev_names[TM_DEV_GPU]);
-    return rules_add(rs, flag, item, len, item, pat_len, (tm_dev)dev, RULE_OT);
+        return tm_error_set(TM_ERR_ARG,
+                            "%s '%.*s': unknown buffer type '%.*s' (expected CPU or CUDA0, "
+                            "CUDA1, ...)",
+                            flag, prec(len), item, prec(dev_len), d);
+    tm_status st = rules_add(rs, flag, item, len, item, pat_len, (tm_dev)dev, RULE_OT);
+    if (st == TM_OK) rs->r[rs->n - 1].cuda = cuda;
+    return st;
 }
 
 /* The -ot items of spec, in order. Items point into spec. */
@@ -179,9 +192,14 @@ typedef struct plan {
     int32_t *win;        /* [n_tensors] the first rule to match the tensor, or -1 */
     int32_t *layer;      /* [n_tensors] its layer, or -1 (none, or >= n_layer) */
     uint8_t *kind;       /* [n_tensors] tensor_kind */
-    uint8_t *seen;       /* [n_layer] devices of the layer's expert tensors, a bit per tm_dev */
+    uint16_t *seen;      /* [n_layer] where the layer's expert tensors are: bit 0 the CPU,
+                            bit 1 + g GPU g */
     int32_t *split_rule; /* [n_layer] a rule that placed one of the layer's experts, or -1 */
     bool tied;           /* no output.weight: token_embd is the output head */
+    int n_gpu;           /* the GPU list: gpus[0 .. n_gpu) */
+    const tm_placement_gpu *gpus;
+    int cuda[TM_MAX_GPUS];   /* their CUDA indices */
+    float prop[TM_MAX_GPUS]; /* the spans' proportions */
 } plan;
 
 static bool name_is(const tm_gguf_str *s, const char *lit) {
@@ -232,19 +250,35 @@ static tm_status plan_match(plan *pl, pcre2_match_data *md) {
     return TM_OK;
 }
 
-/* Place every tensor for layers < n on the GPU (all_gpu: every layer, so the
- * output head too) into out; returns the GPU's bytes. warn: log split experts
- * (only the final pass does). */
+/* A device's name in messages: CPU, or CUDAn of GPU g (bit 1 + g of a seen mask). */
+static void dev_name(const plan *pl, int bit, char *buf, size_t n) {
+    if (bit == 0)
+        snprintf(buf, n, "%s", tm_dev_names[TM_DEV_CPU]);
+    else
+        snprintf(buf, n, "CUDA%d", pl->cuda[bit - 1]);
+}
+
+/* Place every tensor for layers < n on the GPUs, in spans (all_gpu: every layer, so the
+ * output head too) into out; returns the GPUs' bytes. warn: log split experts (only the
+ * final pass does). */
 static size_t plan_apply(plan *pl, uint32_t n, bool all_gpu, tm_placement *out, bool warn) {
     const tm_gguf_file *f = pl->f;
+    gpus_spans_make(pl->n_gpu, pl->prop, n, out->span_first);
+    for (int g = pl->n_gpu + 1; g <= TM_MAX_GPUS; g++) out->span_first[g] = n;
     for (uint32_t l = 0; l < pl->n_layer; l++) {
         out->layer_dev[l] = l < n ? TM_DEV_GPU : TM_DEV_CPU;
+        int g = 0;
+        while (l < n && g + 1 < pl->n_gpu && l >= out->span_first[g + 1]) g++;
+        out->layer_gpu[l] = (uint8_t)g;
         pl->seen[l] = 0;
         pl->split_rule[l] = -1;
     }
+    /* the output head and what is not a layer's: the last span's GPU */
+    const int out_gpu = n > 0 ? out->layer_gpu[n - 1] : 0;
     for (uint64_t t = 0; t < f->n_tensors; t++) {
         int l = pl->layer[t], w = pl->win[t];
         tm_dev home;
+        int home_gpu = l >= 0 ? out->layer_gpu[l] : out_gpu;
         if (l >= 0)
             home = (tm_dev)out->layer_dev[l];
         else if (pl->kind[t] == T_EMBD && !pl->tied)
@@ -252,83 +286,137 @@ static size_t plan_apply(plan *pl, uint32_t n, bool all_gpu, tm_placement *out, 
         else
             home = all_gpu ? TM_DEV_GPU : TM_DEV_CPU;
         tm_dev d = pl->kind[t] == T_UNRUN ? TM_DEV_CPU : w >= 0 ? pl->rs->r[w].dev : home;
+        const int gpu = w >= 0 && d == TM_DEV_GPU ? pl->rs->r[w].slot : home_gpu;
         out->tensor_dev[t] = (uint8_t)d;
+        out->tensor_gpu[t] = (uint8_t)(d == TM_DEV_GPU ? gpu : 0);
         if (pl->kind[t] == T_EXPERT) {
-            pl->seen[l] |= (uint8_t)(1u << d);
+            pl->seen[l] |= (uint16_t)(1u << (d == TM_DEV_GPU ? 1 + gpu : 0));
             if (w >= 0 && pl->split_rule[l] < 0) pl->split_rule[l] = w;
         }
     }
-    const uint8_t both = (1u << TM_DEV_CPU) | (1u << TM_DEV_GPU);
     for (uint32_t l = 0; l < pl->n_layer; l++) {
         /* The tier computes an expert in one place: a split layer's go to the CPU. */
-        uint8_t s = pl->seen[l];
-        out->experts_dev[l] = s == both || s == (1u << TM_DEV_CPU) ? TM_DEV_CPU
-                              : s == (1u << TM_DEV_GPU)            ? TM_DEV_GPU
-                                                                   : out->layer_dev[l];
-        if (warn && s == both) {
+        const uint16_t s = pl->seen[l];
+        const bool split = s & (s - 1);
+        out->experts_dev[l] = split || s == 1 ? TM_DEV_CPU : s ? TM_DEV_GPU : out->layer_dev[l];
+        int eg = out->layer_gpu[l];
+        for (int b = 1; !split && b <= pl->n_gpu; b++)
+            if (s == 1u << b) eg = b - 1;
+        out->experts_gpu[l] = (uint8_t)(out->experts_dev[l] == TM_DEV_GPU ? eg : 0);
+        if (warn && split) {
             char desc[256] = "the overrides"; /* a split needs a rule: defaults are per layer */
             if (pl->split_rule[l] >= 0)
                 rule_describe(&pl->rs->r[pl->split_rule[l]], desc, sizeof(desc));
+            int b0 = 0;
+            while (!(s & (1u << b0))) b0++;
+            int b1 = b0 + 1;
+            while (!(s & (1u << b1))) b1++;
+            char n0[16], n1[16];
+            dev_name(pl, b0, n0, sizeof(n0));
+            dev_name(pl, b1, n1, sizeof(n1));
             tm_log_warn("layer %u: %s splits the layer's expert tensors between %s and %s: all of "
                         "them go to the %s (an expert is computed in one place)",
-                        l, desc, tm_dev_names[TM_DEV_CPU], tm_dev_names[TM_DEV_GPU],
-                        tm_dev_names[TM_DEV_CPU]);
+                        l, desc, n0, n1, tm_dev_names[TM_DEV_CPU]);
         }
     }
     size_t bytes = 0;
     bool any = n > 0;
+    memset(out->gpu_bytes_each, 0, sizeof(out->gpu_bytes_each));
     for (uint64_t t = 0; t < f->n_tensors; t++) {
-        if (pl->kind[t] == T_EXPERT) out->tensor_dev[t] = out->experts_dev[pl->layer[t]];
+        if (pl->kind[t] == T_EXPERT) {
+            out->tensor_dev[t] = out->experts_dev[pl->layer[t]];
+            out->tensor_gpu[t] = out->experts_gpu[pl->layer[t]];
+        }
         if (out->tensor_dev[t] == TM_DEV_GPU) {
             bytes = add_sat(bytes, f->tensors[t].n_bytes);
+            size_t *each = &out->gpu_bytes_each[out->tensor_gpu[t]];
+            *each = add_sat(*each, f->tensors[t].n_bytes);
             any = true;
         }
     }
+    out->n_gpu_used = 0;
+    for (int g = 0; g < pl->n_gpu; g++) {
+        bool used = out->gpu_bytes_each[g] > 0;
+        for (uint32_t l = 0; l < n && !used; l++) used = out->layer_gpu[l] == g;
+        out->n_gpu_used += used;
+    }
     out->n_gpu_layers = (int)n;
     out->output_gpu = all_gpu;
+    out->output_gpu_index = out_gpu;
     out->any_gpu = any;
     out->gpu_bytes = bytes;
     return bytes;
 }
 
-/* What the GPU needs with layers < n there: tensors, their KV caches, and the
- * fixed part once anything is there. */
-static size_t plan_need(plan *pl, uint32_t n, const tm_placement_gpu *g, tm_placement *out) {
-    size_t need = plan_apply(pl, n, n > 0 && n == pl->n_layer, out, false);
-    if (g->kv_bytes_layer) {
-        for (uint32_t l = 0; l < n; l++) need = add_sat(need, g->kv_bytes_layer[l]);
-    } else {
-        const size_t kv = g->kv_bytes_per_layer;
-        need = add_sat(need, kv && n > SIZE_MAX / kv ? SIZE_MAX : n * kv);
+/* What each GPU needs with layers < n there (need[g]): tensors, their KV caches, and the
+ * fixed part once anything is there. Returns whether every GPU's fits its budget. */
+static bool plan_need(plan *pl, uint32_t n, tm_placement *out, size_t *need) {
+    plan_apply(pl, n, n > 0 && n == pl->n_layer, out, false);
+    bool fits = true;
+    for (int g = 0; g < pl->n_gpu; g++) {
+        const tm_placement_gpu *gp = &pl->gpus[g];
+        size_t b = out->gpu_bytes_each[g];
+        bool used = b > 0;
+        for (uint32_t l = 0; l < n; l++) {
+            if (out->layer_gpu[l] != g) continue;
+            b = add_sat(b, gp->kv_bytes_layer ? gp->kv_bytes_layer[l] : gp->kv_bytes_per_layer);
+            used = true;
+        }
+        need[g] = used ? add_sat(b, gp->fixed_bytes) : b;
+        fits &= need[g] <= gp->budget;
     }
-    return out->any_gpu ? add_sat(need, g->fixed_bytes) : need;
+    return fits;
 }
 
 static double mib(size_t b) {
     return (double)b / (1024.0 * 1024.0);
 }
 
-/* -ngl auto: the most layers that fit (0 when none does). */
-static uint32_t plan_auto(plan *pl, const tm_placement_gpu *g, tm_placement *out) {
-    uint32_t lo = 0, hi = pl->n_layer;
-    while (lo < hi) { /* the answer is in [lo, hi] */
-        uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (plan_need(pl, mid, g, out) <= g->budget)
-            lo = mid;
-        else
-            hi = mid - 1;
+/* One line of -ngl auto's: each GPU's need and budget. */
+static void plan_auto_log(const plan *pl, uint32_t n, const size_t *need) {
+    char line[512] = "";
+    size_t k = 0;
+    for (int g = 0; g < pl->n_gpu && k < sizeof(line); g++)
+        k += (size_t)snprintf(line + k, sizeof(line) - k, "%sCUDA%d %.1f of %.1f MiB",
+                              g ? ", " : "", pl->cuda[g], mib(need[g]), mib(pl->gpus[g].budget));
+    tm_log_info("-ngl auto: %u of %u layers on %d GPUs (%s)", n, pl->n_layer, pl->n_gpu, line);
+}
+
+/* -ngl auto: the most layers that fit (0 when none does). One GPU: a binary search
+ * (its bytes never shrink as n grows); several: from the top down, since moving a span
+ * boundary can shrink one GPU's bytes while another's grow. */
+static uint32_t plan_auto(plan *pl, tm_placement *out) {
+    size_t need[TM_MAX_GPUS];
+    uint32_t lo = 0;
+    if (pl->n_gpu == 1) {
+        uint32_t hi = pl->n_layer;
+        while (lo < hi) { /* the answer is in [lo, hi] */
+            uint32_t mid = lo + (hi - lo + 1) / 2;
+            if (plan_need(pl, mid, out, need))
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+    } else {
+        for (lo = pl->n_layer; lo > 0 && !plan_need(pl, lo, out, need); lo--) {
+        }
     }
+    const tm_placement_gpu *g = &pl->gpus[0];
     if (lo == 0 && pl->n_layer > 0) {
-        size_t one = plan_need(pl, 1, g, out);
+        plan_need(pl, 1, out, need);
+        const size_t one = need[0];
         plan_apply(pl, 0, false, out, false);
         tm_log_info("-ngl auto: the GPU is too small for one layer (%.1f MiB needed, %.1f MiB "
                     "budget): %s",
                     mib(one), mib(g->budget),
                     out->any_gpu ? "the layers run on the CPU" : "running on the CPU only");
     } else if (pl->n_layer > 0) {
-        size_t need = plan_need(pl, lo, g, out);
-        tm_log_info("-ngl auto: %u of %u layers on the GPU (%.1f MiB of a %.1f MiB budget)", lo,
-                    pl->n_layer, mib(need), mib(g->budget));
+        plan_need(pl, lo, out, need);
+        if (pl->n_gpu == 1)
+            tm_log_info("-ngl auto: %u of %u layers on the GPU (%.1f MiB of a %.1f MiB budget)", lo,
+                        pl->n_layer, mib(need[0]), mib(g->budget));
+        else
+            plan_auto_log(pl, lo, need);
     }
     return lo;
 }
@@ -338,6 +426,9 @@ void placement_free(tm_placement *pl) {
     free(pl->tensor_dev);
     free(pl->layer_dev);
     free(pl->experts_dev);
+    free(pl->tensor_gpu);
+    free(pl->layer_gpu);
+    free(pl->experts_gpu);
     memset(pl, 0, sizeof(*pl));
 }
 
@@ -351,8 +442,20 @@ static tm_status plan_check(const plan *pl, const tm_placement_params *p,
     for (size_t i = 0; i < pl->rs->n; i++) {
         const rule *r = &pl->rs->r[i];
         if (!usable && r->dev == TM_DEV_GPU && r->n_win)
-            return tm_error_set(TM_ERR_DEVICE, "%s '%.*s': %s requested, but no usable GPU (%s)",
-                                OT_FLAG, prec(r->item_len), r->item, tm_dev_names[TM_DEV_GPU], why);
+            return tm_error_set(TM_ERR_DEVICE,
+                                "%s '%.*s': CUDA%d requested, but no usable GPU (%s)", OT_FLAG,
+                                prec(r->item_len), r->item, r->cuda, why);
+        if (usable && r->dev == TM_DEV_GPU && r->slot < 0) {
+            char list[128] = "";
+            size_t k = 0;
+            for (int k2 = 0; k2 < pl->n_gpu && k < sizeof(list); k2++)
+                k += (size_t)snprintf(list + k, sizeof(list) - k, "%sCUDA%d", k2 ? "," : "",
+                                      pl->cuda[k2]);
+            return tm_error_set(TM_ERR_DEVICE,
+                                "%s '%.*s': CUDA%d is not one of the GPUs used (%s; -dev sets "
+                                "them)",
+                                OT_FLAG, prec(r->item_len), r->item, r->cuda, list);
+        }
     }
     for (size_t i = 0; i < pl->rs->n; i++) {
         const rule *r = &pl->rs->r[i];
@@ -386,19 +489,35 @@ static tm_status placement_run(const tm_gguf_file *f, uint32_t n_layer,
     out->tensor_dev = calloc(nt, 1);
     out->layer_dev = calloc(nl, 1);
     out->experts_dev = calloc(nl, 1);
+    out->tensor_gpu = calloc(nt, 1);
+    out->layer_gpu = calloc(nl, 1);
+    out->experts_gpu = calloc(nl, 1);
     pl->win = calloc(nt, sizeof(int32_t));
     pl->layer = calloc(nt, sizeof(int32_t));
     pl->kind = calloc(nt, 1);
-    pl->seen = calloc(nl, 1);
+    pl->seen = calloc(nl, sizeof(uint16_t));
     pl->split_rule = calloc(nl, sizeof(int32_t));
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (!out->tensor_dev || !out->layer_dev || !out->experts_dev || !pl->win || !pl->layer ||
-        !pl->kind || !pl->seen || !pl->split_rule || !md) {
+    if (!out->tensor_dev || !out->layer_dev || !out->experts_dev || !out->tensor_gpu ||
+        !out->layer_gpu || !out->experts_gpu || !pl->win || !pl->layer || !pl->kind || !pl->seen ||
+        !pl->split_rule || !md) {
         pcre2_match_data_free(md);
         return tm_error_set(TM_ERR_NOMEM, "placement: out of memory for %u tensors, %u layers",
                             out->n_tensors, n_layer);
     }
     pl->f = f, pl->n_layer = n_layer, pl->rs = rs;
+    pl->n_gpu = p->n_gpu > 1 ? p->n_gpu : 1;
+    pl->gpus = g;
+    out->n_gpu = pl->n_gpu;
+    for (int i = 0; i < pl->n_gpu; i++) {
+        pl->cuda[i] = p->gpu_cuda ? p->gpu_cuda[i] : i;
+        pl->prop[i] = p->split ? p->split[i] : (float)mib(g[i].budget);
+    }
+    for (size_t i = 0; i < rs->n; i++) {
+        rs->r[i].slot = -1;
+        for (int k = 0; k < pl->n_gpu; k++)
+            if (rs->r[i].dev == TM_DEV_GPU && rs->r[i].cuda == pl->cuda[k]) rs->r[i].slot = k;
+    }
     st = plan_match(pl, md);
     pcre2_match_data_free(md);
     if (st != TM_OK) return st;
@@ -407,7 +526,7 @@ static tm_status placement_run(const tm_gguf_file *f, uint32_t n_layer,
     uint32_t n = 0;
     bool all_gpu = false;
     if (g && g->usable && p->n_gpu_layers == TM_NGL_AUTO) {
-        n = plan_auto(pl, g, out);
+        n = plan_auto(pl, out);
         all_gpu = n > 0 && n == n_layer;
     } else if (g && g->usable && p->n_gpu_layers > 0) {
         n = (uint32_t)p->n_gpu_layers < n_layer ? (uint32_t)p->n_gpu_layers : n_layer;
@@ -433,6 +552,15 @@ tm_status placement_make(const tm_gguf_file *f, uint32_t n_layer, const tm_place
     if (p->n_cpu_moe < 0)
         return tm_error_set(TM_ERR_ARG, "--n-cpu-moe %d: expected a number of layers >= 0",
                             p->n_cpu_moe);
+    static const tm_placement_gpu none = {false, "none was given", 0, 0, 0, NULL};
+    if (p->n_gpu < 0 || p->n_gpu > TM_MAX_GPUS || (!gpu && p->n_gpu > 1))
+        return tm_error_set(TM_ERR_ARG, "placement_make: %d GPUs (0 .. %d, and their budgets)",
+                            p->n_gpu, TM_MAX_GPUS);
+    if (!gpu) gpu = &none;
+    for (int i = 0; p->split && i < p->n_gpu; i++)
+        if (!(p->split[i] >= 0))
+            return tm_error_set(TM_ERR_ARG, "--tensor-split: proportion %d is %g (expected >= 0)",
+                                i, (double)p->split[i]);
     out->n_tensors = (uint32_t)f->n_tensors, out->n_layer = n_layer;
     rules rs = {0};
     plan pl = {0};

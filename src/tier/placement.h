@@ -1,12 +1,17 @@
-/* Placement: where each tensor of a model lives, CPU (the mapped file) or GPU,
- * from the flags users know from llama.cpp (docs/executor.md):
+/* Placement: where each tensor of a model lives, CPU (the mapped file) or a GPU,
+ * from the flags users know from llama.cpp (docs/executor.md, docs/flags.md):
  *
  *   -ngl N          layers < N on the GPU; N >= n_layer also the output head;
- *                   TM_NGL_AUTO: as many as fit the GPU budget
+ *                   TM_NGL_AUTO: as many as fit the GPU budget (every GPU's);
+ *                   with several GPUs the layers < N are split into contiguous
+ *                   spans, one a GPU in order, by the params' proportions
+ *                   (--tensor-split; default each GPU's budget), and the
+ *                   output head goes to the last span's GPU
  *   --cpu-moe       every layer's expert tensors on the CPU
  *   --n-cpu-moe N   the expert tensors of layers < N on the CPU
  *   -ot P=D[,P=D]   tensors whose name matches the PCRE2 pattern P (searched, not
- *                   anchored) on D = CPU or CUDA0; first match wins; before the
+ *                   anchored) on D = CPU or CUDAn (a GPU of the list: its CUDA
+ *                   index); first match wins; before the
  *                   patterns --cpu-moe / --n-cpu-moe stand for
  *
  * Rules beyond the flags: a tensor's layer is N of its "blk.N." prefix; its
@@ -30,6 +35,7 @@
 #include "core/status.h"
 #include "exec/exec.h"
 #include "gguf/gguf.h"
+#include "tier/gpus.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +49,10 @@ typedef struct tm_placement_params {
     int n_cpu_moe;         /* --n-cpu-moe N (0: none) */
     const char *overrides; /* -ot: "PATTERN=DEV[,PATTERN=DEV...]", several -ot joined by ','
                               (NULL or "": none) */
+    int n_gpu;             /* GPUs: placement_make's gpu[0 .. n_gpu) (0: one, gpu[0]) */
+    const int *gpu_cuda;   /* [n_gpu] each one's CUDA index, what -ot's CUDAn names (NULL: 0,
+                              1, ...) */
+    const float *split;    /* [n_gpu] the spans' proportions (NULL: each GPU's budget) */
 } tm_placement_params;
 
 /* What the GPU offers. */
@@ -64,12 +74,24 @@ typedef struct tm_placement {
     int n_gpu_layers;     /* resolved -ngl (0..n_layer) */
     bool output_gpu;      /* the output head on the GPU */
     bool any_gpu;         /* some tensor or KV cache is on the GPU */
-    size_t gpu_bytes;     /* bytes of the tensors on the GPU */
+    size_t gpu_bytes;     /* bytes of the tensors on the GPU (all GPUs) */
+    /* Several GPUs: which one, for what tm_dev puts on TM_DEV_GPU (0 .. n_gpu - 1: an
+       index into the params' GPU list; 0 elsewhere) */
+    int n_gpu;                            /* the GPU list's length (1 with one or none) */
+    uint8_t *tensor_gpu;                  /* [n_tensors] */
+    uint8_t *layer_gpu;                   /* [n_layer] attention and its KV cache */
+    uint8_t *experts_gpu;                 /* [n_layer] the layer's expert tensors */
+    int output_gpu_index;                 /* the output head's (the last span's GPU) */
+    uint32_t span_first[TM_MAX_GPUS + 1]; /* GPU g's default span: layers [span_first[g],
+                                             span_first[g + 1]) (-ot may move tensors) */
+    size_t gpu_bytes_each[TM_MAX_GPUS];   /* bytes of the tensors on each GPU */
+    int n_gpu_used;                       /* GPUs holding a tensor or a KV cache */
 } tm_placement;
 
-/* Place every tensor of f (a model of n_layer layers). Errors name the flag:
- * an -ot item without '=', an invalid regular expression (PCRE2's message and
- * offset), an unknown device; a request for the GPU (-ngl N > 0, -ot ...=CUDA0)
+/* Place every tensor of f (a model of n_layer layers) over gpu[0 .. max(1,
+ * p->n_gpu)). Errors name the flag: an -ot item without '=', an invalid regular
+ * expression (PCRE2's message and offset), an unknown device, a CUDAn not in
+ * the GPU list; a request for the GPU (-ngl N > 0, -ot ...=CUDA0)
  * when gpu->usable is false; -ngl N > 0 whose tensors do not fit gpu->budget
  * is left to the allocation, which names needed and free bytes. Warns (log) on
  * a pattern that matches no tensor and on a split expert triple. Without a

@@ -99,10 +99,10 @@ static tm_status tier_cache_budget(tm_tier *t, const tm_tier_params *p, size_t *
     *budget = (size_t)p->cache_mib << 20;
     if (*budget > free_b)
         return tm_error_set(TM_ERR_DEVICE,
-                            "--moe-cache %lld: %.1f MiB needed, %.1f MiB of VRAM free (of %.1f "
-                            "MiB)",
+                            "--moe-cache %lld: %.1f MiB needed, %.1f MiB of VRAM free on CUDA%d "
+                            "(of %.1f MiB)",
                             (long long)p->cache_mib, *budget / 1048576.0, free_b / 1048576.0,
-                            total_b / 1048576.0);
+                            cuda_device_info(exec_gpu(t->e))->index, total_b / 1048576.0);
     return TM_OK;
 }
 
