@@ -17,7 +17,8 @@
 /* MOCK_GPUS=2 with a memory size each: two devices whose pools count against
  * their own memory; a peer copy moves bytes between their pools and refuses
  * a pointer of the wrong device (what the executor's span hand-off relies on);
- * a kernel on one device's stream given the other's memory fails. */
+ * a kernel on one device's stream given the other's memory fails; as in CUDA,
+ * pools and launches go to the thread's current device only (cuda_device_select). */
 static void test_two_devices(void **state) {
     (void)state;
     setenv("MOCK_GPUS", "2", 1);
@@ -36,7 +37,12 @@ static void test_two_devices(void **state) {
     assert_string_equal(cuda_device_info(d1)->name, "mock GPU 1");
     size_t f0, t0, f1, t1;
     tm_cuda_pool *p0, *p1;
+    /* d1 opened last is current: d0's pool refused (cudaMalloc would land on d1) */
+    assert_int_equal(cuda_pool_create(d0, (size_t)40 << 20, &p0), TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "GPU 0 while GPU 1 is current"));
+    assert_int_equal(cuda_device_select(d0), TM_OK);
     assert_int_equal(cuda_pool_create(d0, (size_t)40 << 20, &p0), TM_OK);
+    assert_int_equal(cuda_device_select(d1), TM_OK);
     assert_int_equal(cuda_pool_create(d1, (size_t)40 << 20, &p1), TM_ERR_DEVICE); /* 32 MiB */
     assert_int_equal(cuda_pool_create(d1, (size_t)20 << 20, &p1), TM_OK);
     assert_int_equal(cuda_device_memory(d0, &f0, &t0), TM_OK);
@@ -63,10 +69,14 @@ static void test_two_devices(void **state) {
     assert_non_null(strstr(tm_error_message(), "from GPU 1 to GPU 0"));
     assert_int_equal(cuda_copy_peer_async(d1, b, d0, host, 4096, cuda_device_stream(d0)),
                      TM_ERR_DEVICE);
-    /* a kernel on GPU 0's stream given GPU 1's memory: an illegal address, sticky */
+    /* a launch on GPU 0's stream while GPU 1 is current: refused at once */
+    assert_int_equal(cuda_scale(a, 2.0f, 1024, cuda_device_stream(d0)), TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "GPU 0's stream while GPU 1 is current"));
+    /* a kernel on one GPU's stream given the other's memory: an illegal address, sticky */
     assert_int_equal(cuda_scale(a, 2.0f, 1024, cuda_device_stream(d1)), TM_OK);
     assert_int_equal(cuda_device_sync(d1), TM_ERR_DEVICE);
     assert_non_null(strstr(tm_error_message(), "illegal address"));
+    assert_int_equal(cuda_device_select(d0), TM_OK);
     assert_int_equal(cuda_scale(b, 2.0f, 1024, cuda_device_stream(d0)), TM_OK);
     assert_int_equal(cuda_device_sync(d0), TM_ERR_DEVICE);
     cuda_host_free(host);

@@ -53,6 +53,12 @@ tm_status cuda_device_count(int *out);
 const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev);
 tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes);
 tm_cuda_stream cuda_device_stream(const tm_cuda_device *dev);
+/* Make dev the calling host thread's current device (cudaSetDevice; CUDA keeps one a
+ * thread, device 0 until set): allocations (cuda_pool_create, cuda_stream_create) go to
+ * the current device and a kernel launch on another device's stream fails. cuda_device_open
+ * selects the device it opens on the opening thread; a thread that launches on a device
+ * other than 0 selects it first (the executor at each step). */
+tm_status cuda_device_select(tm_cuda_device *dev);
 tm_status cuda_device_sync(tm_cuda_device *dev);
 
 /* ---- device memory pool: one cudaMalloc, a bump allocator ---- */

@@ -121,6 +121,11 @@ tm_status cuda_device_open(int index, tm_cuda_device **out) {
     return TM_OK;
 }
 
+tm_status cuda_device_select(tm_cuda_device *dev) {
+    TM_CUDA_TRY(cudaSetDevice(dev->info.index));
+    return TM_OK;
+}
+
 void cuda_device_close(tm_cuda_device *dev) {
     if (!dev) return;
     if (dev->stream) cudaStreamSynchronize(dev->stream);

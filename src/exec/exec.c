@@ -58,6 +58,11 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
     memcpy(e->tensor_dev, p->tensor_dev, e->n_tensors);
+    tm_status sel = exec_select(e); /* the pools below go to the current device */
+    if (sel != TM_OK) {
+        exec_free(e);
+        return sel;
+    }
     if (e->gpu) e->stream = cuda_device_stream(e->gpu);
     const char *graph = getenv("TIERMOE_CUDA_GRAPH");
     e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
@@ -549,6 +554,7 @@ tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const
                          const int32_t *seq, tm_moe_phase phase, tm_exec_forward_fn forward,
                          void *ud) {
     tm_status st = exec_step_rows_set(e, n_tok, pos, seq);
+    if (st == TM_OK) st = exec_select(e); /* a server's steps run on its slots' threads */
     if (st != TM_OK) return st;
     e->tokens = tokens, e->n_tok = n_tok, e->phase = phase;
     e->seq++;
@@ -611,6 +617,9 @@ bool exec_capturing(const tm_exec *e) {
 }
 tm_cuda_device *exec_gpu(tm_exec *e) {
     return e->gpu;
+}
+tm_status exec_select(tm_exec *e) {
+    return e->gpu ? cuda_device_select(e->gpu) : TM_OK;
 }
 tm_cuda_stream exec_stream(tm_exec *e) {
     return e->stream;

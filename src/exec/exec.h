@@ -358,6 +358,10 @@ bool exec_precise(const tm_exec *e);
 bool exec_profiling(const tm_exec *e);
 bool exec_capturing(const tm_exec *e);
 tm_cuda_device *exec_gpu(tm_exec *e); /* NULL without a GPU */
+/* Make the executor's GPU the calling thread's current device (cuda_device_select; TM_OK
+ * without a GPU): entries that may run on another thread than the one that made the
+ * context (a step, the cache's updates) call it before they launch. */
+tm_status exec_select(tm_exec *e);
 tm_cuda_stream exec_stream(tm_exec *e);
 tm_cuda_blas *exec_blas(tm_exec *e);
 tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w);

@@ -396,7 +396,8 @@ tm_status tier_cache_update(tm_tier *t, double rate) {
     if (!t->slot_maps || t->update_mode == TM_MOE_UPDATE_OFF) return TM_OK;
     if (!(rate >= 0 && rate <= 1))
         return tm_error_set(TM_ERR_ARG, "cache update: rate %g outside [0, 1]", rate);
-    tm_status st = exec_sync(t->e); /* the host maps may change: no copy of them in flight */
+    tm_status st = exec_select(t->e);      /* called between requests, from any thread */
+    if (st == TM_OK) st = exec_sync(t->e); /* the host maps may change: no copy in flight */
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         tier_layer *L = &t->layers[l];
         if (!L->policy) continue;
@@ -417,7 +418,8 @@ tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t exper
         return tm_error_set(TM_ERR_ARG, "layer %u: expert %d is in slot %d already", layer, expert,
                             L->slot_of[expert]);
     /* nothing may read the slots or be uploading into them */
-    tm_status st = tier_cache_settle(t);
+    tm_status st = exec_select(t->e); /* an API or HTTP thread */
+    if (st == TM_OK) st = tier_cache_settle(t);
     if (st == TM_OK) st = tier_slot_copy(t, L, slot, expert, NULL, NULL);
     if (st != TM_OK) return st;
     if (L->expert_in[slot] >= 0) L->slot_of[L->expert_in[slot]] = -1;

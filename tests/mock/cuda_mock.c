@@ -142,6 +142,10 @@ static bool block_remove(void *p) {
  * stream): its kernels may address pinned host memory and its own pools only, as a
  * kernel on one GPU faults on another's memory without peer access. */
 static _Thread_local int t_dev = -1;
+/* The calling host thread's current device (cudaSetDevice: 0 until cuda_device_open or
+ * cuda_device_select sets it): pools are allocated on it and kernels launch only on its
+ * streams, as in CUDA. */
+static _Thread_local int t_cur = 0;
 
 bool mock_device_range(const void *p, size_t bytes) {
     if (bytes == 0) return true;
@@ -324,8 +328,23 @@ static tm_status check_stream(tm_cuda_stream s, const char *op) {
              : tm_error_set(TM_ERR_ARG, "%s: NULL stream (the mock has no default stream)", op);
 }
 
+/* mock_launch without the current-device check: copies, which CUDA queues on any
+ * device's stream. */
+static tm_status stream_launch(tm_cuda_stream stream, const char *op, mock_fn fn, const void *arg,
+                               size_t size);
+
 tm_status mock_launch(tm_cuda_stream stream, const char *op, mock_fn fn, const void *arg,
                       size_t size) {
+    if (stream && stream->dev >= 0 && stream->dev != t_cur)
+        return tm_error_set(TM_ERR_DEVICE,
+                            "mock: %s on GPU %d's stream while GPU %d is current (invalid "
+                            "resource handle: the thread must cuda_device_select it)",
+                            op, stream->dev, t_cur);
+    return stream_launch(stream, op, fn, arg, size);
+}
+
+static tm_status stream_launch(tm_cuda_stream stream, const char *op, mock_fn fn, const void *arg,
+                               size_t size) {
     tm_status st = check_stream(stream, op);
     if (st != TM_OK) return st;
     mock_closure *c = closure_new(op, fn, arg, size);
@@ -487,6 +506,7 @@ tm_status cuda_device_open(int index, tm_cuda_device **out) {
         free(dev);
         return tm_error_set(TM_ERR_DEVICE, "mock: cannot start the stream's worker thread");
     }
+    t_cur = index; /* cudaSetDevice on the opening thread, as the real open */
     *out = dev;
     return TM_OK;
 }
@@ -499,6 +519,11 @@ void cuda_device_close(tm_cuda_device *dev) {
 
 const tm_cuda_device_info *cuda_device_info(const tm_cuda_device *dev) {
     return &dev->info;
+}
+
+tm_status cuda_device_select(tm_cuda_device *dev) {
+    t_cur = dev->info.index;
+    return TM_OK;
 }
 
 tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes) {
@@ -529,6 +554,11 @@ struct tm_cuda_pool {
 
 tm_status cuda_pool_create(tm_cuda_device *dev, size_t bytes, tm_cuda_pool **out) {
     *out = NULL;
+    if (dev->info.index != t_cur) /* cudaMalloc allocates on the current device */
+        return tm_error_set(TM_ERR_DEVICE,
+                            "mock: cuda_pool_create for GPU %d while GPU %d is current (the "
+                            "thread must cuda_device_select it)",
+                            dev->info.index, t_cur);
     const size_t total = dev->info.total_bytes;
     pthread_mutex_lock(&g_mem_mu);
     size_t *used = &g_pool_bytes[dev->info.index];
@@ -713,13 +743,13 @@ tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stre
                                            "(MOCK_FAIL_SIDE_COPY)");
     tm_status st = mock_copy_check("cuda_copy_async", dst, src, bytes);
     if (st == TM_OK) st = capture_pageable(stream, "cuda_copy_async", dst, src, bytes);
-    return st != TM_OK ? st : mock_launch(stream, "cuda_copy_async", copy_run, &a, sizeof(a));
+    return st != TM_OK ? st : stream_launch(stream, "cuda_copy_async", copy_run, &a, sizeof(a));
 }
 
 tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream) {
     const fill_arg a = {dst, byte, bytes};
     tm_status st = capture_pageable(stream, "cuda_fill_async", dst, NULL, bytes);
-    return st != TM_OK ? st : mock_launch(stream, "cuda_fill_async", fill_run, &a, sizeof(a));
+    return st != TM_OK ? st : stream_launch(stream, "cuda_fill_async", fill_run, &a, sizeof(a));
 }
 
 /* The real copy goes over NVLink or PCIe (cudaMemcpyPeerAsync); here the check
@@ -738,14 +768,14 @@ tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_devic
             sd < 0 ? src_dev->info.index : sd, dd < 0 ? "not a pool of GPU " : "GPU ",
             dd < 0 ? dst_dev->info.index : dd);
     const copy_arg a = {dst, src, bytes};
-    return mock_launch(stream, "cuda_copy_peer_async", copy_run, &a, sizeof(a));
+    return stream_launch(stream, "cuda_copy_peer_async", copy_run, &a, sizeof(a));
 }
 
 /* Queue, then wait: refused during a capture, as a stream synchronisation is. */
 static tm_status sync_op(tm_cuda_device *dev, const char *op, mock_fn fn, const void *arg,
                          size_t size) {
     tm_status st = mock_not_in_capture(dev->stream, op);
-    if (st == TM_OK) st = mock_launch(dev->stream, op, fn, arg, size);
+    if (st == TM_OK) st = stream_launch(dev->stream, op, fn, arg, size);
     if (st == TM_OK) st = cuda_stream_sync(dev->stream);
     return st;
 }
@@ -771,7 +801,7 @@ tm_status cuda_copy_device(tm_cuda_device *dev, void *dst, const void *src, size
     const copy_arg a = {dst, src, bytes};
     tm_status st = capture_pageable(dev->stream, "cuda_copy_device", dst, src, bytes);
     if (st != TM_OK) return st;
-    return mock_launch(dev->stream, "cuda_copy_device", copy_run, &a, sizeof(a));
+    return stream_launch(dev->stream, "cuda_copy_device", copy_run, &a, sizeof(a));
 }
 
 /* The real upload runs on a stream of its own, ordered with nothing on the
@@ -1040,7 +1070,7 @@ tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e) {
     const wait_event_arg a = {e, e->queued};
     pthread_mutex_unlock(&e->mu);
     if (!a.want) return TM_OK; /* never recorded: nothing to wait for */
-    return mock_launch(stream, "cuda_stream_wait_event", wait_event_run, &a, sizeof(a));
+    return stream_launch(stream, "cuda_stream_wait_event", wait_event_run, &a, sizeof(a));
 }
 
 tm_status cuda_event_query(tm_cuda_event e, bool *done) {

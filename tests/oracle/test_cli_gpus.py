@@ -6,7 +6,12 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
 - One GPU of two: -dev CUDA1 and --split-mode none -mg 1 run on the second
   device (its log line names it; with 1 MiB on it the weights do not fit and
   the error names it), and route exactly as -dev CUDA0 does (the learn file's
-  counts, timings left out: the same mock arithmetic on either device).
+  counts, timings left out: the same mock arithmetic on either device);
+  -dev CUDA0,CUDA1 -ts 1,0 runs on the first after opening both. The mock,
+  as CUDA, allocates and launches only on the thread's current device, so
+  serve on -dev CUDA1 (steps on its slot threads, a cache plan applied from an
+  HTTP thread) answers the same as on -dev CUDA0 only if those threads select
+  the device.
 - Bad input: -dev CUDA7, --tensor-split with a negative value or the wrong
   count, --moe-cache A,B with the wrong count, a cache above one GPU's free
   memory, -ot ...=CUDA1 when CUDA1 is not in the list: a non-zero exit and a
@@ -20,6 +25,7 @@ import subprocess
 import sys
 
 from oracle_common import TIERMOE, TMP, TOOLS, check, finish  # noqa: E402
+from server_harness import Server, make_model  # noqa: E402
 
 MOCK = os.path.join(TOOLS, "tiermoe_mockgpu")
 
@@ -68,9 +74,40 @@ def main():
     if len(runs) == 3:
         check(runs["cuda1"] == runs["cuda0"], "-dev CUDA1 routed otherwise than -dev CUDA0")
         check(runs["mg1"] == runs["cuda0"], "-sm none -mg 1 routed otherwise than -dev CUDA0")
+    out = os.path.join(TMP, "gpus_ts10.json")
+    r = trace(out, "-dev", "CUDA0,CUDA1", "-ts", "1,0", "-ngl", "all")
+    check(r.returncode == 0 and "GPU mock GPU:" in r.stderr and os.path.exists(out) and
+          counts(out) == runs.get("cuda0"), f"-ts 1,0: {r.returncode} {r.stderr}")
     r = trace(os.path.join(TMP, "gpus_small.json"), "-dev", "CUDA1", "-ngl", "all", mib="4096,1")
     check(r.returncode != 0 and "mock GPU 1" in r.stderr and "out of memory" in r.stderr,
           f"-dev CUDA1 with 1 MiB on it: {r.returncode} {r.stderr}")
+
+    # serve on the second GPU: steps on slot threads, a plan applied from an HTTP thread
+    smodel, _ = make_model("gpus_serve.gguf")
+    answers = {}
+    for dev in ("CUDA0", "CUDA1"):
+        srv = Server(smodel, "-dev", dev, "-ngl", "all", "--cpu-moe", "--moe-cache", "1",
+                     "--moe-cache-update", "off", "-ot", r"output\.weight=CPU", "-c", "256", binary=MOCK,
+                     env={"MOCK_GPUS": "2", "TIERMOE_CALIB": "none"})
+        try:
+            r = srv.request("POST", "/v1/completions", {"prompt": "Hello world", "max_tokens": 6, "temperature": 0})
+            check(r[0] == 200, f"serve -dev {dev}: {r}")
+            plan = {"format": "tiermoe-moe-plan", "version": 1,
+                    "model": {"arch": "qwen3moe", "n_layer": 3, "n_expert": 16, "n_expert_used": 4},
+                    "weighting": "flat", "layer_curve": 1.0, "budget_bytes": 331776, "used_bytes": 331776,
+                    "layers": [{"layer": l, "expert_bytes": 110592, "experts": e}
+                               for l, e in enumerate([[5, 1, 7], [], []])]}
+            status, body = srv.request("POST", "/moe-hot-cache", plan)
+            check(status == 200 and body.get("applied"), f"serve -dev {dev}: plan apply {status} {body}")
+            r2 = srv.request("POST", "/v1/completions", {"prompt": "Hello world", "max_tokens": 6, "temperature": 0})
+            check(r2[0] == 200, f"serve -dev {dev} after the plan: {r2}")
+            answers[dev] = (r[1].get("choices", [{}])[0].get("text") if r[0] == 200 else None,
+                            r2[1].get("choices", [{}])[0].get("text") if r2[0] == 200 else None)
+        finally:
+            srv.stop()
+        check(("mock GPU 1" in "".join(srv.lines)) == (dev == "CUDA1"), f"serve -dev {dev}: device line")
+    check(answers.get("CUDA1") == answers.get("CUDA0") and None not in answers.get("CUDA0", (None,)),
+          f"serve answers differ: {answers}")
 
     # bad input: the flag and the GPU named
     out = os.path.join(TMP, "gpus_bad.json")

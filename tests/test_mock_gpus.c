@@ -1,0 +1,157 @@
+/* A context on one GPU of two (MOCK_GPUS=2): the GPU list's contexts run where they
+ * were placed, from whichever thread decodes.
+ *
+ * - -dev CUDA1 gives the same logits and greedy tokens as -dev CUDA0 (the same mock
+ *   arithmetic; the matrix compares CUDA0 with the double reference), with its pools
+ *   on the second device.
+ * - Decoding on another thread than the one that made the context (serve's slots, an
+ *   API user's threads): the mock, as CUDA, launches only on the thread's current
+ *   device, so this passes only if each step selects its device.
+ * - -dev CUDA0,CUDA1 -ts 1,0 opens both and runs on the first (the device opened last is
+ *   current: the executor selects its own before allocating).
+ * - Spans over both GPUs: refused, naming the spans (the executor runs one GPU). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/model.h"
+#include "model/synth.h"
+
+#define N_PROMPT 6
+#define N_GEN    16
+
+static char model_path[512];
+
+typedef struct run {
+    tm_context *c;
+    int32_t toks[N_GEN];
+    float *logits; /* the prompt's last row */
+    tm_status st;
+    char err[512]; /* the message of a failure (tm_error_message is a thread's own) */
+} run;
+
+static int32_t argmax(const float *x, int64_t n) {
+    int32_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = (int32_t)i;
+    return b;
+}
+
+static void *decode(void *p) {
+    run *r = p;
+    const int32_t prompt[N_PROMPT] = {5, 77, 301, 12, 90, 44};
+    const int64_t nv = r->c->model->cfg.n_vocab;
+    r->st = model_decode(r->c, prompt, N_PROMPT, TM_MOE_PHASE_PROMPT, false);
+    if (r->st != TM_OK) {
+        snprintf(r->err, sizeof(r->err), "%s", tm_error_message());
+        return NULL;
+    }
+    r->logits = malloc((size_t)nv * sizeof(float));
+    memcpy(r->logits, r->c->logits, (size_t)nv * sizeof(float));
+    for (int i = 0; i < N_GEN && r->st == TM_OK; i++) {
+        r->toks[i] = argmax(r->c->logits, nv);
+        r->st = model_decode(r->c, &r->toks[i], 1, TM_MOE_PHASE_DECODE, false);
+    }
+    if (r->st != TM_OK) snprintf(r->err, sizeof(r->err), "%s", tm_error_message());
+    return NULL;
+}
+
+static tm_context_params params(const char *dev, const char *split) {
+    tm_context_params p = {.n_ctx = 64, .n_batch = 8, .n_threads = 2, .n_gpu_layers = 99};
+    if (dev && gpus_devices_parse("-dev", dev, &p.gpus) != TM_OK)
+        fail_msg("%s", tm_error_message());
+    if (split && gpus_split_parse("-ts", split, &p.gpus) != TM_OK)
+        fail_msg("%s", tm_error_message());
+    return p;
+}
+
+/* Make a context for dev / split and decode on this thread or another. */
+static void run_on(tm_model *m, const char *dev, const char *split, bool thread, run *r) {
+    memset(r, 0, sizeof(*r));
+    const tm_context_params p = params(dev, split);
+    if (model_context_create(m, &p, &r->c) != TM_OK)
+        fail_msg("-dev %s: %s", dev, tm_error_message());
+    if (thread) {
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, decode, r), 0);
+        pthread_join(t, NULL);
+    } else {
+        decode(r);
+    }
+    if (r->st != TM_OK)
+        fail_msg("-dev %s%s: %s", dev, thread ? " (a thread)" : "", r->err);
+}
+
+static void run_free(run *r) {
+    model_context_free(r->c);
+    free(r->logits);
+}
+
+static void same(const run *a, const run *b, int64_t nv, const char *what) {
+    for (int64_t i = 0; i < nv; i++)
+        if (a->logits[i] != b->logits[i])
+            fail_msg("%s: logit %lld is %g, %g on CUDA0", what, (long long)i, (double)b->logits[i],
+                     (double)a->logits[i]);
+    for (int i = 0; i < N_GEN; i++)
+        if (a->toks[i] != b->toks[i])
+            fail_msg("%s: token %d is %d, %d on CUDA0", what, i, b->toks[i], a->toks[i]);
+}
+
+static void test_one_of_two(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(model_path, &m), TM_OK);
+    const int64_t nv = m->cfg.n_vocab;
+    run r0, r1, rt, rs;
+    run_on(m, "CUDA0", NULL, false, &r0);
+    assert_int_equal(cuda_device_info(exec_gpu(r0.c->exec))->index, 0);
+    run_on(m, "CUDA1", NULL, false, &r1);
+    assert_int_equal(cuda_device_info(exec_gpu(r1.c->exec))->index, 1);
+    same(&r0, &r1, nv, "-dev CUDA1");
+    /* CUDA0's pools gone with its context, CUDA1's still held */
+    size_t f0, f1, t0;
+    run_free(&r0);
+    assert_int_equal(cuda_device_memory(exec_gpu(r1.c->exec), &f1, NULL), TM_OK);
+    run_on(m, "CUDA1", NULL, true, &rt);
+    same(&r1, &rt, nv, "-dev CUDA1 decoded on another thread");
+    run_free(&rt);
+    run_on(m, "CUDA0,CUDA1", "1,0", false, &rs);
+    assert_int_equal(cuda_device_info(exec_gpu(rs.c->exec))->index, 0);
+    assert_int_equal(cuda_device_memory(exec_gpu(rs.c->exec), &f0, &t0), TM_OK);
+    assert_true(f0 < t0); /* its pools on CUDA0 */
+    same(&r1, &rs, nv, "-dev CUDA0,CUDA1 -ts 1,0");
+    run_free(&rs);
+    assert_true(f1 < ((size_t)4096 << 20));
+    run_free(&r1);
+
+    /* spans over both: not yet run */
+    tm_context_params p = params("CUDA0,CUDA1", "1,1");
+    tm_context *c = NULL;
+    assert_int_equal(model_context_create(m, &p, &c), TM_ERR_DEVICE);
+    assert_null(c);
+    assert_non_null(strstr(tm_error_message(), "on CUDA0, layers"));
+    assert_non_null(strstr(tm_error_message(), "not yet implemented"));
+    model_free(m);
+}
+
+int main(void) {
+    const char *tmp = getenv("TM_TEST_TMP");
+    snprintf(model_path, sizeof(model_path), "%s/mock_gpus.gguf", tmp ? tmp : ".");
+    tm_synth_config sc;
+    if (synth_config_preset(&sc, "tiny") != TM_OK || synth_model_write(&sc, model_path) != TM_OK) {
+        fprintf(stderr, "mkmodel: %s\n", tm_error_message());
+        return 1;
+    }
+    setenv("MOCK_GPUS", "2", 1);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_one_of_two)};
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    remove(model_path);
+    return rc;
+}
