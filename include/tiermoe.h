@@ -301,7 +301,10 @@ tm_status tm_eval(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n);
 tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int32_t *tokens);
 /* The logits (n_vocab floats, owned by the context, valid until the next
  * eval, rewind or free) of sequence seq's last evaluated token.
- * TM_ERR_ARG when it has none (empty, or rewound since). */
+ * TM_ERR_ARG when it has none (empty, or rewound since). Right after a step
+ * they are read in place, in the step's output (no copy of n_vocab floats a
+ * row); a later step copies out only those of sequences it does not
+ * evaluate. */
 tm_status tm_logits(const tm_context *c, int32_t seq, const float **logits);
 /* How many positions sequence seq holds. */
 tm_status tm_seq_length(const tm_context *c, int32_t seq, int64_t *n);
@@ -310,6 +313,25 @@ tm_status tm_seq_length(const tm_context *c, int32_t seq, int64_t *n);
  * the model's state cannot go back (sliding rings past their window, a
  * linear-attention layer's state). Its logits are gone until the next eval. */
 tm_status tm_seq_rewind(tm_context *c, int32_t seq, int64_t n_keep, int64_t *n_kept);
+
+/* How many leading tokens of tokens[0..n) (n >= 1) sequence seq would keep
+ * under tm_seq_prompt: the prefix shared with what it holds, never the last
+ * token (its logits are needed), and 0 where the model's state cannot go back
+ * to it (as tm_seq_rewind keeps 0). An id out of range counts as not shared. */
+tm_status tm_seq_shared(const tm_context *c, int32_t seq, const int32_t *tokens, int64_t n,
+                        int64_t *n_keep);
+/* Make sequence seq hold exactly tokens[0..n) (1 .. n_ctx tokens): keep
+ * tm_seq_shared's prefix, evaluate the rest as a prompt (one step per
+ * n_batch); afterwards tm_logits(seq) is tokens[n - 1]'s. *n_eval (may be
+ * NULL) gets the tokens evaluated. When nothing is kept, the expert counts'
+ * per-sequence windows start over (a new sequence). TM_ERR_ARG as tm_eval
+ * (nothing is evaluated then); after another failure the sequence is empty. */
+tm_status tm_seq_prompt(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n,
+                        int64_t *n_eval);
+/* The tokens sequence seq holds, in order: *tokens[0 .. *n) (owned by the
+ * context, valid until seq is next evaluated, rewound or the context freed;
+ * *tokens may be NULL when *n is 0). Reads only seq's part of the context. */
+tm_status tm_seq_tokens(const tm_context *c, int32_t seq, const int32_t **tokens, int64_t *n);
 
 /* ---- sampling ---- */
 
@@ -332,6 +354,14 @@ void tm_sampler_free(tm_sampler *s);
 /* The next token of sequence seq from its logits (tm_logits) and its tokens
  * (the penalty's history). The token is not appended: tm_eval it. */
 tm_status tm_sample(tm_sampler *s, const tm_context *c, int32_t seq, int32_t *token);
+
+/* The next token from logits[0..n_vocab) of the sampler's model, with
+ * history[0..n_history) (history may be NULL when n_history is 0) as the
+ * penalty's history: what tm_sample does with a sequence's logits and tokens,
+ * for logits the caller holds (a copy, or tm_logits' row read while another
+ * thread prepares the next step). Touches only s. */
+tm_status tm_sampler_sample(tm_sampler *s, const float *logits, const int32_t *history,
+                            size_t n_history, int32_t *token);
 
 /* ---- experts: statistics and the VRAM cache ---- */
 
@@ -365,6 +395,12 @@ tm_status tm_cache_experts(const tm_context *c, uint32_t layer, int32_t *experts
  * RAM) is TM_ERR_UNSUPPORTED. A failed upload puts the replaced experts
  * back. Between evaluations only. */
 tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32_t *n_changed);
+/* Between requests: let the VRAM cache exchange up to a share of each cached
+ * layer's weakest experts for the ones routed more since (the cache policy's
+ * scores), uploaded in the background and used once there; what `tiermoe
+ * serve` does after each request. TM_OK doing nothing when the context has no
+ * cache or was made with moe_cache_update TM_OFF. Between evaluations only. */
+tm_status tm_cache_update(tm_context *c);
 
 #ifdef __cplusplus
 }

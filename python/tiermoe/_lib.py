@@ -130,16 +130,21 @@ PROTOTYPES = {
     "tm_logits": (_S, [_h, c_int32, _p(_p(c_float))]),
     "tm_seq_length": (_S, [_h, c_int32, _p(c_int64)]),
     "tm_seq_rewind": (_S, [_h, c_int32, c_int64, _p(c_int64)]),
+    "tm_seq_shared": (_S, [_h, c_int32, _p(c_int32), c_int64, _p(c_int64)]),
+    "tm_seq_prompt": (_S, [_h, c_int32, _p(c_int32), c_int64, _p(c_int64)]),
+    "tm_seq_tokens": (_S, [_h, c_int32, _p(_p(c_int32)), _p(c_int64)]),
     "tm_sampler_params_init": (None, [_p(SamplerParamsC)]),
     "tm_sampler_create": (_S, [_h, _p(SamplerParamsC), _p(_h)]),
     "tm_sampler_free": (None, [_h]),
     "tm_sample": (_S, [_h, _h, c_int32, _p(c_int32)]),
+    "tm_sampler_sample": (_S, [_h, _p(c_float), _p(c_int32), c_size_t, _p(c_int32)]),
     "tm_expert_counts": (_S, [_h, c_uint32, _p(c_uint64), c_size_t]),
     "tm_expert_counts_reset": (_S, [_h]),
     "tm_expert_stats_summary": (_S, [_h, c_bool, c_void_p, c_size_t, _p(c_size_t)]),
     "tm_expert_stats_write": (_S, [_h, c_char_p]),
     "tm_cache_experts": (_S, [_h, c_uint32, _p(c_int32), c_size_t, _p(c_size_t)]),
     "tm_cache_apply": (_S, [_h, c_char_p, c_size_t, _p(c_int32)]),
+    "tm_cache_update": (_S, [_h]),
 }
 
 _lock = threading.Lock()

@@ -198,13 +198,15 @@ class Context(_lib.Handle):
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError("feed: no tokens (an empty prompt)")
-        have = self.tokens(seq)
-        keep, lim = 0, min(len(have), len(ids) - 1)
-        while keep < lim and have[keep] == ids[keep]:
-            keep += 1
-        kept = self.rewind(keep, seq)
-        self.eval(ids[kept:], seq)
-        return len(ids) - kept
+        n_eval = c_int64()
+        try:
+            _lib.lib().tm_seq_prompt(self.handle, seq, (c_int32 * len(ids))(*ids), len(ids),
+                                     byref(n_eval))
+        except _lib.TiermoeError:
+            self._resync([seq])
+            raise
+        self._ids[seq] = ids
+        return n_eval.value
 
     # ---- generation ----
 

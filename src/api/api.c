@@ -131,7 +131,7 @@ static void api_context_free(api_context *a, int n_seq) {
     trace_stats_free(&a->learn);
     plan_free(&a->plan);
     for (int s = 0; a->ids && s < n_seq; s++) free(a->ids[s]);
-    free(a->ids), free(a->n), free(a->has_logits), free(a->logits), free(a->rows);
+    free(a->ids), free(a->n), free(a->has_logits), free(a->logits), free(a->src), free(a->rows);
     free(a->in_slot), free(a->seen);
     free(a);
 }
@@ -144,9 +144,11 @@ static tm_status api_context_alloc(api_context *a, const tm_context *c) {
     a->has_logits = calloc(S, sizeof(*a->has_logits));
     a->seen = calloc(S, sizeof(*a->seen));
     a->logits = calloc(S * V, sizeof(float));
+    a->src = calloc(S, sizeof(*a->src));
     a->rows = calloc((size_t)c->params.n_batch, sizeof(int));
     a->in_slot = calloc(c->model->cfg.n_expert + 1, sizeof(int32_t));
-    bool ok = a->ids && a->n && a->has_logits && a->seen && a->logits && a->rows && a->in_slot;
+    bool ok =
+        a->ids && a->n && a->has_logits && a->seen && a->logits && a->src && a->rows && a->in_slot;
     for (size_t s = 0; ok && s < S; s++) ok = (a->ids[s] = malloc(c->n_ctx * sizeof(int32_t)));
     return ok ? TM_OK : tm_error_set(TM_ERR_NOMEM, "tm_context_create: out of memory");
 }
@@ -214,11 +216,7 @@ tm_status tm_context_describe(const tm_context *c, tm_context_info *out) {
 
 /* ---- evaluation ---- */
 
-#define API_SEQ(fn, c, seq)                                                                        \
-    API_ARG((seq) >= 0 && (seq) < (c)->n_seq, fn ": seq %d is not in [0, %d)", (int)(seq),         \
-            (c)->n_seq)
-
-static tm_status tokens_check(const char *fn, const tm_context *c, const int32_t *t, int64_t n) {
+tm_status api_tokens_check(const char *fn, const tm_context *c, const int32_t *t, int64_t n) {
     const uint32_t V = c->model->cfg.n_vocab;
     for (int64_t i = 0; i < n; i++)
         API_ARG(t[i] >= 0 && (uint32_t)t[i] < V, "%s: tokens[%lld] is %d, not in [0, %u)", fn,
@@ -240,8 +238,9 @@ tm_status tm_eval(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n) 
     API_ARG(n <= c->n_ctx - a->n[seq],
             "tm_eval: sequence %d holds %lld of %lld positions, %lld more do not fit", seq,
             (long long)a->n[seq], (long long)c->n_ctx, (long long)n);
-    tm_status st = tokens_check("tm_eval", c, tokens, n);
+    tm_status st = api_tokens_check("tm_eval", c, tokens, n);
     if (st != TM_OK) return st;
+    api_logits_keep(c, a, false, seq);
     const uint64_t t0 = tm_time_ns();
     st = model_decode_seq(c, seq, tokens, n, n == 1 ? TM_MOE_PHASE_DECODE : TM_MOE_PHASE_PROMPT,
                           false);
@@ -250,11 +249,9 @@ tm_status tm_eval(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n) 
         seq_clear(c, a, seq);
         return st;
     }
-    const size_t V = c->model->cfg.n_vocab;
     memcpy(a->ids[seq] + a->n[seq], tokens, (size_t)n * sizeof(int32_t));
     a->n[seq] += n;
-    memcpy(a->logits + (size_t)seq * V, c->logits, V * sizeof(float));
-    a->has_logits[seq] = true;
+    api_logits_row(c, a, seq, 0);
     return TM_OK;
 }
 
@@ -276,8 +273,9 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
         a->seen[s] = true;
         a->rows[i] = s;
     }
-    tm_status st = tokens_check("tm_eval_rows", c, tokens, n);
+    tm_status st = api_tokens_check("tm_eval_rows", c, tokens, n);
     if (st != TM_OK) return st;
+    api_logits_keep(c, a, true, 0);
     const uint64_t t0 = tm_time_ns();
     st = model_decode_rows(c, n, a->rows, tokens);
     a->eval_ns += tm_time_ns() - t0;
@@ -285,14 +283,27 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
         for (int64_t i = 0; i < n; i++) seq_clear(c, a, a->rows[i]);
         return st;
     }
-    const size_t V = c->model->cfg.n_vocab;
     for (int64_t i = 0; i < n; i++) {
         const int s = a->rows[i];
         a->ids[s][a->n[s]++] = tokens[i];
-        memcpy(a->logits + (size_t)s * V, c->logits + (size_t)i * V, V * sizeof(float));
-        a->has_logits[s] = true;
+        api_logits_row(c, a, s, i);
     }
     return TM_OK;
+}
+
+void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq) {
+    const size_t V = c->model->cfg.n_vocab;
+    for (int32_t s = 0; s < c->n_seq; s++) {
+        float *own = a->logits + (size_t)s * V;
+        if (!a->has_logits[s] || a->src[s] == own || (step ? a->seen[s] : s == seq)) continue;
+        memcpy(own, a->src[s], V * sizeof(float));
+        a->src[s] = own;
+    }
+}
+
+void api_logits_row(tm_context *c, api_context *a, int32_t seq, int64_t row) {
+    a->src[seq] = c->logits + (size_t)row * c->model->cfg.n_vocab;
+    a->has_logits[seq] = true;
 }
 
 tm_status tm_logits(const tm_context *c, int32_t seq, const float **logits) {
@@ -304,7 +315,7 @@ tm_status tm_logits(const tm_context *c, int32_t seq, const float **logits) {
             "tm_logits: sequence %d has no logits (nothing evaluated since it was empty or "
             "rewound)",
             seq);
-    *logits = a->logits + (size_t)seq * c->model->cfg.n_vocab;
+    *logits = a->src[seq];
     return TM_OK;
 }
 
@@ -353,6 +364,16 @@ void tm_sampler_free(tm_sampler *s) {
     if (!s) return;
     sampler_free(s);
     free(s);
+}
+
+tm_status tm_sampler_sample(tm_sampler *s, const float *logits, const int32_t *history,
+                            size_t n_history, int32_t *token) {
+    API_ARG(s, "tm_sampler_sample: sampler must not be NULL");
+    API_ARG(logits && token, "tm_sampler_sample: logits and token must not be NULL");
+    API_ARG(history || !n_history, "tm_sampler_sample: history is NULL with n_history %zu",
+            n_history);
+    *token = sampler_sample(s, logits, history, (int64_t)n_history);
+    return TM_OK;
 }
 
 tm_status tm_sample(tm_sampler *s, const tm_context *c, int32_t seq, int32_t *token) {

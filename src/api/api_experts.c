@@ -187,3 +187,9 @@ tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32
     plan_free(&plan);
     return st;
 }
+
+tm_status tm_cache_update(tm_context *c) {
+    if (!api_context_of(c, "tm_cache_update")) return TM_ERR_ARG;
+    if (!api_context_has_cache(c)) return TM_OK;
+    return tier_cache_update(c->tier, TM_MOE_UPDATE_RATE); /* nothing with the updater off */
+}

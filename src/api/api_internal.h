@@ -20,6 +20,11 @@
         if (!(cond)) return tm_error_set(TM_ERR_ARG, __VA_ARGS__);                                 \
     } while (0)
 
+/* TM_ERR_ARG naming fn when seq is not a sequence of c. */
+#define API_SEQ(fn, c, seq)                                                                        \
+    API_ARG((seq) >= 0 && (seq) < (c)->n_seq, fn ": seq %d is not in [0, %d)", (int)(seq),         \
+            (c)->n_seq)
+
 typedef struct api_model {
     tm_tokenizer *tok;  /* NULL: the file has no vocabulary */
     char no_vocab[256]; /* without one: why it did not load */
@@ -35,7 +40,9 @@ typedef struct api_context {
     int32_t **ids;        /* [n_seq][n_ctx]: each sequence's tokens (the penalty's history) */
     int64_t *n;           /* [n_seq] */
     bool *has_logits;     /* [n_seq] */
-    float *logits;        /* [n_seq][n_vocab]: each sequence's last token's */
+    float *logits;        /* [n_seq][n_vocab]: each sequence's last token's, once copied */
+    const float **src;    /* [n_seq]: where they are: their row of the context's last step (read
+                             in place), or their copy in logits */
     int *rows;            /* [n_batch]: tm_eval_rows' sequences as model_decode_rows takes them */
     int32_t *in_slot;     /* [n_expert]: scratch of the cache functions */
     bool *seen;           /* [n_seq]: scratch of tm_eval_rows */
@@ -50,6 +57,15 @@ const tm_tokenizer *api_model_vocab(const tm_model *m, const char *fn, tm_status
 api_context *api_context_of(const tm_context *c, const char *fn);
 /* Whether the context has a VRAM expert cache (slots in a layer). */
 bool api_context_has_cache(const tm_context *c);
+
+/* TM_ERR_ARG naming fn and the first of t[0..n) that is not a token of c's model. */
+tm_status api_tokens_check(const char *fn, const tm_context *c, const int32_t *t, int64_t n);
+/* Before a step that evaluates the sequences marked in a->seen (when step is
+ * false: none but seq): the logits other sequences still read in place are
+ * copied out, as the step overwrites the context's. */
+void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq);
+/* After a step: sequence seq's logits are row row of the context's. */
+void api_logits_row(tm_context *c, api_context *a, int32_t seq, int64_t row);
 
 /* Copy src[0..n) and a NUL into (buf, cap) under the header's size rule. */
 tm_status api_text_out(const char *fn, const char *src, size_t n, char *buf, size_t cap,

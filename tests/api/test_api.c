@@ -223,6 +223,7 @@ static void test_two_sequences(void **state) {
     int32_t ga[N_GEN], gb[N_GEN];
     for (int i = 0; i < N_GEN; i++) {
         if (i == N_GEN / 2) apply_plan(c);
+        if (i == N_GEN / 2 + 2) CHECK(tm_cache_update(c)); /* as serve between requests */
         const float *la, *lb;
         CHECK(tm_logits(c, 0, &la));
         CHECK(tm_logits(c, 1, &lb));
@@ -263,6 +264,127 @@ static void test_two_sequences(void **state) {
     CHECK(tm_sample(s, c, 0, &id));
     assert_int_equal(id, ta[0]);
     tm_sampler_free(s);
+    tm_context_free(c);
+}
+
+/* Prompt prefix reuse (tm_seq_shared, tm_seq_prompt), a sequence's tokens,
+ * logits read in place after a step and kept once another step runs, and
+ * sampling given logits and a history: against the tokens of each prompt
+ * evaluated alone (tm_eval), and tm_sample's. */
+static void test_prompt_reuse(void **state) {
+    (void)state;
+    static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
+    static const int32_t pb[] = {785, 6722, 315, 9625, 374};
+    int32_t ta[N_GEN], tb[N_GEN];
+    alone(pa, 7, ta);
+    alone(pb, 5, tb);
+    tm_context_opts o;
+    opts_for(&o, 2);
+    tm_context *c = NULL;
+    CHECK(tm_context_create(model, &o, &c));
+    int64_t n_eval = -1, keep = -1, n = -1;
+    CHECK(tm_seq_shared(c, 0, pa, 7, &keep));
+    assert_int_equal(keep, 0);
+    CHECK(tm_seq_prompt(c, 0, pa, 7, &n_eval));
+    assert_int_equal(n_eval, 7);
+    const int32_t *held = NULL;
+    CHECK(tm_seq_tokens(c, 0, &held, &n));
+    assert_int_equal(n, 7);
+    assert_memory_equal(held, pa, sizeof(pa));
+    const float *l0, *l1;
+    CHECK(tm_logits(c, 0, &l0));
+    assert_int_equal(argmax(l0, info.n_vocab), ta[0]);
+
+    /* the prompt grown by two generated tokens: 7 kept, 2 evaluated */
+    int32_t grown[9];
+    memcpy(grown, pa, sizeof(pa));
+    grown[7] = ta[0], grown[8] = ta[1];
+    CHECK(tm_seq_shared(c, 0, pa, 7, &keep));
+    assert_int_equal(keep, 6); /* never the last token: its logits are needed */
+    CHECK(tm_seq_shared(c, 0, grown, 9, &keep));
+    assert_int_equal(keep, 7);
+    CHECK(tm_seq_shared(c, 0, pb, 5, &keep));
+    assert_int_equal(keep, 0);
+    CHECK(tm_seq_prompt(c, 0, grown, 9, &n_eval));
+    assert_int_equal(n_eval, 2);
+    CHECK(tm_logits(c, 0, &l0));
+    assert_int_equal(argmax(l0, info.n_vocab), ta[2]);
+    CHECK(tm_seq_prompt(c, 0, grown, 9, NULL)); /* the same prompt: its last token again */
+    CHECK(tm_seq_tokens(c, 0, &held, &n));
+    assert_int_equal(n, 9);
+    assert_memory_equal(held, grown, sizeof(grown));
+    CHECK(tm_seq_prompt(c, 1, pb, 5, &n_eval));
+    assert_int_equal(n_eval, 5);
+
+    /* a step of both: each row's logits in place in the step's output; the
+     * next step of sequence 1 alone keeps sequence 0's */
+    const int32_t seqs[2] = {1, 0}, toks[2] = {tb[0], ta[2]};
+    CHECK(tm_eval_rows(c, 2, seqs, toks));
+    CHECK(tm_logits(c, 0, &l0));
+    CHECK(tm_logits(c, 1, &l1));
+    assert_ptr_equal(l0, l1 + info.n_vocab); /* rows in the step's order, not copied */
+    float *saved = malloc(info.n_vocab * sizeof(float));
+    assert_non_null(saved);
+    memcpy(saved, l0, info.n_vocab * sizeof(float));
+    assert_int_equal(argmax(l0, info.n_vocab), ta[3]);
+    assert_int_equal(argmax(l1, info.n_vocab), tb[1]);
+    CHECK(tm_eval(c, 1, &tb[1], 1));
+    CHECK(tm_logits(c, 0, &l0));
+    assert_memory_equal(l0, saved, info.n_vocab * sizeof(float));
+    CHECK(tm_logits(c, 1, &l1));
+    assert_int_equal(argmax(l1, info.n_vocab), tb[2]);
+    free(saved);
+
+    /* sampling given the logits and the history is tm_sample's (same seed, a penalty) */
+    tm_sampler_params sp;
+    tm_sampler_params_init(&sp);
+    sp.repeat_penalty = 1.3f, sp.repeat_last_n = 64, sp.seed = 7;
+    tm_sampler *s1 = NULL, *s2 = NULL;
+    CHECK(tm_sampler_create(model, &sp, &s1));
+    CHECK(tm_sampler_create(model, &sp, &s2));
+    CHECK(tm_seq_tokens(c, 1, &held, &n));
+    assert_int_equal(n, 7);
+    for (int i = 0; i < 16; i++) {
+        int32_t a = -1, b = -2;
+        CHECK(tm_sample(s1, c, 1, &a));
+        CHECK(tm_sampler_sample(s2, l1, held, (size_t)n, &b));
+        assert_int_equal(a, b);
+    }
+    int32_t g = -1;
+    sp.temp = 0, sp.repeat_penalty = 1;
+    tm_sampler_free(s2);
+    CHECK(tm_sampler_create(model, &sp, &s2));
+    CHECK(tm_sampler_sample(s2, l1, NULL, 0, &g));
+    assert_int_equal(g, tb[2]);
+    sp.repeat_penalty = 1e6f; /* greedy, the best token in the history: another one */
+    tm_sampler_free(s2);
+    CHECK(tm_sampler_create(model, &sp, &s2));
+    CHECK(tm_sampler_sample(s2, l1, &tb[2], 1, &g));
+    assert_int_not_equal(g, tb[2]);
+
+    /* bad arguments */
+    const int32_t bad[2] = {1, -5};
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_seq_shared(NULL, 0, pa, 7, &keep));
+    EXPECT(TM_ERR_ARG, "seq 2", tm_seq_shared(c, 2, pa, 7, &keep));
+    EXPECT(TM_ERR_ARG, "n >= 1", tm_seq_shared(c, 0, pa, 0, &keep));
+    EXPECT(TM_ERR_ARG, "n_keep", tm_seq_shared(c, 0, pa, 7, NULL));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_seq_prompt(NULL, 0, pa, 7, &n_eval));
+    EXPECT(TM_ERR_ARG, "seq -1", tm_seq_prompt(c, -1, pa, 7, &n_eval));
+    EXPECT(TM_ERR_ARG, "n >= 1", tm_seq_prompt(c, 0, NULL, 7, &n_eval));
+    EXPECT(TM_ERR_ARG, "tokens[1] is -5", tm_seq_prompt(c, 0, bad, 2, &n_eval));
+    static int32_t many[129];
+    EXPECT(TM_ERR_ARG, "do not fit", tm_seq_prompt(c, 0, many, 129, &n_eval));
+    CHECK(tm_seq_length(c, 0, &n)); /* nothing was evaluated */
+    assert_int_equal(n, 10);
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_seq_tokens(NULL, 0, &held, &n));
+    EXPECT(TM_ERR_ARG, "seq 3", tm_seq_tokens(c, 3, &held, &n));
+    EXPECT(TM_ERR_ARG, "must not be NULL", tm_seq_tokens(c, 0, NULL, &n));
+    EXPECT(TM_ERR_ARG, "sampler", tm_sampler_sample(NULL, l1, NULL, 0, &g));
+    EXPECT(TM_ERR_ARG, "logits", tm_sampler_sample(s2, NULL, NULL, 0, &g));
+    EXPECT(TM_ERR_ARG, "history is NULL", tm_sampler_sample(s2, l1, NULL, 3, &g));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_cache_update(NULL));
+    tm_sampler_free(s1);
+    tm_sampler_free(s2);
     tm_context_free(c);
 }
 
@@ -671,7 +793,7 @@ int main(void) {
         cmocka_unit_test(test_two_sequences), cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_vocab_only),    cmocka_unit_test(test_token_stream),
         cmocka_unit_test(test_chat_reply),    cmocka_unit_test(test_opts_check),
-        cmocka_unit_test(test_reports),
+        cmocka_unit_test(test_reports),       cmocka_unit_test(test_prompt_reuse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
