@@ -193,6 +193,17 @@ typedef struct tm_chat_message {
 tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_message *msgs,
                         size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
                         size_t *len);
+/* tm_chat_render's switches beyond tm_chat_apply's. */
+typedef struct tm_chat_params {
+    bool add_generation_prompt; /* end with the opening of the assistant's turn */
+    bool disable_thinking;      /* qwen3: enable_thinking false (the turn opens with an empty
+                                   think block); other formats: no effect */
+} tm_chat_params;
+/* tm_chat_apply with params p (what an OpenAI request's chat_template_kwargs
+ * give): the same statuses; p NULL is TM_ERR_ARG. */
+tm_status tm_chat_render(const tm_model *m, const char *format, const tm_chat_message *msgs,
+                         size_t n_msgs, const tm_chat_params *p, char *text, size_t cap,
+                         size_t *len);
 /* What of a generated reply goes back into the conversation as the
  * assistant's content, for format as tm_chat_apply takes it: reply[*start ..
  * *start + *n). Harmony keeps only the final channel's text (its template

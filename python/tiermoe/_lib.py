@@ -59,6 +59,10 @@ class ChatMessageC(Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
+class ChatParamsC(Structure):
+    _fields_ = [("add_generation_prompt", c_bool), ("disable_thinking", c_bool)]
+
+
 class ContextOptsC(Structure):
     _fields_ = [("n_ctx", c_int64), ("n_seq", c_int32), ("n_batch", c_int64), ("n_threads", c_int32),
                 ("kv_f32", c_bool), ("n_gpu_layers", c_int32), ("cpu_moe", c_bool), ("n_cpu_moe", c_int32),
@@ -118,6 +122,8 @@ PROTOTYPES = {
     "tm_detokenizer_free": (None, [_h]),
     "tm_chat_apply": (_S, [_h, c_char_p, _p(ChatMessageC), c_size_t, c_bool, c_void_p, c_size_t,
                            _p(c_size_t)]),
+    "tm_chat_render": (_S, [_h, c_char_p, _p(ChatMessageC), c_size_t, _p(ChatParamsC), c_void_p,
+                            c_size_t, _p(c_size_t)]),
     "tm_chat_reply": (_S, [_h, c_char_p, c_char_p, c_size_t, _p(c_size_t), _p(c_size_t)]),
     "tm_context_opts_init": (None, [_p(ContextOptsC)]),
     "tm_context_opts_check": (_S, [_p(ContextOptsC)]),

@@ -178,28 +178,44 @@ static tm_status chat_format_of(const char *fn, const api_model *a, const char *
     return TM_OK;
 }
 
-tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_message *msgs,
-                        size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
-                        size_t *len) {
-    const api_model *a = api_model_of(m, "tm_chat_apply");
+/* tm_chat_apply and tm_chat_render (fn: which). */
+static tm_status chat_apply(const char *fn, const tm_model *m, const char *format,
+                            const tm_chat_message *msgs, size_t n_msgs, const tm_chat_params *p,
+                            char *text, size_t cap, size_t *len) {
+    const api_model *a = api_model_of(m, fn);
     if (!a) return TM_ERR_ARG;
-    API_ARG(msgs || !n_msgs, "tm_chat_apply: msgs is NULL with n_msgs %zu", n_msgs);
-    API_ARG(text || !cap, "tm_chat_apply: text is NULL with cap %zu", cap);
-    API_ARG(len, "tm_chat_apply: len must not be NULL");
+    API_ARG(msgs || !n_msgs, "%s: msgs is NULL with n_msgs %zu", fn, n_msgs);
+    API_ARG(text || !cap, "%s: text is NULL with cap %zu", fn, cap);
+    API_ARG(len, "%s: len must not be NULL", fn);
+    API_ARG(p, "%s: params must not be NULL", fn);
     for (size_t i = 0; i < n_msgs; i++)
-        API_ARG(msgs[i].role && msgs[i].content,
-                "tm_chat_apply: msgs[%zu]: role and content must not be NULL", i);
+        API_ARG(msgs[i].role && msgs[i].content, "%s: msgs[%zu]: role and content must not be NULL",
+                fn, i);
     tm_chat_format f;
-    tm_status st = chat_format_of("tm_chat_apply", a, format, &f);
+    tm_status st = chat_format_of(fn, a, format, &f);
     if (st != TM_OK) return st;
-    const tm_chat_opts o = {.add_generation_prompt = add_generation_prompt,
+    const tm_chat_opts o = {.add_generation_prompt = p->add_generation_prompt,
+                            .disable_thinking = p->disable_thinking,
                             .default_system = f == a->chat ? a->default_system : NULL};
     char *s = NULL;
     size_t s_len = 0;
     st = chat_render(f, msgs, n_msgs, &o, &s, &s_len);
-    if (st == TM_OK) st = api_text_out("tm_chat_apply", s, s_len, text, cap, len);
+    if (st == TM_OK) st = api_text_out(fn, s, s_len, text, cap, len);
     free(s);
     return st;
+}
+
+tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_message *msgs,
+                        size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
+                        size_t *len) {
+    const tm_chat_params p = {.add_generation_prompt = add_generation_prompt};
+    return chat_apply("tm_chat_apply", m, format, msgs, n_msgs, &p, text, cap, len);
+}
+
+tm_status tm_chat_render(const tm_model *m, const char *format, const tm_chat_message *msgs,
+                         size_t n_msgs, const tm_chat_params *p, char *text, size_t cap,
+                         size_t *len) {
+    return chat_apply("tm_chat_render", m, format, msgs, n_msgs, p, text, cap, len);
 }
 
 tm_status tm_chat_reply(const tm_model *m, const char *format, const char *reply, size_t len,

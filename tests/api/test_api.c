@@ -641,6 +641,32 @@ static void test_token_stream(void **state) {
 
 /* What of a reply goes back into the history: harmony's final channel (its
  * template's rule), the reply up to its end-of-turn token otherwise. */
+/* tm_chat_render: tm_chat_apply's text with the same switches; with
+ * disable_thinking, Qwen3's template's enable_thinking=False turn opening (an
+ * empty think block, as HF's template writes it). */
+static void test_chat_render(void **state) {
+    (void)state;
+    const tm_chat_message msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    static char a[512], b[512];
+    size_t na = 0, nb = 0;
+    CHECK(tm_chat_apply(model, NULL, msgs, 2, true, a, sizeof(a), &na));
+    tm_chat_params p = {.add_generation_prompt = true};
+    CHECK(tm_chat_render(model, NULL, msgs, 2, &p, b, sizeof(b), &nb));
+    assert_int_equal(nb, na);
+    assert_string_equal(b, a);
+    p.disable_thinking = true;
+    CHECK(tm_chat_render(model, NULL, msgs, 2, &p, b, sizeof(b), &nb));
+    assert_string_equal(b + na, "<think>\n\n</think>\n\n");
+    assert_memory_equal(b, a, na);
+    CHECK(tm_chat_render(model, "chatml", msgs, 2, &p, b, sizeof(b), &nb)); /* no think block */
+    CHECK(tm_chat_apply(model, "chatml", msgs, 2, true, a, sizeof(a), &na));
+    assert_string_equal(b, a);
+    EXPECT(TM_ERR_ARG, "params", tm_chat_render(model, NULL, msgs, 2, NULL, b, sizeof(b), &nb));
+    EXPECT(TM_ERR_ARG, "model is NULL", tm_chat_render(NULL, NULL, msgs, 2, &p, b, 9, &nb));
+    EXPECT(TM_ERR_ARG, "format", tm_chat_render(model, "jinja", msgs, 2, &p, b, 9, &nb));
+    EXPECT(TM_ERR_ARG, "needed", tm_chat_render(model, NULL, msgs, 2, &p, b, 9, &nb));
+}
+
 static void test_chat_reply(void **state) {
     (void)state;
     const char *h = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
@@ -794,6 +820,7 @@ int main(void) {
         cmocka_unit_test(test_vocab_only),    cmocka_unit_test(test_token_stream),
         cmocka_unit_test(test_chat_reply),    cmocka_unit_test(test_opts_check),
         cmocka_unit_test(test_reports),       cmocka_unit_test(test_prompt_reuse),
+        cmocka_unit_test(test_chat_render),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
