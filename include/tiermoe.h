@@ -104,6 +104,9 @@ typedef struct tm_model_info {
     bool has_vocab;          /* tokenize, detokenize and chat need it */
     const char *chat_format; /* the template recognised: "chatml", "qwen3", "llama3",
                                 "mistral", "harmony", or NULL */
+    const char *name;        /* general.name, or NULL (none, or a vocabulary alone); owned by
+                                the model */
+    const char *path;        /* the file it was loaded from; owned by the model */
 } tm_model_info;
 tm_status tm_model_describe(const tm_model *m, tm_model_info *out);
 

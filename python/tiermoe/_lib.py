@@ -52,7 +52,7 @@ class ModelInfoC(Structure):
     _fields_ = [("arch", c_char_p), ("n_layer", c_uint32), ("n_embd", c_uint32), ("n_vocab", c_uint32),
                 ("n_ctx_train", c_uint32), ("n_expert", c_uint32), ("n_expert_used", c_uint32),
                 ("n_params", c_uint64), ("weight_bytes", c_uint64), ("has_vocab", c_bool),
-                ("chat_format", c_char_p)]
+                ("chat_format", c_char_p), ("name", c_char_p), ("path", c_char_p)]
 
 
 class ChatMessageC(Structure):

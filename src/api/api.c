@@ -15,6 +15,7 @@
 #include "api/api_internal.h"
 #include "api/api_opts.h"
 #include "core/timing.h"
+#include "gguf/gguf.h"
 #include "sample/sample.h"
 
 #define TM_STR_(x) #x
@@ -35,6 +36,15 @@ static void model_api_vocab(api_model *a, tm_tokenizer *tok) {
                   : TM_CHAT_UNKNOWN;
 }
 
+/* Free m and its API part a. */
+static void tm_model_free_api(tm_model *m, api_model *a) {
+    if (a && a->tok) tokenizer_free(a->tok);
+    if (a) free(a->name), free(a->path);
+    free(a);
+    m->api = NULL;
+    model_free(m);
+}
+
 tm_status tm_model_load(const char *path, tm_model **out) {
     API_ARG(path && out, "tm_model_load: path and out must not be NULL");
     api_model *a = calloc(1, sizeof(*a));
@@ -49,6 +59,14 @@ tm_status tm_model_load(const char *path, tm_model **out) {
     if (tokenizer_load_gguf(m->file, &tok) != TM_OK) tok = NULL;
     model_api_vocab(a, tok); /* a model without a vocabulary still evaluates ids */
     tm_error_clear();
+    tm_gguf_str gn;
+    if (gguf_file_get_str(m->file, "general.name", &gn) == TM_OK)
+        a->name = strndup(gn.data, (size_t)gn.len); /* NULL out of memory: no name */
+    a->path = strdup(path);
+    if (!a->path) {
+        tm_model_free_api(m, a);
+        return tm_error_set(TM_ERR_NOMEM, "tm_model_load: out of memory");
+    }
     m->api = a;
     *out = m;
     return TM_OK;
@@ -67,6 +85,11 @@ tm_status tm_model_load_vocab(const char *path, tm_model **out) {
     }
     model_api_vocab(a, tok);
     a->vocab_only = true;
+    if (!(a->path = strdup(path))) {
+        tokenizer_free(tok);
+        free(a), free(m);
+        return tm_error_set(TM_ERR_NOMEM, "tm_model_load_vocab: out of memory");
+    }
     m->cfg.n_vocab = tokenizer_n_tokens(tok);
     m->api = a;
     *out = m;
@@ -74,12 +97,7 @@ tm_status tm_model_load_vocab(const char *path, tm_model **out) {
 }
 
 void tm_model_free(tm_model *m) {
-    if (!m) return;
-    api_model *a = m->api;
-    if (a && a->tok) tokenizer_free(a->tok);
-    free(a);
-    m->api = NULL;
-    model_free(m);
+    if (m) tm_model_free_api(m, m->api);
 }
 
 const api_model *api_model_of(const tm_model *m, const char *fn) {
@@ -119,7 +137,9 @@ tm_status tm_model_describe(const tm_model *m, tm_model_info *out) {
                            .weight_bytes = m->weight_bytes,
                            .has_vocab = a->tok != NULL,
                            .chat_format =
-                               a->chat == TM_CHAT_UNKNOWN ? NULL : chat_format_name(a->chat)};
+                               a->chat == TM_CHAT_UNKNOWN ? NULL : chat_format_name(a->chat),
+                           .name = a->name,
+                           .path = a->path};
     return TM_OK;
 }
 

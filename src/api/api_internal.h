@@ -31,6 +31,8 @@ typedef struct api_model {
     bool vocab_only;    /* tm_model_load_vocab: no weights, the engine's struct is zeroed */
     tm_chat_format chat;
     const char *default_system; /* chatml templates' built-in system prompt (in tok), or NULL */
+    char *name;                 /* general.name, or NULL */
+    char *path;                 /* the file */
 } api_model;
 
 typedef struct api_context {

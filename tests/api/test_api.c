@@ -73,6 +73,8 @@ static void test_version(void **state) {
     assert_int_equal(info.n_expert, 16);
     assert_true(info.has_vocab);
     assert_string_equal(info.chat_format, "qwen3");
+    assert_string_equal(info.path, getenv("TM_API_MODEL"));
+    assert_string_equal(info.name, "tiermoe tiny qwen3moe"); /* general.name, as gguf-py reads it */
 }
 
 /* Ids from HF's Qwen3 tokenizer (transformers, Qwen/Qwen3-30B-A3B). */
@@ -526,6 +528,8 @@ static void test_vocab_only(void **state) {
     assert_true(vi.has_vocab);
     assert_int_equal(vi.n_vocab, 151669); /* Qwen3's tokenizer.json: 151643 + 26 added */
     assert_string_equal(vi.chat_format, "qwen3");
+    assert_null(vi.name);
+    assert_non_null(vi.path);
     int32_t ids[8];
     size_t n = 0;
     CHECK(tm_tokenize(v, "Hello world", 11, false, false, ids, 8, &n));
