@@ -196,6 +196,10 @@ typedef struct tm_chat_message {
 tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_message *msgs,
                         size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
                         size_t *len);
+/* Whether format names a built-in chat format ("chatml", "qwen3", "llama3",
+ * "mistral", "harmony"), before any model is loaded (a flag's check):
+ * TM_ERR_ARG naming it and the known ones otherwise. */
+tm_status tm_chat_format_check(const char *format);
 /* tm_chat_render's switches beyond tm_chat_apply's. */
 typedef struct tm_chat_params {
     bool add_generation_prompt; /* end with the opening of the assistant's turn */

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_internal.h"
+#include "cli.h"
 
 #ifndef TM_HAVE_SERVER
 int cmd_serve(int argc, char **argv) {
@@ -18,8 +18,6 @@ int cmd_serve(int argc, char **argv) {
 }
 #else
 #include "server/server.h"
-#include "tokenizer/chat.h"
-#include "tokenizer/tokenizer.h"
 
 static void serve_usage(FILE *out) {
     fprintf(
@@ -75,9 +73,7 @@ static bool list_append(char **list, const char *v) {
 static int serve_main(int argc, char **argv, cli_place *place, char **aliases, char **origins) {
     const char *model_path = NULL;
     tm_server_params sp = {.port = 8080, .parallel = 1, .api_key = getenv("TIERMOE_API_KEY")};
-    sample_params_default(&sp.sampling);
-    tm_context_params cp;
-    cli_files files = {0};
+    tm_sampler_params_init(&sp.sampling);
     cli_gen gen = {.o = place->o, .sp = &sp.sampling};
     cli_trace ct = {0};
     if (cli_trace_from_env(&ct, "serve")) return 2;
@@ -186,9 +182,8 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
         return 2;
     }
     sp.seed_given = gen.seed_given;
-    sp.trace = cli_trace_config(&ct);
-    tm_chat_format chat;
-    if (sp.chat_template && chat_format_from_name(sp.chat_template, &chat) != TM_OK) {
+    sp.trace_names = ct.names, sp.trace_per_layer = ct.per_layer, sp.trace_output = ct.output;
+    if (sp.chat_template && tm_chat_format_check(sp.chat_template) != TM_OK) {
         fprintf(stderr, "tiermoe serve: --chat-template: %s\n", tm_error_message());
         return 2;
     }
@@ -203,7 +198,7 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
 
     tm_server *srv = NULL;
     if (server_create(&sp, &srv) != TM_OK) {
-        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        fprintf(stderr, "tiermoe serve: %s\n", server_error_message());
         return 1;
     }
     fprintf(stderr, "tiermoe serve: listening on http://%s%s%s:%d\n",
@@ -211,20 +206,18 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
             strchr(sp.host ? sp.host : "", ':') ? "]" : "", server_port(srv));
     int rc = 1;
     tm_model *m = NULL;
-    tm_tokenizer *tok = NULL;
-    if (model_load(model_path, &m) != TM_OK) {
-        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
-        goto out;
-    }
+    tm_model_info info;
     cli_place_finish(place, "serve");
-    if (cli_place_apply(place, "serve", m, &files, &cp)) goto out;
-    if (tokenizer_load_gguf(m->file, &tok) != TM_OK) {
-        fprintf(stderr, "tiermoe serve: the model needs a vocabulary: %s\n", tm_error_message());
-        tok = NULL;
+    if (tm_context_opts_check(place->o) != TM_OK || tm_model_load(model_path, &m) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
         goto out;
     }
-    if (server_load(srv, m, tok, &cp) != TM_OK) {
-        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+    if (tm_model_describe(m, &info) != TM_OK || !info.has_vocab) {
+        fprintf(stderr, "tiermoe serve: %s: the model needs a vocabulary\n", model_path);
+        goto out;
+    }
+    if (server_load(srv, m, place->o) != TM_OK) {
+        fprintf(stderr, "tiermoe serve: %s\n", server_error_message());
         goto out;
     }
     fprintf(stderr, "tiermoe serve: ready (%s); stop with Ctrl-C or SIGTERM\n", model_path);
@@ -236,13 +229,11 @@ static int serve_main(int argc, char **argv, cli_place *place, char **aliases, c
     rc = 0;
 out:
     if (server_stop(srv) != TM_OK) {
-        fprintf(stderr, "tiermoe serve: %s\n", tm_error_message());
+        fprintf(stderr, "tiermoe serve: %s\n", server_error_message());
         rc = 1;
     }
     server_free(srv);
-    if (tok) tokenizer_free(tok);
-    model_free(m);
-    cli_files_free(&files);
+    tm_model_free(m);
     return rc;
 }
 

@@ -122,6 +122,7 @@ PROTOTYPES = {
     "tm_detokenizer_free": (None, [_h]),
     "tm_chat_apply": (_S, [_h, c_char_p, _p(ChatMessageC), c_size_t, c_bool, c_void_p, c_size_t,
                            _p(c_size_t)]),
+    "tm_chat_format_check": (_S, [c_char_p]),
     "tm_chat_render": (_S, [_h, c_char_p, _p(ChatMessageC), c_size_t, _p(ChatParamsC), c_void_p,
                             c_size_t, _p(c_size_t)]),
     "tm_chat_reply": (_S, [_h, c_char_p, c_char_p, c_size_t, _p(c_size_t), _p(c_size_t)]),

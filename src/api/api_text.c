@@ -178,6 +178,12 @@ static tm_status chat_format_of(const char *fn, const api_model *a, const char *
     return TM_OK;
 }
 
+tm_status tm_chat_format_check(const char *format) {
+    API_ARG(format, "tm_chat_format_check: format must not be NULL");
+    tm_chat_format f;
+    return chat_format_from_name(format, &f); /* its message names format and the known ones */
+}
+
 /* tm_chat_apply and tm_chat_render (fn: which). */
 static tm_status chat_apply(const char *fn, const tm_model *m, const char *format,
                             const tm_chat_message *msgs, size_t n_msgs, const tm_chat_params *p,

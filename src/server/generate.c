@@ -1,5 +1,5 @@
 /* One generation on its slot's thread: the prompt evaluated with prefix
- * reuse (model/session.h) and tokens evaluated one by one, each in a step the
+ * reuse (tm_seq_prompt) and tokens evaluated one by one, each in a step the
  * worker runs (slots.c: with the other slots' tokens), tokens sampled, text
  * decoded as it comes (complete UTF-8 characters only, invalid bytes as
  * U+FFFD, so JSON can carry it), and stop strings: text that may be the
@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timing.h"
 #include "server/server_internal.h"
 
 void srv_gen_params_free(srv_gen_params *p) {
@@ -51,7 +50,7 @@ static tm_status out_append(srv_gen_out *o, const char *text, size_t n) {
         size_t cap = o->cap ? o->cap : 256;
         while (cap < o->len + n + 1) cap *= 2;
         char *t = realloc(o->text, cap);
-        if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory for the reply");
+        if (!t) return srv_error_set(TM_ERR_NOMEM, "out of memory for the reply");
         o->text = t, o->cap = cap;
     }
     memcpy(o->text + o->len, text, n);
@@ -92,35 +91,45 @@ tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_de
                        srv_gen_out *o) {
     memset(o, 0, sizeof(*o));
     o->n_prompt = p->n_prompt;
-    tm_sampler smp = {0};
-    tm_detok_stream ds;
-    tokenizer_stream_init(&ds, s->tok, false, true);
-    tm_status st = sampler_init(&smp, &p->sp, (int32_t)s->m->cfg.n_vocab);
+    tm_sampler *smp = NULL;
+    tm_detokenizer *ds = NULL; /* invalid bytes as U+FFFD: JSON carries only UTF-8 */
+    tm_status st = srv_error_api(tm_detokenizer_create(s->m, false, true, &ds));
+    if (st == TM_OK) st = srv_error_api(tm_sampler_create(s->m, &p->sp, &smp));
     if (st == TM_OK) st = out_append(o, "", 0);
     if (st != TM_OK) goto done;
 
     srv_slot *sl = j->slot;
-    uint64_t t0 = tm_time_ns();
+    uint64_t t0 = srv_time_ns();
     st = srv_slot_eval(s, sl, p->prompt, p->n_prompt, p->fresh, &o->n_eval);
-    o->prompt_ms = (tm_time_ns() - t0) * 1e-6;
+    o->prompt_ms = (srv_time_ns() - t0) * 1e-6;
     if (st != TM_OK) goto done;
 
-    t0 = tm_time_ns();
+    t0 = srv_time_ns();
     bool hit = false;
     while (!srv_job_cancelled(j)) {
-        const int32_t id = sampler_sample(&smp, sl->view, sl->seq.ids, sl->seq.n);
-        if (!p->ignore_eos && tokenizer_is_end_of_generation(s->tok, id)) {
+        /* the sequence's tokens are the penalty's history; tm_seq_tokens reads only this
+           slot's sequence, which no step changes until the slot posts */
+        const int32_t *held = NULL;
+        int64_t n_held = 0;
+        int32_t id = -1;
+        bool end = false;
+        if ((st = srv_error_api(tm_seq_tokens(s->ctx, sl->id, &held, &n_held))) != TM_OK ||
+            (st = srv_error_api(tm_sampler_sample(smp, sl->view, held, (size_t)n_held, &id))) !=
+                TM_OK ||
+            (st = srv_error_api(tm_token_is_end(s->m, id, &end))) != TM_OK)
+            break;
+        if (!p->ignore_eos && end) {
             o->finish = "stop";
             break;
         }
         o->n_gen++;
         /* the next step runs while this token's text is made and sent (a stop string
          * found meanwhile leaves that step's logits unused) */
-        const bool last = o->n_gen >= p->max_tokens || sl->seq.n >= s->n_ctx;
+        const bool last = o->n_gen >= p->max_tokens || n_held >= s->n_ctx;
         if (!last) srv_slot_post(s, sl, id);
         const char *text;
         size_t n;
-        if ((st = tokenizer_stream_push(&ds, id, &text, &n)) == TM_OK &&
+        if ((st = srv_error_api(tm_detokenizer_push(ds, id, &text, &n))) == TM_OK &&
             (st = out_append(o, text, n)) == TM_OK && (hit = out_send(o, p, fn, ud, false)))
             o->finish = "stop";
         const tm_status waited = last ? TM_OK : srv_slot_wait(s, sl);
@@ -132,19 +141,19 @@ tm_status srv_generate(tm_server *s, const srv_gen_params *p, srv_job *j, srv_de
         }
     }
     srv_slot_end(s, sl);
-    o->gen_ms = (tm_time_ns() - t0) * 1e-6;
+    o->gen_ms = (srv_time_ns() - t0) * 1e-6;
     if (st == TM_OK && o->finish && !hit) { /* what the decoder held, and the held-back tail */
         const char *text;
         size_t n;
-        if ((st = tokenizer_stream_flush(&ds, &text, &n)) == TM_OK &&
+        if ((st = srv_error_api(tm_detokenizer_flush(ds, &text, &n))) == TM_OK &&
             (st = out_append(o, text, n)) == TM_OK && out_send(o, p, fn, ud, false))
             o->finish = "stop";
         else if (st == TM_OK)
             out_send(o, p, fn, ud, true);
     }
 done:
-    tokenizer_stream_free(&ds);
-    sampler_free(&smp);
+    tm_detokenizer_free(ds);
+    tm_sampler_free(smp);
     count(s, o, st);
     return st;
 }

@@ -255,7 +255,7 @@ static void stream_free(void *cls) {
 enum MHD_Result srv_reply_job(srv_req *r, srv_job *j, bool stream) {
     if (srv_queue_push(r->s, j) != TM_OK) {
         srv_job_unref(j);
-        return srv_reply_error(r, 503, "%s", tm_error_message());
+        return srv_reply_error(r, 503, "%s", server_error_message());
     }
     const int fd = conn_fd(r->conn);
     if (!stream) {
@@ -540,7 +540,7 @@ tm_status srv_http_start(tm_server *s) {
     char port[16];
     snprintf(port, sizeof(port), "%d", s->p.port);
     const int gai = getaddrinfo(s->host, port, &hints, &ai);
-    if (gai || !ai) return tm_error_set(TM_ERR_ARG, "--host %s: %s", s->host, gai_strerror(gai));
+    if (gai || !ai) return srv_error_set(TM_ERR_ARG, "--host %s: %s", s->host, gai_strerror(gai));
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -563,8 +563,8 @@ tm_status srv_http_start(tm_server *s) {
         MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
-        return tm_error_set(TM_ERR_IO, "cannot listen on %s:%d (in use, or not an address here?)",
-                            s->host, s->p.port);
+        return srv_error_set(TM_ERR_IO, "cannot listen on %s:%d (in use, or not an address here?)",
+                             s->host, s->p.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->p.port;
     return TM_OK;

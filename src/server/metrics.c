@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model.h" /* interim: the tier counters until the API has them */
 #include "server/server_internal.h"
 
 void srv_metrics_init(srv_metrics *m) {

@@ -191,18 +191,36 @@ static bool parse_generation(tm_server *s, const json_t *o, srv_gen_params *g, c
     return true;
 }
 
+/* The ids of text[0..len) into a malloc'd *ids (*n of them; may be NULL when 0).
+ * Room for a token a byte and the specials first: tokenized once, in the main. */
+static tm_status srv_tokenize(const tm_server *s, const char *text, size_t len, bool add_special,
+                              bool parse_special, int32_t **ids, size_t *n) {
+    size_t cap = len + 4;
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *buf = malloc(cap * sizeof(int32_t));
+        if (!buf) return srv_error_set(TM_ERR_NOMEM, "out of memory for %zu token ids", cap);
+        const tm_status st = tm_tokenize(s->m, text, len, add_special, parse_special, buf, cap, n);
+        if (st == TM_OK) {
+            *ids = buf;
+            return TM_OK;
+        }
+        free(buf);
+        if (st != TM_ERR_ARG || *n <= cap) return srv_error_api(st);
+        cap = *n; /* more tokens than bytes (a vocabulary's added prefix): the size it said */
+    }
+    return srv_error_set(TM_ERR_ARG, "the tokenizer asked for more room twice");
+}
+
 /* Tokenize text as `tiermoe run` does (BOS when the model wants one, special
  * tokens written in the text parsed) and check its length. */
 static bool prompt_tokens(tm_server *s, const char *text, size_t len, srv_gen_params *g,
                           char *err) {
-    tm_tokens ids = {0};
-    tm_tokenize_opts to = {.add_special = true, .parse_special = true};
-    if (tokenizer_encode(s->tok, text, len, &to, &ids) != TM_OK) {
-        snprintf(err, ERR_LEN, "%s", tm_error_message());
-        tokenizer_tokens_free(&ids);
+    size_t n = 0;
+    if (srv_tokenize(s, text, len, true, true, &g->prompt, &n) != TM_OK) {
+        snprintf(err, ERR_LEN, "%s", server_error_message());
         return false;
     }
-    g->prompt = ids.ids, g->n_prompt = (int64_t)ids.n;
+    g->n_prompt = (int64_t)n;
     return true;
 }
 
@@ -324,12 +342,12 @@ static void oai_run(tm_server *s, srv_job *j) {
     if (st != TM_OK || !r.finish) {
         const bool stopping = atomic_load(&s->stopping);
         status = st != TM_OK ? 500 : stopping ? 503 : 499;
-        reply = st != TM_OK ? error_reply(500, "server_error", tm_error_message())
+        reply = st != TM_OK ? error_reply(500, "server_error", server_error_message())
                             : error_reply(status, "unavailable_error",
                                           stopping ? "the server is shutting down"
                                                    : "cancelled: the client left");
         if (st != TM_OK)
-            fprintf(stderr, "tiermoe serve: generation failed: %s\n", tm_error_message());
+            fprintf(stderr, "tiermoe serve: generation failed: %s\n", server_error_message());
         if (o->stream) sse_send(j, reply), reply = NULL;
     } else if (o->stream) {
         json_t *last = chunk_json(o, NULL, 0, r.finish, false);
@@ -476,7 +494,7 @@ static bool chat_prompt(tm_server *s, const json_t *body, srv_gen_params *g, cha
             ok = false;
         } else {
             /* developer is OpenAI's newer name for system; harmony has both */
-            m[i].role = !strcmp(rs, "developer") && s->chat != TM_CHAT_HARMONY ? "system" : rs;
+            m[i].role = !strcmp(rs, "developer") && !s->chat_harmony ? "system" : rs;
             ok = (m[i].content = message_content(json_object_get(msg, "content"), i, err)) != NULL;
         }
     }
@@ -489,12 +507,16 @@ static bool chat_prompt(tm_server *s, const json_t *body, srv_gen_params *g, cha
     if (ok && kw) ok = field_bool(kw, "enable_thinking", &thinking, err);
     char *text = NULL;
     size_t len = 0;
-    if (ok) {
-        tm_chat_opts co = {.add_generation_prompt = true,
-                           .default_system = s->chat_system,
-                           .disable_thinking = !thinking};
-        if (chat_render(s->chat, m, n, &co, &text, &len) != TM_OK) {
-            snprintf(err, ERR_LEN, "%s", tm_error_message());
+    if (ok) { /* the format by its name, or the model's own (with its default system prompt) */
+        const tm_chat_params cp = {.add_generation_prompt = true, .disable_thinking = !thinking};
+        const char *f = s->p.chat_template;
+        tm_status st = tm_chat_render(s->m, f, m, n, &cp, NULL, 0, &len);
+        if (st == TM_ERR_ARG && !(text = malloc(len + 1)))
+            st = srv_error_set(TM_ERR_NOMEM, "out of memory");
+        else if (st == TM_ERR_ARG)
+            st = tm_chat_render(s->m, f, m, n, &cp, text, len + 1, &len);
+        if (st != TM_OK) {
+            snprintf(err, ERR_LEN, "%s", text ? tm_error_message() : server_error_message());
             ok = false;
         }
     }
@@ -508,7 +530,7 @@ static bool chat_prompt(tm_server *s, const json_t *body, srv_gen_params *g, cha
 enum MHD_Result srv_handle_chat(srv_req *r) {
     enum MHD_Result res;
     if (!srv_ready(r, &res)) return res;
-    if (r->s->chat == TM_CHAT_UNKNOWN)
+    if (!r->s->chat)
         return srv_reply_error(r, 501,
                                "this model's chat template is not one tiermoe knows; start the "
                                "server with --chat-template chatml|qwen3|llama3|mistral|harmony, "
@@ -546,7 +568,7 @@ static bool completion_prompt(tm_server *s, const json_t *body, srv_gen_params *
         snprintf(err, ERR_LEN, "out of memory");
         return false;
     }
-    const uint32_t n_vocab = s->m->cfg.n_vocab;
+    const uint32_t n_vocab = s->info.n_vocab;
     for (size_t i = 0; i < n; i++) {
         const json_int_t id = json_integer_value(json_array_get(p, i));
         if (id < 0 || id >= (json_int_t)n_vocab) {
@@ -584,7 +606,7 @@ enum MHD_Result srv_handle_models(srv_req *r) {
     enum MHD_Result res;
     if (!srv_ready(r, &res)) return res;
     const tm_server *s = r->s;
-    const tm_model_config *c = &s->m->cfg;
+    const tm_model_info *c = &s->info;
     json_t *aliases = json_array(); /* the other names a request's "model" may give */
     for (int i = 1; aliases && i < s->n_names; i++)
         json_array_append_new(aliases, json_string(s->names[i]));
@@ -593,10 +615,9 @@ enum MHD_Result srv_handle_models(srv_req *r) {
         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:o, s:{s:s, s:I, s:I, s:I, s:i, s:i, s:i}}]}",
                   "object", "list", "data", "id", s->model_name, "object", "model", "created",
                   (json_int_t)s->created, "owned_by", "tiermoe", "aliases", aliases, "meta", "arch",
-                  s->m->arch->name, "n_params", (json_int_t)s->m->n_params, "size",
-                  (json_int_t)s->m->weight_bytes, "n_ctx", (json_int_t)s->n_ctx, "n_vocab",
-                  (int)c->n_vocab, "n_expert", (int)c->n_expert, "n_expert_used",
-                  (int)c->n_expert_used));
+                  c->arch, "n_params", (json_int_t)c->n_params, "size", (json_int_t)c->weight_bytes,
+                  "n_ctx", (json_int_t)s->n_ctx, "n_vocab", (int)c->n_vocab, "n_expert",
+                  (int)c->n_expert, "n_expert_used", (int)c->n_expert_used));
 }
 
 /* ---- POST /tokenize, /detokenize ---- */
@@ -626,20 +647,24 @@ enum MHD_Result srv_handle_tokenize(srv_req *r) {
         json_decref(body);
         return srv_reply_error(r, 400, "%s", err);
     }
-    tm_tokens ids = {0};
-    tm_tokenize_opts to = {.add_special = add_special, .parse_special = parse_special};
-    const tm_status st = tokenizer_encode(r->s->tok, text, strlen(text), &to, &ids);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    tm_status st = srv_tokenize(r->s, text, strlen(text), add_special, parse_special, &ids, &n_ids);
     json_decref(body);
-    if (st != TM_OK) return srv_reply_error(r, 500, "%s", tm_error_message());
+    if (st != TM_OK) return srv_reply_error(r, 500, "%s", server_error_message());
     json_t *list = json_array();
-    for (size_t i = 0; list && i < ids.n; i++) {
-        size_t n;
-        const char *p = tokenizer_token_bytes(r->s->tok, ids.ids[i], true, &n);
-        json_array_append_new(
-            list, pieces ? json_pack("{s:i, s:o}", "id", ids.ids[i], "piece", piece_json(p, n))
-                         : json_integer(ids.ids[i]));
+    for (size_t i = 0; list && i < n_ids && st == TM_OK; i++) {
+        tm_token_info ti = {0}; /* its bytes, a control token's text included */
+        st = tm_token_describe(r->s->m, ids[i], &ti);
+        json_array_append_new(list, pieces ? json_pack("{s:i, s:o}", "id", ids[i], "piece",
+                                                       piece_json(ti.text, ti.len))
+                                           : json_integer(ids[i]));
     }
-    tokenizer_tokens_free(&ids);
+    free(ids);
+    if (st != TM_OK) {
+        json_decref(list);
+        return srv_reply_error(r, 500, "%s", tm_error_message());
+    }
     return srv_reply_json(r, 200, json_pack("{s:o}", "tokens", list));
 }
 
@@ -649,7 +674,7 @@ enum MHD_Result srv_handle_detokenize(srv_req *r) {
     json_t *body = srv_body_object(r, &res);
     if (!body) return res;
     const json_t *list = json_object_get(body, "tokens");
-    const uint32_t n_vocab = tokenizer_n_tokens(r->s->tok);
+    const uint32_t n_vocab = r->s->n_tokens;
     if (!json_is_array(list)) {
         json_decref(body);
         return srv_reply_error(r, 400, "tokens: expected an array of token ids");
@@ -664,18 +689,17 @@ enum MHD_Result srv_handle_detokenize(srv_req *r) {
         }
     }
     /* the streaming decoder makes invalid bytes U+FFFD: JSON carries only UTF-8 */
-    tm_detok_stream ds;
-    tokenizer_stream_init(&ds, r->s->tok, false, true);
-    char *text = calloc(1, 1);
+    tm_detokenizer *ds = NULL;
+    char *text = tm_detokenizer_create(r->s->m, false, true, &ds) == TM_OK ? calloc(1, 1) : NULL;
     size_t len = 0;
     for (size_t i = 0; text && i <= json_array_size(list); i++) {
         const char *p;
         size_t n;
         const tm_status st =
             i < json_array_size(list)
-                ? tokenizer_stream_push(&ds, (int32_t)json_integer_value(json_array_get(list, i)),
-                                        &p, &n)
-                : tokenizer_stream_flush(&ds, &p, &n);
+                ? tm_detokenizer_push(ds, (int32_t)json_integer_value(json_array_get(list, i)), &p,
+                                      &n)
+                : tm_detokenizer_flush(ds, &p, &n);
         char *grown = st == TM_OK ? realloc(text, len + n + 1) : NULL;
         if (!grown) {
             free(text), text = NULL;
@@ -685,7 +709,7 @@ enum MHD_Result srv_handle_detokenize(srv_req *r) {
         memcpy(text + len, p, n);
         len += n;
     }
-    tokenizer_stream_free(&ds);
+    tm_detokenizer_free(ds);
     json_decref(body);
     if (!text) return srv_reply_error(r, 500, "out of memory");
     json_t *reply = json_pack("{s:s%}", "content", text, len);

@@ -23,13 +23,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api_internal.h" /* interim: the counters and the cache until the API has them */
 #include "model/layout.h"
 #include "server/server_internal.h"
 #include "tier/plan.h"
 
+/* The context's tracer (NULL: --no-expert-trace). */
+static tm_trace *tracer(const tm_server *s) {
+    return s->counters ? ((const api_context *)s->ctx->api)->tr : NULL;
+}
+
 static bool tracer_on(srv_req *r, enum MHD_Result *res) {
     if (!srv_ready(r, res)) return false;
-    if (r->s->tr) return true;
+    if (tracer(r->s)) return true;
     *res = srv_reply_error(r, 409,
                            "the expert counters are off: the server was started with "
                            "--no-expert-trace");
@@ -38,8 +44,8 @@ static bool tracer_on(srv_req *r, enum MHD_Result *res) {
 
 static json_t *perf_json(tm_server *s, bool reset) {
     pthread_mutex_lock(&s->step_mu);
-    json_t *j = trace_stats_to_json(trace_get_stats(s->tr));
-    if (j && reset) trace_reset(s->tr);
+    json_t *j = trace_stats_to_json(trace_get_stats(tracer(s)));
+    if (j && reset) trace_reset(tracer(s));
     pthread_mutex_unlock(&s->step_mu);
     return j;
 }
@@ -67,7 +73,7 @@ enum MHD_Result srv_handle_perf_post(srv_req *r) {
         return j ? srv_reply_json(r, 200, j) : srv_reply_error(r, 500, "out of memory");
     }
     pthread_mutex_lock(&r->s->step_mu);
-    trace_reset(r->s->tr);
+    trace_reset(tracer(r->s));
     pthread_mutex_unlock(&r->s->step_mu);
     return srv_reply_json(r, 200, json_pack("{s:s, s:b}", "action", "reset", "ok", 1));
 }
@@ -235,7 +241,7 @@ static tm_status plan_from_stats(tm_server *s, const tm_trace_stats *obs, tm_pla
 /* {"from": "counters"}: from the live counters. */
 static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
     pthread_mutex_lock(&s->step_mu);
-    const tm_status st = plan_from_stats(s, trace_get_stats(s->tr), plan);
+    const tm_status st = plan_from_stats(s, trace_get_stats(tracer(s)), plan);
     pthread_mutex_unlock(&s->step_mu);
     return st;
 }
@@ -274,7 +280,7 @@ enum MHD_Result srv_handle_cache_post(srv_req *r) {
     const json_t *from = json_object_get(body, "from");
     const bool counters = json_is_string(from) && !strcmp(json_string_value(from), "counters");
     const bool learn = json_object_get(body, "learn") != NULL;
-    if (counters && !r->s->tr) {
+    if (counters && !tracer(r->s)) {
         json_decref(body);
         return srv_reply_error(r, 409, "the expert counters are off (--no-expert-trace)");
     }

@@ -87,10 +87,10 @@ tm_status srv_queue_push(tm_server *s, srv_job *j) {
     pthread_mutex_lock(&s->q_mu);
     tm_status st = TM_OK;
     if (atomic_load(&s->stopping))
-        st = tm_error_set(TM_ERR_ARG, "the server is shutting down");
+        st = srv_error_set(TM_ERR_ARG, "the server is shutting down");
     else if (s->q_len >= s->p.max_queue)
-        st =
-            tm_error_set(TM_ERR_ARG, "the queue is full: %d requests wait (--max-queue)", s->q_len);
+        st = srv_error_set(TM_ERR_ARG, "the queue is full: %d requests wait (--max-queue)",
+                           s->q_len);
     if (st == TM_OK) {
         srv_job_ref(j);
         if (s->q_tail)

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "gguf/gguf.h"
 #include "server/server_internal.h"
 
 static char *dup_or_null(const char *s) {
@@ -17,13 +16,12 @@ static char *dup_or_null(const char *s) {
 tm_status server_create(const tm_server_params *p, tm_server **out) {
     *out = NULL;
     if (p->parallel < 0 || p->parallel > TM_SERVER_MAX_PARALLEL)
-        return tm_error_set(TM_ERR_ARG, "--parallel %d: want 1 .. %d", p->parallel,
-                            TM_SERVER_MAX_PARALLEL);
-    tm_chat_format chat = TM_CHAT_UNKNOWN;
-    if (p->chat_template && chat_format_from_name(p->chat_template, &chat) != TM_OK)
-        return tm_error_wrap(TM_ERR_ARG, "--chat-template: ");
+        return srv_error_set(TM_ERR_ARG, "--parallel %d: want 1 .. %d", p->parallel,
+                             TM_SERVER_MAX_PARALLEL);
+    if (p->chat_template && tm_chat_format_check(p->chat_template) != TM_OK)
+        return srv_error_set(TM_ERR_ARG, "--chat-template: %s", tm_error_message());
     tm_server *s = calloc(1, sizeof(*s));
-    if (!s) return tm_error_set(TM_ERR_NOMEM, "out of memory");
+    if (!s) return srv_error_set(TM_ERR_NOMEM, "out of memory");
     s->p = *p;
     s->host = strdup(p->host ? p->host : "127.0.0.1");
     s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
@@ -39,7 +37,6 @@ tm_status server_create(const tm_server_params *p, tm_server **out) {
      * 503s; a quarter of libmicrohttpd's connections stays for the other addresses */
     if (!s->p.max_per_ip) s->p.max_per_ip = s->p.max_connections + (s->p.max_connections + 1) / 2;
     if (!s->p.read_timeout) s->p.read_timeout = 10;
-    s->chat = chat;
     s->listen_fd = -1;
     atomic_init(&s->state, SRV_LOADING);
     atomic_init(&s->stopping, false);
@@ -51,7 +48,7 @@ tm_status server_create(const tm_server_params *p, tm_server **out) {
     pthread_mutex_init(&s->step_mu, NULL);
     srv_metrics_init(&s->metrics);
     json_object_seed(0); /* before any thread makes objects */
-    tm_status st = s->host ? srv_http_start(s) : tm_error_set(TM_ERR_NOMEM, "out of memory");
+    tm_status st = s->host ? srv_http_start(s) : srv_error_set(TM_ERR_NOMEM, "out of memory");
     if (st != TM_OK) {
         server_free(s);
         return st;
@@ -79,7 +76,7 @@ static void name_add(tm_server *s, const char *name, size_t len) {
 
 /* The names a request's "model" may give: each --alias, the file's base name
  * (less and with ".gguf") and the GGUF's general.name. The first is the id. */
-static void model_names(tm_server *s, const tm_model *m) {
+static void model_names(tm_server *s) {
     for (const char *a = s->alias; a && *a;) {
         const char *end = strchr(a, ',');
         const size_t n = end ? (size_t)(end - a) : strlen(a);
@@ -89,14 +86,12 @@ static void model_names(tm_server *s, const tm_model *m) {
         name_add(s, a + lo, hi - lo);
         a = end ? end + 1 : a + n;
     }
-    const char *path = m->file->path, *slash = path ? strrchr(path, '/') : NULL;
+    const char *path = s->info.path, *slash = path ? strrchr(path, '/') : NULL;
     const char *base = slash ? slash + 1 : path ? path : "";
     const size_t n = strlen(base);
     name_add(s, base, n > 5 && !strcmp(base + n - 5, ".gguf") ? n - 5 : n);
     name_add(s, base, n);
-    tm_gguf_str gn;
-    if (gguf_file_get_str(m->file, "general.name", &gn) == TM_OK)
-        name_add(s, gn.data, (size_t)gn.len);
+    if (s->info.name) name_add(s, s->info.name, strlen(s->info.name));
     snprintf(s->model_name, sizeof(s->model_name), "%s", s->n_names ? s->names[0] : "model");
 }
 
@@ -106,31 +101,40 @@ bool srv_model_known(const tm_server *s, const char *name) {
     return false;
 }
 
-tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
-                      const tm_context_params *cp) {
-    s->m = m, s->tok = tok, s->cp = *cp;
+/* A load that cannot go on: /health says why. */
+static tm_status load_error(tm_server *s, tm_status st) {
+    atomic_store(&s->state, SRV_ERROR);
+    snprintf(s->error, sizeof(s->error), "%s", server_error_message());
+    return st;
+}
+
+tm_status server_load(tm_server *s, tm_model *m, const tm_context_opts *o) {
+    s->m = m, s->opts = *o;
     const int np = s->p.parallel > 0 ? s->p.parallel : 1;
-    if (cp->n_ctx > 0 && cp->n_ctx < 2 * (int64_t)np) {
-        atomic_store(&s->state, SRV_ERROR);
-        snprintf(s->error, sizeof(s->error),
-                 "-c %lld over --parallel %d leaves fewer than 2 positions a slot",
-                 (long long)cp->n_ctx, np);
-        return tm_error_set(TM_ERR_ARG, "%s", s->error);
-    }
-    if (cp->n_batch > 0 && cp->n_batch < np) {
-        atomic_store(&s->state, SRV_ERROR);
-        snprintf(s->error, sizeof(s->error),
-                 "-b %lld is below --parallel %d: a decode step takes a row per slot",
-                 (long long)cp->n_batch, np);
-        return tm_error_set(TM_ERR_ARG, "%s", s->error);
-    }
+    if (o->n_ctx > 0 && o->n_ctx < 2 * (int64_t)np)
+        return load_error(s, srv_error_set(TM_ERR_ARG,
+                                           "-c %lld over --parallel %d leaves fewer than 2 "
+                                           "positions a slot",
+                                           (long long)o->n_ctx, np));
+    if (o->n_batch > 0 && o->n_batch < np)
+        return load_error(s, srv_error_set(TM_ERR_ARG,
+                                           "-b %lld is below --parallel %d: a decode step takes "
+                                           "a row per slot",
+                                           (long long)o->n_batch, np));
+    tm_status st = srv_error_api(tm_model_describe(m, &s->info));
+    tm_vocab_info vi;
+    if (st == TM_OK && s->info.has_vocab) st = srv_error_api(tm_vocab_describe(m, &vi));
+    if (st == TM_OK && !s->info.has_vocab)
+        st = srv_error_set(TM_ERR_UNSUPPORTED, "the model has no vocabulary");
+    if (st != TM_OK) return load_error(s, st);
+    s->n_tokens = vi.n_tokens;
+    s->chat = s->p.chat_template ? s->p.chat_template : s->info.chat_format;
+    s->chat_harmony = s->chat && !strcmp(s->chat, "harmony");
     s->created = (int64_t)time(NULL);
-    model_names(s, m);
-    if (!s->p.chat_template)
-        s->chat = chat_format_detect(tokenizer_chat_template(tok), &s->chat_system);
-    tm_status st = srv_worker_start(s);
+    model_names(s);
+    st = srv_worker_start(s);
     if (st != TM_OK) {
-        snprintf(s->error, sizeof(s->error), "%s", tm_error_message());
+        snprintf(s->error, sizeof(s->error), "%s", server_error_message());
         atomic_store(&s->state, SRV_ERROR);
         return st;
     }
@@ -153,10 +157,9 @@ tm_status server_stop(tm_server *s) {
     for (int i = 0; i < 500 && (srv_queue_busy(s) || atomic_load(&s->in_flight) > 0); i++)
         nanosleep(&tick, NULL);
     srv_http_stop(s);
-    srv_worker_release(s);
-    tm_status st = TM_OK;
-    if (s->tr) st = trace_finish(s->tr);
-    return st;
+    srv_worker_release(s); /* the worker printed the counters' summary, wrote their file */
+    if (s->trace_status != TM_OK) srv_error_set(s->trace_status, "%s", s->trace_error);
+    return s->trace_status;
 }
 
 void server_free(tm_server *s) {
@@ -164,7 +167,6 @@ void server_free(tm_server *s) {
     if (!atomic_load(&s->stopping)) server_stop(s);
     srv_http_stop(s);
     srv_worker_release(s);
-    trace_free(s->tr);
     srv_metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->step_mu);
     pthread_cond_destroy(&s->q_cv);

@@ -22,11 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "model/model.h"
-#include "sample/sample.h"
-#include "tokenizer/tokenizer.h"
-#include "trace/trace.h"
+#include "tiermoe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,16 +53,25 @@ typedef struct tm_server_params {
     bool seed_given;            /* sampling.seed applies to requests without a seed; else each
                                    gets a fresh seed */
     const char *chat_template;  /* a chat format name overriding the model's (NULL: detect) */
-    tm_trace_config trace;      /* the tracer behind /moe-layer-perf (stats are always on unless
-                                   no_trace) */
-    bool no_trace;              /* no tracer: /moe-layer-perf answers 409 (full-GPU decode keeps
-                                   its CUDA graph) */
+    bool no_trace;              /* no expert counters: /moe-layer-perf answers 409 (full-GPU
+                                   decode keeps its CUDA graph); else they are on, and their
+                                   summary is printed at the stop */
+    bool trace_names;           /* --expert-trace-names: a line per routed slot */
+    bool trace_per_layer;       /* the summary with its per-layer table */
+    const char *trace_output;   /* --expert-trace-output: the learn file written at the stop */
     bool quiet;                 /* no line per request on stderr */
 } tm_server_params;
 
 typedef struct tm_server tm_server;
 
 #define TM_SERVER_MAX_PARALLEL 256
+
+/* The server is a client of the library: it uses include/tiermoe.h alone.
+ * Its functions' messages (server_error_message) are its own; where the
+ * library failed, they are the library's message. */
+
+/* The message of this thread's last failing server_ call. */
+const char *server_error_message(void);
 
 /* Bind the address and start answering (/health says "loading" until
  * server_load finishes). TM_ERR_IO naming the address when it cannot bind;
@@ -76,16 +81,17 @@ tm_status server_create(const tm_server_params *p, tm_server **out);
 /* The port bound (the one chosen when params.port was 0). */
 int server_port(const tm_server *s);
 
-/* Hand the server a loaded model, its tokenizer (both stay the caller's and
- * must outlive the server) and context parameters: a worker thread creates
- * the context (and the tracer) and serves the queue. Returns once the
- * context exists, or with its error (then /health says "error"). */
-tm_status server_load(tm_server *s, tm_model *m, const tm_tokenizer *tok,
-                      const tm_context_params *cp);
+/* Hand the server a model loaded by tm_model_load, with a vocabulary (it
+ * stays the caller's and must outlive the server), and the context's options
+ * (n_seq, expert_stats and expert_trace_names are the server's): a worker
+ * thread creates the context and serves the queue. Returns once the context
+ * exists, or with its error (then /health says "error"). */
+tm_status server_load(tm_server *s, tm_model *m, const tm_context_opts *o);
 
 /* Stop: no new connections, queued requests answered 503, the running one
- * cancelled, connections closed, the worker joined. Writes the tracer's
- * output file when one was asked for (the error of that, if any). */
+ * cancelled, connections closed, the worker joined. Prints the expert
+ * counters' summary and writes trace_output when one was asked for (the
+ * error of that, if any). */
 tm_status server_stop(tm_server *s);
 void server_free(tm_server *s);
 

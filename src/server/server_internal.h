@@ -13,9 +13,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "model/session.h"
 #include "server/server.h"
-#include "tokenizer/chat.h"
 
 #define SRV_MAX_STOP       4   /* stop strings a request may give (OpenAI's limit) */
 #define SRV_MAX_STOP_LEN   256 /* bytes of one */
@@ -26,6 +24,14 @@
 #define TM_SERVER_VERSION  "0.1.0"
 
 typedef enum srv_state { SRV_LOADING, SRV_READY, SRV_ERROR } srv_state;
+
+/* ---- the server's messages (error.c) ---- */
+/* Set this thread's message (server_error_message); returns st. */
+tm_status srv_error_set(tm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* After a library call: on a failure its message becomes the server's; returns st. */
+tm_status srv_error_api(tm_status st);
+/* Nanoseconds of a monotonic clock. */
+uint64_t srv_time_ns(void);
 
 /* ---- counters behind /metrics (metrics.c) ---- */
 typedef enum srv_outcome { SRV_OUTCOME_OK, SRV_OUTCOME_CANCELLED, SRV_OUTCOME_ERROR } srv_outcome;
@@ -89,8 +95,8 @@ bool srv_queue_busy(tm_server *s);
 int srv_slots_busy(tm_server *s);
 
 /* ---- slots and the worker (slots.c) ----
- * A slot (--parallel N of them) is one sequence of the context: its KV range,
- * its session (prompt prefix reuse), its logits, and a thread that runs one
+ * A slot (--parallel N of them) is one sequence of the context (its id): its KV
+ * range, its tokens (prompt prefix reuse: tm_seq_prompt), its logits, and a thread that runs one
  * generation at a time. The worker thread owns the context: it hands queued
  * jobs to free slots (the one whose cached tokens share the longest prefix
  * with the prompt), evaluates prompts in chunks of the batch, and runs decode
@@ -99,8 +105,8 @@ typedef enum srv_slot_req { SRV_SLOT_NONE, SRV_SLOT_EVAL, SRV_SLOT_PUSH } srv_sl
 struct srv_slot {
     tm_server *server;
     int id;
-    tm_session seq;
-    float *logits;     /* [n_vocab]: of the slot's prompt */
+    float *logits;     /* [n_vocab]: of the slot's prompt (copied: steps may run while it
+                          samples them) */
     const float *view; /* the logits to sample: logits, or the slot's row of the context's
                            last decode step (read in place, see viewing) */
     bool viewing;      /* under q_mu: view is in the context, which no step may overwrite
@@ -186,13 +192,14 @@ struct tm_server {
     atomic_int in_flight; /* requests received and not yet answered in full */
     /* the model (server_load) */
     tm_model *m;
-    const tm_tokenizer *tok;
-    tm_context_params cp;
-    tm_chat_format chat;
-    const char *chat_system; /* the template's default system prompt, or NULL */
+    tm_model_info info;
+    uint32_t n_tokens; /* the vocabulary's (ids a request may give /detokenize) */
+    tm_context_opts opts;
+    const char *chat;  /* the chat format: --chat-template's, else the model's (NULL: none) */
+    bool chat_harmony; /* it has a developer role of its own */
     char model_name[256];
     int64_t created; /* unix time the model was loaded */
-    int64_t n_ctx, max_prompt, max_tokens, default_tokens;
+    int64_t n_ctx, n_batch, max_prompt, max_tokens, default_tokens;
     /* the queue */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv;
@@ -215,8 +222,10 @@ struct tm_server {
     /* the worker's; readers of the counters and the cache take step_mu */
     pthread_mutex_t step_mu;
     tm_context *ctx;
-    tm_trace *tr;
-    bool has_cache; /* some layer has VRAM cache slots */
+    bool counters;          /* the context counts expert selections (not --no-expert-trace) */
+    bool has_cache;         /* some layer has VRAM cache slots */
+    tm_status trace_status; /* the counters' summary and file at the stop */
+    char trace_error[512];
     atomic_uint_fast64_t next_id;
     atomic_uint_fast64_t seed_counter;
     srv_metrics metrics;

@@ -12,19 +12,23 @@
  *     other jobs (a cache plan) run on the worker between steps;
  *   - a prompt is evaluated in chunks of the batch, one chunk a step;
  *   - a decode step runs when every decoding slot has handed in its token:
- *     one row per slot (model_session_push_rows); each slot samples its row of
- *     the context's logits in place, and no step runs until all have (a
- *     prompt's last logits are copied to its slot); when prompts and decodes
+ *     one row per slot (tm_eval_rows); each slot samples its row of the
+ *     step's logits in place (tm_logits right after the step), and no step
+ *     runs until all have (a prompt's last logits are copied to its slot);
+ *     when prompts and decodes
  *     both wait, the steps alternate, so a long prompt delays the streams by a
  *     chunk at a time;
  *   - after a generation ends, the VRAM cache's updater between steps.
  * The steps hold step_mu (readers of the counters and the cache take it).
- * The worker frees the context in its own thread when the server stops. */
+ * The worker frees the context in its own thread when the server stops.
+ * Everything goes through the library's API (include/tiermoe.h); the slots'
+ * threads read the context only where the API says a read of one sequence
+ * may run beside another's step (tm_seq_tokens) or the logits stay until the
+ * next step (tm_logits), which the worker does not run while a slot reads. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/timing.h"
 #include "server/server_internal.h"
 
 /* ---- a slot's side (its thread) ---- */
@@ -45,7 +49,7 @@ tm_status srv_slot_eval(tm_server *s, srv_slot *sl, const int32_t *ids, int64_t 
     *n_eval = sl->n_eval;
     if (st == TM_OK) sl->decoding = true;
     pthread_mutex_unlock(&s->q_mu);
-    if (st != TM_OK) tm_error_set(st, "%s", sl->msg);
+    if (st != TM_OK) srv_error_set(st, "%s", sl->msg);
     return st;
 }
 
@@ -81,7 +85,7 @@ tm_status srv_slot_wait(tm_server *s, srv_slot *sl) {
     const tm_status st = sl->st;
     if (st != TM_OK) sl->decoding = false;
     pthread_mutex_unlock(&s->q_mu);
-    if (st != TM_OK) tm_error_set(st, "%s", sl->msg);
+    if (st != TM_OK) srv_error_set(st, "%s", sl->msg);
     return st;
 }
 
@@ -135,7 +139,9 @@ static srv_slot *slot_pick(tm_server *s, const srv_job *j) {
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         if (sl->job) continue;
-        const int64_t keep = j->prompt ? model_session_shared(&sl->seq, j->prompt, j->n_prompt) : 0;
+        int64_t keep = 0;
+        if (j->prompt && tm_seq_shared(s->ctx, sl->id, j->prompt, j->n_prompt, &keep) != TM_OK)
+            keep = 0; /* cannot fail: a slot's sequence, a prompt of at least one token */
         if (keep > best_keep || (keep == best_keep && sl->last_used < best->last_used))
             best = sl, best_keep = keep;
     }
@@ -177,7 +183,7 @@ static void worker_dispatch(tm_server *s) {
 /* Answer a slot's request (under q_mu). */
 static void slot_answer(tm_server *s, srv_slot *sl, tm_status st) {
     sl->st = st;
-    if (st != TM_OK) snprintf(sl->msg, sizeof(sl->msg), "%s", tm_error_message());
+    if (st != TM_OK) snprintf(sl->msg, sizeof(sl->msg), "%s", server_error_message());
     sl->req = SRV_SLOT_NONE;
     pthread_cond_broadcast(&sl->cv);
 }
@@ -185,7 +191,6 @@ static void slot_answer(tm_server *s, srv_slot *sl, tm_status st) {
 /* One chunk of sl's prompt (q_mu held on entry and exit, dropped for the
  * step); answers the slot once the prompt is in. */
 static void worker_prompt_chunk(tm_server *s, srv_slot *sl) {
-    tm_session *seq = &sl->seq;
     const int32_t *ids = sl->ids;
     const int64_t n = sl->n_ids;
     if (sl->eval_begun && srv_job_cancelled(sl->job)) { /* stop between chunks */
@@ -196,16 +201,20 @@ static void worker_prompt_chunk(tm_server *s, srv_slot *sl) {
     sl->eval_begun = true;
     pthread_mutex_unlock(&s->q_mu);
     pthread_mutex_lock(&s->step_mu);
-    if (first && sl->fresh) model_session_reset(seq);
-    const int64_t keep = model_session_shared(seq, ids, n);
-    if (first && s->tr && keep == 0) trace_sequence_begin(s->tr);
-    const int64_t end = keep + s->ctx->params.n_batch < n ? keep + s->ctx->params.n_batch : n;
-    int64_t n_eval = 0;
-    const tm_status st = model_session_eval(seq, ids, end, &n_eval);
-    if (st == TM_OK && end == n) {
-        memcpy(sl->logits, s->ctx->logits, (size_t)s->m->cfg.n_vocab * sizeof(float));
+    tm_status st = TM_OK;
+    if (first && sl->fresh) st = tm_seq_rewind(s->ctx, sl->id, 0, NULL);
+    int64_t keep = 0, n_eval = 0;
+    if (st == TM_OK) st = tm_seq_shared(s->ctx, sl->id, ids, n, &keep);
+    /* one chunk of the batch a step (tm_seq_prompt begins the counters' new sequence
+       when nothing is kept) */
+    const int64_t end = keep + s->n_batch < n ? keep + s->n_batch : n;
+    if (st == TM_OK) st = tm_seq_prompt(s->ctx, sl->id, ids, end, &n_eval);
+    const float *logits = NULL;
+    if (st == TM_OK && end == n && (st = tm_logits(s->ctx, sl->id, &logits)) == TM_OK) {
+        memcpy(sl->logits, logits, (size_t)s->info.n_vocab * sizeof(float));
         sl->view = sl->logits;
     }
+    srv_error_api(st);
     pthread_mutex_unlock(&s->step_mu);
     pthread_mutex_lock(&s->q_mu);
     sl->n_eval += n_eval;
@@ -214,60 +223,57 @@ static void worker_prompt_chunk(tm_server *s, srv_slot *sl) {
 
 /* One decode step of the n slots in rows (q_mu held on entry and exit). */
 static void worker_decode(tm_server *s, srv_slot **rows, int n) {
-    tm_session *ss[TM_SERVER_MAX_PARALLEL];
-    int32_t ids[TM_SERVER_MAX_PARALLEL];
-    for (int i = 0; i < n; i++) ss[i] = &rows[i]->seq, ids[i] = rows[i]->tok;
+    int32_t seqs[TM_SERVER_MAX_PARALLEL], ids[TM_SERVER_MAX_PARALLEL];
+    const float *view[TM_SERVER_MAX_PARALLEL];
+    for (int i = 0; i < n; i++) seqs[i] = rows[i]->id, ids[i] = rows[i]->tok;
     pthread_mutex_unlock(&s->q_mu);
     pthread_mutex_lock(&s->step_mu);
-    const uint64_t t0 = tm_time_ns();
-    const tm_status st = model_session_push_rows(ss, ids, n);
-    const uint64_t t1 = tm_time_ns();
+    const uint64_t t0 = srv_time_ns();
+    tm_status st = tm_eval_rows(s->ctx, n, seqs, ids);
+    const uint64_t t1 = srv_time_ns();
+    for (int i = 0; i < n && st == TM_OK; i++) st = tm_logits(s->ctx, seqs[i], &view[i]);
+    srv_error_api(st);
     pthread_mutex_unlock(&s->step_mu);
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.c.decode_steps++, s->metrics.c.decode_rows += (uint64_t)n;
     s->metrics.c.decode_step_s += (t1 - t0) * 1e-9;
     pthread_mutex_unlock(&s->metrics.mu);
     pthread_mutex_lock(&s->q_mu);
-    const size_t V = s->m->cfg.n_vocab;
     for (int i = 0; i < n; i++) {
         if (st == TM_OK) { /* each slot samples its row in place, all at once */
-            rows[i]->view = s->ctx->logits + i * V;
+            rows[i]->view = view[i];
             rows[i]->viewing = true, s->n_viewing++;
         }
         slot_answer(s, rows[i], st);
     }
 }
 
-/* Create the tracer, the context and the slots in this thread. */
+/* Create the context (with the expert counters) and the slots in this thread. */
 static tm_status worker_setup(tm_server *s) {
-    tm_context_params cp = s->cp;
-    cp.n_seq = s->p.parallel > 0 ? s->p.parallel : 1;
-    tm_status st;
-    if (!s->p.no_trace) {
-        tm_trace_config tc = s->p.trace;
-        tc.stats = true;
-        if ((st = model_trace_create(&tc, s->m, &s->tr)) != TM_OK) return st;
-        trace_attach(s->tr, &cp.cb, &cp.cb_ud);
-    }
-    if ((st = model_context_create(s->m, &cp, &s->ctx)) != TM_OK) return st;
-    if (s->tr) trace_set_resident(s->tr, tier_expert_resident, s->ctx->tier);
-    for (uint32_t l = 0; l < s->m->cfg.n_layer; l++)
-        s->has_cache |= tier_cache_slots(s->ctx->tier, l) > 0;
-    s->n_ctx = s->ctx->n_ctx;
-    srv_slot *slots = calloc((size_t)cp.n_seq, sizeof(*slots));
-    if (!slots) return tm_error_set(TM_ERR_NOMEM, "out of memory for %d slots", cp.n_seq);
+    tm_context_opts o = s->opts;
+    o.n_seq = s->p.parallel > 0 ? s->p.parallel : 1;
+    o.expert_stats = !s->p.no_trace;
+    o.expert_trace_names = !s->p.no_trace && s->p.trace_names;
+    tm_status st = srv_error_api(tm_context_create(s->m, &o, &s->ctx));
+    if (st != TM_OK) return st;
+    s->counters = o.expert_stats;
+    tm_context_info ci;
+    if ((st = srv_error_api(tm_context_describe(s->ctx, &ci))) != TM_OK) return st;
+    s->has_cache = ci.cache;
+    s->n_ctx = ci.n_ctx, s->n_batch = ci.n_batch;
+    srv_slot *slots = calloc((size_t)o.n_seq, sizeof(*slots));
+    if (!slots) return srv_error_set(TM_ERR_NOMEM, "out of memory for %d slots", o.n_seq);
     pthread_mutex_lock(&s->q_mu); /* handlers count the busy slots */
     s->slots = slots;
-    for (int i = 0; i < cp.n_seq && st == TM_OK; i++) {
+    for (int i = 0; i < o.n_seq && st == TM_OK; i++) {
         srv_slot *sl = &s->slots[i];
         sl->id = i, sl->server = s;
         pthread_cond_init(&sl->cv, NULL);
         s->n_slots = i + 1;
-        if ((st = model_session_init_seq(&sl->seq, s->ctx, i)) != TM_OK) break;
-        if (!(sl->logits = malloc((size_t)s->m->cfg.n_vocab * sizeof(float))))
-            st = tm_error_set(TM_ERR_NOMEM, "out of memory for a slot's logits");
+        if (!(sl->logits = malloc((size_t)s->info.n_vocab * sizeof(float))))
+            st = srv_error_set(TM_ERR_NOMEM, "out of memory for a slot's logits");
         else if (pthread_create(&sl->thread, NULL, slot_main, sl))
-            st = tm_error_set(TM_ERR_NOMEM, "cannot start the thread of slot %d", i);
+            st = srv_error_set(TM_ERR_NOMEM, "cannot start the thread of slot %d", i);
         else
             sl->thread_started = true;
     }
@@ -308,7 +314,7 @@ static bool worker_work(tm_server *s) {
         if (atomic_load(&s->stopping)) return true;
         pthread_mutex_unlock(&s->q_mu);
         pthread_mutex_lock(&s->step_mu);
-        if (tier_cache_update(s->ctx->tier, TM_MOE_UPDATE_RATE) != TM_OK)
+        if (tm_cache_update(s->ctx) != TM_OK)
             fprintf(stderr, "tiermoe serve: the cache update failed: %s\n", tm_error_message());
         pthread_mutex_unlock(&s->step_mu);
         pthread_mutex_lock(&s->q_mu);
@@ -326,12 +332,29 @@ static void worker_slots_end(tm_server *s) {
         if (s->slots[i].thread_started) pthread_join(s->slots[i].thread, NULL);
 }
 
+/* The counters' summary on stderr and their learn file (--expert-trace-output),
+ * as `tiermoe run` ends; the outcome goes to server_stop. */
+static void worker_counters_finish(tm_server *s) {
+    size_t len = 0;
+    char *text = NULL;
+    tm_status st = tm_expert_stats_summary(s->ctx, s->p.trace_per_layer, NULL, 0, &len);
+    if (st == TM_ERR_ARG && (text = malloc(len + 1)))
+        st = tm_expert_stats_summary(s->ctx, s->p.trace_per_layer, text, len + 1, &len);
+    if (st == TM_OK) fputs(text, stderr);
+    free(text);
+    const char *out = s->p.trace_output;
+    if (st == TM_OK && out && (st = tm_expert_stats_write(s->ctx, out)) == TM_OK)
+        fprintf(stderr, "expert trace: wrote %s\n", out);
+    if (st != TM_OK) snprintf(s->trace_error, sizeof(s->trace_error), "%s", tm_error_message());
+    s->trace_status = st;
+}
+
 static void *worker_main(void *arg) {
     tm_server *s = arg;
     const tm_status setup = worker_setup(s);
     pthread_mutex_lock(&s->q_mu);
     s->worker_status = setup;
-    if (setup != TM_OK) snprintf(s->error, sizeof(s->error), "%s", tm_error_message());
+    if (setup != TM_OK) snprintf(s->error, sizeof(s->error), "%s", server_error_message());
     s->worker_ready = true;
     pthread_cond_broadcast(&s->q_cv);
     while (setup == TM_OK) {
@@ -346,26 +369,26 @@ static void *worker_main(void *arg) {
     while (!s->release) pthread_cond_wait(&s->q_cv, &s->q_mu);
     pthread_mutex_unlock(&s->q_mu);
     for (int i = 0; i < s->n_slots; i++) {
-        model_session_free(&s->slots[i].seq);
         free(s->slots[i].logits);
         pthread_cond_destroy(&s->slots[i].cv);
     }
     free(s->slots);
     s->slots = NULL, s->n_slots = 0;
-    model_context_free(s->ctx);
+    if (s->ctx && s->counters) worker_counters_finish(s); /* they live in the context */
+    tm_context_free(s->ctx);
     s->ctx = NULL;
     return NULL;
 }
 
 tm_status srv_worker_start(tm_server *s) {
     if (pthread_create(&s->worker, NULL, worker_main, s))
-        return tm_error_set(TM_ERR_NOMEM, "cannot start the worker thread");
+        return srv_error_set(TM_ERR_NOMEM, "cannot start the worker thread");
     s->worker_started = true;
     pthread_mutex_lock(&s->q_mu);
     while (!s->worker_ready) pthread_cond_wait(&s->q_cv, &s->q_mu);
     const tm_status st = s->worker_status;
     pthread_mutex_unlock(&s->q_mu);
-    if (st != TM_OK) tm_error_set(st, "%s", s->error);
+    if (st != TM_OK) srv_error_set(st, "%s", s->error);
     return st;
 }
 

@@ -74,7 +74,7 @@ tm_status srv_watch_start(srv_watch *w, int timeout_s) {
                  "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
                  strlen(body), body);
     if (n < 0 || (size_t)n >= sizeof(w->reply)) /* the buffer is sized for it: a broken edit */
-        return tm_error_set(TM_ERR_ARG, "the 408 reply does not fit its buffer (%d bytes)", n);
+        return srv_error_set(TM_ERR_ARG, "the 408 reply does not fit its buffer (%d bytes)", n);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -83,7 +83,7 @@ tm_status srv_watch_start(srv_watch *w, int timeout_s) {
     pthread_condattr_destroy(&ca);
     w->inited = true;
     if (pthread_create(&w->thread, NULL, watch_main, w))
-        return tm_error_set(TM_ERR_NOMEM, "cannot start the read-deadline thread");
+        return srv_error_set(TM_ERR_NOMEM, "cannot start the read-deadline thread");
     w->started = true;
     return TM_OK;
 }

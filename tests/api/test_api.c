@@ -665,6 +665,14 @@ static void test_chat_render(void **state) {
     CHECK(tm_chat_render(model, "chatml", msgs, 2, &p, b, sizeof(b), &nb)); /* no think block */
     CHECK(tm_chat_apply(model, "chatml", msgs, 2, true, a, sizeof(a), &na));
     assert_string_equal(b, a);
+    for (const char *const *f =
+             (const char *const[]){"chatml", "qwen3", "llama3", "mistral", "harmony", NULL};
+         *f; f++) {
+        CHECK(tm_chat_format_check(*f));
+        CHECK(tm_chat_apply(model, *f, msgs, 2, true, a, sizeof(a), &na)); /* one it renders */
+    }
+    EXPECT(TM_ERR_ARG, "unknown chat template 'jinja'", tm_chat_format_check("jinja"));
+    EXPECT(TM_ERR_ARG, "format", tm_chat_format_check(NULL));
     EXPECT(TM_ERR_ARG, "params", tm_chat_render(model, NULL, msgs, 2, NULL, b, sizeof(b), &nb));
     EXPECT(TM_ERR_ARG, "model is NULL", tm_chat_render(NULL, NULL, msgs, 2, &p, b, 9, &nb));
     EXPECT(TM_ERR_ARG, "format", tm_chat_render(model, "jinja", msgs, 2, &p, b, 9, &nb));
