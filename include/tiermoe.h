@@ -398,6 +398,11 @@ tm_status tm_expert_stats_summary(const tm_context *c, bool per_layer, char *tex
  * file renamed into place. TM_ERR_UNSUPPORTED as tm_expert_counts; TM_ERR_IO
  * naming the path. */
 tm_status tm_expert_stats_write(const tm_context *c, const char *path);
+/* The counts as the learn file's JSON (docs/trace-format.md; what
+ * tm_expert_stats_write writes to a .json path, without its final newline)
+ * into text[0..cap), NUL-terminated, as tm_context_profile. GET
+ * /moe-layer-perf answers it. TM_ERR_UNSUPPORTED as tm_expert_counts. */
+tm_status tm_expert_stats_json(const tm_context *c, char *text, size_t cap, size_t *len);
 /* The experts in layer's VRAM cache slots, slot by slot (-1: an empty
  * slot), into experts[0..cap); *n_slots: the layer's slots (0: the layer
  * has no cache slots: its experts are all in VRAM, or all in RAM with no
@@ -413,12 +418,75 @@ tm_status tm_cache_experts(const tm_context *c, uint32_t layer, int32_t *experts
  * RAM) is TM_ERR_UNSUPPORTED. A failed upload puts the replaced experts
  * back. Between evaluations only. */
 tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32_t *n_changed);
+/* A plan (docs/plan-format.md) for this context's VRAM cache, into
+ * plan_json[0..cap), NUL-terminated, as tm_context_profile: per layer with
+ * cache slots its most selected experts (ties: the lower id), as many as it
+ * has slots, from the live counts (learn_json NULL) or from a learn file's
+ * JSON (learn_len bytes, of this model), as POST /moe-hot-cache makes them
+ * for tm_cache_apply. weighting (NULL: "flat"; "pressure", "smooth_pressure",
+ * "time", "balanced") is recorded in the plan: with every layer's slots fixed
+ * it ranks nothing. TM_ERR_ARG naming a bad weighting; a bad learn file
+ * TM_ERR_FORMAT / TM_ERR_ARG naming the field; then TM_ERR_UNSUPPORTED for the
+ * live counts of a context without expert_stats, or a context without a
+ * cache. */
+tm_status tm_cache_plan(const tm_context *c, const char *learn_json, size_t learn_len,
+                        const char *weighting, char *plan_json, size_t cap, size_t *len);
 /* Between requests: let the VRAM cache exchange up to a share of each cached
  * layer's weakest experts for the ones routed more since (the cache policy's
  * scores), uploaded in the background and used once there; what `tiermoe
  * serve` does after each request. TM_OK doing nothing when the context has no
  * cache or was made with moe_cache_update TM_OFF. Between evaluations only. */
 tm_status tm_cache_update(tm_context *c);
+
+/* ---- counters of the tiers (GET /metrics) ---- */
+
+/* Where a layer's routed experts are: its class. */
+#define TM_LAYER_VRAM    0 /* every expert in VRAM */
+#define TM_LAYER_RAM     1 /* every expert in RAM */
+#define TM_LAYER_CACHED  2 /* in RAM, some in VRAM cache slots */
+#define TM_LAYER_CLASSES 3
+
+/* The layers of a class since the context was made. Slots are routed
+ * (token, expert) pairs, by the lane that computed them: hot (the GPU from
+ * VRAM), pcie (the GPU reading RAM), cold (the CPU), fetch (a prompt's experts
+ * in RAM computed by the GPU), fallback (the CPU after a failed copy). Times
+ * in ns: hot, pcie, gpu_wait, merge, fetch, copy and copy_wait are measured
+ * only with profile. */
+typedef struct tm_tier_counters {
+    uint32_t layers; /* of the class */
+    uint64_t steps;  /* their MoE steps */
+    uint64_t hot_slots, pcie_slots, cold_slots, fetch_slots, fallback_slots;
+    uint64_t hot_bytes, pcie_bytes, cold_bytes, fetch_bytes; /* expert bytes the lanes read */
+    uint64_t upload_bytes;                                   /* uploaded into the VRAM cache */
+    uint64_t hot_ns, pcie_ns, cold_ns;
+    uint64_t wait_ns;     /* the host waiting for the GPU's hand-off */
+    uint64_t gpu_wait_ns; /* the GPU waiting for the CPU lane */
+    uint64_t merge_ns, fetch_ns, copy_ns, copy_wait_ns;
+    uint64_t fetch_experts; /* prompts: experts in RAM the GPU computed */
+    uint64_t admits;        /* experts uploaded into the VRAM cache after a step */
+    uint64_t exchanges;     /* experts exchanged by the updater between requests */
+} tm_tier_counters;
+
+/* The SSD tier's (ram_cache_mib: experts read from the file into RAM). */
+typedef struct tm_ssd_counters {
+    uint64_t routed;      /* distinct experts layer steps asked the RAM cache for */
+    uint64_t hits;        /* of those, resident */
+    uint64_t faults;      /* experts read because a step needed them */
+    uint64_t prefetched;  /* experts read ahead */
+    uint64_t bytes_read;  /* from the file */
+    uint64_t wait_ns;     /* the CPU lane waiting for reads */
+    int32_t max_resident; /* experts resident in one layer, at most */
+} tm_ssd_counters;
+
+typedef struct tm_counters {
+    tm_tier_counters tier[TM_LAYER_CLASSES]; /* by class (TM_LAYER_*) */
+    uint64_t cache_bytes;                    /* VRAM the expert cache holds */
+    bool has_ssd;                            /* an SSD tier: ssd is filled (else zero) */
+    tm_ssd_counters ssd;
+} tm_counters;
+/* The tiers' counters (what GET /metrics shows). Between evaluations, or
+ * from another thread under the caller's lock around the context's steps. */
+tm_status tm_context_counters(const tm_context *c, tm_counters *out);
 
 #ifdef __cplusplus
 }

@@ -2,9 +2,9 @@
  * process exit code (0 ok, 1 runtime failure, 2 usage error).
  *
  * This header and the files that include only it (tiermoe.c, cmd_run.c,
- * cmd_tokenize.c, cli_gen.c, cli_place.c, cli_text.c, cli_trace.c) use the public API
- * alone (include/tiermoe.h): CMake compiles them without src/ on the include
- * path. The developer tools on the engine's internals include cli_internal.h. */
+ * cmd_tokenize.c, cmd_serve.c, cli_gen.c, cli_place.c, cli_text.c, cli_trace.c) use the
+ * public API alone (include/tiermoe.h; cmd_serve.c also the server's server.h, itself on
+ * the API): CMake compiles them without src/ on the include path. The developer tools on the engine's internals include cli_internal.h. */
 #ifndef TM_TOOLS_CLI_H
 #define TM_TOOLS_CLI_H
 

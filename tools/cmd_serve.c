@@ -17,7 +17,7 @@ int cmd_serve(int argc, char **argv) {
     return 1;
 }
 #else
-#include "server/server.h"
+#include "server.h" /* src/server: the server, on the API as this file */
 
 static void serve_usage(FILE *out) {
     fprintf(
@@ -247,4 +247,4 @@ int cmd_serve(int argc, char **argv) {
     free(aliases), free(origins);
     return rc;
 }
-#endif /* TM_HAVE_SERVER */
+#endif              /* TM_HAVE_SERVER */

@@ -152,6 +152,9 @@ PROTOTYPES = {
     "tm_cache_experts": (_S, [_h, c_uint32, _p(c_int32), c_size_t, _p(c_size_t)]),
     "tm_cache_apply": (_S, [_h, c_char_p, c_size_t, _p(c_int32)]),
     "tm_cache_update": (_S, [_h]),
+    "tm_cache_plan": (_S, [_h, c_char_p, c_size_t, c_char_p, c_void_p, c_size_t, _p(c_size_t)]),
+    "tm_expert_stats_json": (_S, [_h, c_void_p, c_size_t, _p(c_size_t)]),
+    "tm_context_counters": (_S, [_h, c_void_p]),  # a tm_counters (not wrapped yet)
 }
 
 _lock = threading.Lock()

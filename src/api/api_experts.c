@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "api/api_internal.h"
 #include "model/model_profile.h"
 #include "model/synth.h"
@@ -114,6 +116,23 @@ tm_status tm_expert_stats_write(const tm_context *c, const char *path) {
     return st != TM_OK ? tm_error_wrap(st, "tm_expert_stats_write") : TM_OK;
 }
 
+tm_status tm_expert_stats_json(const tm_context *c, char *text, size_t cap, size_t *len) {
+    const api_context *a = api_context_of(c, "tm_expert_stats_json");
+    if (!a) return TM_ERR_ARG;
+    API_ARG(text || !cap, "tm_expert_stats_json: text is NULL with cap %zu", cap);
+    API_ARG(len, "tm_expert_stats_json: len must not be NULL");
+    const tm_trace *tr = context_tracer(a, "tm_expert_stats_json");
+    if (!tr) return TM_ERR_UNSUPPORTED;
+    json_t *root = trace_stats_to_json(trace_get_stats(tr));
+    /* as trace_stats_write_json writes it */
+    char *s = root ? json_dumps(root, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (!s) return tm_error_set(TM_ERR_NOMEM, "tm_expert_stats_json: out of memory");
+    const tm_status st = api_text_out("tm_expert_stats_json", s, strlen(s), text, cap, len);
+    free(s);
+    return st;
+}
+
 /* Each slot's expert (-1: empty) of layer l into in_slot[0..slots). */
 static void slots_read(const tm_context *c, uint32_t l, int32_t *in_slot, int32_t slots) {
     for (int32_t k = 0; k < slots; k++) in_slot[k] = -1;
@@ -123,7 +142,7 @@ static void slots_read(const tm_context *c, uint32_t l, int32_t *in_slot, int32_
     }
 }
 
-static int32_t layer_slots(const tm_context *c, uint32_t l) {
+int32_t api_layer_slots(const tm_context *c, uint32_t l) {
     return c->tier ? tier_cache_slots(c->tier, l) : 0;
 }
 
@@ -134,7 +153,7 @@ tm_status tm_cache_experts(const tm_context *c, uint32_t layer, int32_t *experts
     API_LAYER("tm_cache_experts", c, layer);
     API_ARG(experts || !cap, "tm_cache_experts: experts is NULL with cap %zu", cap);
     API_ARG(n_slots, "tm_cache_experts: n_slots must not be NULL");
-    const int32_t slots = layer_slots(c, layer);
+    const int32_t slots = api_layer_slots(c, layer);
     *n_slots = slots > 0 ? (size_t)slots : 0;
     API_ARG(*n_slots <= cap, "tm_cache_experts: experts has room for %zu, layer %u has %zu slots",
             cap, layer, *n_slots);
@@ -160,7 +179,7 @@ tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32
     }
     const uint32_t L = c->model->cfg.n_layer;
     int64_t total = 0;
-    for (uint32_t l = 0; l < L; l++) total += layer_slots(c, l) > 0 ? layer_slots(c, l) : 0;
+    for (uint32_t l = 0; l < L; l++) total += api_layer_slots(c, l) > 0 ? api_layer_slots(c, l) : 0;
     tm_plan_change *ch = malloc(((size_t)total + 1) * sizeof(*ch));
     if (!ch) {
         plan_free(&plan);
@@ -168,7 +187,7 @@ tm_status tm_cache_apply(tm_context *c, const char *plan_json, size_t len, int32
     }
     int32_t n_ch = 0, done = 0;
     for (uint32_t l = 0; l < L; l++) {
-        const int32_t slots = layer_slots(c, l);
+        const int32_t slots = api_layer_slots(c, l);
         if (slots <= 0) continue; /* a plan's layer without slots is left as it is */
         slots_read(c, l, a->in_slot, slots);
         plan_cache_diff(&plan, l, a->in_slot, slots, ch, &n_ch);

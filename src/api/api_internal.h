@@ -69,6 +69,9 @@ void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq);
 /* After a step: sequence seq's logits are row row of the context's. */
 void api_logits_row(tm_context *c, api_context *a, int32_t seq, int64_t row);
 
+/* The VRAM cache slots of layer l (0: none). */
+int32_t api_layer_slots(const tm_context *c, uint32_t l);
+
 /* Copy src[0..n) and a NUL into (buf, cap) under the header's size rule. */
 tm_status api_text_out(const char *fn, const char *src, size_t n, char *buf, size_t cap,
                        size_t *len);

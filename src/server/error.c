@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 static _Thread_local char srv_message[1024] = "no error message";
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 void srv_gen_params_free(srv_gen_params *p) {
     free(p->prompt);

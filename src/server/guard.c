@@ -14,7 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 static const char *header(srv_req *r, const char *name) {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);

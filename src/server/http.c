@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 /* ---- text that goes into JSON must be valid UTF-8 ---- */
 

@@ -1,15 +1,14 @@
 /* GET /metrics: Prometheus text format (version 0.0.4). The server's own
  * counters (HTTP replies by status, generations by outcome, prompt and
  * generated tokens and their time, the last request's speeds, the queue) and
- * the tier's per layer class (tier_stats(): slots by lane, bytes, lane times,
- * cache admissions and exchanges), read under the worker's step lock. */
+ * the tier's per layer class (tm_context_counters: slots by lane, bytes, lane
+ * times, cache admissions and exchanges), read under the worker's step lock. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/model.h" /* interim: the tier counters until the API has them */
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 void srv_metrics_init(srv_metrics *m) {
     memset(m, 0, sizeof(*m));
@@ -59,18 +58,18 @@ static void family(text *t, const char *name, const char *type, const char *help
     put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static const char *const class_label[TM_TIER_CLASS_COUNT] = {"vram", "ram", "cached"};
+static const char *const class_label[TM_LAYER_CLASSES] = {"vram", "ram", "cached"};
 
 /* One tier counter family: a sample per layer class (and lane). */
 typedef struct tier_metric {
     const char *name, *help, *lane;
-    size_t offset; /* of the uint64_t in tm_tier_stats */
+    size_t offset; /* of the uint64_t in tm_tier_counters */
     double scale;  /* ns to seconds, or 1 */
 } tier_metric;
 
-#define TS(f) offsetof(tm_tier_stats, f)
+#define TS(f) offsetof(tm_tier_counters, f)
 static const tier_metric tier_metrics[] = {
-    {"tiermoe_tier_layer_steps_total", "MoE steps of the layers of a class", NULL, TS(calls), 1},
+    {"tiermoe_tier_layer_steps_total", "MoE steps of the layers of a class", NULL, TS(steps), 1},
     {"tiermoe_tier_slots_total",
      "routed slots by the lane that computed them (hot: GPU from "
      "VRAM; pcie: GPU reading RAM; cold: CPU; fetch: prompts' experts in RAM computed by the "
@@ -110,7 +109,7 @@ static const tier_metric tier_metrics[] = {
 #undef TS
 
 /* The SSD tier (--ram-cache, docs/ssd.md). */
-static void ssd_section(text *t, const tm_store_stats *s) {
+static void ssd_section(text *t, const tm_ssd_counters *s) {
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -136,15 +135,15 @@ static void ssd_section(text *t, const tm_store_stats *s) {
     put(t, "tiermoe_ssd_max_resident_experts %d\n", s->max_resident);
 }
 
-static void tier_section(text *t, const tm_tier_stats *ts, uint64_t cache_bytes) {
+static void tier_section(text *t, const tm_tier_counters *ts, uint64_t cache_bytes) {
     family(t, "tiermoe_tier_layers", "gauge", "layers by where their experts are");
-    for (int c = 0; c < TM_TIER_CLASS_COUNT; c++)
+    for (int c = 0; c < TM_LAYER_CLASSES; c++)
         put(t, "tiermoe_tier_layers{class=\"%s\"} %u\n", class_label[c], ts[c].layers);
     const char *name = NULL;
     for (size_t i = 0; i < sizeof(tier_metrics) / sizeof(tier_metrics[0]); i++) {
         const tier_metric *m = &tier_metrics[i];
         if (m->name) family(t, name = m->name, "counter", m->help);
-        for (int c = 0; c < TM_TIER_CLASS_COUNT; c++) {
+        for (int c = 0; c < TM_LAYER_CLASSES; c++) {
             if (!ts[c].layers) continue;
             const uint64_t v = *(const uint64_t *)((const char *)&ts[c] + m->offset);
             if (m->lane)
@@ -212,15 +211,14 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
     family(&t, "tiermoe_requests_deferred", "gauge", "requests waiting in the queue");
     put(&t, "tiermoe_requests_deferred %d\n", srv_queue_depth(s));
     if (atomic_load(&s->state) == SRV_READY) {
-        tm_tier_stats ts[TM_TIER_CLASS_COUNT];
+        tm_counters k;
         pthread_mutex_lock(&s->step_mu);
-        memcpy(ts, tier_stats(s->ctx->tier), sizeof(ts));
-        const uint64_t cache_bytes = tier_cache_bytes(s->ctx->tier);
-        const tm_store_stats *ssd = tier_store_stats(s->ctx->tier);
-        const tm_store_stats ss = ssd ? *ssd : (tm_store_stats){0};
+        const tm_status st = tm_context_counters(s->ctx, &k);
         pthread_mutex_unlock(&s->step_mu);
-        tier_section(&t, ts, cache_bytes);
-        if (ssd) ssd_section(&t, &ss);
+        if (st == TM_OK) {
+            tier_section(&t, k.tier, k.cache_bytes);
+            if (k.has_ssd) ssd_section(&t, &k.ssd);
+        }
     }
     if (t.failed) {
         free(t.p);

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 #define ERR_LEN 512
 

@@ -1,17 +1,18 @@
 /* The perf and cache endpoints (docs/server.md):
  *
  *   GET  /moe-layer-perf   the tracer's live counters, in the learn-file format
- *                          (trace_stats_to_json: the one writer; tiermoe plan and
- *                          --moe-learn read what it answers)
+ *                          (tm_expert_stats_json: the library's one writer; tiermoe
+ *                          plan and --moe-learn read what it answers)
  *   POST /moe-layer-perf   {"action":"reset"}: zero them; {"action":"snapshot"}:
  *                          answer them and zero them in one step (no count lost
  *                          between a read and a reset)
  *   GET  /moe-hot-cache    the VRAM cache: per layer its slots and the expert in each
  *   POST /moe-hot-cache    {"from":"counters"}: each cached layer's most selected experts in
  *                          the live counters; {"learn": LEARN, "weighting": MODE}: the same
- *                          from an uploaded learn file; or a plan (docs/plan-format.md, plan_from_json with the
- *                          model's shape) applied inside the fixed capacity: per
- *                          layer the plan's first tier_cache_slots(layer) experts;
+ *                          from an uploaded learn file (both made by tm_cache_plan); or
+ *                          a plan (docs/plan-format.md) applied by tm_cache_apply
+ *                          inside the fixed capacity: per layer the plan's first
+ *                          experts, as many as it has slots;
  *                          experts already resident stay in their slots, newcomers
  *                          take the slots of residents the plan does not list. The
  *                          answer says what changed. Applied by the worker between
@@ -19,34 +20,53 @@
  *                          replaced, so the previous cache keeps serving.
  *
  * Counters and slot maps are read under the worker's step lock. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/api_internal.h" /* interim: the counters and the cache until the API has them */
-#include "model/layout.h"
-#include "server/server_internal.h"
-#include "tier/plan.h"
-
-/* The context's tracer (NULL: --no-expert-trace). */
-static tm_trace *tracer(const tm_server *s) {
-    return s->counters ? ((const api_context *)s->ctx->api)->tr : NULL;
-}
+#include "server_internal.h"
 
 static bool tracer_on(srv_req *r, enum MHD_Result *res) {
     if (!srv_ready(r, res)) return false;
-    if (tracer(r->s)) return true;
+    if (r->s->counters) return true;
     *res = srv_reply_error(r, 409,
                            "the expert counters are off: the server was started with "
                            "--no-expert-trace");
     return false;
 }
 
+/* A text the library writes under the header's size rule, into a malloc'd *out
+ * (TM_ERR_ARG asks the size when it sets *len; another TM_ERR_ARG is a bad argument). */
+typedef tm_status (*text_fn)(const tm_context *c, const void *arg, char *text, size_t cap,
+                             size_t *len);
+
+static tm_status text_of(const tm_context *c, text_fn fn, const void *arg, char **out,
+                         size_t *len) {
+    *out = NULL, *len = SIZE_MAX;
+    tm_status st = fn(c, arg, NULL, 0, len);
+    if (st != TM_ERR_ARG || *len == SIZE_MAX) return srv_error_api(st);
+    if (!(*out = malloc(*len + 1))) return srv_error_set(TM_ERR_NOMEM, "out of memory");
+    if ((st = fn(c, arg, *out, *len + 1, len)) != TM_OK) free(*out), *out = NULL;
+    return srv_error_api(st);
+}
+
+static tm_status stats_json(const tm_context *c, const void *arg, char *text, size_t cap,
+                            size_t *len) {
+    (void)arg;
+    return tm_expert_stats_json(c, text, cap, len);
+}
+
+/* The counters' learn-file JSON (reset: zeroed in the same step). */
 static json_t *perf_json(tm_server *s, bool reset) {
+    size_t len = 0;
+    char *text = NULL;
     pthread_mutex_lock(&s->step_mu);
-    json_t *j = trace_stats_to_json(trace_get_stats(tracer(s)));
-    if (j && reset) trace_reset(tracer(s));
+    if (text_of(s->ctx, stats_json, NULL, &text, &len) == TM_OK && reset)
+        tm_expert_counts_reset(s->ctx);
     pthread_mutex_unlock(&s->step_mu);
+    json_t *j = text ? json_loadb(text, len, JSON_DECODE_ANY, NULL) : NULL;
+    free(text);
     return j;
 }
 
@@ -73,7 +93,7 @@ enum MHD_Result srv_handle_perf_post(srv_req *r) {
         return j ? srv_reply_json(r, 200, j) : srv_reply_error(r, 500, "out of memory");
     }
     pthread_mutex_lock(&r->s->step_mu);
-    trace_reset(tracer(r->s));
+    tm_expert_counts_reset(r->s->ctx);
     pthread_mutex_unlock(&r->s->step_mu);
     return srv_reply_json(r, 200, json_pack("{s:s, s:b}", "action", "reset", "ok", 1));
 }
@@ -90,18 +110,15 @@ static bool cache_on(srv_req *r, enum MHD_Result *res) {
     return false;
 }
 
-/* Each slot's expert (-1: empty) of layer l; slots: tier_cache_slots(l). */
-static void slots_read(const tm_server *s, uint32_t l, int32_t *in_slot, int32_t slots) {
-    for (int32_t k = 0; k < slots; k++) in_slot[k] = -1;
-    for (uint32_t e = 0; e < s->m->cfg.n_expert; e++) {
-        const int32_t k = tier_slot_of(s->ctx->tier, l, (int32_t)e);
-        if (k >= 0 && k < slots) in_slot[k] = (int32_t)e;
-    }
+/* Layer l's slots, each with its expert (-1: empty), into in_slot[0..n_expert). */
+static size_t slots_read(const tm_server *s, uint32_t l, int32_t *in_slot) {
+    size_t n = 0;
+    return tm_cache_experts(s->ctx, l, in_slot, s->info.n_expert, &n) == TM_OK ? n : 0;
 }
 
-static json_t *int_array(const int32_t *v, int32_t n) {
+static json_t *int_array(const int32_t *v, size_t n) {
     json_t *a = json_array();
-    for (int32_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(v[i]));
     return a;
 }
 
@@ -109,14 +126,14 @@ enum MHD_Result srv_handle_cache_get(srv_req *r) {
     enum MHD_Result res;
     if (!cache_on(r, &res)) return res;
     tm_server *s = r->s;
-    int32_t *in_slot = malloc(s->m->cfg.n_expert * sizeof(int32_t));
+    int32_t *in_slot = malloc(s->info.n_expert * sizeof(int32_t));
     json_t *layers = json_array();
+    tm_counters k;
     pthread_mutex_lock(&s->step_mu);
-    const uint64_t bytes = tier_cache_bytes(s->ctx->tier);
-    for (uint32_t l = 0; in_slot && layers && l < s->m->cfg.n_layer; l++) {
-        const int32_t slots = tier_cache_slots(s->ctx->tier, l);
-        if (slots <= 0) continue;
-        slots_read(s, l, in_slot, slots);
+    const uint64_t bytes = tm_context_counters(s->ctx, &k) == TM_OK ? k.cache_bytes : 0;
+    for (uint32_t l = 0; in_slot && layers && l < s->info.n_layer; l++) {
+        const size_t slots = slots_read(s, l, in_slot);
+        if (!slots) continue;
         json_array_append_new(layers, json_pack("{s:i, s:i, s:o}", "layer", (int)l, "slots",
                                                 (int)slots, "experts", int_array(in_slot, slots)));
     }
@@ -127,149 +144,109 @@ enum MHD_Result srv_handle_cache_get(srv_req *r) {
 }
 
 typedef struct cache_job {
-    tm_plan plan;
+    char *plan; /* the plan's JSON */
+    size_t len;
+    json_t *ignored; /* layers the plan lists experts for that have no slots */
 } cache_job;
 
 static void cache_job_release(void *data) {
     cache_job *c = data;
-    plan_free(&c->plan);
+    free(c->plan);
+    json_decref(c->ignored);
     free(c);
 }
 
-static json_t *changes_json(const tm_server *s, const tm_plan_change *ch, int32_t n) {
+/* Per layer with slots: the experts that came in and those that left, slot by slot
+ * (the order tm_cache_apply fills them). */
+static json_t *changes_json(const tm_server *s, const int32_t *before, const int32_t *after,
+                            const size_t *n_slots, int *changed) {
+    const uint32_t E = s->info.n_expert;
     json_t *layers = json_array();
-    for (uint32_t l = 0; layers && l < s->m->cfg.n_layer; l++) {
-        const int32_t slots = tier_cache_slots(s->ctx->tier, l);
-        if (slots <= 0) continue;
+    *changed = 0;
+    for (uint32_t l = 0; layers && l < s->info.n_layer; l++) {
+        if (!n_slots[l]) continue;
         json_t *added = json_array(), *removed = json_array();
-        for (int32_t i = 0; i < n; i++) {
-            if (ch[i].layer != l) continue;
-            json_array_append_new(added, json_integer(ch[i].after));
-            if (ch[i].before >= 0) json_array_append_new(removed, json_integer(ch[i].before));
+        for (size_t k = 0; k < n_slots[l]; k++) {
+            const int32_t b = before[(size_t)l * E + k], a = after[(size_t)l * E + k];
+            if (a == b) continue;
+            ++*changed;
+            json_array_append_new(added, json_integer(a));
+            if (b >= 0) json_array_append_new(removed, json_integer(b));
         }
-        json_array_append_new(layers, json_pack("{s:i, s:i, s:o, s:o}", "layer", (int)l, "slots",
-                                                (int)slots, "added", added, "removed", removed));
+        json_array_append_new(layers,
+                              json_pack("{s:i, s:i, s:o, s:o}", "layer", (int)l, "slots",
+                                        (int)n_slots[l], "added", added, "removed", removed));
     }
     return layers;
 }
 
+static json_t *error_json(unsigned status, const char *type, const char *msg) {
+    return json_pack("{s:{s:i, s:s, s:s}}", "error", "code", (int)status, "message", msg, "type",
+                     type);
+}
+
 static void cache_run(tm_server *s, srv_job *j) {
-    const tm_plan *plan = &((cache_job *)j->data)->plan;
-    const uint32_t n_layer = s->m->cfg.n_layer;
-    int32_t total = 0, n_ch = 0;
-    for (uint32_t l = 0; l < n_layer; l++) total += tier_cache_slots(s->ctx->tier, l);
-    tm_plan_change *ch = malloc(((size_t)total + 1) * sizeof(*ch));
-    int32_t *in_slot = malloc(s->m->cfg.n_expert * sizeof(int32_t));
-    json_t *ignored = json_array();
-    if (!ch || !in_slot || !ignored) {
-        free(ch), free(in_slot), json_decref(ignored);
-        srv_job_finish(j, 500,
-                       json_pack("{s:{s:i, s:s, s:s}}", "error", "code", 500, "message",
-                                 "out of memory", "type", "server_error"));
+    cache_job *c = j->data;
+    const uint32_t L = s->info.n_layer, E = s->info.n_expert;
+    int32_t *before = malloc((size_t)L * E * sizeof(int32_t));
+    int32_t *after = malloc((size_t)L * E * sizeof(int32_t));
+    size_t *n_slots = calloc(L, sizeof(size_t));
+    if (!before || !after || !n_slots) {
+        free(before), free(after), free(n_slots);
+        srv_job_finish(j, 500, error_json(500, "server_error", "out of memory"));
         return;
     }
     pthread_mutex_lock(&s->step_mu);
-    for (uint32_t l = 0; l < n_layer; l++) {
-        const int32_t slots = tier_cache_slots(s->ctx->tier, l);
-        if (slots <= 0) {
-            if (plan->n_slots[l] > 0) json_array_append_new(ignored, json_integer(l));
-            continue;
-        }
-        slots_read(s, l, in_slot, slots);
-        plan_cache_diff(plan, l, in_slot, slots, ch, &n_ch);
-    }
-    tm_status st = TM_OK;
-    int32_t done = 0;
-    for (; done < n_ch && st == TM_OK; done++)
-        st = tier_cache_set(s->ctx->tier, ch[done].layer, ch[done].slot, ch[done].after);
-    char msg[600] = "";
-    if (st != TM_OK) { /* undo, newest first: each old expert goes back to its slot */
-        snprintf(msg, sizeof(msg), "%s", tm_error_message());
-        bool undone = true;
-        for (int32_t i = done - 1; i >= 0; i--)
-            if (ch[i].before >= 0 &&
-                tier_cache_set(s->ctx->tier, ch[i].layer, ch[i].slot, ch[i].before) != TM_OK)
-                undone = false;
-        fprintf(stderr, "tiermoe serve: /moe-hot-cache: %s; %s\n", msg,
-                undone ? "the previous cache was put back" : "the cache could not be put back");
-    }
-    json_t *reply = st == TM_OK
-                        ? json_pack("{s:b, s:i, s:o, s:o}", "applied", 1, "changed", (int)n_ch,
-                                    "layers", changes_json(s, ch, n_ch), "ignored_layers", ignored)
-                        : json_pack("{s:{s:i, s:s, s:s}}", "error", "code", 500, "message", msg,
-                                    "type", "server_error");
+    for (uint32_t l = 0; l < L; l++) n_slots[l] = slots_read(s, l, before + (size_t)l * E);
+    int32_t n_changed = 0;
+    const tm_status st = tm_cache_apply(s->ctx, c->plan, c->len, &n_changed);
+    for (uint32_t l = 0; l < L; l++) slots_read(s, l, after + (size_t)l * E);
     pthread_mutex_unlock(&s->step_mu);
-    if (st != TM_OK) json_decref(ignored);
-    free(ch), free(in_slot);
-    srv_job_finish(j, st == TM_OK ? 200 : 500, reply);
-}
-
-/* Per cached layer its most selected experts in obs (ties: the lower id), as many as it
- * has slots. With the capacity of every layer fixed, a weighting between layers has
- * nothing to decide: within a layer every mode ranks by share (balanced by rank, the
- * same order). The caller holds the step lock when obs is the live counters. */
-static tm_status plan_from_stats(tm_server *s, const tm_trace_stats *obs, tm_plan *plan) {
-    tm_trace_shape shape;
-    model_trace_shape(s->m, &shape);
-    tm_model_layout lay;
-    tm_status st = model_layout_scan(s->m->file, &lay);
-    if (st != TM_OK) return st;
-    const uint32_t E = shape.n_expert;
-    int32_t *ids = malloc(E * sizeof(int32_t));
-    if (!ids) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
-    if (st == TM_OK) st = plan_init(plan, &shape);
-    for (uint32_t l = 0; l < shape.n_layer && st == TM_OK; l++) {
-        const int32_t slots = tier_cache_slots(s->ctx->tier, l);
-        if (slots <= 0) continue;
-        const uint64_t *hits = obs->layers[l].experts;
-        for (uint32_t e = 0; e < E; e++) ids[e] = (int32_t)e;
-        for (int32_t i = 0; i < slots; i++) /* partial selection sort: slots is small */
-            for (uint32_t j = (uint32_t)i + 1; j < E; j++)
-                if (hits[ids[j]] > hits[ids[i]] ||
-                    (hits[ids[j]] == hits[ids[i]] && ids[j] < ids[i])) {
-                    const int32_t t = ids[i];
-                    ids[i] = ids[j], ids[j] = t;
-                }
-        st = plan_set_layer(plan, l, ids, slots,
-                            l < lay.n_layer && E ? lay.layer_expert_bytes[l] / E : 1);
+    json_t *reply;
+    unsigned status = 200;
+    if (st == TM_OK) {
+        int changed = 0;
+        json_t *layers = changes_json(s, before, after, n_slots, &changed);
+        reply = json_pack("{s:b, s:i, s:o, s:O}", "applied", 1, "changed", changed, "layers",
+                          layers, "ignored_layers", c->ignored);
+    } else if (st == TM_ERR_FORMAT || st == TM_ERR_ARG) { /* a bad plan: nothing changed */
+        status = 400;
+        reply = error_json(400, "invalid_request_error", tm_error_message());
+    } else { /* the library put the replaced experts back */
+        status = 500;
+        fprintf(stderr, "tiermoe serve: /moe-hot-cache: %s\n", tm_error_message());
+        reply = error_json(500, "server_error", tm_error_message());
     }
-    free(ids);
-    model_layout_free(&lay);
-    return st;
+    free(before), free(after), free(n_slots);
+    srv_job_finish(j, status, reply);
 }
 
-/* {"from": "counters"}: from the live counters. */
-static tm_status plan_from_counters(tm_server *s, tm_plan *plan) {
+/* What tm_cache_plan plans from: a learn file's JSON (NULL: the live counters). */
+typedef struct plan_from {
+    const char *learn, *weighting;
+} plan_from;
+
+static tm_status plan_text(const tm_context *c, const void *arg, char *text, size_t cap,
+                           size_t *len) {
+    const plan_from *f = arg;
+    return tm_cache_plan(c, f->learn, f->learn ? strlen(f->learn) : 0, f->weighting, text, cap,
+                         len);
+}
+
+/* The layers a plan (body) lists experts for that have no slots here. */
+static json_t *ignored_layers(tm_server *s, const json_t *body) {
+    json_t *ignored = json_array();
+    const json_t *layers = json_object_get(body, "layers");
+    int32_t *in_slot = malloc(s->info.n_expert * sizeof(int32_t));
     pthread_mutex_lock(&s->step_mu);
-    const tm_status st = plan_from_stats(s, trace_get_stats(tracer(s)), plan);
+    for (size_t l = 0; ignored && in_slot && l < json_array_size(layers) && l < s->info.n_layer;
+         l++)
+        if (json_array_size(json_object_get(json_array_get(layers, l), "experts")) &&
+            !slots_read(s, (uint32_t)l, in_slot))
+            json_array_append_new(ignored, json_integer((json_int_t)l));
     pthread_mutex_unlock(&s->step_mu);
-    return st;
-}
-
-/* {"learn": LEARN, "weighting": MODE}: from a learn file's observations (the format
- * /moe-layer-perf answers and tiermoe trace writes) of this model's shape; the
- * weighting, optional, must name a mode (see plan_from_stats). 400 on a bad one. */
-static tm_status plan_from_learn(tm_server *s, const json_t *body, tm_plan *plan) {
-    const json_t *w = json_object_get(body, "weighting");
-    tm_plan_weighting mode = TM_PLAN_FLAT;
-    if (w && !json_is_null(w) &&
-        (!json_is_string(w) || plan_weighting_parse(json_string_value(w), &mode) != TM_OK))
-        return tm_error_set(TM_ERR_ARG,
-                            "weighting: expected flat, pressure, smooth_pressure, time or "
-                            "balanced");
-    tm_trace_shape shape;
-    model_trace_shape(s->m, &shape);
-    const json_t *learn = json_object_get(body, "learn");
-    if (!json_is_object(learn))
-        return tm_error_set(TM_ERR_ARG, "learn: expected an object (a learn file, as GET "
-                                        "/moe-layer-perf answers)");
-    tm_trace_stats obs;
-    tm_status st = trace_stats_from_json(learn, "learn", &shape, &obs);
-    if (st != TM_OK) return st;
-    st = plan_from_stats(s, &obs, plan);
-    if (st == TM_OK) plan->mode = mode;
-    trace_stats_free(&obs);
-    return st;
+    free(in_slot);
+    return ignored;
 }
 
 enum MHD_Result srv_handle_cache_post(srv_req *r) {
@@ -277,28 +254,53 @@ enum MHD_Result srv_handle_cache_post(srv_req *r) {
     if (!cache_on(r, &res)) return res;
     json_t *body = srv_body_object(r, &res); /* parsed once, whichever form it takes */
     if (!body) return res;
-    const json_t *from = json_object_get(body, "from");
+    tm_server *s = r->s;
+    const json_t *from = json_object_get(body, "from"), *learn = json_object_get(body, "learn");
+    const json_t *w = json_object_get(body, "weighting");
     const bool counters = json_is_string(from) && !strcmp(json_string_value(from), "counters");
-    const bool learn = json_object_get(body, "learn") != NULL;
-    if (counters && !tracer(r->s)) {
+    const char *bad = NULL;
+    if (counters && !s->counters) {
         json_decref(body);
         return srv_reply_error(r, 409, "the expert counters are off (--no-expert-trace)");
     }
-    cache_job *c = calloc(1, sizeof(*c));
-    if (!c) {
+    if (!counters && learn && w && !json_is_null(w) && !json_is_string(w))
+        bad = "weighting: expected flat, pressure, smooth_pressure, time or balanced";
+    else if (!counters && learn && !json_is_object(learn))
+        bad = "learn: expected an object (a learn file, as GET /moe-layer-perf answers)";
+    if (bad) {
         json_decref(body);
+        return srv_reply_error(r, 400, "%s", bad);
+    }
+    cache_job *c = calloc(1, sizeof(*c));
+    bool ok = c != NULL;
+    tm_status st = TM_OK;
+    if (ok && (counters || learn)) { /* planned here, applied by the worker */
+        plan_from f = {.learn = counters ? NULL : json_dumps(learn, JSON_COMPACT),
+                       .weighting = counters ? NULL : json_string_value(w)};
+        ok = counters || f.learn;
+        if (ok) {
+            pthread_mutex_lock(&s->step_mu);
+            st = text_of(s->ctx, plan_text, &f, &c->plan, &c->len);
+            pthread_mutex_unlock(&s->step_mu);
+        }
+        free((char *)f.learn);
+        if (ok) c->ignored = json_array();
+    } else if (ok) { /* the body is the plan: the library checks it when it applies it */
+        c->plan = malloc(r->body_len + 1);
+        if ((ok = c->plan != NULL)) memcpy(c->plan, r->body, r->body_len), c->len = r->body_len;
+        if (ok) c->plan[r->body_len] = '\0';
+        c->ignored = ignored_layers(s, body);
+    }
+    json_decref(body);
+    ok = ok && (st != TM_OK || c->ignored);
+    if (!ok) {
+        if (c) cache_job_release(c);
         return srv_reply_error(r, 500, "out of memory");
     }
-    tm_trace_shape shape;
-    model_trace_shape(r->s->m, &shape);
-    const tm_status st = counters ? plan_from_counters(r->s, &c->plan)
-                         : learn  ? plan_from_learn(r->s, body, &c->plan)
-                                  : plan_from_json(body, "request body", &shape, &c->plan);
-    json_decref(body);
     if (st != TM_OK) {
         cache_job_release(c);
         return srv_reply_error(r, st == TM_ERR_NOMEM || counters ? 500 : 400, "%s",
-                               tm_error_message());
+                               server_error_message());
     }
     srv_job *j = srv_job_new(cache_run, cache_job_release, c);
     if (!j) {

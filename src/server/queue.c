@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 srv_job *srv_job_new(srv_job_fn run, void (*release)(void *), void *data) {
     srv_job *j = calloc(1, sizeof(*j));

@@ -13,7 +13,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "server/server.h"
+#include "server.h"
 
 #define SRV_MAX_STOP       4   /* stop strings a request may give (OpenAI's limit) */
 #define SRV_MAX_STOP_LEN   256 /* bytes of one */

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 /* ---- a slot's side (its thread) ---- */
 

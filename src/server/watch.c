@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 struct srv_watch_conn {
     srv_watch *w;

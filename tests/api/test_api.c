@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -387,6 +388,115 @@ static void test_prompt_reuse(void **state) {
     EXPECT(TM_ERR_ARG, "context is NULL", tm_cache_update(NULL));
     tm_sampler_free(s1);
     tm_sampler_free(s2);
+    tm_context_free(c);
+}
+
+/* The tiers' counters (every routed slot computed by one lane, every layer in
+ * one class), the counts' JSON (tm_expert_stats_write's file), and a cache
+ * plan from the counts: each cached layer's most selected experts, as the
+ * test ranks tm_expert_counts. */
+static void test_counters_and_plans(void **state) {
+    (void)state;
+    static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
+    tm_context_opts o;
+    opts_for(&o, 1);
+    tm_context *c = NULL;
+    CHECK(tm_context_create(model, &o, &c));
+    CHECK(tm_eval(c, 0, pa, 7));
+    for (int i = 0; i < 3; i++) CHECK(tm_eval(c, 0, &pa[i], 1));
+    tm_counters k;
+    CHECK(tm_context_counters(c, &k));
+    uint64_t layers = 0, slots = 0;
+    for (int l = 0; l < TM_LAYER_CLASSES; l++) {
+        const tm_tier_counters *t = &k.tier[l];
+        layers += t->layers;
+        slots += t->hot_slots + t->pcie_slots + t->cold_slots + t->fetch_slots;
+        if (t->layers) assert_int_equal(t->steps, 4 * t->layers); /* a prompt step, 3 decodes */
+    }
+    assert_int_equal(layers, info.n_layer);
+    assert_int_equal(slots, 10ull * info.n_expert_used * info.n_layer);
+    assert_false(k.has_ssd);
+#ifdef TM_API_MOCKGPU
+    assert_int_equal(k.tier[TM_LAYER_CACHED].layers, info.n_layer);
+    assert_true(k.cache_bytes > 0);
+#else
+    assert_int_equal(k.tier[TM_LAYER_RAM].layers, info.n_layer);
+    assert_int_equal(k.tier[TM_LAYER_RAM].cold_slots, slots);
+    assert_int_equal(k.cache_bytes, 0);
+#endif
+
+    /* the JSON is the learn file tm_expert_stats_write writes (less its newline) */
+    static char json[1 << 16], file[1 << 16], plan[1 << 16];
+    size_t len = 0, plen = 0;
+    CHECK(tm_expert_stats_json(c, json, sizeof(json), &len));
+    assert_int_equal(strlen(json), len);
+    const char *tmp = getenv("TMPDIR");
+    char path[512];
+    snprintf(path, sizeof(path), "%s/test_api_counts_%d.json", tmp ? tmp : "/tmp", (int)getpid());
+    CHECK(tm_expert_stats_write(c, path));
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    const size_t n = fread(file, 1, sizeof(file) - 1, f);
+    fclose(f);
+    remove(path);
+    assert_int_equal(n, len + 1);
+    assert_memory_equal(file, json, len);
+    EXPECT(TM_ERR_ARG, "needed", tm_expert_stats_json(c, json, 9, &len));
+
+#ifdef TM_API_MOCKGPU
+    /* a plan from the live counts, and the same from their learn JSON */
+    CHECK(tm_expert_stats_json(c, json, sizeof(json), &len));
+    CHECK(tm_cache_plan(c, NULL, 0, NULL, plan, sizeof(plan), &plen));
+    static char plan2[1 << 16];
+    size_t plen2 = 0;
+    CHECK(tm_cache_plan(c, json, len, "flat", plan2, sizeof(plan2), &plen2));
+    assert_string_equal(plan2, plan);
+    int32_t changed = -1;
+    CHECK(tm_cache_apply(c, plan, plen, &changed));
+    for (uint32_t l = 0; l < info.n_layer; l++) {
+        uint64_t counts[16];
+        int32_t in[16];
+        size_t n_slots = 0;
+        CHECK(tm_expert_counts(c, l, counts, 16));
+        CHECK(tm_cache_experts(c, l, in, 16, &n_slots));
+        assert_true(n_slots >= 1);
+        for (size_t i = 0; i < n_slots; i++) { /* every cached expert outranks every other */
+            assert_true(in[i] >= 0);
+            for (int e = 0; e < 16; e++) {
+                bool cached = false;
+                for (size_t j = 0; j < n_slots; j++) cached |= in[j] == e;
+                if (!cached)
+                    assert_true(counts[in[i]] > counts[e] ||
+                                (counts[in[i]] == counts[e] && in[i] < e));
+            }
+        }
+    }
+#else
+    EXPECT(TM_ERR_UNSUPPORTED, "no VRAM expert cache",
+           tm_cache_plan(c, NULL, 0, NULL, plan, sizeof(plan), &plen));
+#endif
+    EXPECT(TM_ERR_ARG, "weighting", tm_cache_plan(c, NULL, 0, "steep", plan, sizeof(plan), &plen));
+    EXPECT(TM_ERR_FORMAT, "not JSON", tm_cache_plan(c, "{", 1, NULL, plan, sizeof(plan), &plen));
+    const char *other = "{\"format\":\"tiermoe-expert-trace\",\"version\":1,\"model\":{"
+                        "\"arch\":\"qwen3moe\",\"n_layer\":3,\"n_expert\":64,"
+                        "\"n_expert_used\":4}}";
+    assert_int_not_equal(tm_cache_plan(c, other, strlen(other), NULL, plan, sizeof(plan), &plen),
+                         TM_OK);
+    assert_non_null(strstr(tm_error_message(), "learn"));
+    EXPECT(TM_ERR_ARG, "context is NULL",
+           tm_cache_plan(NULL, NULL, 0, NULL, plan, sizeof(plan), &plen));
+    EXPECT(TM_ERR_ARG, "len", tm_cache_plan(c, NULL, 0, NULL, plan, sizeof(plan), NULL));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_expert_stats_json(NULL, json, sizeof(json), &len));
+    EXPECT(TM_ERR_ARG, "len", tm_expert_stats_json(c, json, sizeof(json), NULL));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_context_counters(NULL, &k));
+    EXPECT(TM_ERR_ARG, "out", tm_context_counters(c, NULL));
+    tm_context_free(c);
+
+    o.expert_stats = false;
+    CHECK(tm_context_create(model, &o, &c));
+    EXPECT(TM_ERR_UNSUPPORTED, "expert_stats", tm_expert_stats_json(c, json, sizeof(json), &len));
+    EXPECT(TM_ERR_UNSUPPORTED, "expert_stats",
+           tm_cache_plan(c, NULL, 0, NULL, plan, sizeof(plan), &plen));
     tm_context_free(c);
 }
 
@@ -832,7 +942,7 @@ int main(void) {
         cmocka_unit_test(test_vocab_only),    cmocka_unit_test(test_token_stream),
         cmocka_unit_test(test_chat_reply),    cmocka_unit_test(test_opts_check),
         cmocka_unit_test(test_reports),       cmocka_unit_test(test_prompt_reuse),
-        cmocka_unit_test(test_chat_render),
+        cmocka_unit_test(test_chat_render),   cmocka_unit_test(test_counters_and_plans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
