@@ -322,7 +322,7 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
  * TM_ERR_ARG when it has none (empty, or rewound since). Right after a step
  * they are read in place, in the step's output (no copy of n_vocab floats a
  * row); a later step copies out only those of sequences it does not
- * evaluate. */
+ * evaluate whose rows it overwrites. */
 tm_status tm_logits(const tm_context *c, int32_t seq, const float **logits);
 /* How many positions sequence seq holds. */
 tm_status tm_seq_length(const tm_context *c, int32_t seq, int64_t *n);

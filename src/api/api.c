@@ -260,7 +260,7 @@ tm_status tm_eval(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n) 
             (long long)a->n[seq], (long long)c->n_ctx, (long long)n);
     tm_status st = api_tokens_check("tm_eval", c, tokens, n);
     if (st != TM_OK) return st;
-    api_logits_keep(c, a, false, seq);
+    api_logits_keep(c, a, false, seq, 1);
     const uint64_t t0 = tm_time_ns();
     st = model_decode_seq(c, seq, tokens, n, n == 1 ? TM_MOE_PHASE_DECODE : TM_MOE_PHASE_PROMPT,
                           false);
@@ -295,7 +295,7 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
     }
     tm_status st = api_tokens_check("tm_eval_rows", c, tokens, n);
     if (st != TM_OK) return st;
-    api_logits_keep(c, a, true, 0);
+    api_logits_keep(c, a, true, 0, n);
     const uint64_t t0 = tm_time_ns();
     st = model_decode_rows(c, n, a->rows, tokens);
     a->eval_ns += tm_time_ns() - t0;
@@ -311,11 +311,12 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
     return TM_OK;
 }
 
-void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq) {
+void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq, int64_t rows) {
     const size_t V = c->model->cfg.n_vocab;
     for (int32_t s = 0; s < c->n_seq; s++) {
         float *own = a->logits + (size_t)s * V;
         if (!a->has_logits[s] || a->src[s] == own || (step ? a->seen[s] : s == seq)) continue;
+        if (a->src[s] >= c->logits + (size_t)rows * V) continue; /* a row the step leaves */
         memcpy(own, a->src[s], V * sizeof(float));
         a->src[s] = own;
     }

@@ -63,9 +63,10 @@ bool api_context_has_cache(const tm_context *c);
 /* TM_ERR_ARG naming fn and the first of t[0..n) that is not a token of c's model. */
 tm_status api_tokens_check(const char *fn, const tm_context *c, const int32_t *t, int64_t n);
 /* Before a step that evaluates the sequences marked in a->seen (when step is
- * false: none but seq): the logits other sequences still read in place are
- * copied out, as the step overwrites the context's. */
-void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq);
+ * false: none but seq) and writes rows [0, rows) of the context's logits (one
+ * sequence's eval: its last token's, row 0; model.h): the logits other
+ * sequences still read in place in those rows are copied out. */
+void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq, int64_t rows);
 /* After a step: sequence seq's logits are row row of the context's. */
 void api_logits_row(tm_context *c, api_context *a, int32_t seq, int64_t row);
 

@@ -39,7 +39,7 @@ tm_status tm_seq_prompt(tm_context *c, int32_t seq, const int32_t *tokens, int64
     if (st != TM_OK) return st;
     tm_session ss = seq_session(c, a, seq);
     if (a->tr && model_session_shared(&ss, tokens, n) == 0) trace_sequence_begin(a->tr);
-    api_logits_keep(c, a, false, seq);
+    api_logits_keep(c, a, false, seq, 1);
     int64_t evaluated = 0;
     const uint64_t t0 = tm_time_ns();
     st = model_session_eval(&ss, tokens, n, &evaluated);

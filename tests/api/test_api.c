@@ -331,11 +331,17 @@ static void test_prompt_reuse(void **state) {
     memcpy(saved, l0, info.n_vocab * sizeof(float));
     assert_int_equal(argmax(l0, info.n_vocab), ta[3]);
     assert_int_equal(argmax(l1, info.n_vocab), tb[1]);
-    CHECK(tm_eval(c, 1, &tb[1], 1));
+    CHECK(tm_eval(c, 1, &tb[1], 1)); /* its row 0: sequence 0's row 1 stays in place */
     CHECK(tm_logits(c, 0, &l0));
     assert_memory_equal(l0, saved, info.n_vocab * sizeof(float));
     CHECK(tm_logits(c, 1, &l1));
     assert_int_equal(argmax(l1, info.n_vocab), tb[2]);
+    memcpy(saved, l1, info.n_vocab * sizeof(float));
+    CHECK(tm_eval(c, 0, &ta[3], 1)); /* overwrites row 0: sequence 1's are copied out first */
+    CHECK(tm_logits(c, 1, &l1));
+    assert_memory_equal(l1, saved, info.n_vocab * sizeof(float));
+    CHECK(tm_logits(c, 0, &l0));
+    assert_int_equal(argmax(l0, info.n_vocab), ta[4]);
     free(saved);
 
     /* sampling given the logits and the history is tm_sample's (same seed, a penalty) */
@@ -378,7 +384,7 @@ static void test_prompt_reuse(void **state) {
     static int32_t many[129];
     EXPECT(TM_ERR_ARG, "do not fit", tm_seq_prompt(c, 0, many, 129, &n_eval));
     CHECK(tm_seq_length(c, 0, &n)); /* nothing was evaluated */
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 11);
     EXPECT(TM_ERR_ARG, "context is NULL", tm_seq_tokens(NULL, 0, &held, &n));
     EXPECT(TM_ERR_ARG, "seq 3", tm_seq_tokens(c, 3, &held, &n));
     EXPECT(TM_ERR_ARG, "must not be NULL", tm_seq_tokens(c, 0, NULL, &n));
