@@ -208,19 +208,27 @@ static void apply_plan(tm_context *c) {
 #endif
 }
 
-/* Two sequences in one context, stepped together (tm_eval_rows), a plan applied
- * halfway: each gives the tokens it gives alone. */
-static void test_two_sequences(void **state) {
-    (void)state;
-    static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
-    static const int32_t pb[] = {785, 6722, 315, 9625, 374};
-    int32_t ta[N_GEN], tb[N_GEN];
+/* Two prompts (Qwen3 token ids) the sequence tests share. */
+static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
+static const int32_t pb[] = {785, 6722, 315, 9625, 374};
+
+/* The greedy tokens of pa and pb each alone, and a context of two empty sequences. */
+static tm_context *two_prompts(int32_t *ta, int32_t *tb) {
     alone(pa, 7, ta);
     alone(pb, 5, tb);
     tm_context_opts o;
     opts_for(&o, 2);
     tm_context *c = NULL;
     CHECK(tm_context_create(model, &o, &c));
+    return c;
+}
+
+/* Two sequences in one context, stepped together (tm_eval_rows), a plan applied
+ * halfway: each gives the tokens it gives alone. */
+static void test_two_sequences(void **state) {
+    (void)state;
+    int32_t ta[N_GEN], tb[N_GEN];
+    tm_context *c = two_prompts(ta, tb);
     CHECK(tm_eval(c, 0, pa, 7));
     CHECK(tm_eval(c, 1, pb, 5));
     int32_t ga[N_GEN], gb[N_GEN];
@@ -276,15 +284,8 @@ static void test_two_sequences(void **state) {
  * evaluated alone (tm_eval), and tm_sample's. */
 static void test_prompt_reuse(void **state) {
     (void)state;
-    static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
-    static const int32_t pb[] = {785, 6722, 315, 9625, 374};
     int32_t ta[N_GEN], tb[N_GEN];
-    alone(pa, 7, ta);
-    alone(pb, 5, tb);
-    tm_context_opts o;
-    opts_for(&o, 2);
-    tm_context *c = NULL;
-    CHECK(tm_context_create(model, &o, &c));
+    tm_context *c = two_prompts(ta, tb);
     int64_t n_eval = -1, keep = -1, n = -1;
     CHECK(tm_seq_shared(c, 0, pa, 7, &keep));
     assert_int_equal(keep, 0);
@@ -403,7 +404,6 @@ static void test_prompt_reuse(void **state) {
  * test ranks tm_expert_counts. */
 static void test_counters_and_plans(void **state) {
     (void)state;
-    static const int32_t pa[] = {9707, 1879, 11, 419, 374, 264, 1273};
     tm_context_opts o;
     opts_for(&o, 1);
     tm_context *c = NULL;
