@@ -21,7 +21,7 @@
  * - No global state but the log callback: models, contexts and samplers are
  *   independent. A model may be shared by threads (its functions read it
  *   only) while its contexts live; a context or a sampler is used by one
- *   thread at a time.
+ *   thread at a time (tm_seq_tokens excepted, as its comment says).
  * - Sizes of caller buffers: a function that writes into (buf, cap) sets
  *   *len (or *n) to the size it needs; when cap is too small it writes
  *   nothing and returns TM_ERR_ARG, so a call with cap 0 (buf may then be
@@ -348,7 +348,9 @@ tm_status tm_seq_prompt(tm_context *c, int32_t seq, const int32_t *tokens, int64
                         int64_t *n_eval);
 /* The tokens sequence seq holds, in order: *tokens[0 .. *n) (owned by the
  * context, valid until seq is next evaluated, rewound or the context freed;
- * *tokens may be NULL when *n is 0). Reads only seq's part of the context. */
+ * *tokens may be NULL when *n is 0). It reads only seq's part of the context:
+ * another thread may call it while the context's thread evaluates other
+ * sequences (serve's slots do, sampling beside the worker's steps). */
 tm_status tm_seq_tokens(const tm_context *c, int32_t seq, const int32_t **tokens, int64_t *n);
 
 /* ---- sampling ---- */
