@@ -103,7 +103,7 @@ typedef struct tm_model_info {
     uint64_t n_params, weight_bytes;
     bool has_vocab;          /* tokenize, detokenize and chat need it */
     const char *chat_format; /* the template recognised: "chatml", "qwen3", "llama3",
-                                "mistral", "harmony", or NULL */
+                                "mistral", "harmony", "gemma4", or NULL */
     const char *name;        /* general.name, or NULL (none, or a vocabulary alone); owned by
                                 the model */
     const char *path;        /* the file it was loaded from; owned by the model */
@@ -187,7 +187,7 @@ typedef struct tm_chat_message {
 } tm_chat_message;
 
 /* Render a conversation with the model's chat template (format NULL) or a
- * named one ("chatml", "qwen3", "llama3", "mistral", "harmony") into
+ * named one ("chatml", "qwen3", "llama3", "mistral", "harmony", "gemma4") into
  * text[0..cap), NUL-terminated, as tm_detokenize sizes it. Tokenize the
  * result with add_special and parse_special. add_generation_prompt: end with
  * the opening of the assistant's turn. TM_ERR_UNSUPPORTED when the model's
@@ -197,7 +197,7 @@ tm_status tm_chat_apply(const tm_model *m, const char *format, const tm_chat_mes
                         size_t n_msgs, bool add_generation_prompt, char *text, size_t cap,
                         size_t *len);
 /* Whether format names a built-in chat format ("chatml", "qwen3", "llama3",
- * "mistral", "harmony"), before any model is loaded (a flag's check):
+ * "mistral", "harmony", "gemma4"), before any model is loaded (a flag's check):
  * TM_ERR_ARG naming it and the known ones otherwise. */
 tm_status tm_chat_format_check(const char *format);
 /* tm_chat_render's switches beyond tm_chat_apply's. */
@@ -215,7 +215,7 @@ tm_status tm_chat_render(const tm_model *m, const char *format, const tm_chat_me
  * assistant's content, for format as tm_chat_apply takes it: reply[*start ..
  * *start + *n). Harmony keeps only the final channel's text (its template
  * drops the analysis); every format cuts the end-of-turn token written as
- * text (<|im_end|>, <|eot_id|>, </s>, <|end|>, <|return|>). The same status
+ * text (<|im_end|>, <|eot_id|>, </s>, <|end|>, <|return|>, <turn|>). The same status
  * as tm_chat_apply for format (len 0 asks only that). */
 tm_status tm_chat_reply(const tm_model *m, const char *format, const char *reply, size_t len,
                         size_t *start, size_t *n);

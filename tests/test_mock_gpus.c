@@ -85,8 +85,7 @@ static void run_on(tm_model *m, const char *dev, const char *split, bool thread,
     } else {
         decode(r);
     }
-    if (r->st != TM_OK)
-        fail_msg("-dev %s%s: %s", dev, thread ? " (a thread)" : "", r->err);
+    if (r->st != TM_OK) fail_msg("-dev %s%s: %s", dev, thread ? " (a thread)" : "", r->err);
 }
 
 static void run_free(run *r) {
