@@ -231,6 +231,9 @@ tm_status tm_chat_reply(const tm_model *m, const char *format, const char *reply
 #define TM_MOE_PCIE_MAX         32  /* moe_pcie's N at most */
 #define TM_MOE_AHEAD_MAX        16  /* moe_ahead's N at most */
 #define TM_MOE_CACHE_CURVE_MAX  8.0 /* moe_cache_curve at most */
+#define TM_MAX_GPUS             8   /* GPUs a context uses at most */
+#define TM_SPLIT_LAYER          0   /* split_mode: each GPU runs a contiguous span of layers */
+#define TM_SPLIT_NONE           1   /* split_mode: main_gpu's GPU alone */
 
 /* A context's sizes and placement; the same options as the flags of
  * `tiermoe run` (docs/placement.md). Fill with tm_context_opts_init, then
@@ -272,6 +275,16 @@ typedef struct tm_context_opts {
                                 no cap) */
     bool expert_trace_names; /* --expert-trace-names: a line on stderr per routed slot naming
                                 its expert's tensors (counts as expert_stats does) */
+    /* several GPUs (docs/flags.md, "Several GPUs"; what runs today is said there) */
+    const char *devices;        /* -dev: the GPUs, in the order their spans of layers run,
+                                   "CUDA0,CUDA1", or "none" (NULL: every GPU present) */
+    int32_t split_mode;         /* --split-mode: TM_SPLIT_LAYER (default) or TM_SPLIT_NONE */
+    const char *tensor_split;   /* --tensor-split "A,B": the spans' proportions, one a GPU
+                                   of devices (NULL: each GPU's free memory) */
+    int32_t main_gpu;           /* -mg: TM_SPLIT_NONE's GPU, an index into devices' list */
+    const char *moe_cache_gpus; /* --moe-cache "A,B": each GPU's expert cache in MiB, in
+                                   devices' order (NULL: moe_cache_mib; given, it replaces
+                                   moe_cache_mib) */
 } tm_context_opts;
 
 void tm_context_opts_init(tm_context_opts *o);

@@ -58,14 +58,6 @@ typedef struct cli_place {
     bool ngl_given;
     char *overrides; /* every -ot, joined by ',' (o->override_tensor points here until
                         cli_place_free) */
-    /* the GPU list's flags as given (checked when read; the public options do not take
-       them yet: cli_place_apply puts them in the engine's parameters, so run refuses them) */
-    const char *devices;      /* -dev */
-    const char *split_mode;   /* --split-mode */
-    const char *tensor_split; /* --tensor-split */
-    const char *main_gpu;     /* -mg */
-    const char *cache_each;   /* --moe-cache A,B */
-    const char *gpu_flag;     /* the first of those flags given, for run's message (NULL: none) */
 } cli_place;
 extern const char cli_place_help[];
 /* argv[i] may be a placement flag: returns the arguments it took (0: not one;
@@ -75,10 +67,6 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
  * without a cache is said to be of no use. */
 void cli_place_finish(cli_place *p, const char *cmd);
 void cli_place_free(cli_place *p);
-/* Check one of the GPU list's flags (-dev, --split-mode, --tensor-split, -mg, --moe-cache
- * with a ','): 0, or -1 after a message naming cmd and the flag (cli_engine.c). *mib: with
- * --moe-cache, the sizes' sum. */
-int cli_place_gpu_check(const char *cmd, const char *flag, const char *v, long long *mib);
 
 /* ---- the expert tracer's switches (cli_trace.c) ---- */
 typedef struct cli_trace {

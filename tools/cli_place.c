@@ -121,26 +121,30 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
         if (!s) return -1;
         sprintf(s + old, "%s%s", old ? "," : "", v);
         o->override_tensor = p->overrides = s;
-    } else if (!strcmp(a, "-dev") || !strcmp(a, "--device") || !strcmp(a, "-sm") ||
-               !strcmp(a, "--split-mode") || !strcmp(a, "-ts") || !strcmp(a, "--tensor-split") ||
-               !strcmp(a, "-mg") || !strcmp(a, "--main-gpu")) {
-        if (cli_place_gpu_check(cmd, a, v, NULL)) return -1;
+    } else if (!strcmp(a, "-dev") || !strcmp(a, "--device") || !strcmp(a, "-ts") ||
+               !strcmp(a, "--tensor-split") || (!strcmp(a, "--moe-cache") && strchr(v, ','))) {
+        tm_context_opts one = *o; /* with this flag's value, checked before it is taken */
         if (!strcmp(a, "-dev") || !strcmp(a, "--device"))
-            p->devices = v;
-        else if (!strcmp(a, "-sm") || !strcmp(a, "--split-mode"))
-            p->split_mode = v;
+            one.devices = v;
         else if (!strcmp(a, "-ts") || !strcmp(a, "--tensor-split"))
-            p->tensor_split = v;
+            one.tensor_split = v;
         else
-            p->main_gpu = v;
-        if (!p->gpu_flag) p->gpu_flag = a;
-    } else if (!strcmp(a, "--moe-cache") && strchr(v, ',')) {
-        if (cli_place_gpu_check(cmd, a, v, &n)) return -1;
-        o->moe_cache_mib = n;
-        p->cache_each = v;
-        if (!p->gpu_flag) p->gpu_flag = "--moe-cache A,B";
+            one.moe_cache_gpus = v;
+        if (cli_place_check(cmd, a, &one)) return -1;
+        *o = one;
+    } else if (!strcmp(a, "-sm") || !strcmp(a, "--split-mode")) {
+        if (!strcmp(v, "layer") || !strcmp(v, "none")) {
+            o->split_mode = !strcmp(v, "layer") ? TM_SPLIT_LAYER : TM_SPLIT_NONE;
+        } else {
+            fprintf(stderr, "tiermoe %s: %s '%s': expected layer or none%s\n", cmd, a, v,
+                    strcmp(v, "row") ? "" : " (row: not supported)");
+            return -1;
+        }
+    } else if (!strcmp(a, "-mg") || !strcmp(a, "--main-gpu")) {
+        if (cli_parse_i64(a, v, 0, TM_MAX_GPUS - 1, &n)) return -1;
+        o->main_gpu = (int32_t)n;
     } else if (!strcmp(a, "--moe-cache")) {
-        p->cache_each = NULL;
+        o->moe_cache_gpus = NULL;
         if (!strcmp(v, "auto"))
             o->moe_cache_mib = TM_AUTO;
         else if (cli_parse_i64(a, v, 0, 1ll << 30, &n)) {

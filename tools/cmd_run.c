@@ -406,12 +406,6 @@ static int run_main(int argc, char **argv, cli_place *place) {
         return 2;
     }
 
-    if (place->gpu_flag) { /* the public options do not take the GPU list yet */
-        fprintf(stderr, "tiermoe run: %s: not yet taken by run (bench, serve and trace take it)\n",
-                place->gpu_flag);
-        return 2;
-    }
-
     int32_t *prompt_ids = NULL;
     int64_t n_prompt = 0;
     if (tokens_arg && parse_token_list(tokens_arg, &prompt_ids, &n_prompt)) return 2;

@@ -71,7 +71,9 @@ class ContextOptsC(Structure):
                 ("moe_ahead", c_int32), ("ram_cache_mib", c_int64), ("expert_stats", c_bool),
                 ("profile", c_bool), ("moe_cache_weighting", c_char_p), ("moe_cache_curve", c_double),
                 ("moe_cache_update", c_int32), ("moe_cache_policy", c_char_p),
-                ("moe_cache_admit", c_int32), ("expert_trace_names", c_bool)]
+                ("moe_cache_admit", c_int32), ("expert_trace_names", c_bool), ("devices", c_char_p),
+                ("split_mode", c_int32), ("tensor_split", c_char_p), ("main_gpu", c_int32),
+                ("moe_cache_gpus", c_char_p)]
 
 
 class TokenInfoC(Structure):
@@ -96,6 +98,8 @@ TM_AUTO = -1
 TM_OFF = -2
 TM_FETCH_COPY = 1
 TM_FETCH_PCIE = 2
+TM_SPLIT_LAYER = 0
+TM_SPLIT_NONE = 1
 
 LOG_FN = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 _p = POINTER

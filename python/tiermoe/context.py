@@ -62,6 +62,11 @@ def _opts(model, n_ctx, n_seq, n_batch, threads, expert_stats, profile, p):
                                                       "pcie": _lib.TM_FETCH_PCIE})
     o.moe_ahead = _word("moe_ahead", p["moe_ahead"], {"auto": auto, "off": off})
     o.ram_cache_mib = _word("ram_cache", p["ram_cache"], {"auto": auto})
+    o.devices = p["devices"].encode() if p["devices"] else None
+    o.split_mode = _word("split_mode", p["split_mode"], {"layer": _lib.TM_SPLIT_LAYER, "none": _lib.TM_SPLIT_NONE})
+    o.tensor_split = p["tensor_split"].encode() if p["tensor_split"] else None
+    o.main_gpu = p["main_gpu"]
+    o.moe_cache_gpus = p["moe_cache_gpus"].encode() if p["moe_cache_gpus"] else None
     o.expert_stats = bool(expert_stats)
     o.profile = bool(profile)
     return o

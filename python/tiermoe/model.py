@@ -24,6 +24,11 @@ PLACEMENT = {
     "moe_ahead": "auto",      # --moe-ahead: N, "auto" or "off"
     "ram_cache": 0,           # --ram-cache: MiB or "auto"
     "kv_f32": False,          # --kv-type f32
+    "devices": None,          # -dev "CUDA0,CUDA1" or "none" (None: every GPU)
+    "split_mode": "layer",    # --split-mode: "layer" or "none"
+    "tensor_split": None,     # --tensor-split "A,B"
+    "main_gpu": 0,            # -mg N
+    "moe_cache_gpus": None,   # --moe-cache "A,B": each GPU's MiB
 }
 
 

@@ -83,6 +83,27 @@ static tm_status opts_cache(const char *fn, const tm_context_opts *o, tm_moe_cac
     return TM_OK;
 }
 
+/* The GPU list's options into p->gpus (the parsers name the field and its flag). */
+static tm_status opts_gpus(const char *fn, const tm_context_opts *o, tm_context_params *p) {
+    API_ARG(o->split_mode == TM_SPLIT_LAYER || o->split_mode == TM_SPLIT_NONE,
+            "%s: split_mode %d (--split-mode): expected TM_SPLIT_LAYER or TM_SPLIT_NONE", fn,
+            o->split_mode);
+    API_ARG(o->main_gpu >= 0 && o->main_gpu < TM_MAX_GPUS,
+            "%s: main_gpu %d (-mg): expected a GPU index 0 .. %d", fn, o->main_gpu,
+            TM_MAX_GPUS - 1);
+    p->gpus.split_mode = o->split_mode, p->gpus.main_gpu = o->main_gpu;
+    tm_status st = TM_OK;
+    if (o->devices) st = gpus_devices_parse("devices (-dev)", o->devices, &p->gpus);
+    if (!st && o->tensor_split)
+        st = gpus_split_parse("tensor_split (--tensor-split)", o->tensor_split, &p->gpus);
+    if (!st && o->moe_cache_gpus) {
+        st = gpus_cache_parse("moe_cache_gpus (--moe-cache)", o->moe_cache_gpus, &p->gpus);
+        p->moe_cache_mib = 0;
+        for (int i = 0; i < p->gpus.n_cache; i++) p->moe_cache_mib += p->gpus.cache_mib[i];
+    }
+    return st ? tm_error_wrap(st, "%s", fn) : TM_OK;
+}
+
 tm_status api_opts_params(const char *fn, const tm_context_opts *o, tm_context_params *p) {
     API_ARG(o->n_ctx >= 0 && o->n_seq >= 0 && o->n_batch >= 0 && o->n_threads >= 0,
             "%s: n_ctx, n_seq, n_batch and n_threads must not be negative", fn);
@@ -119,7 +140,7 @@ tm_status api_opts_params(const char *fn, const tm_context_opts *o, tm_context_p
     if (o->override_tensor &&
         (st = placement_overrides_check("override_tensor (-ot)", o->override_tensor)) != TM_OK)
         return tm_error_wrap(st, "%s", fn);
-    return TM_OK;
+    return opts_gpus(fn, o, p);
 }
 
 tm_status tm_context_opts_check(const tm_context_opts *o) {

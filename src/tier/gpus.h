@@ -26,15 +26,13 @@
 extern "C" {
 #endif
 
-#define TM_MAX_GPUS 8
-
-typedef enum tm_split_mode { TM_SPLIT_LAYER = 0, TM_SPLIT_NONE = 1 } tm_split_mode;
+/* TM_MAX_GPUS, TM_SPLIT_LAYER and TM_SPLIT_NONE are the public header's. */
 
 typedef struct tm_gpu_opts {
     bool dev_given;       /* -dev given (else every GPU present) */
     int n_dev;            /* its devices (0 with dev_given: -dev none) */
     int dev[TM_MAX_GPUS]; /* their CUDA indices, in -dev's order */
-    int split_mode;       /* tm_split_mode */
+    int split_mode;       /* TM_SPLIT_LAYER or TM_SPLIT_NONE */
     int n_split;          /* --tensor-split's values (0: not given) */
     float split[TM_MAX_GPUS];
     int main_gpu; /* -mg (default 0) */

@@ -841,6 +841,24 @@ static void test_opts_check(void **state) {
     EXPECT(TM_ERR_ARG, "moe_ahead", tm_context_opts_check(&b));
     b = o, b.override_tensor = "blk\\.(=CPU";
     EXPECT(TM_ERR_ARG, "override_tensor (-ot)", tm_context_opts_check(&b));
+    /* the GPU list (the device count is checked when a context is made) */
+    b = o, b.devices = "CUDA0,CUDA1", b.tensor_split = "3,1", b.moe_cache_gpus = "100,200";
+    b.split_mode = TM_SPLIT_NONE, b.main_gpu = 1;
+    CHECK(tm_context_opts_check(&b));
+    b.devices = "none";
+    CHECK(tm_context_opts_check(&b));
+    b = o, b.devices = "GPU1";
+    EXPECT(TM_ERR_ARG, "devices (-dev) 'GPU1'", tm_context_opts_check(&b));
+    b = o, b.devices = "CUDA0,CUDA0";
+    EXPECT(TM_ERR_ARG, "devices (-dev)", tm_context_opts_check(&b));
+    b = o, b.split_mode = 2;
+    EXPECT(TM_ERR_ARG, "split_mode 2 (--split-mode)", tm_context_opts_check(&b));
+    b = o, b.main_gpu = TM_MAX_GPUS;
+    EXPECT(TM_ERR_ARG, "main_gpu 8 (-mg)", tm_context_opts_check(&b));
+    b = o, b.tensor_split = "1,-1";
+    EXPECT(TM_ERR_ARG, "tensor_split (--tensor-split) '1,-1'", tm_context_opts_check(&b));
+    b = o, b.moe_cache_gpus = "100,x";
+    EXPECT(TM_ERR_ARG, "moe_cache_gpus (--moe-cache)", tm_context_opts_check(&b));
     EXPECT(TM_ERR_ARG, "opts", tm_context_opts_check(NULL));
 }
 

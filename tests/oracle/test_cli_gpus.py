@@ -15,8 +15,9 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
 - Bad input: -dev CUDA7, --tensor-split with a negative value or the wrong
   count, --moe-cache A,B with the wrong count, a cache above one GPU's free
   memory, -ot ...=CUDA1 when CUDA1 is not in the list: a non-zero exit and a
-  message naming the flag and the GPU. run refuses the flags (not yet in the
-  public options). Layers in spans on both GPUs: refused, saying the spans and
+  message naming the flag and the GPU. run takes the flags through the public
+  options (tm_context_opts.devices ...): -dev CUDA1 generates what -dev CUDA0
+  does. Layers in spans on both GPUs: refused, saying the spans and
   that the executor does not run several GPUs yet.
 """
 import json
@@ -113,8 +114,8 @@ def main():
     out = os.path.join(TMP, "gpus_bad.json")
     bad = [
         (["-dev", "CUDA7"], ["-dev: CUDA7: no such GPU", "2 present"]),
-        (["-dev", "GPU1"], ["-dev 'GPU1'", "unknown device"]),
-        (["--tensor-split", "1,-1"], ["--tensor-split '1,-1'", "not a proportion"]),
+        (["-dev", "GPU1"], ["(-dev) 'GPU1'", "unknown device"]),
+        (["--tensor-split", "1,-1"], ["(--tensor-split) '1,-1'", "not a proportion"]),
         (["-dev", "CUDA0,CUDA1", "-ts", "1,1,1", "-ngl", "all"], ["--tensor-split: 3 proportions for 2 GPUs"]),
         (["--moe-cache", "100,200,300", "--cpu-moe", "-dev", "CUDA0,CUDA1"], ["--moe-cache: 3 sizes for 2 GPUs"]),
         (["-dev", "CUDA1", "--cpu-moe", "--moe-cache", "3000"], ["--moe-cache 3000", "free on CUDA1"]),
@@ -122,16 +123,24 @@ def main():
         (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all"],
          ["layers 0-1 on CUDA0, layers 2-2 on CUDA1", "not yet implemented"]),
         (["-sm", "row"], ["row: not supported"]),
-        (["-mg", "x"], ["-mg 'x'"]),
+        (["-mg", "x"], ["-mg", "'x'"]),
     ]
     for args, needles in bad:
         r = trace(out, *args, mib="4096,1024")
         check(r.returncode != 0, f"{' '.join(args)}: exit 0")
         for n in needles:
             check(n in r.stderr, f"{' '.join(args)}: '{n}' not in\n{r.stderr}")
-    r = subprocess.run([TIERMOE, "run", "-m", MODEL, "--tokens", "1,2", "-n", "2", "-dev", "CUDA0"],
-                       capture_output=True, text=True)
-    check(r.returncode == 2 and "-dev: not yet taken by run" in r.stderr, f"run -dev: {r.returncode} {r.stderr}")
+    # run takes the GPU list through the public options (tm_context_opts.devices)
+    env = dict(os.environ, MOCK_GPUS="2", TIERMOE_CALIB="none")
+    got = {}
+    for dev in ("CUDA0", "CUDA1"):
+        r = subprocess.run([MOCK, "run", "-m", MODEL, "--tokens", "1,2,3", "-n", "12", "--temp", "0",
+                            "--verbose-prompt", "-ngl", "all", "-dev", dev, "-t", "2"],
+                           capture_output=True, text=True, env=env)
+        check(r.returncode == 0, f"run -dev {dev}: exit {r.returncode}: {r.stderr}")
+        check(("mock GPU 1" in r.stderr) == (dev == "CUDA1"), f"run -dev {dev}: device line in\n{r.stderr}")
+        got[dev] = r.stdout
+    check(got["CUDA0"] == got["CUDA1"] and got["CUDA0"], f"run -dev CUDA1 generated otherwise: {got}")
     return finish(f"GPU list flags: one GPU of two routes as CUDA0 ({len(runs)} runs), {len(bad)} bad inputs named")
 
 
