@@ -38,7 +38,8 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
     e->p = *p;
-    e->gpu = p->gpu;
+    e->n_gpus = 1, e->cur = &e->gpus[0];
+    e->cur->gpu = p->gpu;
     if (e->p.n_seq < 1) e->p.n_seq = 1;
     e->n_ctx_seq = p->n_ctx / e->p.n_seq;
     if (e->n_ctx_seq < 1 || p->n_ctx > INT32_MAX) {
@@ -50,10 +51,10 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     }
     e->n_tensors = (uint32_t)p->file->n_tensors;
     e->tensor_dev = malloc(e->n_tensors ? e->n_tensors : 1);
-    e->wdev = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->wdev));
+    e->cur->wdev = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->cur->wdev));
     e->row_pos = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
     e->row_seq = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
-    if (!e->tensor_dev || !e->wdev || !e->row_pos || !e->row_seq) {
+    if (!e->tensor_dev || !e->cur->wdev || !e->row_pos || !e->row_seq) {
         exec_free(e);
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
@@ -63,7 +64,7 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
         exec_free(e);
         return sel;
     }
-    if (e->gpu) e->stream = cuda_device_stream(e->gpu);
+    if (e->cur->gpu) e->cur->stream = cuda_device_stream(e->cur->gpu);
     const char *graph = getenv("TIERMOE_CUDA_GRAPH");
     e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
     *out = e;
@@ -71,7 +72,7 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
 }
 
 static void exec_act_release(tm_exec *e, tm_act *a) {
-    if (e->gpu)
+    if (e->cur->gpu)
         cuda_host_free(a->host);
     else
         free(a->host);
@@ -80,7 +81,8 @@ static void exec_act_release(tm_exec *e, tm_act *a) {
 
 void exec_free(tm_exec *e) {
     if (!e) return;
-    if (e->gpu) cuda_stream_sync(e->stream); /* nothing in flight may outlive its buffers */
+    if (e->cur->gpu)
+        cuda_stream_sync(e->cur->stream); /* nothing in flight may outlive its buffers */
     for (int i = 0; i < e->n_acts; i++) exec_act_release(e, e->acts[i]);
     exec_cpu_free(e);
     exec_ssm_free(e);
@@ -94,7 +96,7 @@ void exec_free(tm_exec *e) {
         free(e->layer_rope_dev);
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
-    free(e->tensor_dev), free(e->wdev), free(e->row_pos), free(e->row_seq);
+    free(e->tensor_dev), free(e->cur->wdev), free(e->row_pos), free(e->row_seq);
     free(e->rope_freq);
     free(e);
 }
@@ -108,7 +110,7 @@ tm_status exec_act_create(tm_exec *e, tm_act *a, const char *name, int64_t n, bo
     const size_t bytes = (size_t)(rows * n) * 4;
     tm_status st = exec_grow((void **)&e->acts, &e->cap_acts, e->n_acts + 1, sizeof(*e->acts));
     if (st != TM_OK) return st;
-    if (e->gpu) {
+    if (e->cur->gpu) {
         if ((st = cuda_host_alloc(bytes, &a->host)) != TM_OK) return st;
     } else if (!(a->host = malloc(bytes ? bytes : 4))) {
         return tm_error_set(TM_ERR_NOMEM, "out of memory for activation '%s' (%lld x %lld)", name,
@@ -259,7 +261,7 @@ static tm_status attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *la
     }
     exec_kv_log(e, row);
     for (uint32_t l = 0; l < n_layer; l++) {
-        if (layer_dev[l] == TM_DEV_GPU && !e->gpu)
+        if (layer_dev[l] == TM_DEV_GPU && !e->cur->gpu)
             return tm_error_set(TM_ERR_ARG, "layer %u placed on a GPU the context does not have",
                                 l);
         if (e->layer_dev[l] != TM_DEV_CPU || !e->kv_bytes[l]) continue; /* the GPU's at finalize */
@@ -297,7 +299,7 @@ int64_t exec_kv_ring(const tm_exec *e, uint32_t layer) {
 
 tm_status exec_finalize(tm_exec *e) {
     tm_status st = exec_cpu_finalize(e);
-    if (st == TM_OK && e->gpu) st = exec_gpu_finalize(e);
+    if (st == TM_OK && e->cur->gpu) st = exec_gpu_finalize(e);
     return st;
 }
 
@@ -327,10 +329,10 @@ tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
     tm_status st;
     if (d == TM_DEV_GPU) { /* pinned host -> device, queued */
         if (a->dev != a->dev_own) a->dev = a->dev_own;
-        if ((st = cuda_copy_async(a->dev, a->host, bytes, e->stream))) return st;
+        if ((st = cuda_copy_async(a->dev, a->host, bytes, e->cur->stream))) return st;
     } else { /* device -> host: the host reads it next, so wait */
         if (e->capturing) return exec_not_capturable(e, "bring an activation to the host");
-        if ((st = cuda_copy_async(a->host, a->dev, bytes, e->stream)) || (st = exec_sync(e)))
+        if ((st = cuda_copy_async(a->host, a->dev, bytes, e->cur->stream)) || (st = exec_sync(e)))
             return st;
     }
     a->valid |= 1u << d;
@@ -339,7 +341,7 @@ tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
 
 tm_status exec_side(tm_exec *e, tm_dev d) {
     if (d == TM_DEV_CPU && e->capturing) return exec_not_capturable(e, "run a CPU op");
-    if (d == TM_DEV_GPU && !e->gpu)
+    if (d == TM_DEV_GPU && !e->cur->gpu)
         return tm_error_set(TM_ERR_ARG, "an op is placed on a GPU the context does not have");
     return TM_OK;
 }
@@ -349,17 +351,17 @@ tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w) {
 }
 
 const void *exec_weight_dev(const tm_exec *e, const tm_weight *w) {
-    return e->wdev ? e->wdev[w->id] : NULL;
+    return e->cur->wdev ? e->cur->wdev[w->id] : NULL;
 }
 
 exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d) {
-    return (exec_matrix){d == TM_DEV_GPU ? e->wdev[w->id] : w->data, w->type, w->row_bytes,
+    return (exec_matrix){d == TM_DEV_GPU ? e->cur->wdev[w->id] : w->data, w->type, w->row_bytes,
                          w->ne[0], w->ne[1] * w->ne[2] * w->ne[3]};
 }
 
 const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d) {
     if (!w) return NULL;
-    return d == TM_DEV_GPU ? e->wdev[w->id] : (const float *)w->data;
+    return d == TM_DEV_GPU ? e->cur->wdev[w->id] : (const float *)w->data;
 }
 
 static void exec_prof_charge(tm_exec *e, uint64_t now);
@@ -415,7 +417,7 @@ static tm_status exec_step_end(tm_exec *e) {
 tm_status exec_sync(tm_exec *e) {
     if (e->capturing) return exec_not_capturable(e, "wait for the stream");
     exec_pending_run(e);
-    tm_status st = e->gpu ? cuda_stream_sync(e->stream) : TM_OK;
+    tm_status st = e->cur->gpu ? cuda_stream_sync(e->cur->stream) : TM_OK;
     if (st == TM_OK && e->task_status != TM_OK)
         st = tm_error_set(e->task_status, "%s", e->task_msg);
     return st;
@@ -433,7 +435,7 @@ tm_status exec_part(tm_exec *e, tm_prof_part part) {
         e->part = part;
         return TM_OK;
     }
-    if (e->p.profile && e->gpu) {
+    if (e->p.profile && e->cur->gpu) {
         tm_status st = exec_sync(e);
         if (st != TM_OK) return st;
     }
@@ -472,9 +474,9 @@ static void exec_step_reset(tm_exec *e) {
 }
 
 static tm_status exec_step_info(tm_exec *e) {
-    if (!e->gpu) return TM_OK;
-    return cuda_copy_async(e->step_dev, e->step_host, (size_t)(2 + 2 * e->p.n_batch) * 4,
-                           e->stream);
+    if (!e->cur->gpu) return TM_OK;
+    return cuda_copy_async(e->cur->step_dev, e->step_host, (size_t)(2 + 2 * e->p.n_batch) * 4,
+                           e->cur->stream);
 }
 
 /* Replay the captured decode step: its embedding before the launch, its host
@@ -482,7 +484,7 @@ static tm_status exec_step_info(tm_exec *e) {
 static tm_status exec_replay(tm_exec *e) {
     const exec_graph *g = e->rec;
     for (int i = 0; i < g->n_pre; i++) exec_task_run(e, g->pre[i]);
-    tm_status st = cuda_graph_launch(g->g, e->stream);
+    tm_status st = cuda_graph_launch(g->g, e->cur->stream);
     if (st != TM_OK) return st;
     for (int i = 0; i < g->n_post; i++) exec_task_run(e, g->post[i]);
     return exec_step_end(e);
@@ -494,14 +496,14 @@ static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, 
     *captured = false;
     e->rec->n_pre = e->rec->n_post = 0;
     e->capture_failed = false;
-    tm_status st = cuda_graph_begin(e->stream);
+    tm_status st = cuda_graph_begin(e->cur->stream);
     if (st != TM_OK) return st;
     e->capturing = true;
     st = exec_step_info(e);
     if (st == TM_OK) st = forward(ud);
     e->capturing = false;
     tm_cuda_graph *g = NULL;
-    const tm_status end = cuda_graph_end(e->stream, st == TM_OK && !e->capture_failed, &g);
+    const tm_status end = cuda_graph_end(e->cur->stream, st == TM_OK && !e->capture_failed, &g);
     if (e->capture_failed || end != TM_OK) {
         tm_log_info("decode step not captured as a CUDA graph (%s): decoding without one",
                     e->capture_failed ? tm_error_message() : "capture failed");
@@ -561,7 +563,7 @@ tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const
     if (e->step_host) e->step_host[1] = (int32_t)e->seq;
     exec_step_reset(e);
     e->part = TM_PROF_EMBED, e->part_t0 = tm_time_ns();
-    const bool graph = e->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE &&
+    const bool graph = e->cur->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE &&
                        n_tok <= TM_CUDA_MMVQ_MAX_TOK && !e->p.cb && !e->p.profile;
     e->rec = &e->graphs[n_tok <= TM_CUDA_MMVQ_MAX_TOK ? n_tok : 0];
     if (graph && !e->rec->g) {
@@ -598,7 +600,7 @@ const int32_t *exec_tokens(const tm_exec *e) {
     return e->tokens;
 }
 const uint32_t *exec_step_seq_dev(const tm_exec *e) {
-    return (const uint32_t *)(e->step_dev + 1);
+    return (const uint32_t *)(e->cur->step_dev + 1);
 }
 uint32_t exec_step_seq(const tm_exec *e) {
     return e->seq;
@@ -616,16 +618,16 @@ bool exec_capturing(const tm_exec *e) {
     return e->capturing;
 }
 tm_cuda_device *exec_gpu(tm_exec *e) {
-    return e->gpu;
+    return e->cur->gpu;
 }
 tm_status exec_select(tm_exec *e) {
-    return e->gpu ? cuda_device_select(e->gpu) : TM_OK;
+    return e->cur->gpu ? cuda_device_select(e->cur->gpu) : TM_OK;
 }
 tm_cuda_stream exec_stream(tm_exec *e) {
-    return e->stream;
+    return e->cur->stream;
 }
 tm_cuda_blas *exec_blas(tm_exec *e) {
-    return e->blas;
+    return e->cur->blas;
 }
 bool exec_emitting(const tm_exec *e) {
     return e->p.cb != NULL;
@@ -673,7 +675,7 @@ static tm_status exec_product(tm_exec *e, tm_dev d, const exec_matrix *m, tm_act
         const int64_t c = n - r < y->dev_rows ? n - r : y->dev_rows;
         if ((st = exec_gpu_ops.matmul(e, m, xs + r * x->n, c, y->dev_own)) ||
             (st = cuda_copy_async((float *)y->host + r * y->n, y->dev_own, (size_t)(c * y->n) * 4,
-                                  e->stream)))
+                                  e->cur->stream)))
             return st;
     }
     if ((st = exec_sync(e))) return st;
@@ -822,7 +824,7 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
                           exec_kv_ring(e, layer) != 0,
                           d != TM_DEV_GPU ? NULL
                           : ls            ? e->layer_rope_dev[layer]
-                                          : e->rope_freq_dev};
+                                          : e->cur->rope_freq_dev};
     if ((st = exec_side_ops[d]->attention(e, &at, exec_at(q, d), exec_at(k, d),
                                           v ? exec_at(v, d) : NULL, exec_at(out, d), e->n_tok)))
         return st;
@@ -884,5 +886,5 @@ tm_status exec_fetch(tm_exec *e, tm_act *a, int64_t n_rows) {
         return tm_error_set(TM_ERR_ARG, "activation '%s' is fetched before anything wrote it",
                             a->name);
     /* the step's final wait makes it valid on the host */
-    return cuda_copy_async(a->host, a->dev, (size_t)(n_rows * a->n) * 4, e->stream);
+    return cuda_copy_async(a->host, a->dev, (size_t)(n_rows * a->n) * 4, e->cur->stream);
 }

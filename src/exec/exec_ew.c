@@ -11,7 +11,7 @@
  * captured (a CPU op would end the capture: the embeddings' scale, on the host's
  * lookup, goes up first); n_rows of x. */
 static tm_dev ew_side(const tm_exec *e, const tm_act *x, int64_t n_rows) {
-    return e->gpu && (exec_act_on(x, TM_DEV_GPU) || e->capturing) && n_rows <= x->dev_rows
+    return e->cur->gpu && (exec_act_on(x, TM_DEV_GPU) || e->capturing) && n_rows <= x->dev_rows
                ? TM_DEV_GPU
                : TM_DEV_CPU;
 }
@@ -28,7 +28,7 @@ tm_status exec_scale(tm_exec *e, tm_act *x, float s) {
     tm_status st = ew_to(e, d, 1, (tm_act *[]){x}, e->n_tok);
     if (st) return st;
     if (d == TM_DEV_GPU) {
-        if ((st = cuda_scale(x->dev, s, e->n_tok * x->n, e->stream))) return st;
+        if ((st = cuda_scale(x->dev, s, e->n_tok * x->n, e->cur->stream))) return st;
     } else {
         float *v = x->host;
         for (int64_t i = 0; i < e->n_tok * x->n; i++) v[i] *= s;
@@ -46,7 +46,7 @@ tm_status exec_softcap(tm_exec *e, tm_act *x, int64_t n_rows, float cap) {
     tm_status st = ew_to(e, d, 1, (tm_act *[]){x}, n_rows);
     if (st) return st;
     if (d == TM_DEV_GPU) {
-        if ((st = cuda_softcap(x->dev, cap, n_rows * x->n, e->stream))) return st;
+        if ((st = cuda_softcap(x->dev, cap, n_rows * x->n, e->cur->stream))) return st;
     } else {
         float *v = x->host;
         for (int64_t i = 0; i < n_rows * x->n; i++) v[i] = cap * tanhf(v[i] / cap);
@@ -64,7 +64,7 @@ tm_status exec_geglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u) {
     if (st) return st;
     if (d == TM_DEV_GPU) {
         float *yd = y == g ? g->dev : y == u ? u->dev : y->dev_own; /* y's own unless an input */
-        if ((st = cuda_geglu(yd, g->dev, u->dev, e->n_tok * y->n, e->stream))) return st;
+        if ((st = cuda_geglu(yd, g->dev, u->dev, e->n_tok * y->n, e->cur->stream))) return st;
         y->dev = yd;
     } else {
         for (int64_t t = 0; t < e->n_tok; t++)

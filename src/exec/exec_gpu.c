@@ -58,8 +58,8 @@ static bool on_gpu(const tm_exec *e, uint32_t i) {
 
 static tm_status gpu_upload(tm_exec *e, void *dst, const void *src, size_t bytes) {
     const uint64_t t0 = tm_time_ns();
-    tm_status st = cuda_upload(e->gpu, dst, src, bytes, NULL);
-    e->upload_s += (tm_time_ns() - t0) * 1e-9, e->upload_bytes += (double)bytes;
+    tm_status st = cuda_upload(e->cur->gpu, dst, src, bytes, NULL);
+    e->cur->upload_s += (tm_time_ns() - t0) * 1e-9, e->cur->upload_bytes += (double)bytes;
     return st;
 }
 
@@ -68,16 +68,17 @@ static tm_status gpu_pool_take(tm_cuda_pool *pool, size_t bytes, void **out) {
 }
 
 static tm_status gpu_pool_add(tm_exec *e, size_t bytes, tm_cuda_pool **out) {
-    tm_status st = exec_grow((void **)&e->pools, &e->cap_pools, e->n_pools + 1, sizeof(*e->pools));
+    tm_status st = exec_grow((void **)&e->cur->pools, &e->cur->cap_pools, e->cur->n_pools + 1,
+                             sizeof(*e->cur->pools));
     if (st != TM_OK) return st;
-    if ((st = cuda_pool_create(e->gpu, bytes ? bytes : 256, out)) != TM_OK) return st;
-    e->pools[e->n_pools++] = *out;
+    if ((st = cuda_pool_create(e->cur->gpu, bytes ? bytes : 256, out)) != TM_OK) return st;
+    e->cur->pools[e->cur->n_pools++] = *out;
     return TM_OK;
 }
 
 tm_status exec_dev_alloc(tm_exec *e, size_t bytes, void **out) {
     *out = NULL;
-    if (!e->gpu) return tm_error_set(TM_ERR_ARG, "exec_dev_alloc: the context has no GPU");
+    if (!e->cur->gpu) return tm_error_set(TM_ERR_ARG, "exec_dev_alloc: the context has no GPU");
     tm_cuda_pool *pool;
     tm_status st = gpu_pool_add(e, align256(bytes), &pool);
     return st == TM_OK ? gpu_pool_take(pool, bytes, out) : st;
@@ -103,18 +104,18 @@ static tm_status gpu_weights(tm_exec *e) {
         for (int i = 0; i < gr->n; i++) {
             const tm_gguf_tensor *t = &f->tensors[gr->ws[i]->id];
             if ((st = gpu_upload(e, d, t->data, tensor_bytes(t)))) return st;
-            e->wdev[gr->ws[i]->id] = d;
+            e->cur->wdev[gr->ws[i]->id] = d;
             d += tensor_bytes(t);
         }
     }
     for (uint32_t i = 0; i < e->n_tensors; i++) {
-        if (!on_gpu(e, i) || e->wdev[i] || in_stacked_group(e, i)) continue;
+        if (!on_gpu(e, i) || e->cur->wdev[i] || in_stacked_group(e, i)) continue;
         const tm_gguf_tensor *t = &f->tensors[i];
         void *d;
         if ((st = gpu_pool_take(pool, tensor_bytes(t), &d)) ||
             (st = gpu_upload(e, d, t->data, tensor_bytes(t))))
             return st;
-        e->wdev[i] = d;
+        e->cur->wdev[i] = d;
     }
     return TM_OK;
 }
@@ -205,7 +206,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     const uint64_t t0 = tm_time_ns();
     tm_status st;
     const size_t step_bytes = (size_t)(2 + 2 * e->p.n_batch) * sizeof(int32_t);
-    if ((st = gpu_weights(e)) || (st = cuda_blas_create(e->gpu, &e->blas)) ||
+    if ((st = gpu_weights(e)) || (st = cuda_blas_create(e->cur->gpu, &e->cur->blas)) ||
         (st = cuda_host_alloc(step_bytes, (void **)&e->step_host)))
         return st;
     memset(e->step_host, 0, step_bytes);
@@ -220,7 +221,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     bool gpu_attention = false, gpu_layers = false; /* the first: grouped-query attention */
     for (uint32_t l = 0; l < e->n_layer; l++) gpu_layers |= e->layer_dev[l] == TM_DEV_GPU;
     gpu_attention = gpu_layers && !e->kv_latent;
-    e->gpu_scratch_bytes = gpu_gemm_scratch(e);
+    e->cur->gpu_scratch_bytes = gpu_gemm_scratch(e);
     /* attention splits the keys of a few tokens over blocks (scratch), not a
      * batch's; rows of several sequences each as many as one token alone */
     size_t attn_floats = 0;
@@ -260,7 +261,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     const size_t n_kv = e->kv_latent ? 1 : 2; /* K and V, or a latent's K */
     gpu_q8x_setup(e);
     const size_t q8x_bytes = cuda_q8x_bytes(e->gpu_q8x_k, TM_CUDA_MMVQ_MAX_TOK);
-    size_t bytes = take_size(step_bytes) + take_size(e->gpu_scratch_bytes) +
+    size_t bytes = take_size(step_bytes) + take_size(e->cur->gpu_scratch_bytes) +
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
                    take_size(rope_bytes) + take_size(heads_bytes) + layer_rope_bytes;
     for (uint32_t l = 0; l < e->n_layer; l++)
@@ -271,14 +272,14 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         if (e->groups[g].stack) bytes += take_size((size_t)e->groups[g].rows * 4);
     tm_cuda_pool *pool;
     if ((st = gpu_pool_add(e, bytes, &pool)) ||
-        (st = gpu_pool_take(pool, step_bytes, (void **)&e->step_dev)) ||
-        (st = gpu_pool_take(pool, e->gpu_scratch_bytes, &e->gpu_scratch)) ||
-        (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->gpu_attn)) ||
-        (st = gpu_pool_take(pool, q8x_bytes, &e->gpu_q8x)) ||
-        (st = gpu_pool_take(pool, heads_bytes, (void **)&e->gpu_heads)))
+        (st = gpu_pool_take(pool, step_bytes, (void **)&e->cur->step_dev)) ||
+        (st = gpu_pool_take(pool, e->cur->gpu_scratch_bytes, &e->cur->gpu_scratch)) ||
+        (st = gpu_pool_take(pool, attn_floats * sizeof(float), (void **)&e->cur->gpu_attn)) ||
+        (st = gpu_pool_take(pool, q8x_bytes, &e->cur->gpu_q8x)) ||
+        (st = gpu_pool_take(pool, heads_bytes, (void **)&e->cur->gpu_heads)))
         return st;
-    if (rope_bytes && ((st = gpu_pool_take(pool, rope_bytes, (void **)&e->rope_freq_dev)) ||
-                       (st = gpu_upload(e, e->rope_freq_dev, e->rope_freq, rope_bytes))))
+    if (rope_bytes && ((st = gpu_pool_take(pool, rope_bytes, (void **)&e->cur->rope_freq_dev)) ||
+                       (st = gpu_upload(e, e->cur->rope_freq_dev, e->rope_freq, rope_bytes))))
         return st;
     for (uint32_t l = 0; e->layer_shape && l < e->n_layer && st == TM_OK; l++) {
         const float *tab = e->layer_shape[l].rope_freq;
@@ -304,40 +305,41 @@ tm_status exec_gpu_finalize(tm_exec *e) {
             st = gpu_pool_take(pool, (size_t)e->groups[g].rows * 4, (void **)&e->groups[g].out);
     if (st != TM_OK) return st;
     size_t free_b = 0, total_b = 0;
-    cuda_device_memory(e->gpu, &free_b, &total_b);
+    cuda_device_memory(e->cur->gpu, &free_b, &total_b);
     size_t held = 0;
-    for (int i = 0; i < e->n_pools; i++) held += cuda_pool_size(e->pools[i]);
+    for (int i = 0; i < e->cur->n_pools; i++) held += cuda_pool_size(e->cur->pools[i]);
     tm_log_info("GPU %s: %.2f GiB held (%.2f GB of weights uploaded at %.1f GB/s), %.2f GiB "
                 "free; set up in %.2f s",
-                cuda_device_info(e->gpu)->name, held / 1073741824.0, e->upload_bytes * 1e-9,
-                e->upload_s > 0 ? e->upload_bytes / e->upload_s * 1e-9 : 0.0, free_b / 1073741824.0,
-                (tm_time_ns() - t0) * 1e-9);
+                cuda_device_info(e->cur->gpu)->name, held / 1073741824.0,
+                e->cur->upload_bytes * 1e-9,
+                e->cur->upload_s > 0 ? e->cur->upload_bytes / e->cur->upload_s * 1e-9 : 0.0,
+                free_b / 1073741824.0, (tm_time_ns() - t0) * 1e-9);
     return TM_OK;
 }
 
 void exec_gpu_free(tm_exec *e) {
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++)
         cuda_graph_free(e->graphs[n].g), e->graphs[n].g = NULL;
-    cuda_blas_free(e->blas);
-    for (int i = 0; i < e->n_pools; i++) cuda_pool_free(e->pools[i]);
-    free(e->pools);
+    cuda_blas_free(e->cur->blas);
+    for (int i = 0; i < e->cur->n_pools; i++) cuda_pool_free(e->cur->pools[i]);
+    free(e->cur->pools);
     cuda_host_free(e->step_host);
-    cuda_device_close(e->gpu);
-    e->blas = NULL, e->pools = NULL, e->n_pools = e->cap_pools = 0;
+    cuda_device_close(e->cur->gpu);
+    e->cur->blas = NULL, e->cur->pools = NULL, e->cur->n_pools = e->cur->cap_pools = 0;
     e->step_host = NULL;
-    e->gpu = NULL;
+    e->cur->gpu = NULL;
 }
 
 /* ---- ops ---- */
 
 static tm_status gpu_rmsnorm_op(tm_exec *e, float *y, const float *x, const float *w, int64_t rows,
                                 int64_t n, float eps) {
-    return cuda_rmsnorm(y, x, w, rows, n, eps, e->stream);
+    return cuda_rmsnorm(y, x, w, rows, n, eps, e->cur->stream);
 }
 
 static tm_status gpu_add_rmsnorm_op(tm_exec *e, float *x, const float *a, float *h, const float *w,
                                     int64_t rows, int64_t n, float eps) {
-    return cuda_add_rmsnorm(x, a, h, w, rows, n, eps, e->stream);
+    return cuda_add_rmsnorm(x, a, h, w, rows, n, eps, e->cur->stream);
 }
 
 static tm_status gpu_matmul_op(tm_exec *e, const exec_matrix *m, const float *x, int64_t rows,
@@ -345,22 +347,22 @@ static tm_status gpu_matmul_op(tm_exec *e, const exec_matrix *m, const float *x,
     if (rows <= TM_CUDA_MMVQ_MAX_TOK) {
         if (m->k <= e->gpu_q8x_k &&
             gpu_q8x_rows(e, m->type, (uintptr_t)m->data | m->row_bytes, m->k)) {
-            tm_status st = cuda_q8x_quantize(x, m->k, rows, e->gpu_q8x, e->stream);
+            tm_status st = cuda_q8x_quantize(x, m->k, rows, e->cur->gpu_q8x, e->cur->stream);
             return st != TM_OK ? st
                                : cuda_mmvq_q8x(m->type, m->data, m->row_bytes, m->rows, m->k,
-                                               e->gpu_q8x, rows, y, e->stream);
+                                               e->cur->gpu_q8x, rows, y, e->cur->stream);
         }
-        return cuda_mmvq(m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y, e->stream);
+        return cuda_mmvq(m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y, e->cur->stream);
     }
     const size_t need = cuda_gemm_scratch_bytes(m->rows, m->k, rows);
-    if (need > e->gpu_scratch_bytes)
+    if (need > e->cur->gpu_scratch_bytes)
         return tm_error_set(TM_ERR_ARG,
                             "GPU product of %lld x %lld for %lld rows needs %zu bytes "
                             "of scratch, %zu were sized",
                             (long long)m->rows, (long long)m->k, (long long)rows, need,
-                            e->gpu_scratch_bytes);
-    return cuda_gemm(e->blas, m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y,
-                     e->gpu_scratch, e->stream);
+                            e->cur->gpu_scratch_bytes);
+    return cuda_gemm(e->cur->blas, m->type, m->data, m->row_bytes, m->rows, m->k, x, rows, y,
+                     e->cur->gpu_scratch, e->cur->stream);
 }
 
 static tm_status gpu_matmul_n_op(tm_exec *e, int n, const exec_matrix *ms, const float *x,
@@ -380,19 +382,21 @@ static tm_status gpu_attention_latent(tm_exec *e, const exec_attn *a, float *q, 
     tm_cuda_attn_params p = gpu_attn_params(e, a);
     p.latent = true, p.v_dim = (int32_t)a->d->v_dim;
     p.row_pos = exec_row_pos_dev(e), p.row_seq = exec_row_seq_dev(e);
-    tm_status st = cuda_mla_prepare(&p, q, k, a->k_norm, e->step_dev, rows, a->k_cache, e->stream);
+    tm_status st =
+        cuda_mla_prepare(&p, q, k, a->k_norm, e->cur->step_dev, rows, a->k_cache, e->cur->stream);
     return st ? st
-              : cuda_mla_attention(&p, q, a->k_cache, e->step_dev, rows, out, e->gpu_attn,
-                                   e->stream);
+              : cuda_mla_attention(&p, q, a->k_cache, e->cur->step_dev, rows, out, e->cur->gpu_attn,
+                                   e->cur->stream);
 }
 
 /* exec_gpu_matmul_heads in the precise mode: a product a head in f32 (a batch's rows
- * gathered into e->gpu_heads and scattered back). */
+ * gathered into e->cur->gpu_heads and scattered back). */
 static tm_status gpu_matmul_heads_each(tm_exec *e, const tm_weight *w, const uint8_t *base,
                                        const float *x, int64_t xn, float *y, int64_t yn) {
     const int64_t H = w->ne[2], in = w->ne[0], out = w->ne[1], T = e->n_tok, xs = xn / H,
                   ys = yn / H;
-    float *gx = e->gpu_heads, *gy = e->gpu_heads + T * in; /* a head's rows, its product */
+    float *gx = e->cur->gpu_heads,
+          *gy = e->cur->gpu_heads + T * in; /* a head's rows, its product */
     tm_status st = TM_OK;
     for (int64_t h = 0; h < H && st == TM_OK; h++) {
         const exec_matrix m = {base + (size_t)(h * out) * w->row_bytes, w->type, w->row_bytes, in,
@@ -401,10 +405,10 @@ static tm_status gpu_matmul_heads_each(tm_exec *e, const tm_weight *w, const uin
             st = gpu_matmul_op(e, &m, x + h * xs, 1, y + h * ys);
             continue;
         }
-        if ((st = cuda_copy_rows(gx, in, x + h * xs, xn, T, in, e->stream)) ||
+        if ((st = cuda_copy_rows(gx, in, x + h * xs, xn, T, in, e->cur->stream)) ||
             (st = gpu_matmul_op(e, &m, gx, T, gy)))
             break;
-        st = cuda_copy_rows(y + h * ys, yn, gy, out, T, out, e->stream);
+        st = cuda_copy_rows(y + h * ys, yn, gy, out, T, out, e->cur->stream);
     }
     return st;
 }
@@ -417,12 +421,13 @@ tm_status exec_gpu_matmul_heads(tm_exec *e, const tm_weight *w, const float *x, 
     /* one batched product on tensor cores (f16 inputs); the precise mode keeps a product a
      * head in f32 (a launch a head: with DeepSeek-V3's 128 heads 256 launches a layer; H200,
      * 9 layers, -ngl all: tg128 99 t/s against llama.cpp's 280, 2026-11-29) */
-    tm_status st = e->p.precise ? gpu_matmul_heads_each(e, w, base, x, xn, y, yn)
-                                : cuda_gemm_heads(e->blas, w->type, base, w->row_bytes, in, out, H,
-                                                  x, xn, xs, T, y, yn, ys, e->gpu_heads, e->stream);
+    tm_status st = e->p.precise
+                       ? gpu_matmul_heads_each(e, w, base, x, xn, y, yn)
+                       : cuda_gemm_heads(e->cur->blas, w->type, base, w->row_bytes, in, out, H, x,
+                                         xn, xs, T, y, yn, ys, e->cur->gpu_heads, e->cur->stream);
     /* the carried values: row t h of [T H][xs] to [T H][ys] */
     if (st == TM_OK && n_pass)
-        st = cuda_copy_rows(y + out, ys, x + in, xs, T * H, n_pass, e->stream);
+        st = cuda_copy_rows(y + out, ys, x + in, xs, T * H, n_pass, e->cur->stream);
     return st;
 }
 
@@ -430,7 +435,7 @@ static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
                                   const float *v, float *out, int64_t rows) {
     if (a->d->latent) return gpu_attention_latent(e, a, q, k, out, rows);
     tm_cuda_attn_params p = gpu_attn_params(e, a);
-    const int32_t *pos = e->step_dev; /* read when the kernels run: a graph replays as is */
+    const int32_t *pos = e->cur->step_dev; /* read when the kernels run: a graph replays as is */
     void *kc = a->k_cache, *vc = a->v_cache;
     int64_t n_kv_max;
     if (exec_rows_apart(e)) { /* each row at its position, over its sequence's cache rows */
@@ -447,14 +452,15 @@ static tm_status gpu_attention_op(tm_exec *e, const exec_attn *a, float *q, floa
     /* K as V: the value is k as given (the kernel reads k without writing it) */
     const float *vv = a->d->v_is_k ? k : v;
     tm_status st =
-        cuda_attn_prepare(&p, q, k, vv, a->q_norm, a->k_norm, pos, rows, kc, vc, e->stream);
+        cuda_attn_prepare(&p, q, k, vv, a->q_norm, a->k_norm, pos, rows, kc, vc, e->cur->stream);
     if (st == TM_OK)
-        st = cuda_attention(&p, q, kc, vc, pos, rows, n_kv_max, out, e->gpu_attn, e->stream);
+        st = cuda_attention(&p, q, kc, vc, pos, rows, n_kv_max, out, e->cur->gpu_attn,
+                            e->cur->stream);
     return st;
 }
 
 static tm_status gpu_add_bias_op(tm_exec *e, float *y, const float *b, int64_t rows, int64_t n) {
-    return cuda_add_bias(y, b, rows, n, e->stream);
+    return cuda_add_bias(y, b, rows, n, e->cur->stream);
 }
 
 const exec_ops exec_gpu_ops = {

@@ -50,6 +50,32 @@ typedef struct exec_group {
     int64_t rows;      /* rows of all n */
 } exec_group;
 
+/* One GPU's state: its device, stream and handles, its memory, and the copies
+ * it holds (weights, the step's rows on the device, scratch). The executor has
+ * one today (gpus[0], e->cur); spans over several GPUs will have one a GPU and
+ * the dispatcher will set e->cur to the GPU of the op's layer before the op
+ * bodies (exec_gpu.c) run, which read everything of their GPU through e->cur
+ * (docs/executor.md, "Several GPUs"). */
+typedef struct exec_gpu_state {
+    tm_cuda_device *gpu; /* NULL: none */
+    tm_cuda_stream stream;
+    tm_cuda_blas *blas;
+    tm_cuda_pool **pools;
+    int n_pools, cap_pools;
+    const void **wdev; /* [n_tensors]: device copy (NULL: none) */
+    void *gpu_scratch; /* products on tensor cores */
+    size_t gpu_scratch_bytes;
+    float *gpu_attn;      /* attention scratch */
+    float *gpu_heads;     /* [n_batch][heads_width]: a head's rows gathered, its product */
+    void *gpu_q8x;        /* 8-bit activations of a decode product (cuda_q8x_quantize) */
+    int32_t *step_dev;    /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
+    float *rope_freq_dev; /* the device copy of rope_freq (GPU layers) */
+    double upload_s, upload_bytes;
+} exec_gpu_state;
+
+/* GPUs an executor can hold (tm_placement's TM_MAX_GPUS). */
+#define EXEC_MAX_GPUS 8
+
 typedef struct exec_task {
     tm_exec_task_fn fn;
     void *ud;
@@ -78,7 +104,6 @@ struct tm_exec {
     uint8_t *layer_dev;
     tm_attn_desc attn_shape; /* its rope_freq points at rope_freq (the executor's copy) */
     float *rope_freq;        /* [head_dim / 2] of a scaled RoPE, or NULL */
-    float *rope_freq_dev;    /* its device copy (GPU layers) */
     /* [n_layer] with a shape a layer: the device copy of each GPU layer's RoPE table
      * (layer_shape[l].rope_freq; layers with one table share its copy), else NULL */
     float **layer_rope_dev;
@@ -102,25 +127,15 @@ struct tm_exec {
     tm_attn_desc rope_of;       /* the RoPE it is for (base, head, n_rot, rope_freq, mscale):
                                    layers of another recompute it */
 
-    /* GPU side (gpu NULL: none) */
-    tm_cuda_device *gpu;
-    tm_cuda_stream stream;
-    tm_cuda_blas *blas;
-    tm_cuda_pool **pools;
-    int n_pools, cap_pools;
-    const void **wdev; /* [n_tensors]: device copy (NULL: none) */
-    void *gpu_scratch; /* products on tensor cores */
-    size_t gpu_scratch_bytes;
-    float *gpu_attn;        /* attention scratch */
-    float *gpu_heads;       /* [n_batch][heads_width]: a head's rows gathered, its product */
+    /* GPU side: the state of the GPU the ops run on (cur->gpu NULL: none) */
+    exec_gpu_state gpus[EXEC_MAX_GPUS];
+    int n_gpus; /* 1 today */
+    exec_gpu_state *cur;
     bool gpu_attn_f32;      /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
-    void *gpu_q8x;          /* 8-bit activations of a decode product (cuda_q8x_quantize) */
-    int64_t gpu_q8x_k;      /* the longest row it holds (0: products keep f32 activations) */
+    int64_t gpu_q8x_k;      /* the longest row gpu_q8x holds (0: products keep f32 activations) */
     bool gpu_q8x_q4k;       /* q4_K matrices take them too (TIERMOE_MMVQ_Q8X=q4_K) */
     bool gpu_q8x_q8_0_only; /* low-bit matrices keep f32 (TIERMOE_MMVQ_Q8X=q8_0) */
-    int32_t *step_dev;      /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
-    int32_t *step_host;     /* pinned, copied to step_dev by each step */
-    double upload_s, upload_bytes;
+    int32_t *step_host;     /* pinned, copied to each GPU's step_dev by each step */
 
     /* the step */
     const int32_t *tokens;
@@ -174,10 +189,10 @@ tm_status exec_cpu_finalize(tm_exec *e);
 void exec_cpu_free(tm_exec *e);
 /* The step's rows, as the GPU's attention reads them (exec.h: exec_step_rows). */
 static inline const int32_t *exec_row_pos_dev(const tm_exec *e) {
-    return e->step_dev + 2;
+    return e->cur->step_dev + 2;
 }
 static inline const int32_t *exec_row_seq_dev(const tm_exec *e) {
-    return e->step_dev + 2 + e->p.n_batch;
+    return e->cur->step_dev + 2 + e->p.n_batch;
 }
 /* Whether the GPU's attention takes the rows one by one (rows of several
  * sequences, and every decode step, whose graph serves any sequence). */

@@ -66,7 +66,7 @@ tm_status exec_ssm_setup(tm_exec *e, uint32_t n_layer, const bool *ssm, const tm
     for (uint32_t l = 0; l < n_layer; l++) {
         if (!ssm[l]) continue;
         e->ssm_layer[l] = true, n++;
-        const tm_dev side = e->gpu && e->layer_dev[l] == TM_DEV_GPU ? TM_DEV_GPU : TM_DEV_CPU;
+        const tm_dev side = e->cur->gpu && e->layer_dev[l] == TM_DEV_GPU ? TM_DEV_GPU : TM_DEV_CPU;
         e->ssm_dev[l] = (uint8_t)side;
         float **bufs[4] = {&e->conv_state[l], &e->delta_state[l], &e->conv_ckpt[l],
                            &e->delta_ckpt[l]};
@@ -75,7 +75,7 @@ tm_status exec_ssm_setup(tm_exec *e, uint32_t n_layer, const bool *ssm, const tm
             const size_t bytes = (i % 2 ? delta : conv) * sizeof(float);
             if (side == TM_DEV_GPU) { /* zeroed: a checkpoint copy never reads garbage */
                 if ((st = exec_dev_alloc(e, bytes, (void **)bufs[i])) == TM_OK)
-                    st = cuda_fill_async(*bufs[i], 0, bytes, e->stream);
+                    st = cuda_fill_async(*bufs[i], 0, bytes, e->cur->stream);
             } else if (!(*bufs[i] = calloc(bytes / sizeof(float), sizeof(float)))) {
                 st = tm_error_set(TM_ERR_NOMEM,
                                   "out of memory for the linear-attention state of layer %u "
@@ -119,10 +119,10 @@ static void ssm_copy(tm_exec *e, int seq, bool to_ckpt) {
         float *cc = e->conv_ckpt[l] + (size_t)seq * nc, *dc = e->delta_ckpt[l] + (size_t)seq * nd;
         if (e->ssm_dev[l] == TM_DEV_GPU) {
             tm_status st = cuda_copy_async(to_ckpt ? cc : cs, to_ckpt ? cs : cc, nc * sizeof(float),
-                                           e->stream);
+                                           e->cur->stream);
             if (st == TM_OK)
                 st = cuda_copy_async(to_ckpt ? dc : ds, to_ckpt ? ds : dc, nd * sizeof(float),
-                                     e->stream);
+                                     e->cur->stream);
             if (st != TM_OK) /* the next step's checks see the device's error again */
                 tm_log_warn("linear attention: a checkpoint copy failed: %s", tm_error_message());
             continue;
@@ -168,7 +168,7 @@ static tm_status ssm_not_on_gpu(const tm_weight *w, uint32_t layer) {
 /* Where an element-wise op on x runs: the GPU when x is there (its producer ran
  * there), else the CPU. */
 static tm_dev ssm_ew_side(const tm_exec *e, const tm_act *x) {
-    return e->gpu && exec_act_on(x, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
+    return e->cur->gpu && exec_act_on(x, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
 }
 
 /* Bring acts to side d for an op there. */
@@ -219,8 +219,8 @@ tm_status exec_ssm_conv(tm_exec *e, uint32_t layer, const tm_ssm_desc *d, tm_act
         if (!w) return ssm_not_on_gpu(d->conv, layer);
         const tm_cuda_ssm_rows rows = ssm_rows(e);
         if ((st = ssm_to(e, TM_DEV_GPU, 1, (tm_act *[]){qkv})) ||
-            (st =
-                 cuda_ssm_conv(&rows, qkv->dev, C, (int32_t)K, w, e->conv_state[layer], e->stream)))
+            (st = cuda_ssm_conv(&rows, qkv->dev, C, (int32_t)K, w, e->conv_state[layer],
+                                e->cur->stream)))
             return st;
         exec_act_wrote(qkv, TM_DEV_GPU);
         return TM_OK;
@@ -275,7 +275,7 @@ tm_status exec_delta_rule(tm_exec *e, uint32_t layer, const tm_ssm_desc *d, tm_a
         const tm_cuda_ssm_rows rows = ssm_rows(e);
         if ((st = ssm_to(e, TM_DEV_GPU, 3, (tm_act *[]){qkv, b, a})) ||
             (st = cuda_delta_rule(&p, &rows, qkv->dev, b->dev, ba_grouped ? NULL : a->dev,
-                                  e->delta_state[layer], out->dev, e->stream)))
+                                  e->delta_state[layer], out->dev, e->cur->stream)))
             return st;
         exec_act_wrote(out, TM_DEV_GPU);
         return TM_OK;
@@ -330,7 +330,7 @@ tm_status exec_rmsnorm_gated(tm_exec *e, tm_act *x, tm_act *z, const tm_weight *
     const float *wd = exec_vector(e, w, TM_DEV_GPU);
     if (exec_weight_home(e, w) == TM_DEV_GPU && wd) {
         if ((st = ssm_to(e, TM_DEV_GPU, 2, (tm_act *[]){x, z})) ||
-            (st = cuda_rmsnorm_gated(x->dev, z->dev, wd, e->n_tok, x->n, n, eps, e->stream)))
+            (st = cuda_rmsnorm_gated(x->dev, z->dev, wd, e->n_tok, x->n, n, eps, e->cur->stream)))
             return st;
         exec_act_wrote(x, TM_DEV_GPU);
         return TM_OK;
@@ -356,7 +356,7 @@ tm_status exec_unzip(tm_exec *e, tm_act *src, int64_t n_group, tm_act *a, tm_act
     if (ssm_ew_side(e, src) == TM_DEV_GPU) {
         if ((st = exec_side(e, TM_DEV_GPU)) ||
             (st = cuda_unzip(src->dev, a->dev_own, b->dev_own, e->n_tok, n_group, na, nb,
-                             e->stream)))
+                             e->cur->stream)))
             return st;
         a->dev = a->dev_own, b->dev = b->dev_own;
         exec_act_wrote(a, TM_DEV_GPU), exec_act_wrote(b, TM_DEV_GPU);
@@ -381,7 +381,7 @@ tm_status exec_swiglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u) {
     if (ssm_ew_side(e, g) == TM_DEV_GPU) {
         if ((st = ssm_to(e, TM_DEV_GPU, 2, (tm_act *[]){g, u}))) return st;
         float *yd = y == g ? g->dev : y->dev_own; /* y's own buffer unless it is g */
-        if ((st = cuda_swiglu(yd, g->dev, u->dev, e->n_tok * y->n, e->stream))) return st;
+        if ((st = cuda_swiglu(yd, g->dev, u->dev, e->n_tok * y->n, e->cur->stream))) return st;
         y->dev = yd;
         exec_act_wrote(y, TM_DEV_GPU);
         return TM_OK;
@@ -401,7 +401,7 @@ tm_status exec_gate_mul(tm_exec *e, tm_act *y, tm_act *g) {
     tm_status st;
     if (ssm_ew_side(e, y) == TM_DEV_GPU) {
         if ((st = ssm_to(e, TM_DEV_GPU, 2, (tm_act *[]){y, g})) ||
-            (st = cuda_gate_mul(y->dev, g->dev, e->n_tok * y->n, e->stream)))
+            (st = cuda_gate_mul(y->dev, g->dev, e->n_tok * y->n, e->cur->stream)))
             return st;
         exec_act_wrote(y, TM_DEV_GPU);
         return TM_OK;
@@ -421,7 +421,7 @@ tm_status exec_gate_add(tm_exec *e, tm_act *x, tm_act *y, tm_act *s) {
     tm_status st;
     if (ssm_ew_side(e, y) == TM_DEV_GPU) {
         if ((st = ssm_to(e, TM_DEV_GPU, 3, (tm_act *[]){x, y, s})) ||
-            (st = cuda_gate_add(x->dev, y->dev, s->dev, e->n_tok, x->n, e->stream)))
+            (st = cuda_gate_add(x->dev, y->dev, s->dev, e->n_tok, x->n, e->cur->stream)))
             return st;
         exec_act_wrote(x, TM_DEV_GPU), exec_act_wrote(y, TM_DEV_GPU);
         return TM_OK;
@@ -444,7 +444,7 @@ tm_status exec_add(tm_exec *e, tm_act *x, tm_act *y) {
     tm_status st;
     if (ssm_ew_side(e, y) == TM_DEV_GPU) {
         if ((st = ssm_to(e, TM_DEV_GPU, 2, (tm_act *[]){x, y})) ||
-            (st = cuda_add(x->dev, x->dev, y->dev, e->n_tok * x->n, e->stream)))
+            (st = cuda_add(x->dev, x->dev, y->dev, e->n_tok * x->n, e->cur->stream)))
             return st;
         exec_act_wrote(x, TM_DEV_GPU);
         return TM_OK;
