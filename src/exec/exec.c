@@ -34,12 +34,19 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     *out = NULL;
     tm_exec *e = calloc(1, sizeof(*e));
     if (!e) {
-        cuda_device_close(p->gpu);
+        for (int g = 0; g < p->n_gpus; g++) cuda_device_close(p->gpus[g]);
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
     e->p = *p;
-    e->n_gpus = 1, e->cur = &e->gpus[0];
-    e->cur->gpu = p->gpu;
+    e->cur = &e->gpus[0];
+    e->n_gpus = p->n_gpus > 0 ? p->n_gpus : 1;
+    for (int g = 0; g < p->n_gpus && g < EXEC_MAX_GPUS; g++) e->gpus[g].gpu = p->gpus[g];
+    if (p->n_gpus > EXEC_MAX_GPUS) {
+        for (int g = EXEC_MAX_GPUS; g < p->n_gpus; g++) cuda_device_close(p->gpus[g]);
+        e->n_gpus = EXEC_MAX_GPUS;
+        exec_free(e);
+        return tm_error_set(TM_ERR_ARG, "executor: %d GPUs (at most %d)", p->n_gpus, EXEC_MAX_GPUS);
+    }
     if (e->p.n_seq < 1) e->p.n_seq = 1;
     e->n_ctx_seq = p->n_ctx / e->p.n_seq;
     if (e->n_ctx_seq < 1 || p->n_ctx > INT32_MAX) {
@@ -51,22 +58,38 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     }
     e->n_tensors = (uint32_t)p->file->n_tensors;
     e->tensor_dev = malloc(e->n_tensors ? e->n_tensors : 1);
-    e->cur->wdev = calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->cur->wdev));
+    e->tensor_gpu = calloc(e->n_tensors ? e->n_tensors : 1, 1);
+    bool wdev_ok = true;
+    for (int g = 0; g < e->n_gpus; g++)
+        wdev_ok &= (e->gpus[g].wdev =
+                        calloc(e->n_tensors ? e->n_tensors : 1, sizeof(*e->gpus[g].wdev))) != NULL;
     e->row_pos = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
     e->row_seq = calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof(int32_t));
-    if (!e->tensor_dev || !e->cur->wdev || !e->row_pos || !e->row_seq) {
+    if (!e->tensor_dev || !e->tensor_gpu || !wdev_ok || !e->row_pos || !e->row_seq) {
         exec_free(e);
         return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
     }
     memcpy(e->tensor_dev, p->tensor_dev, e->n_tensors);
+    if (p->tensor_gpu) memcpy(e->tensor_gpu, p->tensor_gpu, e->n_tensors);
+    for (uint32_t i = 0; i < e->n_tensors; i++)
+        if (e->tensor_dev[i] == TM_DEV_GPU && e->tensor_gpu[i] >= e->n_gpus) {
+            const tm_gguf_tensor *t = &p->file->tensors[i];
+            const int g = e->tensor_gpu[i];
+            exec_free(e);
+            return tm_error_set(TM_ERR_ARG, "executor: tensor '%.*s' placed on GPU %d of %d",
+                                (int)t->name.len, t->name.data, g, p->n_gpus);
+        }
     tm_status sel = exec_select(e); /* the pools below go to the current device */
     if (sel != TM_OK) {
         exec_free(e);
         return sel;
     }
-    if (e->cur->gpu) e->cur->stream = cuda_device_stream(e->cur->gpu);
+    for (int g = 0; g < e->n_gpus; g++)
+        if (e->gpus[g].gpu) e->gpus[g].stream = cuda_device_stream(e->gpus[g].gpu);
     const char *graph = getenv("TIERMOE_CUDA_GRAPH");
-    e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
+    /* spans over several GPUs decode eagerly: one capture would have to join the
+     * other GPUs' streams by events (not done yet) */
+    e->graph_off = !p->graph || (graph && !strcmp(graph, "0")) || e->n_gpus > 1;
     *out = e;
     return TM_OK;
 }
@@ -81,8 +104,8 @@ static void exec_act_release(tm_exec *e, tm_act *a) {
 
 void exec_free(tm_exec *e) {
     if (!e) return;
-    if (e->cur->gpu)
-        cuda_stream_sync(e->cur->stream); /* nothing in flight may outlive its buffers */
+    for (int g = 0; g < e->n_gpus; g++) /* nothing in flight may outlive its buffers */
+        if (e->gpus[g].gpu) cuda_stream_sync(e->gpus[g].stream);
     for (int i = 0; i < e->n_acts; i++) exec_act_release(e, e->acts[i]);
     exec_cpu_free(e);
     exec_ssm_free(e);
@@ -96,7 +119,9 @@ void exec_free(tm_exec *e) {
         free(e->layer_rope_dev);
     free(e->acts), free(e->groups);
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++) free(e->graphs[n].pre), free(e->graphs[n].post);
-    free(e->tensor_dev), free(e->cur->wdev), free(e->row_pos), free(e->row_seq);
+    for (int g = 0; g < e->n_gpus; g++) free(e->gpus[g].wdev);
+    free(e->tensor_dev), free(e->tensor_gpu), free(e->layer_gpu), free(e->row_pos),
+        free(e->row_seq);
     free(e->rope_freq);
     free(e);
 }
@@ -242,6 +267,9 @@ static tm_status attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *la
     }
     const size_t nl = n_layer ? n_layer : 1;
     e->layer_dev = malloc(nl);
+    if (!(e->layer_gpu = calloc(nl, 1)))
+        return tm_error_set(TM_ERR_NOMEM, "executor: out of memory");
+    if (e->p.layer_gpu) memcpy(e->layer_gpu, e->p.layer_gpu, n_layer);
     e->k_cache = calloc(nl, sizeof(void *));
     e->v_cache = calloc(nl, sizeof(void *));
     e->window = calloc(nl, sizeof(int64_t));
@@ -261,9 +289,10 @@ static tm_status attention_setup(tm_exec *e, uint32_t n_layer, const uint8_t *la
     }
     exec_kv_log(e, row);
     for (uint32_t l = 0; l < n_layer; l++) {
-        if (layer_dev[l] == TM_DEV_GPU && !e->cur->gpu)
-            return tm_error_set(TM_ERR_ARG, "layer %u placed on a GPU the context does not have",
-                                l);
+        if (layer_dev[l] == TM_DEV_GPU && (!e->cur->gpu || e->layer_gpu[l] >= e->n_gpus))
+            return tm_error_set(TM_ERR_ARG,
+                                "layer %u placed on GPU %d, which the context does not have", l,
+                                e->layer_gpu[l]);
         if (e->layer_dev[l] != TM_DEV_CPU || !e->kv_bytes[l]) continue; /* the GPU's at finalize */
         if (!(e->k_cache[l] = malloc(e->kv_bytes[l])) ||
             (!e->kv_latent && !(e->v_cache[l] = malloc(e->kv_bytes[l]))))
@@ -306,7 +335,7 @@ tm_status exec_finalize(tm_exec *e) {
 /* ---- residency ---- */
 
 void exec_act_wrote(tm_act *a, tm_dev d) {
-    a->valid = 1u << d;
+    a->valid = 1u << d, a->cross = NULL; /* on the GPU ops run on, at a->dev */
 }
 
 /* A captured step cannot wait for the stream or run CPU ops: mark the
@@ -317,7 +346,7 @@ static tm_status exec_not_capturable(tm_exec *e, const char *what) {
 }
 
 tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
-    if (exec_act_on(a, d)) return TM_OK;
+    if (exec_act_on(a, d) && (d == TM_DEV_CPU || !a->cross)) return TM_OK;
     if (!a->valid)
         return tm_error_set(TM_ERR_ARG, "activation '%s' is read before anything wrote it",
                             a->name);
@@ -327,12 +356,25 @@ tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
                             a->name, (long long)n_rows, (long long)a->dev_rows);
     const size_t bytes = (size_t)(n_rows * a->n) * 4;
     tm_status st;
+    if (d == TM_DEV_GPU && a->cross && exec_act_on(a, TM_DEV_GPU)) {
+        /* a span boundary: from the GPU that wrote it, on this one's stream (which
+         * waits for that one's work since exec_gpu_use) */
+        a->dev = a->dev_own;
+        if ((st = cuda_copy_peer_async(e->cur->gpu, a->dev, e->gpus[a->cross_gpu].gpu, a->cross,
+                                       bytes, e->cur->stream)))
+            return st;
+        a->cross = NULL;
+        a->valid = (a->valid & (1u << TM_DEV_CPU)) | 1u << TM_DEV_GPU;
+        return TM_OK;
+    }
     if (d == TM_DEV_GPU) { /* pinned host -> device, queued */
-        if (a->dev != a->dev_own) a->dev = a->dev_own;
+        a->dev = a->dev_own, a->cross = NULL;
         if ((st = cuda_copy_async(a->dev, a->host, bytes, e->cur->stream))) return st;
     } else { /* device -> host: the host reads it next, so wait */
         if (e->capturing) return exec_not_capturable(e, "bring an activation to the host");
-        if ((st = cuda_copy_async(a->host, a->dev, bytes, e->cur->stream)) || (st = exec_sync(e)))
+        const exec_gpu_state *from = a->cross ? &e->gpus[a->cross_gpu] : e->cur;
+        if ((st = cuda_copy_async(a->host, a->cross ? a->cross : a->dev, bytes, from->stream)) ||
+            (st = exec_sync(e)))
             return st;
     }
     a->valid |= 1u << d;
@@ -344,6 +386,38 @@ tm_status exec_side(tm_exec *e, tm_dev d) {
     if (d == TM_DEV_GPU && !e->cur->gpu)
         return tm_error_set(TM_ERR_ARG, "an op is placed on a GPU the context does not have");
     return TM_OK;
+}
+
+tm_status exec_gpu_use(tm_exec *e, int g) {
+    exec_gpu_state *to = &e->gpus[g], *from = e->cur;
+    if (to == from) return TM_OK;
+    if (e->capturing) return exec_not_capturable(e, "cross from one GPU to another");
+    tm_status st;
+    if ((st = cuda_device_select(to->gpu)) || (st = cuda_event_record(from->done, from->stream)) ||
+        (st = cuda_stream_wait_event(to->stream, from->done)))
+        return st;
+    const int g_from = (int)(from - e->gpus);
+    for (int i = 0; i < e->n_acts; i++) {
+        tm_act *a = e->acts[i];
+        if (exec_act_on(a, TM_DEV_GPU) && !a->cross) /* its values stay where they were written */
+            a->cross = a->dev, a->cross_gpu = g_from;
+        a->dev = a->dev_own = a->dev_gpu[g];
+        if (a->cross && a->cross_gpu == g) a->dev = (void *)a->cross, a->cross = NULL; /* back */
+    }
+    e->cur = to;
+    return TM_OK;
+}
+
+tm_status exec_go(tm_exec *e, tm_dev d, const tm_weight *w) {
+    tm_status st = exec_side(e, d);
+    if (st == TM_OK && d == TM_DEV_GPU && w) st = exec_gpu_use(e, e->tensor_gpu[w->id]);
+    return st;
+}
+
+tm_status exec_go_layer(tm_exec *e, tm_dev d, uint32_t l) {
+    tm_status st = exec_side(e, d);
+    if (st == TM_OK && d == TM_DEV_GPU) st = exec_gpu_use(e, e->layer_gpu[l]);
+    return st;
 }
 
 tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w) {
@@ -417,7 +491,9 @@ static tm_status exec_step_end(tm_exec *e) {
 tm_status exec_sync(tm_exec *e) {
     if (e->capturing) return exec_not_capturable(e, "wait for the stream");
     exec_pending_run(e);
-    tm_status st = e->cur->gpu ? cuda_stream_sync(e->cur->stream) : TM_OK;
+    tm_status st = TM_OK;
+    for (int g = 0; g < e->n_gpus && st == TM_OK; g++)
+        if (e->gpus[g].gpu) st = cuda_stream_sync(e->gpus[g].stream);
     if (st == TM_OK && e->task_status != TM_OK)
         st = tm_error_set(e->task_status, "%s", e->task_msg);
     return st;
@@ -467,16 +543,22 @@ tm_status exec_embed(tm_exec *e, tm_act *x, const tm_weight *embd) {
 }
 
 static void exec_step_reset(tm_exec *e) {
-    for (int i = 0; i < e->n_acts; i++)
-        e->acts[i]->valid = 0, e->acts[i]->dev = e->acts[i]->dev_own;
+    e->cur = &e->gpus[0];
+    for (int i = 0; i < e->n_acts; i++) {
+        tm_act *a = e->acts[i];
+        a->valid = 0, a->cross = NULL, a->dev = a->dev_own = a->dev_gpu[0];
+    }
     e->task_status = TM_OK;
     e->pending = (exec_task){0};
 }
 
 static tm_status exec_step_info(tm_exec *e) {
-    if (!e->cur->gpu) return TM_OK;
-    return cuda_copy_async(e->cur->step_dev, e->step_host, (size_t)(2 + 2 * e->p.n_batch) * 4,
-                           e->cur->stream);
+    tm_status st = TM_OK;
+    for (int g = 0; g < e->n_gpus && st == TM_OK; g++) /* each GPU's attention reads its own */
+        if (e->gpus[g].gpu)
+            st = cuda_copy_async(e->gpus[g].step_dev, e->step_host,
+                                 (size_t)(2 + 2 * e->p.n_batch) * 4, e->gpus[g].stream);
+    return st;
 }
 
 /* Replay the captured decode step: its embedding before the launch, its host
@@ -556,12 +638,12 @@ tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const
                          const int32_t *seq, tm_moe_phase phase, tm_exec_forward_fn forward,
                          void *ud) {
     tm_status st = exec_step_rows_set(e, n_tok, pos, seq);
-    if (st == TM_OK) st = exec_select(e); /* a server's steps run on its slots' threads */
     if (st != TM_OK) return st;
+    exec_step_reset(e);                   /* on the first GPU */
+    if ((st = exec_select(e))) return st; /* a server's steps run on its slots' threads */
     e->tokens = tokens, e->n_tok = n_tok, e->phase = phase;
     e->seq++;
     if (e->step_host) e->step_host[1] = (int32_t)e->seq;
-    exec_step_reset(e);
     e->part = TM_PROF_EMBED, e->part_t0 = tm_time_ns();
     const bool graph = e->cur->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE &&
                        n_tok <= TM_CUDA_MMVQ_MAX_TOK && !e->p.cb && !e->p.profile;
@@ -638,7 +720,7 @@ bool exec_emitting(const tm_exec *e) {
 tm_status exec_rmsnorm(tm_exec *e, tm_act *y, tm_act *x, const tm_weight *w, float eps) {
     const tm_dev d = exec_weight_home(e, w);
     tm_status st;
-    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
+    if ((st = exec_go(e, d, w)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
         (st = exec_side_ops[d]->rmsnorm(e, exec_at(y, d), exec_at(x, d), exec_vector(e, w, d),
                                         e->n_tok, x->n, eps)))
         return st;
@@ -650,7 +732,7 @@ tm_status exec_add_rmsnorm(tm_exec *e, tm_act *x, tm_act *a, tm_act *h, const tm
                            float eps) {
     const tm_dev d = exec_weight_home(e, w);
     tm_status st;
-    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
+    if ((st = exec_go(e, d, w)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
         (st = exec_act_to(e, a, d, e->n_tok)) ||
         (st = exec_side_ops[d]->add_rmsnorm(e, exec_at(x, d), exec_at(a, d), exec_at(h, d),
                                             exec_vector(e, w, d), e->n_tok, x->n, eps)))
@@ -685,6 +767,8 @@ static tm_status exec_product(tm_exec *e, tm_dev d, const exec_matrix *m, tm_act
 
 tm_status exec_matmul(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x) {
     const tm_dev d = exec_weight_home(e, w);
+    const tm_status st = exec_go(e, d, w); /* first: the matrix is that GPU's copy */
+    if (st != TM_OK) return st;
     const exec_matrix m = exec_matrix_of(e, w, d);
     return exec_product(e, d, &m, x, 0, e->n_tok, y);
 }
@@ -695,6 +779,8 @@ tm_status exec_matmul_rows(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x,
         return tm_error_set(TM_ERR_ARG, "exec_matmul_rows: rows [%lld, %lld) of %lld",
                             (long long)first, (long long)(first + n), (long long)e->n_tok);
     const tm_dev d = exec_weight_home(e, w);
+    const tm_status st = exec_go(e, d, w);
+    if (st != TM_OK) return st;
     const exec_matrix m = exec_matrix_of(e, w, d);
     return exec_product(e, d, &m, x, first, n, y);
 }
@@ -713,7 +799,9 @@ tm_status exec_matmul_n(tm_exec *e, int n, tm_act *const *ys, const tm_weight *c
                         tm_act *x) {
     const tm_dev d = exec_weight_home(e, ws[0]);
     bool one_side = n <= CPU_MATMUL_MAX;
-    for (int i = 1; i < n && one_side; i++) one_side = exec_weight_home(e, ws[i]) == d;
+    for (int i = 1; i < n && one_side; i++) /* and one GPU */
+        one_side = exec_weight_home(e, ws[i]) == d &&
+                   (d == TM_DEV_CPU || e->tensor_gpu[ws[i]->id] == e->tensor_gpu[ws[0]->id]);
     if (!one_side || (d == TM_DEV_CPU && e->p.precise)) { /* each where it lives */
         for (int i = 0; i < n; i++) {
             tm_status st = exec_matmul(e, ys[i], ws[i], x);
@@ -722,7 +810,7 @@ tm_status exec_matmul_n(tm_exec *e, int n, tm_act *const *ys, const tm_weight *c
         return TM_OK;
     }
     tm_status st;
-    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok))) return st;
+    if ((st = exec_go(e, d, ws[0])) || (st = exec_act_to(e, x, d, e->n_tok))) return st;
     const exec_group *g = d == TM_DEV_GPU && e->n_tok == 1 ? exec_group_find(e, n, ws) : NULL;
     if (g && g->stack) { /* one launch over the stacked rows; the outputs are slices of one row */
         const exec_matrix m = {g->stack, ws[0]->type, ws[0]->row_bytes, ws[0]->ne[0], g->rows};
@@ -753,7 +841,7 @@ tm_status exec_add_bias(tm_exec *e, tm_act *y, const tm_weight *b) {
                             (int)b->name_len, b->name, quant_type_name(b->type),
                             (long long)b->ne[0], (long long)y->n);
     tm_status st;
-    if ((st = exec_side(e, d)) || (st = exec_act_to(e, y, d, e->n_tok)) ||
+    if ((st = exec_go(e, d, b)) || (st = exec_act_to(e, y, d, e->n_tok)) ||
         (st = exec_side_ops[d]->add_bias(e, exec_at(y, d), exec_vector(e, b, d), e->n_tok, y->n)))
         return st;
     exec_act_wrote(y, d);
@@ -793,7 +881,7 @@ tm_status exec_attention(tm_exec *e, uint32_t layer, const tm_attn_desc *a, tm_a
         return tm_error_set(TM_ERR_ARG, "exec_attention: layer %u: %s", layer,
                             a->v_is_k ? "a value given, but the value is the key (v_is_k)"
                                       : "no value");
-    if ((st = exec_side(e, d)) || (st = exec_act_to(e, q, d, e->n_tok)) ||
+    if ((st = exec_go_layer(e, d, layer)) || (st = exec_act_to(e, q, d, e->n_tok)) ||
         (st = exec_act_to(e, k, d, e->n_tok)) || (v && (st = exec_act_to(e, v, d, e->n_tok))))
         return st;
     if (!ls && (a->rope_freq != NULL) != (e->attn_shape.rope_freq != NULL))
@@ -864,7 +952,7 @@ tm_status exec_matmul_heads(tm_exec *e, tm_act *y, const tm_weight *w, tm_act *x
                             "exec_matmul_heads: '%.*s' was not declared (exec_weight_heads)",
                             (int)w->name_len, w->name);
     tm_status st;
-    if ((st = exec_side(e, d)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
+    if ((st = exec_go(e, d, w)) || (st = exec_act_to(e, x, d, e->n_tok)) ||
         (st = d == TM_DEV_GPU ? exec_gpu_matmul_heads(e, w, x->dev, x->n, y->dev, y->n, n_pass)
                               : exec_cpu_matmul_heads(e, w, x->host, x->n, y->host, y->n, n_pass)))
         return st;
@@ -886,5 +974,7 @@ tm_status exec_fetch(tm_exec *e, tm_act *a, int64_t n_rows) {
         return tm_error_set(TM_ERR_ARG, "activation '%s' is fetched before anything wrote it",
                             a->name);
     /* the step's final wait makes it valid on the host */
-    return cuda_copy_async(a->host, a->dev, (size_t)(n_rows * a->n) * 4, e->cur->stream);
+    const exec_gpu_state *from = a->cross ? &e->gpus[a->cross_gpu] : e->cur;
+    return cuda_copy_async(a->host, a->cross ? a->cross : a->dev, (size_t)(n_rows * a->n) * 4,
+                           from->stream);
 }

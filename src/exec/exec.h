@@ -35,7 +35,9 @@ extern "C" {
 #endif
 
 typedef enum tm_dev { TM_DEV_CPU = 0, TM_DEV_GPU = 1 } tm_dev;
-#define TM_DEV_COUNT 2
+/* GPUs an executor can hold (spans of layers a GPU: tm_placement's TM_MAX_GPUS). */
+#define EXEC_MAX_GPUS 8
+#define TM_DEV_COUNT  2
 extern const char *const tm_dev_names[TM_DEV_COUNT]; /* "CPU", "CUDA0" (the -ot names) */
 
 /* A weight tensor bound from the file. ne[0] is the row length. */
@@ -58,8 +60,13 @@ typedef struct tm_act {
     void *host;    /* pinned when the context uses a GPU */
     void *dev;     /* the values on the device this step: dev_own, or (the outputs of a
                        stacked group at decode) a slice of the group's buffer */
-    void *dev_own; /* the act's device buffer of dev_rows rows (NULL without a GPU) */
+    void *dev_own; /* the act's device buffer of dev_rows rows on the GPU ops run on now
+                      (dev_gpu[that GPU]; NULL without a GPU) */
     int64_t dev_rows;
+    void *dev_gpu[EXEC_MAX_GPUS]; /* its buffer on each of the executor's GPUs */
+    const void *cross;            /* non-NULL: the device values are on GPU cross_gpu, here,
+                                     not yet on the GPU ops run on (a span boundary) */
+    int cross_gpu;
     unsigned valid; /* bit (1 << tm_dev): the current values are there */
 } tm_act;
 
@@ -140,7 +147,12 @@ typedef struct tm_exec_params {
     tm_pool *pool;
     const tm_gguf_file *file;
     const uint8_t *tensor_dev; /* [file->n_tensors]: tm_dev of each tensor (copied) */
-    tm_cuda_device *gpu;       /* opened device (the executor owns it from here), or NULL */
+    /* the opened GPUs (the executor owns them from here): GPU tensors and layers on
+     * gpus[tensor_gpu[i]], gpus[layer_gpu[l]]; n_gpus 0: none */
+    tm_cuda_device *gpus[EXEC_MAX_GPUS];
+    int n_gpus;
+    const uint8_t *tensor_gpu; /* [file->n_tensors] (copied; NULL: every GPU tensor on 0) */
+    const uint8_t *layer_gpu;  /* [n_layer of exec_attention_setup] (read there; NULL: 0) */
     int64_t n_batch;
     int64_t n_ctx;   /* positions of all sequences: n_ctx / n_seq each */
     int n_seq;       /* sequences with KV rows of their own (0: 1) */

@@ -31,12 +31,27 @@ static size_t tensor_bytes(const tm_gguf_tensor *t) {
     return (size_t)t->n_bytes;
 }
 
-/* A group whose matrices all live on the GPU with one type and row length is
- * stacked: uploaded back to back, so its rows form one matrix. */
+/* The GPU ops run on now (an index of e->gpus). */
+static int gpu_cur(const tm_exec *e) {
+    return (int)(e->cur - e->gpus);
+}
+
+/* Whether tensor i lives on the GPU ops run on now. */
+static bool on_this_gpu(const tm_exec *e, uint32_t i) {
+    return e->tensor_dev[i] == TM_DEV_GPU && e->tensor_gpu[i] == gpu_cur(e);
+}
+
+/* Whether layer l runs on the GPU ops run on now. */
+static bool layer_here(const tm_exec *e, uint32_t l) {
+    return e->layer_dev[l] == TM_DEV_GPU && e->layer_gpu[l] == gpu_cur(e);
+}
+
+/* A group whose matrices all live on the GPU now set up with one type and row
+ * length is stacked: uploaded back to back, so its rows form one matrix. */
 static bool group_stackable(const tm_exec *e, const exec_group *g) {
     for (int i = 0; i < g->n; i++) {
         const tm_weight *w = g->ws[i];
-        if (e->tensor_dev[w->id] != TM_DEV_GPU || w->type != g->ws[0]->type ||
+        if (!on_this_gpu(e, (uint32_t)w->id) || w->type != g->ws[0]->type ||
             w->ne[0] != g->ws[0]->ne[0] || w->row_bytes != g->ws[0]->row_bytes)
             return false;
     }
@@ -51,9 +66,9 @@ static bool in_stacked_group(const tm_exec *e, uint32_t id) {
     return false;
 }
 
-/* Whether the GPU keeps a copy of tensor i. */
+/* Whether the GPU now set up keeps a copy of tensor i (vectors: every GPU). */
 static bool on_gpu(const tm_exec *e, uint32_t i) {
-    return e->tensor_dev[i] == TM_DEV_GPU || e->p.file->tensors[i].n_dims == 1;
+    return on_this_gpu(e, i) || e->p.file->tensors[i].n_dims == 1;
 }
 
 static tm_status gpu_upload(tm_exec *e, void *dst, const void *src, size_t bytes) {
@@ -150,7 +165,7 @@ static size_t gpu_gemm_scratch(const tm_exec *e) {
     size_t most = 0;
     for (uint32_t i = 0; i < e->n_tensors; i++) {
         const tm_gguf_tensor *t = &f->tensors[i];
-        if (e->tensor_dev[i] != TM_DEV_GPU || t->n_dims != 2) continue;
+        if (!on_this_gpu(e, i) || t->n_dims != 2) continue;
         const size_t b = cuda_gemm_scratch_bytes(t->ne[1], t->ne[0], e->p.n_batch);
         most = b > most ? b : most;
     }
@@ -196,20 +211,21 @@ static uint32_t layer_rope_first(const tm_exec *e, uint32_t l) {
     const tm_attn_desc *s = &e->layer_shape[l];
     if (!s->rope_freq) return e->n_layer;
     for (uint32_t j = 0; j < l; j++)
-        if (e->layer_dev[j] == TM_DEV_GPU && e->layer_shape[j].rope_freq == s->rope_freq &&
+        if (layer_here(e, j) && e->layer_shape[j].rope_freq == s->rope_freq &&
             e->layer_shape[j].head_dim == s->head_dim)
             return j;
     return l;
 }
 
-tm_status exec_gpu_finalize(tm_exec *e) {
+/* What the GPU now set up (e->cur) holds: its weights, its layers' caches, its
+ * copy of every activation and its scratch. */
+static tm_status gpu_finalize_one(tm_exec *e) {
     const uint64_t t0 = tm_time_ns();
     tm_status st;
     const size_t step_bytes = (size_t)(2 + 2 * e->p.n_batch) * sizeof(int32_t);
     if ((st = gpu_weights(e)) || (st = cuda_blas_create(e->cur->gpu, &e->cur->blas)) ||
-        (st = cuda_host_alloc(step_bytes, (void **)&e->step_host)))
+        (st = cuda_event_create(&e->cur->done)))
         return st;
-    memset(e->step_host, 0, step_bytes);
     /* prompt attention on tensor cores in the normal mode; TIERMOE_ATTN_TC=0
      * keeps the f32 kernel (for comparison) */
     const char *tc = getenv("TIERMOE_ATTN_TC");
@@ -219,7 +235,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     const exec_attn shape = {.d = &e->attn_shape, .seq_rows = e->n_ctx_seq};
     const tm_cuda_attn_params ap = gpu_attn_params(e, &shape);
     bool gpu_attention = false, gpu_layers = false; /* the first: grouped-query attention */
-    for (uint32_t l = 0; l < e->n_layer; l++) gpu_layers |= e->layer_dev[l] == TM_DEV_GPU;
+    for (uint32_t l = 0; l < e->n_layer; l++) gpu_layers |= layer_here(e, l);
     gpu_attention = gpu_layers && !e->kv_latent;
     e->cur->gpu_scratch_bytes = gpu_gemm_scratch(e);
     /* attention splits the keys of a few tokens over blocks (scratch), not a
@@ -227,7 +243,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     size_t attn_floats = 0;
     /* with a shape a layer: the most any GPU layer's shape needs */
     for (uint32_t l = 0; gpu_attention && l < (e->layer_shape ? e->n_layer : 1); l++) {
-        if (e->layer_shape && e->layer_dev[l] != TM_DEV_GPU) continue;
+        if (e->layer_shape && !layer_here(e, l)) continue;
         const exec_attn ls = {.d = e->layer_shape ? &e->layer_shape[l] : &e->attn_shape,
                               .seq_rows = e->n_ctx_seq};
         const tm_cuda_attn_params al = gpu_attn_params(e, &ls);
@@ -256,7 +272,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     /* a shape a layer: each GPU layer's RoPE table, one copy a table */
     size_t layer_rope_bytes = 0;
     for (uint32_t l = 0; e->layer_shape && l < e->n_layer; l++)
-        if (e->layer_dev[l] == TM_DEV_GPU && layer_rope_first(e, l) == l)
+        if (layer_here(e, l) && layer_rope_first(e, l) == l)
             layer_rope_bytes += take_size((size_t)(e->layer_shape[l].head_dim / 2) * sizeof(float));
     const size_t n_kv = e->kv_latent ? 1 : 2; /* K and V, or a latent's K */
     gpu_q8x_setup(e);
@@ -265,11 +281,12 @@ tm_status exec_gpu_finalize(tm_exec *e) {
                    take_size(attn_floats * sizeof(float)) + take_size(q8x_bytes) +
                    take_size(rope_bytes) + take_size(heads_bytes) + layer_rope_bytes;
     for (uint32_t l = 0; l < e->n_layer; l++)
-        if (e->layer_dev[l] == TM_DEV_GPU) bytes += n_kv * take_size(e->kv_bytes[l]);
+        if (layer_here(e, l)) bytes += n_kv * take_size(e->kv_bytes[l]);
     for (int i = 0; i < e->n_acts; i++)
         bytes += take_size((size_t)(e->acts[i]->dev_rows * e->acts[i]->n) * 4);
     for (int g = 0; g < e->n_groups; g++)
-        if (e->groups[g].stack) bytes += take_size((size_t)e->groups[g].rows * 4);
+        if (e->groups[g].stack && on_this_gpu(e, (uint32_t)e->groups[g].ws[0]->id))
+            bytes += take_size((size_t)e->groups[g].rows * 4);
     tm_cuda_pool *pool;
     if ((st = gpu_pool_add(e, bytes, &pool)) ||
         (st = gpu_pool_take(pool, step_bytes, (void **)&e->cur->step_dev)) ||
@@ -283,7 +300,7 @@ tm_status exec_gpu_finalize(tm_exec *e) {
         return st;
     for (uint32_t l = 0; e->layer_shape && l < e->n_layer && st == TM_OK; l++) {
         const float *tab = e->layer_shape[l].rope_freq;
-        if (e->layer_dev[l] != TM_DEV_GPU || !tab) continue;
+        if (!layer_here(e, l) || !tab) continue;
         const uint32_t first = layer_rope_first(e, l);
         const size_t b = (size_t)(e->layer_shape[l].head_dim / 2) * sizeof(float);
         if (first < l)
@@ -292,16 +309,15 @@ tm_status exec_gpu_finalize(tm_exec *e) {
             st = gpu_upload(e, e->layer_rope_dev[l], tab, b);
     }
     for (uint32_t l = 0; l < e->n_layer && st == TM_OK; l++)
-        if (e->layer_dev[l] == TM_DEV_GPU &&
+        if (layer_here(e, l) &&
             ((st = gpu_pool_take(pool, e->kv_bytes[l], &e->k_cache[l])) == TM_OK) && !e->kv_latent)
             st = gpu_pool_take(pool, e->kv_bytes[l], &e->v_cache[l]);
     for (int i = 0; i < e->n_acts && st == TM_OK; i++) {
         tm_act *a = e->acts[i];
-        st = gpu_pool_take(pool, (size_t)(a->dev_rows * a->n) * 4, &a->dev_own);
-        a->dev = a->dev_own;
+        st = gpu_pool_take(pool, (size_t)(a->dev_rows * a->n) * 4, &a->dev_gpu[gpu_cur(e)]);
     }
     for (int g = 0; g < e->n_groups && st == TM_OK; g++)
-        if (e->groups[g].stack)
+        if (e->groups[g].stack && on_this_gpu(e, (uint32_t)e->groups[g].ws[0]->id))
             st = gpu_pool_take(pool, (size_t)e->groups[g].rows * 4, (void **)&e->groups[g].out);
     if (st != TM_OK) return st;
     size_t free_b = 0, total_b = 0;
@@ -317,17 +333,39 @@ tm_status exec_gpu_finalize(tm_exec *e) {
     return TM_OK;
 }
 
+tm_status exec_gpu_finalize(tm_exec *e) {
+    const size_t step_bytes = (size_t)(2 + 2 * e->p.n_batch) * sizeof(int32_t);
+    tm_status st = cuda_host_alloc(step_bytes, (void **)&e->step_host);
+    if (st != TM_OK) return st;
+    memset(e->step_host, 0, step_bytes);
+    /* each GPU's memory with that GPU current (its pools must be made there) */
+    for (int g = 0; g < e->n_gpus && st == TM_OK; g++) {
+        e->cur = &e->gpus[g];
+        if ((st = cuda_device_select(e->cur->gpu)) == TM_OK) st = gpu_finalize_one(e);
+    }
+    e->cur = &e->gpus[0];
+    for (int i = 0; i < e->n_acts; i++)
+        e->acts[i]->dev = e->acts[i]->dev_own = e->acts[i]->dev_gpu[0];
+    return st == TM_OK ? exec_select(e) : st;
+}
+
 void exec_gpu_free(tm_exec *e) {
     for (int n = 0; n <= TM_CUDA_MMVQ_MAX_TOK; n++)
         cuda_graph_free(e->graphs[n].g), e->graphs[n].g = NULL;
-    cuda_blas_free(e->cur->blas);
-    for (int i = 0; i < e->cur->n_pools; i++) cuda_pool_free(e->cur->pools[i]);
-    free(e->cur->pools);
+    for (int g = 0; g < e->n_gpus; g++) {
+        exec_gpu_state *s = &e->gpus[g];
+        if (s->gpu) cuda_device_select(s->gpu); /* its pools are freed on it */
+        cuda_blas_free(s->blas);
+        if (s->done) cuda_event_free(s->done);
+        for (int i = 0; i < s->n_pools; i++) cuda_pool_free(s->pools[i]);
+        free(s->pools);
+        cuda_device_close(s->gpu);
+        s->blas = NULL, s->pools = NULL, s->n_pools = s->cap_pools = 0, s->done = NULL;
+        s->gpu = NULL;
+    }
     cuda_host_free(e->step_host);
-    cuda_device_close(e->cur->gpu);
-    e->cur->blas = NULL, e->cur->pools = NULL, e->cur->n_pools = e->cur->cap_pools = 0;
     e->step_host = NULL;
-    e->cur->gpu = NULL;
+    e->cur = &e->gpus[0];
 }
 
 /* ---- ops ---- */

@@ -52,10 +52,9 @@ typedef struct exec_group {
 
 /* One GPU's state: its device, stream and handles, its memory, and the copies
  * it holds (weights, the step's rows on the device, scratch). The executor has
- * one today (gpus[0], e->cur); spans over several GPUs will have one a GPU and
- * the dispatcher will set e->cur to the GPU of the op's layer before the op
- * bodies (exec_gpu.c) run, which read everything of their GPU through e->cur
- * (docs/executor.md, "Several GPUs"). */
+ * one a GPU; the dispatcher sets e->cur to the GPU of the op's weight or layer
+ * (exec_go) before the op bodies (exec_gpu.c) run, which read everything of their
+ * GPU through e->cur (docs/executor.md, "Several GPUs"). */
 typedef struct exec_gpu_state {
     tm_cuda_device *gpu; /* NULL: none */
     tm_cuda_stream stream;
@@ -71,10 +70,8 @@ typedef struct exec_gpu_state {
     int32_t *step_dev;    /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
     float *rope_freq_dev; /* the device copy of rope_freq (GPU layers) */
     double upload_s, upload_bytes;
+    tm_cuda_event done; /* recorded when ops leave this GPU for another (spans) */
 } exec_gpu_state;
-
-/* GPUs an executor can hold (tm_placement's TM_MAX_GPUS). */
-#define EXEC_MAX_GPUS 8
 
 typedef struct exec_task {
     tm_exec_task_fn fn;
@@ -129,8 +126,10 @@ struct tm_exec {
 
     /* GPU side: the state of the GPU the ops run on (cur->gpu NULL: none) */
     exec_gpu_state gpus[EXEC_MAX_GPUS];
-    int n_gpus; /* 1 today */
+    int n_gpus;
     exec_gpu_state *cur;
+    uint8_t *tensor_gpu;    /* [n_tensors] the GPU of a GPU tensor (an index of gpus) */
+    uint8_t *layer_gpu;     /* [n_layer] the GPU of a GPU layer */
     bool gpu_attn_f32;      /* prompts' attention in f32 too (precise, or TIERMOE_ATTN_TC=0) */
     int64_t gpu_q8x_k;      /* the longest row gpu_q8x holds (0: products keep f32 activations) */
     bool gpu_q8x_q4k;       /* q4_K matrices take them too (TIERMOE_MMVQ_Q8X=q4_K) */
@@ -205,6 +204,15 @@ static inline void *exec_at(const tm_act *a, tm_dev d) {
 }
 /* Check that side d can run an op now. */
 tm_status exec_side(tm_exec *e, tm_dev d);
+/* Check side d as exec_side, and for the GPU make the one of weight w (or of
+ * layer l) the one ops run on (exec_gpu_use). */
+tm_status exec_go(tm_exec *e, tm_dev d, const tm_weight *w);
+tm_status exec_go_layer(tm_exec *e, tm_dev d, uint32_t l);
+/* Make GPU g the one ops run on: its device current, its stream waiting for
+ * the work queued on the one before, the activations' buffers its own (those
+ * valid on the other GPU keep their values there until exec_act_to copies
+ * them across). */
+tm_status exec_gpu_use(tm_exec *e, int g);
 /* A vector weight (f32) on side d (NULL for NULL). */
 const float *exec_vector(const tm_exec *e, const tm_weight *w, tm_dev d);
 /* exec_ssm.c */

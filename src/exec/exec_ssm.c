@@ -36,6 +36,10 @@ tm_status exec_ssm_setup(tm_exec *e, uint32_t n_layer, const bool *ssm, const tm
     if (n_layer != e->n_layer)
         return tm_error_set(TM_ERR_ARG, "exec_ssm_setup: %u layers, attention set up %u", n_layer,
                             e->n_layer);
+    if (e->n_gpus > 1) /* its states live at the layer's home: one GPU's so far */
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "linear attention over %d GPUs: not yet (one GPU, or -dev CUDAn)",
+                            e->n_gpus);
     const tm_ssm_desc *d = shape;
     if (d->conv_k < 2 || d->conv_k > 16 || d->n_k_head < 1 || d->n_v_head % d->n_k_head ||
         d->k_dim < 1 || d->v_dim < 1)
