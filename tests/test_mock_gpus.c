@@ -9,7 +9,9 @@
  *   device, so this passes only if each step selects its device.
  * - -dev CUDA0,CUDA1 -ts 1,0 opens both and runs on the first (the device opened last is
  *   current: the executor selects its own before allocating).
- * - Spans over both GPUs: refused, naming the spans (the executor runs one GPU). */
+ * - Spans over both GPUs (-ts 1,1) with the experts on the GPUs: the same logits and
+ *   greedy tokens as on one GPU (the executor's state a GPU, the residual crossing by a
+ *   peer copy); with experts in RAM (--cpu-moe): refused, naming the spans. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -130,8 +132,18 @@ static void test_one_of_two(void **state) {
     assert_true(f1 < ((size_t)4096 << 20));
     run_free(&r1);
 
-    /* spans over both: not yet run */
+    /* spans over both with every layer's experts on the GPUs: runs, as on one GPU */
+    run r0b, rsp;
+    run_on(m, "CUDA0", NULL, false, &r0b);
+    run_on(m, "CUDA0,CUDA1", "1,1", false, &rsp);
+    assert_int_equal(exec_gpu_count(rsp.c->exec), 2);
+    assert_int_equal(rsp.c->placement.n_gpu_used, 2);
+    same(&r0b, &rsp, nv, "-dev CUDA0,CUDA1 -ts 1,1 (spans)");
+    run_free(&r0b), run_free(&rsp);
+
+    /* spans with experts in RAM (--cpu-moe): not yet run */
     tm_context_params p = params("CUDA0,CUDA1", "1,1");
+    p.cpu_moe = true;
     tm_context *c = NULL;
     assert_int_equal(model_context_create(m, &p, &c), TM_ERR_DEVICE);
     assert_null(c);

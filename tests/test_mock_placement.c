@@ -89,6 +89,13 @@ static void test_matrix_tiny(void **state) {
     placement_matrix_run(tiny_path, &mock_tol);
 }
 
+/* Spans over two GPUs, on both models (the wide one's q4_K attention). */
+static void test_matrix_gpus(void **state) {
+    (void)state;
+    placement_matrix_run_gpus(tiny_path, &mock_tol);
+    placement_matrix_run_gpus(wide_path, &mock_tol);
+}
+
 static void test_matrix_4x32(void **state) {
     (void)state;
     placement_matrix_run(wide_path, &mock_tol);
@@ -675,6 +682,7 @@ static void test_handoff_timeout(void **state) {
 int main(void) {
     const struct CMUnitTest matrix_tiny[] = {cmocka_unit_test(test_matrix_tiny)};
     const struct CMUnitTest matrix_4x32[] = {cmocka_unit_test(test_matrix_4x32)};
+    const struct CMUnitTest matrix_gpus[] = {cmocka_unit_test(test_matrix_gpus)};
     const struct CMUnitTest matrix_gptoss[] = {cmocka_unit_test(test_matrix_gptoss)};
     const struct CMUnitTest matrix_qwen3next[] = {cmocka_unit_test(test_matrix_qwen3next)};
     const struct CMUnitTest matrix_moe_archs[] = {cmocka_unit_test(test_matrix_moe_archs)};
@@ -698,6 +706,8 @@ int main(void) {
         failed += cmocka_run_group_tests(matrix_tiny, setup, teardown);
     if (all || !strcmp(group, "matrix_4x32"))
         failed += cmocka_run_group_tests(matrix_4x32, setup, teardown);
+    if (all || !strcmp(group, "matrix_gpus"))
+        failed += cmocka_run_group_tests(matrix_gpus, setup, teardown);
     if (all || !strcmp(group, "matrix_gptoss"))
         failed += cmocka_run_group_tests(matrix_gptoss, setup, teardown);
     if (all || !strcmp(group, "matrix_qwen3next"))

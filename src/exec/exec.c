@@ -425,7 +425,10 @@ tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w) {
 }
 
 const void *exec_weight_dev(const tm_exec *e, const tm_weight *w) {
-    return e->cur->wdev ? e->cur->wdev[w->id] : NULL;
+    /* a GPU tensor's copy on its GPU (a vector's on the GPU ops run on, which every GPU has) */
+    const exec_gpu_state *g =
+        e->tensor_dev[w->id] == TM_DEV_GPU ? &e->gpus[e->tensor_gpu[w->id]] : e->cur;
+    return g->wdev ? g->wdev[w->id] : NULL;
 }
 
 exec_matrix exec_matrix_of(const tm_exec *e, const tm_weight *w, tm_dev d) {
@@ -704,6 +707,17 @@ tm_cuda_device *exec_gpu(tm_exec *e) {
 }
 tm_status exec_select(tm_exec *e) {
     return e->cur->gpu ? cuda_device_select(e->cur->gpu) : TM_OK;
+}
+int exec_gpu_count(const tm_exec *e) {
+    return e->n_gpus;
+}
+int exec_gpu_index(const tm_exec *e) {
+    return (int)(e->cur - e->gpus);
+}
+tm_status exec_gpu_set(tm_exec *e, int g) {
+    if (g < 0 || g >= e->n_gpus || !e->gpus[g].gpu)
+        return tm_error_set(TM_ERR_ARG, "executor: GPU %d of %d", g, e->n_gpus);
+    return exec_gpu_use(e, g);
 }
 tm_cuda_stream exec_stream(tm_exec *e) {
     return e->cur->stream;

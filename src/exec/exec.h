@@ -374,6 +374,12 @@ tm_cuda_device *exec_gpu(tm_exec *e); /* NULL without a GPU */
  * without a GPU): entries that may run on another thread than the one that made the
  * context (a step, the cache's updates) call it before they launch. */
 tm_status exec_select(tm_exec *e);
+/* GPUs the executor holds (1 with none), the one ops run on now, and making GPU g
+ * the one ops run on (its device current, its stream after the other's work; the
+ * tier's MoE step of a layer on g). */
+int exec_gpu_count(const tm_exec *e);
+int exec_gpu_index(const tm_exec *e);
+tm_status exec_gpu_set(tm_exec *e, int g);
 tm_cuda_stream exec_stream(tm_exec *e);
 tm_cuda_blas *exec_blas(tm_exec *e);
 tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w);

@@ -270,11 +270,17 @@ static int64_t context_batch_auto(const tm_context *c, const tm_placement_gpu *g
     return best;
 }
 
-/* The executor runs one GPU a context for now (docs/flags.md, "Several GPUs: not yet"):
- * the placement's GPU in use is moved to cg's first place and the others closed; a
- * placement over several fails naming them. --moe-cache A,B: that GPU's size. */
+/* The GPUs the executor runs (docs/flags.md, "Several GPUs"): a placement over several
+ * keeps the whole list (its GPU numbers are the list's places) when every layer's
+ * experts are on the GPUs (no CPU lane or cache yet over several; else it fails naming
+ * the spans); one GPU in use is moved to cg's first place and the others closed
+ * (--moe-cache A,B: that GPU's size). */
 static tm_status context_gpus_pick(tm_context *c, context_gpus *cg) {
     tm_placement *pl = &c->placement;
+    bool experts_ram = false;
+    for (uint32_t l = 0; l < pl->n_layer; l++)
+        experts_ram |= c->model->cfg.n_expert && pl->experts_dev[l] != TM_DEV_GPU;
+    if (pl->n_gpu_used > 1 && !experts_ram) return TM_OK;
     if (pl->n_gpu_used > 1) {
         char list[256] = "";
         size_t k = 0;
@@ -285,9 +291,11 @@ static tm_status context_gpus_pick(tm_context *c, context_gpus *cg) {
                                       k ? ", " : "", a, b - 1, cg->cuda[i]);
         }
         return tm_error_set(TM_ERR_DEVICE,
-                            "-dev/--tensor-split: the placement uses %d GPUs (%s); running "
-                            "spans on several GPUs is not yet implemented: give one GPU (-dev "
-                            "CUDAn, or --split-mode none -mg N)",
+                            "-dev/--tensor-split: the placement uses %d GPUs (%s) with experts "
+                            "in RAM; spans on several GPUs run only with every layer's experts "
+                            "on the GPUs so far (the CPU lane and the caches over several GPUs "
+                            "are not yet implemented): -ngl all without --cpu-moe, or give one "
+                            "GPU (-dev CUDAn, or --split-mode none -mg N)",
                             pl->n_gpu_used, list);
     }
     int keep = 0;
@@ -368,8 +376,10 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         model_context_free(c);
         return st;
     }
-    /* the one GPU the executor runs (context_gpus_pick closed the others) */
+    /* the GPUs the executor runs: all of the list, or one (context_gpus_pick closed the
+       others) */
     tm_cuda_device *gpu = cg.n ? cg.dev[0] : NULL;
+    const bool spans = cg.n > 1;
     const tm_placement_gpu g = cg.g[0];
     if (batch_auto && gpu && c->placement.any_gpu) {
         const int64_t b = context_batch_auto(c, &g, &c->placement, kv_layer);
@@ -383,7 +393,7 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     c->row_pos = calloc((size_t)c->params.n_batch, sizeof(int32_t));
     c->row_seq = calloc((size_t)c->params.n_batch, sizeof(int32_t));
     if (!c->row_pos || !c->row_seq) {
-        cuda_device_close(gpu);
+        for (int i = 0; i < (spans ? cg.n : 1); i++) cuda_device_close(cg.dev[i]);
         model_context_free(c);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
     }
@@ -392,12 +402,13 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         gpu = NULL;
     }
     c->n_gpu_layers = c->placement.n_gpu_layers, c->gpu_output = c->placement.output_gpu;
-    const tm_exec_params ep = {
+    tm_exec_params ep = {
         .pool = c->pool,
         .file = m->file,
         .tensor_dev = c->placement.tensor_dev,
-        .gpus = {gpu},
-        .n_gpus = gpu != NULL,
+        .n_gpus = spans ? cg.n : gpu != NULL,
+        .tensor_gpu = spans ? c->placement.tensor_gpu : NULL,
+        .layer_gpu = spans ? c->placement.layer_gpu : NULL,
         .n_batch = c->params.n_batch,
         .n_ctx = c->n_ctx * c->n_seq,
         .n_seq = c->n_seq,
@@ -409,6 +420,8 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
         .cb = c->params.cb,
         .cb_ud = c->params.cb_ud,
     };
+    ep.gpus[0] = gpu;
+    for (int i = 1; spans && i < cg.n; i++) ep.gpus[i] = cg.dev[i];
     if ((st = exec_create(&ep, &c->exec)) || (st = m->arch->state_create(c))) {
         model_context_free(c);
         return st;

@@ -539,6 +539,9 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         /* a dense layer: VRAM's class (no lane, cache or store takes it), counted in none */
         L->cls = TM_TIER_VRAM;
         if (!L->moe) continue;
+        /* over several GPUs, what the layer allocates goes to its experts' GPU */
+        L->gpu_index = pl->experts_gpu && exec_gpu_count(e) > 1 ? pl->experts_gpu[l] : 0;
+        if (t->gpu && (st = exec_gpu_set(e, L->gpu_index))) break;
         if (d->sel_bias && (st = tier_router_vector(t, L, d->sel_bias, "selection bias",
                                                     &L->sel_bias, &L->sel_bias_dev)))
             break;
@@ -570,6 +573,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                 .ext = L->ext,
             };
     }
+    if (st == TM_OK && t->gpu) st = exec_gpu_set(e, 0);
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
     if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
     /* --moe-ahead auto: one expert a layer step into the slots of a VRAM cache that would
@@ -608,7 +612,14 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     const char *q8x = getenv("TIERMOE_MOE_Q8X");
     if (t->gpu && !(q8x && !strcmp(q8x, "0")) && !exec_precise(e))
         for (uint32_t l = 0; l < n_layer; l++) t->layers[l].gpu.q8x = true;
-    if (st == TM_OK && t->gpu) st = tier_gpu_buffers(t, exec_n_batch(e));
+    /* each GPU's buffers (the last made, GPU 0's, stay in the fields) */
+    t->n_bufs = t->gpu ? exec_gpu_count(e) : 0;
+    for (int g = t->n_bufs - 1; g >= 0 && st == TM_OK; g--) {
+        if ((st = exec_gpu_set(e, g)) || (st = tier_gpu_buffers(t, exec_n_batch(e)))) break;
+        t->bufs[g] = (struct tier_gpu_bufs){t->items_dev, t->items_host, t->h_scratch,
+                                            t->y_dev,     t->y_host,     t->gemm_scratch};
+        if (g) t->items_host = NULL, t->y_host = NULL; /* bufs[g] owns them */
+    }
     if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
     for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
@@ -644,6 +655,9 @@ void tier_free(tm_tier *t) {
     free(t->mb.in), free(t->mb_dev.in);
     cuda_host_free(t->y_host);
     cuda_host_free(t->items_host);
+    for (int g = 0; g < t->n_bufs; g++)
+        if (g != t->bufs_gpu)
+            cuda_host_free(t->bufs[g].y_host), cuda_host_free(t->bufs[g].items_host);
     moe_cpu_lane_free(t->lane);
     moe_worklist_free(&t->wl);
     free(t->split_tmp), free(t->layers), free(t->group_slots), free(t->group_starts);

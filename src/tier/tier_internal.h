@@ -120,6 +120,7 @@ typedef struct tier_ahead {
 typedef struct tier_layer {
     struct tm_tier *t;
     uint32_t index;
+    int gpu_index; /* the executor's GPU of its experts (placement's experts_gpu) */
     tm_tier_class cls;
     tm_moe_experts host;     /* RAM */
     tm_cuda_moe_ext ext;     /* the experts' activation and device biases, for every GPU lane */
@@ -163,6 +164,14 @@ struct tm_tier {
     tier_mailbox mb, mb_dev; /* host and device addresses of the same memory */
     void *mb_host_base;
     uint64_t timeout_ns;
+    /* each GPU's buffers below over several GPUs (bufs[g]; the fields hold those of
+       GPU bufs_gpu: tier_bufs_use) */
+    struct tier_gpu_bufs {
+        tm_cuda_moe_item *items_dev, *items_host;
+        float *h_scratch, *y_dev, *y_host;
+        void *gemm_scratch;
+    } bufs[EXEC_MAX_GPUS];
+    int n_bufs, bufs_gpu;
     tm_cuda_moe_item *items_dev, *items_host; /* [n_batch * k] */
     float *h_scratch;                         /* cuda_moe_grouped's, decode-sized */
     void *gemm_scratch;                       /* cuda_moe_grouped_gemm's */

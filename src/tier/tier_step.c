@@ -391,6 +391,24 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
     return TM_OK;
 }
 
+/* Over several GPUs: the layer's GPU the one ops run on, the tier's buffers its own,
+ * and the inputs valid on the GPU brought there (from the GPU before a span boundary). */
+static tm_status tier_bufs_use(tm_tier *t, const tier_layer *L, tm_act *const *acts, int n) {
+    tm_exec *e = t->e;
+    tm_status st = exec_gpu_set(e, L->gpu_index);
+    for (int i = 0; i < n && st == TM_OK; i++)
+        if (acts[i] && exec_act_on(acts[i], TM_DEV_GPU))
+            st = exec_act_to(e, acts[i], TM_DEV_GPU, exec_n_tok(e));
+    if (st != TM_OK || t->bufs_gpu == L->gpu_index) return st;
+    t->bufs[t->bufs_gpu] = (struct tier_gpu_bufs){t->items_dev, t->items_host, t->h_scratch,
+                                                  t->y_dev,     t->y_host,     t->gemm_scratch};
+    const struct tier_gpu_bufs *b = &t->bufs[L->gpu_index];
+    t->items_dev = b->items_dev, t->items_host = b->items_host, t->h_scratch = b->h_scratch;
+    t->y_dev = b->y_dev, t->y_host = b->y_host, t->gemm_scratch = b->gemm_scratch;
+    t->bufs_gpu = L->gpu_index;
+    return TM_OK;
+}
+
 tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act *ids, tm_act *w,
                    tm_act *x, tm_act *ffn_out) {
     if (layer >= t->n_layer)
@@ -400,6 +418,11 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
     if (!L->moe) return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u has no routed experts", layer);
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
     if (!x && !ffn_out) return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u: no output", layer);
+    if (t->n_bufs > 1) { /* spans: on the GPU of the layer's experts, with its buffers */
+        tm_act *in[] = {logits, h, x, ffn_out};
+        tm_status s = tier_bufs_use(t, L, in, 4);
+        if (s != TM_OK) return s;
+    }
     /* x NULL: the sum alone into ffn_out, on the side of the experts' input */
     const tm_dev side = exec_act_on(x ? x : h, TM_DEV_GPU) ? TM_DEV_GPU : TM_DEV_CPU;
     const bool named = (exec_emitting(e) || !x) && ffn_out;

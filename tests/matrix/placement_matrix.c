@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "tier/gpus.h"
 #include "model/synth.h"
 #include "tier/plan.h"
 #include "trace/trace.h"
@@ -172,6 +173,10 @@ typedef struct pm_case {
     int64_t ram_mib; /* --ram-cache (0: none) */
 } pm_case;
 
+/* -dev CUDA0,CUDA1 --tensor-split pm_split for the cases running now (NULL: one GPU;
+ * placement_matrix_run_gpus) */
+static const char *pm_split;
+
 static const pm_case pm_cases[] = {
     {"CPU only", 0, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
@@ -225,7 +230,12 @@ static const pm_case pm_cases[] = {
 /* plan (may be NULL): the cache cases' plan instead of one made from learn and the budget. */
 static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn,
                                    const tm_plan *plan, bool precise, tm_type kv, int64_t n_batch) {
+    tm_gpu_opts gpus = {0};
+    if (pm_split && (gpus_devices_parse("-dev", "CUDA0,CUDA1", &gpus) != TM_OK ||
+                     gpus_split_parse("-ts", pm_split, &gpus) != TM_OK))
+        fail_msg("%s: %s", c->name, tm_error_message());
     return (tm_context_params){.n_ctx = 256,
+                               .gpus = gpus,
                                .n_batch = n_batch,
                                .n_threads = 2,
                                .kv_type = kv,
@@ -406,8 +416,26 @@ static const pm_case pm_cases_cpu[] = {
      "ffn_(gate_up|down)_exps=CUDA0", 0, 0, 0, NULL, 0, false, 0, 0},
 };
 
+/* Spans of layers over two GPUs (MOCK_GPUS=2), every layer's experts on them: the
+ * executor's state a GPU, the activations crossing by a peer copy at the boundary. */
+static const pm_case pm_cases_gpus[] = {
+    {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+};
+
 static void pm_matrix(const char *path, const pm_tolerance *tol, const pm_case *cases,
                       size_t n_cases);
+
+void placement_matrix_run_gpus(const char *path, const pm_tolerance *tol) {
+    static const char *const splits[] = {"1,1", "1,3"}; /* boundaries after layer 1 and 0 */
+    setenv("MOCK_GPUS", "2", 1);
+    for (int i = 0; i < 2; i++) {
+        printf("  -dev CUDA0,CUDA1 --tensor-split %s:\n", splits[i]);
+        pm_split = splits[i];
+        pm_matrix(path, tol, pm_cases_gpus, sizeof(pm_cases_gpus) / sizeof(pm_cases_gpus[0]));
+    }
+    pm_split = NULL;
+    unsetenv("MOCK_GPUS");
+}
 
 void placement_matrix_run(const char *path, const pm_tolerance *tol) {
     pm_matrix(path, tol, pm_cases, sizeof(pm_cases) / sizeof(pm_cases[0]));

@@ -69,6 +69,8 @@ void placement_matrix_run(const char *path, const pm_tolerance *tol);
  * 1, and with the experts in VRAM): an architecture whose layers have no GPU path yet
  * (gemma4). */
 void placement_matrix_run_cpu(const char *path, const pm_tolerance *tol);
+/* The placements of spans over two GPUs (the host mock's MOCK_GPUS=2 while they run). */
+void placement_matrix_run_gpus(const char *path, const pm_tolerance *tol);
 
 /* Several sequences decoded together (serve --parallel, parallel_matrix.c):
  * greedy requests on 4 sequences of a context made with p (n_seq set), of

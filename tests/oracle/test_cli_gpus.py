@@ -17,8 +17,10 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
   memory, -ot ...=CUDA1 when CUDA1 is not in the list: a non-zero exit and a
   message naming the flag and the GPU. run takes the flags through the public
   options (tm_context_opts.devices ...): -dev CUDA1 generates what -dev CUDA0
-  does. Layers in spans on both GPUs: refused, saying the spans and
-  that the executor does not run several GPUs yet.
+  does. Spans on both GPUs with experts in RAM (--cpu-moe): refused, saying
+  the spans and that the CPU lane over several GPUs is not there yet.
+- Spans on both GPUs with every layer's experts on them (-ts 1,1 -ngl all):
+  both GPUs hold weights and trace routes exactly as on -dev CUDA0.
 """
 import json
 import os
@@ -79,6 +81,12 @@ def main():
     r = trace(out, "-dev", "CUDA0,CUDA1", "-ts", "1,0", "-ngl", "all")
     check(r.returncode == 0 and "GPU mock GPU:" in r.stderr and os.path.exists(out) and
           counts(out) == runs.get("cuda0"), f"-ts 1,0: {r.returncode} {r.stderr}")
+    # spans over both (experts on the GPUs): trace routes as on one GPU
+    out = os.path.join(TMP, "gpus_ts11.json")
+    r = trace(out, "-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all")
+    check(r.returncode == 0 and "GPU mock GPU:" in r.stderr and "GPU mock GPU 1:" in r.stderr and
+          os.path.exists(out) and counts(out) == runs.get("cuda0"),
+          f"-ts 1,1 (spans): {r.returncode} {r.stderr}")
     r = trace(os.path.join(TMP, "gpus_small.json"), "-dev", "CUDA1", "-ngl", "all", mib="4096,1")
     check(r.returncode != 0 and "mock GPU 1" in r.stderr and "out of memory" in r.stderr,
           f"-dev CUDA1 with 1 MiB on it: {r.returncode} {r.stderr}")
@@ -120,8 +128,8 @@ def main():
         (["--moe-cache", "100,200,300", "--cpu-moe", "-dev", "CUDA0,CUDA1"], ["--moe-cache: 3 sizes for 2 GPUs"]),
         (["-dev", "CUDA1", "--cpu-moe", "--moe-cache", "3000"], ["--moe-cache 3000", "free on CUDA1"]),
         (["-ot", "exps=CUDA1", "-ngl", "all", "-dev", "CUDA0"], ["-ot 'exps=CUDA1'", "CUDA1 is not one of"]),
-        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all"],
-         ["layers 0-1 on CUDA0, layers 2-2 on CUDA1", "not yet implemented"]),
+        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe"],
+         ["layers 0-1 on CUDA0, layers 2-2 on CUDA1", "experts in RAM", "not yet implemented"]),
         (["-sm", "row"], ["row: not supported"]),
         (["-mg", "x"], ["-mg", "'x'"]),
     ]
