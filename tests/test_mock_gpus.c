@@ -27,7 +27,7 @@
 #include "model/synth.h"
 
 #define N_PROMPT 6
-#define N_GEN    16
+#define N_GEN    64
 
 static char model_path[512];
 
@@ -66,7 +66,7 @@ static void *decode(void *p) {
 }
 
 static tm_context_params params(const char *dev, const char *split) {
-    tm_context_params p = {.n_ctx = 64, .n_batch = 8, .n_threads = 2, .n_gpu_layers = 99};
+    tm_context_params p = {.n_ctx = 128, .n_batch = 8, .n_threads = 2, .n_gpu_layers = 99};
     if (dev && gpus_devices_parse("-dev", dev, &p.gpus) != TM_OK)
         fail_msg("%s", tm_error_message());
     if (split && gpus_split_parse("-ts", split, &p.gpus) != TM_OK)
