@@ -212,7 +212,7 @@ int cli_place_parse(cli_place *p, const char *cmd, int argc, char **argv, int i)
 
 void cli_place_finish(cli_place *p, const char *cmd) {
     tm_context_opts *o = p->o;
-    const bool cache = o->moe_cache_mib != 0 || o->moe_cache_plan;
+    const bool cache = o->moe_cache_mib != 0 || o->moe_cache_gpus || o->moe_cache_plan;
     const bool experts = o->cpu_moe || o->n_cpu_moe > 0 || cache;
     o->n_gpu_layers = p->ngl_given || !experts ? p->ngl : TM_AUTO;
     if (o->moe_learn && !cache)

@@ -87,6 +87,10 @@ def main():
     check(r.returncode == 0 and "GPU mock GPU:" in r.stderr and "GPU mock GPU 1:" in r.stderr and
           os.path.exists(out) and counts(out) == runs.get("cuda0"),
           f"-ts 1,1 (spans): {r.returncode} {r.stderr}")
+    # --moe-cache A,B is a cache as --moe-cache N is: without -ngl it means -ngl auto
+    r = trace(os.path.join(TMP, "gpus_cache2.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,0", "--moe-cache", "64,0")
+    check(r.returncode == 0 and "-ngl auto" in r.stderr and "no GPU in use" not in r.stderr,
+          f"--moe-cache 64,0 without -ngl: {r.returncode} {r.stderr}")
     r = trace(os.path.join(TMP, "gpus_small.json"), "-dev", "CUDA1", "-ngl", "all", mib="4096,1")
     check(r.returncode != 0 and "mock GPU 1" in r.stderr and "out of memory" in r.stderr,
           f"-dev CUDA1 with 1 MiB on it: {r.returncode} {r.stderr}")
