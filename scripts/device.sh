@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 # ---------------------------------------------------------------- stages and their help
 STAGES_ORDER=(build checks sanitize resources opbench cpu-kernels peer models
     full-gpu cpu-moe cache cpu long fetch lanes ssd parallel serve gptoss calibrate
-    kernels ab profile quant qtypes qnext moearchs longprompt deepseek)
+    kernels ab profile quant qtypes qnext moearchs longprompt deepseek gpus)
 declare -A HELP=(
     [build]="Release build of tiermoe with CUDA (TM_CUDA=OFF: without); the stages that run test_cuda_ops build it"
     [checks]="test_cuda_ops (every op, the placement matrix on the real kernels; CHECKS_ONLY=glob, CHECKS_MODEL=1 adds the 30b-a3b GPU-vs-CPU check) and tests/oracle/test_server_cache.py on the real GPU"
@@ -55,6 +55,7 @@ declare -A HELP=(
     [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b), olmoe (olmoe-1b-7b) and g4 (gemma-4-26b-a4b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe'; g4 by name) picks; each file is deleted after its cases"
     [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), tiermoe with a ring of 4 x 64 experts (case ring64: TIERMOE_FETCH_RING=64x4), and LONG_P (e.g. 16384) as pp too when set"
     [deepseek]="issue 32's DeepSeek-V3 shape: ds (mkmodel --preset deepseek-v3 --n-layer DS_LAYERS (9: 3 dense, 6 MoE) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-ds) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-ds), pp P / tg N; then latent-attention decode at depth: tg DS_N (32) after a DS_DEPTHS ('8192') prompt everything on the GPU (-d D, both engines, case dD; DS_AB=1: also tiermoe's f32 kernel, TIERMOE_ATTN_TC=0, case dD-f32); the file is deleted after its cases"
+    [gpus]="two GPUs (the nvidia-h200-x2 kind): test_cuda_ops' check_gpus (spans against one GPU and the f64 reference; with the 30b file m30), then m30 on one GPU and over both: llama.cpp -sm none -mg 0 / -dev CUDA0 (case gpu1), llama.cpp -sm layer / -dev CUDA0,CUDA1 -ts 1,1 (case gpu2); GPUS_CHECK=0 skips check_gpus; GPUS_BIG=1 adds g235 (the 235B-class layer shape, G235_LAYERS (40) layers) both ways"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -213,7 +214,7 @@ peer_case() {
 # ---------------------------------------------------------------- models
 model_path() {
     case $1 in
-    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe | m30r | ds) echo "$MODELS_DIR/$1.gguf" ;;
+    m30 | m30q | m30v | m30k | m30-* | m30x-* | qn80 | qn35 | glma | glmaq | mix | olmoe | m30r | ds | g4 | g235) echo "$MODELS_DIR/$1.gguf" ;;
     gptoss) echo "$MODELS_DIR/gptoss20b.gguf" ;;
     tiny) echo "$MODELS_DIR/tiny.gguf" ;;
     *) echo "device.sh: unknown model '$1' (m30 m30q m30v m30k gptoss tiny)" >&2 && return 1 ;;
@@ -251,9 +252,11 @@ for n in ('tokenizer.json', 'tokenizer_config.json'):
     olmoe) args=(--preset olmoe-1b-7b --fill "$FILL") ;;
     ds) args=(--preset deepseek-v3 --n-layer "${DS_LAYERS:-9}" --fill "$FILL") ;;
     g4) args=(--preset gemma-4-26b-a4b --fill "$FILL") ;;
+    g235) args=(--preset 30b-a3b --routing qwen3-30b-a3b --n-layer "${G235_LAYERS:-40}" --n-embd 4096
+        --n-head 64 --n-head-kv 4 --head-dim 128 --n-expert 128 --n-expert-used 8 --n-ff-exp 1536 --fill "$FILL") ;;
     esac
     if [ "$SMOKE" = 1 ]; then
-        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; glma | glmaq) args=(--preset tiny-glm4moe) ;; mix) args=(--preset tiny-mixtral) ;; olmoe) args=(--preset tiny-olmoe) ;; ds) args=(--preset tiny-deepseek-v3) ;; qn35) args=(--preset tiny-qwen35moe) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
+        case $1 in gptoss) args=(--preset tiny-gpt-oss) ;; qn80) args=(--preset tiny-qwen3next) ;; glma | glmaq) args=(--preset tiny-glm4moe) ;; mix) args=(--preset tiny-mixtral) ;; olmoe) args=(--preset tiny-olmoe) ;; ds) args=(--preset tiny-deepseek-v3) ;; qn35) args=(--preset tiny-qwen35moe) ;; g4) args=(--preset tiny-gemma-4) ;; m30-* | m30x-*) args=(--preset tiny "${args[@]:2}") ;; m30v) args=(--preset tiny "${args[@]:4}") ;; *) args=(--preset tiny) ;; esac
     fi
     stamp "model $1: mkmodel ${args[*]}"
     if ! "$TM" mkmodel "${args[@]}" -q -o "$f.part"; then
@@ -686,7 +689,7 @@ stage_qnext() {
 # Make model $1 unless it is there (a failure counts as case $STAGE/$1) and say its size
 # and how long mkmodel took.
 ensure_model_timed() {
-    local f made= t0
+    local f made='' t0
     f=$(model_path "$1") || return 1
     [ -f "$f" ] || made=1
     t0=$(date +%s)
@@ -716,6 +719,33 @@ stage_moearchs() {
         fi
         rm -f "$(model_path "$m")"
     done
+}
+
+stage_gpus() {
+    need build || return 1
+    build_tests || return 1
+    ensure_model m30 || return 1
+    local m rc=0
+    [ "${GPUS_CHECK:-1}" = 1 ] && { stage_gpus_check || rc=1; }
+    for m in m30 ${GPUS_BIG:+g235}; do
+        ensure_model_timed "$m" || continue
+        peer_case "gpu1-$m" "$m" -ngl 99 -sm none -mg 0
+        tm_case "gpu1-$m" "$m" "" -ngl all -dev CUDA0
+        peer_case "gpu2-$m" "$m" -ngl 99 -sm layer
+        tm_case "gpu2-$m" "$m" "" -ngl all -dev CUDA0,CUDA1 -ts 1,1
+    done
+    return "$rc"
+}
+
+stage_gpus_check() {
+    stamp "gpus: test_cuda_ops check_gpus, TM_CUDA_MODEL=m30"
+    TM_CUDA_ONLY=check_gpus TM_CUDA_MODEL="$(model_path m30)" TM_TEST_TMP=/tmp \
+        TM_TEST_DATA="$PWD/tests/data" timeout 420 "$BUILD/tests/test_cuda_ops" \
+        > "$OUT/logs/check_gpus.log" 2>&1
+    local rc=$?
+    echo "check_gpus rc $rc: $(grep -E '^\[  (PASSED|FAILED|  SKIPPED) |skipped' "$OUT/logs/check_gpus.log" | tr '\n' ' ')"
+    grep -E "greedy|differ|Failure|error" "$OUT/logs/check_gpus.log" | head -20
+    return "$rc"
 }
 
 stage_longprompt() {

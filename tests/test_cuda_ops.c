@@ -910,6 +910,7 @@ int main(void) {
         cmocka_unit_test(check_ssm_gates),
         cmocka_unit_test(check_attn_partial_rope),
         cmocka_unit_test(check_mla),
+        cmocka_unit_test(check_gpus),
     };
     int failed = _cmocka_run_group_tests("test_cuda_ops", tests, sizeof(tests) / sizeof(tests[0]),
                                          cuda_check_setup, cuda_check_teardown);

@@ -101,6 +101,7 @@ void check_attention_rows(void **state);
 void check_dequant(void **state);
 void check_fetch_ahead(void **state);
 void check_gemm(void **state);
+void check_gpus(void **state);
 void check_lbx(void **state);
 void check_model(void **state);
 void check_ssm(void **state);

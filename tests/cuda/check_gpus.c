@@ -1,0 +1,131 @@
+/* Spans of layers over two real GPUs (skipped with fewer): what the host mock's
+ * test_mock_gpus and the matrix's matrix_gpus group check, on the real kernels, peer
+ * copies and streams.
+ *
+ * 1. The placement matrix's spans (-dev CUDA0,CUDA1 -ts 1,1 and 1,3) on the tiny model and
+ *    the 4-layer, 32-expert one against the double-precision reference forward.
+ * 2. -dev CUDA1 alone and spans -ts 1,1 against -dev CUDA0 on the tiny model: the prompt's
+ *    last logits and 64 greedy tokens. Each GPU runs the same kernels on the same inputs
+ *    (the peer copy moves bytes), so any difference means an op read an activation before
+ *    the copy (or the other GPU's work) it waits on had finished. The spans run five times
+ *    in a row: a missing event wait shows up as a difference on some of them.
+ * 3. With TM_CUDA_MODEL=path (the 30b-a3b preset): spans -ts 1,1 against one GPU, the same
+ *    64 greedy tokens after a 12-token prompt. */
+#ifdef TM_HAVE_CUDA
+#include "cuda_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timing.h"
+#include "exec/exec.h"
+#include "matrix/placement_matrix.h"
+#include "model/model.h"
+#include "tier/gpus.h"
+
+#define N_GEN 64
+
+static const pm_tolerance gpus_tol = {1.5e-2, 5e-3, 4e-2, 3e-2, 0.2}; /* as check_model's */
+
+typedef struct gpus_run {
+    int32_t toks[N_GEN];
+    float *logits; /* the prompt's last row */
+    double ms;     /* the whole run, prompt and decode */
+} gpus_run;
+
+static int32_t gpus_argmax(const float *x, int64_t n) {
+    int32_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = (int32_t)i;
+    return b;
+}
+
+static void gpus_run_one(tm_model *m, const char *dev, const char *split, const int32_t *prompt,
+                         int n_prompt, gpus_run *r) {
+    tm_context_params p = {.n_ctx = 256, .n_batch = 16, .n_threads = 4, .n_gpu_layers = 1 << 20};
+    if (gpus_devices_parse("-dev", dev, &p.gpus) != TM_OK ||
+        (split && gpus_split_parse("-ts", split, &p.gpus) != TM_OK))
+        fail_msg("%s", tm_error_message());
+    tm_context *c;
+    if (model_context_create(m, &p, &c) != TM_OK)
+        fail_msg("-dev %s -ts %s: %s", dev, split ? split : "-", tm_error_message());
+    if (split) assert_int_equal(exec_gpu_count(c->exec), 2);
+    const int64_t nv = m->cfg.n_vocab;
+    const double t0 = tm_time_s();
+    CHECK(model_decode(c, prompt, n_prompt, TM_MOE_PHASE_PROMPT, false));
+    r->logits = xmalloc((size_t)nv * sizeof(float));
+    memcpy(r->logits, c->logits, (size_t)nv * sizeof(float));
+    for (int i = 0; i < N_GEN; i++) {
+        r->toks[i] = gpus_argmax(c->logits, nv);
+        CHECK(model_decode(c, &r->toks[i], 1, TM_MOE_PHASE_DECODE, false));
+    }
+    r->ms = (tm_time_s() - t0) * 1e3;
+    model_context_free(c);
+}
+
+/* b against a (-dev CUDA0): the same logits and tokens. */
+static void gpus_same(const gpus_run *a, const gpus_run *b, int64_t nv, const char *what) {
+    int64_t differ = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < nv; i++) {
+        const double d = fabs((double)a->logits[i] - b->logits[i]);
+        differ += d != 0, worst = d > worst ? d : worst;
+    }
+    for (int i = 0; i < N_GEN; i++)
+        if (a->toks[i] != b->toks[i])
+            fail_msg("%s: greedy token %d is %d, %d on CUDA0 (%lld logits differ, by up to %g)",
+                     what, i, b->toks[i], a->toks[i], (long long)differ, worst);
+    if (differ)
+        fail_msg("%s: %lld of %lld prompt logits differ from CUDA0's, by up to %g", what,
+                 (long long)differ, (long long)nv, worst);
+    printf("  %s: logits and %d greedy tokens as on CUDA0 (%.0f ms, CUDA0 %.0f ms)\n", what,
+           N_GEN, b->ms, a->ms);
+}
+
+static void gpus_compare(const char *path, const int32_t *prompt, int n_prompt, bool cuda1,
+                         int rounds) {
+    tm_model *m;
+    CHECK(model_load(path, &m));
+    const int64_t nv = m->cfg.n_vocab;
+    gpus_run r0, r;
+    gpus_run_one(m, "CUDA0", NULL, prompt, n_prompt, &r0);
+    if (cuda1) {
+        gpus_run_one(m, "CUDA1", NULL, prompt, n_prompt, &r);
+        gpus_same(&r0, &r, nv, "-dev CUDA1");
+        free(r.logits);
+    }
+    for (int i = 0; i < rounds; i++) {
+        gpus_run_one(m, "CUDA0,CUDA1", "1,1", prompt, n_prompt, &r);
+        char what[128];
+        snprintf(what, sizeof(what), "-dev CUDA0,CUDA1 -ts 1,1, round %d", i + 1);
+        gpus_same(&r0, &r, nv, what);
+        free(r.logits);
+    }
+    free(r0.logits);
+    model_free(m);
+}
+
+void check_gpus(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    int n = 0;
+    CHECK(cuda_device_count(&n));
+    if (n < 2) {
+        printf("skipped: %d CUDA device (spans need two)\n", n);
+        skip();
+    }
+    char tiny[512], wide[512];
+    pm_model_write(tiny, sizeof(tiny), "cuda_gpus_tiny.gguf", 3, 16, TM_TYPE_Q8_0);
+    pm_model_write(wide, sizeof(wide), "cuda_gpus_4x32.gguf", 4, 32, TM_TYPE_Q4_K);
+    placement_matrix_run_gpus(tiny, &gpus_tol);
+    placement_matrix_run_gpus(wide, &gpus_tol);
+    const int32_t prompt[12] = {5, 77, 301, 12, 90, 44, 7, 19, 250, 3, 61, 128};
+    gpus_compare(tiny, prompt, 12, true, 5);
+    remove(tiny), remove(wide);
+    const char *big = getenv("TM_CUDA_MODEL");
+    if (big) gpus_compare(big, prompt, 12, false, 2);
+}
+
+#endif /* TM_HAVE_CUDA */
