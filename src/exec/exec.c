@@ -32,6 +32,9 @@ tm_status exec_grow(void **p, int *cap, int n, size_t size) {
 
 tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     *out = NULL;
+    /* gpus[] holds EXEC_MAX_GPUS: a count above it is a caller's bug, its devices unknown */
+    if (p->n_gpus < 0 || p->n_gpus > EXEC_MAX_GPUS)
+        return tm_error_set(TM_ERR_ARG, "executor: %d GPUs (0 .. %d)", p->n_gpus, EXEC_MAX_GPUS);
     tm_exec *e = calloc(1, sizeof(*e));
     if (!e) {
         for (int g = 0; g < p->n_gpus; g++) cuda_device_close(p->gpus[g]);
@@ -40,13 +43,7 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     e->p = *p;
     e->cur = &e->gpus[0];
     e->n_gpus = p->n_gpus > 0 ? p->n_gpus : 1;
-    for (int g = 0; g < p->n_gpus && g < EXEC_MAX_GPUS; g++) e->gpus[g].gpu = p->gpus[g];
-    if (p->n_gpus > EXEC_MAX_GPUS) {
-        for (int g = EXEC_MAX_GPUS; g < p->n_gpus; g++) cuda_device_close(p->gpus[g]);
-        e->n_gpus = EXEC_MAX_GPUS;
-        exec_free(e);
-        return tm_error_set(TM_ERR_ARG, "executor: %d GPUs (at most %d)", p->n_gpus, EXEC_MAX_GPUS);
-    }
+    for (int g = 0; g < p->n_gpus; g++) e->gpus[g].gpu = p->gpus[g];
     if (e->p.n_seq < 1) e->p.n_seq = 1;
     e->n_ctx_seq = p->n_ctx / e->p.n_seq;
     if (e->n_ctx_seq < 1 || p->n_ctx > INT32_MAX) {
