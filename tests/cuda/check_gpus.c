@@ -6,11 +6,17 @@
  *    the 4-layer, 32-expert one against the double-precision reference forward.
  * 2. -dev CUDA1 alone and spans -ts 1,1 against -dev CUDA0 on the tiny model: the prompt's
  *    last logits and 64 greedy tokens. Each GPU runs the same kernels on the same inputs
- *    (the peer copy moves bytes), so any difference means an op read an activation before
- *    the copy (or the other GPU's work) it waits on had finished. The spans run five times
- *    in a row: a missing event wait shows up as a difference on some of them.
+ *    (the peer copy moves bytes), but not bit for bit: the expert kernels add a token's k
+ *    experts with atomicAdd (moe_grouped.cu), in an order that changes from run to run
+ *    (one float rounding a layer, ~1e-6 of the logits, seen on the H200 pair). An op that
+ *    read an activation before the peer copy (or the other GPU's work) it waits on had
+ *    finished reads stale or unset rows: errors of the logits' own size. So the logits
+ *    must agree within TOL_SAME (relative L2, 10x what the order gives over a few layers)
+ *    and the greedy tokens exactly, except from a step whose top two logits of the
+ *    CUDA0 run lie within TIE of each other, where the runs may part (reported). The
+ *    spans run five times in a row: a missing event wait shows up on some of them.
  * 3. With TM_CUDA_MODEL=path (the 30b-a3b preset): spans -ts 1,1 against one GPU, the same
- *    64 greedy tokens after a 12-token prompt. */
+ *    64 greedy tokens after a 12-token prompt (as above). */
 #ifdef TM_HAVE_CUDA
 #include "cuda_check.h"
 
@@ -25,20 +31,31 @@
 #include "model/model.h"
 #include "tier/gpus.h"
 
-#define N_GEN 64
+#define N_GEN    64
+#define TOL_SAME 1e-5 /* relative L2 of the prompt's logits */
+#define TIE      1e-3 /* top-two gap, relative to the logits' RMS */
 
 static const pm_tolerance gpus_tol = {1.5e-2, 5e-3, 4e-2, 3e-2, 0.2}; /* as check_model's */
 
 typedef struct gpus_run {
     int32_t toks[N_GEN];
-    float *logits; /* the prompt's last row */
-    double ms;     /* the whole run, prompt and decode */
+    double gap[N_GEN]; /* each step's top-two gap over the logits' RMS */
+    float *logits;     /* the prompt's last row */
+    double ms;         /* the whole run, prompt and decode */
 } gpus_run;
 
-static int32_t gpus_argmax(const float *x, int64_t n) {
+/* The greedy token; *gap: its lead over the runner-up, over the logits' RMS. */
+static int32_t gpus_argmax(const float *x, int64_t n, double *gap) {
     int32_t b = 0;
-    for (int64_t i = 1; i < n; i++)
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ss += (double)x[i] * x[i];
         if (x[i] > x[b]) b = (int32_t)i;
+    }
+    double second = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (i != b && x[i] > second) second = x[i];
+    *gap = ((double)x[b] - second) / (sqrt(ss / (double)n) + 1e-30);
     return b;
 }
 
@@ -58,30 +75,41 @@ static void gpus_run_one(tm_model *m, const char *dev, const char *split, const 
     r->logits = xmalloc((size_t)nv * sizeof(float));
     memcpy(r->logits, c->logits, (size_t)nv * sizeof(float));
     for (int i = 0; i < N_GEN; i++) {
-        r->toks[i] = gpus_argmax(c->logits, nv);
+        r->toks[i] = gpus_argmax(c->logits, nv, &r->gap[i]);
         CHECK(model_decode(c, &r->toks[i], 1, TM_MOE_PHASE_DECODE, false));
     }
     r->ms = (tm_time_s() - t0) * 1e3;
     model_context_free(c);
 }
 
-/* b against a (-dev CUDA0): the same logits and tokens. */
+/* b against a (-dev CUDA0): logits within TOL_SAME, greedy tokens the same up to a tie. */
 static void gpus_same(const gpus_run *a, const gpus_run *b, int64_t nv, const char *what) {
+    double dd = 0, aa = 0, worst = 0;
     int64_t differ = 0;
-    double worst = 0;
     for (int64_t i = 0; i < nv; i++) {
-        const double d = fabs((double)a->logits[i] - b->logits[i]);
-        differ += d != 0, worst = d > worst ? d : worst;
+        const double d = (double)a->logits[i] - b->logits[i];
+        dd += d * d, aa += (double)a->logits[i] * a->logits[i];
+        differ += d != 0, worst = fabs(d) > worst ? fabs(d) : worst;
     }
-    for (int i = 0; i < N_GEN; i++)
-        if (a->toks[i] != b->toks[i])
-            fail_msg("%s: greedy token %d is %d, %d on CUDA0 (%lld logits differ, by up to %g)",
-                     what, i, b->toks[i], a->toks[i], (long long)differ, worst);
-    if (differ)
-        fail_msg("%s: %lld of %lld prompt logits differ from CUDA0's, by up to %g", what,
-                 (long long)differ, (long long)nv, worst);
-    printf("  %s: logits and %d greedy tokens as on CUDA0 (%.0f ms, CUDA0 %.0f ms)\n", what,
-           N_GEN, b->ms, a->ms);
+    const double rel = sqrt(dd / (aa + 1e-300));
+    if (!(rel <= TOL_SAME))
+        fail_msg("%s: prompt logits %.3g from CUDA0's (relative L2, tol %.0e; %lld of %lld "
+                 "differ, by up to %g)",
+                 what, rel, TOL_SAME, (long long)differ, (long long)nv, worst);
+    int same = 0;
+    while (same < N_GEN && a->toks[same] == b->toks[same]) same++;
+    if (same < N_GEN && a->gap[same] >= TIE)
+        fail_msg("%s: greedy token %d is %d, %d on CUDA0 (its lead there %.3g of the RMS: no "
+                 "tie)",
+                 what, same, b->toks[same], a->toks[same], a->gap[same]);
+    printf("  %s: prompt logits %.2g from CUDA0's (%lld of %lld differ, by up to %.2g); ", what,
+           rel, (long long)differ, (long long)nv, worst);
+    if (same < N_GEN)
+        printf("greedy tokens as CUDA0's up to step %d, a near tie (lead %.2g)", same,
+               a->gap[same]);
+    else
+        printf("%d greedy tokens as CUDA0's", N_GEN);
+    printf(" (%.0f ms, CUDA0 %.0f ms)\n", b->ms, a->ms);
 }
 
 static void gpus_compare(const char *path, const int32_t *prompt, int n_prompt, bool cuda1,
