@@ -11,7 +11,9 @@
  *   current: the executor selects its own before allocating).
  * - Spans over both GPUs (-ts 1,1) with the experts on the GPUs: the same logits and
  *   greedy tokens as on one GPU (the executor's state a GPU, the residual crossing by a
- *   peer copy); with experts in RAM (--cpu-moe): refused, naming the spans. */
+ *   peer copy), the decode steps replaying one graph over both GPUs (the second GPU's
+ *   stream joined to the first's capture, each node replayed on its own GPU); with
+ *   experts in RAM (--cpu-moe): refused, naming the spans. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -138,6 +140,7 @@ static void test_one_of_two(void **state) {
     run_on(m, "CUDA0,CUDA1", "1,1", false, &rsp);
     assert_int_equal(exec_gpu_count(rsp.c->exec), 2);
     assert_int_equal(rsp.c->placement.n_gpu_used, 2);
+    assert_true(exec_graph_ready(rsp.c->exec)); /* one graph over both GPUs' spans */
     same(&r0b, &rsp, nv, "-dev CUDA0,CUDA1 -ts 1,1 (spans)");
     run_free(&r0b), run_free(&rsp);
 

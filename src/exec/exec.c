@@ -86,7 +86,7 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     const char *graph = getenv("TIERMOE_CUDA_GRAPH");
     /* spans over several GPUs decode eagerly: one capture would have to join the
      * other GPUs' streams by events (not done yet) */
-    e->graph_off = !p->graph || (graph && !strcmp(graph, "0")) || e->n_gpus > 1;
+    e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
     *out = e;
     return TM_OK;
 }
@@ -388,8 +388,7 @@ tm_status exec_side(tm_exec *e, tm_dev d) {
 tm_status exec_gpu_use(tm_exec *e, int g) {
     exec_gpu_state *to = &e->gpus[g], *from = e->cur;
     if (to == from) return TM_OK;
-    if (e->capturing) return exec_not_capturable(e, "cross from one GPU to another");
-    tm_status st;
+    tm_status st; /* captured: the record and the wait are the graph's edge between GPUs */
     if ((st = cuda_device_select(to->gpu)) || (st = cuda_event_record(from->done, from->stream)) ||
         (st = cuda_stream_wait_event(to->stream, from->done)))
         return st;
@@ -566,10 +565,36 @@ static tm_status exec_step_info(tm_exec *e) {
 static tm_status exec_replay(tm_exec *e) {
     const exec_graph *g = e->rec;
     for (int i = 0; i < g->n_pre; i++) exec_task_run(e, g->pre[i]);
-    tm_status st = cuda_graph_launch(g->g, e->cur->stream);
+    tm_status st = cuda_graph_launch(g->g, e->gpus[0].stream); /* the stream it was captured on */
     if (st != TM_OK) return st;
     for (int i = 0; i < g->n_post; i++) exec_task_run(e, g->post[i]);
     return exec_step_end(e);
+}
+
+/* Spans over several GPUs are one graph: the other GPUs' streams join the capture of
+ * the first's (fork: they wait on its event, so their work becomes nodes of the graph)
+ * and the first waits on each of theirs before the capture ends (join), as CUDA
+ * requires of every stream that joined. */
+static tm_status exec_capture_fork(tm_exec *e) {
+    if (e->n_gpus < 2) return TM_OK;
+    tm_status st = cuda_event_record(e->gpus[0].done, e->gpus[0].stream);
+    for (int g = 1; g < e->n_gpus && st == TM_OK; g++)
+        if (!(st = cuda_device_select(e->gpus[g].gpu)))
+            st = cuda_stream_wait_event(e->gpus[g].stream, e->gpus[0].done);
+    const tm_status sel = exec_select(e); /* e->cur: the first */
+    return st != TM_OK ? st : sel;
+}
+
+static tm_status exec_capture_join(tm_exec *e) {
+    if (e->n_gpus < 2) return TM_OK;
+    tm_status st = TM_OK;
+    for (int g = 1; g < e->n_gpus && st == TM_OK; g++)
+        if (!(st = cuda_device_select(e->gpus[g].gpu)) &&
+            !(st = cuda_event_record(e->gpus[g].done, e->gpus[g].stream)))
+            st = cuda_stream_wait_event(e->gpus[0].stream, e->gpus[g].done);
+    e->cur = &e->gpus[0];
+    const tm_status sel = exec_select(e);
+    return st != TM_OK ? st : sel;
 }
 
 /* Capture the step's forward as a graph. *captured false: it cannot be
@@ -578,20 +603,23 @@ static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, 
     *captured = false;
     e->rec->n_pre = e->rec->n_post = 0;
     e->capture_failed = false;
-    tm_status st = cuda_graph_begin(e->cur->stream);
+    tm_status st = cuda_graph_begin(e->gpus[0].stream);
     if (st != TM_OK) return st;
     e->capturing = true;
-    st = exec_step_info(e);
+    st = exec_capture_fork(e);
+    if (st == TM_OK) st = exec_step_info(e);
     if (st == TM_OK) st = forward(ud);
+    const tm_status join = exec_capture_join(e); /* also after a failure: none left unjoined */
+    if (st == TM_OK) st = join;
     e->capturing = false;
     tm_cuda_graph *g = NULL;
-    const tm_status end = cuda_graph_end(e->cur->stream, st == TM_OK && !e->capture_failed, &g);
+    const tm_status end = cuda_graph_end(e->gpus[0].stream, st == TM_OK && !e->capture_failed, &g);
     if (e->capture_failed || end != TM_OK) {
         tm_log_info("decode step not captured as a CUDA graph (%s): decoding without one",
                     e->capture_failed ? tm_error_message() : "capture failed");
         e->graph_off = true;
         exec_step_reset(e);
-        return TM_OK;
+        return exec_select(e); /* the eager step starts on the first GPU, as the capture did */
     }
     if (st != TM_OK) return st;
     e->rec->g = g;

@@ -17,7 +17,10 @@
  *     same list in the order the host issues them (a valid order of the
  *     graph's nodes), and waits on events recorded in the capture add
  *     nothing; cuda_graph_end fails for a joined stream whose last work the
- *     capturing stream never waited for (CUDA: unjoined). A synchronous call during a capture (sync, query, the
+ *     capturing stream never waited for (CUDA: unjoined). A node keeps the
+ *     device of the stream it was captured on (a graph over several GPUs: each
+ *     closure checks its pointers against its own GPU when replayed). A
+ *     synchronous call during a capture (sync, query, the
  *     synchronous copies, an op CUDA cannot capture, a copy of pageable host
  *     memory) fails with TM_ERR_DEVICE and invalidates the capture, as in
  *     CUDA, instead of deadlocking.
@@ -193,7 +196,9 @@ typedef struct mock_closure {
     void (*queued)(void *arg); /* when it enters a run queue (not a capture): events */
     void (*cancel)(void *arg); /* instead of fn once the stream has failed: events */
     const char *op;
-    bool delay; /* MOCK_GPU_LATENCY_US applies */
+    bool delay;  /* MOCK_GPU_LATENCY_US applies */
+    bool placed; /* dev set: the stream it was first put on (a graph's node keeps its GPU) */
+    int dev;     /* that stream's device (-1: a side stream, any device's memory) */
     size_t size;
     max_align_t arg[]; /* size bytes */
 } mock_closure;
@@ -254,6 +259,7 @@ static void *stream_worker(void *p) {
             if (c->cancel) c->cancel(c->arg);
         } else {
             if (c->delay && s->latency_us > 0) sleep_us(s->latency_us);
+            t_dev = c->placed ? c->dev : s->dev; /* a replayed graph's node: its own GPU's */
             err[0] = '\0';
             ok = c->fn(c->arg, err, sizeof(err));
         }
@@ -289,7 +295,10 @@ static tm_status capture_break(struct CUstream_st *s, const char *op) {
 static tm_status stream_put(struct CUstream_st *s, mock_closure *first) {
     if (!first) return TM_OK;
     mock_closure *last = first;
-    while (last->next) last = last->next;
+    for (;; last = last->next) {
+        if (!last->placed) last->placed = true, last->dev = s->dev;
+        if (!last->next) break;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->origin) { /* joined: the work goes to the capture it joined */
         struct CUstream_st *o = s->origin;
