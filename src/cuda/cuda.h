@@ -59,6 +59,9 @@ tm_cuda_stream cuda_device_stream(const tm_cuda_device *dev);
  * selects the device it opens on the opening thread; a thread that launches on a device
  * other than 0 selects it first (the executor at each step). */
 tm_status cuda_device_select(tm_cuda_device *dev);
+/* Let dev's kernels read peer's memory (cudaDeviceEnablePeerAccess; leaves dev
+ * current): *on false where the pair has no peer access, which is no error. */
+tm_status cuda_device_peer_enable(tm_cuda_device *dev, tm_cuda_device *peer, bool *on);
 tm_status cuda_device_sync(tm_cuda_device *dev);
 
 /* ---- device memory pool: one cudaMalloc, a bump allocator ---- */
@@ -115,9 +118,11 @@ void cuda_timer_free(tm_cuda_timer *t);
 /* Queued on `stream`: any direction (pinned host memory for real overlap). */
 tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stream stream);
 /* Copy device memory of src_dev to device memory of dst_dev, queued on stream
- * (a stream of either device; no sync): the activations that cross from one
- * GPU's span of layers to the next (cudaMemcpyPeerAsync: direct over NVLink
- * or PCIe when the devices have peer access, else through the host). */
+ * (no sync): the activations that cross from one GPU's span of layers to the
+ * next. With peer access on (cuda_device_peer_enable(dst_dev, src_dev)): a
+ * kernel of dst_dev reading src over NVLink or PCIe, on a stream of dst_dev
+ * with dst_dev current, which a graph can capture; else cudaMemcpyPeerAsync
+ * (through the host without peer access), which a capture refuses. */
 tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_device *src_dev,
                                const void *src, size_t bytes, tm_cuda_stream stream);
 tm_status cuda_fill_async(void *dst, int byte, size_t bytes, tm_cuda_stream stream);

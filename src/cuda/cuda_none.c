@@ -121,6 +121,11 @@ tm_status cuda_device_select(tm_cuda_device *dev) {
     (void)dev;
     return NONE;
 }
+tm_status cuda_device_peer_enable(tm_cuda_device *dev, tm_cuda_device *peer, bool *on) {
+    (void)dev, (void)peer;
+    *on = false;
+    return NONE;
+}
 tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_device *src_dev,
                                const void *src, size_t bytes, tm_cuda_stream stream) {
     (void)dst_dev, (void)dst, (void)src_dev, (void)src, (void)bytes, (void)stream;

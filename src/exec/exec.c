@@ -76,6 +76,24 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
             return tm_error_set(TM_ERR_ARG, "executor: tensor '%.*s' placed on GPU %d of %d",
                                 (int)t->name.len, t->name.data, g, p->n_gpus);
         }
+    /* spans: each GPU reads the activations of any other at a boundary with its own
+     * kernel (a graph can capture it; cudaMemcpyPeerAsync it cannot) */
+    for (int g = 0; g < e->n_gpus; g++)
+        for (int h = 0; h < e->n_gpus; h++) {
+            bool on = true;
+            tm_status st = g == h || !e->gpus[g].gpu || !e->gpus[h].gpu
+                               ? TM_OK
+                               : cuda_device_peer_enable(e->gpus[g].gpu, e->gpus[h].gpu, &on);
+            if (st != TM_OK) {
+                exec_free(e);
+                return st;
+            }
+            if (!on)
+                tm_log_info("GPU %d has no peer access to GPU %d: activations cross through the "
+                            "host, and decode steps run without a graph",
+                            cuda_device_info(e->gpus[g].gpu)->index,
+                            cuda_device_info(e->gpus[h].gpu)->index);
+        }
     tm_status sel = exec_select(e); /* the pools below go to the current device */
     if (sel != TM_OK) {
         exec_free(e);
@@ -84,8 +102,6 @@ tm_status exec_create(const tm_exec_params *p, tm_exec **out) {
     for (int g = 0; g < e->n_gpus; g++)
         if (e->gpus[g].gpu) e->gpus[g].stream = cuda_device_stream(e->gpus[g].gpu);
     const char *graph = getenv("TIERMOE_CUDA_GRAPH");
-    /* spans over several GPUs decode eagerly: one capture would have to join the
-     * other GPUs' streams by events (not done yet) */
     e->graph_off = !p->graph || (graph && !strcmp(graph, "0"));
     *out = e;
     return TM_OK;
@@ -616,7 +632,7 @@ static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, 
     const tm_status end = cuda_graph_end(e->gpus[0].stream, st == TM_OK && !e->capture_failed, &g);
     if (e->capture_failed || end != TM_OK) {
         tm_log_info("decode step not captured as a CUDA graph (%s): decoding without one",
-                    e->capture_failed ? tm_error_message() : "capture failed");
+                    e->capture_failed || end != TM_OK ? tm_error_message() : "capture failed");
         e->graph_off = true;
         exec_step_reset(e);
         return exec_select(e); /* the eager step starts on the first GPU, as the capture did */

@@ -535,6 +535,13 @@ tm_status cuda_device_select(tm_cuda_device *dev) {
     return TM_OK;
 }
 
+/* Every pair has peer access here (the copy is the same closure either way). */
+tm_status cuda_device_peer_enable(tm_cuda_device *dev, tm_cuda_device *peer, bool *on) {
+    *on = dev->info.index != peer->info.index;
+    t_cur = dev->info.index; /* leaves dev current, as CUDA's */
+    return TM_OK;
+}
+
 tm_status cuda_device_memory(tm_cuda_device *dev, size_t *free_bytes, size_t *total_bytes) {
     const size_t total = dev->info.total_bytes;
     pthread_mutex_lock(&g_mem_mu);
