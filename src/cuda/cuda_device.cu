@@ -4,6 +4,7 @@
  * that streams pageable host memory (the mmap'd model) through two pinned
  * staging buffers with the CPU copy of one chunk overlapping the DMA of the
  * previous one. See cuda.h for the contracts. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,20 @@ struct tm_cuda_device {
     cudaStream_t upload; /* weight uploads, separate so uploads never wait on compute */
     void *staging[2];    /* pinned, allocated on first upload */
     cudaEvent_t staged[2];
-    uint64_t peer_mask; /* bit i: its kernels read device i's memory (peer access on) */
 };
+
+/* Peer access is a property of the process's (primary) contexts, not of one open
+ * device: bit j of g_peer_on[i]: device i's kernels read device j's memory. Kept here
+ * so a second context never asks again (CUDA would answer with an error). */
+static uint64_t g_peer_on[64];
+static pthread_mutex_t g_peer_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static bool peer_on(int a, int b) {
+    pthread_mutex_lock(&g_peer_mu);
+    const bool on = a >= 0 && a < 64 && b >= 0 && b < 64 && (g_peer_on[a] >> b & 1);
+    pthread_mutex_unlock(&g_peer_mu);
+    return on;
+}
 
 struct tm_cuda_pool {
     tm_cuda_device *dev;
@@ -387,19 +400,21 @@ tm_status cuda_copy_async(void *dst, const void *src, size_t bytes, tm_cuda_stre
 tm_status cuda_device_peer_enable(tm_cuda_device *dev, tm_cuda_device *peer, bool *on) {
     *on = false;
     const int a = dev->info.index, b = peer->info.index;
-    if (a == b || b >= 64) return TM_OK;
-    if (dev->peer_mask >> b & 1) return *on = true, TM_OK;
+    if (a == b || a >= 64 || b >= 64) return TM_OK;
+    TM_CUDA_TRY(cudaSetDevice(a));
+    if (peer_on(a, b)) return *on = true, TM_OK;
     int can = 0;
     TM_CUDA_TRY(cudaDeviceCanAccessPeer(&can, a, b));
     if (!can) return TM_OK;
-    TM_CUDA_TRY(cudaSetDevice(a));
-    cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) /* by another context of this process */
+    pthread_mutex_lock(&g_peer_mu);
+    cudaError_t e = g_peer_on[a] >> b & 1 ? cudaSuccess : cudaDeviceEnablePeerAccess(b, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) /* by a library beside us */
         (void)cudaGetLastError(), e = cudaSuccess;
+    if (e == cudaSuccess) g_peer_on[a] |= 1ull << b;
+    pthread_mutex_unlock(&g_peer_mu);
     if (e != cudaSuccess)
         return tm_error_set(TM_ERR_DEVICE, "CUDA: GPU %d cannot enable peer access to GPU %d: %s",
                             a, b, cudaGetErrorString(e));
-    dev->peer_mask |= 1ull << b;
     *on = true;
     return TM_OK;
 }
@@ -422,7 +437,7 @@ tm_status cuda_copy_peer_async(tm_cuda_device *dst_dev, void *dst, tm_cuda_devic
                                const void *src, size_t bytes, tm_cuda_stream stream) {
     if (!bytes) return TM_OK;
     const int from = src_dev->info.index;
-    if (from >= 64 || !(dst_dev->peer_mask >> from & 1)) {
+    if (!peer_on(dst_dev->info.index, from)) {
         TM_CUDA_TRY(cudaMemcpyPeerAsync(dst, dst_dev->info.index, src, from, bytes, stream));
         return TM_OK;
     }
