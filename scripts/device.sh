@@ -362,7 +362,7 @@ stage_checks() {
 stage_sanitize() {
     build_tests || return 1
     command -v compute-sanitizer > /dev/null || { echo "sanitize: no compute-sanitizer"; return 0; }
-    local tool rc
+    local tool rc failed=0
     for tool in ${SAN_TOOLS:-memcheck racecheck}; do
         stamp "compute-sanitizer $tool, TM_CUDA_ONLY='${SAN_ONLY:-*gemm*}'"
         TM_CUDA_ONLY="${SAN_ONLY:-*gemm*}" TM_TEST_TMP=/tmp TM_TEST_DATA="$PWD/tests/data" \
@@ -372,7 +372,9 @@ stage_sanitize() {
         echo "$tool rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/logs/$tool.log" | tr '\n' ' ')"
         # gVisor machines refuse the tool: that is no kernel bug
         grep -qi "device not supported" "$OUT/logs/$tool.log" && echo "  ($tool unavailable: the tool refused the device)"
+        [ "$rc" = 0 ] || failed=1
     done
+    return "$failed"
 }
 
 stage_resources() {
