@@ -13,7 +13,8 @@
  *   greedy tokens as on one GPU (the executor's state a GPU, the residual crossing by a
  *   peer copy), the decode steps replaying one graph over both GPUs (the second GPU's
  *   stream joined to the first's capture, each node replayed on its own GPU); with
- *   experts in RAM (--cpu-moe): refused, naming the spans. */
+ *   experts in RAM (--cpu-moe) the same as --cpu-moe on one GPU (the CPU lane for both
+ *   GPUs' layers); the GPUs' lanes for experts in RAM and the caches refused by flag. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -67,8 +68,19 @@ static void *decode(void *p) {
     return NULL;
 }
 
+static bool cpu_moe; /* the runs below: --cpu-moe */
+
 static tm_context_params params(const char *dev, const char *split) {
-    tm_context_params p = {.n_ctx = 128, .n_batch = 8, .n_threads = 2, .n_gpu_layers = 99};
+    /* --cpu-moe: on one GPU too the CPU lane alone (the GPUs' lanes for experts in RAM
+       compute on the mock's arithmetic, so with them the runs would part at a near tie) */
+    tm_context_params p = {.n_ctx = 128,
+                           .n_batch = 8,
+                           .n_threads = 2,
+                           .n_gpu_layers = 99,
+                           .cpu_moe = cpu_moe,
+                           .moe_pcie = cpu_moe ? TM_MOE_PCIE_OFF : 0,
+                           .moe_fetch = cpu_moe ? TM_MOE_FETCH_OFF : 0,
+                           .moe_ahead = cpu_moe ? TM_MOE_AHEAD_OFF : 0};
     if (dev && gpus_devices_parse("-dev", dev, &p.gpus) != TM_OK)
         fail_msg("%s", tm_error_message());
     if (split && gpus_split_parse("-ts", split, &p.gpus) != TM_OK)
@@ -144,14 +156,42 @@ static void test_one_of_two(void **state) {
     same(&r0b, &rsp, nv, "-dev CUDA0,CUDA1 -ts 1,1 (spans)");
     run_free(&r0b), run_free(&rsp);
 
-    /* spans with experts in RAM (--cpu-moe): not yet run */
+    /* spans with experts in RAM (--cpu-moe): the CPU lane takes both GPUs' layers' experts
+       (one mailbox, each GPU's router counts and slot maps), as on one GPU, decode steps
+       replaying one graph with the hand-offs in it */
+    cpu_moe = true;
+    run c0, c2;
+    run_on(m, "CUDA0", NULL, false, &c0);
+    run_on(m, "CUDA0,CUDA1", "1,1", false, &c2);
+    assert_int_equal(exec_gpu_count(c2.c->exec), 2);
+    assert_true(exec_graph_ready(c2.c->exec));
+    same(&c0, &c2, nv, "--cpu-moe -dev CUDA0,CUDA1 -ts 1,1 (spans, experts in RAM)");
+    run_free(&c0), run_free(&c2);
+
+    /* the GPUs' lanes for experts in RAM and the caches: one GPU's so far, refused by flag */
+    static const struct {
+        const char *flag;
+        int64_t cache_mib;
+        int32_t pcie, ahead;
+    } refused[] = {{"--moe-cache", 1, 0, 0}, {"--moe-pcie", 0, 2, 0}, {"--moe-ahead", 0, 0, 1}};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        tm_context_params p = params("CUDA0,CUDA1", "1,1");
+        p.moe_cache_mib = refused[i].cache_mib, p.moe_pcie = refused[i].pcie;
+        p.moe_ahead = refused[i].ahead, p.moe_fetch = 0;
+        tm_context *c = NULL;
+        assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
+        assert_null(c);
+        if (!strstr(tm_error_message(), refused[i].flag) ||
+            !strstr(tm_error_message(), "only the CPU lane"))
+            fail_msg("%s: %s", refused[i].flag, tm_error_message());
+    }
     tm_context_params p = params("CUDA0,CUDA1", "1,1");
-    p.cpu_moe = true;
+    if (gpus_cache_parse("--moe-cache", "1,1", &p.gpus) != TM_OK)
+        fail_msg("%s", tm_error_message());
     tm_context *c = NULL;
-    assert_int_equal(model_context_create(m, &p, &c), TM_ERR_DEVICE);
-    assert_null(c);
-    assert_non_null(strstr(tm_error_message(), "on CUDA0, layers"));
-    assert_non_null(strstr(tm_error_message(), "not yet implemented"));
+    assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(tm_error_message(), "layers 0-1 on CUDA0, layers 2-2 on CUDA1"));
+    cpu_moe = false;
     model_free(m);
 }
 

@@ -763,6 +763,16 @@ tm_status exec_gpu_set(tm_exec *e, int g) {
 tm_cuda_stream exec_stream(tm_exec *e) {
     return e->cur->stream;
 }
+tm_status exec_streams_query(tm_exec *e, bool *idle) {
+    *idle = true;
+    for (int g = 0; g < e->n_gpus; g++) {
+        bool one = true;
+        const tm_status st = e->gpus[g].gpu ? cuda_stream_query(e->gpus[g].stream, &one) : TM_OK;
+        if (st != TM_OK) return st;
+        *idle &= one;
+    }
+    return TM_OK;
+}
 tm_cuda_blas *exec_blas(tm_exec *e) {
     return e->cur->blas;
 }

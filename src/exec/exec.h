@@ -381,6 +381,9 @@ int exec_gpu_count(const tm_exec *e);
 int exec_gpu_index(const tm_exec *e);
 tm_status exec_gpu_set(tm_exec *e, int g);
 tm_cuda_stream exec_stream(tm_exec *e);
+/* Without waiting: *idle = every GPU's stream has finished what was queued (a replayed
+ * graph over several GPUs runs on the first's). A failed stream is an error. */
+tm_status exec_streams_query(tm_exec *e, bool *idle);
 tm_cuda_blas *exec_blas(tm_exec *e);
 tm_dev exec_weight_home(const tm_exec *e, const tm_weight *w);
 const void *exec_weight_dev(const tm_exec *e, const tm_weight *w); /* NULL: not on the GPU */

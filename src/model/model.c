@@ -271,17 +271,13 @@ static int64_t context_batch_auto(const tm_context *c, const tm_placement_gpu *g
 }
 
 /* The GPUs the executor runs (docs/flags.md, "Several GPUs"): a placement over several
- * keeps the whole list (its GPU numbers are the list's places) when every layer's
- * experts are on the GPUs (no CPU lane or cache yet over several; else it fails naming
- * the spans); one GPU in use is moved to cg's first place and the others closed
- * (--moe-cache A,B: that GPU's size). */
+ * keeps the whole list (its GPU numbers are the list's places); experts in RAM then have
+ * the CPU lane alone (the tier says so, and refuses the GPUs' lanes for them and the
+ * caches by their flags), so `--moe-cache A,B` is refused here. One GPU in use is moved
+ * to cg's first place and the others closed (--moe-cache A,B: that GPU's size). */
 static tm_status context_gpus_pick(tm_context *c, context_gpus *cg) {
     tm_placement *pl = &c->placement;
-    bool experts_ram = false;
-    for (uint32_t l = 0; l < pl->n_layer; l++)
-        experts_ram |= c->model->cfg.n_expert && pl->experts_dev[l] != TM_DEV_GPU;
-    if (pl->n_gpu_used > 1 && !experts_ram) return TM_OK;
-    if (pl->n_gpu_used > 1) {
+    if (pl->n_gpu_used > 1 && c->params.gpus.n_cache) {
         char list[256] = "";
         size_t k = 0;
         for (int i = 0; i < cg->n && k < sizeof(list); i++) {
@@ -290,14 +286,13 @@ static tm_status context_gpus_pick(tm_context *c, context_gpus *cg) {
                 k += (size_t)snprintf(list + k, sizeof(list) - k, "%slayers %u-%u on CUDA%d",
                                       k ? ", " : "", a, b - 1, cg->cuda[i]);
         }
-        return tm_error_set(TM_ERR_DEVICE,
-                            "-dev/--tensor-split: the placement uses %d GPUs (%s) with experts "
-                            "in RAM; spans on several GPUs run only with every layer's experts "
-                            "on the GPUs so far (the CPU lane and the caches over several GPUs "
-                            "are not yet implemented): -ngl all without --cpu-moe, or give one "
-                            "GPU (-dev CUDAn, or --split-mode none -mg N)",
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "--moe-cache A,B: the placement uses %d GPUs (%s); an expert cache "
+                            "on each GPU is not yet implemented: leave --moe-cache out, or give "
+                            "one GPU (-dev CUDAn, or --split-mode none -mg N)",
                             pl->n_gpu_used, list);
     }
+    if (pl->n_gpu_used > 1) return TM_OK;
     int keep = 0;
     for (int i = 0; i < cg->n; i++)
         if (pl->gpu_bytes_each[i]) keep = i;

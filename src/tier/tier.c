@@ -358,7 +358,16 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
     }
     tm_status st;
     if (any_cold) {
-        /* flags; y; then each layer's inbox: h, ids, w, fetched, cpu_slots */
+        /* this GPU's (each GPU's over several): the router's count of the CPU's slots, and
+           a RAM layer's slot map, all cold (the router counts them for the CPU, and the PCIe
+           lane and the copies ahead take theirs) */
+        const size_t map_bytes = t->n_expert * sizeof(int32_t);
+        if ((st = exec_dev_alloc(t->e, (size_t)T * 4, (void **)&t->cpu_slots_dev)) ||
+            (st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
+            (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes)))
+            return st;
+    }
+    if (any_cold && !t->mb_host_base) { /* one mailbox: mapped, portable, every GPU's */
         const size_t a[] = {(size_t)(T * E) * 4, (size_t)(T * K) * 4, (size_t)(T * K) * 4,
                             (size_t)t->n_expert * 4, (size_t)T * 4};
         size_t off[5], inbox = 0;
@@ -372,13 +381,6 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
             return tm_error_set(TM_ERR_NOMEM, "out of memory");
         if ((st = cuda_host_alloc_mapped(total, &t->mb_host_base, &dev))) return st;
         memset(t->mb_host_base, 0, total);
-        if ((st = exec_dev_alloc(t->e, (size_t)T * 4, (void **)&t->cpu_slots_dev))) return st;
-        /* a RAM layer's slot map, all cold: the router counts them for the CPU (and the PCIe
-           lane and the copies ahead take theirs) */
-        const size_t map_bytes = t->n_expert * sizeof(int32_t);
-        if (((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->cold_map_dev)) ||
-             (st = cuda_fill_bytes(exec_gpu(t->e), t->cold_map_dev, 0xff, map_bytes))))
-            return st;
         tier_mailbox *mbs[2] = {&t->mb, &t->mb_dev};
         uint8_t *bases[2] = {t->mb_host_base, dev};
         for (int i = 0; i < 2; i++) {
@@ -505,6 +507,35 @@ static tm_status tier_router_vector(tm_tier *t, tier_layer *L, const tm_weight *
     return TM_OK;
 }
 
+/* Over several GPUs the experts in RAM have the CPU lane alone so far (issue 35): the PCIe
+ * lane, the fetch ring, the copies ahead, the VRAM cache and the store's ring are one GPU's
+ * (their buffers, streams and events). Their automatic settings are turned off (one line);
+ * asked for by a flag, they are an error naming it. */
+static tm_status tier_gpus_lanes(tm_tier *t, tm_tier_params *q) {
+    bool cold = false;
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        cold |= t->layers[l].moe && t->layers[l].cls != TM_TIER_VRAM;
+    if (!cold) return TM_OK;
+    const char *flag = q->pcie > 0 ? "--moe-pcie"
+                       : q->fetch == TM_MOE_FETCH_COPY || q->fetch == TM_MOE_FETCH_PCIE
+                           ? "--moe-fetch"
+                       : q->ahead > 0                  ? "--moe-ahead"
+                       : q->cache_mib || q->cache.plan ? "--moe-cache"
+                       : q->store.budget_mib           ? "--ram-cache"
+                                                       : NULL;
+    if (flag)
+        return tm_error_set(TM_ERR_UNSUPPORTED,
+                            "%s: with experts in RAM over %d GPUs only the CPU lane computes them "
+                            "so far (the GPUs' lanes for experts in RAM and their caches are one "
+                            "GPU's); leave %s out, or give one GPU (-dev CUDAn)",
+                            flag, exec_gpu_count(t->e), flag);
+    tm_log_info("experts in RAM over %d GPUs: the CPU lane computes them, in decode steps and "
+                "prompts (the PCIe and fetch lanes and copies ahead are one GPU's so far)",
+                exec_gpu_count(t->e));
+    q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF, q->ahead = TM_MOE_AHEAD_OFF;
+    return TM_OK;
+}
+
 tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                       const tm_tier_layer *layers, const tm_moe_router_params *router,
                       const tm_tier_params *p, tm_tier **out) {
@@ -539,8 +570,12 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         /* a dense layer: VRAM's class (no lane, cache or store takes it), counted in none */
         L->cls = TM_TIER_VRAM;
         if (!L->moe) continue;
-        /* over several GPUs, what the layer allocates goes to its experts' GPU */
-        L->gpu_index = pl->experts_gpu && exec_gpu_count(e) > 1 ? pl->experts_gpu[l] : 0;
+        /* over several GPUs, what the layer allocates goes to its experts' GPU, and a layer
+           whose experts are in RAM steps on its own layer's GPU (where its input is) */
+        if (exec_gpu_count(e) > 1 && pl->experts_gpu)
+            L->gpu_index = pl->experts_dev[l] == TM_DEV_GPU ? pl->experts_gpu[l]
+                           : pl->layer_dev[l] == TM_DEV_GPU ? pl->layer_gpu[l]
+                                                            : 0;
         if (t->gpu && (st = exec_gpu_set(e, L->gpu_index))) break;
         if (d->sel_bias && (st = tier_router_vector(t, L, d->sel_bias, "selection bias",
                                                     &L->sel_bias, &L->sel_bias_dev)))
@@ -573,6 +608,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
                 .ext = L->ext,
             };
     }
+    if (st == TM_OK && t->gpu && exec_gpu_count(e) > 1) st = tier_gpus_lanes(t, &q);
     if (st == TM_OK && t->gpu) st = exec_gpu_set(e, 0);
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
     if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
@@ -616,8 +652,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     t->n_bufs = t->gpu ? exec_gpu_count(e) : 0;
     for (int g = t->n_bufs - 1; g >= 0 && st == TM_OK; g--) {
         if ((st = exec_gpu_set(e, g)) || (st = tier_gpu_buffers(t, exec_n_batch(e)))) break;
-        t->bufs[g] = (struct tier_gpu_bufs){t->items_dev, t->items_host, t->h_scratch,
-                                            t->y_dev,     t->y_host,     t->gemm_scratch};
+        tier_bufs_save(t, g);
         if (g) t->items_host = NULL, t->y_host = NULL; /* bufs[g] owns them */
     }
     if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);

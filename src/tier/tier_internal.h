@@ -170,6 +170,7 @@ struct tm_tier {
         tm_cuda_moe_item *items_dev, *items_host;
         float *h_scratch, *y_dev, *y_host;
         void *gemm_scratch;
+        int32_t *cpu_slots_dev, *cold_map_dev;
     } bufs[EXEC_MAX_GPUS];
     int n_bufs, bufs_gpu;
     tm_cuda_moe_item *items_dev, *items_host; /* [n_batch * k] */
@@ -229,6 +230,21 @@ struct tm_tier {
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
     tm_moe_lane_stats lane_stats;
 };
+
+/* The fields above from GPU g's buffers, or into them. */
+static inline void tier_bufs_save(tm_tier *t, int g) {
+    t->bufs[g] =
+        (struct tier_gpu_bufs){t->items_dev, t->items_host,   t->h_scratch,     t->y_dev,
+                               t->y_host,    t->gemm_scratch, t->cpu_slots_dev, t->cold_map_dev};
+}
+
+static inline void tier_bufs_load(tm_tier *t, int g) {
+    const struct tier_gpu_bufs *b = &t->bufs[g];
+    t->items_dev = b->items_dev, t->items_host = b->items_host, t->h_scratch = b->h_scratch;
+    t->y_dev = b->y_dev, t->y_host = b->y_host, t->gemm_scratch = b->gemm_scratch;
+    t->cpu_slots_dev = b->cpu_slots_dev, t->cold_map_dev = b->cold_map_dev;
+    t->bufs_gpu = g;
+}
 
 /* The router's parameters for layer L (its selection bias). */
 static inline tm_moe_router_params tier_router(const tm_tier *t, const tier_layer *L) {

@@ -50,6 +50,12 @@ static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n
     s->pcie_bytes += (uint64_t)n_pcie * L->expert_bytes;
 }
 
+/* The lanes' GPU times (--profile): their events are GPU 0's, so one GPU only (the
+ * executor's parts still time every GPU's ops). */
+static bool tier_profiling(const tm_tier *t) {
+    return exec_profiling(t->e) && t->n_bufs <= 1;
+}
+
 static uint64_t tier_event_ns(tm_cuda_event a, tm_cuda_event b) {
     float ms = 0;
     return cuda_event_elapsed(a, b, &ms) == TM_OK ? (uint64_t)(ms * 1e6) : 0;
@@ -96,8 +102,8 @@ static tm_status tier_wait_gpu(tm_tier *t, uint32_t l, uint32_t seq) {
         if (!t0) t0 = last = now;
         if (now - last < TIER_QUERY_NS) continue;
         last = now;
-        bool idle = false;
-        tm_status st = cuda_stream_query(exec_stream(t->e), &idle);
+        bool idle = false; /* every GPU's: the layer's may not be the one ops run on now */
+        tm_status st = exec_streams_query(t->e, &idle);
         if (st != TM_OK) return tm_error_wrap(st, "layer %u, waiting for the GPU's hand-off: ", l);
         if (idle && (int32_t)(__atomic_load_n(&t->mb.flag_h[l], __ATOMIC_ACQUIRE) - seq) < 0)
             return tm_error_set(TM_ERR_DEVICE,
@@ -169,7 +175,7 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd, K = t->k, l = L->index;
     const uint32_t *seq = exec_step_seq_dev(e);
     const bool hot = L->cls != TM_TIER_RAM, cold = L->cls != TM_TIER_VRAM, pcie = L->n_pcie > 0;
-    const bool prof = exec_profiling(e);
+    const bool prof = tier_profiling(t);
     bool fetched = false; /* copies ahead for this layer: joined before its router reads them */
     tm_status st = tier_ahead_join(t, L, s, &fetched);
     if (st != TM_OK) return st;
@@ -306,7 +312,7 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
     const tm_cuda_stream s = exec_stream(e);
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
     const size_t y_bytes = (size_t)(n_tok * E) * sizeof(float);
-    const bool prof = exec_profiling(e);
+    const bool prof = tier_profiling(t);
     /* prompts with the residual on the GPU: RAM experts on the GPU too (the
      * fetch ring or in place), beside the CPU lane's share */
     const tier_prompt_mode mode =
@@ -400,12 +406,8 @@ static tm_status tier_bufs_use(tm_tier *t, const tier_layer *L, tm_act *const *a
         if (acts[i] && exec_act_on(acts[i], TM_DEV_GPU))
             st = exec_act_to(e, acts[i], TM_DEV_GPU, exec_n_tok(e));
     if (st != TM_OK || t->bufs_gpu == L->gpu_index) return st;
-    t->bufs[t->bufs_gpu] = (struct tier_gpu_bufs){t->items_dev, t->items_host, t->h_scratch,
-                                                  t->y_dev,     t->y_host,     t->gemm_scratch};
-    const struct tier_gpu_bufs *b = &t->bufs[L->gpu_index];
-    t->items_dev = b->items_dev, t->items_host = b->items_host, t->h_scratch = b->h_scratch;
-    t->y_dev = b->y_dev, t->y_host = b->y_host, t->gemm_scratch = b->gemm_scratch;
-    t->bufs_gpu = L->gpu_index;
+    tier_bufs_save(t, t->bufs_gpu);
+    tier_bufs_load(t, L->gpu_index);
     return TM_OK;
 }
 

@@ -318,7 +318,8 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     /* auto: some but not all of k >= 3 (none when copies ahead go into a cache by default);
      * with k = 2 the built-in share (85/256: tm_cuda_mapped_count) keeps both on the CPU, a
      * calibration may give the GPU one */
-    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) ? n_pcie == 0
+    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) || pm_split
+                        ? n_pcie == 0 /* over several GPUs: the CPU lane alone so far */
                     : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
                                   : K < 2 || (n_pcie >= (K >= 3) && n_pcie < (int32_t)K);
     /* the lane ran where there was a cold expert to read (a cache that holds every expert
@@ -400,7 +401,9 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
         fail_msg("%s: %llu routed slots counted, want %u", what, (unsigned long long)all,
                  (40 + 16) * L * cfg->n_expert_used);
     const bool ram_on_gpu = pm_ram_on_gpu(c, ctx);
-    const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF;
+    /* over several GPUs the CPU lane alone computes experts in RAM (the fetch lane is one
+       GPU's so far) */
+    const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF && !pm_split;
     if (want != (fetch > 0) || fallback)
         fail_msg("%s: %llu prompt slots on the fetch lane (%llu fallbacks), want %s", what,
                  (unsigned long long)fetch, (unsigned long long)fallback, want ? "some" : "none");
@@ -416,10 +419,15 @@ static const pm_case pm_cases_cpu[] = {
      "ffn_(gate_up|down)_exps=CUDA0", 0, 0, 0, NULL, 0, false, 0, 0},
 };
 
-/* Spans of layers over two GPUs (MOCK_GPUS=2), every layer's experts on them: the
- * executor's state a GPU, the activations crossing by a peer copy at the boundary. */
+/* Spans of layers over two GPUs (MOCK_GPUS=2): the executor's state a GPU, the
+ * activations crossing by a peer copy at the boundary; every layer's experts on the GPUs,
+ * or some in RAM with the CPU lane computing them for both GPUs' layers (one mailbox, each
+ * GPU's router counts), or layers past -ngl on the CPU. */
 static const pm_case pm_cases_gpus[] = {
     {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
 };
 
 static void pm_matrix(const char *path, const pm_tolerance *tol, const pm_case *cases,

@@ -17,10 +17,13 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
   memory, -ot ...=CUDA1 when CUDA1 is not in the list: a non-zero exit and a
   message naming the flag and the GPU. run takes the flags through the public
   options (tm_context_opts.devices ...): -dev CUDA1 generates what -dev CUDA0
-  does. Spans on both GPUs with experts in RAM (--cpu-moe): refused, saying
-  the spans and that the CPU lane over several GPUs is not there yet.
+  does. Spans on both GPUs with experts in RAM and a cache (--moe-cache 1, or
+  --moe-cache 1,1): refused, naming the flag (and the spans), as the caches over
+  several GPUs are not there yet.
 - Spans on both GPUs with every layer's experts on them (-ts 1,1 -ngl all):
-  both GPUs hold weights and trace routes exactly as on -dev CUDA0.
+  both GPUs hold weights and trace routes exactly as on -dev CUDA0; with the
+  experts in RAM (--cpu-moe, the CPU lane for both GPUs' layers) as -dev CUDA0
+  --cpu-moe with the CPU lane alone (--moe-pcie off --moe-fetch off).
 """
 import json
 import os
@@ -87,6 +90,15 @@ def main():
     check(r.returncode == 0 and "GPU mock GPU:" in r.stderr and "GPU mock GPU 1:" in r.stderr and
           os.path.exists(out) and counts(out) == runs.get("cuda0"),
           f"-ts 1,1 (spans): {r.returncode} {r.stderr}")
+    # spans with the experts in RAM: the CPU lane for both GPUs' layers, as on one GPU
+    lane = ["--cpu-moe", "--moe-pcie", "off", "--moe-fetch", "off", "--moe-ahead", "off"]
+    r0 = trace(os.path.join(TMP, "gpus_cpumoe0.json"), "-dev", "CUDA0", "-ngl", "all", *lane)
+    r = trace(os.path.join(TMP, "gpus_cpumoe11.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl",
+              "all", "--cpu-moe")
+    check(r0.returncode == 0 and r.returncode == 0 and "experts in RAM over 2 GPUs" in r.stderr and
+          counts(os.path.join(TMP, "gpus_cpumoe11.json")) ==
+          counts(os.path.join(TMP, "gpus_cpumoe0.json")),
+          f"-ts 1,1 --cpu-moe (spans, experts in RAM): {r0.returncode} {r.returncode} {r.stderr}")
     # --moe-cache A,B is a cache as --moe-cache N is: without -ngl it means -ngl auto
     r = trace(os.path.join(TMP, "gpus_cache2.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,0", "--moe-cache", "64,0")
     check(r.returncode == 0 and "-ngl auto" in r.stderr and "no GPU in use" not in r.stderr,
@@ -132,8 +144,10 @@ def main():
         (["--moe-cache", "100,200,300", "--cpu-moe", "-dev", "CUDA0,CUDA1"], ["--moe-cache: 3 sizes for 2 GPUs"]),
         (["-dev", "CUDA1", "--cpu-moe", "--moe-cache", "3000"], ["--moe-cache 3000", "free on CUDA1"]),
         (["-ot", "exps=CUDA1", "-ngl", "all", "-dev", "CUDA0"], ["-ot 'exps=CUDA1'", "CUDA1 is not one of"]),
-        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe"],
-         ["layers 0-1 on CUDA0, layers 2-2 on CUDA1", "experts in RAM", "not yet implemented"]),
+        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1"],
+         ["--moe-cache", "experts in RAM over 2 GPUs only the CPU lane"]),
+        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1,1"],
+         ["--moe-cache A,B", "layers 0-1 on CUDA0, layers 2-2 on CUDA1", "not yet implemented"]),
         (["-sm", "row"], ["row: not supported"]),
         (["-mg", "x"], ["-mg", "'x'"]),
     ]
