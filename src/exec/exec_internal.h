@@ -1,5 +1,6 @@
-/* The executor's insides, shared by exec.c (dispatch, residency, steps),
- * exec_cpu.c and exec_gpu.c (one op table each). Private to src/exec. */
+/* The executor's insides, shared by exec.c (setup, dispatch, steps),
+ * exec_residency.c (where activations and ops live), exec_cpu.c and exec_gpu.c
+ * (one op table each), exec_ssm.c and exec_ew.c. Private to src/exec. */
 #ifndef TM_EXEC_EXEC_INTERNAL_H
 #define TM_EXEC_EXEC_INTERNAL_H
 
@@ -202,7 +203,10 @@ static inline bool exec_rows_apart(const tm_exec *e) {
 static inline void *exec_at(const tm_act *a, tm_dev d) {
     return d == TM_DEV_GPU ? a->dev : a->host;
 }
-/* Check that side d can run an op now. */
+/* A captured step cannot wait for the stream or run CPU ops: mark the
+ * capture failed and unwind (exec_step reruns the step eagerly). */
+tm_status exec_not_capturable(tm_exec *e, const char *what);
+/* exec_residency.c: check that side d can run an op now. */
 tm_status exec_side(tm_exec *e, tm_dev d);
 /* Check side d as exec_side, and for the GPU make the one of weight w (or of
  * layer l) the one ops run on (exec_gpu_use). */
