@@ -14,7 +14,8 @@
  *   peer copy), the decode steps replaying one graph over both GPUs (the second GPU's
  *   stream joined to the first's capture, each node replayed on its own GPU); with
  *   experts in RAM (--cpu-moe) the same as --cpu-moe on one GPU (the CPU lane for both
- *   GPUs' layers); the GPUs' lanes for experts in RAM and the caches refused by flag. */
+ *   GPUs' layers); --moe-cache 1,1: each GPU caches its own layers' experts; the GPUs'
+ *   lanes for experts in RAM refused by flag. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -168,16 +169,36 @@ static void test_one_of_two(void **state) {
     same(&c0, &c2, nv, "--cpu-moe -dev CUDA0,CUDA1 -ts 1,1 (spans, experts in RAM)");
     run_free(&c0), run_free(&c2);
 
-    /* the GPUs' lanes for experts in RAM and the caches: one GPU's so far, refused by flag */
+    /* each GPU's VRAM cache of its own layers' experts (--moe-cache A,B): both GPUs' cached
+       layers compute routed slots on their GPU, and the logits stay as one GPU's within the
+       8-bit activations' difference between the CPU lane and the GPU (TOL_QUANT's) */
+    {
+        run k2;
+        tm_context_params p = params("CUDA0,CUDA1", "1,1");
+        if (gpus_cache_parse("--moe-cache", "1,1", &p.gpus) != TM_OK)
+            fail_msg("%s", tm_error_message());
+        memset(&k2, 0, sizeof(k2));
+        if (model_context_create(m, &p, &k2.c) != TM_OK) fail_msg("%s", tm_error_message());
+        decode(&k2);
+        if (k2.st != TM_OK) fail_msg("--moe-cache 1,1 (spans): %s", k2.err);
+        const tm_tier_stats *ts = tier_stats(k2.c->tier);
+        assert_int_equal(ts[TM_TIER_CACHED].layers, 3);
+        assert_true(ts[TM_TIER_CACHED].hot_slots > 0 && ts[TM_TIER_CACHED].cold_slots > 0);
+        int per_gpu[2] = {0, 0};
+        for (uint32_t l = 0; l < 3; l++)
+            per_gpu[k2.c->placement.layer_gpu[l]] += tier_cache_slots(k2.c->tier, l) > 0;
+        assert_int_equal(per_gpu[0], 2), assert_int_equal(per_gpu[1], 1);
+        run_free(&k2);
+    }
+
+    /* the GPUs' lanes for experts in RAM: one GPU's so far, refused by flag */
     static const struct {
         const char *flag;
-        int64_t cache_mib;
         int32_t pcie, ahead;
-    } refused[] = {{"--moe-cache", 1, 0, 0}, {"--moe-pcie", 0, 2, 0}, {"--moe-ahead", 0, 0, 1}};
+    } refused[] = {{"--moe-pcie", 2, 0}, {"--moe-ahead", 0, 1}};
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
         tm_context_params p = params("CUDA0,CUDA1", "1,1");
-        p.moe_cache_mib = refused[i].cache_mib, p.moe_pcie = refused[i].pcie;
-        p.moe_ahead = refused[i].ahead, p.moe_fetch = 0;
+        p.moe_pcie = refused[i].pcie, p.moe_ahead = refused[i].ahead, p.moe_fetch = 0;
         tm_context *c = NULL;
         assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
         assert_null(c);
@@ -185,12 +206,6 @@ static void test_one_of_two(void **state) {
             !strstr(tm_error_message(), "only the CPU lane"))
             fail_msg("%s: %s", refused[i].flag, tm_error_message());
     }
-    tm_context_params p = params("CUDA0,CUDA1", "1,1");
-    if (gpus_cache_parse("--moe-cache", "1,1", &p.gpus) != TM_OK)
-        fail_msg("%s", tm_error_message());
-    tm_context *c = NULL;
-    assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
-    assert_non_null(strstr(tm_error_message(), "layers 0-1 on CUDA0, layers 2-2 on CUDA1"));
     cpu_moe = false;
     model_free(m);
 }

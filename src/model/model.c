@@ -271,27 +271,11 @@ static int64_t context_batch_auto(const tm_context *c, const tm_placement_gpu *g
 }
 
 /* The GPUs the executor runs (docs/flags.md, "Several GPUs"): a placement over several
- * keeps the whole list (its GPU numbers are the list's places); experts in RAM then have
- * the CPU lane alone (the tier says so, and refuses the GPUs' lanes for them and the
- * caches by their flags), so `--moe-cache A,B` is refused here. One GPU in use is moved
- * to cg's first place and the others closed (--moe-cache A,B: that GPU's size). */
+ * keeps the whole list (its GPU numbers are the list's places; --moe-cache A,B then sizes
+ * each GPU's cache, model_moe_state_finish_tier). One GPU in use is moved to cg's first
+ * place and the others closed (--moe-cache A,B: that GPU's size). */
 static tm_status context_gpus_pick(tm_context *c, context_gpus *cg) {
     tm_placement *pl = &c->placement;
-    if (pl->n_gpu_used > 1 && c->params.gpus.n_cache) {
-        char list[256] = "";
-        size_t k = 0;
-        for (int i = 0; i < cg->n && k < sizeof(list); i++) {
-            const uint32_t a = pl->span_first[i], b = pl->span_first[i + 1];
-            if (a < b)
-                k += (size_t)snprintf(list + k, sizeof(list) - k, "%slayers %u-%u on CUDA%d",
-                                      k ? ", " : "", a, b - 1, cg->cuda[i]);
-        }
-        return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "--moe-cache A,B: the placement uses %d GPUs (%s); an expert cache "
-                            "on each GPU is not yet implemented: leave --moe-cache out, or give "
-                            "one GPU (-dev CUDAn, or --split-mode none -mg N)",
-                            pl->n_gpu_used, list);
-    }
     if (pl->n_gpu_used > 1) return TM_OK;
     int keep = 0;
     for (int i = 0; i < cg->n; i++)
@@ -736,15 +720,18 @@ tm_status model_moe_state_finish_tier(tm_context *c, const tm_tier_layer *tl,
     tm_status st;
     if ((st = exec_finalize(e))) return st;
     c->logits = s->logits.host;
-    const tm_tier_params tp = {.cache_mib = c->params.moe_cache_mib,
-                               .cache = c->params.moe_cache,
-                               .reserve = GPU_RESERVE,
-                               .pcie = c->params.moe_pcie,
-                               .fetch = c->params.moe_fetch,
-                               .ahead = c->params.moe_ahead,
-                               .store = {.budget_mib = c->params.ram_cache_mib,
-                                         .path = c->model->file->path,
-                                         .map = c->model->file->map}};
+    tm_tier_params tp = {.cache_mib = c->params.moe_cache_mib,
+                         .cache = c->params.moe_cache,
+                         .reserve = GPU_RESERVE,
+                         .pcie = c->params.moe_pcie,
+                         .fetch = c->params.moe_fetch,
+                         .ahead = c->params.moe_ahead,
+                         .store = {.budget_mib = c->params.ram_cache_mib,
+                                   .path = c->model->file->path,
+                                   .map = c->model->file->map}};
+    if (exec_gpu_count(e) > 1) /* spans: --moe-cache A,B sizes each GPU's cache */
+        for (int g = 0; g < c->params.gpus.n_cache && g < EXEC_MAX_GPUS; g++)
+            tp.cache_mib_gpu[g] = c->params.gpus.cache_mib[g], tp.n_cache_gpu = g + 1;
     return tier_create(e, &c->placement, m->n_layer, tl, router, &tp, &c->tier);
 }
 

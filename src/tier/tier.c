@@ -507,10 +507,10 @@ static tm_status tier_router_vector(tm_tier *t, tier_layer *L, const tm_weight *
     return TM_OK;
 }
 
-/* Over several GPUs the experts in RAM have the CPU lane alone so far (issue 35): the PCIe
- * lane, the fetch ring, the copies ahead, the VRAM cache and the store's ring are one GPU's
- * (their buffers, streams and events). Their automatic settings are turned off (one line);
- * asked for by a flag, they are an error naming it. */
+/* Over several GPUs the experts in RAM have the CPU lane and each GPU's VRAM cache (of
+ * its own layers) so far (issue 35): the PCIe lane, the fetch ring, the copies ahead and
+ * the store's ring are one GPU's (their buffers, streams and events). Their automatic
+ * settings are turned off (one line); asked for by a flag, they are an error naming it. */
 static tm_status tier_gpus_lanes(tm_tier *t, tm_tier_params *q) {
     bool cold = false;
     for (uint32_t l = 0; l < t->n_layer; l++)
@@ -519,18 +519,19 @@ static tm_status tier_gpus_lanes(tm_tier *t, tm_tier_params *q) {
     const char *flag = q->pcie > 0 ? "--moe-pcie"
                        : q->fetch == TM_MOE_FETCH_COPY || q->fetch == TM_MOE_FETCH_PCIE
                            ? "--moe-fetch"
-                       : q->ahead > 0                  ? "--moe-ahead"
-                       : q->cache_mib || q->cache.plan ? "--moe-cache"
-                       : q->store.budget_mib           ? "--ram-cache"
-                                                       : NULL;
+                       : q->ahead > 0        ? "--moe-ahead"
+                       : q->store.budget_mib ? "--ram-cache"
+                                             : NULL;
     if (flag)
         return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "%s: with experts in RAM over %d GPUs only the CPU lane computes them "
-                            "so far (the GPUs' lanes for experts in RAM and their caches are one "
-                            "GPU's); leave %s out, or give one GPU (-dev CUDAn)",
+                            "%s: with experts in RAM over %d GPUs only the CPU lane and each GPU's "
+                            "VRAM cache (--moe-cache) compute them so far (the GPUs' lanes for "
+                            "experts in RAM are one GPU's); leave %s out, or give one GPU "
+                            "(-dev CUDAn)",
                             flag, exec_gpu_count(t->e), flag);
-    tm_log_info("experts in RAM over %d GPUs: the CPU lane computes them, in decode steps and "
-                "prompts (the PCIe and fetch lanes and copies ahead are one GPU's so far)",
+    tm_log_info("experts in RAM over %d GPUs: the CPU lane computes those no VRAM cache holds, in "
+                "decode steps and prompts (the PCIe and fetch lanes and copies ahead are one "
+                "GPU's so far)",
                 exec_gpu_count(t->e));
     q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF, q->ahead = TM_MOE_AHEAD_OFF;
     return TM_OK;

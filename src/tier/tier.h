@@ -87,7 +87,10 @@ typedef struct tm_tier_layer {
 } tm_tier_layer;
 
 typedef struct tm_tier_params {
-    int64_t cache_mib; /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO (a plan: its size) */
+    int64_t cache_mib; /* --moe-cache: 0 none, MiB, or TM_MOE_CACHE_AUTO (a plan: its size);
+                          over several GPUs each GPU's (the layers of its spans) */
+    int n_cache_gpu;   /* --moe-cache A,B over several GPUs: each GPU's MiB (0: cache_mib) */
+    int64_t cache_mib_gpu[EXEC_MAX_GPUS];
     tm_moe_cache_opts cache;
     size_t reserve;        /* bytes TM_MOE_CACHE_AUTO leaves free */
     int32_t pcie;          /* --moe-pcie: cold slots per decode token the GPU reads from RAM

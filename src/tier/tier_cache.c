@@ -44,31 +44,53 @@ size_t tier_cache_bytes(const tm_tier *t) {
     return t->cache_bytes;
 }
 
-/* Copy expert e's slices into slot s: on the copy stream (stream non-NULL)
- * or through the staging buffers, waiting (NULL). *queued (may be NULL):
- * how many of the three slices were queued (0: the slot is untouched). */
+/* Over several GPUs: the GPU of layer L's slots the one calls go to. */
+static tm_status tier_cache_gpu(tm_tier *t, const tier_layer *L) {
+    return t->n_cache_gpus > 1 ? exec_gpu_set(t->e, L->gpu_index) : TM_OK;
+}
+
+/* Copy expert e's slices into slot s: on the copy stream of the slots' GPU (async) or
+ * through the staging buffers, waiting. *queued (may be NULL): how many of the three
+ * slices were queued (0: the slot is untouched). */
 static tm_status tier_slot_copy(tm_tier *t, const tier_layer *L, int32_t slot, int32_t expert,
-                                tm_cuda_stream stream, int *queued) {
+                                bool async, int *queued) {
     if (queued) *queued = 0;
+    tm_status st = tier_cache_gpu(t, L);
+    if (st != TM_OK) return st;
+    const tm_cuda_stream stream = async ? t->copy_gpu[L->gpu_index] : NULL;
     const tm_moe_matrix *src[3] = {&L->host.gate, &L->host.up, &L->host.down};
     const tm_cuda_moe_matrix *dst[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
     for (int p = 0; p < 3; p++) {
         void *d = (uint8_t *)dst[p]->data + (size_t)slot * dst[p]->expert_stride;
         const void *s = src[p]->data + (size_t)expert * src[p]->expert_stride;
         const size_t n = dst[p]->expert_stride;
-        tm_status st =
-            stream ? cuda_copy_async(d, s, n, stream) : cuda_upload(exec_gpu(t->e), d, s, n, NULL);
+        st = stream ? cuda_copy_async(d, s, n, stream) : cuda_upload(exec_gpu(t->e), d, s, n, NULL);
         if (st != TM_OK) return st;
         if (queued) ++*queued;
     }
     return TM_OK;
 }
 
-/* Every layer's slot map to the device in one copy (the compute stream: the
- * next step's router reads them). */
+/* Every layer's slot map to each GPU in one copy (its compute stream: the next
+ * step's router reads them). Over several GPUs the first GPU's stream then waits for
+ * the others' (exec_gpu_set's event, a chain through each): a decode graph is launched
+ * on the first GPU's stream, and its nodes on another GPU are ordered after the first's
+ * work only (seen on the mock: a router read GPU 1's map before its push). */
 static tm_status tier_map_push(tm_tier *t) {
-    return cuda_copy_async(t->slot_maps_dev, t->slot_maps,
-                           (size_t)t->n_layer * t->n_expert * sizeof(int32_t), exec_stream(t->e));
+    tm_status st = TM_OK;
+    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++)
+        if ((st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK) == TM_OK)
+            st = cuda_copy_async(t->slot_maps_gpu[g], t->slot_maps,
+                                 (size_t)t->n_layer * t->n_expert * sizeof(int32_t),
+                                 exec_stream(t->e));
+    return st == TM_OK && t->n_cache_gpus > 1 ? exec_gpu_set(t->e, 0) : st;
+}
+
+/* Wait for every GPU's uploads. */
+static tm_status tier_copies_sync(tm_tier *t) {
+    tm_status st = TM_OK;
+    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) st = cuda_stream_sync(t->copy_gpu[g]);
+    return st;
 }
 
 /* A policy that starts from the slots as they are (and, given a learn
@@ -86,23 +108,31 @@ static tm_status tier_policy_make(tm_tier *t, tier_layer *L, const uint64_t *lea
 
 /* ---- at load ---- */
 
-/* The budget in bytes for --moe-cache (errors name the flag). */
-static tm_status tier_cache_budget(tm_tier *t, const tm_tier_params *p, size_t *budget) {
+/* GPU g's cache size in MiB: --moe-cache A,B's, or --moe-cache's on each. */
+static int64_t tier_cache_mib(const tm_tier_params *p, int g) {
+    return p->n_cache_gpu ? (g < p->n_cache_gpu ? p->cache_mib_gpu[g] : 0) : p->cache_mib;
+}
+
+/* The budget in bytes for GPU g's cache (errors name the flag and the GPU). */
+static tm_status tier_cache_budget(tm_tier *t, const tm_tier_params *p, int g, size_t *budget) {
     size_t free_b = 0, total_b = 0;
-    tm_status st = cuda_device_memory(exec_gpu(t->e), &free_b, &total_b);
+    tm_status st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK;
+    if (st == TM_OK) st = cuda_device_memory(exec_gpu(t->e), &free_b, &total_b);
     if (st != TM_OK) return st;
-    if (p->cache_mib == TM_MOE_CACHE_AUTO) {
+    const int64_t mib = tier_cache_mib(p, g);
+    if (mib == TM_MOE_CACHE_AUTO) {
         const size_t keep = p->reserve + t->gemm_reserve;
         *budget = free_b > keep ? free_b - keep : 0;
         return TM_OK;
     }
-    *budget = (size_t)p->cache_mib << 20;
+    *budget = mib > 0 ? (size_t)mib << 20 : 0;
     if (*budget > free_b)
         return tm_error_set(TM_ERR_DEVICE,
-                            "--moe-cache %lld: %.1f MiB needed, %.1f MiB of VRAM free on CUDA%d "
+                            "--moe-cache %s%lld: %.1f MiB needed, %.1f MiB of VRAM free on CUDA%d "
                             "(of %.1f MiB)",
-                            (long long)p->cache_mib, *budget / 1048576.0, free_b / 1048576.0,
-                            cuda_device_info(exec_gpu(t->e))->index, total_b / 1048576.0);
+                            p->n_cache_gpu ? "A,B: " : "", (long long)mib, *budget / 1048576.0,
+                            free_b / 1048576.0, cuda_device_info(exec_gpu(t->e))->index,
+                            total_b / 1048576.0);
     return TM_OK;
 }
 
@@ -146,18 +176,33 @@ static tm_status tier_cache_plan(tm_tier *t, const tm_tier_params *p, tm_plan *o
             tm_log_warn("--moe-cache-plan: the plan caches experts of layers whose experts are "
                         "all in VRAM here; those are left out");
     } else if (st == TM_OK) {
-        size_t budget = 0;
+        /* each GPU's budget over its own layers (one GPU: the plan itself) */
         tm_trace_stats none = {0};
         const tm_trace_stats *obs = o->learn;
-        if ((st = tier_cache_budget(t, p, &budget)) == TM_OK && !obs &&
-            (st = trace_stats_init(&none, &shape, 0)) == TM_OK)
-            obs = &none;
-        if (st == TM_OK) {
+        bool *mine = calloc(t->n_layer, sizeof(bool));
+        if (!mine) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
+        if (st == TM_OK && !obs && (st = trace_stats_init(&none, &shape, 0)) == TM_OK) obs = &none;
+        if (st == TM_OK && t->n_cache_gpus > 1) st = plan_init(out, &shape);
+        for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) {
+            size_t budget = 0;
+            for (uint32_t l = 0; l < t->n_layer; l++)
+                mine[l] = cacheable[l] && t->layers[l].gpu_index == g;
+            if ((st = tier_cache_budget(t, p, g, &budget))) break;
             const tm_plan_params pp = {(tm_plan_weighting)o->weighting,
                                        o->curve > 0 ? o->curve : TM_PLAN_CURVE_DEFAULT, budget,
-                                       bytes, cacheable};
-            st = plan_make(obs, &pp, out);
+                                       bytes, mine};
+            if (t->n_cache_gpus == 1) {
+                st = plan_make(obs, &pp, out);
+                break;
+            }
+            tm_plan pg = {0};
+            st = plan_make(obs, &pp, &pg);
+            for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++)
+                if (mine[l] && pg.n_slots[l])
+                    st = plan_set_layer(out, l, pg.experts[l], pg.n_slots[l], bytes[l]);
+            plan_free(&pg);
         }
+        free(mine);
         trace_stats_free(&none);
     }
     free(bytes), free(cacheable);
@@ -171,9 +216,12 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
                      : o->policy_set                         ? o->policy
                                                              : TM_CACHE_ADAPTIVE;
     t->max_admit = !o->max_admit ? 1 : o->max_admit < 0 ? 0 : o->max_admit;
-    bool any_ram = false;
+    bool any_ram = false, any_mib = p->cache_mib != 0;
     for (uint32_t l = 0; l < t->n_layer; l++) any_ram |= t->layers[l].cls == TM_TIER_RAM;
-    if (!p->cache_mib && !p->cache.plan) return TM_OK;
+    for (int g = 0; g < p->n_cache_gpu; g++) any_mib |= p->cache_mib_gpu[g] != 0;
+    t->n_cache_gpus = t->gpu ? exec_gpu_count(t->e) : 0;
+    t->copy_gpu[0] = t->copy;
+    if (!any_mib && !p->cache.plan) return TM_OK;
     if (!t->gpu) {
         tm_log_info("--moe-cache: no GPU in use, every expert is computed on the CPU");
         return TM_OK;
@@ -184,12 +232,14 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     }
     tm_plan plan = {0};
     tm_status st = tier_cache_plan(t, p, &plan);
-    size_t total = 0, n_cached = 0, smallest = SIZE_MAX; /* layers' experts may differ in size */
+    size_t total[EXEC_MAX_GPUS] = {0}, n_cached = 0; /* each GPU's slots */
+    size_t smallest = SIZE_MAX;                      /* layers' experts may differ in size */
     uint32_t n_layers = 0;
     int32_t lo = (int32_t)t->n_expert, hi = 0;
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         if (!plan.n_slots[l]) continue;
-        total += (size_t)plan.n_slots[l] * t->layers[l].expert_bytes + 3 * 256;
+        total[t->layers[l].gpu_index] +=
+            (size_t)plan.n_slots[l] * t->layers[l].expert_bytes + 3 * 256;
         n_cached += (size_t)plan.n_slots[l];
         n_layers++;
         if (plan.n_slots[l] < lo) lo = plan.n_slots[l];
@@ -206,25 +256,38 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     }
     const size_t map_bytes = (size_t)t->n_layer * t->n_expert * sizeof(int32_t);
     if (st == TM_OK) st = cuda_host_alloc(map_bytes, (void **)&t->slot_maps);
-    if (st == TM_OK) st = exec_dev_alloc(t->e, map_bytes, (void **)&t->slot_maps_dev);
     if (st == TM_OK) memset(t->slot_maps, 0xff, map_bytes); /* -1: layers without slots too */
     if (st == TM_OK && !(t->admit = malloc(t->n_expert * sizeof(*t->admit))))
         st = tm_error_set(TM_ERR_NOMEM, "--moe-cache: out of memory");
-    if (st == TM_OK && (st = exec_dev_alloc(t->e, total, &t->cache_mem)))
-        st = tm_error_wrap(st, "--moe-cache: ");
-    uint8_t *at = t->cache_mem;
+    /* each GPU's maps, slots, upload stream and events (GPU 0's stream: t->copy) */
+    uint8_t *at[EXEC_MAX_GPUS] = {0};
+    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) {
+        if (t->n_cache_gpus > 1 && (st = exec_gpu_set(t->e, g))) break;
+        if ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->slot_maps_gpu[g]))) break;
+        if (total[g] && (st = exec_dev_alloc(t->e, total[g], (void **)&at[g]))) {
+            st = tm_error_wrap(st,
+                               "--moe-cache (CUDA%d): ", cuda_device_info(exec_gpu(t->e))->index);
+            break;
+        }
+        if (g && (st = cuda_stream_create(&t->copy_gpu[g]))) break;
+        for (int i = 0; i < TIER_UP_BATCHES && st == TM_OK && t->update_mode != TM_MOE_UPDATE_OFF;
+             i++)
+            st = cuda_event_create(&t->up_done[i][g]);
+    }
+    t->slot_maps_dev = t->slot_maps_gpu[0], t->cache_mem = at[0];
     for (uint32_t l = 0; l < t->n_layer && st == TM_OK; l++) {
         tier_layer *L = &t->layers[l];
         const int32_t slots = plan.n_slots[l];
         if (!slots) continue;
+        uint8_t **mem = &at[L->gpu_index];
         L->cls = TM_TIER_CACHED, L->n_slots = slots;
         t->cache_bytes += (size_t)slots * L->expert_bytes;
         const tm_moe_matrix *m[3] = {&L->host.gate, &L->host.up, &L->host.down};
         tm_cuda_moe_matrix *g[3] = {&L->gpu.gate, &L->gpu.up, &L->gpu.down};
         for (int i = 0; i < 3; i++) { /* slot arrays packed, one expert's slice apart */
             const size_t slice = tier_slice_bytes(&L->host, i);
-            *g[i] = (tm_cuda_moe_matrix){at, m[i]->type, slice, m[i]->row_bytes};
-            at += ((size_t)slots * slice + 255) & ~(size_t)255;
+            *g[i] = (tm_cuda_moe_matrix){*mem, m[i]->type, slice, m[i]->row_bytes};
+            *mem += ((size_t)slots * slice + 255) & ~(size_t)255;
         }
         L->gpu.n_embd = t->n_embd, L->gpu.n_ff = t->n_ff, L->gpu.n_slots = slots;
         L->slot_of = t->slot_maps + (size_t)l * t->n_expert;
@@ -235,15 +298,15 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
         for (int32_t s = 0; s < slots && st == TM_OK; s++) {
             const int32_t e = plan.experts[l][s];
             L->expert_in[s] = e, L->slot_of[e] = s;
-            st = tier_slot_copy(t, L, s, e, NULL, NULL);
+            st = tier_slot_copy(t, L, s, e, false, NULL);
         }
-        L->slot_of_dev = t->slot_maps_dev + (size_t)l * t->n_expert;
+        L->slot_of_dev = t->slot_maps_gpu[L->gpu_index] + (size_t)l * t->n_expert;
         if (st == TM_OK) st = tier_policy_make(t, L, o->learn ? o->learn->layers[l].experts : NULL);
     }
-    if (st == TM_OK)
-        st = cuda_copy_to_device(exec_gpu(t->e), t->slot_maps_dev, t->slot_maps, map_bytes);
-    for (int i = 0; i < TIER_UP_BATCHES && st == TM_OK && t->update_mode != TM_MOE_UPDATE_OFF; i++)
-        st = cuda_event_create(&t->up_done[i]);
+    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++)
+        if ((st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK) == TM_OK)
+            st = cuda_copy_to_device(exec_gpu(t->e), t->slot_maps_gpu[g], t->slot_maps, map_bytes);
+    if (st == TM_OK && t->n_cache_gpus > 1) st = exec_gpu_set(t->e, 0);
     if (st == TM_OK) {
         static const char *const upd[] = {"exchanged between requests",
                                           "the policy admits routed experts after each step",
@@ -265,7 +328,13 @@ void tier_cache_free(tm_tier *t) {
         free(t->layers[l].expert_in);
         cache_policy_free(t->layers[l].policy);
     }
-    for (int i = 0; i < TIER_UP_BATCHES; i++) cuda_event_free(t->up_done[i]);
+    for (int g = 0; g < EXEC_MAX_GPUS; g++) {
+        for (int i = 0; i < TIER_UP_BATCHES; i++) cuda_event_free(t->up_done[i][g]);
+        if (g && t->copy_gpu[g]) {
+            (void)cuda_stream_sync(t->copy_gpu[g]);
+            cuda_stream_free(t->copy_gpu[g]);
+        }
+    }
     cuda_host_free(t->slot_maps);
     free(t->admit), free(t->want), free(t->pending);
 }
@@ -299,8 +368,10 @@ void tier_cache_observe(tm_tier *t, tier_layer *L, const int32_t *ids, int64_t n
 static tm_status tier_cache_finish(tm_tier *t, bool *dirty) {
     while (t->up_used < t->up_next) {
         bool done = true;
-        tm_status st = cuda_event_query(t->up_done[t->up_used % TIER_UP_BATCHES], &done);
-        if (st != TM_OK) return st;
+        for (int g = 0; g < t->n_cache_gpus && done; g++) {
+            tm_status st = cuda_event_query(t->up_done[t->up_used % TIER_UP_BATCHES][g], &done);
+            if (st != TM_OK) return st;
+        }
         if (!done) break;
         const uint32_t b = t->up_used++;
         int64_t keep = 0;
@@ -325,7 +396,7 @@ static tm_status tier_cache_start(tm_tier *t, bool *dirty) {
     if (!t->n_want) return TM_OK;
     tm_status st = TM_OK;
     if (t->up_next - t->up_used == TIER_UP_BATCHES) { /* the oldest batch first */
-        if ((st = cuda_stream_sync(t->copy)) || (st = tier_cache_finish(t, dirty))) return st;
+        if ((st = tier_copies_sync(t)) || (st = tier_cache_finish(t, dirty))) return st;
     }
     if ((st = tier_want_room(&t->pending, &t->cap_pending, t->n_pending + t->n_want))) return st;
     const uint32_t b = t->up_next;
@@ -333,7 +404,7 @@ static tm_status tier_cache_start(tm_tier *t, bool *dirty) {
         tier_upload u = t->want[i];
         tier_layer *L = &t->layers[u.layer];
         int queued = 0;
-        const bool ok = tier_slot_copy(t, L, u.slot, u.expert, t->copy, &queued) == TM_OK;
+        const bool ok = tier_slot_copy(t, L, u.slot, u.expert, true, &queued) == TM_OK;
         if (queued) { /* the slot is being written: nothing maps it until its batch is done
                          (no step runs now, and the maps reach the device before the next) */
             for (int64_t j = 0; j < t->n_pending; j++) /* an earlier upload into the slot */
@@ -362,7 +433,9 @@ static tm_status tier_cache_start(tm_tier *t, bool *dirty) {
         s->upload_bytes += L->expert_bytes;
     }
     t->n_want = 0;
-    if (st == TM_OK) st = cuda_event_record(t->up_done[b % TIER_UP_BATCHES], t->copy);
+    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) /* each GPU's, with it current */
+        if ((st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK) == TM_OK)
+            st = cuda_event_record(t->up_done[b % TIER_UP_BATCHES][g], t->copy_gpu[g]);
     if (st == TM_OK) t->up_next++;
     return st;
 }
@@ -373,7 +446,7 @@ static tm_status tier_cache_sync_maps(tm_tier *t, bool wait) {
     if (!dirty) return tm_error_set(TM_ERR_NOMEM, "VRAM cache: out of memory");
     tm_status st = tier_cache_finish(t, dirty);
     if (st == TM_OK) st = tier_cache_start(t, dirty);
-    if (st == TM_OK && wait && (st = cuda_stream_sync(t->copy)) == TM_OK)
+    if (st == TM_OK && wait && (st = tier_copies_sync(t)) == TM_OK)
         st = tier_cache_finish(t, dirty);
     bool any = false;
     for (uint32_t l = 0; l < t->n_layer; l++) any |= dirty[l];
@@ -420,7 +493,7 @@ tm_status tier_cache_set(tm_tier *t, uint32_t layer, int32_t slot, int32_t exper
     /* nothing may read the slots or be uploading into them */
     tm_status st = exec_select(t->e); /* an API or HTTP thread */
     if (st == TM_OK) st = tier_cache_settle(t);
-    if (st == TM_OK) st = tier_slot_copy(t, L, slot, expert, NULL, NULL);
+    if (st == TM_OK) st = tier_slot_copy(t, L, slot, expert, false, NULL);
     if (st != TM_OK) return st;
     if (L->expert_in[slot] >= 0) L->slot_of[L->expert_in[slot]] = -1;
     L->expert_in[slot] = expert, L->slot_of[expert] = slot;

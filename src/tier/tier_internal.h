@@ -215,14 +215,21 @@ struct tm_tier {
     int32_t max_admit; /* the policies' (0: no cap) */
     bool upload_warned;
     int32_t *slot_maps;     /* pinned [n_layer][n_expert]: every cached layer's slot_of */
-    int32_t *slot_maps_dev; /* their device copy (the router kernel reads them) */
-    tm_cache_admit *admit;  /* scratch [n_expert] */
-    tier_upload *want;      /* decided during a step, queued after it */
+    int32_t *slot_maps_dev; /* their device copy (the router kernel reads them): GPU 0's */
+    /* over several GPUs: each GPU's copy of the maps (a cached layer's slot_of_dev points
+       into its GPU's), its layers' slots and the stream their uploads take ([0]: the
+       fields above and t->copy) */
+    int32_t *slot_maps_gpu[EXEC_MAX_GPUS];
+    tm_cuda_stream copy_gpu[EXEC_MAX_GPUS];
+    int n_cache_gpus;
+    tm_cache_admit *admit; /* scratch [n_expert] */
+    tier_upload *want;     /* decided during a step, queued after it */
     int64_t n_want, cap_want;
     tier_upload *pending; /* queued on the copy stream, not yet used */
     int64_t n_pending, cap_pending;
-    tm_cuda_event up_done[TIER_UP_BATCHES]; /* batch b's uploads are done: up_done[b % ...] */
-    uint32_t up_next, up_used;              /* batches queued; batches used */
+    /* batch b's uploads on GPU g are done: up_done[b % TIER_UP_BATCHES][g] */
+    tm_cuda_event up_done[TIER_UP_BATCHES][EXEC_MAX_GPUS];
+    uint32_t up_next, up_used; /* batches queued; batches used */
 
     tm_store *store;  /* --ram-cache: the CPU lane reads the experts in RAM from it */
     void *store_pin;  /* the store's slots, registered for the fetch ring's copies (NULL: not) */

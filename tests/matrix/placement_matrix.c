@@ -276,7 +276,7 @@ static void pm_env(const pm_case *c, bool on) {
 /* --moe-ahead auto copies into the cache (and turns the PCIe lane's auto share off). */
 static bool pm_auto_ahead(const pm_case *c) {
     return c->ahead == TM_MOE_AHEAD_AUTO && c->cache_mib && c->update == TM_MOE_UPDATE_BETWEEN &&
-           c->pcie == TM_MOE_PCIE_AUTO;
+           c->pcie == TM_MOE_PCIE_AUTO && !pm_split; /* over several GPUs: no copies ahead */
 }
 
 /* Whether layer l of the model has routed experts (GLM's leading dense layers do not). */
@@ -422,12 +422,17 @@ static const pm_case pm_cases_cpu[] = {
 /* Spans of layers over two GPUs (MOCK_GPUS=2): the executor's state a GPU, the
  * activations crossing by a peer copy at the boundary; every layer's experts on the GPUs,
  * or some in RAM with the CPU lane computing them for both GPUs' layers (one mailbox, each
- * GPU's router counts), or layers past -ngl on the CPU. */
+ * GPU's router counts) and each GPU caching its own layers' experts, or layers past -ngl on
+ * the CPU. */
 static const pm_case pm_cases_gpus[] = {
     {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    /* each GPU's VRAM cache of its own layers' experts, fixed and admitting after steps */
+    {"--cpu-moe --moe-cache 1", PM_ALL, true, 0, NULL, 1, 0, 0, NULL, 0, false, 0, 0},
+    {"--cpu-moe --moe-cache 2 --moe-cache-update full", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
+     TM_MOE_UPDATE_FULL, false, 0, 0},
 };
 
 static void pm_matrix(const char *path, const pm_tolerance *tol, const pm_case *cases,

@@ -17,13 +17,14 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
   memory, -ot ...=CUDA1 when CUDA1 is not in the list: a non-zero exit and a
   message naming the flag and the GPU. run takes the flags through the public
   options (tm_context_opts.devices ...): -dev CUDA1 generates what -dev CUDA0
-  does. Spans on both GPUs with experts in RAM and a cache (--moe-cache 1, or
-  --moe-cache 1,1): refused, naming the flag (and the spans), as the caches over
-  several GPUs are not there yet.
+  does. Spans on both GPUs with experts in RAM and a GPU lane for them
+  (--moe-pcie 2): refused, naming the flag; --moe-cache A,B with one size above
+  its GPU's free memory: the flag and the GPU named.
 - Spans on both GPUs with every layer's experts on them (-ts 1,1 -ngl all):
   both GPUs hold weights and trace routes exactly as on -dev CUDA0; with the
   experts in RAM (--cpu-moe, the CPU lane for both GPUs' layers) as -dev CUDA0
-  --cpu-moe with the CPU lane alone (--moe-pcie off --moe-fetch off).
+  --cpu-moe with the CPU lane alone (--moe-pcie off --moe-fetch off); with
+  --moe-cache 1,1 each GPU caches its own layers' experts (3 layers cached).
 """
 import json
 import os
@@ -99,6 +100,11 @@ def main():
           counts(os.path.join(TMP, "gpus_cpumoe11.json")) ==
           counts(os.path.join(TMP, "gpus_cpumoe0.json")),
           f"-ts 1,1 --cpu-moe (spans, experts in RAM): {r0.returncode} {r.returncode} {r.stderr}")
+    # and each GPU's cache of its own layers' experts (--moe-cache A,B)
+    r = trace(os.path.join(TMP, "gpus_cache11.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl",
+              "all", "--cpu-moe", "--moe-cache", "1,1")
+    check(r.returncode == 0 and "--moe-cache:" in r.stderr and "experts in VRAM over 3 layers" in r.stderr,
+          f"-ts 1,1 --cpu-moe --moe-cache 1,1: {r.returncode} {r.stderr}")
     # --moe-cache A,B is a cache as --moe-cache N is: without -ngl it means -ngl auto
     r = trace(os.path.join(TMP, "gpus_cache2.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,0", "--moe-cache", "64,0")
     check(r.returncode == 0 and "-ngl auto" in r.stderr and "no GPU in use" not in r.stderr,
@@ -144,10 +150,10 @@ def main():
         (["--moe-cache", "100,200,300", "--cpu-moe", "-dev", "CUDA0,CUDA1"], ["--moe-cache: 3 sizes for 2 GPUs"]),
         (["-dev", "CUDA1", "--cpu-moe", "--moe-cache", "3000"], ["--moe-cache 3000", "free on CUDA1"]),
         (["-ot", "exps=CUDA1", "-ngl", "all", "-dev", "CUDA0"], ["-ot 'exps=CUDA1'", "CUDA1 is not one of"]),
-        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1"],
-         ["--moe-cache", "experts in RAM over 2 GPUs only the CPU lane"]),
-        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1,1"],
-         ["--moe-cache A,B", "layers 0-1 on CUDA0, layers 2-2 on CUDA1", "not yet implemented"]),
+        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-pcie", "2"],
+         ["--moe-pcie", "experts in RAM over 2 GPUs only the CPU lane"]),
+        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1,3000"],
+         ["--moe-cache A,B: 3000", "free on CUDA1"]),
         (["-sm", "row"], ["row: not supported"]),
         (["-mg", "x"], ["-mg", "'x'"]),
     ]
