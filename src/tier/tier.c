@@ -507,33 +507,26 @@ static tm_status tier_router_vector(tm_tier *t, tier_layer *L, const tm_weight *
     return TM_OK;
 }
 
-/* Over several GPUs the experts in RAM have the CPU lane and each GPU's VRAM cache (of
- * its own layers) so far (issue 35): the PCIe lane, the fetch ring, the copies ahead and
- * the store's ring are one GPU's (their buffers, streams and events). Their automatic
- * settings are turned off (one line); asked for by a flag, they are an error naming it. */
+/* Over several GPUs each GPU has its own lanes for the experts in RAM of its layers (the
+ * PCIe lane's work list, the fetch ring, the copy stream: tm_tier.bufs[g]) and its own VRAM
+ * cache; the copies ahead and the SSD tier's ring are one GPU's so far (issue 35): --moe-ahead
+ * auto is off (one line), and --moe-ahead N or --ram-cache an error naming the flag. */
 static tm_status tier_gpus_lanes(tm_tier *t, tm_tier_params *q) {
     bool cold = false;
     for (uint32_t l = 0; l < t->n_layer; l++)
         cold |= t->layers[l].moe && t->layers[l].cls != TM_TIER_VRAM;
     if (!cold) return TM_OK;
-    const char *flag = q->pcie > 0 ? "--moe-pcie"
-                       : q->fetch == TM_MOE_FETCH_COPY || q->fetch == TM_MOE_FETCH_PCIE
-                           ? "--moe-fetch"
-                       : q->ahead > 0        ? "--moe-ahead"
-                       : q->store.budget_mib ? "--ram-cache"
-                                             : NULL;
+    const char *flag = q->ahead > 0 ? "--moe-ahead" : q->store.budget_mib ? "--ram-cache" : NULL;
     if (flag)
         return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "%s: with experts in RAM over %d GPUs only the CPU lane and each GPU's "
-                            "VRAM cache (--moe-cache) compute them so far (the GPUs' lanes for "
-                            "experts in RAM are one GPU's); leave %s out, or give one GPU "
-                            "(-dev CUDAn)",
+                            "%s: with experts in RAM over %d GPUs the copies ahead and the SSD "
+                            "tier are one GPU's so far (each GPU's PCIe and fetch lanes and VRAM "
+                            "cache run); leave %s out, or give one GPU (-dev CUDAn)",
                             flag, exec_gpu_count(t->e), flag);
-    tm_log_info("experts in RAM over %d GPUs: the CPU lane computes those no VRAM cache holds, in "
-                "decode steps and prompts (the PCIe and fetch lanes and copies ahead are one "
-                "GPU's so far)",
-                exec_gpu_count(t->e));
-    q->pcie = TM_MOE_PCIE_OFF, q->fetch = TM_MOE_FETCH_OFF, q->ahead = TM_MOE_AHEAD_OFF;
+    if (q->ahead == TM_MOE_AHEAD_AUTO && (q->cache_mib || q->n_cache_gpu || q->cache.plan))
+        tm_log_info("experts in RAM over %d GPUs: no copies ahead (one GPU's so far)",
+                    exec_gpu_count(t->e));
+    q->ahead = TM_MOE_AHEAD_OFF;
     return TM_OK;
 }
 
@@ -610,8 +603,12 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             };
     }
     if (st == TM_OK && t->gpu && exec_gpu_count(e) > 1) st = tier_gpus_lanes(t, &q);
+    /* each GPU's copy stream (its cache's uploads, its fetch ring's copies) */
+    for (int g = exec_gpu_count(e) - 1; g > 0 && st == TM_OK && t->gpu; g--)
+        if (!(st = exec_gpu_set(e, g))) st = cuda_stream_create(&t->copy_gpu[g]);
     if (st == TM_OK && t->gpu) st = exec_gpu_set(e, 0);
     if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
+    t->copy_gpu[0] = t->copy;
     if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
     /* --moe-ahead auto: one expert a layer step into the slots of a VRAM cache that would
        otherwise change between requests only (the H200 machine, 30b-a3b, Qwen3 routing
@@ -649,14 +646,25 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     const char *q8x = getenv("TIERMOE_MOE_Q8X");
     if (t->gpu && !(q8x && !strcmp(q8x, "0")) && !exec_precise(e))
         for (uint32_t l = 0; l < n_layer; l++) t->layers[l].gpu.q8x = true;
-    /* each GPU's buffers (the last made, GPU 0's, stay in the fields) */
+    /* each GPU's buffers (the last made, GPU 0's, stay in the fields): GPU 0's fetch ring
+       and PCIe work list were made above, the others' of their shape here */
     t->n_bufs = t->gpu ? exec_gpu_count(e) : 0;
+    tier_fetch *const ring0 = t->fetch;
+    tm_cuda_moe_item *const pcie0 = t->pcie_items;
     for (int g = t->n_bufs - 1; g >= 0 && st == TM_OK; g--) {
-        if ((st = exec_gpu_set(e, g)) || (st = tier_gpu_buffers(t, exec_n_batch(e)))) break;
+        if ((st = exec_gpu_set(e, g))) break;
+        t->copy = t->copy_gpu[g], t->fetch = g ? NULL : ring0, t->pcie_items = g ? NULL : pcie0;
+        t->pcie_done = NULL;
+        if (g && ring0 && (st = tier_fetch_ring_add(t, ring0))) break;
+        if (g && pcie0 &&
+            (st = exec_dev_alloc(e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(*pcie0),
+                                 (void **)&t->pcie_items)))
+            break;
+        if (t->fetch_mode != TM_MOE_FETCH_OFF && (st = cuda_event_create(&t->pcie_done))) break;
+        if ((st = tier_gpu_buffers(t, exec_n_batch(e)))) break;
         tier_bufs_save(t, g);
         if (g) t->items_host = NULL, t->y_host = NULL; /* bufs[g] owns them */
     }
-    if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
     for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
@@ -674,7 +682,9 @@ void tier_free(tm_tier *t) {
     if (!t) return;
     /* nothing queued may still read or write what is freed below: uploads on
      * the copy stream, slot maps on their way to the device */
-    if (t->copy) (void)cuda_stream_sync(t->copy);
+    for (int g = 0; g < EXEC_MAX_GPUS; g++)
+        if (t->copy_gpu[g]) (void)cuda_stream_sync(t->copy_gpu[g]);
+    if (t->copy && !t->copy_gpu[0]) (void)cuda_stream_sync(t->copy);
     if (t->gpu) (void)exec_sync(t->e);
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
     tier_cache_free(t);
@@ -683,8 +693,13 @@ void tier_free(tm_tier *t) {
     free(t->calib);
     cuda_host_unregister(t->store_pin); /* before the slots are unmapped */
     store_free(t->store);
-    cuda_stream_free(t->copy);
+    if (t->copy_gpu[0] || t->copy) /* each GPU's stream, event and ring (bufs[g]) */
+        cuda_stream_free(t->copy_gpu[0] ? t->copy_gpu[0] : t->copy);
+    for (int g = 1; g < EXEC_MAX_GPUS; g++) cuda_stream_free(t->copy_gpu[g]);
     cuda_event_free(t->pcie_done);
+    for (int g = 0; g < t->n_bufs; g++)
+        if (g != t->bufs_gpu)
+            cuda_event_free(t->bufs[g].pcie_done), tier_fetch_ring_free(t->bufs[g].fetch);
     for (int i = 0; i < 8; i++) cuda_event_free(t->ev[i]);
     tier_pcie_unpin(t);
     cuda_host_free(t->mb_host_base);

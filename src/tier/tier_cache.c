@@ -220,7 +220,6 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     for (uint32_t l = 0; l < t->n_layer; l++) any_ram |= t->layers[l].cls == TM_TIER_RAM;
     for (int g = 0; g < p->n_cache_gpu; g++) any_mib |= p->cache_mib_gpu[g] != 0;
     t->n_cache_gpus = t->gpu ? exec_gpu_count(t->e) : 0;
-    t->copy_gpu[0] = t->copy;
     if (!any_mib && !p->cache.plan) return TM_OK;
     if (!t->gpu) {
         tm_log_info("--moe-cache: no GPU in use, every expert is computed on the CPU");
@@ -259,7 +258,7 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     if (st == TM_OK) memset(t->slot_maps, 0xff, map_bytes); /* -1: layers without slots too */
     if (st == TM_OK && !(t->admit = malloc(t->n_expert * sizeof(*t->admit))))
         st = tm_error_set(TM_ERR_NOMEM, "--moe-cache: out of memory");
-    /* each GPU's maps, slots, upload stream and events (GPU 0's stream: t->copy) */
+    /* each GPU's maps, slots and events (its uploads: its copy stream, copy_gpu[g]) */
     uint8_t *at[EXEC_MAX_GPUS] = {0};
     for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) {
         if (t->n_cache_gpus > 1 && (st = exec_gpu_set(t->e, g))) break;
@@ -269,7 +268,6 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
                                "--moe-cache (CUDA%d): ", cuda_device_info(exec_gpu(t->e))->index);
             break;
         }
-        if (g && (st = cuda_stream_create(&t->copy_gpu[g]))) break;
         for (int i = 0; i < TIER_UP_BATCHES && st == TM_OK && t->update_mode != TM_MOE_UPDATE_OFF;
              i++)
             st = cuda_event_create(&t->up_done[i][g]);
@@ -328,13 +326,8 @@ void tier_cache_free(tm_tier *t) {
         free(t->layers[l].expert_in);
         cache_policy_free(t->layers[l].policy);
     }
-    for (int g = 0; g < EXEC_MAX_GPUS; g++) {
+    for (int g = 0; g < EXEC_MAX_GPUS; g++)
         for (int i = 0; i < TIER_UP_BATCHES; i++) cuda_event_free(t->up_done[i][g]);
-        if (g && t->copy_gpu[g]) {
-            (void)cuda_stream_sync(t->copy_gpu[g]);
-            cuda_stream_free(t->copy_gpu[g]);
-        }
-    }
     cuda_host_free(t->slot_maps);
     free(t->admit), free(t->want), free(t->pending);
 }

@@ -172,9 +172,16 @@ tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p) {
     return TM_OK;
 }
 
+tm_status tier_fetch_ring_add(tm_tier *t, const tier_fetch *like) {
+    return tier_ring_create(t, like->chunk_cap, like->n_bufs);
+}
+
 void tier_fetch_free(tm_tier *t) {
-    tier_fetch *f = t->fetch;
     free(t->lane_of), free(t->cold_mark), free(t->by_count);
+    tier_fetch_ring_free(t->fetch);
+}
+
+void tier_fetch_ring_free(tier_fetch *f) {
     if (!f) return;
     for (int32_t b = 0; f->ready && b < f->n_bufs; b++) cuda_event_free(f->ready[b]);
     for (int32_t b = 0; f->freed && b < f->n_bufs; b++) cuda_event_free(f->freed[b]);
@@ -346,6 +353,8 @@ tm_status tier_fetch_begin(tm_tier *t, tier_layer *L) {
 tm_status tier_fetch_plan_next(tm_tier *t, int64_t next) {
     if (next < 0 || next >= (int64_t)t->n_layer) return TM_OK;
     const tier_layer *N = &t->layers[next];
+    if (t->n_bufs > 1 && N->gpu_index != t->bufs_gpu) /* another GPU's ring: planned at its */
+        return TM_OK;                                 /* own step */
     if (t->fetch->n_list[next] >= 0 ||
         tier_prompt_mode_of(t, N, exec_n_tok(t->e)) != TIER_PROMPT_FETCH)
         return TM_OK;
@@ -591,7 +600,7 @@ static tm_status tier_store_run(tm_tier *t, tier_layer *L, const tm_moe_slot *sl
 tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, const tm_moe_slot *sl,
                           int64_t n, const float *h, float *y) {
     tm_tier_stats *ts = &t->stats[L->cls];
-    const bool prof = exec_profiling(t->e);
+    const bool prof = tier_profiling(t);
     const tm_cuda_stream s = exec_stream(t->e);
     ts->fetch_slots += (uint64_t)n;
     tm_status st;

@@ -171,6 +171,10 @@ struct tm_tier {
         float *h_scratch, *y_dev, *y_host;
         void *gemm_scratch;
         int32_t *cpu_slots_dev, *cold_map_dev;
+        struct tier_fetch *fetch;     /* its fetch ring (its layers' prompt copies) */
+        tm_cuda_stream copy;          /* = copy_gpu[g] */
+        tm_cuda_event pcie_done;      /* its in-place GEMM's */
+        tm_cuda_moe_item *pcie_items; /* its PCIe lane's work list */
     } bufs[EXEC_MAX_GPUS];
     int n_bufs, bufs_gpu;
     tm_cuda_moe_item *items_dev, *items_host; /* [n_batch * k] */
@@ -240,9 +244,9 @@ struct tm_tier {
 
 /* The fields above from GPU g's buffers, or into them. */
 static inline void tier_bufs_save(tm_tier *t, int g) {
-    t->bufs[g] =
-        (struct tier_gpu_bufs){t->items_dev, t->items_host,   t->h_scratch,     t->y_dev,
-                               t->y_host,    t->gemm_scratch, t->cpu_slots_dev, t->cold_map_dev};
+    t->bufs[g] = (struct tier_gpu_bufs){
+        t->items_dev,     t->items_host,   t->h_scratch, t->y_dev, t->y_host,    t->gemm_scratch,
+        t->cpu_slots_dev, t->cold_map_dev, t->fetch,     t->copy,  t->pcie_done, t->pcie_items};
 }
 
 static inline void tier_bufs_load(tm_tier *t, int g) {
@@ -250,7 +254,15 @@ static inline void tier_bufs_load(tm_tier *t, int g) {
     t->items_dev = b->items_dev, t->items_host = b->items_host, t->h_scratch = b->h_scratch;
     t->y_dev = b->y_dev, t->y_host = b->y_host, t->gemm_scratch = b->gemm_scratch;
     t->cpu_slots_dev = b->cpu_slots_dev, t->cold_map_dev = b->cold_map_dev;
+    t->fetch = b->fetch, t->copy = b->copy, t->pcie_done = b->pcie_done;
+    t->pcie_items = b->pcie_items;
     t->bufs_gpu = g;
+}
+
+/* The lanes' GPU times (--profile): their events are GPU 0's, so one GPU only (the
+ * executor's parts still time every GPU's ops). */
+static inline bool tier_profiling(const tm_tier *t) {
+    return exec_profiling(t->e) && t->n_bufs <= 1;
 }
 
 /* The router's parameters for layer L (its selection bias). */
@@ -310,6 +322,9 @@ tm_status tier_cache_apply(tm_tier *t);
 int32_t tier_groups(tm_tier *t, const tm_cuda_moe_item *items, const tm_moe_slot *sl, int64_t a,
                     int64_t b);
 tm_status tier_fetch_create(tm_tier *t, const tm_tier_params *p);
+/* Another GPU's ring (the current GPU's, into t->fetch) of the first's shape. */
+tm_status tier_fetch_ring_add(tm_tier *t, const struct tier_fetch *like);
+void tier_fetch_ring_free(struct tier_fetch *f);
 /* The grouped GEMM's parameters for layer L's experts in ring buffer buf. */
 tm_cuda_moe_params tier_ring_params(const tm_tier *t, const tier_layer *L, uint8_t *buf,
                                     int32_t n_slots);

@@ -50,12 +50,6 @@ static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n
     s->pcie_bytes += (uint64_t)n_pcie * L->expert_bytes;
 }
 
-/* The lanes' GPU times (--profile): their events are GPU 0's, so one GPU only (the
- * executor's parts still time every GPU's ops). */
-static bool tier_profiling(const tm_tier *t) {
-    return exec_profiling(t->e) && t->n_bufs <= 1;
-}
-
 static uint64_t tier_event_ns(tm_cuda_event a, tm_cuda_event b) {
     float ms = 0;
     return cuda_event_elapsed(a, b, &ms) == TM_OK ? (uint64_t)(ms * 1e6) : 0;

@@ -318,8 +318,7 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
     /* auto: some but not all of k >= 3 (none when copies ahead go into a cache by default);
      * with k = 2 the built-in share (85/256: tm_cuda_mapped_count) keeps both on the CPU, a
      * calibration may give the GPU one */
-    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) || pm_split
-                        ? n_pcie == 0 /* over several GPUs: the CPU lane alone so far */
+    const bool ok = !ram_on_gpu || c->pcie == TM_MOE_PCIE_OFF || pm_auto_ahead(c) ? n_pcie == 0
                     : c->pcie > 0 ? n_pcie == (c->pcie < (int)K ? c->pcie : (int32_t)K)
                                   : K < 2 || (n_pcie >= (K >= 3) && n_pcie < (int32_t)K);
     /* the lane ran where there was a cold expert to read (a cache that holds every expert
@@ -401,9 +400,7 @@ static void pm_check_fetch(const pm_case *c, const tm_context *ctx, const char *
         fail_msg("%s: %llu routed slots counted, want %u", what, (unsigned long long)all,
                  (40 + 16) * L * cfg->n_expert_used);
     const bool ram_on_gpu = pm_ram_on_gpu(c, ctx);
-    /* over several GPUs the CPU lane alone computes experts in RAM (the fetch lane is one
-       GPU's so far) */
-    const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF && !pm_split;
+    const bool want = ram_on_gpu && c->fetch != TM_MOE_FETCH_OFF;
     if (want != (fetch > 0) || fallback)
         fail_msg("%s: %llu prompt slots on the fetch lane (%llu fallbacks), want %s", what,
                  (unsigned long long)fetch, (unsigned long long)fallback, want ? "some" : "none");
@@ -422,13 +419,19 @@ static const pm_case pm_cases_cpu[] = {
 /* Spans of layers over two GPUs (MOCK_GPUS=2): the executor's state a GPU, the
  * activations crossing by a peer copy at the boundary; every layer's experts on the GPUs,
  * or some in RAM with the CPU lane computing them for both GPUs' layers (one mailbox, each
- * GPU's router counts) and each GPU caching its own layers' experts, or layers past -ngl on
- * the CPU. */
+ * GPU's router counts), each GPU's PCIe and fetch lanes and its cache for its own layers'
+ * experts, or layers past -ngl on the CPU. */
 static const pm_case pm_cases_gpus[] = {
     {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--n-cpu-moe 2", PM_ALL, false, 2, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"-ngl 2", 2, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
+    {"--cpu-moe --moe-pcie off --moe-fetch off (the CPU lane alone)", PM_ALL, true, 0, NULL, 0,
+     TM_MOE_PCIE_OFF, TM_MOE_FETCH_OFF, NULL, 0, false, 0, 0},
+    {"--cpu-moe --moe-pcie 32 --moe-fetch pcie (everything in RAM over PCIe)", PM_ALL, true, 0,
+     NULL, 0, 32, TM_MOE_FETCH_PCIE, NULL, 0, false, 0, 0},
+    {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
+     "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false, 0, 0},
     /* each GPU's VRAM cache of its own layers' experts, fixed and admitting after steps */
     {"--cpu-moe --moe-cache 1", PM_ALL, true, 0, NULL, 1, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-cache 2 --moe-cache-update full", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
