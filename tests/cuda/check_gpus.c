@@ -42,7 +42,9 @@
 #define TOL_BIG  1e-2
 #define TOL_Q8   5e-2
 
-static const pm_tolerance gpus_tol = {1.5e-2, 5e-3, 4e-2, 3e-2, 0.2}; /* as check_model's */
+static const pm_tolerance gpus_tol = {PM_GPU_TOL_PROMPT,    PM_GPU_TOL_DECODE,
+                                      PM_GPU_TOL_QUANT,     PM_GPU_REF_TIE,
+                                      PM_GPU_REF_TIE_QUANT, 0}; /* check_model's */
 
 typedef struct gpus_run {
     int32_t toks[N_GEN];

@@ -20,10 +20,23 @@
  *   - decode in the precise mode: activations stay f32 (the normal mode's
  *     q8_0 products take 8-bit activations on the GPU too: TOL_QUANT below)
  *     and the weights are dequantized exactly,
- *     so what is left is f32 accumulation (sqrt(n) u, n <= 2048: 3e-6) and, with
- *     an f16 KV cache, the rounding of K and V (2^-11 = 4.9e-4 relative per
- *     value, averaging down over a head's dot product). TOL_DECODE = 5e-3
- *     covers a few layers with a 10x margin over 4.9e-4;
+ *     so what is left is f32 accumulation (sqrt(n) u, n <= 2048: 3e-6) and the
+ *     keys and values of earlier positions: an f16 KV cache rounds them, and those
+ *     of the prompt came from its tensor-core products (f16 inputs, below) even
+ *     in an f32 cache: about 2^-11 = 4.9e-4 relative per value, averaging down
+ *     over a head's dot product. TOL_DECODE = 5e-3 covers a few layers with a 10x
+ *     margin over 4.9e-4 where the attention logits have the usual size (scale
+ *     1/sqrt(D): those of unit-RMS q and k spread about 1). Gemma 4's are sqrt(D)
+ *     rms(q_norm ⊙ k_norm) (scale 1 over RMS-normed heads: pm_attn_spread), 1 in
+ *     mkmodel's file (gains D^-1/4) but 4.2 to 5.9 in the converter's (HF's gains
+ *     near 1, heads of 16 and 32): a key's relative error e moves its logit by
+ *     about e sqrt(2) times that spread, and the softmax passes it on, so the
+ *     tolerance of decode steps after prompt batches is TOL_DECODE times the spread
+ *     there; the greedy steps, token by token from the first (f32 products only),
+ *     keep TOL_DECODE. Measured for the converter's file: 3.4e-3 to 4.0e-3 on an
+ *     H200 at ca5d2ae; 3.8e-3 on the host mock rounding cuda_gemm's inputs to f16
+ *     as the GPU does (test_mock_placement's matrix_gemma4_f16), 5.8e-4 there with
+ *     the file's QK gains times D^-1/4;
  *   - prompt batches round activations and weights to f16 for the tensor
  *     cores: 2 x 2^-11 relative per product input pair, about 1e-3 per stage;
  *     four stages a layer (q/k/v, attention with f16 K/V, output, experts) over
@@ -50,16 +63,16 @@
 #include "model/model.h"
 #include "model/synth.h"
 
-#define TOL_DECODE 5e-3
-#define TOL_PROMPT 1.5e-2
-#define TOL_QUANT  4e-2
+#define TOL_DECODE PM_GPU_TOL_DECODE
+#define TOL_PROMPT PM_GPU_TOL_PROMPT
+#define TOL_QUANT  PM_GPU_TOL_QUANT
 #define TIE        1e-3
 #define TIE_QUANT  2e-2 /* 8-bit activations move router logits by up to ~1e-2 */
 
-#define REF_TIE       (2 * TOL_PROMPT)
-#define REF_TIE_QUANT 0.2
+#define REF_TIE       PM_GPU_REF_TIE
+#define REF_TIE_QUANT PM_GPU_REF_TIE_QUANT
 
-static const pm_tolerance gpu_tol = {TOL_PROMPT, TOL_DECODE, TOL_QUANT, REF_TIE, REF_TIE_QUANT};
+static const pm_tolerance gpu_tol = {TOL_PROMPT, TOL_DECODE, TOL_QUANT, REF_TIE, REF_TIE_QUANT, 0};
 
 static tm_context_params run_params(int ngl, bool cpu_moe, int n_cpu_moe, bool precise, tm_type kv,
                                     int64_t n_batch, int n_threads) {
@@ -105,7 +118,9 @@ void check_model(void **state) {
      * mkmodel's tiny-gemma-4 (16 experts, q8_0), as test_mock_placement's matrix_gemma4 */
     char g4[512];
     snprintf(g4, sizeof(g4), "%s/hf_gemma4/tiny-f16.gguf", data ? data : "tests/data");
-    placement_matrix_run(g4, &gpu_tol);
+    pm_tolerance g4_tol = gpu_tol; /* its attention logits' spread (4.2-5.9): see the top */
+    g4_tol.decode_kv = TOL_DECODE * pm_attn_spread(g4);
+    placement_matrix_run(g4, &g4_tol);
     tm_synth_config sc;
     CHECK(synth_config_preset(&sc, "tiny-gemma-4"));
     sc.n_embd = 256, sc.n_expert = 16, sc.n_expert_used = 2, sc.n_ff_exp = 64, sc.n_ff = 256;

@@ -48,7 +48,29 @@ typedef struct pm_tolerance {
      * steps' (precise) tie. */
     double tie;
     double tie_quant; /* the same with 8-bit activations */
+    /* After a precise decode step that follows prompt batches (0: decode): it attends over
+     * their keys and values, which the GPU's tensor-core products computed from f16 inputs
+     * (check_model.c: decode times pm_attn_spread). The greedy steps, one token a call from
+     * the first, keep decode. */
+    double decode_kv;
 } pm_tolerance;
+
+/* The GPU's tolerances (tests/cuda/check_model.c derives them): precise prompt batches
+ * (f16 tensor-core inputs), precise decode steps, the normal mode (8-bit activations), the
+ * routing ties against the f64 reference (twice the prompt's bound; 8-bit: see
+ * test_mock_placement.c). */
+#define PM_GPU_TOL_PROMPT    1.5e-2
+#define PM_GPU_TOL_DECODE    5e-3
+#define PM_GPU_TOL_QUANT     4e-2
+#define PM_GPU_REF_TIE       (2 * PM_GPU_TOL_PROMPT)
+#define PM_GPU_REF_TIE_QUANT 0.2
+
+/* How much larger than the usual (1/sqrt(D)-scaled) ones the attention logits of the model at
+ * path are: gemma4's scale 1 over per-head RMS-normed q and k gives logits of spread
+ * sqrt(D) rms(q_norm ⊙ k_norm); the largest of its layers, at least 1 (1 for the other
+ * architectures). An error of the keys and values (a prompt's f16 tensor-core products)
+ * moves the softmax that much more: check_model.c scales its decode tolerance by it. */
+double pm_attn_spread(const char *path);
 
 /* Write the tiny synthetic qwen3moe with n_layer layers and n_expert experts,
  * its attention matrices of type_attn, to $TM_TEST_TMP/name (or /tmp); path

@@ -8,8 +8,11 @@
  * there is a sticky stream error, as a kernel fault would be.
  *
  * Products dequantize each weight row exactly (quant_row_dequantize) and sum
- * in double; the results are stored as float (the real gemm's f16 rounding of
- * its inputs is not reproduced). */
+ * in double; the results are stored as float. The real cuda_gemm's f16 rounding of
+ * its inputs (cuda.h) is not reproduced, so the matrix's precise tolerance stays
+ * tight, unless MOCK_GEMM_F16=1: then cuda_gemm rounds x and the weights of a
+ * non-f32 matrix to f16 first, as gemm.cu does (for the GPU's own precise-mode
+ * numbers on the CPU: test_mock_placement's group matrix_gemma4_f16). */
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
@@ -42,19 +45,29 @@ typedef struct matvec_arg {
     int64_t rows, k, n_tok;
     const float *x;
     float *y;
+    bool f16_inputs; /* x and the rows rounded to f16 first (cuda_gemm with MOCK_GEMM_F16=1) */
 } matvec_arg;
+
+static float round_f16(float v) {
+    return quant_f16_to_f32(quant_f32_to_f16(v));
+}
 
 static bool matvec_run(void *arg, char *err, size_t err_size) {
     const matvec_arg *a = arg;
     NEED_DEVICE(a->w, rows_span(a->type, a->row_bytes, a->rows, a->k), "the weights");
     NEED_DEVICE(a->x, (size_t)(a->n_tok * a->k) * 4, "x");
     NEED_DEVICE(a->y, (size_t)(a->n_tok * a->rows) * 4, "y");
-    float *row = malloc((size_t)a->k * sizeof(float));
+    const bool f16 = a->f16_inputs && a->type != TM_TYPE_F32; /* f32 weights: cublasSgemm */
+    const int64_t nx = f16 ? a->n_tok * a->k : 0;
+    float *row = malloc((size_t)(a->k + nx) * sizeof(float)), *xr = row + a->k;
     if (!row) return mock_fail(err, err_size, "out of host memory");
+    for (int64_t i = 0; i < nx; i++) xr[i] = round_f16(a->x[i]);
+    const float *x = f16 ? xr : a->x;
     for (int64_t r = 0; r < a->rows; r++) {
         quant_row_dequantize(a->type, (const char *)a->w + r * a->row_bytes, row, a->k);
+        for (int64_t i = 0; f16 && i < a->k; i++) row[i] = round_f16(row[i]);
         for (int64_t t = 0; t < a->n_tok; t++)
-            a->y[t * a->rows + r] = (float)dot(row, a->x + t * a->k, a->k);
+            a->y[t * a->rows + r] = (float)dot(row, x + t * a->k, a->k);
     }
     free(row);
     return true;
@@ -64,7 +77,7 @@ tm_status cuda_mmvq(tm_type type, const void *w, size_t row_bytes, int64_t rows,
                     const float *x, int64_t n_tok, float *y, tm_cuda_stream stream) {
     tm_status st = cuda_mmvq_args_check(type, w, row_bytes, rows, k, x, n_tok);
     if (st != TM_OK) return st;
-    const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y};
+    const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y, false};
     return mock_launch(stream, "cuda_mmvq", matvec_run, &a, sizeof(a));
 }
 
@@ -174,7 +187,8 @@ tm_status cuda_gemm(tm_cuda_blas *b, tm_type type, const void *w, size_t row_byt
                     tm_cuda_stream stream) {
     tm_status st = cuda_gemm_args_check(b, type, w, row_bytes, rows, k, x, n_tok, y, scratch);
     if (st != TM_OK) return st;
-    const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y};
+    const char *f16 = getenv("MOCK_GEMM_F16");
+    const matvec_arg a = {type, w, row_bytes, rows, k, n_tok, x, y, f16 && !strcmp(f16, "1")};
     return mock_launch(stream, "cuda_gemm", matvec_run, &a, sizeof(a));
 }
 
@@ -247,7 +261,7 @@ tm_status cuda_dequantize_f16(tm_type type, const void *w, size_t row_bytes, int
                               int64_t k, void *out_f16, tm_cuda_stream stream) {
     tm_status st = cuda_dequantize_f16_args_check(type, w, row_bytes, rows, k, out_f16);
     if (st != TM_OK) return st;
-    const matvec_arg a = {type, w, row_bytes, rows, k, 0, NULL, out_f16};
+    const matvec_arg a = {type, w, row_bytes, rows, k, 0, NULL, out_f16, false};
     return mock_launch(stream, "cuda_dequantize_f16", dequant_f16_run, &a, sizeof(a));
 }
 
