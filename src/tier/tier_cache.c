@@ -316,6 +316,19 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
                     : p->cache.learn ? "planned from the learn file"
                                      : "no learn file: the lowest ids",
                     upd[t->update_mode]);
+        char each[256] = "";
+        size_t k = 0;
+        for (int g = 0; g < t->n_cache_gpus && t->n_cache_gpus > 1 && k < sizeof(each); g++) {
+            uint32_t layers = 0;
+            for (uint32_t l = 0; l < t->n_layer; l++)
+                layers += plan.n_slots[l] && t->layers[l].gpu_index == g;
+            if ((st = exec_gpu_set(t->e, g))) break;
+            k += (size_t)snprintf(each + k, sizeof(each) - k, "%sCUDA%d %.1f MiB (%u layers)",
+                                  k ? ", " : "", cuda_device_info(exec_gpu(t->e))->index,
+                                  total[g] / 1048576.0, layers);
+        }
+        if (st == TM_OK && t->n_cache_gpus > 1) st = exec_gpu_set(t->e, 0);
+        if (*each) tm_log_info("--moe-cache: each GPU's slots for its own layers: %s", each);
     }
     plan_free(&plan);
     return st;
