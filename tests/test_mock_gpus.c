@@ -188,6 +188,14 @@ static void test_one_of_two(void **state) {
         for (uint32_t l = 0; l < 3; l++)
             per_gpu[k2.c->placement.layer_gpu[l]] += tier_cache_slots(k2.c->tier, l) > 0;
         assert_int_equal(per_gpu[0], 2), assert_int_equal(per_gpu[1], 1);
+        /* --profile's per-GPU counts: each GPU's layers, and together the classes' slots */
+        int n_gpu = 0;
+        const tm_tier_stats *gs = tier_stats_gpu(k2.c->tier, &n_gpu);
+        assert_int_equal(n_gpu, 2);
+        assert_int_equal(gs[0].layers, 2), assert_int_equal(gs[1].layers, 1);
+        assert_true(gs[0].hot_slots > 0 && gs[1].hot_slots > 0);
+        assert_true(gs[0].hot_slots + gs[1].hot_slots == ts[TM_TIER_CACHED].hot_slots);
+        assert_true(gs[0].cold_slots + gs[1].cold_slots == ts[TM_TIER_CACHED].cold_slots);
         run_free(&k2);
     }
 

@@ -54,6 +54,20 @@ void model_profile_print(const tm_context *ctx, const uint64_t *prof0,
             (s->gpu_wait_ns - s0->gpu_wait_ns) * 1e-6 / runs,
             (s->merge_ns - s0->merge_ns) * 1e-6 / runs);
     }
+    int n_gpu = 0;
+    const tm_tier_stats *gs = tier_stats_gpu(ctx->tier, &n_gpu);
+    for (int g = 0; g < n_gpu; g++) { /* since load: shares, not per run */
+        const tm_tier_stats *s = &gs[g];
+        const uint64_t all = s->hot_slots + s->pcie_slots + s->cold_slots;
+        if (!s->layers) continue;
+        fprintf(out,
+                "  GPU %d (its %u layers' MoE steps, since load): %llu routed slots, %.1f%% hot, "
+                "%.1f%% over PCIe, %.1f%% to the CPU lane (prompts' fetched slots apart); %.3f "
+                "GB of experts read from VRAM, %.3f GB over PCIe\n",
+                g, s->layers, (unsigned long long)all, all ? 100.0 * s->hot_slots / all : 0.0,
+                all ? 100.0 * s->pcie_slots / all : 0.0, all ? 100.0 * s->cold_slots / all : 0.0,
+                s->hot_bytes * 1e-9, s->pcie_bytes * 1e-9);
+    }
     const tm_tier_stats *cs = &ts[TM_TIER_CACHED], z = {0},
                         *cs0 = tier0 ? &tier0[TM_TIER_CACHED] : &z;
     const uint64_t hot = cs->hot_slots - cs0->hot_slots,

@@ -87,6 +87,11 @@ const tm_tier_stats *tier_stats(const tm_tier *t) {
     return t->stats;
 }
 
+const tm_tier_stats *tier_stats_gpu(const tm_tier *t, int *n) {
+    *n = t->n_bufs > 1 ? t->n_bufs : 0;
+    return t->stats_gpu;
+}
+
 const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t) {
     return &t->lane_stats;
 }
@@ -669,7 +674,8 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++)
-        if (t->layers[l].moe) t->stats[t->layers[l].cls].layers++;
+        if (t->layers[l].moe)
+            t->stats[t->layers[l].cls].layers++, t->stats_gpu[t->layers[l].gpu_index].layers++;
     if (st != TM_OK) {
         tier_free(t);
         return st;

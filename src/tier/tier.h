@@ -163,6 +163,9 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
                    tm_act *x, tm_act *ffn_out);
 
 const tm_tier_stats *tier_stats(const tm_tier *t); /* [TM_TIER_CLASS_COUNT] */
+/* Over several GPUs: the same counts by the GPU of each layer's MoE step (*n GPUs; their
+ * layers, calls and slots by lane with their bytes; n 0 with one GPU or none). */
+const tm_tier_stats *tier_stats_gpu(const tm_tier *t, int *n);
 /* The SSD tier's counters (NULL: no --ram-cache). */
 const tm_store_stats *tier_store_stats(const tm_tier *t);
 const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t);

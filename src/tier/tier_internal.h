@@ -239,6 +239,7 @@ struct tm_tier {
     void *store_pin;  /* the store's slots, registered for the fetch ring's copies (NULL: not) */
     int64_t n_stored; /* prompt chunks copied from the store (their ring buffer: % n_bufs) */
     tm_tier_stats stats[TM_TIER_CLASS_COUNT];
+    tm_tier_stats stats_gpu[EXEC_MAX_GPUS]; /* the routed slots by their layer's GPU (spans) */
     tm_moe_lane_stats lane_stats;
 };
 

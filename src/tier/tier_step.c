@@ -41,13 +41,16 @@ static const int32_t *tier_split_map(const tier_layer *L) {
 
 static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n_pcie,
                        int64_t n_cold) {
-    tm_tier_stats *s = &t->stats[L->cls];
-    s->calls++;
-    s->hot_slots += (uint64_t)n_hot, s->cold_slots += (uint64_t)n_cold;
-    s->pcie_slots += (uint64_t)n_pcie;
-    s->hot_bytes += (uint64_t)n_hot * L->expert_bytes;
-    s->cold_bytes += (uint64_t)n_cold * L->expert_bytes;
-    s->pcie_bytes += (uint64_t)n_pcie * L->expert_bytes;
+    tm_tier_stats *by[2] = {&t->stats[L->cls], &t->stats_gpu[L->gpu_index]};
+    for (int i = 0; i < 2; i++) {
+        tm_tier_stats *s = by[i];
+        s->calls++;
+        s->hot_slots += (uint64_t)n_hot, s->cold_slots += (uint64_t)n_cold;
+        s->pcie_slots += (uint64_t)n_pcie;
+        s->hot_bytes += (uint64_t)n_hot * L->expert_bytes;
+        s->cold_bytes += (uint64_t)n_cold * L->expert_bytes;
+        s->pcie_bytes += (uint64_t)n_pcie * L->expert_bytes;
+    }
 }
 
 static uint64_t tier_event_ns(tm_cuda_event a, tm_cuda_event b) {
