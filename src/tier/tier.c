@@ -656,19 +656,26 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     t->n_bufs = t->gpu ? exec_gpu_count(e) : 0;
     tier_fetch *const ring0 = t->fetch;
     tm_cuda_moe_item *const pcie0 = t->pcie_items;
+    int failed = -1; /* the GPU whose buffers failed */
     for (int g = t->n_bufs - 1; g >= 0 && st == TM_OK; g--) {
+        failed = g;
         if ((st = exec_gpu_set(e, g))) break;
         t->copy = t->copy_gpu[g], t->fetch = g ? NULL : ring0, t->pcie_items = g ? NULL : pcie0;
         t->pcie_done = NULL;
-        if (g && ring0 && (st = tier_fetch_ring_add(t, ring0))) break;
-        if (g && pcie0 &&
-            (st = exec_dev_alloc(e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(*pcie0),
-                                 (void **)&t->pcie_items)))
-            break;
-        if (t->fetch_mode != TM_MOE_FETCH_OFF && (st = cuda_event_create(&t->pcie_done))) break;
-        if ((st = tier_gpu_buffers(t, exec_n_batch(e)))) break;
-        tier_bufs_save(t, g);
+        if (g && ring0) st = tier_fetch_ring_add(t, ring0);
+        if (st == TM_OK && g && pcie0)
+            st = exec_dev_alloc(e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(*pcie0),
+                                (void **)&t->pcie_items);
+        if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
+        if (st == TM_OK) st = tier_gpu_buffers(t, exec_n_batch(e));
+        tier_bufs_save(t, g); /* also after a failure: tier_free frees what bufs[g] holds */
+        if (st != TM_OK) break;
         if (g) t->items_host = NULL, t->y_host = NULL; /* bufs[g] owns them */
+    }
+    if (st != TM_OK && failed > 0) { /* bufs[failed] owns what it made; the fields: GPU 0's
+                                        ring (not yet in bufs[0]), freed once by tier_free */
+        t->fetch = ring0, t->pcie_done = NULL, t->copy = t->copy_gpu[0];
+        t->items_host = NULL, t->y_host = NULL;
     }
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
     for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
