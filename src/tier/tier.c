@@ -608,12 +608,12 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             };
     }
     if (st == TM_OK && t->gpu && exec_gpu_count(e) > 1) st = tier_gpus_lanes(t, &q);
-    /* each GPU's copy stream (its cache's uploads, its fetch ring's copies) */
-    for (int g = exec_gpu_count(e) - 1; g > 0 && st == TM_OK && t->gpu; g--)
+    /* each GPU's buffers (bufs[g], made below) and copy stream (its cache's uploads, its
+       fetch ring's copies), GPU 0's current last */
+    t->n_bufs = t->gpu ? exec_gpu_count(e) : 0;
+    for (int g = t->n_bufs - 1; g >= 0 && st == TM_OK; g--)
         if (!(st = exec_gpu_set(e, g))) st = cuda_stream_create(&t->copy_gpu[g]);
-    if (st == TM_OK && t->gpu) st = exec_gpu_set(e, 0);
-    if (st == TM_OK && t->gpu) st = cuda_stream_create(&t->copy);
-    t->copy_gpu[0] = t->copy;
+    t->copy = t->copy_gpu[0];
     if (st == TM_OK && p->store.budget_mib) st = tier_store_create(t, layers, &q);
     /* --moe-ahead auto: one expert a layer step into the slots of a VRAM cache that would
        otherwise change between requests only (the H200 machine, 30b-a3b, Qwen3 routing
@@ -653,7 +653,6 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         for (uint32_t l = 0; l < n_layer; l++) t->layers[l].gpu.q8x = true;
     /* each GPU's buffers (the last made, GPU 0's, stay in the fields): GPU 0's fetch ring
        and PCIe work list were made above, the others' of their shape here */
-    t->n_bufs = t->gpu ? exec_gpu_count(e) : 0;
     tier_fetch *const ring0 = t->fetch;
     tm_cuda_moe_item *const pcie0 = t->pcie_items;
     int failed = -1; /* the GPU whose buffers failed */
@@ -695,9 +694,8 @@ void tier_free(tm_tier *t) {
     if (!t) return;
     /* nothing queued may still read or write what is freed below: uploads on
      * the copy stream, slot maps on their way to the device */
-    for (int g = 0; g < EXEC_MAX_GPUS; g++)
+    for (int g = 0; g < EXEC_MAX_GPUS; g++) /* t->copy is one of them */
         if (t->copy_gpu[g]) (void)cuda_stream_sync(t->copy_gpu[g]);
-    if (t->copy && !t->copy_gpu[0]) (void)cuda_stream_sync(t->copy);
     if (t->gpu) (void)exec_sync(t->e);
     for (uint32_t l = 0; t->layers && l < t->n_layer; l++) free(t->layers[l].seen);
     tier_cache_free(t);
@@ -706,9 +704,7 @@ void tier_free(tm_tier *t) {
     free(t->calib);
     cuda_host_unregister(t->store_pin); /* before the slots are unmapped */
     store_free(t->store);
-    if (t->copy_gpu[0] || t->copy) /* each GPU's stream, event and ring (bufs[g]) */
-        cuda_stream_free(t->copy_gpu[0] ? t->copy_gpu[0] : t->copy);
-    for (int g = 1; g < EXEC_MAX_GPUS; g++) cuda_stream_free(t->copy_gpu[g]);
+    for (int g = 0; g < EXEC_MAX_GPUS; g++) cuda_stream_free(t->copy_gpu[g]); /* and bufs[g]'s: */
     cuda_event_free(t->pcie_done);
     for (int g = 0; g < t->n_bufs; g++)
         if (g != t->bufs_gpu)

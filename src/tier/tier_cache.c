@@ -44,18 +44,13 @@ size_t tier_cache_bytes(const tm_tier *t) {
     return t->cache_bytes;
 }
 
-/* Over several GPUs: the GPU of layer L's slots the one calls go to. */
-static tm_status tier_cache_gpu(tm_tier *t, const tier_layer *L) {
-    return t->n_cache_gpus > 1 ? exec_gpu_set(t->e, L->gpu_index) : TM_OK;
-}
-
 /* Copy expert e's slices into slot s: on the copy stream of the slots' GPU (async) or
  * through the staging buffers, waiting. *queued (may be NULL): how many of the three
  * slices were queued (0: the slot is untouched). */
 static tm_status tier_slot_copy(tm_tier *t, const tier_layer *L, int32_t slot, int32_t expert,
                                 bool async, int *queued) {
     if (queued) *queued = 0;
-    tm_status st = tier_cache_gpu(t, L);
+    tm_status st = exec_gpu_set(t->e, L->gpu_index); /* the slots' GPU (no-op with one) */
     if (st != TM_OK) return st;
     const tm_cuda_stream stream = async ? t->copy_gpu[L->gpu_index] : NULL;
     const tm_moe_matrix *src[3] = {&L->host.gate, &L->host.up, &L->host.down};
@@ -78,18 +73,18 @@ static tm_status tier_slot_copy(tm_tier *t, const tier_layer *L, int32_t slot, i
  * work only (seen on the mock: a router read GPU 1's map before its push). */
 static tm_status tier_map_push(tm_tier *t) {
     tm_status st = TM_OK;
-    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++)
-        if ((st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK) == TM_OK)
+    for (int g = 0; g < t->n_bufs && st == TM_OK; g++)
+        if ((st = exec_gpu_set(t->e, g)) == TM_OK)
             st = cuda_copy_async(t->slot_maps_gpu[g], t->slot_maps,
                                  (size_t)t->n_layer * t->n_expert * sizeof(int32_t),
                                  exec_stream(t->e));
-    return st == TM_OK && t->n_cache_gpus > 1 ? exec_gpu_set(t->e, 0) : st;
+    return st == TM_OK ? exec_gpu_set(t->e, 0) : st;
 }
 
 /* Wait for every GPU's uploads. */
 static tm_status tier_copies_sync(tm_tier *t) {
     tm_status st = TM_OK;
-    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) st = cuda_stream_sync(t->copy_gpu[g]);
+    for (int g = 0; g < t->n_bufs && st == TM_OK; g++) st = cuda_stream_sync(t->copy_gpu[g]);
     return st;
 }
 
@@ -116,7 +111,7 @@ static int64_t tier_cache_mib(const tm_tier_params *p, int g) {
 /* The budget in bytes for GPU g's cache (errors name the flag and the GPU). */
 static tm_status tier_cache_budget(tm_tier *t, const tm_tier_params *p, int g, size_t *budget) {
     size_t free_b = 0, total_b = 0;
-    tm_status st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK;
+    tm_status st = exec_gpu_set(t->e, g);
     if (st == TM_OK) st = cuda_device_memory(exec_gpu(t->e), &free_b, &total_b);
     if (st != TM_OK) return st;
     const int64_t mib = tier_cache_mib(p, g);
@@ -182,8 +177,8 @@ static tm_status tier_cache_plan(tm_tier *t, const tm_tier_params *p, tm_plan *o
         bool *mine = calloc(t->n_layer, sizeof(bool));
         if (!mine) st = tm_error_set(TM_ERR_NOMEM, "out of memory");
         if (st == TM_OK && !obs && (st = trace_stats_init(&none, &shape, 0)) == TM_OK) obs = &none;
-        if (st == TM_OK && t->n_cache_gpus > 1) st = plan_init(out, &shape);
-        for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) {
+        if (st == TM_OK && t->n_bufs > 1) st = plan_init(out, &shape);
+        for (int g = 0; g < t->n_bufs && st == TM_OK; g++) {
             size_t budget = 0;
             for (uint32_t l = 0; l < t->n_layer; l++)
                 mine[l] = cacheable[l] && t->layers[l].gpu_index == g;
@@ -191,7 +186,7 @@ static tm_status tier_cache_plan(tm_tier *t, const tm_tier_params *p, tm_plan *o
             const tm_plan_params pp = {(tm_plan_weighting)o->weighting,
                                        o->curve > 0 ? o->curve : TM_PLAN_CURVE_DEFAULT, budget,
                                        bytes, mine};
-            if (t->n_cache_gpus == 1) {
+            if (t->n_bufs == 1) {
                 st = plan_make(obs, &pp, out);
                 break;
             }
@@ -219,7 +214,6 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
     bool any_ram = false, any_mib = p->cache_mib != 0;
     for (uint32_t l = 0; l < t->n_layer; l++) any_ram |= t->layers[l].cls == TM_TIER_RAM;
     for (int g = 0; g < p->n_cache_gpu; g++) any_mib |= p->cache_mib_gpu[g] != 0;
-    t->n_cache_gpus = t->gpu ? exec_gpu_count(t->e) : 0;
     if (!any_mib && !p->cache.plan) return TM_OK;
     if (!t->gpu) {
         tm_log_info("--moe-cache: no GPU in use, every expert is computed on the CPU");
@@ -260,8 +254,8 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
         st = tm_error_set(TM_ERR_NOMEM, "--moe-cache: out of memory");
     /* each GPU's maps, slots and events (its uploads: its copy stream, copy_gpu[g]) */
     uint8_t *at[EXEC_MAX_GPUS] = {0};
-    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) {
-        if (t->n_cache_gpus > 1 && (st = exec_gpu_set(t->e, g))) break;
+    for (int g = 0; g < t->n_bufs && st == TM_OK; g++) {
+        if ((st = exec_gpu_set(t->e, g))) break;
         if ((st = exec_dev_alloc(t->e, map_bytes, (void **)&t->slot_maps_gpu[g]))) break;
         if (total[g] && (st = exec_dev_alloc(t->e, total[g], (void **)&at[g]))) {
             st = tm_error_wrap(st,
@@ -301,10 +295,10 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
         L->slot_of_dev = t->slot_maps_gpu[L->gpu_index] + (size_t)l * t->n_expert;
         if (st == TM_OK) st = tier_policy_make(t, L, o->learn ? o->learn->layers[l].experts : NULL);
     }
-    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++)
-        if ((st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK) == TM_OK)
+    for (int g = 0; g < t->n_bufs && st == TM_OK; g++)
+        if ((st = exec_gpu_set(t->e, g)) == TM_OK)
             st = cuda_copy_to_device(exec_gpu(t->e), t->slot_maps_gpu[g], t->slot_maps, map_bytes);
-    if (st == TM_OK && t->n_cache_gpus > 1) st = exec_gpu_set(t->e, 0);
+    if (st == TM_OK) st = exec_gpu_set(t->e, 0);
     if (st == TM_OK) {
         static const char *const upd[] = {"exchanged between requests",
                                           "the policy admits routed experts after each step",
@@ -318,7 +312,7 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
                     upd[t->update_mode]);
         char each[256] = "";
         size_t k = 0;
-        for (int g = 0; g < t->n_cache_gpus && t->n_cache_gpus > 1 && k < sizeof(each); g++) {
+        for (int g = 0; g < t->n_bufs && t->n_bufs > 1 && k < sizeof(each); g++) {
             uint32_t layers = 0;
             for (uint32_t l = 0; l < t->n_layer; l++)
                 layers += plan.n_slots[l] && t->layers[l].gpu_index == g;
@@ -327,7 +321,7 @@ tm_status tier_cache_create(tm_tier *t, const tm_tier_params *p) {
                                   k ? ", " : "", cuda_device_info(exec_gpu(t->e))->index,
                                   total[g] / 1048576.0, layers);
         }
-        if (st == TM_OK && t->n_cache_gpus > 1) st = exec_gpu_set(t->e, 0);
+        if (st == TM_OK) st = exec_gpu_set(t->e, 0);
         if (*each) tm_log_info("--moe-cache: each GPU's slots for its own layers: %s", each);
     }
     plan_free(&plan);
@@ -374,7 +368,7 @@ void tier_cache_observe(tm_tier *t, tier_layer *L, const int32_t *ids, int64_t n
 static tm_status tier_cache_finish(tm_tier *t, bool *dirty) {
     while (t->up_used < t->up_next) {
         bool done = true;
-        for (int g = 0; g < t->n_cache_gpus && done; g++) {
+        for (int g = 0; g < t->n_bufs && done; g++) {
             tm_status st = cuda_event_query(t->up_done[t->up_used % TIER_UP_BATCHES][g], &done);
             if (st != TM_OK) return st;
         }
@@ -439,8 +433,8 @@ static tm_status tier_cache_start(tm_tier *t, bool *dirty) {
         s->upload_bytes += L->expert_bytes;
     }
     t->n_want = 0;
-    for (int g = 0; g < t->n_cache_gpus && st == TM_OK; g++) /* each GPU's, with it current */
-        if ((st = t->n_cache_gpus > 1 ? exec_gpu_set(t->e, g) : TM_OK) == TM_OK)
+    for (int g = 0; g < t->n_bufs && st == TM_OK; g++) /* each GPU's, with it current */
+        if ((st = exec_gpu_set(t->e, g)) == TM_OK)
             st = cuda_event_record(t->up_done[b % TIER_UP_BATCHES][g], t->copy_gpu[g]);
     if (st == TM_OK) t->up_next++;
     return st;

@@ -225,7 +225,6 @@ struct tm_tier {
        fields above and t->copy) */
     int32_t *slot_maps_gpu[EXEC_MAX_GPUS];
     tm_cuda_stream copy_gpu[EXEC_MAX_GPUS];
-    int n_cache_gpus;
     tm_cache_admit *admit; /* scratch [n_expert] */
     tier_upload *want;     /* decided during a step, queued after it */
     int64_t n_want, cap_want;
