@@ -4,8 +4,9 @@
  * first n cold slots of each decode token) and the GPU's hot ones
  * (tier_worklist_split: CPU, PCIe, hot, each in its previous order, so an
  * expert's run stays whole), and a decode step's cold slots grouped by expert
- * (tier_worklist_group). The lanes and the merge run end to end in
- * test_mock_placement. */
+ * (tier_worklist_group), and the search of the PCIe lane's decode share
+ * (tier_tune.h) on made-up step times. The lanes and the merge run end to end
+ * in test_mock_placement. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,7 @@
 
 #include "core/rng.h"
 #include "tier/tier.h"
+#include "tier/tier_tune.h"
 
 /* ---- tier_worklist_partition ---- */
 
@@ -204,11 +206,70 @@ static void test_worklist_group(void **state) {
     }
 }
 
+/* ---- tier_tune ---- */
+
+/* The share for i of k slots gives i of k (tm_cuda_mapped_count), for every k the
+ * router takes. */
+static void test_tune_share(void **state) {
+    (void)state;
+    for (int32_t k = 1; k <= TM_CUDA_ROUTER_MAX_USED; k++)
+        for (int32_t i = 0; i <= k; i++) {
+            const int32_t s = tier_tune_share(k, i);
+            if (s < 1 || s > 255 || tm_cuda_mapped_count(k, k, s) != i)
+                fail_msg("k %d, %d slots: share %d gives %d", k, i, s,
+                         tm_cuda_mapped_count(k, k, s));
+        }
+}
+
+/* Step times of a made-up machine: a valley at `best` slots (1 ms a slot away from it),
+ * 5% noise on some steps (the median leaves them out), flat within 1% from `flat` on. */
+static double tune_ms(int32_t i, int32_t best, int32_t flat, int step) {
+    const int32_t d = i > best ? i - best : best - i;
+    double ms = 10.0 + d;
+    if (flat >= 0 && i >= flat) ms = 10.0 + (flat > best ? flat - best : best - flat) - 0.05 * i;
+    return step % 4 == 3 ? ms * 1.05 : ms;
+}
+
+static int32_t tune_run(int32_t n_max, int32_t first, int32_t best, int32_t flat, int *steps) {
+    tier_tune u;
+    tier_tune_start(&u, first, TIER_TUNE_WINDOW);
+    int s = 0;
+    while (!u.done && s < 1000) tier_tune_period(&u, n_max, tune_ms(u.cur, best, flat, s++));
+    *steps = s;
+    return u.done ? u.cur : -1;
+}
+
+/* From any start the search settles on the valley's floor, a window a candidate
+ * timed; where more slots are within 2% it keeps fewer. */
+static void test_tune_search(void **state) {
+    (void)state;
+    for (int32_t n_max = 1; n_max <= 8; n_max++)
+        for (int32_t best = 0; best <= n_max; best++)
+            for (int32_t first = 0; first <= n_max; first++) {
+                int steps = 0;
+                const int32_t got = tune_run(n_max, first, best, -1, &steps);
+                if (got != best || steps > (best + 4) * (TIER_TUNE_WINDOW + 1))
+                    fail_msg("n_max %d, valley at %d, from %d: settled on %d after %d steps", n_max,
+                             best, first, got, steps);
+            }
+    int steps = 0; /* 3 and up within 1% of each other: 3 */
+    assert_int_equal(tune_run(8, 6, 3, 3, &steps), 3);
+    /* a second, shallower valley at the calibration's 6: the lane off is timed too, and
+       the search climbs from there to the deeper one */
+    static const double bumpy[9] = {10.5, 10, 11, 14, 15, 16, 13, 16, 17};
+    tier_tune u;
+    tier_tune_start(&u, 6, TIER_TUNE_WINDOW);
+    for (int s = 0; !u.done && s < 1000; s++) tier_tune_period(&u, 8, bumpy[u.cur]);
+    assert_true(u.done);
+    assert_int_equal(u.cur, 1);
+    assert_int_equal(tier_tune_count(&u), 4); /* 6, 0, 1, 2 */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_worklist_partition),
-        cmocka_unit_test(test_worklist_split),
-        cmocka_unit_test(test_worklist_group),
+        cmocka_unit_test(test_worklist_partition), cmocka_unit_test(test_worklist_split),
+        cmocka_unit_test(test_worklist_group),     cmocka_unit_test(test_tune_share),
+        cmocka_unit_test(test_tune_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -372,6 +372,9 @@ typedef struct tm_cuda_router_params {
      * needed). */
     tm_cuda_moe_item *mapped;
     int32_t n_mapped, mapped_share_q8;
+    /* Mapped host memory or NULL: the share, read when the kernel runs instead of
+     * mapped_share_q8 (the tier tunes it between decode steps; a graph keeps serving) */
+    const int32_t *mapped_share_live;
     /* Device [n_expert] or NULL: the experts a fetch buffer holds (buffer slot,
      * or -1), from cuda_moe_fetch_ahead. A slot the slot map calls cold whose
      * expert the buffer holds is not cold: with fetched (device [n_tok * n_used])

@@ -173,7 +173,9 @@ __global__ void __launch_bounds__(TM_ROUTER_WARPS *TM_CUDA_WARP)
     if (mine && p.slot_map) slot = p.slot_map[my_id];
     if (mine && slot < 0 && p.fetch_map) fslot = p.fetch_map[my_id]; /* copied ahead */
     const unsigned cold = __ballot_sync(0xffffffffu, mine && slot < 0 && fslot < 0);
-    const int n_map = tm_cuda_mapped_count(__popc(cold), p.n_mapped, p.mapped_share_q8);
+    const int32_t share =
+        p.mapped_share_live ? *(const volatile int32_t *)p.mapped_share_live : p.mapped_share_q8;
+    const int n_map = tm_cuda_mapped_count(__popc(cold), p.n_mapped, share);
     const bool mapped = mine && slot < 0 && fslot < 0 && __popc(cold & ((1u << lane) - 1u)) < n_map;
     if (p.cpu_slots && lane == 0) p.cpu_slots[t] = __popc(cold) - n_map;
     if (mine) {

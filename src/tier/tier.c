@@ -88,8 +88,13 @@ const tm_tier_stats *tier_stats(const tm_tier *t) {
 }
 
 const tm_tier_stats *tier_stats_gpu(const tm_tier *t, int *n) {
-    *n = t->n_bufs > 1 ? t->n_bufs : 0;
+    *n = t->n_bufs;
     return t->stats_gpu;
+}
+
+int tier_layer_gpu(const tm_tier *t, uint32_t layer) {
+    const tier_layer *L = layer < t->n_layer ? &t->layers[layer] : NULL;
+    return L && L->moe && L->on_gpu ? L->gpu_index : -1;
 }
 
 const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t) {
@@ -377,7 +382,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
                             (size_t)t->n_expert * 4, (size_t)T * 4};
         size_t off[5], inbox = 0;
         for (int i = 0; i < 5; i++) off[i] = inbox, inbox += (a[i] + 63) & ~(size_t)63;
-        const size_t flags = (3 * (size_t)t->n_layer * 4 + 63) & ~(size_t)63;
+        const size_t flags = ((3 * (size_t)t->n_layer + 1) * 4 + 63) & ~(size_t)63;
         const size_t y = ((size_t)(T * E) * 4 + 63) & ~(size_t)63;
         const size_t total = flags + y + t->n_layer * inbox;
         void *dev;
@@ -393,6 +398,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
             mbs[i]->flag_h = (uint32_t *)b;
             mbs[i]->flag_y = mbs[i]->flag_h + t->n_layer;
             mbs[i]->err = mbs[i]->flag_y + t->n_layer;
+            mbs[i]->share = (int32_t *)(mbs[i]->err + t->n_layer);
             mbs[i]->y = (float *)(b + flags);
             for (uint32_t l = 0; l < t->n_layer; l++) {
                 uint8_t *in = b + flags + y + l * inbox;
@@ -448,6 +454,7 @@ static tm_status tier_gpu_buffers(tm_tier *t, int64_t n_batch) {
  * cache's uploads: those done are used, the step's admissions queued. */
 static tm_status tier_step_check(void *ud) {
     tm_tier *t = ud;
+    tier_tune_step(t);
     tm_status st = tier_ahead_refresh(t); /* the GPU moved copies into cache slots */
     if (st == TM_OK) st = tier_cache_apply(t);
     for (uint32_t l = 0; l < t->n_layer; l++)
@@ -575,6 +582,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             L->gpu_index = pl->experts_dev[l] == TM_DEV_GPU ? pl->experts_gpu[l]
                            : pl->layer_dev[l] == TM_DEV_GPU ? pl->layer_gpu[l]
                                                             : 0;
+        L->on_gpu = t->gpu && (pl->experts_dev[l] == TM_DEV_GPU || pl->layer_dev[l] == TM_DEV_GPU);
         if (t->gpu && (st = exec_gpu_set(e, L->gpu_index))) break;
         if (d->sel_bias && (st = tier_router_vector(t, L, d->sel_bias, "selection bias",
                                                     &L->sel_bias, &L->sel_bias_dev)))
@@ -677,11 +685,14 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
         t->items_host = NULL, t->y_host = NULL;
     }
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
+    if (st == TM_OK && t->mb_host_base && t->n_pcie > 0 && t->pcie_share_q8 > 0) tier_tune_init(t);
     for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
         st = cuda_event_create(&t->ev[i]);
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++)
-        if (t->layers[l].moe)
-            t->stats[t->layers[l].cls].layers++, t->stats_gpu[t->layers[l].gpu_index].layers++;
+        if (t->layers[l].moe) {
+            t->stats[t->layers[l].cls].layers++;
+            if (t->layers[l].on_gpu) t->stats_gpu[t->layers[l].gpu_index].layers++;
+        }
     if (st != TM_OK) {
         tier_free(t);
         return st;

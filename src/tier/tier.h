@@ -163,9 +163,14 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
                    tm_act *x, tm_act *ffn_out);
 
 const tm_tier_stats *tier_stats(const tm_tier *t); /* [TM_TIER_CLASS_COUNT] */
-/* Over several GPUs: the same counts by the GPU of each layer's MoE step (*n GPUs; their
- * layers, calls and slots by lane with their bytes; n 0 with one GPU or none). */
+/* The same counts by the GPU of each layer's MoE step (*n GPUs, 0 without one; their
+ * layers, calls, slots by lane with their bytes, and the lanes' times), of the layers
+ * whose step works on a GPU (tier_layer_gpu). */
 const tm_tier_stats *tier_stats_gpu(const tm_tier *t, int *n);
+/* The GPU (an executor index) whose lanes serve layer's routed experts and whose VRAM
+ * holds them or their cache slots: its experts' GPU, else its layer's; -1 when neither
+ * is on a GPU, or the layer has no routed experts. */
+int tier_layer_gpu(const tm_tier *t, uint32_t layer);
 /* The SSD tier's counters (NULL: no --ram-cache). */
 const tm_store_stats *tier_store_stats(const tm_tier *t);
 const tm_moe_lane_stats *tier_lane_stats(const tm_tier *t);
@@ -207,6 +212,8 @@ int64_t tier_worklist_split(tm_moe_worklist *wl, const int32_t *slot_of, int32_t
 void tier_worklist_group(tm_moe_worklist *wl, int64_t n);
 /* The PCIe lane's slots of a decode token whose experts are all cold (0: none). */
 int32_t tier_pcie_slots(const tm_tier *t);
+/* How many PCIe lane shares decode steps have timed (tier_tune.c; 0: not tuning). */
+int32_t tier_tune_timed(const tm_tier *t);
 /* The bytes the PCIe lane pinned (the RAM experts' spans of the file). */
 size_t tier_pcie_bytes(const tm_tier *t);
 /* VRAM the decode steps' copies ahead hold (0: none). */

@@ -4,6 +4,7 @@
 #define TM_TIER_TIER_INTERNAL_H
 
 #include "tier/tier.h"
+#include "tier/tier_tune.h"
 
 /* What the GPU hands the host for one layer of a decode step, up to
  * TM_CUDA_MMVQ_MAX_TOK tokens. */
@@ -30,6 +31,7 @@ typedef struct tier_mailbox {
     uint32_t *flag_h; /* [n_layer] GPU → host: the layer's inbox is filled */
     uint32_t *flag_y; /* [n_layer] host → GPU: y is there */
     uint32_t *err;    /* [n_layer] the GPU gave up waiting for the layer's answer */
+    int32_t *share;   /* [1] host → GPU: the PCIe lane's decode share (tier_tune.c) */
     tier_inbox *in;   /* [n_layer] */
     float *y;         /* [max_tok][n_embd] host → GPU */
 } tier_mailbox;
@@ -121,6 +123,7 @@ typedef struct tier_layer {
     struct tm_tier *t;
     uint32_t index;
     int gpu_index; /* the executor's GPU of its experts (placement's experts_gpu) */
+    bool on_gpu;   /* its MoE step works on that GPU (its experts or the layer there) */
     tm_tier_class cls;
     tm_moe_experts host;     /* RAM */
     tm_cuda_moe_ext ext;     /* the experts' activation and device biases, for every GPU lane */
@@ -197,6 +200,7 @@ struct tm_tier {
     void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */
     size_t *pin_bytes, pcie_pinned;
     int n_pins;
+    tier_tune tune;         /* the PCIe lane's share, tuned while decoding */
     tm_cuda_event ev[8];    /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end) */
     tier_ahead *ahead;      /* decode steps' experts copied ahead (NULL: none) */
     bool ahead_cached_only; /* --moe-ahead auto: only into cached layers' slots */
@@ -352,6 +356,13 @@ tm_status tier_prompt_gpu(tm_tier *t, tier_layer *L, tier_prompt_mode mode, cons
 tm_status tier_prompt_balance(tm_tier *t, tier_prompt_mode mode);
 
 enum { TIER_LANE_CPU = 0, TIER_LANE_GPU = 1, TIER_LANE_HOT = 2 };
+
+/* ---- tier_tune.c (tier_tune.h: the search) ---- */
+
+/* Starts tuning when the PCIe lane's decode share is automatic. */
+void tier_tune_init(tm_tier *t);
+/* After each step: time it (one-row decode steps), move to the next candidate. */
+void tier_tune_step(tm_tier *t);
 
 /* ---- tier_ahead.c ---- */
 

@@ -125,6 +125,7 @@ static tm_status tier_decode_task(void *ud) {
     const uint32_t seq = exec_step_seq(e);
     const int64_t n_tok = exec_n_tok(e);
     const tier_inbox *in = &t->mb.in[L->index];
+    t->tune.rows = n_tok; /* the step's rows, for the tuner after it */
     const uint64_t t0 = tm_time_ns();
     tm_status st = tier_wait_gpu(t, L->index, seq);
     const uint64_t t1 = tm_time_ns();
@@ -192,7 +193,8 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
                                                : cold                   ? t->cold_map_dev
                                                                         : NULL);
     if (pcie)
-        rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie, rp.mapped_share_q8 = t->pcie_share_q8;
+        rp.mapped = t->pcie_items, rp.n_mapped = L->n_pcie, rp.mapped_share_q8 = t->pcie_share_q8,
+        rp.mapped_share_live = t->tune.on ? t->mb_dev.share : NULL;
     /* a cached layer's copies are in its slots (its map says so); others' in the buffer */
     const bool buffered = fetched && L->cls != TM_TIER_CACHED;
     if (buffered) rp.fetch_map = tier_ahead_map(t, L), rp.fetched = t->ahead->items;

@@ -220,6 +220,9 @@ static const pm_case pm_cases[] = {
     {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-pcie 32 (every routed expert over PCIe)", PM_ALL, true, 0, NULL, 0, 32, 0,
      NULL, 0, false, 0, 0},
+    /* the decode share tuned, a step a candidate: it changes between steps of one graph */
+    {"--cpu-moe, the PCIe lane's share tuned", PM_ALL, true, 0, NULL, 0, 0, 0,
+     "TIERMOE_PCIE_TUNE=1", 0, false, 0, 0},
     {"--cpu-moe --moe-fetch pcie (prompts read in place)", PM_ALL, true, 0, NULL, 0, 0,
      TM_MOE_FETCH_PCIE, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-fetch off", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_OFF, NULL, 0, false, 0,
@@ -279,8 +282,13 @@ static tm_context_params pm_params(const pm_case *c, const tm_trace_stats *learn
                                              .max_admit = c->lru ? -1 : 0}};
 }
 
-/* Set (on) or unset the case's environment. */
+/* Set (on) or unset the case's environment. The PCIe lane's share is not tuned unless a
+ * case says so (TIERMOE_PCIE_TUNE): the lanes' checks below know the share it starts at. */
 static void pm_env(const pm_case *c, bool on) {
+    if (on)
+        setenv("TIERMOE_PCIE_TUNE", "0", 1);
+    else
+        unsetenv("TIERMOE_PCIE_TUNE");
     if (!c->env) return;
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", c->env);
@@ -349,6 +357,13 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
      * leave it to the CPU (seen on the H200 with qwen3next's k = 2), so the lane must have run
      * only where every slot of a token was cold: no cache, no copies ahead, or a fixed count. */
     const bool all_cold = !c->cache_mib && c->ahead <= TM_MOE_AHEAD_AUTO;
+    if (c->env && strstr(c->env, "TIERMOE_PCIE_TUNE=1")) {
+        /* tuned: any count of k now; a lane that read experts was timed at two or more */
+        if (n_pcie > (int32_t)K || (pcie > 0 && tier_tune_timed(ctx->tier) < 2))
+            fail_msg("%s: %d PCIe slots a token (%llu in all), %d shares timed", what, n_pcie,
+                     (unsigned long long)pcie, tier_tune_timed(ctx->tier));
+        return;
+    }
     if (!ok || (n_pcie == 0 && pcie > 0) ||
         (n_pcie > 0 && pcie == 0 && cold > 0 && (all_cold || c->pcie > 0)))
         fail_msg("%s: %d PCIe slots a token (%llu in all) for --moe-pcie %d, k %u", what, n_pcie,

@@ -610,7 +610,9 @@ static bool router_run(void *arg, char *err, size_t err_size) {
             const int32_t id = a->ids[t * K + j];
             cold_all += a->p.slot_map[id] < 0 && !(a->p.fetch_map && a->p.fetch_map[id] >= 0);
         }
-        const int32_t n_map = tm_cuda_mapped_count(cold_all, a->p.n_mapped, a->p.mapped_share_q8);
+        const int32_t share =
+            a->p.mapped_share_live ? *a->p.mapped_share_live : a->p.mapped_share_q8;
+        const int32_t n_map = tm_cuda_mapped_count(cold_all, a->p.n_mapped, share);
         if (a->p.cpu_slots) a->p.cpu_slots[t] = cold_all - n_map;
         int32_t n_cold = 0; /* the cold slots of the token so far, in rank order */
         for (int64_t j = 0; j < K; j++) {
