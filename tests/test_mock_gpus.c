@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "model/model_profile.h"
 #include "model/synth.h"
 
 #define N_PROMPT 6
@@ -69,7 +70,7 @@ static void *decode(void *p) {
     return NULL;
 }
 
-static bool cpu_moe; /* the runs below: --cpu-moe */
+static bool cpu_moe, profile; /* the runs below: --cpu-moe, --profile */
 
 static tm_context_params params(const char *dev, const char *split) {
     /* --cpu-moe: on one GPU too the CPU lane alone (the GPUs' lanes for experts in RAM
@@ -81,7 +82,8 @@ static tm_context_params params(const char *dev, const char *split) {
                            .cpu_moe = cpu_moe,
                            .moe_pcie = cpu_moe ? TM_MOE_PCIE_OFF : 0,
                            .moe_fetch = cpu_moe ? TM_MOE_FETCH_OFF : 0,
-                           .moe_ahead = cpu_moe ? TM_MOE_AHEAD_OFF : 0};
+                           .moe_ahead = cpu_moe ? TM_MOE_AHEAD_OFF : 0,
+                           .profile = profile};
     if (dev && gpus_devices_parse("-dev", dev, &p.gpus) != TM_OK)
         fail_msg("%s", tm_error_message());
     if (split && gpus_split_parse("-ts", split, &p.gpus) != TM_OK)
@@ -120,6 +122,56 @@ static void same(const run *a, const run *b, int64_t nv, const char *what) {
             fail_msg("%s: token %d is %d, %d on CUDA0", what, i, b->toks[i], a->toks[i]);
 }
 
+/* The peer copies into each GPU (exec_peer_stats) against the placement: a copy a step
+ * for each span boundary into the GPU (the GPU sequence of the layers and the output
+ * head changes), of the step's rows x n_embd floats (the residual), counted in graph
+ * replays as in eager steps. Profiled (MOCK_GPU_LATENCY_US: each closure but event
+ * records sleeps that long first): each copy takes at least that long, and so does
+ * each GPU's hot lane a layer step; --profile's line for the GPU says it. */
+static void peer_check(const run *r, const tm_model *m, long latency_us) {
+    const tm_placement *pl = &r->c->placement;
+    uint64_t steps, rows;
+    exec_step_counts(r->c->exec, &steps, &rows);
+    assert_int_equal(steps, 1 + N_GEN), assert_int_equal(rows, N_PROMPT + N_GEN);
+    int into[2] = {0, 0}, prev = pl->layer_gpu[0];
+    for (uint32_t l = 1; l <= pl->n_layer; l++) {
+        const int g = l < pl->n_layer ? pl->layer_gpu[l] : pl->output_gpu_index;
+        if (g != prev) into[g]++;
+        prev = g;
+    }
+    assert_int_equal(into[0] + into[1], 1); /* -ts 1,1: layers 0-1 on GPU 0, the rest on 1 */
+    int n_gpu = 0;
+    const tm_tier_stats *gs = tier_stats_gpu(r->c->tier, &n_gpu);
+    assert_int_equal(n_gpu, 2);
+    for (int g = 0; g < 2; g++) {
+        const tm_exec_peer_stats p = exec_peer_stats(r->c->exec, g);
+        assert_int_equal(p.copies, (uint64_t)into[g] * steps);
+        assert_int_equal(p.bytes, (uint64_t)into[g] * rows * m->cfg.n_embd * sizeof(float));
+        if (!latency_us) {
+            assert_int_equal(p.ns, 0);
+            continue;
+        }
+        if (p.ns < p.copies * (uint64_t)latency_us * 1000)
+            fail_msg("GPU %d: %llu peer copies timed %llu ns", g, (unsigned long long)p.copies,
+                     (unsigned long long)p.ns);
+        if (gs[g].hot_ns < gs[g].calls * (uint64_t)latency_us * 1000)
+            fail_msg("GPU %d: %llu layer steps, hot lane timed %llu ns", g,
+                     (unsigned long long)gs[g].calls, (unsigned long long)gs[g].hot_ns);
+    }
+    if (!latency_us) return;
+    char *text = NULL, want[128];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    model_profile_print(r->c, NULL, NULL, NULL, 1, f);
+    fclose(f);
+    const int g = into[0] ? 0 : 1;
+    snprintf(want, sizeof(want), "peer copies: 1.00 a step, %.2f KB a token", m->cfg.n_embd * 4e-3);
+    const char *line = strstr(text, g ? "  GPU 1 (" : "  GPU 0 (");
+    if (!line || !strstr(line, want) || strchr(line, '\n') < strstr(line, want))
+        fail_msg("no '%s' in GPU %d's profile line:\n%s", want, g, text);
+    free(text);
+}
+
 static void test_one_of_two(void **state) {
     (void)state;
     tm_model *m;
@@ -155,7 +207,17 @@ static void test_one_of_two(void **state) {
     assert_int_equal(rsp.c->placement.n_gpu_used, 2);
     assert_true(exec_graph_ready(rsp.c->exec)); /* one graph over both GPUs' spans */
     same(&r0b, &rsp, nv, "-dev CUDA0,CUDA1 -ts 1,1 (spans)");
+    peer_check(&rsp, m, 0);
     run_free(&r0b), run_free(&rsp);
+    /* profiled: eager steps, each GPU's lanes and peer copies timed with its own events */
+    profile = true;
+    setenv("MOCK_GPU_LATENCY_US", "100", 1);
+    run_on(m, "CUDA0,CUDA1", "1,1", false, &rsp);
+    unsetenv("MOCK_GPU_LATENCY_US");
+    profile = false;
+    assert_false(exec_graph_ready(rsp.c->exec));
+    peer_check(&rsp, m, 100);
+    run_free(&rsp);
 
     /* spans with experts in RAM (--cpu-moe): the CPU lane takes both GPUs' layers' experts
        (one mailbox, each GPU's router counts and slot maps), as on one GPU, decode steps

@@ -437,6 +437,10 @@ const uint64_t *exec_prof_ns(const tm_exec *e) {
     return e->prof_ns;
 }
 
+void exec_step_counts(const tm_exec *e, uint64_t *steps, uint64_t *rows) {
+    *steps = e->n_steps, *rows = e->n_rows;
+}
+
 static tm_status exec_embed_rows(void *ud) {
     tm_exec *e = ud;
     const tm_weight *w = e->embed_w;
@@ -481,6 +485,8 @@ static tm_status exec_replay(tm_exec *e) {
     for (int i = 0; i < g->n_pre; i++) exec_task_run(e, g->pre[i]);
     tm_status st = cuda_graph_launch(g->g, e->gpus[0].stream); /* the stream it was captured on */
     if (st != TM_OK) return st;
+    for (int i = 0; i < e->n_gpus; i++)
+        e->gpus[i].peer.copies += g->peer[i].copies, e->gpus[i].peer.bytes += g->peer[i].bytes;
     for (int i = 0; i < g->n_post; i++) exec_task_run(e, g->post[i]);
     return exec_step_end(e);
 }
@@ -516,6 +522,7 @@ static tm_status exec_capture_join(tm_exec *e) {
 static tm_status exec_capture(tm_exec *e, tm_exec_forward_fn forward, void *ud, bool *captured) {
     *captured = false;
     e->rec->n_pre = e->rec->n_post = 0;
+    memset(e->rec->peer, 0, sizeof(e->rec->peer));
     e->capture_failed = false;
     tm_status st = cuda_graph_begin(e->gpus[0].stream);
     if (st != TM_OK) return st;
@@ -584,7 +591,7 @@ tm_status exec_step_rows(tm_exec *e, const int32_t *tokens, int64_t n_tok, const
     exec_step_reset(e);                   /* on the first GPU */
     if ((st = exec_select(e))) return st; /* a server's steps run on its slots' threads */
     e->tokens = tokens, e->n_tok = n_tok, e->phase = phase;
-    e->seq++;
+    e->seq++, e->n_steps++, e->n_rows += (uint64_t)n_tok;
     if (e->step_host) e->step_host[1] = (int32_t)e->seq;
     e->part = TM_PROF_EMBED, e->part_t0 = tm_time_ns();
     const bool graph = e->cur->gpu && !e->graph_off && phase == TM_MOE_PHASE_DECODE &&
@@ -649,6 +656,9 @@ tm_status exec_select(tm_exec *e) {
 }
 int exec_gpu_count(const tm_exec *e) {
     return e->n_gpus;
+}
+int exec_gpu_device(const tm_exec *e, int g) {
+    return g >= 0 && g < e->n_gpus && e->gpus[g].gpu ? cuda_device_info(e->gpus[g].gpu)->index : -1;
 }
 int exec_gpu_index(const tm_exec *e) {
     return (int)(e->cur - e->gpus);

@@ -378,6 +378,8 @@ tm_status exec_select(tm_exec *e);
  * the one ops run on (its device current, its stream after the other's work; the
  * tier's MoE step of a layer on g). */
 int exec_gpu_count(const tm_exec *e);
+/* GPU g's CUDA device number (-1: no such GPU). */
+int exec_gpu_device(const tm_exec *e, int g);
 int exec_gpu_index(const tm_exec *e);
 tm_status exec_gpu_set(tm_exec *e, int g);
 tm_cuda_stream exec_stream(tm_exec *e);
@@ -416,6 +418,17 @@ tm_status exec_sync(tm_exec *e);
 void exec_step_check(tm_exec *e, tm_exec_task_fn fn, void *ud);
 /* Time (ns) the executor's parts took since the context was made. */
 const uint64_t *exec_prof_ns(const tm_exec *e);
+/* The activations copied into a GPU from another at span boundaries (exec_act_to's
+ * peer copies) since the executor was made: counted on every step (a replayed
+ * graph adds what its capture queued), timed only while profiling (events around
+ * each copy on the receiving GPU's stream; profiling steps run eagerly). */
+typedef struct tm_exec_peer_stats {
+    uint64_t copies, bytes, ns;
+} tm_exec_peer_stats;
+/* GPU g's (0 .. exec_gpu_count - 1; zero for another g). */
+tm_exec_peer_stats exec_peer_stats(const tm_exec *e, int g);
+/* The steps and their rows since the executor was made. */
+void exec_step_counts(const tm_exec *e, uint64_t *steps, uint64_t *rows);
 
 #ifdef __cplusplus
 }

@@ -224,7 +224,9 @@ static tm_status gpu_finalize_one(tm_exec *e) {
     tm_status st;
     const size_t step_bytes = (size_t)(2 + 2 * e->p.n_batch) * sizeof(int32_t);
     if ((st = gpu_weights(e)) || (st = cuda_blas_create(e->cur->gpu, &e->cur->blas)) ||
-        (st = cuda_event_create(&e->cur->done)))
+        (st = cuda_event_create(&e->cur->done)) ||
+        (e->p.profile && ((st = cuda_event_create(&e->cur->peer_ev[0])) ||
+                          (st = cuda_event_create(&e->cur->peer_ev[1])))))
         return st;
     /* prompt attention on tensor cores in the normal mode; TIERMOE_ATTN_TC=0
      * keeps the f32 kernel (for comparison) */
@@ -357,6 +359,8 @@ void exec_gpu_free(tm_exec *e) {
         if (s->gpu) cuda_device_select(s->gpu); /* its pools are freed on it */
         cuda_blas_free(s->blas);
         if (s->done) cuda_event_free(s->done);
+        for (int i = 0; i < 2; i++)
+            if (s->peer_ev[i]) cuda_event_free(s->peer_ev[i]), s->peer_ev[i] = NULL;
         for (int i = 0; i < s->n_pools; i++) cuda_pool_free(s->pools[i]);
         free(s->pools);
         cuda_device_close(s->gpu);

@@ -71,7 +71,9 @@ typedef struct exec_gpu_state {
     int32_t *step_dev;    /* [2 + 2 n_batch]: position, step number, rows' positions, sequences */
     float *rope_freq_dev; /* the device copy of rope_freq (GPU layers) */
     double upload_s, upload_bytes;
-    tm_cuda_event done; /* recorded when ops leave this GPU for another (spans) */
+    tm_cuda_event done;       /* recorded when ops leave this GPU for another (spans) */
+    tm_exec_peer_stats peer;  /* activations copied in from another GPU */
+    tm_cuda_event peer_ev[2]; /* profiling: around each of those copies */
 } exec_gpu_state;
 
 typedef struct exec_task {
@@ -84,6 +86,7 @@ typedef struct exec_graph {
     tm_cuda_graph *g;
     exec_task *pre, *post; /* recorded: before / after the launch */
     int n_pre, n_post, cap_pre, cap_post;
+    tm_exec_peer_stats peer[EXEC_MAX_GPUS]; /* the peer copies it holds (a replay's) */
 } exec_graph;
 
 struct tm_exec {
@@ -176,6 +179,7 @@ struct tm_exec {
     tm_prof_part part;
     uint64_t part_t0;
     uint64_t prof_ns[TM_PROF_COUNT];
+    uint64_t n_steps, n_rows; /* since the executor was made */
 };
 
 /* Grow *p (elements of size `size`) to hold n. */

@@ -26,9 +26,19 @@ tm_status exec_act_to(tm_exec *e, tm_act *a, tm_dev d, int64_t n_rows) {
         /* a span boundary: from the GPU that wrote it, on this one's stream (which
          * waits for that one's work since exec_gpu_use) */
         a->dev = a->dev_own;
-        if ((st = cuda_copy_peer_async(e->cur->gpu, a->dev, e->gpus[a->cross_gpu].gpu, a->cross,
-                                       bytes, e->cur->stream)))
+        const bool timed = e->p.profile && !e->capturing; /* profiling: no graph */
+        if ((timed && (st = cuda_event_record(e->cur->peer_ev[0], e->cur->stream))) ||
+            (st = cuda_copy_peer_async(e->cur->gpu, a->dev, e->gpus[a->cross_gpu].gpu, a->cross,
+                                       bytes, e->cur->stream)) ||
+            (timed && (st = cuda_event_record(e->cur->peer_ev[1], e->cur->stream))))
             return st;
+        /* a captured copy counts at each replay of its graph */
+        tm_exec_peer_stats *ps = e->capturing ? &e->rec->peer[e->cur - e->gpus] : &e->cur->peer;
+        ps->copies++, ps->bytes += bytes;
+        float ms = 0;
+        if (timed && (st = cuda_event_elapsed(e->cur->peer_ev[0], e->cur->peer_ev[1], &ms)))
+            return st;
+        ps->ns += (uint64_t)((double)ms * 1e6);
         a->cross = NULL;
         a->valid = (a->valid & (1u << TM_DEV_CPU)) | 1u << TM_DEV_GPU;
         return TM_OK;
@@ -121,4 +131,8 @@ tm_status exec_fetch(tm_exec *e, tm_act *a, int64_t n_rows) {
     const exec_gpu_state *from = a->cross ? &e->gpus[a->cross_gpu] : e->cur;
     return cuda_copy_async(a->host, a->cross ? a->cross : a->dev, (size_t)(n_rows * a->n) * 4,
                            from->stream);
+}
+
+tm_exec_peer_stats exec_peer_stats(const tm_exec *e, int g) {
+    return g >= 0 && g < e->n_gpus ? e->gpus[g].peer : (tm_exec_peer_stats){0};
 }

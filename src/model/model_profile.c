@@ -56,17 +56,26 @@ void model_profile_print(const tm_context *ctx, const uint64_t *prof0,
     }
     int n_gpu = 0;
     const tm_tier_stats *gs = tier_stats_gpu(ctx->tier, &n_gpu);
-    for (int g = 0; g < n_gpu; g++) { /* since load: shares, not per run */
+    if (n_gpu < 2) n_gpu = 0; /* one GPU: the classes' lines say it all */
+    uint64_t steps = 0, rows = 0;
+    exec_step_counts(ctx->exec, &steps, &rows);
+    for (int g = 0; g < n_gpu; g++) { /* since load: shares and per step, not per run */
         const tm_tier_stats *s = &gs[g];
         const uint64_t all = s->hot_slots + s->pcie_slots + s->cold_slots;
-        if (!s->layers) continue;
+        const tm_exec_peer_stats p = exec_peer_stats(ctx->exec, g);
+        const double per = steps ? 1.0 / (double)steps : 0;
         fprintf(out,
                 "  GPU %d (its %u layers' MoE steps, since load): %llu routed slots, %.1f%% hot, "
                 "%.1f%% over PCIe, %.1f%% to the CPU lane (prompts' fetched slots apart); %.3f "
-                "GB of experts read from VRAM, %.3f GB over PCIe\n",
+                "GB of experts read from VRAM, %.3f GB over PCIe; lanes per step: hot %.3f ms, "
+                "PCIe %.3f ms, waiting for the CPU lane %.3f ms, CPU lane %.3f ms; peer copies: "
+                "%.2f a step, %.2f KB a token, %.3f ms a step (%llu steps)\n",
                 g, s->layers, (unsigned long long)all, all ? 100.0 * s->hot_slots / all : 0.0,
                 all ? 100.0 * s->pcie_slots / all : 0.0, all ? 100.0 * s->cold_slots / all : 0.0,
-                s->hot_bytes * 1e-9, s->pcie_bytes * 1e-9);
+                s->hot_bytes * 1e-9, s->pcie_bytes * 1e-9, s->hot_ns * 1e-6 * per,
+                s->pcie_ns * 1e-6 * per, s->gpu_wait_ns * 1e-6 * per, s->cold_ns * 1e-6 * per,
+                (double)p.copies * per, rows ? p.bytes * 1e-3 / (double)rows : 0.0,
+                p.ns * 1e-6 * per, (unsigned long long)steps);
     }
     const tm_tier_stats *cs = &ts[TM_TIER_CACHED], z = {0},
                         *cs0 = tier0 ? &tier0[TM_TIER_CACHED] : &z;

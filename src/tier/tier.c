@@ -550,7 +550,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     p = &q;
     tm_tier *t = calloc(1, sizeof(*t));
     if (!t) return tm_error_set(TM_ERR_NOMEM, "out of memory");
-    t->e = e, t->n_layer = n_layer, t->router = *router;
+    t->e = e, t->n_layer = n_layer, t->router = *router, t->ev = t->ev_gpu[0];
     t->router.sel_bias = t->router.expert_scale = NULL; /* each layer's own: tier_router */
     t->n_expert = router->n_expert, t->k = router->n_used;
     for (uint32_t l = n_layer; l-- > 0;) /* the experts' shape: any MoE layer's */
@@ -674,6 +674,8 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
             st = exec_dev_alloc(e, (size_t)(TM_CUDA_MMVQ_MAX_TOK * t->k) * sizeof(*pcie0),
                                 (void **)&t->pcie_items);
         if (st == TM_OK && t->fetch_mode != TM_MOE_FETCH_OFF) st = cuda_event_create(&t->pcie_done);
+        for (int i = 0; i < 8 && st == TM_OK && exec_profiling(e); i++)
+            st = cuda_event_create(&t->ev_gpu[g][i]); /* on GPU g, set above */
         if (st == TM_OK) st = tier_gpu_buffers(t, exec_n_batch(e));
         tier_bufs_save(t, g); /* also after a failure: tier_free frees what bufs[g] holds */
         if (st != TM_OK) break;
@@ -686,8 +688,6 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
     }
     if (st == TM_OK && t->mb_host_base) exec_step_check(e, tier_step_check, t);
     if (st == TM_OK && t->mb_host_base && t->n_pcie > 0 && t->pcie_share_q8 > 0) tier_tune_init(t);
-    for (int i = 0; i < 8 && st == TM_OK && t->gpu && exec_profiling(e); i++)
-        st = cuda_event_create(&t->ev[i]);
     for (uint32_t l = 0; l < n_layer && st == TM_OK; l++)
         if (t->layers[l].moe) {
             t->stats[t->layers[l].cls].layers++;
@@ -720,7 +720,8 @@ void tier_free(tm_tier *t) {
     for (int g = 0; g < t->n_bufs; g++)
         if (g != t->bufs_gpu)
             cuda_event_free(t->bufs[g].pcie_done), tier_fetch_ring_free(t->bufs[g].fetch);
-    for (int i = 0; i < 8; i++) cuda_event_free(t->ev[i]);
+    for (int g = 0; g < EXEC_MAX_GPUS; g++)
+        for (int i = 0; i < 8; i++) cuda_event_free(t->ev_gpu[g][i]);
     tier_pcie_unpin(t);
     cuda_host_free(t->mb_host_base);
     free(t->mb.in), free(t->mb_dev.in);

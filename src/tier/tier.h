@@ -185,6 +185,9 @@ tm_status tier_cache_update(tm_tier *t, double rate);
 /* Wait for every upload in flight and use it (tests; before reading the cache). */
 tm_status tier_cache_settle(tm_tier *t);
 int32_t tier_cache_slots(const tm_tier *t, uint32_t layer);
+/* GPU g's share of the cache: its layers (tier_layer_gpu) with slots, their slots and
+ * the VRAM those hold. */
+void tier_cache_gpu(const tm_tier *t, int g, uint32_t *layers, uint64_t *slots, uint64_t *bytes);
 /* The slot expert e of layer l is served from: its id for a layer wholly in
  * VRAM, a cache slot, or -1 (cold). */
 int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert);

@@ -29,6 +29,16 @@ int32_t tier_cache_slots(const tm_tier *t, uint32_t layer) {
     return layer < t->n_layer ? t->layers[layer].n_slots : 0;
 }
 
+void tier_cache_gpu(const tm_tier *t, int g, uint32_t *layers, uint64_t *slots, uint64_t *bytes) {
+    *layers = 0, *slots = *bytes = 0;
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        const tier_layer *L = &t->layers[l];
+        if (L->n_slots <= 0 || tier_layer_gpu(t, l) != g) continue;
+        ++*layers, *slots += (uint64_t)L->n_slots;
+        *bytes += (uint64_t)L->n_slots * L->expert_bytes;
+    }
+}
+
 int32_t tier_slot_of(const tm_tier *t, uint32_t layer, int32_t expert) {
     if (layer >= t->n_layer || expert < 0 || (uint32_t)expert >= t->n_expert) return -1;
     const tier_layer *L = &t->layers[layer];

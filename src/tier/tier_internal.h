@@ -200,8 +200,10 @@ struct tm_tier {
     void **pin_host, **pin_dev;   /* [n_pins]: the registered spans */
     size_t *pin_bytes, pcie_pinned;
     int n_pins;
-    tier_tune tune;         /* the PCIe lane's share, tuned while decoding */
-    tm_cuda_event ev[8];    /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end) */
+    tier_tune tune; /* the PCIe lane's share, tuned while decoding */
+    /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end), each GPU's (an event
+       records only on its own GPU's streams); ev: the layer's GPU's (ev_gpu[bufs_gpu]) */
+    tm_cuda_event ev_gpu[EXEC_MAX_GPUS][8], *ev;
     tier_ahead *ahead;      /* decode steps' experts copied ahead (NULL: none) */
     bool ahead_cached_only; /* --moe-ahead auto: only into cached layers' slots */
 
@@ -260,13 +262,12 @@ static inline void tier_bufs_load(tm_tier *t, int g) {
     t->cpu_slots_dev = b->cpu_slots_dev, t->cold_map_dev = b->cold_map_dev;
     t->fetch = b->fetch, t->copy = b->copy, t->pcie_done = b->pcie_done;
     t->pcie_items = b->pcie_items;
-    t->bufs_gpu = g;
+    t->ev = t->ev_gpu[g], t->bufs_gpu = g;
 }
 
-/* The lanes' GPU times (--profile): their events are GPU 0's, so one GPU only (the
- * executor's parts still time every GPU's ops). */
+/* The lanes' GPU times (--profile), on each layer's GPU with its events. */
 static inline bool tier_profiling(const tm_tier *t) {
-    return exec_profiling(t->e) && t->n_bufs <= 1;
+    return exec_profiling(t->e);
 }
 
 /* The router's parameters for layer L (its selection bias). */

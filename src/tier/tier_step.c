@@ -42,7 +42,7 @@ static const int32_t *tier_split_map(const tier_layer *L) {
 static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n_pcie,
                        int64_t n_cold) {
     tm_tier_stats *by[2] = {&t->stats[L->cls], &t->stats_gpu[L->gpu_index]};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 1 + L->on_gpu; i++) {
         tm_tier_stats *s = by[i];
         s->calls++;
         s->hot_slots += (uint64_t)n_hot, s->cold_slots += (uint64_t)n_cold;
@@ -52,6 +52,14 @@ static void tier_count(tm_tier *t, const tier_layer *L, int64_t n_hot, int64_t n
         s->pcie_bytes += (uint64_t)n_pcie * L->expert_bytes;
     }
 }
+
+/* A lane's time, into the counters of the layer's class and of its GPU. */
+#define TIER_TIME(t, L, field, ns)                                                                 \
+    do {                                                                                           \
+        const uint64_t tier_ns_ = (ns);                                                            \
+        (t)->stats[(L)->cls].field += tier_ns_;                                                    \
+        if ((L)->on_gpu) (t)->stats_gpu[(L)->gpu_index].field += tier_ns_;                         \
+    } while (0)
 
 static uint64_t tier_event_ns(tm_cuda_event a, tm_cuda_event b) {
     float ms = 0;
@@ -129,7 +137,7 @@ static tm_status tier_decode_task(void *ud) {
     const uint64_t t0 = tm_time_ns();
     tm_status st = tier_wait_gpu(t, L->index, seq);
     const uint64_t t1 = tm_time_ns();
-    t->stats[L->cls].wait_ns += t1 - t0;
+    TIER_TIME(t, L, wait_ns, t1 - t0);
     int64_t n_cold = 0, n_pcie = 0;
     if (st == TM_OK) {
         tier_seen(L, in->ids, n_tok * t->k);
@@ -157,10 +165,10 @@ static tm_status tier_decode_task(void *ud) {
     memset(t->mb.y, 0, (size_t)(n_tok * t->n_embd) * sizeof(float));
     const uint64_t t2 = tm_time_ns();
     if (st == TM_OK && n_cold) st = tier_cpu_lane(t, L, 0, n_cold, in->h, t->mb.y);
-    t->stats[L->cls].cold_prep_ns += t2 - t1;
+    TIER_TIME(t, L, cold_prep_ns, t2 - t1);
     if (st == TM_OK) {
         tier_count(t, L, t->wl.n_slots - n_cold - n_pcie - n_ahead, n_pcie, n_cold);
-        t->stats[L->cls].cold_ns += tm_time_ns() - t1;
+        TIER_TIME(t, L, cold_ns, tm_time_ns() - t1);
     }
     __atomic_store_n(&t->mb.flag_y[L->index], seq, __ATOMIC_RELEASE);
     return st;
@@ -248,11 +256,10 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     exec_act_wrote(y, TM_DEV_GPU);
     if (!prof) return TM_OK;
     if ((st = exec_sync(e)) || (ahead && (st = cuda_stream_sync(t->ahead->stream)))) return st;
-    tm_tier_stats *ts = &t->stats[L->cls];
-    if (hot) ts->hot_ns += tier_event_ns(t->ev[0], t->ev[1]);
-    if (pcie) ts->pcie_ns += tier_event_ns(t->ev[4], t->ev[5]);
-    if (cold) ts->gpu_wait_ns += tier_event_ns(t->ev[2], t->ev[3]);
-    if (ahead) ts->ahead_ns += tier_event_ns(t->ev[6], t->ev[7]);
+    if (hot) TIER_TIME(t, L, hot_ns, tier_event_ns(t->ev[0], t->ev[1]));
+    if (pcie) TIER_TIME(t, L, pcie_ns, tier_event_ns(t->ev[4], t->ev[5]));
+    if (cold) TIER_TIME(t, L, gpu_wait_ns, tier_event_ns(t->ev[2], t->ev[3]));
+    if (ahead) TIER_TIME(t, L, ahead_ns, tier_event_ns(t->ev[6], t->ev[7]));
     return TM_OK;
 }
 
@@ -370,7 +377,7 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
         if (side == TM_DEV_GPU) memset(yc, 0, y_bytes);
         const uint64_t t0 = tm_time_ns();
         if ((st = tier_cpu_lane(t, L, 0, n_cold, h->host, yc))) return st;
-        t->stats[L->cls].cold_ns += tm_time_ns() - t0;
+        TIER_TIME(t, L, cold_ns, tm_time_ns() - t0);
     }
     if (mode != TIER_PROMPT_CPU && (st = tier_prompt_balance(t, mode))) return st;
     if (n_cold) {
@@ -390,9 +397,8 @@ static tm_status tier_general(tm_tier *t, tier_layer *L, tm_act *logits, tm_act 
     exec_act_wrote(y, side);
     if (!prof || !t->gpu) return TM_OK;
     if ((st = exec_sync(e))) return st;
-    tm_tier_stats *ts = &t->stats[L->cls];
-    if (n_hot) ts->hot_ns += tier_event_ns(t->ev[0], t->ev[1]);
-    if (n_cold && side == TM_DEV_GPU) ts->merge_ns += tier_event_ns(t->ev[2], t->ev[3]);
+    if (n_hot) TIER_TIME(t, L, hot_ns, tier_event_ns(t->ev[0], t->ev[1]));
+    if (n_cold && side == TM_DEV_GPU) TIER_TIME(t, L, merge_ns, tier_event_ns(t->ev[2], t->ev[3]));
     return TM_OK;
 }
 
@@ -420,8 +426,10 @@ tm_status tier_moe(tm_tier *t, uint32_t layer, tm_act *logits, tm_act *h, tm_act
     const int64_t n_tok = exec_n_tok(e), E = t->n_embd;
     if (!x && !ffn_out) return tm_error_set(TM_ERR_ARG, "tier_moe: layer %u: no output", layer);
     if (t->n_bufs > 1) { /* spans: on the GPU of the layer's experts, with its buffers */
-        tm_act *in[] = {logits, h, x, ffn_out};
-        tm_status s = tier_bufs_use(t, L, in, 4);
+        /* what the step reads: ffn_out is only written (the named sum), so it does not
+           cross (the peer-copy counters found it crossing each boundary) */
+        tm_act *in[] = {logits, h, x};
+        tm_status s = tier_bufs_use(t, L, in, 3);
         if (s != TM_OK) return s;
     }
     /* x NULL: the sum alone into ffn_out, on the side of the experts' input */

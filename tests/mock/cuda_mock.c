@@ -36,7 +36,9 @@
  *     the real bump allocator; pinned and mapped host memory are
  *     aligned_alloc too (mapped: device address = host address). Kernels
  *     check their pointers against these blocks.
- *   - events store the host's monotonic time when their closure runs.
+ *   - events store the host's monotonic time when their closure runs; an event
+ *     belongs to the device current when it was made, and records only on that
+ *     device's compute stream (CUDA: on its device's streams).
  *
  * Environment: MOCK_NODEV=1 (no device), MOCK_GPUS (devices, 1 .. MOCK_MAX_GPUS; 1),
  * MOCK_GPU_MIB (device memory, 4096; "A,B,...": each device's, the last for the rest),
@@ -943,6 +945,7 @@ struct CUevent_st {
     uint64_t queued, done;      /* records put on a run queue / run or dropped */
     bool dropped;               /* the last record was dropped: its stream had failed */
     double t_ms;                /* host monotonic time of the last record that ran */
+    int dev;                    /* the device current when it was made */
 };
 
 typedef struct event_arg {
@@ -979,6 +982,7 @@ tm_status cuda_event_create(tm_cuda_event *out) {
     if (!e) return tm_error_set(TM_ERR_NOMEM, "mock: out of host memory for an event");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    e->dev = t_cur;
     return TM_OK;
 }
 
@@ -996,6 +1000,11 @@ tm_status cuda_event_record(tm_cuda_event e, tm_cuda_stream stream) {
     tm_status st = check_stream(stream, "cuda_event_record");
     if (st != TM_OK) return st;
     if (!e) return tm_error_set(TM_ERR_ARG, "cuda_event_record: NULL event");
+    if (stream->dev >= 0 && stream->dev != e->dev) /* as CUDA's: an event records only there */
+        return tm_error_set(TM_ERR_DEVICE,
+                            "mock: cuda_event_record of an event made on GPU %d on GPU %d's "
+                            "stream (CUDA: invalid resource handle)",
+                            e->dev, stream->dev);
     pthread_mutex_lock(&stream->mu);
     struct CUstream_st *cap = stream->origin ? stream->origin : stream->capturing ? stream : NULL;
     pthread_mutex_unlock(&stream->mu);
@@ -1100,6 +1109,11 @@ tm_status cuda_event_query(tm_cuda_event e, bool *done) {
 
 tm_status cuda_event_elapsed(tm_cuda_event a, tm_cuda_event b, float *ms) {
     double ta = 0, tb = 0;
+    if (a->dev != b->dev)
+        return tm_error_set(TM_ERR_DEVICE,
+                            "mock: cuda_event_elapsed between events of GPUs %d and %d (CUDA: "
+                            "invalid resource handle)",
+                            a->dev, b->dev);
     tm_status st = event_wait(b, &tb);
     if (st == TM_OK) st = event_wait(a, &ta);
     if (st != TM_OK) return tm_error_wrap(st, "cuda_event_elapsed: ");

@@ -24,7 +24,8 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
   both GPUs hold weights and trace routes exactly as on -dev CUDA0; with the
   experts in RAM and the CPU lane alone (--cpu-moe --moe-pcie off --moe-fetch
   off, for both GPUs' layers) as -dev CUDA0 with the same flags; with
-  --moe-cache 1,1 each GPU caches its own layers' experts (3 layers cached).
+  --moe-cache 1,1 each GPU caches its own layers' experts (3 layers cached); run --profile
+  prints a line a GPU, with a peer copy a step of n_embd floats a token into GPU 1 alone.
 """
 import json
 import os
@@ -173,6 +174,15 @@ def main():
         check(("mock GPU 1" in r.stderr) == (dev == "CUDA1"), f"run -dev {dev}: device line in\n{r.stderr}")
         got[dev] = r.stdout
     check(got["CUDA0"] == got["CUDA1"] and got["CUDA0"], f"run -dev CUDA1 generated otherwise: {got}")
+    # run --profile over spans: a line a GPU, the residual copied into GPU 1 once a step
+    # (n_embd 256 floats a token), none into GPU 0
+    r = subprocess.run([MOCK, "run", "-m", MODEL, "--tokens", "1,2,3", "-n", "6", "--temp", "0", "-ngl", "all",
+                        "-dev", "CUDA0,CUDA1", "-ts", "1,1", "-t", "2", "--profile"],
+                       capture_output=True, text=True, env=env)
+    lines = {g: next((x for x in r.stderr.splitlines() if x.startswith(f"  GPU {g} (")), "") for g in (0, 1)}
+    check(r.returncode == 0 and "peer copies: 0.00 a step, 0.00 KB a token" in lines[0] and
+          "peer copies: 1.00 a step, 1.02 KB a token" in lines[1] and "its 1 layers'" in lines[1],
+          f"run --profile -ts 1,1: {r.returncode}\n{r.stderr[-3000:]}")
     return finish(f"GPU list flags: one GPU of two routes as CUDA0 ({len(runs)} runs), {len(bad)} bad inputs named")
 
 
