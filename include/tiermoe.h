@@ -503,6 +503,32 @@ typedef struct tm_counters {
  * from another thread under the caller's lock around the context's steps. */
 tm_status tm_context_counters(const tm_context *c, tm_counters *out);
 
+/* One GPU of a context (docs/executor.md, "What --profile and the counters
+ * say per GPU"): the tiers'
+ * counters of the layers whose routed experts it serves (tm_layer_gpu), every
+ * class together (its lanes' slots, bytes and times; fetch_*, upload_bytes,
+ * admits and exchanges are counted by class only and stay 0 here), its share
+ * of the VRAM cache, and the activations copied into it from another GPU at
+ * the boundaries of the spans of layers (peer_ns measured only with profile,
+ * whose steps run without a CUDA graph). */
+typedef struct tm_gpu_counters {
+    int32_t device;        /* its CUDA device number (CUDAn) */
+    tm_tier_counters tier; /* layers: those it serves */
+    uint32_t cache_layers; /* its layers with VRAM cache slots */
+    uint64_t cache_slots;  /* their slots */
+    uint64_t cache_bytes;  /* the VRAM those slots take */
+    uint64_t peer_copies, peer_bytes, peer_ns;
+} tm_gpu_counters;
+/* The context's GPUs, in the order their spans of layers run (devices'):
+ * out[0 .. *n) their counters, *n how many (0 without a GPU; sized as the
+ * contract above says). Between evaluations, as tm_context_counters. */
+tm_status tm_context_gpus(const tm_context *c, tm_gpu_counters *out, size_t cap, size_t *n);
+/* The GPU (an index into tm_context_gpus' list) whose lanes compute layer's
+ * routed experts and whose VRAM holds them or their cache slots: the GPU of
+ * its experts, else of the layer; -1 when neither is on a GPU or the layer
+ * has no routed experts. TM_ERR_ARG for a layer out of range. */
+tm_status tm_layer_gpu(const tm_context *c, uint32_t layer, int32_t *gpu);
+
 #ifdef __cplusplus
 }
 #endif

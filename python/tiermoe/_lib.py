@@ -159,6 +159,8 @@ PROTOTYPES = {
     "tm_cache_plan": (_S, [_h, c_char_p, c_size_t, c_char_p, c_void_p, c_size_t, _p(c_size_t)]),
     "tm_expert_stats_json": (_S, [_h, c_void_p, c_size_t, _p(c_size_t)]),
     "tm_context_counters": (_S, [_h, c_void_p]),  # a tm_counters (not wrapped yet)
+    "tm_context_gpus": (_S, [_h, c_void_p, c_size_t, _p(c_size_t)]),  # not wrapped yet
+    "tm_layer_gpu": (_S, [_h, c_uint32, _p(c_int32)]),
 }
 
 _lock = threading.Lock()

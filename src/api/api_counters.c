@@ -1,5 +1,7 @@
 /* tm_context_counters (include/tiermoe.h): the tiers' counters by layer
- * class, the VRAM cache's bytes and the SSD tier's, what GET /metrics shows. */
+ * class, the VRAM cache's bytes and the SSD tier's, what GET /metrics shows;
+ * tm_context_gpus and tm_layer_gpu: the same by GPU, each GPU's cache and peer
+ * copies, and the GPU of each layer (GET /moe-hot-cache, the dashboard). */
 #include <string.h>
 
 #include "api/api_internal.h"
@@ -54,5 +56,34 @@ tm_status tm_context_counters(const tm_context *c, tm_counters *out) {
                                      .wait_ns = ss->wait_ns,
                                      .max_resident = ss->max_resident};
     }
+    return TM_OK;
+}
+
+tm_status tm_context_gpus(const tm_context *c, tm_gpu_counters *out, size_t cap, size_t *n) {
+    if (!api_context_of(c, "tm_context_gpus")) return TM_ERR_ARG;
+    API_ARG(n, "tm_context_gpus: n must not be NULL");
+    API_ARG(out || !cap, "tm_context_gpus: out is NULL with cap %zu", cap);
+    int n_gpu = 0;
+    const tm_tier_stats *gs = c->tier ? tier_stats_gpu(c->tier, &n_gpu) : NULL;
+    *n = (size_t)n_gpu;
+    API_ARG(*n <= cap, "tm_context_gpus: out has room for %zu, the context has %zu GPUs", cap, *n);
+    for (int g = 0; g < n_gpu; g++) {
+        tm_gpu_counters *o = &out[g];
+        memset(o, 0, sizeof(*o));
+        o->device = exec_gpu_device(c->exec, g);
+        o->tier = tier_counters(&gs[g]);
+        tier_cache_gpu(c->tier, g, &o->cache_layers, &o->cache_slots, &o->cache_bytes);
+        const tm_exec_peer_stats p = exec_peer_stats(c->exec, g);
+        o->peer_copies = p.copies, o->peer_bytes = p.bytes, o->peer_ns = p.ns;
+    }
+    return TM_OK;
+}
+
+tm_status tm_layer_gpu(const tm_context *c, uint32_t layer, int32_t *gpu) {
+    if (!api_context_of(c, "tm_layer_gpu")) return TM_ERR_ARG;
+    API_ARG(gpu, "tm_layer_gpu: gpu must not be NULL");
+    API_ARG(layer < c->model->cfg.n_layer, "tm_layer_gpu: layer %u is not in [0, %u)", layer,
+            c->model->cfg.n_layer);
+    *gpu = c->tier ? tier_layer_gpu(c->tier, layer) : -1;
     return TM_OK;
 }

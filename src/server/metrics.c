@@ -2,7 +2,9 @@
  * counters (HTTP replies by status, generations by outcome, prompt and
  * generated tokens and their time, the last request's speeds, the queue) and
  * the tier's per layer class (tm_context_counters: slots by lane, bytes, lane
- * times, cache admissions and exchanges), read under the worker's step lock. */
+ * times, cache admissions and exchanges) and per GPU (tm_context_gpus: the
+ * same of the layers it serves, its cache, its peer copies), read under the
+ * worker's step lock. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +159,52 @@ static void tier_section(text *t, const tm_tier_counters *ts, uint64_t cache_byt
     put(t, "tiermoe_tier_cache_bytes %llu\n", (unsigned long long)cache_bytes);
 }
 
+/* Per GPU (label gpu: its index in the context's list, device: CUDAn). */
+static void gpu_section(text *t, const tm_gpu_counters *g, size_t n) {
+    static const char *const lane[3] = {"hot", "pcie", "cold"};
+    family(t, "tiermoe_gpu_slots_total", "counter",
+           "routed slots of the layers a GPU serves, by the lane that computed them");
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v[3] = {g[i].tier.hot_slots, g[i].tier.pcie_slots, g[i].tier.cold_slots};
+        for (int k = 0; k < 3; k++)
+            put(t, "tiermoe_gpu_slots_total{gpu=\"%zu\",device=\"CUDA%d\",lane=\"%s\"} %llu\n", i,
+                g[i].device, lane[k], (unsigned long long)v[k]);
+    }
+    family(t, "tiermoe_gpu_lane_seconds_total", "counter",
+           "time of a GPU's lanes (hot, pcie, gpu_wait: measured only with --profile)");
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v[3] = {g[i].tier.hot_ns, g[i].tier.pcie_ns, g[i].tier.gpu_wait_ns};
+        static const char *const tl[3] = {"hot", "pcie", "gpu_wait"};
+        for (int k = 0; k < 3; k++)
+            put(t,
+                "tiermoe_gpu_lane_seconds_total{gpu=\"%zu\",device=\"CUDA%d\",lane=\"%s\"} %.9g\n",
+                i, g[i].device, tl[k], v[k] * 1e-9);
+    }
+    const struct {
+        const char *name, *type, *help;
+        size_t off;
+        double scale;
+    } f[] = {
+        {"tiermoe_gpu_cache_slots", "gauge", "VRAM cache slots a GPU holds",
+         offsetof(tm_gpu_counters, cache_slots), 1},
+        {"tiermoe_gpu_cache_bytes", "gauge", "VRAM a GPU's cache slots take",
+         offsetof(tm_gpu_counters, cache_bytes), 1},
+        {"tiermoe_gpu_peer_copies_total", "counter",
+         "activations copied into a GPU from another at span boundaries",
+         offsetof(tm_gpu_counters, peer_copies), 1},
+        {"tiermoe_gpu_peer_bytes_total", "counter", "... their bytes",
+         offsetof(tm_gpu_counters, peer_bytes), 1},
+        {"tiermoe_gpu_peer_seconds_total", "counter", "... their time (only with --profile)",
+         offsetof(tm_gpu_counters, peer_ns), 1e-9},
+    };
+    for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) {
+        family(t, f[j].name, f[j].type, f[j].help);
+        for (size_t i = 0; i < n; i++)
+            put(t, "%s{gpu=\"%zu\",device=\"CUDA%d\"} %.9g\n", f[j].name, i, g[i].device,
+                *(const uint64_t *)((const char *)&g[i] + f[j].off) * f[j].scale);
+    }
+}
+
 enum MHD_Result srv_handle_metrics(srv_req *r) {
     tm_server *s = r->s;
     pthread_mutex_lock(&s->metrics.mu);
@@ -212,13 +260,18 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
     put(&t, "tiermoe_requests_deferred %d\n", srv_queue_depth(s));
     if (atomic_load(&s->state) == SRV_READY) {
         tm_counters k;
+        tm_gpu_counters g[TM_MAX_GPUS];
+        size_t n_gpu = 0;
         pthread_mutex_lock(&s->step_mu);
         const tm_status st = tm_context_counters(s->ctx, &k);
+        if (tm_context_gpus(s->ctx, g, TM_MAX_GPUS, &n_gpu) != TM_OK || n_gpu > TM_MAX_GPUS)
+            n_gpu = 0;
         pthread_mutex_unlock(&s->step_mu);
         if (st == TM_OK) {
             tier_section(&t, k.tier, k.cache_bytes);
             if (k.has_ssd) ssd_section(&t, &k.ssd);
         }
+        if (n_gpu) gpu_section(&t, g, n_gpu);
     }
     if (t.failed) {
         free(t.p);

@@ -6,7 +6,8 @@
  *   POST /moe-layer-perf   {"action":"reset"}: zero them; {"action":"snapshot"}:
  *                          answer them and zero them in one step (no count lost
  *                          between a read and a reset)
- *   GET  /moe-hot-cache    the VRAM cache: per layer its slots and the expert in each
+ *   GET  /moe-hot-cache    the VRAM cache: per layer its slots, the expert in each and
+ *                          the GPU that holds them; per GPU its share (tm_context_gpus)
  *   POST /moe-hot-cache    {"from":"counters"}: each cached layer's most selected experts in
  *                          the live counters; {"learn": LEARN, "weighting": MODE}: the same
  *                          from an uploaded learn file (both made by tm_cache_plan); or
@@ -122,6 +123,23 @@ static json_t *int_array(const int32_t *v, size_t n) {
     return a;
 }
 
+/* Each GPU's share of the cache and of the routed slots of the layers it serves. */
+static json_t *gpus_json(const tm_gpu_counters *g, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++) {
+        const tm_tier_counters *t = &g[i].tier;
+        json_array_append_new(
+            a, json_pack("{s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "gpu", (int)i,
+                         "device", (int)g[i].device, "layers", (int)t->layers, "cache_layers",
+                         (int)g[i].cache_layers, "cache_slots", (json_int_t)g[i].cache_slots,
+                         "cache_bytes", (json_int_t)g[i].cache_bytes, "hot_slots",
+                         (json_int_t)t->hot_slots, "pcie_slots", (json_int_t)t->pcie_slots,
+                         "cold_slots", (json_int_t)t->cold_slots, "peer_copies",
+                         (json_int_t)g[i].peer_copies, "peer_bytes", (json_int_t)g[i].peer_bytes));
+    }
+    return a;
+}
+
 enum MHD_Result srv_handle_cache_get(srv_req *r) {
     enum MHD_Result res;
     if (!cache_on(r, &res)) return res;
@@ -129,18 +147,25 @@ enum MHD_Result srv_handle_cache_get(srv_req *r) {
     int32_t *in_slot = malloc(s->info.n_expert * sizeof(int32_t));
     json_t *layers = json_array();
     tm_counters k;
+    tm_gpu_counters g[TM_MAX_GPUS];
+    size_t n_gpu = 0;
     pthread_mutex_lock(&s->step_mu);
     const uint64_t bytes = tm_context_counters(s->ctx, &k) == TM_OK ? k.cache_bytes : 0;
+    if (tm_context_gpus(s->ctx, g, TM_MAX_GPUS, &n_gpu) != TM_OK || n_gpu > TM_MAX_GPUS) n_gpu = 0;
     for (uint32_t l = 0; in_slot && layers && l < s->info.n_layer; l++) {
         const size_t slots = slots_read(s, l, in_slot);
+        int32_t gpu = -1;
         if (!slots) continue;
-        json_array_append_new(layers, json_pack("{s:i, s:i, s:o}", "layer", (int)l, "slots",
-                                                (int)slots, "experts", int_array(in_slot, slots)));
+        (void)tm_layer_gpu(s->ctx, l, &gpu);
+        json_array_append_new(layers, json_pack("{s:i, s:i, s:i, s:o}", "layer", (int)l, "slots",
+                                                (int)slots, "gpu", (int)gpu, "experts",
+                                                int_array(in_slot, slots)));
     }
     pthread_mutex_unlock(&s->step_mu);
     free(in_slot);
-    return srv_reply_json(
-        r, 200, json_pack("{s:I, s:o}", "cache_bytes", (json_int_t)bytes, "layers", layers));
+    return srv_reply_json(r, 200,
+                          json_pack("{s:I, s:o, s:o}", "cache_bytes", (json_int_t)bytes, "layers",
+                                    layers, "gpus", gpus_json(g, n_gpu)));
 }
 
 typedef struct cache_job {

@@ -506,6 +506,67 @@ static void test_counters_and_plans(void **state) {
     tm_context_free(c);
 }
 
+/* Each GPU's counters and the GPU of each layer: over two mock GPUs with -ts 1,1 the
+ * layers go by llama.cpp's rule (layer l to the first GPU whose share passes
+ * l / n_layer), each GPU's cache slots are its layers' (tm_cache_experts), the
+ * GPUs' slots and bytes add up to the classes' and the cache's, and the residual
+ * crosses into GPU 1 once a step: steps copies of rows x n_embd floats. */
+static void test_gpus(void **state) {
+    (void)state;
+    tm_context_opts o;
+    opts_for(&o, 1);
+    tm_gpu_counters g[TM_MAX_GPUS];
+    size_t n = 9;
+    int32_t gpu = 0;
+#ifdef TM_API_MOCKGPU
+    setenv("MOCK_GPUS", "2", 1);
+    o.devices = "CUDA0,CUDA1", o.tensor_split = "1,1", o.moe_cache_gpus = "1,1";
+#endif
+    tm_context *c = NULL;
+    CHECK(tm_context_create(model, &o, &c));
+    unsetenv("MOCK_GPUS");
+    CHECK(tm_eval(c, 0, pa, 7));
+    for (int i = 0; i < 3; i++) CHECK(tm_eval(c, 0, &pa[i], 1));
+    CHECK(tm_context_gpus(c, g, TM_MAX_GPUS, &n));
+    tm_counters k;
+    CHECK(tm_context_counters(c, &k));
+#ifdef TM_API_MOCKGPU
+    assert_int_equal(n, 2);
+    size_t n1 = 0; /* too small: the count, nothing written */
+    EXPECT(TM_ERR_ARG, "room for 1", tm_context_gpus(c, g, 1, &n1));
+    assert_int_equal(n1, 2);
+    uint64_t bytes = 0, hot = 0, cold = 0;
+    size_t n_slots = 0, slots[2] = {0, 0};
+    int32_t in[16];
+    for (uint32_t l = 0; l < info.n_layer; l++) {
+        CHECK(tm_layer_gpu(c, l, &gpu));
+        assert_int_equal(gpu, 2 * l >= info.n_layer); /* shares 1/2, 1 */
+        CHECK(tm_cache_experts(c, l, in, 16, &n_slots));
+        slots[gpu] += n_slots;
+    }
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(g[i].device, (int32_t)i);
+        assert_int_equal(g[i].cache_slots, slots[i]);
+        assert_true(g[i].cache_layers > 0 && g[i].tier.hot_slots > 0);
+        bytes += g[i].cache_bytes, hot += g[i].tier.hot_slots, cold += g[i].tier.cold_slots;
+        assert_int_equal(g[i].peer_copies, i ? 4 : 0); /* 4 steps of 7, 1, 1, 1 rows */
+        assert_int_equal(g[i].peer_bytes, i ? 10ull * info.n_embd * sizeof(float) : 0);
+    }
+    assert_int_equal(bytes, k.cache_bytes);
+    assert_int_equal(hot, k.tier[TM_LAYER_CACHED].hot_slots);
+    assert_int_equal(cold, k.tier[TM_LAYER_CACHED].cold_slots);
+#else
+    assert_int_equal(n, 0);
+    CHECK(tm_layer_gpu(c, 0, &gpu));
+    assert_int_equal(gpu, -1);
+#endif
+    EXPECT(TM_ERR_ARG, "layer", tm_layer_gpu(c, info.n_layer, &gpu));
+    EXPECT(TM_ERR_ARG, "gpu", tm_layer_gpu(c, 0, NULL));
+    EXPECT(TM_ERR_ARG, "out", tm_context_gpus(c, NULL, 1, &n));
+    EXPECT(TM_ERR_ARG, "context is NULL", tm_context_gpus(NULL, g, 1, &n));
+    tm_context_free(c);
+}
+
 static void log_cb(tm_log_level level, const char *text, void *user) {
     (void)level, (void)text;
     *(int *)user += 1;
@@ -967,6 +1028,7 @@ int main(void) {
         cmocka_unit_test(test_chat_reply),    cmocka_unit_test(test_opts_check),
         cmocka_unit_test(test_reports),       cmocka_unit_test(test_prompt_reuse),
         cmocka_unit_test(test_chat_render),   cmocka_unit_test(test_counters_and_plans),
+        cmocka_unit_test(test_gpus),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

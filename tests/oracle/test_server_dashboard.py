@@ -9,7 +9,13 @@ cache (the CLI linked with the mock CUDA backend, as test_server_cache.py):
 - its button (clicked by the page itself with ?autoapply=1, the same handler a click
   runs) applies a plan made from the live counters: afterwards each cached layer's slots
   hold its most selected experts in /moe-layer-perf (ties: the lower id), computed here;
-- a screenshot is taken (docs/dashboard.png is one).
+- a screenshot is taken (docs/dashboard.png is one);
+- over two mock GPUs (-ts 1,1, --moe-cache 1,1): /moe-hot-cache says each layer's GPU as
+  llama.cpp's split puts it (layer l on the first GPU whose share passes l / n_layer),
+  each GPU's slots are its layers' slots and add up with the bytes to the cache's, the
+  residual crosses into GPU 1 alone (whole rows of n_embd floats); the page's GPU table
+  and the cache table's GPU column show those numbers; /metrics' tiermoe_gpu_* say the
+  same, and the GPUs' slots by lane add up to the cached class's.
 Chromium's DOM after its JavaScript ran (--dump-dom, --virtual-time-budget) is parsed
 with the standard library's HTML parser.
 """
@@ -31,27 +37,27 @@ MOCK = os.environ.get("TM_SERVE_BINARY") or os.path.join(TOOLS, "tiermoe_mockgpu
 
 
 class Page(HTMLParser):
-    """Text by element id, and the rows of the cache table."""
+    """Text by element id, and the rows of the cache and GPU tables."""
 
     def __init__(self, html):
         super().__init__()
-        self.text, self.stack, self.cache_rows, self.canvas = {}, [], [], {}
-        self.in_cache = False
+        self.text, self.stack, self.cache_rows, self.gpu_rows, self.canvas = {}, [], [], [], {}
+        self.in_cache = None
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "table" and a.get("id") == "cache":
-            self.in_cache = True
-        if self.in_cache and tag == "tr":
-            self.cache_rows.append([])
+        if tag == "table" and a.get("id") in ("cache", "gpus"):
+            self.in_cache = self.cache_rows if a["id"] == "cache" else self.gpu_rows
+        if self.in_cache is not None and tag == "tr":
+            self.in_cache.append([])
         if tag == "canvas":
             self.canvas = a
         self.stack.append((tag, a.get("id")))
 
     def handle_endtag(self, tag):
         if tag == "table":
-            self.in_cache = False
+            self.in_cache = None
         while self.stack and self.stack.pop()[0] != tag:
             pass
 
@@ -59,8 +65,8 @@ class Page(HTMLParser):
         for _, i in self.stack:
             if i:
                 self.text[i] = self.text.get(i, "") + data
-        if self.in_cache and self.cache_rows and self.stack and self.stack[-1][0] == "td":
-            self.cache_rows[-1].append(data)
+        if self.in_cache and self.stack and self.stack[-1][0] == "td":
+            self.in_cache[-1].append(data)
 
 
 class Stream:
@@ -113,6 +119,57 @@ def chromium(*args, timeout=120):
 
 def dom(url, budget_ms=3000):
     return Page(chromium(f"--virtual-time-budget={budget_ms}", "--dump-dom", url))
+
+
+def two_gpus(model):
+    """Each GPU's cache on the page and in /moe-hot-cache, over two mock GPUs."""
+    srv = Server(model, "-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1,1",
+                 "--moe-cache-update", "off", "-ot", r"output\.weight=CPU", "-c", "512", "--quiet", binary=MOCK,
+                 env={"MOCK_GPUS": "2", "TIERMOE_CALIB": "none"})
+    try:
+        srv.request("POST", "/v1/completions", {"prompt": "Warm up the counters", "max_tokens": 4})
+        _, cache = srv.request("GET", "/moe-hot-cache")
+        _, perf = srv.request("GET", "/moe-layer-perf")
+        n_layer, gpus = len(perf["layers"]), cache.get("gpus", [])
+        check(len(gpus) == 2 and [g["device"] for g in gpus] == [0, 1], f"gpus {gpus}")
+        for L in cache["layers"]:
+            check(L["gpu"] == int(2 * L["layer"] >= n_layer), f"layer {L['layer']} on GPU {L['gpu']}")
+        for g in gpus:
+            mine = [L for L in cache["layers"] if L["gpu"] == g["gpu"]]
+            check(g["cache_slots"] == sum(L["slots"] for L in mine) and g["cache_layers"] == len(mine),
+                  f"GPU {g['gpu']}: {g} against its layers {mine}")
+        check(sum(g["cache_bytes"] for g in gpus) == cache["cache_bytes"], f"bytes {gpus} {cache['cache_bytes']}")
+        check(len(gpus) == 2 and gpus[0]["peer_copies"] == 0 and gpus[1]["peer_copies"] > 0 and
+              gpus[1]["peer_bytes"] % (4 * 256) == 0, f"peer copies {gpus}")  # tiny: n_embd 256
+        _, metrics = srv.request("GET", "/metrics")
+        samples = {}
+        for line in metrics.splitlines():
+            if line.startswith(("tiermoe_gpu_", "tiermoe_tier_slots_total")):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        for g in gpus:
+            at = f'gpu="{g["gpu"]}",device="CUDA{g["device"]}"'
+            check(samples.get(f"tiermoe_gpu_cache_slots{{{at}}}") == g["cache_slots"] and
+                  samples.get(f"tiermoe_gpu_peer_copies_total{{{at}}}") == g["peer_copies"],
+                  f"/metrics of GPU {g['gpu']}: {samples}")
+        for lane in ("hot", "pcie", "cold"):  # the GPUs' layers are all the cached class's
+            by_gpu = sum(v for k, v in samples.items() if k.startswith("tiermoe_gpu_slots_total") and
+                         f'lane="{lane}"' in k)
+            check(by_gpu == samples.get(f'tiermoe_tier_slots_total{{class="cached",lane="{lane}"}}'),
+                  f"{lane} slots by GPU {by_gpu} against the class's: {samples}")
+        p = dom(srv.base + "/")
+        want = [[str(g["gpu"]), f"CUDA{g['device']}", str(g["layers"]), str(g["cache_layers"]),
+                 str(g["cache_slots"]), f"{g['cache_bytes'] / 1048576:.2f}"] for g in gpus]
+        got = [r[:6] for r in p.gpu_rows if r]
+        check(got == want, f"GPU table {got} != /moe-hot-cache {want}")
+        col = [[r[0], r[2]] for r in p.cache_rows if r]
+        check(col == [[str(L["layer"]), str(L["gpu"])] for L in cache["layers"]], f"cache table's GPUs {col}")
+        chromium("--virtual-time-budget=3000", "--window-size=1100,900",
+                 f"--screenshot={os.path.join(TMP, 'dashboard_gpus.png')}", srv.base + "/")
+        print(f"  two GPUs: cached layers on GPUs {[L['gpu'] for L in cache['layers']]}, GPU table {got}")
+    finally:
+        rc = srv.stop()
+    check(rc == 0, f"two GPUs: exit {rc}\n{srv.log()[-2000:]}")
 
 
 def main():
@@ -182,6 +239,7 @@ def main():
     check(rc == 0, f"exit {rc}\n{srv.log()[-2000:]}")
     check("ERROR: AddressSanitizer" not in srv.log() and "runtime error" not in srv.log(),
           f"sanitizer report:\n{srv.log()[-3000:]}")
+    two_gpus(model)
     return finish("the dashboard shows the server's numbers live in Chromium and its button applies a plan")
 
 
