@@ -14,8 +14,11 @@
  *   peer copy), the decode steps replaying one graph over both GPUs (the second GPU's
  *   stream joined to the first's capture, each node replayed on its own GPU); with
  *   experts in RAM (--cpu-moe) the same as --cpu-moe on one GPU (the CPU lane for both
- *   GPUs' layers); --moe-cache 1,1: each GPU caches its own layers' experts; copies
- *   ahead refused by flag. */
+ *   GPUs' layers); --moe-cache 1,1: each GPU caches its own layers' experts.
+ * - Copies ahead over both GPUs (test_ahead_two): each GPU's own, into a buffer and into
+ *   its cached layers' slots, counted on both GPUs' layers, logits and greedy tokens as
+ *   one GPU's. */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,7 +37,7 @@
 #define N_PROMPT 6
 #define N_GEN    64
 
-static char model_path[512];
+static char model_path[512], model4_path[512]; /* the tiny preset; with 4 layers */
 
 typedef struct run {
     tm_context *c;
@@ -261,17 +264,77 @@ static void test_one_of_two(void **state) {
         run_free(&k2);
     }
 
-    /* the copies ahead: one GPU's so far, refused by flag */
-    {
-        tm_context_params p = params("CUDA0,CUDA1", "1,1");
-        p.moe_ahead = 1;
-        tm_context *c = NULL;
-        assert_int_equal(model_context_create(m, &p, &c), TM_ERR_UNSUPPORTED);
-        assert_null(c);
-        if (!strstr(tm_error_message(), "--moe-ahead") || !strstr(tm_error_message(), "one GPU's"))
-            fail_msg("--moe-ahead: %s", tm_error_message());
-    }
     cpu_moe = false;
+    model_free(m);
+}
+
+/* Relative L2 distance of a's logits from b's. */
+static double rel_l2(const float *a, const float *b, int64_t n) {
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        e += d * d, s += (double)b[i] * b[i];
+    }
+    return sqrt(e / (s + 1e-300));
+}
+
+/* The copies ahead over both GPUs (4 layers: GPU 0 layers 0-1, GPU 1 layers 2-3), the
+ * CPU lane beside them alone (--moe-pcie off --moe-fetch off), precise: into a buffer
+ * (--moe-ahead 2) and into each GPU's cached layers' slots (--moe-cache 1,1, auto). Each
+ * GPU's second layer gets copies from its first (layers 1 and 3), decoding as one graph
+ * over both GPUs, the lane's stream of each GPU forked from and joined to its compute
+ * stream; the logits as one GPU's (where layer 2 gets copies too: the mock's GPU
+ * arithmetic against the CPU lane's, both in double) and the same greedy tokens. */
+static void test_ahead_two(void **state) {
+    (void)state;
+    tm_model *m;
+    assert_int_equal(model_load(model4_path, &m), TM_OK);
+    const int64_t nv = m->cfg.n_vocab;
+    const char *cache[] = {NULL, "1,1"};
+    for (int ci = 0; ci < 2; ci++) {
+        run one, two;
+        for (int g = 0; g < 2; g++) {
+            run *r = g ? &two : &one;
+            tm_context_params p = params(g ? "CUDA0,CUDA1" : "CUDA0", g ? "1,1" : NULL);
+            p.cpu_moe = true, p.precise = true;
+            p.moe_pcie = TM_MOE_PCIE_OFF, p.moe_fetch = TM_MOE_FETCH_OFF;
+            p.moe_ahead = cache[ci] ? TM_MOE_AHEAD_AUTO : 2;
+            if (cache[ci] && !g) p.moe_cache_mib = 2; /* the two GPUs' budgets on one */
+            if (cache[ci] && g && gpus_cache_parse("--moe-cache", cache[ci], &p.gpus) != TM_OK)
+                fail_msg("%s", tm_error_message());
+            memset(r, 0, sizeof(*r));
+            if (model_context_create(m, &p, &r->c) != TM_OK)
+                fail_msg("copies ahead%s: %s", g ? " (spans)" : "", tm_error_message());
+            decode(r);
+            if (r->st != TM_OK) fail_msg("copies ahead%s: %s", g ? " (spans)" : "", r->err);
+            if (!g) { /* its pinned file pages: another context cannot pin them again */
+                model_context_free(one.c);
+                one.c = NULL;
+            }
+        }
+        const char *what = cache[ci] ? "--cpu-moe --moe-cache 1,1 (copies ahead into the slots)"
+                                     : "--cpu-moe --moe-ahead 2";
+        assert_int_equal(exec_gpu_count(two.c->exec), 2);
+        assert_true(exec_graph_ready(two.c->exec));
+        int n_gpu = 0;
+        const tm_tier_stats *gs = tier_stats_gpu(two.c->tier, &n_gpu);
+        assert_int_equal(n_gpu, 2);
+        for (int g = 0; g < 2; g++)
+            if (!gs[g].ahead_experts || !gs[g].ahead_slots)
+                fail_msg("%s: GPU %d: %llu experts copied ahead, %llu slots computed from them",
+                         what, g, (unsigned long long)gs[g].ahead_experts,
+                         (unsigned long long)gs[g].ahead_slots);
+        const tm_tier_stats *ts = tier_stats(two.c->tier);
+        const int cls = cache[ci] ? TM_TIER_CACHED : TM_TIER_RAM;
+        assert_int_equal(gs[0].ahead_experts + gs[1].ahead_experts, ts[cls].ahead_experts);
+        if (cache[ci]) assert_int_equal(ts[TM_TIER_CACHED].layers, 4);
+        const double d = rel_l2(two.logits, one.logits, nv);
+        if (!(d < 1e-5)) fail_msg("%s: the prompt's logits %g from one GPU's", what, d);
+        for (int i = 0; i < N_GEN; i++)
+            if (one.toks[i] != two.toks[i])
+                fail_msg("%s: token %d is %d, %d on one GPU", what, i, two.toks[i], one.toks[i]);
+        run_free(&one), run_free(&two);
+    }
     model_free(m);
 }
 
@@ -283,9 +346,16 @@ int main(void) {
         fprintf(stderr, "mkmodel: %s\n", tm_error_message());
         return 1;
     }
+    snprintf(model4_path, sizeof(model4_path), "%s/mock_gpus4.gguf", tmp ? tmp : ".");
+    sc.n_layer = 4;
+    if (synth_model_write(&sc, model4_path) != TM_OK) {
+        fprintf(stderr, "mkmodel: %s\n", tm_error_message());
+        return 1;
+    }
     setenv("MOCK_GPUS", "2", 1);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_one_of_two)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_one_of_two),
+                                       cmocka_unit_test(test_ahead_two)};
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    remove(model_path);
+    remove(model_path), remove(model4_path);
     return rc;
 }

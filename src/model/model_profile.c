@@ -61,21 +61,24 @@ void model_profile_print(const tm_context *ctx, const uint64_t *prof0,
     exec_step_counts(ctx->exec, &steps, &rows);
     for (int g = 0; g < n_gpu; g++) { /* since load: shares and per step, not per run */
         const tm_tier_stats *s = &gs[g];
-        const uint64_t all = s->hot_slots + s->pcie_slots + s->cold_slots;
+        const uint64_t all = s->hot_slots + s->pcie_slots + s->cold_slots + s->ahead_slots;
+        if (!s->layers) continue;
         const tm_exec_peer_stats p = exec_peer_stats(ctx->exec, g);
         const double per = steps ? 1.0 / (double)steps : 0;
         fprintf(out,
                 "  GPU %d (its %u layers' MoE steps, since load): %llu routed slots, %.1f%% hot, "
-                "%.1f%% over PCIe, %.1f%% to the CPU lane (prompts' fetched slots apart); %.3f "
-                "GB of experts read from VRAM, %.3f GB over PCIe; lanes per step: hot %.3f ms, "
-                "PCIe %.3f ms, waiting for the CPU lane %.3f ms, CPU lane %.3f ms; peer copies: "
-                "%.2f a step, %.2f KB a token, %.3f ms a step (%llu steps)\n",
+                "%.1f%% over PCIe, %.1f%% from copies ahead, %.1f%% to the CPU lane (prompts' "
+                "fetched slots apart); %.3f GB of experts read from VRAM, %.3f GB over PCIe, "
+                "%.3f GB copied ahead; lanes per step: hot %.3f ms, PCIe %.3f ms, waiting for the "
+                "CPU lane %.3f ms, CPU lane %.3f ms; peer copies: %.2f a step, %.2f KB a token, "
+                "%.3f ms a step (%llu steps)\n",
                 g, s->layers, (unsigned long long)all, all ? 100.0 * s->hot_slots / all : 0.0,
-                all ? 100.0 * s->pcie_slots / all : 0.0, all ? 100.0 * s->cold_slots / all : 0.0,
-                s->hot_bytes * 1e-9, s->pcie_bytes * 1e-9, s->hot_ns * 1e-6 * per,
-                s->pcie_ns * 1e-6 * per, s->gpu_wait_ns * 1e-6 * per, s->cold_ns * 1e-6 * per,
-                (double)p.copies * per, rows ? p.bytes * 1e-3 / (double)rows : 0.0,
-                p.ns * 1e-6 * per, (unsigned long long)steps);
+                all ? 100.0 * s->pcie_slots / all : 0.0, all ? 100.0 * s->ahead_slots / all : 0.0,
+                all ? 100.0 * s->cold_slots / all : 0.0, s->hot_bytes * 1e-9, s->pcie_bytes * 1e-9,
+                s->ahead_bytes * 1e-9, s->hot_ns * 1e-6 * per, s->pcie_ns * 1e-6 * per,
+                s->gpu_wait_ns * 1e-6 * per, s->cold_ns * 1e-6 * per, (double)p.copies * per,
+                rows ? p.bytes * 1e-3 / (double)rows : 0.0, p.ns * 1e-6 * per,
+                (unsigned long long)steps);
     }
     const tm_tier_stats *cs = &ts[TM_TIER_CACHED], z = {0},
                         *cs0 = tier0 ? &tier0[TM_TIER_CACHED] : &z;

@@ -520,26 +520,27 @@ static tm_status tier_router_vector(tm_tier *t, tier_layer *L, const tm_weight *
 }
 
 /* Over several GPUs each GPU has its own lanes for the experts in RAM of its layers (the
- * PCIe lane's work list, the fetch ring, the copy stream: tm_tier.bufs[g]) and its own VRAM
- * cache; the copies ahead and the SSD tier's ring are one GPU's so far (issue 35): --moe-ahead
- * auto is off (one line), and --moe-ahead N or --ram-cache an error naming the flag. */
-static tm_status tier_gpus_lanes(tm_tier *t, tm_tier_params *q) {
+ * PCIe lane's work list, the fetch ring, the copy stream: tm_tier.bufs[g]), its own copies
+ * ahead (tm_tier.ahead[g]) and its own VRAM cache; the SSD tier's ring is one GPU's so far
+ * (issue 35): --ram-cache is an error naming the flag. */
+static tm_status tier_gpus_lanes(tm_tier *t, const tm_tier_params *q) {
     bool cold = false;
     for (uint32_t l = 0; l < t->n_layer; l++)
         cold |= t->layers[l].moe && t->layers[l].cls != TM_TIER_VRAM;
-    if (!cold) return TM_OK;
-    const char *flag = q->ahead > 0 ? "--moe-ahead" : q->store.budget_mib ? "--ram-cache" : NULL;
-    if (flag)
+    if (cold && q->store.budget_mib)
         return tm_error_set(TM_ERR_UNSUPPORTED,
-                            "%s: with experts in RAM over %d GPUs the copies ahead and the SSD "
-                            "tier are one GPU's so far (each GPU's PCIe and fetch lanes and VRAM "
-                            "cache run); leave %s out, or give one GPU (-dev CUDAn)",
-                            flag, exec_gpu_count(t->e), flag);
-    if (q->ahead == TM_MOE_AHEAD_AUTO && (q->cache_mib || q->n_cache_gpu || q->cache.plan))
-        tm_log_info("experts in RAM over %d GPUs: no copies ahead (one GPU's so far)",
-                    exec_gpu_count(t->e));
-    q->ahead = TM_MOE_AHEAD_OFF;
+                            "--ram-cache: with experts in RAM over %d GPUs the SSD tier is one "
+                            "GPU's so far (each GPU's PCIe and fetch lanes, copies ahead and VRAM "
+                            "cache run); leave --ram-cache out, or give one GPU (-dev CUDAn)",
+                            exec_gpu_count(t->e));
     return TM_OK;
+}
+
+/* Whether a VRAM cache is asked for: --moe-cache N, each GPU's A,B, or a plan. */
+static bool tier_cache_asked(const tm_tier_params *q) {
+    bool any = q->cache_mib != 0 || q->cache.plan;
+    for (int g = 0; g < q->n_cache_gpu; g++) any |= q->cache_mib_gpu[g] != 0;
+    return any;
 }
 
 tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
@@ -631,7 +632,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
        than the PCIe lane) */
     if (q.ahead == TM_MOE_AHEAD_AUTO) {
         t->ahead_cached_only = true;
-        q.ahead = t->gpu && (q.cache_mib || q.cache.plan) && q.cache.update == TM_MOE_UPDATE_BETWEEN
+        q.ahead = t->gpu && tier_cache_asked(&q) && q.cache.update == TM_MOE_UPDATE_BETWEEN
                       ? TIER_AHEAD_CACHED
                       : TM_MOE_AHEAD_OFF;
         /* and the PCIe lane's auto share off: with the copies, the few cold slots left ran
@@ -639,7 +640,7 @@ tm_status tier_create(tm_exec *e, const tm_placement *pl, uint32_t n_layer,
            call on another machine) */
         if (q.ahead > 0 && q.pcie == TM_MOE_PCIE_AUTO) q.pcie = TM_MOE_PCIE_OFF;
     }
-    if (q.ahead > 0 && (q.cache_mib || q.cache.plan) && q.cache.update != TM_MOE_UPDATE_OFF) {
+    if (q.ahead > 0 && tier_cache_asked(&q) && q.cache.update != TM_MOE_UPDATE_OFF) {
         tm_log_info("--moe-ahead: the VRAM cache's slots take the copies (least recently used "
                     "first, on the GPU); --moe-cache-update is off");
         q.cache.update = TM_MOE_UPDATE_OFF;

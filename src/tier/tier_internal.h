@@ -91,7 +91,9 @@ typedef struct tier_fetch {
 
 /* Decode steps' experts copied ahead (tier_ahead.c): layer l + 1's are
  * predicted and copied on a stream of their own while layer l runs, into
- * buffer (l + 1) % 2 (layer l computes from buffer l % 2 meanwhile). */
+ * buffer (l + 1) % 2 (layer l computes from buffer l % 2 meanwhile). Each GPU
+ * has its own, for its own layers (tm_tier.ahead[g]): its buffers, stream and
+ * events, made with that GPU current. */
 typedef struct tier_ahead {
     int32_t n_slots;      /* experts a layer step copies ahead */
     uint8_t *buf[2];      /* device: n_slots experts each (gates, then ups, then downs) */
@@ -115,8 +117,10 @@ typedef struct tier_ahead {
     bool lru;                /* some cached layers take copies into their slots: their slot
                                 maps live on the GPU, the host's refreshed after each step */
     int64_t n_cache_slots;
-    int32_t *cache_state;    /* device: those layers' expert_in_dev, then their last_use_dev */
-    int32_t *expert_in_host; /* scratch for the refresh */
+    int32_t *cache_state;      /* device: those layers' expert_in_dev, then their last_use_dev */
+    int32_t *expert_in_host;   /* scratch for the refresh */
+    uint32_t maps_lo, maps_hi; /* those layers' first and last: their rows of the GPU's maps */
+    int32_t *maps_host;        /* scratch for the refresh: rows [maps_lo, maps_hi] */
 } tier_ahead;
 
 typedef struct tier_layer {
@@ -204,7 +208,8 @@ struct tm_tier {
     /* --profile: hot lane, PCIe lane, wait, copies ahead (start, end), each GPU's (an event
        records only on its own GPU's streams); ev: the layer's GPU's (ev_gpu[bufs_gpu]) */
     tm_cuda_event ev_gpu[EXEC_MAX_GPUS][8], *ev;
-    tier_ahead *ahead;      /* decode steps' experts copied ahead (NULL: none) */
+    /* decode steps' experts copied ahead: each GPU's, for its own layers (NULL: none there) */
+    tier_ahead *ahead[EXEC_MAX_GPUS];
     bool ahead_cached_only; /* --moe-ahead auto: only into cached layers' slots */
 
     /* prompt steps' cold experts (tier_fetch.c) */
@@ -308,6 +313,12 @@ static inline bool tier_ring_layer(const tm_tier *t, const tier_layer *L) {
     return L->pcie.n_slots > 0 || (t->store_pin && L->cls != TM_TIER_VRAM);
 }
 
+/* The copies ahead of layer L's GPU, which its decode step queues and reads (NULL: none
+ * there). */
+static inline tier_ahead *tier_ahead_of(const tm_tier *t, const tier_layer *L) {
+    return t->ahead[L->gpu_index];
+}
+
 /* ---- tier_cache.c ---- */
 
 /* The slots of every layer whose experts are in RAM, from the plan, filled;
@@ -367,13 +378,14 @@ void tier_tune_step(tm_tier *t);
 
 /* ---- tier_ahead.c ---- */
 
-/* The buffer and the routers for --moe-ahead (after the PCIe lane pinned the
- * experts in RAM). */
+/* Each GPU's buffers and routers for --moe-ahead, for its own layers (after the PCIe
+ * lane pinned the experts in RAM). A layer's copies are queued only by the layer before
+ * it on the same GPU: the first layer of each GPU's span gets none. */
 tm_status tier_ahead_create(tm_tier *t, const tm_tier_params *p);
 void tier_ahead_free(tm_tier *t);
-/* At the start of layer L's decode step on stream s: whether copies were
- * queued for L (by the layer before it); if so, s waits for them (the join).
- * Copies queued for another layer are stale: waited for and dropped. */
+/* At the start of layer L's decode step on stream s (L's GPU's): whether copies
+ * were queued for L (by the layer before it); if so, s waits for them (the join).
+ * Copies of L's GPU queued for another layer are stale: waited for and dropped. */
 tm_status tier_ahead_join(tm_tier *t, const tier_layer *L, tm_cuda_stream s, bool *ready);
 /* Before the compute stream s overwrites the h given to tier_ahead_queue:
  * wait until the prediction has read it (when one was queued). */
@@ -381,8 +393,9 @@ tm_status tier_ahead_release(tm_tier *t, const tier_layer *L, tm_cuda_stream s);
 /* The map of the buffer that holds layer L's copies (device [n_expert]). */
 const int32_t *tier_ahead_map(const tm_tier *t, const tier_layer *L);
 /* Fork from stream s (h of layer L is there: device [n_tok][n_embd]): on the
- * lane's own stream, predict layer L + 1's experts and copy its chosen cold
- * ones into the other buffer. Nothing when L + 1 is not a target. */
+ * stream of L's GPU's copies ahead, predict layer L + 1's experts and copy its
+ * chosen cold ones into the other buffer. Nothing when L + 1 is not a target of
+ * the same GPU. */
 tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int64_t n_tok,
                            tm_cuda_stream s);
 /* The host split's map of layer L's decode step whose experts were copied
@@ -393,8 +406,9 @@ tm_status tier_ahead_queue(tm_tier *t, const tier_layer *L, const float *h, int6
 const int32_t *tier_ahead_split(tm_tier *t, const tier_layer *L, const int32_t *slot_of,
                                 const int32_t *fetched, const int32_t *ids, int64_t n_ids,
                                 int64_t *n_slots);
-/* After a step: the host's slot maps and slot contents from the GPU's (cached
- * layers whose slots take copies ahead), the changed slots counted as admits. */
+/* After a step: the host's slot maps and slot contents from each GPU's (cached
+ * layers whose slots take copies ahead: their rows from their GPU's copy of the
+ * maps), the changed slots counted as admits. */
 tm_status tier_ahead_refresh(tm_tier *t);
 /* After the host changed layer L's slots: their contents to the GPU's state. */
 tm_status tier_ahead_push(tm_tier *t, const tier_layer *L);

@@ -182,18 +182,19 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     const uint32_t *seq = exec_step_seq_dev(e);
     const bool hot = L->cls != TM_TIER_RAM, cold = L->cls != TM_TIER_VRAM, pcie = L->n_pcie > 0;
     const bool prof = tier_profiling(t);
+    tier_ahead *A = tier_ahead_of(t, L); /* its GPU's copies ahead */
     bool fetched = false; /* copies ahead for this layer: joined before its router reads them */
     tm_status st = tier_ahead_join(t, L, s, &fetched);
     if (st != TM_OK) return st;
     fetched &= cold;
     /* and the next layer's, on their own stream from here (h is ready) */
     bool ahead = false;
-    if (t->ahead && ((prof && (st = cuda_event_record(t->ev[6], s))) ||
-                     (st = tier_ahead_queue(t, L, h->dev, n_tok, s))))
+    if (A && ((prof && (st = cuda_event_record(t->ev[6], s))) ||
+              (st = tier_ahead_queue(t, L, h->dev, n_tok, s))))
         return st;
-    if (t->ahead && t->ahead->for_layer == (int64_t)l + 1) {
+    if (A && A->for_layer == (int64_t)l + 1) {
         ahead = true;
-        if (prof && (st = cuda_event_record(t->ev[7], t->ahead->stream))) return st;
+        if (prof && (st = cuda_event_record(t->ev[7], A->stream))) return st;
     }
     /* a layer in RAM: every slot cold (the router counts them for the CPU) */
     tm_cuda_router_params rp = tier_router_gpu(t, L,
@@ -205,7 +206,7 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
         rp.mapped_share_live = t->tune.on ? t->mb_dev.share : NULL;
     /* a cached layer's copies are in its slots (its map says so); others' in the buffer */
     const bool buffered = fetched && L->cls != TM_TIER_CACHED;
-    if (buffered) rp.fetch_map = tier_ahead_map(t, L), rp.fetched = t->ahead->items;
+    if (buffered) rp.fetch_map = tier_ahead_map(t, L), rp.fetched = A->items;
     if (cold) rp.cpu_slots = t->cpu_slots_dev; /* none: the GPU does not wait for the CPU */
     L->fetched_on = fetched; /* a graph replays this step's choice, and so does its host task */
     st =
@@ -240,8 +241,8 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
                  (prof && (st = cuda_event_record(t->ev[5], s)))))
         return st;
     /* the experts copied ahead for this layer */
-    if (buffered && (st = cuda_moe_grouped(&L->ahead, t->ahead->items, n_tok * K, h->dev, n_tok,
-                                           y->dev, t->h_scratch, s)))
+    if (buffered && (st = cuda_moe_grouped(&L->ahead, A->items, n_tok * K, h->dev, n_tok, y->dev,
+                                           t->h_scratch, s)))
         return st;
     if (cold) {
         if ((prof && (st = cuda_event_record(t->ev[2], s))) ||
@@ -255,7 +256,7 @@ static tm_status tier_decode(tm_tier *t, tier_layer *L, tm_act *logits, tm_act *
     if ((st = tier_ahead_release(t, L, s))) return st; /* h is rewritten after this layer */
     exec_act_wrote(y, TM_DEV_GPU);
     if (!prof) return TM_OK;
-    if ((st = exec_sync(e)) || (ahead && (st = cuda_stream_sync(t->ahead->stream)))) return st;
+    if ((st = exec_sync(e)) || (ahead && (st = cuda_stream_sync(A->stream)))) return st;
     if (hot) TIER_TIME(t, L, hot_ns, tier_event_ns(t->ev[0], t->ev[1]));
     if (pcie) TIER_TIME(t, L, pcie_ns, tier_event_ns(t->ev[4], t->ev[5]));
     if (cold) TIER_TIME(t, L, gpu_wait_ns, tier_event_ns(t->ev[2], t->ev[3]));

@@ -306,7 +306,7 @@ static void pm_env(const pm_case *c, bool on) {
 /* --moe-ahead auto copies into the cache (and turns the PCIe lane's auto share off). */
 static bool pm_auto_ahead(const pm_case *c) {
     return c->ahead == TM_MOE_AHEAD_AUTO && c->cache_mib && c->update == TM_MOE_UPDATE_BETWEEN &&
-           c->pcie == TM_MOE_PCIE_AUTO && !pm_split; /* over several GPUs: no copies ahead */
+           c->pcie == TM_MOE_PCIE_AUTO;
 }
 
 /* Whether layer l of the model has routed experts (GLM's leading dense layers do not). */
@@ -333,6 +333,29 @@ static bool pm_ram_on_gpu(const pm_case *c, const tm_context *ctx) {
             ctx->placement.experts_dev[l] != TM_DEV_GPU && pm_moe_layer(ctx->model, l))
             return true;
     return false;
+}
+
+/* Over several GPUs: each GPU copied ahead for its own layers, where one of them follows
+ * another of its layers (a span's first layer gets none: its copies would be queued on the
+ * GPU before), and computed slots from them. */
+static void pm_check_ahead_gpus(const pm_case *c, const tm_context *ctx, const char *what) {
+    const tm_placement *pl = &ctx->placement;
+    int n_gpu = 0;
+    const tm_tier_stats *gs = tier_stats_gpu(ctx->tier, &n_gpu);
+    if (n_gpu != 2) fail_msg("%s: counts of %d GPUs, want 2", what, n_gpu);
+    for (int g = 0; g < n_gpu; g++) {
+        bool want = false;
+        for (uint32_t l = 1; l < ctx->model->cfg.n_layer; l++)
+            want |= pl->layer_gpu[l] == g && pl->layer_gpu[l - 1] == g &&
+                    pl->layer_dev[l] == TM_DEV_GPU && pl->experts_dev[l] != TM_DEV_GPU &&
+                    pm_moe_layer(ctx->model, l) && pm_moe_layer(ctx->model, l - 1) &&
+                    (c->ahead > 0 || tier_cache_slots(ctx->tier, l) > 0);
+        if (want != (gs[g].ahead_experts > 0) || want != (gs[g].ahead_slots > 0))
+            fail_msg("%s: GPU %d: %llu experts copied ahead, %llu slots computed from them, "
+                     "want %s",
+                     what, g, (unsigned long long)gs[g].ahead_experts,
+                     (unsigned long long)gs[g].ahead_slots, want ? "some" : "none");
+    }
 }
 
 /* The tier's counters after a run: every layer in the class the placement
@@ -381,6 +404,7 @@ static void pm_check_lanes(const pm_case *c, const tm_context *ctx, const char *
         fail_msg("%s: %llu experts copied ahead, %llu slots computed from them, want %s", what,
                  (unsigned long long)copied, (unsigned long long)ahead,
                  want_ahead ? "some" : "none");
+    if (pm_split && want_ahead) pm_check_ahead_gpus(c, ctx, what);
     if (n_pcie >= (int32_t)K) return;
     uint32_t vram = 0, ram = 0;
     for (uint32_t l = 0; l < ctx->model->cfg.n_layer; l++) {
@@ -456,8 +480,8 @@ static const pm_case pm_cases_cpu[] = {
 /* Spans of layers over two GPUs (MOCK_GPUS=2): the executor's state a GPU, the
  * activations crossing by a peer copy at the boundary; every layer's experts on the GPUs,
  * or some in RAM with the CPU lane computing them for both GPUs' layers (one mailbox, each
- * GPU's router counts), each GPU's PCIe and fetch lanes and its cache for its own layers'
- * experts, or layers past -ngl on the CPU. */
+ * GPU's router counts), each GPU's PCIe and fetch lanes, copies ahead and cache for its own
+ * layers' experts, or layers past -ngl on the CPU. */
 static const pm_case pm_cases_gpus[] = {
     {"-ngl all", PM_ALL, false, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 0, 0},
@@ -469,7 +493,13 @@ static const pm_case pm_cases_gpus[] = {
      NULL, 0, 32, TM_MOE_FETCH_PCIE, NULL, 0, false, 0, 0},
     {"--cpu-moe, fetch ring 2x3, CPU share 0.3", PM_ALL, true, 0, NULL, 0, 0, TM_MOE_FETCH_COPY,
      "TIERMOE_FETCH_RING=2x3 TIERMOE_FETCH_CPU_SHARE=0.3", 0, false, 0, 0},
-    /* each GPU's VRAM cache of its own layers' experts, fixed and admitting after steps */
+    /* each GPU's copies ahead for its own layers: into its buffer, into its cached layers'
+       slots (asked, and --moe-cache's default) */
+    {"--cpu-moe --moe-ahead 2", PM_ALL, true, 0, NULL, 0, 0, 0, NULL, 0, false, 2, 0},
+    {"--cpu-moe --moe-cache 1 --moe-ahead 1 (copies ahead into cached layers)", PM_ALL, true, 0,
+     NULL, 1, 0, 0, NULL, 0, false, 1, 0},
+    /* each GPU's VRAM cache of its own layers' experts, fixed (copies ahead into its slots,
+       the default) and admitting after steps */
     {"--cpu-moe --moe-cache 1", PM_ALL, true, 0, NULL, 1, 0, 0, NULL, 0, false, 0, 0},
     {"--cpu-moe --moe-cache 2 --moe-cache-update full", PM_ALL, true, 0, NULL, 2, 0, 0, NULL,
      TM_MOE_UPDATE_FULL, false, 0, 0},

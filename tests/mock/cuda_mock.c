@@ -30,8 +30,9 @@
  *     op. Checks the real launchers make before launching return their
  *     TM_ERR_ARG at once (cuda_mock_ops.c).
  *   - several devices (MOCK_GPUS): each with its memory, its pools and its
- *     compute stream; a kernel on a device's stream that reads another's pool
- *     fails as an illegal address (cuda_copy_peer_async moves data across).
+ *     compute stream; a kernel on a device's stream (a side stream's device:
+ *     the one current when it was made) that reads another's pool fails as an
+ *     illegal address (cuda_copy_peer_async moves data across).
  *   - memory: a pool is one aligned_alloc filled with 0xff bytes (NaN), with
  *     the real bump allocator; pinned and mapped host memory are
  *     aligned_alloc too (mapped: device address = host address). Kernels
@@ -143,8 +144,7 @@ static bool block_remove(void *p) {
     return found;
 }
 
-/* The device whose compute stream the calling thread runs (-1: the host, or a side
- * stream): its kernels may address pinned host memory and its own pools only, as a
+/* The device whose stream the calling thread runs (-1: the host): its kernels may address pinned host memory and its own pools only, as a
  * kernel on one GPU faults on another's memory without peer access. */
 static _Thread_local int t_dev = -1;
 /* The calling host thread's current device (cudaSetDevice: 0 until cuda_device_open or
@@ -200,7 +200,7 @@ typedef struct mock_closure {
     const char *op;
     bool delay;  /* MOCK_GPU_LATENCY_US applies */
     bool placed; /* dev set: the stream it was first put on (a graph's node keeps its GPU) */
-    int dev;     /* that stream's device (-1: a side stream, any device's memory) */
+    int dev;     /* that stream's device */
     size_t size;
     max_align_t arg[]; /* size bytes */
 } mock_closure;
@@ -230,14 +230,16 @@ struct CUstream_st {
     bool busy, stop;           /* the worker runs a closure; close asked */
     bool capturing, cap_invalid;
     mock_closure *cap_head, *cap_tail;
-    struct CUstream_st *origin;    /* joined into this stream's capture (NULL: none) */
-    struct CUstream_st *joined[4]; /* capturing: the streams that joined it */
+    struct CUstream_st *origin; /* joined into this stream's capture (NULL: none) */
+    /* capturing: the streams that joined it (each GPU's compute stream and copies ahead) */
+    struct CUstream_st *joined[2 * MOCK_MAX_GPUS];
     int n_joined;
     bool unjoined;    /* joined: work since the origin last waited for it */
     char cap_why[96]; /* what invalidated the capture */
     bool failed;      /* sticky */
     bool side;        /* made by cuda_stream_create (MOCK_FAIL_SIDE_COPY) */
-    int dev;          /* a device's compute stream: its index (-1: a side stream) */
+    int dev;          /* its device: a compute stream's, or the one current when a side
+                         stream was made (as CUDA's streams belong to a device) */
     char err[640];
     long latency_us;
 };
@@ -405,7 +407,8 @@ static void stream_destroy(struct CUstream_st *s) {
 }
 
 tm_status cuda_stream_create(tm_cuda_stream *out) {
-    *out = stream_create(-1);
+    *out = stream_create(t_cur); /* its kernels launch with that device current, and address
+                                    its memory only (copies go anywhere, as in CUDA) */
     if (*out) (*out)->side = true;
     return *out ? TM_OK : tm_error_set(TM_ERR_DEVICE, "mock: cannot start a stream's worker");
 }
@@ -1080,12 +1083,25 @@ tm_status cuda_stream_wait_event(tm_cuda_stream stream, tm_cuda_event e) {
         const bool join = st == TM_OK && !stream->origin;
         if (join) stream->origin = cap;
         pthread_mutex_unlock(&stream->mu);
+        if (st == TM_OK && by != cap && by != stream) {
+            /* a joined stream waits for another: that one's work is joined once this one
+               is (CUDA: the capturing stream's dependency reaches it through this one) */
+            pthread_mutex_lock(&by->mu);
+            const bool carried = by->unjoined;
+            by->unjoined = false;
+            pthread_mutex_unlock(&by->mu);
+            if (carried) {
+                pthread_mutex_lock(&stream->mu);
+                stream->unjoined = true;
+                pthread_mutex_unlock(&stream->mu);
+            }
+        }
         if (join) {
             pthread_mutex_lock(&cap->mu);
-            if (cap->n_joined < 4)
+            if (cap->n_joined < 2 * MOCK_MAX_GPUS)
                 cap->joined[cap->n_joined++] = stream;
             else
-                st = capture_break(cap, "a fifth stream joining the capture");
+                st = capture_break(cap, "too many streams joining the capture");
             pthread_mutex_unlock(&cap->mu);
         }
         return st;

@@ -17,7 +17,7 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
   memory, -ot ...=CUDA1 when CUDA1 is not in the list: a non-zero exit and a
   message naming the flag and the GPU. run takes the flags through the public
   options (tm_context_opts.devices ...): -dev CUDA1 generates what -dev CUDA0
-  does. Spans on both GPUs with experts in RAM and copies ahead (--moe-ahead 2):
+  does. Spans on both GPUs with experts in RAM and the SSD tier (--ram-cache):
   refused, naming the flag; --moe-cache A,B with one size above its GPU's free
   memory: the flag and the GPU named.
 - Spans on both GPUs with every layer's experts on them (-ts 1,1 -ngl all):
@@ -26,6 +26,8 @@ MOCK_GPUS=2, MOCK_GPU_MIB each device's memory).
   off, for both GPUs' layers) as -dev CUDA0 with the same flags; with
   --moe-cache 1,1 each GPU caches its own layers' experts (3 layers cached); run --profile
   prints a line a GPU, with a peer copy a step of n_embd floats a token into GPU 1 alone.
+  --moe-ahead 2: each GPU copies ahead for its own layers (GPU 0 for layer 1,
+  GPU 1's one layer none), routing as -dev CUDA0 with the same flags.
 """
 import json
 import os
@@ -106,6 +108,15 @@ def main():
               "all", "--cpu-moe", "--moe-cache", "1,1")
     check(r.returncode == 0 and "--moe-cache:" in r.stderr and "experts in VRAM over 3 layers" in r.stderr,
           f"-ts 1,1 --cpu-moe --moe-cache 1,1: {r.returncode} {r.stderr}")
+    # each GPU's copies ahead for its own layers (the CPU lane beside them alone): as one GPU
+    ahead = ["--cpu-moe", "--moe-pcie", "off", "--moe-fetch", "off", "--moe-ahead", "2"]
+    r0 = trace(os.path.join(TMP, "gpus_ahead0.json"), "-dev", "CUDA0", "-ngl", "all", *ahead)
+    r = trace(os.path.join(TMP, "gpus_ahead11.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl",
+              "all", *ahead)
+    check(r0.returncode == 0 and r.returncode == 0 and
+          "each GPU copies for its own layers" in r.stderr and "CUDA0 1 layers, CUDA1 0 layers" in r.stderr and
+          counts(os.path.join(TMP, "gpus_ahead11.json")) == counts(os.path.join(TMP, "gpus_ahead0.json")),
+          f"-ts 1,1 --cpu-moe --moe-ahead 2: {r0.returncode} {r.returncode} {r.stderr}")
     # --moe-cache A,B is a cache as --moe-cache N is: without -ngl it means -ngl auto
     r = trace(os.path.join(TMP, "gpus_cache2.json"), "-dev", "CUDA0,CUDA1", "-ts", "1,0", "--moe-cache", "64,0")
     check(r.returncode == 0 and "-ngl auto" in r.stderr and "no GPU in use" not in r.stderr,
@@ -151,8 +162,8 @@ def main():
         (["--moe-cache", "100,200,300", "--cpu-moe", "-dev", "CUDA0,CUDA1"], ["--moe-cache: 3 sizes for 2 GPUs"]),
         (["-dev", "CUDA1", "--cpu-moe", "--moe-cache", "3000"], ["--moe-cache 3000", "free on CUDA1"]),
         (["-ot", "exps=CUDA1", "-ngl", "all", "-dev", "CUDA0"], ["-ot 'exps=CUDA1'", "CUDA1 is not one of"]),
-        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-ahead", "2"],
-         ["--moe-ahead", "over 2 GPUs the copies ahead", "one GPU's so far"]),
+        (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--ram-cache", "64"],
+         ["--ram-cache", "over 2 GPUs the SSD tier is one GPU's so far"]),
         (["-dev", "CUDA0,CUDA1", "-ts", "1,1", "-ngl", "all", "--cpu-moe", "--moe-cache", "1,3000"],
          ["--moe-cache A,B: 3000", "free on CUDA1"]),
         (["-sm", "row"], ["row: not supported"]),
