@@ -17,8 +17,9 @@
 /* MOCK_GPUS=2 with a memory size each: two devices whose pools count against
  * their own memory; a peer copy moves bytes between their pools and refuses
  * a pointer of the wrong device (what the executor's span hand-off relies on);
- * a kernel on one device's stream given the other's memory fails; as in CUDA,
- * pools and launches go to the thread's current device only (cuda_device_select). */
+ * a kernel on one device's stream given the other's memory fails, also on a side
+ * stream made with it current; as in CUDA, pools and launches go to the thread's current
+ * device only (cuda_device_select). */
 static void test_two_devices(void **state) {
     (void)state;
     setenv("MOCK_GPUS", "2", 1);
@@ -79,6 +80,21 @@ static void test_two_devices(void **state) {
     assert_int_equal(cuda_device_select(d0), TM_OK);
     assert_int_equal(cuda_scale(b, 2.0f, 1024, cuda_device_stream(d0)), TM_OK);
     assert_int_equal(cuda_device_sync(d0), TM_ERR_DEVICE);
+    /* a side stream belongs to the device current when it was made, as a CUDA stream does:
+       its kernels launch with that device current and address its memory only */
+    tm_cuda_stream side;
+    assert_int_equal(cuda_device_select(d1), TM_OK);
+    assert_int_equal(cuda_stream_create(&side), TM_OK);
+    assert_int_equal(cuda_device_select(d0), TM_OK);
+    assert_int_equal(cuda_scale(b, 2.0f, 1024, side), TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "GPU 1's stream while GPU 0 is current"));
+    assert_int_equal(cuda_device_select(d1), TM_OK);
+    assert_int_equal(cuda_scale(b, 2.0f, 1024, side), TM_OK);
+    assert_int_equal(cuda_stream_sync(side), TM_OK);
+    assert_int_equal(cuda_scale(a, 2.0f, 1024, side), TM_OK);
+    assert_int_equal(cuda_stream_sync(side), TM_ERR_DEVICE);
+    assert_non_null(strstr(tm_error_message(), "illegal address"));
+    cuda_stream_free(side);
     cuda_host_free(host);
     cuda_pool_free(p0), cuda_pool_free(p1);
     assert_int_equal(cuda_device_memory(d1, &f1, NULL), TM_OK);
@@ -238,7 +254,8 @@ static void test_async_in_order(void **state) {
 
 /* Cross-stream capture: a stream that waits on an event recorded in a capture
  * joins it; its work replays in the order issued; the capture ends only once
- * the capturing stream has waited for the joined stream's last work. */
+ * the capturing stream has waited for the joined stream's last work, directly or
+ * through another joined stream that waited for it. */
 static void test_graph_fork_join(void **state) {
     (void)state;
     enum { N = 8 };
@@ -299,8 +316,46 @@ static void test_graph_fork_join(void **state) {
     assert_int_equal(cuda_stream_sync(side), TM_OK);
     download(&g, hy, side_out, sizeof(hy));
     for (int i = 0; i < N; i++) assert_true(hy[i] == 2.0f * (float)(i + 4));
+
+    /* a fork of a fork (each GPU's copies ahead forked from a GPU's stream that joined the
+       capture): side2 joins side, side joins the capturing stream, so side2 is joined
+       through side as in CUDA; the capture ends and replays in order */
+    tm_cuda_stream side2;
+    tm_cuda_event fork2, join2;
+    assert_int_equal(cuda_stream_create(&side2), TM_OK);
+    assert_int_equal(cuda_event_create(&fork2), TM_OK);
+    assert_int_equal(cuda_event_create(&join2), TM_OK);
+    for (int joined = 1; joined >= 0; joined--) {
+        tm_cuda_graph *g2 = NULL;
+        assert_int_equal(cuda_graph_begin(g.s), TM_OK);
+        assert_int_equal(cuda_add(a, a, b, N, g.s), TM_OK); /* a += 1 */
+        assert_int_equal(cuda_event_record(fork, g.s), TM_OK);
+        assert_int_equal(cuda_stream_wait_event(side, fork), TM_OK);
+        assert_int_equal(cuda_event_record(fork2, side), TM_OK);
+        assert_int_equal(cuda_stream_wait_event(side2, fork2), TM_OK);
+        assert_int_equal(cuda_add(side_out, a, a, N, side2), TM_OK); /* side_out = 2a */
+        assert_int_equal(cuda_event_record(join2, side2), TM_OK);
+        assert_int_equal(cuda_stream_wait_event(side, join2), TM_OK);
+        assert_int_equal(cuda_event_record(join, side), TM_OK);
+        if (joined) assert_int_equal(cuda_stream_wait_event(g.s, join), TM_OK);
+        assert_int_equal(cuda_add(y, side_out, b, N, g.s), TM_OK); /* y = 2a + 1 */
+        if (!joined) { /* side's wait carried side2's work; nobody waited for side */
+            assert_int_equal(cuda_graph_end(g.s, true, &g2), TM_ERR_DEVICE);
+            assert_null(g2);
+            break;
+        }
+        assert_int_equal(cuda_graph_end(g.s, true, &g2), TM_OK);
+        for (int r = 1; r <= 2; r++) {
+            assert_int_equal(cuda_graph_launch(g2, g.s), TM_OK);
+            assert_int_equal(cuda_stream_sync(g.s), TM_OK);
+            download(&g, hy, y, sizeof(hy));
+            for (int i = 0; i < N; i++) assert_true(hy[i] == 2.0f * (float)(i + 4 + r) + 1.0f);
+        }
+        cuda_graph_free(g2);
+    }
     cuda_event_free(fork), cuda_event_free(join);
-    cuda_stream_free(side);
+    cuda_event_free(fork2), cuda_event_free(join2);
+    cuda_stream_free(side), cuda_stream_free(side2);
     gpu_close(&g);
 }
 
