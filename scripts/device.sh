@@ -55,7 +55,7 @@ declare -A HELP=(
     [moearchs]="issue 32's families: glma (mkmodel --preset glm-4.5-air --n-layer GLMA_LAYERS (24) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-glma) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-glma); glmaq (the same with --skew 4.2 --skew-offset 70, Qwen3's popularity without its locality), learn pass first: llama.cpp -ngl 99 -ncmoe GLMA_LAYERS-3 (3 layers' experts in VRAM) / tiermoe --cpu-moe --moe-cache GLMA_CACHE_MIB (3834: the same bytes) (cache-glmaq); mix (mixtral-8x7b), olmoe (olmoe-1b-7b) and g4 (gemma-4-26b-a4b): gpu-M and cpu-moe-M; MOEARCH_MODELS ('glma glmaq mix olmoe'; g4 by name) picks; each file is deleted after its cases"
     [longprompt]="issue 34's long prompts with every expert in RAM, m30r (30b-a3b --fill FILL): pp512 and pp4096 (tg 0) with default flags: llama.cpp -ngl 99 -ncmoe 48 (case default) / tiermoe --cpu-moe (the engine's batch); llama.cpp -b 4096 -ub 4096 (case b4096), tiermoe with a ring of 4 x 64 experts (case ring64: TIERMOE_FETCH_RING=64x4), and LONG_P (e.g. 16384) as pp too when set"
     [deepseek]="issue 32's DeepSeek-V3 shape: ds (mkmodel --preset deepseek-v3 --n-layer DS_LAYERS (9: 3 dense, 6 MoE) --fill FILL) everything on the GPU (llama.cpp -ngl 99 / -ngl all, case gpu-ds) and experts in RAM (-ngl 99 -ncmoe 99 / --cpu-moe, cpu-moe-ds), pp P / tg N; then latent-attention decode at depth: tg DS_N (32) after a DS_DEPTHS ('8192') prompt everything on the GPU (-d D, both engines, case dD; DS_AB=1: also tiermoe's f32 kernel, TIERMOE_ATTN_TC=0, case dD-f32); the file is deleted after its cases"
-    [gpus]="two GPUs (the nvidia-h200-x2 kind): test_cuda_ops' check_gpus (spans against one GPU and the f64 reference; with the 30b file m30), then m30 on one GPU and over both: llama.cpp -sm none -mg 0 / -dev CUDA0 (case gpu1), llama.cpp -sm layer / -dev CUDA0,CUDA1 -ts 1,1 (case gpu2); GPUS_CHECK=0 skips check_gpus; GPUS_NCMOE=N adds --n-cpu-moe N / -ncmoe N on one GPU (ncmoe1) and both (ncmoe2); GPUS_CACHE_MIB=C adds m30 --cpu-moe with --moe-cache C,C on both (cache2) against --moe-cache 2C on one (cache1); GPUS_BIG=1 adds g235 (the 235B-class layer shape, G235_LAYERS (40) layers) both ways; with GPUS_BIG_CACHE_MIB=B also g235's learn pass, then --cpu-moe --moe-cache B --moe-learn on one GPU (cache1-g235) and B,B on both (cache2-g235)"
+    [gpus]="two GPUs (the nvidia-h200-x2 kind): test_cuda_ops' check_gpus (spans against one GPU and the f64 reference; with the 30b file m30), then m30 on one GPU and over both: llama.cpp -sm none -mg 0 / -dev CUDA0 (case gpu1), llama.cpp -sm layer / -dev CUDA0,CUDA1 -ts 1,1 (case gpu2); GPUS_CHECK=0 skips check_gpus; GPUS_NCMOE=N adds --n-cpu-moe N / -ncmoe N on one GPU (ncmoe1) and both (ncmoe2); GPUS_CACHE_MIB=C adds m30 --cpu-moe with --moe-cache C,C on both (cache2) against --moe-cache 2C on one (cache1); GPUS_BIG=1 adds g235 (the 235B-class layer shape, G235_LAYERS (40) layers) both ways; with GPUS_BIG_CACHE_MIB=B also g235's learn pass, then --cpu-moe --moe-cache B --moe-learn on one GPU (cache1-g235) and B,B on both (cache2-g235); GPUS_PROFILE=1: m30 bench --profile over both GPUs, -ngl all and --n-cpu-moe GPUS_NCMOE (24), to \$OUT/logs/gpus-profile.log"
     [profile]="where the time goes: tiermoe --profile (cases gpu, cpu-moe, cache on m30q) and, with Nsight Compute (NCU=0 skips), one decode step's time per kernel (NCU_ARGS '-p 0 -n 4', e.g. '-p 0 -n 4 -np 8'; NCU_SKIP 2000, NCU_COUNT 640) and NCU_KERNEL's sections (a regex)"
 )
 # Aliases: a set of stages under one name.
@@ -189,7 +189,7 @@ tm_case() {
     env $envs timeout "$BENCH_TIMEOUT" "${cmd[@]}" > "$TMPD/raw.jsonl" 2> "$TMPD/raw.err"
     rc=$?
     { echo "## $case (rc $rc): ${envs:+$envs }${cmd[*]}"; cat "$TMPD/raw.err"; } >> "$OUT/logs/$STAGE.err"
-    grep -E "VRAM cache, routed|SSD tier|copies ahead" "$TMPD/raw.err" | cut -c1-200 | sed 's/^/  /'
+    grep -E "VRAM cache, routed|SSD tier|copies ahead|host steal|moe-pcie auto: decode" "$TMPD/raw.err" | cut -c1-200 | sed 's/^/  /'
     record tiermoe "$case" "$model" "$file" "$envs" "${cmd[@]}" || case_failed "$case" "$rc"
 }
 
@@ -749,6 +749,18 @@ stage_gpus() {
     if [ -n "$c" ]; then
         tm_case cache1-m30 m30 "" -ngl all -dev CUDA0 --cpu-moe --moe-cache $((2 * c))
         tm_case cache2-m30 m30 "" -ngl all -dev CUDA0,CUDA1 -ts 1,1 --cpu-moe --moe-cache "$c,$c"
+    fi
+    # --profile over both GPUs: each GPU's lanes and the peer copies' time (eager steps)
+    if [ "${GPUS_PROFILE:-0}" = 1 ]; then
+        local pf
+        for pf in "-ngl all" "--n-cpu-moe ${GPUS_NCMOE:-24}"; do
+            stamp "tiermoe --profile m30 -dev CUDA0,CUDA1 -ts 1,1 $pf"
+            # shellcheck disable=SC2086 # pf: words
+            timeout 200 "$TM" bench -m "$(model_path m30)" -p 512 -n 32 -r 1 -t "$THREADS" -dev CUDA0,CUDA1 \
+                -ts 1,1 $pf --profile > /dev/null 2>> "$OUT/logs/gpus-profile.log"
+            grep -E "^  GPU [0-9]|^tg32|^pp512" "$OUT/logs/gpus-profile.log" | tail -4 | cut -c1-400
+        done
+        keep "$OUT/logs/gpus-profile.log" profile.txt
     fi
     # issue 35's second target, scaled to the disk: g235 with a learn file, every expert in
     # RAM and GPUS_BIG_CACHE_MIB of them cached on each GPU (two GPUs, cache2-g235) against
