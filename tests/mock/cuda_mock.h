@@ -1,6 +1,7 @@
 /* Internals of the host mock of the CUDA backend, shared by its two halves:
- * cuda_mock.c (device, stream worker, graphs, events, memory, copies) and
- * cuda_mock_ops.c (the op launchers). Nothing outside tests/mock includes it. */
+ * the runtime, cuda_mock.c (device, memory, copies) and cuda_mock_stream.c
+ * (stream worker, graphs, events), and the op launchers (cuda_mock_ops.c and
+ * the other cuda_mock_*.c). Nothing outside tests/mock includes it. */
 #ifndef TM_TESTS_MOCK_CUDA_MOCK_H
 #define TM_TESTS_MOCK_CUDA_MOCK_H
 
