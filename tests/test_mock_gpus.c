@@ -30,6 +30,7 @@
 
 #include <cmocka.h>
 
+#include "greedy_test_util.h"
 #include "model/model.h"
 #include "model/model_profile.h"
 #include "model/synth.h"
@@ -47,13 +48,6 @@ typedef struct run {
     char err[512]; /* the message of a failure (tm_error_message is a thread's own) */
 } run;
 
-static int32_t argmax(const float *x, int64_t n) {
-    int32_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = (int32_t)i;
-    return b;
-}
-
 static void *decode(void *p) {
     run *r = p;
     const int32_t prompt[N_PROMPT] = {5, 77, 301, 12, 90, 44};
@@ -66,7 +60,7 @@ static void *decode(void *p) {
     r->logits = malloc((size_t)nv * sizeof(float));
     memcpy(r->logits, r->c->logits, (size_t)nv * sizeof(float));
     for (int i = 0; i < N_GEN && r->st == TM_OK; i++) {
-        r->toks[i] = argmax(r->c->logits, nv);
+        r->toks[i] = test_argmax(r->c->logits, nv);
         r->st = model_decode(r->c, &r->toks[i], 1, TM_MOE_PHASE_DECODE, false);
     }
     if (r->st != TM_OK) snprintf(r->err, sizeof(r->err), "%s", tm_error_message());

@@ -46,6 +46,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "greedy_test_util.h"
 #include "model/model.h"
 #include "model/session.h"
 #include "model/synth.h"
@@ -201,13 +202,6 @@ static void same_logits(const tm_context *ring, const tm_context *full, int64_t 
     }
 }
 
-static int32_t argmax(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
-}
-
 /* One sequence: a prompt of 72 tokens (4.5 windows) in batches, then 40 decode
  * steps of the reference's greedy tokens (the ring of 21 or 28 rows turns over 4
  * to 5 times); against full caches and the f64 reference. */
@@ -290,7 +284,7 @@ static void test_sequences(void **state) {
             RING_CHECK(model_decode_rows(ring, n, seqs, ids), what);
             RING_CHECK(model_decode_rows(full, n, seqs, ids), what);
             same_logits(ring, full, n, what, i);
-            for (int r = 0; r < n; r++) next[seqs[r]] = argmax(ring->logits + r * V, V);
+            for (int r = 0; r < n; r++) next[seqs[r]] = test_argmax(ring->logits + r * V, V);
         }
         printf("    %s: 50 decode steps of 2-3 rows, the same bits (%s)\n", what,
                exec_graph_ready_rows(ring->exec, 3) ? "decode graphs" : "eager");
@@ -318,7 +312,7 @@ static void session_step(tm_session *ring, tm_session *full, const int32_t *ids,
                  (long long)n_eval_full, (long long)(n - keep));
     same_logits(ring->ctx, full->ctx, 1, what, n);
     for (int i = 0; i < 3; i++) {
-        const int32_t id = argmax(ring->ctx->logits, ring->ctx->model->cfg.n_vocab);
+        const int32_t id = test_argmax(ring->ctx->logits, ring->ctx->model->cfg.n_vocab);
         RING_CHECK(model_session_push(ring, id), what);
         RING_CHECK(model_session_push(full, id), what);
         same_logits(ring->ctx, full->ctx, 1, what, n + i);

@@ -35,6 +35,7 @@
 
 #include "core/timing.h"
 #include "exec/exec.h"
+#include "greedy_test_util.h"
 #include "matrix/placement_matrix.h"
 #include "model/model.h"
 #include "tier/gpus.h"
@@ -54,13 +55,6 @@ typedef struct gpus_run {
     double ms;     /* the whole run, prompt and decode */
 } gpus_run;
 
-static int32_t gpus_argmax(const float *x, int64_t n) {
-    int32_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = (int32_t)i;
-    return b;
-}
-
 static void gpus_run_one(tm_model *m, const char *dev, const char *split, bool precise,
                          const int32_t *prompt, int n_prompt, gpus_run *r) {
     tm_context_params p = {
@@ -78,7 +72,7 @@ static void gpus_run_one(tm_model *m, const char *dev, const char *split, bool p
     CHECK(model_decode(c, prompt, n_prompt, TM_MOE_PHASE_PROMPT, false));
     for (int i = 0; i < N_GEN; i++) {
         memcpy(r->logits + i * nv, c->logits, (size_t)nv * sizeof(float));
-        r->toks[i] = gpus_argmax(c->logits, nv);
+        r->toks[i] = test_argmax(c->logits, nv);
         CHECK(model_decode(c, &r->toks[i], 1, TM_MOE_PHASE_DECODE, false));
     }
     memcpy(r->logits + N_GEN * nv, c->logits, (size_t)nv * sizeof(float));

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "greedy_test_util.h"
 #include "model/session.h"
 #include "placement_matrix.h"
 
@@ -41,13 +42,6 @@ typedef struct pp_req {
     bool started, done;
 } pp_req;
 
-static int32_t pp_argmax(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
-}
-
 /* The request alone, on a session of its own from scratch: its greedy tokens
  * and the logits each was taken from. */
 static void pp_alone(tm_session *ref, pp_req *q, const char *what) {
@@ -56,7 +50,7 @@ static void pp_alone(tm_session *ref, pp_req *q, const char *what) {
     PP_CHECK(model_session_eval(ref, q->prompt, q->n_prompt, NULL), what);
     for (int i = 0; i < q->n_gen; i++) {
         memcpy(q->want_logits + i * V, ref->ctx->logits, (size_t)V * sizeof(float));
-        q->want[i] = pp_argmax(ref->ctx->logits, V);
+        q->want[i] = test_argmax(ref->ctx->logits, V);
         if (i + 1 < q->n_gen) PP_CHECK(model_session_push(ref, q->want[i]), what);
     }
 }
@@ -69,7 +63,7 @@ static bool pp_sample(pp_req *q, const float *logits, int64_t V, double tol, dou
         fail_msg("%s: sequence %d, token %d: logits %.3g from alone's (tolerance %.3g)", what,
                  q->seq, q->gen, err, tol);
     if (err > *worst) *worst = err;
-    q->got[q->gen] = pp_argmax(logits, V);
+    q->got[q->gen] = test_argmax(logits, V);
     if (q->got[q->gen] != q->want[q->gen])
         fail_msg("%s: sequence %d, token %d is %d, alone %d", what, q->seq, q->gen, q->got[q->gen],
                  q->want[q->gen]);

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "core/rng.h"
+#include "greedy_test_util.h"
 #include "placement_matrix.h"
 #include "ref/ref_forward.h"
 
@@ -199,13 +200,6 @@ int pm_compare_ref(tm_model *m, const int32_t *toks, int64_t n_prompt, int64_t n
     return ties;
 }
 
-static int32_t pm_argmax_ref(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
-}
-
 int pm_greedy_ref(tm_context *ctx, const int32_t *toks, const pm_ref *ref, double tol,
                   const char *what) {
     const int64_t V = ref->n_vocab;
@@ -222,7 +216,7 @@ int pm_greedy_ref(tm_context *ctx, const int32_t *toks, const pm_ref *ref, doubl
                      what, i, err, tol);
         double norm = 0;
         for (int64_t v = 0; v < V; v++) norm += logits[i * V + v] * logits[i * V + v];
-        const int32_t got = pm_argmax_ref(ctx->logits, V);
+        const int32_t got = test_argmax(ctx->logits, V);
         if (got != ref->greedy[i]) {
             if (!(ref->greedy_gap[i] < 2 * tol * sqrt(norm)))
                 fail_msg("%s: greedy token %d is %d, the reference's %d (its top-2 margin %.3g)",
