@@ -330,6 +330,21 @@ tm_status tm_eval(tm_context *c, int32_t seq, const int32_t *tokens, int64_t n);
  * rounding, the same logits as tm_eval of each sequence alone. On a
  * failure of the step every sequence in it is empty. */
 tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int32_t *tokens);
+/* One prompt step of n rows (1 .. n_batch) of one or more sequences (serve's
+ * waiting prompts together): row i appends tokens[i] to sequence seqs[i]; a
+ * sequence's rows are consecutive in the step (one run a sequence, in
+ * order; rows of a sequence elsewhere in the step are TM_ERR_ARG). Each row
+ * sees its own sequence's positions up to its own (causal within its run):
+ * the same tokens and, within the products' rounding, the same logits as
+ * tm_eval of each run alone, in one step (with experts in RAM on a GPU, one
+ * copy of each routed expert serves every run). Afterwards tm_logits(seq) is
+ * the last token's of each run (their rows are computed, no others); each
+ * run's end is a prompt's end (a linear-attention layer's checkpoint, as
+ * tm_eval of a prompt). A run that starts an empty sequence starts the expert
+ * counts' per-sequence windows over, as tm_seq_prompt does. TM_ERR_ARG as
+ * tm_eval (nothing is evaluated then); on a failure of the step every
+ * sequence in it is empty. */
+tm_status tm_eval_batch(tm_context *c, int64_t n, const int32_t *seqs, const int32_t *tokens);
 /* The logits (n_vocab floats, owned by the context, valid until the next
  * eval, rewind or free) of sequence seq's last evaluated token.
  * TM_ERR_ARG when it has none (empty, or rewound since). Right after a step

@@ -138,6 +138,7 @@ PROTOTYPES = {
     "tm_context_profile": (_S, [_h, c_void_p, c_size_t, _p(c_size_t)]),
     "tm_eval": (_S, [_h, c_int32, _p(c_int32), c_int64]),
     "tm_eval_rows": (_S, [_h, c_int64, _p(c_int32), _p(c_int32)]),
+    "tm_eval_batch": (_S, [_h, c_int64, _p(c_int32), _p(c_int32)]),
     "tm_logits": (_S, [_h, c_int32, _p(_p(c_float))]),
     "tm_seq_length": (_S, [_h, c_int32, _p(c_int64)]),
     "tm_seq_rewind": (_S, [_h, c_int32, c_int64, _p(c_int64)]),

@@ -171,6 +171,21 @@ class Context(_lib.Handle):
         for s, t in zip(seqs, tokens):
             self._ids[s].append(t)
 
+    def eval_batch(self, seqs, tokens):
+        """One prompt step: tokens[i] appended to sequence seqs[i], a sequence's rows
+        consecutive; logits(seq) is then each run's last token's."""
+        seqs, tokens = [int(s) for s in seqs], [int(t) for t in tokens]
+        if len(seqs) != len(tokens):
+            raise ValueError(f"eval_batch: {len(seqs)} sequences, {len(tokens)} tokens")
+        n = len(seqs)
+        try:
+            _lib.lib().tm_eval_batch(self.handle, n, (c_int32 * n)(*seqs), (c_int32 * n)(*tokens))
+        except _lib.TiermoeError:
+            self._resync(seqs)
+            raise
+        for s, t in zip(seqs, tokens):
+            self._ids[s].append(t)
+
     def logits(self, seq=0):
         """Sequence seq's last token's logits: a float32 array of n_vocab (a copy)."""
         p = ctypes.POINTER(ctypes.c_float)()

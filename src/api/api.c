@@ -311,6 +311,53 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
     return TM_OK;
 }
 
+tm_status tm_eval_batch(tm_context *c, int64_t n, const int32_t *seqs, const int32_t *tokens) {
+    api_context *a = api_context_of(c, "tm_eval_batch");
+    if (!a) return TM_ERR_ARG;
+    API_ARG(seqs && tokens, "tm_eval_batch: seqs and tokens must not be NULL");
+    API_ARG(n >= 1 && n <= c->params.n_batch, "tm_eval_batch: n %lld is not in [1, %lld]",
+            (long long)n, (long long)c->params.n_batch);
+    memset(a->seen, 0, (size_t)c->n_seq * sizeof(bool));
+    bool begins = false; /* a sequence starts from empty: the counts' new sequence */
+    for (int64_t i = 0, t0 = 0; i < n; i++) {
+        const int32_t s = seqs[i];
+        API_ARG(s >= 0 && s < c->n_seq, "tm_eval_batch: seqs[%lld] is %d, not in [0, %d)",
+                (long long)i, s, c->n_seq);
+        if (!i || s != seqs[i - 1]) {
+            API_ARG(!a->seen[s],
+                    "tm_eval_batch: seqs[%lld]: sequence %d's rows are not consecutive (one run "
+                    "a sequence)",
+                    (long long)i, s);
+            t0 = i;
+            begins |= a->n[s] == 0;
+        }
+        API_ARG(a->n[s] + (i - t0) < c->n_ctx,
+                "tm_eval_batch: sequence %d holds %lld of %lld positions, %lld more do not fit", s,
+                (long long)a->n[s], (long long)c->n_ctx, (long long)(i - t0 + 1));
+        a->seen[s] = true;
+        a->rows[i] = s;
+    }
+    tm_status st = api_tokens_check("tm_eval_batch", c, tokens, n);
+    if (st != TM_OK) return st;
+    if (a->tr && begins) trace_sequence_begin(a->tr);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) k += !i || seqs[i] != seqs[i - 1];
+    api_logits_keep(c, a, true, 0, k);
+    const uint64_t t0 = tm_time_ns();
+    st = model_decode_batch(c, n, a->rows, tokens, &k);
+    a->eval_ns += tm_time_ns() - t0;
+    if (st != TM_OK) {
+        for (int64_t i = 0; i < n; i++) seq_clear(c, a, a->rows[i]);
+        return st;
+    }
+    for (int64_t i = 0, r = 0; i < n; i++) {
+        const int s = a->rows[i];
+        a->ids[s][a->n[s]++] = tokens[i];
+        if (i + 1 == n || seqs[i + 1] != s) api_logits_row(c, a, s, r++);
+    }
+    return TM_OK;
+}
+
 void api_logits_keep(tm_context *c, api_context *a, bool step, int32_t seq, int64_t rows) {
     const size_t V = c->model->cfg.n_vocab;
     for (int32_t s = 0; s < c->n_seq; s++) {

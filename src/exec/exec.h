@@ -352,6 +352,9 @@ tm_status exec_add(tm_exec *e, tm_act *x, tm_act *y);
 tm_status exec_scale(tm_exec *e, tm_act *x, float s);
 /* x = cap tanh(x / cap) for rows [0, n_rows) (a final logit soft-cap: Gemma's). */
 tm_status exec_softcap(tm_exec *e, tm_act *x, int64_t n_rows, float cap);
+/* Rows rows[0..n) of x to rows [0, n) (rows[i] >= i, increasing: a step's
+ * rows picked for the output head), where x is. */
+tm_status exec_rows_pick(tm_exec *e, tm_act *x, const int64_t *rows, int64_t n);
 /* y = gelu_tanh(g) * u (cpu_geglu; y may be g or u). */
 tm_status exec_geglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u);
 

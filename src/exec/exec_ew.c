@@ -1,8 +1,10 @@
 /* The executor's element-wise ops of Gemma 4 (its scale factors, final logit
- * soft-cap and GELU-gated MLP): each runs where its input is, on the GPU's
+ * soft-cap and GELU-gated MLP) and the pick of a step's rows for the output
+ * head (a step of several sequences' prompts): each runs where its input is, on the GPU's
  * kernels (src/cuda/ew.cu) when it is there (so a step keeps its activations
  * on the device and can be captured as a graph), else on the CPU. */
 #include <math.h>
+#include <string.h>
 
 #include "cpu/cpu_ops.h"
 #include "exec/exec_internal.h"
@@ -53,6 +55,30 @@ tm_status exec_softcap(tm_exec *e, tm_act *x, int64_t n_rows, float cap) {
     }
     exec_act_wrote(x, d);
     return TM_OK;
+}
+
+tm_status exec_rows_pick(tm_exec *e, tm_act *x, const int64_t *rows, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] < i || rows[i] >= e->n_tok || (i && rows[i] <= rows[i - 1]))
+            return tm_error_set(TM_ERR_ARG,
+                                "exec_rows_pick: row %lld is %lld (want increasing, >= %lld, "
+                                "< %lld)",
+                                (long long)i, (long long)rows[i], (long long)i,
+                                (long long)e->n_tok);
+    const tm_dev d = ew_side(e, x, e->n_tok);
+    tm_status st = ew_to(e, d, 1, (tm_act *[]){x}, e->n_tok);
+    const int64_t m = x->n; /* row i's source is past every row before it: in order, in place */
+    for (int64_t i = 0; i < n && st == TM_OK; i++) {
+        if (rows[i] == i) continue;
+        if (d == TM_DEV_GPU)
+            st = cuda_copy_rows((float *)x->dev + i * m, m, (const float *)x->dev + rows[i] * m, m,
+                                1, m, e->cur->stream);
+        else
+            memcpy((float *)x->host + i * m, (const float *)x->host + rows[i] * m,
+                   (size_t)m * sizeof(float));
+    }
+    if (st == TM_OK) exec_act_wrote(x, d);
+    return st;
 }
 
 tm_status exec_geglu(tm_exec *e, tm_act *y, tm_act *g, tm_act *u) {

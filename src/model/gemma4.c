@@ -409,13 +409,14 @@ static tm_status g4_forward(tm_context *ctx, int64_t n_tok, bool all_logits) {
     DO(exec_scale(e, &s->x, sqrtf((float)c->n_embd)));
     for (uint32_t l = 0; l < c->n_layer; l++) DO(g4_layer_forward(ctx, l, n_tok));
     /* logits = cap tanh(W_out (rmsnorm(x) * output_norm) / cap) */
-    const int64_t first = all_logits ? 0 : n_tok - 1;
+    int64_t first, rows;
     DO(exec_part(e, TM_PROF_OUTPUT));
     DO(exec_rmsnorm(e, &s->h, &s->x, &w->output_norm, c->rms_eps));
-    DO(exec_matmul_rows(e, &s->logits, &w->output, &s->h, first, n_tok - first));
-    if (c->logit_softcap > 0) DO(exec_softcap(e, &s->logits, n_tok - first, c->logit_softcap));
-    DO(exec_fetch(e, &s->logits, n_tok - first));
-    DO(exec_emit(e, "logits", -1, &s->logits, n_tok - first));
+    DO(model_logits_rows(ctx, &s->h, n_tok, all_logits, &first, &rows));
+    DO(exec_matmul_rows(e, &s->logits, &w->output, &s->h, first, rows));
+    if (c->logit_softcap > 0) DO(exec_softcap(e, &s->logits, rows, c->logit_softcap));
+    DO(exec_fetch(e, &s->logits, rows));
+    DO(exec_emit(e, "logits", -1, &s->logits, rows));
     return TM_OK;
 }
 

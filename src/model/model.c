@@ -371,7 +371,8 @@ tm_status model_context_create(tm_model *m, const tm_context_params *p, tm_conte
     free(kv_layer);
     c->row_pos = calloc((size_t)c->params.n_batch, sizeof(int32_t));
     c->row_seq = calloc((size_t)c->params.n_batch, sizeof(int32_t));
-    if (!c->row_pos || !c->row_seq) {
+    c->pick_rows = calloc((size_t)c->params.n_batch, sizeof(int64_t));
+    if (!c->row_pos || !c->row_seq || !c->pick_rows) {
         for (int i = 0; i < (spans ? cg.n : 1); i++) cuda_device_close(cg.dev[i]);
         model_context_free(c);
         return tm_error_set(TM_ERR_NOMEM, "out of memory");
@@ -416,7 +417,7 @@ void model_context_free(tm_context *c) {
     if (c->state) c->model->arch->state_free(c);
     placement_free(&c->placement);
     cpu_pool_free(c->pool);
-    free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq);
+    free(c->seq_past), free(c->seq_hi), free(c->row_pos), free(c->row_seq), free(c->pick_rows);
     free(c);
 }
 
@@ -546,6 +547,58 @@ tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int
     return TM_OK;
 }
 
+tm_status model_decode_batch(tm_context *c, int64_t n, const int *seqs, const int32_t *tokens,
+                             int64_t *n_runs) {
+    if (n < 1 || n > c->params.n_batch)
+        return tm_error_set(TM_ERR_ARG, "a prompt step of %lld rows (1 .. the batch, %lld)",
+                            (long long)n, (long long)c->params.n_batch);
+    tm_status st = check_tokens(c, tokens, n);
+    if (st != TM_OK) return st;
+    int64_t k = 0; /* runs; pick_rows[r]: run r's last row */
+    for (int64_t i = 0, t0 = 0; i < n; i++) {
+        const int q = seqs[i];
+        if (q < 0 || q >= c->n_seq)
+            return tm_error_set(TM_ERR_ARG, "row %lld: sequence %d of %d", (long long)i, q,
+                                c->n_seq);
+        if (i && q == seqs[i - 1]) {
+            c->pick_rows[k - 1] = i;
+        } else {
+            for (int64_t r = 0; r < k; r++) /* a run a sequence: its rows go in one go */
+                if (seqs[c->pick_rows[r]] == q)
+                    return tm_error_set(TM_ERR_ARG,
+                                        "row %lld: sequence %d's rows are not consecutive "
+                                        "(it has rows before %lld)",
+                                        (long long)i, q, (long long)t0);
+            t0 = i, c->pick_rows[k++] = i;
+        }
+        if (c->seq_past[q] + (i - t0) >= c->n_ctx)
+            return tm_error_set(
+                TM_ERR_ARG,
+                "context full: sequence %d holds %lld positions, %lld more do not fit %lld (-c)", q,
+                (long long)c->seq_past[q], (long long)(i - t0 + 1), (long long)c->n_ctx);
+        c->row_pos[i] = (int32_t)(c->seq_past[q] + (i - t0)), c->row_seq[i] = q;
+    }
+    for (int64_t r = 0; r < k; r++) { /* before the step: a failed one may have written its rows */
+        const int q = seqs[c->pick_rows[r]];
+        const int64_t end = c->row_pos[c->pick_rows[r]] + 1;
+        if (end > c->seq_hi[q]) c->seq_hi[q] = end;
+    }
+    c->n_pick = k > 1 ? k : 0; /* one run: its last row is the step's */
+    context_step step = {c, n, false};
+    st = exec_step_rows(c->exec, tokens, n, c->row_pos, c->row_seq, TM_MOE_PHASE_PROMPT,
+                        context_forward, &step);
+    c->n_pick = 0;
+    if (st != TM_OK) return st;
+    for (int64_t r = 0; r < k; r++) { /* each run's end is a prompt's (model_decode_seq) */
+        const int q = seqs[c->pick_rows[r]];
+        c->seq_past[q] = c->row_pos[c->pick_rows[r]] + 1;
+        exec_ssm_checkpoint(c->exec, q, c->seq_past[q]);
+    }
+    c->n_logits_rows = k;
+    *n_runs = k;
+    return TM_OK;
+}
+
 /* ---- what MoE decoders share ---- */
 
 tm_status model_nextn_bind(tm_model *m, uint32_t l) {
@@ -662,15 +715,26 @@ tm_status model_moe_emit(tm_context *c, uint32_t l, tm_moe_acts *s, int64_t n_to
     return TM_OK;
 }
 
+tm_status model_logits_rows(tm_context *c, tm_act *h, int64_t n_tok, bool all_logits,
+                            int64_t *first, int64_t *rows) {
+    if (c->n_pick) { /* several sequences' runs: their last rows to the front */
+        *first = 0, *rows = c->n_pick;
+        return exec_rows_pick(c->exec, h, c->pick_rows, c->n_pick);
+    }
+    *first = all_logits ? 0 : n_tok - 1, *rows = n_tok - *first;
+    return TM_OK;
+}
+
 tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *norm,
                                const tm_weight *out, int64_t n_tok, bool all_logits) {
     tm_exec *e = c->exec;
-    const int64_t first = all_logits ? 0 : n_tok - 1;
+    int64_t first, rows;
     MODEL_DO(exec_part(e, TM_PROF_OUTPUT));
     MODEL_DO(exec_rmsnorm(e, &s->h, &s->x, norm, c->model->cfg.rms_eps));
-    MODEL_DO(exec_matmul_rows(e, &s->logits, out, &s->h, first, n_tok - first));
-    MODEL_DO(exec_fetch(e, &s->logits, n_tok - first));
-    MODEL_DO(exec_emit(e, "logits", -1, &s->logits, n_tok - first));
+    MODEL_DO(model_logits_rows(c, &s->h, n_tok, all_logits, &first, &rows));
+    MODEL_DO(exec_matmul_rows(e, &s->logits, out, &s->h, first, rows));
+    MODEL_DO(exec_fetch(e, &s->logits, rows));
+    MODEL_DO(exec_emit(e, "logits", -1, &s->logits, rows));
     return TM_OK;
 }
 

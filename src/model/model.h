@@ -142,7 +142,12 @@ struct tm_context {
     int64_t *seq_hi;            /* [n_seq]: the most positions each has written since it was
                                    empty (what its rings may have overwritten: model_seq_keep) */
     int32_t *row_pos, *row_seq; /* [n_batch]: a step's rows (exec_step_rows) */
-    float *logits;              /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
+    /* a step of several sequences' prompts (model_decode_batch): the rows whose
+       logits the forward computes, into c->logits rows 0 .. n_pick (0: the last row,
+       or all rows with all_logits) */
+    int64_t *pick_rows;
+    int64_t n_pick;
+    float *logits; /* [n_batch][n_vocab] when all_logits, else [n_vocab] */
     int64_t n_logits_rows;
     tm_placement placement;
     tm_exec *exec;
@@ -180,6 +185,14 @@ tm_status model_decode_seq(tm_context *c, int seq, const int32_t *tokens, int64_
  * c->logits + i * n_vocab. The same tokens and, within the products'
  * rounding, the same logits as decoding each sequence alone. */
 tm_status model_decode_rows(tm_context *c, int64_t n, const int *seqs, const int32_t *tokens);
+/* One prompt step of n rows (1 .. n_batch) of one or more sequences: row i
+ * appends tokens[i] to sequence seqs[i]; a sequence's rows are consecutive
+ * (one run a sequence, in order). Each row sees its own sequence's positions
+ * up to its own, as model_decode_seq of each run alone (within the products'
+ * rounding). Run r's last row's logits end in c->logits + r * n_vocab; each
+ * run's end is its sequence's checkpoint (a prompt's end). *n_runs: the runs. */
+tm_status model_decode_batch(tm_context *c, int64_t n, const int *seqs, const int32_t *tokens,
+                             int64_t *n_runs);
 
 /* Forget every sequence (a new conversation). */
 void model_context_reset(tm_context *c);
@@ -233,6 +246,11 @@ void model_rope_yarn(double base, double factor, double orig_ctx, double beta_fa
 /* token_embd, output_norm (f32) and output (token_embd's when absent: tied);
  * sets cfg.n_vocab from token_embd. */
 tm_status model_io_bind(tm_model *m, tm_weight *embd, tm_weight *norm, tm_weight *out);
+/* The rows of h (the output norm's, n_tok of the step) the output head takes:
+ * h rows [*first, *first + *rows). A step of several sequences' runs
+ * (model_decode_batch) moves each run's last row to the front first. */
+tm_status model_logits_rows(tm_context *c, tm_act *h, int64_t n_tok, bool all_logits,
+                            int64_t *first, int64_t *rows);
 
 /* The activations of one step of a MoE decoder, [n_batch][...]: residual
  * stream, normed input, q, k, v, attention output before and after its
@@ -269,7 +287,8 @@ void model_moe_state_free(tm_context *c);
 /* Hand layer l's MoE intermediates to the callback (router_logits, topk_ids,
  * topk_weights, ffn_out, x_out). */
 tm_status model_moe_emit(tm_context *c, uint32_t l, tm_moe_acts *s, int64_t n_tok);
-/* logits = out · (rmsnorm(x) * norm) of the last token or of all, fetched to the host. */
+/* logits = out · (rmsnorm(x) * norm) of the last token or of all (or of each run's
+ * last: model_logits_rows), fetched to the host. */
 tm_status model_logits_forward(tm_context *c, tm_moe_acts *s, const tm_weight *norm,
                                const tm_weight *out, int64_t n_tok, bool all_logits);
 

@@ -256,6 +256,16 @@ enum MHD_Result srv_handle_metrics(srv_req *r) {
     put(&t, "tiermoe_decode_rows_total %llu\n", (unsigned long long)m.decode_rows);
     family(&t, "tiermoe_decode_step_seconds_total", "counter", "time in the engine's decode steps");
     put(&t, "tiermoe_decode_step_seconds_total %.6f\n", m.decode_step_s);
+    family(&t, "tiermoe_prompt_steps_total", "counter",
+           "prompt steps (the waiting prompts' next chunks together)");
+    put(&t, "tiermoe_prompt_steps_total %llu\n", (unsigned long long)m.prompt_steps);
+    family(&t, "tiermoe_prompt_rows_total", "counter", "rows of the prompt steps");
+    put(&t, "tiermoe_prompt_rows_total %llu\n", (unsigned long long)m.prompt_step_rows);
+    family(&t, "tiermoe_prompt_step_prompts_total", "counter",
+           "prompts in the prompt steps (a step's count: the prompts sharing it)");
+    put(&t, "tiermoe_prompt_step_prompts_total %llu\n", (unsigned long long)m.prompt_step_seqs);
+    family(&t, "tiermoe_prompt_step_seconds_total", "counter", "time in the engine's prompt steps");
+    put(&t, "tiermoe_prompt_step_seconds_total %.6f\n", m.prompt_step_s);
     family(&t, "tiermoe_requests_deferred", "gauge", "requests waiting in the queue");
     put(&t, "tiermoe_requests_deferred %d\n", srv_queue_depth(s));
     if (atomic_load(&s->state) == SRV_READY) {

@@ -44,6 +44,10 @@ typedef struct srv_counts {
     uint64_t decode_steps, decode_rows; /* batched decode steps and their rows */
     double decode_step_s;               /* in the engine's decode steps (what the slots wait besides
                              their own sampling and text: the server's share is the rest) */
+    uint64_t prompt_steps, prompt_step_rows; /* prompt steps (every waiting prompt's next chunk
+                                                together), their rows and */
+    uint64_t prompt_step_seqs;               /* the prompts they held (one a step when alone) */
+    double prompt_step_s;                    /* in the engine's prompt steps */
 } srv_counts;
 typedef struct srv_metrics {
     pthread_mutex_t mu;
@@ -99,8 +103,9 @@ int srv_slots_busy(tm_server *s);
  * range, its tokens (prompt prefix reuse: tm_seq_prompt), its logits, and a thread that runs one
  * generation at a time. The worker thread owns the context: it hands queued
  * jobs to free slots (the one whose cached tokens share the longest prefix
- * with the prompt), evaluates prompts in chunks of the batch, and runs decode
- * steps of one row per decoding slot, alternating the two when both wait. */
+ * with the prompt), evaluates the waiting prompts' chunks together in prompt
+ * steps of up to the batch's rows, and runs decode steps of one row per
+ * decoding slot, alternating the two when both wait. */
 typedef enum srv_slot_req { SRV_SLOT_NONE, SRV_SLOT_EVAL, SRV_SLOT_PUSH } srv_slot_req;
 struct srv_slot {
     tm_server *server;
@@ -208,9 +213,10 @@ struct tm_server {
     int n_busy;      /* slots running a job, and a job on the worker */
     srv_slot *slots; /* [n_slots] */
     int n_slots;
-    uint64_t slot_clock; /* for the least recently used slot */
-    bool update_pending; /* a generation ended: the updater runs between steps */
-    int prompt_next;     /* prompts are served round robin from this slot */
+    uint64_t slot_clock;             /* for the least recently used slot */
+    bool update_pending;             /* a generation ended: the updater runs between steps */
+    int prompt_next;                 /* prompts are served round robin from this slot */
+    int32_t *batch_seqs, *batch_ids; /* [n_batch]: a prompt step's rows (the worker's) */
     bool last_was_decode;
     int n_viewing;   /* slots still to sample from the context's logits: no step until 0 */
     bool slots_exit; /* the slots' threads end */

@@ -10,14 +10,18 @@
  *     whose cached tokens share the longest prefix with its prompt (ties: the
  *     least recently used); a job cancelled while it waited is dropped unrun;
  *     other jobs (a cache plan) run on the worker between steps;
- *   - a prompt is evaluated in chunks of the batch, one chunk a step;
+ *   - prompts go in prompt steps of up to the batch's rows (tm_eval_batch):
+ *     every slot with prompt work waiting gives the step its next chunk, the
+ *     batch split evenly between them (a short rest leaves its rows to the
+ *     others; the odd rows go round robin), so waiting prompts share each
+ *     step (with experts in RAM on a GPU, each routed expert's copy);
  *   - a decode step runs when every decoding slot has handed in its token:
  *     one row per slot (tm_eval_rows); each slot samples its row of the
  *     step's logits in place (tm_logits right after the step), and no step
  *     runs until all have (a prompt's last logits are copied to its slot);
  *     when prompts and decodes
- *     both wait, the steps alternate, so a long prompt delays the streams by a
- *     chunk at a time;
+ *     both wait, the steps alternate, so a long prompt (or several) delays the
+ *     streams by one prompt step (at most the batch's rows) at a time;
  *   - after a generation ends, the VRAM cache's updater between steps.
  * The steps hold step_mu (readers of the counters and the cache take it).
  * The worker frees the context in its own thread when the server stops.
@@ -188,37 +192,110 @@ static void slot_answer(tm_server *s, srv_slot *sl, tm_status st) {
     pthread_cond_broadcast(&sl->cv);
 }
 
-/* One chunk of sl's prompt (q_mu held on entry and exit, dropped for the
- * step); answers the slot once the prompt is in. */
-static void worker_prompt_chunk(tm_server *s, srv_slot *sl) {
-    const int32_t *ids = sl->ids;
-    const int64_t n = sl->n_ids;
-    if (sl->eval_begun && srv_job_cancelled(sl->job)) { /* stop between chunks */
-        slot_answer(s, sl, TM_OK);
-        return;
+/* A prompt step's share of each slot's rest (rest[0..k), in round-robin
+ * order): the batch split evenly, what a short rest leaves over going to the
+ * others, the last few rows to the first slots in that order (take[i] may be
+ * 0 when more slots wait than the batch has rows). */
+static void prompt_shares(int64_t batch, const int64_t *rest, int64_t *take, int k) {
+    int left = k;
+    for (int i = 0; i < k; i++) take[i] = -1;
+    for (bool fit = true; fit && left;) { /* rests within an even share take all of it */
+        fit = false;
+        for (int i = 0; i < k; i++)
+            if (take[i] < 0 && rest[i] <= batch / left) {
+                take[i] = rest[i], batch -= rest[i], left--, fit = true;
+                break;
+            }
     }
-    const bool first = !sl->eval_begun;
-    sl->eval_begun = true;
+    const int64_t even = left ? batch / left : 0;
+    int64_t extra = left ? batch % left : 0;
+    for (int i = 0; i < k; i++)
+        if (take[i] < 0) take[i] = even + (extra > 0), extra -= extra > 0;
+}
+
+/* Where slot sl's prompt goes on from before its first chunk: its sequence
+ * rewound to the prefix it shares with the prompt (none when fresh). Under step_mu. */
+static tm_status prompt_start(tm_server *s, srv_slot *sl) {
+    int64_t keep = 0;
+    tm_status st = TM_OK;
+    if (sl->fresh) st = tm_seq_rewind(s->ctx, sl->id, 0, NULL);
+    if (st == TM_OK) st = tm_seq_shared(s->ctx, sl->id, sl->ids, sl->n_ids, &keep);
+    if (st == TM_OK) st = tm_seq_rewind(s->ctx, sl->id, keep, NULL);
+    return st;
+}
+
+/* One prompt step of the k slots in p (round-robin order): the next chunk of
+ * each, together at most the batch (tm_eval_batch: one step, so one copy of
+ * each routed expert serves them all). q_mu held on entry and exit, dropped
+ * for the step; answers each slot once its prompt is in. */
+static void worker_prompts(tm_server *s, srv_slot **p, int k) {
+    int n = 0;
+    bool first[TM_SERVER_MAX_PARALLEL];
+    for (int i = 0; i < k; i++) {
+        if (p[i]->eval_begun && srv_job_cancelled(p[i]->job)) { /* stop between chunks */
+            slot_answer(s, p[i], TM_OK);
+            continue;
+        }
+        first[n] = !p[i]->eval_begun;
+        p[i]->eval_begun = true;
+        p[n++] = p[i];
+    }
+    if (!n) return;
     pthread_mutex_unlock(&s->q_mu);
     pthread_mutex_lock(&s->step_mu);
-    tm_status st = TM_OK;
-    if (first && sl->fresh) st = tm_seq_rewind(s->ctx, sl->id, 0, NULL);
-    int64_t keep = 0, n_eval = 0;
-    if (st == TM_OK) st = tm_seq_shared(s->ctx, sl->id, ids, n, &keep);
-    /* one chunk of the batch a step (tm_seq_prompt begins the counters' new sequence
-       when nothing is kept) */
-    const int64_t end = keep + s->n_batch < n ? keep + s->n_batch : n;
-    if (st == TM_OK) st = tm_seq_prompt(s->ctx, sl->id, ids, end, &n_eval);
-    const float *logits = NULL;
-    if (st == TM_OK && end == n && (st = tm_logits(s->ctx, sl->id, &logits)) == TM_OK) {
-        memcpy(sl->logits, logits, (size_t)s->info.n_vocab * sizeof(float));
-        sl->view = sl->logits;
+    tm_status st[TM_SERVER_MAX_PARALLEL];
+    int64_t len[TM_SERVER_MAX_PARALLEL] = {0}, rest[TM_SERVER_MAX_PARALLEL],
+            share[TM_SERVER_MAX_PARALLEL], take[TM_SERVER_MAX_PARALLEL] = {0};
+    int go[TM_SERVER_MAX_PARALLEL], m = 0; /* the slots that go on */
+    for (int i = 0; i < n; i++) {
+        st[i] = first[i] ? prompt_start(s, p[i]) : TM_OK;
+        if (st[i] == TM_OK) st[i] = tm_seq_length(s->ctx, p[i]->id, &len[i]);
+        if (srv_error_api(st[i]) != TM_OK)
+            snprintf(p[i]->msg, sizeof(p[i]->msg), "%s", server_error_message());
+        else
+            rest[m] = p[i]->n_ids - len[i], go[m++] = i;
     }
-    srv_error_api(st);
+    prompt_shares(s->n_batch, rest, share, m);
+    int64_t rows = 0;
+    for (int j = 0; j < m; j++) {
+        const int i = go[j];
+        take[i] = share[j];
+        for (int64_t t = 0; t < take[i]; t++)
+            s->batch_seqs[rows] = p[i]->id, s->batch_ids[rows++] = p[i]->ids[len[i] + t];
+    }
+    tm_status bst = TM_OK;
+    const uint64_t t0 = srv_time_ns();
+    if (rows) bst = srv_error_api(tm_eval_batch(s->ctx, rows, s->batch_seqs, s->batch_ids));
+    const uint64_t t1 = srv_time_ns();
+    for (int i = 0; i < n; i++) {
+        srv_slot *sl = p[i];
+        const float *logits = NULL;
+        if (!take[i]) continue; /* failed before the step, or no row left for it this time */
+        st[i] = bst;
+        if (st[i] == TM_OK && len[i] + take[i] == sl->n_ids &&
+            (st[i] = srv_error_api(tm_logits(s->ctx, sl->id, &logits))) == TM_OK) {
+            memcpy(sl->logits, logits, (size_t)s->info.n_vocab * sizeof(float));
+            sl->view = sl->logits;
+        }
+        if (st[i] != TM_OK) snprintf(sl->msg, sizeof(sl->msg), "%s", server_error_message());
+    }
     pthread_mutex_unlock(&s->step_mu);
+    if (rows) {
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.c.prompt_steps++, s->metrics.c.prompt_step_rows += (uint64_t)rows;
+        for (int i = 0; i < n; i++) s->metrics.c.prompt_step_seqs += take[i] > 0;
+        s->metrics.c.prompt_step_s += (t1 - t0) * 1e-9;
+        pthread_mutex_unlock(&s->metrics.mu);
+    }
     pthread_mutex_lock(&s->q_mu);
-    sl->n_eval += n_eval;
-    if (st != TM_OK || end == n) slot_answer(s, sl, st);
+    for (int i = 0; i < n; i++) {
+        srv_slot *sl = p[i];
+        if (st[i] == TM_OK) sl->n_eval += take[i];
+        if (st[i] != TM_OK || len[i] + take[i] == sl->n_ids) { /* sl->msg says why it failed */
+            sl->st = st[i], sl->req = SRV_SLOT_NONE;
+            pthread_cond_broadcast(&sl->cv);
+        }
+    }
 }
 
 /* One decode step of the n slots in rows (q_mu held on entry and exit). */
@@ -261,8 +338,13 @@ static tm_status worker_setup(tm_server *s) {
     if ((st = srv_error_api(tm_context_describe(s->ctx, &ci))) != TM_OK) return st;
     s->has_cache = ci.cache;
     s->n_ctx = ci.n_ctx, s->n_batch = ci.n_batch;
+    s->batch_seqs = malloc((size_t)s->n_batch * sizeof(int32_t));
+    s->batch_ids = malloc((size_t)s->n_batch * sizeof(int32_t));
     srv_slot *slots = calloc((size_t)o.n_seq, sizeof(*slots));
-    if (!slots) return srv_error_set(TM_ERR_NOMEM, "out of memory for %d slots", o.n_seq);
+    if (!slots || !s->batch_seqs || !s->batch_ids) {
+        free(slots);
+        return srv_error_set(TM_ERR_NOMEM, "out of memory for %d slots", o.n_seq);
+    }
     pthread_mutex_lock(&s->q_mu); /* handlers count the busy slots */
     s->slots = slots;
     for (int i = 0; i < o.n_seq && st == TM_OK; i++) {
@@ -283,12 +365,14 @@ static tm_status worker_setup(tm_server *s) {
 
 /* Run what is ready (q_mu held); false when nothing is. */
 static bool worker_work(tm_server *s) {
-    srv_slot *rows[TM_SERVER_MAX_PARALLEL], *prompt = NULL;
-    int n_rows = 0, n_decoding = 0;
-    for (int k = 0; k < s->n_slots && !prompt; k++) { /* round robin from the last one served */
+    srv_slot *rows[TM_SERVER_MAX_PARALLEL], *prompts[TM_SERVER_MAX_PARALLEL];
+    int n_rows = 0, n_decoding = 0, n_prompts = 0;
+    for (int k = 0; k < s->n_slots;
+         k++) { /* round robin from the slot after the last step's first */
         srv_slot *sl = &s->slots[(s->prompt_next + k) % s->n_slots];
-        if (sl->req == SRV_SLOT_EVAL) prompt = sl;
+        if (sl->req == SRV_SLOT_EVAL) prompts[n_prompts++] = sl;
     }
+    const bool prompt = n_prompts > 0;
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         n_decoding += sl->decoding;
@@ -304,9 +388,9 @@ static bool worker_work(tm_server *s) {
         return true;
     }
     if (prompt) {
-        s->prompt_next = (prompt->id + 1) % s->n_slots;
+        s->prompt_next = (prompts[0]->id + 1) % s->n_slots;
         s->last_was_decode = false;
-        worker_prompt_chunk(s, prompt);
+        worker_prompts(s, prompts, n_prompts);
         return true;
     }
     if (s->update_pending) {
@@ -373,7 +457,8 @@ static void *worker_main(void *arg) {
         pthread_cond_destroy(&s->slots[i].cv);
     }
     free(s->slots);
-    s->slots = NULL, s->n_slots = 0;
+    free(s->batch_seqs), free(s->batch_ids);
+    s->slots = NULL, s->n_slots = 0, s->batch_seqs = s->batch_ids = NULL;
     if (s->ctx && s->counters) worker_counters_finish(s); /* they live in the context */
     tm_context_free(s->ctx);
     s->ctx = NULL;

@@ -3,7 +3,8 @@ same prompt, sampling parameters and seed give the same token ids (a model
 without a vocabulary: the CLI prints ids) and the same text (with Qwen3's
 vocabulary: the CLI prints the prompt, then the text); a two-turn chat gives the
 CLI's `--chat` prompt ids and replies. Also: the greedy token is the logits'
-argmax, sequences stepped together (eval_rows) give the tokens of each alone,
+argmax, sequences stepped together (eval_rows, after their prompts one at a time or
+in one step: eval_batch) give the tokens of each alone,
 and a prompt's shared prefix is not evaluated again."""
 import numpy as np
 import pytest
@@ -89,9 +90,17 @@ def test_rows_equal_alone(plain_model):
     for p in prompts:
         with plain_model.context() as ctx:
             alone.append(list(ctx.generate(p, 6, tokens=True, temp=0)))
+    for batch in (False, True):  # the prompts one at a time, or in one step (eval_batch)
+        assert rows_after_prompts(plain_model, prompts, batch) == alone
+
+
+def rows_after_prompts(plain_model, prompts, batch):
     with plain_model.context(n_seq=2) as ctx:
-        for s, p in enumerate(prompts):
-            ctx.eval(p, seq=s)
+        if batch:
+            ctx.eval_batch([s for s, p in enumerate(prompts) for _ in p], [t for p in prompts for t in p])
+        else:
+            for s, p in enumerate(prompts):
+                ctx.eval(p, seq=s)
         got = [[], []]
         for step in range(6):
             nxt = [int(np.argmax(ctx.logits(s))) for s in range(2)]
@@ -100,7 +109,7 @@ def test_rows_equal_alone(plain_model):
             if step < 5:
                 ctx.eval_rows([0, 1], nxt)
         assert ctx.tokens(1) == prompts[1] + got[1][:5]
-    assert got == alone
+    return got
 
 
 def test_prefix_reuse_and_seeds(plain_model):
