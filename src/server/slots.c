@@ -367,8 +367,8 @@ static tm_status worker_setup(tm_server *s) {
 static bool worker_work(tm_server *s) {
     srv_slot *rows[TM_SERVER_MAX_PARALLEL], *prompts[TM_SERVER_MAX_PARALLEL];
     int n_rows = 0, n_decoding = 0, n_prompts = 0;
-    for (int k = 0; k < s->n_slots;
-         k++) { /* round robin from the slot after the last step's first */
+    /* round robin: from the slot after the last prompt step's first */
+    for (int k = 0; k < s->n_slots; k++) {
         srv_slot *sl = &s->slots[(s->prompt_next + k) % s->n_slots];
         if (sl->req == SRV_SLOT_EVAL) prompts[n_prompts++] = sl;
     }
