@@ -337,7 +337,9 @@ tm_status tm_eval_rows(tm_context *c, int64_t n, const int32_t *seqs, const int3
  * sees its own sequence's positions up to its own (causal within its run):
  * the same tokens and, within the products' rounding, the same logits as
  * tm_eval of each run alone, in one step (with experts in RAM on a GPU, one
- * copy of each routed expert serves every run). Afterwards tm_logits(seq) is
+ * copy of each routed expert serves every run; a GPU runs this step's
+ * attention a row at a time in f32, where one sequence's chunk of more than
+ * 8 tokens rounds it to f16 on tensor cores). Afterwards tm_logits(seq) is
  * the last token's of each run (their rows are computed, no others); each
  * run's end is a prompt's end (a linear-attention layer's checkpoint, as
  * tm_eval of a prompt). A run that starts an empty sequence starts the expert
