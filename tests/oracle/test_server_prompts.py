@@ -22,7 +22,8 @@ Against independent paths:
   loaded machine);
 - the same on the CLI over the host mock of the CUDA backend (tiermoe_mockgpu)
   with every layer on the "GPU" and the experts in RAM (--cpu-moe: the prompts'
-  experts fetched), at -b 8 (see main).
+  experts fetched), both models, at -b 8 (see main). Seen failing there with the
+  GPU's pick of the runs' last rows (exec_rows_pick) one row early.
 """
 import os
 import sys
@@ -129,6 +130,7 @@ def main():
         # time, f32): at -b 16 two of the 3 answers parted at a near tie; at -b 8 both sides
         # run the f32 kernels and the answers are the same
         scenario(model, "tiny-locality-mockgpu", "-ngl", "all", "--cpu-moe", binary=mock, batch=8)
+        scenario(hybrid, "tiny-qwen3next-mockgpu", "-ngl", "all", "--cpu-moe", binary=mock, batch=8)
     else:
         print(f"  {mock} not built: the mock GPU's case left out")
     return finish("serve: waiting prompts share prompt steps, with the answers of each alone")
