@@ -3,12 +3,14 @@
  * The calibration's share balances the lanes' rates as measured for 20 ms: the
  * GPU reading pinned RAM in place against the CPU lane, each while the other
  * runs. On the H200 pair (2026-11-30, 30b-a3b with 24 layers' experts in RAM,
- * one GPU) that measurement gave the PCIe lane anywhere from 2 to 7 of a
- * token's 8 cold slots from one process to the next (the CPU lane's rate
+ * one GPU) that measurement gave the PCIe lane 1 to 3 of a token's 8 cold
+ * slots from one process to the next on a quiet host (the CPU lane's rate
  * beside the GPU's reads swung from 64 to 126 GB/s; the GPU's own read rate,
- * 46 GB/s, did not move), and decode followed the slot count, not the
- * calibration: 125 t/s with none over PCIe, 133 with 1, 142 with 2, 106 with
- * 3 and 4, 45 with 6. So decoding measures it: each candidate (i of the k
+ * 46 GB/s, did not move) and 6 or 7 while the host took 7-14% of the CPU time,
+ * and decode follows the slot count, not the calibration: 125 t/s with none
+ * over PCIe, 133 with 1, 142 with 2, 106 with
+ * 3 and 108 with 4 (one process each, the host's steal under 2%; profiled, 6
+ * slots 25% slower than 2). So decoding measures it: each candidate (i of the k
  * slots of a token all cold, as tm_cuda_mapped_count gives them) is timed over
  * TIER_TUNE_WINDOW one-row decode steps (the median of step end to step end;
  * the step after a change is left out): the calibration's first, then the
