@@ -6,7 +6,7 @@
  * one GPU) that measurement gave the PCIe lane 1 to 3 of a token's 8 cold
  * slots from one process to the next on a quiet host (the CPU lane's rate
  * beside the GPU's reads swung from 64 to 126 GB/s; the GPU's own read rate,
- * 46 GB/s, did not move) and 6 or 7 while the host took 7-14% of the CPU time,
+ * 46 GB/s, did not move) and 4 to 7 while the host took 7-14% of the CPU time,
  * and decode follows the slot count, not the calibration: 125 t/s with none
  * over PCIe, 133 with 1, 142 with 2, 106 with
  * 3 and 108 with 4 (one process each, the host's steal under 2%; profiled, 6
