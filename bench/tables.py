@@ -29,6 +29,7 @@ import os
 import sys
 
 ENGINES = ("llama.cpp", "tiermoe")
+STEAL_MAX = 0.02  # the host's steal above which a row is marked (docs/executor.md)
 
 
 def fmt(v):
@@ -155,6 +156,7 @@ def stage_table(recs, commands, wide=False):
     # (case, model, test, threads) -> engine -> env -> [(mean, sd)]
     rows = collections.OrderedDict()
     hits = collections.defaultdict(list)  # (key, env) -> tiermoe's VRAM cache hit shares
+    stolen = collections.OrderedDict()  # (case, test, env) -> the host's steal above 2%
     for r in recs:
         res, eng = r["result"], r["engine"]
         t = test_name(eng, res)
@@ -165,6 +167,9 @@ def stage_table(recs, commands, wide=False):
         rows[key][eng].setdefault(env, []).append(speed(eng, res))
         if eng == "tiermoe" and res.get("vram_cache_hit") is not None:
             hits[(key, env)].append(res["vram_cache_hit"])
+        if eng == "tiermoe" and (res.get("host_steal") or 0) > STEAL_MAX:
+            k = (key[0], t, env)
+            stolen[k] = max(stolen.get(k, 0), res["host_steal"])
     show_env = any(env for v in rows.values() for env in v["tiermoe"] if env)
     lines = table_head("test", show_env, bool(hits))
     for key, by in rows.items():
@@ -183,6 +188,12 @@ def stage_table(recs, commands, wide=False):
                                             if hits else [])) + " |")
     if wide:
         lines = wide_table(rows, hits, show_env, len(thread_counts) > 1)
+    if stolen:  # the host ran others on the CPUs: the CPU lane's numbers move more than any flag
+        lines.append("")
+        lines.append(f"The host took more than {100 * STEAL_MAX:.0f}% of the CPU time in (not a "
+                     "comparison there): " + ", ".join(
+                         f"{c} {t}{' ' + e if e else ''} {100 * s:.1f}%"
+                         for (c, t, e), s in stolen.items()) + ".")
     if commands:
         lines.append("")
         seen = set()

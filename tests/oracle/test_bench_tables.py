@@ -5,6 +5,7 @@ printed from them:
     two means computed here; only the same case, model, test and thread count of the same
     call pair (a second call's tiermoe row has no llama.cpp to compare with); A/B rounds
     are averaged (and the VRAM cache's hit shares); a case only llama.cpp ran has no ratio;
+    a tiermoe test whose host took more than 2% of the CPU time is named below its table;
     a bad line is reported, skipped; --wide puts a case's tests on one row;
   - record.py wraps real raw output (`tiermoe bench -o jsonl` of a tiny model, and a line
     of llama-bench's JSONL as it prints one) unchanged under "result", with the command,
@@ -38,11 +39,12 @@ def peer(case, p, n, ts, call="c1", model="m30", thr=16, sd=0.0):
                                            "build_commit": "deadbee"}}
 
 
-def tm(case, test, ts, call="c1", model="m30", thr=16, env=None, rnd=1, hit=None):
+def tm(case, test, ts, call="c1", model="m30", thr=16, env=None, rnd=1, hit=None, steal=None):
     return {"engine": "tiermoe", "stage": "s", "case": case, "round": rnd, "model": model,
             "env": env or {}, "cmd": "tiermoe bench", "commit": "abc", "date": "d", "call": call,
             "machine": MACHINE, "result": {"test": test, "threads": thr, "ts_mean": ts,
-                                           "ts_stddev": 1.0, "vram_cache_hit": hit}}
+                                           "ts_stddev": 1.0, "vram_cache_hit": hit,
+                                           "host_steal": steal}}
 
 
 def rows(md):
@@ -64,7 +66,7 @@ def main():
     os.makedirs(TMP, exist_ok=True)
     # 1. known speeds
     recs = [peer("gpu", 512, 0, 1000.0), peer("gpu", 0, 128, 200.0),
-            tm("gpu", "pp512", 1500.0), tm("gpu", "tg128", 250.0),
+            tm("gpu", "pp512", 1500.0, steal=0.01), tm("gpu", "tg128", 250.0, steal=0.09),
             peer("pinned", 512, 0, 1234.0),                      # llama.cpp alone
             tm("gpu", "pp512", 3000.0, thr=8),                   # another thread count
             tm("ab", "tg64", 90.0, env={"X": "0"}, rnd=1, hit=0.7),
@@ -112,6 +114,10 @@ def main():
           f"second call paired with the first call's llama.cpp: {r2}")
     check("H100" in part1 and "llama.cpp build deadbee" in part1 and "`tiermoe bench`" in part1,
           f"machine, llama.cpp build or commands missing:\n{part1}")
+    # the host's steal: marked above 2% (tg128's 9%), not at 1% (pp512's), never in call 2
+    stolen = [l for l in r.stdout.splitlines() if l.startswith("The host took more than 2%")]
+    check(len(stolen) == 1 and "gpu tg128 9.0%" in stolen[0] and "pp512" not in stolen[0],
+          f"the host's steal: {stolen}")
     # --wide: a case's tests on one row, as the docs' tables
     w = tables(f, "--wide").stdout.split("## 2026-11-27-h100-s.jsonl")[1:2] or [""]
     gpu = [row for row in rows(w[0]) if row[0] == "gpu" and row[3].startswith("pp512 / tg128")]
