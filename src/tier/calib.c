@@ -38,6 +38,15 @@ double calib_curve_ns(const tm_calib_curve *cv, int64_t n_tok) {
     return nl + slope * ((double)n_tok - tl);
 }
 
+double calib_median(double *v, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of values */
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 double calib_cpu_expert_ns(const tm_calib *c, int64_t n_tok) {
     return calib_curve_ns(&c->cpu_expert, n_tok);
 }

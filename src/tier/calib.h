@@ -111,6 +111,9 @@ typedef struct tm_calib {
     double measure_s[TM_CALIB_PHASE_COUNT]; /* seconds each part took */
 } tm_calib;
 
+/* The median of v[0..n) (n >= 1; v is sorted in place: a handful of values). */
+double calib_median(double *v, int n);
+
 /* ---- costs the tier asks (all pure; ns are nanoseconds) ----
  * Times are per expert; a cost of something not measured (no GPU) is
  * INFINITY, so a comparison never picks it. */

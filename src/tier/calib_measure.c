@@ -100,15 +100,6 @@ typedef struct calib_ctx {
 
 /* ---- small pieces ---- */
 
-static double calib_median(double *v, int n) {
-    for (int i = 1; i < n; i++) /* insertion sort: a handful of values */
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            const double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void calib_cpu_name(char *out, size_t n) {
     snprintf(out, n, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");

@@ -26,6 +26,7 @@
 
 #include "core/log.h"
 #include "core/timing.h"
+#include "tier/calib.h"
 #include "tier/tier_internal.h"
 
 #define TIER_TUNE_MARGIN 0.98 /* a candidate with more PCIe slots must be 2% faster */
@@ -52,11 +53,6 @@ int32_t tier_tune_count(const tier_tune *u) {
     return n;
 }
 
-static int tier_tune_cmp(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The fastest candidate timed: fewer PCIe slots unless more are 2% faster. */
 static int32_t tier_tune_best(const tier_tune *u, int32_t n_max) {
     int32_t best = -1;
@@ -73,8 +69,7 @@ bool tier_tune_period(tier_tune *u, int32_t n_max, double ms) {
     }
     u->period[u->n++] = ms;
     if (u->n < u->window) return false;
-    qsort(u->period, (size_t)u->window, sizeof(double), tier_tune_cmp);
-    u->ms[u->cur] = u->period[u->window / 2];
+    u->ms[u->cur] = calib_median(u->period, u->window);
     const int32_t best = tier_tune_best(u, n_max);
     int32_t next = best; /* the lane off, then an untimed neighbour of the fastest */
     if (!(u->ms[0] > 0))
